@@ -1,0 +1,119 @@
+// caching_allocator.hpp — a block-pool caching allocator with PyTorch's
+// CUDACachingAllocator policy, on any mem::Device.
+//
+//   auto device = mem::make_device("sim:a100-80g");
+//   mem::CachingAllocator alloc{device};
+//   void* p = alloc.allocate(5 * mem::MiB);   // reserves a 20 MiB segment
+//   alloc.deallocate(p);                      // cached, not returned to the device
+//   alloc.stats().reserved_bytes[0].current;  // 20 MiB
+//
+// Policy (see docs/ARCHITECTURE.md): sizes round to 512 B; requests up to
+// 1 MiB use the small pool (2 MiB segments), larger ones the large pool (20 MiB
+// segments under 10 MiB, else the request rounded to 2 MiB); best fit by
+// (stream, size, address); split and coalesce; record_stream defers reuse;
+// on device OOM free the cache and retry once, then throw OutOfMemoryError.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "vramscope/allocator/config.hpp"
+#include "vramscope/allocator/device.hpp"
+#include "vramscope/allocator/errors.hpp"
+#include "vramscope/allocator/observer.hpp"
+#include "vramscope/allocator/stats.hpp"
+
+namespace mem {
+
+/// State of a block as PyTorch's snapshot names it.
+enum class BlockState : std::uint8_t {
+  ActiveAllocated,    ///< "active_allocated": handed out
+  ActivePendingFree,  ///< "active_pending_free": freed, waiting for stream events
+  Inactive,           ///< "inactive": free in its pool
+};
+std::string_view block_state_name(BlockState state) noexcept;
+
+struct BlockInfo {
+  std::uintptr_t address = 0;
+  std::size_t size = 0;
+  std::size_t requested_size = 0;  ///< caller's size (0 when inactive)
+  BlockState state = BlockState::Inactive;
+  std::uint32_t context = 0;       ///< context id at allocation (0: none)
+};
+
+struct SegmentInfo {
+  std::uintptr_t address = 0;
+  std::size_t total_size = 0;
+  std::size_t allocated_size = 0;  ///< bytes in ActiveAllocated blocks
+  std::size_t active_size = 0;     ///< allocated + pending free
+  std::size_t requested_size = 0;  ///< sum of requested sizes of active blocks
+  StreamId stream = 0;
+  bool small_pool = false;
+  std::vector<BlockInfo> blocks;   ///< in address order, tiling the segment
+};
+
+namespace detail {
+class AllocatorCore;
+}
+
+class CachingAllocator {
+ public:
+  explicit CachingAllocator(std::shared_ptr<Device> device, AllocatorConfig config = {});
+  ~CachingAllocator();  ///< returns every segment to the device
+  CachingAllocator(const CachingAllocator&) = delete;
+  CachingAllocator& operator=(const CachingAllocator&) = delete;
+
+  /// A block of at least `bytes` for use on `stream`.
+  /// Throws mem::Error for 0 or absurd sizes (nothing changes), OutOfMemoryError
+  /// when the device cannot supply it even after the cache was freed.
+  void* allocate(std::size_t bytes, StreamId stream = 0);
+  /// Returns a block. Throws mem::Error for a pointer this allocator did not
+  /// hand out or already took back (double free); the state is then unchanged.
+  void deallocate(void* ptr);
+  /// The block is also used on `stream`: its reuse waits for that stream's work.
+  void record_stream(void* ptr, StreamId stream);
+
+  /// Returns every unsplit free segment to the device (torch.cuda.empty_cache).
+  void empty_cache();
+  /// Caps this allocator at fraction * device total (set_per_process_memory_fraction).
+  void set_memory_fraction(double fraction);
+
+  DeviceStats stats() const;
+  void reset_peak_stats();
+  void reset_accumulated_stats();
+  /// Every segment with its blocks, in address order.
+  std::vector<SegmentInfo> segments() const;
+  /// Size of the block behind a pointer handed out (its rounded size).
+  std::size_t block_size(const void* ptr) const;
+
+  /// Checks every invariant: blocks tile their segment, free neighbours are
+  /// coalesced, pools hold exactly the free blocks, statistics equal sums
+  /// recomputed from the blocks. Throws mem::Error naming the first violation.
+  void validate() const;
+
+  /// Observers are called under the lock for every event; see observer.hpp.
+  void add_observer(AllocatorObserver* observer);
+  void remove_observer(AllocatorObserver* observer) noexcept;
+  void set_context_source(ContextSource source) noexcept;
+
+  /// Reserves an empty cached segment of exactly `bytes` (a multiple of 512) in the
+  /// given pool, as if a previous allocation had created it; for trace replay.
+  /// Returns its address.
+  std::uintptr_t reserve_segment(std::size_t bytes, StreamId stream, bool small_pool);
+
+  Device& device() const noexcept;
+  std::shared_ptr<Device> device_ptr() const noexcept;
+  const AllocatorConfig& config() const noexcept;
+
+ private:
+  std::unique_ptr<detail::AllocatorCore> core_;
+};
+
+/// The process-wide allocator for applications to link in: created on first use
+/// from VRAMSCOPE_DEVICE (default "auto") and VRAMSCOPE_ALLOC_CONF.
+CachingAllocator& process_allocator();
+
+}  // namespace mem

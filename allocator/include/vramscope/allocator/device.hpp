@@ -1,0 +1,74 @@
+// device.hpp — the one seam between the allocator and a GPU.
+//
+// Everything the caching allocator needs from CUDA, and nothing more:
+// cudaMalloc/cudaFree of whole segments, cudaMemGetInfo, the per-process
+// figure nvidia-smi prints, and streams and events for deferred reuse.
+// SimDevice implements it without a GPU; CudaDevice on the CUDA runtime.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace mem {
+
+using StreamId = std::uint64_t;  ///< 0 is the default (legacy) stream
+using EventId = std::uint64_t;
+
+/// What a device is, for reports: every simulated assumption is spelled out.
+struct DeviceInfo {
+  std::string name;               ///< "sim:a100-80g", "cuda:0 (NVIDIA H100 80GB HBM3)"
+  std::size_t total_bytes = 0;    ///< capacity as cudaMemGetInfo reports it
+  std::size_t context_bytes = 0;  ///< CUDA context overhead nvidia-smi shows before any allocation
+  std::size_t granularity = 0;    ///< driver rounding of a segment in nvidia-smi's view
+  bool simulated = true;
+  std::string assumptions;        ///< one line to print beside any figure from this device
+};
+
+struct DeviceMemInfo {
+  std::size_t free_bytes = 0;
+  std::size_t total_bytes = 0;
+};
+
+/// A GPU as the allocator sees it. Implementations are thread-safe.
+class Device {
+ public:
+  virtual ~Device() = default;
+
+  virtual const DeviceInfo& info() const = 0;
+
+  /// cudaMalloc: returns nullptr when the device is out of memory (never throws for that).
+  virtual void* allocate_segment(std::size_t bytes) = 0;
+  /// cudaFree of a pointer allocate_segment returned, with the size it was asked for.
+  virtual void free_segment(void* ptr, std::size_t bytes) noexcept = 0;
+
+  /// cudaMemGetInfo.
+  virtual DeviceMemInfo mem_get_info() const = 0;
+  /// Bytes this process uses as nvidia-smi shows them (context + segments at driver granularity).
+  virtual std::size_t process_used_bytes() const = 0;
+
+  virtual StreamId create_stream() = 0;
+  virtual void destroy_stream(StreamId stream) noexcept = 0;
+  virtual EventId create_event() = 0;
+  virtual void destroy_event(EventId event) noexcept = 0;
+  virtual void record_event(EventId event, StreamId stream) = 0;
+  /// cudaEventQuery: true once the work recorded before the event has completed.
+  virtual bool query_event(EventId event) = 0;
+  virtual void synchronize_event(EventId event) = 0;
+  virtual void synchronize() = 0;
+
+  /// Virtual driver time spent in segment allocations and frees, in microseconds
+  /// (simulated latency model; a real device reports measured wall time).
+  virtual double driver_time_us() const = 0;
+};
+
+/// Builds a device from a spec: "auto", "sim", "sim:<preset>", "sim:capacity=8GiB,context=400MiB",
+/// "cuda", "cuda:N". "auto" picks cuda:0 when a GPU is present, else the simulated default.
+/// Throws mem::Error listing the valid forms for anything else.
+std::shared_ptr<Device> make_device(const std::string& spec);
+
+/// Number of CUDA GPUs usable by this build (0 when built without CUDA or none present).
+int cuda_device_count() noexcept;
+
+}  // namespace mem

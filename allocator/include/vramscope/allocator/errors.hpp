@@ -1,0 +1,45 @@
+// errors.hpp — the two exception types of vramscope's public API.
+//
+// mem::Error is misuse (bad pointer, malformed config, unknown name): the call
+// changed nothing. mem::OutOfMemoryError derives from std::bad_alloc like
+// c10::OutOfMemoryError, so `catch (const std::bad_alloc&)` code keeps working.
+#pragma once
+
+#include <cstddef>
+#include <new>
+#include <stdexcept>
+#include <string>
+
+namespace mem {
+
+/// Misuse of the API. The call that threw changed no state.
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// A request the device could not satisfy even after freeing the cache.
+/// The figures are the allocator's state at the moment of failure.
+class OutOfMemoryError : public std::bad_alloc {
+ public:
+  struct Figures {
+    std::size_t requested = 0;           ///< bytes the caller asked for
+    std::size_t device_total = 0;        ///< device capacity
+    std::size_t device_free = 0;         ///< cudaMemGetInfo's free
+    std::size_t process_used = 0;        ///< this process as nvidia-smi shows it
+    std::size_t allocated = 0;           ///< live blocks (allocated_bytes)
+    std::size_t reserved = 0;            ///< segments held (reserved_bytes)
+    std::size_t allowed = 0;             ///< cap from the memory fraction (0: none)
+  };
+
+  OutOfMemoryError(std::string message, Figures figures)
+      : message_(std::move(message)), figures_(figures) {}
+  const char* what() const noexcept override { return message_.c_str(); }
+  const Figures& figures() const noexcept { return figures_; }
+
+ private:
+  std::string message_;
+  Figures figures_;
+};
+
+}  // namespace mem

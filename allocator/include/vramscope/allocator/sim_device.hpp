@@ -1,0 +1,121 @@
+// sim_device.hpp — a simulated GPU: capacity, context overhead, driver
+// granularity, cudaMalloc latency, optional host backing and fault injection.
+//
+//   auto dev = std::make_shared<mem::SimDevice>(mem::sim_preset("a100-80g"));
+//   mem::CachingAllocator alloc{dev};
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <random>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "vramscope/allocator/device.hpp"
+
+namespace mem {
+
+enum class SimBacking {
+  None,  ///< addresses only: no host memory behind segments (dry runs)
+  Host,  ///< real host memory behind every segment, reserved lazily (compute mode)
+};
+
+struct SimDeviceConfig {
+  std::string name = "sim";
+  std::size_t capacity = 0;                  ///< cudaMemGetInfo total
+  std::size_t context_bytes = 0;             ///< CUDA context + runtime, shown by nvidia-smi
+  std::size_t granularity = std::size_t{2} << 20;  ///< segments counted in 2 MiB pages
+  SimBacking backing = SimBacking::None;
+  double malloc_latency_us = 0;              ///< virtual cost of one cudaMalloc
+  double free_latency_us = 0;                ///< virtual cost of one cudaFree (implies a sync)
+  std::string description;                   ///< where the preset's numbers come from
+};
+
+/// Named presets of real GPUs. Throws mem::Error listing the names for an unknown one.
+SimDeviceConfig sim_preset(const std::string& name);
+/// All preset names in a stable order.
+std::vector<std::string> sim_preset_names();
+/// The default simulated device (the one "sim" and "auto" without a GPU pick).
+std::string default_sim_preset();
+/// Parses the part after "sim:": a preset name, "key=value,..." (capacity, context,
+/// granularity, backing, malloc_us, free_us) or a preset followed by overrides
+/// ("a100-80g,backing=host"). Keys a spec without a preset leaves out take generic
+/// values: context 0 B, granularity 2 MiB, backing none, malloc_us 25, free_us 40.
+/// Throws mem::Error on anything malformed.
+SimDeviceConfig parse_sim_spec(const std::string& spec);
+
+class SimDevice final : public Device {
+ public:
+  explicit SimDevice(SimDeviceConfig config);
+  ~SimDevice() override;
+  SimDevice(const SimDevice&) = delete;
+  SimDevice& operator=(const SimDevice&) = delete;
+
+  const DeviceInfo& info() const override { return info_; }
+  const SimDeviceConfig& config() const { return config_; }
+
+  void* allocate_segment(std::size_t bytes) override;
+  void free_segment(void* ptr, std::size_t bytes) noexcept override;
+  DeviceMemInfo mem_get_info() const override;
+  std::size_t process_used_bytes() const override;
+
+  StreamId create_stream() override;
+  void destroy_stream(StreamId stream) noexcept override;
+  EventId create_event() override;
+  void destroy_event(EventId event) noexcept override;
+  void record_event(EventId event, StreamId stream) override;
+  bool query_event(EventId event) override;
+  void synchronize_event(EventId event) override;
+  void synchronize() override;
+  double driver_time_us() const override;
+
+  // --- test controls -------------------------------------------------------
+  /// Fail the nth segment allocation from now (1 = the next one); 0 disables.
+  void fail_nth_allocation(std::uint64_t n);
+  /// Fail each segment allocation with this probability, from a seeded generator.
+  void fail_with_probability(double p, std::uint64_t seed);
+  /// While held, recorded events stay pending until release_events() or synchronize().
+  void hold_events(bool hold);
+  void release_events();
+
+  // --- counters for reports and tests -----------------------------------------
+  std::size_t used_bytes() const;           ///< sum of live segment sizes
+  std::uint64_t segment_allocs() const;     ///< successful cudaMalloc calls
+  std::uint64_t segment_frees() const;
+  std::uint64_t failed_allocs() const;      ///< injected or capacity failures
+
+ private:
+  std::size_t pages_of(std::size_t bytes) const;
+  void* map_segment_locked(std::size_t bytes);
+  void unmap_segment_locked(std::uintptr_t address, std::size_t bytes) noexcept;
+
+  SimDeviceConfig config_;
+  DeviceInfo info_;
+  mutable std::mutex mutex_;
+  // Invariant: used_rounded_ == sum over live_ of pages_of(bytes) * granularity, and
+  // context_bytes + used_rounded_ <= capacity (the driver's view: free never goes negative).
+  std::size_t used_ = 0;          ///< sum of segment sizes as asked for
+  std::size_t used_rounded_ = 0;  ///< sum rounded to granularity (what cudaMemGetInfo subtracts)
+  std::uintptr_t next_address_;   ///< bump pointer for address-only backing
+  /// Address-only backing: freed ranges below next_address_, by start, coalesced, reused
+  /// lowest-first like the driver's VA allocator so long runs never exhaust the space.
+  std::map<std::uintptr_t, std::size_t> free_ranges_;
+  std::unordered_map<std::uintptr_t, std::size_t> live_;  ///< segment -> bytes
+  std::uint64_t allocs_ = 0, frees_ = 0, failures_ = 0;
+  std::uint64_t fail_countdown_ = 0;
+  double fail_probability_ = 0;
+  std::mt19937_64 rng_;
+  double driver_time_us_ = 0;
+  bool hold_events_ = false;
+  StreamId next_stream_ = 1;
+  EventId next_event_ = 1;
+  std::unordered_set<StreamId> streams_;      ///< created and not destroyed (0 is implicit)
+  std::unordered_map<EventId, bool> events_;  ///< event -> complete
+};
+
+}  // namespace mem

@@ -1,0 +1,570 @@
+// allocator_core.cpp — the caching policy: malloc, free, split, coalesce,
+// stream events, free-cache-and-retry and the out-of-memory error.
+// Follows c10/cuda/CUDACachingAllocator.cpp step by step (same names), so
+// statistics and segment layouts match what PyTorch users see.
+#include <algorithm>
+#include <cassert>
+#include <limits>
+#include <mutex>
+#include <string>
+
+#include "allocator_core.hpp"
+#include "vramscope/allocator/units.hpp"
+
+namespace mem::detail {
+namespace {
+
+// Larger than any device: a request above this is a bug, not an OOM.
+constexpr std::size_t kAbsurdSize = std::size_t{1} << 50;  // 1 PiB
+
+}  // namespace
+
+AllocatorCore::AllocatorCore(std::shared_ptr<Device> device, AllocatorConfig config)
+    : device_(std::move(device)), config_(config) {
+  if (!device_) throw Error("CachingAllocator needs a device (got a null pointer)");
+  const DeviceInfo& info = device_->info();
+  granularity_ = info.granularity == 0 ? 1 : info.granularity;
+  context_bytes_ = info.context_bytes;
+  stats_.max_split_size = config_.max_split_size == std::numeric_limits<std::size_t>::max()
+                              ? std::numeric_limits<std::int64_t>::max()
+                              : static_cast<std::int64_t>(config_.max_split_size);
+  stats_.device_total_bytes = static_cast<std::int64_t>(info.total_bytes);
+  stats_.context_bytes = static_cast<std::int64_t>(context_bytes_);
+  // nvidia-smi shows the context before any allocation.
+  stats_.device_used_bytes.current = stats_.device_used_bytes.peak =
+      static_cast<std::int64_t>(context_bytes_);
+}
+
+AllocatorCore::~AllocatorCore() {
+  // Return every segment: wait for pending events, then free each segment head.
+  std::lock_guard guard(lock_);
+  for (auto& [stream, queue] : events_) {
+    for (auto& [event, block] : queue) {
+      device_->synchronize_event(event);
+      device_->destroy_event(event);
+    }
+  }
+  events_.clear();
+  for (const Block* b : all_blocks_locked()) {
+    if (b->prev == nullptr) {
+      std::size_t total = 0;
+      for (const Block* c = b; c != nullptr; c = c->next) total += c->size;
+      device_->free_segment(reinterpret_cast<void*>(b->ptr), total);
+    }
+  }
+  std::vector<const Block*> blocks = all_blocks_locked();
+  for (const Block* b : blocks) block_storage_.destroy(const_cast<Block*>(b));
+}
+
+// ---------------------------------------------------------------------------
+// malloc
+
+void* AllocatorCore::malloc(std::size_t orig_size, StreamId stream) {
+  if (orig_size == 0) {
+    throw Error("allocate(0): a zero-byte request is not allowed (nothing was allocated)");
+  }
+  if (orig_size > kAbsurdSize) {
+    throw Error("allocate(" + std::to_string(orig_size) + " B): request larger than 1 PiB, "
+                "probably an overflowed size computation (nothing was allocated)");
+  }
+  std::lock_guard guard(lock_);
+  if (!events_.empty()) [[unlikely]] process_events();
+
+  AllocParams p;
+  p.orig_size = orig_size;
+  p.size = round_size(orig_size, config_);
+  p.stream = stream;
+  p.pool = p.size <= kSmallSize ? &small_blocks_ : &large_blocks_;
+  p.alloc_size = segment_size_for(p.size);
+
+  bool found = get_free_block(p);
+  if (!found) {
+    if (set_fraction_ && config_.garbage_collection_threshold > 0.0) [[unlikely]] {
+      garbage_collect_cached_blocks();
+    }
+    found = alloc_block(p, false) ||
+            (release_available_cached_blocks(p) && alloc_block(p, false)) ||
+            (release_cached_blocks(), alloc_block(p, true));
+  }
+  if (!found) throw_oom(p);
+  return reinterpret_cast<void*>(alloc_found_block(p)->ptr);
+}
+
+bool AllocatorCore::get_free_block(AllocParams& p) {
+  BlockPool& pool = *p.pool;
+  if (set_fraction_ && config_.garbage_collection_threshold > 0.0) [[unlikely]] {
+    ++pool.get_free_blocks_call_count;  // block ages only matter to the collector
+  }
+  Block key;
+  key.stream = p.stream;
+  key.size = p.size;
+  key.ptr = 0;
+  auto it = pool.blocks.lower_bound(&key);
+  if (it == pool.blocks.end() || (*it)->stream != p.stream) return false;
+  const std::size_t max_split = config_.max_split_size;
+  // Never hand an oversize block to a small request (it could not be split).
+  if (p.size < max_split && (*it)->size >= max_split) return false;
+  // An oversize request takes an oversize block only if little is wasted.
+  if (p.size >= max_split && (*it)->size >= p.size + config_.max_non_split_rounding_size) {
+    return false;
+  }
+  p.block = *it;
+  pool.blocks.erase(it);
+  return true;
+}
+
+bool AllocatorCore::alloc_block(AllocParams& p, bool is_retry) {
+  const std::size_t size = p.alloc_size;
+  if (is_retry) ++stats_.num_alloc_retries;
+  if (set_fraction_ && total_reserved_ + size > allowed_memory_maximum_) return false;
+  void* ptr = device_->allocate_segment(size);
+  if (ptr == nullptr) return false;
+  ++stats_.num_device_alloc;
+  total_reserved_ += size;
+  total_reserved_rounded_ += device_rounded(size);
+
+  Block* block = block_storage_.create();
+  block->ptr = reinterpret_cast<std::uintptr_t>(ptr);
+  block->size = size;
+  block->stream = p.stream;
+  block->pool = p.pool;
+  p.block = block;
+
+  const std::size_t pi = pool_index(*p.pool);
+  increase(stats_.segment, pi, 1);
+  increase(stats_.reserved_bytes, pi, static_cast<std::int64_t>(size));
+  if (size >= config_.max_split_size) stats_.oversize_segments.increase(1);
+  update_device_view();
+  if (has_observers_) [[unlikely]] {
+    emit_segment(TraceAction::SegmentAlloc, block->ptr, size, p.stream, p.pool->is_small);
+  }
+  return true;
+}
+
+bool AllocatorCore::release_available_cached_blocks(const AllocParams& p) {
+  const std::size_t max_split = config_.max_split_size;
+  if (max_split == std::numeric_limits<std::size_t>::max()) return false;
+  BlockPool& pool = *p.pool;
+  Block key;
+  key.stream = p.stream;
+  key.size = p.size < max_split ? max_split : p.size;
+  key.ptr = 0;
+  auto it = pool.blocks.lower_bound(&key);
+  if (it == pool.blocks.end() || (*it)->stream != p.stream) {
+    // No single oversize block is enough: free oversize blocks, largest first.
+    if (it == pool.blocks.begin()) return false;
+    std::size_t released = 0;
+    --it;  // the largest block of this stream, if any
+    while (released < key.size && (*it)->size >= max_split && (*it)->stream == p.stream) {
+      auto cur = it;
+      const bool is_first = cur == pool.blocks.begin();
+      if (!is_first) --it;
+      released += (*cur)->size;
+      release_block(*cur);
+      if (is_first) break;
+    }
+    return released >= key.size;
+  }
+  release_block(*it);
+  return true;
+}
+
+void AllocatorCore::release_cached_blocks() {
+  synchronize_and_free_events();
+  release_blocks(large_blocks_);
+  release_blocks(small_blocks_);
+}
+
+void AllocatorCore::release_blocks(BlockPool& pool) {
+  auto it = pool.blocks.begin();
+  while (it != pool.blocks.end()) {
+    Block* block = *it;
+    ++it;
+    if (!block->is_split()) release_block(block);
+  }
+}
+
+void AllocatorCore::release_block(Block* block) {
+  BlockPool& pool = *block->pool;
+  const std::size_t size = block->size;
+  device_->free_segment(reinterpret_cast<void*>(block->ptr), size);
+  ++stats_.num_device_free;
+  total_reserved_ -= size;
+  total_reserved_rounded_ -= device_rounded(size);
+  const std::size_t pi = pool_index(pool);
+  decrease(stats_.segment, pi, 1);
+  decrease(stats_.reserved_bytes, pi, static_cast<std::int64_t>(size));
+  if (size >= config_.max_split_size) stats_.oversize_segments.decrease(1);
+  update_device_view();
+  if (has_observers_) [[unlikely]] {
+    emit_segment(TraceAction::SegmentFree, block->ptr, size, block->stream, pool.is_small);
+  }
+  pool.blocks.erase(block);
+  block_storage_.destroy(block);
+}
+
+void AllocatorCore::garbage_collect_cached_blocks() {
+  // Free cached large segments older than the average age until the reserved
+  // bytes fall under threshold * allowed (PyTorch's age-based collector).
+  const auto threshold = static_cast<std::size_t>(config_.garbage_collection_threshold *
+                                                  static_cast<double>(allowed_memory_maximum_));
+  if (total_reserved_ <= threshold) return;
+  const std::size_t target = total_reserved_ - threshold;
+  std::size_t reclaimed = 0;
+  double total_age = 0;
+  std::size_t freeable = 0;
+  auto age = [&](const Block* b) {
+    return static_cast<double>(large_blocks_.get_free_blocks_call_count - b->gc_count_base);
+  };
+  for (const Block* b : large_blocks_.blocks) {
+    if (!b->is_split()) {
+      total_age += age(b);
+      ++freeable;
+    }
+  }
+  if (freeable == 0) return;
+  bool freed = true;
+  while (reclaimed < target && freed && freeable > 0) {
+    const double age_threshold = total_age / static_cast<double>(freeable);
+    freed = false;
+    auto it = large_blocks_.blocks.begin();
+    while (it != large_blocks_.blocks.end()) {
+      Block* b = *it;
+      ++it;
+      if (!b->is_split() && age(b) >= age_threshold) {
+        freed = true;
+        reclaimed += b->size;
+        total_age -= age(b);
+        --freeable;
+        release_block(b);
+      }
+    }
+  }
+}
+
+bool AllocatorCore::should_split(const Block* block, std::size_t size) const noexcept {
+  const std::size_t remaining = block->size - size;
+  if (block->pool->is_small) return remaining >= kMinBlockSize;
+  return size < config_.max_split_size && remaining > kSmallSize;
+}
+
+Block* AllocatorCore::alloc_found_block(AllocParams& p) {
+  Block* block = p.block;
+  BlockPool& pool = *p.pool;
+  const std::size_t pi = pool_index(pool);
+  const bool already_split = block->is_split();
+  if (should_split(block, p.size)) {
+    // The front becomes the allocation; the rest stays free in the pool.
+    Block* remaining = block;
+    block = block_storage_.create();
+    block->ptr = remaining->ptr;
+    block->size = p.size;
+    block->stream = p.stream;
+    block->pool = &pool;
+    block->prev = remaining->prev;
+    if (block->prev) block->prev->next = block;
+    block->next = remaining;
+    remaining->prev = block;
+    remaining->ptr += p.size;
+    remaining->size -= p.size;
+    pool.insert(remaining);
+    if (already_split) {
+      decrease(stats_.inactive_split_bytes, pi, static_cast<std::int64_t>(block->size));
+    } else {
+      increase(stats_.inactive_split_bytes, pi, static_cast<std::int64_t>(remaining->size));
+      increase(stats_.inactive_split, pi, 1);
+    }
+  } else if (already_split) {
+    decrease(stats_.inactive_split_bytes, pi, static_cast<std::int64_t>(block->size));
+    decrease(stats_.inactive_split, pi, 1);
+  }
+
+  block->allocated = true;
+  block->requested_size = p.orig_size;
+  block->context = context_source_ ? context_source_() : 0;
+  active_.insert(block->ptr, block);
+
+  const auto bytes = static_cast<std::int64_t>(block->size);
+  increase(stats_.allocation, pi, 1);
+  increase(stats_.allocated_bytes, pi, bytes);
+  increase(stats_.active, pi, 1);
+  increase(stats_.active_bytes, pi, bytes);
+  increase(stats_.requested_bytes, pi, static_cast<std::int64_t>(block->requested_size));
+  if (block->size >= config_.max_split_size) stats_.oversize_allocations.increase(1);
+  if (has_observers_) [[unlikely]] {
+    emit(TraceAction::Alloc, block, block->size, block->requested_size);
+  }
+  return block;
+}
+
+[[noreturn]] void AllocatorCore::throw_oom(const AllocParams& p) {
+  const DeviceMemInfo mem = device_->mem_get_info();
+  const std::size_t allocated = static_cast<std::size_t>(stats_.allocated_bytes[0].current);
+  const std::size_t reserved = static_cast<std::size_t>(stats_.reserved_bytes[0].current);
+  const std::size_t used = static_cast<std::size_t>(stats_.device_used_bytes.current);
+  ++stats_.num_ooms;
+  if (has_observers_) {
+    Block probe;
+    probe.ptr = mem.free_bytes;  // PyTorch records device_free as the oom entry's address
+    probe.stream = p.stream;
+    probe.pool = p.pool;
+    emit(TraceAction::Oom, &probe, p.size, p.orig_size);
+  }
+  const DeviceInfo& info = device_->info();
+  std::string msg = "CUDA out of memory. Tried to allocate " + format_bytes(p.size) + ". ";
+  msg += "GPU " + info.name + " has a total capacity of " + format_bytes(mem.total_bytes) +
+         " of which " + format_bytes(mem.free_bytes) + " is free. ";
+  msg += "This process has " + format_bytes(used) + " memory in use (nvidia-smi view";
+  if (context_bytes_ > 0) msg += ", including " + format_bytes(context_bytes_) + " CUDA context";
+  msg += "). ";
+  if (set_fraction_) {
+    msg += "The memory fraction allows " + format_bytes(allowed_memory_maximum_) + ". ";
+  }
+  msg += "Of the allocated memory " + format_bytes(allocated) +
+         " is allocated by vramscope, and " + format_bytes(reserved - allocated) +
+         " is reserved by vramscope but unallocated. ";
+  msg += "If reserved but unallocated memory is large try setting max_split_size_mb "
+         "(VRAMSCOPE_ALLOC_CONF=max_split_size_mb:128) to avoid fragmentation; otherwise "
+         "reduce the batch size, checkpoint activations, or use a smaller dtype.";
+  OutOfMemoryError::Figures f;
+  f.requested = p.orig_size;
+  f.device_total = mem.total_bytes;
+  f.device_free = mem.free_bytes;
+  f.process_used = used;
+  f.allocated = allocated;
+  f.reserved = reserved;
+  f.allowed = set_fraction_ ? allowed_memory_maximum_ : 0;
+  throw OutOfMemoryError(std::move(msg), f);
+}
+
+// ---------------------------------------------------------------------------
+// free
+
+void AllocatorCore::free(void* ptr) {
+  std::lock_guard guard(lock_);
+  const auto key = reinterpret_cast<std::uintptr_t>(ptr);
+  Block** found = active_.find(key);
+  if (found == nullptr || !(*found)->allocated) {
+    throw Error(ptr == nullptr ? std::string("deallocate(nullptr): not a block of this allocator")
+                               : "deallocate(" + std::to_string(key) +
+                                     "): pointer was not handed out by this allocator or was "
+                                     "already freed (double free); nothing changed");
+  }
+  Block* block = *found;
+  block->allocated = false;
+  const std::size_t pi = pool_index(*block->pool);
+  decrease(stats_.allocation, pi, 1);
+  decrease(stats_.allocated_bytes, pi, static_cast<std::int64_t>(block->size));
+  if (block->size >= config_.max_split_size) stats_.oversize_allocations.decrease(1);
+  if (has_observers_) [[unlikely]] {
+    emit(TraceAction::FreeRequested, block, block->size, block->requested_size);
+  }
+  if (!block->stream_uses.empty()) [[unlikely]] {
+    insert_events(block);
+  } else {
+    free_block(block);
+  }
+}
+
+void AllocatorCore::free_block(Block* block) {
+  assert(!block->allocated && block->event_count == 0 && block->stream_uses.empty());
+  if (has_observers_) [[unlikely]] {
+    emit(TraceAction::FreeCompleted, block, block->size, block->requested_size);
+  }
+  const std::size_t original_size = block->size;
+  const std::size_t requested = block->requested_size;
+  BlockPool& pool = *block->pool;
+  std::int64_t net_inactive_blocks = 0;
+  std::int64_t net_inactive_bytes = 0;
+  active_.erase(block->ptr);
+  for (Block* candidate : {block->prev, block->next}) {
+    const std::size_t subsumed = try_merge_blocks(block, candidate, pool);
+    if (subsumed > 0) {
+      net_inactive_blocks -= 1;
+      net_inactive_bytes -= static_cast<std::int64_t>(subsumed);
+    }
+  }
+  block->requested_size = 0;
+  block->context = 0;
+  pool.insert(block);
+  if (block->is_split()) {
+    net_inactive_blocks += 1;
+    net_inactive_bytes += static_cast<std::int64_t>(block->size);
+  }
+  const std::size_t pi = pool_index(pool);
+  if (net_inactive_blocks > 0) increase(stats_.inactive_split, pi, net_inactive_blocks);
+  if (net_inactive_blocks < 0) decrease(stats_.inactive_split, pi, -net_inactive_blocks);
+  if (net_inactive_bytes > 0) increase(stats_.inactive_split_bytes, pi, net_inactive_bytes);
+  if (net_inactive_bytes < 0) decrease(stats_.inactive_split_bytes, pi, -net_inactive_bytes);
+  decrease(stats_.active, pi, 1);
+  decrease(stats_.active_bytes, pi, static_cast<std::int64_t>(original_size));
+  decrease(stats_.requested_bytes, pi, static_cast<std::int64_t>(requested));
+}
+
+std::size_t AllocatorCore::try_merge_blocks(Block* dst, Block* src, BlockPool& pool) {
+  if (src == nullptr || src->allocated || src->event_count > 0 || !src->stream_uses.empty()) {
+    return 0;
+  }
+  if (dst->prev == src) {  // [src dst]
+    dst->ptr = src->ptr;
+    dst->prev = src->prev;
+    if (dst->prev) dst->prev->next = dst;
+  } else {  // [dst src]
+    dst->next = src->next;
+    if (dst->next) dst->next->prev = dst;
+  }
+  const std::size_t subsumed = src->size;
+  dst->size += subsumed;
+  pool.blocks.erase(src);
+  block_storage_.destroy(src);
+  return subsumed;
+}
+
+// ---------------------------------------------------------------------------
+// streams and events
+
+void AllocatorCore::record_stream(void* ptr, StreamId stream) {
+  std::lock_guard guard(lock_);
+  Block** found = active_.find(reinterpret_cast<std::uintptr_t>(ptr));
+  if (found == nullptr || !(*found)->allocated) {
+    throw Error("record_stream: pointer was not handed out by this allocator or was already "
+                "freed; nothing changed");
+  }
+  Block* block = *found;
+  if (stream == block->stream) return;  // its own stream orders the reuse already
+  auto& uses = block->stream_uses;
+  if (std::find(uses.begin(), uses.end(), stream) == uses.end()) uses.push_back(stream);
+}
+
+void AllocatorCore::insert_events(Block* block) {
+  std::vector<StreamId> streams;
+  streams.swap(block->stream_uses);
+  for (StreamId s : streams) {
+    const EventId event = device_->create_event();
+    device_->record_event(event, s);
+    ++block->event_count;
+    events_[s].emplace_back(event, block);
+  }
+}
+
+void AllocatorCore::process_events() {
+  // Per-stream queues: a slow stream does not hold up blocks of the others.
+  for (auto it = events_.begin(); it != events_.end();) {
+    auto& queue = it->second;
+    while (!queue.empty()) {
+      auto [event, block] = queue.front();
+      if (!device_->query_event(event)) break;
+      device_->destroy_event(event);
+      queue.pop_front();
+      if (--block->event_count == 0) free_block(block);
+    }
+    it = queue.empty() ? events_.erase(it) : std::next(it);
+  }
+}
+
+void AllocatorCore::synchronize_and_free_events() {
+  ++stats_.num_sync_all_streams;
+  for (auto& [stream, queue] : events_) {
+    for (auto& [event, block] : queue) {
+      device_->synchronize_event(event);
+      device_->destroy_event(event);
+      if (--block->event_count == 0) free_block(block);
+    }
+  }
+  events_.clear();
+}
+
+// ---------------------------------------------------------------------------
+// cache control, settings, observers
+
+void AllocatorCore::empty_cache() {
+  std::lock_guard guard(lock_);
+  release_cached_blocks();
+}
+
+void AllocatorCore::set_memory_fraction(double fraction) {
+  if (!(fraction >= 0.0 && fraction <= 1.0)) {
+    throw Error("set_memory_fraction(" + std::to_string(fraction) +
+                "): the fraction must be within [0, 1]; nothing changed");
+  }
+  std::lock_guard guard(lock_);
+  allowed_memory_maximum_ = static_cast<std::size_t>(
+      fraction * static_cast<double>(device_->info().total_bytes));
+  set_fraction_ = true;
+}
+
+std::uintptr_t AllocatorCore::reserve_segment(std::size_t bytes, StreamId stream, bool small_pool) {
+  if (bytes == 0 || bytes % kMinBlockSize != 0 || bytes > kAbsurdSize) {
+    throw Error("reserve_segment(" + std::to_string(bytes) +
+                " B): size must be a positive multiple of 512 B");
+  }
+  std::lock_guard guard(lock_);
+  AllocParams p;
+  p.size = p.alloc_size = bytes;
+  p.stream = stream;
+  p.pool = small_pool ? &small_blocks_ : &large_blocks_;
+  if (!alloc_block(p, false)) {
+    throw Error("reserve_segment(" + format_bytes(bytes) + "): the device has no room for it");
+  }
+  p.pool->insert(p.block);
+  return p.block->ptr;
+}
+
+void AllocatorCore::add_observer(AllocatorObserver* observer) {
+  if (observer == nullptr) throw Error("add_observer(nullptr)");
+  std::lock_guard guard(lock_);
+  if (std::find(observers_.begin(), observers_.end(), observer) == observers_.end()) {
+    observers_.push_back(observer);
+  }
+  has_observers_ = true;
+}
+
+void AllocatorCore::remove_observer(AllocatorObserver* observer) noexcept {
+  std::lock_guard guard(lock_);
+  observers_.erase(std::remove(observers_.begin(), observers_.end(), observer), observers_.end());
+  has_observers_ = !observers_.empty();
+}
+
+void AllocatorCore::set_context_source(ContextSource source) noexcept {
+  std::lock_guard guard(lock_);
+  context_source_ = source;
+}
+
+std::size_t AllocatorCore::device_rounded(std::size_t bytes) const noexcept {
+  return (bytes + granularity_ - 1) / granularity_ * granularity_;
+}
+
+void AllocatorCore::update_device_view() noexcept {
+  Stat& s = stats_.device_used_bytes;
+  const auto now = static_cast<std::int64_t>(context_bytes_ + total_reserved_rounded_);
+  if (now > s.current) s.increase(now - s.current);
+  if (now < s.current) s.decrease(s.current - now);
+}
+
+void AllocatorCore::emit(TraceAction action, const Block* b, std::size_t size,
+                         std::size_t requested) noexcept {
+  TraceEvent e;
+  e.action = action;
+  e.address = b->ptr;
+  e.size = size;
+  e.requested_size = requested;
+  e.stream = b->stream;
+  e.context = b->context;
+  e.small_pool = b->pool != nullptr && b->pool->is_small;
+  e.allocated_bytes = static_cast<std::size_t>(stats_.allocated_bytes[0].current);
+  e.reserved_bytes = static_cast<std::size_t>(stats_.reserved_bytes[0].current);
+  e.device_used_bytes = static_cast<std::size_t>(stats_.device_used_bytes.current);
+  e.sequence = ++sequence_;
+  for (AllocatorObserver* o : observers_) o->on_event(e);
+}
+
+void AllocatorCore::emit_segment(TraceAction action, std::uintptr_t ptr, std::size_t size,
+                                 StreamId stream, bool small) noexcept {
+  Block b;
+  b.ptr = ptr;
+  b.stream = stream;
+  b.pool = small ? &small_blocks_ : &large_blocks_;
+  emit(action, &b, size, 0);
+}
+
+}  // namespace mem::detail

@@ -1,0 +1,165 @@
+// allocator_core.hpp — the caching allocator's state and policy (internal).
+//
+// Data, as in PyTorch's DeviceCachingAllocator:
+//  - a segment is one device allocation, tiled by Blocks linked prev/next;
+//  - a free Block sits in exactly one BlockPool (small or large), ordered by
+//    (stream, size, address) so lower_bound is best fit;
+//  - an active Block (allocated, or freed but waiting for stream events) sits
+//    in active_, keyed by address;
+//  - stats_ is updated at every transition and validate() recomputes it.
+// Everything is guarded by lock_.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <set>
+#include <vector>
+
+#include "object_pool.hpp"
+#include "pointer_map.hpp"
+#include "spin_lock.hpp"
+#include "vramscope/allocator/caching_allocator.hpp"
+
+namespace mem::detail {
+
+struct BlockPool;
+
+struct Block {
+  std::uintptr_t ptr = 0;
+  std::size_t size = 0;            // bytes of this block (a multiple of 512)
+  std::size_t requested_size = 0;  // caller's size while active
+  StreamId stream = 0;             // the stream whose pool owns the segment
+  BlockPool* pool = nullptr;
+  Block* prev = nullptr;           // neighbours inside the segment
+  Block* next = nullptr;
+  bool allocated = false;
+  int event_count = 0;                  // outstanding events before reuse
+  std::vector<StreamId> stream_uses;    // streams from record_stream
+  std::uint32_t context = 0;
+  std::uint64_t gc_count_base = 0;      // pool's call count when it was freed
+
+  bool is_split() const noexcept { return prev != nullptr || next != nullptr; }
+};
+
+struct BlockComparator {
+  bool operator()(const Block* a, const Block* b) const noexcept {
+    if (a->stream != b->stream) return a->stream < b->stream;
+    if (a->size != b->size) return a->size < b->size;
+    return a->ptr < b->ptr;
+  }
+};
+
+struct BlockPool {
+  explicit BlockPool(bool small) : blocks(BlockComparator{}, ArenaAllocator<Block*>(&arena)), is_small(small) {}
+  FreeListArena arena;  // must outlive `blocks`
+  std::set<Block*, BlockComparator, ArenaAllocator<Block*>> blocks;
+  const bool is_small;
+  std::uint64_t get_free_blocks_call_count = 0;  // gc age clock
+
+  void insert(Block* b) {
+    b->gc_count_base = get_free_blocks_call_count;
+    blocks.insert(b);
+  }
+};
+
+class AllocatorCore {
+ public:
+  AllocatorCore(std::shared_ptr<Device> device, AllocatorConfig config);
+  ~AllocatorCore();
+
+  void* malloc(std::size_t size, StreamId stream);
+  void free(void* ptr);
+  void record_stream(void* ptr, StreamId stream);
+  void empty_cache();
+  void set_memory_fraction(double fraction);
+  DeviceStats stats() const;
+  void reset_peak_stats();
+  void reset_accumulated_stats();
+  std::vector<SegmentInfo> segments() const;
+  std::size_t block_size(const void* ptr) const;
+  void validate() const;
+  void add_observer(AllocatorObserver* observer);
+  void remove_observer(AllocatorObserver* observer) noexcept;
+  void set_context_source(ContextSource source) noexcept;
+  std::uintptr_t reserve_segment(std::size_t bytes, StreamId stream, bool small_pool);
+
+  Device& device() const noexcept { return *device_; }
+  const std::shared_ptr<Device>& device_ptr() const noexcept { return device_; }
+  const AllocatorConfig& config() const noexcept { return config_; }
+
+ private:
+  struct AllocParams {
+    std::size_t orig_size = 0;
+    std::size_t size = 0;        // rounded
+    std::size_t alloc_size = 0;  // segment size on a miss
+    StreamId stream = 0;
+    BlockPool* pool = nullptr;
+    Block* block = nullptr;
+  };
+
+  // Policy steps, named after their PyTorch counterparts.
+  bool get_free_block(AllocParams& p);
+  bool alloc_block(AllocParams& p, bool is_retry);
+  bool release_available_cached_blocks(const AllocParams& p);
+  void release_cached_blocks();
+  void release_blocks(BlockPool& pool);
+  void release_block(Block* block);
+  void garbage_collect_cached_blocks();
+  Block* alloc_found_block(AllocParams& p);
+  bool should_split(const Block* block, std::size_t size) const noexcept;
+  void free_block(Block* block);
+  std::size_t try_merge_blocks(Block* dst, Block* src, BlockPool& pool);
+  void insert_events(Block* block);
+  void process_events();
+  void synchronize_and_free_events();
+  [[noreturn]] void throw_oom(const AllocParams& p);
+
+  // Statistics helpers: the "all" entry and the pool's entry move together.
+  static std::size_t pool_index(const BlockPool& pool) noexcept {
+    return pool.is_small ? static_cast<std::size_t>(StatType::SmallPool)
+                         : static_cast<std::size_t>(StatType::LargePool);
+  }
+  static void increase(StatArray& a, std::size_t pool, std::int64_t amount) noexcept {
+    a[0].increase(amount);
+    a[pool].increase(amount);
+  }
+  static void decrease(StatArray& a, std::size_t pool, std::int64_t amount) noexcept {
+    a[0].decrease(amount);
+    a[pool].decrease(amount);
+  }
+  std::size_t device_rounded(std::size_t bytes) const noexcept;
+  void update_device_view() noexcept;
+
+  void emit(TraceAction action, const Block* b, std::size_t size, std::size_t requested) noexcept;
+  void emit_segment(TraceAction action, std::uintptr_t ptr, std::size_t size, StreamId stream,
+                    bool small) noexcept;
+
+  std::vector<const Block*> all_blocks_locked() const;
+
+  std::shared_ptr<Device> device_;
+  AllocatorConfig config_;
+  std::size_t granularity_;
+  std::size_t context_bytes_;
+
+  mutable SpinLock lock_;
+  BlockPool large_blocks_{false};
+  BlockPool small_blocks_{true};
+  PointerMap<Block*> active_;  // allocated or pending-free blocks by address
+  ObjectPool<Block> block_storage_;
+  std::map<StreamId, std::deque<std::pair<EventId, Block*>>> events_;  // per-stream, in order
+  DeviceStats stats_;
+  std::size_t total_reserved_ = 0;          // sum of segment sizes (total_allocated_memory)
+  std::size_t total_reserved_rounded_ = 0;  // the same at driver granularity
+  bool set_fraction_ = false;
+  std::size_t allowed_memory_maximum_ = 0;
+
+  std::vector<AllocatorObserver*> observers_;
+  bool has_observers_ = false;
+  ContextSource context_source_ = nullptr;
+  std::uint64_t sequence_ = 0;
+};
+
+}  // namespace mem::detail

@@ -1,0 +1,185 @@
+// allocator_inspect.cpp — looking at the allocator without changing it:
+// statistics, the segment listing and validate(), which recomputes every
+// statistic from the blocks and checks the structural invariants.
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+
+#include "allocator_core.hpp"
+
+namespace mem::detail {
+
+DeviceStats AllocatorCore::stats() const {
+  std::lock_guard guard(lock_);
+  DeviceStats s = stats_;
+  s.driver_time_us = device_->driver_time_us();
+  return s;
+}
+
+void AllocatorCore::reset_peak_stats() {
+  std::lock_guard guard(lock_);
+  stats_.reset_peaks();
+}
+
+void AllocatorCore::reset_accumulated_stats() {
+  std::lock_guard guard(lock_);
+  stats_.reset_accumulated();
+}
+
+std::size_t AllocatorCore::block_size(const void* ptr) const {
+  std::lock_guard guard(lock_);
+  Block* const* found = active_.find(reinterpret_cast<std::uintptr_t>(ptr));
+  if (found == nullptr || !(*found)->allocated) {
+    throw Error("block_size: pointer was not handed out by this allocator");
+  }
+  return (*found)->size;
+}
+
+std::vector<const Block*> AllocatorCore::all_blocks_locked() const {
+  std::vector<const Block*> out;
+  out.reserve(active_.size() + large_blocks_.blocks.size() + small_blocks_.blocks.size());
+  active_.for_each([&](std::uintptr_t, Block* b) { out.push_back(b); });
+  for (const Block* b : large_blocks_.blocks) out.push_back(b);
+  for (const Block* b : small_blocks_.blocks) out.push_back(b);
+  return out;
+}
+
+namespace {
+BlockState state_of(const Block* b) {
+  if (b->allocated) return BlockState::ActiveAllocated;
+  if (b->event_count > 0) return BlockState::ActivePendingFree;
+  return BlockState::Inactive;
+}
+}  // namespace
+
+std::vector<SegmentInfo> AllocatorCore::segments() const {
+  std::lock_guard guard(lock_);
+  std::vector<SegmentInfo> out;
+  for (const Block* head : all_blocks_locked()) {
+    if (head->prev != nullptr) continue;
+    SegmentInfo seg;
+    seg.address = head->ptr;
+    seg.stream = head->stream;
+    seg.small_pool = head->pool->is_small;
+    for (const Block* b = head; b != nullptr; b = b->next) {
+      BlockInfo info;
+      info.address = b->ptr;
+      info.size = b->size;
+      info.state = state_of(b);
+      info.requested_size = info.state == BlockState::Inactive ? 0 : b->requested_size;
+      info.context = b->context;
+      seg.total_size += b->size;
+      if (info.state == BlockState::ActiveAllocated) seg.allocated_size += b->size;
+      if (info.state != BlockState::Inactive) {
+        seg.active_size += b->size;
+        seg.requested_size += b->requested_size;
+      }
+      seg.blocks.push_back(info);
+    }
+    out.push_back(std::move(seg));
+  }
+  std::sort(out.begin(), out.end(),
+            [](const SegmentInfo& a, const SegmentInfo& b) { return a.address < b.address; });
+  return out;
+}
+
+void AllocatorCore::validate() const {
+  std::lock_guard guard(lock_);
+  auto fail = [](const std::string& why) { throw Error("allocator invariant violated: " + why); };
+  const std::vector<const Block*> blocks = all_blocks_locked();
+  std::set<const Block*> seen;
+  for (const Block* b : blocks) {
+    if (!seen.insert(b).second) fail("a block is both active and free, or in a pool twice");
+  }
+
+  // Recompute every statistic from the blocks.
+  DeviceStats expect;
+  std::size_t reserved_rounded = 0;
+  std::size_t oversize_allocs = 0, oversize_segs = 0;
+  std::size_t pending_events = 0;
+  for (const Block* head : blocks) {
+    if (head->prev != nullptr) continue;
+    const std::size_t pi = pool_index(*head->pool);
+    std::size_t total = 0;
+    const bool split = head->next != nullptr;
+    for (const Block* b = head; b != nullptr; b = b->next) {
+      if (!seen.count(b)) fail("a block of a segment is neither active nor pooled");
+      if (b->next && b->next->prev != b) fail("broken prev/next links in a segment");
+      if (b->next && b->ptr + b->size != b->next->ptr) {
+        fail("blocks do not tile their segment (gap or overlap at " + std::to_string(b->ptr) +
+             ")");
+      }
+      if (b->pool != head->pool || b->stream != head->stream) fail("mixed pools in a segment");
+      if (b->size == 0 || b->size % kMinBlockSize != 0) fail("block size not a multiple of 512");
+      const bool is_free = !b->allocated && b->event_count == 0;
+      const bool in_pool = b->pool->blocks.count(const_cast<Block*>(b)) > 0;
+      if (is_free != in_pool) fail("pool membership disagrees with block state");
+      if (!is_free && active_.find(b->ptr) == nullptr) fail("active block missing from the map");
+      if (is_free && b->next && !b->next->allocated && b->next->event_count == 0) {
+        fail("two adjacent free blocks were not coalesced");
+      }
+      total += b->size;
+      const auto bytes = static_cast<std::int64_t>(b->size);
+      if (b->allocated) {
+        expect.allocation[0].current++, expect.allocation[pi].current++;
+        expect.allocated_bytes[0].current += bytes, expect.allocated_bytes[pi].current += bytes;
+        if (b->size >= config_.max_split_size) ++oversize_allocs;
+      }
+      if (!is_free) {
+        expect.active[0].current++, expect.active[pi].current++;
+        expect.active_bytes[0].current += bytes, expect.active_bytes[pi].current += bytes;
+        const auto req = static_cast<std::int64_t>(b->requested_size);
+        expect.requested_bytes[0].current += req, expect.requested_bytes[pi].current += req;
+        pending_events += static_cast<std::size_t>(b->event_count);
+      } else if (split) {
+        expect.inactive_split[0].current++, expect.inactive_split[pi].current++;
+        expect.inactive_split_bytes[0].current += bytes;
+        expect.inactive_split_bytes[pi].current += bytes;
+      }
+    }
+    expect.segment[0].current++, expect.segment[pi].current++;
+    const auto seg_bytes = static_cast<std::int64_t>(total);
+    expect.reserved_bytes[0].current += seg_bytes, expect.reserved_bytes[pi].current += seg_bytes;
+    reserved_rounded += device_rounded(total);
+    if (total >= config_.max_split_size) ++oversize_segs;
+  }
+  for (const BlockPool* pool : {&large_blocks_, &small_blocks_}) {
+    for (const Block* b : pool->blocks) {
+      if (b->allocated || b->event_count > 0) fail("an active block sits in a free pool");
+      if (b->pool != pool) fail("a block sits in the wrong pool");
+    }
+  }
+  std::size_t queued = 0;
+  for (const auto& [stream, queue] : events_) queued += queue.size();
+  if (queued != pending_events) fail("event queues disagree with blocks' event counts");
+
+  auto check = [&](std::string_view name, const StatArray& got, const StatArray& want) {
+    for (std::size_t t = 0; t < kNumStatTypes; ++t) {
+      if (got[t].current != want[t].current) {
+        fail(std::string(name) + "[" + std::string(kStatTypeNames[t]) + "].current is " +
+             std::to_string(got[t].current) + ", blocks say " + std::to_string(want[t].current));
+      }
+      if (got[t].peak < got[t].current) fail(std::string(name) + " peak below current");
+    }
+  };
+#define VRAMSCOPE_CHECK(name) check(#name, stats_.name, expect.name);
+  VRAMSCOPE_STAT_ARRAYS(VRAMSCOPE_CHECK)
+#undef VRAMSCOPE_CHECK
+  if (static_cast<std::size_t>(stats_.oversize_allocations.current) != oversize_allocs) {
+    fail("oversize_allocations disagrees with the blocks");
+  }
+  if (static_cast<std::size_t>(stats_.oversize_segments.current) != oversize_segs) {
+    fail("oversize_segments disagrees with the blocks");
+  }
+  if (static_cast<std::size_t>(stats_.reserved_bytes[0].current) != total_reserved_) {
+    fail("reserved bytes disagree with the running total");
+  }
+  if (static_cast<std::size_t>(stats_.device_used_bytes.current) !=
+      context_bytes_ + reserved_rounded) {
+    fail("device view is not context + segments at driver granularity");
+  }
+}
+
+}  // namespace mem::detail

@@ -1,0 +1,59 @@
+// caching_allocator.cpp — the public CachingAllocator facade over
+// AllocatorCore, and the process-wide allocator applications link in.
+#include "vramscope/allocator/caching_allocator.hpp"
+
+#include <cstdlib>
+#include <mutex>
+
+#include "allocator_core.hpp"
+
+namespace mem {
+
+CachingAllocator::CachingAllocator(std::shared_ptr<Device> device, AllocatorConfig config)
+    : core_(std::make_unique<detail::AllocatorCore>(std::move(device), config)) {}
+CachingAllocator::~CachingAllocator() = default;
+
+void* CachingAllocator::allocate(std::size_t bytes, StreamId stream) {
+  return core_->malloc(bytes, stream);
+}
+void CachingAllocator::deallocate(void* ptr) { core_->free(ptr); }
+void CachingAllocator::record_stream(void* ptr, StreamId stream) {
+  core_->record_stream(ptr, stream);
+}
+void CachingAllocator::empty_cache() { core_->empty_cache(); }
+void CachingAllocator::set_memory_fraction(double fraction) {
+  core_->set_memory_fraction(fraction);
+}
+DeviceStats CachingAllocator::stats() const { return core_->stats(); }
+void CachingAllocator::reset_peak_stats() { core_->reset_peak_stats(); }
+void CachingAllocator::reset_accumulated_stats() { core_->reset_accumulated_stats(); }
+std::vector<SegmentInfo> CachingAllocator::segments() const { return core_->segments(); }
+std::size_t CachingAllocator::block_size(const void* ptr) const { return core_->block_size(ptr); }
+void CachingAllocator::validate() const { core_->validate(); }
+void CachingAllocator::add_observer(AllocatorObserver* observer) { core_->add_observer(observer); }
+void CachingAllocator::remove_observer(AllocatorObserver* observer) noexcept {
+  core_->remove_observer(observer);
+}
+void CachingAllocator::set_context_source(ContextSource source) noexcept {
+  core_->set_context_source(source);
+}
+std::uintptr_t CachingAllocator::reserve_segment(std::size_t bytes, StreamId stream,
+                                                 bool small_pool) {
+  return core_->reserve_segment(bytes, stream, small_pool);
+}
+Device& CachingAllocator::device() const noexcept { return core_->device(); }
+std::shared_ptr<Device> CachingAllocator::device_ptr() const noexcept {
+  return core_->device_ptr();
+}
+const AllocatorConfig& CachingAllocator::config() const noexcept { return core_->config(); }
+
+CachingAllocator& process_allocator() {
+  // Leaked on purpose: tensors in static objects may outlive main().
+  static CachingAllocator* instance = [] {
+    const char* spec = std::getenv("VRAMSCOPE_DEVICE");
+    return new CachingAllocator(make_device(spec ? spec : "auto"), AllocatorConfig::from_env());
+  }();
+  return *instance;
+}
+
+}  // namespace mem

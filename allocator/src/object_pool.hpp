@@ -1,0 +1,113 @@
+// object_pool.hpp — free-list storage for the allocator's own bookkeeping.
+//
+// Every split creates a Block and every coalesce destroys one; every pool
+// insert allocates a tree node. Recycling them from free lists keeps malloc off
+// the allocator's fast path. Not thread-safe: used under the allocator's lock.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <new>
+#include <utility>
+#include <vector>
+
+namespace mem::detail {
+
+/// Fixed-size chunks from slabs. The first size asked for becomes the chunk
+/// size; any other size falls through to operator new (never happens for the
+/// node-based containers it serves, which allocate one node type).
+class FreeListArena {
+ public:
+  FreeListArena() = default;
+  FreeListArena(const FreeListArena&) = delete;
+  FreeListArena& operator=(const FreeListArena&) = delete;
+  ~FreeListArena() {
+    for (void* slab : slabs_) ::operator delete(slab);
+  }
+
+  void* allocate(std::size_t bytes) {
+    if (chunk_size_ == 0) chunk_size_ = round_chunk(bytes);
+    if (round_chunk(bytes) != chunk_size_) return ::operator new(bytes);
+    if (head_ == nullptr) grow();
+    FreeNode* node = head_;
+    head_ = node->next;
+    return node;
+  }
+
+  void deallocate(void* p, std::size_t bytes) noexcept {
+    if (round_chunk(bytes) != chunk_size_) {
+      ::operator delete(p);
+      return;
+    }
+    auto* node = static_cast<FreeNode*>(p);
+    node->next = head_;
+    head_ = node;
+  }
+
+ private:
+  struct FreeNode {
+    FreeNode* next;
+  };
+  static constexpr std::size_t kChunksPerSlab = 256;
+
+  static std::size_t round_chunk(std::size_t bytes) {
+    const std::size_t a = alignof(std::max_align_t);
+    const std::size_t b = bytes < sizeof(FreeNode) ? sizeof(FreeNode) : bytes;
+    return (b + a - 1) / a * a;
+  }
+
+  void grow() {
+    auto* slab = static_cast<char*>(::operator new(chunk_size_ * kChunksPerSlab));
+    slabs_.push_back(slab);
+    for (std::size_t i = kChunksPerSlab; i-- > 0;) {
+      auto* node = reinterpret_cast<FreeNode*>(slab + i * chunk_size_);
+      node->next = head_;
+      head_ = node;
+    }
+  }
+
+  FreeNode* head_ = nullptr;
+  std::size_t chunk_size_ = 0;
+  std::vector<void*> slabs_;
+};
+
+/// A std allocator drawing from a FreeListArena, for std::set's nodes.
+template <class T>
+class ArenaAllocator {
+ public:
+  using value_type = T;
+  explicit ArenaAllocator(FreeListArena* arena) noexcept : arena_(arena) {}
+  template <class U>
+  ArenaAllocator(const ArenaAllocator<U>& other) noexcept : arena_(other.arena()) {}
+
+  T* allocate(std::size_t n) { return static_cast<T*>(arena_->allocate(n * sizeof(T))); }
+  void deallocate(T* p, std::size_t n) noexcept { arena_->deallocate(p, n * sizeof(T)); }
+  FreeListArena* arena() const noexcept { return arena_; }
+
+  template <class U>
+  bool operator==(const ArenaAllocator<U>& o) const noexcept {
+    return arena_ == o.arena();
+  }
+
+ private:
+  FreeListArena* arena_;
+};
+
+/// Typed objects constructed in FreeListArena chunks.
+template <class T>
+class ObjectPool {
+ public:
+  template <class... Args>
+  T* create(Args&&... args) {
+    return new (arena_.allocate(sizeof(T))) T(std::forward<Args>(args)...);
+  }
+  void destroy(T* p) noexcept {
+    p->~T();
+    arena_.deallocate(p, sizeof(T));
+  }
+
+ private:
+  FreeListArena arena_;
+};
+
+}  // namespace mem::detail

@@ -1,0 +1,553 @@
+// sim_device.cpp — the simulated GPU: presets of real cards, the "sim:" spec
+// parser, capacity accounting at driver granularity, address-only or host-backed
+// segments, a virtual driver clock, fault injection and holdable events.
+#include "vramscope/allocator/sim_device.hpp"
+
+#include <sys/mman.h>
+
+#include <cassert>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <set>
+#include <string_view>
+#include <utility>
+
+#include "vramscope/allocator/errors.hpp"
+#include "vramscope/allocator/units.hpp"
+
+namespace mem {
+namespace {
+
+// --- presets -----------------------------------------------------------------
+//
+// capacity: the total cudaMemGetInfo (and torch.cuda.mem_get_info / the "total capacity"
+// in PyTorch's OOM message) reports on Linux. It is below the marketed size and below
+// nvidia-smi's "Total" because the driver keeps some memory for itself (ECC, page tables).
+// Where a deviceQuery/nvidia-smi byte count was found it is used exactly; otherwise the
+// figure is the MiB count behind the GiB value PyTorch users see in OOM messages, and the
+// description says "about". Figures move by a few MiB between driver versions.
+//
+// context: what nvidia-smi shows for a process right after the CUDA runtime initialises
+// (CUDA 12 with lazy module loading, no cuBLAS/cuDNN handles yet). It is an assumption, not
+// a measurement: it depends on the driver, the CUDA version and the libraries loaded, so it
+// is printed beside every figure and can be overridden with context=.
+//
+// latency: cudaMalloc of a 2 MiB..1 GiB segment takes tens of microseconds on current
+// drivers, cudaFree somewhat more since it synchronizes the device first. We charge a flat
+// 25 us / 40 us per call: the point is the count of driver calls the cache saves, not an
+// exact timing model.
+constexpr double kMallocUs = 25.0;
+constexpr double kFreeUs = 40.0;
+
+struct Preset {
+  std::string_view name;
+  std::size_t capacity;
+  std::size_t context;
+  std::string_view description;
+};
+
+constexpr std::size_t mib(std::size_t n) { return n * MiB; }
+
+constexpr Preset kPresets[] = {
+    {"rtx2080s", mib(7982), mib(300),
+     "GeForce RTX 2080 SUPER (Turing, 8 GB GDDR6): total about 7982 MiB (PyTorch: \"7.79 GiB "
+     "total capacity\"); context 300 MiB assumed"},
+    {"rtx2080ti", mib(11019), mib(300),
+     "GeForce RTX 2080 Ti (Turing, 11 GB GDDR6): total about 11019 MiB (PyTorch: \"10.76 GiB "
+     "total capacity\"); context 300 MiB assumed"},
+    {"titanx-pascal", mib(12196), mib(250),
+     "NVIDIA TITAN X (Pascal, 12 GB GDDR5X): total about 12196 MiB (PyTorch: \"11.91 GiB "
+     "total capacity\"); context 250 MiB assumed"},
+    {"t4", mib(15104), mib(300),
+     "Tesla T4 (Turing, 16 GB GDDR6): total about 15104 MiB (PyTorch on Colab: \"14.75 GiB "
+     "total capacity\"); context 300 MiB assumed"},
+    {"v100-16g", mib(16160), mib(320),
+     "Tesla V100-SXM2-16GB (Volta, HBM2): total about 16160 MiB (PyTorch: \"15.78 GiB total "
+     "capacity\"); context 320 MiB assumed"},
+    {"v100-32g", mib(32510), mib(320),
+     "Tesla V100-SXM2-32GB (Volta, HBM2): total about 32510 MiB (PyTorch: \"31.75 GiB total "
+     "capacity\"); context 320 MiB assumed"},
+    {"rtx4090", mib(24217), mib(400),
+     "GeForce RTX 4090 (Ada, 24 GB GDDR6X): total about 24217 MiB (PyTorch: \"23.65 GiB total "
+     "capacity\"); context 400 MiB assumed"},
+    {"a100-40g", 42'298'834'944, mib(420),
+     "A100-SXM4-40GB (Ampere, HBM2): total 42,298,834,944 B = 40339 MiB as deviceQuery "
+     "reports it (PyTorch: \"39.39 GiB\"); context 420 MiB assumed"},
+    {"a100-80g", mib(81049), mib(420),
+     "A100 80GB (Ampere, HBM2e): total about 81049 MiB as deviceQuery reports it (PyTorch: "
+     "\"79.15 GiB total capacity\"; nvidia-smi shows 81920 MiB); context 420 MiB assumed"},
+    {"h100-80g", 85'520'809'984, mib(520),
+     "H100 80GB HBM3 (Hopper, SXM): total 85,520,809,984 B = 81559 MiB as nvidia-smi and "
+     "cudaMemGetInfo report it (PyTorch: \"79.65 GiB\"); context 520 MiB assumed"},
+};
+
+constexpr std::string_view kDefaultPreset = "a100-80g";
+
+// Address-only segments live at [2^48, 2^53): never a canonical x86-64 user address under
+// 4-level paging, so a stray dereference faults instead of scribbling on host memory, and
+// every address stays exact as a double (JSON and the JavaScript of memory_viz).
+constexpr std::uintptr_t kSimAddressBase = std::uintptr_t{1} << 48;
+constexpr std::uintptr_t kSimAddressLimit = std::uintptr_t{1} << 53;
+
+constexpr std::string_view kSpecKeys = "capacity, context, granularity, backing, malloc_us, free_us";
+
+std::string preset_list() {
+  std::string out;
+  for (const Preset& p : kPresets) {
+    if (!out.empty()) out += ", ";
+    out += p.name;
+  }
+  return out;
+}
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
+
+std::string lower(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) {
+    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+  }
+  return out;
+}
+
+std::string format_us(double us) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g us", us);
+  return buf;
+}
+
+double parse_latency(std::string_view spec, std::string_view key, std::string_view value) {
+  double out = 0;
+  const char* end = value.data() + value.size();
+  auto [ptr, ec] = std::from_chars(value.data(), end, out);
+  if (value.empty() || ec != std::errc{} || ptr != end || !std::isfinite(out) || out < 0) {
+    throw Error("sim spec \"" + std::string(spec) + "\": " + std::string(key) + "=\"" +
+                std::string(value) +
+                "\" is not a latency; expected a non-negative number of microseconds, e.g. " +
+                std::string(key) + "=25");
+  }
+  return out;
+}
+
+bool is_power_of_two(std::size_t x) { return x != 0 && (x & (x - 1)) == 0; }
+
+void validate_config(const SimDeviceConfig& c) {
+  const std::string who = "sim device \"" + c.name + "\": ";
+  if (c.capacity == 0) throw Error(who + "capacity is 0; give one, e.g. capacity=8GiB");
+  if (c.context_bytes >= c.capacity) {
+    throw Error(who + "capacity (" + format_bytes(c.capacity) +
+                ") must exceed the CUDA context overhead (" + format_bytes(c.context_bytes) +
+                "); lower context= or raise capacity=");
+  }
+  if (!is_power_of_two(c.granularity) || c.granularity < 512) {
+    throw Error(who + "granularity " + std::to_string(c.granularity) +
+                " B is not a power of two of at least 512 B; the driver's is 2MiB");
+  }
+  if (!std::isfinite(c.malloc_latency_us) || c.malloc_latency_us < 0 ||
+      !std::isfinite(c.free_latency_us) || c.free_latency_us < 0) {
+    throw Error(who + "latencies must be finite and non-negative");
+  }
+}
+
+SimDeviceConfig from_preset(const Preset& p) {
+  SimDeviceConfig c;
+  c.name = std::string(p.name);
+  c.capacity = p.capacity;
+  c.context_bytes = p.context;
+  c.granularity = 2 * MiB;
+  c.backing = SimBacking::None;
+  c.malloc_latency_us = kMallocUs;
+  c.free_latency_us = kFreeUs;
+  c.description = std::string(p.description);
+  return c;
+}
+
+}  // namespace
+
+// --- presets and specs ------------------------------------------------------
+
+SimDeviceConfig sim_preset(const std::string& name) {
+  const std::string key = lower(trim(name));
+  for (const Preset& p : kPresets) {
+    if (key == p.name) return from_preset(p);
+  }
+  throw Error("unknown simulated GPU \"" + name + "\"; presets: " + preset_list());
+}
+
+std::vector<std::string> sim_preset_names() {
+  std::vector<std::string> out;
+  for (const Preset& p : kPresets) out.emplace_back(p.name);
+  return out;
+}
+
+std::string default_sim_preset() { return std::string(kDefaultPreset); }
+
+SimDeviceConfig parse_sim_spec(const std::string& spec) {
+  const std::string_view whole = trim(spec);
+  if (whole.empty()) {
+    throw Error("empty sim spec; expected a preset (" + preset_list() +
+                "), key=value pairs (" + std::string(kSpecKeys) +
+                "), or a preset followed by overrides, e.g. \"a100-80g,backing=host\"");
+  }
+  SimDeviceConfig c;
+  c.name.clear();
+  c.malloc_latency_us = kMallocUs;
+  c.free_latency_us = kFreeUs;
+  bool have_preset = false;
+  std::set<std::string> seen;
+  std::string canonical;  // the trimmed tokens: a spec that reproduces this device
+
+  std::size_t pos = 0;
+  bool first = true;
+  while (true) {
+    const std::size_t comma = whole.find(',', pos);
+    const std::string_view token =
+        trim(whole.substr(pos, comma == std::string_view::npos ? whole.npos : comma - pos));
+    if (token.empty()) {
+      throw Error("sim spec \"" + std::string(whole) +
+                  "\" has an empty item; separate items with single commas");
+    }
+    const std::size_t eq = token.find('=');
+    if (eq == std::string_view::npos) {
+      if (!first) {
+        throw Error("sim spec \"" + std::string(whole) + "\": \"" + std::string(token) +
+                    "\" is not key=value; a preset name may only come first (keys: " +
+                    std::string(kSpecKeys) + ")");
+      }
+      c = sim_preset(std::string(token));
+      have_preset = true;
+    } else {
+      const std::string key = lower(trim(token.substr(0, eq)));
+      const std::string_view value = trim(token.substr(eq + 1));
+      if (!seen.insert(key).second) {
+        throw Error("sim spec \"" + std::string(whole) + "\" sets " + key + " twice");
+      }
+      if (value.empty()) {
+        throw Error("sim spec \"" + std::string(whole) + "\": " + key + " has no value");
+      }
+      if (key == "capacity") {
+        c.capacity = parse_bytes(value);
+      } else if (key == "context") {
+        c.context_bytes = parse_bytes(value, /*allow_zero=*/true);
+      } else if (key == "granularity") {
+        c.granularity = parse_bytes(value);
+      } else if (key == "backing") {
+        const std::string b = lower(value);
+        if (b == "none") {
+          c.backing = SimBacking::None;
+        } else if (b == "host") {
+          c.backing = SimBacking::Host;
+        } else {
+          throw Error("sim spec \"" + std::string(whole) + "\": backing=\"" + std::string(value) +
+                      "\" is not valid; use backing=none (addresses only) or backing=host "
+                      "(host memory behind every segment)");
+        }
+      } else if (key == "malloc_us") {
+        c.malloc_latency_us = parse_latency(whole, key, value);
+      } else if (key == "free_us") {
+        c.free_latency_us = parse_latency(whole, key, value);
+      } else {
+        throw Error("sim spec \"" + std::string(whole) + "\": unknown key \"" + key +
+                    "\"; valid keys: " + std::string(kSpecKeys) + " (or a preset name first: " +
+                    preset_list() + ")");
+      }
+    }
+    if (!canonical.empty()) canonical += ',';
+    if (eq == std::string_view::npos) {
+      canonical += c.name;  // the preset's own spelling
+    } else {
+      canonical += lower(trim(token.substr(0, eq)));
+      canonical += '=';
+      canonical += trim(token.substr(eq + 1));
+    }
+    first = false;
+    if (comma == std::string_view::npos) break;
+    pos = comma + 1;
+  }
+
+  if (!have_preset) {
+    if (c.capacity == 0) {
+      throw Error("sim spec \"" + std::string(whole) +
+                  "\" names no preset and no capacity; give one, e.g. \"capacity=8GiB\" or "
+                  "a preset (" + preset_list() + ")");
+    }
+    c.description = "custom simulated GPU from \"" + canonical + "\"";
+  } else if (!seen.empty()) {
+    c.description += "; overridden by \"" + canonical + "\"";
+  }
+  c.name = canonical;
+  validate_config(c);
+  return c;
+}
+
+// --- SimDevice --------------------------------------------------------------
+
+SimDevice::SimDevice(SimDeviceConfig config)
+    : config_(std::move(config)), next_address_(kSimAddressBase) {
+  if (config_.name.empty()) config_.name = "custom";
+  validate_config(config_);
+  // Callers may already spell the name as a device spec ("sim:test"); do not double it.
+  info_.name = config_.name.starts_with("sim:") ? config_.name : "sim:" + config_.name;
+  info_.total_bytes = config_.capacity;
+  info_.context_bytes = config_.context_bytes;
+  info_.granularity = config_.granularity;
+  info_.simulated = true;
+  info_.assumptions = "simulated " + config_.name + ": " + format_bytes(config_.capacity) +
+                      " total, CUDA context " + format_bytes(config_.context_bytes) +
+                      " assumed, " + format_bytes(config_.granularity) +
+                      " driver granularity, cudaMalloc " + format_us(config_.malloc_latency_us) +
+                      " / cudaFree " + format_us(config_.free_latency_us) +
+                      " on a virtual clock, backing " +
+                      (config_.backing == SimBacking::Host ? "host" : "none");
+}
+
+SimDevice::~SimDevice() {
+  // Segments still live belong to a caller that leaked them; host-backed ones are
+  // unmapped here so a leaking test does not leak address space across tests.
+  std::lock_guard lock(mutex_);
+  if (config_.backing == SimBacking::Host) {
+    for (const auto& [address, bytes] : live_) unmap_segment_locked(address, bytes);
+  }
+}
+
+std::size_t SimDevice::pages_of(std::size_t bytes) const {
+  return bytes / config_.granularity + (bytes % config_.granularity != 0 ? 1 : 0);
+}
+
+void* SimDevice::map_segment_locked(std::size_t bytes) {
+  const std::size_t span = pages_of(bytes) * config_.granularity;
+  if (config_.backing == SimBacking::Host) {
+    // MAP_NORESERVE: the kernel commits pages only when touched, so an 80 GB simulated
+    // device costs only what the computation actually writes.
+    void* p = ::mmap(nullptr, span, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    return p == MAP_FAILED ? nullptr : p;
+  }
+  // Lowest free range that fits (first fit by address), else the bump pointer.
+  for (auto it = free_ranges_.begin(); it != free_ranges_.end(); ++it) {
+    if (it->second < span) continue;
+    const std::uintptr_t address = it->first;
+    const std::size_t rest = it->second - span;
+    free_ranges_.erase(it);
+    if (rest != 0) free_ranges_.emplace(address + span, rest);
+    return reinterpret_cast<void*>(address);
+  }
+  if (span > kSimAddressLimit - next_address_) return nullptr;
+  const std::uintptr_t address = next_address_;
+  next_address_ += span;
+  return reinterpret_cast<void*>(address);
+}
+
+void SimDevice::unmap_segment_locked(std::uintptr_t address, std::size_t bytes) noexcept {
+  const std::size_t span = pages_of(bytes) * config_.granularity;
+  if (config_.backing == SimBacking::Host) {
+    ::munmap(reinterpret_cast<void*>(address), span);
+    return;
+  }
+  // Insert and coalesce with both neighbours; a range ending at the bump pointer
+  // gives the space back to it so the map stays small.
+  std::uintptr_t start = address;
+  std::size_t size = span;
+  auto next = free_ranges_.lower_bound(start);
+  if (next != free_ranges_.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first + prev->second == start) {
+      start = prev->first;
+      size += prev->second;
+      free_ranges_.erase(prev);
+    }
+  }
+  if (next != free_ranges_.end() && start + size == next->first) {
+    size += next->second;
+    free_ranges_.erase(next);
+  }
+  if (start + size == next_address_) {
+    next_address_ = start;
+  } else {
+    free_ranges_.emplace(start, size);
+  }
+}
+
+void* SimDevice::allocate_segment(std::size_t bytes) {
+  if (bytes == 0) throw Error("SimDevice::allocate_segment: a segment of 0 bytes was requested");
+  std::lock_guard lock(mutex_);
+  // A failed cudaMalloc is still a driver call: it costs the same virtual time.
+  driver_time_us_ += config_.malloc_latency_us;
+
+  bool inject = false;
+  if (fail_countdown_ != 0 && --fail_countdown_ == 0) inject = true;
+  if (fail_probability_ > 0) {
+    // 53 random bits -> [0, 1): the same sequence on every platform for a given seed.
+    const double u = static_cast<double>(rng_() >> 11) * 0x1.0p-53;
+    if (u < fail_probability_) inject = true;
+  }
+  const std::size_t pages = pages_of(bytes);
+  const std::size_t free_bytes = config_.capacity - config_.context_bytes - used_rounded_;
+  if (inject || pages > free_bytes / config_.granularity) {
+    ++failures_;
+    return nullptr;
+  }
+  void* p = map_segment_locked(bytes);
+  if (p == nullptr) {
+    ++failures_;
+    return nullptr;
+  }
+  live_.emplace(reinterpret_cast<std::uintptr_t>(p), bytes);
+  used_ += bytes;
+  used_rounded_ += pages * config_.granularity;
+  ++allocs_;
+  return p;
+}
+
+void SimDevice::free_segment(void* ptr, std::size_t bytes) noexcept {
+  if (ptr == nullptr) return;  // cudaFree(nullptr) is a no-op
+  std::lock_guard lock(mutex_);
+  auto it = live_.find(reinterpret_cast<std::uintptr_t>(ptr));
+  // Freeing what was never allocated (or with another size) is a caller bug; a real
+  // driver would return cudaErrorInvalidValue. We cannot throw here, so debug builds stop.
+  assert(it != live_.end() && "SimDevice::free_segment: pointer not from allocate_segment");
+  if (it == live_.end()) return;
+  assert(it->second == bytes && "SimDevice::free_segment: size differs from the allocation");
+  (void)bytes;
+  const std::size_t size = it->second;  // trust our record over the caller's size
+  live_.erase(it);
+  unmap_segment_locked(reinterpret_cast<std::uintptr_t>(ptr), size);
+  used_ -= size;
+  used_rounded_ -= pages_of(size) * config_.granularity;
+  ++frees_;
+  driver_time_us_ += config_.free_latency_us;
+}
+
+DeviceMemInfo SimDevice::mem_get_info() const {
+  std::lock_guard lock(mutex_);
+  return {config_.capacity - config_.context_bytes - used_rounded_, config_.capacity};
+}
+
+std::size_t SimDevice::process_used_bytes() const {
+  std::lock_guard lock(mutex_);
+  return config_.context_bytes + used_rounded_;
+}
+
+// --- streams and events -------------------------------------------------------
+
+StreamId SimDevice::create_stream() {
+  std::lock_guard lock(mutex_);
+  const StreamId id = next_stream_++;
+  streams_.insert(id);
+  return id;
+}
+
+void SimDevice::destroy_stream(StreamId stream) noexcept {
+  std::lock_guard lock(mutex_);
+  streams_.erase(stream);
+}
+
+EventId SimDevice::create_event() {
+  std::lock_guard lock(mutex_);
+  const EventId id = next_event_++;
+  events_.emplace(id, true);  // never recorded: cudaEventQuery reports it complete
+  return id;
+}
+
+void SimDevice::destroy_event(EventId event) noexcept {
+  std::lock_guard lock(mutex_);
+  events_.erase(event);
+}
+
+void SimDevice::record_event(EventId event, StreamId stream) {
+  std::lock_guard lock(mutex_);
+  auto it = events_.find(event);
+  if (it == events_.end()) {
+    throw Error("SimDevice::record_event: event " + std::to_string(event) +
+                " was not created by this device or was destroyed");
+  }
+  if (stream != 0 && !streams_.contains(stream)) {
+    throw Error("SimDevice::record_event: stream " + std::to_string(stream) +
+                " was not created by this device or was destroyed (0 is the default stream)");
+  }
+  it->second = !hold_events_;
+}
+
+bool SimDevice::query_event(EventId event) {
+  std::lock_guard lock(mutex_);
+  auto it = events_.find(event);
+  if (it == events_.end()) {
+    throw Error("SimDevice::query_event: event " + std::to_string(event) +
+                " was not created by this device or was destroyed");
+  }
+  return it->second;
+}
+
+void SimDevice::synchronize_event(EventId event) {
+  std::lock_guard lock(mutex_);
+  auto it = events_.find(event);
+  if (it == events_.end()) {
+    throw Error("SimDevice::synchronize_event: event " + std::to_string(event) +
+                " was not created by this device or was destroyed");
+  }
+  it->second = true;
+}
+
+void SimDevice::synchronize() {
+  std::lock_guard lock(mutex_);
+  for (auto& [id, complete] : events_) complete = true;
+}
+
+double SimDevice::driver_time_us() const {
+  std::lock_guard lock(mutex_);
+  return driver_time_us_;
+}
+
+// --- test controls and counters -----------------------------------------------
+
+void SimDevice::fail_nth_allocation(std::uint64_t n) {
+  std::lock_guard lock(mutex_);
+  fail_countdown_ = n;
+}
+
+void SimDevice::fail_with_probability(double p, std::uint64_t seed) {
+  if (!(p >= 0.0 && p <= 1.0)) {
+    throw Error("SimDevice::fail_with_probability: p=" + std::to_string(p) +
+                " is not a probability in [0, 1]");
+  }
+  std::lock_guard lock(mutex_);
+  fail_probability_ = p;
+  rng_.seed(seed);
+}
+
+void SimDevice::hold_events(bool hold) {
+  std::lock_guard lock(mutex_);
+  hold_events_ = hold;  // events already pending stay pending until released
+}
+
+void SimDevice::release_events() {
+  std::lock_guard lock(mutex_);
+  for (auto& [id, complete] : events_) complete = true;
+}
+
+std::size_t SimDevice::used_bytes() const {
+  std::lock_guard lock(mutex_);
+  return used_;
+}
+
+std::uint64_t SimDevice::segment_allocs() const {
+  std::lock_guard lock(mutex_);
+  return allocs_;
+}
+
+std::uint64_t SimDevice::segment_frees() const {
+  std::lock_guard lock(mutex_);
+  return frees_;
+}
+
+std::uint64_t SimDevice::failed_allocs() const {
+  std::lock_guard lock(mutex_);
+  return failures_;
+}
+
+}  // namespace mem

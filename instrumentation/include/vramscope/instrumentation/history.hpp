@@ -1,0 +1,107 @@
+// history.hpp — the allocation history: a bounded ring of allocator events.
+//
+//   mem::History history{allocator, 100'000};   // records from now until destroyed
+//   ...
+//   for (const mem::HistoryEntry& e : history.entries()) { ... }
+//   mem::write_history_csv(history.entries(), "history.csv");
+//
+// Off by default: without a History (no observer registered) the allocator pays
+// one branch. With one, each event costs a cheap timestamp and a fixed-size
+// store into a preallocated ring; module names are resolved only when read.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include "vramscope/allocator/device.hpp"
+#include "vramscope/allocator/observer.hpp"
+#include "vramscope/instrumentation/module_scope.hpp"
+
+namespace mem {
+
+class CachingAllocator;
+
+/// One recorded allocator event, as read back from a History.
+struct HistoryEntry {
+  std::uint64_t sequence = 0;        ///< the allocator's event counter
+  double time_us = 0;                ///< microseconds since the History started
+  TraceAction action = TraceAction::Alloc;
+  std::uintptr_t address = 0;        ///< block or segment (0 for oom)
+  std::size_t size = 0;              ///< block or segment size; rounded request for oom
+  std::size_t requested_size = 0;    ///< caller's size for alloc and free events
+  StreamId stream = 0;
+  bool small_pool = false;
+  ContextId context = kNoContext;    ///< module and phase: context_info(context)
+  std::size_t allocated_bytes = 0;   ///< allocator totals right after the event
+  std::size_t reserved_bytes = 0;
+  std::size_t device_used_bytes = 0; ///< nvidia-smi view
+
+  std::string_view module() const noexcept { return context_info(context).path; }
+  Phase phase() const noexcept { return context_info(context).phase; }
+};
+
+/// A ring of at most `max_entries` events; when full, the oldest are dropped.
+///
+/// Written only from the allocator's observer call (under the allocator lock,
+/// so from one writer at a time: attach a History to one allocator only); read
+/// from any thread at any time without stopping the allocator (a sequence
+/// lock: a reader copies and keeps only entries that were not overwritten
+/// while it copied).
+class History final : public AllocatorObserver {
+ public:
+  /// A ring not attached to any allocator (call attach_to or feed on_event).
+  explicit History(std::size_t max_entries);
+  /// A ring recording `allocator`'s events until destroyed.
+  History(CachingAllocator& allocator, std::size_t max_entries);
+  ~History() override;
+  History(const History&) = delete;
+  History& operator=(const History&) = delete;
+
+  /// Starts recording `allocator` (one at a time). Throws mem::Error if attached.
+  void attach_to(CachingAllocator& allocator);
+  /// Stops recording; entries stay readable.
+  void detach() noexcept;
+
+  void on_event(const TraceEvent& event) noexcept override;
+
+  /// The retained entries, oldest first.
+  std::vector<HistoryEntry> entries() const;
+  /// Entries retained now (at most capacity()).
+  std::size_t size() const noexcept;
+  std::size_t capacity() const noexcept { return capacity_; }
+  /// Events seen since construction or clear(), including dropped ones.
+  std::uint64_t recorded() const noexcept { return head_.load(std::memory_order_acquire); }
+  /// Events dropped because the ring was full.
+  std::uint64_t dropped() const noexcept;
+  /// Forgets every entry. Not to be called while the allocator may emit events.
+  void clear() noexcept;
+
+ private:
+  static constexpr std::size_t kWords = 10;
+  struct Slot {
+    std::atomic<std::uint64_t> word[kWords];
+  };
+
+  std::size_t capacity_;
+  std::unique_ptr<Slot[]> slots_;
+  // Invariant: slots [head_ - min(head_, capacity_), head_) hold the retained
+  // events, slot (i % capacity_) holds event i. Only the writer advances head_.
+  std::atomic<std::uint64_t> head_{0};
+  std::atomic<std::uint64_t> writing_{0};  ///< index + 1 of the event being written
+  std::uint64_t start_ticks_;
+  CachingAllocator* allocator_ = nullptr;
+};
+
+/// Process-wide switch like torch.cuda.memory._record_memory_history: keeps a
+/// History of `max_entries` for `allocator` (replacing any previous one);
+/// 0 stops recording and discards it. The allocator must outlive the recording
+/// (call record_history(allocator, 0) before destroying a non-process allocator).
+void record_history(CachingAllocator& allocator, std::size_t max_entries);
+/// The History record_history() keeps for `allocator`, or null.
+std::shared_ptr<const History> recorded_history(const CachingAllocator& allocator);
+
+}  // namespace mem

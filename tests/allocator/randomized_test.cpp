@@ -1,0 +1,93 @@
+// randomized_test.cpp — 100,000+ random operations (sizes across both pools,
+// streams, record_stream with held events, empty_cache, injected device
+// failures) with validate() after every step, against a shadow model of what
+// must be live.
+#include <gtest/gtest.h>
+
+#include <random>
+#include <unordered_map>
+#include <vector>
+
+#include "test_device.hpp"
+
+namespace mem {
+namespace {
+
+struct Live {
+  void* ptr;
+  std::size_t size;
+};
+
+void run_random_workload(const std::string& conf, std::uint64_t seed, int steps) {
+  auto dev = testing::small_device(512 * MiB, 0);
+  dev->fail_with_probability(0.02, seed);
+  CachingAllocator a{dev, AllocatorConfig::parse(conf)};
+  const StreamId streams[] = {0, dev->create_stream(), dev->create_stream()};
+  std::mt19937_64 rng(seed);
+  std::vector<Live> live;
+  std::size_t live_requested = 0;
+  std::uint64_t ooms = 0;
+
+  auto random_size = [&]() -> std::size_t {
+    switch (rng() % 4) {
+      case 0: return 1 + rng() % 4096;                  // tiny
+      case 1: return 1 + rng() % MiB;                   // small pool
+      case 2: return MiB + 1 + rng() % (9 * MiB);       // large, shared segments
+      default: return 10 * MiB + rng() % (40 * MiB);    // own segments
+    }
+  };
+
+  for (int step = 0; step < steps; ++step) {
+    const unsigned op = rng() % 100;
+    if (op < 55 || live.empty()) {
+      const std::size_t size = random_size();
+      const StreamId s = streams[rng() % 3];
+      try {
+        void* p = a.allocate(size, s);
+        live.push_back({p, size});
+        live_requested += size;
+        if (rng() % 10 == 0) a.record_stream(p, streams[rng() % 3]);
+      } catch (const OutOfMemoryError&) {
+        ++ooms;
+      }
+    } else if (op < 97) {
+      const std::size_t i = rng() % live.size();
+      a.deallocate(live[i].ptr);
+      live_requested -= live[i].size;
+      live[i] = live.back();
+      live.pop_back();
+    } else if (op < 98) {
+      a.empty_cache();
+    } else {
+      dev->hold_events(rng() % 2 == 0);
+      if (rng() % 2) dev->release_events();
+    }
+    ASSERT_NO_THROW(a.validate()) << "step " << step;
+    const DeviceStats s = a.stats();
+    ASSERT_EQ(s.allocation[0].current, static_cast<std::int64_t>(live.size())) << step;
+    ASSERT_GE(s.requested_bytes[0].current, static_cast<std::int64_t>(live_requested)) << step;
+    ASSERT_EQ(s.reserved_bytes[0].current + static_cast<std::int64_t>(dev->mem_get_info().free_bytes),
+              static_cast<std::int64_t>(512 * MiB))
+        << step;
+  }
+  for (const Live& l : live) a.deallocate(l.ptr);
+  dev->hold_events(false);
+  dev->release_events();
+  a.empty_cache();
+  a.validate();
+  const DeviceStats s = a.stats();
+  EXPECT_EQ(s.reserved_bytes[0].current, 0);
+  EXPECT_EQ(s.active_bytes[0].current, 0);
+  EXPECT_EQ(static_cast<std::uint64_t>(s.num_ooms), ooms);
+}
+
+TEST(Randomized, DefaultPolicyKeepsEveryInvariant) { run_random_workload("", 1, 60000); }
+TEST(Randomized, MaxSplitSizeKeepsEveryInvariant) {
+  run_random_workload("max_split_size_mb:24", 2, 25000);
+}
+TEST(Randomized, RoundupDivisionsKeepEveryInvariant) {
+  run_random_workload("roundup_power2_divisions:[1:2,16:4,>:8]", 3, 15000);
+}
+
+}  // namespace
+}  // namespace mem
