@@ -109,7 +109,7 @@ bool AllocatorCore::get_free_block(AllocParams& p) {
     return false;
   }
   p.block = *it;
-  pool.blocks.erase(it);
+  p.block_in_pool = true;  // alloc_found_block unlinks or re-keys it
   return true;
 }
 
@@ -129,6 +129,7 @@ bool AllocatorCore::alloc_block(AllocParams& p, bool is_retry) {
   block->stream = p.stream;
   block->pool = p.pool;
   p.block = block;
+  p.block_in_pool = false;
 
   const std::size_t pi = pool_index(*p.pool);
   increase(stats_.segment, pi, 1);
@@ -199,7 +200,7 @@ void AllocatorCore::release_block(Block* block) {
   if (has_observers_) [[unlikely]] {
     emit_segment(TraceAction::SegmentFree, block->ptr, size, block->stream, pool.is_small);
   }
-  pool.blocks.erase(block);
+  pool.erase(block);
   block_storage_.destroy(block);
 }
 
@@ -267,16 +268,23 @@ Block* AllocatorCore::alloc_found_block(AllocParams& p) {
     remaining->prev = block;
     remaining->ptr += p.size;
     remaining->size -= p.size;
-    pool.insert(remaining);
+    if (p.block_in_pool) {
+      pool.rekey(remaining);
+    } else {
+      pool.insert(remaining);
+    }
     if (already_split) {
       decrease(stats_.inactive_split_bytes, pi, static_cast<std::int64_t>(block->size));
     } else {
       increase(stats_.inactive_split_bytes, pi, static_cast<std::int64_t>(remaining->size));
       increase(stats_.inactive_split, pi, 1);
     }
-  } else if (already_split) {
-    decrease(stats_.inactive_split_bytes, pi, static_cast<std::int64_t>(block->size));
-    decrease(stats_.inactive_split, pi, 1);
+  } else {
+    if (p.block_in_pool) pool.erase(block);
+    if (already_split) {
+      decrease(stats_.inactive_split_bytes, pi, static_cast<std::int64_t>(block->size));
+      decrease(stats_.inactive_split, pi, 1);
+    }
   }
 
   block->allocated = true;
@@ -374,50 +382,63 @@ void AllocatorCore::free_block(Block* block) {
   const std::size_t original_size = block->size;
   const std::size_t requested = block->requested_size;
   BlockPool& pool = *block->pool;
-  std::int64_t net_inactive_blocks = 0;
-  std::int64_t net_inactive_bytes = 0;
   active_.erase(block->ptr);
-  for (Block* candidate : {block->prev, block->next}) {
-    const std::size_t subsumed = try_merge_blocks(block, candidate, pool);
-    if (subsumed > 0) {
-      net_inactive_blocks -= 1;
-      net_inactive_bytes -= static_cast<std::int64_t>(subsumed);
+
+  // Coalesce with free neighbours. PyTorch keeps `block` and deletes the
+  // neighbours; we keep a neighbour that is already in the pool so its tree
+  // node can usually stay put (rekey). The resulting layout is the same.
+  Block* prev = block->prev != nullptr && block->prev->is_free() ? block->prev : nullptr;
+  Block* next = block->next != nullptr && block->next->is_free() ? block->next : nullptr;
+  std::int64_t merged_blocks = 0;
+  std::int64_t merged_bytes = 0;
+  Block* result = block;
+  if (next != nullptr) {
+    // [prev?][block][next] -> next spans all of them.
+    merged_blocks += 1;
+    merged_bytes += static_cast<std::int64_t>(next->size);
+    next->ptr = block->ptr;
+    next->size += block->size;
+    next->prev = block->prev;
+    if (prev != nullptr) {
+      merged_blocks += 1;
+      merged_bytes += static_cast<std::int64_t>(prev->size);
+      next->ptr = prev->ptr;
+      next->size += prev->size;
+      next->prev = prev->prev;
+      pool.erase(prev);
+      block_storage_.destroy(prev);
     }
+    if (next->prev != nullptr) next->prev->next = next;
+    block_storage_.destroy(block);
+    result = next;
+    pool.rekey(result);
+  } else if (prev != nullptr) {
+    merged_blocks += 1;
+    merged_bytes += static_cast<std::int64_t>(prev->size);
+    prev->size += block->size;
+    prev->next = block->next;
+    if (prev->next != nullptr) prev->next->prev = prev;
+    block_storage_.destroy(block);
+    result = prev;
+    pool.rekey(result);
+  } else {
+    block->requested_size = 0;
+    block->context = 0;
+    pool.insert(block);
   }
-  block->requested_size = 0;
-  block->context = 0;
-  pool.insert(block);
-  if (block->is_split()) {
-    net_inactive_blocks += 1;
-    net_inactive_bytes += static_cast<std::int64_t>(block->size);
-  }
+
+  // inactive_split counts free blocks that are only part of a segment.
+  const std::int64_t net_blocks = (result->is_split() ? 1 : 0) - merged_blocks;
+  const std::int64_t net_bytes =
+      (result->is_split() ? static_cast<std::int64_t>(result->size) : 0) - merged_bytes;
   const std::size_t pi = pool_index(pool);
-  if (net_inactive_blocks > 0) increase(stats_.inactive_split, pi, net_inactive_blocks);
-  if (net_inactive_blocks < 0) decrease(stats_.inactive_split, pi, -net_inactive_blocks);
-  if (net_inactive_bytes > 0) increase(stats_.inactive_split_bytes, pi, net_inactive_bytes);
-  if (net_inactive_bytes < 0) decrease(stats_.inactive_split_bytes, pi, -net_inactive_bytes);
+  if (net_blocks > 0) increase(stats_.inactive_split, pi, net_blocks);
+  if (net_blocks < 0) decrease(stats_.inactive_split, pi, -net_blocks);
+  if (net_bytes > 0) increase(stats_.inactive_split_bytes, pi, net_bytes);
+  if (net_bytes < 0) decrease(stats_.inactive_split_bytes, pi, -net_bytes);
   decrease(stats_.active, pi, 1);
   decrease(stats_.active_bytes, pi, static_cast<std::int64_t>(original_size));
   decrease(stats_.requested_bytes, pi, static_cast<std::int64_t>(requested));
-}
-
-std::size_t AllocatorCore::try_merge_blocks(Block* dst, Block* src, BlockPool& pool) {
-  if (src == nullptr || src->allocated || src->event_count > 0 || !src->stream_uses.empty()) {
-    return 0;
-  }
-  if (dst->prev == src) {  // [src dst]
-    dst->ptr = src->ptr;
-    dst->prev = src->prev;
-    if (dst->prev) dst->prev->next = dst;
-  } else {  // [dst src]
-    dst->next = src->next;
-    if (dst->next) dst->next->prev = dst;
-  }
-  const std::size_t subsumed = src->size;
-  dst->size += subsumed;
-  pool.blocks.erase(src);
-  block_storage_.destroy(src);
-  return subsumed;
 }
 
 // ---------------------------------------------------------------------------

@@ -25,6 +25,13 @@
 
 namespace mem::detail {
 
+struct Block;
+
+/// Orders free blocks by (stream, size, address): lower_bound is best fit.
+struct BlockComparator {
+  bool operator()(const Block* a, const Block* b) const noexcept;
+};
+using BlockSet = std::set<Block*, BlockComparator, ArenaAllocator<Block*>>;
 struct BlockPool;
 
 struct Block {
@@ -35,6 +42,7 @@ struct Block {
   BlockPool* pool = nullptr;
   Block* prev = nullptr;           // neighbours inside the segment
   Block* next = nullptr;
+  BlockSet::iterator pool_it{};    // its node in pool->blocks while free
   bool allocated = false;
   int event_count = 0;                  // outstanding events before reuse
   std::vector<StreamId> stream_uses;    // streams from record_stream
@@ -42,26 +50,42 @@ struct Block {
   std::uint64_t gc_count_base = 0;      // pool's call count when it was freed
 
   bool is_split() const noexcept { return prev != nullptr || next != nullptr; }
+  /// Free and mergeable: not handed out, no pending events or stream uses.
+  bool is_free() const noexcept { return !allocated && event_count == 0 && stream_uses.empty(); }
 };
 
-struct BlockComparator {
-  bool operator()(const Block* a, const Block* b) const noexcept {
-    if (a->stream != b->stream) return a->stream < b->stream;
-    if (a->size != b->size) return a->size < b->size;
-    return a->ptr < b->ptr;
-  }
-};
+inline bool BlockComparator::operator()(const Block* a, const Block* b) const noexcept {
+  if (a->stream != b->stream) return a->stream < b->stream;
+  if (a->size != b->size) return a->size < b->size;
+  return a->ptr < b->ptr;
+}
 
 struct BlockPool {
-  explicit BlockPool(bool small) : blocks(BlockComparator{}, ArenaAllocator<Block*>(&arena)), is_small(small) {}
+  explicit BlockPool(bool small)
+      : blocks(BlockComparator{}, ArenaAllocator<Block*>(&arena)), is_small(small) {}
   FreeListArena arena;  // must outlive `blocks`
-  std::set<Block*, BlockComparator, ArenaAllocator<Block*>> blocks;
+  BlockSet blocks;
   const bool is_small;
   std::uint64_t get_free_blocks_call_count = 0;  // gc age clock
 
   void insert(Block* b) {
     b->gc_count_base = get_free_blocks_call_count;
-    blocks.insert(b);
+    b->pool_it = blocks.insert(b).first;
+  }
+  void erase(Block* b) noexcept { blocks.erase(b->pool_it); }
+  /// After a pooled block's size or address changed: keep its tree node when
+  /// the order still holds (the common split/merge case), else move it.
+  /// Either way the result equals erase + insert.
+  void rekey(Block* b) {
+    b->gc_count_base = get_free_blocks_call_count;
+    const BlockComparator less;
+    auto it = b->pool_it;
+    const bool after_prev = it == blocks.begin() || less(*std::prev(it), b);
+    const auto next = std::next(it);
+    const bool before_next = next == blocks.end() || less(b, *next);
+    if (after_prev && before_next) return;
+    blocks.erase(it);
+    b->pool_it = blocks.insert(b).first;
   }
 };
 
@@ -98,6 +122,7 @@ class AllocatorCore {
     StreamId stream = 0;
     BlockPool* pool = nullptr;
     Block* block = nullptr;
+    bool block_in_pool = false;  // found in the pool (still linked there) vs a new segment
   };
 
   // Policy steps, named after their PyTorch counterparts.
@@ -111,7 +136,6 @@ class AllocatorCore {
   Block* alloc_found_block(AllocParams& p);
   bool should_split(const Block* block, std::size_t size) const noexcept;
   void free_block(Block* block);
-  std::size_t try_merge_blocks(Block* dst, Block* src, BlockPool& pool);
   void insert_events(Block* block);
   void process_events();
   void synchronize_and_free_events();

@@ -55,13 +55,13 @@ struct Nvml {
       void* lib = ::dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
       if (lib == nullptr) return n;
       auto init = reinterpret_cast<init_fn>(::dlsym(lib, "nvmlInit_v2"));
-      n.handle_by_pci = reinterpret_cast<handle_by_pci_fn>(
-          ::dlsym(lib, "nvmlDeviceGetHandleByPciBusId_v2"));
-      n.processes = reinterpret_cast<processes_fn>(
-          ::dlsym(lib, "nvmlDeviceGetComputeRunningProcesses_v3"));
+      n.handle_by_pci =
+          reinterpret_cast<handle_by_pci_fn>(::dlsym(lib, "nvmlDeviceGetHandleByPciBusId_v2"));
+      n.processes =
+          reinterpret_cast<processes_fn>(::dlsym(lib, "nvmlDeviceGetComputeRunningProcesses_v3"));
       if (n.processes == nullptr) {
-        n.processes = reinterpret_cast<processes_fn>(
-            ::dlsym(lib, "nvmlDeviceGetComputeRunningProcesses_v2"));
+        n.processes =
+            reinterpret_cast<processes_fn>(::dlsym(lib, "nvmlDeviceGetComputeRunningProcesses_v2"));
       }
       n.ok = init != nullptr && n.handle_by_pci != nullptr && n.processes != nullptr &&
              init() == kNvmlSuccess;
@@ -103,8 +103,8 @@ std::string where(int ordinal) { return " on cuda:" + std::to_string(ordinal); }
 
 [[noreturn]] void throw_cuda(const char* call, cudaError_t err, int ordinal) {
   (void)cudaGetLastError();  // clear it so the next unrelated call does not see it
-  throw Error(std::string("CUDA error in ") + call + where(ordinal) + ": " +
-              cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")");
+  throw Error(std::string("CUDA error in ") + call + where(ordinal) + ": " + cudaGetErrorName(err) +
+              " (" + cudaGetErrorString(err) + ")");
 }
 
 // Makes `ordinal` current for the scope and restores the caller's device, as PyTorch's
@@ -173,7 +173,8 @@ CudaDevice::CudaDevice(int ordinal, const std::string& note)
   DeviceGuard guard(ordinal);
   // cudaFree(nullptr) creates the primary context now, so the context appears in the
   // figures below and not in the first allocation's cost.
-  if (cudaError_t err = cudaFree(nullptr); err != cudaSuccess) throw_cuda("cudaFree(0)", err, ordinal);
+  if (cudaError_t err = cudaFree(nullptr); err != cudaSuccess)
+    throw_cuda("cudaFree(0)", err, ordinal);
   std::size_t free_bytes = 0, total_bytes = 0;
   if (cudaError_t err = cudaMemGetInfo(&free_bytes, &total_bytes); err != cudaSuccess) {
     throw_cuda("cudaMemGetInfo", err, ordinal);
@@ -182,8 +183,9 @@ CudaDevice::CudaDevice(int ordinal, const std::string& note)
   // NVML addresses GPUs by PCI bus id, which survives CUDA_VISIBLE_DEVICES renumbering.
   char bus_id[32] = {};
   std::size_t context = 0;
-  std::string process_source = "total - free of the whole GPU (NVML unavailable; includes "
-                               "other processes)";
+  std::string process_source =
+      "total - free of the whole GPU (NVML unavailable; includes "
+      "other processes)";
   const Nvml& nvml = Nvml::get();
   if (nvml.ok && cudaDeviceGetPCIBusId(bus_id, sizeof bus_id, ordinal) == cudaSuccess) {
     nvml_device_t handle = nullptr;
@@ -192,8 +194,9 @@ CudaDevice::CudaDevice(int ordinal, const std::string& note)
       if (nvml_process_used(handle, context)) {
         process_source = "NVML per-process figure";
       } else {
-        process_source = "total - free of the whole GPU (this pid not in NVML's list, e.g. a "
-                         "container pid namespace; includes other processes)";
+        process_source =
+            "total - free of the whole GPU (this pid not in NVML's list, e.g. a "
+            "container pid namespace; includes other processes)";
       }
     }
   }
@@ -205,12 +208,12 @@ CudaDevice::CudaDevice(int ordinal, const std::string& note)
   info_.context_bytes = context;
   info_.granularity = 2 * MiB;
   info_.simulated = false;
-  info_.assumptions =
-      info_.name + ": " + format_bytes(total_bytes) + " total (cudaMemGetInfo), CUDA context " +
-      (context != 0 ? format_bytes(context) + " measured by NVML at start"
-                    : std::string("not measured (no NVML figure)")) +
-      ", 2.00 MiB driver granularity assumed, process memory from " + process_source +
-      ", driver time measured";
+  info_.assumptions = info_.name + ": " + format_bytes(total_bytes) +
+                      " total (cudaMemGetInfo), CUDA context " +
+                      (context != 0 ? format_bytes(context) + " measured by NVML at start"
+                                    : std::string("not measured (no NVML figure)")) +
+                      ", 2.00 MiB driver granularity assumed, process memory from " +
+                      process_source + ", driver time measured";
 }
 
 CudaDevice::~CudaDevice() {

@@ -78,7 +78,8 @@ std::shared_ptr<Device> make_device(const std::string& spec) {
     return std::make_shared<SimDevice>(std::move(config));
   }
   if (s == "sim") return std::make_shared<SimDevice>(sim_preset(default_sim_preset()));
-  if (s.starts_with("sim:")) return std::make_shared<SimDevice>(parse_sim_spec(std::string(s.substr(4))));
+  if (s.starts_with("sim:"))
+    return std::make_shared<SimDevice>(parse_sim_spec(std::string(s.substr(4))));
   if (s == "cuda") return make_cuda(s, 0, {});
   if (s.starts_with("cuda:")) {
     const std::string_view digits = s.substr(5);
@@ -86,8 +87,8 @@ std::shared_ptr<Device> make_device(const std::string& spec) {
     const auto [ptr, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), ordinal);
     if (digits.empty() || ec != std::errc{} || ptr != digits.data() + digits.size() ||
         ordinal < 0) {
-      throw Error("device \"" + spec + "\": \"" + std::string(digits) +
-                  "\" is not a GPU number; " + valid_forms());
+      throw Error("device \"" + spec + "\": \"" + std::string(digits) + "\" is not a GPU number; " +
+                  valid_forms());
     }
     return make_cuda(s, ordinal, {});
   }

@@ -90,7 +90,8 @@ constexpr std::string_view kDefaultPreset = "a100-80g";
 constexpr std::uintptr_t kSimAddressBase = std::uintptr_t{1} << 48;
 constexpr std::uintptr_t kSimAddressLimit = std::uintptr_t{1} << 53;
 
-constexpr std::string_view kSpecKeys = "capacity, context, granularity, backing, malloc_us, free_us";
+constexpr std::string_view kSpecKeys =
+    "capacity, context, granularity, backing, malloc_us, free_us";
 
 std::string preset_list() {
   std::string out;
@@ -190,8 +191,8 @@ std::string default_sim_preset() { return std::string(kDefaultPreset); }
 SimDeviceConfig parse_sim_spec(const std::string& spec) {
   const std::string_view whole = trim(spec);
   if (whole.empty()) {
-    throw Error("empty sim spec; expected a preset (" + preset_list() +
-                "), key=value pairs (" + std::string(kSpecKeys) +
+    throw Error("empty sim spec; expected a preset (" + preset_list() + "), key=value pairs (" +
+                std::string(kSpecKeys) +
                 "), or a preset followed by overrides, e.g. \"a100-80g,backing=host\"");
   }
   SimDeviceConfig c;
@@ -253,8 +254,8 @@ SimDeviceConfig parse_sim_spec(const std::string& spec) {
         c.free_latency_us = parse_latency(whole, key, value);
       } else {
         throw Error("sim spec \"" + std::string(whole) + "\": unknown key \"" + key +
-                    "\"; valid keys: " + std::string(kSpecKeys) + " (or a preset name first: " +
-                    preset_list() + ")");
+                    "\"; valid keys: " + std::string(kSpecKeys) +
+                    " (or a preset name first: " + preset_list() + ")");
       }
     }
     if (!canonical.empty()) canonical += ',';
@@ -274,7 +275,8 @@ SimDeviceConfig parse_sim_spec(const std::string& spec) {
     if (c.capacity == 0) {
       throw Error("sim spec \"" + std::string(whole) +
                   "\" names no preset and no capacity; give one, e.g. \"capacity=8GiB\" or "
-                  "a preset (" + preset_list() + ")");
+                  "a preset (" +
+                  preset_list() + ")");
     }
     c.description = "custom simulated GPU from \"" + canonical + "\"";
   } else if (!seen.empty()) {
@@ -298,11 +300,10 @@ SimDevice::SimDevice(SimDeviceConfig config)
   info_.granularity = config_.granularity;
   info_.simulated = true;
   info_.assumptions = "simulated " + config_.name + ": " + format_bytes(config_.capacity) +
-                      " total, CUDA context " + format_bytes(config_.context_bytes) +
-                      " assumed, " + format_bytes(config_.granularity) +
-                      " driver granularity, cudaMalloc " + format_us(config_.malloc_latency_us) +
-                      " / cudaFree " + format_us(config_.free_latency_us) +
-                      " on a virtual clock, backing " +
+                      " total, CUDA context " + format_bytes(config_.context_bytes) + " assumed, " +
+                      format_bytes(config_.granularity) + " driver granularity, cudaMalloc " +
+                      format_us(config_.malloc_latency_us) + " / cudaFree " +
+                      format_us(config_.free_latency_us) + " on a virtual clock, backing " +
                       (config_.backing == SimBacking::Host ? "host" : "none");
 }
 

@@ -25,7 +25,7 @@ struct Unit {
 
 // Binary units (KiB, and the bare letter as `ls -h`/PyTorch users write it) are powers of 1024;
 // KB/MB/GB/TB are SI powers of 1000 as GPU vendors and disk makers quote them.
-constexpr std::array<Unit, 16> kUnits{{
+constexpr std::array<Unit, 19> kUnits{{
     {"", 1},
     {"b", 1},
     {"k", KiB},
@@ -40,13 +40,16 @@ constexpr std::array<Unit, 16> kUnits{{
     {"t", GiB * 1024},
     {"tib", GiB * 1024},
     {"tb", std::size_t{1000} * 1000 * 1000 * 1000},
+    {"p", GiB * 1024 * 1024},  // format_bytes prints PiB past 1024 TiB; read it back too
+    {"pib", GiB * 1024 * 1024},
+    {"pb", std::size_t{1000} * 1000 * 1000 * 1000 * 1000},
     {"byte", 1},
     {"bytes", 1},
 }};
 
 constexpr std::string_view kAcceptedForms =
     "expected a non-negative whole or decimal number with an optional unit: "
-    "B, KiB/MiB/GiB/TiB or K/M/G/T (powers of 1024), KB/MB/GB/TB (powers of 1000); "
+    "B, KiB/MiB/GiB/TiB/PiB or K/M/G/T/P (powers of 1024), KB/MB/GB/TB/PB (powers of 1000); "
     "e.g. \"4096\", \"400MiB\", \"8 GiB\", \"1.5GB\"";
 
 [[noreturn]] void fail(std::string_view text, std::string_view why) {
@@ -97,7 +100,10 @@ std::string format_bytes_delta(std::int64_t bytes) {
   // Negate in unsigned arithmetic so INT64_MIN has a magnitude too.
   const std::uint64_t magnitude = bytes < 0 ? std::uint64_t{0} - static_cast<std::uint64_t>(bytes)
                                             : static_cast<std::uint64_t>(bytes);
-  return (bytes < 0 ? "-" : "+") + format_magnitude(magnitude);
+  // Appending (not `"+" + string`) sidesteps GCC 12's false -Wrestrict (bug 105329).
+  std::string out(1, bytes < 0 ? '-' : '+');
+  out += format_magnitude(magnitude);
+  return out;
 }
 
 std::size_t parse_bytes(std::string_view text, bool allow_zero) {
