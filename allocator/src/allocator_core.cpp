@@ -137,7 +137,9 @@ bool AllocatorCore::alloc_block(AllocParams& p, bool is_retry) {
   if (size >= config_.max_split_size) stats_.oversize_segments.increase(1);
   update_device_view();
   if (has_observers_) [[unlikely]] {
-    emit_segment(TraceAction::SegmentAlloc, block->ptr, size, p.stream, p.pool->is_small);
+    // Stamp the segment with the caller's context: which module caused the cudaMalloc.
+    emit_segment(TraceAction::SegmentAlloc, block->ptr, size, p.stream, p.pool->is_small,
+                 context_source_ ? context_source_() : 0);
   }
   return true;
 }
@@ -198,7 +200,8 @@ void AllocatorCore::release_block(Block* block) {
   if (size >= config_.max_split_size) stats_.oversize_segments.decrease(1);
   update_device_view();
   if (has_observers_) [[unlikely]] {
-    emit_segment(TraceAction::SegmentFree, block->ptr, size, block->stream, pool.is_small);
+    emit_segment(TraceAction::SegmentFree, block->ptr, size, block->stream, pool.is_small,
+                 context_source_ ? context_source_() : 0);
   }
   pool.erase(block);
   block_storage_.destroy(block);
@@ -580,9 +583,10 @@ void AllocatorCore::emit(TraceAction action, const Block* b, std::size_t size,
 }
 
 void AllocatorCore::emit_segment(TraceAction action, std::uintptr_t ptr, std::size_t size,
-                                 StreamId stream, bool small) noexcept {
+                                 StreamId stream, bool small, std::uint32_t context) noexcept {
   Block b;
   b.ptr = ptr;
+  b.context = context;
   b.stream = stream;
   b.pool = small ? &small_blocks_ : &large_blocks_;
   emit(action, &b, size, 0);

@@ -159,7 +159,7 @@ class AllocatorCore {
 
   void emit(TraceAction action, const Block* b, std::size_t size, std::size_t requested) noexcept;
   void emit_segment(TraceAction action, std::uintptr_t ptr, std::size_t size, StreamId stream,
-                    bool small) noexcept;
+                    bool small, std::uint32_t context) noexcept;
 
   std::vector<const Block*> all_blocks_locked() const;
 
