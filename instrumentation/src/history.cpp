@@ -54,7 +54,10 @@ void History::on_event(const TraceEvent& event) noexcept {
   const std::uint64_t index = head_.load(std::memory_order_relaxed);
   writing_.store(index + 1, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_release);  // free on x86
-  Slot& slot = slots_[index % capacity_];
+  Slot& slot = slots_[next_slot_];
+  // A wrapping index instead of index % capacity_: a 64-bit division would
+  // cost more than the rest of this function.
+  next_slot_ = next_slot_ + 1 == capacity_ ? 0 : next_slot_ + 1;
   constexpr auto relaxed = std::memory_order_relaxed;
   slot.word[kSequence].store(event.sequence, relaxed);
   slot.word[kTicks].store(detail::ticks(), relaxed);
@@ -65,7 +68,15 @@ void History::on_event(const TraceEvent& event) noexcept {
   slot.word[kAllocated].store(event.allocated_bytes, relaxed);
   slot.word[kReserved].store(event.reserved_bytes, relaxed);
   slot.word[kDeviceUsed].store(event.device_used_bytes, relaxed);
-  slot.word[kPacked].store(std::uint64_t{event.context} << 32 |
+  // Segment events and ooms carry no block context: they belong to whatever
+  // the calling thread is running (observers run on the allocating thread).
+  const ContextId context =
+      event.context != kNoContext || event.action == TraceAction::Alloc ||
+              event.action == TraceAction::FreeRequested ||
+              event.action == TraceAction::FreeCompleted
+          ? event.context
+          : current_context();
+  slot.word[kPacked].store(std::uint64_t{context} << 32 |
                                std::uint64_t{event.small_pool} << 8 |
                                static_cast<std::uint64_t>(event.action),
                            relaxed);
@@ -129,6 +140,7 @@ std::uint64_t History::dropped() const noexcept {
 void History::clear() noexcept {
   head_.store(0, std::memory_order_release);
   writing_.store(0, std::memory_order_release);
+  next_slot_ = 0;
   start_ticks_ = detail::ticks();
 }
 

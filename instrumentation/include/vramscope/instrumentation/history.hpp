@@ -35,7 +35,9 @@ struct HistoryEntry {
   std::size_t requested_size = 0;    ///< caller's size for alloc and free events
   StreamId stream = 0;
   bool small_pool = false;
-  ContextId context = kNoContext;    ///< module and phase: context_info(context)
+  /// Module and phase (context_info(context)): the block's owner for alloc and
+  /// free events; the calling thread's innermost scope for segment events and oom.
+  ContextId context = kNoContext;
   std::size_t allocated_bytes = 0;   ///< allocator totals right after the event
   std::size_t reserved_bytes = 0;
   std::size_t device_used_bytes = 0; ///< nvidia-smi view
@@ -92,6 +94,7 @@ class History final : public AllocatorObserver {
   // events, slot (i % capacity_) holds event i. Only the writer advances head_.
   std::atomic<std::uint64_t> head_{0};
   std::atomic<std::uint64_t> writing_{0};  ///< index + 1 of the event being written
+  std::size_t next_slot_ = 0;              ///< head_ % capacity_, kept by the writer
   std::uint64_t start_ticks_;
   CachingAllocator* allocator_ = nullptr;
 };

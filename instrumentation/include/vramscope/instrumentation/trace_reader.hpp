@@ -110,12 +110,12 @@ AllocationTrace read_pytorch_snapshot(const PickleValue& root, int device = -1,
 AllocationTrace read_pytorch_snapshot_file(const std::string& path, int device = -1);
 
 /// Parses vramscope's history CSV (header required). Errors name the line.
-AllocationTrace read_history_csv(std::istream& in, const std::string& source = "history.csv");
-AllocationTrace read_history_csv_file(const std::string& path);
+AllocationTrace read_history_trace(std::istream& in, const std::string& source = "history.csv");
+AllocationTrace read_history_trace_file(const std::string& path);
 
 /// Parses RMM's logging CSV (header required; Time as seconds or HH:MM:SS:us).
-AllocationTrace read_rmm_csv(std::istream& in, const std::string& source = "rmm.csv");
-AllocationTrace read_rmm_csv_file(const std::string& path);
+AllocationTrace read_rmm_log(std::istream& in, const std::string& source = "rmm.csv");
+AllocationTrace read_rmm_log_file(const std::string& path);
 
 /// Detects the format from the content (pickle magic, CSV header) and reads it.
 AllocationTrace load_trace(const std::string& path, int device = -1);

@@ -1,0 +1,160 @@
+// replay.hpp — replays a recorded allocation trace through the caching
+// allocator (any settings, any device) or through any other allocator.
+//
+//   mem::AllocationTrace trace = mem::load_trace("snapshot.pickle");
+//   mem::ReplayOptions opt;
+//   opt.config = mem::AllocatorConfig::parse("max_split_size_mb:128");
+//   opt.device = "sim:a100-40g";
+//   mem::ReplayResult r = mem::replay(trace, opt);
+//   r.peak_reserved; r.first_oom; r.segment_allocs_reproduced;
+//
+// This answers "would a setting have helped my real run?" without a GPU.
+//
+// Where a snapshot starts mid-run (its trace is a ring buffer) the starting
+// state is rebuilt from the final segments minus the trace's effects: segments
+// allocated during the trace did not exist yet, segments freed during it did,
+// blocks freed without being allocated in the trace were live. With the
+// recorded settings the rebuild is exact (segments reserved at their recorded
+// addresses, live blocks at their recorded offsets); with other settings only
+// the live blocks are recreated, placed by the allocator's own policy.
+//
+// Conformance (replaying a snapshot with the settings it was recorded with):
+// each segment is handed the address the trace recorded for it, cudaMalloc
+// refusals the trace shows (segment frees before a segment alloc, PyTorch's
+// free-cache-and-retry) are replayed, and every segment_alloc and block
+// placement is compared with the recording.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "vramscope/allocator/caching_allocator.hpp"
+#include "vramscope/allocator/config.hpp"
+#include "vramscope/allocator/stats.hpp"
+#include "vramscope/instrumentation/trace_reader.hpp"
+
+namespace mem {
+
+struct ReplayOptions {
+  AllocatorConfig config{};  ///< settings to replay under
+  /// Device spec as for make_device(). Conformance replays want one large
+  /// enough never to refuse on its own ("sim:capacity=1TiB").
+  std::string device = "sim:capacity=1TiB,context=0";
+  /// Rebuild the starting state of a snapshot that begins mid-run.
+  bool rebuild_initial_state = true;
+  /// Hand each new segment the address the trace recorded for it (when the
+  /// size matches), so best fit breaks ties between segments as on the GPU.
+  bool trace_addresses = true;
+  /// Replay the driver refusals the trace shows (free-cache-and-retry).
+  bool replay_driver_refusals = true;
+  /// Compare segment allocs and block placements with the recording.
+  bool check_conformance = true;
+  /// Track reserved-but-unallocated and the largest free block at the peak
+  /// (one segments() walk per new peak; off for timing).
+  bool track_fragmentation = true;
+  /// Stop at the first allocation the device cannot satisfy.
+  bool stop_at_oom = false;
+  std::size_t max_divergences = 16;  ///< divergences kept in the result
+};
+
+/// The first allocation the replayed device could not satisfy.
+struct ReplayOom {
+  std::size_t event_index = 0;  ///< index into trace.events
+  std::size_t requested = 0;
+  std::string message;          ///< the allocator's OutOfMemoryError text
+};
+
+/// A difference from the recording: "event 812 (alloc 1048576 B): expected
+/// segment_alloc 20971520 B, got none".
+struct ReplayDivergence {
+  std::size_t event_index = 0;
+  std::string what;
+};
+
+struct ReplayResult {
+  std::string device;       ///< device name
+  std::string assumptions;  ///< the simulated device's assumptions, to print beside figures
+  std::string config;       ///< settings replayed under (canonical string)
+  bool supported = true;    ///< false: not replayed (see unsupported_reason)
+  std::string unsupported_reason;
+
+  // What was replayed.
+  std::size_t events = 0;          ///< trace events
+  std::size_t allocs = 0;          ///< alloc events replayed
+  std::size_t frees = 0;           ///< frees replayed
+  std::size_t unknown_frees = 0;   ///< frees of blocks the trace never allocated (no rebuild)
+  std::size_t failed_allocs = 0;   ///< allocs the device could not satisfy
+  std::size_t recorded_ooms = 0;   ///< oom events in the trace itself
+  std::size_t empty_cache_calls = 0;  ///< segment frees replayed as empty_cache()
+  std::size_t driver_refusals = 0;    ///< cudaMalloc refusals replayed from the trace
+
+  // Starting state.
+  bool rebuilt_exactly = false;    ///< segments reserved at recorded addresses
+  std::size_t initial_segments = 0;
+  std::size_t initial_blocks = 0;
+  std::size_t initial_reserved = 0;
+  std::size_t initial_allocated = 0;
+  std::size_t initial_blocks_misplaced = 0;
+
+  // Peaks over the replay (starting state included).
+  std::int64_t peak_allocated = 0;
+  std::int64_t peak_reserved = 0;
+  std::int64_t peak_requested = 0;
+  std::int64_t peak_device_used = 0;  ///< nvidia-smi view
+  std::int64_t reserved_unallocated_at_peak = 0;  ///< reserved - allocated when allocated peaked
+  std::size_t largest_free_block_at_peak = 0;     ///< largest inactive block then
+  /// At the allocated peak: 1 - largest free block / reserved-but-unallocated
+  /// (mem::Fragmentation's ratio; 0 when nothing was free or not tracked).
+  double fragmentation = 0;
+  /// peak reserved / peak requested: what the cache costs over what was asked.
+  double reserved_per_requested = 0;
+  std::int64_t segment_allocs = 0;  ///< cudaMalloc calls during the replay
+  std::int64_t segment_frees = 0;
+  double driver_time_us = 0;        ///< simulated driver time of the replay
+  std::optional<ReplayOom> first_oom;
+  std::size_t ooms = 0;
+  DeviceStats final_stats;
+
+  // Conformance with the recording.
+  bool conformance_checked = false;
+  std::size_t segment_allocs_recorded = 0;
+  std::size_t segment_allocs_reproduced = 0;  ///< same size, stream and order
+  std::size_t segment_frees_recorded = 0;
+  std::size_t segment_frees_reproduced = 0;
+  std::size_t allocs_checked = 0;
+  std::size_t blocks_placed = 0;              ///< same segment, same offset
+  /// Final state (snapshots): recorded segments, and how many the replay ended
+  /// with at the same address and size, tiled by blocks of the same sizes and
+  /// states (allocated and pending-free both count as active).
+  std::size_t final_segments_recorded = 0;
+  std::size_t final_segments_matched = 0;
+  std::size_t divergence_count = 0;
+  std::vector<ReplayDivergence> divergences;  ///< the first max_divergences
+};
+
+/// Replays `trace` through a new CachingAllocator on a new device.
+/// Throws mem::Error for a malformed device spec; never for trace contents
+/// (inconsistencies are counted in the result).
+ReplayResult replay(const AllocationTrace& trace, const ReplayOptions& options = {});
+
+/// Any allocator the generic replay can drive (the CUB peer implements it).
+class ReplayTarget {
+ public:
+  virtual ~ReplayTarget() = default;
+  virtual std::string name() const = 0;
+  /// nullptr when out of memory.
+  virtual void* allocate(std::size_t bytes, std::uint64_t stream) = 0;
+  virtual void deallocate(void* ptr, std::size_t bytes, std::uint64_t stream) noexcept = 0;
+  virtual std::size_t reserved_bytes() const = 0;     ///< bytes held from the device now
+  virtual std::size_t device_used_bytes() const = 0;  ///< nvidia-smi view now
+  virtual std::uint64_t device_allocs() const = 0;    ///< cudaMalloc calls so far
+};
+
+/// Replays the trace's allocs and frees (no starting state, no conformance)
+/// through `target`; peaks are sampled after every event.
+ReplayResult replay_on(const AllocationTrace& trace, ReplayTarget& target);
+
+}  // namespace mem

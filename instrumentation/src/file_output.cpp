@@ -1,0 +1,50 @@
+// file_output.cpp — writing exports to disk.
+#include "file_output.hpp"
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <string>
+
+#include "vramscope/allocator/errors.hpp"
+
+namespace mem::detail {
+
+void write_file(const std::filesystem::path& path, std::string_view content, std::string_view what) {
+  if (path.empty()) throw Error(std::string(what) + ": the output path is empty");
+  std::error_code ec;
+  const auto parent = path.parent_path();
+  if (!parent.empty() && !std::filesystem::is_directory(parent, ec)) {
+    throw Error(std::string(what) + ": cannot write '" + path.string() + "': directory '" +
+                parent.string() + "' does not exist; create it or choose another path");
+  }
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) {
+    throw Error(std::string(what) + ": cannot open '" + path.string() +
+                "' for writing: " + std::strerror(errno));
+  }
+  out.write(content.data(), static_cast<std::streamsize>(content.size()));
+  out.close();
+  if (!out) {
+    throw Error(std::string(what) + ": writing '" + path.string() + "' failed (" +
+                std::to_string(content.size()) + " bytes): " + std::strerror(errno));
+  }
+}
+
+std::string xml_escape(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (char c : text) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      case '\'': out += "&apos;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
+}  // namespace mem::detail

@@ -1,0 +1,17 @@
+// file_output.hpp — writing an export to disk with errors that name the path.
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <string_view>
+
+namespace mem::detail {
+
+/// Writes `content` to `path` (replacing it). Throws mem::Error saying which
+/// export, which path and why (missing directory, permission, disk full).
+void write_file(const std::filesystem::path& path, std::string_view content, std::string_view what);
+
+/// Text that can sit inside XML/SVG markup.
+std::string xml_escape(std::string_view text);
+
+}  // namespace mem::detail

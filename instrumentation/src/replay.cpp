@@ -1,0 +1,725 @@
+// replay.cpp — drives a CachingAllocator with a recorded trace: rebuilds the
+// starting state, replays allocs and frees, the driver's refusals and
+// empty_cache calls, and compares what happens with what was recorded.
+#include "vramscope/instrumentation/replay.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <set>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "vramscope/allocator/device.hpp"
+#include "vramscope/allocator/errors.hpp"
+#include "vramscope/allocator/units.hpp"
+
+namespace mem {
+
+namespace detail {
+
+/// A device that hands out the addresses a trace recorded. Capacity, the
+/// nvidia-smi view and latency come from the wrapped device; only the numbers
+/// the allocator sees as segment addresses are the recorded ones, so best fit
+/// orders segments as it did on the GPU. Sizes that were not recorded get
+/// addresses from a range far above any real one.
+class TraceAddressDevice final : public Device {
+ public:
+  struct Expected {
+    std::uintptr_t address = 0;
+    std::size_t size = 0;
+  };
+
+  explicit TraceAddressDevice(std::shared_ptr<Device> inner) : inner_(std::move(inner)) {}
+
+  /// The next segment allocations should get these addresses; with
+  /// `refuse_first` the first attempt fails as cudaMalloc did on the GPU.
+  void expect(std::vector<Expected> expected, bool refuse_first) {
+    std::lock_guard lock(mutex_);
+    expected_ = std::move(expected);
+    used_.assign(expected_.size(), false);
+    refuse_next_ = refuse_first;
+  }
+  void clear_expectations() {
+    std::lock_guard lock(mutex_);
+    expected_.clear();
+    used_.clear();
+    refuse_next_ = false;
+  }
+  std::size_t refusals() const {
+    std::lock_guard lock(mutex_);
+    return refusals_;
+  }
+
+  const DeviceInfo& info() const override { return inner_->info(); }
+
+  void* allocate_segment(std::size_t bytes) override {
+    std::lock_guard lock(mutex_);
+    if (refuse_next_) {
+      refuse_next_ = false;
+      ++refusals_;
+      return nullptr;
+    }
+    void* real = inner_->allocate_segment(bytes);
+    if (real == nullptr) return nullptr;
+    std::uintptr_t address = 0;
+    for (std::size_t i = 0; i < expected_.size(); ++i) {
+      if (!used_[i] && expected_[i].size == bytes && !overlaps(expected_[i].address, bytes)) {
+        used_[i] = true;
+        address = expected_[i].address;
+        break;
+      }
+    }
+    if (address == 0) {
+      address = next_fallback_;
+      next_fallback_ += (bytes + kRoundLarge - 1) / kRoundLarge * kRoundLarge + kRoundLarge;
+    }
+    live_[address] = Live{real, bytes};
+    return reinterpret_cast<void*>(address);
+  }
+
+  void free_segment(void* ptr, std::size_t bytes) noexcept override {
+    std::lock_guard lock(mutex_);
+    auto it = live_.find(reinterpret_cast<std::uintptr_t>(ptr));
+    if (it == live_.end()) return;
+    inner_->free_segment(it->second.real, it->second.bytes);
+    (void)bytes;
+    live_.erase(it);
+  }
+
+  DeviceMemInfo mem_get_info() const override { return inner_->mem_get_info(); }
+  std::size_t process_used_bytes() const override { return inner_->process_used_bytes(); }
+  StreamId create_stream() override { return inner_->create_stream(); }
+  void destroy_stream(StreamId stream) noexcept override { inner_->destroy_stream(stream); }
+  EventId create_event() override { return inner_->create_event(); }
+  void destroy_event(EventId event) noexcept override { inner_->destroy_event(event); }
+  void record_event(EventId event, StreamId stream) override { inner_->record_event(event, stream); }
+  bool query_event(EventId event) override { return inner_->query_event(event); }
+  void synchronize_event(EventId event) override { inner_->synchronize_event(event); }
+  void synchronize() override { inner_->synchronize(); }
+  double driver_time_us() const override { return inner_->driver_time_us(); }
+
+ private:
+  struct Live {
+    void* real = nullptr;
+    std::size_t bytes = 0;
+  };
+  bool overlaps(std::uintptr_t address, std::size_t bytes) const {
+    auto next = live_.lower_bound(address);
+    if (next != live_.end() && next->first < address + bytes) return true;
+    if (next != live_.begin()) {
+      auto prev = std::prev(next);
+      if (prev->first + prev->second.bytes > address) return true;
+    }
+    return false;
+  }
+
+  std::shared_ptr<Device> inner_;
+  mutable std::mutex mutex_;
+  std::vector<Expected> expected_;
+  std::vector<bool> used_;
+  bool refuse_next_ = false;
+  std::size_t refusals_ = 0;
+  std::map<std::uintptr_t, Live> live_;
+  std::uintptr_t next_fallback_ = std::uintptr_t{1} << 56;
+};
+
+namespace {
+
+/// Collects the allocator's segment events and the totals after each event.
+class ReplayObserver final : public AllocatorObserver {
+ public:
+  void on_event(const TraceEvent& event) noexcept override {
+    if (event.action == TraceAction::SegmentAlloc) {
+      segment_allocs.push_back(event);
+      ++total_segment_allocs;
+    } else if (event.action == TraceAction::SegmentFree) {
+      segment_frees.push_back(event);
+      ++total_segment_frees;
+    }
+    allocated = event.allocated_bytes;
+    reserved = event.reserved_bytes;
+  }
+  void begin() {
+    segment_allocs.clear();
+    segment_frees.clear();
+  }
+
+  std::vector<TraceEvent> segment_allocs;  // since begin()
+  std::vector<TraceEvent> segment_frees;
+  std::int64_t total_segment_allocs = 0;
+  std::int64_t total_segment_frees = 0;
+  std::size_t allocated = 0;
+  std::size_t reserved = 0;
+};
+
+struct InitBlock {
+  std::uintptr_t address = 0;
+  std::size_t size = 0;       // 0 until known or inferred
+  std::size_t requested = 0;
+};
+
+struct InitSegment {
+  std::uintptr_t address = 0;
+  std::size_t size = 0;
+  std::uint64_t stream = 0;
+  bool small_pool = false;
+  std::vector<InitBlock> live;  // address order
+};
+
+struct InitialState {
+  std::vector<InitSegment> segments;  // address order
+  std::size_t orphan_blocks = 0;      // live blocks outside every segment (inconsistent trace)
+};
+
+// The state when the trace began: the final state minus the trace's effects.
+InitialState derive_initial_state(const AllocationTrace& trace, const AllocatorConfig& recorded) {
+  std::map<std::uintptr_t, InitSegment> segs;
+  std::map<std::uintptr_t, InitBlock> live;
+  for (const RecordedSegment& s : trace.final_segments) {
+    segs[s.address] = InitSegment{s.address, s.total_size, s.stream, s.small_pool, {}};
+    for (const RecordedBlock& b : s.blocks)
+      if (b.state != BlockState::Inactive)
+        live[b.address] = InitBlock{b.address, b.size, b.requested_size ? b.requested_size : b.size};
+  }
+  for (auto it = trace.events.rbegin(); it != trace.events.rend(); ++it) {
+    const RecordedEvent& e = *it;
+    switch (e.action) {
+      case RecordedAction::SegmentAlloc: segs.erase(e.address); break;
+      case RecordedAction::SegmentFree:
+        segs[e.address] = InitSegment{e.address, e.size, e.stream, e.size == kSmallBuffer, {}};
+        break;
+      case RecordedAction::Alloc: live.erase(e.address); break;
+      case RecordedAction::FreeRequested:
+        if (!live.count(e.address)) live[e.address] = InitBlock{e.address, 0, e.size};
+        break;
+      default: break;
+    }
+  }
+  InitialState state;
+  for (const auto& [address, block] : live) {
+    auto it = segs.upper_bound(address);
+    if (it == segs.begin()) {
+      ++state.orphan_blocks;
+      continue;
+    }
+    --it;
+    if (address >= it->second.address + it->second.size) {
+      ++state.orphan_blocks;
+      continue;
+    }
+    it->second.live.push_back(block);
+  }
+  for (auto& [address, seg] : segs) {
+    const std::uintptr_t end = seg.address + seg.size;
+    for (std::size_t i = 0; i < seg.live.size(); ++i) {
+      InitBlock& b = seg.live[i];
+      const std::uintptr_t boundary = i + 1 < seg.live.size() ? seg.live[i + 1].address : end;
+      if (b.size == 0) {
+        // Freed during the trace, allocated before it: only the request is
+        // known. Small blocks are always split exactly; a large block keeps
+        // a remainder of at most 1 MiB (PyTorch splits only above that), and
+        // an oversize block keeps the whole free block it was cut from.
+        std::size_t size = round_size(std::max<std::size_t>(b.requested, 1), recorded);
+        const std::size_t room = boundary - b.address;
+        if (!seg.small_pool) {
+          if (size >= recorded.max_split_size) {
+            size = room;
+          } else if (room > size && room - size <= kSmallSize) {
+            size = room;
+          }
+        }
+        b.size = size;
+      }
+      b.size = std::min<std::size_t>(b.size, boundary - b.address);
+    }
+    state.segments.push_back(std::move(seg));
+  }
+  return state;
+}
+
+}  // namespace
+
+bool is_free_event(const AllocationTrace& trace, RecordedAction action) {
+  // Blocks return to the pool at free_completed where the format records it.
+  return trace.has_free_completed ? action == RecordedAction::FreeCompleted
+                                  : action == RecordedAction::FreeRequested;
+}
+
+namespace {
+
+std::string describe_bytes(std::size_t bytes) {
+  return std::to_string(bytes) + " B";
+}
+
+class Replayer {
+ public:
+  Replayer(const AllocationTrace& trace, const ReplayOptions& options, ReplayResult& result)
+      : trace_(trace), opt_(options), r_(result) {}
+
+  void run() {
+    auto inner = make_device(opt_.device);
+    r_.device = inner->info().name;
+    r_.assumptions = inner->info().assumptions;
+    r_.config = opt_.config.to_string();
+    r_.events = trace_.events.size();
+    if (trace_.expandable_segments) {
+      r_.supported = false;
+      r_.unsupported_reason =
+          "recorded with expandable_segments:True (segment_map/segment_unmap events): "
+          "expandable segments are not yet supported by the allocator";
+      return;
+    }
+    device_ = std::make_shared<TraceAddressDevice>(inner);
+    CachingAllocator alloc{device_, opt_.config};
+    alloc_ = &alloc;
+    map_streams();
+
+    AllocatorConfig recorded{};
+    bool recorded_known = true;
+    if (trace_.allocator_conf_known && !trace_.allocator_conf.empty()) {
+      try {
+        recorded = AllocatorConfig::parse(trace_.allocator_conf);
+      } catch (const Error&) {
+        recorded_known = false;
+      }
+    }
+    const bool exact = recorded_known && recorded == opt_.config && opt_.trace_addresses;
+    if (opt_.rebuild_initial_state && trace_.has_final_state) rebuild(recorded, exact);
+
+    alloc.reset_peak_stats();
+    alloc.reset_accumulated_stats();
+    const double driver_start = device_->driver_time_us();
+    alloc.add_observer(&observer_);
+    r_.conformance_checked = opt_.check_conformance && opt_.trace_addresses && exact;
+    observer_.allocated = r_.initial_allocated;
+    observer_.reserved = r_.initial_reserved;
+    track_peak();  // the starting state is the first peak
+
+    for (std::size_t i = 0; i < trace_.events.size(); ++i) {
+      const RecordedEvent& e = trace_.events[i];
+      switch (e.action) {
+        case RecordedAction::SegmentAlloc: pending_allocs_.push_back(i); break;
+        case RecordedAction::SegmentFree: pending_frees_.push_back(i); break;
+        case RecordedAction::Alloc: do_alloc(i); break;
+        case RecordedAction::FreeRequested:
+        case RecordedAction::FreeCompleted:
+          flush_pending(i);
+          if (is_free_event(trace_, e.action)) do_free(e);
+          break;
+        case RecordedAction::Oom:
+          ++r_.recorded_ooms;
+          flush_pending(i);
+          break;
+        default: break;
+      }
+      if (stopped_) break;
+    }
+    flush_pending(trace_.events.size());
+    alloc.remove_observer(&observer_);
+    if (r_.conformance_checked && trace_.has_final_state) compare_final_state();
+
+    r_.final_stats = alloc.stats();
+    const DeviceStats& s = r_.final_stats;
+    r_.peak_allocated = s.allocated_bytes[0].peak;
+    r_.peak_reserved = s.reserved_bytes[0].peak;
+    r_.peak_requested = s.requested_bytes[0].peak;
+    r_.peak_device_used = s.device_used_bytes.peak;
+    r_.reserved_per_requested = r_.peak_requested > 0 ? static_cast<double>(r_.peak_reserved) /
+                                                            static_cast<double>(r_.peak_requested)
+                                                      : 0.0;
+    if (opt_.track_fragmentation && r_.reserved_unallocated_at_peak > 0)
+      r_.fragmentation = 1.0 - static_cast<double>(r_.largest_free_block_at_peak) /
+                                   static_cast<double>(r_.reserved_unallocated_at_peak);
+    r_.segment_allocs = observer_.total_segment_allocs;
+    r_.segment_frees = observer_.total_segment_frees;
+    r_.driver_time_us = device_->driver_time_us() - driver_start;
+    r_.driver_refusals = device_->refusals();
+    alloc_ = nullptr;
+  }
+
+ private:
+  StreamId stream_of(std::uint64_t recorded) const {
+    auto it = streams_.find(recorded);
+    return it == streams_.end() ? 0 : it->second;
+  }
+
+  // Recorded stream handles become device streams, in the same order (the
+  // pools order blocks by stream first).
+  void map_streams() {
+    std::set<std::uint64_t> handles;
+    for (const RecordedEvent& e : trace_.events) handles.insert(e.stream);
+    for (const RecordedSegment& s : trace_.final_segments) handles.insert(s.stream);
+    for (std::uint64_t h : handles) streams_[h] = h == 0 ? 0 : device_->create_stream();
+  }
+
+  void divergence(std::size_t index, std::string what) {
+    ++r_.divergence_count;
+    if (r_.divergences.size() < opt_.max_divergences)
+      r_.divergences.push_back(ReplayDivergence{index, std::move(what)});
+  }
+
+  void rebuild(const AllocatorConfig& recorded, bool exact) {
+    InitialState state = derive_initial_state(trace_, recorded);
+    r_.rebuilt_exactly = exact;
+    r_.initial_segments = state.segments.size();
+    if (!exact) {
+      // Other settings: the recorded layout means nothing under them; recreate
+      // only what was live, placed by this allocator's policy.
+      for (const InitSegment& seg : state.segments) {
+        for (const InitBlock& b : seg.live) {
+          ++r_.initial_blocks;
+          try {
+            live_[b.address] = alloc_->allocate(b.requested ? b.requested : b.size, stream_of(seg.stream));
+          } catch (const std::exception&) {
+            ++r_.initial_blocks_misplaced;
+            failed_.insert(b.address);
+          }
+        }
+      }
+      const DeviceStats s = alloc_->stats();
+      r_.initial_reserved = static_cast<std::size_t>(s.reserved_bytes[0].current);
+      r_.initial_allocated = static_cast<std::size_t>(s.allocated_bytes[0].current);
+      return;
+    }
+    std::vector<void*> fillers;
+    for (const InitSegment& seg : state.segments) {
+      const StreamId stream = stream_of(seg.stream);
+      device_->expect({{seg.address, seg.size}}, false);
+      try {
+        alloc_->reserve_segment(seg.size, stream, seg.small_pool);
+      } catch (const std::exception& ex) {
+        device_->clear_expectations();
+        divergence(0, "starting state: cannot reserve segment of " + describe_bytes(seg.size) +
+                          ": " + ex.what());
+        continue;
+      }
+      device_->clear_expectations();
+      // Pieces in address order: live blocks and the free gaps between them.
+      struct Piece {
+        std::size_t size;
+        const InitBlock* block;  // null: filler
+      };
+      std::vector<Piece> pieces;
+      std::uintptr_t cursor = seg.address;
+      auto gap = [&](std::uintptr_t to) {
+        std::size_t left = to - cursor;
+        if (!seg.small_pool && left <= kSmallSize && !pieces.empty()) {
+          pieces.back().size += left;  // the large pool holds no block this small
+          left = 0;
+        }
+        while (left > 0) {
+          const std::size_t n = seg.small_pool ? std::min(left, kSmallSize) : left;
+          pieces.push_back(Piece{n, nullptr});
+          left -= n;
+        }
+        cursor = to;
+      };
+      for (const InitBlock& b : seg.live) {
+        if (b.address > cursor) gap(b.address);
+        pieces.push_back(Piece{b.size, &b});
+        cursor = b.address + b.size;
+      }
+      if (cursor < seg.address + seg.size) gap(seg.address + seg.size);
+
+      for (const Piece& p : pieces) {
+        std::size_t ask = p.size;
+        if (p.block && round_size(p.block->requested, recorded) == p.size) ask = p.block->requested;
+        void* ptr = nullptr;
+        try {
+          ptr = alloc_->allocate(ask, stream);
+        } catch (const std::exception& ex) {
+          divergence(0, "starting state: cannot place a block of " + describe_bytes(p.size) + ": " +
+                            ex.what());
+        }
+        if (p.block) {
+          ++r_.initial_blocks;
+          if (ptr == nullptr) {
+            failed_.insert(p.block->address);
+          } else {
+            live_[p.block->address] = ptr;
+            if (reinterpret_cast<std::uintptr_t>(ptr) != p.block->address) ++r_.initial_blocks_misplaced;
+          }
+        } else if (ptr != nullptr) {
+          fillers.push_back(ptr);
+        }
+      }
+    }
+    for (void* f : fillers) alloc_->deallocate(f);
+    const DeviceStats s = alloc_->stats();
+    r_.initial_reserved = static_cast<std::size_t>(s.reserved_bytes[0].current);
+    r_.initial_allocated = static_cast<std::size_t>(s.allocated_bytes[0].current);
+    if (r_.initial_blocks_misplaced > 0)
+      divergence(0, "starting state: " + std::to_string(r_.initial_blocks_misplaced) +
+                        " live blocks not at their recorded addresses");
+  }
+
+  // Segment frees the trace shows with no segment alloc after them were an
+  // empty_cache() (or a failed allocation's cache release): replay them so.
+  void flush_pending(std::size_t index) {
+    if (!pending_frees_.empty() && pending_allocs_.empty()) {
+      observer_.begin();
+      alloc_->empty_cache();
+      ++r_.empty_cache_calls;
+      compare_frees(index);
+    } else if (!pending_allocs_.empty()) {
+      // segment_alloc with no alloc after it (a trace cut at the end): count only.
+      if (r_.conformance_checked) {
+        r_.segment_allocs_recorded += pending_allocs_.size();
+        r_.segment_frees_recorded += pending_frees_.size();
+        divergence(index, std::to_string(pending_allocs_.size()) +
+                              " recorded segment_alloc(s) with no alloc after them");
+      }
+    }
+    pending_allocs_.clear();
+    pending_frees_.clear();
+  }
+
+  void compare_frees(std::size_t index) {
+    if (!r_.conformance_checked) return;
+    r_.segment_frees_recorded += pending_frees_.size();
+    std::multiset<std::pair<std::uintptr_t, std::size_t>> ours;
+    for (const TraceEvent& f : observer_.segment_frees) ours.insert({f.address, f.size});
+    std::size_t matched = 0;
+    for (std::size_t idx : pending_frees_) {
+      const RecordedEvent& e = trace_.events[idx];
+      auto it = ours.find({e.address, e.size});
+      if (it != ours.end()) {
+        ours.erase(it);
+        ++matched;
+      }
+    }
+    r_.segment_frees_reproduced += matched;
+    if (matched != pending_frees_.size() || !ours.empty())
+      divergence(index, "recorded " + std::to_string(pending_frees_.size()) + " segment_free(s), replay freed " +
+                            std::to_string(observer_.segment_frees.size()) + " (" +
+                            std::to_string(matched) + " the same)");
+  }
+
+  void do_alloc(std::size_t index) {
+    const RecordedEvent& e = trace_.events[index];
+    ++r_.allocs;
+    std::vector<TraceAddressDevice::Expected> expected;
+    for (std::size_t idx : pending_allocs_)
+      expected.push_back({trace_.events[idx].address, trace_.events[idx].size});
+    const bool refuse = opt_.replay_driver_refusals && !pending_frees_.empty() && !expected.empty() &&
+                        pending_frees_.front() < pending_allocs_.front();
+    if (opt_.trace_addresses) device_->expect(std::move(expected), refuse);
+    observer_.begin();
+    void* ptr = nullptr;
+    try {
+      ptr = alloc_->allocate(e.size, stream_of(e.stream));
+    } catch (const OutOfMemoryError& oom) {
+      ++r_.failed_allocs;
+      ++r_.ooms;
+      if (!r_.first_oom) r_.first_oom = ReplayOom{index, e.size, oom.what()};
+      if (opt_.stop_at_oom) stopped_ = true;
+    } catch (const Error& err) {
+      ++r_.failed_allocs;
+      divergence(index, "alloc of " + describe_bytes(e.size) + " rejected: " + err.what());
+    }
+    device_->clear_expectations();
+
+    if (r_.conformance_checked) {
+      r_.segment_allocs_recorded += pending_allocs_.size();
+      const auto& ours = observer_.segment_allocs;
+      std::size_t same = 0;
+      for (std::size_t k = 0; k < pending_allocs_.size() && k < ours.size(); ++k) {
+        const RecordedEvent& want = trace_.events[pending_allocs_[k]];
+        if (ours[k].size == want.size && ours[k].stream == stream_of(want.stream)) ++same;
+      }
+      r_.segment_allocs_reproduced += same;
+      if (same != pending_allocs_.size() || ours.size() != pending_allocs_.size()) {
+        std::string want, got;
+        for (std::size_t idx : pending_allocs_) want.append(" ").append(describe_bytes(trace_.events[idx].size));
+        for (const TraceEvent& t : ours) got.append(" ").append(describe_bytes(t.size));
+        divergence(index, "alloc of " + describe_bytes(e.size) + ": recorded segment_alloc [" +
+                              (want.empty() ? " none" : want) + " ], replay [" +
+                              (got.empty() ? " none" : got) + " ]");
+      }
+      if (!pending_frees_.empty()) compare_frees(index);
+      ++r_.allocs_checked;
+      if (ptr != nullptr && reinterpret_cast<std::uintptr_t>(ptr) == e.address) {
+        ++r_.blocks_placed;
+      } else if (ptr != nullptr) {
+        divergence(index, "alloc of " + describe_bytes(e.size) + ": recorded at 0x" + hex(e.address) +
+                              ", replay placed it at 0x" + hex(reinterpret_cast<std::uintptr_t>(ptr)) +
+                              where_is(reinterpret_cast<std::uintptr_t>(ptr), e.address));
+      }
+    }
+    pending_allocs_.clear();
+    pending_frees_.clear();
+
+    if (ptr == nullptr) {
+      failed_.insert(e.address);
+      return;
+    }
+    failed_.erase(e.address);
+    if (auto it = live_.find(e.address); it != live_.end()) {
+      // Recorded twice without a free between: the earlier block leaked there.
+      ++r_.unknown_frees;
+    }
+    live_[e.address] = ptr;
+    track_peak();
+  }
+
+  void compare_final_state() {
+    const std::vector<SegmentInfo> ours = alloc_->segments();
+    std::map<std::uintptr_t, const SegmentInfo*> by_address;
+    for (const SegmentInfo& s : ours) by_address[s.address] = &s;
+    auto active = [](BlockState st) { return st != BlockState::Inactive; };
+    r_.final_segments_recorded = trace_.final_segments.size();
+    for (const RecordedSegment& want : trace_.final_segments) {
+      auto it = by_address.find(want.address);
+      bool same = it != by_address.end() && it->second->total_size == want.total_size &&
+                  it->second->blocks.size() == want.blocks.size();
+      for (std::size_t k = 0; same && k < want.blocks.size(); ++k) {
+        const BlockInfo& got = it->second->blocks[k];
+        same = got.address == want.blocks[k].address && got.size == want.blocks[k].size &&
+               active(got.state) == active(want.blocks[k].state);
+      }
+      if (same) {
+        ++r_.final_segments_matched;
+      } else {
+        divergence(trace_.events.size(), "final state: segment 0x" + hex(want.address) + " of " +
+                                             describe_bytes(want.total_size) +
+                                             (it == by_address.end() ? " is missing"
+                                                                     : " differs in its blocks"));
+      }
+    }
+    if (ours.size() != trace_.final_segments.size())
+      divergence(trace_.events.size(), "final state: recorded " +
+                                           std::to_string(trace_.final_segments.size()) +
+                                           " segments, replay holds " + std::to_string(ours.size()));
+  }
+
+  void do_free(const RecordedEvent& e) {
+    auto it = live_.find(e.address);
+    if (it == live_.end()) {
+      if (failed_.erase(e.address) == 0) ++r_.unknown_frees;
+      return;
+    }
+    alloc_->deallocate(it->second);
+    live_.erase(it);
+    ++r_.frees;
+  }
+
+  void track_peak() {
+    if (observer_.allocated <= peak_allocated_seen_) return;
+    peak_allocated_seen_ = observer_.allocated;
+    r_.reserved_unallocated_at_peak =
+        static_cast<std::int64_t>(observer_.reserved) - static_cast<std::int64_t>(observer_.allocated);
+    if (!opt_.track_fragmentation) return;
+    std::size_t largest = 0;
+    for (const SegmentInfo& s : alloc_->segments())
+      for (const BlockInfo& b : s.blocks)
+        if (b.state == BlockState::Inactive) largest = std::max(largest, b.size);
+    r_.largest_free_block_at_peak = largest;
+  }
+
+  static std::string hex(std::uintptr_t v) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%llx", static_cast<unsigned long long>(v));
+    return buf;
+  }
+
+  // "(segment 0x7f.. + 1048576 B)" for the replay's pointer, to read divergences.
+  std::string where_is(std::uintptr_t got, std::uintptr_t want) const {
+    std::string out;
+    for (const SegmentInfo& s : alloc_->segments()) {
+      if (got >= s.address && got < s.address + s.total_size)
+        out += " (segment 0x" + hex(s.address) + " + " + std::to_string(got - s.address) + ")";
+      if (want >= s.address && want < s.address + s.total_size)
+        out += " (recorded: segment 0x" + hex(s.address) + " + " + std::to_string(want - s.address) + ")";
+    }
+    return out;
+  }
+
+  const AllocationTrace& trace_;
+  const ReplayOptions& opt_;
+  ReplayResult& r_;
+  std::shared_ptr<TraceAddressDevice> device_;
+  CachingAllocator* alloc_ = nullptr;
+  ReplayObserver observer_;
+  std::map<std::uint64_t, StreamId> streams_;
+  std::unordered_map<std::uintptr_t, void*> live_;  // recorded address -> replay block
+  std::unordered_set<std::uintptr_t> failed_;       // recorded allocs the replay could not make
+  std::vector<std::size_t> pending_allocs_;         // segment_alloc events since the last block event
+  std::vector<std::size_t> pending_frees_;
+  std::size_t peak_allocated_seen_ = 0;
+  bool stopped_ = false;
+};
+
+}  // namespace
+}  // namespace detail
+
+ReplayResult replay(const AllocationTrace& trace, const ReplayOptions& options) {
+  ReplayResult result;
+  detail::Replayer replayer{trace, options, result};
+  replayer.run();
+  return result;
+}
+
+ReplayResult replay_on(const AllocationTrace& trace, ReplayTarget& target) {
+  ReplayResult r;
+  r.device = target.name();
+  r.config = "peer";
+  r.events = trace.events.size();
+  if (trace.expandable_segments) {
+    r.supported = false;
+    r.unsupported_reason = "recorded with expandable_segments:True: not yet supported";
+    return r;
+  }
+  struct Live {
+    void* ptr;
+    std::size_t size;
+    std::uint64_t stream;
+  };
+  std::unordered_map<std::uintptr_t, Live> live;
+  std::unordered_set<std::uintptr_t> failed;
+  const std::uint64_t allocs_before = target.device_allocs();
+  std::int64_t allocated = 0;
+  for (std::size_t i = 0; i < trace.events.size(); ++i) {
+    const RecordedEvent& e = trace.events[i];
+    if (e.action == RecordedAction::Alloc) {
+      ++r.allocs;
+      void* p = e.size > 0 ? target.allocate(e.size, e.stream) : nullptr;
+      if (p == nullptr) {
+        ++r.failed_allocs;
+        ++r.ooms;
+        if (!r.first_oom)
+          r.first_oom = ReplayOom{i, e.size, target.name() + " could not allocate " + format_bytes(e.size)};
+        failed.insert(e.address);
+        continue;
+      }
+      live[e.address] = Live{p, e.size, e.stream};
+      allocated += static_cast<std::int64_t>(e.size);
+      r.peak_allocated = std::max(r.peak_allocated, allocated);
+      r.peak_requested = r.peak_allocated;
+      const auto reserved = static_cast<std::int64_t>(target.reserved_bytes());
+      if (reserved > r.peak_reserved) r.peak_reserved = reserved;
+      r.peak_device_used = std::max(r.peak_device_used, static_cast<std::int64_t>(target.device_used_bytes()));
+    } else if (detail::is_free_event(trace, e.action)) {
+      auto it = live.find(e.address);
+      if (it == live.end()) {
+        if (failed.erase(e.address) == 0) ++r.unknown_frees;
+        continue;
+      }
+      target.deallocate(it->second.ptr, it->second.size, it->second.stream);
+      allocated -= static_cast<std::int64_t>(it->second.size);
+      live.erase(it);
+      ++r.frees;
+    } else if (e.action == RecordedAction::Oom) {
+      ++r.recorded_ooms;
+    }
+  }
+  r.segment_allocs = static_cast<std::int64_t>(target.device_allocs() - allocs_before);
+  r.reserved_per_requested = r.peak_requested > 0 ? static_cast<double>(r.peak_reserved) /
+                                                        static_cast<double>(r.peak_requested)
+                                                  : 0.0;
+  for (auto& [address, l] : live) target.deallocate(l.ptr, l.size, l.stream);
+  return r;
+}
+
+}  // namespace mem

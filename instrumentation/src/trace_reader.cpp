@@ -1,0 +1,431 @@
+// trace_reader.cpp — PyTorch snapshots, vramscope history CSV and RMM logging
+// CSV read into one AllocationTrace shape for replay.
+#include "vramscope/instrumentation/trace_reader.hpp"
+
+#include <algorithm>
+#include <array>
+#include <charconv>
+#include <fstream>
+#include <istream>
+#include <map>
+#include <optional>
+
+#include "vramscope/allocator/errors.hpp"
+
+namespace mem {
+
+namespace {
+
+constexpr std::array<std::string_view, 9> kActionNames = {
+    "alloc",       "free_requested", "free_completed", "segment_alloc", "segment_free",
+    "segment_map", "segment_unmap",  "oom",            "snapshot"};
+
+std::optional<RecordedAction> action_from_name(std::string_view name) {
+  for (std::size_t i = 0; i < kActionNames.size(); ++i)
+    if (kActionNames[i] == name) return static_cast<RecordedAction>(i);
+  return std::nullopt;
+}
+
+std::string list_actions() {
+  std::string s;
+  for (auto n : kActionNames) s += (s.empty() ? "" : ", ") + std::string(n);
+  return s;
+}
+
+// --- snapshot pickles ------------------------------------------------------------
+
+// Runs f(), prefixing any mem::Error with where in the snapshot it happened.
+template <class F>
+auto at_path(const std::string& path, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const Error& e) {
+    throw Error(path + ": " + e.what());
+  }
+}
+
+BlockState block_state_from(std::string_view s, const std::string& path) {
+  if (s == "active_allocated") return BlockState::ActiveAllocated;
+  if (s == "active_pending_free") return BlockState::ActivePendingFree;
+  if (s == "inactive") return BlockState::Inactive;
+  throw Error(path + ": unknown block state '" + std::string(s) +
+              "' (expected active_allocated, active_pending_free or inactive)");
+}
+
+RecordedSegment read_segment(const PickleValue& seg, const std::string& path) {
+  return at_path(path, [&] {
+    RecordedSegment s;
+    s.address = seg.at("address").as_size();
+    s.total_size = seg.at("total_size").as_size();
+    if (const PickleValue* v = seg.find("device")) s.device = static_cast<int>(v->as_int());
+    if (const PickleValue* v = seg.find("stream")) s.stream = static_cast<std::uint64_t>(v->as_int());
+    if (const PickleValue* v = seg.find("segment_type")) {
+      s.small_pool = v->as_string() == "small";
+    } else {
+      s.small_pool = s.total_size == kSmallBuffer;
+    }
+    if (const PickleValue* v = seg.find("is_expandable")) s.expandable = v->as_bool();
+    const PickleList& blocks = seg.at("blocks").as_list();
+    std::uintptr_t cursor = s.address;
+    for (std::size_t i = 0; i < blocks.size(); ++i) {
+      const std::string bpath = "blocks[" + std::to_string(i) + "]";
+      at_path(bpath, [&] {
+        RecordedBlock b;
+        b.size = blocks[i].at("size").as_size();
+        // Old snapshots have no block addresses: blocks tile the segment in order.
+        b.address = blocks[i].find("address") ? blocks[i].at("address").as_size() : cursor;
+        if (const PickleValue* r = blocks[i].find("requested_size")) b.requested_size = r->as_size();
+        b.state = block_state_from(blocks[i].at("state").as_string(), "state");
+        cursor = b.address + b.size;
+        s.blocks.push_back(b);
+        return 0;
+      });
+    }
+    std::sort(s.blocks.begin(), s.blocks.end(),
+              [](const RecordedBlock& a, const RecordedBlock& b) { return a.address < b.address; });
+    return s;
+  });
+}
+
+RecordedEvent read_event(const PickleValue& ev, const std::string& path) {
+  return at_path(path, [&] {
+    RecordedEvent e;
+    const std::string& name = ev.at("action").as_string();
+    auto action = action_from_name(name);
+    if (!action) throw Error("unknown action '" + name + "' (expected one of " + list_actions() + ")");
+    e.action = *action;
+    e.address = static_cast<std::uintptr_t>(ev.at("addr").as_int());
+    e.size = ev.at("size").as_size();
+    if (const PickleValue* v = ev.find("stream")) e.stream = static_cast<std::uint64_t>(v->as_int());
+    if (const PickleValue* v = ev.find("time_us"); v && !v->is_none()) e.time_us = v->as_float();
+    return e;
+  });
+}
+
+void finish(AllocationTrace& t) {
+  for (const RecordedEvent& e : t.events) {
+    if (e.action == RecordedAction::FreeCompleted) t.has_free_completed = true;
+    if (e.action == RecordedAction::SegmentMap || e.action == RecordedAction::SegmentUnmap)
+      t.expandable_segments = true;
+  }
+  for (const RecordedSegment& s : t.final_segments)
+    if (s.expandable) t.expandable_segments = true;
+}
+
+// --- CSV -----------------------------------------------------------------------------
+
+// Splits one CSV record (RFC 4180 quoting; no embedded newlines).
+std::vector<std::string> split_csv(std::string_view line, const std::string& where) {
+  std::vector<std::string> fields(1);
+  bool quoted = false;
+  for (std::size_t i = 0; i < line.size(); ++i) {
+    const char c = line[i];
+    if (quoted) {
+      if (c == '"') {
+        if (i + 1 < line.size() && line[i + 1] == '"') {
+          fields.back().push_back('"');
+          ++i;
+        } else {
+          quoted = false;
+        }
+      } else {
+        fields.back().push_back(c);
+      }
+    } else if (c == '"') {
+      quoted = true;
+    } else if (c == ',') {
+      fields.emplace_back();
+    } else if (c != '\r') {
+      fields.back().push_back(c);
+    }
+  }
+  if (quoted) throw Error(where + ": unterminated quoted field");
+  return fields;
+}
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
+
+// Decimal or 0x-prefixed hexadecimal unsigned integer.
+std::uint64_t parse_uint(std::string_view text, std::string_view column, const std::string& where) {
+  std::string_view s = trim(text);
+  int base = 10;
+  if (s.size() > 2 && s[0] == '0' && (s[1] == 'x' || s[1] == 'X')) {
+    s.remove_prefix(2);
+    base = 16;
+  }
+  std::uint64_t v = 0;
+  auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v, base);
+  if (s.empty() || ec != std::errc{} || end != s.data() + s.size())
+    throw Error(where + ": column " + std::string(column) + ": '" + std::string(text) +
+                "' is not a non-negative integer (decimal or 0x hex)");
+  return v;
+}
+
+double parse_double(std::string_view text, std::string_view column, const std::string& where) {
+  const std::string s(trim(text));
+  char* end = nullptr;
+  const double v = std::strtod(s.c_str(), &end);
+  if (s.empty() || end != s.c_str() + s.size())
+    throw Error(where + ": column " + std::string(column) + ": '" + std::string(text) +
+                "' is not a number");
+  return v;
+}
+
+struct CsvTable {
+  std::vector<std::string> header;
+  std::size_t column(std::string_view name, const std::string& source) const {
+    for (std::size_t i = 0; i < header.size(); ++i)
+      if (trim(header[i]) == name) return i;
+    std::string have;
+    for (const auto& h : header) have += (have.empty() ? "" : ",") + h;
+    throw Error(source + ": line 1: missing column '" + std::string(name) + "' (header is '" +
+                have + "')");
+  }
+};
+
+// Calls row(fields, where) for each non-empty data line; returns the header.
+template <class Row>
+CsvTable read_csv(std::istream& in, const std::string& source, Row&& row) {
+  CsvTable t;
+  std::string line;
+  std::size_t lineno = 0;
+  while (std::getline(in, line)) {
+    ++lineno;
+    if (trim(line).empty() || trim(line) == "\r") continue;
+    const std::string where = source + ": line " + std::to_string(lineno);
+    if (t.header.empty()) {
+      t.header = split_csv(line, where);
+      continue;
+    }
+    auto fields = split_csv(line, where);
+    if (fields.size() != t.header.size())
+      throw Error(where + ": " + std::to_string(fields.size()) + " fields, the header has " +
+                  std::to_string(t.header.size()));
+    row(t, fields, where);
+  }
+  if (t.header.empty()) throw Error(source + ": empty file (expected a CSV header)");
+  return t;
+}
+
+// RMM writes Time as seconds since the epoch, older versions as HH:MM:SS:us.
+double parse_rmm_time(std::string_view text, const std::string& where) {
+  std::string_view s = trim(text);
+  if (s.find(':') == std::string_view::npos) return parse_double(s, "Time", where) * 1e6;
+  double parts[4] = {0, 0, 0, 0};
+  std::size_t n = 0;
+  while (!s.empty()) {
+    if (n == 4) throw Error(where + ": column Time: '" + std::string(text) + "' is not HH:MM:SS:us");
+    const std::size_t colon = s.find(':');
+    parts[n++] = parse_double(s.substr(0, colon), "Time", where);
+    s = colon == std::string_view::npos ? std::string_view{} : s.substr(colon + 1);
+  }
+  if (n < 3) throw Error(where + ": column Time: '" + std::string(text) + "' is not HH:MM:SS:us");
+  return ((parts[0] * 60 + parts[1]) * 60 + parts[2]) * 1e6 + parts[3];
+}
+
+std::ifstream open_text(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw Error("cannot open '" + path + "' for reading");
+  return in;
+}
+
+}  // namespace
+
+std::string_view recorded_action_name(RecordedAction action) noexcept {
+  const auto i = static_cast<std::size_t>(action);
+  return i < kActionNames.size() ? kActionNames[i] : "?";
+}
+
+std::string_view trace_format_name(TraceFormat format) noexcept {
+  switch (format) {
+    case TraceFormat::PyTorchSnapshot: return "pytorch-snapshot";
+    case TraceFormat::PyTorchSegmentList: return "pytorch-segment-list";
+    case TraceFormat::HistoryCsv: return "vramscope-history-csv";
+    case TraceFormat::RmmCsv: return "rmm-log-csv";
+  }
+  return "?";
+}
+
+std::vector<std::size_t> AllocationTrace::action_counts() const {
+  std::vector<std::size_t> counts(kActionNames.size(), 0);
+  for (const RecordedEvent& e : events) ++counts[static_cast<std::size_t>(e.action)];
+  return counts;
+}
+
+AllocationTrace read_pytorch_snapshot(const PickleValue& root, int device, const std::string& source) {
+  AllocationTrace t;
+  t.source = source;
+  const PickleList* segments = nullptr;
+  const PickleList* traces = nullptr;
+  if (root.is_dict()) {
+    t.format = TraceFormat::PyTorchSnapshot;
+    if (!root.find("segments"))
+      throw Error(source + ": not a memory snapshot: the dict has no 'segments' key");
+    segments = &at_path(source + ": segments", [&]() -> const PickleList& {
+      return root.at("segments").as_list();
+    });
+    if (const PickleValue* d = root.find("device_traces"))
+      traces = &at_path(source + ": device_traces", [&]() -> const PickleList& { return d->as_list(); });
+    if (const PickleValue* s = root.find("allocator_settings"); s && s->is_dict()) {
+      t.allocator_conf_known = true;
+      if (const PickleValue* c = s->find("PYTORCH_CUDA_ALLOC_CONF"); c && c->is_string())
+        t.allocator_conf = c->as_string();
+      if (const PickleValue* e = s->find("expandable_segments"); e && e->as_bool())
+        t.expandable_segments = true;
+    }
+  } else if (root.is_sequence()) {
+    t.format = TraceFormat::PyTorchSegmentList;
+    segments = &root.as_list();
+  } else {
+    throw Error(source + ": not a memory snapshot: the pickle holds a " +
+                std::string(root.kind_name()) + ", expected a dict or a list of segments");
+  }
+
+  if (device < 0) {
+    // The device with the most trace events, else the one with the most segments.
+    device = 0;
+    std::map<int, std::size_t> per_device;
+    for (const PickleValue& seg : *segments)
+      if (const PickleValue* d = seg.find("device"); d && d->is_int()) ++per_device[static_cast<int>(d->as_int())];
+    std::size_t most = 0;
+    for (const auto& [d, n] : per_device)
+      if (n > most) most = n, device = d;
+    if (traces) {
+      std::size_t best = 0;
+      for (std::size_t d = 0; d < traces->size(); ++d) {
+        const std::size_t n = (*traces)[d].is_sequence() ? (*traces)[d].as_list().size() : 0;
+        if (n > best) best = n, device = static_cast<int>(d);
+      }
+    }
+  }
+  t.device = device;
+
+  t.has_final_state = true;
+  for (std::size_t i = 0; i < segments->size(); ++i) {
+    RecordedSegment s = read_segment((*segments)[i], source + ": segments[" + std::to_string(i) + "]");
+    if (s.device == device) t.final_segments.push_back(std::move(s));
+  }
+  std::sort(t.final_segments.begin(), t.final_segments.end(),
+            [](const RecordedSegment& a, const RecordedSegment& b) { return a.address < b.address; });
+
+  if (traces && static_cast<std::size_t>(device) < traces->size()) {
+    const std::string base = source + ": device_traces[" + std::to_string(device) + "]";
+    const PickleList& events =
+        at_path(base, [&]() -> const PickleList& { return (*traces)[device].as_list(); });
+    t.events.reserve(events.size());
+    for (std::size_t i = 0; i < events.size(); ++i)
+      t.events.push_back(read_event(events[i], base + "[" + std::to_string(i) + "]"));
+  }
+  finish(t);
+  return t;
+}
+
+AllocationTrace read_pytorch_snapshot_file(const std::string& path, int device) {
+  return read_pytorch_snapshot(read_pickle_file(path), device, path);
+}
+
+AllocationTrace read_history_trace(std::istream& in, const std::string& source) {
+  AllocationTrace t;
+  t.source = source;
+  t.format = TraceFormat::HistoryCsv;
+  struct Cols { std::size_t time, action, address, size, requested, stream; };
+  std::optional<Cols> cols;
+  read_csv(in, source, [&](const CsvTable& table, const std::vector<std::string>& f,
+                           const std::string& where) {
+    if (!cols) {
+      cols = Cols{table.column("time_us", source), table.column("action", source),
+                  table.column("address", source), table.column("size", source),
+                  table.column("requested_size", source), table.column("stream", source)};
+    }
+    RecordedEvent e;
+    const std::string_view name = trim(f[cols->action]);
+    auto action = action_from_name(name);
+    if (!action)
+      throw Error(where + ": column action: unknown action '" + std::string(name) +
+                  "' (expected one of " + list_actions() + ")");
+    e.action = *action;
+    e.time_us = trim(f[cols->time]).empty() ? 0.0 : parse_double(f[cols->time], "time_us", where);
+    e.address = static_cast<std::uintptr_t>(parse_uint(f[cols->address], "address", where));
+    const std::uint64_t size = parse_uint(f[cols->size], "size", where);
+    const std::uint64_t requested =
+        trim(f[cols->requested]).empty() ? 0 : parse_uint(f[cols->requested], "requested_size", where);
+    const bool block_event = e.action == RecordedAction::Alloc ||
+                             e.action == RecordedAction::FreeRequested ||
+                             e.action == RecordedAction::FreeCompleted;
+    e.size = block_event && requested > 0 ? requested : size;
+    e.stream = parse_uint(f[cols->stream], "stream", where);
+    t.events.push_back(e);
+  });
+  finish(t);
+  return t;
+}
+
+AllocationTrace read_history_trace_file(const std::string& path) {
+  auto in = open_text(path);
+  return read_history_trace(in, path);
+}
+
+AllocationTrace read_rmm_log(std::istream& in, const std::string& source) {
+  AllocationTrace t;
+  t.source = source;
+  t.format = TraceFormat::RmmCsv;
+  struct Cols { std::size_t time, action, pointer, size, stream; };
+  std::optional<Cols> cols;
+  read_csv(in, source, [&](const CsvTable& table, const std::vector<std::string>& f,
+                           const std::string& where) {
+    if (!cols) {
+      table.column("Thread", source);
+      cols = Cols{table.column("Time", source), table.column("Action", source),
+                  table.column("Pointer", source), table.column("Size", source),
+                  table.column("Stream", source)};
+    }
+    RecordedEvent e;
+    const std::string_view action = trim(f[cols->action]);
+    if (action == "allocate") {
+      e.action = RecordedAction::Alloc;
+    } else if (action == "free" || action == "deallocate") {
+      e.action = RecordedAction::FreeRequested;
+    } else if (action == "allocate failure" || action == "allocate_failure") {
+      e.action = RecordedAction::Oom;
+    } else {
+      throw Error(where + ": column Action: unknown action '" + std::string(action) +
+                  "' (expected allocate, free, deallocate or allocate failure)");
+    }
+    e.time_us = parse_rmm_time(f[cols->time], where);
+    const std::string_view ptr = trim(f[cols->pointer]);
+    e.address = ptr == "(nil)" || ptr.empty() ? 0 : parse_uint(ptr, "Pointer", where);
+    e.size = parse_uint(f[cols->size], "Size", where);
+    e.stream = parse_uint(f[cols->stream], "Stream", where);
+    t.events.push_back(e);
+  });
+  finish(t);
+  return t;
+}
+
+AllocationTrace read_rmm_log_file(const std::string& path) {
+  auto in = open_text(path);
+  return read_rmm_log(in, path);
+}
+
+AllocationTrace load_trace(const std::string& path, int device) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error("cannot open '" + path + "' for reading");
+  const int first = in.peek();
+  if (first == 0x80) return read_pytorch_snapshot_file(path, device);
+  std::string header;
+  std::getline(in, header);
+  if (header.find("Thread") != std::string::npos && header.find("Pointer") != std::string::npos)
+    return read_rmm_log_file(path);
+  if (header.find("action") != std::string::npos && header.find("requested_size") != std::string::npos)
+    return read_history_trace_file(path);
+  throw Error(path + ": unrecognised trace format: expected a PyTorch snapshot pickle "
+              "(protocol 2-5), a vramscope history CSV (seq,time_us,action,address,size,"
+              "requested_size,stream,module,phase) or an RMM log CSV "
+              "(Thread,Time,Action,Pointer,Size,Stream)");
+}
+
+}  // namespace mem

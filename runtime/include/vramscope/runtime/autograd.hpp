@@ -1,0 +1,153 @@
+// autograd.hpp — reverse-mode autograd: graph nodes, saved tensors, the engine.
+//
+// Define-by-run as in PyTorch: every differentiable op that sees an input
+// requiring grad creates a Node holding exactly the tensors PyTorch's
+// derivatives.yaml saves, with edges to the nodes of its inputs (or to the
+// AccumulateGrad node of a leaf). backward() runs nodes in PyTorch's order
+// (ready nodes by decreasing sequence number), frees each node's saved tensors
+// right after it ran, frees each incoming gradient once consumed, and
+// accumulates into leaves like AccumulateGrad (the first gradient is stolen
+// when nothing else holds it, later ones are added in place).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include "vramscope/instrumentation/module_scope.hpp"
+#include "vramscope/runtime/tensor.hpp"
+
+namespace mem::nn {
+
+class Node;
+namespace detail {
+class CheckpointFrame;
+}
+
+using TensorList = std::vector<Tensor>;
+
+/// Where a gradient flows: input `input_nr` of node `fn` (null: nowhere).
+struct Edge {
+  std::shared_ptr<Node> fn;
+  std::uint32_t input_nr = 0;
+  bool valid() const noexcept { return fn != nullptr; }
+};
+
+/// A backward function. Receives one gradient per forward output (undefined when
+/// that output got none) and returns one per next edge (forward input).
+class Node : public std::enable_shared_from_this<Node> {
+ public:
+  Node() noexcept;
+  virtual ~Node() = default;
+  Node(const Node&) = delete;
+  Node& operator=(const Node&) = delete;
+
+  /// Computes input gradients. `grads` stays owned by the engine, which frees it
+  /// right after this returns (like PyTorch's call_function).
+  virtual TensorList apply(TensorList& grads) = 0;
+  /// Drops saved tensors (called by the engine after apply()).
+  virtual void release_variables() noexcept {}
+  /// PyTorch's class name, e.g. "AddmmBackward0".
+  virtual std::string_view name() const noexcept = 0;
+
+  std::vector<Edge>& next_edges() noexcept { return next_edges_; }
+  const std::vector<Edge>& next_edges() const noexcept { return next_edges_; }
+  /// Whether input `i`'s gradient is needed (its edge leads somewhere).
+  bool needs_input_grad(std::size_t i) const noexcept {
+    return i < next_edges_.size() && next_edges_[i].valid();
+  }
+  std::uint32_t num_outputs() const noexcept { return num_outputs_; }
+  void set_num_outputs(std::uint32_t n) noexcept { num_outputs_ = n; }
+  /// Creation order; later nodes run first among ready ones.
+  std::uint64_t sequence_nr() const noexcept { return sequence_nr_; }
+  void set_sequence_nr(std::uint64_t nr) noexcept { sequence_nr_ = nr; }
+  /// Module scope (Backward phase) that allocations of apply() are attributed to.
+  ContextId backward_context() const noexcept { return backward_context_; }
+  void set_backward_context(ContextId ctx) noexcept { backward_context_ = ctx; }
+
+  /// Appends the edge for `input` (empty when it does not require grad).
+  void add_input(const Tensor& input);
+
+ private:
+  std::vector<Edge> next_edges_;
+  std::uint64_t sequence_nr_;
+  ContextId backward_context_;
+  std::uint32_t num_outputs_ = 1;
+};
+
+/// A tensor kept for backward. Stores a history-free alias (same storage), or,
+/// inside a non-reentrant checkpoint, only a placeholder to be recomputed.
+class SavedTensor {
+ public:
+  SavedTensor() = default;
+  /// Saves `tensor` (no-op for an undefined one).
+  void save(const Tensor& tensor);
+  /// The saved tensor; recomputes the checkpointed segment on first use.
+  Tensor unpack() const;
+  void reset() noexcept;
+  bool defined() const noexcept { return data_.defined() || frame_ != nullptr; }
+
+ private:
+  Tensor data_;
+  std::shared_ptr<detail::CheckpointFrame> frame_;
+  std::uint32_t index_ = 0;
+};
+
+// --- grad mode -------------------------------------------------------------------------
+bool grad_enabled() noexcept;
+/// torch.no_grad(): ops record no history and save nothing.
+class NoGradGuard {
+ public:
+  NoGradGuard() noexcept;
+  ~NoGradGuard();
+  NoGradGuard(const NoGradGuard&) = delete;
+  NoGradGuard& operator=(const NoGradGuard&) = delete;
+
+ private:
+  bool previous_;
+};
+/// torch.enable_grad().
+class EnableGradGuard {
+ public:
+  EnableGradGuard() noexcept;
+  ~EnableGradGuard();
+  EnableGradGuard(const EnableGradGuard&) = delete;
+  EnableGradGuard& operator=(const EnableGradGuard&) = delete;
+
+ private:
+  bool previous_;
+};
+
+// --- wiring helpers for ops ---------------------------------------------------------------
+/// True when grad mode is on and any defined input requires grad.
+bool needs_grad(std::initializer_list<const Tensor*> inputs) noexcept;
+/// Gives `output` the history (node, output index) and requires_grad.
+void set_history(Tensor& output, const std::shared_ptr<Node>& node, std::uint32_t output_nr = 0);
+/// Stamps a fresh node with a sequence number and the current module's backward scope.
+void init_node(Node& node) noexcept;
+/// The AccumulateGrad node of a leaf requiring grad (created on first use).
+std::shared_ptr<Node> grad_accumulator(const Tensor& leaf);
+/// Module scope the next created nodes attribute their backward to (set by Module calls).
+ContextId current_backward_context() noexcept;
+class BackwardContextGuard {
+ public:
+  explicit BackwardContextGuard(ContextId ctx) noexcept;
+  ~BackwardContextGuard();
+  BackwardContextGuard(const BackwardContextGuard&) = delete;
+  BackwardContextGuard& operator=(const BackwardContextGuard&) = delete;
+
+ private:
+  ContextId previous_;
+};
+
+// --- the engine -------------------------------------------------------------------------
+/// Backpropagates from `root`. `grad` defaults to ones (a scalar root allocates one
+/// 512 B block, as torch.ones_like does). The graph is consumed: saved tensors are
+/// freed as nodes run (retain_graph=False).
+void backward(const Tensor& root, const Tensor& grad = {});
+/// Backpropagates several roots at once (used by reentrant checkpointing).
+void backward(const TensorList& roots, const TensorList& grads);
+
+}  // namespace mem::nn

@@ -1,0 +1,63 @@
+// checkpoint.hpp — activation checkpointing with torch.utils.checkpoint's semantics.
+//
+//   auto y = mem::nn::checkpoint([&](const mem::nn::TensorList& in) {
+//     return mem::nn::TensorList{block(in[0])};
+//   }, {x})[0];
+//   auto out = mem::nn::checkpoint_sequential(model.body().modules(), 4, x);
+//
+// Non-reentrant (default): the segment runs with grad enabled, but every tensor
+// its ops would save is replaced by a placeholder; only the segment's inputs are
+// kept. The first unpack in backward reruns the segment once (Phase::Recompute,
+// RNG state restored, stopping early once the last saved tensor is rebuilt) and
+// each rebuilt tensor is handed to its node and freed after that node ran.
+// Parameters get gradients even when no input requires grad.
+//
+// Reentrant: the segment runs under no_grad; one node keeps the inputs and in
+// backward reruns the segment with grad and backpropagates through it (a nested
+// backward). With no input requiring grad the output has no history, the
+// segment's parameters get no gradient, and a warning is recorded on the
+// Runtime — PyTorch's pitfall, reproduced on purpose so reports can flag it.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <span>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "vramscope/runtime/autograd.hpp"
+#include "vramscope/runtime/modules.hpp"
+
+namespace mem::nn {
+
+enum class CheckpointMode : std::uint8_t { NonReentrant, Reentrant };
+/// "non-reentrant", "reentrant".
+std::string_view checkpoint_mode_name(CheckpointMode mode) noexcept;
+CheckpointMode parse_checkpoint_mode(std::string_view name);
+
+struct CheckpointOptions {
+  CheckpointMode mode = CheckpointMode::NonReentrant;
+  bool preserve_rng_state = true;
+};
+
+using SegmentFunction = std::function<TensorList(const TensorList&)>;
+
+/// Runs `fn` on `inputs` without keeping its intermediate activations.
+TensorList checkpoint(const SegmentFunction& fn, const TensorList& inputs,
+                      const CheckpointOptions& options = {});
+
+/// PyTorch's split: segment size = modules.size() / segments; segments - 1 segments
+/// of that size are checkpointed and the rest (including the remainder) runs
+/// normally. One segment checkpoints nothing.
+struct SegmentPlan {
+  std::vector<std::pair<std::size_t, std::size_t>> checkpointed;  ///< [first, last] inclusive
+  std::size_t tail_begin = 0;  ///< modules from here on run without checkpointing
+};
+/// Throws mem::Error unless 1 <= segments <= modules.
+SegmentPlan plan_segments(std::size_t modules, std::size_t segments);
+
+Tensor checkpoint_sequential(std::span<Module* const> modules, std::size_t segments,
+                             const Tensor& input, const CheckpointOptions& options = {});
+
+}  // namespace mem::nn

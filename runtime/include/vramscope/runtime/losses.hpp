@@ -1,0 +1,18 @@
+// losses.hpp — loss functions (mean reduction), differentiable like any op.
+#pragma once
+
+#include "vramscope/runtime/tensor.hpp"
+
+namespace mem::nn {
+
+/// Mean squared error. Allocates the scalar loss; saves input and target.
+/// Backward allocates one gradient of the input's shape.
+Tensor mse_loss(const Tensor& input, const Tensor& target);
+
+/// cross_entropy = log_softmax (allocates [M, C], saves its output) followed by
+/// nll_loss (allocates the scalar loss and the scalar total_weight; saves the
+/// log-probabilities, the target and total_weight). `target` holds i64 class
+/// indices of shape input.shape[:-1]. Under autocast the logits are first cast to f32.
+Tensor cross_entropy(const Tensor& logits, const Tensor& target);
+
+}  // namespace mem::nn

@@ -1,0 +1,279 @@
+// modules.hpp — layers as modules (torch.nn): a tree with dotted paths, whose
+// every call opens a mem::ModuleScope so the instrumentation attributes each
+// byte to the module (and phase) that allocated it.
+//
+//   mem::nn::Sequential net;
+//   net.append("0", std::make_unique<mem::nn::Linear>(1024, 1024));
+//   net.append("1", std::make_unique<mem::nn::ReLU>());
+//   net.set_path("");                     // names children "0", "1"
+//   net.materialize(rt, mem::nn::DType::F32);   // allocates weight, then bias
+//   auto y = net(x);                      // scopes "0" then "1", Phase::Forward
+//
+// Parameters are declared with shapes at construction and allocated by
+// materialize(), so a model's size is known without allocating it.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "vramscope/instrumentation/module_scope.hpp"
+#include "vramscope/runtime/tensor.hpp"
+
+namespace mem::nn {
+
+/// A parameter or buffer slot of a module.
+struct ParamSlot {
+  std::string name;        ///< local name ("weight")
+  Shape shape;
+  bool is_buffer = false;  ///< running statistics: no grad, not optimised
+  DType fixed_dtype = DType::F32;  ///< buffers that keep their dtype (i64 counters)
+  bool keeps_dtype = false;
+  double init_low = 0;     ///< uniform initialisation range (compute mode)
+  double init_high = 0;
+  Tensor tensor;           ///< undefined until materialize()
+};
+
+class Module {
+ public:
+  explicit Module(std::string type_name);
+  virtual ~Module();
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+
+  /// Runs forward() inside a ModuleScope(path, current phase) and makes nodes created
+  /// inside attribute their backward to (path, Backward).
+  Tensor operator()(const Tensor& input);
+  virtual Tensor forward(const Tensor& input) = 0;
+
+  const std::string& type_name() const noexcept { return type_name_; }
+  /// Full dotted path ("layer1.0.conv1"); "" for a root.
+  const std::string& path() const noexcept { return path_; }
+  /// Sets this module's path and its children's (path + "." + name).
+  void set_path(const std::string& path);
+  bool training() const noexcept { return training_; }
+  /// train(true) / eval(), recursively.
+  void train(bool on = true);
+
+  const std::vector<std::pair<std::string, std::unique_ptr<Module>>>& children() const noexcept {
+    return children_;
+  }
+  const std::vector<ParamSlot>& slots() const noexcept { return slots_; }
+  /// Parameters (not buffers) of this module and its descendants, in registration
+  /// order (PyTorch's model.parameters()). Undefined tensors before materialize().
+  std::vector<Tensor> parameters() const;
+  /// Number of parameter elements, from declared shapes (no allocation needed).
+  std::int64_t parameter_count() const;
+  /// Number of parameter tensors.
+  std::int64_t parameter_tensors() const;
+  /// Bytes of buffers (running statistics) at `dtype` for floating ones.
+  std::size_t buffer_bytes(DType dtype) const;
+  /// Allocates every parameter and buffer in registration order (module tree
+  /// depth-first, weight before bias), initialising them in compute mode.
+  /// Parameters and floating buffers get `dtype` (f16 for .half()).
+  void materialize(Runtime& runtime, DType dtype);
+  /// Frees every parameter, buffer and gradient.
+  void release() noexcept;
+  /// The interned context of this module for a phase (cached).
+  ContextId context(Phase phase);
+
+ protected:
+  /// Declares a parameter; returns its slot index. Initialised uniform(low, high).
+  std::size_t add_parameter(std::string name, Shape shape, double low, double high);
+  std::size_t add_buffer(std::string name, Shape shape, double fill, bool keep_i64 = false);
+  Tensor& param(std::size_t slot) noexcept { return slots_[slot].tensor; }
+  template <class M>
+  M& add_module(std::string name, std::unique_ptr<M> module) {
+    M& ref = *module;
+    children_.emplace_back(std::move(name), std::move(module));
+    return ref;
+  }
+
+ private:
+  std::string type_name_;
+  std::string path_;
+  bool training_ = true;
+  std::vector<std::pair<std::string, std::unique_ptr<Module>>> children_;
+  std::vector<ParamSlot> slots_;
+  std::array<ContextId, kNumPhases> contexts_{};
+  bool contexts_ready_ = false;
+};
+
+/// Modules applied in order; checkpoint_sequential splits its children.
+class Sequential : public Module {
+ public:
+  Sequential();
+  /// Appends a child named `name` (PyTorch names them "0", "1", ...).
+  Module& append(std::string name, std::unique_ptr<Module> module);
+  /// Appends a child named by its index.
+  Module& append(std::unique_ptr<Module> module);
+  Tensor forward(const Tensor& input) override;
+  std::size_t size() const noexcept { return children().size(); }
+  Module& at(std::size_t i) const { return *children().at(i).second; }
+  /// The children in order (what checkpoint_sequential takes).
+  std::vector<Module*> modules() const;
+};
+
+class Linear : public Module {
+ public:
+  /// weight [out, in] (or [in, out] with `kn_layout`, HF's Conv1D), bias [out].
+  Linear(std::int64_t in_features, std::int64_t out_features, bool bias = true,
+         bool kn_layout = false);
+  Tensor forward(const Tensor& input) override;
+  const Tensor& weight() const noexcept;
+
+ private:
+  std::size_t weight_, bias_;
+  bool has_bias_, kn_layout_;
+};
+
+class Conv2d : public Module {
+ public:
+  Conv2d(std::int64_t in_channels, std::int64_t out_channels, std::int64_t kernel,
+         std::int64_t stride = 1, std::int64_t padding = 0, bool bias = true);
+  Tensor forward(const Tensor& input) override;
+
+ private:
+  std::size_t weight_, bias_;
+  std::int64_t stride_, padding_;
+  bool has_bias_;
+};
+
+class ReLU : public Module {
+ public:
+  explicit ReLU(bool inplace = false);
+  Tensor forward(const Tensor& input) override;
+
+ private:
+  bool inplace_;
+};
+
+class Sigmoid : public Module {
+ public:
+  Sigmoid();
+  Tensor forward(const Tensor& input) override;
+};
+
+class Tanh : public Module {
+ public:
+  Tanh();
+  Tensor forward(const Tensor& input) override;
+};
+
+class GELU : public Module {
+ public:
+  explicit GELU(bool tanh_approx = false);
+  Tensor forward(const Tensor& input) override;
+
+ private:
+  bool tanh_approx_;
+};
+
+class BatchNorm2d : public Module {
+ public:
+  explicit BatchNorm2d(std::int64_t channels, double eps = 1e-5, double momentum = 0.1);
+  Tensor forward(const Tensor& input) override;
+  const Tensor& running_mean() const noexcept;
+  const Tensor& running_var() const noexcept;
+
+ private:
+  std::size_t weight_, bias_, mean_, var_, batches_;
+  double eps_, momentum_;
+};
+
+class LayerNorm : public Module {
+ public:
+  explicit LayerNorm(std::int64_t features, double eps = 1e-5);
+  Tensor forward(const Tensor& input) override;
+
+ private:
+  std::size_t weight_, bias_;
+  double eps_;
+};
+
+class MaxPool2d : public Module {
+ public:
+  MaxPool2d(std::int64_t kernel, std::int64_t stride, std::int64_t padding = 0);
+  Tensor forward(const Tensor& input) override;
+
+ private:
+  std::int64_t kernel_, stride_, padding_;
+};
+
+/// Output size 1x1 (global average pooling).
+class AdaptiveAvgPool2d : public Module {
+ public:
+  AdaptiveAvgPool2d();
+  Tensor forward(const Tensor& input) override;
+};
+
+class Flatten : public Module {
+ public:
+  explicit Flatten(std::int64_t start_dim = 1);
+  Tensor forward(const Tensor& input) override;
+
+ private:
+  std::int64_t start_dim_;
+};
+
+class Dropout : public Module {
+ public:
+  explicit Dropout(double p = 0.5);
+  Tensor forward(const Tensor& input) override;
+
+ private:
+  double p_;
+};
+
+class Embedding : public Module {
+ public:
+  Embedding(std::int64_t num_embeddings, std::int64_t dim);
+  /// input: i64 indices.
+  Tensor forward(const Tensor& input) override;
+  const Tensor& weight() const noexcept;
+
+ private:
+  std::size_t weight_;
+};
+
+/// torchvision's BasicBlock (resnet18/34): conv3x3-bn-relu-conv3x3-bn, += identity
+/// (or the downsample branch), relu; ReLUs in place as torchvision has them.
+class BasicBlock : public Module {
+ public:
+  BasicBlock(std::int64_t in_planes, std::int64_t planes, std::int64_t stride, bool downsample);
+  Tensor forward(const Tensor& input) override;
+  static constexpr std::int64_t kExpansion = 1;
+};
+
+/// torchvision's Bottleneck (resnet50, v1.5: stride on the 3x3 conv).
+class Bottleneck : public Module {
+ public:
+  Bottleneck(std::int64_t in_planes, std::int64_t planes, std::int64_t stride, bool downsample);
+  Tensor forward(const Tensor& input) override;
+  static constexpr std::int64_t kExpansion = 4;
+};
+
+/// GPT-2 eager attention: c_attn (Conv1D to 3C), split, heads as views, q @ k^T
+/// (matmul copies the permuted operands), scale, causal mask, softmax, dropout,
+/// @ v, merge heads (contiguous copy), c_proj, dropout.
+class CausalSelfAttention : public Module {
+ public:
+  CausalSelfAttention(std::int64_t embed, std::int64_t heads, double dropout);
+  Tensor forward(const Tensor& input) override;
+
+ private:
+  std::int64_t embed_, heads_;
+  double dropout_;
+};
+
+/// GPT-2 block: x + attn(ln_1(x)), then x + mlp(ln_2(x)) with mlp = c_fc, GELU(tanh), c_proj, dropout.
+class TransformerBlock : public Module {
+ public:
+  TransformerBlock(std::int64_t embed, std::int64_t heads, double dropout);
+  Tensor forward(const Tensor& input) override;
+};
+
+}  // namespace mem::nn

@@ -1,0 +1,100 @@
+// ops.hpp — differentiable tensor operations (PyTorch's functional API).
+//
+// Each op allocates its outputs through the caching allocator in the order the
+// CUDA kernels of PyTorch do, and saves for backward exactly what
+// derivatives.yaml saves (listed per op below; "nothing" means shapes only).
+// Saved tensors that share storage with kept tensors cost nothing extra.
+// Under autocast (Runtime::set_autocast) matrix products and convolutions cast
+// their inputs to the half type and softmax / log_softmax / layer_norm / losses
+// to f32, each cast being one allocation, as torch.autocast does.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "vramscope/runtime/tensor.hpp"
+
+namespace mem::nn {
+
+// --- linear algebra ------------------------------------------------------------------------
+/// x[..., K] @ w[N, K]^T + b[N] (addmm on the flattened input). Saves x if w needs
+/// grad and w if x needs grad. Backward: grad_x [M,K], grad_w [N,K], grad_b [N].
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = {});
+/// x[..., K] @ w[K, N] + b[N] (HF's Conv1D layout). Same saves as linear.
+Tensor linear_kn(const Tensor& x, const Tensor& weight, const Tensor& bias = {});
+/// Batched a[B,M,K] @ b[B,K,N]. Saves b if a needs grad, a if b needs grad.
+Tensor bmm(const Tensor& a, const Tensor& b);
+/// torch.matmul for >= 3-d operands: folds batch dims with reshape (a copy when
+/// the layout does not allow a view), bmm, then a view back.
+Tensor matmul(const Tensor& a, const Tensor& b);
+
+// --- convolution and pooling -----------------------------------------------------------------
+/// 2-d convolution, NCHW, as im2col + GEMM. Saves input and weight. The im2col
+/// columns of one sample are workspace allocated through the allocator for the
+/// duration of the op (none for 1x1 stride-1 unpadded convolutions).
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = {},
+              std::int64_t stride = 1, std::int64_t padding = 0);
+/// Saves input and the i64 argmax indices.
+Tensor max_pool2d(const Tensor& x, std::int64_t kernel, std::int64_t stride, std::int64_t padding = 0);
+/// Output 1x1 only: computed as mean over H and W, which saves nothing.
+Tensor adaptive_avg_pool2d(const Tensor& x);
+
+// --- normalisation -----------------------------------------------------------------------------
+/// native_batch_norm. Training: saves input, weight and the per-channel f32 mean and
+/// invstd; updates running stats (not while recomputing). Eval: uses running stats.
+Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                  const Tensor& running_mean, const Tensor& running_var, bool training,
+                  double momentum = 0.1, double eps = 1e-5);
+/// native_layer_norm over the last dimension. Saves input, weight, bias and the
+/// f32 mean and rstd per row.
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
+
+// --- activations --------------------------------------------------------------------------------
+/// Saves its output.
+Tensor relu(const Tensor& x);
+/// In place: returns an alias of x's storage (allocates nothing). Saves the output.
+/// x must not be saved by another node.
+Tensor relu_(const Tensor& x);
+/// Saves its output.
+Tensor sigmoid(const Tensor& x);
+/// Saves its output.
+Tensor tanh(const Tensor& x);
+/// Saves its input. `tanh_approx` is GELU(approximate="tanh") as GPT-2 uses.
+Tensor gelu(const Tensor& x, bool tanh_approx = false);
+/// native_dropout: output then a bool mask (both allocated); saves the mask.
+/// Identity (no allocation) when !training or p == 0.
+Tensor dropout(const Tensor& x, double p, bool training);
+/// Softmax over the last dimension. Saves its output.
+Tensor softmax(const Tensor& x);
+/// Log-softmax over the last dimension. Saves its output.
+Tensor log_softmax(const Tensor& x);
+
+// --- elementwise and shape ------------------------------------------------------------------------
+/// a + b (same shape). Saves nothing.
+Tensor add(const Tensor& a, const Tensor& b);
+/// a += b in place (residual connections); returns an alias of a. Saves nothing.
+Tensor add_(const Tensor& a, const Tensor& b);
+/// x * s for a scalar s (allocates). Saves nothing.
+Tensor mul_scalar(const Tensor& x, double s);
+/// Fills the strictly upper triangle of the last two dims with `value` (causal
+/// attention mask; torch.where with a constant buffer). Allocates; saves nothing.
+Tensor causal_mask(const Tensor& x, double value);
+/// Concatenation along `dim`. Saves nothing; backward hands out views of the gradient.
+Tensor cat(std::span<const Tensor> tensors, std::int64_t dim);
+/// Splits along `dim` into views. Backward concatenates the gradients (allocates).
+std::vector<Tensor> split(const Tensor& x, std::span<const std::int64_t> sizes, std::int64_t dim);
+/// Cast to another dtype (allocates unless already that dtype). Saves nothing.
+Tensor to_dtype(const Tensor& x, DType dtype);
+/// Embedding lookup weight[indices]. Saves indices.
+Tensor embedding(const Tensor& weight, const Tensor& indices);
+/// Sum of all elements to a scalar. Saves nothing.
+Tensor sum(const Tensor& x);
+
+// --- introspection for tests and reports -----------------------------------------------------------
+/// FLOPs an op of this kind performs, as counted by the runtime (multiply-add = 2).
+double linear_flops(std::int64_t m, std::int64_t n, std::int64_t k) noexcept;
+double conv2d_flops(const Shape& input, const Shape& weight, std::int64_t stride,
+                    std::int64_t padding) noexcept;
+
+}  // namespace mem::nn

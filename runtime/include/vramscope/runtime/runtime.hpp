@@ -1,0 +1,150 @@
+// runtime.hpp — the execution context of the autograd runtime: which allocator
+// tensors live in, compute or dry run, the dropout RNG, FLOP counters and the
+// mixed-precision (autocast) state.
+//
+//   auto device = mem::make_device("sim:a100-80g");        // dry run: addresses only
+//   mem::CachingAllocator alloc{device};
+//   mem::nn::Runtime rt{alloc, mem::nn::ExecMode::DryRun};
+//   auto x = mem::nn::empty(rt, {256, 3, 224, 224}, mem::nn::DType::F32);  // 147 MiB block
+//
+// Compute mode needs host memory behind the device ("sim:a100-80g,backing=host").
+// Both modes run the same code and perform the same allocations and frees in the
+// same order; only the arithmetic is skipped in a dry run.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "vramscope/allocator/caching_allocator.hpp"
+#include "vramscope/instrumentation/module_scope.hpp"
+#include "vramscope/runtime/dtype.hpp"
+
+namespace mem::nn {
+
+class Tensor;
+namespace detail {
+struct TensorImpl;
+}
+
+/// Whether ops do arithmetic.
+enum class ExecMode : std::uint8_t {
+  Compute,  ///< real CPU arithmetic on host-backed device memory
+  DryRun,   ///< every allocation and free, no arithmetic, no host memory
+};
+/// "compute", "dry-run".
+std::string_view exec_mode_name(ExecMode mode) noexcept;
+/// Accepts "compute", "dry-run", "dryrun", "dry". Throws mem::Error otherwise.
+ExecMode parse_exec_mode(std::string_view name);
+
+/// Floating-point operations by phase of a training step (multiply-add = 2).
+struct FlopCounts {
+  double forward = 0;    ///< first forward, including the loss
+  double recompute = 0;  ///< forwards rerun by checkpointing
+  double backward = 0;
+  double optimizer = 0;
+  double total() const noexcept { return forward + recompute + backward + optimizer; }
+};
+
+/// State of the counter-based dropout RNG (like CUDA's Philox seed and offset):
+/// draw i of a call is a pure function of (seed, offset + i), so restoring the
+/// state replays identical masks.
+struct RngState {
+  std::uint64_t seed = 0;
+  std::uint64_t offset = 0;
+  bool operator==(const RngState&) const = default;
+};
+
+/// The context every tensor belongs to. Single-threaded: use one per thread.
+/// Must outlive every tensor created in it.
+class Runtime {
+ public:
+  /// `allocator` must outlive the runtime. Throws mem::Error for compute mode
+  /// on a simulated device without host backing.
+  Runtime(CachingAllocator& allocator, ExecMode mode, std::uint64_t seed = 0);
+  ~Runtime();
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  CachingAllocator& allocator() const noexcept { return *allocator_; }
+  ExecMode mode() const noexcept { return mode_; }
+  /// True in compute mode: ops must do their arithmetic.
+  bool computing() const noexcept { return mode_ == ExecMode::Compute; }
+  StreamId stream() const noexcept { return stream_; }
+
+  // --- dropout RNG -----------------------------------------------------------
+  RngState rng_state() const noexcept { return rng_; }
+  void set_rng_state(RngState state) noexcept { rng_ = state; }
+  /// Reserves `count` draws and returns the state they start from. Advances in
+  /// both modes so that compute and dry run stay in step.
+  RngState take_rng(std::uint64_t count) noexcept {
+    const RngState start = rng_;
+    rng_.offset += count;
+    return start;
+  }
+  /// Seed for parameter initialisation (separate stream from dropout).
+  std::uint64_t init_seed() const noexcept { return init_seed_; }
+  std::uint64_t next_init_stream() noexcept { return init_counter_++; }
+
+  // --- FLOPs -------------------------------------------------------------------
+  /// Adds FLOPs to the current phase (see current_phase()).
+  void add_flops(double flops) noexcept;
+  const FlopCounts& flops() const noexcept { return flops_; }
+  void reset_flops() noexcept { flops_ = {}; }
+
+  // --- mixed precision -------------------------------------------------------------
+  /// While set, matrix products and convolutions run in this half type (autocast).
+  std::optional<DType> autocast() const noexcept { return autocast_; }
+  void set_autocast(std::optional<DType> dtype) noexcept { autocast_ = dtype; }
+  /// The half copy of a leaf parameter, made once per autocast region as PyTorch's
+  /// cast cache does (it lives until clear_autocast_cache() or the last user).
+  Tensor cached_cast(const Tensor& param, DType dtype);
+  /// Called when the autocast region ends (after forward and loss).
+  void clear_autocast_cache() noexcept;
+
+  // --- warnings -------------------------------------------------------------------
+  /// Records a warning once per distinct text (PyTorch's warnings.warn behaviour).
+  void warn(std::string message);
+  const std::vector<std::string>& warnings() const noexcept { return warnings_; }
+  void clear_warnings() noexcept { warnings_.clear(); }
+
+ private:
+  CachingAllocator* allocator_;
+  ExecMode mode_;
+  StreamId stream_ = 0;
+  RngState rng_;
+  std::uint64_t init_seed_;
+  std::uint64_t init_counter_ = 0;
+  FlopCounts flops_;
+  std::optional<DType> autocast_;
+  std::vector<std::pair<const detail::TensorImpl*, std::shared_ptr<detail::TensorImpl>>> cast_cache_;
+  std::vector<std::string> warnings_;
+};
+
+// --- per-thread execution state ------------------------------------------------------
+
+/// Phase of the current thread (Forward by default); drives FLOP accounting and the
+/// phase of module scopes.
+Phase current_phase() noexcept;
+/// Sets the phase for a scope; restores the previous one on destruction.
+class PhaseGuard {
+ public:
+  explicit PhaseGuard(Phase phase) noexcept;
+  ~PhaseGuard();
+  PhaseGuard(const PhaseGuard&) = delete;
+  PhaseGuard& operator=(const PhaseGuard&) = delete;
+
+ private:
+  Phase previous_;
+};
+
+/// True while checkpointing reruns a forward: BatchNorm then leaves its running
+/// statistics alone, so they are updated once per step as without checkpointing.
+bool recomputing() noexcept;
+
+}  // namespace mem::nn

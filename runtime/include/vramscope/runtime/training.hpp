@@ -1,0 +1,171 @@
+// training.hpp — training steps of a built-in model with per-step allocator
+// statistics: the API the `vramscope` command sweeps and traces with.
+//
+//   mem::nn::TrainConfig cfg;
+//   cfg.model = "resnet50";
+//   cfg.model_options.batch = 256;
+//   cfg.segments = 4;                       // checkpoint_sequential(body, 4, x)
+//   cfg.precision = mem::nn::Precision::Amp;
+//   auto report = mem::nn::train(cfg);      // dry run on sim:a100-80g
+//   report.steps.back().peak_allocated;     // max allocated during the step
+//
+// Or keep the allocator to attach recorders first:
+//   auto device = mem::make_device(mem::nn::device_spec_for(cfg));
+//   mem::CachingAllocator alloc{device};
+//   mem::attach(alloc);                     // per-module attribution
+//   mem::nn::Trainer trainer{cfg, alloc};
+//   auto s1 = trainer.step();
+//
+// A step is: zero_grad (frees last step's gradients), input and target upload,
+// forward + loss (Phase::Forward; recompute runs as Phase::Recompute), backward
+// (Phase::Backward), optimizer step (Phase::Optimizer). The Trainer resets the
+// allocator's peak statistics at each phase boundary to measure per-phase peaks.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "vramscope/allocator/caching_allocator.hpp"
+#include "vramscope/runtime/checkpoint.hpp"
+#include "vramscope/runtime/models.hpp"
+#include "vramscope/runtime/optim.hpp"
+#include "vramscope/runtime/runtime.hpp"
+
+namespace mem::nn {
+
+enum class Precision : std::uint8_t {
+  F32,      ///< everything f32
+  F16,      ///< model.half(): parameters, activations, gradients and state in f16
+  BF16,     ///< the same in bf16
+  Amp,      ///< autocast f16: f32 master weights, f16 matmul/conv activations
+  AmpBF16,  ///< autocast bf16
+};
+/// "f32", "f16", "bf16", "amp", "amp-bf16".
+std::string_view precision_name(Precision precision) noexcept;
+/// Throws mem::Error listing the valid names.
+Precision parse_precision(std::string_view name);
+/// dtype of parameters for a precision (f32 for the amp modes).
+DType parameter_dtype(Precision precision) noexcept;
+
+struct TrainConfig {
+  std::string model = "mlp";
+  ModelOptions model_options;
+  ExecMode mode = ExecMode::DryRun;
+  /// Device for train(config) and device_spec_for(); compute mode adds ",backing=host"
+  /// to simulated specs that do not set a backing.
+  std::string device = "sim:a100-80g";
+  std::string alloc_conf;             ///< PYTORCH_CUDA_ALLOC_CONF syntax
+  std::size_t steps = 2;
+  /// checkpoint_sequential segments over the model body; 1 = no checkpointing.
+  std::size_t segments = 1;
+  CheckpointMode checkpoint_mode = CheckpointMode::NonReentrant;
+  Precision precision = Precision::F32;
+  OptimizerConfig optimizer;
+  bool input_requires_grad = false;   ///< the batch as a leaf requiring grad
+  std::uint64_t seed = 0;
+};
+
+/// Allocator figures over one phase. Peaks are since the phase began.
+struct PhaseStats {
+  std::int64_t allocated_begin = 0;
+  std::int64_t allocated_end = 0;
+  std::int64_t peak_allocated = 0;   ///< max_memory_allocated within the phase
+  std::int64_t reserved_end = 0;
+  std::int64_t peak_reserved = 0;
+  std::int64_t device_used_end = 0;  ///< nvidia-smi view
+  std::int64_t peak_device_used = 0;
+  std::int64_t allocations = 0;      ///< blocks handed out during the phase
+};
+
+struct StepStats {
+  std::size_t step = 0;              ///< 1-based
+  PhaseStats forward;                ///< input upload, forward and loss
+  PhaseStats backward;
+  PhaseStats optimizer;              ///< zero_grad of the next step is not included
+  std::int64_t peak_allocated = 0;   ///< max over the phases
+  std::int64_t peak_reserved = 0;
+  std::int64_t peak_device_used = 0;
+  std::int64_t allocated_end = 0;    ///< after the optimizer step
+  std::int64_t reserved_end = 0;
+  std::int64_t device_used_end = 0;
+  double loss = 0;                   ///< compute mode; NaN in a dry run
+  FlopCounts flops;                  ///< this step's FLOPs by phase
+  /// Extra forward FLOPs from recomputation as a fraction of one forward (0 without
+  /// checkpointing; about 1 when everything but the tail is checkpointed).
+  double recompute_ratio = 0;
+  std::size_t params_without_grad = 0;  ///< parameters whose grad stayed undefined
+  double wall_ms = 0;                ///< host time of the step
+  DeviceStats stats;                 ///< full allocator statistics after the step
+};
+
+struct TrainReport {
+  ModelInfo model;
+  TrainConfig config;
+  SegmentPlan plan;                  ///< how the body was split
+  std::vector<StepStats> steps;
+  std::int64_t peak_allocated = 0;   ///< max over steps
+  std::int64_t peak_reserved = 0;
+  std::int64_t peak_device_used = 0;
+  std::int64_t parameter_bytes = 0;  ///< as allocated (master weights for amp)
+  std::int64_t optimizer_state_bytes = 0;
+  /// True when some parameter got no gradient (reentrant checkpoint with no input
+  /// requiring grad): a lower peak is then missing work, never a saving.
+  bool gradients_missing = false;
+  std::size_t params_without_grad = 0;
+  std::vector<std::string> warnings;
+  std::string device_name;
+  std::string device_assumptions;    ///< print beside any figure
+  double recompute_ratio = 0;        ///< of the last step
+};
+
+/// The device spec train() uses for `config` (adds host backing in compute mode).
+std::string device_spec_for(const TrainConfig& config);
+
+/// Owns the runtime, model and optimizer on a caller's allocator (which must
+/// outlive it). Construction materializes the parameters.
+class Trainer {
+ public:
+  /// Throws mem::Error for unknown models, bad options, segments outside
+  /// [1, modules], or compute mode on a device without host memory.
+  Trainer(const TrainConfig& config, CachingAllocator& allocator);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  /// Runs one training step and returns its statistics.
+  StepStats step();
+  /// Forward and loss only (no graph unless `with_grad`): for inference figures.
+  Tensor forward(bool with_grad);
+
+  const TrainConfig& config() const noexcept { return config_; }
+  const ModelInfo& info() const noexcept;
+  const SegmentPlan& plan() const noexcept { return plan_; }
+  Runtime& runtime() noexcept { return *runtime_; }
+  Model& model() noexcept { return *model_; }
+  Optimizer* optimizer() noexcept { return optimizer_.get(); }
+  CachingAllocator& allocator() noexcept { return *allocator_; }
+  /// Builds the report from the steps run so far.
+  TrainReport report() const;
+
+ private:
+  Tensor run_forward(const Tensor& input);
+
+  TrainConfig config_;
+  CachingAllocator* allocator_;
+  std::unique_ptr<Runtime> runtime_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<Optimizer> optimizer_;
+  SegmentPlan plan_;
+  std::vector<StepStats> steps_;
+};
+
+/// Creates the device (device_spec_for) and allocator, runs config.steps steps.
+TrainReport train(const TrainConfig& config);
+/// The same on a caller's allocator (observers attached beforehand see every event).
+TrainReport train(const TrainConfig& config, CachingAllocator& allocator);
+
+}  // namespace mem::nn

@@ -1,0 +1,149 @@
+// autograd.cpp — graph nodes, saved tensors, grad mode and AccumulateGrad.
+#include "vramscope/runtime/autograd.hpp"
+
+#include <limits>
+
+#include "checkpoint_frame.hpp"
+#include "detail.hpp"
+
+namespace mem::nn {
+namespace {
+
+thread_local bool tls_grad_enabled = true;
+thread_local ContextId tls_backward_context = kNoContext;
+thread_local std::uint64_t tls_sequence_nr = 0;
+
+/// AccumulateGrad: the sink of a leaf's gradient. Keeps the leaf alive, as
+/// PyTorch's does; the leaf only holds a weak reference back.
+class AccumulateGrad final : public Node {
+ public:
+  explicit AccumulateGrad(std::shared_ptr<detail::TensorImpl> variable) : variable_(std::move(variable)) {
+    // Runs as soon as it is ready, like PyTorch's UINT64_MAX sequence number.
+    set_sequence_nr(std::numeric_limits<std::uint64_t>::max());
+    set_backward_context(variable_->grad_context);
+  }
+
+  TensorList apply(TensorList& grads) override {
+    Tensor new_grad = std::move(grads[0]);
+    if (!new_grad.defined()) return {};
+    Tensor variable(variable_);
+    if (!variable_->grad) {
+      // Steal the gradient when nothing else references it and its layout matches
+      // the parameter's (accumulateGrad's use_count / layout-contract test).
+      if (new_grad.use_count() == 1 && new_grad.is_contiguous() && new_grad.dtype() == variable.dtype() &&
+          new_grad.shape() == variable.shape()) {
+        variable_->grad = new_grad.detach().impl_ptr();
+      } else {
+        Tensor copy = empty(variable.runtime(), variable.shape(), variable.dtype());
+        copy_(copy, new_grad);
+        variable_->grad = copy.impl_ptr();
+      }
+    } else {
+      // variable.grad += new_grad, in place: no allocation.
+      Tensor grad(variable_->grad);
+      if (grad.runtime().computing()) {
+        void* base = grad.storage()->data();
+        const std::vector<double> add = to_values(new_grad);
+        detail::for_each_offset(grad.shape(), grad.strides(), grad.offset(), [&](std::int64_t i, std::int64_t off) {
+          detail::store(base, grad.dtype(), off, detail::load(base, grad.dtype(), off) + add[static_cast<std::size_t>(i)]);
+        });
+      }
+      grad.runtime().add_flops(static_cast<double>(grad.numel()));
+    }
+    return {};
+  }
+  std::string_view name() const noexcept override { return "AccumulateGrad"; }
+
+ private:
+  std::shared_ptr<detail::TensorImpl> variable_;
+};
+
+}  // namespace
+
+Node::Node() noexcept : sequence_nr_(tls_sequence_nr++), backward_context_(tls_backward_context) {}
+
+void Node::add_input(const Tensor& input) {
+  if (!input.defined() || !input.requires_grad()) {
+    next_edges_.push_back(Edge{});
+  } else if (input.grad_fn()) {
+    next_edges_.push_back(Edge{input.grad_fn(), input.output_nr()});
+  } else {
+    next_edges_.push_back(Edge{grad_accumulator(input), 0});
+  }
+}
+
+void SavedTensor::save(const Tensor& tensor) {
+  if (!tensor.defined()) return;
+  detail::SaveHook& hook = detail::save_hook();
+  if (hook.mode == detail::SaveMode::Pack) {
+    frame_ = hook.frame->shared_from_this();
+    index_ = hook.frame->add_placeholder();
+    return;
+  }
+  if (hook.mode == detail::SaveMode::Recompute) {
+    // The rerun's own graph keeps nothing: the frame holds the rebuilt tensor
+    // for the original node.
+    hook.frame->store_recomputed(tensor);
+    return;
+  }
+  // A history-free alias: same storage (so no extra memory), no reference cycle
+  // when a node saves its own output.
+  data_ = tensor.detach();
+  data_.impl()->requires_grad = tensor.requires_grad();
+}
+
+Tensor SavedTensor::unpack() const {
+  if (frame_) return frame_->unpack(index_);
+  return data_;
+}
+
+void SavedTensor::reset() noexcept {
+  data_ = Tensor{};
+  frame_.reset();
+}
+
+bool grad_enabled() noexcept { return tls_grad_enabled; }
+NoGradGuard::NoGradGuard() noexcept : previous_(tls_grad_enabled) { tls_grad_enabled = false; }
+NoGradGuard::~NoGradGuard() { tls_grad_enabled = previous_; }
+EnableGradGuard::EnableGradGuard() noexcept : previous_(tls_grad_enabled) { tls_grad_enabled = true; }
+EnableGradGuard::~EnableGradGuard() { tls_grad_enabled = previous_; }
+
+bool needs_grad(std::initializer_list<const Tensor*> inputs) noexcept {
+  if (!tls_grad_enabled) return false;
+  for (const Tensor* t : inputs) {
+    if (t != nullptr && t->defined() && t->requires_grad()) return true;
+  }
+  return false;
+}
+
+void set_history(Tensor& output, const std::shared_ptr<Node>& node, std::uint32_t output_nr) {
+  detail::TensorImpl* impl = output.impl();
+  impl->grad_fn = node;
+  impl->output_nr = output_nr;
+  impl->requires_grad = true;
+}
+
+void init_node(Node& node) noexcept { (void)node; }
+
+std::shared_ptr<Node> grad_accumulator(const Tensor& leaf) {
+  detail::TensorImpl* impl = leaf.impl();
+  if (auto existing = impl->grad_accumulator.lock()) return existing;
+  auto node = std::make_shared<AccumulateGrad>(leaf.impl_ptr());
+  impl->grad_accumulator = node;
+  return node;
+}
+
+ContextId current_backward_context() noexcept { return tls_backward_context; }
+BackwardContextGuard::BackwardContextGuard(ContextId ctx) noexcept : previous_(tls_backward_context) {
+  tls_backward_context = ctx;
+}
+BackwardContextGuard::~BackwardContextGuard() { tls_backward_context = previous_; }
+
+namespace detail {
+SaveHook& save_hook() noexcept {
+  thread_local SaveHook hook;
+  return hook;
+}
+}  // namespace detail
+
+}  // namespace mem::nn

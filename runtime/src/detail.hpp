@@ -1,0 +1,190 @@
+// detail.hpp — internals shared by the op files: host access to tensor data in
+// compute mode (conversion from 16-bit types and gathering of strided views into
+// host scratch, which a GPU kernel would not need and which therefore never goes
+// through the allocator), dtype dispatch, GEMM, node construction and autocast.
+#pragma once
+
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <initializer_list>
+#include <memory>
+#include <vector>
+
+#include "vramscope/allocator/errors.hpp"
+#include "vramscope/runtime/autograd.hpp"
+#include "vramscope/runtime/ops.hpp"
+#include "vramscope/runtime/tensor.hpp"
+
+namespace mem::nn::detail {
+
+/// Reads element `i` of raw storage of type `dtype` as a double.
+inline double load(const void* base, DType dtype, std::int64_t i) noexcept {
+  switch (dtype) {
+    case DType::F32: return static_cast<const float*>(base)[i];
+    case DType::F64: return static_cast<const double*>(base)[i];
+    case DType::F16: return half_to_float(static_cast<const std::uint16_t*>(base)[i]);
+    case DType::BF16: return bf16_to_float(static_cast<const std::uint16_t*>(base)[i]);
+    case DType::I64: return static_cast<double>(static_cast<const std::int64_t*>(base)[i]);
+    case DType::U8: case DType::Bool: return static_cast<const std::uint8_t*>(base)[i];
+  }
+  return 0;
+}
+
+inline void store(void* base, DType dtype, std::int64_t i, double v) noexcept {
+  switch (dtype) {
+    case DType::F32: static_cast<float*>(base)[i] = static_cast<float>(v); break;
+    case DType::F64: static_cast<double*>(base)[i] = v; break;
+    case DType::F16: static_cast<std::uint16_t*>(base)[i] = float_to_half(static_cast<float>(v)); break;
+    case DType::BF16: static_cast<std::uint16_t*>(base)[i] = float_to_bf16(static_cast<float>(v)); break;
+    case DType::I64: static_cast<std::int64_t*>(base)[i] = static_cast<std::int64_t>(v); break;
+    case DType::U8: case DType::Bool: static_cast<std::uint8_t*>(base)[i] = static_cast<std::uint8_t>(v); break;
+  }
+}
+
+/// Calls fn(logical index, storage element offset) for every element in row-major order.
+template <class Fn>
+void for_each_offset(const Shape& shape, const Shape& strides, std::int64_t offset, Fn&& fn) {
+  const std::int64_t n = shape.numel();
+  if (n == 0) return;
+  const std::size_t nd = shape.size();
+  if (nd == 0) {
+    fn(std::int64_t{0}, offset);
+    return;
+  }
+  std::array<std::int64_t, kMaxDims> idx{};
+  std::int64_t off = offset;
+  const std::int64_t inner = shape[nd - 1];
+  const std::int64_t istride = strides[nd - 1];
+  for (std::int64_t lin = 0; lin < n; lin += inner) {
+    for (std::int64_t j = 0; j < inner; ++j) fn(lin + j, off + j * istride);
+    for (std::ptrdiff_t d = static_cast<std::ptrdiff_t>(nd) - 2; d >= 0; --d) {
+      ++idx[d];
+      off += strides[d];
+      if (idx[d] < shape[d]) break;
+      off -= strides[d] * shape[d];
+      idx[d] = 0;
+    }
+  }
+}
+
+template <class T>
+constexpr DType dtype_of() noexcept {
+  return std::is_same_v<T, double> ? DType::F64 : DType::F32;
+}
+
+/// A tensor's elements as a contiguous host array of T (zero-copy when possible).
+template <class T>
+class HostIn {
+ public:
+  explicit HostIn(const Tensor& t) {
+    if (!t.defined()) return;
+    const char* base = static_cast<const char*>(t.storage()->data());
+    if (t.dtype() == dtype_of<T>() && t.is_contiguous()) {
+      ptr_ = reinterpret_cast<const T*>(base) + t.offset();
+      return;
+    }
+    buf_.resize(static_cast<std::size_t>(t.numel()));
+    const DType dt = t.dtype();
+    for_each_offset(t.shape(), t.strides(), t.offset(), [&](std::int64_t i, std::int64_t off) {
+      buf_[static_cast<std::size_t>(i)] = static_cast<T>(load(base, dt, off));
+    });
+    ptr_ = buf_.data();
+  }
+  const T* data() const noexcept { return ptr_; }
+  const T& operator[](std::int64_t i) const noexcept { return ptr_[i]; }
+
+ private:
+  std::vector<T> buf_;
+  const T* ptr_ = nullptr;
+};
+
+/// Write access to a contiguous tensor as T; converts back on destruction when the
+/// tensor is 16-bit. `read` loads the current values first (in-place updates).
+template <class T>
+class HostOut {
+ public:
+  explicit HostOut(const Tensor& t, bool read = false) : t_(t) {
+    if (!t.is_contiguous()) throw Error("internal: output tensor is not contiguous");
+    char* base = static_cast<char*>(t.storage()->data());
+    if (t.dtype() == dtype_of<T>()) {
+      ptr_ = reinterpret_cast<T*>(base) + t.offset();
+      return;
+    }
+    buf_.resize(static_cast<std::size_t>(t.numel()));
+    if (read) {
+      for (std::int64_t i = 0; i < t.numel(); ++i) buf_[i] = static_cast<T>(load(base, t.dtype(), t.offset() + i));
+    }
+    ptr_ = buf_.data();
+  }
+  ~HostOut() {
+    if (buf_.empty()) return;
+    char* base = static_cast<char*>(t_.storage()->data());
+    for (std::int64_t i = 0; i < t_.numel(); ++i) store(base, t_.dtype(), t_.offset() + i, buf_[i]);
+  }
+  HostOut(const HostOut&) = delete;
+  HostOut& operator=(const HostOut&) = delete;
+  T* data() noexcept { return ptr_; }
+  T& operator[](std::int64_t i) noexcept { return ptr_[i]; }
+
+ private:
+  Tensor t_;
+  std::vector<T> buf_;
+  T* ptr_ = nullptr;
+};
+
+/// Calls f(float{}) or f(double{}): the compute type of a floating dtype.
+template <class F>
+void dispatch(DType dtype, F&& f) {
+  if (dtype == DType::F64) {
+    f(double{});
+  } else {
+    f(float{});
+  }
+}
+
+/// Row-major C = alpha * op(A) op(B) + beta * C with op = transpose when flagged.
+void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+          const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
+          std::int64_t ldc) noexcept;
+void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, double alpha,
+          const double* a, std::int64_t lda, const double* b, std::int64_t ldb, double beta,
+          double* c, std::int64_t ldc) noexcept;
+
+/// Uniform double in [0, 1) for draw `counter` of stream `seed` (splitmix64).
+inline double uniform01(std::uint64_t seed, std::uint64_t counter) noexcept {
+  std::uint64_t z = seed + (counter + 1) * 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  return static_cast<double>(z >> 11) * 0x1.0p-53;
+}
+
+/// Creates a node of type N, stamps it and wires one edge per input.
+template <class N, class... Args>
+std::shared_ptr<N> make_node(std::initializer_list<const Tensor*> inputs, Args&&... args) {
+  auto node = std::make_shared<N>(std::forward<Args>(args)...);
+  init_node(*node);
+  for (const Tensor* t : inputs) node->add_input(t != nullptr ? *t : Tensor{});
+  return node;
+}
+
+/// Autocast's lower-precision cast: f32 inputs become the autocast half type
+/// (parameters through the per-region cache). Other tensors pass unchanged.
+Tensor autocast_half(const Tensor& x);
+/// Autocast's f32 cast for ops on the fp32 list (softmax, layer_norm, losses).
+Tensor autocast_f32(const Tensor& x);
+
+/// Common dtype of a binary op (f32 wins over 16-bit, f64 over all).
+DType promote(DType a, DType b) noexcept;
+
+/// grad cast back to the dtype of the input it flows to (allocates when different).
+Tensor match_dtype(const Tensor& grad, DType dtype);
+
+/// A new uninitialised tensor in the same runtime.
+inline Tensor new_empty(const Tensor& like, const Shape& shape, DType dtype) {
+  return empty(like.runtime(), shape, dtype);
+}
+
+}  // namespace mem::nn::detail

@@ -1,0 +1,53 @@
+// kernels.cpp — BLAS GEMM and the dtype helpers shared by the ops.
+#include <cblas.h>
+
+#include "detail.hpp"
+
+namespace mem::nn::detail {
+
+void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+          const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
+          std::int64_t ldc) noexcept {
+  if (m == 0 || n == 0) return;
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
+              static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a, static_cast<int>(lda), b,
+              static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
+}
+
+void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, double alpha,
+          const double* a, std::int64_t lda, const double* b, std::int64_t ldb, double beta, double* c,
+          std::int64_t ldc) noexcept {
+  if (m == 0 || n == 0) return;
+  cblas_dgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
+              static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a, static_cast<int>(lda), b,
+              static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
+}
+
+DType promote(DType a, DType b) noexcept {
+  if (a == b) return a;
+  if (a == DType::F64 || b == DType::F64) return DType::F64;
+  if (a == DType::F32 || b == DType::F32) return DType::F32;
+  if (is_half(a) && is_half(b)) return DType::F32;  // f16 + bf16 -> f32
+  return is_floating(a) ? a : b;
+}
+
+Tensor match_dtype(const Tensor& grad, DType dtype) {
+  if (!grad.defined() || grad.dtype() == dtype) return grad;
+  return to_dtype(grad, dtype);
+}
+
+Tensor autocast_half(const Tensor& x) {
+  if (!x.defined()) return x;
+  const auto target = x.runtime().autocast();
+  if (!target || x.dtype() != DType::F32) return x;
+  // autocast caches casts of leaves requiring grad (parameters) per region.
+  if (x.is_leaf() && x.requires_grad()) return x.runtime().cached_cast(x, *target);
+  return to_dtype(x, *target);
+}
+
+Tensor autocast_f32(const Tensor& x) {
+  if (!x.defined() || !x.runtime().autocast() || !is_half(x.dtype())) return x;
+  return to_dtype(x, DType::F32);
+}
+
+}  // namespace mem::nn::detail

@@ -1,0 +1,74 @@
+// runtime.cpp — the execution context: mode, RNG, FLOP counters, autocast cache,
+// warnings, and the per-thread phase.
+#include "vramscope/runtime/runtime.hpp"
+
+#include <algorithm>
+
+#include "vramscope/allocator/errors.hpp"
+#include "vramscope/allocator/sim_device.hpp"
+#include "vramscope/runtime/ops.hpp"
+#include "vramscope/runtime/tensor.hpp"
+
+namespace mem::nn {
+namespace {
+thread_local Phase tls_phase = Phase::Forward;
+}  // namespace
+
+std::string_view exec_mode_name(ExecMode mode) noexcept {
+  return mode == ExecMode::Compute ? "compute" : "dry-run";
+}
+
+ExecMode parse_exec_mode(std::string_view name) {
+  if (name == "compute") return ExecMode::Compute;
+  if (name == "dry-run" || name == "dryrun" || name == "dry") return ExecMode::DryRun;
+  throw Error("unknown execution mode '" + std::string(name) + "'; expected compute or dry-run");
+}
+
+Runtime::Runtime(CachingAllocator& allocator, ExecMode mode, std::uint64_t seed)
+    : allocator_(&allocator), mode_(mode), rng_{seed, 0}, init_seed_(seed * 0x9e3779b97f4a7c15ull + 17) {
+  if (mode == ExecMode::Compute) {
+    // Compute mode writes through device pointers: they must be host memory.
+    const auto* sim = dynamic_cast<const SimDevice*>(&allocator.device());
+    if (sim == nullptr || sim->config().backing != SimBacking::Host) {
+      throw Error("compute mode needs host memory behind the device, but '" +
+                  allocator.device().info().name +
+                  "' has none; use a simulated device with backing=host "
+                  "(e.g. sim:a100-80g,backing=host) or the dry-run mode");
+    }
+  }
+}
+
+Runtime::~Runtime() { clear_autocast_cache(); }
+
+void Runtime::add_flops(double flops) noexcept {
+  switch (tls_phase) {
+    case Phase::Recompute: flops_.recompute += flops; break;
+    case Phase::Backward: flops_.backward += flops; break;
+    case Phase::Optimizer: flops_.optimizer += flops; break;
+    default: flops_.forward += flops; break;
+  }
+}
+
+Tensor Runtime::cached_cast(const Tensor& param, DType dtype) {
+  for (const auto& [key, value] : cast_cache_) {
+    if (key == param.impl() && value->dtype == dtype) return Tensor(value);
+  }
+  Tensor cast = to_dtype(param, dtype);
+  cast_cache_.emplace_back(param.impl(), cast.impl_ptr());
+  return cast;
+}
+
+void Runtime::clear_autocast_cache() noexcept { cast_cache_.clear(); }
+
+void Runtime::warn(std::string message) {
+  if (std::find(warnings_.begin(), warnings_.end(), message) == warnings_.end()) {
+    warnings_.push_back(std::move(message));
+  }
+}
+
+Phase current_phase() noexcept { return tls_phase; }
+PhaseGuard::PhaseGuard(Phase phase) noexcept : previous_(tls_phase) { tls_phase = phase; }
+PhaseGuard::~PhaseGuard() { tls_phase = previous_; }
+bool recomputing() noexcept { return tls_phase == Phase::Recompute; }
+
+}  // namespace mem::nn

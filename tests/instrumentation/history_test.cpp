@@ -1,0 +1,141 @@
+// history_test.cpp — the history ring: bound, order, module stamps, CSV round trip.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "test_support.hpp"
+#include "vramscope/instrumentation/exports.hpp"
+#include "vramscope/instrumentation/history.hpp"
+#include "vramscope/instrumentation/module_scope.hpp"
+
+namespace mem {
+namespace {
+
+TEST(History, DropsTheOldestEntriesAtItsBound) {
+  auto alloc = test::make_allocator();
+  History all{*alloc, 1000};
+  History ring{*alloc, 8};
+  for (int i = 0; i < 5; ++i) alloc->deallocate(alloc->allocate(4 * KiB));
+  // segment_alloc once, then alloc, free_requested, free_completed per pair.
+  EXPECT_EQ(ring.recorded(), 16u);
+  EXPECT_EQ(ring.size(), 8u);
+  EXPECT_EQ(ring.dropped(), 8u);
+  const auto kept = ring.entries();
+  const auto every = all.entries();
+  ASSERT_EQ(kept.size(), 8u);
+  ASSERT_EQ(every.size(), 16u);
+  for (std::size_t i = 0; i < kept.size(); ++i) {
+    const HistoryEntry& want = every[every.size() - kept.size() + i];
+    EXPECT_EQ(kept[i].sequence, want.sequence);
+    EXPECT_EQ(kept[i].action, want.action);
+    EXPECT_EQ(kept[i].address, want.address);
+    if (i > 0) {
+      EXPECT_EQ(kept[i].sequence, kept[i - 1].sequence + 1);
+      EXPECT_GE(kept[i].time_us, kept[i - 1].time_us);
+    }
+  }
+  EXPECT_EQ(every.front().action, TraceAction::SegmentAlloc);
+  EXPECT_EQ(kept.back().action, TraceAction::FreeCompleted);
+  ring.clear();
+  EXPECT_EQ(ring.size(), 0u);
+  EXPECT_TRUE(ring.entries().empty());
+}
+
+TEST(History, RecordsModuleStreamSizesAndTotals) {
+  auto alloc = test::make_allocator();
+  attach(*alloc);
+  History history{*alloc, 64};
+  void* p = nullptr;
+  {
+    ModuleScope scope{"decoder.block3.mlp", Phase::Backward};
+    p = alloc->allocate(3 * MiB + 100, 0);
+  }
+  alloc->deallocate(p);
+  const auto entries = history.entries();
+  ASSERT_EQ(entries.size(), 4u);
+  const HistoryEntry& a = entries[1];
+  EXPECT_EQ(a.action, TraceAction::Alloc);
+  EXPECT_EQ(a.address, reinterpret_cast<std::uintptr_t>(p));
+  EXPECT_EQ(a.requested_size, 3 * MiB + 100);
+  EXPECT_EQ(a.size, 3 * MiB + 512);
+  EXPECT_FALSE(a.small_pool);
+  EXPECT_EQ(a.module(), "decoder.block3.mlp");
+  EXPECT_EQ(a.phase(), Phase::Backward);
+  EXPECT_EQ(a.allocated_bytes, 3 * MiB + 512);
+  EXPECT_EQ(a.reserved_bytes, 20 * MiB);
+  EXPECT_GT(a.device_used_bytes, 20 * MiB);
+  // The free carries the block's context, not the freeing thread's.
+  EXPECT_EQ(entries[2].action, TraceAction::FreeRequested);
+  EXPECT_EQ(entries[2].module(), "decoder.block3.mlp");
+  EXPECT_EQ(entries[3].allocated_bytes, 0u);
+}
+
+TEST(History, DetachStopsRecording) {
+  auto alloc = test::make_allocator();
+  History history{*alloc, 16};
+  alloc->deallocate(alloc->allocate(KiB));
+  const auto before = history.recorded();
+  history.detach();
+  alloc->deallocate(alloc->allocate(KiB));
+  EXPECT_EQ(history.recorded(), before);
+  EXPECT_THROW(History(0), Error);
+}
+
+TEST(History, CsvRoundTrips) {
+  auto alloc = test::make_allocator();
+  attach(*alloc);
+  History history{*alloc, 64};
+  {
+    ModuleScope scope{"weird,name \"quoted\"", Phase::Forward};
+    alloc->deallocate(alloc->allocate(5 * MiB));
+  }
+  const auto entries = history.entries();
+  const auto path = std::filesystem::temp_directory_path() / "vramscope_history_roundtrip.csv";
+  write_history_csv(entries, path);
+  const auto back = read_history_csv(path);
+  ASSERT_EQ(back.size(), entries.size());
+  for (std::size_t i = 0; i < back.size(); ++i) {
+    EXPECT_EQ(back[i].sequence, entries[i].sequence);
+    EXPECT_EQ(back[i].action, entries[i].action);
+    EXPECT_EQ(back[i].address, entries[i].address);
+    EXPECT_EQ(back[i].size, entries[i].size);
+    EXPECT_EQ(back[i].requested_size, entries[i].requested_size);
+    EXPECT_EQ(back[i].context, entries[i].context);
+    EXPECT_EQ(back[i].small_pool, entries[i].small_pool);
+    EXPECT_EQ(back[i].reserved_bytes, entries[i].reserved_bytes);
+    EXPECT_NEAR(back[i].time_us, entries[i].time_us, 0.001);
+  }
+  std::filesystem::remove(path);
+  const std::string csv = history_csv(entries);
+  EXPECT_EQ(csv.substr(0, csv.find('\n')), kHistoryCsvHeader);
+}
+
+TEST(Exports, UnwritablePathGivesAClearError) {
+  auto alloc = test::make_allocator();
+  const Snapshot s = snapshot(*alloc, {.segments = true});
+  try {
+    write_snapshot_json(s, "/nonexistent-dir-for-vramscope/snap.json");
+    FAIL() << "expected mem::Error";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("/nonexistent-dir-for-vramscope"), std::string::npos) << what;
+    EXPECT_NE(what.find("does not exist"), std::string::npos) << what;
+  }
+  EXPECT_THROW(write_history_csv({}, ""), Error);
+  EXPECT_THROW(read_history_csv("/nonexistent-dir-for-vramscope/h.csv"), Error);
+  EXPECT_THROW(memory_snapshot_pickle(snapshot(*alloc)), Error);  // nothing to export
+}
+
+TEST(Exports, PickleUsesProtocolTwoAndStops) {
+  auto alloc = test::make_allocator();
+  void* p = alloc->allocate(MiB);
+  const std::string bytes = memory_snapshot_pickle(snapshot(*alloc, {.segments = true}));
+  ASSERT_GE(bytes.size(), 3u);
+  EXPECT_EQ(bytes[0], '\x80');
+  EXPECT_EQ(bytes[1], '\x02');
+  EXPECT_EQ(bytes.back(), '.');
+  alloc->deallocate(p);
+}
+
+}  // namespace
+}  // namespace mem

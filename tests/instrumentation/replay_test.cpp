@@ -1,0 +1,194 @@
+// replay_test.cpp — the replay engine on traces this project records itself:
+// peaks reproduced exactly, a mid-run snapshot rebuilt, other settings, OOM on
+// a small device, divergences reported, unsupported traces refused.
+#include "vramscope/instrumentation/replay.hpp"
+
+#include <gtest/gtest.h>
+
+#include <random>
+#include <sstream>
+
+#include "replay_test_pickles.hpp"
+#include "vramscope/allocator/sim_device.hpp"
+#include "vramscope/allocator/units.hpp"
+#include "vramscope/instrumentation/exports.hpp"
+#include "vramscope/instrumentation/history.hpp"
+#include "vramscope/instrumentation/snapshot.hpp"
+
+namespace mem {
+namespace {
+
+// A training-like mix on two streams: small and large tensors, random frees.
+void run_workload(CachingAllocator& alloc, std::size_t ops, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const StreamId side = alloc.device().create_stream();
+  std::vector<void*> live;
+  for (std::size_t i = 0; i < ops; ++i) {
+    if (live.empty() || rng() % 100 < 55) {
+      const bool large = rng() % 4 == 0;
+      const std::size_t size = large ? 1 * MiB + rng() % (40 * MiB) : 1 + rng() % (1 * MiB);
+      live.push_back(alloc.allocate(size, rng() % 5 == 0 ? side : 0));
+    } else {
+      const std::size_t k = rng() % live.size();
+      alloc.deallocate(live[k]);
+      live[k] = live.back();
+      live.pop_back();
+    }
+  }
+}
+
+TEST(Replay, RecordedRunReproducesItsPeaksExactly) {
+  auto device = std::make_shared<SimDevice>(sim_preset("a100-80g"));
+  CachingAllocator alloc{device};
+  History history{alloc, 100000};
+  run_workload(alloc, 4000, 7);
+  const DeviceStats recorded = alloc.stats();
+
+  std::istringstream csv(history_csv(history.entries()));
+  const AllocationTrace trace = read_history_trace(csv, "run.csv");
+  ReplayOptions opt;
+  opt.device = "sim:a100-80g";
+  const ReplayResult r = replay(trace, opt);
+  ASSERT_TRUE(r.supported);
+  EXPECT_EQ(r.peak_allocated, recorded.allocated_bytes[0].peak);
+  EXPECT_EQ(r.peak_reserved, recorded.reserved_bytes[0].peak);
+  EXPECT_EQ(r.peak_requested, recorded.requested_bytes[0].peak);
+  EXPECT_EQ(r.peak_device_used, recorded.device_used_bytes.peak);
+  EXPECT_EQ(r.segment_allocs, recorded.num_device_alloc);
+  EXPECT_EQ(r.unknown_frees, 0u);
+  EXPECT_TRUE(r.conformance_checked);
+  EXPECT_EQ(r.segment_allocs_reproduced, r.segment_allocs_recorded);
+  EXPECT_EQ(r.blocks_placed, r.allocs_checked);
+  EXPECT_EQ(r.divergence_count, 0u) << (r.divergences.empty() ? "" : r.divergences[0].what);
+  EXPECT_GT(r.reserved_per_requested, 1.0);
+}
+
+TEST(Replay, MidRunSnapshotRebuildsItsStartingState) {
+  auto device = std::make_shared<SimDevice>(sim_preset("a100-80g"));
+  CachingAllocator alloc{device};
+  History history{alloc, 1500};  // a ring: the first events are dropped
+  run_workload(alloc, 4000, 11);
+  ASSERT_GT(history.dropped(), 0u);
+  const Snapshot snap = snapshot(alloc, {.segments = true, .history = true, .history_source = &history});
+  const AllocationTrace trace =
+      read_pytorch_snapshot(read_pickle(memory_snapshot_pickle(snap)), -1, "own.pickle");
+  ASSERT_FALSE(trace.events.empty());
+
+  const ReplayResult r = replay(trace);
+  ASSERT_TRUE(r.supported);
+  EXPECT_TRUE(r.rebuilt_exactly);
+  EXPECT_GT(r.initial_segments, 0u);
+  EXPECT_EQ(r.initial_blocks_misplaced, 0u);
+  EXPECT_TRUE(r.conformance_checked);
+  EXPECT_EQ(r.segment_allocs_reproduced, r.segment_allocs_recorded);
+  EXPECT_EQ(r.allocs_checked, r.allocs);
+  EXPECT_EQ(r.blocks_placed, r.allocs_checked);
+  EXPECT_EQ(r.final_segments_matched, r.final_segments_recorded);
+  EXPECT_EQ(r.final_segments_recorded, snap.segments.size());
+  EXPECT_EQ(r.divergence_count, 0u) << (r.divergences.empty() ? "" : r.divergences[0].what);
+}
+
+TEST(Replay, OtherSettingsReplayWithoutConformance) {
+  const AllocationTrace trace = read_pytorch_snapshot(read_pickle(test::kSnapshot));
+  ReplayOptions opt;
+  opt.config = AllocatorConfig::parse("roundup_power2_divisions:4,max_split_size_mb:64");
+  const ReplayResult r = replay(trace, opt);
+  ASSERT_TRUE(r.supported);
+  EXPECT_FALSE(r.rebuilt_exactly);
+  EXPECT_FALSE(r.conformance_checked);
+  EXPECT_EQ(r.allocs, 2u);
+  EXPECT_EQ(r.frees, 1u);
+  EXPECT_EQ(r.config, opt.config.to_string());
+}
+
+TEST(Replay, SmallDeviceReportsTheFirstOom) {
+  std::ostringstream csv;
+  csv << "Thread,Time,Action,Pointer,Size,Stream\n";
+  for (int i = 0; i < 8; ++i) csv << "1," << i << ",allocate,0x" << std::hex << (0x1000000 * (i + 1)) << std::dec << "," << 20 * MiB << ",0\n";
+  std::istringstream in(csv.str());
+  const AllocationTrace trace = read_rmm_log(in);
+  ReplayOptions opt;
+  opt.device = "sim:capacity=64MiB,context=0";
+  ReplayResult r = replay(trace, opt);
+  ASSERT_TRUE(r.first_oom.has_value());
+  EXPECT_EQ(r.first_oom->event_index, 3u);  // three 20 MiB segments fit, not a fourth
+  EXPECT_EQ(r.first_oom->requested, 20 * MiB);
+  EXPECT_FALSE(r.first_oom->message.empty());
+  EXPECT_EQ(r.ooms, 5u);
+  EXPECT_EQ(r.peak_reserved, static_cast<std::int64_t>(60 * MiB));
+  opt.stop_at_oom = true;
+  r = replay(trace, opt);
+  EXPECT_EQ(r.ooms, 1u);
+}
+
+TEST(Replay, DivergenceFromTheRecordingIsReported) {
+  AllocationTrace trace = read_pytorch_snapshot(read_pickle(test::kSnapshot));
+  trace.events[2].size = 3 * MiB;  // recorded as a small block next to the first
+  const ReplayResult r = replay(trace);
+  ASSERT_TRUE(r.conformance_checked);
+  EXPECT_GT(r.divergence_count, 0u);
+  EXPECT_LT(r.blocks_placed, r.allocs_checked);
+  ASSERT_FALSE(r.divergences.empty());
+  EXPECT_EQ(r.divergences[0].event_index, 2u);
+  EXPECT_NE(r.divergences[0].what.find("segment_alloc"), std::string::npos) << r.divergences[0].what;
+}
+
+TEST(Replay, ExpandableSegmentsAreNotYetSupported) {
+  AllocationTrace trace;
+  trace.events.push_back({RecordedAction::SegmentMap, 4096, 2 * MiB, 0, 0});
+  trace.expandable_segments = true;
+  const ReplayResult r = replay(trace);
+  EXPECT_FALSE(r.supported);
+  EXPECT_NE(r.unsupported_reason.find("not yet supported"), std::string::npos);
+}
+
+TEST(Replay, FreesOfUnknownBlocksAreCounted) {
+  std::istringstream in(
+      "Thread,Time,Action,Pointer,Size,Stream\n"
+      "1,1.0,allocate,0x10,1024,0\n"
+      "1,2.0,free,0x20,1024,0\n"
+      "1,3.0,free,0x10,1024,0\n");
+  const ReplayResult r = replay(read_rmm_log(in));
+  EXPECT_EQ(r.allocs, 1u);
+  EXPECT_EQ(r.frees, 1u);
+  EXPECT_EQ(r.unknown_frees, 1u);
+  EXPECT_EQ(r.peak_allocated, 1024);
+  EXPECT_EQ(r.peak_reserved, static_cast<std::int64_t>(2 * MiB));
+}
+
+// A malloc-backed target: replay_on drives any allocator.
+class HostTarget final : public ReplayTarget {
+ public:
+  std::string name() const override { return "host"; }
+  void* allocate(std::size_t bytes, std::uint64_t) override {
+    reserved_ += bytes;
+    ++allocs_;
+    return ::operator new(bytes);
+  }
+  void deallocate(void* p, std::size_t bytes, std::uint64_t) noexcept override {
+    reserved_ -= bytes;
+    ::operator delete(p);
+  }
+  std::size_t reserved_bytes() const override { return reserved_; }
+  std::size_t device_used_bytes() const override { return reserved_; }
+  std::uint64_t device_allocs() const override { return allocs_; }
+
+ private:
+  std::size_t reserved_ = 0;
+  std::uint64_t allocs_ = 0;
+};
+
+TEST(Replay, ReplayOnDrivesAnyTarget) {
+  const AllocationTrace trace = read_pytorch_snapshot(read_pickle(test::kSnapshot));
+  HostTarget target;
+  const ReplayResult r = replay_on(trace, target);
+  EXPECT_EQ(r.allocs, 2u);
+  EXPECT_EQ(r.frees, 1u);
+  EXPECT_EQ(r.peak_requested, 1100);
+  EXPECT_EQ(r.peak_reserved, 1100);
+  EXPECT_EQ(r.segment_allocs, 2);
+  EXPECT_EQ(target.reserved_bytes(), 0u);  // what was still live is returned
+}
+
+}  // namespace
+}  // namespace mem

@@ -1,0 +1,192 @@
+// trace_reader_test.cpp — PyTorch snapshots, the history CSV and RMM's log CSV
+// read into AllocationTrace, and malformed inputs named by line or element.
+#include "vramscope/instrumentation/trace_reader.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "replay_test_pickles.hpp"
+#include "test_support.hpp"
+#include "vramscope/allocator/errors.hpp"
+#include "vramscope/instrumentation/exports.hpp"
+#include "vramscope/instrumentation/history.hpp"
+
+namespace mem {
+namespace {
+
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+TEST(TraceReader, ReadsPyTorchSnapshot) {
+  const AllocationTrace t = read_pytorch_snapshot(read_pickle(test::kSnapshot));
+  EXPECT_EQ(t.format, TraceFormat::PyTorchSnapshot);
+  ASSERT_EQ(t.events.size(), 5u);
+  EXPECT_EQ(t.events[0].action, RecordedAction::SegmentAlloc);
+  EXPECT_EQ(t.events[0].size, 2 * MiB);
+  EXPECT_EQ(t.events[1].action, RecordedAction::Alloc);
+  EXPECT_EQ(t.events[1].address, std::uintptr_t{1} << 30);
+  EXPECT_EQ(t.events[1].size, 100u);
+  EXPECT_DOUBLE_EQ(t.events[4].time_us, 4.0);
+  EXPECT_TRUE(t.has_free_completed);
+  EXPECT_TRUE(t.has_final_state);
+  EXPECT_TRUE(t.allocator_conf_known);
+  EXPECT_FALSE(t.expandable_segments);
+  ASSERT_EQ(t.final_segments.size(), 1u);
+  EXPECT_TRUE(t.final_segments[0].small_pool);
+  ASSERT_EQ(t.final_segments[0].blocks.size(), 2u);
+  EXPECT_EQ(t.final_segments[0].blocks[0].state, BlockState::ActiveAllocated);
+  EXPECT_EQ(t.final_segments[0].blocks[1].state, BlockState::Inactive);
+  EXPECT_EQ(t.action_counts()[static_cast<std::size_t>(RecordedAction::Alloc)], 2u);
+}
+
+PickleValue event(std::string_view action, std::int64_t addr, std::int64_t size) {
+  PickleValue e = PickleValue::dict();
+  e.mutable_dict().emplace_back(PickleValue::string("action"), PickleValue::string(std::string(action)));
+  e.mutable_dict().emplace_back(PickleValue::string("addr"), PickleValue::integer(addr));
+  e.mutable_dict().emplace_back(PickleValue::string("size"), PickleValue::integer(size));
+  return e;
+}
+
+PickleValue snapshot_with(std::vector<PickleValue> events) {
+  PickleValue root = PickleValue::dict();
+  PickleValue traces = PickleValue::sequence(PickleValue::Kind::List);
+  PickleValue trace = PickleValue::sequence(PickleValue::Kind::List);
+  for (auto& e : events) trace.mutable_list().push_back(std::move(e));
+  traces.mutable_list().push_back(trace);
+  root.mutable_dict().emplace_back(PickleValue::string("segments"),
+                                   PickleValue::sequence(PickleValue::Kind::List));
+  root.mutable_dict().emplace_back(PickleValue::string("device_traces"), traces);
+  return root;
+}
+
+TEST(TraceReader, MalformedSnapshotNamesTheElement) {
+  PickleValue bad = event("alloc", 4096, 512);
+  bad.mutable_dict().pop_back();  // no size
+  std::string msg = error_of([&] { read_pytorch_snapshot(snapshot_with({event("alloc", 0, 512), bad}), -1, "s.pickle"); });
+  EXPECT_NE(msg.find("s.pickle: device_traces[0][1]"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("'size'"), std::string::npos) << msg;
+
+  msg = error_of([&] { read_pytorch_snapshot(snapshot_with({event("explode", 0, 512)})); });
+  EXPECT_NE(msg.find("unknown action 'explode'"), std::string::npos) << msg;
+
+  msg = error_of([&] { read_pytorch_snapshot(snapshot_with({event("alloc", 0, -5)})); });
+  EXPECT_NE(msg.find("device_traces[0][0]"), std::string::npos) << msg;
+
+  msg = error_of([&] { read_pytorch_snapshot(PickleValue::integer(3)); });
+  EXPECT_NE(msg.find("not a memory snapshot"), std::string::npos) << msg;
+}
+
+TEST(TraceReader, ExpandableSegmentsAreFlagged) {
+  const AllocationTrace t = read_pytorch_snapshot(snapshot_with({event("segment_map", 0, 2 * MiB)}));
+  EXPECT_TRUE(t.expandable_segments);
+}
+
+TEST(TraceReader, ReadsOwnHistoryCsv) {
+  auto alloc = test::make_allocator();
+  History history{*alloc, 1000};
+  void* a = alloc->allocate(1000);
+  void* b = alloc->allocate(5 * MiB);
+  alloc->deallocate(a);
+  alloc->deallocate(b);
+  std::istringstream in(history_csv(history.entries()));
+  const AllocationTrace t = read_history_trace(in, "h.csv");
+  EXPECT_EQ(t.format, TraceFormat::HistoryCsv);
+  ASSERT_EQ(t.events.size(), history.entries().size());
+  EXPECT_EQ(t.events[0].action, RecordedAction::SegmentAlloc);
+  EXPECT_EQ(t.events[0].size, 2 * MiB);
+  EXPECT_EQ(t.events[1].action, RecordedAction::Alloc);
+  EXPECT_EQ(t.events[1].size, 1000u);  // the request, not the 1024 B block
+  EXPECT_EQ(t.events[1].address, reinterpret_cast<std::uintptr_t>(a));
+  EXPECT_TRUE(t.has_free_completed);
+  EXPECT_FALSE(t.has_final_state);
+}
+
+TEST(TraceReader, MalformedHistoryCsvNamesTheLine) {
+  const std::string header = "seq,time_us,action,address,size,requested_size,stream,module,phase\n";
+  auto parse = [](std::string text) {
+    std::istringstream in(text);
+    return read_history_trace(in, "h.csv");
+  };
+  EXPECT_EQ(parse(header + "1,0.5,alloc,4096,512,100,0,\"a,b\",forward\n").events.size(), 1u);
+  std::string msg = error_of([&] { parse(header + "1,0,alloc,4096,512,100,0,m,forward\n2,0,bogus,1,1,1,0,m,f\n"); });
+  EXPECT_NE(msg.find("h.csv: line 3"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("unknown action 'bogus'"), std::string::npos) << msg;
+  msg = error_of([&] { parse(header + "1,0,alloc,0xZZ,512,100,0,m,forward\n"); });
+  EXPECT_NE(msg.find("line 2: column address"), std::string::npos) << msg;
+  msg = error_of([&] { parse(header + "1,0,alloc,4096\n"); });
+  EXPECT_NE(msg.find("line 2: 4 fields"), std::string::npos) << msg;
+  msg = error_of([&] { parse("seq,action\n1,alloc\n"); });
+  EXPECT_NE(msg.find("missing column 'time_us'"), std::string::npos) << msg;
+  msg = error_of([&] { parse(header + "1,0,alloc,1,1,1,0,\"unterminated,f\n"); });
+  EXPECT_NE(msg.find("unterminated"), std::string::npos) << msg;
+}
+
+TEST(TraceReader, ReadsRmmLog) {
+  std::istringstream in(
+      "Thread,Time,Action,Pointer,Size,Stream\n"
+      "140573312345856,1634567890.5,allocate,0x7f8a40000000,1024,0x0\n"
+      "140573312345856,10:00:01:250000,allocate,0x7f8a40000400,2048,0x7f8a38001020\n"
+      "140573312345856,1634567891.0,free,0x7f8a40000000,1024,0x0\n"
+      "140573312345856,1634567891.5,deallocate,0x7f8a40000400,2048,0x7f8a38001020\n"
+      "140573312345856,1634567892.0,allocate failure,0x0,99999999999,0x0\n");
+  const AllocationTrace t = read_rmm_log(in);
+  EXPECT_EQ(t.format, TraceFormat::RmmCsv);
+  ASSERT_EQ(t.events.size(), 5u);
+  EXPECT_EQ(t.events[0].address, 0x7f8a40000000u);
+  EXPECT_DOUBLE_EQ(t.events[0].time_us, 1634567890.5e6);
+  EXPECT_DOUBLE_EQ(t.events[1].time_us, (10 * 3600 + 1) * 1e6 + 250000);
+  EXPECT_EQ(t.events[1].stream, 0x7f8a38001020u);
+  EXPECT_EQ(t.events[2].action, RecordedAction::FreeRequested);
+  EXPECT_EQ(t.events[3].action, RecordedAction::FreeRequested);
+  EXPECT_EQ(t.events[4].action, RecordedAction::Oom);
+  EXPECT_FALSE(t.has_free_completed);
+}
+
+TEST(TraceReader, MalformedRmmLogNamesTheLine) {
+  auto parse = [](std::string text) {
+    std::istringstream in(text);
+    return read_rmm_log(in, "r.csv");
+  };
+  const std::string header = "Thread,Time,Action,Pointer,Size,Stream\n";
+  std::string msg = error_of([&] { parse(header + "1,1.0,allocate,0x10,12x,0\n"); });
+  EXPECT_NE(msg.find("r.csv: line 2: column Size"), std::string::npos) << msg;
+  msg = error_of([&] { parse(header + "1,1.0,allocate,0x10,1,0\n1,1.0,grab,0x10,1,0\n"); });
+  EXPECT_NE(msg.find("line 3: column Action"), std::string::npos) << msg;
+  msg = error_of([&] { parse(header + "1,noon,allocate,0x10,1,0\n"); });
+  EXPECT_NE(msg.find("line 2: column Time"), std::string::npos) << msg;
+  msg = error_of([&] { parse(""); });
+  EXPECT_NE(msg.find("empty"), std::string::npos) << msg;
+}
+
+TEST(TraceReader, LoadTraceDetectsTheFormat) {
+  const auto dir = std::filesystem::temp_directory_path() / "vramscope_trace_reader_test";
+  std::filesystem::create_directories(dir);
+  const auto pickle = dir / "s.pickle";
+  std::ofstream(pickle, std::ios::binary) << test::kSnapshot;
+  EXPECT_EQ(load_trace(pickle.string()).format, TraceFormat::PyTorchSnapshot);
+  const auto rmm = dir / "r.csv";
+  std::ofstream(rmm) << "Thread,Time,Action,Pointer,Size,Stream\n1,1.0,allocate,0x10,1,0\n";
+  EXPECT_EQ(load_trace(rmm.string()).format, TraceFormat::RmmCsv);
+  const auto hist = dir / "h.csv";
+  std::ofstream(hist) << "seq,time_us,action,address,size,requested_size,stream,module,phase\n";
+  EXPECT_EQ(load_trace(hist.string()).format, TraceFormat::HistoryCsv);
+  const auto other = dir / "o.txt";
+  std::ofstream(other) << "hello\n";
+  EXPECT_NE(error_of([&] { load_trace(other.string()); }).find("unrecognised trace format"), std::string::npos);
+  EXPECT_NE(error_of([&] { load_trace((dir / "missing").string()); }).find("cannot open"), std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace mem

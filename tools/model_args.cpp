@@ -1,0 +1,105 @@
+// model_args.cpp — model, size and device options shared by `sweep` and `trace`.
+#include "model_args.hpp"
+
+#include <fmt/format.h>
+
+#include "usage_error.hpp"
+#include "vramscope/allocator/config.hpp"
+#include "vramscope/allocator/device.hpp"
+
+namespace mem::tools {
+
+void add_model_options(CLI::App& app, ModelArgs& args, const std::string& default_note) {
+  const std::string names = fmt::format("{}", fmt::join(nn::model_names(), ", "));
+  app.add_option("-m,--model", args.model, "built-in model: " + names + " (" + default_note + ")")
+      ->type_name("NAME");
+  app.add_option("-b,--batch", args.batch, "batch size (default: the model's)")->type_name("N");
+  app.add_option("--depth", args.depth, "mlp: number of Linear+ReLU layers")->type_name("N");
+  app.add_option("--width", args.width, "mlp: features per layer")->type_name("N");
+  app.add_option("--seq", args.seq, "gpt2: sequence length (<= 1024)")->type_name("N");
+  app.add_option("--image", args.image, "resnet: input side in pixels")->type_name("N");
+  app.add_option("--classes", args.classes, "resnet: number of classes")->type_name("N");
+  app.add_option("--model-options", args.extra,
+                 "more model options as key=value,... (dropout=0,inplace=1; see `vramscope models`)")
+      ->type_name("K=V,...");
+}
+
+nn::ModelOptions to_model_options(const ModelArgs& args) {
+  nn::ModelOptions o = as_usage("--model-options", [&] { return nn::ModelOptions::parse(args.extra); });
+  const auto set = [](const char* option, std::int64_t value, std::int64_t& field) {
+    if (value < 0) {
+      throw UsageError(fmt::format("{}: {} is negative; give a positive number", option, value));
+    }
+    if (value > 0) field = value;
+  };
+  set("--batch", args.batch, o.batch);
+  set("--depth", args.depth, o.depth);
+  set("--width", args.width, o.width);
+  set("--seq", args.seq, o.seq);
+  set("--image", args.image, o.image);
+  set("--classes", args.classes, o.classes);
+  return o;
+}
+
+nn::ModelInfo describe(const std::string& model, const nn::ModelOptions& options) {
+  return as_usage("--model", [&] { return nn::describe_model(model, options); });
+}
+
+std::vector<std::string> split_list(const std::string& text) {
+  std::vector<std::string> out;
+  std::string item;
+  const auto flush = [&] {
+    const auto b = item.find_first_not_of(" \t");
+    const auto e = item.find_last_not_of(" \t");
+    if (b != std::string::npos) out.push_back(item.substr(b, e - b + 1));
+    item.clear();
+  };
+  for (const char ch : text) {
+    if (ch == ',') {
+      flush();
+    } else {
+      item += ch;
+    }
+  }
+  flush();
+  return out;
+}
+
+std::vector<nn::Precision> parse_precisions(const std::string& option, const std::string& list) {
+  std::vector<nn::Precision> out;
+  for (const std::string& name : split_list(list)) {
+    const nn::Precision p = as_usage(option, [&] { return nn::parse_precision(name); });
+    bool seen = false;
+    for (const nn::Precision q : out) seen = seen || q == p;
+    if (!seen) out.push_back(p);
+  }
+  if (out.empty()) {
+    throw UsageError(option + ": empty list; valid: f32, f16, bf16, amp, amp-bf16");
+  }
+  return out;
+}
+
+void check_device(const std::string& spec, nn::ExecMode mode) {
+  nn::TrainConfig cfg;
+  cfg.device = spec;
+  cfg.mode = mode;
+  const std::string full = nn::device_spec_for(cfg);
+  const auto device = as_usage("--device", [&] { return make_device(full); });
+  if (mode == nn::ExecMode::Compute && !device->info().simulated) {
+    throw UsageError("--compute: runs the arithmetic on the CPU and needs a simulated device "
+                     "(--device sim:<preset>); " + device->info().name + " is a real GPU");
+  }
+}
+
+void check_alloc_conf(const std::string& conf) {
+  as_usage("--alloc-conf", [&] { return AllocatorConfig::parse(conf); });
+}
+
+std::string model_label(const nn::ModelInfo& info, const nn::ModelOptions& options) {
+  const std::string sizes = options.to_string();
+  std::string label = info.name;
+  if (!sizes.empty()) label += " " + sizes;
+  return label;
+}
+
+}  // namespace mem::tools

@@ -1,0 +1,56 @@
+// model_args.hpp — the options that pick a model, its size and a device, shared
+// by `sweep` and `trace`, and their validation into runtime types.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "vramscope/runtime/models.hpp"
+#include "vramscope/runtime/training.hpp"
+
+namespace mem::tools {
+
+/// What the command line says about the model (0 = the model's default).
+struct ModelArgs {
+  std::string model;          ///< empty: the command's default
+  std::int64_t batch = 0;
+  std::int64_t depth = 0;
+  std::int64_t width = 0;
+  std::int64_t seq = 0;
+  std::int64_t image = 0;
+  std::int64_t classes = 0;
+  std::string extra;          ///< --model-options "dropout=0,inplace=1"
+};
+
+/// Adds --model, --batch, --depth, --width, --seq, --image, --classes, --model-options.
+void add_model_options(CLI::App& app, ModelArgs& args, const std::string& default_note);
+
+/// The runtime's options for `args` (extra first, then the explicit flags on top).
+/// Throws UsageError naming the option and the valid values.
+nn::ModelOptions to_model_options(const ModelArgs& args);
+
+/// Shapes and sizes of the chosen model; throws UsageError for an unknown model
+/// (listing the valid names) or an impossible size.
+nn::ModelInfo describe(const std::string& model, const nn::ModelOptions& options);
+
+/// Comma-separated list ("f32,f16") split and trimmed; empty items dropped.
+std::vector<std::string> split_list(const std::string& text);
+
+/// Parses each name with nn::parse_precision; UsageError names the valid ones.
+std::vector<nn::Precision> parse_precisions(const std::string& option, const std::string& list);
+
+/// Checks a device spec by building it; UsageError with the valid forms otherwise.
+/// Compute mode needs host memory behind the device (a simulated GPU).
+void check_device(const std::string& spec, nn::ExecMode mode);
+
+/// Checks an allocator config string (PYTORCH_CUDA_ALLOC_CONF syntax).
+void check_alloc_conf(const std::string& conf);
+
+/// One line naming the model's size: "mlp depth=256 width=1024 batch=4096".
+std::string model_label(const nn::ModelInfo& info, const nn::ModelOptions& options);
+
+}  // namespace mem::tools

@@ -1,0 +1,124 @@
+// sweep.hpp — the sweep engine: one training run per configuration (segment
+// count x precision x allocator setting), each on a fresh device and allocator,
+// measured by an observer on that allocator. No printing here: sweep_report,
+// sweep_export and sweep_plot turn a SweepResult into text and files.
+//
+//   mem::tools::SweepSpec spec;
+//   spec.model = "mlp";
+//   spec.device = "sim:rtx2080s";
+//   spec.segments = {0, 4, 16};
+//   spec.precisions = {mem::nn::Precision::F32};
+//   spec.alloc_confs = {""};
+//   mem::tools::SweepResult r = mem::tools::run_sweep(spec);
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "vramscope/allocator/device.hpp"
+#include "vramscope/allocator/errors.hpp"
+#include "vramscope/instrumentation/module_scope.hpp"
+#include "vramscope/runtime/training.hpp"
+
+namespace mem::tools {
+
+/// What to sweep. Every list must be non-empty (validate_sweep checks).
+struct SweepSpec {
+  std::string model = "mlp";
+  nn::ModelOptions model_options;
+  std::string device = "sim:rtx2080s";
+  std::vector<std::size_t> segments;       ///< 0 = no checkpointing
+  std::vector<nn::Precision> precisions;
+  std::vector<std::string> alloc_confs;    ///< "" = PyTorch's defaults
+  std::size_t steps = 2;
+  nn::ExecMode mode = nn::ExecMode::DryRun;
+  nn::OptimizerConfig optimizer;
+  nn::CheckpointMode checkpoint_mode = nn::CheckpointMode::NonReentrant;
+};
+
+/// Figures of one run, every one read from the allocator (an observer sees the
+/// totals after each allocator event; the rest comes from the runtime's StepStats).
+struct RunFigures {
+  std::int64_t allocated_end = 0;        ///< memory_allocated() after the last step
+  std::int64_t reserved_end = 0;
+  std::int64_t peak_allocated = 0;       ///< max_memory_allocated() over all steps
+  std::int64_t peak_reserved = 0;        ///< max_memory_reserved()
+  std::int64_t peak_device_used = 0;     ///< the most nvidia-smi would have shown
+  /// Reserved but unallocated at the moment live tensors peaked (cache + fragmentation).
+  std::int64_t unallocated_at_peak = 0;
+  double recompute_ratio = 0;            ///< extra forward FLOPs / one forward (last step)
+  double step_ms = 0;                    ///< mean host time of a step
+  std::size_t steps_done = 0;
+  bool gradients_missing = false;        ///< reentrant pitfall: some parameter got no grad
+  std::vector<std::string> warnings;
+};
+
+/// Where and how a run ran out of memory.
+struct OomFailure {
+  std::size_t step = 0;                  ///< 1-based; 0 = while allocating the parameters
+  Phase phase = Phase::None;
+  std::string module;                    ///< innermost module scope at the failure
+  OutOfMemoryError::Figures figures;     ///< the allocator's state at the failure
+  std::string message;
+};
+
+struct SweepRow {
+  std::size_t segments = 0;              ///< as asked; 0 = no checkpointing
+  nn::Precision precision = nn::Precision::F32;
+  std::string alloc_conf;
+  RunFigures figures;                    ///< for an OOM row: up to the failure
+  std::optional<OomFailure> oom;
+  /// For an OOM row: the same configuration on the same device model without its
+  /// capacity limit (a dry run) — what it would have needed.
+  std::optional<RunFigures> unlimited;
+  /// Max allocated saved against no checkpointing (same precision and allocator
+  /// setting); unset for OOM rows and when the baseline could not be measured.
+  std::optional<std::int64_t> saving;
+  double saving_fraction = 0;
+  bool best = false;                     ///< lowest nvidia-smi peak of its group that fits
+
+  bool fits() const noexcept { return !oom.has_value(); }
+  /// The label of the row: "f32 seg 16", with the allocator setting when given.
+  std::string label() const;
+};
+
+struct SweepResult {
+  SweepSpec spec;
+  nn::ModelInfo model;
+  DeviceInfo device;
+  std::vector<SweepRow> rows;           ///< alloc conf, then precision, then segments
+  /// Runs without checkpointing done only to measure savings (not asked for).
+  std::vector<SweepRow> baselines;
+  double wall_ms = 0;                    ///< the whole sweep
+};
+
+/// Called before each run: runs finished, runs planned, the one starting.
+using SweepProgress = std::function<void(std::size_t, std::size_t, const std::string&)>;
+
+/// Checks the spec without running it: model, device, precisions, allocator
+/// settings, segment counts within [0, sequential modules], steps >= 1.
+/// Throws UsageError naming what is valid. Returns the model's description.
+nn::ModelInfo validate_sweep(const SweepSpec& spec);
+
+/// A useful range of segment counts for `modules` sequential modules:
+/// 0, the powers of two up to min(modules, 8 * sqrt(modules)), and round(sqrt(modules)).
+std::vector<std::size_t> auto_segments(std::size_t modules);
+
+/// Runs every configuration (validate first). An out-of-memory configuration
+/// becomes an OOM row and the sweep goes on.
+SweepResult run_sweep(const SweepSpec& spec, const SweepProgress& progress = {});
+
+/// Runs one configuration on a fresh allocator of `device` (exposed for tests).
+/// segments is as asked (0 = none). Returns the figures, or fills `oom`.
+RunFigures run_config(const SweepSpec& spec, std::shared_ptr<Device> device,
+                      std::size_t segments, nn::Precision precision,
+                      const std::string& alloc_conf, std::optional<OomFailure>& oom);
+
+/// A simulated device like `info` (context, granularity) without a capacity limit.
+std::shared_ptr<Device> unlimited_twin(const DeviceInfo& info);
+
+}  // namespace mem::tools
