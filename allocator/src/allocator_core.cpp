@@ -367,19 +367,20 @@ void AllocatorCore::free(void* ptr) {
   decrease(stats_.allocation, pi, 1);
   decrease(stats_.allocated_bytes, pi, static_cast<std::int64_t>(block->size));
   if (block->size >= config_.max_split_size) stats_.oversize_allocations.decrease(1);
+  const bool deferred = !block->stream_uses.empty();
   if (has_observers_) [[unlikely]] {
-    emit(TraceAction::FreeRequested, block, block->size, block->requested_size);
+    emit(TraceAction::FreeRequested, block, block->size, block->requested_size, !deferred);
   }
-  if (!block->stream_uses.empty()) [[unlikely]] {
+  if (deferred) [[unlikely]] {
     insert_events(block);
   } else {
-    free_block(block);
+    free_block(block, /*report=*/false);
   }
 }
 
-void AllocatorCore::free_block(Block* block) {
+void AllocatorCore::free_block(Block* block, bool report) {
   assert(!block->allocated && block->event_count == 0 && block->stream_uses.empty());
-  if (has_observers_) [[unlikely]] {
+  if (report && has_observers_) [[unlikely]] {
     emit(TraceAction::FreeCompleted, block, block->size, block->requested_size);
   }
   const std::size_t original_size = block->size;
@@ -566,9 +567,10 @@ void AllocatorCore::update_device_view() noexcept {
 }
 
 void AllocatorCore::emit(TraceAction action, const Block* b, std::size_t size,
-                         std::size_t requested) noexcept {
+                         std::size_t requested, bool completed) noexcept {
   TraceEvent e;
   e.action = action;
+  e.completed = completed;
   e.address = b->ptr;
   e.size = size;
   e.requested_size = requested;
@@ -579,6 +581,7 @@ void AllocatorCore::emit(TraceAction action, const Block* b, std::size_t size,
   e.reserved_bytes = static_cast<std::size_t>(stats_.reserved_bytes[0].current);
   e.device_used_bytes = static_cast<std::size_t>(stats_.device_used_bytes.current);
   e.sequence = ++sequence_;
+  if (completed) ++sequence_;  // the number of the implied free_completed
   for (AllocatorObserver* o : observers_) o->on_event(e);
 }
 

@@ -135,7 +135,8 @@ class AllocatorCore {
   void garbage_collect_cached_blocks();
   Block* alloc_found_block(AllocParams& p);
   bool should_split(const Block* block, std::size_t size) const noexcept;
-  void free_block(Block* block);
+  /// Returns a block to its pool; `report` emits FreeCompleted (deferred frees).
+  void free_block(Block* block, bool report = true);
   void insert_events(Block* block);
   void process_events();
   void synchronize_and_free_events();
@@ -157,7 +158,8 @@ class AllocatorCore {
   std::size_t device_rounded(std::size_t bytes) const noexcept;
   void update_device_view() noexcept;
 
-  void emit(TraceAction action, const Block* b, std::size_t size, std::size_t requested) noexcept;
+  void emit(TraceAction action, const Block* b, std::size_t size, std::size_t requested,
+            bool completed = false) noexcept;
   void emit_segment(TraceAction action, std::uintptr_t ptr, std::size_t size, StreamId stream,
                     bool small, std::uint32_t context) noexcept;
 

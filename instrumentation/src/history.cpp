@@ -17,8 +17,10 @@ namespace {
 // so that each store is a plain relaxed atomic store (a mov on x86).
 enum Word : std::size_t {
   kSequence, kTicks, kAddress, kSize, kRequested, kStream, kAllocated, kReserved, kDeviceUsed,
-  kPacked,  // context << 32 | small_pool << 8 | action
+  kPacked,  // context << 32 | folded << 9 | small_pool << 8 | action
 };
+// Set on a free_requested slot whose free_completed followed at once.
+constexpr std::uint64_t kFoldedBit = std::uint64_t{1} << 9;
 
 }  // namespace
 
@@ -50,15 +52,15 @@ void History::detach() noexcept {
 }
 
 void History::on_event(const TraceEvent& event) noexcept {
+  constexpr auto relaxed = std::memory_order_relaxed;
   // Single writer (the allocator lock serialises on_event): a sequence lock.
-  const std::uint64_t index = head_.load(std::memory_order_relaxed);
-  writing_.store(index + 1, std::memory_order_relaxed);
+  const std::uint64_t index = head_.load(relaxed);
+  writing_.store(index + 1, relaxed);
   std::atomic_thread_fence(std::memory_order_release);  // free on x86
   Slot& slot = slots_[next_slot_];
   // A wrapping index instead of index % capacity_: a 64-bit division would
   // cost more than the rest of this function.
   next_slot_ = next_slot_ + 1 == capacity_ ? 0 : next_slot_ + 1;
-  constexpr auto relaxed = std::memory_order_relaxed;
   slot.word[kSequence].store(event.sequence, relaxed);
   slot.word[kTicks].store(detail::ticks(), relaxed);
   slot.word[kAddress].store(event.address, relaxed);
@@ -70,32 +72,39 @@ void History::on_event(const TraceEvent& event) noexcept {
   slot.word[kDeviceUsed].store(event.device_used_bytes, relaxed);
   // Segment events and ooms carry no block context: they belong to whatever
   // the calling thread is running (observers run on the allocating thread).
-  const ContextId context =
-      event.context != kNoContext || event.action == TraceAction::Alloc ||
-              event.action == TraceAction::FreeRequested ||
-              event.action == TraceAction::FreeCompleted
-          ? event.context
-          : current_context();
-  slot.word[kPacked].store(std::uint64_t{context} << 32 |
+  const bool block_event = event.action == TraceAction::Alloc ||
+                           event.action == TraceAction::FreeRequested ||
+                           event.action == TraceAction::FreeCompleted;
+  const ContextId context = block_event ? event.context : current_context();
+  // A free that completed at once is one event from the allocator; it is
+  // stored as one slot with a bit and expanded to PyTorch's two entries
+  // (free_requested, free_completed) when read.
+  const std::uint64_t packed = std::uint64_t{context} << 32 |
                                std::uint64_t{event.small_pool} << 8 |
-                               static_cast<std::uint64_t>(event.action),
-                           relaxed);
+                               static_cast<std::uint64_t>(event.action) |
+                               (event.completed ? kFoldedBit : 0);
+  slot.word[kPacked].store(packed, relaxed);
   head_.store(index + 1, std::memory_order_release);
+
+  if (event.completed) folded_.store(folded_.load(relaxed) + 1, std::memory_order_release);
 }
 
 std::vector<HistoryEntry> History::entries() const {
   const std::uint64_t head = head_.load(std::memory_order_acquire);
   const std::uint64_t first = head > capacity_ ? head - capacity_ : 0;
   std::vector<HistoryEntry> out;
-  out.reserve(static_cast<std::size_t>(head - first));
+  out.reserve(static_cast<std::size_t>(head - first) + 16);
   std::vector<std::uint64_t> tick_values;
   tick_values.reserve(out.capacity());
+  std::vector<std::size_t> slot_start;  // first entry of each copied slot
+  slot_start.reserve(static_cast<std::size_t>(head - first));
+  constexpr auto relaxed = std::memory_order_relaxed;
   for (std::uint64_t i = first; i < head; ++i) {
     const Slot& slot = slots_[i % capacity_];
-    constexpr auto relaxed = std::memory_order_relaxed;
+    slot_start.push_back(out.size());
     HistoryEntry e;
     e.sequence = slot.word[kSequence].load(relaxed);
-    tick_values.push_back(slot.word[kTicks].load(relaxed));
+    const std::uint64_t ticks = slot.word[kTicks].load(relaxed);
     e.address = static_cast<std::uintptr_t>(slot.word[kAddress].load(relaxed));
     e.size = static_cast<std::size_t>(slot.word[kSize].load(relaxed));
     e.requested_size = static_cast<std::size_t>(slot.word[kRequested].load(relaxed));
@@ -108,17 +117,29 @@ std::vector<HistoryEntry> History::entries() const {
     e.small_pool = ((packed >> 8) & 1) != 0;
     e.action = static_cast<TraceAction>(packed & 0xff);
     out.push_back(e);
+    tick_values.push_back(ticks);
+    if ((packed & kFoldedBit) != 0) {
+      // The folded free_completed: same block and totals, the next event number.
+      e.action = TraceAction::FreeCompleted;
+      e.sequence += 1;
+      out.push_back(e);
+      tick_values.push_back(ticks);
+    }
   }
   // The writer announces event k in writing_ (k + 1) before touching slot
   // k % capacity, so slot j may have been overwritten while we copied iff
   // j + capacity < writing_now: keep only j >= writing_now - capacity.
   std::atomic_thread_fence(std::memory_order_acquire);
-  const std::uint64_t writing_now = writing_.load(std::memory_order_relaxed);
+  const std::uint64_t writing_now = writing_.load(relaxed);
   std::size_t skip = 0;
   if (writing_now > capacity_ && writing_now - capacity_ > first) {
-    skip = static_cast<std::size_t>(
-        std::min<std::uint64_t>(writing_now - capacity_ - first, out.size()));
+    const auto slots_lost =
+        static_cast<std::size_t>(std::min<std::uint64_t>(writing_now - capacity_ - first, head - first));
+    skip = slots_lost < slot_start.size() ? slot_start[slots_lost] : out.size();
   }
+  // A slot may hold two entries, so the ring can hold more than capacity_:
+  // keep exactly the newest capacity_ of them.
+  if (out.size() - skip > capacity_) skip = out.size() - capacity_;
   out.erase(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(skip));
   tick_values.erase(tick_values.begin(), tick_values.begin() + static_cast<std::ptrdiff_t>(skip));
   for (std::size_t i = 0; i < out.size(); ++i) {
@@ -127,19 +148,24 @@ std::vector<HistoryEntry> History::entries() const {
   return out;
 }
 
+std::uint64_t History::recorded() const noexcept {
+  return head_.load(std::memory_order_acquire) + folded_.load(std::memory_order_acquire);
+}
+
 std::size_t History::size() const noexcept {
-  const std::uint64_t head = head_.load(std::memory_order_acquire);
-  return static_cast<std::size_t>(head < capacity_ ? head : capacity_);
+  const std::uint64_t n = recorded();
+  return static_cast<std::size_t>(n < capacity_ ? n : capacity_);
 }
 
 std::uint64_t History::dropped() const noexcept {
-  const std::uint64_t head = head_.load(std::memory_order_acquire);
-  return head > capacity_ ? head - capacity_ : 0;
+  const std::uint64_t n = recorded();
+  return n > capacity_ ? n - capacity_ : 0;
 }
 
 void History::clear() noexcept {
   head_.store(0, std::memory_order_release);
   writing_.store(0, std::memory_order_release);
+  folded_.store(0, std::memory_order_release);
   next_slot_ = 0;
   start_ticks_ = detail::ticks();
 }

@@ -274,6 +274,7 @@ class Replayer {
     device_ = std::make_shared<TraceAddressDevice>(inner);
     CachingAllocator alloc{device_, opt_.config};
     alloc_ = &alloc;
+    if (opt_.memory_fraction > 0) alloc.set_memory_fraction(opt_.memory_fraction);
     map_streams();
 
     AllocatorConfig recorded{};
@@ -680,6 +681,33 @@ ReplayResult replay_on(const AllocationTrace& trace, ReplayTarget& target) {
   std::unordered_set<std::uintptr_t> failed;
   const std::uint64_t allocs_before = target.device_allocs();
   std::int64_t allocated = 0;
+  auto sample = [&] {
+    r.peak_allocated = std::max(r.peak_allocated, allocated);
+    r.peak_requested = r.peak_allocated;
+    r.peak_reserved = std::max(r.peak_reserved, static_cast<std::int64_t>(target.reserved_bytes()));
+    r.peak_device_used = std::max(r.peak_device_used, static_cast<std::int64_t>(target.device_used_bytes()));
+  };
+  // The blocks live when the trace began (snapshots): allocated first, so the
+  // peer starts from the same live data as the recording (not its cache).
+  if (trace.has_final_state) {
+    const detail::InitialState state = detail::derive_initial_state(trace, AllocatorConfig{});
+    for (const detail::InitSegment& seg : state.segments) {
+      for (const detail::InitBlock& b : seg.live) {
+        ++r.initial_blocks;
+        const std::size_t size = b.requested ? b.requested : b.size;
+        void* p = target.allocate(size, seg.stream);
+        if (p == nullptr) {
+          failed.insert(b.address);
+          continue;
+        }
+        live[b.address] = Live{p, size, seg.stream};
+        allocated += static_cast<std::int64_t>(size);
+      }
+    }
+    r.initial_segments = state.segments.size();
+    r.initial_allocated = static_cast<std::size_t>(allocated);
+    sample();
+  }
   for (std::size_t i = 0; i < trace.events.size(); ++i) {
     const RecordedEvent& e = trace.events[i];
     if (e.action == RecordedAction::Alloc) {
@@ -695,11 +723,7 @@ ReplayResult replay_on(const AllocationTrace& trace, ReplayTarget& target) {
       }
       live[e.address] = Live{p, e.size, e.stream};
       allocated += static_cast<std::int64_t>(e.size);
-      r.peak_allocated = std::max(r.peak_allocated, allocated);
-      r.peak_requested = r.peak_allocated;
-      const auto reserved = static_cast<std::int64_t>(target.reserved_bytes());
-      if (reserved > r.peak_reserved) r.peak_reserved = reserved;
-      r.peak_device_used = std::max(r.peak_device_used, static_cast<std::int64_t>(target.device_used_bytes()));
+      sample();
     } else if (detail::is_free_event(trace, e.action)) {
       auto it = live.find(e.address);
       if (it == live.end()) {

@@ -54,8 +54,11 @@ void Timeline::on_event(const TraceEvent& event) noexcept {
     case TraceAction::SegmentAlloc:
     case TraceAction::SegmentFree:
       break;
+    case TraceAction::FreeRequested:
+      if (event.completed) break;  // the block is back in its pool already
+      return;
     default:
-      return;  // free_requested and oom change no total
+      return;  // a deferred free_requested and oom change no total
   }
   const TimelineSample sample{now_us(), event.allocated_bytes, event.reserved_bytes,
                               event.device_used_bytes};

@@ -17,8 +17,8 @@ namespace mem {
 /// PyTorch's TraceEntry::Action, same meanings.
 enum class TraceAction : std::uint8_t {
   Alloc,          ///< a block was handed out
-  FreeRequested,  ///< the caller freed it; reuse may wait for stream events
-  FreeCompleted,  ///< the block is back in its pool
+  FreeRequested,  ///< the caller freed it; see TraceEvent::completed
+  FreeCompleted,  ///< a deferred free finished: the block is back in its pool
   SegmentAlloc,   ///< cudaMalloc of a new segment
   SegmentFree,    ///< cudaFree of a segment
   Oom,            ///< an allocation failed after freeing the cache
@@ -35,6 +35,10 @@ struct TraceEvent {
   StreamId stream = 0;
   std::uint32_t context = 0;       ///< context id stamped on the block at allocation
   bool small_pool = false;
+  /// FreeRequested only: the block went back to its pool at once, so no
+  /// FreeCompleted event follows (one call instead of two on the hot path).
+  /// A free deferred by record_stream reports FreeCompleted later.
+  bool completed = false;
   // Allocator totals right after the action, so recorders need no bookkeeping.
   std::size_t allocated_bytes = 0;
   std::size_t reserved_bytes = 0;

@@ -76,7 +76,7 @@ class History final : public AllocatorObserver {
   std::size_t size() const noexcept;
   std::size_t capacity() const noexcept { return capacity_; }
   /// Events seen since construction or clear(), including dropped ones.
-  std::uint64_t recorded() const noexcept { return head_.load(std::memory_order_acquire); }
+  std::uint64_t recorded() const noexcept;
   /// Events dropped because the ring was full.
   std::uint64_t dropped() const noexcept;
   /// Forgets every entry. Not to be called while the allocator may emit events.
@@ -90,11 +90,15 @@ class History final : public AllocatorObserver {
 
   std::size_t capacity_;
   std::unique_ptr<Slot[]> slots_;
-  // Invariant: slots [head_ - min(head_, capacity_), head_) hold the retained
-  // events, slot (i % capacity_) holds event i. Only the writer advances head_.
+  // Invariant: slot (i % capacity_) holds the i-th slot written; slots
+  // [head_ - min(head_, capacity_), head_) are readable. A slot holds one event,
+  // or two when a free_completed was folded into its free_requested, so the
+  // slots always cover the newest capacity_ events. Only the writer advances head_.
   std::atomic<std::uint64_t> head_{0};
   std::atomic<std::uint64_t> writing_{0};  ///< index + 1 of the event being written
-  std::size_t next_slot_ = 0;              ///< head_ % capacity_, kept by the writer
+  std::atomic<std::uint64_t> folded_{0};   ///< free_completed events folded into their slot
+  // Writer-only state.
+  std::size_t next_slot_ = 0;              ///< head_ % capacity_
   std::uint64_t start_ticks_;
   CachingAllocator* allocator_ = nullptr;
 };

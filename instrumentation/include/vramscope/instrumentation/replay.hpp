@@ -55,6 +55,9 @@ struct ReplayOptions {
   /// Track reserved-but-unallocated and the largest free block at the peak
   /// (one segments() walk per new peak; off for timing).
   bool track_fragmentation = true;
+  /// set_per_process_memory_fraction for the replay (0: none). PyTorch's
+  /// garbage_collection_threshold acts only with a fraction set.
+  double memory_fraction = 0;
   /// Stop at the first allocation the device cannot satisfy.
   bool stop_at_oom = false;
   std::size_t max_divergences = 16;  ///< divergences kept in the result

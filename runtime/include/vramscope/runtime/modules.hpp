@@ -230,7 +230,8 @@ class Dropout : public Module {
 
 class Embedding : public Module {
  public:
-  Embedding(std::int64_t num_embeddings, std::int64_t dim);
+  /// Initialised uniform(-init_bound, init_bound) in compute mode.
+  Embedding(std::int64_t num_embeddings, std::int64_t dim, double init_bound = 1.0);
   /// input: i64 indices.
   Tensor forward(const Tensor& input) override;
   const Tensor& weight() const noexcept;
@@ -246,6 +247,9 @@ class BasicBlock : public Module {
   BasicBlock(std::int64_t in_planes, std::int64_t planes, std::int64_t stride, bool downsample);
   Tensor forward(const Tensor& input) override;
   static constexpr std::int64_t kExpansion = 1;
+
+ private:
+  Module *conv1_, *bn1_, *relu_, *conv2_, *bn2_, *downsample_ = nullptr;
 };
 
 /// torchvision's Bottleneck (resnet50, v1.5: stride on the 3x3 conv).
@@ -254,6 +258,9 @@ class Bottleneck : public Module {
   Bottleneck(std::int64_t in_planes, std::int64_t planes, std::int64_t stride, bool downsample);
   Tensor forward(const Tensor& input) override;
   static constexpr std::int64_t kExpansion = 4;
+
+ private:
+  Module *conv1_, *bn1_, *conv2_, *bn2_, *conv3_, *bn3_, *relu_, *downsample_ = nullptr;
 };
 
 /// GPT-2 eager attention: c_attn (Conv1D to 3C), split, heads as views, q @ k^T
@@ -266,7 +273,7 @@ class CausalSelfAttention : public Module {
 
  private:
   std::int64_t embed_, heads_;
-  double dropout_;
+  Module *c_attn_, *c_proj_, *attn_dropout_, *resid_dropout_;
 };
 
 /// GPT-2 block: x + attn(ln_1(x)), then x + mlp(ln_2(x)) with mlp = c_fc, GELU(tanh), c_proj, dropout.
@@ -274,6 +281,9 @@ class TransformerBlock : public Module {
  public:
   TransformerBlock(std::int64_t embed, std::int64_t heads, double dropout);
   Tensor forward(const Tensor& input) override;
+
+ private:
+  Module *ln_1_, *attn_, *ln_2_, *mlp_;
 };
 
 }  // namespace mem::nn

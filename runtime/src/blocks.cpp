@@ -1,0 +1,122 @@
+// blocks.cpp — composite layers: torchvision's residual blocks and GPT-2's
+// attention and transformer block, written the way their Python is, so that
+// every copy and temporary PyTorch makes is made here too.
+#include <cmath>
+#include <limits>
+
+#include "detail.hpp"
+#include "vramscope/runtime/modules.hpp"
+
+namespace mem::nn {
+namespace {
+
+std::unique_ptr<Sequential> downsample_branch(std::int64_t in, std::int64_t out, std::int64_t stride) {
+  auto seq = std::make_unique<Sequential>();
+  seq->append(std::make_unique<Conv2d>(in, out, 1, stride, 0, false));
+  seq->append(std::make_unique<BatchNorm2d>(out));
+  return seq;
+}
+
+/// torch.finfo(dtype).min: the mask value HF's eager attention uses.
+double lowest(DType dtype) noexcept {
+  switch (dtype) {
+    case DType::F16: return -65504.0;
+    case DType::BF16: return -3.3895313892515355e38;
+    case DType::F64: return std::numeric_limits<double>::lowest();
+    default: return std::numeric_limits<float>::lowest();
+  }
+}
+
+}  // namespace
+
+BasicBlock::BasicBlock(std::int64_t in, std::int64_t planes, std::int64_t stride, bool downsample)
+    : Module("BasicBlock") {
+  conv1_ = &add_module("conv1", std::make_unique<Conv2d>(in, planes, 3, stride, 1, false));
+  bn1_ = &add_module("bn1", std::make_unique<BatchNorm2d>(planes));
+  relu_ = &add_module("relu", std::make_unique<ReLU>(true));
+  conv2_ = &add_module("conv2", std::make_unique<Conv2d>(planes, planes, 3, 1, 1, false));
+  bn2_ = &add_module("bn2", std::make_unique<BatchNorm2d>(planes));
+  if (downsample) downsample_ = &add_module("downsample", downsample_branch(in, planes * kExpansion, stride));
+}
+
+Tensor BasicBlock::forward(const Tensor& x) {
+  Tensor out = (*conv1_)(x);
+  out = (*bn1_)(out);
+  out = (*relu_)(out);
+  out = (*conv2_)(out);
+  out = (*bn2_)(out);
+  const Tensor identity = downsample_ != nullptr ? (*downsample_)(x) : x;
+  out = add_(out, identity);  // out += identity
+  return (*relu_)(out);
+}
+
+Bottleneck::Bottleneck(std::int64_t in, std::int64_t planes, std::int64_t stride, bool downsample)
+    : Module("Bottleneck") {
+  conv1_ = &add_module("conv1", std::make_unique<Conv2d>(in, planes, 1, 1, 0, false));
+  bn1_ = &add_module("bn1", std::make_unique<BatchNorm2d>(planes));
+  conv2_ = &add_module("conv2", std::make_unique<Conv2d>(planes, planes, 3, stride, 1, false));
+  bn2_ = &add_module("bn2", std::make_unique<BatchNorm2d>(planes));
+  conv3_ = &add_module("conv3", std::make_unique<Conv2d>(planes, planes * kExpansion, 1, 1, 0, false));
+  bn3_ = &add_module("bn3", std::make_unique<BatchNorm2d>(planes * kExpansion));
+  relu_ = &add_module("relu", std::make_unique<ReLU>(true));
+  if (downsample) downsample_ = &add_module("downsample", downsample_branch(in, planes * kExpansion, stride));
+}
+
+Tensor Bottleneck::forward(const Tensor& x) {
+  Tensor out = (*relu_)((*bn1_)((*conv1_)(x)));
+  out = (*relu_)((*bn2_)((*conv2_)(out)));
+  out = (*bn3_)((*conv3_)(out));
+  const Tensor identity = downsample_ != nullptr ? (*downsample_)(x) : x;
+  out = add_(out, identity);
+  return (*relu_)(out);
+}
+
+CausalSelfAttention::CausalSelfAttention(std::int64_t embed, std::int64_t heads, double dropout)
+    : Module("GPT2Attention"), embed_(embed), heads_(heads) {
+  if (embed % heads != 0) throw Error("attention: width " + std::to_string(embed) + " not divisible by heads");
+  c_attn_ = &add_module("c_attn", std::make_unique<Linear>(embed, 3 * embed, true, true));
+  c_proj_ = &add_module("c_proj", std::make_unique<Linear>(embed, embed, true, true));
+  attn_dropout_ = &add_module("attn_dropout", std::make_unique<Dropout>(dropout));
+  resid_dropout_ = &add_module("resid_dropout", std::make_unique<Dropout>(dropout));
+}
+
+Tensor CausalSelfAttention::forward(const Tensor& x) {
+  const std::int64_t b = x.size(0), t = x.size(1), c = embed_, h = heads_, d = embed_ / heads_;
+  const Tensor qkv = (*c_attn_)(x);
+  const std::int64_t sizes[] = {c, c, c};
+  const std::vector<Tensor> parts = split(qkv, sizes, 2);
+  // _split_heads: view + permute, no copies yet.
+  const Tensor q = parts[0].view(Shape{b, t, h, d}).permute({0, 2, 1, 3});
+  const Tensor k = parts[1].view(Shape{b, t, h, d}).permute({0, 2, 1, 3});
+  const Tensor v = parts[2].view(Shape{b, t, h, d}).permute({0, 2, 1, 3});
+  // matmul folds batch dims with reshape: copies of the permuted q and k^T.
+  Tensor att = matmul(q, k.transpose(-1, -2));
+  att = mul_scalar(att, 1.0 / std::sqrt(static_cast<double>(d)));  // / torch.full([], sqrt(d))
+  att = causal_mask(att, lowest(att.dtype()));                      // torch.where(mask, att, min)
+  att = softmax(att);
+  att = to_dtype(att, v.dtype());                                   // .type(value.dtype)
+  att = (*attn_dropout_)(att);
+  Tensor y = matmul(att, v);
+  y = y.permute({0, 2, 1, 3}).contiguous().view(Shape{b, t, c});   // _merge_heads
+  y = (*c_proj_)(y);
+  return (*resid_dropout_)(y);
+}
+
+TransformerBlock::TransformerBlock(std::int64_t embed, std::int64_t heads, double dropout) : Module("GPT2Block") {
+  ln_1_ = &add_module("ln_1", std::make_unique<LayerNorm>(embed));
+  attn_ = &add_module("attn", std::make_unique<CausalSelfAttention>(embed, heads, dropout));
+  ln_2_ = &add_module("ln_2", std::make_unique<LayerNorm>(embed));
+  auto mlp = std::make_unique<Sequential>();
+  mlp->append("c_fc", std::make_unique<Linear>(embed, 4 * embed, true, true));
+  mlp->append("act", std::make_unique<GELU>(true));
+  mlp->append("c_proj", std::make_unique<Linear>(4 * embed, embed, true, true));
+  mlp->append("dropout", std::make_unique<Dropout>(dropout));
+  mlp_ = &add_module("mlp", std::move(mlp));
+}
+
+Tensor TransformerBlock::forward(const Tensor& x) {
+  Tensor hidden = add((*attn_)((*ln_1_)(x)), x);     // attn_output + residual
+  return add(hidden, (*mlp_)((*ln_2_)(hidden)));     // residual + feed_forward
+}
+
+}  // namespace mem::nn

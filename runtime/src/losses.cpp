@@ -1,0 +1,138 @@
+// losses.cpp — mse_loss and cross_entropy (log_softmax + nll_loss), mean reduction.
+#include "vramscope/runtime/losses.hpp"
+
+#include "detail.hpp"
+
+namespace mem::nn {
+namespace {
+
+using detail::HostIn;
+using detail::HostOut;
+
+/// MseLossBackward0: saves input and target.
+class MseLossBackward final : public Node {
+ public:
+  SavedTensor input_, target_;
+  TensorList apply(TensorList& grads) override {
+    const Tensor& g = grads[0];
+    const Tensor x = input_.unpack(), t = target_.unpack();
+    Tensor gx = empty(g.runtime(), x.shape(), x.dtype());
+    g.runtime().add_flops(3.0 * static_cast<double>(x.numel()));
+    if (g.runtime().computing()) {
+      detail::dispatch(x.dtype(), [&](auto tag) {
+        using T = decltype(tag);
+        HostIn<T> G(g), X(x), Y(t);
+        HostOut<T> GX(gx);
+        const T scale = T{2} * G[0] / static_cast<T>(x.numel());
+        for (std::int64_t i = 0; i < x.numel(); ++i) GX[i] = scale * (X[i] - Y[i]);
+      });
+    }
+    return {gx, Tensor{}};
+  }
+  void release_variables() noexcept override {
+    input_.reset();
+    target_.reset();
+  }
+  std::string_view name() const noexcept override { return "MseLossBackward0"; }
+};
+
+/// NllLossBackward0: saves self (the log-probabilities), target and total_weight.
+class NllLossBackward final : public Node {
+ public:
+  SavedTensor self_, target_, total_weight_;
+  TensorList apply(TensorList& grads) override {
+    const Tensor& g = grads[0];
+    const Tensor self = self_.unpack(), target = target_.unpack(), total = total_weight_.unpack();
+    Tensor gx = empty(g.runtime(), self.shape(), self.dtype());
+    g.runtime().add_flops(static_cast<double>(target.numel()));
+    if (g.runtime().computing()) {
+      detail::dispatch(self.dtype(), [&](auto tag) {
+        using T = decltype(tag);
+        HostIn<T> G(g), W(total);
+        HostIn<double> I(target);
+        HostOut<T> GX(gx);
+        const std::int64_t c = self.size(-1);
+        for (std::int64_t i = 0; i < gx.numel(); ++i) GX[i] = T{0};
+        for (std::int64_t r = 0; r < target.numel(); ++r) {
+          GX[r * c + static_cast<std::int64_t>(I[r])] = -G[0] / W[0];
+        }
+      });
+    }
+    return {gx, Tensor{}};
+  }
+  void release_variables() noexcept override {
+    self_.reset();
+    target_.reset();
+    total_weight_.reset();
+  }
+  std::string_view name() const noexcept override { return "NllLossBackward0"; }
+};
+
+}  // namespace
+
+Tensor mse_loss(const Tensor& input_in, const Tensor& target_in) {
+  const Tensor input = detail::autocast_f32(input_in);
+  const Tensor target = detail::autocast_f32(target_in);
+  if (!(input.shape() == target.shape())) {
+    throw Error("mse_loss: input " + input.shape().str() + " and target " + target.shape().str() + " differ");
+  }
+  Runtime& rt = input.runtime();
+  Tensor out = empty(rt, Shape{}, input.dtype());
+  rt.add_flops(3.0 * static_cast<double>(input.numel()));
+  if (rt.computing()) {
+    detail::dispatch(input.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      HostIn<T> X(input), Y(target);
+      HostOut<T> L(out);
+      T acc{0};
+      for (std::int64_t i = 0; i < input.numel(); ++i) acc += (X[i] - Y[i]) * (X[i] - Y[i]);
+      L[0] = acc / static_cast<T>(input.numel());
+    });
+  }
+  if (needs_grad({&input, &target})) {
+    auto node = detail::make_node<MseLossBackward>({&input, &target});
+    node->input_.save(input);
+    node->target_.save(target);
+    set_history(out, node);
+  }
+  return out;
+}
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& target) {
+  if (target.dtype() != DType::I64 || target.numel() * logits.size(-1) != logits.numel()) {
+    throw Error("cross_entropy: i64 targets of shape input.shape[:-1] expected, got " + target.shape().str() +
+                " for logits " + logits.shape().str());
+  }
+  const Tensor lp = log_softmax(logits);
+  Runtime& rt = lp.runtime();
+  Tensor out = empty(rt, Shape{}, lp.dtype());
+  Tensor total_weight = empty(rt, Shape{}, lp.dtype());
+  rt.add_flops(static_cast<double>(target.numel()));
+  if (rt.computing()) {
+    detail::dispatch(lp.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      HostIn<T> P(lp);
+      HostIn<double> I(target);
+      HostOut<T> L(out), W(total_weight);
+      const std::int64_t c = lp.size(-1);
+      T acc{0};
+      for (std::int64_t r = 0; r < target.numel(); ++r) {
+        const auto cls = static_cast<std::int64_t>(I[r]);
+        if (cls < 0 || cls >= c) throw Error("cross_entropy: target class out of range");
+        acc -= P[r * c + cls];
+      }
+      W[0] = static_cast<T>(target.numel());
+      L[0] = acc / W[0];
+    });
+  }
+  if (needs_grad({&lp})) {
+    auto node = detail::make_node<NllLossBackward>({&lp, &target});
+    node->self_.save(lp);
+    node->target_.save(target);
+    node->total_weight_.save(total_weight);
+    set_history(out, node);
+  }
+  return out;
+}
+
+}  // namespace mem::nn

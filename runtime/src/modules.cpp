@@ -1,0 +1,231 @@
+// modules.cpp — the module tree (paths, scopes, parameters) and the basic layers.
+#include "vramscope/runtime/modules.hpp"
+
+#include <cmath>
+
+#include "detail.hpp"
+
+namespace mem::nn {
+
+Module::Module(std::string type_name) : type_name_(std::move(type_name)) {}
+Module::~Module() = default;
+
+Tensor Module::operator()(const Tensor& input) {
+  if (path_.empty()) return forward(input);  // a root: its children carry the scopes
+  const Phase phase = current_phase();
+  ModuleScope scope(context(phase == Phase::Backward ? Phase::Recompute : phase));
+  BackwardContextGuard backward_scope(context(Phase::Backward));
+  return forward(input);
+}
+
+void Module::set_path(const std::string& path) {
+  path_ = path;
+  contexts_ready_ = false;
+  for (auto& [name, child] : children_) child->set_path(path.empty() ? name : path + "." + name);
+}
+
+ContextId Module::context(Phase phase) {
+  if (!contexts_ready_) {
+    for (std::size_t i = 0; i < kNumPhases; ++i) {
+      contexts_[i] = path_.empty() ? kNoContext : intern_context(path_, static_cast<Phase>(i));
+    }
+    contexts_ready_ = true;
+  }
+  return contexts_[static_cast<std::size_t>(phase)];
+}
+
+void Module::train(bool on) {
+  training_ = on;
+  for (auto& [name, child] : children_) child->train(on);
+}
+
+std::vector<Tensor> Module::parameters() const {
+  std::vector<Tensor> out;
+  for (const ParamSlot& slot : slots_) {
+    if (!slot.is_buffer) out.push_back(slot.tensor);
+  }
+  for (const auto& [name, child] : children_) {
+    auto sub = child->parameters();
+    out.insert(out.end(), sub.begin(), sub.end());
+  }
+  return out;
+}
+
+std::int64_t Module::parameter_count() const {
+  std::int64_t n = 0;
+  for (const ParamSlot& slot : slots_) {
+    if (!slot.is_buffer) n += slot.shape.numel();
+  }
+  for (const auto& [name, child] : children_) n += child->parameter_count();
+  return n;
+}
+
+std::int64_t Module::parameter_tensors() const {
+  std::int64_t n = 0;
+  for (const ParamSlot& slot : slots_) n += slot.is_buffer ? 0 : 1;
+  for (const auto& [name, child] : children_) n += child->parameter_tensors();
+  return n;
+}
+
+std::size_t Module::buffer_bytes(DType dtype) const {
+  std::size_t n = 0;
+  for (const ParamSlot& slot : slots_) {
+    if (slot.is_buffer) {
+      n += static_cast<std::size_t>(slot.shape.numel()) * dtype_size(slot.keeps_dtype ? slot.fixed_dtype : dtype);
+    }
+  }
+  for (const auto& [name, child] : children_) n += child->buffer_bytes(dtype);
+  return n;
+}
+
+void Module::materialize(Runtime& runtime, DType dtype) {
+  // Module._apply order: children first, then own parameters, then own buffers.
+  for (auto& [name, child] : children_) child->materialize(runtime, dtype);
+  ModuleScope scope(context(Phase::None));
+  for (int pass = 0; pass < 2; ++pass) {
+    for (ParamSlot& slot : slots_) {
+      if (slot.is_buffer != (pass == 1)) continue;
+      const DType dt = slot.keeps_dtype ? slot.fixed_dtype : dtype;
+      slot.tensor = empty(runtime, slot.shape, dt);
+      const std::uint64_t seed = runtime.init_seed() + 0x51ed27ull * (runtime.next_init_stream() + 1);
+      if (slot.init_low == slot.init_high) {
+        fill_(slot.tensor, slot.init_low);
+      } else {
+        uniform_(slot.tensor, slot.init_low, slot.init_high, seed);
+      }
+      slot.tensor.set_name(path_.empty() ? slot.name : path_ + "." + slot.name);
+      if (!slot.is_buffer) {
+        slot.tensor.set_requires_grad(true);
+        slot.tensor.impl()->grad_context = context(Phase::Backward);
+      }
+    }
+  }
+}
+
+void Module::release() noexcept {
+  for (ParamSlot& slot : slots_) slot.tensor = Tensor{};
+  for (auto& [name, child] : children_) child->release();
+}
+
+std::size_t Module::add_parameter(std::string name, Shape shape, double low, double high) {
+  slots_.push_back(ParamSlot{std::move(name), shape, false, DType::F32, false, low, high, {}});
+  return slots_.size() - 1;
+}
+
+std::size_t Module::add_buffer(std::string name, Shape shape, double fill, bool keep_i64) {
+  slots_.push_back(ParamSlot{std::move(name), shape, true, DType::I64, keep_i64, fill, fill, {}});
+  return slots_.size() - 1;
+}
+
+// --- Sequential ---------------------------------------------------------------------------
+
+Sequential::Sequential() : Module("Sequential") {}
+
+Module& Sequential::append(std::string name, std::unique_ptr<Module> module) {
+  return add_module(std::move(name), std::move(module));
+}
+
+Module& Sequential::append(std::unique_ptr<Module> module) {
+  return append(std::to_string(children().size()), std::move(module));
+}
+
+Tensor Sequential::forward(const Tensor& input) {
+  Tensor x = input;
+  for (const auto& [name, child] : children()) x = (*child)(x);
+  return x;
+}
+
+std::vector<Module*> Sequential::modules() const {
+  std::vector<Module*> out;
+  for (const auto& [name, child] : children()) out.push_back(child.get());
+  return out;
+}
+
+// --- layers ---------------------------------------------------------------------------------
+
+Linear::Linear(std::int64_t in, std::int64_t out, bool bias, bool kn_layout)
+    : Module("Linear"), has_bias_(bias), kn_layout_(kn_layout) {
+  const double bound = 1.0 / std::sqrt(static_cast<double>(in));  // kaiming_uniform(a=sqrt(5))
+  weight_ = add_parameter("weight", kn_layout ? Shape{in, out} : Shape{out, in}, -bound, bound);
+  bias_ = bias ? add_parameter("bias", Shape{out}, -bound, bound) : 0;
+}
+
+Tensor Linear::forward(const Tensor& input) {
+  const Tensor b = has_bias_ ? param(bias_) : Tensor{};
+  return kn_layout_ ? linear_kn(input, param(weight_), b) : linear(input, param(weight_), b);
+}
+
+const Tensor& Linear::weight() const noexcept { return slots()[weight_].tensor; }
+
+Conv2d::Conv2d(std::int64_t in, std::int64_t out, std::int64_t kernel, std::int64_t stride, std::int64_t padding,
+               bool bias)
+    : Module("Conv2d"), stride_(stride), padding_(padding), has_bias_(bias) {
+  const double bound = 1.0 / std::sqrt(static_cast<double>(in * kernel * kernel));
+  weight_ = add_parameter("weight", Shape{out, in, kernel, kernel}, -bound, bound);
+  bias_ = bias ? add_parameter("bias", Shape{out}, -bound, bound) : 0;
+}
+
+Tensor Conv2d::forward(const Tensor& input) {
+  return conv2d(input, param(weight_), has_bias_ ? param(bias_) : Tensor{}, stride_, padding_);
+}
+
+ReLU::ReLU(bool inplace) : Module("ReLU"), inplace_(inplace) {}
+Tensor ReLU::forward(const Tensor& input) { return inplace_ ? relu_(input) : relu(input); }
+
+Sigmoid::Sigmoid() : Module("Sigmoid") {}
+Tensor Sigmoid::forward(const Tensor& input) { return sigmoid(input); }
+
+Tanh::Tanh() : Module("Tanh") {}
+Tensor Tanh::forward(const Tensor& input) { return tanh(input); }
+
+GELU::GELU(bool tanh_approx) : Module("GELU"), tanh_approx_(tanh_approx) {}
+Tensor GELU::forward(const Tensor& input) { return gelu(input, tanh_approx_); }
+
+BatchNorm2d::BatchNorm2d(std::int64_t channels, double eps, double momentum)
+    : Module("BatchNorm2d"), eps_(eps), momentum_(momentum) {
+  weight_ = add_parameter("weight", Shape{channels}, 1.0, 1.0);
+  bias_ = add_parameter("bias", Shape{channels}, 0.0, 0.0);
+  mean_ = add_buffer("running_mean", Shape{channels}, 0.0);
+  var_ = add_buffer("running_var", Shape{channels}, 1.0);
+  batches_ = add_buffer("num_batches_tracked", Shape{}, 0.0, true);
+}
+
+Tensor BatchNorm2d::forward(const Tensor& input) {
+  if (training() && !recomputing()) {
+    // num_batches_tracked.add_(1): in place on a 0-d tensor, no allocation.
+    const Tensor& counter = param(batches_);
+    if (counter.runtime().computing()) ++*counter.data<std::int64_t>();
+  }
+  return batch_norm(input, param(weight_), param(bias_), param(mean_), param(var_), training(), momentum_, eps_);
+}
+
+const Tensor& BatchNorm2d::running_mean() const noexcept { return slots()[mean_].tensor; }
+const Tensor& BatchNorm2d::running_var() const noexcept { return slots()[var_].tensor; }
+
+LayerNorm::LayerNorm(std::int64_t features, double eps) : Module("LayerNorm"), eps_(eps) {
+  weight_ = add_parameter("weight", Shape{features}, 1.0, 1.0);
+  bias_ = add_parameter("bias", Shape{features}, 0.0, 0.0);
+}
+
+Tensor LayerNorm::forward(const Tensor& input) { return layer_norm(input, param(weight_), param(bias_), eps_); }
+
+MaxPool2d::MaxPool2d(std::int64_t kernel, std::int64_t stride, std::int64_t padding)
+    : Module("MaxPool2d"), kernel_(kernel), stride_(stride), padding_(padding) {}
+Tensor MaxPool2d::forward(const Tensor& input) { return max_pool2d(input, kernel_, stride_, padding_); }
+
+AdaptiveAvgPool2d::AdaptiveAvgPool2d() : Module("AdaptiveAvgPool2d") {}
+Tensor AdaptiveAvgPool2d::forward(const Tensor& input) { return adaptive_avg_pool2d(input); }
+
+Flatten::Flatten(std::int64_t start_dim) : Module("Flatten"), start_dim_(start_dim) {}
+Tensor Flatten::forward(const Tensor& input) { return input.flatten(start_dim_); }
+
+Dropout::Dropout(double p) : Module("Dropout"), p_(p) {}
+Tensor Dropout::forward(const Tensor& input) { return dropout(input, p_, training()); }
+
+Embedding::Embedding(std::int64_t num_embeddings, std::int64_t dim, double init_bound) : Module("Embedding") {
+  weight_ = add_parameter("weight", Shape{num_embeddings, dim}, -init_bound, init_bound);
+}
+Tensor Embedding::forward(const Tensor& input) { return embedding(param(weight_), input); }
+const Tensor& Embedding::weight() const noexcept { return slots()[weight_].tensor; }
+
+}  // namespace mem::nn

@@ -1,0 +1,80 @@
+// main.cpp — the `vramscope` command: wires the subcommands and turns errors
+// into exit codes (0 ok, 1 the run failed, 2 bad input). The only place that
+// decides how the process ends.
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <exception>
+#include <iostream>
+#include <new>
+
+#include "commands.hpp"
+#include "usage_error.hpp"
+#include "vramscope/allocator/errors.hpp"
+#ifdef VRAMSCOPE_HAVE_REPLAY_COMMAND
+#include "replay_command.hpp"
+#endif
+
+namespace {
+
+int fail(int code, const std::string& message) {
+  std::cout.flush();
+  std::fprintf(stderr, "vramscope: error: %s\n", mem::tools::one_line(message).c_str());
+  return code;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "vramscope — where GPU memory goes when you train a network: a CUDA caching allocator with "
+      "PyTorch's policy on a real or simulated GPU, a minimal autograd runtime on it, and the "
+      "table you build by hand today.",
+      "vramscope"};
+  app.set_version_flag("--version", "vramscope 0.1.0");
+  app.require_subcommand(0, 1);
+  mem::tools::add_sweep_command(app);
+  mem::tools::add_trace_command(app);
+  mem::tools::add_devices_command(app);
+  mem::tools::add_models_command(app);
+#ifdef VRAMSCOPE_HAVE_REPLAY_COMMAND
+  add_replay_command(app);
+#endif
+  app.footer(
+      "Examples:\n"
+      "  vramscope sweep                          # a deep mlp that only fits with checkpointing\n"
+      "  vramscope sweep --model resnet50 --batch 128 --device sim:a100-40g --dtype f32,amp\n"
+      "  vramscope trace --model resnet18 --batch 128 --max-depth 2 --snapshot step.pickle\n"
+      "  vramscope devices\n"
+      "  vramscope models\n"
+      "Run `vramscope <command> --help` for each command's options.");
+
+  try {
+    app.parse(argc, argv);
+    if (app.get_subcommands().empty()) {
+      std::cout << app.help();
+      return mem::tools::kExitUsage;
+    }
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::string where;
+    for (const CLI::App* sub : app.get_subcommands()) where = " " + sub->get_name();
+    return fail(mem::tools::kExitUsage,
+                fmt::format("{} (see `vramscope{} --help`)", e.what(), where));
+  } catch (const mem::tools::UsageError& e) {
+    return fail(mem::tools::kExitUsage, e.what());
+  } catch (const mem::tools::CommandFailed& e) {
+    return fail(mem::tools::kExitFailure, e.what());
+  } catch (const mem::OutOfMemoryError& e) {
+    return fail(mem::tools::kExitFailure, e.what());
+  } catch (const std::exception& e) {
+    return fail(mem::tools::kExitFailure, e.what());
+  }
+  return 0;
+}

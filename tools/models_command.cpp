@@ -1,0 +1,70 @@
+// models_command.cpp — `vramscope models`: the built-in models with their
+// parameters, parameter bytes and default shapes (nothing is allocated).
+#include <fmt/format.h>
+
+#include <iostream>
+#include <memory>
+
+#include "commands.hpp"
+#include "model_args.hpp"
+#include "table.hpp"
+#include "vramscope/allocator/units.hpp"
+#include "vramscope/runtime/models.hpp"
+
+namespace mem::tools {
+
+namespace {
+
+const char* loss_name(nn::LossKind loss) {
+  return loss == nn::LossKind::MSE ? "mse" : "cross entropy";
+}
+
+void run(const ModelArgs& args) {
+  std::vector<std::string> names;
+  nn::ModelOptions options;
+  if (args.model.empty()) {
+    names = nn::model_names();
+    options = to_model_options(args);  // rejects malformed values even when listing all
+  } else {
+    names.push_back(args.model);
+    options = to_model_options(args);
+  }
+  Table t{{{"model", Align::Left},
+           {"parameters", Align::Right},
+           {"f32", Align::Right},
+           {"f16", Align::Right},
+           {"batch", Align::Right},
+           {"input", Align::Left},
+           {"seq modules", Align::Right},
+           {"loss", Align::Left}}};
+  std::vector<std::pair<std::string, std::string>> notes;
+  for (const std::string& name : names) {
+    const nn::ModelInfo m = describe(name, args.model.empty() ? nn::ModelOptions{} : options);
+    t.add_row({m.name, human_count(m.parameters), format_bytes(m.parameter_bytes(nn::DType::F32)),
+               format_bytes(m.parameter_bytes(nn::DType::F16)), std::to_string(m.batch),
+               m.input_shape.str(), std::to_string(m.sequence_length), loss_name(m.loss)});
+    notes.emplace_back(m.name, m.description);
+  }
+  std::cout << t.render("  ") << "\n";
+  for (const auto& [name, description] : notes) std::cout << fmt::format("  {:<15} {}\n", name, description);
+  std::cout << "\n  seq modules: the top-level modules checkpoint_sequential splits (--segments at most this).\n"
+               "  Sizes: --batch, --depth/--width (mlp), --seq (gpt2), --image/--classes (resnet),\n"
+               "  e.g. `vramscope models --model mlp --depth 256 --width 512`.\n";
+}
+
+}  // namespace
+
+void add_models_command(CLI::App& app) {
+  auto args = std::make_shared<ModelArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "models", "List the built-in models with their parameters, parameter bytes and default shapes.");
+  add_model_options(*cmd, *args, "default: list all");
+  cmd->footer(
+      "Examples:\n"
+      "  vramscope models\n"
+      "  vramscope models --model gpt2 --seq 512\n"
+      "  vramscope models --model mlp --depth 256 --width 512 --batch 16384");
+  cmd->callback([args] { run(*args); });
+}
+
+}  // namespace mem::tools

@@ -1,0 +1,259 @@
+// replay_command.cpp — `vramscope replay`: one row per setting (and per peer)
+// with the peaks, fragmentation and the first OOM; for a PyTorch snapshot
+// under its recorded settings, the conformance with the recording.
+#include "replay_command.hpp"
+
+#include <fmt/format.h>
+
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "commands.hpp"
+#include "table.hpp"
+#include "usage_error.hpp"
+#include "vramscope/allocator/config.hpp"
+#include "vramscope/allocator/device.hpp"
+#include "vramscope/allocator/units.hpp"
+#include "vramscope/instrumentation/replay.hpp"
+
+#if defined(VRAMSCOPE_HAVE_CUB_PEER) && VRAMSCOPE_HAVE_CUB_PEER
+#include "peers/peer_allocators.hpp"
+#define VRAMSCOPE_REPLAY_CUB 1
+#else
+#define VRAMSCOPE_REPLAY_CUB 0
+#endif
+
+namespace mem::tools {
+namespace {
+
+struct ReplayArgs {
+  std::string file;
+  std::string device = "sim:a100-80g";
+  std::vector<std::string> confs;
+  std::vector<std::string> peers;
+  std::string format = "table";
+  int trace_device = -1;
+  bool stop_at_oom = false;
+};
+
+struct Row {
+  std::string label;  // "vramscope (default)", "cub-growth2"
+  ReplayResult result;
+};
+
+std::string oom_text(const ReplayResult& r) {
+  if (!r.first_oom) return "none";
+  return fmt::format("event {} ({})", r.first_oom->event_index, format_bytes(r.first_oom->requested));
+}
+
+std::string conformance_text(const ReplayResult& r) {
+  if (!r.conformance_checked) return "";
+  return fmt::format("segment_allocs {}/{}, blocks {}/{}", r.segment_allocs_reproduced,
+                     r.segment_allocs_recorded, r.blocks_placed, r.allocs_checked);
+}
+
+nlohmann::json to_json(const Row& row) {
+  const ReplayResult& r = row.result;
+  nlohmann::json j = {
+      {"label", row.label},
+      {"config", r.config},
+      {"device", r.device},
+      {"supported", r.supported},
+      {"events", r.events},
+      {"allocs", r.allocs},
+      {"frees", r.frees},
+      {"unknown_frees", r.unknown_frees},
+      {"peak_allocated_bytes", r.peak_allocated},
+      {"peak_reserved_bytes", r.peak_reserved},
+      {"peak_requested_bytes", r.peak_requested},
+      {"peak_nvidia_smi_bytes", r.peak_device_used},
+      {"reserved_per_requested", r.reserved_per_requested},
+      {"reserved_unallocated_at_peak_bytes", r.reserved_unallocated_at_peak},
+      {"largest_free_block_at_peak_bytes", r.largest_free_block_at_peak},
+      {"fragmentation", r.fragmentation},
+      {"device_allocs", r.segment_allocs},
+      {"ooms", r.ooms},
+  };
+  if (!r.supported) j["unsupported_reason"] = r.unsupported_reason;
+  if (r.first_oom) {
+    j["first_oom"] = {{"event_index", r.first_oom->event_index},
+                      {"requested_bytes", r.first_oom->requested},
+                      {"message", r.first_oom->message}};
+  }
+  if (r.rebuilt_exactly || r.initial_segments > 0) {
+    j["starting_state"] = {{"exact", r.rebuilt_exactly},
+                           {"segments", r.initial_segments},
+                           {"live_blocks", r.initial_blocks},
+                           {"reserved_bytes", r.initial_reserved}};
+  }
+  if (r.conformance_checked) {
+    nlohmann::json div = nlohmann::json::array();
+    for (const ReplayDivergence& d : r.divergences) div.push_back({{"event_index", d.event_index}, {"what", d.what}});
+    j["conformance"] = {{"segment_allocs_recorded", r.segment_allocs_recorded},
+                        {"segment_allocs_reproduced", r.segment_allocs_reproduced},
+                        {"allocs_checked", r.allocs_checked},
+                        {"blocks_placed", r.blocks_placed},
+                        {"final_segments_recorded", r.final_segments_recorded},
+                        {"final_segments_matched", r.final_segments_matched},
+                        {"divergences", r.divergence_count},
+                        {"first_divergences", div}};
+  }
+  return j;
+}
+
+std::string csv_field(const std::string& s) {
+  if (s.find_first_of(",\"\n") == std::string::npos) return s;
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"') out += '"';
+    out += c;
+  }
+  return out + "\"";
+}
+
+void print(const ReplayArgs& args, const AllocationTrace& trace, const std::vector<Row>& rows) {
+  if (args.format == "json") {
+    nlohmann::json j = {{"trace", trace.source},
+                        {"format", std::string(trace_format_name(trace.format))},
+                        {"events", trace.events.size()},
+                        {"device", args.device},
+                        {"runs", nlohmann::json::array()}};
+    if (!rows.empty()) j["assumptions"] = rows.front().result.assumptions;
+    for (const Row& row : rows) j["runs"].push_back(to_json(row));
+    std::cout << j.dump(2) << "\n";
+    return;
+  }
+  if (args.format == "csv") {
+    std::cout << "label,config,peak_allocated_bytes,peak_reserved_bytes,peak_requested_bytes,"
+                 "peak_nvidia_smi_bytes,reserved_per_requested,fragmentation,"
+                 "largest_free_block_at_peak_bytes,device_allocs,first_oom_event,"
+                 "segment_allocs_reproduced,segment_allocs_recorded,blocks_placed,allocs_checked\n";
+    for (const Row& row : rows) {
+      const ReplayResult& r = row.result;
+      std::cout << fmt::format(
+          "{},{},{},{},{},{},{:.4f},{:.4f},{},{},{},{},{},{},{}\n", csv_field(row.label),
+          csv_field(r.config), r.peak_allocated, r.peak_reserved, r.peak_requested, r.peak_device_used,
+          r.reserved_per_requested, r.fragmentation, r.largest_free_block_at_peak, r.segment_allocs,
+          r.first_oom ? std::to_string(r.first_oom->event_index) : "",
+          r.conformance_checked ? std::to_string(r.segment_allocs_reproduced) : "",
+          r.conformance_checked ? std::to_string(r.segment_allocs_recorded) : "",
+          r.conformance_checked ? std::to_string(r.blocks_placed) : "",
+          r.conformance_checked ? std::to_string(r.allocs_checked) : "");
+    }
+    return;
+  }
+  std::cout << fmt::format("Replay of {} ({}, {} events) on {}\n", trace.source,
+                           trace_format_name(trace.format), trace.events.size(), args.device);
+  if (!rows.empty() && !rows.front().result.assumptions.empty())
+    std::cout << "  device assumptions: " << rows.front().result.assumptions << "\n";
+  Table t{{{"run", Align::Left},
+           {"max allocated"},
+           {"max reserved"},
+           {"max nvidia-smi"},
+           {"reserved/requested"},
+           {"fragmentation"},
+           {"cudaMalloc"},
+           {"first OOM", Align::Left},
+           {"matches recording", Align::Left}}};
+  for (const Row& row : rows) {
+    const ReplayResult& r = row.result;
+    if (!r.supported) {
+      t.add_row({row.label, "—", "—", "—", "—", "—", "—", "not replayed: " + r.unsupported_reason});
+      continue;
+    }
+    t.add_row({row.label, human_bytes(r.peak_allocated), human_bytes(r.peak_reserved),
+               human_bytes(r.peak_device_used), fmt::format("{:.3f}", r.reserved_per_requested),
+               row.label.rfind("cub", 0) == 0 ? "—" : fmt::format("{:.1f}%", 100 * r.fragmentation),
+               std::to_string(r.segment_allocs), oom_text(r), conformance_text(r)});
+  }
+  std::cout << t.render("  ");
+  for (const Row& row : rows) {
+    const ReplayResult& r = row.result;
+    if (r.unknown_frees > 0)
+      std::cout << fmt::format("  {}: {} frees of blocks allocated before the trace began were skipped\n",
+                               row.label, r.unknown_frees);
+    for (const ReplayDivergence& d : r.divergences)
+      std::cout << fmt::format("  {}: event {}: {}\n", row.label, d.event_index, d.what);
+    if (r.divergence_count > r.divergences.size())
+      std::cout << fmt::format("  {}: ... {} divergences in all\n", row.label, r.divergence_count);
+  }
+}
+
+void run(const ReplayArgs& args) {
+  if (args.format != "table" && args.format != "csv" && args.format != "json")
+    throw UsageError("--format: '" + args.format + "' is not one of table, csv, json");
+  std::vector<AllocatorConfig> configs;
+  for (const std::string& c : args.confs)
+    configs.push_back(as_usage("--alloc-conf", [&] { return AllocatorConfig::parse(c); }));
+  if (configs.empty()) configs.emplace_back();
+  as_usage("--device", [&] { return make_device(args.device); });
+  for (const std::string& p : args.peers) {
+    if (p != "cub" && p != "cub-default" && p != "cub-growth2")
+      throw UsageError("--peer: '" + p + "' is not one of cub (both bin layouts), cub-default, cub-growth2");
+    if (!VRAMSCOPE_REPLAY_CUB)
+      throw UsageError("--peer " + p + ": this build has no CUB peer (it needs the CUDA toolkit's "
+                       "headers and the bench/ peers library)");
+  }
+
+  AllocationTrace trace;
+  try {
+    trace = load_trace(args.file, args.trace_device);
+  } catch (const Error& e) {
+    throw CommandFailed(one_line(e.what()));
+  }
+
+  std::vector<Row> rows;
+  for (const AllocatorConfig& config : configs) {
+    ReplayOptions opt;
+    opt.config = config;
+    opt.device = args.device;
+    opt.stop_at_oom = args.stop_at_oom;
+    const std::string conf = config.to_string();
+    rows.push_back({"vramscope (" + (conf.empty() ? std::string("default") : conf) + ")", replay(trace, opt)});
+  }
+#if VRAMSCOPE_REPLAY_CUB
+  for (const std::string& p : args.peers) {
+    std::vector<bench::CubBins> layouts;
+    if (p == "cub" || p == "cub-default") layouts.push_back(bench::CubBins::Default);
+    if (p == "cub" || p == "cub-growth2") layouts.push_back(bench::CubBins::Growth2);
+    for (bench::CubBins bins : layouts) {
+      auto device = std::dynamic_pointer_cast<SimDevice>(make_device(args.device));
+      if (!device) throw UsageError("--peer: CUB runs on a simulated device; give --device sim:...");
+      bench::CubReplayTarget target{device, bins};
+      rows.push_back({target.name(), replay_on(trace, target)});
+    }
+  }
+#endif
+  print(args, trace, rows);
+}
+
+}  // namespace
+
+void add_replay_command(CLI::App& app) {
+  auto args = std::make_shared<ReplayArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "replay",
+      "Replay a recorded allocation trace (PyTorch memory snapshot pickle, vramscope history "
+      "CSV, RMM log CSV) under one or more allocator settings and through CUB: peaks, "
+      "fragmentation, the first OOM, and for a snapshot its match with the recording");
+  cmd->add_option("file", args->file, "trace file")->required();
+  cmd->add_option("--device", args->device,
+                  "device to replay on: sim:<preset>, sim:capacity=...,context=..., cuda, auto")
+      ->capture_default_str();
+  cmd->add_option("--alloc-conf", args->confs,
+                  "allocator settings in PYTORCH_CUDA_ALLOC_CONF syntax; repeat to compare side by "
+                  "side (\"\" is PyTorch's default)")
+      ->allow_extra_args(false);
+  cmd->add_option("--peer", args->peers, "also replay through a peer: cub, cub-default, cub-growth2")
+      ->allow_extra_args(false);
+  cmd->add_option("--format", args->format, "table, csv or json")->capture_default_str();
+  cmd->add_option("--trace-device", args->trace_device,
+                  "which GPU's trace of a multi-GPU snapshot (default: the busiest)");
+  cmd->add_flag("--stop-at-oom", args->stop_at_oom, "stop at the first allocation that does not fit");
+  cmd->callback([args] { run(*args); });
+}
+
+}  // namespace mem::tools

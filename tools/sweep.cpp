@@ -1,0 +1,278 @@
+// sweep.cpp — runs the configurations of a sweep and measures each one on its
+// own allocator: peaks come from an observer that sees the allocator's totals
+// after every event, so nothing printed is estimated.
+#include "sweep.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <span>
+#include <tuple>
+
+#include "model_args.hpp"
+#include "usage_error.hpp"
+#include "vramscope/allocator/caching_allocator.hpp"
+#include "vramscope/allocator/observer.hpp"
+#include "vramscope/allocator/sim_device.hpp"
+#include "vramscope/allocator/units.hpp"
+
+namespace mem::tools {
+
+namespace {
+
+/// The device used for the runs when the user's is out of memory: a simulated
+/// GPU with the same context and driver granularity, and 1 PiB of capacity.
+constexpr std::size_t kUnlimitedCapacity = std::size_t{1} << 50;
+
+/// Watches one allocator: the peaks over the whole run (the Trainer resets the
+/// allocator's own peak statistics at each phase boundary), the slack at the
+/// moment live tensors peaked, and the module scope active at an OOM.
+class PeakWatcher final : public AllocatorObserver {
+ public:
+  explicit PeakWatcher(const DeviceStats& start)
+      : peak_allocated_(start.allocated_bytes[0].current),
+        peak_reserved_(start.reserved_bytes[0].current),
+        peak_device_used_(start.device_used_bytes.current),
+        unallocated_at_peak_(start.reserved_bytes[0].current - start.allocated_bytes[0].current) {}
+
+  void on_event(const TraceEvent& e) noexcept override {
+    const auto allocated = static_cast<std::int64_t>(e.allocated_bytes);
+    const auto reserved = static_cast<std::int64_t>(e.reserved_bytes);
+    const auto used = static_cast<std::int64_t>(e.device_used_bytes);
+    if (allocated > peak_allocated_) {
+      peak_allocated_ = allocated;
+      unallocated_at_peak_ = reserved - allocated;
+    }
+    peak_reserved_ = std::max(peak_reserved_, reserved);
+    peak_device_used_ = std::max(peak_device_used_, used);
+    // Observers run on the allocating thread: its innermost scope is the culprit.
+    if (e.action == TraceAction::Oom) oom_context_ = current_context();
+  }
+
+  std::int64_t peak_allocated_;
+  std::int64_t peak_reserved_;
+  std::int64_t peak_device_used_;
+  std::int64_t unallocated_at_peak_;
+  ContextId oom_context_ = kNoContext;
+};
+
+nn::TrainConfig train_config(const SweepSpec& spec, std::size_t segments, nn::Precision precision,
+                             const std::string& alloc_conf) {
+  nn::TrainConfig cfg;
+  cfg.model = spec.model;
+  cfg.model_options = spec.model_options;
+  cfg.mode = spec.mode;
+  cfg.device = spec.device;
+  cfg.alloc_conf = alloc_conf;
+  cfg.steps = spec.steps;
+  // PyTorch's checkpoint_sequential with one segment checkpoints nothing: 0 means that.
+  cfg.segments = std::max<std::size_t>(segments, 1);
+  cfg.checkpoint_mode = spec.checkpoint_mode;
+  cfg.precision = precision;
+  cfg.optimizer = spec.optimizer;
+  return cfg;
+}
+
+std::shared_ptr<Device> make_run_device(const SweepSpec& spec) {
+  nn::TrainConfig cfg;
+  cfg.device = spec.device;
+  cfg.mode = spec.mode;
+  return make_device(nn::device_spec_for(cfg));
+}
+
+template <class T>
+std::vector<T> unique_in_order(const std::vector<T>& items) {
+  std::vector<T> out;
+  for (const T& item : items) {
+    if (std::find(out.begin(), out.end(), item) == out.end()) out.push_back(item);
+  }
+  return out;
+}
+
+/// Max allocated of a run without checkpointing, measured without the limit if needed.
+std::optional<std::int64_t> baseline_peak(const SweepRow& row) {
+  if (row.fits()) return row.figures.peak_allocated;
+  if (row.unlimited) return row.unlimited->peak_allocated;
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::string SweepRow::label() const {
+  std::string out = fmt::format("{} seg {}", nn::precision_name(precision), segments);
+  if (!alloc_conf.empty()) out += " [" + alloc_conf + "]";
+  return out;
+}
+
+std::vector<std::size_t> auto_segments(std::size_t modules) {
+  std::vector<std::size_t> out{0};
+  const double root = std::sqrt(static_cast<double>(modules));
+  const auto limit = std::min<std::size_t>(modules, static_cast<std::size_t>(8.0 * root));
+  for (std::size_t k = 2; k <= limit; k *= 2) out.push_back(k);
+  const auto near = static_cast<std::size_t>(std::lround(root));
+  if (near >= 2 && near <= modules) out.push_back(near);
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+nn::ModelInfo validate_sweep(const SweepSpec& spec) {
+  const nn::ModelInfo info = describe(spec.model, spec.model_options);
+  check_device(spec.device, spec.mode);
+  if (spec.precisions.empty()) throw UsageError("--dtype: empty; valid: f32, f16, bf16, amp, amp-bf16");
+  for (const std::string& conf : spec.alloc_confs) check_alloc_conf(conf);
+  if (spec.steps < 1) throw UsageError("--steps: must be at least 1");
+  if (spec.segments.empty()) throw UsageError("--segments: empty; give counts like 0,2,4,8 or auto");
+  for (const std::size_t k : spec.segments) {
+    if (k > info.sequence_length) {
+      throw UsageError(fmt::format(
+          "--segments: {} is more than the {} sequential modules {} has; valid: 0 (no "
+          "checkpointing) to {}, or auto",
+          k, info.sequence_length, info.name, info.sequence_length));
+    }
+  }
+  return info;
+}
+
+std::shared_ptr<Device> unlimited_twin(const DeviceInfo& info) {
+  SimDeviceConfig c;
+  c.name = "unlimited";
+  c.capacity = kUnlimitedCapacity;
+  c.context_bytes = info.context_bytes;
+  if (info.granularity != 0) c.granularity = info.granularity;
+  c.backing = SimBacking::None;
+  c.description = "the sweep's device without its capacity limit";
+  return std::make_shared<SimDevice>(std::move(c));
+}
+
+RunFigures run_config(const SweepSpec& spec, std::shared_ptr<Device> device, std::size_t segments,
+                      nn::Precision precision, const std::string& alloc_conf,
+                      std::optional<OomFailure>& oom) {
+  const nn::TrainConfig cfg = train_config(spec, segments, precision, alloc_conf);
+  CachingAllocator allocator{std::move(device), AllocatorConfig::parse(alloc_conf)};
+  attach(allocator);
+  PeakWatcher watcher{allocator.stats()};
+  allocator.add_observer(&watcher);
+
+  RunFigures f;
+  bool built = false;
+  double total_ms = 0;
+  try {
+    nn::Trainer trainer{cfg, allocator};
+    built = true;
+    for (std::size_t i = 0; i < spec.steps; ++i) {
+      const nn::StepStats s = trainer.step();
+      ++f.steps_done;
+      total_ms += s.wall_ms;
+      f.recompute_ratio = s.recompute_ratio;
+      f.allocated_end = s.allocated_end;
+      f.reserved_end = s.reserved_end;
+    }
+    const nn::TrainReport report = trainer.report();
+    f.gradients_missing = report.gradients_missing;
+    f.warnings = report.warnings;
+  } catch (const OutOfMemoryError& e) {
+    OomFailure failure;
+    failure.step = built ? f.steps_done + 1 : 0;
+    const ContextInfo& where = context_info(watcher.oom_context_);
+    failure.phase = where.phase;
+    failure.module = where.path;
+    failure.figures = e.figures();
+    failure.message = e.what();
+    oom = std::move(failure);
+  }
+  allocator.remove_observer(&watcher);
+  f.peak_allocated = watcher.peak_allocated_;
+  f.peak_reserved = watcher.peak_reserved_;
+  f.peak_device_used = watcher.peak_device_used_;
+  f.unallocated_at_peak = watcher.unallocated_at_peak_;
+  f.step_ms = f.steps_done == 0 ? 0 : total_ms / static_cast<double>(f.steps_done);
+  return f;
+}
+
+SweepResult run_sweep(const SweepSpec& spec_in, const SweepProgress& progress) {
+  const auto start = std::chrono::steady_clock::now();
+  SweepResult result;
+  result.spec = spec_in;
+  SweepSpec& spec = result.spec;
+  spec.segments = unique_in_order(spec.segments);
+  spec.precisions = unique_in_order(spec.precisions);
+  spec.alloc_confs = unique_in_order(spec.alloc_confs);
+  if (spec.alloc_confs.empty()) spec.alloc_confs.push_back("");
+  result.model = validate_sweep(spec);
+  result.device = make_run_device(spec)->info();
+
+  const bool has_baseline = std::any_of(spec.segments.begin(), spec.segments.end(),
+                                        [](std::size_t k) { return k <= 1; });
+  const std::size_t groups = spec.alloc_confs.size() * spec.precisions.size();
+  const std::size_t planned = groups * (spec.segments.size() + (has_baseline ? 0 : 1));
+  std::size_t done = 0;
+
+  const auto run_row = [&](std::size_t segments, nn::Precision precision,
+                           const std::string& conf) {
+    SweepRow row;
+    row.segments = segments;
+    row.precision = precision;
+    row.alloc_conf = conf;
+    if (progress) progress(done, planned, row.label());
+    row.figures = run_config(spec, make_run_device(spec), segments, precision, conf, row.oom);
+    if (row.oom) {
+      // What it would have needed: the same run without the capacity limit. Dry run
+      // (the runtime guarantees identical statistics to compute mode), so it is cheap.
+      SweepSpec dry = spec;
+      dry.mode = nn::ExecMode::DryRun;
+      std::optional<OomFailure> again;
+      RunFigures needed =
+          run_config(dry, unlimited_twin(result.device), segments, precision, conf, again);
+      if (!again) row.unlimited = std::move(needed);
+    }
+    ++done;
+    return row;
+  };
+
+  for (const std::string& conf : spec.alloc_confs) {
+    for (const nn::Precision precision : spec.precisions) {
+      const std::size_t first = result.rows.size();
+      for (const std::size_t k : spec.segments) result.rows.push_back(run_row(k, precision, conf));
+      const std::span<SweepRow> group{result.rows.data() + first, result.rows.size() - first};
+
+      // The baseline: the group's run without checkpointing, or one run just for it.
+      std::optional<std::int64_t> base;
+      for (const SweepRow& row : group) {
+        if (row.segments <= 1 && !base) base = baseline_peak(row);
+      }
+      if (!has_baseline) {
+        result.baselines.push_back(run_row(0, precision, conf));
+        base = baseline_peak(result.baselines.back());
+      }
+      if (base && *base > 0) {
+        for (SweepRow& row : group) {
+          if (!row.fits()) continue;
+          row.saving = *base - row.figures.peak_allocated;
+          row.saving_fraction = static_cast<double>(*row.saving) / static_cast<double>(*base);
+        }
+      }
+
+      // Best: fits (with every gradient), lowest nvidia-smi peak, then lowest max
+      // allocated, then least recomputation.
+      SweepRow* best = nullptr;
+      for (SweepRow& row : group) {
+        if (!row.fits() || row.figures.gradients_missing) continue;
+        const auto key = [](const SweepRow& r) {
+          return std::tuple(r.figures.peak_device_used, r.figures.peak_allocated,
+                            r.figures.recompute_ratio);
+        };
+        if (best == nullptr || key(row) < key(*best)) best = &row;
+      }
+      if (best != nullptr) best->best = true;
+    }
+  }
+  if (progress) progress(done, planned, "done");
+  result.wall_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  return result;
+}
+
+}  // namespace mem::tools

@@ -1,0 +1,183 @@
+// sweep_command.cpp — `vramscope sweep`: options, validation, the run with its
+// progress bar, and the output (table, CSV or JSON; optional SVG plot).
+#include <fmt/format.h>
+
+#include <charconv>
+#include <iostream>
+#include <memory>
+#include <optional>
+
+#include "commands.hpp"
+#include "model_args.hpp"
+#include "progress.hpp"
+#include "sweep.hpp"
+#include "sweep_export.hpp"
+#include "sweep_plot.hpp"
+#include "sweep_report.hpp"
+#include "usage_error.hpp"
+
+namespace mem::tools {
+
+namespace {
+
+// The default sweep (no --model): a deep, wide-batch mlp on an 8 GB card. Its
+// activations (depth x batch x width x 4 B = 8 GiB in f32) do not fit without
+// checkpointing; in f16 they do, and checkpointing brings them near the weights.
+constexpr std::int64_t kDemoDepth = 256;
+constexpr std::int64_t kDemoWidth = 512;
+constexpr std::int64_t kDemoBatch = 16384;
+constexpr const char* kDemoDevice = "sim:rtx2080s";
+constexpr const char* kDemoDtypes = "f32,f16";
+
+struct SweepArgs {
+  ModelArgs model;
+  std::string device = kDemoDevice;
+  std::string segments = "auto";
+  std::string dtypes = kDemoDtypes;
+  std::vector<std::string> alloc_confs;
+  std::size_t steps = 2;
+  bool compute = false;
+  std::string optimizer = "adam";
+  std::string checkpoint_mode = "non-reentrant";
+  std::string format = "table";
+  std::string plot;
+  bool brief = false;
+};
+
+std::vector<std::size_t> parse_segments(const std::string& text, std::size_t modules) {
+  if (text == "auto") return auto_segments(modules);
+  std::vector<std::size_t> out;
+  for (const std::string& item : split_list(text)) {
+    std::size_t k = 0;
+    const auto [ptr, ec] = std::from_chars(item.data(), item.data() + item.size(), k);
+    if (ec != std::errc{} || ptr != item.data() + item.size()) {
+      throw UsageError(fmt::format(
+          "--segments: \"{}\" is not a segment count; give counts like 0,2,4,8 (0 = no "
+          "checkpointing) or auto",
+          item));
+    }
+    out.push_back(k);
+  }
+  if (out.empty()) throw UsageError("--segments: empty; give counts like 0,2,4,8 or auto");
+  return out;
+}
+
+SweepSpec make_spec(const SweepArgs& args) {
+  SweepSpec spec;
+  ModelArgs model = args.model;
+  if (model.model.empty()) {
+    // The demo: only the sizes not given on the command line take its values.
+    model.model = "mlp";
+    if (model.depth == 0) model.depth = kDemoDepth;
+    if (model.width == 0) model.width = kDemoWidth;
+    if (model.batch == 0) model.batch = kDemoBatch;
+  }
+  spec.model = model.model;
+  spec.model_options = to_model_options(model);
+  spec.device = args.device;
+  spec.mode = args.compute ? nn::ExecMode::Compute : nn::ExecMode::DryRun;
+  spec.precisions = parse_precisions("--dtype", args.dtypes);
+  spec.alloc_confs = args.alloc_confs.empty() ? std::vector<std::string>{""} : args.alloc_confs;
+  spec.steps = args.steps;
+  spec.optimizer.kind = as_usage("--optimizer", [&] { return nn::parse_optimizer(args.optimizer); });
+  spec.checkpoint_mode =
+      as_usage("--checkpoint", [&] { return nn::parse_checkpoint_mode(args.checkpoint_mode); });
+  if (args.format != "table" && args.format != "csv" && args.format != "json") {
+    throw UsageError("--format: \"" + args.format + "\" is not a format; valid: table, csv, json");
+  }
+  // The model decides what "auto" and the upper bound of --segments mean.
+  const nn::ModelInfo info = describe(spec.model, spec.model_options);
+  spec.segments = parse_segments(args.segments, info.sequence_length);
+  validate_sweep(spec);
+  return spec;
+}
+
+void run(const SweepArgs& args) {
+  const SweepSpec spec = make_spec(args);
+
+  std::unique_ptr<ProgressBar> bar;
+  const SweepProgress progress = [&](std::size_t done, std::size_t total, const std::string& item) {
+    if (!bar) bar = std::make_unique<ProgressBar>(total);
+    bar->update(done, item);
+  };
+  const SweepResult result = run_sweep(spec, progress);
+  if (bar) bar->finish();
+
+  if (args.format == "csv") {
+    std::cout << sweep_csv(result);
+  } else if (args.format == "json") {
+    std::cout << sweep_json(result).dump(2) << "\n";
+  } else {
+    ReportOptions options;
+    options.show_time = args.compute;
+    options.how_to_read = !args.brief;
+    std::cout << sweep_report(result, options);
+  }
+  if (!args.plot.empty()) {
+    try {
+      write_text_file(args.plot, sweep_plot_svg(result));
+    } catch (const mem::Error& e) {
+      throw CommandFailed(std::string("--plot: ") + e.what());
+    }
+    (args.format == "table" ? std::cout : std::cerr) << "plot: " << args.plot << "\n";
+  }
+  std::cout.flush();
+}
+
+}  // namespace
+
+void add_sweep_command(CLI::App& app) {
+  auto args = std::make_shared<SweepArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "sweep",
+      "Train a model for a few steps per configuration (checkpoint segments x dtype x allocator "
+      "setting) on a real or simulated GPU and tabulate its memory: allocated, max allocated, max "
+      "reserved, what nvidia-smi would show, the saving and the recompute cost, and whether it fits.");
+  add_model_options(*cmd, args->model,
+                    fmt::format("default: the demo, mlp depth={} width={} batch={}", kDemoDepth,
+                                kDemoWidth, kDemoBatch));
+  cmd->add_option("-d,--device", args->device,
+                  "GPU: sim:<preset> (see `vramscope devices`), sim:capacity=8GiB,context=400MiB, "
+                  "cuda:0, auto")
+      ->capture_default_str()
+      ->type_name("SPEC");
+  cmd->add_option("-s,--segments", args->segments,
+                  "checkpoint_sequential segment counts, e.g. 0,2,4,8,16 (0 = no checkpointing), or "
+                  "auto: 0, powers of two up to 8*sqrt(n) and round(sqrt(n)) for n sequential modules")
+      ->capture_default_str()
+      ->type_name("LIST");
+  cmd->add_option("-t,--dtype", args->dtypes, "precisions: f32, f16, bf16, amp, amp-bf16 (comma list)")
+      ->capture_default_str()
+      ->type_name("LIST");
+  cmd->add_option("-a,--alloc-conf", args->alloc_confs,
+                  "allocator setting in PYTORCH_CUDA_ALLOC_CONF syntax, e.g. max_split_size_mb:128 "
+                  "(repeatable; each is swept)")
+      ->type_name("CONF");
+  cmd->add_option("--steps", args->steps, "training steps per configuration (the optimizer state "
+                                          "appears at step 1, so step 2 shows the steady peak)")
+      ->capture_default_str()
+      ->type_name("N");
+  cmd->add_flag("--compute", args->compute,
+                "real arithmetic on the CPU instead of a dry run (small models); adds a time column");
+  cmd->add_option("--optimizer", args->optimizer, "adam, sgd or none")->capture_default_str();
+  cmd->add_option("--checkpoint", args->checkpoint_mode,
+                  "non-reentrant (PyTorch's default) or reentrant")
+      ->capture_default_str();
+  cmd->add_option("-f,--format", args->format, "table, csv or json")->capture_default_str();
+  cmd->add_option("--plot", args->plot, "also write an SVG of the memory curves vs segment count")
+      ->type_name("FILE.svg");
+  cmd->add_flag("--brief", args->brief, "leave out the 'how to read this' note");
+  cmd->footer(
+      "Examples:\n"
+      "  vramscope sweep                                   # the demo: a deep mlp on an RTX 2080 SUPER\n"
+      "  vramscope sweep --model resnet50 --batch 128 --device sim:a100-40g --dtype f32,amp\n"
+      "  vramscope sweep --model gpt2 --batch 8 --segments 0,2,3,4,6,12 --device sim:v100-32g\n"
+      "  vramscope sweep --model forum-cnn --compute --segments 0,2,4 --steps 3\n"
+      "  vramscope sweep -a '' -a max_split_size_mb:128 --format csv > sweep.csv\n"
+      "  vramscope sweep --plot sweep.svg\n"
+      "Every figure is read from the caching allocator after real (dry-run or --compute) steps;\n"
+      "the simulated device's assumptions are printed under the table.");
+  cmd->callback([args] { run(*args); });
+}
+
+}  // namespace mem::tools

@@ -1,0 +1,150 @@
+// sweep_export.cpp — CSV and JSON of a sweep.
+#include "sweep_export.hpp"
+
+#include <fmt/format.h>
+
+#include <array>
+#include <cmath>
+
+namespace mem::tools {
+
+namespace {
+
+// One list of the row fields drives the CSV header, the CSV cells and the JSON keys.
+struct Field {
+  const char* name;
+  nlohmann::json (*get)(const SweepResult&, const SweepRow&);
+};
+
+nlohmann::json opt_int(const std::optional<std::int64_t>& v) {
+  return v ? nlohmann::json(*v) : nlohmann::json(nullptr);
+}
+
+template <class F>
+nlohmann::json if_oom(const SweepRow& r, F f) {
+  return r.oom ? nlohmann::json(f(*r.oom)) : nlohmann::json(nullptr);
+}
+template <class F>
+nlohmann::json if_fits(const SweepRow& r, F f) {
+  return r.fits() ? nlohmann::json(f(r.figures)) : nlohmann::json(nullptr);
+}
+
+using R = const SweepResult&;
+using W = const SweepRow&;
+const std::array kFields = {
+    Field{"model", [](R s, W) -> nlohmann::json { return s.model.name; }},
+    Field{"batch", [](R s, W) -> nlohmann::json { return s.model.batch; }},
+    Field{"device", [](R s, W) -> nlohmann::json { return s.device.name; }},
+    Field{"dtype", [](R, W r) -> nlohmann::json { return std::string(nn::precision_name(r.precision)); }},
+    Field{"segments", [](R, W r) -> nlohmann::json { return r.segments; }},
+    Field{"alloc_conf", [](R, W r) -> nlohmann::json { return r.alloc_conf; }},
+    Field{"fits", [](R, W r) -> nlohmann::json { return r.fits(); }},
+    Field{"best", [](R, W r) -> nlohmann::json { return r.best; }},
+    Field{"steps", [](R, W r) -> nlohmann::json { return r.figures.steps_done; }},
+    Field{"allocated_after_step", [](R, W r) { return if_fits(r, [](const RunFigures& f) { return f.allocated_end; }); }},
+    Field{"max_allocated", [](R, W r) -> nlohmann::json { return r.figures.peak_allocated; }},
+    Field{"max_reserved", [](R, W r) -> nlohmann::json { return r.figures.peak_reserved; }},
+    Field{"max_nvidia_smi", [](R, W r) -> nlohmann::json { return r.figures.peak_device_used; }},
+    Field{"unallocated_at_peak", [](R, W r) -> nlohmann::json { return r.figures.unallocated_at_peak; }},
+    Field{"saving", [](R, W r) { return opt_int(r.saving); }},
+    Field{"saving_fraction", [](R, W r) -> nlohmann::json { return r.saving ? nlohmann::json(r.saving_fraction) : nlohmann::json(nullptr); }},
+    Field{"recompute_ratio", [](R, W r) { return if_fits(r, [](const RunFigures& f) { return f.recompute_ratio; }); }},
+    Field{"step_ms", [](R, W r) { return if_fits(r, [](const RunFigures& f) { return f.step_ms; }); }},
+    Field{"gradients_missing", [](R, W r) -> nlohmann::json { return r.figures.gradients_missing; }},
+    Field{"oom_step", [](R, W r) { return if_oom(r, [](const OomFailure& o) { return o.step; }); }},
+    Field{"oom_phase", [](R, W r) { return if_oom(r, [](const OomFailure& o) { return std::string(phase_name(o.phase)); }); }},
+    Field{"oom_module", [](R, W r) { return if_oom(r, [](const OomFailure& o) { return o.module; }); }},
+    Field{"oom_requested", [](R, W r) { return if_oom(r, [](const OomFailure& o) { return o.figures.requested; }); }},
+    Field{"oom_allocated", [](R, W r) { return if_oom(r, [](const OomFailure& o) { return o.figures.allocated; }); }},
+    Field{"oom_reserved", [](R, W r) { return if_oom(r, [](const OomFailure& o) { return o.figures.reserved; }); }},
+    Field{"oom_nvidia_smi", [](R, W r) { return if_oom(r, [](const OomFailure& o) { return o.figures.process_used; }); }},
+    Field{"oom_device_free", [](R, W r) { return if_oom(r, [](const OomFailure& o) { return o.figures.device_free; }); }},
+    Field{"needs_max_allocated", [](R, W r) { return r.unlimited ? nlohmann::json(r.unlimited->peak_allocated) : nlohmann::json(nullptr); }},
+    Field{"needs_max_nvidia_smi", [](R, W r) { return r.unlimited ? nlohmann::json(r.unlimited->peak_device_used) : nlohmann::json(nullptr); }},
+};
+
+std::string csv_cell(const nlohmann::json& v) {
+  if (v.is_null()) return "";
+  if (v.is_string()) return csv_field(v.get<std::string>());
+  if (v.is_boolean()) return v.get<bool>() ? "true" : "false";
+  if (v.is_number_float()) return fmt::format("{:.6g}", v.get<double>());
+  return v.dump();
+}
+
+nlohmann::json row_json(const SweepResult& s, const SweepRow& r) {
+  nlohmann::json j = nlohmann::json::object();
+  for (const Field& f : kFields) {
+    const std::string name = f.name;
+    if (name == "model" || name == "batch" || name == "device") continue;  // top level
+    j[name] = f.get(s, r);
+  }
+  j["label"] = r.label();
+  if (r.oom) j["oom_message"] = r.oom->message;
+  if (r.fits()) j["warnings"] = r.figures.warnings;
+  return j;
+}
+
+}  // namespace
+
+std::string csv_field(const std::string& text) {
+  if (text.find_first_of(",\"\n\r") == std::string::npos) return text;
+  std::string out = "\"";
+  for (const char ch : text) {
+    if (ch == '"') out += '"';
+    out += ch;
+  }
+  return out + "\"";
+}
+
+std::string sweep_csv_header() {
+  std::string out;
+  for (const Field& f : kFields) {
+    if (!out.empty()) out += ',';
+    out += f.name;
+  }
+  return out;
+}
+
+std::string sweep_csv(const SweepResult& result) {
+  std::string out = sweep_csv_header() + "\n";
+  for (const SweepRow& row : result.rows) {
+    std::string line;
+    for (std::size_t i = 0; i < kFields.size(); ++i) {
+      if (i > 0) line += ',';
+      line += csv_cell(kFields[i].get(result, row));
+    }
+    out += line + "\n";
+  }
+  return out;
+}
+
+nlohmann::json sweep_json(const SweepResult& result) {
+  const nn::ModelInfo& m = result.model;
+  const SweepSpec& spec = result.spec;
+  nlohmann::json j;
+  j["schema_version"] = kSweepSchemaVersion;
+  j["model"] = {{"name", m.name},
+                {"options", spec.model_options.to_string()},
+                {"batch", m.batch},
+                {"parameters", m.parameters},
+                {"sequential_modules", m.sequence_length},
+                {"input_shape", m.input_shape.to_vector()}};
+  j["device"] = {{"name", result.device.name},
+                 {"total_bytes", result.device.total_bytes},
+                 {"context_bytes", result.device.context_bytes},
+                 {"granularity", result.device.granularity},
+                 {"simulated", result.device.simulated},
+                 {"assumptions", result.device.assumptions}};
+  j["mode"] = std::string(nn::exec_mode_name(spec.mode));
+  j["optimizer"] = std::string(nn::optimizer_name(spec.optimizer.kind));
+  j["checkpoint_mode"] = std::string(nn::checkpoint_mode_name(spec.checkpoint_mode));
+  j["steps"] = spec.steps;
+  j["wall_ms"] = result.wall_ms;
+  j["rows"] = nlohmann::json::array();
+  for (const SweepRow& row : result.rows) j["rows"].push_back(row_json(result, row));
+  j["baselines"] = nlohmann::json::array();
+  for (const SweepRow& row : result.baselines) j["baselines"].push_back(row_json(result, row));
+  return j;
+}
+
+}  // namespace mem::tools

@@ -1,0 +1,26 @@
+// sweep_export.hpp — a sweep as CSV (one row per configuration, bytes as
+// integers) or JSON (the same rows plus the model, the device and its
+// assumptions). Schema version kSweepSchemaVersion; fields listed in docs/COMMAND.md.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <string>
+
+#include "sweep.hpp"
+
+namespace mem::tools {
+
+inline constexpr int kSweepSchemaVersion = 1;
+
+/// The CSV header, in column order.
+std::string sweep_csv_header();
+/// Header plus one line per row; fields quoted where needed (RFC 4180).
+std::string sweep_csv(const SweepResult& result);
+
+nlohmann::json sweep_json(const SweepResult& result);
+
+/// RFC 4180 quoting of one field.
+std::string csv_field(const std::string& text);
+
+}  // namespace mem::tools

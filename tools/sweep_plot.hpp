@@ -1,0 +1,22 @@
+// sweep_plot.hpp — an SVG of peak memory against checkpoint segment count: one
+// colour per dtype (and allocator setting), max nvidia-smi view solid, max
+// allocated dashed, the device capacity as a red line, OOM configurations as
+// crosses at what they would have needed, the best configuration circled.
+// (instrumentation's memory_plot_svg draws memory over time; this is across runs.)
+#pragma once
+
+#include <filesystem>
+#include <string>
+
+#include "sweep.hpp"
+
+namespace mem::tools {
+
+std::string sweep_plot_svg(const SweepResult& result, int width = 960, int height = 540);
+/// Throws mem::Error naming the path when it cannot be written.
+void write_text_file(const std::filesystem::path& path, const std::string& text);
+
+/// XML escaping for text and attribute values.
+std::string xml_escape(const std::string& text);
+
+}  // namespace mem::tools

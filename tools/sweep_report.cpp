@@ -1,0 +1,172 @@
+// sweep_report.cpp — the sweep's table, footnotes and reading notes.
+#include "sweep_report.hpp"
+
+#include <fmt/format.h>
+
+#include <cmath>
+
+#include "vramscope/allocator/units.hpp"
+
+namespace mem::tools {
+
+namespace {
+
+constexpr const char* kNone = "—";
+
+std::string segments_cell(std::size_t k) { return k <= 1 ? fmt::format("{} (none)", k) : std::to_string(k); }
+
+std::string where(const OomFailure& oom) {
+  std::string out = oom.step == 0 ? std::string("while allocating the parameters")
+                                  : fmt::format("in step {}", oom.step);
+  if (oom.phase != Phase::None || !oom.module.empty()) {
+    out += fmt::format(", {}", phase_name(oom.phase));
+    if (!oom.module.empty()) out += fmt::format(" of module {}", oom.module);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string describe_oom(const SweepRow& row) {
+  if (!row.oom) return {};
+  const OomFailure& o = *row.oom;
+  const auto& f = o.figures;
+  std::string out = fmt::format(
+      "{}: out of memory {} asking for {}, with {} allocated, {} reserved, {} in use as nvidia-smi "
+      "shows it of {} ({} free)",
+      row.label(), where(o), format_bytes(f.requested), format_bytes(f.allocated),
+      format_bytes(f.reserved), format_bytes(f.process_used), format_bytes(f.device_total),
+      format_bytes(f.device_free));
+  if (f.allowed != 0) out += fmt::format(", memory fraction allows {}", format_bytes(f.allowed));
+  if (row.unlimited) {
+    out += fmt::format(". Without the capacity limit it needs {} max allocated, {} in nvidia-smi's view",
+                       human_bytes(row.unlimited->peak_allocated),
+                       human_bytes(row.unlimited->peak_device_used));
+  }
+  return out + ".";
+}
+
+Table sweep_table(const SweepResult& result, const ReportOptions& options) {
+  const bool show_conf = result.spec.alloc_confs.size() > 1 ||
+                         (result.spec.alloc_confs.size() == 1 && !result.spec.alloc_confs[0].empty());
+  std::vector<Column> cols{{"dtype", Align::Left}, {"segments", Align::Right}};
+  if (show_conf) cols.push_back({"alloc conf", Align::Left});
+  for (const char* h : {"after step", "max alloc", "max reserved", "max nvidia-smi",
+                        "unalloc@peak", "saving", "recompute"}) {
+    cols.push_back({h, Align::Right});
+  }
+  if (options.show_time) cols.push_back({"time/step", Align::Right});
+  cols.push_back({"fits", Align::Left});
+  Table table{cols};
+
+  std::size_t footnote = 0;
+  std::string previous_group;
+  for (const SweepRow& row : result.rows) {
+    const std::string group = std::string(nn::precision_name(row.precision)) + "|" + row.alloc_conf;
+    if (!previous_group.empty() && group != previous_group) table.add_separator();
+    previous_group = group;
+
+    std::vector<std::string> cells{std::string(nn::precision_name(row.precision)),
+                                   segments_cell(row.segments)};
+    if (show_conf) cells.push_back(row.alloc_conf.empty() ? "default" : row.alloc_conf);
+    const RunFigures& f = row.figures;
+    if (row.fits()) {
+      cells.push_back(human_bytes(f.allocated_end));
+      cells.push_back(human_bytes(f.peak_allocated));
+      cells.push_back(human_bytes(f.peak_reserved));
+      cells.push_back(human_bytes(f.peak_device_used));
+      cells.push_back(human_bytes(f.unallocated_at_peak));
+      cells.push_back(row.saving ? human_saving(*row.saving, row.saving_fraction) : kNone);
+      cells.push_back(human_ratio(f.recompute_ratio));
+      if (options.show_time) cells.push_back(human_ms(f.step_ms));
+      std::string fits = "yes";
+      if (f.gradients_missing) fits += " (grads missing!)";
+      if (row.best) fits += " *";
+      cells.push_back(fits);
+    } else {
+      // The allocator's figures at the failure, as in PyTorch's OOM message.
+      const auto& o = row.oom->figures;
+      cells.push_back(kNone);
+      cells.push_back(format_bytes(o.allocated));
+      cells.push_back(format_bytes(o.reserved));
+      cells.push_back(format_bytes(o.process_used));
+      cells.push_back(format_bytes(o.reserved - std::min(o.reserved, o.allocated)));
+      cells.push_back(kNone);
+      cells.push_back(kNone);
+      if (options.show_time) cells.push_back(kNone);
+      cells.push_back(fmt::format("OOM [{}]", ++footnote));
+    }
+    table.add_row(std::move(cells));
+  }
+  return table;
+}
+
+std::string sweep_report(const SweepResult& result, const ReportOptions& options) {
+  const nn::ModelInfo& m = result.model;
+  const SweepSpec& spec = result.spec;
+  std::string out;
+  const std::string sizes = spec.model_options.to_string();
+  out += fmt::format("vramscope sweep: {}{} — batch {}, {} sequential modules, {} parameters ({} in f32)\n",
+                     m.name, sizes.empty() ? "" : " " + sizes, m.batch, m.sequence_length,
+                     human_count(m.parameters), format_bytes(m.parameter_bytes(nn::DType::F32)));
+  out += fmt::format("on {} ({} total), {}, {} step{} per configuration, {}\n\n", result.device.name,
+                     format_bytes(result.device.total_bytes), nn::optimizer_name(spec.optimizer.kind),
+                     spec.steps, spec.steps == 1 ? "" : "s",
+                     spec.mode == nn::ExecMode::DryRun
+                         ? "dry run (every allocation and free of the step, no arithmetic)"
+                         : "compute (real arithmetic on the CPU)");
+  out += sweep_table(result, options).render("  ");
+
+  std::size_t footnote = 0;
+  bool any_best = false;
+  bool any_oom_needs = false;
+  for (const SweepRow& row : result.rows) {
+    any_best = any_best || row.best;
+    if (row.fits()) continue;
+    any_oom_needs = any_oom_needs || row.unlimited.has_value();
+    out += fmt::format("  [{}] {}\n", ++footnote, describe_oom(row));
+  }
+  for (const SweepRow& row : result.baselines) {
+    if (row.fits()) {
+      out += fmt::format("  saving is against {} without checkpointing (not in the list): {} max allocated\n",
+                         nn::precision_name(row.precision), human_bytes(row.figures.peak_allocated));
+    } else if (row.unlimited) {
+      out += fmt::format("  saving is against {} without checkpointing (not in the list; OOM here, "
+                         "needs {} max allocated)\n",
+                         nn::precision_name(row.precision), human_bytes(row.unlimited->peak_allocated));
+    }
+  }
+  if (any_best) {
+    out += "  * least memory in nvidia-smi's view among the configurations of its dtype that fit\n";
+  }
+
+  if (options.how_to_read) {
+    const double root = std::sqrt(static_cast<double>(m.sequence_length));
+    out += "\nHow to read this:\n";
+    out += "  after step      memory_allocated() after the optimizer step: weights, gradients, optimizer state.\n";
+    out += "  max alloc       max_memory_allocated(): the peak of live tensors.\n";
+    out += "  max reserved    max_memory_reserved(): segments the caching allocator held from the driver.\n";
+    out += "                  Freed blocks stay cached for reuse, and blocks are rounded up, so reserved > allocated.\n";
+    out += fmt::format(
+        "  max nvidia-smi  what nvidia-smi shows: the CUDA context ({}) plus every reserved segment\n"
+        "                  at the driver's granularity. That is why it is higher than max alloc.\n",
+        format_bytes(result.device.context_bytes));
+    out += "  unalloc@peak    reserved but unallocated when live tensors peaked (cache and fragmentation).\n";
+    out += "  saving          max alloc saved against no checkpointing (0 segments) with the same dtype.\n";
+    out += "  recompute       extra forward FLOPs from checkpointing, as a fraction of one forward.\n";
+    out += fmt::format(
+        "  segments        checkpoint_sequential(model, k): k-1 segments keep only their input and rerun\n"
+        "                  in backward, one at a time. Peak ~ k boundaries + one segment of n/k modules,\n"
+        "                  lowest near k = sqrt(n) = sqrt({}) = {:.1f}; more segments keep more boundaries\n"
+        "                  alive and cost more memory, not less.\n",
+        m.sequence_length, root);
+    if (any_oom_needs) {
+      out += "  OOM [n]         the allocator's figures at the failure; 'needs' is the same run on this device\n"
+             "                  without its capacity limit.\n";
+    }
+  }
+  out += fmt::format("\ndevice: {}\n", result.device.assumptions);
+  return out;
+}
+
+}  // namespace mem::tools

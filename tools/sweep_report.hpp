@@ -1,0 +1,27 @@
+// sweep_report.hpp — a sweep as the aligned table users build by hand today,
+// with footnotes for OOM rows, a short "how to read this", and the device's
+// assumptions underneath.
+#pragma once
+
+#include <string>
+
+#include "sweep.hpp"
+#include "table.hpp"
+
+namespace mem::tools {
+
+struct ReportOptions {
+  bool show_time = false;   ///< a time-per-step column (meaningful with --compute)
+  bool how_to_read = true;  ///< the explanatory note under the table
+};
+
+/// The table alone (one row per configuration).
+Table sweep_table(const SweepResult& result, const ReportOptions& options);
+
+/// Title lines, the table, OOM footnotes, the note and the assumptions line.
+std::string sweep_report(const SweepResult& result, const ReportOptions& options = {});
+
+/// "out of memory in step 1, backward of 17 (asked 64.00 MiB): ..." for an OOM row.
+std::string describe_oom(const SweepRow& row);
+
+}  // namespace mem::tools

@@ -1,0 +1,234 @@
+// trace_command.cpp — `vramscope trace`: one training step with the per-module
+// memory log, a per-phase table, and the exports (PyTorch snapshot pickle,
+// Perfetto timeline, SVG plot, memory_summary).
+#include <fmt/format.h>
+
+#include <iostream>
+#include <memory>
+#include <optional>
+
+#include "commands.hpp"
+#include "model_args.hpp"
+#include "table.hpp"
+#include "usage_error.hpp"
+#include "vramscope/allocator/caching_allocator.hpp"
+#include "vramscope/allocator/units.hpp"
+#include "vramscope/instrumentation/exports.hpp"
+#include "vramscope/instrumentation/history.hpp"
+#include "vramscope/instrumentation/memory_logger.hpp"
+#include "vramscope/instrumentation/snapshot.hpp"
+#include "vramscope/instrumentation/summary.hpp"
+#include "vramscope/instrumentation/timeline.hpp"
+#include "vramscope/runtime/training.hpp"
+
+namespace mem::tools {
+
+namespace {
+
+/// Events kept for the snapshot's device_traces (80 B each): enough for a step
+/// of gpt2-xl; older events are dropped first, as PyTorch's ring does.
+constexpr std::size_t kHistoryEntries = std::size_t{1} << 19;
+
+struct TraceArgs {
+  ModelArgs model;
+  std::string device = "auto";
+  std::string dtype = "f32";
+  std::size_t segments = 0;
+  std::string alloc_conf;
+  std::size_t steps = 1;
+  bool compute = false;
+  std::string optimizer = "adam";
+  std::string checkpoint_mode = "non-reentrant";
+  std::size_t max_depth = 0;
+  bool no_pre = false;
+  std::string snapshot;
+  std::string timeline;
+  std::string plot;
+  bool summary = false;
+};
+
+nn::TrainConfig make_config(const TraceArgs& args) {
+  nn::TrainConfig cfg;
+  cfg.model = args.model.model.empty() ? "resnet18" : args.model.model;
+  cfg.model_options = to_model_options(args.model);
+  const nn::ModelInfo info = describe(cfg.model, cfg.model_options);
+  cfg.mode = args.compute ? nn::ExecMode::Compute : nn::ExecMode::DryRun;
+  check_device(args.device, cfg.mode);
+  cfg.device = args.device;
+  const auto precisions = parse_precisions("--dtype", args.dtype);
+  if (precisions.size() != 1) throw UsageError("--dtype: trace runs one precision; give one of f32, f16, bf16, amp, amp-bf16");
+  cfg.precision = precisions.front();
+  check_alloc_conf(args.alloc_conf);
+  cfg.alloc_conf = args.alloc_conf;
+  if (args.segments > info.sequence_length) {
+    throw UsageError(fmt::format("--segments: {} is more than the {} sequential modules {} has; "
+                                 "valid: 0 (no checkpointing) to {}",
+                                 args.segments, info.sequence_length, info.name, info.sequence_length));
+  }
+  cfg.segments = std::max<std::size_t>(args.segments, 1);
+  if (args.steps < 1) throw UsageError("--steps: must be at least 1");
+  cfg.steps = args.steps;
+  cfg.optimizer.kind = as_usage("--optimizer", [&] { return nn::parse_optimizer(args.optimizer); });
+  cfg.checkpoint_mode =
+      as_usage("--checkpoint", [&] { return nn::parse_checkpoint_mode(args.checkpoint_mode); });
+  return cfg;
+}
+
+Table phase_table(const std::vector<nn::StepStats>& steps) {
+  Table t{{{"step", Align::Right},
+           {"phase", Align::Left},
+           {"allocated before", Align::Right},
+           {"after", Align::Right},
+           {"max alloc", Align::Right},
+           {"max reserved", Align::Right},
+           {"max nvidia-smi", Align::Right},
+           {"blocks", Align::Right}}};
+  for (const nn::StepStats& s : steps) {
+    const std::pair<const char*, const nn::PhaseStats*> phases[] = {
+        {"forward", &s.forward}, {"backward", &s.backward}, {"optimizer", &s.optimizer}};
+    for (const auto& [name, p] : phases) {
+      t.add_row({std::to_string(s.step), name, human_bytes(p->allocated_begin),
+                 human_bytes(p->allocated_end), human_bytes(p->peak_allocated),
+                 human_bytes(p->peak_reserved), human_bytes(p->peak_device_used),
+                 human_count(p->allocations)});
+    }
+  }
+  return t;
+}
+
+template <class F>
+void write_file(const char* option, const std::string& path, F&& write) {
+  try {
+    write();
+  } catch (const mem::Error& e) {
+    throw CommandFailed(std::string(option) + ": " + one_line(e.what()));
+  }
+  std::cout << fmt::format("{:<10} {}\n", std::string(option).substr(2) + ":", path);
+}
+
+void run(const TraceArgs& args) {
+  const nn::TrainConfig cfg = make_config(args);
+  const nn::ModelInfo info = nn::describe_model(cfg.model, cfg.model_options);
+  const auto device = make_device(nn::device_spec_for(cfg));
+  CachingAllocator allocator{device, AllocatorConfig::parse(cfg.alloc_conf)};
+  attach(allocator);
+
+  std::optional<History> history;
+  if (!args.snapshot.empty()) history.emplace(allocator, kHistoryEntries);
+  std::optional<Timeline> timeline;
+  if (!args.timeline.empty() || !args.plot.empty()) timeline.emplace(allocator);
+
+  const std::string sizes = cfg.model_options.to_string();
+  std::cout << fmt::format(
+      "vramscope trace: {}{} — batch {}, {}, {} segment{}, {}, {} step{}, on {}\n\n", info.name,
+      sizes.empty() ? "" : " " + sizes, info.batch, nn::precision_name(cfg.precision),
+      args.segments, args.segments == 1 ? "" : "s", nn::exec_mode_name(cfg.mode), cfg.steps,
+      cfg.steps == 1 ? "" : "s", device->info().name);
+
+  std::unique_ptr<nn::Trainer> trainer;
+  std::vector<nn::StepStats> steps;
+  std::optional<std::string> oom;
+  {
+    MemoryLoggerOptions log_options;
+    log_options.pre_hooks = !args.no_pre;
+    log_options.max_depth = args.max_depth;
+    MemoryLogger logger{allocator, std::cout, log_options};
+    try {
+      trainer = std::make_unique<nn::Trainer>(cfg, allocator);
+      for (std::size_t i = 0; i < cfg.steps; ++i) steps.push_back(trainer->step());
+    } catch (const OutOfMemoryError& e) {
+      oom = one_line(e.what());
+    }
+    logger.finish();
+  }
+  if (timeline) timeline->stop();
+
+  if (!steps.empty()) {
+    std::cout << "\nper phase (peaks within each phase):\n" << phase_table(steps).render("  ");
+    const nn::TrainReport report = trainer->report();
+    std::cout << fmt::format(
+        "  parameters {}, optimizer state {}; over the run: max allocated {}, max reserved {}, max "
+        "nvidia-smi {}\n",
+        human_bytes(report.parameter_bytes), human_bytes(report.optimizer_state_bytes),
+        human_bytes(report.peak_allocated), human_bytes(report.peak_reserved),
+        human_bytes(report.peak_device_used));
+    for (const std::string& w : report.warnings) std::cout << "  warning: " << w << "\n";
+  }
+  if (oom) std::cout << "\nout of memory: " << *oom << "\n";
+
+  if (args.summary) std::cout << "\n" << memory_summary(allocator);
+  if (!args.snapshot.empty() || timeline) std::cout << "\n";
+  if (!args.snapshot.empty()) {
+    SnapshotOptions so;
+    so.segments = true;
+    so.history = true;
+    so.history_source = &*history;
+    const Snapshot snap = snapshot(allocator, so);
+    write_file("--snapshot", args.snapshot, [&] { write_memory_snapshot_pickle(snap, args.snapshot); });
+  }
+  if (!args.timeline.empty()) {
+    write_file("--timeline", args.timeline, [&] { write_perfetto_trace(*timeline, args.timeline); });
+  }
+  if (!args.plot.empty()) {
+    PlotOptions po;
+    po.title = fmt::format("{} batch {} ({}) — one training step on {}", info.name, info.batch,
+                           nn::precision_name(cfg.precision), device->info().name);
+    write_file("--plot", args.plot, [&] { write_memory_plot_svg(*timeline, args.plot, po); });
+  }
+  std::cout << "\ndevice: " << device->info().assumptions << "\n";
+  std::cout.flush();
+  trainer.reset();  // frees the model before the allocator goes
+  if (oom) throw CommandFailed("out of memory (the log above shows where); try --segments, a smaller --batch or --dtype f16");
+}
+
+}  // namespace
+
+void add_trace_command(CLI::App& app) {
+  auto args = std::make_shared<TraceArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "trace",
+      "Run one training step of a model and print the per-module memory log: the module tree "
+      "indented, one line per pre-forward / forward / backward hook, the change since the "
+      "previous line, and the totals; export a PyTorch memory snapshot, a Perfetto timeline, an "
+      "SVG plot.");
+  add_model_options(*cmd, args->model, "default: resnet18");
+  cmd->add_option("-d,--device", args->device,
+                  "GPU: auto (cuda:0 if present, else sim:a100-80g), sim:<preset>, "
+                  "sim:capacity=8GiB,context=400MiB, cuda:N")
+      ->capture_default_str()
+      ->type_name("SPEC");
+  cmd->add_option("-t,--dtype", args->dtype, "f32, f16, bf16, amp or amp-bf16")->capture_default_str();
+  cmd->add_option("-s,--segments", args->segments, "checkpoint_sequential segments (0 = none)")
+      ->capture_default_str()
+      ->type_name("N");
+  cmd->add_option("-a,--alloc-conf", args->alloc_conf,
+                  "allocator setting in PYTORCH_CUDA_ALLOC_CONF syntax")
+      ->type_name("CONF");
+  cmd->add_option("--steps", args->steps, "training steps to log")->capture_default_str();
+  cmd->add_flag("--compute", args->compute, "real arithmetic on the CPU instead of a dry run");
+  cmd->add_option("--optimizer", args->optimizer, "adam, sgd or none")->capture_default_str();
+  cmd->add_option("--checkpoint", args->checkpoint_mode, "non-reentrant or reentrant")
+      ->capture_default_str();
+  cmd->add_option("--max-depth", args->max_depth, "log modules up to this depth (0 = all)")
+      ->type_name("N");
+  cmd->add_flag("--no-pre", args->no_pre, "leave out the pre-forward / pre-backward lines");
+  cmd->add_option("--snapshot", args->snapshot,
+                  "write PyTorch's memory snapshot (drag into pytorch.org/memory_viz)")
+      ->type_name("FILE.pickle");
+  cmd->add_option("--timeline", args->timeline,
+                  "write a Chrome/Perfetto trace (ui.perfetto.dev): memory counters and module slices")
+      ->type_name("FILE.json");
+  cmd->add_option("--plot", args->plot, "write an SVG of memory over the step")->type_name("FILE.svg");
+  cmd->add_flag("--summary", args->summary, "print torch.cuda.memory_summary()'s table at the end");
+  cmd->footer(
+      "Examples:\n"
+      "  vramscope trace --model resnet18 --batch 128 --max-depth 2\n"
+      "  vramscope trace --model forum-cnn --compute --summary\n"
+      "  vramscope trace --model forum-cnn-full --device sim:rtx2080s --snapshot oom.pickle\n"
+      "  vramscope trace --model gpt2 --batch 4 --dtype amp --timeline gpt2.json --plot gpt2.svg\n"
+      "  vramscope trace --model mlp --depth 64 --segments 8 --no-pre\n"
+      "Out of memory: the log up to the failure and the files are still written; exit code 1.");
+  cmd->callback([args] { run(*args); });
+}
+
+}  // namespace mem::tools
