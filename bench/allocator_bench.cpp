@@ -237,11 +237,13 @@ void BM_CachedBlocks(benchmark::State& state) {
     sizes[i] = 512 * (1 + rng() % 64);
     blocks[i] = a.allocate(sizes[i]);
   }
-  std::vector<std::size_t> probes;
+  std::vector<std::size_t> freed;
   for (std::size_t i = 0; i < 2 * n; i += 2) {
     a.deallocate(blocks[i], sizes[i]);
-    if (probes.size() < 256) probes.push_back(sizes[i]);
+    freed.push_back(sizes[i]);
   }
+  std::vector<std::size_t> probes(256);  // sizes of cached blocks, in random order
+  for (std::size_t& p : probes) p = freed[rng() % freed.size()];
   a.reset_peaks();
   const double driver0 = a.driver_us();
   std::size_t i = 0;

@@ -7,7 +7,12 @@
 namespace mem::bench {
 
 std::shared_ptr<SimDevice> make_bench_device() {
-  return std::make_shared<SimDevice>(sim_preset("a100-80g"));
+  // 512 B driver granularity: the real driver packs small cudaMallocs, so CUB's
+  // many small device allocations must not be charged a 2 MiB page each here.
+  // vramscope's segments are multiples of 2 MiB, so its figures do not change.
+  SimDeviceConfig config = sim_preset("a100-80g");
+  config.granularity = 512;
+  return std::make_shared<SimDevice>(config);
 }
 
 PeerCounters VramscopeAdaptor::counters() const {

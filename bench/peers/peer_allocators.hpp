@@ -34,8 +34,8 @@ struct PeerCounters {
   std::uint64_t device_allocs = 0;  ///< cudaMalloc calls since construction or reset_peaks()
 };
 
-/// The simulated GPU every peer runs on in the benchmarks: an A100 80 GB with
-/// address-only backing (the numbers of the a100-80g preset).
+/// The simulated GPU every peer runs on in the benchmarks: the a100-80g preset
+/// (address-only backing) with a 512 B driver granularity.
 std::shared_ptr<SimDevice> make_bench_device();
 
 /// vramscope's CachingAllocator.

@@ -20,8 +20,7 @@ namespace mem::nn::detail {
 
 class CheckpointFrame : public std::enable_shared_from_this<CheckpointFrame> {
  public:
-  CheckpointFrame(SegmentFunction fn, TensorList inputs, RngState rng, bool preserve_rng,
-                  std::optional<DType> autocast, ContextId scope);
+  CheckpointFrame(SegmentFunction fn, TensorList inputs, Runtime& runtime, bool preserve_rng);
 
   /// Forward: reserves the next placeholder index.
   std::uint32_t add_placeholder() noexcept { return placeholders_++; }
@@ -35,10 +34,10 @@ class CheckpointFrame : public std::enable_shared_from_this<CheckpointFrame> {
 
   SegmentFunction fn_;
   TensorList inputs_;  ///< the only activations kept between forward and backward
-  RngState rng_;
+  Runtime* runtime_;
+  RngState rng_;       ///< RNG state at the forward, replayed by the rerun
   bool preserve_rng_;
-  std::optional<DType> autocast_;
-  ContextId scope_;    ///< module scope of the checkpoint call (for the recompute)
+  std::optional<DType> autocast_;  ///< autocast state of the forward, re-entered by the rerun
   std::uint32_t placeholders_ = 0;
   std::uint32_t stored_ = 0;
   bool recomputed_ = false;

@@ -53,6 +53,40 @@ class AddBackward final : public Node {
   DType a_, b_;
 };
 
+/// AddBackward0 when b [1, ...] was broadcast over a's first dimension: b's
+/// gradient is the sum over that dimension (sum_to in validate_outputs; allocates).
+class AddBroadcastBackward final : public Node {
+ public:
+  AddBroadcastBackward(DType a, Shape b_shape, DType b) : a_(a), b_shape_(b_shape), b_(b) {}
+  TensorList apply(TensorList& grads) override {
+    const Tensor& g = grads[0];
+    Tensor gb;
+    if (needs_input_grad(1)) {
+      gb = empty(g.runtime(), b_shape_, b_);
+      g.runtime().add_flops(static_cast<double>(g.numel()));
+      if (g.runtime().computing()) {
+        detail::dispatch(b_, [&](auto tag) {
+          using T = decltype(tag);
+          HostIn<T> G(g);
+          HostOut<T> GB(gb);
+          const std::int64_t inner = b_shape_.numel(), outer = g.numel() / inner;
+          for (std::int64_t i = 0; i < inner; ++i) GB[i] = T{0};
+          for (std::int64_t o = 0; o < outer; ++o) {
+            for (std::int64_t i = 0; i < inner; ++i) GB[i] += G[o * inner + i];
+          }
+        });
+      }
+    }
+    return {needs_input_grad(0) ? detail::match_dtype(g, a_) : Tensor{}, gb};
+  }
+  std::string_view name() const noexcept override { return "AddBackward0"; }
+
+ private:
+  DType a_;
+  Shape b_shape_;
+  DType b_;
+};
+
 class MulScalarBackward final : public Node {
  public:
   explicit MulScalarBackward(double s) : s_(s) {}
@@ -218,6 +252,20 @@ class SumBackward final : public Node {
 }  // namespace
 
 Tensor add(const Tensor& a, const Tensor& b) {
+  if (!(a.shape() == b.shape()) && a.dim() == b.dim() && a.dim() > 0 && b.size(0) == 1) {
+    // b broadcast over a's first dimension (position embeddings over the batch).
+    Shape rest = a.shape();
+    rest[0] = 1;
+    if (!(rest == b.shape())) throw Error("add: cannot broadcast " + b.shape().str() + " to " + a.shape().str());
+    Tensor out = empty(a.runtime(), a.shape(), detail::promote(a.dtype(), b.dtype()));
+    Shape strides = b.strides();
+    strides[0] = 0;
+    add_into(out, a, alias_of(b, a.shape(), strides, b.offset()));
+    if (needs_grad({&a, &b})) {
+      set_history(out, detail::make_node<AddBroadcastBackward>({&a, &b}, a.dtype(), b.shape(), b.dtype()));
+    }
+    return out;
+  }
   if (!(a.shape() == b.shape())) throw Error("add: shapes " + a.shape().str() + " and " + b.shape().str() + " differ");
   Tensor out = empty(a.runtime(), a.shape(), detail::promote(a.dtype(), b.dtype()));
   add_into(out, a, b);

@@ -71,7 +71,7 @@ Tensor softmax(const Tensor& x);
 Tensor log_softmax(const Tensor& x);
 
 // --- elementwise and shape ------------------------------------------------------------------------
-/// a + b (same shape). Saves nothing.
+/// a + b (same shape, or b [1, ...] broadcast over a's first dimension). Saves nothing.
 Tensor add(const Tensor& a, const Tensor& b);
 /// a += b in place (residual connections); returns an alias of a. Saves nothing.
 Tensor add_(const Tensor& a, const Tensor& b);

@@ -1,0 +1,247 @@
+// training.cpp — the training step (zero_grad, upload, forward + loss, backward,
+// optimizer) with per-phase allocator statistics, and train() for sweeps.
+#include "vramscope/runtime/training.hpp"
+
+#include <chrono>
+#include <cmath>
+#include <limits>
+
+#include "detail.hpp"
+#include "vramscope/allocator/config.hpp"
+#include "vramscope/allocator/sim_device.hpp"
+
+namespace mem::nn {
+namespace {
+
+constexpr std::size_t kAll = static_cast<std::size_t>(StatType::All);
+
+/// Starts a phase: resets the allocator's peaks so the phase's own peak is measured.
+PhaseStats begin_phase(CachingAllocator& alloc) {
+  alloc.reset_peak_stats();
+  const DeviceStats s = alloc.stats();
+  PhaseStats p;
+  p.allocated_begin = s.allocated_bytes[kAll].current;
+  p.allocations = s.allocation[kAll].allocated;
+  return p;
+}
+
+void end_phase(CachingAllocator& alloc, PhaseStats& p) {
+  const DeviceStats s = alloc.stats();
+  p.allocated_end = s.allocated_bytes[kAll].current;
+  p.peak_allocated = s.allocated_bytes[kAll].peak;
+  p.reserved_end = s.reserved_bytes[kAll].current;
+  p.peak_reserved = s.reserved_bytes[kAll].peak;
+  p.device_used_end = s.device_used_bytes.current;
+  p.peak_device_used = s.device_used_bytes.peak;
+  p.allocations = s.allocation[kAll].allocated - p.allocations;
+}
+
+std::optional<DType> autocast_dtype(Precision p) noexcept {
+  if (p == Precision::Amp) return DType::F16;
+  if (p == Precision::AmpBF16) return DType::BF16;
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::string_view precision_name(Precision precision) noexcept {
+  switch (precision) {
+    case Precision::F32: return "f32";
+    case Precision::F16: return "f16";
+    case Precision::BF16: return "bf16";
+    case Precision::Amp: return "amp";
+    case Precision::AmpBF16: return "amp-bf16";
+  }
+  return "unknown";
+}
+
+Precision parse_precision(std::string_view name) {
+  if (name == "f32" || name == "fp32" || name == "float32") return Precision::F32;
+  if (name == "f16" || name == "fp16" || name == "half") return Precision::F16;
+  if (name == "bf16" || name == "bfloat16") return Precision::BF16;
+  if (name == "amp" || name == "amp-f16") return Precision::Amp;
+  if (name == "amp-bf16") return Precision::AmpBF16;
+  throw Error("unknown precision '" + std::string(name) + "'; expected f32, f16, bf16, amp or amp-bf16");
+}
+
+DType parameter_dtype(Precision precision) noexcept {
+  switch (precision) {
+    case Precision::F16: return DType::F16;
+    case Precision::BF16: return DType::BF16;
+    default: return DType::F32;
+  }
+}
+
+std::string device_spec_for(const TrainConfig& config) {
+  std::string spec = config.device;
+  if (config.mode != ExecMode::Compute || spec.rfind("sim", 0) != 0 || spec.find("backing=") != std::string::npos) {
+    return spec;
+  }
+  if (spec == "sim" || spec == "sim:") return "sim:" + default_sim_preset() + ",backing=host";
+  return spec + ",backing=host";
+}
+
+Trainer::Trainer(const TrainConfig& config, CachingAllocator& allocator)
+    : config_(config), allocator_(&allocator) {
+  runtime_ = std::make_unique<Runtime>(allocator, config.mode, config.seed);
+  model_ = build_model(config.model, config.model_options);
+  plan_ = plan_segments(model_->info().sequence_length, config.segments);
+  model_->materialize(*runtime_, parameter_dtype(config.precision));
+  model_->body().train(true);
+  optimizer_ = make_optimizer(config.optimizer, model_->parameters());
+}
+
+Trainer::~Trainer() {
+  optimizer_.reset();
+  if (model_) model_->body().release();
+}
+
+const ModelInfo& Trainer::info() const noexcept { return model_->info(); }
+
+Tensor Trainer::run_forward(const Tensor& input) {
+  if (plan_.checkpointed.empty()) return model_->body()(input);
+  CheckpointOptions options;
+  options.mode = config_.checkpoint_mode;
+  const auto modules = model_->body().modules();
+  return checkpoint_sequential(modules, config_.segments, input, options);
+}
+
+Tensor Trainer::forward(bool with_grad) {
+  std::optional<NoGradGuard> no_grad;
+  if (!with_grad) no_grad.emplace();
+  PhaseGuard phase(Phase::Forward);
+  const DType in_dtype = is_half(parameter_dtype(config_.precision)) ? parameter_dtype(config_.precision) : DType::F32;
+  const Tensor input = model_->make_input(*runtime_, in_dtype, steps_.size() + 1);
+  const Tensor target = model_->make_target(*runtime_, in_dtype, steps_.size() + 1);
+  runtime_->set_autocast(autocast_dtype(config_.precision));
+  Tensor out = model_->body()(input);
+  Tensor loss;
+  {
+    ModuleScope scope("loss", Phase::Forward);
+    loss = model_->loss(out, target);
+  }
+  runtime_->set_autocast(std::nullopt);
+  runtime_->clear_autocast_cache();
+  return loss;
+}
+
+StepStats Trainer::step() {
+  const auto start = std::chrono::steady_clock::now();
+  Runtime& rt = *runtime_;
+  CachingAllocator& alloc = *allocator_;
+  StepStats s;
+  s.step = steps_.size() + 1;
+  rt.reset_flops();
+  static const ContextId input_ctx = intern_context("input", Phase::Forward);
+  static const ContextId loss_fwd = intern_context("loss", Phase::Forward);
+  static const ContextId loss_bwd = intern_context("loss", Phase::Backward);
+
+  // optimizer.zero_grad(set_to_none=True): last step's gradients go back to the cache.
+  if (optimizer_) {
+    optimizer_->zero_grad(true);
+  } else {
+    for (Tensor& p : model_->parameters()) p.reset_grad();
+  }
+
+  // The batch, target and output live until the end of the step, as the Python
+  // variables of `out = model(x); loss = crit(out, y); loss.backward(); opt.step()` do.
+  const DType param_dtype = parameter_dtype(config_.precision);
+  const DType data_dtype = is_half(param_dtype) ? param_dtype : DType::F32;
+  Tensor input, target, output, loss;
+
+  s.forward = begin_phase(alloc);
+  {
+    PhaseGuard phase(Phase::Forward);
+    {
+      ModuleScope scope(input_ctx);
+      input = model_->make_input(rt, data_dtype, s.step);
+      if (config_.input_requires_grad && is_floating(input.dtype())) input.set_requires_grad(true);
+      target = model_->make_target(rt, data_dtype, s.step);
+    }
+    rt.set_autocast(autocast_dtype(config_.precision));
+    output = run_forward(input);
+    {
+      ModuleScope scope(loss_fwd);
+      BackwardContextGuard backward_scope(loss_bwd);
+      loss = model_->loss(output, target);
+    }
+    rt.set_autocast(std::nullopt);
+    rt.clear_autocast_cache();  // end of the autocast region
+  }
+  end_phase(alloc, s.forward);
+
+  s.backward = begin_phase(alloc);
+  {
+    PhaseGuard phase(Phase::Backward);
+    ModuleScope scope(loss_bwd);
+    backward(loss);
+  }
+  end_phase(alloc, s.backward);
+  for (const Tensor& p : model_->parameters()) s.params_without_grad += p.grad().defined() ? 0 : 1;
+
+  s.optimizer = begin_phase(alloc);
+  if (optimizer_) {
+    PhaseGuard phase(Phase::Optimizer);
+    optimizer_->step();
+  }
+  end_phase(alloc, s.optimizer);
+
+  s.loss = rt.computing() ? to_values(loss)[0] : std::numeric_limits<double>::quiet_NaN();
+  input = target = output = loss = Tensor{};
+
+  const DeviceStats end = alloc.stats();
+  s.stats = end;
+  s.peak_allocated = std::max({s.forward.peak_allocated, s.backward.peak_allocated, s.optimizer.peak_allocated});
+  s.peak_reserved = std::max({s.forward.peak_reserved, s.backward.peak_reserved, s.optimizer.peak_reserved});
+  s.peak_device_used =
+      std::max({s.forward.peak_device_used, s.backward.peak_device_used, s.optimizer.peak_device_used});
+  s.allocated_end = end.allocated_bytes[kAll].current;
+  s.reserved_end = end.reserved_bytes[kAll].current;
+  s.device_used_end = end.device_used_bytes.current;
+  s.flops = rt.flops();
+  s.recompute_ratio = s.flops.forward > 0 ? s.flops.recompute / s.flops.forward : 0.0;
+  s.wall_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  steps_.push_back(s);
+  return s;
+}
+
+TrainReport Trainer::report() const {
+  TrainReport r;
+  r.model = model_->info();
+  r.config = config_;
+  r.plan = plan_;
+  r.steps = steps_;
+  for (const StepStats& s : steps_) {
+    r.peak_allocated = std::max(r.peak_allocated, s.peak_allocated);
+    r.peak_reserved = std::max(r.peak_reserved, s.peak_reserved);
+    r.peak_device_used = std::max(r.peak_device_used, s.peak_device_used);
+    r.params_without_grad = std::max(r.params_without_grad, s.params_without_grad);
+  }
+  r.gradients_missing = r.params_without_grad > 0;
+  for (const Tensor& p : model_->parameters()) r.parameter_bytes += static_cast<std::int64_t>(p.nbytes());
+  r.optimizer_state_bytes = optimizer_ ? static_cast<std::int64_t>(optimizer_->state_bytes()) : 0;
+  r.warnings = runtime_->warnings();
+  if (r.gradients_missing) {
+    r.warnings.push_back(std::to_string(r.params_without_grad) +
+                         " parameters received no gradient: the lower memory is missing work, not a saving");
+  }
+  const DeviceInfo& info = allocator_->device().info();
+  r.device_name = info.name;
+  r.device_assumptions = info.assumptions;
+  r.recompute_ratio = steps_.empty() ? 0.0 : steps_.back().recompute_ratio;
+  return r;
+}
+
+TrainReport train(const TrainConfig& config, CachingAllocator& allocator) {
+  Trainer trainer(config, allocator);
+  for (std::size_t i = 0; i < config.steps; ++i) trainer.step();
+  return trainer.report();
+}
+
+TrainReport train(const TrainConfig& config) {
+  auto device = make_device(device_spec_for(config));
+  CachingAllocator allocator(device, AllocatorConfig::parse(config.alloc_conf));
+  return train(config, allocator);
+}
+
+}  // namespace mem::nn

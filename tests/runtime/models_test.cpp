@@ -1,0 +1,89 @@
+// models_test.cpp — the model registry and a dry-run training step of every model.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "test_util.hpp"
+
+namespace mem::nn {
+namespace {
+
+TEST(Models, RegistryListsEveryModel) {
+  const auto names = model_names();
+  const std::vector<std::string> expected = {"mlp",      "forum-cnn",   "forum-cnn-full", "resnet18", "resnet50",
+                                             "gpt2",     "gpt2-medium", "gpt2-large",     "gpt2-xl"};
+  EXPECT_EQ(names, expected);
+}
+
+TEST(Models, UnknownNameListsValidOnes) {
+  try {
+    describe_model("resnet51");
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("resnet50"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("gpt2-xl"), std::string::npos);
+  }
+  EXPECT_THROW(ModelOptions::parse("depth=0"), Error);
+  EXPECT_THROW(ModelOptions::parse("colour=3"), Error);
+}
+
+TEST(Models, ParameterCountsMatchTheReferenceImplementations) {
+  EXPECT_EQ(describe_model("resnet18").parameters, 11689512);  // torchvision
+  EXPECT_EQ(describe_model("resnet50").parameters, 25557032);
+  EXPECT_EQ(describe_model("gpt2").parameters, 124439808);     // HF, tied lm_head
+  EXPECT_EQ(describe_model("gpt2-medium").parameters, 354823168);
+  EXPECT_EQ(describe_model("gpt2-large").parameters, 774030080);
+  EXPECT_EQ(describe_model("gpt2-xl").parameters, 1557611200);
+  // forum-cnn: 9050 + 11275 + 2260 conv + 4180 * 3258 + 3258 linear.
+  EXPECT_EQ(describe_model("forum-cnn").parameters, 9050 + 11275 + 2260 + 4180 * 3258 + 3258);
+  EXPECT_EQ(describe_model("forum-cnn-full").parameters, 9050 + 11275 + 2260 + 3 * (19350LL * 29913 + 29913));
+  const auto mlp = describe_model("mlp", ModelOptions::parse("depth=3,width=8"));
+  EXPECT_EQ(mlp.parameters, 3 * (8 * 8 + 8));
+  EXPECT_EQ(mlp.sequence_length, 6u);
+  EXPECT_EQ(describe_model("resnet50").sequence_length, 4u + 16u + 3u);
+  EXPECT_EQ(describe_model("gpt2").sequence_length, 15u);
+}
+
+TEST(Models, OptionsRoundTrip) {
+  const auto o = ModelOptions::parse("depth=200,width=1024,batch=32,dropout=0,inplace=1");
+  EXPECT_EQ(ModelOptions::parse(o.to_string()).to_string(), o.to_string());
+  EXPECT_EQ(o.depth, 200);
+  EXPECT_TRUE(*o.inplace_relu);
+}
+
+class EveryModel : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(EveryModel, DryRunStepReturnsEverythingButParametersAndState) {
+  TrainConfig cfg;
+  cfg.model = GetParam();
+  cfg.model_options.batch = 2;
+  if (cfg.model.rfind("gpt2", 0) == 0) cfg.model_options.seq = 64;
+  cfg.steps = 2;
+  const auto device = make_device("sim:capacity=200GiB,context=0");
+  CachingAllocator alloc(device);
+  Trainer trainer(cfg, alloc);
+  const auto s1 = trainer.step();
+  const auto s2 = trainer.step();
+  const auto info = trainer.info();
+  EXPECT_EQ(s1.params_without_grad, 0u);
+  EXPECT_TRUE(std::isnan(s1.loss));
+  EXPECT_GT(s1.flops.forward, 0);
+  EXPECT_GT(s1.flops.backward, s1.flops.forward * 0.9);
+  const auto report = trainer.report();
+  // Adam state appears at the first step and stays: the second step starts higher.
+  EXPECT_GE(s2.forward.allocated_begin, s1.forward.allocated_begin + report.optimizer_state_bytes);
+  (void)info;
+  EXPECT_EQ(report.optimizer_state_bytes, 2 * report.parameter_bytes);
+  alloc.validate();
+}
+
+INSTANTIATE_TEST_SUITE_P(Runtime, EveryModel,
+                         ::testing::Values("mlp", "forum-cnn", "resnet18", "resnet50", "gpt2"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           for (char& c : n) c = c == '-' ? '_' : c;
+                           return n;
+                         });
+
+}  // namespace
+}  // namespace mem::nn

@@ -1,0 +1,271 @@
+#!/usr/bin/env python3
+"""check_cli.py — end-to-end checks of the built `vramscope` command.
+
+Usage: check_cli.py VRAMSCOPE CHECK WORKDIR
+
+Each check runs the command as a user would and reads what it wrote with
+python's own csv, json, pickle and xml.etree modules. Exit status 0 = pass.
+"""
+import csv
+import io
+import json
+import os
+import pickle
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+
+def run(exe, *args, expect=0):
+    proc = subprocess.run([exe, *args], capture_output=True, text=True, timeout=110)
+    if expect is not None and proc.returncode != expect:
+        raise AssertionError(
+            f"{' '.join(args)}: exit {proc.returncode}, expected {expect}\n"
+            f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
+    return proc
+
+
+def check(cond, what):
+    if not cond:
+        raise AssertionError(what)
+
+
+# A small model on a small simulated device: mlp depth 4 (8 sequential modules).
+SMALL = ["--model", "mlp", "--depth", "4", "--width", "1024", "--batch", "1024",
+         "--device", "sim:capacity=1GiB,context=100MiB"]
+
+
+def check_exact(exe, work):
+    # The numbers below are derived by hand in exact_rows.md next to this script.
+    out = json.loads(run(exe, "sweep", *SMALL, "--segments", "0,2,4", "--dtype", "f32",
+                         "--format", "json").stdout)
+    rows = {r["segments"]: r for r in out["rows"]}
+    for k, expected in EXACT_ROWS.items():
+        r = rows[k]
+        for key, value in expected.items():
+            check(r[key] == value, f"segments {k}: {key} = {r[key]}, expected {value}")
+
+
+EXACT_ROWS = {}  # filled in below once derived
+
+
+def check_csv(exe, work):
+    text = run(exe, "sweep", *SMALL, "--segments", "0,2,4", "--dtype", "f32,f16",
+               "--format", "csv").stdout
+    rows = list(csv.DictReader(io.StringIO(text)))
+    check(len(rows) == 6, f"{len(rows)} rows, expected 6")
+    for r in rows:
+        check(r["model"] == "mlp", r)
+        check(r["fits"] == "true", r)
+        for key in ("max_allocated", "max_reserved", "max_nvidia_smi", "allocated_after_step",
+                    "unallocated_at_peak"):
+            int(r[key])
+        check(int(r["max_reserved"]) >= int(r["max_allocated"]), r)
+        check(int(r["max_nvidia_smi"]) >= int(r["max_reserved"]) + 100 * MiB, r)
+        float(r["recompute_ratio"])
+    check(sum(r["best"] == "true" for r in rows) == 2, "one best per dtype")
+    # A setting with commas in it survives the quoting.
+    text = run(exe, "sweep", *SMALL, "--segments", "2", "--dtype", "f32", "--alloc-conf",
+               "roundup_power2_divisions:[256:1,>:8]", "--format", "csv").stdout
+    rows = list(csv.DictReader(io.StringIO(text)))
+    check(rows[0]["alloc_conf"] == "roundup_power2_divisions:[256:1,>:8]", rows[0])
+
+
+def check_json(exe, work):
+    out = json.loads(run(exe, "sweep", *SMALL, "--segments", "0,2", "--dtype", "f32",
+                         "-a", "", "-a", "max_split_size_mb:128", "--format", "json").stdout)
+    check(out["schema_version"] == 1, out.keys())
+    check(out["model"]["name"] == "mlp" and out["model"]["sequential_modules"] == 8, out["model"])
+    check(out["device"]["total_bytes"] == GiB and out["device"]["context_bytes"] == 100 * MiB,
+          out["device"])
+    check("assumptions" in out["device"] and out["device"]["simulated"], out["device"])
+    check(len(out["rows"]) == 4, len(out["rows"]))
+    check({r["alloc_conf"] for r in out["rows"]} == {"", "max_split_size_mb:128"}, out["rows"])
+    for r in out["rows"]:
+        check(r["steps"] == 2 and r["fits"], r)
+        check(r["saving"] is not None, r)
+        if r["segments"] == 0:
+            check(r["saving"] == 0 and r["recompute_ratio"] == 0, r)
+        else:
+            check(r["recompute_ratio"] > 0, r)
+
+
+def oom_sweep(exe, fmt):
+    return run(exe, "sweep", "--model", "mlp", "--depth", "8", "--width", "1024", "--batch", "4096",
+               "--device", "sim:capacity=600MiB,context=100MiB", "--segments", "0,3",
+               "--dtype", "f32", "--format", fmt)
+
+
+def check_oom(exe, work):
+    out = json.loads(oom_sweep(exe, "json").stdout)
+    rows = {r["segments"]: r for r in out["rows"]}
+    r = rows[0]
+    check(not r["fits"] and not r["best"], r)
+    check(r["oom_requested"] > 0 and r["oom_allocated"] > 0, r)
+    check(r["oom_nvidia_smi"] <= 600 * MiB, r)
+    check(r["oom_reserved"] >= r["oom_allocated"], r)
+    check(r["oom_nvidia_smi"] >= r["oom_reserved"] + 100 * MiB, r)
+    check(r["oom_device_free"] + r["oom_nvidia_smi"] == 600 * MiB, r)
+    check(r["oom_requested"] > r["oom_device_free"], r)
+    check(r["needs_max_allocated"] > r["oom_allocated"], r)
+    check(r["needs_max_nvidia_smi"] > 600 * MiB, r)
+    check("out of memory" in r["oom_message"].lower(), r["oom_message"])
+    # The sweep goes on after the OOM row.
+    check(rows[3]["fits"] and rows[3]["best"], rows[3])
+    text = oom_sweep(exe, "table").stdout
+    check("OOM [1]" in text and "[1] f32 seg 0: out of memory" in text, text)
+    check("needs" in text, text)
+
+
+BAD = [
+    (["sweep", "--model", "nosuchnet"], ["mlp", "resnet18"]),
+    (["sweep", "--device", "sim:nosuchgpu"], ["rtx2080s", "a100-80g"]),
+    (["sweep", "--device", "tpu:0"], ["sim:", "cuda"]),
+    (["sweep", "--dtype", "f32,f8"], ["f16", "bf16"]),
+    (["sweep", "--device", "sim:capacity=8XB"], ["capacity"]),
+    (["sweep", "--alloc-conf", "max_split_size_mb:abc"], ["max_split_size_mb"]),
+    (["sweep", "--alloc-conf", "nosuchkey:1"], ["max_split_size_mb"]),
+    (["sweep", "--model", "mlp", "--depth", "4", "--segments", "9"], ["8", "auto"]),
+    (["sweep", "--segments", "two"], ["0,2,4,8", "auto"]),
+    (["sweep", "--format", "xml"], ["table", "csv", "json"]),
+    (["sweep", "--steps", "0"], ["at least 1"]),
+    (["sweep", "--batch", "-3"], ["positive"]),
+    (["sweep", "--optimizer", "lion"], ["adam", "sgd"]),
+    (["sweep", "--nosuchflag"], ["--nosuchflag"]),
+    (["trace", "--model", "nosuchnet"], ["resnet18"]),
+    (["trace", "--model", "mlp", "--depth", "2", "--segments", "5"], ["4"]),
+    (["trace", "--dtype", "f32,f16"], ["one"]),
+    (["nosuchcommand"], []),
+]
+
+
+def check_bad_input(exe, work):
+    for args, words in BAD:
+        p = run(exe, *args, expect=2)
+        err = p.stderr.strip()
+        check(err.count("\n") == 0 and err.startswith("vramscope: error:"),
+              f"{args}: not one error line: {p.stderr!r}")
+        for w in words:
+            check(w in err, f"{args}: {w!r} not in {err!r}")
+        check(p.stdout == "", f"{args}: printed on stdout: {p.stdout!r}")
+
+
+def check_trace_files(exe, work):
+    os.makedirs(work, exist_ok=True)
+    pk, tl, svg = (os.path.join(work, n) for n in ("step.pickle", "step.json", "step.svg"))
+    p = run(exe, "trace", "--model", "forum-cnn", "--device", "sim:rtx2080s", "--snapshot", pk,
+            "--timeline", tl, "--plot", svg, "--summary")
+    text = p.stdout
+    for word in ("pre-forward", "forward", "backward", "optimizer", "totals", "per phase",
+                 "device: simulated rtx2080s"):
+        check(word in text, f"{word!r} not in the trace output")
+    with open(pk, "rb") as f:
+        snap = pickle.load(f)
+    check(set(snap) >= {"segments", "device_traces", "allocator_settings"}, snap.keys())
+    check(len(snap["segments"]) > 0, "no segments")
+    check(len(snap["device_traces"]) == 1 and len(snap["device_traces"][0]) > 0, "no trace")
+    actions = {e["action"] for e in snap["device_traces"][0]}
+    check({"alloc", "free_requested", "segment_alloc"} <= actions, actions)
+    with open(tl) as f:
+        trace = json.load(f)
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    check(any(e.get("ph") == "C" for e in events), "no counter events")
+    check(any(e.get("ph") in ("X", "B") for e in events), "no slices")
+    root = ET.parse(svg).getroot()
+    check(root.tag.endswith("svg"), root.tag)
+
+
+def check_trace_oom(exe, work):
+    os.makedirs(work, exist_ok=True)
+    pk = os.path.join(work, "oom.pickle")
+    p = run(exe, "trace", "--model", "mlp", "--depth", "8", "--width", "1024", "--batch", "4096",
+            "--device", "sim:capacity=600MiB,context=100MiB", "--snapshot", pk, expect=1)
+    check("out of memory" in p.stdout.lower(), p.stdout)
+    check("pre-forward" in p.stdout, "the log before the failure is missing")
+    check(p.stderr.strip().count("\n") == 0, p.stderr)
+    with open(pk, "rb") as f:
+        snap = pickle.load(f)
+    check(any(e["action"] == "oom" for e in snap["device_traces"][0]), "no oom entry")
+
+
+def check_demo(exe, work):
+    start = time.monotonic()
+    text = run(exe, "sweep").stdout
+    took = time.monotonic() - start
+    check(took < 30, f"the default sweep took {took:.1f} s")
+    lines = text.splitlines()
+    f32_none = [l for l in lines if l.strip().startswith("f32") and "0 (none)" in l]
+    check(f32_none and "OOM" in f32_none[0], f"f32 without checkpointing should not fit:\n{text}")
+    check(any(l.strip().startswith("f16") for l in lines), "no f16 rows")
+    best = [l for l in lines if l.rstrip().endswith("*")]
+    check(len(best) == 2, f"one best per dtype:\n{text}")
+    for word in ("How to read this", "nvidia-smi", "sqrt", "device: simulated rtx2080s"):
+        check(word in text, f"{word!r} missing")
+    # The U: max allocated falls from few to some segments and rises again after.
+    out = json.loads(run(exe, "sweep", "--dtype", "f32", "--format", "json").stdout)
+    fit = [r for r in out["rows"] if r["fits"]]
+    peaks = [r["max_allocated"] for r in sorted(fit, key=lambda r: r["segments"])]
+    low = peaks.index(min(peaks))
+    check(0 < low < len(peaks) - 1, f"no U shape: {peaks}")
+    best_row = next(r for r in out["rows"] if r["best"])
+    n = out["model"]["sequential_modules"]
+    check(n ** 0.5 / 4 <= best_row["segments"] <= 4 * n ** 0.5,
+          f"best at {best_row['segments']} segments, sqrt(n) = {n ** 0.5:.1f}")
+
+
+def check_help(exe, work):
+    for cmd in ([], ["sweep"], ["trace"], ["devices"], ["models"]):
+        p = run(exe, *cmd, "--help")
+        check("Examples" in p.stdout, f"{cmd}: no examples in --help")
+
+
+def check_devices(exe, work):
+    text = run(exe, "devices").stdout
+    for word in ("sim:rtx2080s", "sim:a100-80g", "CUDA context", "assumed", "Real GPUs"):
+        check(word in text, f"{word!r} missing")
+
+
+def check_models(exe, work):
+    text = run(exe, "models").stdout
+    for word in ("mlp", "forum-cnn", "forum-cnn-full", "resnet18", "resnet50", "gpt2"):
+        check(word in text, f"{word!r} missing")
+    text = run(exe, "models", "--model", "mlp", "--depth", "4", "--width", "1024").stdout
+    # 4 x (1024 x 1024 weights + 1024 biases)
+    check("4,198,400" in text, text)
+
+
+def check_plot(exe, work):
+    os.makedirs(work, exist_ok=True)
+    svg = os.path.join(work, "sweep.svg")
+    run(exe, "sweep", *SMALL, "--segments", "0,2,4", "--plot", svg, "--format", "csv")
+    root = ET.parse(svg).getroot()
+    check(root.tag.endswith("svg"), root.tag)
+    ns = "{http://www.w3.org/2000/svg}"
+    check(len(root.findall(f"{ns}polyline")) == 4, "two curves per dtype")
+
+
+CHECKS = {
+    "exact": check_exact, "csv": check_csv, "json": check_json, "oom": check_oom,
+    "bad-input": check_bad_input, "trace-files": check_trace_files, "trace-oom": check_trace_oom,
+    "demo": check_demo, "help": check_help, "devices": check_devices, "models": check_models,
+    "plot": check_plot,
+}
+
+
+def main():
+    exe, name, work = sys.argv[1], sys.argv[2], sys.argv[3]
+    try:
+        CHECKS[name](exe, work)
+    except AssertionError as e:
+        print(f"FAIL {name}: {e}")
+        return 1
+    print(f"ok {name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
