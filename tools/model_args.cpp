@@ -6,6 +6,7 @@
 #include "usage_error.hpp"
 #include "vramscope/allocator/config.hpp"
 #include "vramscope/allocator/device.hpp"
+#include "vramscope/allocator/sim_device.hpp"
 
 namespace mem::tools {
 
@@ -77,6 +78,14 @@ std::vector<nn::Precision> parse_precisions(const std::string& option, const std
     throw UsageError(option + ": empty list; valid: f32, f16, bf16, amp, amp-bf16");
   }
   return out;
+}
+
+std::string resolve_device(const std::string& spec, nn::ExecMode mode) {
+  if (mode != nn::ExecMode::Compute) return spec;
+  if (spec == "sim" || (spec == "auto" && cuda_device_count() == 0)) {
+    return "sim:" + default_sim_preset();
+  }
+  return spec;
 }
 
 void check_device(const std::string& spec, nn::ExecMode mode) {

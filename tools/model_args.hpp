@@ -43,6 +43,10 @@ std::vector<std::string> split_list(const std::string& text);
 /// Parses each name with nn::parse_precision; UsageError names the valid ones.
 std::vector<nn::Precision> parse_precisions(const std::string& option, const std::string& list);
 
+/// The spec to run on: in compute mode "auto" and "sim" without a GPU become the
+/// default simulated preset by name, so the runtime can give it host memory.
+std::string resolve_device(const std::string& spec, nn::ExecMode mode);
+
 /// Checks a device spec by building it; UsageError with the valid forms otherwise.
 /// Compute mode needs host memory behind the device (a simulated GPU).
 void check_device(const std::string& spec, nn::ExecMode mode);

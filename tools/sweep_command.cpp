@@ -74,8 +74,8 @@ SweepSpec make_spec(const SweepArgs& args) {
   }
   spec.model = model.model;
   spec.model_options = to_model_options(model);
-  spec.device = args.device;
   spec.mode = args.compute ? nn::ExecMode::Compute : nn::ExecMode::DryRun;
+  spec.device = resolve_device(args.device, spec.mode);
   spec.precisions = parse_precisions("--dtype", args.dtypes);
   spec.alloc_confs = args.alloc_confs.empty() ? std::vector<std::string>{""} : args.alloc_confs;
   spec.steps = args.steps;

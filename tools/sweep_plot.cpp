@@ -12,6 +12,7 @@
 #include <map>
 #include <set>
 
+#include "sweep_report.hpp"
 #include "vramscope/allocator/errors.hpp"
 #include "vramscope/allocator/units.hpp"
 
@@ -115,14 +116,12 @@ std::string sweep_plot_svg(const SweepResult& result, int width, int height) {
       "font-family=\"Helvetica, Arial, sans-serif\" font-size=\"12\">\n"
       "<rect width=\"{0}\" height=\"{1}\" fill=\"white\"/>\n",
       width, height);
-  const std::string sizes = result.spec.model_options.to_string();
   s += fmt::format("<text x=\"{}\" y=\"24\" font-size=\"16\" font-weight=\"bold\">{}</text>\n", left,
-                   xml_escape(fmt::format("Peak memory vs checkpoint segments — {}{}, batch {}, on {}",
-                                          result.model.name, sizes.empty() ? "" : " " + sizes,
-                                          result.model.batch, result.device.name)));
+                   xml_escape(fmt::format("Peak memory vs checkpoint segments — {}",
+                                          model_title(result.model, result.spec.model_options))));
   s += fmt::format("<text x=\"{}\" y=\"42\" fill=\"#555\">{}</text>\n", left,
-                   xml_escape(fmt::format("{} sequential modules; sqrt = {:.1f}; {} step(s) per configuration",
-                                          result.model.sequence_length,
+                   xml_escape(fmt::format("on {}; {} sequential modules, sqrt = {:.1f}; {} step(s) per configuration",
+                                          result.device.name, result.model.sequence_length,
                                           std::sqrt(static_cast<double>(result.model.sequence_length)),
                                           result.spec.steps)));
 
@@ -208,8 +207,14 @@ std::string sweep_plot_svg(const SweepResult& result, int width, int height) {
   s += fmt::format("<path d=\"M{:.1f},{:.1f} l10,10 m0,-10 l-10,10\" stroke=\"#d62728\" stroke-width=\"2.5\"/>"
                    "<text x=\"{:.1f}\" y=\"{:.1f}\">OOM: what it needs</text>\n",
                    lx + 9, legend_y - 5, lx + 34, legend_y + 4);
-  s += fmt::format("<text x=\"{}\" y=\"{}\" fill=\"#555\" font-size=\"11\">{}</text>\n", left, height - 20,
-                   xml_escape("device: " + result.device.assumptions));
+  const std::string footer = wrap("device: " + result.device.assumptions, "", "", 150);
+  double fy = height - 36;
+  for (std::size_t b = 0, e; b < footer.size(); b = e + 1) {
+    e = footer.find('\n', b);
+    s += fmt::format("<text x=\"{}\" y=\"{:.0f}\" fill=\"#555\" font-size=\"11\">{}</text>\n", left, fy,
+                     xml_escape(footer.substr(b, e - b)));
+    fy += 15;
+  }
   s += "</svg>\n";
   return s;
 }

@@ -27,6 +27,39 @@ std::string where(const OomFailure& oom) {
 
 }  // namespace
 
+std::string model_title(const nn::ModelInfo& info, const nn::ModelOptions& options) {
+  std::string sizes = options.to_string();
+  for (char& ch : sizes) {
+    if (ch == ',') ch = ' ';
+  }
+  std::string out = info.name;
+  if (!sizes.empty()) out += " " + sizes;
+  if (sizes.find("batch=") == std::string::npos) out += fmt::format(" batch={}", info.batch);
+  return out;
+}
+
+std::string wrap(const std::string& text, const std::string& first, const std::string& rest,
+                 std::size_t width) {
+  std::string out, line = first;
+  std::size_t pos = 0;
+  bool line_empty = true;
+  while (pos < text.size()) {
+    std::size_t end = text.find(' ', pos);
+    if (end == std::string::npos) end = text.size();
+    const std::string word = text.substr(pos, end - pos);
+    if (!line_empty && display_width(line) + 1 + display_width(word) > width) {
+      out += line + "\n";
+      line = rest;
+      line_empty = true;
+    }
+    if (!line_empty) line += ' ';
+    line += word;
+    line_empty = false;
+    pos = end + 1;
+  }
+  return out + line + "\n";
+}
+
 std::string describe_oom(const SweepRow& row) {
   if (!row.oom) return {};
   const OomFailure& o = *row.oom;
@@ -105,13 +138,12 @@ std::string sweep_report(const SweepResult& result, const ReportOptions& options
   const nn::ModelInfo& m = result.model;
   const SweepSpec& spec = result.spec;
   std::string out;
-  const std::string sizes = spec.model_options.to_string();
-  out += fmt::format("vramscope sweep: {}{} — batch {}, {} sequential modules, {} parameters ({} in f32)\n",
-                     m.name, sizes.empty() ? "" : " " + sizes, m.batch, m.sequence_length,
-                     human_count(m.parameters), format_bytes(m.parameter_bytes(nn::DType::F32)));
-  out += fmt::format("on {} ({} total), {}, {} step{} per configuration, {}\n\n", result.device.name,
-                     format_bytes(result.device.total_bytes), nn::optimizer_name(spec.optimizer.kind),
-                     spec.steps, spec.steps == 1 ? "" : "s",
+  out += fmt::format("vramscope sweep: {}, {} sequential modules, {} parameters ({} in f32)\n",
+                     model_title(m, spec.model_options), m.sequence_length, human_count(m.parameters),
+                     format_bytes(m.parameter_bytes(nn::DType::F32)));
+  out += fmt::format("on {} ({} total), optimizer {}, {} step{} per configuration, {}\n\n",
+                     result.device.name, format_bytes(result.device.total_bytes),
+                     nn::optimizer_name(spec.optimizer.kind), spec.steps, spec.steps == 1 ? "" : "s",
                      spec.mode == nn::ExecMode::DryRun
                          ? "dry run (every allocation and free of the step, no arithmetic)"
                          : "compute (real arithmetic on the CPU)");
@@ -124,7 +156,7 @@ std::string sweep_report(const SweepResult& result, const ReportOptions& options
     any_best = any_best || row.best;
     if (row.fits()) continue;
     any_oom_needs = any_oom_needs || row.unlimited.has_value();
-    out += fmt::format("  [{}] {}\n", ++footnote, describe_oom(row));
+    out += wrap(fmt::format("[{}] {}", ++footnote, describe_oom(row)), "  ", "      ");
   }
   for (const SweepRow& row : result.baselines) {
     if (row.fits()) {
@@ -156,9 +188,9 @@ std::string sweep_report(const SweepResult& result, const ReportOptions& options
     out += "  recompute       extra forward FLOPs from checkpointing, as a fraction of one forward.\n";
     out += fmt::format(
         "  segments        checkpoint_sequential(model, k): k-1 segments keep only their input and rerun\n"
-        "                  in backward, one at a time. Peak ~ k boundaries + one segment of n/k modules,\n"
-        "                  lowest near k = sqrt(n) = sqrt({}) = {:.1f}; more segments keep more boundaries\n"
-        "                  alive and cost more memory, not less.\n",
+        "                  in backward, one at a time. Peak ~ k kept inputs + one segment of n/k modules\n"
+        "                  rerun, lowest around k = sqrt(n) (n = {} modules: {:.1f}). Past it, more\n"
+        "                  segments keep more inputs alive and cost more memory, not less.\n",
         m.sequence_length, root);
     if (any_oom_needs) {
       out += "  OOM [n]         the allocator's figures at the failure; 'needs' is the same run on this device\n"

@@ -21,6 +21,13 @@ Table sweep_table(const SweepResult& result, const ReportOptions& options);
 /// Title lines, the table, OOM footnotes, the note and the assumptions line.
 std::string sweep_report(const SweepResult& result, const ReportOptions& options = {});
 
+/// "mlp depth=256 width=512 batch=16384": the model and its sizes.
+std::string model_title(const nn::ModelInfo& info, const nn::ModelOptions& options);
+
+/// Word-wraps `text` to `width` characters: `first` starts the first line, `rest` the others.
+std::string wrap(const std::string& text, const std::string& first, const std::string& rest,
+                 std::size_t width = 100);
+
 /// "out of memory in step 1, backward of 17 (asked 64.00 MiB): ..." for an OOM row.
 std::string describe_oom(const SweepRow& row);
 

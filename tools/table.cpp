@@ -79,8 +79,9 @@ std::string pad(std::string_view text, std::size_t width, Align align) {
 }
 
 std::string human_bytes(std::int64_t bytes) {
-  if (bytes < 0) return "-" + format_bytes(static_cast<std::size_t>(-bytes));
-  return format_bytes(static_cast<std::size_t>(bytes));
+  if (bytes >= 0) return format_bytes(static_cast<std::size_t>(bytes));
+  // fmt rather than "-" + string: GCC 12 warns falsely (-Wrestrict) on the latter.
+  return fmt::format("-{}", format_bytes(static_cast<std::size_t>(-bytes)));
 }
 
 std::string human_saving(std::int64_t saved, double fraction) {
@@ -106,7 +107,7 @@ std::string human_count(std::int64_t n) {
     if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
     out += digits[i];
   }
-  return n < 0 ? "-" + out : out;
+  return n < 0 ? fmt::format("-{}", out) : out;
 }
 
 }  // namespace mem::tools

@@ -6,16 +6,18 @@
 #include <iostream>
 #include <memory>
 #include <optional>
+#include <unordered_map>
 
 #include "commands.hpp"
 #include "model_args.hpp"
+#include "module_log.hpp"
+#include "sweep_report.hpp"
 #include "table.hpp"
 #include "usage_error.hpp"
 #include "vramscope/allocator/caching_allocator.hpp"
 #include "vramscope/allocator/units.hpp"
 #include "vramscope/instrumentation/exports.hpp"
 #include "vramscope/instrumentation/history.hpp"
-#include "vramscope/instrumentation/memory_logger.hpp"
 #include "vramscope/instrumentation/snapshot.hpp"
 #include "vramscope/instrumentation/summary.hpp"
 #include "vramscope/instrumentation/timeline.hpp"
@@ -53,8 +55,8 @@ nn::TrainConfig make_config(const TraceArgs& args) {
   cfg.model_options = to_model_options(args.model);
   const nn::ModelInfo info = describe(cfg.model, cfg.model_options);
   cfg.mode = args.compute ? nn::ExecMode::Compute : nn::ExecMode::DryRun;
-  check_device(args.device, cfg.mode);
-  cfg.device = args.device;
+  cfg.device = resolve_device(args.device, cfg.mode);
+  check_device(cfg.device, cfg.mode);
   const auto precisions = parse_precisions("--dtype", args.dtype);
   if (precisions.size() != 1) throw UsageError("--dtype: trace runs one precision; give one of f32, f16, bf16, amp, amp-bf16");
   cfg.precision = precisions.front();
@@ -72,6 +74,17 @@ nn::TrainConfig make_config(const TraceArgs& args) {
   cfg.checkpoint_mode =
       as_usage("--checkpoint", [&] { return nn::parse_checkpoint_mode(args.checkpoint_mode); });
   return cfg;
+}
+
+void collect_types(const nn::Module& m, std::unordered_map<std::string, std::string>& out) {
+  if (!m.path().empty()) out.emplace(m.path(), m.type_name());
+  for (const auto& [name, child] : m.children()) collect_types(*child, out);
+}
+
+std::unordered_map<std::string, std::string> module_types(nn::Model& model) {
+  std::unordered_map<std::string, std::string> out;
+  collect_types(model.body(), out);
+  return out;
 }
 
 Table phase_table(const std::vector<nn::StepStats>& steps) {
@@ -118,33 +131,41 @@ void run(const TraceArgs& args) {
   std::optional<Timeline> timeline;
   if (!args.timeline.empty() || !args.plot.empty()) timeline.emplace(allocator);
 
-  const std::string sizes = cfg.model_options.to_string();
   std::cout << fmt::format(
-      "vramscope trace: {}{} — batch {}, {}, {} segment{}, {}, {} step{}, on {}\n\n", info.name,
-      sizes.empty() ? "" : " " + sizes, info.batch, nn::precision_name(cfg.precision),
+      "vramscope trace: {}, {}, {} segment{}, {}, {} step{}, on {}\n\n",
+      model_title(info, cfg.model_options), nn::precision_name(cfg.precision),
       args.segments, args.segments == 1 ? "" : "s", nn::exec_mode_name(cfg.mode), cfg.steps,
       cfg.steps == 1 ? "" : "s", device->info().name);
 
   std::unique_ptr<nn::Trainer> trainer;
   std::vector<nn::StepStats> steps;
   std::optional<std::string> oom;
-  {
-    MemoryLoggerOptions log_options;
+  try {
+    trainer = std::make_unique<nn::Trainer>(cfg, allocator);  // allocates the parameters
+  } catch (const OutOfMemoryError& e) {
+    oom = one_line(e.what());
+  }
+  if (trainer) {
+    std::cout << fmt::format("parameters and buffers allocated: {} ({} reserved, {} in nvidia-smi's view)\n\n",
+                             human_bytes(allocator.stats().allocated_bytes[0].current),
+                             human_bytes(allocator.stats().reserved_bytes[0].current),
+                             human_bytes(allocator.stats().device_used_bytes.current));
+    ModuleLogOptions log_options;
     log_options.pre_hooks = !args.no_pre;
     log_options.max_depth = args.max_depth;
-    MemoryLogger logger{allocator, std::cout, log_options};
+    ModuleLog log{allocator, std::cout, module_types(trainer->model()), log_options};
     try {
-      trainer = std::make_unique<nn::Trainer>(cfg, allocator);
       for (std::size_t i = 0; i < cfg.steps; ++i) steps.push_back(trainer->step());
     } catch (const OutOfMemoryError& e) {
       oom = one_line(e.what());
     }
-    logger.finish();
+    log.flush();
   }
   if (timeline) timeline->stop();
 
   if (!steps.empty()) {
-    std::cout << "\nper phase (peaks within each phase):\n" << phase_table(steps).render("  ");
+    std::cout << "\nper phase (peaks within each phase; allocated counts the batch and the output):\n"
+              << phase_table(steps).render("  ");
     const nn::TrainReport report = trainer->report();
     std::cout << fmt::format(
         "  parameters {}, optimizer state {}; over the run: max allocated {}, max reserved {}, max "
@@ -152,6 +173,11 @@ void run(const TraceArgs& args) {
         human_bytes(report.parameter_bytes), human_bytes(report.optimizer_state_bytes),
         human_bytes(report.peak_allocated), human_bytes(report.peak_reserved),
         human_bytes(report.peak_device_used));
+    if (cfg.mode == nn::ExecMode::Compute) {
+      for (const nn::StepStats& st : steps) {
+        std::cout << fmt::format("  step {}: {} on the CPU, loss {:.6g}\n", st.step, human_ms(st.wall_ms), st.loss);
+      }
+    }
     for (const std::string& w : report.warnings) std::cout << "  warning: " << w << "\n";
   }
   if (oom) std::cout << "\nout of memory: " << *oom << "\n";

@@ -95,20 +95,16 @@ bool AllocatorCore::get_free_block(AllocParams& p) {
   if (set_fraction_ && config_.garbage_collection_threshold > 0.0) [[unlikely]] {
     ++pool.get_free_blocks_call_count;  // block ages only matter to the collector
   }
-  Block key;
-  key.stream = p.stream;
-  key.size = p.size;
-  key.ptr = 0;
-  auto it = pool.blocks.lower_bound(&key);
-  if (it == pool.blocks.end() || (*it)->stream != p.stream) return false;
+  auto it = pool.blocks.lower_bound(PoolEntry{p.stream, p.size, 0, nullptr});
+  if (it == pool.blocks.end() || it->stream != p.stream) return false;
   const std::size_t max_split = config_.max_split_size;
   // Never hand an oversize block to a small request (it could not be split).
-  if (p.size < max_split && (*it)->size >= max_split) return false;
+  if (p.size < max_split && it->size >= max_split) return false;
   // An oversize request takes an oversize block only if little is wasted.
-  if (p.size >= max_split && (*it)->size >= p.size + config_.max_non_split_rounding_size) {
+  if (p.size >= max_split && it->size >= p.size + config_.max_non_split_rounding_size) {
     return false;
   }
-  p.block = *it;
+  p.block = it->block;
   p.block_in_pool = true;  // alloc_found_block unlinks or re-keys it
   return true;
 }
@@ -148,27 +144,24 @@ bool AllocatorCore::release_available_cached_blocks(const AllocParams& p) {
   const std::size_t max_split = config_.max_split_size;
   if (max_split == std::numeric_limits<std::size_t>::max()) return false;
   BlockPool& pool = *p.pool;
-  Block key;
-  key.stream = p.stream;
-  key.size = p.size < max_split ? max_split : p.size;
-  key.ptr = 0;
-  auto it = pool.blocks.lower_bound(&key);
-  if (it == pool.blocks.end() || (*it)->stream != p.stream) {
+  const PoolEntry key{p.stream, p.size < max_split ? max_split : p.size, 0, nullptr};
+  auto it = pool.blocks.lower_bound(key);
+  if (it == pool.blocks.end() || it->stream != p.stream) {
     // No single oversize block is enough: free oversize blocks, largest first.
     if (it == pool.blocks.begin()) return false;
     std::size_t released = 0;
     --it;  // the largest block of this stream, if any
-    while (released < key.size && (*it)->size >= max_split && (*it)->stream == p.stream) {
+    while (released < key.size && it->size >= max_split && it->stream == p.stream) {
       auto cur = it;
       const bool is_first = cur == pool.blocks.begin();
       if (!is_first) --it;
-      released += (*cur)->size;
-      release_block(*cur);
+      released += cur->size;
+      release_block(cur->block);
       if (is_first) break;
     }
     return released >= key.size;
   }
-  release_block(*it);
+  release_block(it->block);
   return true;
 }
 
@@ -181,7 +174,7 @@ void AllocatorCore::release_cached_blocks() {
 void AllocatorCore::release_blocks(BlockPool& pool) {
   auto it = pool.blocks.begin();
   while (it != pool.blocks.end()) {
-    Block* block = *it;
+    Block* block = it->block;
     ++it;
     if (!block->is_split()) release_block(block);
   }
@@ -220,7 +213,8 @@ void AllocatorCore::garbage_collect_cached_blocks() {
   auto age = [&](const Block* b) {
     return static_cast<double>(large_blocks_.get_free_blocks_call_count - b->gc_count_base);
   };
-  for (const Block* b : large_blocks_.blocks) {
+  for (const PoolEntry& e : large_blocks_.blocks) {
+    const Block* b = e.block;
     if (!b->is_split()) {
       total_age += age(b);
       ++freeable;
@@ -233,7 +227,7 @@ void AllocatorCore::garbage_collect_cached_blocks() {
     freed = false;
     auto it = large_blocks_.blocks.begin();
     while (it != large_blocks_.blocks.end()) {
-      Block* b = *it;
+      Block* b = it->block;
       ++it;
       if (!b->is_split() && age(b) >= age_threshold) {
         freed = true;
@@ -269,11 +263,11 @@ Block* AllocatorCore::alloc_found_block(AllocParams& p) {
     if (block->prev) block->prev->next = block;
     block->next = remaining;
     remaining->prev = block;
-    remaining->ptr += p.size;
-    remaining->size -= p.size;
     if (p.block_in_pool) {
-      pool.rekey(remaining);
+      pool.rekey(remaining, remaining->ptr + p.size, remaining->size - p.size);
     } else {
+      remaining->ptr += p.size;
+      remaining->size -= p.size;
       pool.insert(remaining);
     }
     if (already_split) {
@@ -400,14 +394,14 @@ void AllocatorCore::free_block(Block* block, bool report) {
     // [prev?][block][next] -> next spans all of them.
     merged_blocks += 1;
     merged_bytes += static_cast<std::int64_t>(next->size);
-    next->ptr = block->ptr;
-    next->size += block->size;
+    std::uintptr_t ptr = block->ptr;
+    std::size_t size = next->size + block->size;
     next->prev = block->prev;
     if (prev != nullptr) {
       merged_blocks += 1;
       merged_bytes += static_cast<std::int64_t>(prev->size);
-      next->ptr = prev->ptr;
-      next->size += prev->size;
+      ptr = prev->ptr;
+      size += prev->size;
       next->prev = prev->prev;
       pool.erase(prev);
       block_storage_.destroy(prev);
@@ -415,16 +409,16 @@ void AllocatorCore::free_block(Block* block, bool report) {
     if (next->prev != nullptr) next->prev->next = next;
     block_storage_.destroy(block);
     result = next;
-    pool.rekey(result);
+    pool.rekey(result, ptr, size);
   } else if (prev != nullptr) {
     merged_blocks += 1;
     merged_bytes += static_cast<std::int64_t>(prev->size);
-    prev->size += block->size;
     prev->next = block->next;
     if (prev->next != nullptr) prev->next->prev = prev;
+    const std::size_t size = prev->size + block->size;
     block_storage_.destroy(block);
     result = prev;
-    pool.rekey(result);
+    pool.rekey(result, prev->ptr, size);
   } else {
     block->requested_size = 0;
     block->context = 0;

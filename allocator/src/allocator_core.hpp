@@ -27,11 +27,24 @@ namespace mem::detail {
 
 struct Block;
 
-/// Orders free blocks by (stream, size, address): lower_bound is best fit.
-struct BlockComparator {
-  bool operator()(const Block* a, const Block* b) const noexcept;
+/// A free block's entry in its pool. The key is stored in the tree node itself
+/// (not behind the Block pointer) so a search touches one cache line per level.
+struct PoolEntry {
+  StreamId stream;
+  std::size_t size;
+  std::uintptr_t ptr;
+  Block* block;
 };
-using BlockSet = std::set<Block*, BlockComparator, ArenaAllocator<Block*>>;
+
+/// Orders free blocks by (stream, size, address): lower_bound is best fit.
+struct PoolEntryLess {
+  bool operator()(const PoolEntry& a, const PoolEntry& b) const noexcept {
+    if (a.stream != b.stream) return a.stream < b.stream;
+    if (a.size != b.size) return a.size < b.size;
+    return a.ptr < b.ptr;
+  }
+};
+using BlockSet = std::set<PoolEntry, PoolEntryLess, ArenaAllocator<PoolEntry>>;
 struct BlockPool;
 
 struct Block {
@@ -54,15 +67,13 @@ struct Block {
   bool is_free() const noexcept { return !allocated && event_count == 0 && stream_uses.empty(); }
 };
 
-inline bool BlockComparator::operator()(const Block* a, const Block* b) const noexcept {
-  if (a->stream != b->stream) return a->stream < b->stream;
-  if (a->size != b->size) return a->size < b->size;
-  return a->ptr < b->ptr;
+inline PoolEntry entry_of(const Block* b) noexcept {
+  return PoolEntry{b->stream, b->size, b->ptr, const_cast<Block*>(b)};
 }
 
 struct BlockPool {
   explicit BlockPool(bool small)
-      : blocks(BlockComparator{}, ArenaAllocator<Block*>(&arena)), is_small(small) {}
+      : blocks(PoolEntryLess{}, ArenaAllocator<PoolEntry>(&arena)), is_small(small) {}
   FreeListArena arena;  // must outlive `blocks`
   BlockSet blocks;
   const bool is_small;
@@ -70,22 +81,31 @@ struct BlockPool {
 
   void insert(Block* b) {
     b->gc_count_base = get_free_blocks_call_count;
-    b->pool_it = blocks.insert(b).first;
+    b->pool_it = blocks.insert(entry_of(b)).first;
   }
   void erase(Block* b) noexcept { blocks.erase(b->pool_it); }
-  /// After a pooled block's size or address changed: keep its tree node when
-  /// the order still holds (the common split/merge case), else move it.
-  /// Either way the result equals erase + insert.
-  void rekey(Block* b) {
+  /// Moves a pooled block to a new address and size, keeping its tree node
+  /// when the order still holds (the common split/merge case), else re-inserting
+  /// it. Either way the result equals erase + insert. The key is built from the
+  /// arguments, not re-read from the block, which avoids a store-forwarding stall.
+  void rekey(Block* b, std::uintptr_t ptr, std::size_t size) {
+    b->ptr = ptr;
+    b->size = size;
     b->gc_count_base = get_free_blocks_call_count;
-    const BlockComparator less;
+    const PoolEntryLess less;
+    const PoolEntry key{b->stream, size, ptr, b};
     auto it = b->pool_it;
-    const bool after_prev = it == blocks.begin() || less(*std::prev(it), b);
+    const bool after_prev = it == blocks.begin() || less(*std::prev(it), key);
     const auto next = std::next(it);
-    const bool before_next = next == blocks.end() || less(b, *next);
-    if (after_prev && before_next) return;
+    const bool before_next = next == blocks.end() || less(key, *next);
+    if (after_prev && before_next) {
+      // The node's storage is not const; the order is unchanged, so updating
+      // the key in place leaves a valid tree.
+      const_cast<PoolEntry&>(*it) = key;
+      return;
+    }
     blocks.erase(it);
-    b->pool_it = blocks.insert(b).first;
+    b->pool_it = blocks.insert(key).first;
   }
 };
 

@@ -305,15 +305,27 @@ SimDevice::SimDevice(SimDeviceConfig config)
                       format_us(config_.malloc_latency_us) + " / cudaFree " +
                       format_us(config_.free_latency_us) + " on a virtual clock, backing " +
                       (config_.backing == SimBacking::Host ? "host" : "none");
+  // Room for fragmentation of the offset space: a sequence of segments never
+  // spans more than a few times the capacity. Both backings share the bound.
+  const std::size_t pages = pages_of(config_.capacity);
+  host_span_ = std::min<std::size_t>(4 * pages * config_.granularity + (std::size_t{1} << 30),
+                                     kSimAddressLimit - kSimAddressBase);
+  if (config_.backing == SimBacking::Host) {
+    // One PROT_NONE reservation: no memory, no commit charge, just addresses.
+    void* base = ::mmap(nullptr, host_span_, PROT_NONE,
+                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (base == MAP_FAILED) {
+      throw Error("SimDevice: cannot reserve " + format_bytes(host_span_) +
+                  " of host address space for backing=host; use backing=none for dry runs");
+    }
+    host_base_ = reinterpret_cast<std::uintptr_t>(base);
+  }
 }
 
 SimDevice::~SimDevice() {
-  // Segments still live belong to a caller that leaked them; host-backed ones are
-  // unmapped here so a leaking test does not leak address space across tests.
+  // Segments a caller leaked are dropped with the whole reservation.
   std::lock_guard lock(mutex_);
-  if (config_.backing == SimBacking::Host) {
-    for (const auto& [address, bytes] : live_) unmap_segment_locked(address, bytes);
-  }
+  if (host_base_ != 0) ::munmap(reinterpret_cast<void*>(host_base_), host_span_);
 }
 
 std::size_t SimDevice::pages_of(std::size_t bytes) const {
@@ -322,33 +334,39 @@ std::size_t SimDevice::pages_of(std::size_t bytes) const {
 
 void* SimDevice::map_segment_locked(std::size_t bytes) {
   const std::size_t span = pages_of(bytes) * config_.granularity;
-  if (config_.backing == SimBacking::Host) {
-    // MAP_NORESERVE: the kernel commits pages only when touched, so an 80 GB simulated
-    // device costs only what the computation actually writes.
-    void* p = ::mmap(nullptr, span, PROT_READ | PROT_WRITE,
-                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    return p == MAP_FAILED ? nullptr : p;
-  }
   // Lowest free range that fits (first fit by address), else the bump pointer.
+  std::uintptr_t address = 0;
   for (auto it = free_ranges_.begin(); it != free_ranges_.end(); ++it) {
     if (it->second < span) continue;
-    const std::uintptr_t address = it->first;
+    address = it->first;
     const std::size_t rest = it->second - span;
     free_ranges_.erase(it);
     if (rest != 0) free_ranges_.emplace(address + span, rest);
-    return reinterpret_cast<void*>(address);
+    break;
   }
-  if (span > kSimAddressLimit - next_address_) return nullptr;
-  const std::uintptr_t address = next_address_;
-  next_address_ += span;
-  return reinterpret_cast<void*>(address);
+  if (address == 0) {
+    if (span > kSimAddressBase + host_span_ - next_address_) return nullptr;
+    address = next_address_;
+    next_address_ += span;
+  }
+  if (config_.backing == SimBacking::None) return reinterpret_cast<void*>(address);
+  // Same offset inside the host reservation; pages are committed only when touched.
+  void* host = reinterpret_cast<void*>(host_base_ + (address - kSimAddressBase));
+  if (::mprotect(host, span, PROT_READ | PROT_WRITE) != 0) {
+    unmap_segment_locked(address, bytes);  // give the offsets back
+    return nullptr;
+  }
+  return host;
 }
 
 void SimDevice::unmap_segment_locked(std::uintptr_t address, std::size_t bytes) noexcept {
   const std::size_t span = pages_of(bytes) * config_.granularity;
-  if (config_.backing == SimBacking::Host) {
-    ::munmap(reinterpret_cast<void*>(address), span);
-    return;
+  if (config_.backing == SimBacking::Host && address >= host_base_ &&
+      address < host_base_ + host_span_) {
+    // Drop the pages and make the range inaccessible again, as after cudaFree.
+    ::mmap(reinterpret_cast<void*>(address), span, PROT_NONE,
+           MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+    address = kSimAddressBase + (address - host_base_);
   }
   // Insert and coalesce with both neighbours; a range ending at the bump pointer
   // gives the space back to it so the map stays small.

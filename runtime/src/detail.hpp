@@ -114,14 +114,14 @@ class HostOut {
     }
     buf_.resize(static_cast<std::size_t>(t.numel()));
     if (read) {
-      for (std::int64_t i = 0; i < t.numel(); ++i) buf_[i] = static_cast<T>(load(base, t.dtype(), t.offset() + i));
+      for (std::int64_t i = 0, n_ = t.numel(); i < n_; ++i) buf_[i] = static_cast<T>(load(base, t.dtype(), t.offset() + i));
     }
     ptr_ = buf_.data();
   }
   ~HostOut() {
     if (buf_.empty()) return;
     char* base = static_cast<char*>(t_.storage()->data());
-    for (std::int64_t i = 0; i < t_.numel(); ++i) store(base, t_.dtype(), t_.offset() + i, buf_[i]);
+    for (std::int64_t i = 0, n_ = t_.numel(); i < n_; ++i) store(base, t_.dtype(), t_.offset() + i, buf_[i]);
   }
   HostOut(const HostOut&) = delete;
   HostOut& operator=(const HostOut&) = delete;

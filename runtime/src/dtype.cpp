@@ -1,6 +1,7 @@
 // dtype.cpp — dtype names and IEEE half conversions.
 #include "vramscope/runtime/dtype.hpp"
 
+#include <array>
 #include <string>
 
 #include "vramscope/allocator/errors.hpp"
@@ -60,7 +61,8 @@ std::uint16_t float_to_half(float value) noexcept {
   return static_cast<std::uint16_t>(sign | bits);
 }
 
-float half_to_float(std::uint16_t h) noexcept {
+namespace {
+float half_bits_to_float(std::uint16_t h) noexcept {
   const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
   std::uint32_t exp = (h >> 10) & 0x1fu;
   std::uint32_t mant = h & 0x3ffu;
@@ -86,5 +88,17 @@ float half_to_float(std::uint16_t h) noexcept {
   std::memcpy(&out, &bits, sizeof out);
   return out;
 }
+
+/// All 65536 halves decoded once: compute mode converts whole tensors at a time.
+struct HalfTable {
+  HalfTable() {
+    for (std::uint32_t h = 0; h < 65536; ++h) values[h] = half_bits_to_float(static_cast<std::uint16_t>(h));
+  }
+  std::array<float, 65536> values;
+};
+const HalfTable kHalfTable;
+}  // namespace
+
+float half_to_float(std::uint16_t h) noexcept { return kHalfTable.values[h]; }
 
 }  // namespace mem::nn

@@ -24,7 +24,7 @@ class MseLossBackward final : public Node {
         HostIn<T> G(g), X(x), Y(t);
         HostOut<T> GX(gx);
         const T scale = T{2} * G[0] / static_cast<T>(x.numel());
-        for (std::int64_t i = 0; i < x.numel(); ++i) GX[i] = scale * (X[i] - Y[i]);
+        for (std::int64_t i = 0, n_ = x.numel(); i < n_; ++i) GX[i] = scale * (X[i] - Y[i]);
       });
     }
     return {gx, Tensor{}};
@@ -52,8 +52,8 @@ class NllLossBackward final : public Node {
         HostIn<double> I(target);
         HostOut<T> GX(gx);
         const std::int64_t c = self.size(-1);
-        for (std::int64_t i = 0; i < gx.numel(); ++i) GX[i] = T{0};
-        for (std::int64_t r = 0; r < target.numel(); ++r) {
+        for (std::int64_t i = 0, n_ = gx.numel(); i < n_; ++i) GX[i] = T{0};
+        for (std::int64_t r = 0, n_ = target.numel(); r < n_; ++r) {
           GX[r * c + static_cast<std::int64_t>(I[r])] = -G[0] / W[0];
         }
       });
@@ -85,7 +85,7 @@ Tensor mse_loss(const Tensor& input_in, const Tensor& target_in) {
       HostIn<T> X(input), Y(target);
       HostOut<T> L(out);
       T acc{0};
-      for (std::int64_t i = 0; i < input.numel(); ++i) acc += (X[i] - Y[i]) * (X[i] - Y[i]);
+      for (std::int64_t i = 0, n_ = input.numel(); i < n_; ++i) acc += (X[i] - Y[i]) * (X[i] - Y[i]);
       L[0] = acc / static_cast<T>(input.numel());
     });
   }
@@ -116,7 +116,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target) {
       HostOut<T> L(out), W(total_weight);
       const std::int64_t c = lp.size(-1);
       T acc{0};
-      for (std::int64_t r = 0; r < target.numel(); ++r) {
+      for (std::int64_t r = 0, n_ = target.numel(); r < n_; ++r) {
         const auto cls = static_cast<std::int64_t>(I[r]);
         if (cls < 0 || cls >= c) throw Error("cross_entropy: target class out of range");
         acc -= P[r * c + cls];

@@ -26,7 +26,7 @@ void map_into(const Tensor& x, const Tensor& out, double flops_per_element, F f)
                                     : std::vector<T>{};
     const T* src = copy.empty() ? X.data() : copy.data();
     HostOut<T> Y(out);
-    for (std::int64_t i = 0; i < x.numel(); ++i) Y[i] = f(src[i]);
+    for (std::int64_t i = 0, n_ = x.numel(); i < n_; ++i) Y[i] = f(src[i]);
   });
 }
 
@@ -41,7 +41,7 @@ Tensor map_grad(const Tensor& g, const Tensor& saved, double flops_per_element, 
       using T = decltype(tag);
       HostIn<T> G(g), S(saved);
       HostOut<T> GX(gx);
-      for (std::int64_t i = 0; i < g.numel(); ++i) GX[i] = f(G[i], S[i]);
+      for (std::int64_t i = 0, n_ = g.numel(); i < n_; ++i) GX[i] = f(G[i], S[i]);
     });
   }
   return gx;
@@ -129,7 +129,7 @@ class DropoutBackward final : public Node {
         HostIn<T> G(g);
         HostOut<T> GX(gx);
         const std::uint8_t* m = mask.data<std::uint8_t>();
-        for (std::int64_t i = 0; i < g.numel(); ++i) GX[i] = m[i] ? G[i] * static_cast<T>(scale_) : T{0};
+        for (std::int64_t i = 0, n_ = g.numel(); i < n_; ++i) GX[i] = m[i] ? G[i] * static_cast<T>(scale_) : T{0};
       });
     }
     return {gx};
@@ -278,7 +278,7 @@ Tensor dropout(const Tensor& x, double p, bool training) {
       HostIn<T> X(x);
       HostOut<T> Y(out);
       std::uint8_t* m = mask.data<std::uint8_t>();
-      for (std::int64_t i = 0; i < x.numel(); ++i) {
+      for (std::int64_t i = 0, n_ = x.numel(); i < n_; ++i) {
         const bool keep = detail::uniform01(rng.seed, rng.offset + static_cast<std::uint64_t>(i)) >= p;
         m[i] = keep ? 1 : 0;
         Y[i] = keep ? X[i] * static_cast<T>(scale) : T{0};

@@ -168,7 +168,7 @@ class MaxPoolBackward final : public Node {
         const std::int64_t* I = idx.data<std::int64_t>();
         const std::int64_t planes = x.size(0) * x.size(1), in_sz = x.size(2) * x.size(3);
         const std::int64_t out_sz = gy.size(2) * gy.size(3);
-        for (std::int64_t i = 0; i < gx.numel(); ++i) GX[i] = T{0};
+        for (std::int64_t i = 0, n_ = gx.numel(); i < n_; ++i) GX[i] = T{0};
         for (std::int64_t p = 0; p < planes; ++p) {
           for (std::int64_t i = 0; i < out_sz; ++i) GX[p * in_sz + I[p * out_sz + i]] += G[p * out_sz + i];
         }

@@ -34,7 +34,7 @@ void add_into(const Tensor& out, const Tensor& a, const Tensor& b) {
       ap = a_copy.data();
     }
     HostOut<T> Y(out);
-    for (std::int64_t i = 0; i < out.numel(); ++i) Y[i] = ap[i] + B[i];
+    for (std::int64_t i = 0, n_ = out.numel(); i < n_; ++i) Y[i] = ap[i] + B[i];
   });
 }
 
@@ -216,9 +216,9 @@ class EmbeddingBackward final : public Node {
         HostIn<T> G(g);
         HostOut<T> GW(gw);
         const std::int64_t d = weight_shape_[1];
-        for (std::int64_t i = 0; i < gw.numel(); ++i) GW[i] = T{0};
+        for (std::int64_t i = 0, n_ = gw.numel(); i < n_; ++i) GW[i] = T{0};
         HostIn<double> I(idx);
-        for (std::int64_t r = 0; r < idx.numel(); ++r) {
+        for (std::int64_t r = 0, n_ = idx.numel(); r < n_; ++r) {
           const auto row = static_cast<std::int64_t>(I[r]);
           for (std::int64_t j = 0; j < d; ++j) GW[row * d + j] += G[r * d + j];
         }
@@ -296,7 +296,7 @@ Tensor mul_scalar(const Tensor& x, double s) {
       using T = decltype(tag);
       HostIn<T> X(x);
       HostOut<T> Y(out);
-      for (std::int64_t i = 0; i < x.numel(); ++i) Y[i] = X[i] * static_cast<T>(s);
+      for (std::int64_t i = 0, n_ = x.numel(); i < n_; ++i) Y[i] = X[i] * static_cast<T>(s);
     });
   }
   if (needs_grad({&x})) set_history(out, detail::make_node<MulScalarBackward>({&x}, s));
@@ -393,7 +393,7 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
       HostIn<T> W(weight);
       HostIn<double> I(indices);
       HostOut<T> Y(out);
-      for (std::int64_t r = 0; r < indices.numel(); ++r) {
+      for (std::int64_t r = 0, n_ = indices.numel(); r < n_; ++r) {
         const auto row = static_cast<std::int64_t>(I[r]);
         if (row < 0 || row >= weight.size(0)) throw Error("embedding: index out of range");
         for (std::int64_t j = 0; j < d; ++j) Y[r * d + j] = W[row * d + j];
@@ -418,7 +418,7 @@ Tensor sum(const Tensor& x) {
       HostIn<T> X(x);
       HostOut<T> Y(out);
       T acc{0};
-      for (std::int64_t i = 0; i < x.numel(); ++i) acc += X[i];
+      for (std::int64_t i = 0, n_ = x.numel(); i < n_; ++i) acc += X[i];
       Y[0] = acc;
     });
   }

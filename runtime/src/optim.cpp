@@ -28,7 +28,7 @@ void update(const Tensor& dst, const Tensor& a, const Tensor& b, double flops_pe
     using T = decltype(tag);
     HostIn<T> A(a), B(b);
     HostOut<T> D(dst, true);
-    for (std::int64_t i = 0; i < dst.numel(); ++i) {
+    for (std::int64_t i = 0, n_ = dst.numel(); i < n_; ++i) {
       D[i] = f(D[i], a.defined() ? A[i] : T{0}, b.defined() ? B[i] : T{0});
     }
   });

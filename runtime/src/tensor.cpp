@@ -189,12 +189,50 @@ void fill_(const Tensor& tensor, double value) {
 void uniform_(const Tensor& tensor, double low, double high, std::uint64_t seed) {
   if (!tensor.runtime().computing()) return;
   void* base = tensor.storage()->data();
+  if (tensor.dtype() == DType::F32 && tensor.is_contiguous()) {
+    float* p = static_cast<float*>(base) + tensor.offset();
+    for (std::int64_t i = 0, n = tensor.numel(); i < n; ++i) {
+      p[i] = static_cast<float>(low + (high - low) * detail::uniform01(seed, static_cast<std::uint64_t>(i)));
+    }
+    return;
+  }
   detail::for_each_offset(tensor.shape(), tensor.strides(), tensor.offset(),
                           [&](std::int64_t i, std::int64_t off) {
                             const double u = detail::uniform01(seed, static_cast<std::uint64_t>(i));
                             detail::store(base, tensor.dtype(), off, low + (high - low) * u);
                           });
 }
+
+namespace {
+
+/// Converts n contiguous elements with the dtype switch outside the loop.
+template <class Load, class Store>
+void convert_loop(std::int64_t n, Load load, Store store) {
+  for (std::int64_t i = 0; i < n; ++i) store(i, load(i));
+}
+
+bool convert_contiguous(void* dst, DType dd, const void* src, DType sd, std::int64_t n) {
+  auto from = [&](auto store) {
+    switch (sd) {
+      case DType::F32: convert_loop(n, [&](std::int64_t i) { return static_cast<const float*>(src)[i]; }, store); return true;
+      case DType::F16:
+        convert_loop(n, [&](std::int64_t i) { return half_to_float(static_cast<const std::uint16_t*>(src)[i]); }, store);
+        return true;
+      case DType::BF16:
+        convert_loop(n, [&](std::int64_t i) { return bf16_to_float(static_cast<const std::uint16_t*>(src)[i]); }, store);
+        return true;
+      default: return false;
+    }
+  };
+  switch (dd) {
+    case DType::F32: return from([&](std::int64_t i, float v) { static_cast<float*>(dst)[i] = v; });
+    case DType::F16: return from([&](std::int64_t i, float v) { static_cast<std::uint16_t*>(dst)[i] = float_to_half(v); });
+    case DType::BF16: return from([&](std::int64_t i, float v) { static_cast<std::uint16_t*>(dst)[i] = float_to_bf16(v); });
+    default: return false;
+  }
+}
+
+}  // namespace
 
 void copy_(const Tensor& dst, const Tensor& src) {
   if (dst.numel() != src.numel()) {
@@ -209,6 +247,11 @@ void copy_(const Tensor& dst, const Tensor& src) {
                  static_cast<const char*>(sbase) + src.offset() * static_cast<std::int64_t>(es),
                  static_cast<std::size_t>(src.numel()) * es);
     return;
+  }
+  if (src.is_contiguous() && dst.is_contiguous()) {
+    const char* s = static_cast<const char*>(sbase) + src.offset() * static_cast<std::int64_t>(dtype_size(src.dtype()));
+    char* d = static_cast<char*>(dbase) + dst.offset() * static_cast<std::int64_t>(dtype_size(dst.dtype()));
+    if (convert_contiguous(d, dst.dtype(), s, src.dtype(), src.numel())) return;
   }
   std::vector<double> values(static_cast<std::size_t>(src.numel()));
   detail::for_each_offset(src.shape(), src.strides(), src.offset(), [&](std::int64_t i, std::int64_t off) {

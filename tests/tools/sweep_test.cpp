@@ -94,9 +94,9 @@ TEST(Sweep, BestIsTheLowestNvidiaSmiPeakOfEachDtype) {
 
 TEST(Sweep, OutOfMemoryIsARowAndTheSweepGoesOn) {
   SweepSpec spec = small_spec();
-  spec.model_options = nn::ModelOptions::parse("depth=8,width=1024,batch=4096");
+  spec.model_options = nn::ModelOptions::parse("depth=16,width=1024,batch=4096");
   spec.device = "sim:capacity=600MiB,context=100MiB";
-  spec.segments = {0, 3};
+  spec.segments = {0, 4};
   spec.precisions = {nn::Precision::F32};
   const SweepResult result = run_sweep(spec);
   ASSERT_EQ(result.rows.size(), 2u);

@@ -101,7 +101,14 @@ class SimDevice final : public Device {
   // context_bytes + used_rounded_ <= capacity (the driver's view: free never goes negative).
   std::size_t used_ = 0;          ///< sum of segment sizes as asked for
   std::size_t used_rounded_ = 0;  ///< sum rounded to granularity (what cudaMemGetInfo subtracts)
-  std::uintptr_t next_address_;   ///< bump pointer for address-only backing
+  /// Segments are placed by offset the same way in both backings (bump pointer
+  /// plus lowest-fitting freed range), so best-fit ties between equal blocks break
+  /// identically and a dry run matches a compute run byte for byte. Address-only:
+  /// address = 2^48 + offset. Host: address = host_base_ + offset inside one
+  /// PROT_NONE reservation whose pages are made accessible per segment.
+  std::uintptr_t next_address_;   ///< bump pointer (an address in the 2^48 space)
+  std::uintptr_t host_base_ = 0;  ///< host reservation (backing Host), 0 otherwise
+  std::size_t host_span_ = 0;     ///< its size: the offsets both backings may use
   /// Address-only backing: freed ranges below next_address_, by start, coalesced, reused
   /// lowest-first like the driver's VA allocator so long runs never exhaust the space.
   std::map<std::uintptr_t, std::size_t> free_ranges_;

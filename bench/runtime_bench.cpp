@@ -1,0 +1,90 @@
+// runtime_bench.cpp — Google Benchmark suite of the autograd runtime: a dry-run
+// training step of resnet50 at batch 256 (target < 10 ms), a sweep of 32
+// checkpoint segment counts of a 200-layer mlp (target < 1 s), and a compute-mode
+// training step of forum-cnn at batch 100 on the CPU.
+#include <benchmark/benchmark.h>
+
+#include <memory>
+
+#include "vramscope/allocator/caching_allocator.hpp"
+#include "vramscope/allocator/device.hpp"
+#include "vramscope/runtime/training.hpp"
+
+namespace {
+
+using mem::nn::ExecMode;
+using mem::nn::TrainConfig;
+using mem::nn::Trainer;
+
+void set_step_counters(benchmark::State& state, const mem::nn::StepStats& s) {
+  state.counters["peak_allocated"] =
+      benchmark::Counter(static_cast<double>(s.peak_allocated), benchmark::Counter::kDefaults,
+                         benchmark::Counter::kIs1024);
+  state.counters["peak_reserved"] = benchmark::Counter(static_cast<double>(s.peak_reserved),
+                                                       benchmark::Counter::kDefaults, benchmark::Counter::kIs1024);
+  state.counters["allocations"] = static_cast<double>(s.forward.allocations + s.backward.allocations +
+                                                      s.optimizer.allocations);
+}
+
+/// One dry-run training step (forward, backward, Adam) of resnet50, batch 256, on a
+/// simulated A100 80 GB; steady state (Adam state already allocated).
+void BM_DryRunStepResnet50(benchmark::State& state) {
+  TrainConfig cfg;
+  cfg.model = "resnet50";
+  cfg.model_options.batch = 256;
+  cfg.segments = static_cast<std::size_t>(state.range(0));
+  auto device = mem::make_device("sim:a100-80g");
+  mem::CachingAllocator alloc(device);
+  Trainer trainer(cfg, alloc);
+  mem::nn::StepStats last = trainer.step();
+  for (auto _ : state) {
+    last = trainer.step();
+    benchmark::DoNotOptimize(last.peak_allocated);
+  }
+  set_step_counters(state, last);
+}
+BENCHMARK(BM_DryRunStepResnet50)->Arg(1)->Arg(4)->Unit(benchmark::kMillisecond);
+
+/// The sweep the vramscope command runs: for each of 32 segment counts a fresh
+/// device, allocator and 200-layer mlp (width 1024, batch 64), two training steps.
+void BM_SweepMlp200Segments(benchmark::State& state) {
+  std::int64_t best_peak = 0;
+  for (auto _ : state) {
+    best_peak = 0;
+    for (std::size_t k = 1; k <= 32; ++k) {
+      TrainConfig cfg;
+      cfg.model = "mlp";
+      cfg.model_options.depth = 200;
+      cfg.segments = k;
+      cfg.steps = 2;
+      const auto report = mem::nn::train(cfg);
+      if (best_peak == 0 || report.peak_allocated < best_peak) best_peak = report.peak_allocated;
+    }
+    benchmark::DoNotOptimize(best_peak);
+  }
+  state.counters["best_peak_allocated"] =
+      benchmark::Counter(static_cast<double>(best_peak), benchmark::Counter::kDefaults, benchmark::Counter::kIs1024);
+}
+BENCHMARK(BM_SweepMlp200Segments)->Unit(benchmark::kMillisecond);
+
+/// One compute-mode training step of forum-cnn at batch 100 (OpenBLAS GEMMs, im2col).
+void BM_ComputeStepForumCnn(benchmark::State& state) {
+  TrainConfig cfg;
+  cfg.model = "forum-cnn";
+  cfg.mode = ExecMode::Compute;
+  auto device = mem::make_device(mem::nn::device_spec_for(cfg));
+  mem::CachingAllocator alloc(device);
+  Trainer trainer(cfg, alloc);
+  mem::nn::StepStats last = trainer.step();
+  for (auto _ : state) {
+    last = trainer.step();
+    benchmark::DoNotOptimize(last.loss);
+  }
+  set_step_counters(state, last);
+  state.counters["gflop_per_step"] = last.flops.total() / 1e9;
+}
+BENCHMARK(BM_ComputeStepForumCnn)->Unit(benchmark::kMillisecond);
+
+}  // namespace
+
+BENCHMARK_MAIN();

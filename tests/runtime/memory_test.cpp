@@ -1,0 +1,301 @@
+// memory_test.cpp — exact memory: what each op keeps for backward, the peak of an
+// mlp with n layers and k checkpoint segments derived by hand, the minimum over k
+// near sqrt(n), checkpointing one ReLU saving nothing, and identical statistics in
+// compute and dry-run modes.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <tuple>
+
+#include "test_util.hpp"
+
+namespace mem::nn {
+namespace {
+
+/// Bytes an op keeps alive for backward beyond its inputs: run it, drop the output
+/// handle but keep its node (the graph), and compare with the inputs alone.
+std::int64_t kept_bytes(test::Env& env, const std::function<Tensor()>& op) {
+  const std::int64_t before = env.allocated();
+  Tensor out = op();
+  const std::shared_ptr<Node> node = out.grad_fn();
+  out = Tensor{};
+  const std::int64_t kept = env.allocated() - before;
+  return node ? kept : -1;
+}
+
+class SavedBytes : public ::testing::Test {
+ protected:
+  Tensor leaf(const Shape& shape) {
+    Tensor t = empty(env_.rt, shape);
+    t.set_requires_grad(true);
+    return t;
+  }
+  test::Env env_{ExecMode::DryRun};
+};
+
+// Shapes: activations [64, 1024] f32 = 256 KiB; images [8, 16, 32, 32] f32 = 512 KiB.
+TEST_F(SavedBytes, EachOpKeepsWhatDerivativesYamlSaves) {
+  const Tensor x = leaf({64, 1024}), w = leaf({1024, 1024}), b = leaf({1024});
+  const Tensor img = leaf({8, 16, 32, 32}), kernel = leaf({16, 16, 3, 3}), gamma = leaf({16}), beta = leaf({16});
+  const Tensor rm = zeros(env_.rt, {16}), rv = zeros(env_.rt, {16});
+  const Tensor ln_w = leaf({1024}), ln_b = leaf({1024});
+  const Tensor idx = empty(env_.rt, {64}, DType::I64);
+  const Tensor classes = empty(env_.rt, {64}, DType::I64);
+  const Tensor emb = leaf({1000, 1024});
+  const Tensor target = empty(env_.rt, {64, 1024});
+  constexpr std::int64_t act = 64 * 1024 * 4;
+
+  // Inputs and weights it saves are alive anyway: nothing extra.
+  EXPECT_EQ(kept_bytes(env_, [&] { return linear(x, w, b); }), 0);
+  EXPECT_EQ(kept_bytes(env_, [&] { return conv2d(img, kernel, Tensor{}, 1, 1); }), 0);
+  EXPECT_EQ(kept_bytes(env_, [&] { return gelu(x); }), 0);               // its input
+  EXPECT_EQ(kept_bytes(env_, [&] { return mse_loss(x, target); }), 0);   // input + target
+  EXPECT_EQ(kept_bytes(env_, [&] { return embedding(emb, idx); }), 0);   // indices
+  EXPECT_EQ(kept_bytes(env_, [&] { return add(x, x); }), 0);             // nothing
+  EXPECT_EQ(kept_bytes(env_, [&] { return adaptive_avg_pool2d(img); }), 0);  // mean: sizes only
+  // Their own output.
+  EXPECT_EQ(kept_bytes(env_, [&] { return relu(x); }), act);
+  EXPECT_EQ(kept_bytes(env_, [&] { return sigmoid(x); }), act);
+  EXPECT_EQ(kept_bytes(env_, [&] { return tanh(x); }), act);
+  EXPECT_EQ(kept_bytes(env_, [&] { return softmax(x); }), act);
+  EXPECT_EQ(kept_bytes(env_, [&] { return log_softmax(x); }), act);
+  // A bool mask as on CUDA: 1 byte per element.
+  EXPECT_EQ(kept_bytes(env_, [&] { return dropout(x, 0.1, true); }), 64 * 1024);
+  // max_pool2d 2x2: input (alive) + i64 indices of the output's size.
+  EXPECT_EQ(kept_bytes(env_, [&] { return max_pool2d(img, 2, 2); }), 8 * 16 * 16 * 16 * 8);
+  // batch_norm: f32 mean and invstd per channel, 64 B each, rounded to 512 B blocks.
+  EXPECT_EQ(kept_bytes(env_, [&] { return batch_norm(img, gamma, beta, rm, rv, true); }), 2 * 512);
+  // layer_norm: f32 mean and rstd per row (64 rows: 256 B -> 512 B each).
+  EXPECT_EQ(kept_bytes(env_, [&] { return layer_norm(x, ln_w, ln_b); }), 2 * 512);
+  // cross_entropy: log_softmax output [64, 1024] + nll_loss's total_weight scalar.
+  EXPECT_EQ(kept_bytes(env_, [&] { return cross_entropy(x, classes); }), act + 512);
+  // matmul of permuted operands: reshape copies both, bmm saves both copies.
+  const Tensor q = leaf({2, 64, 4, 32});
+  EXPECT_EQ(kept_bytes(env_, [&] { return matmul(q.permute({0, 2, 1, 3}), q.permute({0, 2, 3, 1})); }),
+            2 * (2 * 64 * 4 * 32 * 4));
+  // Views and in-place ops allocate nothing at all.
+  EXPECT_EQ(kept_bytes(env_, [&] { return x.view({1024, 64}); }), 0);
+  EXPECT_EQ(kept_bytes(env_, [&] { return relu_(mul_scalar(x, 1.0)); }), act);  // the one buffer
+}
+
+TEST_F(SavedBytes, LinearReluLinearKeepsOneActivationPerBlockAndGeluTwo) {
+  const Tensor x = leaf({64, 1024});
+  const Tensor w1 = leaf({1024, 1024}), w2 = leaf({1024, 1024});
+  constexpr std::int64_t act = 64 * 1024 * 4;
+  // relu output is saved by ReLU and by the next Linear: one storage.
+  EXPECT_EQ(kept_bytes(env_, [&] { return linear(relu(linear(x, w1)), w2); }), act);
+  // gelu saves its input (linear output), the next Linear saves gelu's output: two.
+  EXPECT_EQ(kept_bytes(env_, [&] { return linear(gelu(linear(x, w1)), w2); }), 2 * act);
+}
+
+TEST_F(SavedBytes, CheckpointingOneReluSavesNothing) {
+  const Tensor x = leaf({64, 1024});
+  const Tensor w1 = leaf({1024, 1024}), w2 = leaf({1024, 1024});
+  constexpr std::int64_t act = 64 * 1024 * 4;
+  const std::int64_t plain = kept_bytes(env_, [&] { return linear(relu(linear(x, w1)), w2); });
+  const std::int64_t ckpt = kept_bytes(env_, [&] {
+    const Tensor h = linear(x, w1);
+    const Tensor r = checkpoint([](const TensorList& in) { return TensorList{relu(in[0])}; }, {h})[0];
+    return linear(r, w2);
+  });
+  // The next Linear keeps the ReLU output anyway, and the checkpoint keeps its input:
+  // one activation more, not less.
+  EXPECT_EQ(plain, act);
+  EXPECT_EQ(ckpt, 2 * act);
+}
+
+// ---------------------------------------------------------------------------------------------
+// mlp with n layers (2n modules: Linear(256, 256) + ReLU, the last activation a Sigmoid),
+// batch 256, f32, no optimizer, first step, input not requiring grad, k segments with
+// 2n/k even (segments hold whole Linear+ReLU pairs: L = n/k layers each).
+//
+// Every block here is <= 1 MiB, so it comes from the small pool, which always splits:
+// a block is exactly its request rounded up to 512 B. Units:
+//   a = 256*256*4     = 262144 B  an activation (also a weight),
+//   K = 256*4         = 1024 B    a bias (and its gradient),
+//   G = a + K                     the gradients of one layer, P = n*G the parameters,
+//   s = 512 B                     a scalar (the loss, the implicit ones gradient).
+// Kept between forward and backward: input x, target t, sigmoid output y (held by the
+// step like `out = model(x)`), the loss, the k-1 segment boundaries (each the input of
+// the next checkpoint), and in the tail of T = n - (k-1)L layers its T-1 ReLU outputs
+// (each saved once: by its ReLU and by the next Linear, the same storage).
+//
+// Forward: memory only grows in the tail; at its last Sigmoid the Linear output and the
+// Sigmoid output coexist:            F = P + (k + T + 2) a.
+// Backward of the tail. Once the loss exists the base is B = P + s + (k + T + 1) a. The
+// loss backward, then Sigmoid backward leave one incoming gradient a. The Linear m-th
+// from the end then allocates grad_input a and its gradients G while its incoming
+// gradient a is alive; m layers are done, each having added G and freed one ReLU
+// output a:  B + a + a + (m + 1) G - m a = P + s + (k + T + 4) a + (m + 1) K.
+// It is largest for the tail's first layer m = T - 1, except without checkpointing,
+// where the model's first Linear computes no grad_input (x does not require grad) and
+// the largest is m = T - 2 (and the last Linear, m = 0, for one layer).
+// Backward of checkpointed segment j (j = 0 is the last one). When it starts, the tail
+// and j later segments are done and their boundaries freed:
+//   S = P + s + (k + 2 - j) a + (T + j L) G   (includes the incoming gradient a).
+// The rerun rebuilds the segment's L ReLU outputs, peaking at S + (L + 1) a with one
+// Linear output in flight; then, as in the tail, its Linear m-th from the end peaks at
+// S + L a - m a + (m + 1) G = S + (L + 1) a + (m + 1) K, largest at m = L - 1, or at
+// m = L - 2 for the first segment, whose first Linear computes no grad_input.
+std::int64_t expected_mlp_peak(std::int64_t n, std::int64_t k) {
+  const std::int64_t a = 262144, K = 1024, G = a + K, P = n * G, s = 512;
+  const std::int64_t L = k == 1 ? 0 : n / k;
+  const std::int64_t T = n - (k - 1) * L;
+  std::int64_t peak = P + (k + T + 2) * a;  // forward
+  const std::int64_t tail_m = k == 1 ? T - 2 : T - 1;
+  if (tail_m >= 0) peak = std::max(peak, P + s + (k + T + 4) * a + (tail_m + 1) * K);
+  peak = std::max(peak, P + s + (k + T + 3) * a + G);  // the last Linear, in any case
+  for (std::int64_t j = 0; j + 1 < k; ++j) {
+    const std::int64_t S = P + s + (k + 2 - j) * a + (T + j * L) * G;
+    const std::int64_t m = j + 2 == k ? L - 2 : L - 1;
+    peak = std::max(peak, S + (L + 1) * a + (m >= 0 ? (m + 1) * K : 0));
+  }
+  return peak;
+}
+
+std::int64_t measured_mlp_peak(std::int64_t n, std::int64_t k, ExecMode mode = ExecMode::DryRun,
+                               std::int64_t width = 256, std::int64_t batch = 256) {
+  TrainConfig cfg;
+  cfg.model = "mlp";
+  cfg.model_options.depth = n;
+  cfg.model_options.width = width;
+  cfg.model_options.batch = batch;
+  cfg.segments = static_cast<std::size_t>(k);
+  cfg.optimizer.kind = OptimizerKind::None;
+  cfg.mode = mode;
+  auto device = make_device(mode == ExecMode::Compute ? "sim:capacity=80GiB,context=0,backing=host"
+                                                      : "sim:capacity=80GiB,context=0");
+  CachingAllocator alloc(device);
+  Trainer trainer(cfg, alloc);
+  return trainer.step().peak_allocated;
+}
+
+TEST(MlpMemory, MaxAllocatedEqualsTheHandDerivation) {
+  for (std::int64_t k : {1, 2, 4, 8, 16}) {
+    EXPECT_EQ(measured_mlp_peak(16, k), expected_mlp_peak(16, k)) << "n=16 k=" << k;
+  }
+  for (std::int64_t k : {1, 3, 5, 15}) {
+    EXPECT_EQ(measured_mlp_peak(15, k), expected_mlp_peak(15, k)) << "n=15 k=" << k;
+  }
+}
+
+TEST(MlpMemory, MinimumOverSegmentsFallsNearSqrtN) {
+  // Activations (batch 8192 x 128 x 4 B = 4 MiB) dwarf weights (64 KiB): the regime
+  // where checkpointing pays. (With batch == width, as above, gradients grow exactly as
+  // fast as activations are freed and no k helps.)
+  const std::int64_t n = 64;  // 128 modules
+  std::int64_t best_k = 0, best = 0;
+  for (std::int64_t k = 1; k <= 2 * n; ++k) {
+    const std::int64_t peak = measured_mlp_peak(n, k, ExecMode::DryRun, 128, 8192);
+    if (best_k == 0 || peak < best) {
+      best = peak;
+      best_k = k;
+    }
+  }
+  // peak ~ k a + (n / k) a: minimised near k = sqrt(n) = 8.
+  EXPECT_GE(best_k, 4);
+  EXPECT_LE(best_k, 16);
+  EXPECT_LT(2 * best, measured_mlp_peak(n, 1, ExecMode::DryRun, 128, 8192));
+  EXPECT_LT(best, measured_mlp_peak(n, 2 * n, ExecMode::DryRun, 128, 8192));
+}
+
+/// Records every allocation and free the allocator sees: (action, requested size, context).
+class Recorder final : public AllocatorObserver {
+ public:
+  void on_event(const TraceEvent& e) noexcept override {
+    if (e.action == TraceAction::Alloc || e.action == TraceAction::FreeRequested) {
+      events.push_back({static_cast<int>(e.action), e.requested_size, e.context});
+    }
+  }
+  std::vector<std::tuple<int, std::size_t, std::uint32_t>> events;
+};
+
+struct ModeRun {
+  std::vector<std::tuple<int, std::size_t, std::uint32_t>> events;
+  std::vector<DeviceStats> stats;
+};
+
+ModeRun run_mode(TrainConfig cfg, ExecMode mode) {
+  cfg.mode = mode;
+  auto device = make_device(mode == ExecMode::Compute ? "sim:capacity=80GiB,context=0,backing=host"
+                                                      : "sim:capacity=80GiB,context=0");
+  CachingAllocator alloc(device);
+  attach(alloc);
+  Recorder recorder;
+  alloc.add_observer(&recorder);
+  ModeRun r;
+  {
+    Trainer trainer(cfg, alloc);
+    for (std::size_t i = 0; i < cfg.steps; ++i) r.stats.push_back(trainer.step().stats);
+  }
+  alloc.remove_observer(&recorder);
+  r.events = std::move(recorder.events);
+  return r;
+}
+
+// The runtime's half of "identical statistics": both modes make the same requests, in
+// the same order, with the same sizes, attributed to the same module scopes.
+TEST(ModesAgree, ComputeAndDryRunMakeTheSameAllocationsAndFrees) {
+  for (const char* model : {"mlp", "forum-cnn", "resnet18", "gpt2"}) {
+    for (std::size_t segments : {1u, 3u}) {
+      TrainConfig cfg;
+      cfg.model = model;
+      const std::string m = model;
+      cfg.model_options = ModelOptions::parse(m == "resnet18" ? "batch=2,image=32,classes=10"
+                                              : m == "gpt2"   ? "batch=1,seq=8"
+                                              : m == "mlp"    ? "batch=4,depth=4,width=64"
+                                                              : "batch=4");
+      cfg.segments = segments;
+      cfg.steps = 2;
+      cfg.precision = segments == 3 ? Precision::Amp : Precision::F32;
+      if (m == "gpt2") {  // 124M parameters: keep the compute run short
+        cfg.steps = 1;
+        cfg.precision = Precision::F32;
+        cfg.optimizer.kind = OptimizerKind::SGD;
+      }
+      const ModeRun compute = run_mode(cfg, ExecMode::Compute);
+      const ModeRun dry = run_mode(cfg, ExecMode::DryRun);
+      EXPECT_GT(compute.events.size(), 10u);
+      EXPECT_TRUE(compute.events == dry.events) << model << " segments " << segments;
+    }
+  }
+}
+
+// And the allocator's statistics come out identical, field by field. Best fit breaks
+// ties between equal free blocks by address, so this also relies on the simulated
+// device placing host-backed segments at the same offsets as address-only ones.
+TEST(ModesAgree, ComputeAndDryRunProduceIdenticalAllocatorStatistics) {
+  for (const char* model : {"mlp", "forum-cnn", "resnet18", "gpt2"}) {
+    for (std::size_t segments : {1u, 2u}) {  // 1 segment = no checkpointing
+      TrainConfig cfg;
+      cfg.model = model;
+      const std::string m = model;
+      cfg.model_options = ModelOptions::parse(m == "resnet18" ? "batch=2,image=32,classes=10"
+                                              : m == "gpt2"   ? "batch=1,seq=8"
+                                              : m == "mlp"    ? "batch=4,depth=4,width=64"
+                                                              : "batch=4");
+      cfg.steps = 2;
+      cfg.segments = segments;
+      if (m == "gpt2") {  // 124M parameters: keep the compute run short
+        cfg.steps = 1;
+        cfg.optimizer.kind = OptimizerKind::SGD;
+      }
+      const ModeRun compute = run_mode(cfg, ExecMode::Compute);
+      const ModeRun dry = run_mode(cfg, ExecMode::DryRun);
+      ASSERT_EQ(compute.stats.size(), dry.stats.size());
+      for (std::size_t i = 0; i < dry.stats.size(); ++i) {
+        EXPECT_TRUE(compute.stats[i] == dry.stats[i])
+            << model << " segments " << segments << " step " << i + 1;
+      }
+    }
+  }
+}
+
+TEST(MlpMemory, ComputeModeMatchesTheDerivationToo) {
+  EXPECT_EQ(measured_mlp_peak(8, 4, ExecMode::Compute), expected_mlp_peak(8, 4));
+}
+
+}  // namespace
+}  // namespace mem::nn
