@@ -15,24 +15,46 @@ namespace {
 
 constexpr std::size_t kAll = static_cast<std::size_t>(StatType::All);
 
-/// Starts a phase: resets the allocator's peaks so the phase's own peak is measured.
-PhaseStats begin_phase(CachingAllocator& alloc) {
-  alloc.reset_peak_stats();
+}  // namespace
+
+namespace detail {
+/// Per-phase peaks from the allocator's event totals (an observer), instead of
+/// resetting the allocator's peak statistics at every phase boundary.
+class PhasePeaks final : public AllocatorObserver {
+ public:
+  void begin(const DeviceStats& s) noexcept {
+    allocated_ = s.allocated_bytes[kAll].current;
+    reserved_ = s.reserved_bytes[kAll].current;
+    device_used_ = s.device_used_bytes.current;
+  }
+  void on_event(const TraceEvent& e) noexcept override {
+    allocated_ = std::max(allocated_, static_cast<std::int64_t>(e.allocated_bytes));
+    reserved_ = std::max(reserved_, static_cast<std::int64_t>(e.reserved_bytes));
+    device_used_ = std::max(device_used_, static_cast<std::int64_t>(e.device_used_bytes));
+  }
+  std::int64_t allocated_ = 0, reserved_ = 0, device_used_ = 0;
+};
+}  // namespace detail
+
+namespace {
+
+PhaseStats begin_phase(CachingAllocator& alloc, detail::PhasePeaks& peaks) {
   const DeviceStats s = alloc.stats();
+  peaks.begin(s);
   PhaseStats p;
   p.allocated_begin = s.allocated_bytes[kAll].current;
   p.allocations = s.allocation[kAll].allocated;
   return p;
 }
 
-void end_phase(CachingAllocator& alloc, PhaseStats& p) {
+void end_phase(CachingAllocator& alloc, const detail::PhasePeaks& peaks, PhaseStats& p) {
   const DeviceStats s = alloc.stats();
   p.allocated_end = s.allocated_bytes[kAll].current;
-  p.peak_allocated = s.allocated_bytes[kAll].peak;
+  p.peak_allocated = peaks.allocated_;
   p.reserved_end = s.reserved_bytes[kAll].current;
-  p.peak_reserved = s.reserved_bytes[kAll].peak;
+  p.peak_reserved = peaks.reserved_;
   p.device_used_end = s.device_used_bytes.current;
-  p.peak_device_used = s.device_used_bytes.peak;
+  p.peak_device_used = peaks.device_used_;
   p.allocations = s.allocation[kAll].allocated - p.allocations;
 }
 
@@ -89,9 +111,12 @@ Trainer::Trainer(const TrainConfig& config, CachingAllocator& allocator)
   model_->materialize(*runtime_, parameter_dtype(config.precision));
   model_->body().train(true);
   optimizer_ = make_optimizer(config.optimizer, model_->parameters());
+  peaks_ = std::make_unique<detail::PhasePeaks>();
+  allocator.add_observer(peaks_.get());
 }
 
 Trainer::~Trainer() {
+  allocator_->remove_observer(peaks_.get());
   optimizer_.reset();
   if (model_) model_->body().release();
 }
@@ -149,7 +174,7 @@ StepStats Trainer::step() {
   const DType data_dtype = is_half(param_dtype) ? param_dtype : DType::F32;
   Tensor input, target, output, loss;
 
-  s.forward = begin_phase(alloc);
+  s.forward = begin_phase(alloc, *peaks_);
   {
     PhaseGuard phase(Phase::Forward);
     {
@@ -168,23 +193,23 @@ StepStats Trainer::step() {
     rt.set_autocast(std::nullopt);
     rt.clear_autocast_cache();  // end of the autocast region
   }
-  end_phase(alloc, s.forward);
+  end_phase(alloc, *peaks_, s.forward);
 
-  s.backward = begin_phase(alloc);
+  s.backward = begin_phase(alloc, *peaks_);
   {
     PhaseGuard phase(Phase::Backward);
     ModuleScope scope(loss_bwd);
     backward(loss);
   }
-  end_phase(alloc, s.backward);
+  end_phase(alloc, *peaks_, s.backward);
   for (const Tensor& p : model_->parameters()) s.params_without_grad += p.grad().defined() ? 0 : 1;
 
-  s.optimizer = begin_phase(alloc);
+  s.optimizer = begin_phase(alloc, *peaks_);
   if (optimizer_) {
     PhaseGuard phase(Phase::Optimizer);
     optimizer_->step();
   }
-  end_phase(alloc, s.optimizer);
+  end_phase(alloc, *peaks_, s.optimizer);
 
   s.loss = rt.computing() ? to_values(loss)[0] : std::numeric_limits<double>::quiet_NaN();
   input = target = output = loss = Tensor{};

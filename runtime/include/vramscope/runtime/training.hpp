@@ -127,6 +127,10 @@ std::string device_spec_for(const TrainConfig& config);
 
 /// Owns the runtime, model and optimizer on a caller's allocator (which must
 /// outlive it). Construction materializes the parameters.
+namespace detail {
+class PhasePeaks;
+}
+
 class Trainer {
  public:
   /// Throws mem::Error for unknown models, bad options, segments outside
@@ -161,6 +165,9 @@ class Trainer {
   std::unique_ptr<Optimizer> optimizer_;
   SegmentPlan plan_;
   std::vector<StepStats> steps_;
+  /// Watches allocator totals for per-phase peaks, so the allocator's own
+  /// peak statistics (max_memory_allocated) are never reset behind the user's back.
+  std::unique_ptr<detail::PhasePeaks> peaks_;
 };
 
 /// Creates the device (device_spec_for) and allocator, runs config.steps steps.
