@@ -12,9 +12,7 @@
 #include "commands.hpp"
 #include "usage_error.hpp"
 #include "vramscope/allocator/errors.hpp"
-#ifdef VRAMSCOPE_HAVE_REPLAY_COMMAND
 #include "replay_command.hpp"
-#endif
 
 namespace {
 
@@ -38,9 +36,7 @@ int main(int argc, char** argv) {
   mem::tools::add_trace_command(app);
   mem::tools::add_devices_command(app);
   mem::tools::add_models_command(app);
-#ifdef VRAMSCOPE_HAVE_REPLAY_COMMAND
-  add_replay_command(app);
-#endif
+  mem::tools::add_replay_command(app);
   app.footer(
       "Examples:\n"
       "  vramscope sweep                          # a deep mlp that only fits with checkpointing\n"

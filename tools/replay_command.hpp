@@ -15,6 +15,3 @@ namespace mem::tools {
 void add_replay_command(CLI::App& app);
 
 }  // namespace mem::tools
-
-// main.cpp calls it unqualified.
-using mem::tools::add_replay_command;
