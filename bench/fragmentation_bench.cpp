@@ -1,161 +1,305 @@
 // fragmentation_bench.cpp — fragmentation across checkpoint segment counts and
-// allocator settings, and the same workloads through CUB.
+// allocator settings on the runtime's built-in models, and the same workloads
+// through CUB.
 //
-// The workload is a checkpointed training step of a deep network with
-// activations of varied sizes (the shape checkpoint_sequential produces: k
-// segment boundaries kept, one segment recomputed at a time in backward), as
-// an allocation trace replayed under each setting. Counters: peak_allocated,
-// peak_reserved, peak_nvidia_smi, reserved_unallocated_at_peak,
-// largest_free_block (at the allocated peak), fragmentation (1 - largest free
-// block / reserved-but-unallocated at that peak), reserved_per_requested.
+//   build/bench/bench/vramscope_fragmentation_bench --benchmark_min_time=1x \
+//       --benchmark_format=json --benchmark_out=fragmentation.json
+//
+// Each benchmark is two dry-run training steps (mem::nn::Trainer, Adam) of one
+// model with checkpoint_sequential over `segments` (1 = no checkpointing), on a
+// fresh CachingAllocator on the simulated a100-80g, under one allocator
+// setting. An observer sees every allocator event and measures the peaks over
+// the whole run (the Trainer never resets the allocator's peaks) and the state
+// of the cache at the moment live tensors peaked. The CUB rows replay the
+// allocation trace of the same run (recorded by the same observer, requested
+// sizes) through cub::CachingDeviceAllocator.
+//
+// Counters (bytes with kIs1024): peak_allocated (max_memory_allocated),
+// peak_requested (callers' sizes), peak_reserved (max_memory_reserved),
+// peak_nvidia_smi (context + segments at driver granularity),
+// reserved_unallocated_at_peak and largest_free_block (when allocated peaked),
+// fragmentation (1 - largest free block / reserved-but-unallocated at that
+// peak), reserved_per_requested (peak reserved / peak requested),
+// device_allocs / device_frees (num_device_alloc / num_device_free: cudaMalloc
+// and cudaFree calls), and for the collector's rows memory_fraction.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
-#include <memory>
+#include <cstdint>
+#include <map>
+#include <mutex>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "peers/peer_allocators.hpp"
-#include "vramscope/allocator/units.hpp"
+#include "vramscope/allocator/caching_allocator.hpp"
+#include "vramscope/allocator/observer.hpp"
 #include "vramscope/instrumentation/replay.hpp"
+#include "vramscope/runtime/training.hpp"
 
 namespace mem::bench {
 namespace {
 
-constexpr std::size_t kLayers = 64;
+/// Two steps: the optimizer state appears in step 1, step 2 is the steady state.
+constexpr std::size_t kSteps = 2;
 
-// One training step of a kLayers-deep network checkpointed into `segments`.
-AllocationTrace checkpoint_step(std::size_t segments) {
-  AllocationTrace t;
-  t.source = "checkpoint-step";
-  t.format = TraceFormat::HistoryCsv;
-  std::uintptr_t next = 4096;
-  auto alloc = [&](std::size_t size) {
-    const std::uintptr_t a = next;
-    next += 4096;
-    t.events.push_back({RecordedAction::Alloc, a, size, 0, 0});
-    return a;
-  };
-  auto free = [&](std::uintptr_t a, std::size_t size) {
-    t.events.push_back({RecordedAction::FreeRequested, a, size, 0, 0});
-  };
-  auto act = [](std::size_t i) { return (48 * MiB) * (2 + (i * 7) % 5) / 4 + 4096 * (i % 3); };
-  auto weight = [](std::size_t i) { return (6 * MiB) * (1 + i % 3) + 512 * 37; };
+struct Workload {
+  const char* name;     ///< benchmark name part
+  const char* model;    ///< built-in model
+  const char* options;  ///< ModelOptions::parse text
+  std::vector<std::int64_t> segments;  ///< checkpoint segment counts (1 = none), around sqrt(modules)
+};
 
-  std::vector<std::uintptr_t> w(kLayers), bias(kLayers), grad_w(kLayers, 0);
-  for (std::size_t i = 0; i < kLayers; ++i) {
-    w[i] = alloc(weight(i));
-    bias[i] = alloc(4 * KiB);
-  }
-  const std::size_t per = (kLayers + segments - 1) / segments;
-  auto last_segment_start = [&] { return (segments - 1) * per; };
-  std::vector<std::uintptr_t> a(kLayers + 1, 0);
-  a[0] = alloc(act(0));
-  // Forward: inside a checkpointed segment each input is dropped once used;
-  // segment outputs (boundaries) and the whole last segment are kept.
-  for (std::size_t i = 0; i < kLayers; ++i) {
-    a[i + 1] = alloc(act(i + 1));
-    const bool boundary = i % per == 0;
-    if (i < last_segment_start() && !boundary && segments > 1) {
-      free(a[i], act(i));
-      a[i] = 0;
-    }
-  }
-  const std::uintptr_t loss = alloc(512);
-  std::uintptr_t grad = alloc(act(kLayers));
-  std::size_t grad_size = act(kLayers);
-  // Backward, segment by segment from the last: recompute, then walk back.
-  for (std::size_t seg = segments; seg-- > 0;) {
-    const std::size_t lo = seg * per, hi = std::min(kLayers, lo + per);
-    if (lo >= hi) continue;
-    for (std::size_t i = lo + 1; i < hi; ++i)
-      if (a[i] == 0) a[i] = alloc(act(i));
-    for (std::size_t i = hi; i-- > lo;) {
-      const std::uintptr_t g = alloc(act(i));
-      grad_w[i] = alloc(weight(i));
-      free(grad, grad_size);
-      grad = g;
-      grad_size = act(i);
-      if (a[i + 1] != 0 && i + 1 != kLayers) {
-        free(a[i + 1], act(i + 1));
-        a[i + 1] = 0;
-      }
-    }
-  }
-  free(grad, grad_size);
-  free(loss, 512);
-  for (std::size_t i = 0; i <= kLayers; ++i)
-    if (a[i] != 0) free(a[i], act(i));
-  for (std::size_t i = 0; i < kLayers; ++i) free(grad_w[i], weight(i));  // after the optimizer step
-  return t;
+const std::vector<Workload>& workloads() {
+  // Shapes where activations dominate, so checkpointing matters: mlp with 128 and
+  // 400 sequential modules (16 and 32 MiB activations), resnet50 (23 modules, many
+  // sizes), gpt2 small (15 modules).
+  static const std::vector<Workload> all = {
+      {"mlp-d64", "mlp", "depth=64,width=1024,batch=8192", {1, 2, 4, 8, 11, 16, 32, 64}},
+      {"mlp-d200", "mlp", "depth=200,width=512,batch=16384", {1, 2, 4, 8, 16, 20, 32, 64, 128}},
+      {"resnet50-b64", "resnet50", "batch=64", {1, 2, 4, 5, 8, 16}},
+      {"gpt2-b8-s512", "gpt2", "batch=8,seq=512", {1, 2, 4, 8, 15}},
+  };
+  return all;
 }
 
 struct Setting {
   const char* name;
   const char* conf;
-  double fraction;
+  /// Cap the allocator (set_memory_fraction) at this much over the run's peak
+  /// reserved under the default setting; 0 = no cap. The garbage collector acts
+  /// only with a cap; 1.25x puts its threshold (0.6 of the cap) at 0.75x that
+  /// peak, so it runs, while the cap itself is never reached.
+  double cap_over_default_peak;
 };
 constexpr Setting kSettings[] = {
     {"default", "", 0},
-    {"max_split_size_mb:64", "max_split_size_mb:64", 0},
+    {"max_split_size_mb:32", "max_split_size_mb:32", 0},
+    {"max_split_size_mb:128", "max_split_size_mb:128", 0},
     {"roundup_power2_divisions:4", "roundup_power2_divisions:4", 0},
-    {"garbage_collection_threshold:0.6", "garbage_collection_threshold:0.6", 0.9},
+    {"roundup_power2_divisions:[256:1,512:2,1024:4,>:8]",
+     "roundup_power2_divisions:[256:1,512:2,1024:4,>:8]", 0},
+    {"garbage_collection_threshold:0.6", "garbage_collection_threshold:0.6", 1.25},
 };
 
-void report(benchmark::State& state, const ReplayResult& r) {
-  using benchmark::Counter;
-  auto bytes = [](double v) { return Counter(v, Counter::kDefaults, Counter::kIs1024); };
-  state.counters["peak_allocated"] = bytes(static_cast<double>(r.peak_allocated));
-  state.counters["peak_reserved"] = bytes(static_cast<double>(r.peak_reserved));
-  state.counters["peak_nvidia_smi"] = bytes(static_cast<double>(r.peak_device_used));
-  state.counters["reserved_unallocated_at_peak"] = bytes(static_cast<double>(r.reserved_unallocated_at_peak));
-  state.counters["largest_free_block"] = bytes(static_cast<double>(r.largest_free_block_at_peak));
-  state.counters["fragmentation"] = r.fragmentation;
-  state.counters["reserved_per_requested"] = r.reserved_per_requested;
-  state.counters["device_allocs"] = static_cast<double>(r.segment_allocs);
+/// What one run measured.
+struct Figures {
+  std::int64_t peak_allocated = 0;
+  std::int64_t peak_requested = 0;
+  std::int64_t peak_reserved = 0;
+  std::int64_t peak_device_used = 0;
+  std::int64_t reserved_unallocated_at_peak = 0;
+  std::int64_t largest_free_block = 0;
+  std::int64_t device_allocs = 0;
+  std::int64_t device_frees = 0;
+  double memory_fraction = 0;
+};
+
+/// Watches one allocator: peaks from the totals each event carries, and, when
+/// allocated peaks, the largest free block. It keeps its own map of segments
+/// and active blocks (an observer must not call back into the allocator):
+/// free neighbours are always coalesced, so each gap between active blocks in
+/// a segment is exactly one free block. Optionally records the trace.
+class PeakWatcher final : public AllocatorObserver {
+ public:
+  explicit PeakWatcher(AllocationTrace* trace) : trace_(trace) {}
+
+  void on_event(const TraceEvent& e) noexcept override {
+    // The state at the peak is the state before this event: settle it now, so
+    // the segments walk runs once per climb, not once per allocation.
+    if (at_peak_) settle();
+    switch (e.action) {
+      case TraceAction::SegmentAlloc: segments_[e.address] = e.size; break;
+      case TraceAction::SegmentFree: segments_.erase(e.address); break;
+      case TraceAction::Alloc:
+        active_[e.address] = e.size;
+        requested_ += static_cast<std::int64_t>(e.requested_size);
+        f_.peak_requested = std::max(f_.peak_requested, requested_);
+        record(RecordedAction::Alloc, e);
+        break;
+      case TraceAction::FreeRequested:
+        requested_ -= static_cast<std::int64_t>(e.requested_size);
+        if (e.completed) active_.erase(e.address);
+        record(RecordedAction::FreeRequested, e);
+        break;
+      case TraceAction::FreeCompleted: active_.erase(e.address); break;
+      case TraceAction::Oom: break;
+    }
+    const auto allocated = static_cast<std::int64_t>(e.allocated_bytes);
+    if (allocated > f_.peak_allocated) {
+      f_.peak_allocated = allocated;
+      f_.reserved_unallocated_at_peak = static_cast<std::int64_t>(e.reserved_bytes) - allocated;
+      at_peak_ = true;
+    }
+    f_.peak_reserved = std::max(f_.peak_reserved, static_cast<std::int64_t>(e.reserved_bytes));
+    f_.peak_device_used =
+        std::max(f_.peak_device_used, static_cast<std::int64_t>(e.device_used_bytes));
+  }
+
+  /// The figures so far (settles a peak reached by the last event).
+  Figures figures() {
+    if (at_peak_) settle();
+    return f_;
+  }
+
+ private:
+  void settle() noexcept {
+    at_peak_ = false;
+    std::size_t largest = 0;
+    for (const auto& [base, size] : segments_) {
+      std::uintptr_t at = base;
+      const std::uintptr_t end = base + size;
+      for (auto it = active_.lower_bound(base); it != active_.end() && it->first < end; ++it) {
+        largest = std::max(largest, static_cast<std::size_t>(it->first - at));
+        at = it->first + it->second;
+      }
+      largest = std::max(largest, static_cast<std::size_t>(end - at));
+    }
+    f_.largest_free_block = static_cast<std::int64_t>(largest);
+  }
+
+  void record(RecordedAction action, const TraceEvent& e) {
+    if (trace_ != nullptr)
+      trace_->events.push_back({action, e.address, e.requested_size, e.stream, 0});
+  }
+
+  AllocationTrace* trace_;
+  Figures f_;
+  std::map<std::uintptr_t, std::size_t> segments_;  ///< address -> size
+  std::map<std::uintptr_t, std::size_t> active_;    ///< handed-out blocks: address -> size
+  std::int64_t requested_ = 0;
+  bool at_peak_ = false;
+};
+
+/// kSteps dry-run steps of `w` with `segments` under `config` on a fresh
+/// allocator; records the allocation trace into `trace` when given.
+Figures run_model(const Workload& w, std::int64_t segments, const AllocatorConfig& config,
+                  double memory_fraction, AllocationTrace* trace) {
+  nn::TrainConfig cfg;
+  cfg.model = w.model;
+  cfg.model_options = nn::ModelOptions::parse(w.options);
+  cfg.mode = nn::ExecMode::DryRun;
+  cfg.segments = static_cast<std::size_t>(segments);
+  cfg.steps = kSteps;
+
+  PeakWatcher watcher{trace};  // outlives the allocator: its destructor reports segment frees
+  CachingAllocator allocator{make_bench_device(), config};
+  if (memory_fraction > 0) allocator.set_memory_fraction(memory_fraction);
+  allocator.add_observer(&watcher);
+  nn::Trainer trainer{cfg, allocator};
+  for (std::size_t i = 0; i < kSteps; ++i) trainer.step();
+  allocator.remove_observer(&watcher);
+
+  Figures f = watcher.figures();
+  const DeviceStats s = allocator.stats();
+  f.device_allocs = s.num_device_alloc;
+  f.device_frees = s.num_device_free;
+  f.memory_fraction = memory_fraction;
+  return f;
 }
 
-void BM_Fragmentation(benchmark::State& state, const Setting& setting) {
-  const AllocationTrace trace = checkpoint_step(static_cast<std::size_t>(state.range(0)));
-  ReplayOptions opt;
-  opt.config = AllocatorConfig::parse(setting.conf);
-  opt.device = "sim:a100-80g";
-  opt.memory_fraction = setting.fraction;
-  opt.check_conformance = false;
-  ReplayResult r;
-  for (auto _ : state) r = replay(trace, opt);
-  report(state, r);
-  if (r.first_oom) state.SkipWithError("out of memory on sim:a100-80g");
+/// Per (workload, segments): the default setting's run and its allocation
+/// trace, computed once (the collector's cap and the CUB replays use them).
+struct Baseline {
+  Figures figures;
+  AllocationTrace trace;
+};
+const Baseline& baseline(const Workload& w, std::int64_t segments) {
+  static std::mutex mutex;
+  static std::map<std::tuple<const Workload*, std::int64_t>, Baseline> cache;
+  std::lock_guard guard(mutex);
+  auto [it, inserted] = cache.try_emplace({&w, segments});
+  if (inserted) {
+    it->second.trace.source = std::string(w.name) + " segments " + std::to_string(segments);
+    it->second.trace.format = TraceFormat::HistoryCsv;
+    it->second.figures = run_model(w, segments, AllocatorConfig{}, 0, &it->second.trace);
+  }
+  return it->second;
+}
+
+benchmark::Counter bytes(std::int64_t v) {
+  return benchmark::Counter(static_cast<double>(v), benchmark::Counter::kDefaults,
+                            benchmark::Counter::kIs1024);
+}
+double ratio(std::int64_t num, std::int64_t den) {
+  return den > 0 ? static_cast<double>(num) / static_cast<double>(den) : 0.0;
+}
+
+void BM_Fragmentation(benchmark::State& state, const Workload& w, const Setting& setting) {
+  const std::int64_t segments = state.range(0);
+  const AllocatorConfig config = AllocatorConfig::parse(setting.conf);
+  double fraction = 0;
+  if (setting.cap_over_default_peak > 0) {
+    const double total = static_cast<double>(make_bench_device()->info().total_bytes);
+    fraction = std::min(1.0, setting.cap_over_default_peak *
+                                 static_cast<double>(baseline(w, segments).figures.peak_reserved) /
+                                 total);
+  }
+  Figures f;
+  try {
+    for (auto _ : state) f = run_model(w, segments, config, fraction, nullptr);
+  } catch (const OutOfMemoryError& e) {
+    state.SkipWithError(e.what());
+    return;
+  }
+  state.counters["peak_allocated"] = bytes(f.peak_allocated);
+  state.counters["peak_requested"] = bytes(f.peak_requested);
+  state.counters["peak_reserved"] = bytes(f.peak_reserved);
+  state.counters["peak_nvidia_smi"] = bytes(f.peak_device_used);
+  state.counters["reserved_unallocated_at_peak"] = bytes(f.reserved_unallocated_at_peak);
+  state.counters["largest_free_block"] = bytes(f.largest_free_block);
+  state.counters["fragmentation"] =
+      f.reserved_unallocated_at_peak > 0
+          ? 1.0 - ratio(f.largest_free_block, f.reserved_unallocated_at_peak)
+          : 0.0;
+  state.counters["reserved_per_requested"] = ratio(f.peak_reserved, f.peak_requested);
+  state.counters["device_allocs"] = static_cast<double>(f.device_allocs);
+  state.counters["device_frees"] = static_cast<double>(f.device_frees);
+  if (fraction > 0) state.counters["memory_fraction"] = fraction;
 }
 
 #if VRAMSCOPE_HAVE_CUB_PEER
-void BM_FragmentationCub(benchmark::State& state, CubBins bins) {
-  const AllocationTrace trace = checkpoint_step(static_cast<std::size_t>(state.range(0)));
+void BM_FragmentationCub(benchmark::State& state, const Workload& w, CubBins bins) {
+  const AllocationTrace& trace = baseline(w, state.range(0)).trace;
   ReplayResult r;
   for (auto _ : state) {
     CubReplayTarget target{make_bench_device(), bins};
     r = replay_on(trace, target);
   }
-  report(state, r);
+  if (r.first_oom) {
+    state.SkipWithError(r.first_oom->message);
+    return;
+  }
+  state.counters["peak_requested"] = bytes(r.peak_requested);
+  state.counters["peak_reserved"] = bytes(r.peak_reserved);
+  state.counters["peak_nvidia_smi"] = bytes(r.peak_device_used);
+  state.counters["reserved_per_requested"] = r.reserved_per_requested;
+  state.counters["device_allocs"] = static_cast<double>(r.segment_allocs);
 }
 #endif
 
-void segment_counts(benchmark::internal::Benchmark* b) {
-  for (std::int64_t k : {1, 2, 4, 8, 16, 32}) b->Arg(k);
+void add_segments(benchmark::internal::Benchmark* b, const Workload& w) {
+  for (const std::int64_t k : w.segments) b->Arg(k);
   b->ArgName("segments")->Unit(benchmark::kMillisecond);
 }
 
 int register_all() {
-  for (const Setting& s : kSettings)
-    benchmark::RegisterBenchmark((std::string("BM_Fragmentation/vramscope/") + s.name).c_str(),
-                                 BM_Fragmentation, s)
-        ->Apply(segment_counts);
+  for (const Workload& w : workloads()) {
+    const std::string prefix = std::string("BM_Fragmentation/") + w.name + "/";
+    for (const Setting& s : kSettings)
+      add_segments(benchmark::RegisterBenchmark((prefix + "vramscope/" + s.name).c_str(),
+                                                BM_Fragmentation, w, s),
+                   w);
 #if VRAMSCOPE_HAVE_CUB_PEER
-  benchmark::RegisterBenchmark("BM_Fragmentation/cub", BM_FragmentationCub, CubBins::Default)
-      ->Apply(segment_counts);
-  benchmark::RegisterBenchmark("BM_Fragmentation/cub-growth2", BM_FragmentationCub, CubBins::Growth2)
-      ->Apply(segment_counts);
+    add_segments(benchmark::RegisterBenchmark((prefix + "cub").c_str(), BM_FragmentationCub, w,
+                                              CubBins::Default),
+                 w);
+    add_segments(benchmark::RegisterBenchmark((prefix + "cub-growth2").c_str(),
+                                              BM_FragmentationCub, w, CubBins::Growth2),
+                 w);
 #endif
+  }
   return 0;
 }
 const int registered = register_all();
