@@ -100,8 +100,11 @@ struct BlockPool {
     const bool before_next = next == blocks.end() || less(key, *next);
     if (after_prev && before_next) {
       // The node's storage is not const; the order is unchanged, so updating
-      // the key in place leaves a valid tree.
-      const_cast<PoolEntry&>(*it) = key;
+      // the key in place leaves a valid tree. (Field by field: stream and
+      // block are unchanged, and scalar stores avoid assembling vectors.)
+      auto& entry = const_cast<PoolEntry&>(*it);
+      entry.size = size;
+      entry.ptr = ptr;
       return;
     }
     blocks.erase(it);
