@@ -2,8 +2,8 @@
 // allocator settings on the runtime's built-in models, and the same workloads
 // through CUB.
 //
-//   build/bench/bench/vramscope_fragmentation_bench --benchmark_min_time=1x \
-//       --benchmark_format=json --benchmark_out=fragmentation.json
+//   vramscope_fragmentation_bench --benchmark_min_time=0.001 --benchmark_format=json
+//   vramscope_fragmentation_bench --benchmark_filter='gpt2.*(default|cub)'
 //
 // Each benchmark is two dry-run training steps (mem::nn::Trainer, Adam) of one
 // model with checkpoint_sequential over `segments` (1 = no checkpointing), on a
@@ -268,7 +268,7 @@ void BM_FragmentationCub(benchmark::State& state, const Workload& w, CubBins bin
     r = replay_on(trace, target);
   }
   if (r.first_oom) {
-    state.SkipWithError(r.first_oom->message);
+    state.SkipWithError(r.first_oom->message.c_str());
     return;
   }
   state.counters["peak_requested"] = bytes(r.peak_requested);
