@@ -10,7 +10,6 @@
 
 #include "commands.hpp"
 #include "model_args.hpp"
-#include "module_log.hpp"
 #include "sweep_report.hpp"
 #include "table.hpp"
 #include "usage_error.hpp"
@@ -18,6 +17,7 @@
 #include "vramscope/allocator/units.hpp"
 #include "vramscope/instrumentation/exports.hpp"
 #include "vramscope/instrumentation/history.hpp"
+#include "vramscope/instrumentation/memory_logger.hpp"
 #include "vramscope/instrumentation/snapshot.hpp"
 #include "vramscope/instrumentation/summary.hpp"
 #include "vramscope/instrumentation/timeline.hpp"
@@ -81,10 +81,15 @@ void collect_types(const nn::Module& m, std::unordered_map<std::string, std::str
   for (const auto& [name, child] : m.children()) collect_types(*child, out);
 }
 
-std::unordered_map<std::string, std::string> module_types(nn::Model& model) {
-  std::unordered_map<std::string, std::string> out;
-  collect_types(model.body(), out);
-  return out;
+/// The logger's type callback: "layer1.0.conv1" -> "Conv2d", "" for a scope that
+/// is not a module of the model ("input", "loss").
+ModuleTypeFn module_types(nn::Model& model) {
+  auto types = std::make_shared<std::unordered_map<std::string, std::string>>();
+  collect_types(model.body(), *types);
+  return [types](std::string_view path) {
+    const auto it = types->find(std::string(path));
+    return it == types->end() ? std::string() : it->second;
+  };
 }
 
 Table phase_table(const std::vector<nn::StepStats>& steps) {
@@ -150,16 +155,17 @@ void run(const TraceArgs& args) {
                              human_bytes(allocator.stats().allocated_bytes[0].current),
                              human_bytes(allocator.stats().reserved_bytes[0].current),
                              human_bytes(allocator.stats().device_used_bytes.current));
-    ModuleLogOptions log_options;
-    log_options.pre_hooks = !args.no_pre;
-    log_options.max_depth = args.max_depth;
-    ModuleLog log{allocator, std::cout, module_types(trainer->model()), log_options};
+    MemoryLogger log{allocator, std::cout,
+                     {.pre_hooks = !args.no_pre,
+                      .max_depth = args.max_depth,
+                      .device_line = false,  // printed at the end, after the files
+                      .module_type = module_types(trainer->model())}};
     try {
       for (std::size_t i = 0; i < cfg.steps; ++i) steps.push_back(trainer->step());
     } catch (const OutOfMemoryError& e) {
       oom = one_line(e.what());
     }
-    log.flush();
+    log.finish();
   }
   if (timeline) timeline->stop();
 

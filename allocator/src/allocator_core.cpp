@@ -29,6 +29,9 @@ AllocatorCore::AllocatorCore(std::shared_ptr<Device> device, AllocatorConfig con
                               ? std::numeric_limits<std::int64_t>::max()
                               : static_cast<std::int64_t>(config_.max_split_size);
   stats_.device_total_bytes = static_cast<std::int64_t>(info.total_bytes);
+  has_divisions_ = std::any_of(config_.roundup_power2_divisions.begin(),
+                               config_.roundup_power2_divisions.end(),
+                               [](std::size_t d) { return d > 1; });
   stats_.context_bytes = static_cast<std::int64_t>(context_bytes_);
   // nvidia-smi shows the context before any allocation.
   stats_.device_used_bytes.current = stats_.device_used_bytes.peak =
@@ -72,13 +75,16 @@ void* AllocatorCore::malloc(std::size_t orig_size, StreamId stream) {
 
   AllocParams p;
   p.orig_size = orig_size;
-  p.size = round_size(orig_size, config_);
+  // Plain 512 B rounding inline; the power-of-two divisions only when configured.
+  p.size = has_divisions_ ? round_size(orig_size, config_)
+           : orig_size < kMinBlockSize ? kMinBlockSize
+                                       : (orig_size + kMinBlockSize - 1) & ~(kMinBlockSize - 1);
   p.stream = stream;
   p.pool = p.size <= kSmallSize ? &small_blocks_ : &large_blocks_;
-  p.alloc_size = segment_size_for(p.size);
 
   bool found = get_free_block(p);
   if (!found) {
+    p.alloc_size = segment_size_for(p.size);
     if (set_fraction_ && config_.garbage_collection_threshold > 0.0) [[unlikely]] {
       garbage_collect_cached_blocks();
     }

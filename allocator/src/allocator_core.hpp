@@ -192,6 +192,7 @@ class AllocatorCore {
   AllocatorConfig config_;
   std::size_t granularity_;
   std::size_t context_bytes_;
+  bool has_divisions_ = false;  // any roundup_power2_divisions > 1 configured
 
   mutable SpinLock lock_;
   BlockPool large_blocks_{false};

@@ -2,6 +2,8 @@
 #include "vramscope/runtime/modules.hpp"
 
 #include <cmath>
+#include <optional>
+#include <string_view>
 
 #include "detail.hpp"
 
@@ -129,9 +131,34 @@ Module& Sequential::append(std::unique_ptr<Module> module) {
   return append(std::to_string(children().size()), std::move(module));
 }
 
+std::string_view Sequential::group_of(std::string_view name) const {
+  const auto dot = name.rfind('.');
+  if (dot == std::string_view::npos) return {};
+  const std::string_view prefix = name.substr(0, dot);
+  for (const auto& [other, child] : children()) {
+    if (other == prefix) return {};  // a module of its own ("transformer" for "transformer.ln_f")
+  }
+  return prefix;
+}
+
 Tensor Sequential::forward(const Tensor& input) {
+  // Flattened children ("layer1.0", "layer1.1": resnet's blocks sit in one
+  // Sequential so checkpoint_sequential can split between them) run inside a
+  // scope for their container ("layer1"), as nested Sequentials would in PyTorch,
+  // so hooks and logs see the tree. Only a scope: it allocates nothing and sets
+  // no backward context (autograd nodes keep their own module's).
+  const Phase phase = current_phase() == Phase::Backward ? Phase::Recompute : current_phase();
   Tensor x = input;
-  for (const auto& [name, child] : children()) x = (*child)(x);
+  std::optional<ModuleScope> group;
+  std::string_view group_name;
+  for (const auto& [name, child] : children()) {
+    if (const std::string_view g = group_of(name); g != group_name) {
+      group.reset();
+      group_name = g;
+      if (!g.empty()) group.emplace(path().empty() ? std::string(g) : path() + "." + std::string(g), phase);
+    }
+    x = (*child)(x);
+  }
   return x;
 }
 

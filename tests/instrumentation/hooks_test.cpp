@@ -55,32 +55,108 @@ TEST(ModuleHookTest, ExceptionsInPostHooksAreCountedNotThrown) {
   EXPECT_EQ(hook.dropped_exceptions(), 1u);
 }
 
-TEST(MemoryLoggerTest, PrintsTheIndentedTreeWithChanges) {
-  auto alloc = test::make_allocator();
-  std::ostringstream out;
-  void* p = nullptr;
-  {
-    MemoryLogger logger{*alloc, out};
-    {
-      ModuleScope net{"net", Phase::Forward};
-      ModuleScope conv{"net.conv1", Phase::Forward};
-      p = alloc->allocate(4 * MiB);
-    }
-    EXPECT_EQ(logger.lines(), 4u);
-  }
-  alloc->deallocate(p);
-  const std::string text = out.str();
+std::vector<std::string> split_lines(const std::string& text) {
   std::istringstream lines(text);
   std::vector<std::string> rows;
   for (std::string line; std::getline(lines, line);) rows.push_back(line);
-  ASSERT_GE(rows.size(), 6u) << text;
-  EXPECT_EQ(rows[0].rfind("hook", 0), 0u);
-  EXPECT_EQ(rows[1].rfind("pre-forward    net ", 0), 0u) << rows[1];
-  EXPECT_EQ(rows[2].rfind("pre-forward      conv1 ", 0), 0u) << rows[2];
-  EXPECT_EQ(rows[3].rfind("forward          conv1 ", 0), 0u) << rows[3];
-  EXPECT_NE(rows[3].find("+4.00 MiB"), std::string::npos) << rows[3];
-  EXPECT_NE(rows[4].find("+0.00 MiB"), std::string::npos) << rows[4];
-  EXPECT_EQ(rows[5].rfind("totals: 4 lines; peak allocated 4.00 MiB", 0), 0u) << rows[5];
+  return rows;
+}
+
+// A hand-built step: a forward through net and net.fc, a backward with the
+// step's "loss" scope around the loss node's own and two autograd nodes of
+// net.fc (the first allocating a transient 2 MiB: the peak between lines), then
+// an optimizer update. net never opens in backward or the optimizer, so there
+// net.fc keeps its full path (indented under net all the same).
+TEST(MemoryLoggerTest, PrintsOneLinePerHookAndModuleCall) {
+  auto alloc = test::make_allocator();
+  std::ostringstream out;
+  {
+    MemoryLogger logger{*alloc, out, {.module_type = [](std::string_view path) {
+                                        return std::string(path == "net"      ? "Net"
+                                                           : path == "net.fc" ? "Linear"
+                                                                              : "");
+                                      }}};
+    void* weight_grad = nullptr;
+    {
+      ModuleScope net{"net", Phase::Forward};
+      ModuleScope fc{"net.fc", Phase::Forward};
+      weight_grad = alloc->allocate(4 * MiB);
+    }
+    {
+      ModuleScope step{"loss", Phase::Backward};
+      { ModuleScope node{"loss", Phase::Backward}; }
+      {
+        ModuleScope node{"net.fc", Phase::Backward};
+        alloc->deallocate(alloc->allocate(2 * MiB));
+      }
+      {
+        ModuleScope node{"net.fc", Phase::Backward};
+        alloc->deallocate(weight_grad);
+      }
+    }
+    { ModuleScope update{"net.fc", Phase::Optimizer}; }
+    EXPECT_EQ(logger.lines(), 10u);  // the optimizer's post line is still held
+    logger.finish();
+    EXPECT_EQ(logger.lines(), 11u);
+    { ModuleScope late{"net", Phase::Forward}; }  // after finish(): not logged
+  }
+  // clang-format off
+  const std::vector<std::string> want = {
+    "hook           module                                          allocated       change peak between     reserved   nvidia-smi",
+    "pre-forward    net (Net)                                        0.00 MiB    +0.00 MiB     0.00 MiB     0.00 MiB   420.00 MiB",
+    "pre-forward      fc (Linear)                                    0.00 MiB    +0.00 MiB     0.00 MiB     0.00 MiB   420.00 MiB",
+    "forward          fc (Linear)                                    4.00 MiB    +4.00 MiB     4.00 MiB    20.00 MiB   440.00 MiB",
+    "forward        net (Net)                                        4.00 MiB    +0.00 MiB     4.00 MiB    20.00 MiB   440.00 MiB",
+    "pre-backward   loss                                             4.00 MiB    +0.00 MiB     4.00 MiB    20.00 MiB   440.00 MiB",
+    "backward       loss                                             4.00 MiB    +0.00 MiB     4.00 MiB    20.00 MiB   440.00 MiB",
+    "pre-backward     net.fc (Linear)                                4.00 MiB    +0.00 MiB     4.00 MiB    20.00 MiB   440.00 MiB",
+    "backward         net.fc (Linear)                                0.00 MiB    -4.00 MiB     6.00 MiB    20.00 MiB   440.00 MiB",
+    "backward       loss                                             0.00 MiB    +0.00 MiB     0.00 MiB    20.00 MiB   440.00 MiB",
+    "pre-optimizer    net.fc (Linear)                                0.00 MiB    +0.00 MiB     0.00 MiB    20.00 MiB   440.00 MiB",
+    "optimizer        net.fc (Linear)                                0.00 MiB    +0.00 MiB     0.00 MiB    20.00 MiB   440.00 MiB",
+    "totals: 11 lines; peak allocated 6.00 MiB, peak reserved 20.00 MiB, peak nvidia-smi 440.00 MiB "
+    "(CUDA context 420.00 MiB); now allocated 0.00 MiB, reserved 20.00 MiB",
+  };
+  // clang-format on
+  std::vector<std::string> rows = split_lines(out.str());
+  ASSERT_GE(rows.size(), want.size()) << out.str();
+  EXPECT_EQ(rows[want.size()].rfind("device: ", 0), 0u) << out.str();  // the assumptions line
+  rows.resize(want.size());
+  EXPECT_EQ(rows, want) << out.str();
+}
+
+// Without a type callback the tree comes from the scopes seen; a flattened prefix
+// that never runs as a scope ("layer1") stays in the name; max_depth and
+// pre_hooks filter; device_line = false leaves the assumptions out.
+TEST(MemoryLoggerTest, FiltersByTreeDepthAndKeepsFlattenedPrefixes) {
+  auto alloc = test::make_allocator();
+  std::ostringstream out;
+  {
+    MemoryLogger logger{*alloc, out, {.pre_hooks = false, .max_depth = 1, .device_line = false}};
+    ModuleScope block{"layer1.0", Phase::Forward};
+    { ModuleScope conv{"layer1.0.conv1", Phase::Forward}; }
+  }
+  const std::vector<std::string> rows = split_lines(out.str());
+  ASSERT_EQ(rows.size(), 3u) << out.str();
+  // conv1 is below max_depth; the block's post line is held until the logger goes.
+  EXPECT_EQ(rows[1].rfind("forward        layer1.0 ", 0), 0u) << rows[1];
+  EXPECT_EQ(rows[2].rfind("totals: 1 lines;", 0), 0u) << rows[2];
+
+  std::ostringstream out2;
+  {
+    MemoryLogger logger{*alloc, out2, {.max_depth = 0, .device_line = false}};
+    {
+      ModuleScope block{"layer1.0", Phase::Forward};
+      ModuleScope conv{"layer1.0.conv1", Phase::Forward};
+    }
+  }
+  const std::vector<std::string> rows2 = split_lines(out2.str());
+  ASSERT_EQ(rows2.size(), 6u) << out2.str();
+  EXPECT_EQ(rows2[1].rfind("pre-forward    layer1.0 ", 0), 0u) << rows2[1];
+  EXPECT_EQ(rows2[2].rfind("pre-forward      conv1 ", 0), 0u) << rows2[2];
+  EXPECT_EQ(rows2[3].rfind("forward          conv1 ", 0), 0u) << rows2[3];
+  EXPECT_EQ(rows2[4].rfind("forward        layer1.0 ", 0), 0u) << rows2[4];
+  EXPECT_EQ(rows2[5].rfind("totals: 4 lines;", 0), 0u) << rows2[5];
 }
 
 TEST(MemorySummaryTest, FollowsPyTorchsLayout) {

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -115,6 +116,11 @@ class Sequential : public Module {
   Module& at(std::size_t i) const { return *children().at(i).second; }
   /// The children in order (what checkpoint_sequential takes).
   std::vector<Module*> modules() const;
+
+ private:
+  /// The container a flattened child name belongs to ("layer1" for "layer1.0"),
+  /// or "" when it has none or the prefix names a child module itself.
+  std::string_view group_of(std::string_view name) const;
 };
 
 class Linear : public Module {
