@@ -84,6 +84,15 @@ void BM_AllocFreeHistoryOn(benchmark::State& state) {
 }
 BENCHMARK(BM_AllocFreeHistoryOn)->Arg(1 << 10)->Arg(1 << 16)->Arg(1 << 20);
 
+// The same without timestamps: ordering by sequence only, no rdtsc per event.
+void BM_AllocFreeHistoryOnNoTimestamps(benchmark::State& state) {
+  auto alloc = make_allocator();
+  mem::History history{*alloc, static_cast<std::size_t>(state.range(0)), {.timestamps = false}};
+  alloc_free_loop(state, *alloc);
+  state.counters["recorded"] = static_cast<double>(history.recorded());
+}
+BENCHMARK(BM_AllocFreeHistoryOnNoTimestamps)->Arg(1 << 10)->Arg(1 << 16);
+
 }  // namespace
 
 

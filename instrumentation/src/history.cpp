@@ -24,14 +24,15 @@ constexpr std::uint64_t kFoldedBit = std::uint64_t{1} << 9;
 
 }  // namespace
 
-History::History(std::size_t max_entries)
-    : capacity_(max_entries), start_ticks_(detail::ticks()) {
+History::History(std::size_t max_entries, HistoryOptions options)
+    : capacity_(max_entries), start_ticks_(detail::ticks()), timestamps_(options.timestamps) {
   if (max_entries == 0) throw Error("mem::History: max_entries must be at least 1");
   slots_ = std::make_unique<Slot[]>(capacity_);
   (void)detail::ticks_per_us();  // calibrate now, not on the first read
 }
 
-History::History(CachingAllocator& allocator, std::size_t max_entries) : History(max_entries) {
+History::History(CachingAllocator& allocator, std::size_t max_entries, HistoryOptions options)
+    : History(max_entries, options) {
   attach_to(allocator);
 }
 
@@ -62,7 +63,7 @@ void History::on_event(const TraceEvent& event) noexcept {
   // cost more than the rest of this function.
   next_slot_ = next_slot_ + 1 == capacity_ ? 0 : next_slot_ + 1;
   slot.word[kSequence].store(event.sequence, relaxed);
-  slot.word[kTicks].store(detail::ticks(), relaxed);
+  slot.word[kTicks].store(timestamps_ ? detail::ticks() : 0, relaxed);
   slot.word[kAddress].store(event.address, relaxed);
   slot.word[kSize].store(event.size, relaxed);
   slot.word[kRequested].store(event.requested_size, relaxed);
@@ -143,7 +144,7 @@ std::vector<HistoryEntry> History::entries() const {
   out.erase(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(skip));
   tick_values.erase(tick_values.begin(), tick_values.begin() + static_cast<std::ptrdiff_t>(skip));
   for (std::size_t i = 0; i < out.size(); ++i) {
-    out[i].time_us = detail::ticks_to_us(start_ticks_, tick_values[i]);
+    out[i].time_us = timestamps_ ? detail::ticks_to_us(start_ticks_, tick_values[i]) : 0.0;
   }
   return out;
 }

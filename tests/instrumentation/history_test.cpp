@@ -11,6 +11,24 @@
 namespace mem {
 namespace {
 
+TEST(History, WithoutTimestampsKeepsTheSameEntriesInSequenceOrder) {
+  auto alloc = test::make_allocator();
+  History timed{*alloc, 100};
+  History untimed{*alloc, 100, {.timestamps = false}};
+  for (int i = 0; i < 3; ++i) alloc->deallocate(alloc->allocate(4 * KiB));
+  const auto a = timed.entries();
+  const auto b = untimed.entries();
+  ASSERT_EQ(a.size(), b.size());
+  ASSERT_EQ(b.size(), 10u);  // segment_alloc + 3 x (alloc, free_requested, free_completed)
+  for (std::size_t i = 0; i < b.size(); ++i) {
+    EXPECT_EQ(b[i].sequence, a[i].sequence);
+    EXPECT_EQ(b[i].action, a[i].action);
+    EXPECT_EQ(b[i].address, a[i].address);
+    EXPECT_EQ(b[i].time_us, 0.0);
+  }
+  EXPECT_GT(a.back().time_us, 0.0);
+}
+
 TEST(History, DropsTheOldestEntriesAtItsBound) {
   auto alloc = test::make_allocator();
   History all{*alloc, 1000};
