@@ -374,11 +374,12 @@ void AllocatorCore::free(void* ptr) {
   if (deferred) [[unlikely]] {
     insert_events(block);
   } else {
-    free_block(block, /*report=*/false);
+    active_.erase_found(found);  // no second probe in free_block
+    free_block(block, /*report=*/false, /*in_map=*/false);
   }
 }
 
-void AllocatorCore::free_block(Block* block, bool report) {
+void AllocatorCore::free_block(Block* block, bool report, bool in_map) {
   assert(!block->allocated && block->event_count == 0 && block->stream_uses.empty());
   if (report && has_observers_) [[unlikely]] {
     emit(TraceAction::FreeCompleted, block, block->size, block->requested_size);
@@ -386,7 +387,7 @@ void AllocatorCore::free_block(Block* block, bool report) {
   const std::size_t original_size = block->size;
   const std::size_t requested = block->requested_size;
   BlockPool& pool = *block->pool;
-  active_.erase(block->ptr);
+  if (in_map) active_.erase(block->ptr);
 
   // Coalesce with free neighbours. PyTorch keeps `block` and deletes the
   // neighbours; we keep a neighbour that is already in the pool so its tree

@@ -89,16 +89,21 @@ struct BlockPool {
   /// it. Either way the result equals erase + insert. The key is built from the
   /// arguments, not re-read from the block, which avoids a store-forwarding stall.
   void rekey(Block* b, std::uintptr_t ptr, std::size_t size) {
-    b->ptr = ptr;
-    b->size = size;
     b->gc_count_base = get_free_blocks_call_count;
     const PoolEntryLess less;
     const PoolEntry key{b->stream, size, ptr, b};
     auto it = b->pool_it;
-    const bool after_prev = it == blocks.begin() || less(*std::prev(it), key);
-    const auto next = std::next(it);
-    const bool before_next = next == blocks.end() || less(key, *next);
-    if (after_prev && before_next) {
+    // A shrinking block can only move left past its predecessor, a growing one
+    // only right past its successor: one neighbour to look at, not two.
+    bool in_order = true;
+    if (size <= b->size && it != blocks.begin()) in_order = less(*std::prev(it), key);
+    if (size >= b->size && in_order) {
+      const auto next = std::next(it);
+      in_order = next == blocks.end() || less(key, *next);
+    }
+    b->ptr = ptr;
+    b->size = size;
+    if (in_order) {
       // The node's storage is not const; the order is unchanged, so updating
       // the key in place leaves a valid tree. (Field by field: stream and
       // block are unchanged, and scalar stores avoid assembling vectors.)
@@ -159,7 +164,8 @@ class AllocatorCore {
   Block* alloc_found_block(AllocParams& p);
   bool should_split(const Block* block, std::size_t size) const noexcept;
   /// Returns a block to its pool; `report` emits FreeCompleted (deferred frees).
-  void free_block(Block* block, bool report = true);
+  /// `in_map`: the block is still in active_ (false when free() already removed it).
+  void free_block(Block* block, bool report = true, bool in_map = true);
   void insert_events(Block* block);
   void process_events();
   void synchronize_and_free_events();

@@ -47,6 +47,32 @@ class PointerMap {
       if (slots_[i].key == 0) return false;
       i = (i + 1) & mask();
     }
+    erase_index(i);
+    return true;
+  }
+
+  /// Erases the entry whose value find() returned, without probing again.
+  void erase_found(V* value) noexcept {
+    const auto* slot = reinterpret_cast<const Slot*>(reinterpret_cast<const char*>(value) -
+                                                     offsetof(Slot, value));
+    erase_index(static_cast<std::size_t>(slot - slots_.data()));
+  }
+
+  template <class F>
+  void for_each(F&& f) const {
+    for (const Slot& s : slots_) {
+      if (s.key != 0) f(s.key, s.value);
+    }
+  }
+
+ private:
+  struct Slot {
+    std::uintptr_t key = 0;
+    V value{};
+  };
+  static constexpr std::size_t kInitialCapacity = 1024;
+
+  void erase_index(std::size_t i) noexcept {
     // Backward shift: pull later members of the probe run into the hole.
     std::size_t hole = i;
     std::size_t j = i;
@@ -63,22 +89,7 @@ class PointerMap {
     }
     slots_[hole] = Slot{};
     --size_;
-    return true;
   }
-
-  template <class F>
-  void for_each(F&& f) const {
-    for (const Slot& s : slots_) {
-      if (s.key != 0) f(s.key, s.value);
-    }
-  }
-
- private:
-  struct Slot {
-    std::uintptr_t key = 0;
-    V value{};
-  };
-  static constexpr std::size_t kInitialCapacity = 1024;
 
   std::size_t mask() const noexcept { return slots_.size() - 1; }
   std::size_t index_of(std::uintptr_t key) const noexcept {
