@@ -56,7 +56,7 @@ AllocatorCore::~AllocatorCore() {
     }
   }
   std::vector<const Block*> blocks = all_blocks_locked();
-  for (const Block* b : blocks) block_storage_.destroy(const_cast<Block*>(b));
+  for (const Block* b : blocks) block_storage_.release(const_cast<Block*>(b));
 }
 
 // ---------------------------------------------------------------------------
@@ -125,11 +125,16 @@ bool AllocatorCore::alloc_block(AllocParams& p, bool is_retry) {
   total_reserved_ += size;
   total_reserved_rounded_ += device_rounded(size);
 
-  Block* block = block_storage_.create();
+  Block* block = block_storage_.acquire();  // a recycled block: set every field
   block->ptr = reinterpret_cast<std::uintptr_t>(ptr);
   block->size = size;
+  block->requested_size = 0;
   block->stream = p.stream;
   block->pool = p.pool;
+  block->prev = nullptr;
+  block->next = nullptr;
+  block->allocated = false;
+  block->context = 0;
   p.block = block;
   p.block_in_pool = false;
 
@@ -203,7 +208,7 @@ void AllocatorCore::release_block(Block* block) {
                  context_source_ ? context_source_() : 0);
   }
   pool.erase(block);
-  block_storage_.destroy(block);
+  block_storage_.release(block);
 }
 
 void AllocatorCore::garbage_collect_cached_blocks() {
@@ -260,7 +265,7 @@ Block* AllocatorCore::alloc_found_block(AllocParams& p) {
   if (should_split(block, p.size)) {
     // The front becomes the allocation; the rest stays free in the pool.
     Block* remaining = block;
-    block = block_storage_.create();
+    block = block_storage_.acquire();  // recycled: fields set here and below
     block->ptr = remaining->ptr;
     block->size = p.size;
     block->stream = p.stream;
@@ -411,10 +416,10 @@ void AllocatorCore::free_block(Block* block, bool report, bool in_map) {
       size += prev->size;
       next->prev = prev->prev;
       pool.erase(prev);
-      block_storage_.destroy(prev);
+      block_storage_.release(prev);
     }
     if (next->prev != nullptr) next->prev->next = next;
-    block_storage_.destroy(block);
+    block_storage_.release(block);
     result = next;
     pool.rekey(result, ptr, size);
   } else if (prev != nullptr) {
@@ -423,7 +428,7 @@ void AllocatorCore::free_block(Block* block, bool report, bool in_map) {
     prev->next = block->next;
     if (prev->next != nullptr) prev->next->prev = prev;
     const std::size_t size = prev->size + block->size;
-    block_storage_.destroy(block);
+    block_storage_.release(block);
     result = prev;
     pool.rekey(result, prev->ptr, size);
   } else {

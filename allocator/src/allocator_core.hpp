@@ -20,7 +20,7 @@
 
 #include "object_pool.hpp"
 #include "pointer_map.hpp"
-#include "spin_lock.hpp"
+#include "biased_lock.hpp"
 #include "vramscope/allocator/caching_allocator.hpp"
 
 namespace mem::detail {
@@ -200,11 +200,11 @@ class AllocatorCore {
   std::size_t context_bytes_;
   bool has_divisions_ = false;  // any roundup_power2_divisions > 1 configured
 
-  mutable SpinLock lock_;
+  mutable BiasedLock lock_;  // atomic-free for the thread that uses it first
   BlockPool large_blocks_{false};
   BlockPool small_blocks_{true};
   PointerMap<Block*> active_;  // allocated or pending-free blocks by address
-  ObjectPool<Block> block_storage_;
+  RecyclingPool<Block> block_storage_;
   std::map<StreamId, std::deque<std::pair<EventId, Block*>>> events_;  // per-stream, in order
   DeviceStats stats_;
   std::size_t total_reserved_ = 0;          // sum of segment sizes (total_allocated_memory)

@@ -93,21 +93,40 @@ class ArenaAllocator {
   FreeListArena* arena_;
 };
 
-/// Typed objects constructed in FreeListArena chunks.
+/// Objects that are recycled without being destroyed: a released object keeps
+/// its (empty) members, so acquiring it again is a pop, not a construction that
+/// zeroes every field. T needs a `T* next` member, used as the free-list link
+/// while the object is released; callers set every other field they rely on.
 template <class T>
-class ObjectPool {
+class RecyclingPool {
  public:
-  template <class... Args>
-  T* create(Args&&... args) {
-    return new (arena_.allocate(sizeof(T))) T(std::forward<Args>(args)...);
+  RecyclingPool() = default;
+  RecyclingPool(const RecyclingPool&) = delete;
+  RecyclingPool& operator=(const RecyclingPool&) = delete;
+  ~RecyclingPool() {
+    while (free_ != nullptr) {
+      T* p = free_;
+      free_ = p->next;
+      p->~T();
+    }
   }
-  void destroy(T* p) noexcept {
-    p->~T();
-    arena_.deallocate(p, sizeof(T));
+
+  T* acquire() {
+    if (free_ != nullptr) {
+      T* p = free_;
+      free_ = p->next;
+      return p;
+    }
+    return new (arena_.allocate(sizeof(T))) T();
+  }
+  void release(T* p) noexcept {
+    p->next = free_;
+    free_ = p;
   }
 
  private:
   FreeListArena arena_;
+  T* free_ = nullptr;
 };
 
 }  // namespace mem::detail
