@@ -7,7 +7,8 @@
 // other thread locks, it revokes the bias for good: it sets revoked_, forces a
 // memory barrier on every thread of the process with membarrier(2)
 // (MEMBARRIER_CMD_PRIVATE_EXPEDITED), and waits until the owner is out of its
-// critical section. This is the asymmetric Dekker handshake: either the owner's
+// critical section — all while holding the spin lock, so that no other thread
+// enters before the handshake is complete. This is the asymmetric Dekker handshake: either the owner's
 // announcement is visible to the revoker (which then waits), or the revoker's
 // flag is visible to the owner (which then takes the spin lock). From then on
 // everyone uses the SpinLock. Where membarrier is unavailable (old kernels,
@@ -47,11 +48,13 @@ class BiasedLock {
           return;
         }
         owner_active_.store(false, std::memory_order_release);
-      } else {
-        revoke();
       }
     }
     spin_.lock();
+    // The first spin-lock holder revokes the bias before touching anything, and
+    // finishes the handshake while later holders wait on spin_: a thread that
+    // merely saw revoked_ set must not enter while the owner may still be inside.
+    if (bias_enabled_ && !revocation_done_) [[unlikely]] revoke();
     biased_ = false;
   }
 
@@ -74,6 +77,7 @@ class BiasedLock {
     return reinterpret_cast<std::uintptr_t>(&tag);
   }
 
+  // Called with spin_ held, once.
   void revoke() noexcept {
     revoked_.store(true, std::memory_order_relaxed);
     membarrier_all_threads();  // the owner now sees revoked_, or we see owner_active_
@@ -82,13 +86,15 @@ class BiasedLock {
       __builtin_ia32_pause();
 #endif
     }
+    revocation_done_ = true;  // from here on the owner cannot enter without spin_
   }
 
   const bool bias_enabled_;
   std::atomic<bool> revoked_{false};
   std::atomic<std::uintptr_t> owner_{0};
   std::atomic<bool> owner_active_{false};
-  bool biased_ = false;  // how the current holder entered; guarded by the lock itself
+  bool biased_ = false;           // how the current holder entered; guarded by the lock itself
+  bool revocation_done_ = false;  // guarded by spin_
   SpinLock spin_;
 };
 

@@ -55,5 +55,45 @@ TEST(Threads, ConcurrentAllocateAndFreeStayConsistent) {
   EXPECT_EQ(s.allocation[0].allocated, s.allocation[0].freed);
 }
 
+// The allocator's lock is biased to the first thread that uses it (no atomics
+// for that thread) and revoked when a second thread arrives. Hammer the window:
+// the owner runs a tight loop while others join at staggered times, repeatedly.
+TEST(Threads, LateThreadsJoiningABusyOwnerStayExclusive) {
+  for (int round = 0; round < 20; ++round) {
+    auto dev = testing::small_device(4 * GiB);
+    CachingAllocator a{dev};
+    std::atomic<bool> stop{false};
+    std::atomic<long> pairs{0};
+    std::thread owner([&] {
+      std::vector<void*> mine;
+      while (!stop.load(std::memory_order_relaxed)) {
+        mine.push_back(a.allocate(512 + 512 * (mine.size() % 7)));
+        if (mine.size() > 16) {
+          for (void* p : mine) a.deallocate(p);
+          mine.clear();
+        }
+        pairs.fetch_add(1, std::memory_order_relaxed);
+      }
+      for (void* p : mine) a.deallocate(p);
+    });
+    while (pairs.load() < 1000) std::this_thread::yield();  // the owner holds the bias
+    std::vector<std::thread> late;
+    for (int t = 0; t < 3; ++t) {
+      late.emplace_back([&, t] {
+        for (int i = 0; i < 2000; ++i) {
+          void* p = a.allocate(1024 * (1 + (i + t) % 5));
+          a.deallocate(p);
+        }
+      });
+    }
+    for (auto& th : late) th.join();
+    stop = true;
+    owner.join();
+    a.validate();
+    EXPECT_EQ(a.stats().allocated_bytes[0].current, 0);
+    EXPECT_EQ(a.stats().allocation[0].allocated, a.stats().allocation[0].freed);
+  }
+}
+
 }  // namespace
 }  // namespace mem
