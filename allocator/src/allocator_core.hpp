@@ -54,7 +54,7 @@ struct Block {
   StreamId stream = 0;             // the stream whose pool owns the segment
   BlockPool* pool = nullptr;
   Block* prev = nullptr;           // neighbours inside the segment
-  Block* next = nullptr;
+  Block* next = nullptr;           // (also the free-list link while released to the pool)
   BlockSet::iterator pool_it{};    // its node in pool->blocks while free
   bool allocated = false;
   int event_count = 0;                  // outstanding events before reuse

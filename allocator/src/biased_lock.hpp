@@ -66,11 +66,6 @@ class BiasedLock {
     spin_.unlock();
   }
 
-  /// Whether the owner thread still enters without atomics (for tests).
-  bool biased() const noexcept {
-    return bias_enabled_ && !revoked_.load(std::memory_order_relaxed);
-  }
-
  private:
   static std::uintptr_t this_thread_tag() noexcept {
     static thread_local char tag;

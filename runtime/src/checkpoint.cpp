@@ -9,6 +9,23 @@
 namespace mem::nn {
 namespace detail {
 
+/// The segment's inputs as new leaves for the rerun: same storage, no history,
+/// requiring grad where the originals did (both checkpoint modes rerun on these).
+static TensorList detach_for_rerun(const TensorList& inputs) {
+  TensorList detached;
+  detached.reserve(inputs.size());
+  for (const Tensor& in : inputs) {
+    if (!in.defined()) {
+      detached.push_back(in);
+      continue;
+    }
+    Tensor d = in.detach();
+    if (in.requires_grad()) d.set_requires_grad(true);
+    detached.push_back(d);
+  }
+  return detached;
+}
+
 CheckpointFrame::CheckpointFrame(SegmentFunction fn, TensorList inputs, Runtime& runtime, bool preserve_rng)
     : fn_(std::move(fn)),
       inputs_(std::move(inputs)),
@@ -42,16 +59,7 @@ void CheckpointFrame::recompute() {
   const std::optional<DType> autocast = rt.autocast();
   if (preserve_rng_) rt.set_rng_state(rng_);
   rt.set_autocast(autocast_);
-  TensorList detached;
-  for (const Tensor& in : inputs_) {
-    if (!in.defined()) {
-      detached.push_back(in);
-      continue;
-    }
-    Tensor d = in.detach();
-    if (in.requires_grad()) d.set_requires_grad(true);
-    detached.push_back(d);
-  }
+  const TensorList detached = detach_for_rerun(inputs_);
   {
     PhaseGuard phase(Phase::Recompute);
     EnableGradGuard grad;
@@ -93,16 +101,7 @@ class CheckpointReentrantBackward final : public Node {
 
   TensorList apply(TensorList& grads) override {
     Runtime& rt = *runtime_;
-    TensorList detached;
-    for (const Tensor& in : inputs_) {
-      if (!in.defined()) {
-        detached.push_back(in);
-        continue;
-      }
-      Tensor d = in.detach();
-      if (in.requires_grad()) d.set_requires_grad(true);
-      detached.push_back(d);
-    }
+    const TensorList detached = detail::detach_for_rerun(inputs_);
     const RngState current = rt.rng_state();
     const std::optional<DType> autocast = rt.autocast();
     if (preserve_rng_) rt.set_rng_state(rng_);
