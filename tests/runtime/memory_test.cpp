@@ -235,6 +235,14 @@ ModeRun run_mode(TrainConfig cfg, ExecMode mode) {
   return r;
 }
 
+// Shapes small enough for a compute-mode step of each model in a unit test.
+ModelOptions small_options(const std::string& model) {
+  return ModelOptions::parse(model == "resnet18" ? "batch=2,image=32,classes=10"
+                             : model == "gpt2"   ? "batch=1,seq=8"
+                             : model == "mlp"    ? "batch=4,depth=4,width=64"
+                                                 : "batch=4");
+}
+
 // The runtime's half of "identical statistics": both modes make the same requests, in
 // the same order, with the same sizes, attributed to the same module scopes.
 TEST(ModesAgree, ComputeAndDryRunMakeTheSameAllocationsAndFrees) {
@@ -243,10 +251,7 @@ TEST(ModesAgree, ComputeAndDryRunMakeTheSameAllocationsAndFrees) {
       TrainConfig cfg;
       cfg.model = model;
       const std::string m = model;
-      cfg.model_options = ModelOptions::parse(m == "resnet18" ? "batch=2,image=32,classes=10"
-                                              : m == "gpt2"   ? "batch=1,seq=8"
-                                              : m == "mlp"    ? "batch=4,depth=4,width=64"
-                                                              : "batch=4");
+      cfg.model_options = small_options(m);
       cfg.segments = segments;
       cfg.steps = 2;
       cfg.precision = segments == 3 ? Precision::Amp : Precision::F32;
@@ -272,10 +277,7 @@ TEST(ModesAgree, ComputeAndDryRunProduceIdenticalAllocatorStatistics) {
       TrainConfig cfg;
       cfg.model = model;
       const std::string m = model;
-      cfg.model_options = ModelOptions::parse(m == "resnet18" ? "batch=2,image=32,classes=10"
-                                              : m == "gpt2"   ? "batch=1,seq=8"
-                                              : m == "mlp"    ? "batch=4,depth=4,width=64"
-                                                              : "batch=4");
+      cfg.model_options = small_options(m);
       cfg.steps = 2;
       cfg.segments = segments;
       if (m == "gpt2") {  // 124M parameters: keep the compute run short
