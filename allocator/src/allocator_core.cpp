@@ -12,12 +12,6 @@
 #include "vramscope/allocator/units.hpp"
 
 namespace mem::detail {
-namespace {
-
-// Larger than any device: a request above this is a bug, not an OOM.
-constexpr std::size_t kAbsurdSize = std::size_t{1} << 50;  // 1 PiB
-
-}  // namespace
 
 AllocatorCore::AllocatorCore(std::shared_ptr<Device> device, AllocatorConfig config)
     : device_(std::move(device)), config_(config) {
@@ -66,7 +60,7 @@ void* AllocatorCore::malloc(std::size_t orig_size, StreamId stream) {
   if (orig_size == 0) {
     throw Error("allocate(0): a zero-byte request is not allowed (nothing was allocated)");
   }
-  if (orig_size > kAbsurdSize) {
+  if (orig_size > kMaxRequestSize) {
     throw Error("allocate(" + std::to_string(orig_size) + " B): request larger than 1 PiB, "
                 "probably an overflowed size computation (nothing was allocated)");
   }
@@ -361,10 +355,7 @@ void AllocatorCore::free(void* ptr) {
   const auto key = reinterpret_cast<std::uintptr_t>(ptr);
   Block** found = active_.find(key);
   if (found == nullptr || !(*found)->allocated) {
-    throw Error(ptr == nullptr ? std::string("deallocate(nullptr): not a block of this allocator")
-                               : "deallocate(" + std::to_string(key) +
-                                     "): pointer was not handed out by this allocator or was "
-                                     "already freed (double free); nothing changed");
+    throw Error("deallocate: " + explain_unknown_pointer_locked(key) + "; nothing changed");
   }
   Block* block = *found;
   block->allocated = false;
@@ -458,8 +449,9 @@ void AllocatorCore::record_stream(void* ptr, StreamId stream) {
   std::lock_guard guard(lock_);
   Block** found = active_.find(reinterpret_cast<std::uintptr_t>(ptr));
   if (found == nullptr || !(*found)->allocated) {
-    throw Error("record_stream: pointer was not handed out by this allocator or was already "
-                "freed; nothing changed");
+    throw Error("record_stream: " +
+                explain_unknown_pointer_locked(reinterpret_cast<std::uintptr_t>(ptr)) +
+                "; nothing changed");
   }
   Block* block = *found;
   if (stream == block->stream) return;  // its own stream orders the reuse already
@@ -525,7 +517,7 @@ void AllocatorCore::set_memory_fraction(double fraction) {
 }
 
 std::uintptr_t AllocatorCore::reserve_segment(std::size_t bytes, StreamId stream, bool small_pool) {
-  if (bytes == 0 || bytes % kMinBlockSize != 0 || bytes > kAbsurdSize) {
+  if (bytes == 0 || bytes % kMinBlockSize != 0 || bytes > kMaxRequestSize) {
     throw Error("reserve_segment(" + std::to_string(bytes) +
                 " B): size must be a positive multiple of 512 B");
   }

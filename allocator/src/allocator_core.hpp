@@ -193,6 +193,9 @@ class AllocatorCore {
                     bool small, std::uint32_t context) noexcept;
 
   std::vector<const Block*> all_blocks_locked() const;
+  /// Why `ptr` is not a live block of this allocator, for error messages (slow path):
+  /// already freed, interior to a block, or outside every segment.
+  std::string explain_unknown_pointer_locked(std::uintptr_t ptr) const;
 
   std::shared_ptr<Device> device_;
   AllocatorConfig config_;

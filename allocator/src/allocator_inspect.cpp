@@ -2,12 +2,14 @@
 // statistics, the segment listing and validate(), which recomputes every
 // statistic from the blocks and checks the structural invariants.
 #include <algorithm>
+#include <cstdio>
 #include <map>
 #include <mutex>
 #include <set>
 #include <string>
 
 #include "allocator_core.hpp"
+#include "vramscope/allocator/units.hpp"
 
 namespace mem::detail {
 
@@ -32,7 +34,7 @@ std::size_t AllocatorCore::block_size(const void* ptr) const {
   std::lock_guard guard(lock_);
   Block* const* found = active_.find(reinterpret_cast<std::uintptr_t>(ptr));
   if (found == nullptr || !(*found)->allocated) {
-    throw Error("block_size: pointer was not handed out by this allocator");
+    throw Error("block_size: " + explain_unknown_pointer_locked(reinterpret_cast<std::uintptr_t>(ptr)));
   }
   return (*found)->size;
 }
@@ -44,6 +46,28 @@ std::vector<const Block*> AllocatorCore::all_blocks_locked() const {
   for (const PoolEntry& e : large_blocks_.blocks) out.push_back(e.block);
   for (const PoolEntry& e : small_blocks_.blocks) out.push_back(e.block);
   return out;
+}
+
+std::string AllocatorCore::explain_unknown_pointer_locked(std::uintptr_t ptr) const {
+  const auto hex = [](std::uintptr_t v) {
+    char buf[2 + 16 + 1];
+    std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(v));
+    return std::string(buf);
+  };
+  if (ptr == 0) return "nullptr is not a block of this allocator";
+  for (const Block* b : all_blocks_locked()) {
+    if (ptr < b->ptr || ptr >= b->ptr + b->size) continue;
+    if (ptr == b->ptr) {
+      return "pointer " + hex(ptr) + " was already freed (double free): its " +
+             format_bytes(b->size) + " block is " +
+             (b->event_count > 0 ? "waiting for stream events" : "in the cache");
+    }
+    return "pointer " + hex(ptr) + " lies " + format_bytes(ptr - b->ptr) + " inside the " +
+           format_bytes(b->size) + (b->allocated ? " live" : " free") + " block at " + hex(b->ptr) +
+           "; pass the pointer allocate() returned";
+  }
+  return "pointer " + hex(ptr) +
+         " is in none of this allocator's segments (another allocator or device, or host memory)";
 }
 
 namespace {

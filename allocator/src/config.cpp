@@ -6,6 +6,7 @@
 #include <bit>
 #include <charconv>
 #include <cstdlib>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -117,6 +118,7 @@ void parse_divisions(std::string_view conf, std::string_view value, AllocatorCon
 AllocatorConfig AllocatorConfig::parse(std::string_view conf) {
   AllocatorConfig cfg;
   if (trim(conf).empty()) return cfg;
+  std::vector<std::string_view> seen;  // a key given twice is a mistake, not an override
   for (std::string_view option : split_options(conf)) {
     option = trim(option);
     if (option.empty()) fail(conf, "empty option (stray comma?)");
@@ -126,6 +128,10 @@ AllocatorConfig AllocatorConfig::parse(std::string_view conf) {
     }
     const std::string_view key = trim(option.substr(0, colon));
     const std::string_view value = trim(option.substr(colon + 1));
+    if (std::find(seen.begin(), seen.end(), key) != seen.end()) {
+      fail(conf, "key \"" + std::string(key) + "\" is given twice; keep one");
+    }
+    seen.push_back(key);
     if (key == "max_split_size_mb" || key == "max_non_split_rounding_mb") {
       const std::size_t mb = parse_unsigned(conf, key, value);
       constexpr std::size_t min_mb = kLargeBuffer / (1024 * 1024);
@@ -231,6 +237,7 @@ std::size_t roundup_power2_next_division(std::size_t size, std::size_t divisions
 
 std::size_t round_size(std::size_t size, const AllocatorConfig& config) noexcept {
   if (size < kMinBlockSize) return kMinBlockSize;
+  if (size > kMaxRequestSize) return std::numeric_limits<std::size_t>::max();
   const std::size_t divisions = config.divisions_for(size);
   if (divisions > 1 && size > kMinBlockSize * divisions) {
     return roundup_power2_next_division(size, divisions);

@@ -90,6 +90,38 @@ constexpr std::string_view kDefaultPreset = "a100-80g";
 constexpr std::uintptr_t kSimAddressBase = std::uintptr_t{1} << 48;
 constexpr std::uintptr_t kSimAddressLimit = std::uintptr_t{1} << 53;
 
+// Address-only devices alive at once get disjoint windows of that space, as GPUs
+// under unified addressing do, so a pointer of one device is never a valid
+// address of another. The lowest free window is taken: a lone device always
+// starts at 2^48, and the same program prints the same addresses every run.
+std::mutex address_windows_mutex;
+std::map<std::uintptr_t, std::size_t>& address_windows() {  // base -> span
+  static auto* windows = new std::map<std::uintptr_t, std::size_t>();
+  return *windows;
+}
+
+std::uintptr_t claim_address_window(std::size_t span) {
+  std::lock_guard lock(address_windows_mutex);
+  auto& windows = address_windows();
+  std::uintptr_t base = kSimAddressBase;
+  for (const auto& [start, size] : windows) {
+    if (start - base >= span) break;
+    base = start + size;
+  }
+  if (base > kSimAddressLimit || kSimAddressLimit - base < span) {
+    throw Error("SimDevice: no room for another simulated device's addresses (" +
+                std::to_string(windows.size()) +
+                " alive); destroy devices you no longer use or lower their capacity");
+  }
+  windows.emplace(base, span);
+  return base;
+}
+
+void release_address_window(std::uintptr_t base) noexcept {
+  std::lock_guard lock(address_windows_mutex);
+  address_windows().erase(base);
+}
+
 constexpr std::string_view kSpecKeys =
     "capacity, context, granularity, backing, malloc_us, free_us";
 
@@ -290,7 +322,7 @@ SimDeviceConfig parse_sim_spec(const std::string& spec) {
 // --- SimDevice --------------------------------------------------------------
 
 SimDevice::SimDevice(SimDeviceConfig config)
-    : config_(std::move(config)), next_address_(kSimAddressBase) {
+    : config_(std::move(config)) {
   if (config_.name.empty()) config_.name = "custom";
   validate_config(config_);
   // Callers may already spell the name as a device spec ("sim:test"); do not double it.
@@ -310,6 +342,10 @@ SimDevice::SimDevice(SimDeviceConfig config)
   const std::size_t pages = pages_of(config_.capacity);
   host_span_ = std::min<std::size_t>(4 * pages * config_.granularity + (std::size_t{1} << 30),
                                      kSimAddressLimit - kSimAddressBase);
+  // Host-backed devices get distinct addresses from mmap; their offsets need no window.
+  address_base_ = config_.backing == SimBacking::None ? claim_address_window(host_span_)
+                                                       : kSimAddressBase;
+  next_address_ = address_base_;
   if (config_.backing == SimBacking::Host) {
     // One PROT_NONE reservation: no memory, no commit charge, just addresses.
     void* base = ::mmap(nullptr, host_span_, PROT_NONE,
@@ -326,6 +362,7 @@ SimDevice::~SimDevice() {
   // Segments a caller leaked are dropped with the whole reservation.
   std::lock_guard lock(mutex_);
   if (host_base_ != 0) ::munmap(reinterpret_cast<void*>(host_base_), host_span_);
+  if (config_.backing == SimBacking::None) release_address_window(address_base_);
 }
 
 std::size_t SimDevice::pages_of(std::size_t bytes) const {
@@ -345,13 +382,13 @@ void* SimDevice::map_segment_locked(std::size_t bytes) {
     break;
   }
   if (address == 0) {
-    if (span > kSimAddressBase + host_span_ - next_address_) return nullptr;
+    if (span > address_base_ + host_span_ - next_address_) return nullptr;
     address = next_address_;
     next_address_ += span;
   }
   if (config_.backing == SimBacking::None) return reinterpret_cast<void*>(address);
   // Same offset inside the host reservation; pages are committed only when touched.
-  void* host = reinterpret_cast<void*>(host_base_ + (address - kSimAddressBase));
+  void* host = reinterpret_cast<void*>(host_base_ + (address - address_base_));
   if (::mprotect(host, span, PROT_READ | PROT_WRITE) != 0) {
     unmap_segment_locked(address, bytes);  // give the offsets back
     return nullptr;
@@ -366,7 +403,7 @@ void SimDevice::unmap_segment_locked(std::uintptr_t address, std::size_t bytes) 
     // Drop the pages and make the range inaccessible again, as after cudaFree.
     ::mmap(reinterpret_cast<void*>(address), span, PROT_NONE,
            MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
-    address = kSimAddressBase + (address - host_base_);
+    address = address_base_ + (address - host_base_);
   }
   // Insert and coalesce with both neighbours; a range ending at the bump pointer
   // gives the space back to it so the map stays small.

@@ -429,6 +429,25 @@ TEST(SimDeviceTest, AddressOnlySegmentsAreAlignedDisjointAndReused) {
   dev.free_segment(first, MiB);
 }
 
+TEST(SimDeviceTest, DevicesAliveAtOnceNeverShareAnAddress) {
+  // As under unified addressing: a pointer of one device is no address of another,
+  // so an allocator can tell a foreign pointer from its own.
+  auto first_address = [](SimDevice& dev) {
+    void* p = dev.allocate_segment(2 * MiB);
+    dev.free_segment(p, 2 * MiB);
+    return reinterpret_cast<std::uintptr_t>(p);
+  };
+  auto a = std::make_unique<SimDevice>(custom(GiB));
+  SimDevice b(custom(8 * GiB));
+  const std::uintptr_t a0 = first_address(*a), b0 = first_address(b);
+  EXPECT_EQ(a0, std::uintptr_t{1} << 48);  // a lone device always starts here
+  EXPECT_GE(b0, a0 + 4 * GiB);             // past a's whole offset space
+  // A destroyed device's window is taken by the next one: runs stay reproducible.
+  a.reset();
+  SimDevice c(custom(GiB));
+  EXPECT_EQ(first_address(c), std::uintptr_t{1} << 48);
+}
+
 TEST(SimDeviceTest, LongChurnStaysInBoundedAddressSpace) {
   SimDevice dev(sim_preset("a100-80g"));
   std::mt19937_64 rng(1);

@@ -25,6 +25,8 @@ inline constexpr std::size_t kLargeBuffer = std::size_t{20} << 20;   ///< large 
 inline constexpr std::size_t kMinLargeAlloc = std::size_t{10} << 20; ///< above: own segment
 inline constexpr std::size_t kRoundLarge = std::size_t{2} << 20;     ///< own segments round to 2 MiB
 inline constexpr std::size_t kRoundUpPowerOfTwoIntervals = 16;       ///< 1 MiB .. 64 GiB
+/// Larger requests are rejected as misuse (an overflowed size computation, not a tensor).
+inline constexpr std::size_t kMaxRequestSize = std::size_t{1} << 50;  ///< 1 PiB
 
 struct AllocatorConfig {
   /// Blocks at least this large are never split ("oversize"); max = off.
@@ -51,6 +53,7 @@ struct AllocatorConfig {
 };
 
 /// PyTorch's round_size(): the block size a request of `size` bytes takes.
+/// Above kMaxRequestSize it saturates at SIZE_MAX (no such block), never wrapping.
 std::size_t round_size(std::size_t size, const AllocatorConfig& config) noexcept;
 /// PyTorch's get_allocation_size(): the segment a miss of rounded `size` reserves.
 std::size_t segment_size_for(std::size_t rounded_size) noexcept;

@@ -104,9 +104,11 @@ class SimDevice final : public Device {
   /// Segments are placed by offset the same way in both backings (bump pointer
   /// plus lowest-fitting freed range), so best-fit ties between equal blocks break
   /// identically and a dry run matches a compute run byte for byte. Address-only:
-  /// address = 2^48 + offset. Host: address = host_base_ + offset inside one
-  /// PROT_NONE reservation whose pages are made accessible per segment.
-  std::uintptr_t next_address_;   ///< bump pointer (an address in the 2^48 space)
+  /// address = address_base_ + offset, in a window of [2^48, 2^53) no other live
+  /// device uses. Host: address = host_base_ + offset inside one PROT_NONE
+  /// reservation whose pages are made accessible per segment.
+  std::uintptr_t address_base_ = 0;  ///< where offset 0 lies in the 2^48 space
+  std::uintptr_t next_address_ = 0;  ///< bump pointer (an address in the 2^48 space)
   std::uintptr_t host_base_ = 0;  ///< host reservation (backing Host), 0 otherwise
   std::size_t host_span_ = 0;     ///< its size: the offsets both backings may use
   /// Address-only backing: freed ranges below next_address_, by start, coalesced, reused
