@@ -358,6 +358,10 @@ void AllocatorCore::free(void* ptr) {
     throw Error("deallocate: " + explain_unknown_pointer_locked(key) + "; nothing changed");
   }
   Block* block = *found;
+  // Events first: if the device refuses one, the block is still allocated and
+  // nothing else changed. A block without other streams needs none.
+  std::vector<std::pair<StreamId, EventId>> events;
+  if (!block->stream_uses.empty()) [[unlikely]] events = record_use_events(*block);
   block->allocated = false;
   const std::size_t pi = pool_index(*block->pool);
   decrease(stats_.allocation, pi, 1);
@@ -368,7 +372,11 @@ void AllocatorCore::free(void* ptr) {
     emit(TraceAction::FreeRequested, block, block->size, block->requested_size, !deferred);
   }
   if (deferred) [[unlikely]] {
-    insert_events(block);
+    block->stream_uses.clear();
+    for (auto [stream, event] : events) {
+      ++block->event_count;
+      events_[stream].emplace_back(event, block);
+    }
   } else {
     active_.erase_found(found);  // no second probe in free_block
     free_block(block, /*report=*/false, /*in_map=*/false);
@@ -454,20 +462,37 @@ void AllocatorCore::record_stream(void* ptr, StreamId stream) {
                 "; nothing changed");
   }
   Block* block = *found;
+  if (!device_->has_stream(stream)) {
+    throw Error("record_stream: stream " + std::to_string(stream) +
+                " is not a stream of this device (destroyed, or never created); nothing changed");
+  }
   if (stream == block->stream) return;  // its own stream orders the reuse already
   auto& uses = block->stream_uses;
   if (std::find(uses.begin(), uses.end(), stream) == uses.end()) uses.push_back(stream);
 }
 
-void AllocatorCore::insert_events(Block* block) {
-  std::vector<StreamId> streams;
-  streams.swap(block->stream_uses);
-  for (StreamId s : streams) {
-    const EventId event = device_->create_event();
-    device_->record_event(event, s);
-    ++block->event_count;
-    events_[s].emplace_back(event, block);
+std::vector<std::pair<StreamId, EventId>> AllocatorCore::record_use_events(const Block& block) {
+  std::vector<std::pair<StreamId, EventId>> events;
+  events.reserve(block.stream_uses.size());
+  bool synchronized = false;
+  try {
+    for (StreamId s : block.stream_uses) {
+      if (!device_->has_stream(s)) {
+        // Destroyed since record_stream: no event can follow its work, so wait for
+        // the whole device once (safe on a real GPU, where that work may still run).
+        if (!synchronized) device_->synchronize();
+        synchronized = true;
+        continue;
+      }
+      const EventId event = device_->create_event();
+      events.emplace_back(s, event);
+      device_->record_event(event, s);
+    }
+  } catch (...) {
+    for (auto [stream, event] : events) device_->destroy_event(event);
+    throw;
   }
+  return events;
 }
 
 void AllocatorCore::process_events() {

@@ -166,7 +166,9 @@ class AllocatorCore {
   /// Returns a block to its pool; `report` emits FreeCompleted (deferred frees).
   /// `in_map`: the block is still in active_ (false when free() already removed it).
   void free_block(Block* block, bool report = true, bool in_map = true);
-  void insert_events(Block* block);
+  /// Creates and records one event per stream the block was used on; on a device
+  /// error destroys those already made and rethrows, so a failed free changes nothing.
+  std::vector<std::pair<StreamId, EventId>> record_use_events(const Block& block);
   void process_events();
   void synchronize_and_free_events();
   [[noreturn]] void throw_oom(const AllocParams& p);

@@ -279,6 +279,11 @@ StreamId CudaDevice::create_stream() {
   return id;
 }
 
+bool CudaDevice::has_stream(StreamId stream) const {
+  std::lock_guard lock(state_->mutex);
+  return stream == 0 || state_->streams.contains(stream);
+}
+
 void CudaDevice::destroy_stream(StreamId stream) noexcept {
   cudaStream_t handle = nullptr;
   {

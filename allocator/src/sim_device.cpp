@@ -503,6 +503,11 @@ void SimDevice::destroy_stream(StreamId stream) noexcept {
   streams_.erase(stream);
 }
 
+bool SimDevice::has_stream(StreamId stream) const {
+  std::lock_guard lock(mutex_);
+  return stream == 0 || streams_.contains(stream);
+}
+
 EventId SimDevice::create_event() {
   std::lock_guard lock(mutex_);
   const EventId id = next_event_++;

@@ -92,6 +92,7 @@ class TraceAddressDevice final : public Device {
   std::size_t process_used_bytes() const override { return inner_->process_used_bytes(); }
   StreamId create_stream() override { return inner_->create_stream(); }
   void destroy_stream(StreamId stream) noexcept override { inner_->destroy_stream(stream); }
+  bool has_stream(StreamId stream) const override { return inner_->has_stream(stream); }
   EventId create_event() override { return inner_->create_event(); }
   void destroy_event(EventId event) noexcept override { inner_->destroy_event(event); }
   void record_event(EventId event, StreamId stream) override { inner_->record_event(event, stream); }

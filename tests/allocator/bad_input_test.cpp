@@ -172,6 +172,41 @@ TEST(BadInput, RecordStreamOnAFreedPointer) {
                             {"record_stream", hex(interior), "inside"});
 }
 
+TEST(BadInput, RecordStreamOnAStreamTheDeviceDoesNotHave) {
+  Populated p;
+  const StreamId destroyed = p.device->create_stream();
+  p.device->destroy_stream(destroyed);
+  for (StreamId stream : {destroyed, StreamId{12345}}) {
+    expect_rejected_unchanged(p.alloc, [&] { p.alloc.record_stream(p.large, stream); },
+                              {"record_stream", "stream " + std::to_string(stream)});
+  }
+  // The block was not marked as used there: freeing it needs no event and reuses at once.
+  p.alloc.deallocate(p.large);
+  EXPECT_EQ(p.alloc.stats().allocation[0].current, 1);
+  p.large = p.alloc.allocate(4 * MiB);
+  p.alloc.validate();
+}
+
+TEST(BadInput, StreamDestroyedAfterRecordStreamStillLetsTheBlockBeFreed) {
+  // No event can be recorded on a destroyed stream: the free waits for the device
+  // instead, and the block is reusable at once rather than stuck forever.
+  Populated p;
+  const StreamId side = p.device->create_stream();
+  const StreamId alive = p.device->create_stream();
+  p.alloc.record_stream(p.large, side);
+  p.alloc.record_stream(p.large, alive);
+  p.device->destroy_stream(side);
+  p.device->hold_events(true);
+  p.alloc.deallocate(p.large);
+  p.alloc.validate();
+  EXPECT_EQ(p.alloc.stats().active_bytes[0].current,
+            static_cast<std::int64_t>(KiB + 4 * MiB));  // waits for `alive` only
+  p.device->release_events();
+  void* again = p.alloc.allocate(4 * MiB);
+  EXPECT_EQ(again, p.large);
+  p.large = again;
+}
+
 TEST(BadInput, BlockSizeOfAnUnknownPointer) {
   Populated p;
   expect_rejected_unchanged(p.alloc, [&] { (void)p.alloc.block_size(p.freed_small); },

@@ -66,7 +66,10 @@ TEST_P(Conformance, EventsCompleteOnceTheStreamHasRun) {
   EXPECT_TRUE(device_->query_event(e));
   device_->synchronize();
   device_->destroy_event(e);
+  EXPECT_TRUE(device_->has_stream(s));
   device_->destroy_stream(s);
+  EXPECT_FALSE(device_->has_stream(s));
+  EXPECT_TRUE(device_->has_stream(0));  // the default stream always exists
 }
 
 TEST_P(Conformance, AllocatorLayoutsMatchThePolicy) {

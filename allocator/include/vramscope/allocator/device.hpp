@@ -50,6 +50,8 @@ class Device {
 
   virtual StreamId create_stream() = 0;
   virtual void destroy_stream(StreamId stream) noexcept = 0;
+  /// True for the default stream 0 and every stream created and not yet destroyed.
+  virtual bool has_stream(StreamId stream) const = 0;
   virtual EventId create_event() = 0;
   virtual void destroy_event(EventId event) noexcept = 0;
   virtual void record_event(EventId event, StreamId stream) = 0;

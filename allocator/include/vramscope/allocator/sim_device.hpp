@@ -66,6 +66,7 @@ class SimDevice final : public Device {
 
   StreamId create_stream() override;
   void destroy_stream(StreamId stream) noexcept override;
+  bool has_stream(StreamId stream) const override;
   EventId create_event() override;
   void destroy_event(EventId event) noexcept override;
   void record_event(EventId event, StreamId stream) override;
