@@ -436,7 +436,10 @@ void* SimDevice::allocate_segment(std::size_t bytes) {
   driver_time_us_ += config_.malloc_latency_us;
 
   bool inject = false;
-  if (fail_countdown_ != 0 && --fail_countdown_ == 0) inject = true;
+  if (fail_countdown_ != 0 && --fail_countdown_ == 0) {
+    inject = true;
+    if (fail_sticky_) fail_countdown_ = 1;  // and the next one, and the next...
+  }
   if (fail_probability_ > 0) {
     // 53 random bits -> [0, 1): the same sequence on every platform for a given seed.
     const double u = static_cast<double>(rng_() >> 11) * 0x1.0p-53;
@@ -569,6 +572,13 @@ double SimDevice::driver_time_us() const {
 void SimDevice::fail_nth_allocation(std::uint64_t n) {
   std::lock_guard lock(mutex_);
   fail_countdown_ = n;
+  fail_sticky_ = false;
+}
+
+void SimDevice::fail_allocations_from(std::uint64_t n) {
+  std::lock_guard lock(mutex_);
+  fail_countdown_ = n;
+  fail_sticky_ = n != 0;
 }
 
 void SimDevice::fail_with_probability(double p, std::uint64_t seed) {

@@ -26,6 +26,26 @@ static TensorList detach_for_rerun(const TensorList& inputs) {
   return detached;
 }
 
+/// The generator state of the original forward for the rerun (preserve_rng_state),
+/// and the current one back afterwards, also when the rerun throws.
+class RngForRerun {
+ public:
+  RngForRerun(Runtime& runtime, bool preserve, RngState forward_state) noexcept
+      : runtime_(runtime), preserve_(preserve), current_(runtime.rng_state()) {
+    if (preserve_) runtime_.set_rng_state(forward_state);
+  }
+  ~RngForRerun() {
+    if (preserve_) runtime_.set_rng_state(current_);
+  }
+  RngForRerun(const RngForRerun&) = delete;
+  RngForRerun& operator=(const RngForRerun&) = delete;
+
+ private:
+  Runtime& runtime_;
+  bool preserve_;
+  RngState current_;
+};
+
 CheckpointFrame::CheckpointFrame(SegmentFunction fn, TensorList inputs, Runtime& runtime, bool preserve_rng)
     : fn_(std::move(fn)),
       inputs_(std::move(inputs)),
@@ -55,12 +75,10 @@ void CheckpointFrame::recompute() {
   recomputed_ = true;
   rebuilt_.assign(placeholders_, Tensor{});
   Runtime& rt = *runtime_;
-  const RngState current = rt.rng_state();
-  const std::optional<DType> autocast = rt.autocast();
-  if (preserve_rng_) rt.set_rng_state(rng_);
-  rt.set_autocast(autocast_);
   const TensorList detached = detach_for_rerun(inputs_);
   {
+    RngForRerun rng(rt, preserve_rng_, rng_);
+    AutocastRegion autocast(rt, autocast_);  // the rerun's own region
     PhaseGuard phase(Phase::Recompute);
     EnableGradGuard grad;
     SaveHookGuard hook(SaveMode::Recompute, this);
@@ -70,9 +88,6 @@ void CheckpointFrame::recompute() {
       // Everything the backward needs is rebuilt; the rest of the rerun is skipped.
     }
   }
-  rt.clear_autocast_cache();  // the rerun's autocast region ends here
-  rt.set_autocast(autocast);
-  if (preserve_rng_) rt.set_rng_state(current);
   if (stored_ < placeholders_) {
     throw Error("checkpoint: the rerun saved " + std::to_string(stored_) + " tensors, the forward " +
                 std::to_string(placeholders_) + "; the segment must be deterministic in what it saves");
@@ -102,19 +117,14 @@ class CheckpointReentrantBackward final : public Node {
   TensorList apply(TensorList& grads) override {
     Runtime& rt = *runtime_;
     const TensorList detached = detail::detach_for_rerun(inputs_);
-    const RngState current = rt.rng_state();
-    const std::optional<DType> autocast = rt.autocast();
-    if (preserve_rng_) rt.set_rng_state(rng_);
-    rt.set_autocast(autocast_);
     TensorList outputs;
     {
+      detail::RngForRerun rng(rt, preserve_rng_, rng_);
+      AutocastRegion autocast(rt, autocast_);
       PhaseGuard phase(Phase::Recompute);
       EnableGradGuard grad;
       outputs = fn_(detached);
     }
-    rt.clear_autocast_cache();
-    rt.set_autocast(autocast);
-    if (preserve_rng_) rt.set_rng_state(current);
     TensorList roots, root_grads;
     for (std::size_t i = 0; i < outputs.size(); ++i) {
       if (outputs[i].defined() && outputs[i].requires_grad() && i < grads.size() && grads[i].defined()) {

@@ -115,10 +115,12 @@ Adam::Adam(std::vector<Tensor> params, const OptimizerConfig& config)
 
 void Adam::step() {
   NoGradGuard no_grad;
-  ++step_count_;
+  // The count advances only when the step completes: a step that ran out of
+  // memory leaves the optimizer ready to run again.
+  const std::int64_t t = step_count_ + 1;
   const double b1 = config_.beta1, b2 = config_.beta2, eps = config_.eps;
-  const double bc1 = 1.0 - std::pow(b1, static_cast<double>(step_count_));
-  const double bc2_sqrt = std::sqrt(1.0 - std::pow(b2, static_cast<double>(step_count_)));
+  const double bc1 = 1.0 - std::pow(b1, static_cast<double>(t));
+  const double bc2_sqrt = std::sqrt(1.0 - std::pow(b2, static_cast<double>(t)));
   const double step_size = config_.lr / bc1;
 
   std::vector<std::size_t> active;
@@ -127,9 +129,11 @@ void Adam::step() {
     active.push_back(i);
     if (state_[i].empty()) {
       // _init_group: exp_avg then exp_avg_sq, zeros_like(p); the step counter is a CPU tensor.
+      // Both or neither: an OOM on the second must not leave half a state behind.
       ModuleScope scope(contexts_[i]);
-      state_[i].push_back(zeros(params_[i].runtime(), params_[i].shape(), params_[i].dtype()));
-      state_[i].push_back(zeros(params_[i].runtime(), params_[i].shape(), params_[i].dtype()));
+      Tensor exp_avg = zeros(params_[i].runtime(), params_[i].shape(), params_[i].dtype());
+      Tensor exp_avg_sq = zeros(params_[i].runtime(), params_[i].shape(), params_[i].dtype());
+      state_[i] = {std::move(exp_avg), std::move(exp_avg_sq)};
     }
   }
   auto moments = [&](std::size_t i) {
@@ -186,6 +190,7 @@ void Adam::step() {
       apply(i, denom);
     }
   }
+  step_count_ = t;
 }
 
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config, std::vector<Tensor> params) {

@@ -138,16 +138,10 @@ Tensor Trainer::forward(bool with_grad) {
   const DType in_dtype = is_half(parameter_dtype(config_.precision)) ? parameter_dtype(config_.precision) : DType::F32;
   const Tensor input = model_->make_input(*runtime_, in_dtype, steps_.size() + 1);
   const Tensor target = model_->make_target(*runtime_, in_dtype, steps_.size() + 1);
-  runtime_->set_autocast(autocast_dtype(config_.precision));
+  AutocastRegion autocast(*runtime_, autocast_dtype(config_.precision));
   Tensor out = model_->body()(input);
-  Tensor loss;
-  {
-    ModuleScope scope("loss", Phase::Forward);
-    loss = model_->loss(out, target);
-  }
-  runtime_->set_autocast(std::nullopt);
-  runtime_->clear_autocast_cache();
-  return loss;
+  ModuleScope scope("loss", Phase::Forward);
+  return model_->loss(out, target);
 }
 
 StepStats Trainer::step() {
@@ -183,15 +177,11 @@ StepStats Trainer::step() {
       if (config_.input_requires_grad && is_floating(input.dtype())) input.set_requires_grad(true);
       target = model_->make_target(rt, data_dtype, s.step);
     }
-    rt.set_autocast(autocast_dtype(config_.precision));
+    AutocastRegion autocast(rt, autocast_dtype(config_.precision));
     output = run_forward(input);
-    {
-      ModuleScope scope(loss_fwd);
-      BackwardContextGuard backward_scope(loss_bwd);
-      loss = model_->loss(output, target);
-    }
-    rt.set_autocast(std::nullopt);
-    rt.clear_autocast_cache();  // end of the autocast region
+    ModuleScope scope(loss_fwd);
+    BackwardContextGuard backward_scope(loss_bwd);
+    loss = model_->loss(output, target);
   }
   end_phase(alloc, *peaks_, s.forward);
 

@@ -556,6 +556,24 @@ std::vector<bool> failure_pattern(double p, std::uint64_t seed, int n) {
   return failed;
 }
 
+TEST(SimDeviceTest, FailAllocationsFromStaysFailingUntilCleared) {
+  SimDevice dev(custom(GiB));
+  dev.fail_allocations_from(2);
+  void* a = dev.allocate_segment(MiB);
+  ASSERT_NE(a, nullptr);
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(dev.allocate_segment(MiB), nullptr) << i;
+  EXPECT_EQ(dev.failed_allocs(), 5u);
+  dev.fail_allocations_from(0);
+  void* b = dev.allocate_segment(MiB);
+  EXPECT_NE(b, nullptr);
+  dev.fail_allocations_from(1);
+  dev.fail_nth_allocation(1);  // a one-shot replaces the sticky mode
+  EXPECT_EQ(dev.allocate_segment(MiB), nullptr);
+  void* c = dev.allocate_segment(MiB);
+  EXPECT_NE(c, nullptr);
+  for (void* p : {a, b, c}) dev.free_segment(p, MiB);
+}
+
 TEST(SimDeviceTest, FailWithProbabilityIsReproducibleFromTheSeed) {
   const std::vector<bool> a = failure_pattern(0.3, 42, 2000);
   EXPECT_EQ(a, failure_pattern(0.3, 42, 2000));

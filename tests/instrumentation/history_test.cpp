@@ -96,7 +96,27 @@ TEST(History, DetachStopsRecording) {
   history.detach();
   alloc->deallocate(alloc->allocate(KiB));
   EXPECT_EQ(history.recorded(), before);
+}
+
+TEST(History, ABoundOfZeroIsRejectedAndAttachesNothing) {
+  auto alloc = test::make_allocator();
+  void* p = alloc->allocate(MiB);
+  const DeviceStats before = alloc->stats();
+  try {
+    History bad{*alloc, 0};
+    FAIL() << "a bound of zero was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("max_entries must be at least 1"), std::string::npos);
+  }
   EXPECT_THROW(History(0), Error);
+  EXPECT_EQ(alloc->stats(), before);
+  alloc->validate();
+  // Nothing dangling was left registered: events after the failed construction are fine.
+  alloc->deallocate(p);
+  alloc->deallocate(alloc->allocate(KiB));
+  // record_history's 0 is the documented "stop recording", not an error.
+  record_history(*alloc, 0);
+  EXPECT_EQ(recorded_history(*alloc), nullptr);
 }
 
 TEST(History, CsvRoundTrips) {

@@ -78,6 +78,9 @@ class SimDevice final : public Device {
   // --- test controls -------------------------------------------------------
   /// Fail the nth segment allocation from now (1 = the next one); 0 disables.
   void fail_nth_allocation(std::uint64_t n);
+  /// Fail the nth segment allocation from now and every one after it (a device that
+  /// stays full), so the allocator's free-the-cache-and-retry cannot hide it; 0 disables.
+  void fail_allocations_from(std::uint64_t n);
   /// Fail each segment allocation with this probability, from a seeded generator.
   void fail_with_probability(double p, std::uint64_t seed);
   /// While held, recorded events stay pending until release_events() or synchronize().
@@ -118,6 +121,7 @@ class SimDevice final : public Device {
   std::unordered_map<std::uintptr_t, std::size_t> live_;  ///< segment -> bytes
   std::uint64_t allocs_ = 0, frees_ = 0, failures_ = 0;
   std::uint64_t fail_countdown_ = 0;
+  bool fail_sticky_ = false;  ///< once the countdown hits, keep failing
   double fail_probability_ = 0;
   std::mt19937_64 rng_;
   double driver_time_us_ = 0;

@@ -126,6 +126,27 @@ class Runtime {
   std::vector<std::string> warnings_;
 };
 
+/// An autocast region (`with torch.autocast(...)`): sets the half type and, on
+/// exit by return or by exception, clears the cast cache and restores the
+/// previous setting, so an out-of-memory error leaves no cast copies behind.
+class AutocastRegion {
+ public:
+  AutocastRegion(Runtime& runtime, std::optional<DType> dtype) noexcept
+      : runtime_(runtime), previous_(runtime.autocast()) {
+    runtime_.set_autocast(dtype);
+  }
+  ~AutocastRegion() {
+    runtime_.clear_autocast_cache();
+    runtime_.set_autocast(previous_);
+  }
+  AutocastRegion(const AutocastRegion&) = delete;
+  AutocastRegion& operator=(const AutocastRegion&) = delete;
+
+ private:
+  Runtime& runtime_;
+  std::optional<DType> previous_;
+};
+
 // --- per-thread execution state ------------------------------------------------------
 
 /// Phase of the current thread (Forward by default); drives FLOP accounting and the
