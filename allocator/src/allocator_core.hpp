@@ -130,7 +130,8 @@ class AllocatorCore {
   DeviceStats stats() const;
   void reset_peak_stats();
   void reset_accumulated_stats();
-  std::vector<SegmentInfo> segments() const;
+  /// The segments; with `stats` also the statistics, taken under the same lock.
+  std::vector<SegmentInfo> segments(DeviceStats* stats = nullptr) const;
   std::size_t block_size(const void* ptr) const;
   void validate() const;
   void add_observer(AllocatorObserver* observer);

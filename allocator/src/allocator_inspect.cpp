@@ -78,8 +78,12 @@ BlockState state_of(const Block* b) {
 }
 }  // namespace
 
-std::vector<SegmentInfo> AllocatorCore::segments() const {
+std::vector<SegmentInfo> AllocatorCore::segments(DeviceStats* stats) const {
   std::lock_guard guard(lock_);
+  if (stats != nullptr) {
+    *stats = stats_;
+    stats->driver_time_us = device_->driver_time_us();
+  }
   std::vector<SegmentInfo> out;
   for (const Block* head : all_blocks_locked()) {
     if (head->prev != nullptr) continue;

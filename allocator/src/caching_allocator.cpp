@@ -28,6 +28,9 @@ DeviceStats CachingAllocator::stats() const { return core_->stats(); }
 void CachingAllocator::reset_peak_stats() { core_->reset_peak_stats(); }
 void CachingAllocator::reset_accumulated_stats() { core_->reset_accumulated_stats(); }
 std::vector<SegmentInfo> CachingAllocator::segments() const { return core_->segments(); }
+std::vector<SegmentInfo> CachingAllocator::segments(DeviceStats& stats) const {
+  return core_->segments(&stats);
+}
 std::size_t CachingAllocator::block_size(const void* ptr) const { return core_->block_size(ptr); }
 void CachingAllocator::validate() const { core_->validate(); }
 void CachingAllocator::add_observer(AllocatorObserver* observer) { core_->add_observer(observer); }

@@ -12,7 +12,13 @@ std::size_t nonneg(std::int64_t v) noexcept { return v < 0 ? 0 : static_cast<std
 
 Snapshot snapshot(const CachingAllocator& allocator, SnapshotOptions options) {
   Snapshot s;
-  s.stats = allocator.stats();
+  // With segments, statistics and blocks come from one instant (one lock).
+  if (options.segments) {
+    s.segments = allocator.segments(s.stats);
+    s.has_segments = true;
+  } else {
+    s.stats = allocator.stats();
+  }
   s.config = allocator.config();
 
   // The device view comes from the statistics the allocator keeps anyway; the
@@ -32,10 +38,6 @@ Snapshot snapshot(const CachingAllocator& allocator, SnapshotOptions options) {
     s.device.free_from_device = true;
   }
 
-  if (options.segments) {
-    s.segments = allocator.segments();
-    s.has_segments = true;
-  }
   if (options.history) {
     if (options.history_source != nullptr) {
       s.history = options.history_source->entries();

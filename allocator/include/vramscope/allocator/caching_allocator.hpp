@@ -86,6 +86,9 @@ class CachingAllocator {
   void reset_accumulated_stats();
   /// Every segment with its blocks, in address order.
   std::vector<SegmentInfo> segments() const;
+  /// The segments and, in `stats`, the statistics of the same instant (one lock),
+  /// so block sums equal the statistics even while other threads allocate.
+  std::vector<SegmentInfo> segments(DeviceStats& stats) const;
   /// Size of the block behind a pointer handed out (its rounded size).
   std::size_t block_size(const void* ptr) const;
 
