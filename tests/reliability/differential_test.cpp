@@ -30,18 +30,16 @@ TEST_P(Differential, MatchesReferenceModelAfterEveryOp) {
   ex.finish();
 
   const RunTotals& t = ex.totals();
-  std::printf("[%s] %llu ops: %llu allocations (%llu OOM, %llu injected failures), %llu frees "
-              "(%llu deferred by stream events), %llu misuse errors, %llu empty_cache, "
-              "at most %llu live\n",
-              setup.name.c_str(), static_cast<unsigned long long>(t.ops),
-              static_cast<unsigned long long>(t.allocations),
-              static_cast<unsigned long long>(t.ooms),
-              static_cast<unsigned long long>(t.injected_failures),
-              static_cast<unsigned long long>(t.frees),
-              static_cast<unsigned long long>(t.deferred_frees),
-              static_cast<unsigned long long>(t.misuse_errors),
-              static_cast<unsigned long long>(t.empty_caches),
-              static_cast<unsigned long long>(t.max_live));
+  std::printf(
+      "[%s] %llu ops: %llu allocations (%llu OOM, %llu injected failures), %llu frees "
+      "(%llu deferred by stream events), %llu misuse errors, %llu empty_cache, "
+      "at most %llu live\n",
+      setup.name.c_str(), static_cast<unsigned long long>(t.ops),
+      static_cast<unsigned long long>(t.allocations), static_cast<unsigned long long>(t.ooms),
+      static_cast<unsigned long long>(t.injected_failures),
+      static_cast<unsigned long long>(t.frees), static_cast<unsigned long long>(t.deferred_frees),
+      static_cast<unsigned long long>(t.misuse_errors),
+      static_cast<unsigned long long>(t.empty_caches), static_cast<unsigned long long>(t.max_live));
   // The run reached every part of the vocabulary, not just the happy path.
   if (ops >= 10000) {
     EXPECT_GT(t.ooms, 0u);

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdio>
 #include <limits>
 
 #include "vramscope/allocator/units.hpp"
@@ -45,23 +46,31 @@ const std::vector<RunSetup>& setups() {
 // Sizes on the policy's edges: 512 B rounding, the 1 MiB pool boundary, the 10 MiB
 // own-segment boundary, the max_split_size values above, and the 1 PiB misuse line.
 std::size_t edge_size(std::size_t i, std::size_t capacity) {
+  // clang-format off
   const std::array<std::size_t, 20> edges = {
-      1,          511,        512,          513,           MiB - 1,     MiB,
-      MiB + 1,    2 * MiB,    10 * MiB - 1, 10 * MiB,      10 * MiB + 1, 20 * MiB,
-      24 * MiB,   32 * MiB + 1, 40 * MiB,   64 * MiB,      capacity / 2, capacity,
+      1,           511,          512,          513,           MiB - 1,      MiB,
+      MiB + 1,     2 * MiB,      10 * MiB - 1, 10 * MiB,      10 * MiB + 1, 20 * MiB,
+      24 * MiB,    32 * MiB + 1, 40 * MiB,     64 * MiB,      capacity / 2, capacity,
       kAbsurdSize, kAbsurdSize - 511};
+  // clang-format on
   return edges[i % edges.size()];
 }
 
 // Misuse: zero, just past the 1 PiB line, and sizes whose rounding would overflow.
 std::size_t absurd_size(std::size_t i) {
   constexpr std::size_t max = std::numeric_limits<std::size_t>::max();
-  const std::array<std::size_t, 6> sizes = {0,       kAbsurdSize + 1, max,
+  const std::array<std::size_t, 6> sizes = {0,         kAbsurdSize + 1,      max,
                                             max - 511, std::size_t{1} << 63, kAbsurdSize * 2};
   return sizes[i % sizes.size()];
 }
 
 bool is_misuse_size(std::size_t size) { return size == 0 || size > kAbsurdSize; }
+
+std::string hex(std::uintptr_t v) {
+  char buf[2 + 16 + 1];
+  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(v));
+  return buf;
+}
 
 }  // namespace
 
@@ -73,16 +82,23 @@ std::string describe(const Op& op) {
     case OpKind::Allocate:
       return "allocate(" + std::to_string(op.size) + " B, stream #" + std::to_string(op.stream) +
              ")";
-    case OpKind::Free: return "free(live #" + std::to_string(op.pick) + ")";
-    case OpKind::FreeStale: return "free(stale #" + std::to_string(op.pick) + ")";
+    case OpKind::Free:
+      return "free(live #" + std::to_string(op.pick) + ")";
+    case OpKind::FreeStale:
+      return "free(stale #" + std::to_string(op.pick) + ")";
     case OpKind::RecordStream:
       return "record_stream(live #" + std::to_string(op.pick) + ", stream #" +
              std::to_string(op.stream) + ")";
-    case OpKind::HoldEvents: return op.hold ? "hold_events(true)" : "hold_events(false)";
-    case OpKind::ReleaseEvents: return "release_events()";
-    case OpKind::EmptyCache: return "empty_cache()";
-    case OpKind::SetFraction: return "set_memory_fraction(" + std::to_string(op.fraction) + ")";
-    case OpKind::InjectFailure: return "fail_nth_allocation(" + std::to_string(op.nth) + ")";
+    case OpKind::HoldEvents:
+      return op.hold ? "hold_events(true)" : "hold_events(false)";
+    case OpKind::ReleaseEvents:
+      return "release_events()";
+    case OpKind::EmptyCache:
+      return "empty_cache()";
+    case OpKind::SetFraction:
+      return "set_memory_fraction(" + std::to_string(op.fraction) + ")";
+    case OpKind::InjectFailure:
+      return "fail_nth_allocation(" + std::to_string(op.nth) + ")";
   }
   return "?";
 }
@@ -95,14 +111,14 @@ OpGenerator::OpGenerator(std::uint64_t seed, const RunSetup& setup, std::size_t 
 
 std::size_t OpGenerator::random_size() {
   const unsigned c = rng_() % 100;
-  if (c < 25) return 1 + rng_() % 4096;                            // tiny
-  if (c < 50) return 1 + rng_() % MiB;                             // small pool
-  if (c < 72) return MiB + 1 + rng_() % (9 * MiB);                 // large, shared segments
-  if (c < 87) return 10 * MiB + rng_() % (118 * MiB);              // own segments
-  if (c < 93) return edge_size(rng_(), capacity_);                 // policy edges
-  if (c < 97) return capacity_ / 4 + rng_() % (2 * capacity_);     // near and past the device
-  if (c < 99) return 1 + rng_() % (kAbsurdSize - 1);               // far past it: OOM
-  return absurd_size(rng_());                                      // misuse
+  if (c < 25) return 1 + rng_() % 4096;                         // tiny
+  if (c < 50) return 1 + rng_() % MiB;                          // small pool
+  if (c < 72) return MiB + 1 + rng_() % (9 * MiB);              // large, shared segments
+  if (c < 87) return 10 * MiB + rng_() % (118 * MiB);           // own segments
+  if (c < 93) return edge_size(rng_(), capacity_);              // policy edges
+  if (c < 97) return capacity_ / 4 + rng_() % (2 * capacity_);  // near and past the device
+  if (c < 99) return 1 + rng_() % (kAbsurdSize - 1);            // far past it: OOM
+  return absurd_size(rng_());                                   // misuse
 }
 
 Op OpGenerator::next(std::size_t live_count) {
@@ -147,7 +163,9 @@ Op OpGenerator::next(std::size_t live_count) {
 // the byte decoder
 
 OpDecoder::OpDecoder(const std::uint8_t* data, std::size_t size)
-    : data_(data), size_(size), setup_(size > 0 ? data[0] % run_setup_count() : 0),
+    : data_(data),
+      size_(size),
+      setup_(size > 0 ? data[0] % run_setup_count() : 0),
       capacity_(run_setup(setup_).device.capacity) {}
 
 std::uint32_t OpDecoder::bytes(int n) noexcept {
@@ -158,14 +176,22 @@ std::uint32_t OpDecoder::bytes(int n) noexcept {
 
 std::size_t OpDecoder::decode_size() {
   switch (u8() % 8) {
-    case 0: return 1 + bytes(2) % 4096;
-    case 1: return 1 + bytes(3) % MiB;
-    case 2: return MiB + 1 + bytes(3) * std::size_t{9} % (9 * MiB);
-    case 3: return 10 * MiB + bytes(3) * std::size_t{118} % (118 * MiB);
-    case 4: return edge_size(u8(), capacity_);
-    case 5: return capacity_ / 4 + std::size_t{bytes(2)} * (2 * capacity_ >> 16);
-    case 6: return absurd_size(u8());
-    default: return std::size_t{bytes(4)} + 1;  // anything up to 4 GiB
+    case 0:
+      return 1 + bytes(2) % 4096;
+    case 1:
+      return 1 + bytes(3) % MiB;
+    case 2:
+      return MiB + 1 + bytes(3) * std::size_t{9} % (9 * MiB);
+    case 3:
+      return 10 * MiB + bytes(3) * std::size_t{118} % (118 * MiB);
+    case 4:
+      return edge_size(u8(), capacity_);
+    case 5:
+      return capacity_ / 4 + std::size_t{bytes(2)} * (2 * capacity_ >> 16);
+    case 6:
+      return absurd_size(u8());
+    default:
+      return std::size_t{bytes(4)} + 1;  // anything up to 4 GiB
   }
 }
 
@@ -293,14 +319,15 @@ void Executor::allocate(const Op& op) {
     return;
   }
   ++totals_.ooms;
-  if (after.num_ooms != before.num_ooms + 1) throw ReferenceViolation("num_ooms did not count the OOM");
+  if (after.num_ooms != before.num_ooms + 1)
+    throw ReferenceViolation("num_ooms did not count the OOM");
   // Before throwing, the allocator must have emptied its cache: every segment left
   // holds a live block. Then the request must really not fit (or a fault was injected).
   const std::vector<SegmentInfo> segments = alloc_->segments();
   std::size_t pinned_pages = 0;
   for (const SegmentInfo& s : segments) {
     if (s.allocated_size == 0) {
-      throw ReferenceViolation("OutOfMemoryError while segment at " + std::to_string(s.address) +
+      throw ReferenceViolation("OutOfMemoryError while segment " + hex(s.address) +
                                " holds no live block: the cache was not emptied first");
     }
     pinned_pages += model_.device_pages_bytes(s.total_size);
@@ -308,7 +335,8 @@ void Executor::allocate(const Op& op) {
   if (injected) return;
   const std::size_t reserved = ReferenceModel::pinned_reserved(segments);
   const std::size_t segment = segment_size_for(round_size(op.size, alloc_->config()));
-  const std::size_t device_free = setup_.device.capacity - setup_.device.context_bytes - pinned_pages;
+  const std::size_t device_free =
+      setup_.device.capacity - setup_.device.context_bytes - pinned_pages;
   const bool fits_device = model_.device_pages_bytes(segment) <= device_free;
   const bool fits_fraction = !fraction_set_ || reserved + segment <= allowed_;
   if (fits_device && fits_fraction) {
@@ -372,7 +400,7 @@ void Executor::apply_unchecked(const Op& op) {
       ++totals_.empty_caches;
       for (const SegmentInfo& s : alloc_->segments()) {
         if (s.allocated_size == 0) {
-          throw ReferenceViolation("empty_cache() kept segment at " + std::to_string(s.address) +
+          throw ReferenceViolation("empty_cache() kept segment " + hex(s.address) +
                                    " although it holds no live block");
         }
       }
@@ -386,8 +414,8 @@ void Executor::apply_unchecked(const Op& op) {
       }
       alloc_->set_memory_fraction(op.fraction);
       fraction_set_ = true;
-      allowed_ = static_cast<std::size_t>(op.fraction *
-                                          static_cast<double>(setup_.device.capacity));
+      allowed_ =
+          static_cast<std::size_t>(op.fraction * static_cast<double>(setup_.device.capacity));
       break;
     case OpKind::InjectFailure:
       device_->fail_nth_allocation(op.nth);

@@ -54,7 +54,7 @@ std::string describe(const Op& op);
 /// A device and allocator settings for one run.
 struct RunSetup {
   std::string name;
-  std::string conf;          ///< AllocatorConfig::parse string
+  std::string conf;  ///< AllocatorConfig::parse string
   SimDeviceConfig device;
   double initial_fraction = 0.0;  ///< 0: no memory fraction at the start
 };
@@ -125,7 +125,8 @@ class Executor {
  private:
   void apply_unchecked(const Op& op);
   void allocate(const Op& op);
-  void expect_misuse(const char* what, const DeviceStats& before, const std::function<void()>& call);
+  void expect_misuse(const char* what, const DeviceStats& before,
+                     const std::function<void()>& call);
   std::uint64_t segment_attempts() const;
   void account_injection(std::uint64_t attempts_before, bool* fired);
 
@@ -138,7 +139,7 @@ class Executor {
   std::vector<void*> stale_;  ///< recently freed pointers, for FreeStale
   std::mt19937_64 rng_;
   bool fraction_set_ = false;
-  std::size_t allowed_ = 0;         ///< fraction * capacity, as the allocator computes it
+  std::size_t allowed_ = 0;           ///< fraction * capacity, as the allocator computes it
   std::uint64_t fail_countdown_ = 0;  ///< the armed injected failure (0: none)
   RunTotals totals_;
 };

@@ -57,7 +57,8 @@ void ReferenceModel::on_allocate(const void* ptr, std::size_t requested, std::si
                                  StreamId stream) {
   const auto address = reinterpret_cast<std::uintptr_t>(ptr);
   if (ptr == nullptr) fail("allocate(" + std::to_string(requested) + ") returned nullptr");
-  if (address % kMinBlockSize != 0) fail("allocate returned a pointer not 512-aligned: " + hex(address));
+  if (address % kMinBlockSize != 0)
+    fail("allocate returned a pointer not 512-aligned: " + hex(address));
   const std::size_t rounded = round_size(requested, config_);
   if (rounded < requested || rounded % kMinBlockSize != 0) {
     fail("round_size(" + std::to_string(requested) + ") = " + std::to_string(rounded) +
@@ -87,8 +88,7 @@ void ReferenceModel::on_allocate(const void* ptr, std::size_t requested, std::si
     const auto prev = std::prev(next);
     if (prev->first + prev->second.size > address) {
       fail("new " + block_name(address, block_size) + " overlaps the " +
-           (prev->second.live ? "live " : "pending ") +
-           block_name(prev->first, prev->second.size));
+           (prev->second.live ? "live " : "pending ") + block_name(prev->first, prev->second.size));
     }
   }
   Block b;
@@ -190,8 +190,8 @@ void ReferenceModel::check(const CachingAllocator& alloc, const SimDevice& devic
     std::uintptr_t at = s.address;
     for (const BlockInfo& info : s.blocks) {
       if (info.address != at) {
-        fail("blocks do not tile segment " + hex(s.address) + ": expected a block at " +
-             hex(at) + ", found " + hex(info.address));
+        fail("blocks do not tile segment " + hex(s.address) + ": expected a block at " + hex(at) +
+             ", found " + hex(info.address));
       }
       at += info.size;
       const auto it = blocks_.find(info.address);
@@ -207,13 +207,15 @@ void ReferenceModel::check(const CachingAllocator& alloc, const SimDevice& devic
       if (!known || it->second.live != live) {
         fail("the allocator shows " + std::string(live ? "live " : "pending ") +
              block_name(info.address, info.size) + " that the model has as " +
-             (!known ? "free" : it->second.live ? "live" : "pending"));
+             (!known            ? "free"
+              : it->second.live ? "live"
+                                : "pending"));
       }
       const Block& b = it->second;
       if (info.size != b.size || info.requested_size != b.requested) {
         fail(block_name(info.address, info.size) + " asked for " +
-             std::to_string(info.requested_size) + " B; the model has " +
-             std::to_string(b.size) + " B asked for " + std::to_string(b.requested) + " B");
+             std::to_string(info.requested_size) + " B; the model has " + std::to_string(b.size) +
+             " B asked for " + std::to_string(b.requested) + " B");
       }
       if (s.stream != b.stream) {
         fail(block_name(info.address, info.size) + " was allocated on stream " +

@@ -35,8 +35,7 @@ class ReferenceModel {
   /// A successful allocate(requested, stream) returned `ptr` with a block of
   /// `block_size` bytes. Checks the block's size against round_size and the
   /// split rules, and that it overlaps no live or pending block.
-  void on_allocate(const void* ptr, std::size_t requested, std::size_t block_size,
-                   StreamId stream);
+  void on_allocate(const void* ptr, std::size_t requested, std::size_t block_size, StreamId stream);
   /// An allocate() that reached the allocator (not rejected as misuse) ran its
   /// event processing; `synchronized` when it also synchronized every stream
   /// (the free-everything retry), which completes every pending block.
@@ -61,10 +60,10 @@ class ReferenceModel {
  private:
   struct Block {
     std::size_t requested = 0;
-    std::size_t rounded = 0;     ///< round_size(requested, config)
-    std::size_t size = 0;        ///< the block handed out (>= rounded)
+    std::size_t rounded = 0;  ///< round_size(requested, config)
+    std::size_t size = 0;     ///< the block handed out (>= rounded)
     StreamId stream = 0;
-    bool live = true;            ///< false: freed, waiting for its streams' events
+    bool live = true;  ///< false: freed, waiting for its streams' events
     int pending_events = 0;
     std::vector<StreamId> uses;  ///< record_stream streams other than its own, in order
   };
