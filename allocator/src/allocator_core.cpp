@@ -358,28 +358,41 @@ void AllocatorCore::free(void* ptr) {
     throw Error("deallocate: " + explain_unknown_pointer_locked(key) + "; nothing changed");
   }
   Block* block = *found;
-  // Events first: if the device refuses one, the block is still allocated and
-  // nothing else changed. A block without other streams needs none.
-  std::vector<std::pair<StreamId, EventId>> events;
-  if (!block->stream_uses.empty()) [[unlikely]] events = record_use_events(*block);
+  if (!block->stream_uses.empty()) [[unlikely]] {
+    free_used_on_streams(found);
+    return;
+  }
+  release_allocation(block, /*completed=*/true);
+  active_.erase_found(found);  // no second probe in free_block
+  free_block(block, /*report=*/false, /*in_map=*/false);
+}
+
+void AllocatorCore::release_allocation(Block* block, bool completed) noexcept {
   block->allocated = false;
   const std::size_t pi = pool_index(*block->pool);
   decrease(stats_.allocation, pi, 1);
   decrease(stats_.allocated_bytes, pi, static_cast<std::int64_t>(block->size));
   if (block->size >= config_.max_split_size) stats_.oversize_allocations.decrease(1);
-  const bool deferred = !block->stream_uses.empty();
   if (has_observers_) [[unlikely]] {
-    emit(TraceAction::FreeRequested, block, block->size, block->requested_size, !deferred);
+    emit(TraceAction::FreeRequested, block, block->size, block->requested_size, completed);
   }
-  if (deferred) [[unlikely]] {
-    block->stream_uses.clear();
-    for (auto [stream, event] : events) {
-      ++block->event_count;
-      events_[stream].emplace_back(event, block);
-    }
-  } else {
-    active_.erase_found(found);  // no second probe in free_block
+}
+
+void AllocatorCore::free_used_on_streams(Block** found) {
+  Block* block = *found;
+  // Events first: if the device refuses one, the block is still allocated and
+  // nothing else changed.
+  const std::vector<std::pair<StreamId, EventId>> events = record_use_events(*block);
+  block->stream_uses.clear();
+  release_allocation(block, /*completed=*/events.empty());
+  if (events.empty()) {  // every use-stream was destroyed and waited for
+    active_.erase_found(found);
     free_block(block, /*report=*/false, /*in_map=*/false);
+    return;
+  }
+  for (auto [stream, event] : events) {
+    ++block->event_count;
+    events_[stream].emplace_back(event, block);
   }
 }
 

@@ -167,6 +167,10 @@ class AllocatorCore {
   /// Returns a block to its pool; `report` emits FreeCompleted (deferred frees).
   /// `in_map`: the block is still in active_ (false when free() already removed it).
   void free_block(Block* block, bool report = true, bool in_map = true);
+  /// The accounting of a free: the block stops being allocated (FreeRequested).
+  void release_allocation(Block* block, bool completed) noexcept;
+  /// free() of a block that record_stream marked: defers its reuse behind events.
+  void free_used_on_streams(Block** found);
   /// Creates and records one event per stream the block was used on; on a device
   /// error destroys those already made and rethrows, so a failed free changes nothing.
   std::vector<std::pair<StreamId, EventId>> record_use_events(const Block& block);

@@ -205,6 +205,17 @@ TEST(BadInput, StreamDestroyedAfterRecordStreamStillLetsTheBlockBeFreed) {
   void* again = p.alloc.allocate(4 * MiB);
   EXPECT_EQ(again, p.large);
   p.large = again;
+
+  // Used only on a stream destroyed since: nothing to wait for once the device synced.
+  const StreamId gone = p.device->create_stream();
+  p.alloc.record_stream(p.large, gone);
+  p.device->destroy_stream(gone);
+  p.alloc.deallocate(p.large);
+  p.alloc.validate();
+  EXPECT_EQ(p.alloc.stats().active_bytes[0].current, static_cast<std::int64_t>(KiB));
+  p.large = p.alloc.allocate(4 * MiB);
+  EXPECT_EQ(p.large, again);
+  p.device->hold_events(false);
 }
 
 TEST(BadInput, BlockSizeOfAnUnknownPointer) {
