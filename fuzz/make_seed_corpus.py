@@ -69,8 +69,12 @@ def inject(nth):              # fail the nth segment allocation from now
     return bytes([30, nth - 1])
 
 
-def stale(pick=0):            # double free of an earlier pointer
+def stale(pick=0):            # double free of an earlier pointer (pick < 224)
     return bytes([31, pick])
+
+
+def replace(stream):          # destroy created stream #1 or #2, create another
+    return bytes([31, 224 + (stream - 1)])
 
 
 # --- scenarios ---------------------------------------------------------------
@@ -141,8 +145,18 @@ def misuse(rng):
     return ops
 
 
+def streams_destroyed(rng):
+    # Blocks allocated on, and recorded on, streams that go away before the free.
+    ops = [small(300, stream=1), large(4000, stream=2), own(9000, stream=1)]
+    ops += [record(0, 2), record(1, 1), HOLD, replace(2), free(0), free(0)]
+    ops += [small(300, stream=1), replace(1), free(0), RELEASE, small(7)]
+    ops += [large(rng.randrange(1 << 24), stream=2), record(0, 1), replace(1), free(0)]
+    return ops + [UNHOLD, EMPTY]
+
+
 SCENARIOS = [tiny_churn, pool_edges, split_and_coalesce, own_segments_until_oom,
-             record_stream_held, fraction_and_gc, injected_failures, misuse]
+             record_stream_held, fraction_and_gc, injected_failures, misuse,
+             streams_destroyed]
 
 
 def main():

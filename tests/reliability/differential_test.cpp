@@ -33,13 +33,14 @@ TEST_P(Differential, MatchesReferenceModelAfterEveryOp) {
   std::printf(
       "[%s] %llu ops: %llu allocations (%llu OOM, %llu injected failures), %llu frees "
       "(%llu deferred by stream events), %llu misuse errors, %llu empty_cache, "
-      "at most %llu live\n",
+      "%llu streams replaced, at most %llu live\n",
       setup.name.c_str(), static_cast<unsigned long long>(t.ops),
       static_cast<unsigned long long>(t.allocations), static_cast<unsigned long long>(t.ooms),
       static_cast<unsigned long long>(t.injected_failures),
       static_cast<unsigned long long>(t.frees), static_cast<unsigned long long>(t.deferred_frees),
       static_cast<unsigned long long>(t.misuse_errors),
-      static_cast<unsigned long long>(t.empty_caches), static_cast<unsigned long long>(t.max_live));
+      static_cast<unsigned long long>(t.empty_caches),
+      static_cast<unsigned long long>(t.replaced_streams), static_cast<unsigned long long>(t.max_live));
   // The run reached every part of the vocabulary, not just the happy path.
   if (ops >= 10000) {
     EXPECT_GT(t.ooms, 0u);
@@ -47,6 +48,7 @@ TEST_P(Differential, MatchesReferenceModelAfterEveryOp) {
     EXPECT_GT(t.deferred_frees, 0u);
     EXPECT_GT(t.misuse_errors, 0u);
     EXPECT_GT(t.empty_caches, 0u);
+    EXPECT_GT(t.replaced_streams, 0u);
   }
 }
 

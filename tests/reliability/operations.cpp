@@ -99,6 +99,8 @@ std::string describe(const Op& op) {
       return "set_memory_fraction(" + std::to_string(op.fraction) + ")";
     case OpKind::InjectFailure:
       return "fail_nth_allocation(" + std::to_string(op.nth) + ")";
+    case OpKind::ReplaceStream:
+      return "replace_stream(#" + std::to_string(1 + op.stream % (kStreams - 1)) + ")";
   }
   return "?";
 }
@@ -147,6 +149,8 @@ Op OpGenerator::next(std::size_t live_count) {
     op.kind = OpKind::EmptyCache;
   } else if (r < 985) {
     op.kind = OpKind::FreeStale;
+  } else if (r < 987) {
+    op.kind = OpKind::ReplaceStream;
   } else if (r < 990) {
     op.kind = OpKind::SetFraction;
     // Half the time no effective cap; 0 (every new segment refused) and misuse rarely.
@@ -226,8 +230,11 @@ Op OpDecoder::next() {
     op.kind = OpKind::InjectFailure;
     op.nth = 1 + u8() % 4;
   } else {
-    op.kind = OpKind::FreeStale;
-    op.pick = u8();
+    // Code 31: mostly a double free, sometimes a stream replaced under live blocks.
+    const std::uint8_t b = u8();
+    op.kind = b < 224 ? OpKind::FreeStale : OpKind::ReplaceStream;
+    op.pick = b;
+    op.stream = b;
   }
   return op;
 }
@@ -421,6 +428,22 @@ void Executor::apply_unchecked(const Op& op) {
       device_->fail_nth_allocation(op.nth);
       fail_countdown_ = op.nth;
       break;
+    case OpKind::ReplaceStream: {
+      // Stream 0 (the default) always exists; a created one may go while blocks
+      // still carry it as their own stream or in their record_stream uses.
+      StreamId& slot = streams_[1 + op.stream % (streams_.size() - 1)];
+      const StreamId gone = slot;
+      device_->destroy_stream(gone);
+      model_.on_destroy_stream(gone);
+      slot = device_->create_stream();
+      ++totals_.replaced_streams;
+      if (!live_.empty()) {
+        void* ptr = live_[op.pick % live_.size()];
+        expect_misuse("record_stream on a destroyed stream", alloc_->stats(),
+                      [&] { alloc_->record_stream(ptr, gone); });
+      }
+      break;
+    }
   }
 }
 

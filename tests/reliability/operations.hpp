@@ -33,6 +33,7 @@ enum class OpKind : std::uint8_t {
   EmptyCache,     ///< empty_cache()
   SetFraction,    ///< set_memory_fraction(fraction); outside [0, 1] is misuse
   InjectFailure,  ///< SimDevice::fail_nth_allocation(nth)
+  ReplaceStream,  ///< destroy a created stream (blocks may still be used on it), create another
 };
 
 /// Streams per run: the default stream and two created ones.
@@ -43,7 +44,7 @@ inline constexpr std::size_t kAbsurdSize = std::size_t{1} << 50;
 struct Op {
   OpKind kind = OpKind::Allocate;
   std::size_t size = 0;      ///< Allocate: bytes asked for
-  std::uint32_t stream = 0;  ///< Allocate, RecordStream: index into the run's streams
+  std::uint32_t stream = 0;  ///< Allocate, RecordStream, ReplaceStream: index into the run's streams
   std::uint32_t pick = 0;    ///< Free, FreeStale, RecordStream: which pointer (modulo the count)
   bool hold = false;         ///< HoldEvents
   double fraction = 1.0;     ///< SetFraction
@@ -101,6 +102,7 @@ class OpDecoder {
 /// What a run exercised, for the tests to assert coverage.
 struct RunTotals {
   std::uint64_t ops = 0, allocations = 0, frees = 0, deferred_frees = 0, ooms = 0,
+                replaced_streams = 0,
                 injected_failures = 0, misuse_errors = 0, empty_caches = 0, max_live = 0;
 };
 

@@ -123,10 +123,26 @@ void ReferenceModel::on_free(const void* ptr) {
     blocks_.erase(address);
     return;
   }
-  b.live = false;
-  b.pending_events = static_cast<int>(b.uses.size());
-  for (StreamId s : b.uses) events_[s].push_back(Event{address, !held_});
+  int events = 0;
+  bool synchronized = false;
+  for (StreamId s : b.uses) {
+    if (destroyed_.contains(s)) {
+      // The device synchronizes once: every event recorded so far completes
+      // (blocks behind them are reclaimed at the next event processing).
+      if (!synchronized) on_release_events();
+      synchronized = true;
+      continue;
+    }
+    events_[s].push_back(Event{address, !held_});
+    ++events;
+  }
   b.uses.clear();
+  if (events == 0) {
+    blocks_.erase(address);
+    return;
+  }
+  b.live = false;
+  b.pending_events = events;
 }
 
 void ReferenceModel::complete_block(std::uintptr_t address) {

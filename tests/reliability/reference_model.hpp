@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -42,6 +43,9 @@ class ReferenceModel {
   void on_allocate_attempt(bool synchronized);
   void on_free(const void* ptr);
   void on_record_stream(const void* ptr, StreamId stream);
+  /// The stream was destroyed. A block used on it frees by waiting for the whole
+  /// device (no event can follow a destroyed stream's work) instead of an event.
+  void on_destroy_stream(StreamId stream) { destroyed_.insert(stream); }
   void on_hold_events(bool hold) { held_ = hold; }
   void on_release_events();
   void on_empty_cache();
@@ -85,6 +89,7 @@ class ReferenceModel {
   /// completed event behind an incomplete one on the same stream is not seen.
   std::map<StreamId, std::deque<Event>> events_;
   bool held_ = false;
+  std::set<StreamId> destroyed_;
 };
 
 }  // namespace mem::reliability
