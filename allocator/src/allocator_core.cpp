@@ -27,6 +27,7 @@ AllocatorCore::AllocatorCore(std::shared_ptr<Device> device, AllocatorConfig con
                                config_.roundup_power2_divisions.end(),
                                [](std::size_t d) { return d > 1; });
   stats_.context_bytes = static_cast<std::int64_t>(context_bytes_);
+  large_blocks_.tracks_age = small_blocks_.tracks_age = config_.garbage_collection_threshold > 0.0;
   // nvidia-smi shows the context before any allocation.
   stats_.device_used_bytes.current = stats_.device_used_bytes.peak =
       static_cast<std::int64_t>(context_bytes_);

@@ -47,24 +47,29 @@ struct PoolEntryLess {
 using BlockSet = std::set<PoolEntry, PoolEntryLess, ArenaAllocator<PoolEntry>>;
 struct BlockPool;
 
-struct Block {
+/// The first cache line holds what splitting, coalescing and the pool tree
+/// touch on a neighbour; the second what only the block's own allocation and
+/// free use, so a neighbour costs one line.
+struct alignas(64) Block {
   std::uintptr_t ptr = 0;
   std::size_t size = 0;            // bytes of this block (a multiple of 512)
-  std::size_t requested_size = 0;  // caller's size while active
   StreamId stream = 0;             // the stream whose pool owns the segment
   BlockPool* pool = nullptr;
   Block* prev = nullptr;           // neighbours inside the segment
   Block* next = nullptr;           // (also the free-list link while released to the pool)
   BlockSet::iterator pool_it{};    // its node in pool->blocks while free
+  int event_count = 0;             // outstanding events before reuse
   bool allocated = false;
-  int event_count = 0;                  // outstanding events before reuse
-  std::vector<StreamId> stream_uses;    // streams from record_stream
+  // --- second line
+  std::size_t requested_size = 0;        // caller's size while active
+  std::vector<StreamId> stream_uses;     // streams from record_stream (only while allocated)
   std::uint32_t context = 0;
-  std::uint64_t gc_count_base = 0;      // pool's call count when it was freed
+  std::uint64_t gc_count_base = 0;       // pool's call count when it was freed (GC only)
 
   bool is_split() const noexcept { return prev != nullptr || next != nullptr; }
-  /// Free and mergeable: not handed out, no pending events or stream uses.
-  bool is_free() const noexcept { return !allocated && event_count == 0 && stream_uses.empty(); }
+  /// Free and mergeable: not handed out and no pending events (stream uses exist
+  /// only while allocated: free() turns them into events).
+  bool is_free() const noexcept { return !allocated && event_count == 0; }
 };
 
 inline PoolEntry entry_of(const Block* b) noexcept {
@@ -77,10 +82,11 @@ struct BlockPool {
   FreeListArena arena;  // must outlive `blocks`
   BlockSet blocks;
   const bool is_small;
+  bool tracks_age = false;  // garbage collection configured: blocks record their age
   std::uint64_t get_free_blocks_call_count = 0;  // gc age clock
 
   void insert(Block* b) {
-    b->gc_count_base = get_free_blocks_call_count;
+    if (tracks_age) b->gc_count_base = get_free_blocks_call_count;
     b->pool_it = blocks.insert(entry_of(b)).first;
   }
   void erase(Block* b) noexcept { blocks.erase(b->pool_it); }
@@ -89,7 +95,7 @@ struct BlockPool {
   /// it. Either way the result equals erase + insert. The key is built from the
   /// arguments, not re-read from the block, which avoids a store-forwarding stall.
   void rekey(Block* b, std::uintptr_t ptr, std::size_t size) {
-    b->gc_count_base = get_free_blocks_call_count;
+    if (tracks_age) b->gc_count_base = get_free_blocks_call_count;
     const PoolEntryLess less;
     const PoolEntry key{b->stream, size, ptr, b};
     auto it = b->pool_it;

@@ -22,7 +22,7 @@ class FreeListArena {
   FreeListArena(const FreeListArena&) = delete;
   FreeListArena& operator=(const FreeListArena&) = delete;
   ~FreeListArena() {
-    for (void* slab : slabs_) ::operator delete(slab);
+    for (void* slab : slabs_) ::operator delete(slab, std::align_val_t{kSlabAlignment});
   }
 
   void* allocate(std::size_t bytes) {
@@ -50,6 +50,13 @@ class FreeListArena {
   };
   static constexpr std::size_t kChunksPerSlab = 256;
 
+ public:
+  /// Slabs start on a cache line, so a chunk that is a multiple of 64 bytes (a
+  /// tree node, a Block) never straddles two lines.
+  static constexpr std::size_t kSlabAlignment = 64;
+
+ private:
+
   static std::size_t round_chunk(std::size_t bytes) {
     const std::size_t a = alignof(std::max_align_t);
     const std::size_t b = bytes < sizeof(FreeNode) ? sizeof(FreeNode) : bytes;
@@ -57,7 +64,8 @@ class FreeListArena {
   }
 
   void grow() {
-    auto* slab = static_cast<char*>(::operator new(chunk_size_ * kChunksPerSlab));
+    auto* slab = static_cast<char*>(
+        ::operator new(chunk_size_ * kChunksPerSlab, std::align_val_t{kSlabAlignment}));
     slabs_.push_back(slab);
     for (std::size_t i = kChunksPerSlab; i-- > 0;) {
       auto* node = reinterpret_cast<FreeNode*>(slab + i * chunk_size_);
@@ -99,6 +107,9 @@ class ArenaAllocator {
 /// while the object is released; callers set every other field they rely on.
 template <class T>
 class RecyclingPool {
+  static_assert(alignof(T) <= FreeListArena::kSlabAlignment &&
+                sizeof(T) % alignof(T) == 0);
+
  public:
   RecyclingPool() = default;
   RecyclingPool(const RecyclingPool&) = delete;
