@@ -35,6 +35,7 @@
 #include "peers/peer_allocators.hpp"
 #include "vramscope/allocator/caching_allocator.hpp"
 #include "vramscope/allocator/observer.hpp"
+#include "vramscope/instrumentation/peaks.hpp"
 #include "vramscope/instrumentation/replay.hpp"
 #include "vramscope/runtime/training.hpp"
 
@@ -126,20 +127,16 @@ class PeakWatcher final : public AllocatorObserver {
       case TraceAction::FreeCompleted: active_.erase(e.address); break;
       case TraceAction::Oom: break;
     }
-    const auto allocated = static_cast<std::int64_t>(e.allocated_bytes);
-    if (allocated > f_.peak_allocated) {
-      f_.peak_allocated = allocated;
-      f_.reserved_unallocated_at_peak = static_cast<std::int64_t>(e.reserved_bytes) - allocated;
-      at_peak_ = true;
-    }
-    f_.peak_reserved = std::max(f_.peak_reserved, static_cast<std::int64_t>(e.reserved_bytes));
-    f_.peak_device_used =
-        std::max(f_.peak_device_used, static_cast<std::int64_t>(e.device_used_bytes));
+    if (peaks_.update(e)) at_peak_ = true;
   }
 
   /// The figures so far (settles a peak reached by the last event).
   Figures figures() {
     if (at_peak_) settle();
+    f_.peak_allocated = peaks_.allocated;
+    f_.reserved_unallocated_at_peak = peaks_.unallocated_at_peak;
+    f_.peak_reserved = peaks_.reserved;
+    f_.peak_device_used = peaks_.device_used;
     return f_;
   }
 
@@ -165,7 +162,8 @@ class PeakWatcher final : public AllocatorObserver {
   }
 
   AllocationTrace* trace_;
-  Figures f_;
+  PeakTotals peaks_;  // from zero: the watcher sees a fresh allocator
+  Figures f_;         // requested and largest-free-block figures
   std::map<std::uintptr_t, std::size_t> segments_;  ///< address -> size
   std::map<std::uintptr_t, std::size_t> active_;    ///< handed-out blocks: address -> size
   std::int64_t requested_ = 0;

@@ -16,6 +16,7 @@
 #include "usage_error.hpp"
 #include "vramscope/allocator/caching_allocator.hpp"
 #include "vramscope/allocator/observer.hpp"
+#include "vramscope/instrumentation/peaks.hpp"
 #include "vramscope/allocator/sim_device.hpp"
 #include "vramscope/allocator/units.hpp"
 
@@ -27,35 +28,19 @@ namespace {
 /// GPU with the same context and driver granularity, and 1 PiB of capacity.
 constexpr std::size_t kUnlimitedCapacity = std::size_t{1} << 50;
 
-/// Watches one allocator: the peaks over the whole run (the Trainer resets the
-/// allocator's own peak statistics at each phase boundary), the slack at the
+/// Watches one allocator: the peaks over the whole run, the slack at the
 /// moment live tensors peaked, and the module scope active at an OOM.
 class PeakWatcher final : public AllocatorObserver {
  public:
-  explicit PeakWatcher(const DeviceStats& start)
-      : peak_allocated_(start.allocated_bytes[0].current),
-        peak_reserved_(start.reserved_bytes[0].current),
-        peak_device_used_(start.device_used_bytes.current),
-        unallocated_at_peak_(start.reserved_bytes[0].current - start.allocated_bytes[0].current) {}
+  explicit PeakWatcher(const DeviceStats& start) { peaks.start(start); }
 
   void on_event(const TraceEvent& e) noexcept override {
-    const auto allocated = static_cast<std::int64_t>(e.allocated_bytes);
-    const auto reserved = static_cast<std::int64_t>(e.reserved_bytes);
-    const auto used = static_cast<std::int64_t>(e.device_used_bytes);
-    if (allocated > peak_allocated_) {
-      peak_allocated_ = allocated;
-      unallocated_at_peak_ = reserved - allocated;
-    }
-    peak_reserved_ = std::max(peak_reserved_, reserved);
-    peak_device_used_ = std::max(peak_device_used_, used);
+    (void)peaks.update(e);
     // Observers run on the allocating thread: its innermost scope is the culprit.
     if (e.action == TraceAction::Oom) oom_context_ = current_context();
   }
 
-  std::int64_t peak_allocated_;
-  std::int64_t peak_reserved_;
-  std::int64_t peak_device_used_;
-  std::int64_t unallocated_at_peak_;
+  PeakTotals peaks;
   ContextId oom_context_ = kNoContext;
 };
 
@@ -185,10 +170,10 @@ RunFigures run_config(const SweepSpec& spec, std::shared_ptr<Device> device, std
     oom = std::move(failure);
   }
   allocator.remove_observer(&watcher);
-  f.peak_allocated = watcher.peak_allocated_;
-  f.peak_reserved = watcher.peak_reserved_;
-  f.peak_device_used = watcher.peak_device_used_;
-  f.unallocated_at_peak = watcher.unallocated_at_peak_;
+  f.peak_allocated = watcher.peaks.allocated;
+  f.peak_reserved = watcher.peaks.reserved;
+  f.peak_device_used = watcher.peaks.device_used;
+  f.unallocated_at_peak = watcher.peaks.unallocated_at_peak;
   f.step_ms = f.steps_done == 0 ? 0 : total_ms / static_cast<double>(f.steps_done);
   return f;
 }

@@ -9,6 +9,7 @@
 #include "detail.hpp"
 #include "vramscope/allocator/config.hpp"
 #include "vramscope/allocator/sim_device.hpp"
+#include "vramscope/instrumentation/peaks.hpp"
 
 namespace mem::nn {
 namespace {
@@ -22,17 +23,8 @@ namespace detail {
 /// resetting the allocator's peak statistics at every phase boundary.
 class PhasePeaks final : public AllocatorObserver {
  public:
-  void begin(const DeviceStats& s) noexcept {
-    allocated_ = s.allocated_bytes[kAll].current;
-    reserved_ = s.reserved_bytes[kAll].current;
-    device_used_ = s.device_used_bytes.current;
-  }
-  void on_event(const TraceEvent& e) noexcept override {
-    allocated_ = std::max(allocated_, static_cast<std::int64_t>(e.allocated_bytes));
-    reserved_ = std::max(reserved_, static_cast<std::int64_t>(e.reserved_bytes));
-    device_used_ = std::max(device_used_, static_cast<std::int64_t>(e.device_used_bytes));
-  }
-  std::int64_t allocated_ = 0, reserved_ = 0, device_used_ = 0;
+  void on_event(const TraceEvent& e) noexcept override { (void)totals.update(e); }
+  PeakTotals totals;
 };
 }  // namespace detail
 
@@ -40,7 +32,7 @@ namespace {
 
 PhaseStats begin_phase(CachingAllocator& alloc, detail::PhasePeaks& peaks) {
   const DeviceStats s = alloc.stats();
-  peaks.begin(s);
+  peaks.totals.start(s);
   PhaseStats p;
   p.allocated_begin = s.allocated_bytes[kAll].current;
   p.allocations = s.allocation[kAll].allocated;
@@ -50,11 +42,11 @@ PhaseStats begin_phase(CachingAllocator& alloc, detail::PhasePeaks& peaks) {
 void end_phase(CachingAllocator& alloc, const detail::PhasePeaks& peaks, PhaseStats& p) {
   const DeviceStats s = alloc.stats();
   p.allocated_end = s.allocated_bytes[kAll].current;
-  p.peak_allocated = peaks.allocated_;
+  p.peak_allocated = peaks.totals.allocated;
   p.reserved_end = s.reserved_bytes[kAll].current;
-  p.peak_reserved = peaks.reserved_;
+  p.peak_reserved = peaks.totals.reserved;
   p.device_used_end = s.device_used_bytes.current;
-  p.peak_device_used = peaks.device_used_;
+  p.peak_device_used = peaks.totals.device_used;
   p.allocations = s.allocation[kAll].allocated - p.allocations;
 }
 

@@ -18,8 +18,8 @@
 //
 // A step is: zero_grad (frees last step's gradients), input and target upload,
 // forward + loss (Phase::Forward; recompute runs as Phase::Recompute), backward
-// (Phase::Backward), optimizer step (Phase::Optimizer). The Trainer resets the
-// allocator's peak statistics at each phase boundary to measure per-phase peaks.
+// (Phase::Backward), optimizer step (Phase::Optimizer). Per-phase peaks come
+// from an observer of the allocator's totals; its own peak statistics are never reset.
 #pragma once
 
 #include <cstddef>
