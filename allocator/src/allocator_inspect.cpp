@@ -2,7 +2,6 @@
 // statistics, the segment listing and validate(), which recomputes every
 // statistic from the blocks and checks the structural invariants.
 #include <algorithm>
-#include <cstdio>
 #include <map>
 #include <mutex>
 #include <set>
@@ -49,24 +48,19 @@ std::vector<const Block*> AllocatorCore::all_blocks_locked() const {
 }
 
 std::string AllocatorCore::explain_unknown_pointer_locked(std::uintptr_t ptr) const {
-  const auto hex = [](std::uintptr_t v) {
-    char buf[2 + 16 + 1];
-    std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(v));
-    return std::string(buf);
-  };
   if (ptr == 0) return "nullptr is not a block of this allocator";
   for (const Block* b : all_blocks_locked()) {
     if (ptr < b->ptr || ptr >= b->ptr + b->size) continue;
     if (ptr == b->ptr) {
-      return "pointer " + hex(ptr) + " was already freed (double free): its " +
+      return "pointer " + format_address(ptr) + " was already freed (double free): its " +
              format_bytes(b->size) + " block is " +
              (b->event_count > 0 ? "waiting for stream events" : "in the cache");
     }
-    return "pointer " + hex(ptr) + " lies " + format_bytes(ptr - b->ptr) + " inside the " +
-           format_bytes(b->size) + (b->allocated ? " live" : " free") + " block at " + hex(b->ptr) +
+    return "pointer " + format_address(ptr) + " lies " + format_bytes(ptr - b->ptr) + " inside the " +
+           format_bytes(b->size) + (b->allocated ? " live" : " free") + " block at " + format_address(b->ptr) +
            "; pass the pointer allocate() returned";
   }
-  return "pointer " + hex(ptr) +
+  return "pointer " + format_address(ptr) +
          " is in none of this allocator's segments (another allocator or device, or host memory)";
 }
 

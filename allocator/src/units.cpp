@@ -95,6 +95,12 @@ std::string format_magnitude(std::uint64_t bytes) {
 
 std::string format_bytes(std::size_t bytes) { return format_magnitude(bytes); }
 
+std::string format_address(std::uintptr_t address) {
+  char buf[2 + 16 + 1];
+  std::snprintf(buf, sizeof buf, "0x%" PRIxPTR, address);
+  return buf;
+}
+
 std::string format_bytes_delta(std::int64_t bytes) {
   if (bytes == 0) return "0 B";
   // Negate in unsigned arithmetic so INT64_MIN has a magnitude too.

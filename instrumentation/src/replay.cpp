@@ -4,7 +4,6 @@
 #include "vramscope/instrumentation/replay.hpp"
 
 #include <algorithm>
-#include <cstdio>
 #include <map>
 #include <mutex>
 #include <set>
@@ -545,8 +544,8 @@ class Replayer {
       if (ptr != nullptr && reinterpret_cast<std::uintptr_t>(ptr) == e.address) {
         ++r_.blocks_placed;
       } else if (ptr != nullptr) {
-        divergence(index, "alloc of " + describe_bytes(e.size) + ": recorded at 0x" + hex(e.address) +
-                              ", replay placed it at 0x" + hex(reinterpret_cast<std::uintptr_t>(ptr)) +
+        divergence(index, "alloc of " + describe_bytes(e.size) + ": recorded at " + format_address(e.address) +
+                              ", replay placed it at " + format_address(reinterpret_cast<std::uintptr_t>(ptr)) +
                               where_is(reinterpret_cast<std::uintptr_t>(ptr), e.address));
       }
     }
@@ -584,7 +583,7 @@ class Replayer {
       if (same) {
         ++r_.final_segments_matched;
       } else {
-        divergence(trace_.events.size(), "final state: segment 0x" + hex(want.address) + " of " +
+        divergence(trace_.events.size(), "final state: segment " + format_address(want.address) + " of " +
                                              describe_bytes(want.total_size) +
                                              (it == by_address.end() ? " is missing"
                                                                      : " differs in its blocks"));
@@ -620,20 +619,14 @@ class Replayer {
     r_.largest_free_block_at_peak = largest;
   }
 
-  static std::string hex(std::uintptr_t v) {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "%llx", static_cast<unsigned long long>(v));
-    return buf;
-  }
-
   // "(segment 0x7f.. + 1048576 B)" for the replay's pointer, to read divergences.
   std::string where_is(std::uintptr_t got, std::uintptr_t want) const {
     std::string out;
     for (const SegmentInfo& s : alloc_->segments()) {
       if (got >= s.address && got < s.address + s.total_size)
-        out += " (segment 0x" + hex(s.address) + " + " + std::to_string(got - s.address) + ")";
+        out += " (segment " + format_address(s.address) + " + " + std::to_string(got - s.address) + ")";
       if (want >= s.address && want < s.address + s.total_size)
-        out += " (recorded: segment 0x" + hex(s.address) + " + " + std::to_string(want - s.address) + ")";
+        out += " (recorded: segment " + format_address(s.address) + " + " + std::to_string(want - s.address) + ")";
     }
     return out;
   }

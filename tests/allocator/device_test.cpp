@@ -78,6 +78,12 @@ TEST(Units, FormatBytesLikePyTorch) {
   EXPECT_EQ(format_bytes(std::numeric_limits<std::size_t>::max()), "16384.00 PiB");
 }
 
+TEST(Units, FormatAddressIsHexWithPrefix) {
+  EXPECT_EQ(format_address(0), "0x0");
+  EXPECT_EQ(format_address(std::uintptr_t{1} << 48), "0x1000000000000");
+  EXPECT_EQ(format_address(~std::uintptr_t{0}), "0xffffffffffffffff");
+}
+
 TEST(Units, FormatBytesDeltaHasSign) {
   EXPECT_EQ(format_bytes_delta(2 * static_cast<std::int64_t>(MiB)), "+2.00 MiB");
   EXPECT_EQ(format_bytes_delta(-512), "-512 B");

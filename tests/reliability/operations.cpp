@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <array>
-#include <cstdio>
 #include <limits>
 
 #include "vramscope/allocator/units.hpp"
@@ -66,11 +65,6 @@ std::size_t absurd_size(std::size_t i) {
 
 bool is_misuse_size(std::size_t size) { return size == 0 || size > kAbsurdSize; }
 
-std::string hex(std::uintptr_t v) {
-  char buf[2 + 16 + 1];
-  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(v));
-  return buf;
-}
 
 }  // namespace
 
@@ -334,7 +328,7 @@ void Executor::allocate(const Op& op) {
   std::size_t pinned_pages = 0;
   for (const SegmentInfo& s : segments) {
     if (s.allocated_size == 0) {
-      throw ReferenceViolation("OutOfMemoryError while segment " + hex(s.address) +
+      throw ReferenceViolation("OutOfMemoryError while segment " + format_address(s.address) +
                                " holds no live block: the cache was not emptied first");
     }
     pinned_pages += model_.device_pages_bytes(s.total_size);
@@ -407,7 +401,7 @@ void Executor::apply_unchecked(const Op& op) {
       ++totals_.empty_caches;
       for (const SegmentInfo& s : alloc_->segments()) {
         if (s.allocated_size == 0) {
-          throw ReferenceViolation("empty_cache() kept segment " + hex(s.address) +
+          throw ReferenceViolation("empty_cache() kept segment " + format_address(s.address) +
                                    " although it holds no live block");
         }
       }

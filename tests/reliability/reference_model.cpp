@@ -5,21 +5,15 @@
 #include "reference_model.hpp"
 
 #include <algorithm>
-#include <cstdio>
 
 #include "vramscope/allocator/units.hpp"
 
 namespace mem::reliability {
 namespace {
 
-std::string hex(std::uintptr_t v) {
-  char buf[2 + 16 + 1];
-  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(v));
-  return buf;
-}
 
 std::string block_name(std::uintptr_t address, std::size_t size) {
-  return "block " + hex(address) + " (" + std::to_string(size) + " B)";
+  return "block " + format_address(address) + " (" + std::to_string(size) + " B)";
 }
 
 [[noreturn]] void fail(const std::string& why) {
@@ -58,7 +52,7 @@ void ReferenceModel::on_allocate(const void* ptr, std::size_t requested, std::si
   const auto address = reinterpret_cast<std::uintptr_t>(ptr);
   if (ptr == nullptr) fail("allocate(" + std::to_string(requested) + ") returned nullptr");
   if (address % kMinBlockSize != 0)
-    fail("allocate returned a pointer not 512-aligned: " + hex(address));
+    fail("allocate returned a pointer not 512-aligned: " + format_address(address));
   const std::size_t rounded = round_size(requested, config_);
   if (rounded < requested || rounded % kMinBlockSize != 0) {
     fail("round_size(" + std::to_string(requested) + ") = " + std::to_string(rounded) +
@@ -103,7 +97,7 @@ void ReferenceModel::on_allocate(const void* ptr, std::size_t requested, std::si
 ReferenceModel::Block& ReferenceModel::live_block(const void* ptr, const char* what) {
   const auto it = blocks_.find(reinterpret_cast<std::uintptr_t>(ptr));
   if (it == blocks_.end() || !it->second.live) {
-    fail(std::string(what) + " of " + hex(reinterpret_cast<std::uintptr_t>(ptr)) +
+    fail(std::string(what) + " of " + format_address(reinterpret_cast<std::uintptr_t>(ptr)) +
          ", which the model does not hold live (a harness bug)");
   }
   return it->second;
@@ -202,12 +196,12 @@ void ReferenceModel::check(const CachingAllocator& alloc, const SimDevice& devic
   std::size_t seen_live = 0, seen_pending = 0;
   std::uintptr_t prev_end = 0;
   for (const SegmentInfo& s : segments) {
-    if (s.address < prev_end) fail("segment " + hex(s.address) + " overlaps the one before");
+    if (s.address < prev_end) fail("segment " + format_address(s.address) + " overlaps the one before");
     std::uintptr_t at = s.address;
     for (const BlockInfo& info : s.blocks) {
       if (info.address != at) {
-        fail("blocks do not tile segment " + hex(s.address) + ": expected a block at " + hex(at) +
-             ", found " + hex(info.address));
+        fail("blocks do not tile segment " + format_address(s.address) + ": expected a block at " + format_address(at) +
+             ", found " + format_address(info.address));
       }
       at += info.size;
       const auto it = blocks_.find(info.address);
@@ -245,7 +239,7 @@ void ReferenceModel::check(const CachingAllocator& alloc, const SimDevice& devic
       ++(live ? seen_live : seen_pending);
     }
     if (at - s.address != s.total_size) {
-      fail("segment " + hex(s.address) + " reports " + std::to_string(s.total_size) +
+      fail("segment " + format_address(s.address) + " reports " + std::to_string(s.total_size) +
            " B but its blocks add up to " + std::to_string(at - s.address) + " B");
     }
     prev_end = at;

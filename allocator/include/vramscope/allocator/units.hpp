@@ -1,4 +1,5 @@
-// units.hpp — human byte units: "1.50 GiB" out, "8GiB" / "400MiB" / "123" in.
+// units.hpp — human byte units: "1.50 GiB" out, "8GiB" / "400MiB" / "123" in;
+// addresses in hex.
 #pragma once
 
 #include <cstddef>
@@ -16,6 +17,8 @@ inline constexpr std::size_t GiB = std::size_t{1} << 30;
 std::string format_bytes(std::size_t bytes);
 /// Signed variant for deltas: "+2.00 MiB", "-512 B".
 std::string format_bytes_delta(std::int64_t bytes);
+/// A device address as error messages and PyTorch's snapshots show it: "0x7f3a00000000".
+std::string format_address(std::uintptr_t address);
 
 /// Parses "8GiB", "8 GiB", "400MiB", "1.5GB" (GB = 10^9), "4096", "2M" (M = MiB).
 /// Throws mem::Error naming the accepted forms on anything else, or on zero when
