@@ -138,7 +138,7 @@ bool AllocatorCore::alloc_block(AllocParams& p, bool is_retry) {
   increase(stats_.reserved_bytes, pi, static_cast<std::int64_t>(size));
   if (size >= config_.max_split_size) stats_.oversize_segments.increase(1);
   update_device_view();
-  if (has_observers_) [[unlikely]] {
+  if (instrumented_) [[unlikely]] {
     // Stamp the segment with the caller's context: which module caused the cudaMalloc.
     emit_segment(TraceAction::SegmentAlloc, block->ptr, size, p.stream, p.pool->is_small,
                  context_source_ ? context_source_() : 0);
@@ -198,7 +198,7 @@ void AllocatorCore::release_block(Block* block) {
   decrease(stats_.reserved_bytes, pi, static_cast<std::int64_t>(size));
   if (size >= config_.max_split_size) stats_.oversize_segments.decrease(1);
   update_device_view();
-  if (has_observers_) [[unlikely]] {
+  if (instrumented_) [[unlikely]] {
     emit_segment(TraceAction::SegmentFree, block->ptr, size, block->stream, pool.is_small,
                  context_source_ ? context_source_() : 0);
   }
@@ -302,7 +302,7 @@ Block* AllocatorCore::alloc_found_block(AllocParams& p) {
   increase(stats_.active_bytes, pi, bytes);
   increase(stats_.requested_bytes, pi, static_cast<std::int64_t>(block->requested_size));
   if (block->size >= config_.max_split_size) stats_.oversize_allocations.increase(1);
-  if (has_observers_) [[unlikely]] {
+  if (instrumented_) [[unlikely]] {
     emit(TraceAction::Alloc, block, block->size, block->requested_size);
   }
   return block;
@@ -314,11 +314,12 @@ Block* AllocatorCore::alloc_found_block(AllocParams& p) {
   const std::size_t reserved = static_cast<std::size_t>(stats_.reserved_bytes[0].current);
   const std::size_t used = static_cast<std::size_t>(stats_.device_used_bytes.current);
   ++stats_.num_ooms;
-  if (has_observers_) {
+  if (instrumented_) {
     Block probe;
     probe.ptr = mem.free_bytes;  // PyTorch records device_free as the oom entry's address
     probe.stream = p.stream;
     probe.pool = p.pool;
+    probe.context = context_source_ ? context_source_() : 0;  // who asked
     emit(TraceAction::Oom, &probe, p.size, p.orig_size);
   }
   const DeviceInfo& info = device_->info();
@@ -374,7 +375,7 @@ void AllocatorCore::release_allocation(Block* block, bool completed) noexcept {
   decrease(stats_.allocation, pi, 1);
   decrease(stats_.allocated_bytes, pi, static_cast<std::int64_t>(block->size));
   if (block->size >= config_.max_split_size) stats_.oversize_allocations.decrease(1);
-  if (has_observers_) [[unlikely]] {
+  if (instrumented_) [[unlikely]] {
     emit(TraceAction::FreeRequested, block, block->size, block->requested_size, completed);
   }
 }
@@ -399,7 +400,7 @@ void AllocatorCore::free_used_on_streams(Block** found) {
 
 void AllocatorCore::free_block(Block* block, bool report, bool in_map) {
   assert(!block->allocated && block->event_count == 0 && block->stream_uses.empty());
-  if (report && has_observers_) [[unlikely]] {
+  if (report && instrumented_) [[unlikely]] {
     emit(TraceAction::FreeCompleted, block, block->size, block->requested_size);
   }
   const std::size_t original_size = block->size;
@@ -578,13 +579,26 @@ void AllocatorCore::add_observer(AllocatorObserver* observer) {
   if (std::find(observers_.begin(), observers_.end(), observer) == observers_.end()) {
     observers_.push_back(observer);
   }
-  has_observers_ = true;
+  instrumented_ = true;
 }
 
 void AllocatorCore::remove_observer(AllocatorObserver* observer) noexcept {
   std::lock_guard guard(lock_);
   observers_.erase(std::remove(observers_.begin(), observers_.end(), observer), observers_.end());
-  has_observers_ = !observers_.empty();
+  instrumented_ = !observers_.empty() || !rings_.empty();
+}
+
+void AllocatorCore::attach_ring(EventRing* ring) {
+  if (ring == nullptr) throw Error("attach_ring(nullptr)");
+  std::lock_guard guard(lock_);
+  if (std::find(rings_.begin(), rings_.end(), ring) == rings_.end()) rings_.push_back(ring);
+  instrumented_ = true;
+}
+
+void AllocatorCore::detach_ring(EventRing* ring) noexcept {
+  std::lock_guard guard(lock_);
+  rings_.erase(std::remove(rings_.begin(), rings_.end(), ring), rings_.end());
+  instrumented_ = !observers_.empty() || !rings_.empty();
 }
 
 void AllocatorCore::set_context_source(ContextSource source) noexcept {
@@ -605,20 +619,31 @@ void AllocatorCore::update_device_view() noexcept {
 
 void AllocatorCore::emit(TraceAction action, const Block* b, std::size_t size,
                          std::size_t requested, bool completed) noexcept {
-  TraceEvent e;
-  e.action = action;
-  e.completed = completed;
-  e.address = b->ptr;
-  e.size = size;
-  e.requested_size = requested;
-  e.stream = b->stream;
-  e.context = b->context;
-  e.small_pool = b->pool != nullptr && b->pool->is_small;
-  e.allocated_bytes = static_cast<std::size_t>(stats_.allocated_bytes[0].current);
-  e.reserved_bytes = static_cast<std::size_t>(stats_.reserved_bytes[0].current);
-  e.device_used_bytes = static_cast<std::size_t>(stats_.device_used_bytes.current);
-  e.sequence = ++sequence_;
+  const std::uint64_t sequence = ++sequence_;
   if (completed) ++sequence_;  // the number of the implied free_completed
+  const auto event = [&] {
+    TraceEvent e;
+    e.action = action;
+    e.completed = completed;
+    e.address = b->ptr;
+    e.size = size;
+    e.requested_size = requested;
+    e.stream = b->stream;
+    e.context = b->context;
+    e.small_pool = b->pool != nullptr && b->pool->is_small;
+    e.allocated_bytes = static_cast<std::size_t>(stats_.allocated_bytes[0].current);
+    e.reserved_bytes = static_cast<std::size_t>(stats_.reserved_bytes[0].current);
+    e.device_used_bytes = static_cast<std::size_t>(stats_.device_used_bytes.current);
+    e.sequence = sequence;
+    return e;
+  };
+  // One event per consumer: inlined into the ring's stores, an event never
+  // touches the stack; only an observer call needs one in memory.
+  for (EventRing* ring : rings_) ring->record(event());
+  if (!observers_.empty()) notify_observers(event());
+}
+
+void AllocatorCore::notify_observers(const TraceEvent& e) noexcept {
   for (AllocatorObserver* o : observers_) o->on_event(e);
 }
 

@@ -142,6 +142,8 @@ class AllocatorCore {
   void validate() const;
   void add_observer(AllocatorObserver* observer);
   void remove_observer(AllocatorObserver* observer) noexcept;
+  void attach_ring(EventRing* ring);
+  void detach_ring(EventRing* ring) noexcept;
   void set_context_source(ContextSource source) noexcept;
   std::uintptr_t reserve_segment(std::size_t bytes, StreamId stream, bool small_pool);
 
@@ -200,8 +202,13 @@ class AllocatorCore {
   std::size_t device_rounded(std::size_t bytes) const noexcept;
   void update_device_view() noexcept;
 
-  void emit(TraceAction action, const Block* b, std::size_t size, std::size_t requested,
+  /// Records one event in every ring (inline stores) and hands it to every
+  /// observer (a virtual call each). Callers test instrumented_ first.
+  /// Inline (defined in allocator_core.cpp, its only user) so that the ring's
+  /// stores take the fields from registers.
+  inline void emit(TraceAction action, const Block* b, std::size_t size, std::size_t requested,
             bool completed = false) noexcept;
+  void notify_observers(const TraceEvent& e) noexcept;
   void emit_segment(TraceAction action, std::uintptr_t ptr, std::size_t size, StreamId stream,
                     bool small, std::uint32_t context) noexcept;
 
@@ -228,8 +235,9 @@ class AllocatorCore {
   bool set_fraction_ = false;
   std::size_t allowed_memory_maximum_ = 0;
 
+  std::vector<EventRing*> rings_;
   std::vector<AllocatorObserver*> observers_;
-  bool has_observers_ = false;
+  bool instrumented_ = false;  // any ring or observer: the one branch uninstrumented runs pay
   ContextSource context_source_ = nullptr;
   std::uint64_t sequence_ = 0;
 };

@@ -37,6 +37,8 @@ void CachingAllocator::add_observer(AllocatorObserver* observer) { core_->add_ob
 void CachingAllocator::remove_observer(AllocatorObserver* observer) noexcept {
   core_->remove_observer(observer);
 }
+void CachingAllocator::attach_ring(EventRing* ring) { core_->attach_ring(ring); }
+void CachingAllocator::detach_ring(EventRing* ring) noexcept { core_->detach_ring(ring); }
 void CachingAllocator::set_context_source(ContextSource source) noexcept {
   core_->set_context_source(source);
 }

@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-#include "clock.hpp"
+#include "vramscope/allocator/clock.hpp"
 #include "vramscope/allocator/caching_allocator.hpp"
 
 namespace mem {

@@ -24,6 +24,7 @@
 #include "vramscope/allocator/device.hpp"
 #include "vramscope/allocator/errors.hpp"
 #include "vramscope/allocator/observer.hpp"
+#include "vramscope/allocator/event_ring.hpp"
 #include "vramscope/allocator/stats.hpp"
 
 namespace mem {
@@ -100,6 +101,11 @@ class CachingAllocator {
   /// Observers are called under the lock for every event; see observer.hpp.
   void add_observer(AllocatorObserver* observer);
   void remove_observer(AllocatorObserver* observer) noexcept;
+  /// Rings the allocator writes every event into itself, without an observer
+  /// call (see event_ring.hpp; mem::History is the usual owner). Attaching one
+  /// twice is a no-op; detach before destroying the ring.
+  void attach_ring(EventRing* ring);
+  void detach_ring(EventRing* ring) noexcept;
   void set_context_source(ContextSource source) noexcept;
 
   /// Reserves an empty cached segment of exactly `bytes` (a multiple of 512) in the

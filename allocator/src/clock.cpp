@@ -1,5 +1,5 @@
 // clock.cpp — calibration of the tick counter against steady_clock.
-#include "clock.hpp"
+#include "vramscope/allocator/clock.hpp"
 
 #include <thread>
 

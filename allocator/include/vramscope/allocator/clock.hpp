@@ -1,8 +1,10 @@
-// clock.hpp — the cheap timestamp recorders take inside allocator callbacks.
+// clock.hpp — the cheap timestamp that event rings and observers take under the allocator lock.
 //
-// On x86-64 the time-stamp counter (a few cycles, invariant on every CPU
-// since 2008) converted to microseconds when read back; elsewhere steady_clock.
-// Recorders store raw ticks so that on_event stays a handful of instructions.
+// On x86-64 the time-stamp counter (invariant on every CPU since 2008),
+// converted to microseconds when read back; elsewhere steady_clock. Recorders
+// store raw ticks so that recording stays a handful of instructions. It is
+// still the dearest of them: about 9 ns per read back to back on the AMD EPYC
+// VMs we measure on, 3.5 ns when overlapped with an allocation.
 #pragma once
 
 #include <chrono>
