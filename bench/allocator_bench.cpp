@@ -27,34 +27,6 @@
 namespace mem::bench {
 namespace {
 
-// --- the allocators under test, default-constructible for the templates -------
-
-// Constructed before the adaptor (bases initialise in declaration order).
-struct OnBenchDevice {
-  std::shared_ptr<SimDevice> device_ = make_bench_device();
-  double driver_us() const { return device_->driver_time_us(); }
-};
-
-struct Vramscope : OnBenchDevice, VramscopeAdaptor {
-  Vramscope() : VramscopeAdaptor(device_) {}
-};
-
-#if VRAMSCOPE_HAVE_CUB_PEER
-struct Cub : OnBenchDevice, CubAdaptor {
-  Cub() : CubAdaptor(device_, CubBins::Default) {}
-};
-struct CubGrowth2 : OnBenchDevice, CubAdaptor {
-  CubGrowth2() : CubAdaptor(device_, CubBins::Growth2) {}
-};
-#endif
-
-struct Glibc : GlibcAdaptor {
-  double driver_us() const { return 0; }
-};
-
-template <class A>
-constexpr bool kHasDevice = !std::is_same_v<A, Glibc>;
-
 // Fills the common counters. `pairs` allocate+free pairs were timed.
 template <class A>
 void report(benchmark::State& state, const A& a, std::size_t peak_requested,

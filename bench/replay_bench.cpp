@@ -1,12 +1,18 @@
-// replay_bench.cpp — replays recorded allocation traces through vramscope
-// (PyTorch's default settings, starting state rebuilt) and through CUB's
-// CachingDeviceAllocator (default bins, growth 2), timing the whole replay.
+// replay_bench.cpp — recorded allocation traces through vramscope and CUB's
+// CachingDeviceAllocator (default bins, growth 2), two ways:
+//   BM_TraceOps<A>/trace  the allocators alone: the trace flattened once
+//                          (mem::plan_replay) and replayed by the same loop,
+//                          from an empty allocator each iteration (starting
+//                          state's live blocks first, leftovers freed last);
+//   BM_Replay/who/trace   the whole tool: mem::replay for vramscope (rebuilt
+//                          starting state, conformance checks, peaks per event)
+//                          and mem::replay_on for CUB.
 //
 //   vramscope_replay_bench                       # the real traces in ../shared/real-traces
 //   vramscope_replay_bench --trace=my.pickle     # any trace load_trace reads (repeatable)
 //
-// Counters: time_per_event, peak_reserved, peak_requested (kIs1024),
-// reserved_per_requested, device_allocs (cudaMalloc calls in one replay).
+// Counters: time_per_event or time_per_op, peak_reserved, peak_requested
+// (kIs1024), reserved_per_requested, device_allocs (cudaMalloc calls in one replay).
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -14,6 +20,7 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "peers/peer_allocators.hpp"
@@ -64,6 +71,83 @@ void BM_ReplayCub(benchmark::State& state, std::shared_ptr<const AllocationTrace
 }
 #endif
 
+// A plan with its stream handles numbered (0: the default stream), so each
+// iteration maps them to streams of its own device outside the timed loop.
+struct TraceOps {
+  struct Op {
+    bool allocate;
+    std::uint32_t slot;
+    std::uint32_t stream;  // index into the iteration's streams
+    std::size_t size;
+  };
+  std::vector<Op> ops;
+  std::size_t slots = 0;
+  std::size_t streams = 1;
+  std::size_t peak_requested = 0;
+};
+
+TraceOps make_trace_ops(const ReplayPlan& plan) {
+  TraceOps t;
+  t.slots = plan.slots;
+  std::unordered_map<std::uint64_t, std::uint32_t> stream_index{{0, 0}};
+  std::vector<std::size_t> size(plan.slots, 0);
+  std::size_t live = 0;
+  for (const ReplayOp& op : plan.ops) {
+    auto [it, added] = stream_index.try_emplace(op.stream, static_cast<std::uint32_t>(t.streams));
+    if (added) ++t.streams;
+    t.ops.push_back({op.allocate, op.slot, it->second, op.size});
+    if (op.allocate) {
+      size[op.slot] = op.size;
+      live += op.size;
+      t.peak_requested = std::max(t.peak_requested, live);
+    } else {
+      live -= size[op.slot];
+    }
+  }
+  return t;
+}
+
+template <class A>
+void BM_TraceOps(benchmark::State& state, std::shared_ptr<const TraceOps> trace) {
+  std::vector<void*> slot(trace->slots, nullptr);
+  PeerCounters counters;
+  for (auto _ : state) {
+    state.PauseTiming();
+    auto a = std::make_unique<A>();
+    std::vector<StreamId> streams(trace->streams, 0);
+    for (std::size_t i = 1; i < streams.size(); ++i) streams[i] = a->device_->create_stream();
+    state.ResumeTiming();
+    try {
+      for (const TraceOps::Op& op : trace->ops) {
+        if (op.allocate) {
+          slot[op.slot] = op.size > 0 ? a->allocate(op.size, streams[op.stream]) : nullptr;
+        } else if (slot[op.slot] != nullptr) {
+          a->deallocate(slot[op.slot], op.size);
+        }
+      }
+    } catch (const std::bad_alloc&) {
+      state.SkipWithError("out of device memory");
+      break;
+    }
+    state.PauseTiming();
+    counters = a->counters();
+    a.reset();
+    state.ResumeTiming();
+  }
+  using benchmark::Counter;
+  state.counters["time_per_op"] = Counter(static_cast<double>(trace->ops.size()),
+                                          Counter::kIsIterationInvariantRate | Counter::kInvert);
+  state.counters["peak_reserved"] =
+      Counter(static_cast<double>(counters.peak_reserved), Counter::kDefaults, Counter::kIs1024);
+  state.counters["peak_requested"] =
+      Counter(static_cast<double>(trace->peak_requested), Counter::kDefaults, Counter::kIs1024);
+  state.counters["reserved_per_requested"] =
+      trace->peak_requested ? static_cast<double>(counters.peak_reserved) /
+                                  static_cast<double>(trace->peak_requested)
+                            : 0.0;
+  state.counters["device_allocs"] = static_cast<double>(counters.device_allocs);
+}
+
 void register_trace(const std::string& path) {
   std::shared_ptr<const AllocationTrace> trace;
   try {
@@ -74,6 +158,18 @@ void register_trace(const std::string& path) {
   }
   if (trace->events.empty()) return;  // nothing to replay (a segment list)
   const std::string name = fs::path(path).stem().string();
+  const ReplayPlan plan = plan_replay(*trace);
+  if (plan.supported) {
+    auto ops = std::make_shared<const TraceOps>(make_trace_ops(plan));
+    benchmark::RegisterBenchmark(("BM_TraceOps<Vramscope>/" + name).c_str(), BM_TraceOps<Vramscope>, ops)
+        ->Unit(benchmark::kMillisecond);
+#if VRAMSCOPE_HAVE_CUB_PEER
+    benchmark::RegisterBenchmark(("BM_TraceOps<Cub>/" + name).c_str(), BM_TraceOps<Cub>, ops)
+        ->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark(("BM_TraceOps<CubGrowth2>/" + name).c_str(), BM_TraceOps<CubGrowth2>, ops)
+        ->Unit(benchmark::kMillisecond);
+#endif
+  }
   benchmark::RegisterBenchmark(("BM_Replay/vramscope/" + name).c_str(), BM_ReplayVramscope, trace)
       ->Unit(benchmark::kMillisecond);
 #if VRAMSCOPE_HAVE_CUB_PEER

@@ -19,6 +19,7 @@
 #include <memory>
 #include <new>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
 
 #include "vramscope/allocator/caching_allocator.hpp"
@@ -103,6 +104,34 @@ class GlibcAdaptor {
   PeerCounters counters() const { return {}; }
   void reset_peaks() {}
 };
+
+// --- the allocators under test, default-constructible for benchmark templates --
+// (BM_FastPath<Vramscope>, ...): each on its own bench device.
+
+struct OnBenchDevice {  // a base, so it is constructed before the adaptor
+  std::shared_ptr<SimDevice> device_ = make_bench_device();
+  double driver_us() const { return device_->driver_time_us(); }
+};
+
+struct Vramscope : OnBenchDevice, VramscopeAdaptor {
+  Vramscope() : VramscopeAdaptor(device_) {}
+};
+
+#if VRAMSCOPE_HAVE_CUB_PEER
+struct Cub : OnBenchDevice, CubAdaptor {
+  Cub() : CubAdaptor(device_, CubBins::Default) {}
+};
+struct CubGrowth2 : OnBenchDevice, CubAdaptor {
+  CubGrowth2() : CubAdaptor(device_, CubBins::Growth2) {}
+};
+#endif
+
+struct Glibc : GlibcAdaptor {
+  double driver_us() const { return 0; }
+};
+
+template <class A>
+constexpr bool kHasDevice = !std::is_same_v<A, Glibc>;
 
 /// Drives a CubAdaptor from mem::replay_on; trace stream handles become
 /// simulated streams on first use.

@@ -656,23 +656,80 @@ ReplayResult replay(const AllocationTrace& trace, const ReplayOptions& options) 
   return result;
 }
 
+ReplayPlan plan_replay(const AllocationTrace& trace) {
+  ReplayPlan plan;
+  if (trace.expandable_segments) {
+    plan.supported = false;
+    return plan;
+  }
+  std::unordered_map<std::uintptr_t, std::uint32_t> live;  // recorded address -> slot
+  auto new_slot = [&] { return static_cast<std::uint32_t>(plan.slots++); };
+  // The blocks live when the trace began (snapshots): allocated first, so the
+  // allocator starts from the same live data as the recording (not its cache).
+  if (trace.has_final_state) {
+    const detail::InitialState state = detail::derive_initial_state(trace, AllocatorConfig{});
+    for (const detail::InitSegment& seg : state.segments) {
+      for (const detail::InitBlock& b : seg.live) {
+        const std::uint32_t slot = new_slot();
+        live[b.address] = slot;
+        plan.ops.push_back({true, slot, b.requested ? b.requested : b.size, seg.stream, 0});
+      }
+    }
+    plan.initial_segments = state.segments.size();
+  }
+  plan.first_event_op = plan.ops.size();
+  for (std::size_t i = 0; i < trace.events.size(); ++i) {
+    const RecordedEvent& e = trace.events[i];
+    if (e.action == RecordedAction::Alloc) {
+      const std::uint32_t slot = new_slot();
+      live[e.address] = slot;  // a repeated address leaves the older slot to the cleanup
+      plan.ops.push_back({true, slot, e.size, e.stream, i});
+    } else if (detail::is_free_event(trace, e.action)) {
+      auto it = live.find(e.address);
+      if (it == live.end()) {
+        ++plan.unknown_frees;
+        continue;
+      }
+      plan.ops.push_back({false, it->second, e.size, e.stream, i});
+      live.erase(it);
+    } else if (e.action == RecordedAction::Oom) {
+      ++plan.recorded_ooms;
+    }
+  }
+  plan.first_cleanup_op = plan.ops.size();
+  // Every slot not freed by the trace, in slot order (deterministic).
+  std::vector<bool> freed(plan.slots, false);
+  std::vector<std::size_t> size(plan.slots, 0);
+  std::vector<std::uint64_t> stream(plan.slots, 0);
+  for (const ReplayOp& op : plan.ops) {
+    if (op.allocate) {
+      size[op.slot] = op.size;
+      stream[op.slot] = op.stream;
+    } else {
+      freed[op.slot] = true;
+    }
+  }
+  for (std::uint32_t slot = 0; slot < plan.slots; ++slot) {
+    if (!freed[slot]) plan.ops.push_back({false, slot, size[slot], stream[slot], 0});
+  }
+  return plan;
+}
+
 ReplayResult replay_on(const AllocationTrace& trace, ReplayTarget& target) {
   ReplayResult r;
   r.device = target.name();
   r.config = "peer";
   r.events = trace.events.size();
-  if (trace.expandable_segments) {
+  const ReplayPlan plan = plan_replay(trace);
+  if (!plan.supported) {
     r.supported = false;
     r.unsupported_reason = "recorded with expandable_segments:True: not yet supported";
     return r;
   }
-  struct Live {
-    void* ptr;
-    std::size_t size;
-    std::uint64_t stream;
-  };
-  std::unordered_map<std::uintptr_t, Live> live;
-  std::unordered_set<std::uintptr_t> failed;
+  r.initial_segments = plan.initial_segments;
+  r.unknown_frees = plan.unknown_frees;
+  r.recorded_ooms = plan.recorded_ooms;
+  std::vector<void*> slot(plan.slots, nullptr);
   const std::uint64_t allocs_before = target.device_allocs();
   std::int64_t allocated = 0;
   auto sample = [&] {
@@ -681,62 +738,51 @@ ReplayResult replay_on(const AllocationTrace& trace, ReplayTarget& target) {
     r.peak_reserved = std::max(r.peak_reserved, static_cast<std::int64_t>(target.reserved_bytes()));
     r.peak_device_used = std::max(r.peak_device_used, static_cast<std::int64_t>(target.device_used_bytes()));
   };
-  // The blocks live when the trace began (snapshots): allocated first, so the
-  // peer starts from the same live data as the recording (not its cache).
+  // The starting state: blocks that do not fit are left out (not rebuilt).
+  for (std::size_t k = 0; k < plan.first_event_op; ++k) {
+    const ReplayOp& op = plan.ops[k];
+    void* p = op.size > 0 ? target.allocate(op.size, op.stream) : nullptr;
+    if (p == nullptr) continue;
+    slot[op.slot] = p;
+    ++r.initial_blocks;
+    allocated += static_cast<std::int64_t>(op.size);
+  }
   if (trace.has_final_state) {
-    const detail::InitialState state = detail::derive_initial_state(trace, AllocatorConfig{});
-    for (const detail::InitSegment& seg : state.segments) {
-      for (const detail::InitBlock& b : seg.live) {
-        ++r.initial_blocks;
-        const std::size_t size = b.requested ? b.requested : b.size;
-        void* p = target.allocate(size, seg.stream);
-        if (p == nullptr) {
-          failed.insert(b.address);
-          continue;
-        }
-        live[b.address] = Live{p, size, seg.stream};
-        allocated += static_cast<std::int64_t>(size);
-      }
-    }
-    r.initial_segments = state.segments.size();
     r.initial_allocated = static_cast<std::size_t>(allocated);
     sample();
   }
-  for (std::size_t i = 0; i < trace.events.size(); ++i) {
-    const RecordedEvent& e = trace.events[i];
-    if (e.action == RecordedAction::Alloc) {
+  for (std::size_t k = plan.first_event_op; k < plan.first_cleanup_op; ++k) {
+    const ReplayOp& op = plan.ops[k];
+    if (op.allocate) {
       ++r.allocs;
-      void* p = e.size > 0 ? target.allocate(e.size, e.stream) : nullptr;
+      void* p = op.size > 0 ? target.allocate(op.size, op.stream) : nullptr;
       if (p == nullptr) {
         ++r.failed_allocs;
         ++r.ooms;
-        if (!r.first_oom)
-          r.first_oom = ReplayOom{i, e.size, target.name() + " could not allocate " + format_bytes(e.size)};
-        failed.insert(e.address);
+        if (!r.first_oom) {
+          r.first_oom = ReplayOom{op.event, op.size,
+                                  target.name() + " could not allocate " + format_bytes(op.size)};
+        }
         continue;
       }
-      live[e.address] = Live{p, e.size, e.stream};
-      allocated += static_cast<std::int64_t>(e.size);
+      slot[op.slot] = p;
+      allocated += static_cast<std::int64_t>(op.size);
       sample();
-    } else if (detail::is_free_event(trace, e.action)) {
-      auto it = live.find(e.address);
-      if (it == live.end()) {
-        if (failed.erase(e.address) == 0) ++r.unknown_frees;
-        continue;
-      }
-      target.deallocate(it->second.ptr, it->second.size, it->second.stream);
-      allocated -= static_cast<std::int64_t>(it->second.size);
-      live.erase(it);
+    } else if (slot[op.slot] != nullptr) {  // null: its allocation failed
+      target.deallocate(slot[op.slot], op.size, op.stream);
+      slot[op.slot] = nullptr;
+      allocated -= static_cast<std::int64_t>(op.size);
       ++r.frees;
-    } else if (e.action == RecordedAction::Oom) {
-      ++r.recorded_ooms;
     }
   }
   r.segment_allocs = static_cast<std::int64_t>(target.device_allocs() - allocs_before);
   r.reserved_per_requested = r.peak_requested > 0 ? static_cast<double>(r.peak_reserved) /
                                                         static_cast<double>(r.peak_requested)
                                                   : 0.0;
-  for (auto& [address, l] : live) target.deallocate(l.ptr, l.size, l.stream);
+  for (std::size_t k = plan.first_cleanup_op; k < plan.ops.size(); ++k) {
+    const ReplayOp& op = plan.ops[k];
+    if (slot[op.slot] != nullptr) target.deallocate(slot[op.slot], op.size, op.stream);
+  }
   return r;
 }
 

@@ -190,5 +190,50 @@ TEST(Replay, ReplayOnDrivesAnyTarget) {
   EXPECT_EQ(target.reserved_bytes(), 0u);  // what was still live is returned
 }
 
+// The flattened plan: slots in allocation order, a reused address gets a new
+// slot, unknown frees and recorded ooms are counted, what the trace leaves
+// allocated is freed at the end in slot order.
+TEST(Replay, PlanFlattensATraceIntoSlots) {
+  std::istringstream in(
+      "Thread,Time,Action,Pointer,Size,Stream\n"
+      "1,1.0,allocate,0x10,1024,0\n"
+      "1,2.0,allocate,0x20,2048,7\n"
+      "1,3.0,free,0x10,1024,0\n"
+      "1,4.0,free,0x30,64,0\n"
+      "1,5.0,allocate,0x10,512,0\n");
+  const ReplayPlan plan = plan_replay(read_rmm_log(in));
+  ASSERT_TRUE(plan.supported);
+  EXPECT_EQ(plan.slots, 3u);
+  EXPECT_EQ(plan.unknown_frees, 1u);
+  EXPECT_EQ(plan.first_event_op, 0u);
+  ASSERT_EQ(plan.first_cleanup_op, 4u);
+  ASSERT_EQ(plan.ops.size(), 6u);
+  struct Want { bool allocate; std::uint32_t slot; std::size_t size; std::uint64_t stream; };
+  const Want want[] = {{true, 0, 1024, 0}, {true, 1, 2048, 7}, {false, 0, 1024, 0},
+                       {true, 2, 512, 0},  {false, 1, 2048, 7}, {false, 2, 512, 0}};
+  for (std::size_t i = 0; i < plan.ops.size(); ++i) {
+    EXPECT_EQ(plan.ops[i].allocate, want[i].allocate) << i;
+    EXPECT_EQ(plan.ops[i].slot, want[i].slot) << i;
+    EXPECT_EQ(plan.ops[i].size, want[i].size) << i;
+    EXPECT_EQ(plan.ops[i].stream, want[i].stream) << i;
+  }
+  EXPECT_EQ(plan.ops[3].event, 4u);  // index of the event in the trace
+}
+
+TEST(Replay, PlanStartsWithTheSnapshotsLiveBlocks) {
+  const AllocationTrace trace = read_pytorch_snapshot(read_pickle(test::kSnapshot));
+  const ReplayPlan plan = plan_replay(trace);
+  HostTarget target;
+  const ReplayResult r = replay_on(trace, target);
+  EXPECT_EQ(plan.first_event_op, r.initial_blocks);
+  std::size_t allocs = 0;
+  for (std::size_t i = plan.first_event_op; i < plan.first_cleanup_op; ++i) allocs += plan.ops[i].allocate;
+  EXPECT_EQ(allocs, r.allocs);
+  // Every slot is allocated once and freed once.
+  std::vector<int> balance(plan.slots, 0);
+  for (const ReplayOp& op : plan.ops) balance[op.slot] += op.allocate ? 1 : -1;
+  for (int b : balance) EXPECT_EQ(b, 0);
+}
+
 }  // namespace
 }  // namespace mem

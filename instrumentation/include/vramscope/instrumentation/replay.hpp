@@ -156,8 +156,37 @@ class ReplayTarget {
   virtual std::uint64_t device_allocs() const = 0;    ///< cudaMalloc calls so far
 };
 
-/// Replays the trace's allocs and frees (no starting state, no conformance)
-/// through `target`; peaks are sampled after every event.
+/// A trace flattened into allocate/free operations on numbered slots, the form
+/// in which any allocator can replay it without looking addresses up:
+///   std::vector<void*> slot(plan.slots);
+///   for (const ReplayOp& op : plan.ops)
+///     if (op.allocate) slot[op.slot] = alloc.allocate(op.size, op.stream);
+///     else if (slot[op.slot]) alloc.deallocate(slot[op.slot]);
+/// ops[0, first_event_op) allocate the blocks live when a snapshot began;
+/// [first_event_op, first_cleanup_op) are the trace's allocs and frees in
+/// order; the rest free what the trace left allocated.
+struct ReplayOp {
+  bool allocate = true;
+  std::uint32_t slot = 0;
+  std::size_t size = 0;        ///< the caller's size
+  std::uint64_t stream = 0;    ///< the recorder's stream handle
+  std::size_t event = 0;       ///< index in trace.events (trace ops only)
+};
+struct ReplayPlan {
+  std::vector<ReplayOp> ops;
+  std::size_t slots = 0;
+  std::size_t first_event_op = 0;
+  std::size_t first_cleanup_op = 0;
+  std::size_t initial_segments = 0;
+  std::size_t unknown_frees = 0;   ///< frees of addresses the trace never allocated
+  std::size_t recorded_ooms = 0;
+  bool supported = true;           ///< false for expandable segments
+};
+/// Throws nothing for trace contents: inconsistencies are counted.
+ReplayPlan plan_replay(const AllocationTrace& trace);
+
+/// Replays the trace's allocs and frees (the starting state's live blocks
+/// first, no conformance) through `target`; peaks are sampled after every event.
 ReplayResult replay_on(const AllocationTrace& trace, ReplayTarget& target);
 
 }  // namespace mem
