@@ -241,10 +241,12 @@ TEST(BadInput, ReserveSegmentOfAnUnalignedOrAbsurdSize) {
   }
 }
 
-TEST(BadInput, NullDeviceAndNullObserver) {
+TEST(BadInput, NullDeviceObserverAndRing) {
   EXPECT_THROW(CachingAllocator(nullptr), Error);
   Populated p;
   expect_rejected_unchanged(p.alloc, [&] { p.alloc.add_observer(nullptr); }, {"add_observer"});
+  expect_rejected_unchanged(p.alloc, [&] { p.alloc.attach_ring(nullptr); }, {"attach_ring"});
+  EXPECT_THROW(EventRing(0, true), Error);
 }
 
 TEST(BadInput, MalformedConfigStringsNameTheProblem) {
