@@ -12,7 +12,8 @@
 //   vramscope_replay_bench --trace=my.pickle     # any trace load_trace reads (repeatable)
 //
 // Counters: time_per_event or time_per_op, peak_reserved, peak_requested
-// (kIs1024), reserved_per_requested, device_allocs (cudaMalloc calls in one replay).
+// (kIs1024), reserved_per_requested, device_allocs (cudaMalloc calls in one
+// replay), and for BM_TraceOps cache_hit_rate (allocations without cudaMalloc).
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -84,6 +85,7 @@ struct TraceOps {
   std::size_t slots = 0;
   std::size_t streams = 1;
   std::size_t peak_requested = 0;
+  std::size_t allocations = 0;
 };
 
 TraceOps make_trace_ops(const ReplayPlan& plan) {
@@ -97,6 +99,7 @@ TraceOps make_trace_ops(const ReplayPlan& plan) {
     if (added) ++t.streams;
     t.ops.push_back({op.allocate, op.slot, it->second, op.size});
     if (op.allocate) {
+      ++t.allocations;
       size[op.slot] = op.size;
       live += op.size;
       t.peak_requested = std::max(t.peak_requested, live);
@@ -146,6 +149,10 @@ void BM_TraceOps(benchmark::State& state, std::shared_ptr<const TraceOps> trace)
                                   static_cast<double>(trace->peak_requested)
                             : 0.0;
   state.counters["device_allocs"] = static_cast<double>(counters.device_allocs);
+  state.counters["cache_hit_rate"] =
+      trace->allocations ? 1.0 - static_cast<double>(counters.device_allocs) /
+                                     static_cast<double>(trace->allocations)
+                         : 0.0;
 }
 
 void register_trace(const std::string& path) {
