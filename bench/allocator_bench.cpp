@@ -21,6 +21,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "bench_counters.hpp"
 #include "peers/peer_allocators.hpp"
 #include "vramscope/allocator/units.hpp"
 
@@ -36,14 +37,7 @@ void report(benchmark::State& state, const A& a, std::size_t peak_requested,
       Counter(static_cast<double>(pairs), Counter::kIsRate | Counter::kInvert);
   if constexpr (kHasDevice<A>) {
     const PeerCounters c = a.counters();
-    state.counters["peak_reserved"] =
-        Counter(static_cast<double>(c.peak_reserved), Counter::kDefaults, Counter::kIs1024);
-    state.counters["peak_requested"] =
-        Counter(static_cast<double>(peak_requested), Counter::kDefaults, Counter::kIs1024);
-    state.counters["reserved_per_requested"] =
-        peak_requested ? static_cast<double>(c.peak_reserved) / static_cast<double>(peak_requested) : 0.0;
-    state.counters["cache_hit_rate"] =
-        allocations ? 1.0 - static_cast<double>(c.device_allocs) / static_cast<double>(allocations) : 0.0;
+    report_cache_counters(state, c, peak_requested, allocations);
     state.counters["device_allocs"] =
         Counter(static_cast<double>(c.device_allocs), Counter::kAvgIterations);
     state.counters["sim_driver_us"] = Counter(driver_us, Counter::kAvgIterations);

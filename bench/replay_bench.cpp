@@ -24,6 +24,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "bench_counters.hpp"
 #include "peers/peer_allocators.hpp"
 #include "vramscope/instrumentation/replay.hpp"
 
@@ -92,7 +93,6 @@ TraceOps make_trace_ops(const ReplayPlan& plan) {
   TraceOps t;
   t.slots = plan.slots;
   std::unordered_map<std::uint64_t, std::uint32_t> stream_index{{0, 0}};
-  std::vector<std::size_t> size(plan.slots, 0);
   std::size_t live = 0;
   for (const ReplayOp& op : plan.ops) {
     auto [it, added] = stream_index.try_emplace(op.stream, static_cast<std::uint32_t>(t.streams));
@@ -100,11 +100,10 @@ TraceOps make_trace_ops(const ReplayPlan& plan) {
     t.ops.push_back({op.allocate, op.slot, it->second, op.size});
     if (op.allocate) {
       ++t.allocations;
-      size[op.slot] = op.size;
       live += op.size;
       t.peak_requested = std::max(t.peak_requested, live);
     } else {
-      live -= size[op.slot];
+      live -= op.size;  // a free carries its allocation's size
     }
   }
   return t;
@@ -140,19 +139,8 @@ void BM_TraceOps(benchmark::State& state, std::shared_ptr<const TraceOps> trace)
   using benchmark::Counter;
   state.counters["time_per_op"] = Counter(static_cast<double>(trace->ops.size()),
                                           Counter::kIsIterationInvariantRate | Counter::kInvert);
-  state.counters["peak_reserved"] =
-      Counter(static_cast<double>(counters.peak_reserved), Counter::kDefaults, Counter::kIs1024);
-  state.counters["peak_requested"] =
-      Counter(static_cast<double>(trace->peak_requested), Counter::kDefaults, Counter::kIs1024);
-  state.counters["reserved_per_requested"] =
-      trace->peak_requested ? static_cast<double>(counters.peak_reserved) /
-                                  static_cast<double>(trace->peak_requested)
-                            : 0.0;
-  state.counters["device_allocs"] = static_cast<double>(counters.device_allocs);
-  state.counters["cache_hit_rate"] =
-      trace->allocations ? 1.0 - static_cast<double>(counters.device_allocs) /
-                                     static_cast<double>(trace->allocations)
-                         : 0.0;
+  report_cache_counters(state, counters, trace->peak_requested, trace->allocations);
+  state.counters["device_allocs"] = static_cast<double>(counters.device_allocs);  // per replay
 }
 
 void register_trace(const std::string& path) {

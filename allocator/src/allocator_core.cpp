@@ -579,26 +579,26 @@ void AllocatorCore::add_observer(AllocatorObserver* observer) {
   if (std::find(observers_.begin(), observers_.end(), observer) == observers_.end()) {
     observers_.push_back(observer);
   }
-  instrumented_ = true;
+  update_instrumented();
 }
 
 void AllocatorCore::remove_observer(AllocatorObserver* observer) noexcept {
   std::lock_guard guard(lock_);
   observers_.erase(std::remove(observers_.begin(), observers_.end(), observer), observers_.end());
-  instrumented_ = !observers_.empty() || !rings_.empty();
+  update_instrumented();
 }
 
 void AllocatorCore::attach_ring(EventRing* ring) {
   if (ring == nullptr) throw Error("attach_ring(nullptr)");
   std::lock_guard guard(lock_);
   if (std::find(rings_.begin(), rings_.end(), ring) == rings_.end()) rings_.push_back(ring);
-  instrumented_ = true;
+  update_instrumented();
 }
 
 void AllocatorCore::detach_ring(EventRing* ring) noexcept {
   std::lock_guard guard(lock_);
   rings_.erase(std::remove(rings_.begin(), rings_.end(), ring), rings_.end());
-  instrumented_ = !observers_.empty() || !rings_.empty();
+  update_instrumented();
 }
 
 void AllocatorCore::set_context_source(ContextSource source) noexcept {

@@ -209,6 +209,8 @@ class AllocatorCore {
   inline void emit(TraceAction action, const Block* b, std::size_t size, std::size_t requested,
             bool completed = false) noexcept;
   void notify_observers(const TraceEvent& e) noexcept;
+  /// instrumented_ from the two lists, after either changes (under the lock).
+  void update_instrumented() noexcept { instrumented_ = !rings_.empty() || !observers_.empty(); }
   void emit_segment(TraceAction action, std::uintptr_t ptr, std::size_t size, StreamId stream,
                     bool small, std::uint32_t context) noexcept;
 

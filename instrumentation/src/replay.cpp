@@ -663,16 +663,29 @@ ReplayPlan plan_replay(const AllocationTrace& trace) {
     return plan;
   }
   std::unordered_map<std::uintptr_t, std::uint32_t> live;  // recorded address -> slot
-  auto new_slot = [&] { return static_cast<std::uint32_t>(plan.slots++); };
+  std::vector<std::size_t> alloc_op;  // slot -> index of its allocate op
+  std::vector<bool> freed;            // slot -> freed by the trace
+  auto allocate = [&](std::uintptr_t address, std::size_t size, std::uint64_t stream,
+                      std::size_t event) {
+    const auto slot = static_cast<std::uint32_t>(plan.slots++);
+    live[address] = slot;  // a repeated address leaves the older slot to the cleanup
+    alloc_op.push_back(plan.ops.size());
+    freed.push_back(false);
+    plan.ops.push_back({true, slot, size, stream, event});
+  };
+  // A free gives back what was allocated: the allocation's size and stream.
+  auto free_slot = [&](std::uint32_t slot, std::size_t event) {
+    const ReplayOp a = plan.ops[alloc_op[slot]];  // a copy: push_back may move the ops
+    freed[slot] = true;
+    plan.ops.push_back({false, slot, a.size, a.stream, event});
+  };
   // The blocks live when the trace began (snapshots): allocated first, so the
   // allocator starts from the same live data as the recording (not its cache).
   if (trace.has_final_state) {
     const detail::InitialState state = detail::derive_initial_state(trace, AllocatorConfig{});
     for (const detail::InitSegment& seg : state.segments) {
       for (const detail::InitBlock& b : seg.live) {
-        const std::uint32_t slot = new_slot();
-        live[b.address] = slot;
-        plan.ops.push_back({true, slot, b.requested ? b.requested : b.size, seg.stream, 0});
+        allocate(b.address, b.requested ? b.requested : b.size, seg.stream, 0);
       }
     }
     plan.initial_segments = state.segments.size();
@@ -681,36 +694,23 @@ ReplayPlan plan_replay(const AllocationTrace& trace) {
   for (std::size_t i = 0; i < trace.events.size(); ++i) {
     const RecordedEvent& e = trace.events[i];
     if (e.action == RecordedAction::Alloc) {
-      const std::uint32_t slot = new_slot();
-      live[e.address] = slot;  // a repeated address leaves the older slot to the cleanup
-      plan.ops.push_back({true, slot, e.size, e.stream, i});
+      allocate(e.address, e.size, e.stream, i);
     } else if (detail::is_free_event(trace, e.action)) {
       auto it = live.find(e.address);
       if (it == live.end()) {
         ++plan.unknown_frees;
         continue;
       }
-      plan.ops.push_back({false, it->second, e.size, e.stream, i});
+      free_slot(it->second, i);
       live.erase(it);
     } else if (e.action == RecordedAction::Oom) {
       ++plan.recorded_ooms;
     }
   }
   plan.first_cleanup_op = plan.ops.size();
-  // Every slot not freed by the trace, in slot order (deterministic).
-  std::vector<bool> freed(plan.slots, false);
-  std::vector<std::size_t> size(plan.slots, 0);
-  std::vector<std::uint64_t> stream(plan.slots, 0);
-  for (const ReplayOp& op : plan.ops) {
-    if (op.allocate) {
-      size[op.slot] = op.size;
-      stream[op.slot] = op.stream;
-    } else {
-      freed[op.slot] = true;
-    }
-  }
+  // Every slot the trace did not free, in slot order (deterministic).
   for (std::uint32_t slot = 0; slot < plan.slots; ++slot) {
-    if (!freed[slot]) plan.ops.push_back({false, slot, size[slot], stream[slot], 0});
+    if (!freed[slot]) free_slot(slot, 0);
   }
   return plan;
 }

@@ -220,6 +220,28 @@ TEST(Replay, PlanFlattensATraceIntoSlots) {
   EXPECT_EQ(plan.ops[3].event, 4u);  // index of the event in the trace
 }
 
+// A free gives back what was allocated, whatever size its record says, as
+// replay_on always did (the peer's books and the allocated figure stay exact).
+TEST(Replay, PlanFreesCarryTheAllocationsSizeAndStream) {
+  std::istringstream in(
+      "Thread,Time,Action,Pointer,Size,Stream\n"
+      "1,1.0,allocate,0x40,4096,3\n"
+      "1,2.0,free,0x40,100,0\n");
+  const ReplayPlan plan = plan_replay(read_rmm_log(in));
+  ASSERT_EQ(plan.ops.size(), 2u);
+  EXPECT_FALSE(plan.ops[1].allocate);
+  EXPECT_EQ(plan.ops[1].size, 4096u);
+  EXPECT_EQ(plan.ops[1].stream, 3u);
+  HostTarget target;
+  std::istringstream again(
+      "Thread,Time,Action,Pointer,Size,Stream\n"
+      "1,1.0,allocate,0x40,4096,3\n"
+      "1,2.0,free,0x40,100,0\n");
+  const ReplayResult r = replay_on(read_rmm_log(again), target);
+  EXPECT_EQ(r.frees, 1u);
+  EXPECT_EQ(target.reserved_bytes(), 0u);  // freed with the 4096 it was allocated with
+}
+
 TEST(Replay, PlanStartsWithTheSnapshotsLiveBlocks) {
   const AllocationTrace trace = read_pytorch_snapshot(read_pickle(test::kSnapshot));
   const ReplayPlan plan = plan_replay(trace);

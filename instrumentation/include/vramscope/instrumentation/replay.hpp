@@ -168,8 +168,8 @@ class ReplayTarget {
 struct ReplayOp {
   bool allocate = true;
   std::uint32_t slot = 0;
-  std::size_t size = 0;        ///< the caller's size
-  std::uint64_t stream = 0;    ///< the recorder's stream handle
+  std::size_t size = 0;        ///< the caller's size (a free: its allocation's)
+  std::uint64_t stream = 0;    ///< the recorder's stream handle (a free: its allocation's)
   std::size_t event = 0;       ///< index in trace.events (trace ops only)
 };
 struct ReplayPlan {
