@@ -96,16 +96,16 @@ bool AllocatorCore::get_free_block(AllocParams& p) {
   if (set_fraction_ && config_.garbage_collection_threshold > 0.0) [[unlikely]] {
     ++pool.get_free_blocks_call_count;  // block ages only matter to the collector
   }
-  auto it = pool.blocks.lower_bound(PoolEntry{p.stream, p.size, 0, nullptr});
-  if (it == pool.blocks.end() || it->stream != p.stream) return false;
+  const PoolEntry* fit = pool.best_fit(p.stream, p.size);
+  if (fit == nullptr) return false;
   const std::size_t max_split = config_.max_split_size;
   // Never hand an oversize block to a small request (it could not be split).
-  if (p.size < max_split && it->size >= max_split) return false;
+  if (p.size < max_split && fit->size >= max_split) return false;
   // An oversize request takes an oversize block only if little is wasted.
-  if (p.size >= max_split && it->size >= p.size + config_.max_non_split_rounding_size) {
+  if (p.size >= max_split && fit->size >= p.size + config_.max_non_split_rounding_size) {
     return false;
   }
-  p.block = it->block;
+  p.block = fit->block;
   p.block_in_pool = true;  // alloc_found_block unlinks or re-keys it
   return true;
 }
@@ -150,25 +150,21 @@ bool AllocatorCore::release_available_cached_blocks(const AllocParams& p) {
   const std::size_t max_split = config_.max_split_size;
   if (max_split == std::numeric_limits<std::size_t>::max()) return false;
   BlockPool& pool = *p.pool;
-  const PoolEntry key{p.stream, p.size < max_split ? max_split : p.size, 0, nullptr};
-  auto it = pool.blocks.lower_bound(key);
-  if (it == pool.blocks.end() || it->stream != p.stream) {
-    // No single oversize block is enough: free oversize blocks, largest first.
-    if (it == pool.blocks.begin()) return false;
-    std::size_t released = 0;
-    --it;  // the largest block of this stream, if any
-    while (released < key.size && it->size >= max_split && it->stream == p.stream) {
-      auto cur = it;
-      const bool is_first = cur == pool.blocks.begin();
-      if (!is_first) --it;
-      released += cur->size;
-      release_block(cur->block);
-      if (is_first) break;
-    }
-    return released >= key.size;
+  const std::size_t wanted = p.size < max_split ? max_split : p.size;
+  if (const PoolEntry* fit = pool.best_fit(p.stream, wanted)) {
+    release_block(fit->block);
+    return true;
   }
-  release_block(it->block);
-  return true;
+  // No single oversize block is enough: free oversize blocks, largest first.
+  std::size_t released = 0;
+  Block* block = pool.largest(p.stream);
+  while (released < wanted && block != nullptr && block->size >= max_split) {
+    Block* smaller = pool.before(block);
+    released += block->size;
+    release_block(block);
+    block = smaller;
+  }
+  return released >= wanted;
 }
 
 void AllocatorCore::release_cached_blocks() {
@@ -178,12 +174,9 @@ void AllocatorCore::release_cached_blocks() {
 }
 
 void AllocatorCore::release_blocks(BlockPool& pool) {
-  auto it = pool.blocks.begin();
-  while (it != pool.blocks.end()) {
-    Block* block = it->block;
-    ++it;
+  pool.for_each([this](Block* block) {
     if (!block->is_split()) release_block(block);
-  }
+  });
 }
 
 void AllocatorCore::release_block(Block* block) {
@@ -219,22 +212,18 @@ void AllocatorCore::garbage_collect_cached_blocks() {
   auto age = [&](const Block* b) {
     return static_cast<double>(large_blocks_.get_free_blocks_call_count - b->gc_count_base);
   };
-  for (const PoolEntry& e : large_blocks_.blocks) {
-    const Block* b = e.block;
+  large_blocks_.for_each([&](const Block* b) {
     if (!b->is_split()) {
       total_age += age(b);
       ++freeable;
     }
-  }
+  });
   if (freeable == 0) return;
   bool freed = true;
   while (reclaimed < target && freed && freeable > 0) {
     const double age_threshold = total_age / static_cast<double>(freeable);
     freed = false;
-    auto it = large_blocks_.blocks.begin();
-    while (it != large_blocks_.blocks.end()) {
-      Block* b = it->block;
-      ++it;
+    large_blocks_.for_each([&](Block* b) {
       if (!b->is_split() && age(b) >= age_threshold) {
         freed = true;
         reclaimed += b->size;
@@ -242,7 +231,7 @@ void AllocatorCore::garbage_collect_cached_blocks() {
         --freeable;
         release_block(b);
       }
-    }
+    });
   }
 }
 

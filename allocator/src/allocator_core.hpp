@@ -1,9 +1,10 @@
 // allocator_core.hpp — the caching allocator's state and policy (internal).
 //
 // Data, as in PyTorch's DeviceCachingAllocator:
-//  - a segment is one device allocation, tiled by Blocks linked prev/next;
-//  - a free Block sits in exactly one BlockPool (small or large), ordered by
-//    (stream, size, address) so lower_bound is best fit;
+//  - a segment is one device allocation, tiled by Blocks linked prev/next (block.hpp);
+//  - a free Block sits in exactly one BlockPool (small or large), in
+//    (stream, size, address) order so the first that fits is best fit
+//    (block_pool.hpp);
 //  - an active Block (allocated, or freed but waiting for stream events) sits
 //    in active_, keyed by address;
 //  - stats_ is updated at every transition and validate() recomputes it.
@@ -15,113 +16,15 @@
 #include <deque>
 #include <map>
 #include <memory>
-#include <set>
 #include <vector>
 
+#include "biased_lock.hpp"
+#include "block_pool.hpp"
 #include "object_pool.hpp"
 #include "pointer_map.hpp"
-#include "biased_lock.hpp"
 #include "vramscope/allocator/caching_allocator.hpp"
 
 namespace mem::detail {
-
-struct Block;
-
-/// A free block's entry in its pool. The key is stored in the tree node itself
-/// (not behind the Block pointer) so a search touches one cache line per level.
-struct PoolEntry {
-  StreamId stream;
-  std::size_t size;
-  std::uintptr_t ptr;
-  Block* block;
-};
-
-/// Orders free blocks by (stream, size, address): lower_bound is best fit.
-struct PoolEntryLess {
-  bool operator()(const PoolEntry& a, const PoolEntry& b) const noexcept {
-    if (a.stream != b.stream) return a.stream < b.stream;
-    if (a.size != b.size) return a.size < b.size;
-    return a.ptr < b.ptr;
-  }
-};
-using BlockSet = std::set<PoolEntry, PoolEntryLess, ArenaAllocator<PoolEntry>>;
-struct BlockPool;
-
-/// The first cache line holds what splitting, coalescing and the pool tree
-/// touch on a neighbour; the second what only the block's own allocation and
-/// free use, so a neighbour costs one line.
-struct alignas(64) Block {
-  std::uintptr_t ptr = 0;
-  std::size_t size = 0;            // bytes of this block (a multiple of 512)
-  StreamId stream = 0;             // the stream whose pool owns the segment
-  BlockPool* pool = nullptr;
-  Block* prev = nullptr;           // neighbours inside the segment
-  Block* next = nullptr;           // (also the free-list link while released to the pool)
-  BlockSet::iterator pool_it{};    // its node in pool->blocks while free
-  int event_count = 0;             // outstanding events before reuse
-  bool allocated = false;
-  // --- second line
-  std::size_t requested_size = 0;        // caller's size while active
-  std::vector<StreamId> stream_uses;     // streams from record_stream (only while allocated)
-  std::uint32_t context = 0;
-  std::uint64_t gc_count_base = 0;       // pool's call count when it was freed (GC only)
-
-  bool is_split() const noexcept { return prev != nullptr || next != nullptr; }
-  /// Free and mergeable: not handed out and no pending events (stream uses exist
-  /// only while allocated: free() turns them into events).
-  bool is_free() const noexcept { return !allocated && event_count == 0; }
-};
-
-inline PoolEntry entry_of(const Block* b) noexcept {
-  return PoolEntry{b->stream, b->size, b->ptr, const_cast<Block*>(b)};
-}
-
-struct BlockPool {
-  explicit BlockPool(bool small)
-      : blocks(PoolEntryLess{}, ArenaAllocator<PoolEntry>(&arena)), is_small(small) {}
-  FreeListArena arena;  // must outlive `blocks`
-  BlockSet blocks;
-  const bool is_small;
-  bool tracks_age = false;  // garbage collection configured: blocks record their age
-  std::uint64_t get_free_blocks_call_count = 0;  // gc age clock
-
-  void insert(Block* b) {
-    if (tracks_age) b->gc_count_base = get_free_blocks_call_count;
-    b->pool_it = blocks.insert(entry_of(b)).first;
-  }
-  void erase(Block* b) noexcept { blocks.erase(b->pool_it); }
-  /// Moves a pooled block to a new address and size, keeping its tree node
-  /// when the order still holds (the common split/merge case), else re-inserting
-  /// it. Either way the result equals erase + insert. The key is built from the
-  /// arguments, not re-read from the block, which avoids a store-forwarding stall.
-  void rekey(Block* b, std::uintptr_t ptr, std::size_t size) {
-    if (tracks_age) b->gc_count_base = get_free_blocks_call_count;
-    const PoolEntryLess less;
-    const PoolEntry key{b->stream, size, ptr, b};
-    auto it = b->pool_it;
-    // A shrinking block can only move left past its predecessor, a growing one
-    // only right past its successor: one neighbour to look at, not two.
-    bool in_order = true;
-    if (size <= b->size && it != blocks.begin()) in_order = less(*std::prev(it), key);
-    if (size >= b->size && in_order) {
-      const auto next = std::next(it);
-      in_order = next == blocks.end() || less(key, *next);
-    }
-    b->ptr = ptr;
-    b->size = size;
-    if (in_order) {
-      // The node's storage is not const; the order is unchanged, so updating
-      // the key in place leaves a valid tree. (Field by field: stream and
-      // block are unchanged, and scalar stores avoid assembling vectors.)
-      auto& entry = const_cast<PoolEntry&>(*it);
-      entry.size = size;
-      entry.ptr = ptr;
-      return;
-    }
-    blocks.erase(it);
-    b->pool_it = blocks.insert(key).first;
-  }
-};
 
 class AllocatorCore {
  public:

@@ -40,10 +40,10 @@ std::size_t AllocatorCore::block_size(const void* ptr) const {
 
 std::vector<const Block*> AllocatorCore::all_blocks_locked() const {
   std::vector<const Block*> out;
-  out.reserve(active_.size() + large_blocks_.blocks.size() + small_blocks_.blocks.size());
+  out.reserve(active_.size() + large_blocks_.size() + small_blocks_.size());
   active_.for_each([&](std::uintptr_t, Block* b) { out.push_back(b); });
-  for (const PoolEntry& e : large_blocks_.blocks) out.push_back(e.block);
-  for (const PoolEntry& e : small_blocks_.blocks) out.push_back(e.block);
+  large_blocks_.for_each([&](const Block* b) { out.push_back(b); });
+  small_blocks_.for_each([&](const Block* b) { out.push_back(b); });
   return out;
 }
 
@@ -136,9 +136,7 @@ void AllocatorCore::validate() const {
       if (b->pool != head->pool || b->stream != head->stream) fail("mixed pools in a segment");
       if (b->size == 0 || b->size % kMinBlockSize != 0) fail("block size not a multiple of 512");
       const bool is_free = !b->allocated && b->event_count == 0;
-      const auto found = b->pool->blocks.find(entry_of(b));
-      const bool in_pool = found != b->pool->blocks.end() && found->block == b;
-      if (in_pool && found != b->pool_it) fail("a pooled block's node handle is stale");
+      const bool in_pool = b->pool->contains(b);
       if (is_free != in_pool) fail("pool membership disagrees with block state");
       if (!is_free && active_.find(b->ptr) == nullptr) fail("active block missing from the map");
       if (is_free && b->next && !b->next->allocated && b->next->event_count == 0) {
@@ -170,14 +168,10 @@ void AllocatorCore::validate() const {
     if (total >= config_.max_split_size) ++oversize_segs;
   }
   for (const BlockPool* pool : {&large_blocks_, &small_blocks_}) {
-    for (const PoolEntry& e : pool->blocks) {
-      const Block* b = e.block;
-      if (e.stream != b->stream || e.size != b->size || e.ptr != b->ptr) {
-        fail("a pool entry's key disagrees with its block");
-      }
+    if (const std::string error = pool->check(); !error.empty()) fail(error);
+    pool->for_each([&](const Block* b) {
       if (b->allocated || b->event_count > 0) fail("an active block sits in a free pool");
-      if (b->pool != pool) fail("a block sits in the wrong pool");
-    }
+    });
   }
   std::size_t queued = 0;
   for (const auto& [stream, queue] : events_) queued += queue.size();

@@ -1,0 +1,137 @@
+// block_pool.cpp — the pool index's cold paths: streams, walking backwards,
+// membership and the self-check that validate() runs.
+#include "block_pool.hpp"
+
+#include <algorithm>
+
+#include "vramscope/allocator/config.hpp"
+
+namespace mem::detail {
+
+StreamClasses* StreamClasses::create(StreamId stream, std::size_t classes,
+                                     FreeListArena* arena) {
+  void* storage = ::operator new(sizeof(StreamClasses) + classes * sizeof(BlockSet));
+  auto* sc = new (storage) StreamClasses(stream, classes);
+  auto* sets = reinterpret_cast<BlockSet*>(sc + 1);
+  for (std::size_t c = 0; c < classes; ++c) {
+    new (sets + c) BlockSet(PoolEntryLess{}, ArenaAllocator<PoolEntry>(arena));
+  }
+  return sc;
+}
+
+void StreamClasses::destroy(StreamClasses* sc) noexcept {
+  for (std::size_t c = 0; c < sc->classes_; ++c) sc->set(c).~BlockSet();
+  sc->~StreamClasses();
+  ::operator delete(sc);
+}
+
+// Small-pool blocks are at most one small segment (2 MiB); a larger one (from
+// reserve_segment) shares the top class, which stays ordered by size.
+BlockPool::BlockPool(bool small)
+    : is_small(small), classes_(small ? size_class(kSmallBuffer) + 1 : kNumSizeClasses) {}
+
+StreamClasses* BlockPool::find_slow(StreamId stream) const noexcept {
+  const auto it = std::lower_bound(streams_.begin(), streams_.end(), stream,
+                                   [](const auto& sc, StreamId s) { return sc->stream() < s; });
+  if (it == streams_.end() || (*it)->stream() != stream) return nullptr;
+  cached_stream_ = stream;
+  cached_ = it->get();
+  return cached_;
+}
+
+StreamClasses& BlockPool::add(StreamId stream) {
+  const auto it = std::lower_bound(streams_.begin(), streams_.end(), stream,
+                                   [](const auto& sc, StreamId s) { return sc->stream() < s; });
+  StreamClasses* sc = StreamClasses::create(stream, classes_, &arena_);
+  streams_.emplace(it, sc);
+  cached_stream_ = stream;
+  cached_ = sc;
+  return *sc;
+}
+
+void BlockPool::move(StreamClasses& sc, Block* b, std::uintptr_t ptr, std::size_t size) {
+  const std::size_t from = b->pool_class;
+  const std::size_t to = class_of(size);
+  BlockSet& set = sc.set(from);
+  BlockSet& dest = sc.set(to);
+  const auto it = b->pool_it;
+  b->ptr = ptr;
+  b->size = size;
+  b->pool_class = static_cast<std::uint16_t>(to);
+  if (set.size() == 1 && dest.empty()) {
+    // The block's class holds only it and the new one is empty (a segment's one
+    // free block growing or shrinking): move the whole tree, O(1).
+    set.swap(dest);
+    auto& entry = const_cast<PoolEntry&>(*it);
+    entry.size = size;
+    entry.ptr = ptr;
+    sc.unmark(from);
+    sc.mark(to);
+    return;
+  }
+  auto node = set.extract(it);
+  if (from != to && set.empty()) sc.unmark(from);
+  node.value() = PoolEntry{size, ptr, b};
+  b->pool_it = dest.insert(std::move(node)).position;
+  sc.mark(to);
+}
+
+Block* BlockPool::largest(StreamId stream) const noexcept {
+  const StreamClasses* sc = find(stream);
+  if (sc == nullptr) return nullptr;
+  const std::size_t c = sc->prev_nonempty(classes_ - 1);
+  return c == StreamClasses::kNone ? nullptr : std::prev(sc->set(c).end())->block;
+}
+
+Block* BlockPool::before(const Block* b) const noexcept {
+  const StreamClasses* sc = find(b->stream);
+  std::size_t c = b->pool_class;
+  if (b->pool_it != sc->set(c).begin()) return std::prev(b->pool_it)->block;
+  c = c == 0 ? StreamClasses::kNone : sc->prev_nonempty(c - 1);
+  return c == StreamClasses::kNone ? nullptr : std::prev(sc->set(c).end())->block;
+}
+
+bool BlockPool::contains(const Block* b) const {
+  const StreamClasses* sc = find(b->stream);
+  if (sc == nullptr) return false;
+  const BlockSet& set = sc->set(class_of(b->size));
+  const auto it = set.find(PoolEntry{b->size, b->ptr, nullptr});
+  return it != set.end() && it->block == b;
+}
+
+std::string BlockPool::check() const {
+  std::size_t count = 0;
+  for (std::size_t i = 0; i < streams_.size(); ++i) {
+    const StreamClasses& sc = *streams_[i];
+    if (i > 0 && streams_[i - 1]->stream() >= sc.stream()) return "pool streams out of order";
+    if (sc.classes() != classes_) return "a stream has the wrong number of size classes";
+    for (std::size_t c = 0; c < classes_; ++c) {
+      const BlockSet& set = sc.set(c);
+      if (sc.has(c) == set.empty()) return "a size-class bit disagrees with its set";
+      for (auto it = set.begin(); it != set.end(); ++it) {
+        const Block* b = it->block;
+        if (it->size != b->size || it->ptr != b->ptr || b->stream != sc.stream()) {
+          return "a pool entry's key disagrees with its block";
+        }
+        if (class_of(b->size) != c || b->pool_class != c) {
+          return "a block sits in the wrong size class";
+        }
+        if (b->pool_it != it) return "a pooled block's node handle is stale";
+        if (b->pool != this) return "a block sits in the wrong pool";
+        ++count;
+      }
+    }
+    if (sc.lowest() != std::min(sc.next_nonempty(0), classes_)) {
+      return "a pool's lowest size class is stale";
+    }
+    for (std::size_t w = 0; w < StreamClasses::kWords; ++w) {
+      if (sc.summary_bit(w) != (sc.word(w) != 0)) {
+        return "a size-class summary bit disagrees with its word";
+      }
+    }
+  }
+  if (count != size_) return "the pool's block count disagrees with its sets";
+  return {};
+}
+
+}  // namespace mem::detail
