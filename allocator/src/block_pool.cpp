@@ -4,7 +4,6 @@
 
 #include <algorithm>
 
-#include "vramscope/allocator/config.hpp"
 
 namespace mem::detail {
 
@@ -25,10 +24,7 @@ void StreamClasses::destroy(StreamClasses* sc) noexcept {
   ::operator delete(sc);
 }
 
-// Small-pool blocks are at most one small segment (2 MiB); a larger one (from
-// reserve_segment) shares the top class, which stays ordered by size.
-BlockPool::BlockPool(bool small)
-    : is_small(small), classes_(small ? size_class(kSmallBuffer) + 1 : kNumSizeClasses) {}
+BlockPool::BlockPool(bool small) : is_small(small) {}
 
 StreamClasses* BlockPool::find_slow(StreamId stream) const noexcept {
   const auto it = std::lower_bound(streams_.begin(), streams_.end(), stream,
@@ -42,7 +38,7 @@ StreamClasses* BlockPool::find_slow(StreamId stream) const noexcept {
 StreamClasses& BlockPool::add(StreamId stream) {
   const auto it = std::lower_bound(streams_.begin(), streams_.end(), stream,
                                    [](const auto& sc, StreamId s) { return sc->stream() < s; });
-  StreamClasses* sc = StreamClasses::create(stream, classes_, &arena_);
+  StreamClasses* sc = StreamClasses::create(stream, kNumSizeClasses, &arena_);
   streams_.emplace(it, sc);
   cached_stream_ = stream;
   cached_ = sc;
@@ -79,7 +75,7 @@ void BlockPool::move(StreamClasses& sc, Block* b, std::uintptr_t ptr, std::size_
 Block* BlockPool::largest(StreamId stream) const noexcept {
   const StreamClasses* sc = find(stream);
   if (sc == nullptr) return nullptr;
-  const std::size_t c = sc->prev_nonempty(classes_ - 1);
+  const std::size_t c = sc->prev_nonempty(kNumSizeClasses - 1);
   return c == StreamClasses::kNone ? nullptr : std::prev(sc->set(c).end())->block;
 }
 
@@ -104,8 +100,8 @@ std::string BlockPool::check() const {
   for (std::size_t i = 0; i < streams_.size(); ++i) {
     const StreamClasses& sc = *streams_[i];
     if (i > 0 && streams_[i - 1]->stream() >= sc.stream()) return "pool streams out of order";
-    if (sc.classes() != classes_) return "a stream has the wrong number of size classes";
-    for (std::size_t c = 0; c < classes_; ++c) {
+    if (sc.classes() != kNumSizeClasses) return "a stream has the wrong number of size classes";
+    for (std::size_t c = 0; c < kNumSizeClasses; ++c) {
       const BlockSet& set = sc.set(c);
       if (sc.has(c) == set.empty()) return "a size-class bit disagrees with its set";
       for (auto it = set.begin(); it != set.end(); ++it) {
@@ -121,7 +117,7 @@ std::string BlockPool::check() const {
         ++count;
       }
     }
-    if (sc.lowest() != std::min(sc.next_nonempty(0), classes_)) {
+    if (sc.lowest() != std::min(sc.next_nonempty(0), kNumSizeClasses)) {
       return "a pool's lowest size class is stale";
     }
     for (std::size_t w = 0; w < StreamClasses::kWords; ++w) {

@@ -124,6 +124,8 @@ class StreamClasses {
 static_assert(sizeof(StreamClasses) % alignof(BlockSet) == 0);
 
 class BlockPool {
+  static constexpr StreamId kNoStream = ~StreamId{0};
+
  public:
   explicit BlockPool(bool small);
   BlockPool(const BlockPool&) = delete;
@@ -140,7 +142,7 @@ class BlockPool {
     if (sc == nullptr) return nullptr;
     std::size_t c = class_of(size);
     if (c < sc->lowest()) {
-      return sc->lowest() < classes_ ? &*sc->set(sc->lowest()).begin() : nullptr;
+      return sc->lowest() < kNumSizeClasses ? &*sc->set(sc->lowest()).begin() : nullptr;
     }
     if (sc->has(c)) {
       const BlockSet& set = sc->set(c);
@@ -237,12 +239,9 @@ class BlockPool {
   std::string check() const;
 
  private:
-  std::size_t class_of(std::size_t size) const noexcept {
-    const std::size_t c = size_class(size);
-    return c < classes_ ? c : classes_ - 1;
-  }
+  static std::size_t class_of(std::size_t size) noexcept { return size_class(size); }
   StreamClasses* find(StreamId stream) const noexcept {
-    if (cached_stream_ == stream && cached_ != nullptr) [[likely]] return cached_;
+    if (cached_stream_ == stream) [[likely]] return cached_;
     return find_slow(stream);
   }
   StreamClasses* find_slow(StreamId stream) const noexcept;
@@ -255,11 +254,10 @@ class BlockPool {
   StreamClasses& add(StreamId stream);
 
   FreeListArena arena_;  // the sets' nodes; must outlive streams_
-  std::size_t classes_;  // classes this pool uses: the top one takes every larger size
   std::vector<std::unique_ptr<StreamClasses, StreamClasses::Deleter>> streams_;  // by stream
   // The stream looked up last, kept here so a lookup's compare needs no load
   // through a pointer.
-  mutable StreamId cached_stream_ = 0;
+  mutable StreamId cached_stream_ = kNoStream;  // no stream: cached_ is null
   mutable StreamClasses* cached_ = nullptr;
   std::size_t size_ = 0;
 };
