@@ -187,11 +187,13 @@ class BlockPool {
       const auto it = b->pool_it;
       const PoolEntryLess less;
       const PoolEntry key{size, ptr, b};
-      // A shrinking block can only move left past its predecessor, a growing one
+      // Alone in its class (a segment's one free block) it is in order. Else a
+      // shrinking block can only move left past its predecessor, a growing one
       // only right past its successor: one neighbour to look at, not two.
+      const bool alone = set.size() == 1;
       bool in_order = true;
-      if (size <= b->size && it != set.begin()) in_order = less(*std::prev(it), key);
-      if (size >= b->size && in_order) {
+      if (!alone && size <= b->size && it != set.begin()) in_order = less(*std::prev(it), key);
+      if (!alone && size >= b->size && in_order) {
         const auto next = std::next(it);
         in_order = next == set.end() || less(key, *next);
       }
