@@ -10,16 +10,18 @@ namespace mem::detail {
 StreamClasses* StreamClasses::create(StreamId stream, std::size_t classes,
                                      FreeListArena* arena) {
   void* storage = ::operator new(sizeof(StreamClasses) + classes * sizeof(BlockSet));
-  auto* sc = new (storage) StreamClasses(stream, classes);
-  auto* sets = reinterpret_cast<BlockSet*>(sc + 1);
-  for (std::size_t c = 0; c < classes; ++c) {
-    new (sets + c) BlockSet(PoolEntryLess{}, ArenaAllocator<PoolEntry>(arena));
-  }
-  return sc;
+  return new (storage) StreamClasses(stream, classes, arena);
+}
+
+void StreamClasses::build(std::size_t c) {
+  new (sets() + c) BlockSet(PoolEntryLess{}, ArenaAllocator<PoolEntry>(arena_));
+  built_[c >> 6] |= std::uint64_t{1} << (c & 63);
 }
 
 void StreamClasses::destroy(StreamClasses* sc) noexcept {
-  for (std::size_t c = 0; c < sc->classes_; ++c) sc->set(c).~BlockSet();
+  for (std::size_t c = 0; c < sc->classes_; ++c) {
+    if (sc->built(c)) sc->set(c).~BlockSet();
+  }
   sc->~StreamClasses();
   ::operator delete(sc);
 }
@@ -49,7 +51,7 @@ void BlockPool::move(StreamClasses& sc, Block* b, std::uintptr_t ptr, std::size_
   const std::size_t from = b->pool_class;
   const std::size_t to = class_of(size);
   BlockSet& set = sc.set(from);
-  BlockSet& dest = sc.set(to);
+  BlockSet& dest = sc.set_for_insert(to);
   const auto it = b->pool_it;
   b->ptr = ptr;
   b->size = size;
@@ -90,7 +92,9 @@ Block* BlockPool::before(const Block* b) const noexcept {
 bool BlockPool::contains(const Block* b) const {
   const StreamClasses* sc = find(b->stream);
   if (sc == nullptr) return false;
-  const BlockSet& set = sc->set(class_of(b->size));
+  const std::size_t c = class_of(b->size);
+  if (!sc->has(c)) return false;
+  const BlockSet& set = sc->set(c);
   const auto it = set.find(PoolEntry{b->size, b->ptr, nullptr});
   return it != set.end() && it->block == b;
 }
@@ -102,6 +106,10 @@ std::string BlockPool::check() const {
     if (i > 0 && streams_[i - 1]->stream() >= sc.stream()) return "pool streams out of order";
     if (sc.classes() != kNumSizeClasses) return "a stream has the wrong number of size classes";
     for (std::size_t c = 0; c < kNumSizeClasses; ++c) {
+      if (!sc.built(c)) {
+        if (sc.has(c)) return "a size class is marked but has no set";
+        continue;
+      }
       const BlockSet& set = sc.set(c);
       if (sc.has(c) == set.empty()) return "a size-class bit disagrees with its set";
       for (auto it = set.begin(); it != set.end(); ++it) {

@@ -62,8 +62,16 @@ class StreamClasses {
 
   StreamId stream() const noexcept { return stream_; }
   std::size_t classes() const noexcept { return classes_; }
+  /// Class c's set; it exists once a block has entered the class (built()).
   BlockSet& set(std::size_t c) noexcept { return sets()[c]; }
   const BlockSet& set(std::size_t c) const noexcept { return sets()[c]; }
+  bool built(std::size_t c) const noexcept { return (built_[c >> 6] >> (c & 63)) & 1; }
+  /// Class c's set, built on first use: a new stream costs two bitmaps, not
+  /// a thousand set constructions (short replays make many).
+  BlockSet& set_for_insert(std::size_t c) {
+    if (!built(c)) [[unlikely]] build(c);
+    return sets()[c];
+  }
 
   bool has(std::size_t c) const noexcept { return (nonempty_[c >> 6] >> (c & 63)) & 1; }
   /// The smallest non-empty class, or classes() when there is none. A request
@@ -108,8 +116,9 @@ class StreamClasses {
   }
 
  private:
-  StreamClasses(StreamId stream, std::size_t classes)
-      : stream_(stream), classes_(classes), lowest_(classes) {}
+  StreamClasses(StreamId stream, std::size_t classes, FreeListArena* arena)
+      : stream_(stream), classes_(classes), lowest_(classes), arena_(arena) {}
+  void build(std::size_t c);
   BlockSet* sets() const noexcept {
     return std::launder(reinterpret_cast<BlockSet*>(const_cast<StreamClasses*>(this) + 1));
   }
@@ -119,6 +128,8 @@ class StreamClasses {
   std::size_t lowest_;
   std::uint64_t summary_ = 0;                      // bit w: nonempty_[w] != 0
   std::array<std::uint64_t, kWords> nonempty_{};  // bit c: set(c) holds blocks
+  std::array<std::uint64_t, kWords> built_{};     // bit c: set(c) is constructed
+  FreeListArena* arena_;                          // the sets' nodes
   // followed by classes_ BlockSets
 };
 static_assert(sizeof(StreamClasses) % alignof(BlockSet) == 0);
@@ -160,7 +171,7 @@ class BlockPool {
     StreamClasses& sc = find_or_add(b->stream);
     const std::size_t c = class_of(b->size);
     b->pool_class = static_cast<std::uint16_t>(c);
-    b->pool_it = sc.set(c).insert(PoolEntry{b->size, b->ptr, b}).first;
+    b->pool_it = sc.set_for_insert(c).insert(PoolEntry{b->size, b->ptr, b}).first;
     sc.mark(c);
     ++size_;
   }
