@@ -56,15 +56,14 @@ void BlockPool::move(StreamClasses& sc, Block* b, std::uintptr_t ptr, std::size_
   b->ptr = ptr;
   b->size = size;
   b->pool_class = static_cast<std::uint16_t>(to);
-  if (set.size() == 1 && dest.empty()) {
-    // The block's class holds only it and the new one is empty (a segment's one
-    // free block growing or shrinking): move the whole tree, O(1).
+  if (from != to && set.size() == 1 && dest.empty()) {
+    // Alone, to a class never used before (rekey handles the rest of this case).
     set.swap(dest);
     auto& entry = const_cast<PoolEntry&>(*it);
     entry.size = size;
     entry.ptr = ptr;
-    sc.unmark(from);
     sc.mark(to);
+    sc.unmark(from);
     return;
   }
   auto node = set.extract(it);

@@ -193,7 +193,24 @@ class BlockPool {
     if (tracks_age) b->gc_count_base = get_free_blocks_call_count;
     StreamClasses& sc = *find(b->stream);
     const std::size_t c = b->pool_class;
-    if (class_of(size) == c) {
+    const std::size_t to = class_of(size);
+    if (to != c) {
+      BlockSet& set = sc.set(c);
+      if (set.size() == 1 && sc.built(to) && sc.set(to).empty()) [[likely]] {
+        // Alone in its class and moving to an empty one (a segment's one free
+        // block after a split or merge): hand over the whole tree, O(1).
+        set.swap(sc.set(to));
+        auto& entry = const_cast<PoolEntry&>(*b->pool_it);
+        entry.size = size;
+        entry.ptr = ptr;
+        b->ptr = ptr;
+        b->size = size;
+        b->pool_class = static_cast<std::uint16_t>(to);
+        sc.mark(to);  // first, so a shrinking block's class becomes the lowest without a search
+        sc.unmark(c);
+        return;
+      }
+    } else {
       const BlockSet& set = sc.set(c);
       const auto it = b->pool_it;
       const PoolEntryLess less;
