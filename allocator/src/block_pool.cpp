@@ -7,10 +7,9 @@
 
 namespace mem::detail {
 
-StreamClasses* StreamClasses::create(StreamId stream, std::size_t classes,
-                                     FreeListArena* arena) {
-  void* storage = ::operator new(sizeof(StreamClasses) + classes * sizeof(BlockSet));
-  return new (storage) StreamClasses(stream, classes, arena);
+StreamClasses* StreamClasses::create(StreamId stream, FreeListArena* arena) {
+  void* storage = ::operator new(sizeof(StreamClasses) + kNumSizeClasses * sizeof(BlockSet));
+  return new (storage) StreamClasses(stream, arena);
 }
 
 void StreamClasses::build(std::size_t c) {
@@ -19,7 +18,7 @@ void StreamClasses::build(std::size_t c) {
 }
 
 void StreamClasses::destroy(StreamClasses* sc) noexcept {
-  for (std::size_t c = 0; c < sc->classes_; ++c) {
+  for (std::size_t c = 0; c < kNumSizeClasses; ++c) {
     if (sc->built(c)) sc->set(c).~BlockSet();
   }
   sc->~StreamClasses();
@@ -38,9 +37,13 @@ StreamClasses* BlockPool::find_slow(StreamId stream) const noexcept {
 }
 
 StreamClasses& BlockPool::add(StreamId stream) {
+  // Streams come and go (a program may create thousands): a new one first
+  // drops the tables of streams that hold no free block, so memory and
+  // validate() follow the streams in use, not every stream ever seen.
+  std::erase_if(streams_, [](const auto& sc) { return sc->count == 0; });
   const auto it = std::lower_bound(streams_.begin(), streams_.end(), stream,
                                    [](const auto& sc, StreamId s) { return sc->stream() < s; });
-  StreamClasses* sc = StreamClasses::create(stream, kNumSizeClasses, &arena_);
+  StreamClasses* sc = StreamClasses::create(stream, &arena_);
   streams_.emplace(it, sc);
   cached_stream_ = stream;
   cached_ = sc;
@@ -103,34 +106,35 @@ std::string BlockPool::check() const {
   for (std::size_t i = 0; i < streams_.size(); ++i) {
     const StreamClasses& sc = *streams_[i];
     if (i > 0 && streams_[i - 1]->stream() >= sc.stream()) return "pool streams out of order";
-    if (sc.classes() != kNumSizeClasses) return "a stream has the wrong number of size classes";
-    for (std::size_t c = 0; c < kNumSizeClasses; ++c) {
-      if (!sc.built(c)) {
-        if (sc.has(c)) return "a size class is marked but has no set";
-        continue;
-      }
-      const BlockSet& set = sc.set(c);
-      if (sc.has(c) == set.empty()) return "a size-class bit disagrees with its set";
-      for (auto it = set.begin(); it != set.end(); ++it) {
-        const Block* b = it->block;
-        if (it->size != b->size || it->ptr != b->ptr || b->stream != sc.stream()) {
-          return "a pool entry's key disagrees with its block";
-        }
-        if (class_of(b->size) != c || b->pool_class != c) {
-          return "a block sits in the wrong size class";
-        }
-        if (b->pool_it != it) return "a pooled block's node handle is stale";
-        if (b->pool != this) return "a block sits in the wrong pool";
-        ++count;
-      }
-    }
-    if (sc.lowest() != std::min(sc.next_nonempty(0), kNumSizeClasses)) {
-      return "a pool's lowest size class is stale";
-    }
+    std::size_t stream_count = 0;
+    // Only built classes can hold blocks; walk those (validate() runs this often).
     for (std::size_t w = 0; w < StreamClasses::kWords; ++w) {
       if (sc.summary_bit(w) != (sc.word(w) != 0)) {
         return "a size-class summary bit disagrees with its word";
       }
+      if ((sc.word(w) & ~sc.built_word(w)) != 0) return "a size class is marked but has no set";
+      for (std::uint64_t bits = sc.built_word(w); bits != 0; bits &= bits - 1) {
+        const std::size_t c = (w << 6) + static_cast<std::size_t>(__builtin_ctzll(bits));
+        const BlockSet& set = sc.set(c);
+        if (sc.has(c) == set.empty()) return "a size-class bit disagrees with its set";
+        for (auto it = set.begin(); it != set.end(); ++it) {
+          const Block* b = it->block;
+          if (it->size != b->size || it->ptr != b->ptr || b->stream != sc.stream()) {
+            return "a pool entry's key disagrees with its block";
+          }
+          if (class_of(b->size) != c || b->pool_class != c) {
+            return "a block sits in the wrong size class";
+          }
+          if (b->pool_it != it) return "a pooled block's node handle is stale";
+          if (b->pool != this) return "a block sits in the wrong pool";
+          ++stream_count;
+        }
+      }
+    }
+    if (sc.count != stream_count) return "a stream's block count disagrees with its sets";
+    count += stream_count;
+    if (sc.lowest() != std::min(sc.next_nonempty(0), kNumSizeClasses)) {
+      return "a pool's lowest size class is stale";
     }
   }
   if (count != size_) return "the pool's block count disagrees with its sets";

@@ -54,14 +54,16 @@ class StreamClasses {
   static constexpr std::size_t kWords = (kNumSizeClasses + 63) / 64;
   static_assert(kWords <= 64, "the summary word has one bit per bitmap word");
 
-  static StreamClasses* create(StreamId stream, std::size_t classes, FreeListArena* arena);
+  static StreamClasses* create(StreamId stream, FreeListArena* arena);
   static void destroy(StreamClasses* sc) noexcept;
+  StreamClasses(const StreamClasses&) = delete;
+  StreamClasses& operator=(const StreamClasses&) = delete;
   struct Deleter {
     void operator()(StreamClasses* sc) const noexcept { destroy(sc); }
   };
 
   StreamId stream() const noexcept { return stream_; }
-  std::size_t classes() const noexcept { return classes_; }
+  std::size_t count = 0;  // blocks in this stream's classes
   /// Class c's set; it exists once a block has entered the class (built()).
   BlockSet& set(std::size_t c) noexcept { return sets()[c]; }
   const BlockSet& set(std::size_t c) const noexcept { return sets()[c]; }
@@ -74,8 +76,9 @@ class StreamClasses {
   }
 
   bool has(std::size_t c) const noexcept { return (nonempty_[c >> 6] >> (c & 63)) & 1; }
-  /// The smallest non-empty class, or classes() when there is none. A request
-  /// below it (the common case in a small pool) needs no bitmap search.
+  /// The smallest non-empty class, or kNumSizeClasses when there is none. A
+  /// request below it (common: a pool holding a few segments' free tails)
+  /// needs no bitmap search.
   std::size_t lowest() const noexcept { return lowest_; }
   void mark(std::size_t c) noexcept {
     nonempty_[c >> 6] |= std::uint64_t{1} << (c & 63);
@@ -87,15 +90,16 @@ class StreamClasses {
     if (nonempty_[c >> 6] == 0) summary_ &= ~(std::uint64_t{1} << (c >> 6));
     if (c == lowest_) {
       const std::size_t next = next_nonempty(c + 1);
-      lowest_ = next == kNone ? classes_ : next;
+      lowest_ = next == kNone ? kNumSizeClasses : next;
     }
   }
   bool summary_bit(std::size_t w) const noexcept { return (summary_ >> w) & 1; }
   std::uint64_t word(std::size_t w) const noexcept { return nonempty_[w]; }
+  std::uint64_t built_word(std::size_t w) const noexcept { return built_[w]; }
 
   /// The first non-empty class at or above c, or kNone.
   std::size_t next_nonempty(std::size_t c) const noexcept {
-    if (c >= classes_) return kNone;
+    if (c >= kNumSizeClasses) return kNone;
     std::size_t w = c >> 6;
     const std::uint64_t here = nonempty_[w] & (~std::uint64_t{0} << (c & 63));
     if (here != 0) return (w << 6) + static_cast<std::size_t>(__builtin_ctzll(here));
@@ -116,21 +120,19 @@ class StreamClasses {
   }
 
  private:
-  StreamClasses(StreamId stream, std::size_t classes, FreeListArena* arena)
-      : stream_(stream), classes_(classes), lowest_(classes), arena_(arena) {}
+  StreamClasses(StreamId stream, FreeListArena* arena) : stream_(stream), arena_(arena) {}
   void build(std::size_t c);
   BlockSet* sets() const noexcept {
     return std::launder(reinterpret_cast<BlockSet*>(const_cast<StreamClasses*>(this) + 1));
   }
 
   StreamId stream_;
-  std::size_t classes_;
-  std::size_t lowest_;
+  std::size_t lowest_ = kNumSizeClasses;
   std::uint64_t summary_ = 0;                      // bit w: nonempty_[w] != 0
   std::array<std::uint64_t, kWords> nonempty_{};  // bit c: set(c) holds blocks
   std::array<std::uint64_t, kWords> built_{};     // bit c: set(c) is constructed
   FreeListArena* arena_;                          // the sets' nodes
-  // followed by classes_ BlockSets
+  // followed by kNumSizeClasses BlockSets, built on first use
 };
 static_assert(sizeof(StreamClasses) % alignof(BlockSet) == 0);
 
@@ -173,6 +175,7 @@ class BlockPool {
     b->pool_class = static_cast<std::uint16_t>(c);
     b->pool_it = sc.set_for_insert(c).insert(PoolEntry{b->size, b->ptr, b}).first;
     sc.mark(c);
+    ++sc.count;
     ++size_;
   }
 
@@ -181,6 +184,7 @@ class BlockPool {
     BlockSet& set = sc.set(b->pool_class);
     set.erase(b->pool_it);
     if (set.empty()) sc.unmark(b->pool_class);
+    --sc.count;
     --size_;
   }
 

@@ -176,6 +176,28 @@ TEST_F(BlockPoolTest, AStreamNeverSeenHasNoBlocks) {
   EXPECT_EQ(pool_.best_fit(1, 512)->size, 4096u);
 }
 
+TEST_F(BlockPoolTest, StreamsThatComeAndGoKeepTheIndexConsistent) {
+  // A program may create thousands of streams; an emptied stream's table is
+  // dropped when the next new stream arrives, and its blocks are found again
+  // if it comes back.
+  for (StreamId s = 1; s <= 2000; ++s) {
+    Block* b = make(s, 512 * s, s << 20);
+    pool_.insert(b);
+    ASSERT_EQ(pool_.best_fit(s, 512)->block, b);
+    if (s % 100 != 0) pool_.erase(b);  // every hundredth stream keeps a block
+  }
+  ASSERT_EQ(pool_.check(), "");
+  EXPECT_EQ(pool_.size(), 20u);
+  for (StreamId s = 100; s <= 2000; s += 100) {
+    ASSERT_NE(pool_.best_fit(s, 512), nullptr) << s;
+    EXPECT_EQ(pool_.largest(s)->size, 512 * s);
+  }
+  EXPECT_EQ(pool_.best_fit(1, 512), nullptr);
+  pool_.insert(make(1, 4096, 1));
+  EXPECT_EQ(pool_.best_fit(1, 512)->size, 4096u);
+  EXPECT_EQ(pool_.check(), "");
+}
+
 TEST_F(BlockPoolTest, CheckNamesAStaleEntry) {
   Block* b = make(0, 8192, 1 << 20);
   pool_.insert(b);
