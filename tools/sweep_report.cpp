@@ -175,7 +175,8 @@ std::string sweep_report(const SweepResult& result, const ReportOptions& options
   if (options.how_to_read) {
     const double root = std::sqrt(static_cast<double>(m.sequence_length));
     out += "\nHow to read this:\n";
-    out += "  after step      memory_allocated() after the optimizer step: weights, gradients, optimizer state.\n";
+    out += "  after step      memory_allocated() after the optimizer step: weights, gradients, optimizer state,\n"
+           "                  and the cuBLAS workspaces PyTorch keeps (one per thread that ran a matmul).\n";
     out += "  max alloc       max_memory_allocated(): the peak of live tensors.\n";
     out += "  max reserved    max_memory_reserved(): segments the caching allocator held from the driver.\n";
     out += "                  Freed blocks stay cached for reuse, and blocks are rounded up, so reserved > allocated.\n";

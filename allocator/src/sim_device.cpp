@@ -44,42 +44,44 @@ struct Preset {
   std::string_view name;
   std::size_t capacity;
   std::size_t context;
+  int compute_capability;
   std::string_view description;
 };
 
 constexpr std::size_t mib(std::size_t n) { return n * MiB; }
 
 constexpr Preset kPresets[] = {
-    {"rtx2080s", mib(7982), mib(300),
+    {"rtx2080s", mib(7982), mib(300), 75,
      "GeForce RTX 2080 SUPER (Turing, 8 GB GDDR6): total about 7982 MiB (PyTorch: \"7.79 GiB "
      "total capacity\"); context 300 MiB assumed"},
-    {"rtx2080ti", mib(11019), mib(300),
+    {"rtx2080ti", mib(11019), mib(300), 75,
      "GeForce RTX 2080 Ti (Turing, 11 GB GDDR6): total about 11019 MiB (PyTorch: \"10.76 GiB "
      "total capacity\"); context 300 MiB assumed"},
-    {"titanx-pascal", mib(12196), mib(250),
+    {"titanx-pascal", mib(12196), mib(250), 61,
      "NVIDIA TITAN X (Pascal, 12 GB GDDR5X): total about 12196 MiB (PyTorch: \"11.91 GiB "
      "total capacity\"); context 250 MiB assumed"},
-    {"t4", mib(15104), mib(300),
+    {"t4", mib(15104), mib(300), 75,
      "Tesla T4 (Turing, 16 GB GDDR6): total about 15104 MiB (PyTorch on Colab: \"14.75 GiB "
      "total capacity\"); context 300 MiB assumed"},
-    {"v100-16g", mib(16160), mib(320),
+    {"v100-16g", mib(16160), mib(320), 70,
      "Tesla V100-SXM2-16GB (Volta, HBM2): total about 16160 MiB (PyTorch: \"15.78 GiB total "
      "capacity\"); context 320 MiB assumed"},
-    {"v100-32g", mib(32510), mib(320),
+    {"v100-32g", mib(32510), mib(320), 70,
      "Tesla V100-SXM2-32GB (Volta, HBM2): total about 32510 MiB (PyTorch: \"31.75 GiB total "
      "capacity\"); context 320 MiB assumed"},
-    {"rtx4090", mib(24217), mib(400),
+    {"rtx4090", mib(24217), mib(400), 89,
      "GeForce RTX 4090 (Ada, 24 GB GDDR6X): total about 24217 MiB (PyTorch: \"23.65 GiB total "
      "capacity\"); context 400 MiB assumed"},
-    {"a100-40g", 42'298'834'944, mib(420),
+    {"a100-40g", 42'298'834'944, mib(420), 80,
      "A100-SXM4-40GB (Ampere, HBM2): total 42,298,834,944 B = 40339 MiB as deviceQuery "
      "reports it (PyTorch: \"39.39 GiB\"); context 420 MiB assumed"},
-    {"a100-80g", mib(81049), mib(420),
+    {"a100-80g", mib(81049), mib(420), 80,
      "A100 80GB (Ampere, HBM2e): total about 81049 MiB as deviceQuery reports it (PyTorch: "
      "\"79.15 GiB total capacity\"; nvidia-smi shows 81920 MiB); context 420 MiB assumed"},
-    {"h100-80g", 85'520'809'984, mib(520),
-     "H100 80GB HBM3 (Hopper, SXM): total 85,520,809,984 B = 81559 MiB as nvidia-smi and "
-     "cudaMemGetInfo report it (PyTorch: \"79.65 GiB\"); context 520 MiB assumed"},
+    {"h100-80g", 85'017'493'504, mib(751), 90,
+     "H100 80GB HBM3 (Hopper, SXM): total 85,017,493,504 B = 79.18 GiB as cudaMemGetInfo "
+     "reports it (nvidia-smi: 81559 MiB); context 751 MiB, measured beside PyTorch 2.11's "
+     "allocator after a training step (driver 580)"},
 };
 
 constexpr std::string_view kDefaultPreset = "a100-80g";
@@ -123,7 +125,7 @@ void release_address_window(std::uintptr_t base) noexcept {
 }
 
 constexpr std::string_view kSpecKeys =
-    "capacity, context, granularity, backing, malloc_us, free_us";
+    "capacity, context, granularity, backing, malloc_us, free_us, sm";
 
 std::string preset_list() {
   std::string out;
@@ -187,11 +189,27 @@ void validate_config(const SimDeviceConfig& c) {
   }
 }
 
+// "sm=90" or "sm=9.0": the GPU generation, which decides PyTorch's cuBLAS workspace size.
+int parse_compute_capability(std::string_view whole, std::string_view value) {
+  std::string digits(value);
+  if (const auto dot = digits.find('.'); dot != std::string::npos && dot + 2 == digits.size()) {
+    digits.erase(dot, 1);
+  }
+  int cc = 0;
+  const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), cc);
+  if (ec != std::errc{} || end != digits.data() + digits.size() || cc < 30 || cc > 199) {
+    throw Error("sim spec \"" + std::string(whole) + "\": sm=\"" + std::string(value) +
+                "\" is not a compute capability; write it like sm=90 or sm=9.0 (H100), sm=80 (A100)");
+  }
+  return cc;
+}
+
 SimDeviceConfig from_preset(const Preset& p) {
   SimDeviceConfig c;
   c.name = std::string(p.name);
   c.capacity = p.capacity;
   c.context_bytes = p.context;
+  c.compute_capability = p.compute_capability;
   c.granularity = 2 * MiB;
   c.backing = SimBacking::None;
   c.malloc_latency_us = kMallocUs;
@@ -280,6 +298,8 @@ SimDeviceConfig parse_sim_spec(const std::string& spec) {
                       "\" is not valid; use backing=none (addresses only) or backing=host "
                       "(host memory behind every segment)");
         }
+      } else if (key == "sm") {
+        c.compute_capability = parse_compute_capability(whole, value);
       } else if (key == "malloc_us") {
         c.malloc_latency_us = parse_latency(whole, key, value);
       } else if (key == "free_us") {
@@ -331,6 +351,7 @@ SimDevice::SimDevice(SimDeviceConfig config)
   info_.context_bytes = config_.context_bytes;
   info_.granularity = config_.granularity;
   info_.simulated = true;
+  info_.compute_capability = config_.compute_capability;
   info_.assumptions = "simulated " + config_.name + ": " + format_bytes(config_.capacity) +
                       " total, CUDA context " + format_bytes(config_.context_bytes) + " assumed, " +
                       format_bytes(config_.granularity) + " driver granularity, cudaMalloc " +

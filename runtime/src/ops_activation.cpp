@@ -143,12 +143,13 @@ class DropoutBackward final : public Node {
 
 class SoftmaxBackward final : public Node {
  public:
-  explicit SoftmaxBackward(bool log) : log_(log) {}
+  SoftmaxBackward(bool log, DType input_dtype) : log_(log), input_dtype_(input_dtype) {}
   SavedTensor result_;
   TensorList apply(TensorList& grads) override {
     const Tensor& g = grads[0];
     const Tensor r = result_.unpack();
-    Tensor gx = empty(g.runtime(), r.shape(), r.dtype());
+    // The gradient has the input's dtype: f16 after a half_to_float forward.
+    Tensor gx = empty(g.runtime(), r.shape(), input_dtype_);
     g.runtime().add_flops(4.0 * static_cast<double>(g.numel()));
     if (g.runtime().computing()) {
       detail::dispatch(r.dtype(), [&](auto tag) {
@@ -173,6 +174,7 @@ class SoftmaxBackward final : public Node {
 
  private:
   bool log_;
+  DType input_dtype_;
 };
 
 /// Elementwise activation saving its result.
@@ -189,12 +191,16 @@ Tensor activation_saving_result(const Tensor& x, double flops, F f) {
 }
 
 Tensor softmax_impl(const Tensor& x_in, bool log) {
-  const Tensor x = detail::autocast_f32(x_in);
+  // Autocast runs softmax in f32. An f16 input is not copied to f32 first: PyTorch passes
+  // half_to_float to the CUDA kernel (SoftMax.cpp), which reads f16 and writes f32, and
+  // its backward returns an f16 gradient. bf16 inputs take the copy.
+  const bool half_to_float = x_in.defined() && x_in.runtime().autocast() && x_in.dtype() == DType::F16;
+  const Tensor x = half_to_float ? x_in : detail::autocast_f32(x_in);
   Runtime& rt = x.runtime();
-  Tensor out = empty(rt, x.shape(), x.dtype());
+  Tensor out = empty(rt, x.shape(), half_to_float ? DType::F32 : x.dtype());
   rt.add_flops(4.0 * static_cast<double>(x.numel()));
   if (rt.computing()) {
-    detail::dispatch(x.dtype(), [&](auto tag) {
+    detail::dispatch(out.dtype(), [&](auto tag) {
       using T = decltype(tag);
       HostIn<T> X(x);
       HostOut<T> Y(out);
@@ -211,7 +217,7 @@ Tensor softmax_impl(const Tensor& x_in, bool log) {
     });
   }
   if (needs_grad({&x})) {
-    auto node = detail::make_node<SoftmaxBackward>({&x}, log);
+    auto node = detail::make_node<SoftmaxBackward>({&x}, log, x.dtype());
     set_history(out, node);
     node->result_.save(out);
   }

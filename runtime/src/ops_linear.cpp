@@ -23,6 +23,7 @@ class LinearBackward final : public Node {
     if (needs_input_grad(0)) {
       const std::int64_t k = kn_ ? w.size(0) : w.size(1);
       gx = empty(rt, x_shape_, g.dtype());
+      rt.gemm_workspace(false);
       rt.add_flops(linear_flops(m, k, n));
       if (rt.computing()) {
         detail::dispatch(g.dtype(), [&](auto tag) {
@@ -37,6 +38,7 @@ class LinearBackward final : public Node {
     if (needs_input_grad(1)) {
       const std::int64_t k = x.size(-1);
       gw = empty(rt, kn_ ? Shape{k, n} : Shape{n, k}, g.dtype());
+      rt.gemm_workspace(false);
       rt.add_flops(linear_flops(n, k, m));
       if (rt.computing()) {
         detail::dispatch(g.dtype(), [&](auto tag) {
@@ -96,6 +98,7 @@ Tensor linear_impl(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, b
   out_shape[out_shape.size() - 1] = n;
   Runtime& rt = x.runtime();
   Tensor out = empty(rt, out_shape, x.dtype());
+  rt.gemm_workspace(/*lt=*/b.defined());  // addmm with a bias runs through cublasLt
   rt.add_flops(linear_flops(m, n, k) + (b.defined() ? static_cast<double>(m * n) : 0.0));
   if (rt.computing()) {
     detail::dispatch(x.dtype(), [&](auto tag) {
@@ -133,6 +136,7 @@ class BmmBackward final : public Node {
       const Tensor b = b_.unpack();
       const std::int64_t k = b.size(1);
       ga = empty(rt, Shape{bs, m, k}, g.dtype());
+      rt.gemm_workspace(false);
       rt.add_flops(static_cast<double>(bs) * linear_flops(m, k, n));
       if (rt.computing()) {
         detail::dispatch(g.dtype(), [&](auto tag) {
@@ -150,6 +154,7 @@ class BmmBackward final : public Node {
       const Tensor a = a_.unpack();
       const std::int64_t k = a.size(2);
       gb = empty(rt, Shape{bs, k, n}, g.dtype());
+      rt.gemm_workspace(false);
       rt.add_flops(static_cast<double>(bs) * linear_flops(k, n, m));
       if (rt.computing()) {
         detail::dispatch(g.dtype(), [&](auto tag) {
@@ -195,6 +200,7 @@ Tensor bmm(const Tensor& a_in, const Tensor& b_in) {
   const std::int64_t bs = a.size(0), m = a.size(1), k = a.size(2), n = b.size(2);
   Runtime& rt = a.runtime();
   Tensor out = empty(rt, Shape{bs, m, n}, detail::promote(a.dtype(), b.dtype()));
+  rt.gemm_workspace(false);
   rt.add_flops(static_cast<double>(bs) * linear_flops(m, n, k));
   if (rt.computing()) {
     detail::dispatch(out.dtype(), [&](auto tag) {

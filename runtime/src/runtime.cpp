@@ -38,7 +38,38 @@ Runtime::Runtime(CachingAllocator& allocator, ExecMode mode, std::uint64_t seed)
   }
 }
 
-Runtime::~Runtime() { clear_autocast_cache(); }
+Runtime::~Runtime() {
+  clear_autocast_cache();
+  for (auto& slot : blas_workspace_) slot.reset();
+  for (auto& slot : lt_workspace_) slot.reset();
+}
+
+std::size_t cublas_workspace_bytes(int compute_capability) noexcept {
+  // PyTorch 2.x, CublasHandlePool.cpp: a larger default on sm90 / sm100 (measured on an
+  // H100 with PyTorch 2.11: 33,554,432 B per handle).
+  if (compute_capability == 90 || compute_capability == 100) return std::size_t{4096} * 1024 * 8;
+  return std::size_t{4096} * 1024 * 2 + std::size_t{16} * 1024 * 8;
+}
+
+std::size_t cublaslt_workspace_bytes() noexcept { return std::size_t{1} << 20; }
+
+std::size_t Runtime::gemm_workspace_bytes() const noexcept {
+  std::size_t total = 0;
+  for (const auto* slots : {&blas_workspace_, &lt_workspace_}) {
+    for (const auto& slot : *slots) total += slot ? Tensor(slot).nbytes() : 0;
+  }
+  return total;
+}
+
+void Runtime::gemm_workspace(bool lt) {
+  const int thread = tls_phase == Phase::Backward || tls_phase == Phase::Recompute ? 1 : 0;
+  auto reserve = [&](std::shared_ptr<detail::TensorImpl>& slot, std::size_t bytes) {
+    if (slot == nullptr) slot = empty(*this, Shape{static_cast<std::int64_t>(bytes)}, DType::U8).impl_ptr();
+  };
+  // getCUDABlasLtWorkspace() asks for the handle (and its workspace) first.
+  reserve(blas_workspace_[thread], cublas_workspace_bytes(allocator_->device().info().compute_capability));
+  if (lt) reserve(lt_workspace_[thread], cublaslt_workspace_bytes());
+}
 
 void Runtime::add_flops(double flops) noexcept {
   switch (tls_phase) {

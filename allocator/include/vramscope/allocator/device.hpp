@@ -23,6 +23,7 @@ struct DeviceInfo {
   std::size_t context_bytes = 0;  ///< CUDA context overhead nvidia-smi shows before any allocation
   std::size_t granularity = 0;    ///< driver rounding of a segment in nvidia-smi's view
   bool simulated = true;
+  int compute_capability = 0;     ///< major * 10 + minor (75 Turing, 80 A100, 90 H100); 0 unknown
   std::string assumptions;        ///< one line to print beside any figure from this device
 };
 

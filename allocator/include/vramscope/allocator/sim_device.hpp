@@ -33,6 +33,7 @@ struct SimDeviceConfig {
   SimBacking backing = SimBacking::None;
   double malloc_latency_us = 0;              ///< virtual cost of one cudaMalloc
   double free_latency_us = 0;                ///< virtual cost of one cudaFree (implies a sync)
+  int compute_capability = 0;                ///< "sm=90": which GPU generation; 0 unknown
   std::string description;                   ///< where the preset's numbers come from
 };
 

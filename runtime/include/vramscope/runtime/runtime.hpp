@@ -107,6 +107,16 @@ class Runtime {
   /// Called when the autocast region ends (after forward and loss).
   void clear_autocast_cache() noexcept;
 
+  // --- cuBLAS workspaces -------------------------------------------------------------
+  /// Called by every matrix product before its kernel. PyTorch gives each thread's
+  /// cuBLAS handle a workspace from the caching allocator at its first product and keeps
+  /// it for the life of the process: one for the Python thread (forward, optimizer) and
+  /// one for the autograd engine's thread (backward, and the reruns of checkpointing).
+  /// `lt`: the product goes through cublasLt (addmm with a bias), which has its own.
+  void gemm_workspace(bool lt);
+  /// Bytes the workspaces hold so far (they stay allocated until the runtime ends).
+  std::size_t gemm_workspace_bytes() const noexcept;
+
   // --- warnings -------------------------------------------------------------------
   /// Records a warning once per distinct text (PyTorch's warnings.warn behaviour).
   void warn(std::string message);
@@ -124,7 +134,14 @@ class Runtime {
   std::optional<DType> autocast_;
   std::vector<std::pair<const detail::TensorImpl*, std::shared_ptr<detail::TensorImpl>>> cast_cache_;
   std::vector<std::string> warnings_;
+  std::shared_ptr<detail::TensorImpl> blas_workspace_[2], lt_workspace_[2];  // [forward, backward thread]
 };
+
+/// Bytes of PyTorch's default cuBLAS workspace (CUBLAS_WORKSPACE_CONFIG unset) on a GPU of
+/// this compute capability: 4096 KiB x 8 on Hopper and Blackwell, else 4096 KiB x 2 + 16 KiB x 8.
+std::size_t cublas_workspace_bytes(int compute_capability) noexcept;
+/// Bytes of PyTorch's default cublasLt workspace (CUBLASLT_WORKSPACE_SIZE unset): 1 MiB.
+std::size_t cublaslt_workspace_bytes() noexcept;
 
 /// An autocast region (`with torch.autocast(...)`): sets the half type and, on
 /// exit by return or by exception, clears the cast cache and restores the
