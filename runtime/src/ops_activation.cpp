@@ -191,10 +191,11 @@ Tensor activation_saving_result(const Tensor& x, double flops, F f) {
 }
 
 Tensor softmax_impl(const Tensor& x_in, bool log) {
-  // Autocast runs softmax in f32. An f16 input is not copied to f32 first: PyTorch passes
-  // half_to_float to the CUDA kernel (SoftMax.cpp), which reads f16 and writes f32, and
-  // its backward returns an f16 gradient. bf16 inputs take the copy.
-  const bool half_to_float = x_in.defined() && x_in.runtime().autocast() && x_in.dtype() == DType::F16;
+  // Autocast runs softmax in f32. A half input is not copied to f32 first: PyTorch passes
+  // half_to_float to the CUDA kernel (SoftMax.cpp), which reads f16 / bf16 and writes f32,
+  // and its backward returns a half gradient (measured with PyTorch 2.11 on an H100: gpt2
+  // under f16 and bf16 autocast peaks at the same bytes, both without the copy).
+  const bool half_to_float = x_in.defined() && x_in.runtime().autocast() && is_half(x_in.dtype());
   const Tensor x = half_to_float ? x_in : detail::autocast_f32(x_in);
   Runtime& rt = x.runtime();
   Tensor out = empty(rt, x.shape(), half_to_float ? DType::F32 : x.dtype());
