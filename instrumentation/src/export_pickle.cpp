@@ -67,7 +67,11 @@ void trace_entry(detail::PickleWriter& w, const HistoryEntry& e, std::size_t dev
   } else {
     w.item_u("addr", e.address);
   }
-  w.item_u("size", e.size);
+  // PyTorch records orig_size (the caller's request) for alloc/free entries, not the block size.
+  const bool block_event = e.action == TraceAction::Alloc ||
+                           e.action == TraceAction::FreeRequested ||
+                           e.action == TraceAction::FreeCompleted;
+  w.item_u("size", block_event && e.requested_size > 0 ? e.requested_size : e.size);
   w.item_u("stream", e.stream);
   w.item("time_us", static_cast<std::int64_t>(e.time_us));
   w.string("frames");

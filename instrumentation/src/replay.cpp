@@ -4,6 +4,8 @@
 #include "vramscope/instrumentation/replay.hpp"
 
 #include <algorithm>
+#include <cstdint>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <set>
@@ -158,6 +160,10 @@ struct InitBlock {
   std::uintptr_t address = 0;
   std::size_t size = 0;       // 0 until known or inferred
   std::size_t requested = 0;
+  /// Size 0 only: where the trace frees it, and the lowest address above it
+  /// allocated before then (the block ends at or below that address).
+  std::size_t freed_at = 0;
+  std::uintptr_t end_bound = UINTPTR_MAX;
 };
 
 struct InitSegment {
@@ -183,8 +189,8 @@ InitialState derive_initial_state(const AllocationTrace& trace, const AllocatorC
       if (b.state != BlockState::Inactive)
         live[b.address] = InitBlock{b.address, b.size, b.requested_size ? b.requested_size : b.size};
   }
-  for (auto it = trace.events.rbegin(); it != trace.events.rend(); ++it) {
-    const RecordedEvent& e = *it;
+  for (std::size_t i = trace.events.size(); i-- > 0;) {
+    const RecordedEvent& e = trace.events[i];
     switch (e.action) {
       case RecordedAction::SegmentAlloc: segs.erase(e.address); break;
       case RecordedAction::SegmentFree:
@@ -192,10 +198,21 @@ InitialState derive_initial_state(const AllocationTrace& trace, const AllocatorC
         break;
       case RecordedAction::Alloc: live.erase(e.address); break;
       case RecordedAction::FreeRequested:
-        if (!live.count(e.address)) live[e.address] = InitBlock{e.address, 0, e.size};
+        if (!live.count(e.address)) live[e.address] = InitBlock{e.address, 0, e.size, i};
         break;
       default: break;
     }
+  }
+  // A trace's alloc/free sizes are requests (PyTorch's orig_size): a block
+  // freed during the trace may be larger than its rounded request (a tail too
+  // small to split). Blocks allocated above it while it lived bound its end.
+  for (std::size_t i = 0; i < trace.events.size(); ++i) {
+    const RecordedEvent& e = trace.events[i];
+    if (e.action != RecordedAction::Alloc) continue;
+    auto below = live.lower_bound(e.address);
+    if (below == live.begin()) continue;
+    InitBlock& b = std::prev(below)->second;
+    if (b.size == 0 && i < b.freed_at) b.end_bound = std::min(b.end_bound, e.address);
   }
   InitialState state;
   for (const auto& [address, block] : live) {
@@ -215,8 +232,9 @@ InitialState derive_initial_state(const AllocationTrace& trace, const AllocatorC
     const std::uintptr_t end = seg.address + seg.size;
     for (std::size_t i = 0; i < seg.live.size(); ++i) {
       InitBlock& b = seg.live[i];
-      const std::uintptr_t boundary = i + 1 < seg.live.size() ? seg.live[i + 1].address : end;
+      std::uintptr_t boundary = i + 1 < seg.live.size() ? seg.live[i + 1].address : end;
       if (b.size == 0) {
+        boundary = std::min(boundary, b.end_bound);
         // Freed during the trace, allocated before it: only the request is
         // known. Small blocks are always split exactly; a large block keeps
         // a remainder of at most 1 MiB (PyTorch splits only above that), and

@@ -2,6 +2,7 @@
 """check_pickle.py — reads snapshot.pickle with python's own pickle module and
 checks PyTorch's memory-snapshot schema (exact key names) and that only the
 opcodes pytorch.org/memory_viz's JavaScript unpickler knows are used."""
+import csv
 import json
 import pickle
 import pickletools
@@ -83,6 +84,24 @@ def main(directory: Path) -> None:
     assert actions == TRACE_ACTIONS, actions
     assert "model.layer2 (recompute)" in modules, sorted(modules)
     assert "optimizer (optimizer)" in modules
+
+    # Like PyTorch (orig_size), alloc/free entries carry the caller's size, not
+    # the block's; segment and oom entries carry the size the history records.
+    with open(directory / "history.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == len(trace), (len(rows), len(trace))
+    odd = 0
+    for entry, row in zip(trace, rows):
+        assert entry["action"] == row["action"], (entry, row)
+        if entry["action"] in ("alloc", "free_requested", "free_completed"):
+            assert entry["size"] == int(row["requested_size"]), (entry, row)
+            odd += entry["size"] != int(row["size"])
+        else:
+            assert entry["size"] == int(row["size"]), (entry, row)
+    assert odd > 0, "no alloc whose request differs from its block size (see export_fixture)"
+    requests = [b for seg in snap["segments"] for b in seg["blocks"]
+                if b["state"] == "active_allocated" and b["requested_size"] != b["size"]]
+    assert requests, "the snapshot's blocks should keep their rounded size next to the request"
 
     settings = snap["allocator_settings"]
     assert set(settings) == {"PYTORCH_CUDA_ALLOC_CONF", "max_split_size",

@@ -7,6 +7,7 @@
 #include "vramscope/instrumentation/exports.hpp"
 #include "vramscope/instrumentation/history.hpp"
 #include "vramscope/instrumentation/module_scope.hpp"
+#include "vramscope/instrumentation/pickle_reader.hpp"
 
 namespace mem {
 namespace {
@@ -173,6 +174,43 @@ TEST(Exports, PickleUsesProtocolTwoAndStops) {
   EXPECT_EQ(bytes[1], '\x02');
   EXPECT_EQ(bytes.back(), '.');
   alloc->deallocate(p);
+}
+
+// PyTorch's device_traces carry the caller's size (orig_size) for alloc and
+// free entries; the segment's block keeps the rounded size next to the request.
+TEST(Exports, PickleTraceEntriesCarryTheRequestedSize) {
+  auto alloc = test::make_allocator();
+  History history{*alloc, 100};
+  const StreamId side = alloc->device().create_stream();
+  void* kept = alloc->allocate(4);
+  alloc->deallocate(alloc->allocate(4));  // free_completed folded into free_requested
+  void* deferred = alloc->allocate(4);
+  alloc->record_stream(deferred, side);
+  alloc->deallocate(deferred);
+  alloc->empty_cache();  // the deferred free_completed, emitted on its own
+  const PickleValue root = read_pickle(memory_snapshot_pickle(
+      snapshot(*alloc, {.segments = true, .history = true, .history_source = &history})));
+
+  const PickleList& trace = root.at("device_traces").as_list().at(0).as_list();
+  const std::vector<std::pair<std::string, std::size_t>> want = {
+      {"segment_alloc", 2 * MiB}, {"alloc", 4}, {"alloc", 4},          {"free_requested", 4},
+      {"free_completed", 4},      {"alloc", 4}, {"free_requested", 4}, {"free_completed", 4}};
+  ASSERT_EQ(trace.size(), want.size());
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(trace[i].at("action").as_string(), want[i].first) << i;
+    EXPECT_EQ(trace[i].at("size").as_size(), want[i].second) << i;
+  }
+  EXPECT_EQ(trace[1].at("addr").as_size(), reinterpret_cast<std::uintptr_t>(kept));
+
+  const PickleList& segments = root.at("segments").as_list();
+  ASSERT_EQ(segments.size(), 1u);
+  EXPECT_EQ(segments[0].at("total_size").as_size(), 2 * MiB);
+  const PickleValue& block = segments[0].at("blocks").as_list().at(0);
+  EXPECT_EQ(block.at("address").as_size(), reinterpret_cast<std::uintptr_t>(kept));
+  EXPECT_EQ(block.at("state").as_string(), "active_allocated");
+  EXPECT_EQ(block.at("size").as_size(), 512u);
+  EXPECT_EQ(block.at("requested_size").as_size(), 4u);
+  alloc->deallocate(kept);
 }
 
 }  // namespace

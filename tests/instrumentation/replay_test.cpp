@@ -63,6 +63,9 @@ TEST(Replay, RecordedRunReproducesItsPeaksExactly) {
   EXPECT_GT(r.reserved_per_requested, 1.0);
 }
 
+// Blocks live at the start and freed during the trace are known only by their
+// request (the pickle records requests, as PyTorch does); their size is
+// inferred, here exactly (see StartingBlockEndsWhereALaterAllocationBegins).
 TEST(Replay, MidRunSnapshotRebuildsItsStartingState) {
   auto device = std::make_shared<SimDevice>(sim_preset("a100-80g"));
   CachingAllocator alloc{device};
@@ -86,6 +89,43 @@ TEST(Replay, MidRunSnapshotRebuildsItsStartingState) {
   EXPECT_EQ(r.final_segments_matched, r.final_segments_recorded);
   EXPECT_EQ(r.final_segments_recorded, snap.segments.size());
   EXPECT_EQ(r.divergence_count, 0u) << (r.divergences.empty() ? "" : r.divergences[0].what);
+}
+
+// Our pickle records requests for alloc/free entries, as PyTorch does, so a
+// block live at the start and freed during the trace is known only by its
+// request: here 11 MiB in an 11.5 MiB block (a 0.5 MiB tail is not split off).
+// The free space after it reaches the segment's end, so only the block
+// allocated right after it, while it lived, tells where it ends.
+TEST(Replay, StartingBlockEndsWhereALaterAllocationBegins) {
+  auto device = std::make_shared<SimDevice>(sim_preset("a100-80g"));
+  CachingAllocator alloc{device};
+  void* p = alloc.allocate(4 * MiB);  // a 20 MiB segment: [p 4][free 16]
+  void* c = alloc.allocate(11 * MiB + MiB / 2);
+  void* d = alloc.allocate(4 * MiB + MiB / 2);  // [p 4][c 11.5][d 4.5]
+  alloc.deallocate(c);
+  void* a = alloc.allocate(11 * MiB);  // takes c's 11.5 MiB whole
+  alloc.deallocate(d);                 // [p 4][a 11.5][free 4.5]
+  History history{alloc, 100};         // the trace starts here
+  void* b = alloc.allocate(4 * MiB + MiB / 2);
+  ASSERT_EQ(static_cast<char*>(b), static_cast<char*>(a) + 11 * MiB + MiB / 2);
+  alloc.deallocate(a);
+  const Snapshot snap =
+      snapshot(alloc, {.segments = true, .history = true, .history_source = &history});
+  const AllocationTrace trace =
+      read_pytorch_snapshot(read_pickle(memory_snapshot_pickle(snap)), -1, "own.pickle");
+  ASSERT_EQ(trace.events.size(), 3u);  // alloc b, free_requested a, free_completed a
+  EXPECT_EQ(trace.events[1].action, RecordedAction::FreeRequested);
+  EXPECT_EQ(trace.events[1].size, 11 * MiB);  // the request, not the block
+
+  const ReplayResult r = replay(trace);
+  ASSERT_TRUE(r.conformance_checked);
+  EXPECT_EQ(r.initial_blocks, 2u);  // p and a
+  EXPECT_EQ(r.initial_blocks_misplaced, 0u);
+  EXPECT_EQ(r.blocks_placed, 1u);  // b where it was recorded
+  EXPECT_EQ(r.final_segments_matched, 1u);
+  EXPECT_EQ(r.divergence_count, 0u) << (r.divergences.empty() ? "" : r.divergences[0].what);
+  alloc.deallocate(b);
+  alloc.deallocate(p);
 }
 
 TEST(Replay, OtherSettingsReplayWithoutConformance) {

@@ -26,7 +26,7 @@ namespace mem {
 inline constexpr int kSnapshotJsonSchemaVersion = 1;
 inline constexpr int kHistoryCsvSchemaVersion = 1;
 inline constexpr int kPerfettoSchemaVersion = 1;
-inline constexpr int kPickleSchemaVersion = 1;
+inline constexpr int kPickleSchemaVersion = 2;  // 2: trace alloc/free sizes are requests
 inline constexpr int kSvgPlotVersion = 1;
 
 /// The CSV header row of write_history_csv (stable; the trace replay reads it).
