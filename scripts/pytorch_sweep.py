@@ -29,7 +29,7 @@ import sys
 MIB = 1 << 20
 COLUMNS = ["model", "batch", "dtype", "segments", "steps", "allocated_after_step", "max_allocated",
            "max_reserved", "reserved_after_step", "step1_max_allocated", "step1_after",
-           "nvidia_smi_after_step", "context_bytes", "oom"]
+           "nvidia_smi_after_step", "context_bytes", "oom", "error"]
 
 
 # --- models, as vramscope builds them ---------------------------------------------------------
@@ -186,7 +186,7 @@ def run_one(opts, dtype_name, segments):
         return torch.randint(0, spec[2], spec[1], device=dev, dtype=torch.int64)
 
     row = {"model": opts.model, "batch": batch, "dtype": dtype_name, "segments": segments, "steps": 0,
-           "context_bytes": context, "oom": ""}
+           "context_bytes": context, "oom": "", "error": ""}
     try:
         for step in range(1, opts.steps + 1):
             if optimizer is not None:
@@ -225,6 +225,8 @@ def run_one(opts, dtype_name, segments):
         row["oom"] = str(e).split("\n")[0][:200]
         row["max_allocated"] = max(row.get("max_allocated", 0), torch.cuda.max_memory_allocated())
         row["max_reserved"] = max(row.get("max_reserved", 0), torch.cuda.max_memory_reserved())
+    except RuntimeError as e:  # e.g. a saved tensor modified in place: the step cannot run
+        row["error"] = str(e).split(". Hint")[0][:300]
     if opts.snapshot_dir:
         os.makedirs(opts.snapshot_dir, exist_ok=True)
         torch.cuda.memory._dump_snapshot(os.path.join(opts.snapshot_dir, f"{opts.model}-{dtype_name}-seg{segments}.pickle"))
@@ -249,11 +251,19 @@ def compare(vramscope_csv, torch_csv):
         with open(path, newline="") as f:
             return {(r["dtype"], int(r["segments"])): r for r in csv.DictReader(f)}
     ours, theirs = load(vramscope_csv), load(torch_csv)
+
+    def outcome(row):
+        if row.get("error"):
+            return "error"
+        if row.get("oom") or row.get("fits") == "false":
+            return "OOM"
+        return "ok"
+
     keys = sorted(set(ours) & set(theirs), key=lambda k: (k[0], k[1]))
     if not keys:
         sys.exit("pytorch_sweep: the two files share no (dtype, segments) configuration")
     head = f"{'dtype':>8} {'seg':>4} | {'max alloc: vramscope':>21} {'pytorch':>11} {'diff':>11} | " \
-           f"{'max reserved: vramscope':>24} {'pytorch':>11} {'diff':>11} | {'after step diff':>15}"
+           f"{'max reserved: vramscope':>24} {'pytorch':>11} {'diff':>11} | {'after step diff':>15} | outcome"
     print(head)
     print("-" * len(head))
     for k in keys:
@@ -263,7 +273,7 @@ def compare(vramscope_csv, torch_csv):
             return "—" if va == "" or vb == "" else fmt_bytes(int(va) - int(vb))
         print(f"{k[0]:>8} {k[1]:>4} | {fmt_bytes(a['max_allocated']):>21} {fmt_bytes(b['max_allocated']):>11} "
               f"{diff('max_allocated'):>11} | {fmt_bytes(a['max_reserved']):>24} {fmt_bytes(b['max_reserved']):>11} "
-              f"{diff('max_reserved'):>11} | {diff('allocated_after_step'):>15}")
+              f"{diff('max_reserved'):>11} | {diff('allocated_after_step'):>15} | {outcome(a)} / {outcome(b)}")
 
 
 def main():
@@ -318,7 +328,8 @@ def main():
                 sink.flush()
             print(f"{row['model']:>10} {row['dtype']:>8} seg {row['segments']:>3}: max alloc "
                   f"{fmt_bytes(row.get('max_allocated')):>11}  max reserved {fmt_bytes(row.get('max_reserved')):>11}  "
-                  f"after step {fmt_bytes(row.get('allocated_after_step')):>11}  {row['oom']}", flush=True)
+                  f"after step {fmt_bytes(row.get('allocated_after_step')):>11}  {row['oom']}{row['error']}",
+                  flush=True)
     if sink:
         sink.close()
 
