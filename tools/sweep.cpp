@@ -135,7 +135,7 @@ std::shared_ptr<Device> unlimited_twin(const DeviceInfo& info) {
 
 RunFigures run_config(const SweepSpec& spec, std::shared_ptr<Device> device, std::size_t segments,
                       nn::Precision precision, const std::string& alloc_conf,
-                      std::optional<OomFailure>& oom) {
+                      std::optional<OomFailure>& oom, std::optional<AutogradFailure>& error) {
   const nn::TrainConfig cfg = train_config(spec, segments, precision, alloc_conf);
   CachingAllocator allocator{std::move(device), AllocatorConfig::parse(alloc_conf)};
   attach(allocator);
@@ -168,6 +168,14 @@ RunFigures run_config(const SweepSpec& spec, std::shared_ptr<Device> device, std
     failure.figures = e.figures();
     failure.message = e.what();
     oom = std::move(failure);
+  } catch (const nn::AutogradError& e) {
+    // PyTorch refuses this configuration too; the step unwound and freed its tensors.
+    AutogradFailure failure;
+    failure.step = f.steps_done + 1;
+    failure.phase = e.phase();
+    failure.module = context_info(e.context()).path;
+    failure.message = e.what();
+    error = std::move(failure);
   }
   allocator.remove_observer(&watcher);
   f.peak_allocated = watcher.peaks.allocated;
@@ -203,16 +211,19 @@ SweepResult run_sweep(const SweepSpec& spec_in, const SweepProgress& progress) {
     row.precision = precision;
     row.alloc_conf = conf;
     if (progress) progress(done, planned, row.label());
-    row.figures = run_config(spec, make_run_device(spec), segments, precision, conf, row.oom);
+    row.figures = run_config(spec, make_run_device(spec), segments, precision, conf, row.oom, row.error);
     if (row.oom) {
       // What it would have needed: the same run without the capacity limit. Dry run
       // (the runtime guarantees identical statistics to compute mode), so it is cheap.
       SweepSpec dry = spec;
       dry.mode = nn::ExecMode::DryRun;
       std::optional<OomFailure> again;
+      std::optional<AutogradFailure> refused;
       RunFigures needed =
-          run_config(dry, unlimited_twin(result.device), segments, precision, conf, again);
-      if (!again) row.unlimited = std::move(needed);
+          run_config(dry, unlimited_twin(result.device), segments, precision, conf, again, refused);
+      if (!again && !refused) row.unlimited = std::move(needed);
+      // Out of memory before backward reached the error: the row is an error row all the same.
+      if (refused) row.error = std::move(refused);
     }
     ++done;
     return row;
@@ -241,8 +252,8 @@ SweepResult run_sweep(const SweepSpec& spec_in, const SweepProgress& progress) {
         }
       }
 
-      // Best: fits (with every gradient), lowest nvidia-smi peak, then lowest max
-      // allocated, then least recomputation.
+      // Best: fits (with every gradient; never an OOM or error row), lowest nvidia-smi
+      // peak, then lowest max allocated, then least recomputation.
       SweepRow* best = nullptr;
       for (SweepRow& row : group) {
         if (!row.fits() || row.figures.gradients_missing) continue;

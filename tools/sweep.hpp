@@ -66,22 +66,34 @@ struct OomFailure {
   std::string message;
 };
 
+/// A run that autograd refused, as PyTorch refuses it (nn::AutogradError: a tensor saved
+/// for backward modified in place, e.g. a checkpointed segment that begins with an
+/// in-place ReLU). No capacity fixes it, so there is no 'needs' run.
+struct AutogradFailure {
+  std::size_t step = 0;                  ///< 1-based
+  Phase phase = Phase::None;             ///< the runtime's phase at the error (backward)
+  std::string module;                    ///< innermost module scope at the error
+  std::string message;                   ///< PyTorch's message and our hint
+};
+
 struct SweepRow {
   std::size_t segments = 0;              ///< as asked; 0 = no checkpointing
   nn::Precision precision = nn::Precision::F32;
   std::string alloc_conf;
-  RunFigures figures;                    ///< for an OOM row: up to the failure
+  RunFigures figures;                    ///< for an OOM or error row: up to the failure
   std::optional<OomFailure> oom;
+  std::optional<AutogradFailure> error;  ///< PyTorch would refuse it: never fits, never best
   /// For an OOM row: the same configuration on the same device model without its
   /// capacity limit (a dry run) — what it would have needed.
   std::optional<RunFigures> unlimited;
   /// Max allocated saved against no checkpointing (same precision and allocator
-  /// setting); unset for OOM rows and when the baseline could not be measured.
+  /// setting); unset for OOM and error rows and when the baseline could not be measured.
   std::optional<std::int64_t> saving;
   double saving_fraction = 0;
   bool best = false;                     ///< lowest nvidia-smi peak of its group that fits
 
-  bool fits() const noexcept { return !oom.has_value(); }
+  /// Ran every step within the device's memory (neither OOM nor an autograd error).
+  bool fits() const noexcept { return !oom.has_value() && !error.has_value(); }
   /// The label of the row: "f32 seg 16", with the allocator setting when given.
   std::string label() const;
 };
@@ -109,14 +121,16 @@ nn::ModelInfo validate_sweep(const SweepSpec& spec);
 std::vector<std::size_t> auto_segments(std::size_t modules);
 
 /// Runs every configuration (validate first). An out-of-memory configuration
-/// becomes an OOM row and the sweep goes on.
+/// becomes an OOM row, one that autograd refuses an error row, and the sweep goes on.
 SweepResult run_sweep(const SweepSpec& spec, const SweepProgress& progress = {});
 
 /// Runs one configuration on a fresh allocator of `device` (exposed for tests).
-/// segments is as asked (0 = none). Returns the figures, or fills `oom`.
+/// segments is as asked (0 = none). Returns the figures (up to the failure, if any)
+/// and fills `oom` or `error` when the run failed.
 RunFigures run_config(const SweepSpec& spec, std::shared_ptr<Device> device,
                       std::size_t segments, nn::Precision precision,
-                      const std::string& alloc_conf, std::optional<OomFailure>& oom);
+                      const std::string& alloc_conf, std::optional<OomFailure>& oom,
+                      std::optional<AutogradFailure>& error);
 
 /// A simulated device like `info` (context, granularity) without a capacity limit.
 std::shared_ptr<Device> unlimited_twin(const DeviceInfo& info);

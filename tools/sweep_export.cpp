@@ -25,6 +25,10 @@ nlohmann::json if_oom(const SweepRow& r, F f) {
   return r.oom ? nlohmann::json(f(*r.oom)) : nlohmann::json(nullptr);
 }
 template <class F>
+nlohmann::json if_error(const SweepRow& r, F f) {
+  return r.error ? nlohmann::json(f(*r.error)) : nlohmann::json(nullptr);
+}
+template <class F>
 nlohmann::json if_fits(const SweepRow& r, F f) {
   return r.fits() ? nlohmann::json(f(r.figures)) : nlohmann::json(nullptr);
 }
@@ -61,6 +65,11 @@ const std::array kFields = {
     Field{"oom_device_free", [](R, W r) { return if_oom(r, [](const OomFailure& o) { return o.figures.device_free; }); }},
     Field{"needs_max_allocated", [](R, W r) { return r.unlimited ? nlohmann::json(r.unlimited->peak_allocated) : nlohmann::json(nullptr); }},
     Field{"needs_max_nvidia_smi", [](R, W r) { return r.unlimited ? nlohmann::json(r.unlimited->peak_device_used) : nlohmann::json(nullptr); }},
+    // Autograd refused the run, as PyTorch does (e.g. an in-place op on a checkpoint's saved input).
+    Field{"error", [](R, W r) { return if_error(r, [](const AutogradFailure& e) { return e.message; }); }},
+    Field{"error_step", [](R, W r) { return if_error(r, [](const AutogradFailure& e) { return e.step; }); }},
+    Field{"error_phase", [](R, W r) { return if_error(r, [](const AutogradFailure& e) { return std::string(phase_name(e.phase)); }); }},
+    Field{"error_module", [](R, W r) { return if_error(r, [](const AutogradFailure& e) { return e.module; }); }},
 };
 
 std::string csv_cell(const nlohmann::json& v) {

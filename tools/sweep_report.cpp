@@ -15,12 +15,13 @@ constexpr const char* kNone = "—";
 
 std::string segments_cell(std::size_t k) { return k <= 1 ? fmt::format("{} (none)", k) : std::to_string(k); }
 
-std::string where(const OomFailure& oom) {
-  std::string out = oom.step == 0 ? std::string("while allocating the parameters")
-                                  : fmt::format("in step {}", oom.step);
-  if (oom.phase != Phase::None || !oom.module.empty()) {
-    out += fmt::format(", {}", phase_name(oom.phase));
-    if (!oom.module.empty()) out += fmt::format(" of module {}", oom.module);
+template <class Failure>
+std::string where(const Failure& failure) {
+  std::string out = failure.step == 0 ? std::string("while allocating the parameters")
+                                      : fmt::format("in step {}", failure.step);
+  if (failure.phase != Phase::None || !failure.module.empty()) {
+    out += fmt::format(", {}", phase_name(failure.phase));
+    if (!failure.module.empty()) out += fmt::format(" of module {}", failure.module);
   }
   return out;
 }
@@ -76,7 +77,23 @@ std::string describe_oom(const SweepRow& row) {
                        human_bytes(row.unlimited->peak_allocated),
                        human_bytes(row.unlimited->peak_device_used));
   }
-  return out + ".";
+  out += ".";
+  if (row.error) {
+    out += fmt::format(" Without the capacity limit PyTorch refuses it anyway, {}: {}", where(*row.error),
+                       row.error->message);
+  }
+  return out;
+}
+
+std::string describe_error(const SweepRow& row) {
+  if (!row.error) return {};
+  const AutogradFailure& e = *row.error;
+  return fmt::format("{}: fails as on PyTorch, {}: {}", row.label(), where(e), e.message);
+}
+
+std::string describe_failure(const SweepRow& row) {
+  if (row.oom) return describe_oom(row);
+  return describe_error(row);
 }
 
 Table sweep_table(const SweepResult& result, const ReportOptions& options) {
@@ -116,6 +133,11 @@ Table sweep_table(const SweepResult& result, const ReportOptions& options) {
       if (f.gradients_missing) fits += " (grads missing!)";
       if (row.best) fits += " *";
       cells.push_back(fits);
+    } else if (!row.oom) {
+      // Autograd refused it (PyTorch does too): no memory figure means anything.
+      for (int i = 0; i < 7; ++i) cells.push_back(kNone);
+      if (options.show_time) cells.push_back(kNone);
+      cells.push_back(fmt::format("error [{}]", ++footnote));
     } else {
       // The allocator's figures at the failure, as in PyTorch's OOM message.
       const auto& o = row.oom->figures;
@@ -152,11 +174,13 @@ std::string sweep_report(const SweepResult& result, const ReportOptions& options
   std::size_t footnote = 0;
   bool any_best = false;
   bool any_oom_needs = false;
+  bool any_error = false;
   for (const SweepRow& row : result.rows) {
     any_best = any_best || row.best;
     if (row.fits()) continue;
     any_oom_needs = any_oom_needs || row.unlimited.has_value();
-    out += wrap(fmt::format("[{}] {}", ++footnote, describe_oom(row)), "  ", "      ");
+    any_error = any_error || row.error.has_value();
+    out += wrap(fmt::format("[{}] {}", ++footnote, describe_failure(row)), "  ", "      ");
   }
   for (const SweepRow& row : result.baselines) {
     if (row.fits()) {
@@ -196,6 +220,10 @@ std::string sweep_report(const SweepResult& result, const ReportOptions& options
     if (any_oom_needs) {
       out += "  OOM [n]         the allocator's figures at the failure; 'needs' is the same run on this device\n"
              "                  without its capacity limit.\n";
+    }
+    if (any_error) {
+      out += "  error [n]       autograd refused the step, with the error PyTorch raises for the same program\n"
+             "                  (a tensor saved for backward was modified in place): it fails at any size.\n";
     }
   }
   out += fmt::format("\ndevice: {}\n", result.device.assumptions);

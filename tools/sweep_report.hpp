@@ -31,4 +31,11 @@ std::string wrap(const std::string& text, const std::string& first, const std::s
 /// "out of memory in step 1, backward of 17 (asked 64.00 MiB): ..." for an OOM row.
 std::string describe_oom(const SweepRow& row);
 
+/// "f32 seg 8: PyTorch refuses this configuration: in step 1, backward of module
+/// maxpool: one of the variables needed ..." for an error row.
+std::string describe_error(const SweepRow& row);
+
+/// The footnote text of a row that does not fit (OOM or error); "" for one that fits.
+std::string describe_failure(const SweepRow& row);
+
 }  // namespace mem::tools

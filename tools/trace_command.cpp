@@ -145,6 +145,7 @@ void run(const TraceArgs& args) {
   std::unique_ptr<nn::Trainer> trainer;
   std::vector<nn::StepStats> steps;
   std::optional<std::string> oom;
+  std::optional<std::string> refused;  // an nn::AutogradError: PyTorch raises it too
   try {
     trainer = std::make_unique<nn::Trainer>(cfg, allocator);  // allocates the parameters
   } catch (const OutOfMemoryError& e) {
@@ -164,6 +165,12 @@ void run(const TraceArgs& args) {
       for (std::size_t i = 0; i < cfg.steps; ++i) steps.push_back(trainer->step());
     } catch (const OutOfMemoryError& e) {
       oom = one_line(e.what());
+    } catch (const nn::AutogradError& e) {
+      refused = fmt::format("step {}, {}{}: {}", steps.size() + 1, phase_name(e.phase()),
+                            context_info(e.context()).path.empty()
+                                ? std::string()
+                                : " of module " + context_info(e.context()).path,
+                            one_line(e.what()));
     }
     log.finish();
   }
@@ -187,6 +194,7 @@ void run(const TraceArgs& args) {
     for (const std::string& w : report.warnings) std::cout << "  warning: " << w << "\n";
   }
   if (oom) std::cout << "\nout of memory: " << *oom << "\n";
+  if (refused) std::cout << "\nautograd error, as PyTorch raises it for this configuration, in " << *refused << "\n";
 
   if (args.summary) std::cout << "\n" << memory_summary(allocator);
   if (!args.snapshot.empty() || timeline) std::cout << "\n";
@@ -211,6 +219,10 @@ void run(const TraceArgs& args) {
   std::cout.flush();
   trainer.reset();  // frees the model before the allocator goes
   if (oom) throw CommandFailed("out of memory (the log above shows where); try --segments, a smaller --batch or --dtype f16");
+  if (refused) {
+    throw CommandFailed("backward failed as it does on PyTorch: a tensor saved for backward was modified by an "
+                        "in-place op (see above); try another --segments");
+  }
 }
 
 }  // namespace
@@ -259,7 +271,9 @@ void add_trace_command(CLI::App& app) {
       "  vramscope trace --model forum-cnn-full --device sim:rtx2080s --snapshot oom.pickle\n"
       "  vramscope trace --model gpt2 --batch 4 --dtype amp --timeline gpt2.json --plot gpt2.svg\n"
       "  vramscope trace --model mlp --depth 64 --segments 8 --no-pre\n"
-      "Out of memory: the log up to the failure and the files are still written; exit code 1.");
+      "Out of memory: the log up to the failure and the files are still written; exit code 1.\n"
+      "A configuration PyTorch's autograd refuses (a checkpointed segment that begins with an\n"
+      "in-place ReLU modifies the input it saved) prints PyTorch's error the same way; exit code 1.");
   cmd->callback([args] { run(*args); });
 }
 

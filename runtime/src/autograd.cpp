@@ -35,12 +35,13 @@ class AccumulateGrad final : public Node {
         variable_->grad = new_grad.detach().impl_ptr();
       } else {
         Tensor copy = empty(variable.runtime(), variable.shape(), variable.dtype());
-        copy_(copy, new_grad);
+        detail::copy_raw(copy, new_grad);
         variable_->grad = copy.impl_ptr();
       }
     } else {
-      // variable.grad += new_grad, in place: no allocation.
+      // variable.grad += new_grad, in place: no allocation (bumps the grad's version).
       Tensor grad(variable_->grad);
+      grad.bump_version();
       if (grad.runtime().computing()) {
         void* base = grad.storage()->data();
         const std::vector<double> add = to_values(new_grad);
@@ -72,7 +73,55 @@ void Node::add_input(const Tensor& input) {
   }
 }
 
-void SavedTensor::save(const Tensor& tensor) {
+AutogradError::AutogradError(const std::string& message)
+    : Error(message), phase_(current_phase()), context_(current_context()) {}
+
+std::string InplaceModifiedError::torch_type(DType dtype) {
+  const char* name = "Float";
+  switch (dtype) {
+    case DType::F32: name = "Float"; break;
+    case DType::F64: name = "Double"; break;
+    case DType::F16: name = "Half"; break;
+    case DType::BF16: name = "BFloat16"; break;
+    case DType::I64: name = "Long"; break;
+    case DType::U8: name = "Byte"; break;
+    case DType::Bool: name = "Bool"; break;
+  }
+  return std::string("torch.cuda.") + name + "Tensor";
+}
+
+std::string InplaceModifiedError::pytorch_message(const Details& d) {
+  std::string m = "one of the variables needed for gradient computation has been modified by an inplace "
+                  "operation: [" + torch_type(d.dtype) + " " + d.shape.str() + "]";
+  if (!d.grad_fn.empty()) m += ", which is output " + std::to_string(d.output_nr) + " of " + d.grad_fn + ",";
+  m += " is at version " + std::to_string(d.version) + "; expected version " + std::to_string(d.expected) +
+       " instead.";
+  return m;
+}
+
+namespace {
+std::string inplace_message(const InplaceModifiedError::Details& d) {
+  std::string m = InplaceModifiedError::pytorch_message(d);
+  if (d.checkpoint_input) {
+    m += " Hint: a checkpointed segment modified its own input, which the checkpoint saved (the segment "
+         "begins with an in-place op such as ReLU(inplace=True)); choose a segment count at which no "
+         "checkpointed segment begins with an in-place op, or make that op out of place.";
+  } else {
+    m += " Hint: a tensor kept for backward was modified in place after it was saved (by an in-place op "
+         "such as ReLU(inplace=True), += or an optimizer step); make that op out of place or run it "
+         "after the backward.";
+  }
+  return m;
+}
+}  // namespace
+
+InplaceModifiedError::InplaceModifiedError(Details details)
+    : AutogradError(inplace_message(details)), details_(std::move(details)) {}
+
+void SavedTensor::save(const Tensor& tensor) { save_impl(tensor, false); }
+void SavedTensor::save_output(const Tensor& tensor) { save_impl(tensor, true); }
+
+void SavedTensor::save_impl(const Tensor& tensor, bool is_output) {
   if (!tensor.defined()) return;
   detail::SaveHook& hook = detail::save_hook();
   if (hook.mode == detail::SaveMode::Pack) {
@@ -90,16 +139,37 @@ void SavedTensor::save(const Tensor& tensor) {
   // when a node saves its own output.
   data_ = tensor.detach();
   data_.impl()->requires_grad = tensor.requires_grad();
+  saved_version_ = tensor.version();
+  is_output_ = is_output;
+  output_nr_ = is_output ? tensor.output_nr() : 0;
+  grad_fn_ = tensor.grad_fn();
 }
 
 Tensor SavedTensor::unpack() const {
   if (frame_) return frame_->unpack(index_);
+  if (data_.defined() && data_.version() != saved_version_) {
+    // SavedVariable::unpack: an output names the node that saved it; any other tensor
+    // its grad_fn now, which an in-place op recorded since the save has replaced.
+    std::shared_ptr<Node> fn;
+    if (!is_output_) fn = data_.storage()->inplace_fn_since(saved_version_);
+    if (!fn) fn = grad_fn_.lock();
+    InplaceModifiedError::Details d;
+    d.shape = data_.shape();
+    d.dtype = data_.dtype();
+    d.grad_fn = fn ? std::string(fn->name()) : std::string();
+    d.output_nr = output_nr_;
+    d.version = data_.version();
+    d.expected = saved_version_;
+    d.checkpoint_input = checkpoint_input_;
+    throw InplaceModifiedError(std::move(d));
+  }
   return data_;
 }
 
 void SavedTensor::reset() noexcept {
   data_ = Tensor{};
   frame_.reset();
+  grad_fn_.reset();
 }
 
 bool grad_enabled() noexcept { return tls_grad_enabled; }
@@ -140,6 +210,17 @@ BackwardContextGuard::BackwardContextGuard(ContextId ctx) noexcept : previous_(t
 BackwardContextGuard::~BackwardContextGuard() { tls_backward_context = previous_; }
 
 namespace detail {
+void check_inplace(const Tensor& self, bool records_history) {
+  if (records_history && self.requires_grad() && self.is_leaf()) {
+    throw AutogradError("a leaf Variable that requires grad is being used in an in-place operation.");
+  }
+}
+
+void rebase_history(Tensor& out, const std::shared_ptr<Node>& node) {
+  set_history(out, node);
+  out.storage()->set_inplace_fn(node);
+}
+
 SaveHook& save_hook() noexcept {
   thread_local SaveHook hook;
   return hook;

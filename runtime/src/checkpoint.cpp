@@ -9,6 +9,26 @@
 namespace mem::nn {
 namespace detail {
 
+/// Saves a checkpoint's inputs as ctx.save_for_backward does: plain saved tensors,
+/// whatever saved-tensor hook is active, version-checked at unpack.
+static std::vector<SavedTensor> save_inputs(const TensorList& inputs) {
+  SaveHookGuard normal(SaveMode::Normal, nullptr);
+  std::vector<SavedTensor> saved(inputs.size());
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    saved[i].save(inputs[i]);
+    saved[i].mark_checkpoint_input();
+  }
+  return saved;
+}
+
+/// ctx.saved_tensors: unpacks (and so checks) every saved input.
+static TensorList unpack_inputs(const std::vector<SavedTensor>& saved) {
+  TensorList inputs;
+  inputs.reserve(saved.size());
+  for (const SavedTensor& s : saved) inputs.push_back(s.unpack());
+  return inputs;
+}
+
 /// The segment's inputs as new leaves for the rerun: same storage, no history,
 /// requiring grad where the originals did (both checkpoint modes rerun on these).
 static TensorList detach_for_rerun(const TensorList& inputs) {
@@ -48,7 +68,7 @@ class RngForRerun {
 
 CheckpointFrame::CheckpointFrame(SegmentFunction fn, TensorList inputs, Runtime& runtime, bool preserve_rng)
     : fn_(std::move(fn)),
-      inputs_(std::move(inputs)),
+      inputs_(save_inputs(inputs)),
       runtime_(&runtime),
       rng_(runtime.rng_state()),
       preserve_rng_(preserve_rng),
@@ -72,10 +92,12 @@ void CheckpointFrame::store_recomputed(const Tensor& tensor) {
 }
 
 void CheckpointFrame::recompute() {
+  // ctx.saved_tensors of _NoopSaveInputs: throws InplaceModifiedError when the segment
+  // (or anything after it) changed an input in place since the forward saved it.
+  const TensorList detached = detach_for_rerun(unpack_inputs(inputs_));
   recomputed_ = true;
   rebuilt_.assign(placeholders_, Tensor{});
   Runtime& rt = *runtime_;
-  const TensorList detached = detach_for_rerun(inputs_);
   {
     RngForRerun rng(rt, preserve_rng_, rng_);
     AutocastRegion autocast(rt, autocast_);  // the rerun's own region
@@ -109,14 +131,15 @@ Runtime* runtime_of(const TensorList& inputs) {
 /// grad and backpropagates through it (a nested backward), returning input grads.
 class CheckpointReentrantBackward final : public Node {
  public:
-  CheckpointReentrantBackward(SegmentFunction fn, TensorList inputs, Runtime& rt, bool preserve, RngState rng,
-                              std::optional<DType> autocast)
-      : fn_(std::move(fn)), inputs_(std::move(inputs)), runtime_(&rt), rng_(rng),
+  CheckpointReentrantBackward(SegmentFunction fn, const TensorList& inputs, Runtime& rt, bool preserve,
+                              RngState rng, std::optional<DType> autocast)
+      : fn_(std::move(fn)), inputs_(detail::save_inputs(inputs)), runtime_(&rt), rng_(rng),
         preserve_rng_(preserve), autocast_(autocast) {}
 
   TensorList apply(TensorList& grads) override {
     Runtime& rt = *runtime_;
-    const TensorList detached = detail::detach_for_rerun(inputs_);
+    // ctx.saved_tensors (version-checked), then detach_variable.
+    const TensorList detached = detail::detach_for_rerun(detail::unpack_inputs(inputs_));
     TensorList outputs;
     {
       detail::RngForRerun rng(rt, preserve_rng_, rng_);
@@ -147,7 +170,7 @@ class CheckpointReentrantBackward final : public Node {
 
  private:
   SegmentFunction fn_;
-  TensorList inputs_;
+  std::vector<SavedTensor> inputs_;
   Runtime* runtime_;
   RngState rng_;
   bool preserve_rng_;
@@ -172,6 +195,11 @@ TensorList checkpoint_reentrant(const SegmentFunction& fn, const TensorList& inp
     rt->warn("None of the inputs have requires_grad=True. Gradients will be None");
     return outputs;
   }
+  // CheckpointFunction saves its inputs with ctx.save_for_backward, but PyTorch builds the
+  // SavedVariables only once forward() returned (_save_variables): the versions recorded
+  // are those after the segment ran, so an in-place op of the segment on its own input
+  // passes this check. The rerun then fails instead: its detached inputs are leaves
+  // requiring grad, and the in-place op on one throws AutogradError, as in PyTorch.
   auto node = std::make_shared<CheckpointReentrantBackward>(fn, inputs, *rt, options.preserve_rng_state, rng, autocast);
   init_node(*node);
   for (const Tensor& in : inputs) node->add_input(in);

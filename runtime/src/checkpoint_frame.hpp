@@ -33,7 +33,9 @@ class CheckpointFrame : public std::enable_shared_from_this<CheckpointFrame> {
   void recompute();
 
   SegmentFunction fn_;
-  TensorList inputs_;  ///< the only activations kept between forward and backward
+  /// The only activations kept between forward and backward, saved before the segment
+  /// runs (PyTorch's _NoopSaveInputs) and version-checked when the rerun unpacks them.
+  std::vector<SavedTensor> inputs_;
   Runtime* runtime_;
   RngState rng_;       ///< RNG state at the forward, replayed by the rerun
   bool preserve_rng_;

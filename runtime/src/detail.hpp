@@ -170,6 +170,22 @@ std::shared_ptr<N> make_node(std::initializer_list<const Tensor*> inputs, Args&&
   return node;
 }
 
+/// Kernel-level writes into a tensor an op is producing: no version bump (PyTorch's
+/// functional ops return tensors at version 0; only in-place ops bump).
+void fill_raw(const Tensor& tensor, double value);
+void uniform_raw(const Tensor& tensor, double low, double high, std::uint64_t seed);
+void copy_raw(const Tensor& dst, const Tensor& src);
+
+/// PyTorch's check_inplace, for an in-place op that will record history (grad mode
+/// on, some input requiring grad): `self` may not be a leaf requiring grad. Throws
+/// AutogradError("a leaf Variable that requires grad is being used in an in-place
+/// operation.") otherwise.
+void check_inplace(const Tensor& self, bool records_history);
+/// rebase_history for the result `out` of an in-place op: gives it the node's
+/// history and notes the node on the storage (the grad_fn PyTorch's version-mismatch
+/// message names for tensors saved before the op).
+void rebase_history(Tensor& out, const std::shared_ptr<Node>& node);
+
 /// Autocast's lower-precision cast: f32 inputs become the autocast half type
 /// (parameters through the per-region cache). Other tensors pass unchanged.
 Tensor autocast_half(const Tensor& x);

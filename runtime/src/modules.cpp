@@ -221,6 +221,7 @@ Tensor BatchNorm2d::forward(const Tensor& input) {
   if (training() && !recomputing()) {
     // num_batches_tracked.add_(1): in place on a 0-d tensor, no allocation.
     const Tensor& counter = param(batches_);
+    counter.bump_version();
     if (counter.runtime().computing()) ++*counter.data<std::int64_t>();
   }
   return batch_norm(input, param(weight_), param(bias_), param(mean_), param(var_), training(), momentum_, eps_);

@@ -185,7 +185,7 @@ Tensor activation_saving_result(const Tensor& x, double flops, F f) {
   if (needs_grad({&x})) {
     auto node = detail::make_node<N>({&x});
     set_history(out, node);
-    node->result_.save(out);
+    node->result_.save_output(out);
   }
   return out;
 }
@@ -220,7 +220,7 @@ Tensor softmax_impl(const Tensor& x_in, bool log) {
   if (needs_grad({&x})) {
     auto node = detail::make_node<SoftmaxBackward>({&x}, log, x.dtype());
     set_history(out, node);
-    node->result_.save(out);
+    node->result_.save_output(out);
   }
   return out;
 }
@@ -232,6 +232,8 @@ Tensor relu(const Tensor& x) {
 }
 
 Tensor relu_(const Tensor& x) {
+  const bool record = needs_grad({&x});
+  detail::check_inplace(x, record);
   auto impl = std::make_shared<detail::TensorImpl>();
   impl->storage = x.storage();
   impl->shape = x.shape();
@@ -240,10 +242,11 @@ Tensor relu_(const Tensor& x) {
   impl->dtype = x.dtype();
   Tensor out(std::move(impl));
   map_into(x, out, 1, [](auto v) { return v > 0 ? v : decltype(v){0}; });
-  if (needs_grad({&x})) {
+  out.bump_version();  // x, its views and this alias share the counter
+  if (record) {
     auto node = detail::make_node<ReluBackward>({&x});
-    set_history(out, node);
-    node->result_.save(out);
+    detail::rebase_history(out, node);
+    node->result_.save_output(out);  // at the version after the op, as PyTorch saves it
   }
   return out;
 }

@@ -169,13 +169,13 @@ class SplitBackward final : public Node {
     Tensor gx = empty(*rt, in_shape_, dtype_);
     rt->add_flops(static_cast<double>(gx.numel()));
     if (rt->computing()) {
-      fill_(gx, 0.0);
+      detail::fill_raw(gx, 0.0);
       std::int64_t start = 0;
       for (std::size_t i = 0; i < sizes_.size(); ++i) {
         Shape shape = in_shape_;
         shape[static_cast<std::size_t>(dim_)] = sizes_[i];
         if (grads[i].defined()) {
-          copy_(alias_of(gx, shape, gx.strides(), start * gx.strides()[static_cast<std::size_t>(dim_)]), grads[i]);
+          detail::copy_raw(alias_of(gx, shape, gx.strides(), start * gx.strides()[static_cast<std::size_t>(dim_)]), grads[i]);
         }
         start += sizes_[i];
       }
@@ -278,11 +278,14 @@ Tensor add(const Tensor& a, const Tensor& b) {
 
 Tensor add_(const Tensor& a, const Tensor& b) {
   if (!(a.shape() == b.shape())) throw Error("add_: shapes " + a.shape().str() + " and " + b.shape().str() + " differ");
+  const bool record = needs_grad({&a, &b});
+  detail::check_inplace(a, record);
   Tensor out = alias_of(a, a.shape(), a.strides(), a.offset());
   add_into(out, a, b);
-  if (needs_grad({&a, &b})) {
+  out.bump_version();
+  if (record) {
     auto node = detail::make_node<AddBackward>({&a, &b}, a.dtype(), b.dtype());
-    set_history(out, node);
+    detail::rebase_history(out, node);
   }
   return out;
 }
@@ -333,7 +336,7 @@ Tensor cat(std::span<const Tensor> tensors, std::int64_t dim) {
     for (const Tensor& t : tensors) {
       Shape part = shape;
       part[static_cast<std::size_t>(dim)] = t.size(dim);
-      copy_(alias_of(out, part, out.strides(), start * out.strides()[static_cast<std::size_t>(dim)]), t);
+      detail::copy_raw(alias_of(out, part, out.strides(), start * out.strides()[static_cast<std::size_t>(dim)]), t);
       start += t.size(dim);
     }
   }
@@ -373,7 +376,7 @@ std::vector<Tensor> split(const Tensor& x, std::span<const std::int64_t> sizes, 
 Tensor to_dtype(const Tensor& x, DType dtype) {
   if (x.dtype() == dtype) return x;
   Tensor out = empty(x.runtime(), x.shape(), dtype);
-  copy_(out, x);
+  detail::copy_raw(out, x);
   if (needs_grad({&x})) set_history(out, detail::make_node<ToCopyBackward>({&x}, x.dtype()));
   return out;
 }

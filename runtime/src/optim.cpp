@@ -18,9 +18,12 @@ std::string owner_path(const std::string& name) {
   return dot == std::string::npos ? std::string{} : name.substr(0, dot);
 }
 
-/// Elementwise in-place update of `dst` from up to three same-shaped tensors.
+/// Elementwise in-place update of `dst` from up to three same-shaped tensors (one
+/// version bump per call; PyTorch's foreach kernels may bump a tensor more than once
+/// per step, which only changes the absolute numbers, never whether a check fails).
 template <class F>
 void update(const Tensor& dst, const Tensor& a, const Tensor& b, double flops_per, F f) {
+  dst.bump_version();  // an in-place op: PyTorch bumps under no_grad too
   Runtime& rt = dst.runtime();
   rt.add_flops(flops_per * static_cast<double>(dst.numel()));
   if (!rt.computing()) return;
@@ -99,7 +102,7 @@ void SGD::step() {
       if (state_[i].empty()) {
         // momentum_buffer = torch.clone(grad).detach(): allocated at the first step.
         Tensor buf = empty(p.runtime(), p.shape(), p.dtype());
-        copy_(buf, g);
+        detail::copy_raw(buf, g);
         state_[i].push_back(buf);
       } else {
         update(state_[i][0], g, Tensor{}, 2, [mom](auto b, auto gv, auto) { return b * static_cast<decltype(b)>(mom) + gv; });

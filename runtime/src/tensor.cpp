@@ -138,14 +138,14 @@ Tensor zeros(Runtime& runtime, const Shape& shape, DType dtype) { return full(ru
 
 Tensor full(Runtime& runtime, const Shape& shape, double value, DType dtype) {
   Tensor t = empty(runtime, shape, dtype);
-  fill_(t, value);
+  detail::fill_raw(t, value);  // a fresh tensor: torch.full returns version 0
   return t;
 }
 
 Tensor uniform(Runtime& runtime, const Shape& shape, double low, double high, DType dtype,
                std::uint64_t seed) {
   Tensor t = empty(runtime, shape, dtype);
-  uniform_(t, low, high, seed);
+  detail::uniform_raw(t, low, high, seed);
   return t;
 }
 
@@ -175,6 +175,26 @@ std::vector<double> to_values(const Tensor& tensor) {
 }
 
 void fill_(const Tensor& tensor, double value) {
+  tensor.bump_version();
+  detail::fill_raw(tensor, value);
+}
+
+void uniform_(const Tensor& tensor, double low, double high, std::uint64_t seed) {
+  tensor.bump_version();
+  detail::uniform_raw(tensor, low, high, seed);
+}
+
+void copy_(const Tensor& dst, const Tensor& src) {
+  if (dst.numel() != src.numel()) {
+    throw Error("copy_: " + src.shape().str() + " into " + dst.shape().str());
+  }
+  dst.bump_version();
+  detail::copy_raw(dst, src);
+}
+
+namespace detail {
+
+void fill_raw(const Tensor& tensor, double value) {
   if (!tensor.runtime().computing()) return;
   void* base = tensor.storage()->data();
   if (tensor.dtype() == DType::F32 && tensor.is_contiguous()) {
@@ -186,7 +206,7 @@ void fill_(const Tensor& tensor, double value) {
                           [&](std::int64_t, std::int64_t off) { detail::store(base, tensor.dtype(), off, value); });
 }
 
-void uniform_(const Tensor& tensor, double low, double high, std::uint64_t seed) {
+void uniform_raw(const Tensor& tensor, double low, double high, std::uint64_t seed) {
   if (!tensor.runtime().computing()) return;
   void* base = tensor.storage()->data();
   if (tensor.dtype() == DType::F32 && tensor.is_contiguous()) {
@@ -202,6 +222,8 @@ void uniform_(const Tensor& tensor, double low, double high, std::uint64_t seed)
                             detail::store(base, tensor.dtype(), off, low + (high - low) * u);
                           });
 }
+
+}  // namespace detail
 
 namespace {
 
@@ -234,7 +256,9 @@ bool convert_contiguous(void* dst, DType dd, const void* src, DType sd, std::int
 
 }  // namespace
 
-void copy_(const Tensor& dst, const Tensor& src) {
+namespace detail {
+
+void copy_raw(const Tensor& dst, const Tensor& src) {
   if (dst.numel() != src.numel()) {
     throw Error("copy_: " + src.shape().str() + " into " + dst.shape().str());
   }
@@ -261,5 +285,7 @@ void copy_(const Tensor& dst, const Tensor& src) {
     detail::store(dbase, dst.dtype(), off, values[static_cast<std::size_t>(i)]);
   });
 }
+
+}  // namespace detail
 
 }  // namespace mem::nn

@@ -145,7 +145,7 @@ Tensor Tensor::reshape(const Shape& requested) const {
   if (compute_stride(this->shape(), this->strides(), shape)) return view(shape);
   // clone(contiguous) + _unsafe_view: one allocation.
   Tensor copy = empty(runtime(), this->shape(), dtype());
-  copy_(copy, *this);
+  detail::copy_raw(copy, *this);
   Tensor out = alias(copy, shape, contiguous_strides(shape), 0);
   if (!needs_grad({this})) return out;
   auto node = std::make_shared<ViewBackward>(this->shape(), true);
@@ -207,7 +207,7 @@ Tensor Tensor::flatten(std::int64_t start, std::int64_t end) const {
 Tensor Tensor::contiguous() const {
   if (is_contiguous()) return *this;
   Tensor out = empty(runtime(), shape(), dtype());
-  copy_(out, *this);
+  detail::copy_raw(out, *this);
   if (!needs_grad({this})) return out;
   auto node = std::make_shared<CloneBackward>();
   init_node(*node);

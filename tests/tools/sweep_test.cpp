@@ -7,6 +7,8 @@
 #include <algorithm>
 
 #include "sweep.hpp"
+#include "sweep_export.hpp"
+#include "sweep_report.hpp"
 #include "usage_error.hpp"
 #include "vramscope/allocator/units.hpp"
 #include "vramscope/runtime/training.hpp"
@@ -135,6 +137,72 @@ TEST(Sweep, BaselineRunWhenZeroSegmentsIsNotAsked) {
     ASSERT_TRUE(row.saving.has_value());
     EXPECT_EQ(*row.saving, base - row.figures.peak_allocated);
   }
+}
+
+TEST(Sweep, AConfigurationPyTorchRefusesIsAnErrorRowNeverBest) {
+  // PyTorch 2.11 refuses checkpoint_sequential(resnet50, 8): segment 2 begins with the stem's
+  // ReLU(inplace=True), which modifies the input that segment's checkpoint saved.
+  SweepSpec spec;
+  spec.model = "resnet50";
+  spec.model_options = nn::ModelOptions::parse("batch=2,image=32,classes=10");
+  spec.device = "sim:h100-80g";
+  spec.segments = {0, 2, 4, 8};
+  spec.precisions = {nn::Precision::F32, nn::Precision::F16};
+  spec.alloc_confs = {""};
+  const SweepResult result = run_sweep(spec);
+  ASSERT_EQ(result.rows.size(), 8u);
+  for (const SweepRow& row : result.rows) {
+    SCOPED_TRACE(row.label());
+    EXPECT_FALSE(row.oom.has_value());
+    if (row.segments != 8) {
+      EXPECT_TRUE(row.fits());
+      EXPECT_FALSE(row.error.has_value());
+      continue;
+    }
+    ASSERT_TRUE(row.error.has_value());
+    EXPECT_FALSE(row.fits());
+    EXPECT_FALSE(row.best);
+    EXPECT_FALSE(row.saving.has_value());
+    EXPECT_FALSE(row.unlimited.has_value());
+    EXPECT_EQ(row.error->step, 1u);
+    EXPECT_EQ(row.error->phase, Phase::Backward);
+    EXPECT_EQ(row.error->module, "maxpool");
+    const std::string type = row.precision == nn::Precision::F32 ? "FloatTensor" : "HalfTensor";
+    EXPECT_NE(row.error->message.find("modified by an inplace operation: [torch.cuda." + type +
+                                      " [2, 64, 16, 16]], which is output 0 of ReluBackward0, is at version 1; "
+                                      "expected version 0 instead."),
+              std::string::npos)
+        << row.error->message;
+  }
+  // One best per dtype, always among the rows that ran.
+  for (const nn::Precision p : spec.precisions) {
+    const auto best = std::count_if(result.rows.begin(), result.rows.end(),
+                                    [&](const SweepRow& r) { return r.precision == p && r.best; });
+    EXPECT_EQ(best, 1);
+  }
+
+  const std::string text = sweep_report(result);
+  EXPECT_NE(text.find("error [1]"), std::string::npos) << text;
+  EXPECT_NE(text.find("[1] f32 seg 8: fails as on PyTorch, in step 1, backward of module maxpool: one of the"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("[2] f16 seg 8"), std::string::npos) << text;
+
+  const std::string csv = sweep_csv(result);
+  EXPECT_NE(csv.find(",error,error_step,error_phase,error_module"), std::string::npos) << csv;
+  EXPECT_NE(csv.find(",false,false,0,"), std::string::npos) << csv;  // fits, best, steps of a refused row
+  EXPECT_NE(csv.find(",\"one of the variables needed for gradient computation"), std::string::npos) << csv;
+  const nlohmann::json j = sweep_json(result);
+  const nlohmann::json& refused = j["rows"][3];
+  EXPECT_EQ(refused["segments"], 8);
+  EXPECT_EQ(refused["fits"], false);
+  EXPECT_EQ(refused["best"], false);
+  EXPECT_EQ(refused["error_step"], 1);
+  EXPECT_EQ(refused["error_phase"], "backward");
+  EXPECT_EQ(refused["error_module"], "maxpool");
+  EXPECT_NE(refused["error"].get<std::string>().find("ReluBackward0"), std::string::npos);
+  EXPECT_TRUE(j["rows"][2]["error"].is_null());
+  EXPECT_EQ(j["rows"][2]["fits"], true);
 }
 
 TEST(Sweep, ValidationNamesWhatIsValid) {

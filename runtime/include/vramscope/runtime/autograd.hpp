@@ -8,6 +8,14 @@
 // right after it ran, frees each incoming gradient once consumed, and
 // accumulates into leaves like AccumulateGrad (the first gradient is stolen
 // when nothing else holds it, later ones are added in place).
+//
+// Saved tensors carry PyTorch's version check: a tensor saved for backward
+// records its version counter (see Tensor::version), and unpacking it after an
+// in-place op changed it throws InplaceModifiedError with PyTorch's message —
+// the configurations PyTorch refuses (a checkpointed segment that begins with
+// ReLU(inplace=True) on its saved input) are refused here too. As in PyTorch,
+// tensors saved inside a non-reentrant checkpoint (saved-tensor hooks) are not
+// checked; the checkpoint's own saved inputs are.
 #pragma once
 
 #include <cstddef>
@@ -16,6 +24,7 @@
 #include <string_view>
 #include <vector>
 
+#include "vramscope/allocator/errors.hpp"
 #include "vramscope/instrumentation/module_scope.hpp"
 #include "vramscope/runtime/tensor.hpp"
 
@@ -77,22 +86,83 @@ class Node : public std::enable_shared_from_this<Node> {
   std::uint32_t num_outputs_ = 1;
 };
 
+/// An error PyTorch's autograd raises for the same program: the training step
+/// cannot run on PyTorch either, whatever the memory. Records where it was
+/// raised (the runtime's phase and the innermost module scope).
+class AutogradError : public Error {
+ public:
+  explicit AutogradError(const std::string& message);
+  Phase phase() const noexcept { return phase_; }
+  /// Module scope active when it was raised (kNoContext outside any).
+  ContextId context() const noexcept { return context_; }
+
+ private:
+  Phase phase_;
+  ContextId context_;
+};
+
+/// "one of the variables needed for gradient computation has been modified by an
+/// inplace operation: [torch.cuda.FloatTensor [64, 64, 112, 112]], which is output 0
+/// of ReluBackward0, is at version 1; expected version 0 instead." — PyTorch's
+/// SavedVariable::unpack message, then a hint of ours.
+class InplaceModifiedError : public AutogradError {
+ public:
+  struct Details {
+    Shape shape;
+    DType dtype = DType::F32;
+    std::string grad_fn;          ///< the node it is an output of ("" for a leaf)
+    std::uint32_t output_nr = 0;
+    std::uint32_t version = 0;    ///< now
+    std::uint32_t expected = 0;   ///< when saved
+    bool checkpoint_input = false;  ///< saved by checkpoint() as a segment's input
+  };
+  explicit InplaceModifiedError(Details details);
+  const Details& details() const noexcept { return details_; }
+  /// PyTorch's text without our hint.
+  static std::string pytorch_message(const Details& d);
+  /// "torch.cuda.FloatTensor", as Tensor.toString() names a CUDA tensor's type.
+  static std::string torch_type(DType dtype);
+
+ private:
+  Details details_;
+};
+
 /// A tensor kept for backward. Stores a history-free alias (same storage), or,
 /// inside a non-reentrant checkpoint, only a placeholder to be recomputed.
+/// Like PyTorch's SavedVariable it records the version counter when saved and
+/// checks it when unpacked (placeholders are not checked: PyTorch does not check
+/// tensors packed by saved-tensor hooks).
 class SavedTensor {
  public:
   SavedTensor() = default;
-  /// Saves `tensor` (no-op for an undefined one).
+  /// Saves `tensor` (no-op for an undefined one): an input of the node or any
+  /// tensor other than its own output (SavedVariable(var, is_output=false)).
   void save(const Tensor& tensor);
+  /// Saves an output of the node being built (is_output=true): call after
+  /// set_history, and after the version bump of an in-place op.
+  void save_output(const Tensor& tensor);
   /// The saved tensor; recomputes the checkpointed segment on first use.
+  /// Throws InplaceModifiedError if an in-place op changed it since it was saved.
   Tensor unpack() const;
   void reset() noexcept;
   bool defined() const noexcept { return data_.defined() || frame_ != nullptr; }
+  /// Marks this as a checkpoint's saved input (its error message gets a hint saying so).
+  void mark_checkpoint_input() noexcept { checkpoint_input_ = true; }
 
  private:
+  void save_impl(const Tensor& tensor, bool is_output);
+
   Tensor data_;
   std::shared_ptr<detail::CheckpointFrame> frame_;
   std::uint32_t index_ = 0;
+  std::uint32_t saved_version_ = 0;
+  std::uint32_t output_nr_ = 0;     ///< outputs only (PyTorch prints 0 for the others)
+  bool is_output_ = false;
+  bool checkpoint_input_ = false;
+  /// The node the message names: for an output the node that saved it; otherwise the
+  /// tensor's grad_fn when saved (a later in-place op on the storage takes over, as
+  /// PyTorch's rebase_history does). Weak: an output's node owns this SavedTensor.
+  std::weak_ptr<Node> grad_fn_;
 };
 
 // --- grad mode -------------------------------------------------------------------------

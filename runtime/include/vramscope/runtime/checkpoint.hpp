@@ -10,13 +10,21 @@
 // kept. The first unpack in backward reruns the segment once (Phase::Recompute,
 // RNG state restored, stopping early once the last saved tensor is rebuilt) and
 // each rebuilt tensor is handed to its node and freed after that node ran.
-// Parameters get gradients even when no input requires grad.
+// Parameters get gradients even when no input requires grad. The inputs are
+// saved before the segment runs (PyTorch's _NoopSaveInputs) and version-checked
+// when the rerun unpacks them: a segment that changes its own input in place
+// (one that begins with ReLU(inplace=True)) makes backward throw
+// InplaceModifiedError, as PyTorch does.
 //
 // Reentrant: the segment runs under no_grad; one node keeps the inputs and in
 // backward reruns the segment with grad and backpropagates through it (a nested
 // backward). With no input requiring grad the output has no history, the
 // segment's parameters get no gradient, and a warning is recorded on the
 // Runtime — PyTorch's pitfall, reproduced on purpose so reports can flag it.
+// The inputs' versions are recorded after the segment ran (PyTorch saves a
+// custom Function's tensors when forward() returns), so an in-place op on the
+// segment's input passes the version check; the rerun then applies it to a
+// detached leaf that requires grad and throws AutogradError, as PyTorch does.
 #pragma once
 
 #include <cstddef>

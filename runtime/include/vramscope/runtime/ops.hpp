@@ -53,8 +53,10 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
 // --- activations --------------------------------------------------------------------------------
 /// Saves its output.
 Tensor relu(const Tensor& x);
-/// In place: returns an alias of x's storage (allocates nothing). Saves the output.
-/// x must not be saved by another node.
+/// In place: returns an alias of x's storage (allocates nothing) and bumps its version
+/// counter. Saves the output (at the bumped version). A node that saved x before
+/// throws InplaceModifiedError when unpacked, as in PyTorch; recording history on a
+/// leaf that requires grad throws AutogradError.
 Tensor relu_(const Tensor& x);
 /// Saves its output.
 Tensor sigmoid(const Tensor& x);
@@ -73,7 +75,8 @@ Tensor log_softmax(const Tensor& x);
 // --- elementwise and shape ------------------------------------------------------------------------
 /// a + b (same shape, or b [1, ...] broadcast over a's first dimension). Saves nothing.
 Tensor add(const Tensor& a, const Tensor& b);
-/// a += b in place (residual connections); returns an alias of a. Saves nothing.
+/// a += b in place (residual connections); returns an alias of a and bumps its version
+/// counter. Saves nothing. Same checks as relu_.
 Tensor add_(const Tensor& a, const Tensor& b);
 /// x * s for a scalar s (allocates). Saves nothing.
 Tensor mul_scalar(const Tensor& x, double s);

@@ -6,6 +6,12 @@
 // possible, permute, transpose, narrow, detach) share storage and allocate
 // nothing; memory is therefore counted by storage, exactly as on a GPU.
 //
+// The Storage also carries PyTorch's version counter (VariableVersion), which
+// PyTorch shares between a tensor, its views and its detach()es: every in-place
+// op bumps it (relu_, add_, the optimizer's updates, gradient accumulation,
+// fill_ / copy_ / uniform_ on an existing tensor; also under no_grad), and a
+// tensor saved for backward is checked against it when unpacked (SavedTensor).
+//
 //   mem::nn::Runtime rt{alloc, mem::nn::ExecMode::Compute};
 //   auto a = mem::nn::from_values(rt, {2, 2}, {1, 2, 3, 4});
 //   auto b = a.view({4});          // same block
@@ -73,10 +79,30 @@ class Storage {
   std::size_t nbytes() const noexcept { return nbytes_; }
   Runtime& runtime() const noexcept { return *runtime_; }
 
+  /// PyTorch's tensor._version, shared by every tensor viewing this storage.
+  std::uint32_t version() const noexcept { return version_; }
+  /// What an in-place op does to its output (torch.autograd.graph.increment_version).
+  void bump_version() noexcept { ++version_; }
+  /// Autograd's record of the last in-place op that recorded history here: PyTorch
+  /// rebases the modified tensor onto that op's node (its grad_fn becomes, say,
+  /// ReluBackward0), which is the node its version-mismatch message names.
+  void set_inplace_fn(const std::shared_ptr<Node>& fn) noexcept {
+    inplace_fn_ = fn;
+    inplace_version_ = version_;
+  }
+  /// The node of the last in-place op recorded at a version above `version` (null if
+  /// none, or if that node is gone).
+  std::shared_ptr<Node> inplace_fn_since(std::uint32_t version) const noexcept {
+    return inplace_version_ > version ? inplace_fn_.lock() : nullptr;
+  }
+
  private:
   Runtime* runtime_;
   void* data_ = nullptr;
   std::size_t nbytes_ = 0;
+  std::uint32_t version_ = 0;
+  std::uint32_t inplace_version_ = 0;
+  std::weak_ptr<Node> inplace_fn_;  ///< weak: the node keeps this storage alive when it saves it
 };
 
 namespace detail {
@@ -118,6 +144,11 @@ class Tensor {
   bool is_contiguous() const noexcept;
   const std::shared_ptr<Storage>& storage() const noexcept { return impl_->storage; }
   Runtime& runtime() const noexcept { return impl_->storage->runtime(); }
+  /// PyTorch's tensor._version: how many in-place ops wrote into this tensor or a
+  /// view of its storage. Fresh tensors are at 0.
+  std::uint32_t version() const noexcept { return impl_->storage->version(); }
+  /// Bumps the version counter, as every in-place op does (also under no_grad).
+  void bump_version() const noexcept { impl_->storage->bump_version(); }
 
   /// Pointer to the first element. Compute mode only (throws mem::Error in a dry run,
   /// where device addresses have no memory behind them).
@@ -189,10 +220,12 @@ inline Tensor from_values(Runtime& runtime, const Shape& shape,
 }
 /// Elements in row-major order as doubles. Compute mode only.
 std::vector<double> to_values(const Tensor& tensor);
-/// Fills in place (compute mode; no-op in a dry run). Not recorded by autograd.
+/// Fills in place (compute mode; no-op in a dry run). Not recorded by autograd, but
+/// bumps the version counter as PyTorch's fill_ does (in a dry run too).
 void fill_(const Tensor& tensor, double value);
 void uniform_(const Tensor& tensor, double low, double high, std::uint64_t seed);
-/// Copies src into dst elementwise with conversion (compute mode). Not recorded.
+/// Copies src into dst elementwise with conversion (compute mode). Not recorded;
+/// bumps dst's version counter.
 void copy_(const Tensor& dst, const Tensor& src);
 
 }  // namespace mem::nn
