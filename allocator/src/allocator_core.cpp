@@ -134,8 +134,8 @@ bool AllocatorCore::alloc_block(AllocParams& p, bool is_retry) {
   p.block_in_pool = false;
 
   const std::size_t pi = pool_index(*p.pool);
-  increase(stats_.segment, pi, 1);
-  increase(stats_.reserved_bytes, pi, static_cast<std::int64_t>(size));
+  pool_stats_.segment.increase(pi, 1);
+  pool_stats_.reserved_bytes.increase(pi, static_cast<std::int64_t>(size));
   if (size >= config_.max_split_size) stats_.oversize_segments.increase(1);
   update_device_view();
   if (instrumented_) [[unlikely]] {
@@ -187,8 +187,8 @@ void AllocatorCore::release_block(Block* block) {
   total_reserved_ -= size;
   total_reserved_rounded_ -= device_rounded(size);
   const std::size_t pi = pool_index(pool);
-  decrease(stats_.segment, pi, 1);
-  decrease(stats_.reserved_bytes, pi, static_cast<std::int64_t>(size));
+  pool_stats_.segment.decrease(pi, 1);
+  pool_stats_.reserved_bytes.decrease(pi, static_cast<std::int64_t>(size));
   if (size >= config_.max_split_size) stats_.oversize_segments.decrease(1);
   update_device_view();
   if (instrumented_) [[unlikely]] {
@@ -266,16 +266,16 @@ Block* AllocatorCore::alloc_found_block(AllocParams& p) {
       pool.insert(remaining);
     }
     if (already_split) {
-      decrease(stats_.inactive_split_bytes, pi, static_cast<std::int64_t>(block->size));
+      pool_stats_.inactive_split_bytes.decrease(pi, static_cast<std::int64_t>(block->size));
     } else {
-      increase(stats_.inactive_split_bytes, pi, static_cast<std::int64_t>(remaining->size));
-      increase(stats_.inactive_split, pi, 1);
+      pool_stats_.inactive_split_bytes.increase(pi, static_cast<std::int64_t>(remaining->size));
+      pool_stats_.inactive_split.increase(pi, 1);
     }
   } else {
     if (p.block_in_pool) pool.erase(block);
     if (already_split) {
-      decrease(stats_.inactive_split_bytes, pi, static_cast<std::int64_t>(block->size));
-      decrease(stats_.inactive_split, pi, 1);
+      pool_stats_.inactive_split_bytes.decrease(pi, static_cast<std::int64_t>(block->size));
+      pool_stats_.inactive_split.decrease(pi, 1);
     }
   }
 
@@ -285,11 +285,11 @@ Block* AllocatorCore::alloc_found_block(AllocParams& p) {
   active_.insert(block->ptr, block);
 
   const auto bytes = static_cast<std::int64_t>(block->size);
-  increase(stats_.allocation, pi, 1);
-  increase(stats_.allocated_bytes, pi, bytes);
-  increase(stats_.active, pi, 1);
-  increase(stats_.active_bytes, pi, bytes);
-  increase(stats_.requested_bytes, pi, static_cast<std::int64_t>(block->requested_size));
+  pool_stats_.allocation.increase(pi, 1);
+  pool_stats_.allocated_bytes.increase(pi, bytes);
+  pool_stats_.active.increase(pi, 1);
+  pool_stats_.active_bytes.increase(pi, bytes);
+  pool_stats_.requested_bytes.increase(pi, static_cast<std::int64_t>(block->requested_size));
   if (block->size >= config_.max_split_size) stats_.oversize_allocations.increase(1);
   if (instrumented_) [[unlikely]] {
     emit(TraceAction::Alloc, block, block->size, block->requested_size);
@@ -299,8 +299,8 @@ Block* AllocatorCore::alloc_found_block(AllocParams& p) {
 
 [[noreturn]] void AllocatorCore::throw_oom(const AllocParams& p) {
   const DeviceMemInfo mem = device_->mem_get_info();
-  const std::size_t allocated = static_cast<std::size_t>(stats_.allocated_bytes[0].current);
-  const std::size_t reserved = static_cast<std::size_t>(stats_.reserved_bytes[0].current);
+  const std::size_t allocated = static_cast<std::size_t>(pool_stats_.allocated_bytes.current());
+  const std::size_t reserved = static_cast<std::size_t>(pool_stats_.reserved_bytes.current());
   const std::size_t used = static_cast<std::size_t>(stats_.device_used_bytes.current);
   ++stats_.num_ooms;
   if (instrumented_) {
@@ -361,8 +361,8 @@ void AllocatorCore::free(void* ptr) {
 void AllocatorCore::release_allocation(Block* block, bool completed) noexcept {
   block->allocated = false;
   const std::size_t pi = pool_index(*block->pool);
-  decrease(stats_.allocation, pi, 1);
-  decrease(stats_.allocated_bytes, pi, static_cast<std::int64_t>(block->size));
+  pool_stats_.allocation.decrease(pi, 1);
+  pool_stats_.allocated_bytes.decrease(pi, static_cast<std::int64_t>(block->size));
   if (block->size >= config_.max_split_size) stats_.oversize_allocations.decrease(1);
   if (instrumented_) [[unlikely]] {
     emit(TraceAction::FreeRequested, block, block->size, block->requested_size, completed);
@@ -445,13 +445,13 @@ void AllocatorCore::free_block(Block* block, bool report, bool in_map) {
   const std::int64_t net_bytes =
       (result->is_split() ? static_cast<std::int64_t>(result->size) : 0) - merged_bytes;
   const std::size_t pi = pool_index(pool);
-  if (net_blocks > 0) increase(stats_.inactive_split, pi, net_blocks);
-  if (net_blocks < 0) decrease(stats_.inactive_split, pi, -net_blocks);
-  if (net_bytes > 0) increase(stats_.inactive_split_bytes, pi, net_bytes);
-  if (net_bytes < 0) decrease(stats_.inactive_split_bytes, pi, -net_bytes);
-  decrease(stats_.active, pi, 1);
-  decrease(stats_.active_bytes, pi, static_cast<std::int64_t>(original_size));
-  decrease(stats_.requested_bytes, pi, static_cast<std::int64_t>(requested));
+  if (net_blocks > 0) pool_stats_.inactive_split.increase(pi, net_blocks);
+  if (net_blocks < 0) pool_stats_.inactive_split.decrease(pi, -net_blocks);
+  if (net_bytes > 0) pool_stats_.inactive_split_bytes.increase(pi, net_bytes);
+  if (net_bytes < 0) pool_stats_.inactive_split_bytes.decrease(pi, -net_bytes);
+  pool_stats_.active.decrease(pi, 1);
+  pool_stats_.active_bytes.decrease(pi, static_cast<std::int64_t>(original_size));
+  pool_stats_.requested_bytes.decrease(pi, static_cast<std::int64_t>(requested));
 }
 
 // ---------------------------------------------------------------------------
@@ -620,8 +620,8 @@ void AllocatorCore::emit(TraceAction action, const Block* b, std::size_t size,
     e.stream = b->stream;
     e.context = b->context;
     e.small_pool = b->pool != nullptr && b->pool->is_small;
-    e.allocated_bytes = static_cast<std::size_t>(stats_.allocated_bytes[0].current);
-    e.reserved_bytes = static_cast<std::size_t>(stats_.reserved_bytes[0].current);
+    e.allocated_bytes = static_cast<std::size_t>(pool_stats_.allocated_bytes.current());
+    e.reserved_bytes = static_cast<std::size_t>(pool_stats_.reserved_bytes.current());
     e.device_used_bytes = static_cast<std::size_t>(stats_.device_used_bytes.current);
     e.sequence = sequence;
     return e;

@@ -7,7 +7,8 @@
 //    (block_pool.hpp);
 //  - an active Block (allocated, or freed but waiting for stream events) sits
 //    in active_, keyed by address;
-//  - stats_ is updated at every transition and validate() recomputes it.
+//  - pool_stats_ and stats_ are updated at every transition and validate()
+//    recomputes them.
 // Everything is guarded by lock_.
 #pragma once
 
@@ -22,6 +23,7 @@
 #include "block_pool.hpp"
 #include "object_pool.hpp"
 #include "pointer_map.hpp"
+#include "pool_stats.hpp"
 #include "vramscope/allocator/caching_allocator.hpp"
 
 namespace mem::detail {
@@ -89,19 +91,12 @@ class AllocatorCore {
   void synchronize_and_free_events();
   [[noreturn]] void throw_oom(const AllocParams& p);
 
-  // Statistics helpers: the "all" entry and the pool's entry move together.
+  /// The pool's index in a PoolStat.
   static std::size_t pool_index(const BlockPool& pool) noexcept {
-    return pool.is_small ? static_cast<std::size_t>(StatType::SmallPool)
-                         : static_cast<std::size_t>(StatType::LargePool);
+    return pool.is_small ? kSmallPoolIndex : kLargePoolIndex;
   }
-  static void increase(StatArray& a, std::size_t pool, std::int64_t amount) noexcept {
-    a[0].increase(amount);
-    a[pool].increase(amount);
-  }
-  static void decrease(StatArray& a, std::size_t pool, std::int64_t amount) noexcept {
-    a[0].decrease(amount);
-    a[pool].decrease(amount);
-  }
+  /// DeviceStats with the per-pool arrays filled in (under the lock).
+  DeviceStats stats_locked() const;
   std::size_t device_rounded(std::size_t bytes) const noexcept;
   void update_device_view() noexcept;
 
@@ -134,7 +129,8 @@ class AllocatorCore {
   PointerMap<Block*> active_;  // allocated or pending-free blocks by address
   RecyclingPool<Block> block_storage_;
   std::map<StreamId, std::deque<std::pair<EventId, Block*>>> events_;  // per-stream, in order
-  DeviceStats stats_;
+  PoolStats pool_stats_;  // the per-pool arrays, updated on every transition
+  DeviceStats stats_;     // everything else; its arrays are filled only when read
   std::size_t total_reserved_ = 0;          // sum of segment sizes (total_allocated_memory)
   std::size_t total_reserved_rounded_ = 0;  // the same at driver granularity
   bool set_fraction_ = false;

@@ -12,21 +12,28 @@
 
 namespace mem::detail {
 
-DeviceStats AllocatorCore::stats() const {
-  std::lock_guard guard(lock_);
+DeviceStats AllocatorCore::stats_locked() const {
   DeviceStats s = stats_;
+  pool_stats_.read_into(s);
   s.driver_time_us = device_->driver_time_us();
   return s;
+}
+
+DeviceStats AllocatorCore::stats() const {
+  std::lock_guard guard(lock_);
+  return stats_locked();
 }
 
 void AllocatorCore::reset_peak_stats() {
   std::lock_guard guard(lock_);
   stats_.reset_peaks();
+  pool_stats_.reset_peaks();
 }
 
 void AllocatorCore::reset_accumulated_stats() {
   std::lock_guard guard(lock_);
   stats_.reset_accumulated();
+  pool_stats_.reset_accumulated();
 }
 
 std::size_t AllocatorCore::block_size(const void* ptr) const {
@@ -74,10 +81,7 @@ BlockState state_of(const Block* b) {
 
 std::vector<SegmentInfo> AllocatorCore::segments(DeviceStats* stats) const {
   std::lock_guard guard(lock_);
-  if (stats != nullptr) {
-    *stats = stats_;
-    stats->driver_time_us = device_->driver_time_us();
-  }
+  if (stats != nullptr) *stats = stats_locked();
   std::vector<SegmentInfo> out;
   for (const Block* head : all_blocks_locked()) {
     if (head->prev != nullptr) continue;
@@ -123,7 +127,8 @@ void AllocatorCore::validate() const {
   std::size_t pending_events = 0;
   for (const Block* head : blocks) {
     if (head->prev != nullptr) continue;
-    const std::size_t pi = pool_index(*head->pool);
+    const std::size_t pi = static_cast<std::size_t>(head->pool->is_small ? StatType::SmallPool
+                                                                          : StatType::LargePool);
     std::size_t total = 0;
     const bool split = head->next != nullptr;
     for (const Block* b = head; b != nullptr; b = b->next) {
@@ -186,7 +191,8 @@ void AllocatorCore::validate() const {
       if (got[t].peak < got[t].current) fail(std::string(name) + " peak below current");
     }
   };
-#define VRAMSCOPE_CHECK(name) check(#name, stats_.name, expect.name);
+  const DeviceStats got = stats_locked();
+#define VRAMSCOPE_CHECK(name) check(#name, got.name, expect.name);
   VRAMSCOPE_STAT_ARRAYS(VRAMSCOPE_CHECK)
 #undef VRAMSCOPE_CHECK
   if (static_cast<std::size_t>(stats_.oversize_allocations.current) != oversize_allocs) {
@@ -195,7 +201,7 @@ void AllocatorCore::validate() const {
   if (static_cast<std::size_t>(stats_.oversize_segments.current) != oversize_segs) {
     fail("oversize_segments disagrees with the blocks");
   }
-  if (static_cast<std::size_t>(stats_.reserved_bytes[0].current) != total_reserved_) {
+  if (static_cast<std::size_t>(got.reserved_bytes[0].current) != total_reserved_) {
     fail("reserved bytes disagree with the running total");
   }
   if (static_cast<std::size_t>(stats_.device_used_bytes.current) !=
