@@ -50,26 +50,32 @@ StreamClasses& BlockPool::add(StreamId stream) {
   return *sc;
 }
 
-void BlockPool::move(StreamClasses& sc, Block* b, std::uintptr_t ptr, std::size_t size) {
+void BlockPool::rekey_slow(Block* b, std::uintptr_t ptr, std::size_t size) {
+  if (tracks_age) b->gc_count_base = get_free_blocks_call_count;
+  StreamClasses& sc = *find(b->stream);
   const std::size_t from = b->pool_class;
   const std::size_t to = class_of(size);
   BlockSet& set = sc.set(from);
-  BlockSet& dest = sc.set_for_insert(to);
-  const auto it = b->pool_it;
-  b->ptr = ptr;
-  b->size = size;
-  b->pool_class = static_cast<std::uint16_t>(to);
-  if (from != to && set.size() == 1 && dest.empty()) {
-    // Alone, to a class never used before (rekey handles the rest of this case).
-    set.swap(dest);
-    auto& entry = const_cast<PoolEntry&>(*it);
-    entry.size = size;
-    entry.ptr = ptr;
-    sc.mark(to);
+  if (from == to && order_holds(set, b, ptr, size)) {
+    update_in_place(b, ptr, size);
+    return;
+  }
+  if (from != to && set.size() == 1 && sc.set_for_insert(to).empty()) {
+    // Alone in its class and moving to an empty one (a segment's one free block
+    // after a split or merge): hand over the whole tree, O(1).
+    set.swap(sc.set(to));
+    update_in_place(b, ptr, size);
+    b->pool_class = static_cast<std::uint16_t>(to);
+    sc.mark(to);  // first, so a shrinking block's class becomes the lowest without a search
     sc.unmark(from);
     return;
   }
-  auto node = set.extract(it);
+  // Re-insert the same node under its new key (no allocation).
+  BlockSet& dest = sc.set_for_insert(to);
+  b->ptr = ptr;
+  b->size = size;
+  b->pool_class = static_cast<std::uint16_t>(to);
+  auto node = set.extract(b->pool_it);
   if (from != to && set.empty()) sc.unmark(from);
   node.value() = PoolEntry{size, ptr, b};
   b->pool_it = dest.insert(std::move(node)).position;

@@ -190,57 +190,18 @@ class BlockPool {
 
   /// Moves a pooled block to a new address and size; the result equals erase +
   /// insert. Its tree node stays put when its class and order still hold (the
-  /// common split/merge case, kept inline) and is moved, not reallocated, when
-  /// they do not. The key is built from the arguments, not re-read from the
-  /// block, which avoids a store-forwarding stall.
+  /// common split/merge case: inline, a few compares and four stores) and is
+  /// handed over or moved, not reallocated, when they do not (rekey_slow). The
+  /// key is built from the arguments, not re-read from the block, which avoids
+  /// a store-forwarding stall.
   void rekey(Block* b, std::uintptr_t ptr, std::size_t size) {
-    if (tracks_age) b->gc_count_base = get_free_blocks_call_count;
-    StreamClasses& sc = *find(b->stream);
-    const std::size_t c = b->pool_class;
-    const std::size_t to = class_of(size);
-    if (to != c) {
-      BlockSet& set = sc.set(c);
-      if (set.size() == 1 && sc.built(to) && sc.set(to).empty()) [[likely]] {
-        // Alone in its class and moving to an empty one (a segment's one free
-        // block after a split or merge): hand over the whole tree, O(1).
-        set.swap(sc.set(to));
-        auto& entry = const_cast<PoolEntry&>(*b->pool_it);
-        entry.size = size;
-        entry.ptr = ptr;
-        b->ptr = ptr;
-        b->size = size;
-        b->pool_class = static_cast<std::uint16_t>(to);
-        sc.mark(to);  // first, so a shrinking block's class becomes the lowest without a search
-        sc.unmark(c);
-        return;
-      }
-    } else {
-      const BlockSet& set = sc.set(c);
-      const auto it = b->pool_it;
-      const PoolEntryLess less;
-      const PoolEntry key{size, ptr, b};
-      // Alone in its class (a segment's one free block) it is in order. Else a
-      // shrinking block can only move left past its predecessor, a growing one
-      // only right past its successor: one neighbour to look at, not two.
-      const bool alone = set.size() == 1;
-      bool in_order = true;
-      if (!alone && size <= b->size && it != set.begin()) in_order = less(*std::prev(it), key);
-      if (!alone && size >= b->size && in_order) {
-        const auto next = std::next(it);
-        in_order = next == set.end() || less(key, *next);
-      }
-      if (in_order) [[likely]] {
-        // The node's storage is not const; the order is unchanged, so updating
-        // the key in place leaves a valid tree.
-        auto& entry = const_cast<PoolEntry&>(*it);
-        entry.size = size;
-        entry.ptr = ptr;
-        b->ptr = ptr;
-        b->size = size;
+    if (!tracks_age && class_of(size) == b->pool_class) [[likely]] {
+      if (order_holds(find(b->stream)->set(b->pool_class), b, ptr, size)) [[likely]] {
+        update_in_place(b, ptr, size);
         return;
       }
     }
-    move(sc, b, ptr, size);
+    rekey_slow(b, ptr, size);
   }
 
   /// The largest free block of `stream`, or nullptr.
@@ -279,8 +240,34 @@ class BlockPool {
     return find_slow(stream);
   }
   StreamClasses* find_slow(StreamId stream) const noexcept;
-  /// rekey's other case: the block changes class, or passes a neighbour.
-  void move(StreamClasses& sc, Block* b, std::uintptr_t ptr, std::size_t size);
+  /// Whether `b`, given the key (size, ptr), keeps its place in `set`. Alone in
+  /// its class (a segment's one free block) it does. Else a shrinking block can
+  /// only move left past its predecessor, a growing one only right past its
+  /// successor: one neighbour to look at, not two.
+  static bool order_holds(const BlockSet& set, const Block* b, std::uintptr_t ptr, std::size_t size) {
+    if (set.size() == 1) return true;
+    const PoolEntryLess less;
+    const PoolEntry key{size, ptr, nullptr};
+    const auto it = b->pool_it;
+    if (size <= b->size && it != set.begin() && !less(*std::prev(it), key)) return false;
+    if (size >= b->size) {
+      const auto next = std::next(it);
+      return next == set.end() || less(key, *next);
+    }
+    return true;
+  }
+  /// The node's storage is not const; with the order unchanged, updating the key
+  /// in place leaves a valid tree.
+  static void update_in_place(Block* b, std::uintptr_t ptr, std::size_t size) noexcept {
+    auto& entry = const_cast<PoolEntry&>(*b->pool_it);
+    entry.size = size;
+    entry.ptr = ptr;
+    b->ptr = ptr;
+    b->size = size;
+  }
+  /// rekey's other cases: the block changes class, passes a neighbour, or its
+  /// age is tracked.
+  void rekey_slow(Block* b, std::uintptr_t ptr, std::size_t size);
   StreamClasses& find_or_add(StreamId stream) {
     StreamClasses* sc = find(stream);
     return sc != nullptr ? *sc : add(stream);
