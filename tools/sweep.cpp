@@ -12,6 +12,7 @@
 #include <span>
 #include <tuple>
 
+#include "accepted_segments.hpp"
 #include "model_args.hpp"
 #include "usage_error.hpp"
 #include "vramscope/allocator/caching_allocator.hpp"
@@ -265,6 +266,14 @@ SweepResult run_sweep(const SweepSpec& spec_in, const SweepProgress& progress) {
       }
       if (best != nullptr) best->best = true;
     }
+  }
+  const bool refused = std::any_of(result.rows.begin(), result.rows.end(),
+                                   [](const SweepRow& r) { return r.error.has_value(); });
+  if (refused) {
+    // Which counts would run: a dry run per count, only when one was refused.
+    const nn::TrainConfig cfg = train_config(spec, 1, spec.precisions.front(),
+                                             spec.alloc_confs.empty() ? std::string() : spec.alloc_confs.front());
+    result.accepted_segments = accepted_segment_counts(cfg, result.device);
   }
   if (progress) progress(done, planned, "done");
   result.wall_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();

@@ -106,6 +106,9 @@ struct SweepResult {
   /// Runs without checkpointing done only to measure savings (not asked for).
   std::vector<SweepRow> baselines;
   double wall_ms = 0;                    ///< the whole sweep
+  /// When some row is an error row: the segment counts (1 = none) autograd accepts
+  /// for this model (accepted_segment_counts), for the hint under the table.
+  std::optional<std::vector<std::size_t>> accepted_segments;
 };
 
 /// Called before each run: runs finished, runs planned, the one starting.

@@ -153,6 +153,8 @@ nlohmann::json sweep_json(const SweepResult& result) {
   for (const SweepRow& row : result.rows) j["rows"].push_back(row_json(result, row));
   j["baselines"] = nlohmann::json::array();
   for (const SweepRow& row : result.baselines) j["baselines"].push_back(row_json(result, row));
+  // Only when a row was refused: the counts (1 = none) autograd accepts for the model.
+  j["accepted_segments"] = result.accepted_segments ? nlohmann::json(*result.accepted_segments) : nlohmann::json(nullptr);
   return j;
 }
 

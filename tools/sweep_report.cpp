@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "accepted_segments.hpp"
 #include "vramscope/allocator/units.hpp"
 
 namespace mem::tools {
@@ -191,6 +192,11 @@ std::string sweep_report(const SweepResult& result, const ReportOptions& options
                          "needs {} max allocated)\n",
                          nn::precision_name(row.precision), human_bytes(row.unlimited->peak_allocated));
     }
+  }
+  if (result.accepted_segments) {
+    out += wrap(fmt::format("Segment counts PyTorch accepts for {}: {}.", m.name,
+                            describe_segment_counts(*result.accepted_segments)),
+                "  ", "  ");
   }
   if (any_best) {
     out += "  * least memory in nvidia-smi's view among the configurations of its dtype that fit\n";

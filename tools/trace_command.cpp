@@ -8,6 +8,7 @@
 #include <optional>
 #include <unordered_map>
 
+#include "accepted_segments.hpp"
 #include "commands.hpp"
 #include "model_args.hpp"
 #include "sweep_report.hpp"
@@ -220,8 +221,10 @@ void run(const TraceArgs& args) {
   trainer.reset();  // frees the model before the allocator goes
   if (oom) throw CommandFailed("out of memory (the log above shows where); try --segments, a smaller --batch or --dtype f16");
   if (refused) {
-    throw CommandFailed("backward failed as it does on PyTorch: a tensor saved for backward was modified by an "
-                        "in-place op (see above); try another --segments");
+    throw CommandFailed(fmt::format(
+        "backward failed as it does on PyTorch: a tensor saved for backward was modified by an in-place op "
+        "(see above); --segments that {} accepts: {}",
+        cfg.model, describe_segment_counts(accepted_segment_counts(cfg, device->info()))));
   }
 }
 

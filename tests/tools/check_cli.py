@@ -240,6 +240,26 @@ def check_trace_oom(exe, work):
     check(any(e["action"] == "oom" for e in snap["device_traces"][0]), "no oom entry")
 
 
+def check_inplace(exe, work):
+    # resnet18's stem ReLU(inplace=True) begins a checkpointed segment from 6 segments on:
+    # PyTorch refuses the step, so does vramscope (exit 1, PyTorch's message, the counts that run).
+    os.makedirs(work, exist_ok=True)
+    p = run(exe, "trace", "--model", "resnet18", "--batch", "2", "--image", "32", "--segments", "6",
+            "--no-pre", expect=1)
+    check("has been modified by an inplace operation" in p.stdout, p.stdout)
+    check("ReluBackward0, is at version 1; expected version 0 instead." in p.stdout, p.stdout)
+    check(p.stderr.strip().endswith("--segments that resnet18 accepts: 0 (none), 2-5"), p.stderr)
+    js = os.path.join(work, "sweep.json")
+    p = run(exe, "sweep", "--model", "resnet18", "--batch", "2", "--image", "32", "--segments", "0,5,6",
+            "--dtype", "f32", "--format", "json")
+    j = json.loads(p.stdout)
+    rows = {r["segments"]: r for r in j["rows"]}
+    check(rows[6]["fits"] is False and rows[6]["best"] is False, rows[6])
+    check(rows[6]["error_phase"] == "backward" and "ReluBackward0" in rows[6]["error"], rows[6])
+    check(rows[5]["error"] is None and rows[5]["fits"] is True, rows[5])
+    check(j["accepted_segments"] == [1, 2, 3, 4, 5], j["accepted_segments"])
+
+
 def check_demo(exe, work):
     start = time.monotonic()
     text = run(exe, "sweep").stdout
@@ -300,7 +320,7 @@ CHECKS = {
     "exact": check_exact, "csv": check_csv, "json": check_json, "oom": check_oom,
     "bad-input": check_bad_input, "trace-files": check_trace_files, "trace-oom": check_trace_oom,
     "demo": check_demo, "help": check_help, "devices": check_devices, "models": check_models,
-    "plot": check_plot,
+    "plot": check_plot, "inplace": check_inplace,
 }
 
 

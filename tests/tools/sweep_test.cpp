@@ -6,6 +6,7 @@
 
 #include <algorithm>
 
+#include "accepted_segments.hpp"
 #include "sweep.hpp"
 #include "sweep_export.hpp"
 #include "sweep_report.hpp"
@@ -188,6 +189,11 @@ TEST(Sweep, AConfigurationPyTorchRefusesIsAnErrorRowNeverBest) {
       << text;
   EXPECT_NE(text.find("[2] f16 seg 8"), std::string::npos) << text;
 
+  // The counts that would run, found by a dry run of each: 8 and up begin a segment with the ReLU.
+  ASSERT_TRUE(result.accepted_segments.has_value());
+  EXPECT_EQ(*result.accepted_segments, (std::vector<std::size_t>{1, 2, 3, 4, 5, 6, 7}));
+  EXPECT_NE(text.find("Segment counts PyTorch accepts for resnet50: 0 (none), 2-7."), std::string::npos) << text;
+
   const std::string csv = sweep_csv(result);
   EXPECT_NE(csv.find(",error,error_step,error_phase,error_module"), std::string::npos) << csv;
   EXPECT_NE(csv.find(",false,false,0,"), std::string::npos) << csv;  // fits, best, steps of a refused row
@@ -201,8 +207,35 @@ TEST(Sweep, AConfigurationPyTorchRefusesIsAnErrorRowNeverBest) {
   EXPECT_EQ(refused["error_phase"], "backward");
   EXPECT_EQ(refused["error_module"], "maxpool");
   EXPECT_NE(refused["error"].get<std::string>().find("ReluBackward0"), std::string::npos);
+  EXPECT_EQ(j["accepted_segments"], nlohmann::json({1, 2, 3, 4, 5, 6, 7}));
   EXPECT_TRUE(j["rows"][2]["error"].is_null());
   EXPECT_EQ(j["rows"][2]["fits"], true);
+}
+
+TEST(Sweep, AcceptedSegmentCountsOnlyWhenARowWasRefused) {
+  // The mlp depth 6 with inplace ReLU that PyTorch ran on an H100: 4 and 7 refused.
+  SweepSpec spec = small_spec();
+  spec.model = "mlp";
+  spec.model_options = nn::ModelOptions::parse("depth=6,width=64,batch=4,inplace=1");
+  spec.segments = {0, 4};
+  spec.precisions = {nn::Precision::F32};
+  const SweepResult refused = run_sweep(spec);
+  ASSERT_TRUE(refused.accepted_segments.has_value());
+  EXPECT_EQ(*refused.accepted_segments, (std::vector<std::size_t>{1, 2, 3, 5, 6}));
+  EXPECT_EQ(describe_segment_counts(*refused.accepted_segments), "0 (none), 2-3, 5-6");
+  spec.segments = {0, 5};
+  const SweepResult fine = run_sweep(spec);
+  EXPECT_FALSE(fine.accepted_segments.has_value());
+  EXPECT_TRUE(sweep_json(fine)["accepted_segments"].is_null());
+  EXPECT_EQ(sweep_report(fine).find("Segment counts PyTorch accepts"), std::string::npos);
+}
+
+TEST(Sweep, SegmentCountsReadAsTheSweepsOption) {
+  EXPECT_EQ(describe_segment_counts({}), "none");
+  EXPECT_EQ(describe_segment_counts({1}), "0 (none)");
+  EXPECT_EQ(describe_segment_counts({2}), "2");
+  EXPECT_EQ(describe_segment_counts({1, 2, 3, 4, 5}), "0 (none), 2-5");
+  EXPECT_EQ(describe_segment_counts({3, 5, 6, 9}), "3, 5-6, 9");
 }
 
 TEST(Sweep, ValidationNamesWhatIsValid) {
