@@ -51,15 +51,10 @@ StreamClasses& BlockPool::add(StreamId stream) {
 }
 
 void BlockPool::rekey_slow(Block* b, std::uintptr_t ptr, std::size_t size) {
-  if (tracks_age) b->gc_count_base = get_free_blocks_call_count;
   StreamClasses& sc = *find(b->stream);
   const std::size_t from = b->pool_class;
   const std::size_t to = class_of(size);
   BlockSet& set = sc.set(from);
-  if (from == to && order_holds(set, b, ptr, size)) {
-    update_in_place(b, ptr, size);
-    return;
-  }
   if (from != to && set.size() == 1 && sc.set_for_insert(to).empty()) {
     // Alone in its class and moving to an empty one (a segment's one free block
     // after a split or merge): hand over the whole tree, O(1).

@@ -195,11 +195,11 @@ class BlockPool {
   /// key is built from the arguments, not re-read from the block, which avoids
   /// a store-forwarding stall.
   void rekey(Block* b, std::uintptr_t ptr, std::size_t size) {
-    if (!tracks_age && class_of(size) == b->pool_class) [[likely]] {
-      if (order_holds(find(b->stream)->set(b->pool_class), b, ptr, size)) [[likely]] {
-        update_in_place(b, ptr, size);
-        return;
-      }
+    if (tracks_age) b->gc_count_base = get_free_blocks_call_count;
+    if (class_of(size) == b->pool_class &&
+        order_holds(find(b->stream)->set(b->pool_class), b, ptr, size)) [[likely]] {
+      update_in_place(b, ptr, size);
+      return;
     }
     rekey_slow(b, ptr, size);
   }
@@ -265,8 +265,7 @@ class BlockPool {
     b->ptr = ptr;
     b->size = size;
   }
-  /// rekey's other cases: the block changes class, passes a neighbour, or its
-  /// age is tracked.
+  /// rekey's other cases: the block changes class or passes a neighbour.
   void rekey_slow(Block* b, std::uintptr_t ptr, std::size_t size);
   StreamClasses& find_or_add(StreamId stream) {
     StreamClasses* sc = find(stream);
