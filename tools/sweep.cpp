@@ -134,6 +134,15 @@ std::shared_ptr<Device> unlimited_twin(const DeviceInfo& info) {
   return std::make_shared<SimDevice>(std::move(c));
 }
 
+AutogradFailure autograd_failure(const nn::AutogradError& e, std::size_t step) {
+  AutogradFailure failure;
+  failure.step = step;
+  failure.phase = e.phase();
+  failure.module = context_info(e.context()).path;
+  failure.message = e.what();
+  return failure;
+}
+
 RunFigures run_config(const SweepSpec& spec, std::shared_ptr<Device> device, std::size_t segments,
                       nn::Precision precision, const std::string& alloc_conf,
                       std::optional<OomFailure>& oom, std::optional<AutogradFailure>& error) {
@@ -171,12 +180,7 @@ RunFigures run_config(const SweepSpec& spec, std::shared_ptr<Device> device, std
     oom = std::move(failure);
   } catch (const nn::AutogradError& e) {
     // PyTorch refuses this configuration too; the step unwound and freed its tensors.
-    AutogradFailure failure;
-    failure.step = f.steps_done + 1;
-    failure.phase = e.phase();
-    failure.module = context_info(e.context()).path;
-    failure.message = e.what();
-    error = std::move(failure);
+    error = autograd_failure(e, f.steps_done + 1);
   }
   allocator.remove_observer(&watcher);
   f.peak_allocated = watcher.peaks.allocated;

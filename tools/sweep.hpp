@@ -22,6 +22,7 @@
 #include "vramscope/allocator/device.hpp"
 #include "vramscope/allocator/errors.hpp"
 #include "vramscope/instrumentation/module_scope.hpp"
+#include "vramscope/runtime/autograd.hpp"
 #include "vramscope/runtime/training.hpp"
 
 namespace mem::tools {
@@ -75,6 +76,8 @@ struct AutogradFailure {
   std::string module;                    ///< innermost module scope at the error
   std::string message;                   ///< PyTorch's message and our hint
 };
+/// The failure `e` raised in 1-based step `step`: its phase, module path and message.
+AutogradFailure autograd_failure(const nn::AutogradError& e, std::size_t step);
 
 struct SweepRow {
   std::size_t segments = 0;              ///< as asked; 0 = no checkpointing

@@ -86,6 +86,8 @@ std::string describe_oom(const SweepRow& row) {
   return out;
 }
 
+std::string describe_place(const AutogradFailure& failure) { return where(failure); }
+
 std::string describe_error(const SweepRow& row) {
   if (!row.error) return {};
   const AutogradFailure& e = *row.error;

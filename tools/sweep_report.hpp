@@ -31,9 +31,12 @@ std::string wrap(const std::string& text, const std::string& first, const std::s
 /// "out of memory in step 1, backward of 17 (asked 64.00 MiB): ..." for an OOM row.
 std::string describe_oom(const SweepRow& row);
 
-/// "f32 seg 8: PyTorch refuses this configuration: in step 1, backward of module
-/// maxpool: one of the variables needed ..." for an error row.
+/// "f32 seg 8: fails as on PyTorch, in step 1, backward of module maxpool: one of the
+/// variables needed ..." for an error row.
 std::string describe_error(const SweepRow& row);
+
+/// Where autograd refused a step: "in step 1, backward of module maxpool".
+std::string describe_place(const AutogradFailure& failure);
 
 /// The footnote text of a row that does not fit (OOM or error); "" for one that fits.
 std::string describe_failure(const SweepRow& row);

@@ -146,7 +146,7 @@ void run(const TraceArgs& args) {
   std::unique_ptr<nn::Trainer> trainer;
   std::vector<nn::StepStats> steps;
   std::optional<std::string> oom;
-  std::optional<std::string> refused;  // an nn::AutogradError: PyTorch raises it too
+  std::optional<AutogradFailure> refused;  // an nn::AutogradError: PyTorch raises it too
   try {
     trainer = std::make_unique<nn::Trainer>(cfg, allocator);  // allocates the parameters
   } catch (const OutOfMemoryError& e) {
@@ -167,11 +167,7 @@ void run(const TraceArgs& args) {
     } catch (const OutOfMemoryError& e) {
       oom = one_line(e.what());
     } catch (const nn::AutogradError& e) {
-      refused = fmt::format("step {}, {}{}: {}", steps.size() + 1, phase_name(e.phase()),
-                            context_info(e.context()).path.empty()
-                                ? std::string()
-                                : " of module " + context_info(e.context()).path,
-                            one_line(e.what()));
+      refused = autograd_failure(e, steps.size() + 1);
     }
     log.finish();
   }
@@ -195,7 +191,10 @@ void run(const TraceArgs& args) {
     for (const std::string& w : report.warnings) std::cout << "  warning: " << w << "\n";
   }
   if (oom) std::cout << "\nout of memory: " << *oom << "\n";
-  if (refused) std::cout << "\nautograd error, as PyTorch raises it for this configuration, in " << *refused << "\n";
+  if (refused) {
+    std::cout << "\nautograd error, as PyTorch raises it for this configuration, " << describe_place(*refused)
+              << ": " << one_line(refused->message) << "\n";
+  }
 
   if (args.summary) std::cout << "\n" << memory_summary(allocator);
   if (!args.snapshot.empty() || timeline) std::cout << "\n";
