@@ -38,11 +38,7 @@ Runtime::Runtime(CachingAllocator& allocator, ExecMode mode, std::uint64_t seed)
   }
 }
 
-Runtime::~Runtime() {
-  clear_autocast_cache();
-  for (auto& slot : blas_workspace_) slot.reset();
-  for (auto& slot : lt_workspace_) slot.reset();
-}
+Runtime::~Runtime() { clear_autocast_cache(); }  // the workspaces go with the members
 
 std::size_t cublas_workspace_bytes(int compute_capability) noexcept {
   // PyTorch 2.x, CublasHandlePool.cpp: a larger default on sm90 / sm100 (measured on an
