@@ -18,8 +18,10 @@ void StreamClasses::build(std::size_t c) {
 }
 
 void StreamClasses::destroy(StreamClasses* sc) noexcept {
-  for (std::size_t c = 0; c < kNumSizeClasses; ++c) {
-    if (sc->built(c)) sc->set(c).~BlockSet();
+  for (std::size_t w = 0; w < kWords; ++w) {  // the built sets only, not every class
+    for (std::uint64_t bits = sc->built_word(w); bits != 0; bits &= bits - 1) {
+      sc->set((w << 6) + static_cast<std::size_t>(__builtin_ctzll(bits))).~BlockSet();
+    }
   }
   sc->~StreamClasses();
   ::operator delete(sc);
