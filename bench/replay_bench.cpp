@@ -13,7 +13,8 @@
 //
 // Counters: time_per_event or time_per_op, peak_reserved, peak_requested
 // (kIs1024), reserved_per_requested, device_allocs (cudaMalloc calls in one
-// replay), and for BM_TraceOps cache_hit_rate (allocations without cudaMalloc).
+// replay), for BM_Replay events (trace events replayed) and for BM_TraceOps
+// cache_hit_rate (allocations without cudaMalloc).
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -43,6 +44,7 @@ void report(benchmark::State& state, const ReplayResult& r) {
       Counter(static_cast<double>(r.peak_requested), Counter::kDefaults, Counter::kIs1024);
   state.counters["reserved_per_requested"] = r.reserved_per_requested;
   state.counters["device_allocs"] = static_cast<double>(r.segment_allocs);
+  state.counters["events"] = static_cast<double>(r.events);  // trace events replayed
 }
 
 void BM_ReplayVramscope(benchmark::State& state, std::shared_ptr<const AllocationTrace> trace) {

@@ -1,0 +1,192 @@
+#!/usr/bin/env python3
+"""Turns Google Benchmark JSON from vramscope_allocator_bench and
+vramscope_replay_bench into the results tables of docs/BENCHMARKS.md.
+
+    build/release/bench/vramscope_allocator_bench --benchmark_min_time=0.1 \\
+        --benchmark_repetitions=5 --benchmark_report_aggregates_only=true \\
+        --benchmark_out=alloc.json --benchmark_out_format=json
+    build/release/bench/vramscope_replay_bench --benchmark_min_time=0.2 \\
+        --benchmark_repetitions=5 --benchmark_report_aggregates_only=true \\
+        --benchmark_out=replay.json --benchmark_out_format=json
+    python3 scripts/bench_tables.py alloc.json replay.json
+
+On a shared machine, run each suite several times in turn instead and pass all
+the files (alloc1.json alloc2.json ... replay1.json ...): each figure is then the
+median over the runs, whose peers ran interleaved in time, and each ratio is
+the median of the ratios within each run (with their range), so a slow spell of
+the machine does not fall on one column. Within one file a benchmark's median
+over its repetitions is taken, else its single run.
+"""
+import json
+import statistics
+import sys
+
+PEERS = ("Vramscope", "Cub", "CubGrowth2", "Glibc")
+
+
+def load(path):
+    """(context, name -> the run's record: the median where repetitions were run)."""
+    with open(path) as f:
+        data = json.load(f)
+    runs, medians = {}, {}
+    for b in data["benchmarks"]:
+        if b.get("error_occurred"):  # skipped (no trace, out of memory): no figures
+            continue
+        if b.get("run_type") == "aggregate":
+            if b.get("aggregate_name") == "median":
+                medians[b["run_name"]] = b
+        else:
+            runs.setdefault(b["run_name"], b)
+    runs.update(medians)
+    return data["context"], runs
+
+
+def median_of(files):
+    """name -> one record whose numbers are the medians over the files that have it."""
+    merged = {}
+    for name in {n for runs in files for n in runs}:
+        records = [runs[name] for runs in files if name in runs]
+        first = dict(records[0])
+        for key, value in first.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                first[key] = statistics.median(r[key] for r in records if key in r)
+        first["runs"] = len(records)
+        merged[name] = first
+    return merged
+
+
+def ns(run, counter):
+    """A seconds-valued rate counter (time_per_pair, time_per_op...) in ns."""
+    return run[counter] * 1e9
+
+
+def fmt_ns(x):
+    return f"{x:.1f}" if x < 100 else f"{x:.0f}"
+
+
+def ratio(files, counter, vramscope, cub, growth2):
+    """The best CUB setting's time over vramscope's, taken within each file (one
+    run: the peers measured minutes apart, on the same machine's mood), then the
+    median over the files; the spread when there are several."""
+    ratios = []
+    for runs in files:
+        if vramscope not in runs:
+            continue
+        peers = [runs[name][counter] for name in (cub, growth2) if name in runs]
+        if peers:
+            ratios.append(min(peers) / runs[vramscope][counter])
+    if not ratios:
+        return "-"
+    text = f"{statistics.median(ratios):.2f}x"
+    if len(ratios) > 1:
+        text += f" ({min(ratios):.2f}-{max(ratios):.2f})"
+    return text
+
+
+def allocator_tables(files):
+    runs = median_of(files)
+
+    def pair(family, suffix=""):
+        out = []
+        for peer in PEERS:
+            run = runs.get(f"{family}<{peer}>{suffix}")
+            out.append(ns(run, "time_per_pair") if run else None)
+        return out
+
+    rows = [("fast path, 1 KiB cached", "BM_FastPath", ""),
+            ("mixed sizes 512 B..8 MiB, window 8", "BM_MixedSizes", "")]
+    rows += [(f"cached blocks {n:,}", "BM_CachedBlocks", f"/cached_blocks:{n}")
+             for n in (100, 1000, 10000, 100000)]
+    rows += [("1 thread, shared allocator", "BM_Threads", "/real_time/threads:1"),
+             ("2 threads, shared allocator, per pair", "BM_Threads", "/real_time/threads:2")]
+    print("| workload | vramscope | cub | cub-growth2 | glibc | vramscope vs best CUB |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for label, family, suffix in rows:
+        v, c, g, m = pair(family, suffix)
+        if v is None:
+            continue
+        cells = [fmt_ns(x) if x is not None else "-" for x in (v, c, g, m)]
+        r = ratio(files, "time_per_pair", *(f"{family}<{p}>{suffix}" for p in PEERS[:3]))
+        print(f"| {label} | {' | '.join(cells)} | {r} |")
+
+    print()
+    print("| N, max | vramscope | cub | cub-growth2 | glibc | vs best CUB (time) |")
+    print("|---|---|---|---|---|---:|")
+    for n in (1000, 10000, 100000):
+        for max_mib, label in ((1, "1 MiB"), (64, "64 MiB"), (1024, "1 GiB")):
+            suffix = f"/N:{n}/max_MiB:{max_mib}"
+            cells, times = [], {}
+            for peer in PEERS:
+                run = runs.get(f"BM_RandomWorkload<{peer}>{suffix}")
+                if run is None:
+                    cells.append("-")
+                    continue
+                t = ns(run, "time_per_pair")
+                times[peer] = t
+                if peer == "Glibc":
+                    cells.append(f"{t:.0f}")
+                else:
+                    cells.append(f"{t:.0f} / {run['reserved_per_requested']:.3f} / "
+                                 f"{run['cache_hit_rate']:.4g}")
+            if "Vramscope" not in times:
+                continue
+            r = ratio(files, "time_per_pair",
+                      *(f"BM_RandomWorkload<{p}>{suffix}" for p in PEERS[:3]))
+            print(f"| {n // 1000}k, {label} | {' | '.join(cells)} | {r} |")
+
+
+def replay_tables(files):
+    runs = median_of(files)
+
+    traces = sorted({name.split("/", 1)[1] for name in runs if name.startswith("BM_TraceOps<")},
+                    key=str.lower)
+    print("| trace (trace events) | vramscope | cub | cub-growth2 | vs best CUB |")
+    print("|---|---|---|---|---:|")
+    for trace in traces:
+        cells, times = [], {}
+        for peer in PEERS[:3]:
+            run = runs.get(f"BM_TraceOps<{peer}>/{trace}")
+            if run is None:
+                cells.append("-")
+                continue
+            times[peer] = ns(run, "time_per_op")
+            cells.append(f"{fmt_ns(times[peer])} / {run['reserved_per_requested']:.2f} / "
+                         f"{run['device_allocs']:,.0f}")
+        whole = runs.get(f"BM_Replay/vramscope/{trace}")
+        events = f" ({whole['events']:,.0f})" if whole is not None and "events" in whole else ""
+        r = ratio(files, "time_per_op", *(f"BM_TraceOps<{p}>/{trace}" for p in PEERS[:3]))
+        print(f"| {trace.split('__')[0]}{events} | {' | '.join(cells)} | {r} |")
+
+    print()
+    print("| trace | vramscope `replay` | cub `replay_on` | cub-growth2 `replay_on` |")
+    print("|---|---:|---:|---:|")
+    for trace in traces:
+        cells = []
+        for who in ("vramscope", "cub", "cub-growth2"):
+            run = runs.get(f"BM_Replay/{who}/{trace}")
+            cells.append(f"{run['real_time']:.3g}" if run and run["time_unit"] == "ms" else "-")
+        print(f"| {trace.split('__')[0]} | {' | '.join(cells)} |")
+
+
+def main(argv):
+    if len(argv) < 2 or argv[1] in ("-h", "--help"):
+        print(__doc__.strip())
+        return 0 if len(argv) >= 2 else 2
+    allocator, replay = [], []
+    for path in argv[1:]:
+        context, runs = load(path)
+        kind = replay if "replay" in context.get("executable", "") else allocator
+        kind.append(runs)
+        print(f"<!-- {path}: {context.get('date', '?')}, load average "
+              f"{', '.join(f'{x:.2f}' for x in context.get('load_avg', []))} -->")
+    if allocator:
+        print(f"\n<!-- allocator suite: medians over {len(allocator)} file(s) -->")
+        allocator_tables(allocator)
+    if replay:
+        print(f"\n<!-- replay suite: medians over {len(replay)} file(s) -->")
+        replay_tables(replay)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
