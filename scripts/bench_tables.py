@@ -174,7 +174,13 @@ def main(argv):
         return 0 if len(argv) >= 2 else 2
     allocator, replay = [], []
     for path in argv[1:]:
-        context, runs = load(path)
+        try:
+            context, runs = load(path)
+        except (OSError, ValueError) as e:  # ValueError: not JSON, e.g. empty
+            # A suite with nothing to run (the replay suite without the real
+            # traces) leaves an empty file behind.
+            print(f"<!-- {path}: skipped ({e}) -->")
+            continue
         kind = replay if "replay" in context.get("executable", "") else allocator
         kind.append(runs)
         print(f"<!-- {path}: {context.get('date', '?')}, load average "
