@@ -2,20 +2,20 @@
 """Turns Google Benchmark JSON from vramscope_allocator_bench and
 vramscope_replay_bench into the results tables of docs/BENCHMARKS.md.
 
-    build/release/bench/vramscope_allocator_bench --benchmark_min_time=0.1 \\
-        --benchmark_repetitions=5 --benchmark_report_aggregates_only=true \\
-        --benchmark_out=alloc.json --benchmark_out_format=json
-    build/release/bench/vramscope_replay_bench --benchmark_min_time=0.2 \\
-        --benchmark_repetitions=5 --benchmark_report_aggregates_only=true \\
-        --benchmark_out=replay.json --benchmark_out_format=json
+    interleaved="--benchmark_repetitions=5 --benchmark_enable_random_interleaving=true
+                 --benchmark_report_aggregates_only=true --benchmark_out_format=json"
+    build/release/bench/vramscope_allocator_bench --benchmark_min_time=0.1 $interleaved \
+        --benchmark_out=alloc.json
+    build/release/bench/vramscope_replay_bench --benchmark_min_time=0.2 $interleaved \
+        --benchmark_out=replay.json
     python3 scripts/bench_tables.py alloc.json replay.json
 
-On a shared machine, run each suite several times in turn instead and pass all
-the files (alloc1.json alloc2.json ... replay1.json ...): each figure is then the
-median over the runs, whose peers ran interleaved in time, and each ratio is
-the median of the ratios within each run (with their range), so a slow spell of
-the machine does not fall on one column. Within one file a benchmark's median
-over its repetitions is taken, else its single run.
+Within one file a benchmark's figure is the median over its repetitions (else
+its single run); random interleaving spreads the repetitions of every peer over
+the whole run, so a slow spell of a shared machine does not fall on one column.
+Given several files (alloc1.json alloc2.json ... replay1.json ...), each figure
+is the median over them, and each ratio the median of the ratios taken within
+each file, with their range.
 """
 import json
 import statistics
@@ -66,8 +66,8 @@ def fmt_ns(x):
 
 def ratio(files, counter, vramscope, cub, growth2):
     """The best CUB setting's time over vramscope's, taken within each file (one
-    run: the peers measured minutes apart, on the same machine's mood), then the
-    median over the files; the spread when there are several."""
+    run on one machine), then the median over the files, with the range when
+    there are several."""
     ratios = []
     for runs in files:
         if vramscope not in runs:
