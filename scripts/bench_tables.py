@@ -50,7 +50,6 @@ def median_of(files):
         for key, value in first.items():
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 first[key] = statistics.median(r[key] for r in records if key in r)
-        first["runs"] = len(records)
         merged[name] = first
     return merged
 
@@ -115,21 +114,18 @@ def allocator_tables(files):
     for n in (1000, 10000, 100000):
         for max_mib, label in ((1, "1 MiB"), (64, "64 MiB"), (1024, "1 GiB")):
             suffix = f"/N:{n}/max_MiB:{max_mib}"
-            cells, times = [], {}
+            if f"BM_RandomWorkload<Vramscope>{suffix}" not in runs:
+                continue
+            cells = []
             for peer in PEERS:
                 run = runs.get(f"BM_RandomWorkload<{peer}>{suffix}")
                 if run is None:
                     cells.append("-")
-                    continue
-                t = ns(run, "time_per_pair")
-                times[peer] = t
-                if peer == "Glibc":
-                    cells.append(f"{t:.0f}")
+                elif peer == "Glibc":
+                    cells.append(f"{ns(run, 'time_per_pair'):.0f}")
                 else:
-                    cells.append(f"{t:.0f} / {run['reserved_per_requested']:.3f} / "
-                                 f"{run['cache_hit_rate']:.4g}")
-            if "Vramscope" not in times:
-                continue
+                    cells.append(f"{ns(run, 'time_per_pair'):.0f} / "
+                                 f"{run['reserved_per_requested']:.3f} / {run['cache_hit_rate']:.4g}")
             r = ratio(files, "time_per_pair",
                       *(f"BM_RandomWorkload<{p}>{suffix}" for p in PEERS[:3]))
             print(f"| {n // 1000}k, {label} | {' | '.join(cells)} | {r} |")
@@ -143,14 +139,13 @@ def replay_tables(files):
     print("| trace (trace events) | vramscope | cub | cub-growth2 | vs best CUB |")
     print("|---|---|---|---|---:|")
     for trace in traces:
-        cells, times = [], {}
+        cells = []
         for peer in PEERS[:3]:
             run = runs.get(f"BM_TraceOps<{peer}>/{trace}")
             if run is None:
                 cells.append("-")
                 continue
-            times[peer] = ns(run, "time_per_op")
-            cells.append(f"{fmt_ns(times[peer])} / {run['reserved_per_requested']:.2f} / "
+            cells.append(f"{fmt_ns(ns(run, 'time_per_op'))} / {run['reserved_per_requested']:.2f} / "
                          f"{run['device_allocs']:,.0f}")
         whole = runs.get(f"BM_Replay/vramscope/{trace}")
         events = f" ({whole['events']:,.0f})" if whole is not None and "events" in whole else ""
