@@ -96,7 +96,7 @@ bool AllocatorCore::get_free_block(AllocParams& p) {
   if (set_fraction_ && config_.garbage_collection_threshold > 0.0) [[unlikely]] {
     ++pool.get_free_blocks_call_count;  // block ages only matter to the collector
   }
-  const PoolEntry* fit = pool.best_fit(p.stream, p.size);
+  Block* fit = pool.best_fit(p.stream, p.size);
   if (fit == nullptr) return false;
   const std::size_t max_split = config_.max_split_size;
   // Never hand an oversize block to a small request (it could not be split).
@@ -105,7 +105,7 @@ bool AllocatorCore::get_free_block(AllocParams& p) {
   if (p.size >= max_split && fit->size >= p.size + config_.max_non_split_rounding_size) {
     return false;
   }
-  p.block = fit->block;
+  p.block = fit;
   p.block_in_pool = true;  // alloc_found_block unlinks or re-keys it
   return true;
 }
@@ -151,8 +151,8 @@ bool AllocatorCore::release_available_cached_blocks(const AllocParams& p) {
   if (max_split == std::numeric_limits<std::size_t>::max()) return false;
   BlockPool& pool = *p.pool;
   const std::size_t wanted = p.size < max_split ? max_split : p.size;
-  if (const PoolEntry* fit = pool.best_fit(p.stream, wanted)) {
-    release_block(fit->block);
+  if (Block* fit = pool.best_fit(p.stream, wanted)) {
+    release_block(fit);
     return true;
   }
   // No single oversize block is enough: free oversize blocks, largest first.
@@ -195,7 +195,7 @@ void AllocatorCore::release_block(Block* block) {
     emit_segment(TraceAction::SegmentFree, block->ptr, size, block->stream, pool.is_small,
                  context_source_ ? context_source_() : 0);
   }
-  pool.erase(block);
+  pool.erase(block, block->stream);
   block_storage_.release(block);
 }
 
@@ -235,9 +235,10 @@ void AllocatorCore::garbage_collect_cached_blocks() {
   }
 }
 
-bool AllocatorCore::should_split(const Block* block, std::size_t size) const noexcept {
+bool AllocatorCore::should_split(const BlockPool& pool, const Block* block,
+                                 std::size_t size) const noexcept {
   const std::size_t remaining = block->size - size;
-  if (block->pool->is_small) return remaining >= kMinBlockSize;
+  if (pool.is_small) return remaining >= kMinBlockSize;
   return size < config_.max_split_size && remaining > kSmallSize;
 }
 
@@ -246,7 +247,7 @@ Block* AllocatorCore::alloc_found_block(AllocParams& p) {
   BlockPool& pool = *p.pool;
   const std::size_t pi = pool_index(pool);
   const bool already_split = block->is_split();
-  if (should_split(block, p.size)) {
+  if (should_split(pool, block, p.size)) {
     // The front becomes the allocation; the rest stays free in the pool.
     Block* remaining = block;
     block = block_storage_.acquire();  // recycled: fields set here and below
@@ -259,7 +260,7 @@ Block* AllocatorCore::alloc_found_block(AllocParams& p) {
     block->next = remaining;
     remaining->prev = block;
     if (p.block_in_pool) {
-      pool.rekey(remaining, remaining->ptr + p.size, remaining->size - p.size);
+      pool.rekey(remaining, p.stream, remaining->ptr + p.size, remaining->size - p.size);
     } else {
       remaining->ptr += p.size;
       remaining->size -= p.size;
@@ -272,7 +273,7 @@ Block* AllocatorCore::alloc_found_block(AllocParams& p) {
       pool_stats_.inactive_split.increase(pi, 1);
     }
   } else {
-    if (p.block_in_pool) pool.erase(block);
+    if (p.block_in_pool) pool.erase(block, p.stream);
     if (already_split) {
       pool_stats_.inactive_split_bytes.decrease(pi, static_cast<std::int64_t>(block->size));
       pool_stats_.inactive_split.decrease(pi, 1);
@@ -395,11 +396,13 @@ void AllocatorCore::free_block(Block* block, bool report, bool in_map) {
   const std::size_t original_size = block->size;
   const std::size_t requested = block->requested_size;
   BlockPool& pool = *block->pool;
+  const StreamId stream = block->stream;  // the segment's, hence the neighbours'
   if (in_map) active_.erase(block->ptr);
 
   // Coalesce with free neighbours. PyTorch keeps `block` and deletes the
-  // neighbours; we keep a neighbour that is already in the pool so its tree
-  // node can usually stay put (rekey). The resulting layout is the same.
+  // neighbours; we keep a neighbour that is already in the pool so it can
+  // usually stay where it is in its size class's tree (rekey). The resulting
+  // layout is the same.
   Block* prev = block->prev != nullptr && block->prev->is_free() ? block->prev : nullptr;
   Block* next = block->next != nullptr && block->next->is_free() ? block->next : nullptr;
   std::int64_t merged_blocks = 0;
@@ -418,13 +421,13 @@ void AllocatorCore::free_block(Block* block, bool report, bool in_map) {
       ptr = prev->ptr;
       size += prev->size;
       next->prev = prev->prev;
-      pool.erase(prev);
+      pool.erase(prev, stream);
       block_storage_.release(prev);
     }
     if (next->prev != nullptr) next->prev->next = next;
     block_storage_.release(block);
     result = next;
-    pool.rekey(result, ptr, size);
+    pool.rekey(result, stream, ptr, size);
   } else if (prev != nullptr) {
     merged_blocks += 1;
     merged_bytes += static_cast<std::int64_t>(prev->size);
@@ -433,7 +436,7 @@ void AllocatorCore::free_block(Block* block, bool report, bool in_map) {
     const std::size_t size = prev->size + block->size;
     block_storage_.release(block);
     result = prev;
-    pool.rekey(result, prev->ptr, size);
+    pool.rekey(result, stream, prev->ptr, size);
   } else {
     block->requested_size = 0;
     block->context = 0;

@@ -76,7 +76,8 @@ class AllocatorCore {
   void release_block(Block* block);
   void garbage_collect_cached_blocks();
   Block* alloc_found_block(AllocParams& p);
-  bool should_split(const Block* block, std::size_t size) const noexcept;
+  /// `pool` is the block's (passed: the block's own field is in its second line).
+  bool should_split(const BlockPool& pool, const Block* block, std::size_t size) const noexcept;
   /// Returns a block to its pool; `report` emits FreeCompleted (deferred frees).
   /// `in_map`: the block is still in active_ (false when free() already removed it).
   void free_block(Block* block, bool report = true, bool in_map = true);

@@ -2,57 +2,39 @@
 //
 // As in PyTorch's DeviceCachingAllocator, a segment is one device allocation
 // tiled by Blocks linked prev/next. A free Block sits in exactly one BlockPool
-// (block_pool.hpp) and remembers its node there; an active one (allocated, or
-// freed but waiting for stream events) sits in the allocator's address map.
+// (block_pool.hpp), linked into its size class's tree; an active one
+// (allocated, or freed but waiting for stream events) sits in the allocator's
+// address map.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
-#include <set>
 #include <vector>
 
-#include "object_pool.hpp"
 #include "vramscope/allocator/caching_allocator.hpp"
 
 namespace mem::detail {
 
-struct Block;
-
-/// A free block's entry in one size class of its pool. The key is stored in
-/// the tree node itself (not behind the Block pointer), so a search touches
-/// one cache line per level. The stream is implied: each stream has its own
-/// classes.
-struct PoolEntry {
-  std::size_t size;
-  std::uintptr_t ptr;
-  Block* block;
-};
-
-/// Orders free blocks by (size, address): lower_bound is best fit.
-struct PoolEntryLess {
-  bool operator()(const PoolEntry& a, const PoolEntry& b) const noexcept {
-    if (a.size != b.size) return a.size < b.size;
-    return a.ptr < b.ptr;
-  }
-};
-using BlockSet = std::set<PoolEntry, PoolEntryLess, ArenaAllocator<PoolEntry>>;
 class BlockPool;
 
 /// The first cache line holds what splitting, coalescing and the pool touch on
-/// a neighbour; the second what only the block's own allocation and free use,
-/// so a neighbour costs one line.
+/// a neighbour, its place in its size class's tree included; the second what
+/// only the block's own allocation and free use, so a neighbour costs one line.
 struct alignas(64) Block {
   std::uintptr_t ptr = 0;
   std::size_t size = 0;            // bytes of this block (a multiple of 512)
-  StreamId stream = 0;             // the stream whose pool owns the segment
-  BlockPool* pool = nullptr;
   Block* prev = nullptr;           // neighbours inside the segment
   Block* next = nullptr;           // (also the free-list link while released to the pool)
-  BlockSet::iterator pool_it{};    // its node in its pool's size class while free
+  Block* tree_parent = nullptr;    // its place in its pool's size class while free
+  Block* tree_left = nullptr;      // (block_tree.hpp)
+  Block* tree_right = nullptr;
   int event_count = 0;             // outstanding events before reuse
   bool allocated = false;
+  bool tree_red = false;
   std::uint16_t pool_class = 0;    // its size class in the pool while free
   // --- second line
+  StreamId stream = 0;             // the stream whose pool owns the segment
+  BlockPool* pool = nullptr;
   std::size_t requested_size = 0;        // caller's size while active
   std::vector<StreamId> stream_uses;     // streams from record_stream (only while allocated)
   std::uint32_t context = 0;
@@ -65,5 +47,6 @@ struct alignas(64) Block {
 };
 static_assert(offsetof(Block, pool_class) + sizeof(std::uint16_t) <= 64,
               "what a neighbour's split and merge touch stays in the first cache line");
+static_assert(sizeof(Block) == 128, "two cache lines");
 
 }  // namespace mem::detail

@@ -3,12 +3,12 @@
 // PyTorch keeps a pool's free blocks in one std::set ordered by (stream, size,
 // address), so lower_bound is best fit. We keep exactly that order, split by
 // stream and then into size classes (as in TLSF: exact 512 B steps below
-// 64 KiB, then 32 classes per power of two), each class its own small set,
-// with a bitmap of the classes that hold blocks. best_fit() looks in the
-// request's class and otherwise takes the first block of the next non-empty
-// class: the block PyTorch's lower_bound finds, from a tree of a few entries
-// instead of one holding every free block. Not thread-safe: the allocator's
-// lock guards it.
+// 64 KiB, then 32 classes per power of two), each class its own small tree
+// (block_tree.hpp, linked through the Blocks), with a bitmap of the classes
+// that hold blocks. best_fit() looks in the request's class and otherwise
+// takes the first block of the next non-empty class: the block PyTorch's
+// lower_bound finds, from a tree of a few blocks instead of one holding every
+// free block. Not thread-safe: the allocator's lock guards it.
 #pragma once
 
 #include <array>
@@ -16,11 +16,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <new>
 #include <string>
 #include <vector>
 
 #include "block.hpp"
+#include "block_tree.hpp"
 
 namespace mem::detail {
 
@@ -45,34 +45,29 @@ constexpr std::size_t size_class(std::size_t size) noexcept {
   return (kLinearClassLimit >> 9) + ((octave - 16) << kClassesPerOctaveLog2) + sub;
 }
 
-/// One stream's free blocks in one pool: a set per size class, stored right
-/// after this header (one load fewer on every lookup), and a two-level bitmap
-/// of the non-empty classes. Made by create(), ended by destroy().
+/// One stream's free blocks in one pool: a tree per size class, stored inline
+/// (one load fewer on every lookup) and left uninitialized until a block
+/// enters the class, and a two-level bitmap of the non-empty classes. A new
+/// stream costs a bitmap, not a thousand tree headers (short replays make many).
 class StreamClasses {
  public:
   static constexpr std::size_t kNone = ~std::size_t{0};
   static constexpr std::size_t kWords = (kNumSizeClasses + 63) / 64;
   static_assert(kWords <= 64, "the summary word has one bit per bitmap word");
 
-  static StreamClasses* create(StreamId stream, FreeListArena* arena);
-  static void destroy(StreamClasses* sc) noexcept;
+  explicit StreamClasses(StreamId stream) : stream_(stream) {}
   StreamClasses(const StreamClasses&) = delete;
   StreamClasses& operator=(const StreamClasses&) = delete;
-  struct Deleter {
-    void operator()(StreamClasses* sc) const noexcept { destroy(sc); }
-  };
 
   StreamId stream() const noexcept { return stream_; }
   std::size_t count = 0;  // blocks in this stream's classes
-  /// Class c's set; it exists once a block has entered the class (built()).
-  BlockSet& set(std::size_t c) noexcept { return sets()[c]; }
-  const BlockSet& set(std::size_t c) const noexcept { return sets()[c]; }
-  bool built(std::size_t c) const noexcept { return (built_[c >> 6] >> (c & 63)) & 1; }
-  /// Class c's set, built on first use: a new stream costs two bitmaps, not
-  /// a thousand set constructions (short replays make many).
-  BlockSet& set_for_insert(std::size_t c) {
-    if (!built(c)) [[unlikely]] build(c);
-    return sets()[c];
+  /// Class c's tree; meaningful only while has(c).
+  BlockTree& tree(std::size_t c) noexcept { return trees_[c]; }
+  const BlockTree& tree(std::size_t c) const noexcept { return trees_[c]; }
+  /// Class c's tree, emptied first if the class holds nothing yet.
+  BlockTree& tree_for_insert(std::size_t c) noexcept {
+    if (!has(c)) trees_[c].reset();
+    return trees_[c];
   }
 
   bool has(std::size_t c) const noexcept { return (nonempty_[c >> 6] >> (c & 63)) & 1; }
@@ -95,7 +90,6 @@ class StreamClasses {
   }
   bool summary_bit(std::size_t w) const noexcept { return (summary_ >> w) & 1; }
   std::uint64_t word(std::size_t w) const noexcept { return nonempty_[w]; }
-  std::uint64_t built_word(std::size_t w) const noexcept { return built_[w]; }
 
   /// The first non-empty class at or above c, or kNone.
   std::size_t next_nonempty(std::size_t c) const noexcept {
@@ -120,21 +114,12 @@ class StreamClasses {
   }
 
  private:
-  StreamClasses(StreamId stream, FreeListArena* arena) : stream_(stream), arena_(arena) {}
-  void build(std::size_t c);
-  BlockSet* sets() const noexcept {
-    return std::launder(reinterpret_cast<BlockSet*>(const_cast<StreamClasses*>(this) + 1));
-  }
-
   StreamId stream_;
   std::size_t lowest_ = kNumSizeClasses;
   std::uint64_t summary_ = 0;                      // bit w: nonempty_[w] != 0
-  std::array<std::uint64_t, kWords> nonempty_{};  // bit c: set(c) holds blocks
-  std::array<std::uint64_t, kWords> built_{};     // bit c: set(c) is constructed
-  FreeListArena* arena_;                          // the sets' nodes
-  // followed by kNumSizeClasses BlockSets, built on first use
+  std::array<std::uint64_t, kWords> nonempty_{};  // bit c: tree(c) holds blocks
+  std::array<BlockTree, kNumSizeClasses> trees_;  // uninitialized: see tree()
 };
-static_assert(sizeof(StreamClasses) % alignof(BlockSet) == 0);
 
 class BlockPool {
   static constexpr StreamId kNoStream = ~StreamId{0};
@@ -148,24 +133,24 @@ class BlockPool {
   bool tracks_age = false;  // garbage collection configured: blocks record their age
   std::uint64_t get_free_blocks_call_count = 0;  // gc age clock
 
-  /// Best fit: the entry of the first free block of `stream` in (size,
-  /// address) order whose size is at least `size`, or nullptr.
-  const PoolEntry* best_fit(StreamId stream, std::size_t size) const noexcept {
+  /// Best fit: the first free block of `stream` in (size, address) order
+  /// whose size is at least `size`, or nullptr.
+  Block* best_fit(StreamId stream, std::size_t size) const noexcept {
     const StreamClasses* sc = find(stream);
     if (sc == nullptr) return nullptr;
     std::size_t c = class_of(size);
     if (c < sc->lowest()) {
-      return sc->lowest() < kNumSizeClasses ? &*sc->set(sc->lowest()).begin() : nullptr;
+      return sc->lowest() < kNumSizeClasses ? sc->tree(sc->lowest()).first() : nullptr;
     }
     if (sc->has(c)) {
-      const BlockSet& set = sc->set(c);
-      auto it = set.begin();
+      const BlockTree& tree = sc->tree(c);
+      Block* b = tree.first();
       // Up to 64 KiB a class holds one size, so its first block fits.
-      if (it->size < size) it = set.lower_bound(PoolEntry{size, 0, nullptr});
-      if (it != set.end()) return &*it;
+      if (b->size < size) b = tree.lower_bound(size);
+      if (b != nullptr) return b;
     }
     c = sc->next_nonempty(c + 1);
-    return c == StreamClasses::kNone ? nullptr : &*sc->set(c).begin();
+    return c == StreamClasses::kNone ? nullptr : sc->tree(c).first();
   }
 
   void insert(Block* b) {
@@ -173,35 +158,38 @@ class BlockPool {
     StreamClasses& sc = find_or_add(b->stream);
     const std::size_t c = class_of(b->size);
     b->pool_class = static_cast<std::uint16_t>(c);
-    b->pool_it = sc.set_for_insert(c).insert(PoolEntry{b->size, b->ptr, b}).first;
+    sc.tree_for_insert(c).insert(b);
     sc.mark(c);
     ++sc.count;
     ++size_;
   }
 
-  void erase(Block* b) noexcept {
-    StreamClasses& sc = *find(b->stream);
-    BlockSet& set = sc.set(b->pool_class);
-    set.erase(b->pool_it);
-    if (set.empty()) sc.unmark(b->pool_class);
+  /// Removes pooled block `b` of `stream`. The caller passes the stream (its
+  /// segment's): reading it from a neighbour would load the neighbour's
+  /// second cache line.
+  void erase(Block* b, StreamId stream) noexcept {
+    StreamClasses& sc = *find(stream);
+    BlockTree& tree = sc.tree(b->pool_class);
+    tree.erase(b);
+    if (tree.empty()) sc.unmark(b->pool_class);
     --sc.count;
     --size_;
   }
 
-  /// Moves a pooled block to a new address and size; the result equals erase +
-  /// insert. Its tree node stays put when its class and order still hold (the
-  /// common split/merge case: inline, a few compares and four stores) and is
-  /// handed over or moved, not reallocated, when they do not (rekey_slow). The
-  /// key is built from the arguments, not re-read from the block, which avoids
-  /// a store-forwarding stall.
-  void rekey(Block* b, std::uintptr_t ptr, std::size_t size) {
+  /// Moves pooled block `b` of `stream` to a new address and size; the result
+  /// equals erase + insert. It stays where it is in its tree when its class
+  /// and order still hold (the common split/merge case: inline, a few
+  /// compares and two stores) and is moved otherwise (rekey_slow).
+  void rekey(Block* b, StreamId stream, std::uintptr_t ptr, std::size_t size) {
     if (tracks_age) b->gc_count_base = get_free_blocks_call_count;
-    if (class_of(size) == b->pool_class &&
-        order_holds(find(b->stream)->set(b->pool_class), b, ptr, size)) [[likely]] {
-      update_in_place(b, ptr, size);
+    StreamClasses& sc = *find(stream);
+    if (class_of(size) == b->pool_class && order_holds(sc.tree(b->pool_class), b, ptr, size))
+        [[likely]] {
+      b->ptr = ptr;
+      b->size = size;
       return;
     }
-    rekey_slow(b, ptr, size);
+    rekey_slow(sc, b, ptr, size);
   }
 
   /// The largest free block of `stream`, or nullptr.
@@ -216,21 +204,20 @@ class BlockPool {
     for (const auto& sc : streams_) {
       for (std::size_t c = sc->next_nonempty(0); c != StreamClasses::kNone;
            c = sc->next_nonempty(c + 1)) {
-        const BlockSet& set = sc->set(c);
-        for (auto it = set.begin(); it != set.end();) {
-          Block* b = it->block;
-          ++it;
+        for (Block* b = sc->tree(c).first(); b != nullptr;) {
+          Block* following = BlockTree::next(b);  // erasing b leaves it in place
           f(b);
+          b = following;
         }
       }
     }
   }
 
   std::size_t size() const noexcept { return size_; }
-  /// Whether `b` has an entry under its own key.
+  /// Whether `b` is in this pool under its own key.
   bool contains(const Block* b) const;
-  /// The first inconsistency in the index (entries against their blocks and
-  /// classes, the bitmaps, the count), or an empty string.
+  /// The first inconsistency in the index (blocks against their trees and
+  /// classes, the trees' shape, the bitmaps, the count), or an empty string.
   std::string check() const;
 
  private:
@@ -240,41 +227,32 @@ class BlockPool {
     return find_slow(stream);
   }
   StreamClasses* find_slow(StreamId stream) const noexcept;
-  /// Whether `b`, given the key (size, ptr), keeps its place in `set`. Alone in
-  /// its class (a segment's one free block) it does. Else a shrinking block can
-  /// only move left past its predecessor, a growing one only right past its
-  /// successor: one neighbour to look at, not two.
-  static bool order_holds(const BlockSet& set, const Block* b, std::uintptr_t ptr, std::size_t size) {
-    if (set.size() == 1) return true;
-    const PoolEntryLess less;
-    const PoolEntry key{size, ptr, nullptr};
-    const auto it = b->pool_it;
-    if (size <= b->size && it != set.begin() && !less(*std::prev(it), key)) return false;
+  /// Whether `b`, given the key (size, ptr), keeps its place in `tree`. Alone
+  /// in its class (a segment's one free block) it does. Else a shrinking block
+  /// can only move left past its predecessor, a growing one only right past
+  /// its successor: one neighbour to look at, not two.
+  static bool order_holds(const BlockTree& tree, const Block* b, std::uintptr_t ptr,
+                          std::size_t size) noexcept {
+    if (tree.alone(b)) return true;
+    if (size <= b->size) {
+      const Block* before = BlockTree::prev(b);
+      if (before != nullptr && !block_less(before->size, before->ptr, size, ptr)) return false;
+    }
     if (size >= b->size) {
-      const auto next = std::next(it);
-      return next == set.end() || less(key, *next);
+      const Block* after = BlockTree::next(b);
+      return after == nullptr || block_less(size, ptr, after->size, after->ptr);
     }
     return true;
   }
-  /// The node's storage is not const; with the order unchanged, updating the key
-  /// in place leaves a valid tree.
-  static void update_in_place(Block* b, std::uintptr_t ptr, std::size_t size) noexcept {
-    auto& entry = const_cast<PoolEntry&>(*b->pool_it);
-    entry.size = size;
-    entry.ptr = ptr;
-    b->ptr = ptr;
-    b->size = size;
-  }
-  /// rekey's other cases: the block changes class or passes a neighbour.
-  void rekey_slow(Block* b, std::uintptr_t ptr, std::size_t size);
+  /// rekey's other case: the block changes class or passes a neighbour.
+  void rekey_slow(StreamClasses& sc, Block* b, std::uintptr_t ptr, std::size_t size) noexcept;
   StreamClasses& find_or_add(StreamId stream) {
     StreamClasses* sc = find(stream);
     return sc != nullptr ? *sc : add(stream);
   }
   StreamClasses& add(StreamId stream);
 
-  FreeListArena arena_;  // the sets' nodes; must outlive streams_
-  std::vector<std::unique_ptr<StreamClasses, StreamClasses::Deleter>> streams_;  // by stream
+  std::vector<std::unique_ptr<StreamClasses>> streams_;  // by stream
   // The stream looked up last, kept here so a lookup's compare needs no load
   // through a pointer.
   mutable StreamId cached_stream_ = kNoStream;  // no stream: cached_ is null

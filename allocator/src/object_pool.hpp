@@ -1,8 +1,7 @@
 // object_pool.hpp — free-list storage for the allocator's own bookkeeping.
 //
-// Every split creates a Block and every coalesce destroys one; every pool
-// insert allocates a tree node. Recycling them from free lists keeps malloc off
-// the allocator's fast path. Not thread-safe: used under the allocator's lock.
+// Every split creates a Block and every coalesce destroys one. Recycling them
+// from a free list keeps malloc off the allocator's fast path. Not thread-safe: used under the allocator's lock.
 #pragma once
 
 #include <cstddef>
@@ -92,28 +91,6 @@ class FreeListArena {
   char* unused_end_ = nullptr;
   std::size_t chunk_size_ = 0;
   void* slabs_ = nullptr;          // the newest slab; each begins with the one before
-};
-
-/// A std allocator drawing from a FreeListArena, for std::set's nodes.
-template <class T>
-class ArenaAllocator {
- public:
-  using value_type = T;
-  explicit ArenaAllocator(FreeListArena* arena) noexcept : arena_(arena) {}
-  template <class U>
-  ArenaAllocator(const ArenaAllocator<U>& other) noexcept : arena_(other.arena()) {}
-
-  T* allocate(std::size_t n) { return static_cast<T*>(arena_->allocate(n * sizeof(T))); }
-  void deallocate(T* p, std::size_t n) noexcept { arena_->deallocate(p, n * sizeof(T)); }
-  FreeListArena* arena() const noexcept { return arena_; }
-
-  template <class U>
-  bool operator==(const ArenaAllocator<U>& o) const noexcept {
-    return arena_ == o.arena();
-  }
-
- private:
-  FreeListArena* arena_;
 };
 
 /// Objects that are recycled without being destroyed: a released object keeps

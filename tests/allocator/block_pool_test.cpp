@@ -111,7 +111,7 @@ TEST_F(BlockPoolTest, MatchesOneOrderedSetUnderRandomOperations) {
     } else if (op < 6) {  // erase a random block
       const std::size_t k = rng() % in_pool.size();
       Block* b = in_pool[k];
-      pool_.erase(b);
+      pool_.erase(b, b->stream);
       ref_.erase(key_of(b));
       in_pool[k] = in_pool.back();
       in_pool.pop_back();
@@ -130,14 +130,13 @@ TEST_F(BlockPoolTest, MatchesOneOrderedSetUnderRandomOperations) {
       }
       if (ref_.count(Key{b->stream, size, ptr})) continue;  // keys stay unique, as addresses are
       ref_.erase(key_of(b));
-      pool_.rekey(b, ptr, size);
+      pool_.rekey(b, b->stream, ptr, size);
       ASSERT_TRUE(ref_.emplace(key_of(b), b).second);
       ASSERT_TRUE(pool_.contains(b));
     } else {  // queries
       const StreamId s = streams[rng() % 3];
       const std::size_t want = random_size();
-      const PoolEntry* fit = pool_.best_fit(s, want);
-      ASSERT_EQ(fit == nullptr ? nullptr : fit->block, reference_best_fit(ref_, s, want))
+      ASSERT_EQ(pool_.best_fit(s, want), reference_best_fit(ref_, s, want))
           << "stream " << s << " size " << want;
       if (step % 7 == 0) {
         // largest() and before() walk the stream backwards, as the reference does.
@@ -158,7 +157,7 @@ TEST_F(BlockPoolTest, MatchesOneOrderedSetUnderRandomOperations) {
   // Emptied in random order, the index ends empty and consistent.
   std::shuffle(in_pool.begin(), in_pool.end(), rng);
   for (Block* b : in_pool) {
-    pool_.erase(b);
+    pool_.erase(b, b->stream);
     ref_.erase(key_of(b));
   }
   expect_consistent();
@@ -183,8 +182,8 @@ TEST_F(BlockPoolTest, StreamsThatComeAndGoKeepTheIndexConsistent) {
   for (StreamId s = 1; s <= 2000; ++s) {
     Block* b = make(s, 512 * s, s << 20);
     pool_.insert(b);
-    ASSERT_EQ(pool_.best_fit(s, 512)->block, b);
-    if (s % 100 != 0) pool_.erase(b);  // every hundredth stream keeps a block
+    ASSERT_EQ(pool_.best_fit(s, 512), b);
+    if (s % 100 != 0) pool_.erase(b, s);  // every hundredth stream keeps a block
   }
   ASSERT_EQ(pool_.check(), "");
   EXPECT_EQ(pool_.size(), 20u);
@@ -198,13 +197,18 @@ TEST_F(BlockPoolTest, StreamsThatComeAndGoKeepTheIndexConsistent) {
   EXPECT_EQ(pool_.check(), "");
 }
 
-TEST_F(BlockPoolTest, CheckNamesAStaleEntry) {
-  Block* b = make(0, 8192, 1 << 20);
-  pool_.insert(b);
+TEST_F(BlockPoolTest, CheckNamesAKeyChangedBehindItsBack) {
+  Block* low = make(0, 8192, 1 << 20);
+  Block* high = make(0, 8192, 2 << 20);
+  pool_.insert(low);
+  pool_.insert(high);
   ASSERT_EQ(pool_.check(), "");
-  b->size = 16384;  // changed behind the index's back
-  EXPECT_EQ(pool_.check(), "a pool entry's key disagrees with its block");
-  b->size = 8192;
+  high->size = 16384;
+  EXPECT_EQ(pool_.check(), "a block sits in the wrong size class");
+  high->size = 8192;
+  high->ptr = 1 << 19;  // now below `low`, but still after it in the tree
+  EXPECT_EQ(pool_.check(), "free blocks are out of (size, address) order");
+  high->ptr = 2 << 20;
   EXPECT_EQ(pool_.check(), "");
 }
 
