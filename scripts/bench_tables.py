@@ -32,11 +32,14 @@ def load(path):
     for b in data["benchmarks"]:
         if b.get("error_occurred"):  # skipped (no trace, out of memory): no figures
             continue
+        # BM_TraceOps times itself (UseManualTime): the same row with or without
+        # the suffix, so files from before and after compare.
+        name = b["run_name"].removesuffix("/manual_time")
         if b.get("run_type") == "aggregate":
             if b.get("aggregate_name") == "median":
-                medians[b["run_name"]] = b
+                medians[name] = b
         else:
-            runs.setdefault(b["run_name"], b)
+            runs.setdefault(name, b)
     runs.update(medians)
     return data["context"], runs
 
