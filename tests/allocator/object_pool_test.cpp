@@ -1,11 +1,11 @@
 // object_pool_test.cpp — the bookkeeping storage under the allocator's lock,
-// white-box: FreeListArena hands out distinct, aligned chunks across slabs and
-// reuses released ones first; RecyclingPool keeps a released object's members.
+// white-box: RecyclingPool hands out distinct, aligned objects across slabs,
+// reuses released ones first, newest first, and keeps their members.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstdint>
-#include <random>
+#include <iterator>
 #include <vector>
 
 #include "object_pool.hpp"
@@ -13,49 +13,7 @@
 namespace mem::detail {
 namespace {
 
-constexpr std::size_t kChunk = 128;  // a Block's size
-
 bool aligned(const void* p, std::size_t a) { return reinterpret_cast<std::uintptr_t>(p) % a == 0; }
-
-TEST(FreeListArena, ChunksAreDistinctAlignedAndDisjointAcrossSlabs) {
-  FreeListArena arena;
-  std::vector<char*> chunks;
-  for (int i = 0; i < 1000; ++i) {  // four slabs of 256
-    auto* p = static_cast<char*>(arena.allocate(kChunk));
-    ASSERT_TRUE(aligned(p, FreeListArena::kSlabAlignment)) << "chunk " << i;
-    std::fill(p, p + kChunk, static_cast<char>(i));  // ASan: the whole chunk is ours
-    chunks.push_back(p);
-  }
-  std::vector<char*> sorted = chunks;
-  std::sort(sorted.begin(), sorted.end());
-  for (std::size_t i = 1; i < sorted.size(); ++i) {
-    ASSERT_GE(sorted[i] - sorted[i - 1], static_cast<std::ptrdiff_t>(kChunk)) << "overlapping chunks";
-  }
-  for (int i = 0; i < 1000; ++i) EXPECT_EQ(chunks[i][kChunk - 1], static_cast<char>(i));
-}
-
-TEST(FreeListArena, ReleasedChunksComeBackFirstNewestFirst) {
-  FreeListArena arena;
-  void* a = arena.allocate(kChunk);
-  void* b = arena.allocate(kChunk);
-  void* c = arena.allocate(kChunk);
-  arena.deallocate(a, kChunk);
-  arena.deallocate(c, kChunk);
-  EXPECT_EQ(arena.allocate(kChunk), c);
-  EXPECT_EQ(arena.allocate(kChunk), a);
-  void* fresh = arena.allocate(kChunk);  // the free list is empty: carved from the slab
-  EXPECT_TRUE(fresh != a && fresh != b && fresh != c);
-}
-
-TEST(FreeListArena, OtherSizesFallThroughToOperatorNew) {
-  FreeListArena arena;
-  void* node = arena.allocate(kChunk);  // fixes the chunk size
-  void* big = arena.allocate(3 * kChunk);
-  std::fill_n(static_cast<char*>(big), 3 * kChunk, 'x');
-  arena.deallocate(big, 3 * kChunk);  // back to operator delete, not the free list
-  EXPECT_NE(arena.allocate(kChunk), big);
-  arena.deallocate(node, kChunk);
-}
 
 struct alignas(64) Recycled {
   Recycled* next = nullptr;
@@ -80,6 +38,47 @@ TEST(RecyclingPool, AReleasedObjectComesBackWithItsMembers) {
   }
   for (Recycled* m : many) pool.release(m);
   pool.release(again);  // the pool destroys released objects (ASan: no leak of payload)
+}
+
+struct alignas(64) Plain {
+  Plain* next = nullptr;
+  char bytes[120];
+};
+
+TEST(RecyclingPool, ObjectsAreDistinctAlignedAndDisjointAcrossSlabs) {
+  RecyclingPool<Plain> pool;
+  std::vector<Plain*> objects;
+  for (std::size_t i = 0; i < 4 * RecyclingPool<Plain>::kPerSlab - 24; ++i) {  // four slabs
+    Plain* p = pool.acquire();
+    ASSERT_TRUE(aligned(p, alignof(Plain))) << "object " << i;
+    std::fill(std::begin(p->bytes), std::end(p->bytes), static_cast<char>(i));  // ASan: all ours
+    objects.push_back(p);
+  }
+  std::vector<Plain*> sorted = objects;
+  std::sort(sorted.begin(), sorted.end());
+  for (std::size_t i = 1; i < sorted.size(); ++i) {
+    ASSERT_GE(reinterpret_cast<char*>(sorted[i]) - reinterpret_cast<char*>(sorted[i - 1]),
+              static_cast<std::ptrdiff_t>(sizeof(Plain)))
+        << "overlapping objects";
+  }
+  for (std::size_t i = 0; i < objects.size(); ++i) {
+    EXPECT_EQ(objects[i]->bytes[119], static_cast<char>(i));
+  }
+  for (Plain* p : objects) pool.release(p);
+}
+
+TEST(RecyclingPool, ReleasedObjectsComeBackFirstNewestFirst) {
+  RecyclingPool<Plain> pool;
+  Plain* a = pool.acquire();
+  Plain* b = pool.acquire();
+  Plain* c = pool.acquire();
+  pool.release(a);
+  pool.release(c);
+  EXPECT_EQ(pool.acquire(), c);
+  EXPECT_EQ(pool.acquire(), a);
+  Plain* fresh = pool.acquire();  // the free list is empty: carved from the slab
+  EXPECT_TRUE(fresh != a && fresh != b && fresh != c);
+  for (Plain* p : {a, b, c, fresh}) pool.release(p);
 }
 
 }  // namespace
