@@ -4,9 +4,9 @@ vramscope_replay_bench into the results tables of docs/BENCHMARKS.md.
 
     interleaved="--benchmark_repetitions=5 --benchmark_enable_random_interleaving=true
                  --benchmark_report_aggregates_only=true --benchmark_out_format=json"
-    build/release/bench/vramscope_allocator_bench --benchmark_min_time=0.1 $interleaved \
+    build/release/bench/vramscope_allocator_bench --benchmark_min_time=0.5 $interleaved \
         --benchmark_out=alloc.json
-    build/release/bench/vramscope_replay_bench --benchmark_min_time=0.2 $interleaved \
+    build/release/bench/vramscope_replay_bench --benchmark_min_time=0.5 $interleaved \
         --benchmark_out=replay.json
     python3 scripts/bench_tables.py alloc.json replay.json
 
