@@ -145,7 +145,8 @@ void BM_TraceOps(benchmark::State& state, std::shared_ptr<const TraceOps> trace)
     counters = a->counters();
   }
   using benchmark::Counter;
-  const double ops = static_cast<double>(trace->ops.size()) * static_cast<double>(state.iterations());
+  const double ops =
+      static_cast<double>(trace->ops.size()) * static_cast<double>(state.iterations());
   state.counters["time_per_op"] = Counter(ops > 0 ? seconds / ops : 0);
   report_cache_counters(state, counters, trace->peak_requested, trace->allocations);
   state.counters["device_allocs"] = static_cast<double>(counters.device_allocs);  // per replay

@@ -36,22 +36,20 @@ void BlockPool::rekey_slow(StreamClasses& sc, Block* b, std::uintptr_t ptr,
   const std::size_t from = b->pool_class;
   const std::size_t to = class_of(size);
   BlockTree& tree = sc.tree(from);
+  // The new key can be set first: erase only relinks, it compares no keys.
+  b->ptr = ptr;
+  b->size = size;
+  b->pool_class = static_cast<std::uint16_t>(to);
   if (from != to && tree.alone(b) && !sc.has(to)) {
     // Alone in its class and moving to an empty one (a segment's one free
     // block after a split or merge): the tree moves with it, O(1).
     sc.tree(to) = tree;
-    b->ptr = ptr;
-    b->size = size;
-    b->pool_class = static_cast<std::uint16_t>(to);
     sc.mark(to);  // first, so a shrinking block's class becomes the lowest without a search
     sc.unmark(from);
     return;
   }
   tree.erase(b);
   if (tree.empty()) sc.unmark(from);
-  b->ptr = ptr;
-  b->size = size;
-  b->pool_class = static_cast<std::uint16_t>(to);
   sc.tree_for_insert(to).insert(b);
   sc.mark(to);
 }
@@ -66,7 +64,8 @@ Block* BlockPool::largest(StreamId stream) const noexcept {
 Block* BlockPool::before(const Block* b) const noexcept {
   if (Block* p = BlockTree::prev(b)) return p;
   const StreamClasses* sc = find(b->stream);
-  const std::size_t c = b->pool_class == 0 ? StreamClasses::kNone : sc->prev_nonempty(b->pool_class - 1u);
+  const std::size_t c =
+      b->pool_class == 0 ? StreamClasses::kNone : sc->prev_nonempty(b->pool_class - 1u);
   return c == StreamClasses::kNone ? nullptr : sc->tree(c).last();
 }
 
@@ -89,7 +88,8 @@ std::string BlockPool::check() const {
       }
     }
     // Only marked classes have trees; walk those (validate() runs this often).
-    for (std::size_t c = sc.next_nonempty(0); c != StreamClasses::kNone; c = sc.next_nonempty(c + 1)) {
+    for (std::size_t c = sc.next_nonempty(0); c != StreamClasses::kNone;
+         c = sc.next_nonempty(c + 1)) {
       const BlockTree& tree = sc.tree(c);
       if (tree.empty()) return "a size class is marked but holds no block";
       std::size_t in_tree = 0;

@@ -263,7 +263,9 @@ int check_subtree(const Block* b, const Block* parent, const Block* lo, const Bl
 }  // namespace
 
 const char* BlockTree::check(std::size_t& count) const {
-  if (root_ == nullptr) return first_ == nullptr ? nullptr : "an empty size class has a first block";
+  if (root_ == nullptr) {
+    return first_ == nullptr ? nullptr : "an empty size class has a first block";
+  }
   if (root_->tree_red) return "a size class's tree has a red root";
   const char* error = nullptr;
   if (check_subtree(root_, nullptr, nullptr, nullptr, count, error) < 0) return error;

@@ -1,7 +1,8 @@
 // object_pool.hpp — free-list storage for the allocator's own bookkeeping.
 //
 // Every split creates a Block and every coalesce destroys one. Recycling them
-// from a free list keeps malloc off the allocator's fast path. Not thread-safe: used under the allocator's lock.
+// from a free list keeps malloc off the allocator's fast path. Not thread-safe:
+// used under the allocator's lock.
 #pragma once
 
 #include <cstddef>
@@ -70,10 +71,10 @@ class RecyclingPool {
     unused_end_ = unused_ + bytes;
   }
 
-  T* free_ = nullptr;         // released objects, reused first, newest first
-  char* unused_ = nullptr;    // the newest slab's space not yet handed out
+  T* free_ = nullptr;       // released objects, reused first, newest first
+  char* unused_ = nullptr;  // the newest slab's space not yet handed out
   char* unused_end_ = nullptr;
-  void* slabs_ = nullptr;     // the newest slab; each begins with the one before
+  void* slabs_ = nullptr;  // the newest slab; each begins with the one before
 };
 
 }  // namespace mem::detail
