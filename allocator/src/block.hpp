@@ -26,8 +26,7 @@ struct alignas(64) Block {
   Block* prev = nullptr;           // neighbours inside the segment
   Block* next = nullptr;           // (also the free-list link while released to the pool)
   Block* tree_parent = nullptr;    // its place in its pool's size class while free
-  Block* tree_left = nullptr;      // (block_tree.hpp)
-  Block* tree_right = nullptr;
+  Block* tree_child[2] = {};       // (block_tree.hpp): smaller keys at [0], larger at [1]
   int event_count = 0;             // outstanding events before reuse
   bool allocated = false;
   bool tree_red = false;

@@ -1,4 +1,7 @@
 // block_tree.cpp — the red-black tree's rebalancing and its self-check.
+//
+// The textbook algorithms (CLRS), each case written once: `side` names where
+// the case happens, 1 - side its mirror image.
 #include "block_tree.hpp"
 
 namespace mem::detail {
@@ -6,86 +9,65 @@ namespace {
 
 bool is_red(const Block* b) noexcept { return b != nullptr && b->tree_red; }
 
-Block* leftmost(Block* b) noexcept {
-  while (b->tree_left != nullptr) b = b->tree_left;
-  return b;
-}
-Block* rightmost(Block* b) noexcept {
-  while (b->tree_right != nullptr) b = b->tree_right;
-  return b;
+/// The side of `parent` that `child` hangs on (child may be null when the
+/// other side is not).
+int side_of(const Block* parent, const Block* child) noexcept {
+  return parent->tree_child[kLeft] == child ? kLeft : kRight;
 }
 
 }  // namespace
 
-Block* BlockTree::next(const Block* b) noexcept {
-  if (b->tree_right != nullptr) return leftmost(b->tree_right);
+Block* BlockTree::neighbour(const Block* b, int side) noexcept {
+  if (b->tree_child[side] != nullptr) return outermost(b->tree_child[side], 1 - side);
+  // Climb while we come from `side`: the first ancestor reached from the
+  // other side is the neighbour.
   Block* parent = b->tree_parent;
-  while (parent != nullptr && b == parent->tree_right) {
+  while (parent != nullptr && b == parent->tree_child[side]) {
     b = parent;
     parent = parent->tree_parent;
   }
   return parent;
 }
 
-Block* BlockTree::prev(const Block* b) noexcept {
-  if (b->tree_left != nullptr) return rightmost(b->tree_left);
-  Block* parent = b->tree_parent;
-  while (parent != nullptr && b == parent->tree_left) {
-    b = parent;
-    parent = parent->tree_parent;
-  }
-  return parent;
-}
-
-void BlockTree::replace_child(Block* parent, Block* from, Block* to) noexcept {
+void BlockTree::replace_child(Block* parent, const Block* from, Block* to) noexcept {
   if (parent == nullptr) {
     root_ = to;
-  } else if (parent->tree_left == from) {
-    parent->tree_left = to;
   } else {
-    parent->tree_right = to;
+    parent->tree_child[side_of(parent, from)] = to;
   }
 }
 
-void BlockTree::rotate_left(Block* x) noexcept {
-  Block* y = x->tree_right;
-  x->tree_right = y->tree_left;
-  if (y->tree_left != nullptr) y->tree_left->tree_parent = x;
+void BlockTree::rotate(Block* x, int side) noexcept {
+  const int other = 1 - side;
+  Block* y = x->tree_child[other];
+  x->tree_child[other] = y->tree_child[side];
+  if (y->tree_child[side] != nullptr) y->tree_child[side]->tree_parent = x;
   y->tree_parent = x->tree_parent;
   replace_child(x->tree_parent, x, y);
-  y->tree_left = x;
-  x->tree_parent = y;
-}
-
-void BlockTree::rotate_right(Block* x) noexcept {
-  Block* y = x->tree_left;
-  x->tree_left = y->tree_right;
-  if (y->tree_right != nullptr) y->tree_right->tree_parent = x;
-  y->tree_parent = x->tree_parent;
-  replace_child(x->tree_parent, x, y);
-  y->tree_right = x;
+  y->tree_child[side] = x;
   x->tree_parent = y;
 }
 
 void BlockTree::insert(Block* b) noexcept {
   Block* parent = nullptr;
   Block** link = &root_;
-  bool leftmost_so_far = true;
   while (*link != nullptr) {
     parent = *link;
+    // A branch, not an index computed from the compare: when the way down is
+    // predictable (a block freed back where it came from) the next load then
+    // starts before the compare is done.
     if (block_less(b, parent)) {
-      link = &parent->tree_left;
+      link = &parent->tree_child[kLeft];
     } else {
-      link = &parent->tree_right;
-      leftmost_so_far = false;
+      link = &parent->tree_child[kRight];
     }
   }
   b->tree_parent = parent;
-  b->tree_left = nullptr;
-  b->tree_right = nullptr;
+  b->tree_child[kLeft] = b->tree_child[kRight] = nullptr;
   b->tree_red = true;
   *link = b;
-  if (leftmost_so_far) first_ = b;
+  // A new smallest block lands left of the old smallest (or in an empty tree).
+  if (parent == nullptr || (parent == first_ && link == &parent->tree_child[kLeft])) first_ = b;
   insert_fixup(b);
 }
 
@@ -94,41 +76,23 @@ void BlockTree::insert_fixup(Block* b) noexcept {
   while (is_red(b->tree_parent)) {
     Block* parent = b->tree_parent;
     Block* grand = parent->tree_parent;  // exists: the root is black
-    if (parent == grand->tree_left) {
-      Block* uncle = grand->tree_right;
-      if (is_red(uncle)) {  // recolour and move the problem up
-        parent->tree_red = false;
-        uncle->tree_red = false;
-        grand->tree_red = true;
-        b = grand;
-        continue;
-      }
-      if (b == parent->tree_right) {
-        rotate_left(parent);
-        b = parent;
-        parent = b->tree_parent;
-      }
+    const int side = side_of(grand, parent);
+    Block* uncle = grand->tree_child[1 - side];
+    if (is_red(uncle)) {  // recolour and move the problem up
       parent->tree_red = false;
+      uncle->tree_red = false;
       grand->tree_red = true;
-      rotate_right(grand);
-    } else {
-      Block* uncle = grand->tree_left;
-      if (is_red(uncle)) {
-        parent->tree_red = false;
-        uncle->tree_red = false;
-        grand->tree_red = true;
-        b = grand;
-        continue;
-      }
-      if (b == parent->tree_left) {
-        rotate_right(parent);
-        b = parent;
-        parent = b->tree_parent;
-      }
-      parent->tree_red = false;
-      grand->tree_red = true;
-      rotate_left(grand);
+      b = grand;
+      continue;
     }
+    if (b == parent->tree_child[1 - side]) {  // an inner grandchild: make it outer
+      rotate(parent, side);
+      b = parent;
+      parent = b->tree_parent;
+    }
+    parent->tree_red = false;
+    grand->tree_red = true;
+    rotate(grand, 1 - side);
   }
   root_->tree_red = false;
 }
@@ -138,9 +102,11 @@ void BlockTree::erase(Block* b) noexcept {
   Block* x;         // what takes the removed black's place (may be null)
   Block* x_parent;  // its parent
   bool removed_black;
-  if (b->tree_left == nullptr || b->tree_right == nullptr) {
+  Block* left = b->tree_child[kLeft];
+  Block* right = b->tree_child[kRight];
+  if (left == nullptr || right == nullptr) {
     // At most one child: it takes b's place.
-    x = b->tree_left != nullptr ? b->tree_left : b->tree_right;
+    x = left != nullptr ? left : right;
     x_parent = b->tree_parent;
     removed_black = !b->tree_red;
     replace_child(b->tree_parent, b, x);
@@ -148,22 +114,22 @@ void BlockTree::erase(Block* b) noexcept {
   } else {
     // Two children: b's successor (no left child) takes b's place and colour,
     // and the successor's right child takes the successor's.
-    Block* s = leftmost(b->tree_right);
+    Block* s = outermost(right, kLeft);
     removed_black = !s->tree_red;
-    x = s->tree_right;
+    x = s->tree_child[kRight];
     if (s->tree_parent == b) {
       x_parent = s;
     } else {
       x_parent = s->tree_parent;
-      x_parent->tree_left = x;
+      x_parent->tree_child[kLeft] = x;
       if (x != nullptr) x->tree_parent = x_parent;
-      s->tree_right = b->tree_right;
-      s->tree_right->tree_parent = s;
+      s->tree_child[kRight] = right;
+      right->tree_parent = s;
     }
     replace_child(b->tree_parent, b, s);
     s->tree_parent = b->tree_parent;
-    s->tree_left = b->tree_left;
-    s->tree_left->tree_parent = s;
+    s->tree_child[kLeft] = left;
+    left->tree_parent = s;
     s->tree_red = b->tree_red;
   }
   if (removed_black) erase_fixup(x, x_parent);
@@ -173,57 +139,32 @@ void BlockTree::erase_fixup(Block* x, Block* parent) noexcept {
   // The path through x lacks one black. x's sibling exists while x is not
   // the root: the other side had a black more than x's to begin with.
   while (x != root_ && !is_red(x)) {
-    if (x == parent->tree_left) {
-      Block* sibling = parent->tree_right;
-      if (sibling->tree_red) {
-        sibling->tree_red = false;
-        parent->tree_red = true;
-        rotate_left(parent);
-        sibling = parent->tree_right;
-      }
-      if (!is_red(sibling->tree_left) && !is_red(sibling->tree_right)) {
-        sibling->tree_red = true;  // both sides short: move the deficit up
-        x = parent;
-        parent = x->tree_parent;
-        continue;
-      }
-      if (!is_red(sibling->tree_right)) {
-        sibling->tree_left->tree_red = false;
-        sibling->tree_red = true;
-        rotate_right(sibling);
-        sibling = parent->tree_right;
-      }
-      sibling->tree_red = parent->tree_red;
-      parent->tree_red = false;
-      sibling->tree_right->tree_red = false;
-      rotate_left(parent);
-      x = root_;
-    } else {
-      Block* sibling = parent->tree_left;
-      if (sibling->tree_red) {
-        sibling->tree_red = false;
-        parent->tree_red = true;
-        rotate_right(parent);
-        sibling = parent->tree_left;
-      }
-      if (!is_red(sibling->tree_left) && !is_red(sibling->tree_right)) {
-        sibling->tree_red = true;
-        x = parent;
-        parent = x->tree_parent;
-        continue;
-      }
-      if (!is_red(sibling->tree_left)) {
-        sibling->tree_right->tree_red = false;
-        sibling->tree_red = true;
-        rotate_left(sibling);
-        sibling = parent->tree_left;
-      }
-      sibling->tree_red = parent->tree_red;
-      parent->tree_red = false;
-      sibling->tree_left->tree_red = false;
-      rotate_right(parent);
-      x = root_;
+    const int side = side_of(parent, x);
+    const int other = 1 - side;
+    Block* sibling = parent->tree_child[other];
+    if (sibling->tree_red) {
+      sibling->tree_red = false;
+      parent->tree_red = true;
+      rotate(parent, side);
+      sibling = parent->tree_child[other];
     }
+    if (!is_red(sibling->tree_child[kLeft]) && !is_red(sibling->tree_child[kRight])) {
+      sibling->tree_red = true;  // both sides short: move the deficit up
+      x = parent;
+      parent = x->tree_parent;
+      continue;
+    }
+    if (!is_red(sibling->tree_child[other])) {  // the red nephew is the inner one
+      sibling->tree_child[side]->tree_red = false;
+      sibling->tree_red = true;
+      rotate(sibling, other);
+      sibling = parent->tree_child[other];
+    }
+    sibling->tree_red = parent->tree_red;
+    parent->tree_red = false;
+    sibling->tree_child[other]->tree_red = false;
+    rotate(parent, side);
+    x = root_;
   }
   if (x != nullptr) x->tree_red = false;
 }
@@ -245,19 +186,21 @@ int check_subtree(const Block* b, const Block* parent, const Block* lo, const Bl
     error = "free blocks are out of (size, address) order";
     return -1;
   }
-  if (b->tree_red && (is_red(b->tree_left) || is_red(b->tree_right))) {
+  const Block* left = b->tree_child[kLeft];
+  const Block* right = b->tree_child[kRight];
+  if (b->tree_red && (is_red(left) || is_red(right))) {
     error = "a red free block has a red child";
     return -1;
   }
-  const int left = check_subtree(b->tree_left, b, lo, b, count, error);
-  if (left < 0) return -1;
-  const int right = check_subtree(b->tree_right, b, b, hi, count, error);
-  if (right < 0) return -1;
-  if (left != right) {
+  const int left_height = check_subtree(left, b, lo, b, count, error);
+  if (left_height < 0) return -1;
+  const int right_height = check_subtree(right, b, b, hi, count, error);
+  if (right_height < 0) return -1;
+  if (left_height != right_height) {
     error = "a size class's tree has unequal black heights";
     return -1;
   }
-  return left + (b->tree_red ? 0 : 1);
+  return left_height + (b->tree_red ? 0 : 1);
 }
 
 }  // namespace
@@ -269,7 +212,7 @@ const char* BlockTree::check(std::size_t& count) const {
   if (root_->tree_red) return "a size class's tree has a red root";
   const char* error = nullptr;
   if (check_subtree(root_, nullptr, nullptr, nullptr, count, error) < 0) return error;
-  if (first_ != leftmost(root_)) return "a size class's first block is stale";
+  if (first_ != outermost(root_, kLeft)) return "a size class's first block is stale";
   return nullptr;
 }
 

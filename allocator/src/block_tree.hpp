@@ -20,11 +20,19 @@ namespace mem::detail {
 /// no two blocks compare equal.
 inline bool block_less(std::size_t size_a, std::uintptr_t ptr_a, std::size_t size_b,
                        std::uintptr_t ptr_b) noexcept {
-  return size_a != size_b ? size_a < size_b : ptr_a < ptr_b;
+  // One 128-bit compare (cmp, sbb): size in the high half, address in the low.
+  __extension__ using Key = unsigned __int128;
+  return ((Key{size_a} << 64) | ptr_a) < ((Key{size_b} << 64) | ptr_b);
 }
 inline bool block_less(const Block* a, const Block* b) noexcept {
   return block_less(a->size, a->ptr, b->size, b->ptr);
 }
+
+/// Sides of a tree node: Block::tree_child[kLeft] holds the smaller keys.
+/// Indexing by side lets each rebalancing case be written once for both
+/// mirror images.
+inline constexpr int kLeft = 0;
+inline constexpr int kRight = 1;
 
 /// Trivial on purpose: a pool's classes are an uninitialized array, and a
 /// class's tree means something only while its pool marks it non-empty (an
@@ -36,16 +44,10 @@ class BlockTree {
   /// The smallest block, or nullptr.
   Block* first() const noexcept { return first_; }
   /// The largest block, or nullptr (a walk down the right spine).
-  Block* last() const noexcept {
-    Block* b = root_;
-    if (b != nullptr) {
-      while (b->tree_right != nullptr) b = b->tree_right;
-    }
-    return b;
-  }
+  Block* last() const noexcept { return root_ == nullptr ? nullptr : outermost(root_, kRight); }
   /// Whether `b` is this tree's only block.
   bool alone(const Block* b) const noexcept {
-    return root_ == b && b->tree_left == nullptr && b->tree_right == nullptr;
+    return root_ == b && b->tree_child[kLeft] == nullptr && b->tree_child[kRight] == nullptr;
   }
   /// The first block whose size is at least `size`, or nullptr.
   Block* lower_bound(std::size_t size) const noexcept {
@@ -53,9 +55,9 @@ class BlockTree {
     for (Block* b = root_; b != nullptr;) {
       if (b->size >= size) {
         found = b;
-        b = b->tree_left;
+        b = b->tree_child[kLeft];
       } else {
-        b = b->tree_right;
+        b = b->tree_child[kRight];
       }
     }
     return found;
@@ -63,19 +65,14 @@ class BlockTree {
   /// The block with exactly this key, or nullptr.
   Block* find(std::size_t size, std::uintptr_t ptr) const noexcept {
     for (Block* b = root_; b != nullptr;) {
-      if (block_less(size, ptr, b->size, b->ptr)) {
-        b = b->tree_left;
-      } else if (block_less(b->size, b->ptr, size, ptr)) {
-        b = b->tree_right;
-      } else {
-        return b;
-      }
+      if (b->size == size && b->ptr == ptr) return b;
+      b = b->tree_child[block_less(size, ptr, b->size, b->ptr) ? kLeft : kRight];
     }
     return nullptr;
   }
   /// The neighbours of `b` in order, or nullptr.
-  static Block* next(const Block* b) noexcept;
-  static Block* prev(const Block* b) noexcept;
+  static Block* next(const Block* b) noexcept { return neighbour(b, kRight); }
+  static Block* prev(const Block* b) noexcept { return neighbour(b, kLeft); }
 
   /// Adds `b` under its current (size, ptr); no block may have that key.
   void insert(Block* b) noexcept;
@@ -87,10 +84,17 @@ class BlockTree {
   const char* check(std::size_t& count) const;
 
  private:
-  void rotate_left(Block* x) noexcept;
-  void rotate_right(Block* x) noexcept;
+  /// The last block down `b`'s spine on `side` (b itself if it has no such child).
+  static Block* outermost(Block* b, int side) noexcept {
+    while (b->tree_child[side] != nullptr) b = b->tree_child[side];
+    return b;
+  }
+  /// The adjacent block on `side` in key order, or nullptr.
+  static Block* neighbour(const Block* b, int side) noexcept;
+  /// Lowers `x` to its `side`: its child on the other side takes its place.
+  void rotate(Block* x, int side) noexcept;
   /// Puts `to` where `from` hangs (its parent's child, or the root).
-  void replace_child(Block* parent, Block* from, Block* to) noexcept;
+  void replace_child(Block* parent, const Block* from, Block* to) noexcept;
   void insert_fixup(Block* b) noexcept;
   /// Restores the black heights after a black block left above `x` (which
   /// may be null, hence its parent is passed).
