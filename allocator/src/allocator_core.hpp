@@ -44,6 +44,7 @@ class AllocatorCore {
   /// The segments; with `stats` also the statistics, taken under the same lock.
   std::vector<SegmentInfo> segments(DeviceStats* stats = nullptr) const;
   std::size_t block_size(const void* ptr) const;
+  bool owns(const void* ptr) const noexcept;
   void validate() const;
   void add_observer(AllocatorObserver* observer);
   void remove_observer(AllocatorObserver* observer) noexcept;

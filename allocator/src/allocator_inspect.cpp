@@ -45,6 +45,12 @@ std::size_t AllocatorCore::block_size(const void* ptr) const {
   return (*found)->size;
 }
 
+bool AllocatorCore::owns(const void* ptr) const noexcept {
+  std::lock_guard guard(lock_);
+  Block* const* found = active_.find(reinterpret_cast<std::uintptr_t>(ptr));
+  return found != nullptr && (*found)->allocated;
+}
+
 std::vector<const Block*> AllocatorCore::all_blocks_locked() const {
   std::vector<const Block*> out;
   out.reserve(active_.size() + large_blocks_.size() + small_blocks_.size());

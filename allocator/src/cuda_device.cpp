@@ -15,6 +15,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "vramscope/allocator/errors.hpp"
@@ -138,6 +139,7 @@ namespace detail {
 struct CudaDeviceState {
   std::mutex mutex;  // guards the maps and counters below; CUDA calls themselves are thread-safe
   std::unordered_map<StreamId, cudaStream_t> streams;
+  std::unordered_set<StreamId> adopted;  // streams owned elsewhere: never destroyed here
   std::unordered_map<EventId, cudaEvent_t> events;
   StreamId next_stream = 1;
   EventId next_event = 1;
@@ -220,7 +222,9 @@ CudaDevice::CudaDevice(int ordinal, const std::string& note)
 CudaDevice::~CudaDevice() {
   DeviceGuard guard(ordinal_);
   for (auto& [id, event] : state_->events) (void)cudaEventDestroy(event);
-  for (auto& [id, stream] : state_->streams) (void)cudaStreamDestroy(stream);
+  for (auto& [id, stream] : state_->streams) {
+    if (!state_->adopted.contains(id)) (void)cudaStreamDestroy(stream);
+  }
   (void)cudaGetLastError();
 }
 
@@ -280,6 +284,15 @@ StreamId CudaDevice::create_stream() {
   return id;
 }
 
+StreamId CudaDevice::adopt_native_stream(std::uintptr_t handle) {
+  if (handle == 0) return 0;
+  std::lock_guard lock(state_->mutex);
+  const StreamId id = state_->next_stream++;
+  state_->streams.emplace(id, reinterpret_cast<cudaStream_t>(handle));
+  state_->adopted.insert(id);
+  return id;
+}
+
 bool CudaDevice::has_stream(StreamId stream) const {
   std::lock_guard lock(state_->mutex);
   return stream == 0 || state_->streams.contains(stream);
@@ -293,6 +306,7 @@ void CudaDevice::destroy_stream(StreamId stream) noexcept {
     if (it == state_->streams.end()) return;
     handle = it->second;
     state_->streams.erase(it);
+    if (state_->adopted.erase(stream) != 0) return;  // its owner destroys it
   }
   DeviceGuard guard(ordinal_);
   (void)cudaStreamDestroy(handle);

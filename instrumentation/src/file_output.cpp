@@ -6,6 +6,8 @@
 #include <fstream>
 #include <string>
 
+#include <unistd.h>
+
 #include "vramscope/allocator/errors.hpp"
 
 namespace mem::detail {
@@ -18,7 +20,11 @@ void write_file(const std::filesystem::path& path, std::string_view content, std
     throw Error(std::string(what) + ": cannot write '" + path.string() + "': directory '" +
                 parent.string() + "' does not exist; create it or choose another path");
   }
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  // Written beside the target and renamed over it: a failed write leaves no truncated file,
+  // and readers never see a half-written one.
+  std::filesystem::path temp = path;
+  temp += ".vramscope-" + std::to_string(::getpid()) + ".tmp";
+  std::ofstream out(temp, std::ios::binary | std::ios::trunc);
   if (!out) {
     throw Error(std::string(what) + ": cannot open '" + path.string() +
                 "' for writing: " + std::strerror(errno));
@@ -26,8 +32,16 @@ void write_file(const std::filesystem::path& path, std::string_view content, std
   out.write(content.data(), static_cast<std::streamsize>(content.size()));
   out.close();
   if (!out) {
+    const int err = errno;
+    std::filesystem::remove(temp, ec);
     throw Error(std::string(what) + ": writing '" + path.string() + "' failed (" +
-                std::to_string(content.size()) + " bytes): " + std::strerror(errno));
+                std::to_string(content.size()) + " bytes): " + std::strerror(err));
+  }
+  std::filesystem::rename(temp, path, ec);
+  if (ec) {
+    std::error_code ignored;
+    std::filesystem::remove(temp, ignored);
+    throw Error(std::string(what) + ": cannot write '" + path.string() + "': " + ec.message());
   }
 }
 

@@ -92,6 +92,8 @@ class CachingAllocator {
   std::vector<SegmentInfo> segments(DeviceStats& stats) const;
   /// Size of the block behind a pointer handed out (its rounded size).
   std::size_t block_size(const void* ptr) const;
+  /// True when `ptr` is a block this allocator handed out and has not taken back.
+  bool owns(const void* ptr) const noexcept;
 
   /// Checks every invariant: blocks tile their segment, free neighbours are
   /// coalesced, pools hold exactly the free blocks, statistics equal sums

@@ -54,6 +54,8 @@ class CudaDevice final : public Device {
   StreamId create_stream() override;
   void destroy_stream(StreamId stream) noexcept override;
   bool has_stream(StreamId stream) const override;
+  /// Registers a cudaStream_t owned elsewhere (PyTorch's streams under the plugin).
+  StreamId adopt_native_stream(std::uintptr_t handle) override;
   EventId create_event() override;
   void destroy_event(EventId event) noexcept override;
   void record_event(EventId event, StreamId stream) override;

@@ -53,6 +53,14 @@ class Device {
   virtual void destroy_stream(StreamId stream) noexcept = 0;
   /// True for the default stream 0 and every stream created and not yet destroyed.
   virtual bool has_stream(StreamId stream) const = 0;
+  /// A stream this device did not create, given by its native handle (a cudaStream_t that
+  /// PyTorch or another framework owns): the id to allocate and record_stream with. The
+  /// device records events on it and never destroys it; handle 0 is the default stream.
+  /// The caller keeps the handle-to-id map. A simulated device has no native streams, so
+  /// by default a new stream stands for the handle.
+  virtual StreamId adopt_native_stream(std::uintptr_t handle) {
+    return handle == 0 ? 0 : create_stream();
+  }
   virtual EventId create_event() = 0;
   virtual void destroy_event(EventId event) noexcept = 0;
   virtual void record_event(EventId event, StreamId stream) = 0;

@@ -1,0 +1,30 @@
+# find_pytest.cmake — sets VRAMSCOPE_PYTEST_PYTHON to a python3 that can run pytest,
+# preferring one that also has torch (Debian's python3-torch lives under /usr/bin/python3,
+# which need not be the python3 first on PATH). Override with -DVRAMSCOPE_PYTEST_PYTHON=...
+if(VRAMSCOPE_PYTEST_PYTHON)
+  return()
+endif()
+find_package(Python3 COMPONENTS Interpreter QUIET)
+set(candidates ${Python3_EXECUTABLE} /usr/bin/python3)
+set(with_pytest "")
+foreach(python IN LISTS candidates)
+  if(NOT EXISTS "${python}")
+    continue()
+  endif()
+  execute_process(COMMAND ${python} -c "import pytest" RESULT_VARIABLE no_pytest
+                  OUTPUT_QUIET ERROR_QUIET)
+  if(no_pytest)
+    continue()
+  endif()
+  execute_process(COMMAND ${python} -c "import torch" RESULT_VARIABLE no_torch
+                  OUTPUT_QUIET ERROR_QUIET)
+  if(NOT no_torch)
+    set(with_pytest ${python})
+    break()
+  endif()
+  if(NOT with_pytest)
+    set(with_pytest ${python})
+  endif()
+endforeach()
+set(VRAMSCOPE_PYTEST_PYTHON "${with_pytest}" CACHE FILEPATH "python3 that runs the Python package's tests" FORCE)
+message(STATUS "vramscope: Python package tests with ${VRAMSCOPE_PYTEST_PYTHON}")
