@@ -52,13 +52,11 @@ vramscope_status fail(vramscope_status code, std::string message) noexcept {
   return code;
 }
 
-// Runs `body` and maps what it throws onto a status; the library's exceptions never
-// cross the C boundary.
-template <class Body>
-vramscope_status guarded(const char* function, Body&& body) noexcept {
+// The exception being handled, as a status and this thread's message. Out of line, so
+// the functions below keep only a zero-cost try block on their fast paths.
+[[gnu::noinline, gnu::cold]] vramscope_status fail_current(const char* function) noexcept {
   try {
-    body();
-    return VRAMSCOPE_OK;
+    throw;
   } catch (const mem::OutOfMemoryError& e) {
     return fail(VRAMSCOPE_ERROR_OUT_OF_MEMORY, e.what());
   } catch (const IoError& e) {
@@ -71,6 +69,18 @@ vramscope_status guarded(const char* function, Body&& body) noexcept {
     return fail(VRAMSCOPE_ERROR_INTERNAL, std::string(function) + ": " + e.what());
   } catch (...) {
     return fail(VRAMSCOPE_ERROR_INTERNAL, std::string(function) + ": unknown exception");
+  }
+}
+
+// Runs `body` and maps what it throws onto a status; the library's exceptions never
+// cross the C boundary.
+template <class Body>
+vramscope_status guarded(const char* function, Body&& body) noexcept {
+  try {
+    body();
+    return VRAMSCOPE_OK;
+  } catch (...) {
+    return fail_current(function);
   }
 }
 
@@ -100,15 +110,20 @@ struct DeviceSlot {
   }
 };
 
-// Settings and slots. Slots are published once with release stores, so the fast path
-// reads one atomic pointer.
+// The slots, published once each with a release store, so the fast path reads one atomic
+// pointer; and the only slot while there is exactly one, which frees use without asking
+// which allocator owns the pointer. Trivially destructible: still readable while static
+// objects free their blocks after main() returns.
+constinit std::array<std::atomic<DeviceSlot*>, kMaxDevices> slots{};
+constinit std::atomic<DeviceSlot*> sole_slot{nullptr};
+
+// Settings, and the lock slots are created under.
 struct Registry {
-  std::mutex mutex;  // guards the settings and slot creation
+  std::mutex mutex;
   bool settings_read = false;
   std::string device_spec;
   std::string alloc_conf;
-  std::array<std::atomic<DeviceSlot*>, kMaxDevices> slots{};
-  std::atomic<int> slot_count{0};
+  int slot_count = 0;
 
   void read_env_locked() {
     if (settings_read) return;
@@ -155,46 +170,40 @@ DeviceSlot& create_slot(int device) {
   check_index(device);
   Registry& r = registry();
   std::lock_guard lock(r.mutex);
-  if (DeviceSlot* slot = r.slots[device].load(std::memory_order_acquire)) return *slot;
+  if (DeviceSlot* slot = slots[device].load(std::memory_order_acquire)) return *slot;
   r.read_env_locked();
   auto slot = std::make_unique<DeviceSlot>();
   slot->allocator = std::make_unique<mem::CachingAllocator>(
       make_indexed_device(r.device_spec, device), mem::AllocatorConfig::parse(r.alloc_conf));
   mem::attach(*slot->allocator);  // blocks carry the scope of vramscope_scope_push
   DeviceSlot* published = slot.release();
-  r.slots[device].store(published, std::memory_order_release);
-  r.slot_count.fetch_add(1, std::memory_order_relaxed);
+  slots[device].store(published, std::memory_order_release);
+  sole_slot.store(++r.slot_count == 1 ? published : nullptr, std::memory_order_release);
   return *published;
 }
 
 inline DeviceSlot& slot_for(int device) {
   if (static_cast<unsigned>(device) < static_cast<unsigned>(kMaxDevices)) [[likely]] {
-    if (DeviceSlot* slot = registry().slots[device].load(std::memory_order_acquire)) return *slot;
+    if (DeviceSlot* slot = slots[device].load(std::memory_order_acquire)) [[likely]] return *slot;
   }
   return create_slot(device);
 }
 
 // The slot whose allocator handed out `ptr`, or null.
 DeviceSlot* owner_of(const void* ptr) noexcept {
-  Registry& r = registry();
-  for (auto& entry : r.slots) {
+  for (auto& entry : slots) {
     DeviceSlot* slot = entry.load(std::memory_order_acquire);
     if (slot != nullptr && slot->allocator->owns(ptr)) return slot;
   }
   return nullptr;
 }
 
-// Frees on the owning allocator. With one device the owner is found without a search:
-// its deallocate checks the pointer itself.
+// Frees on the owning allocator. With one device there is nothing to search: its
+// deallocate checks the pointer itself.
 void free_anywhere(void* ptr) {
-  Registry& r = registry();
-  if (r.slot_count.load(std::memory_order_relaxed) == 1) {
-    for (auto& entry : r.slots) {
-      if (DeviceSlot* slot = entry.load(std::memory_order_acquire)) {
-        slot->allocator->deallocate(ptr);
-        return;
-      }
-    }
+  if (DeviceSlot* slot = sole_slot.load(std::memory_order_acquire)) [[likely]] {
+    slot->allocator->deallocate(ptr);
+    return;
   }
   DeviceSlot* slot = owner_of(ptr);
   if (slot == nullptr) {
@@ -265,7 +274,7 @@ vramscope_status vramscope_init(const char* device_spec, const char* alloc_conf)
     // first allocation.
     const mem::AllocatorConfig parsed = mem::AllocatorConfig::parse(conf);
     if (!is_cuda_spec(spec)) (void)mem::make_device(spec);
-    if (r.slot_count.load() > 0 && (spec != r.device_spec || conf != r.alloc_conf)) {
+    if (r.slot_count > 0 && (spec != r.device_spec || conf != r.alloc_conf)) {
       throw mem::Error("allocators already exist with device \"" + r.device_spec +
                        "\" and settings \"" + r.alloc_conf +
                        "\"; call vramscope_init before the first allocation");
@@ -277,8 +286,7 @@ vramscope_status vramscope_init(const char* device_spec, const char* alloc_conf)
 }
 
 void* vramscope_malloc(size_t size, int device, vramscope_stream stream) {
-  void* ptr = nullptr;
-  guarded("vramscope_malloc", [&] {
+  try {
     mem::CachingAllocator& allocator = *slot_for(device).allocator;
     // The C++ allocate() takes any stream id on trust; here a stream never created (or
     // destroyed) is refused, as record_stream refuses it. The default stream costs nothing.
@@ -286,9 +294,11 @@ void* vramscope_malloc(size_t size, int device, vramscope_stream stream) {
       throw mem::Error("stream " + std::to_string(stream) + " was not created on device " +
                        std::to_string(device) + " or was destroyed (0 is the default stream)");
     }
-    ptr = allocator.allocate(size, stream);
-  });
-  return ptr;
+    return allocator.allocate(size, stream);
+  } catch (...) {
+    fail_current("vramscope_malloc");
+    return nullptr;
+  }
 }
 
 vramscope_status vramscope_free(void* ptr) {
