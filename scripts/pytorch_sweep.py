@@ -17,6 +17,14 @@ target, forward (+ checkpoint_sequential, non-reentrant unless --checkpoint reen
 backward, optimizer step (Adam with PyTorch's CUDA default, foreach). Every configuration
 runs in a fresh process, as a vramscope configuration starts from an empty allocator.
 Needs torch (and torchvision for the resnets).
+
+`--allocator vramscope` runs the same steps with vramscope's allocator under PyTorch (the
+pluggable allocator in libvramscope.so, through the python/ package; set VRAMSCOPE_LIBRARY)
+and reads the figures from it: same policy, so max allocated and max reserved must equal
+PyTorch's own, and step_ms says what the plugin costs.
+
+    python3 scripts/pytorch_sweep.py --model resnet50 --segments 0 --csv torch.csv
+    python3 scripts/pytorch_sweep.py --model resnet50 --segments 0 --allocator vramscope --csv plugin.csv
 """
 import argparse
 import csv
@@ -25,11 +33,12 @@ import math
 import os
 import subprocess
 import sys
+import time
 
 MIB = 1 << 20
 COLUMNS = ["model", "batch", "dtype", "segments", "steps", "allocated_after_step", "max_allocated",
            "max_reserved", "reserved_after_step", "step1_max_allocated", "step1_after",
-           "nvidia_smi_after_step", "context_bytes", "oom", "error"]
+           "nvidia_smi_after_step", "context_bytes", "step_ms", "allocator", "oom", "error"]
 
 
 # --- models, as vramscope builds them ---------------------------------------------------------
@@ -160,12 +169,22 @@ def build(torch, opts):
 def run_one(opts, dtype_name, segments):
     import torch
     from torch.utils.checkpoint import checkpoint_sequential
+    if opts.allocator == "vramscope":
+        import vramscope  # python/ (pip install ./python, or PYTHONPATH=python)
+        vramscope.enable()  # before the first CUDA allocation
+        if opts.snapshot_dir:
+            vramscope.record_memory_history(2_000_000)
+        stats = vramscope
+        oom_errors = (torch.cuda.OutOfMemoryError, MemoryError)
+    else:
+        stats = torch.cuda
+        oom_errors = (torch.cuda.OutOfMemoryError,)
     torch.manual_seed(0)
     dev = torch.device("cuda")
     torch.cuda.init()
     torch.empty(0, device=dev)  # create the context before measuring it
     free, total = torch.cuda.mem_get_info()
-    context = total - free - torch.cuda.memory_reserved()
+    context = total - free - stats.memory_reserved()
 
     param_dtype = {"f16": torch.float16, "bf16": torch.bfloat16}.get(dtype_name, torch.float32)
     autocast = {"amp": torch.float16, "amp-bf16": torch.bfloat16}.get(dtype_name)
@@ -186,7 +205,7 @@ def run_one(opts, dtype_name, segments):
         return torch.randint(0, spec[2], spec[1], device=dev, dtype=torch.int64)
 
     row = {"model": opts.model, "batch": batch, "dtype": dtype_name, "segments": segments, "steps": 0,
-           "context_bytes": context, "oom": "", "error": ""}
+           "context_bytes": context, "allocator": opts.allocator, "oom": "", "error": ""}
     try:
         for step in range(1, opts.steps + 1):
             if optimizer is not None:
@@ -194,7 +213,9 @@ def run_one(opts, dtype_name, segments):
             else:
                 for prm in params:
                     prm.grad = None
-            torch.cuda.reset_peak_memory_stats()
+            stats.reset_peak_memory_stats()
+            torch.cuda.synchronize()
+            started = time.perf_counter()
             x, y = make(inp), make(tgt)
             with torch.autocast("cuda", dtype=autocast, enabled=autocast is not None):
                 if segments == 0:
@@ -210,26 +231,31 @@ def run_one(opts, dtype_name, segments):
                 optimizer.step()
             del x, y, out, loss
             torch.cuda.synchronize()
-            peak = torch.cuda.max_memory_allocated()
+            row["step_ms"] = round((time.perf_counter() - started) * 1e3, 3)  # the last step's
+            peak = stats.max_memory_allocated()
             row["max_allocated"] = max(row.get("max_allocated", 0), peak)
-            row["max_reserved"] = max(row.get("max_reserved", 0), torch.cuda.max_memory_reserved())
+            row["max_reserved"] = max(row.get("max_reserved", 0), stats.max_memory_reserved())
             if step == 1:
                 row["step1_max_allocated"] = peak
-                row["step1_after"] = torch.cuda.memory_allocated()
+                row["step1_after"] = stats.memory_allocated()
             row["steps"] = step
-        row["allocated_after_step"] = torch.cuda.memory_allocated()
-        row["reserved_after_step"] = torch.cuda.memory_reserved()
+        row["allocated_after_step"] = stats.memory_allocated()
+        row["reserved_after_step"] = stats.memory_reserved()
         free, total = torch.cuda.mem_get_info()
         row["nvidia_smi_after_step"] = total - free
-    except torch.cuda.OutOfMemoryError as e:
+    except oom_errors as e:
         row["oom"] = str(e).split("\n")[0][:200]
-        row["max_allocated"] = max(row.get("max_allocated", 0), torch.cuda.max_memory_allocated())
-        row["max_reserved"] = max(row.get("max_reserved", 0), torch.cuda.max_memory_reserved())
+        row["max_allocated"] = max(row.get("max_allocated", 0), stats.max_memory_allocated())
+        row["max_reserved"] = max(row.get("max_reserved", 0), stats.max_memory_reserved())
     except RuntimeError as e:  # e.g. a saved tensor modified in place: the step cannot run
         row["error"] = str(e).split(". Hint")[0][:300]
     if opts.snapshot_dir:
         os.makedirs(opts.snapshot_dir, exist_ok=True)
-        torch.cuda.memory._dump_snapshot(os.path.join(opts.snapshot_dir, f"{opts.model}-{dtype_name}-seg{segments}.pickle"))
+        path = os.path.join(opts.snapshot_dir, f"{opts.model}-{dtype_name}-seg{segments}.pickle")
+        if opts.allocator == "vramscope":
+            vramscope.snapshot(path)
+        else:
+            torch.cuda.memory._dump_snapshot(path)
     return row
 
 
@@ -295,6 +321,8 @@ def main():
     ap.add_argument("--optimizer", default="adam", choices=["adam", "sgd", "none"])
     ap.add_argument("--checkpoint", default="non-reentrant", choices=["non-reentrant", "reentrant"])
     ap.add_argument("--csv", help="write the rows here as well")
+    ap.add_argument("--allocator", default="torch", choices=["torch", "vramscope"],
+                    help="PyTorch's own caching allocator, or vramscope's under it as a pluggable allocator")
     ap.add_argument("--snapshot-dir", help="dump a memory snapshot (history included) per configuration")
     ap.add_argument("--compare", nargs=2, metavar=("VRAMSCOPE_CSV", "TORCH_CSV"),
                     help="print vramscope's figures beside this script's and exit")
@@ -305,7 +333,7 @@ def main():
         return compare(*opts.compare)
     if opts.one:
         import torch
-        if opts.snapshot_dir:
+        if opts.snapshot_dir and opts.allocator == "torch":
             torch.cuda.memory._record_memory_history(max_entries=2_000_000, context=None, stacks="python")
         print(json.dumps(run_one(opts, opts.one[0], int(opts.one[1]))))
         return
