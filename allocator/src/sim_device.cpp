@@ -82,7 +82,51 @@ constexpr Preset kPresets[] = {
      "H100 80GB HBM3 (Hopper, SXM): total 85,017,493,504 B = 79.18 GiB as cudaMemGetInfo "
      "reports it (nvidia-smi: 81559 MiB); context 751 MiB, measured beside PyTorch 2.11's "
      "allocator after a training step (driver 580)"},
+    // The rest: Linux figures from deviceQuery outputs and PyTorch OOM messages users posted
+    // (sources in each description); the context is PyTorch's maintainers' figure for CUDA
+    // >= 11.7 with lazy module loading, "around 400MB" (pytorch/pytorch#109888), unless said.
+    {"rtx3060", 12'626'493'440, mib(400), 86,
+     "GeForce RTX 3060 12GB (Ampere, GDDR6): total 12,626,493,440 B = 12042 MiB as deviceQuery "
+     "reports it on Linux (CUDA 12.1; PyTorch: \"11.75 GiB total capacity\", "
+     "PromtEngineer/localGPT-Vision#14); context 400 MiB assumed"},
+    {"rtx3080", 10'472'390'656, mib(400), 86,
+     "GeForce RTX 3080 10GB (Ampere, GDDR6X): total 10,472,390,656 B = 9987 MiB as deviceQuery "
+     "reports it on Linux (CUDA 12.0; PyTorch: \"9.78 GiB total capacity\", zai-org/CogVideo#34); "
+     "context 400 MiB assumed"},
+    {"rtx3090", 25'447'170'048, mib(400), 86,
+     "GeForce RTX 3090 (Ampere, 24 GB GDDR6X): total 25,447,170,048 B = 24268 MiB as deviceQuery "
+     "reports it on Linux (CUDA 11.8; PyTorch: \"23.70 GiB total capacity\", GaoLii/DSP#10; newer "
+     "drivers report down to 24115 MiB); context 400 MiB assumed"},
+    {"rtx5090", 33'668'857'856, mib(400), 120,
+     "GeForce RTX 5090 (Blackwell, 32 GB GDDR7): total 33,668,857,856 B = 32109 MiB as "
+     "deviceQuery reports it on Linux (CUDA 13.0; PyTorch: \"31.36 GiB total capacity\"); "
+     "context 400 MiB assumed"},
+    {"rtx-a6000", 51'160'023'040, mib(400), 86,
+     "RTX A6000 (Ampere, 48 GB GDDR6, ECC off): total 51,160,023,040 B = 48790 MiB as "
+     "deviceQuery reports it (CUDA 12.7; PyTorch with driver 525: \"47.54 GiB total capacity\", "
+     "vllm-project/vllm#1201); context 400 MiB assumed"},
+    {"a10g", mib(22507), mib(400), 86,
+     "NVIDIA A10G (Ampere, 24 GB GDDR6, AWS g5): total about 22507 MiB (PyTorch in 2025: \"21.98 "
+     "GiB total capacity\"; 22.19 GiB with 2023 drivers, vllm-project/vllm#372); context 400 MiB "
+     "assumed"},
+    {"l4", 23'612'293'120, mib(400), 89,
+     "NVIDIA L4 (Ada, 24 GB GDDR6): total 23,612,293,120 B = 22518 MiB as deviceQuery reports it "
+     "(CUDA 12.0; nvidia-smi: 23034 MiB; PyTorch: 21.96-21.99 GiB); context 400 MiB assumed"},
+    {"l40s", 47'576'711'168, mib(400), 89,
+     "NVIDIA L40S (Ada, 48 GB GDDR6): total 47,576,711,168 B = 45373 MiB as deviceQuery reports "
+     "it (CUDA 12.4; PyTorch: 44.31-44.53 GiB, most often 44.39, Wan-Video/Wan2.1#205); context "
+     "400 MiB assumed"},
+    {"h200", mib(143155), mib(751), 90,
+     "H200 141GB HBM3e (Hopper): total about 143155 MiB (PyTorch: \"139.80 GiB total "
+     "capacity\", also 139.72-139.81); context 751 MiB assumed, as measured on an H100"},
+    {"b200", mib(182630), mib(751), 100,
+     "B200 180GB HBM3e (Blackwell): total about 182630 MiB (PyTorch: \"178.35 GiB total "
+     "capacity\", also 178.36); context 751 MiB assumed, as measured on an H100"},
 };
+
+// A custom GPU ("sim:capacity=...") without context= gets PyTorch's maintainers' figure for a
+// CUDA context with lazy module loading (CUDA >= 11.7): "around 400MB" (pytorch/pytorch#109888).
+constexpr std::size_t kDefaultContext = mib(400);
 
 constexpr std::string_view kDefaultPreset = "a100-80g";
 
@@ -331,6 +375,10 @@ SimDeviceConfig parse_sim_spec(const std::string& spec) {
                   preset_list() + ")");
     }
     c.description = "custom simulated GPU from \"" + canonical + "\"";
+    if (!seen.contains("context")) {
+      c.context_bytes = kDefaultContext;
+      c.description += "; context 400 MiB assumed (CUDA >= 11.7 with lazy loading; set context=)";
+    }
   } else if (!seen.empty()) {
     c.description += "; overridden by \"" + canonical + "\"";
   }

@@ -119,7 +119,7 @@ def library() -> ctypes.CDLL:
         if version < API_VERSION:
             raise VramscopeError(f"{path} has C API version {version}; this package needs "
                                  f"{API_VERSION} or newer: rebuild and reinstall vramscope")
-        _lib, _path = lib, path.resolve()
+        _lib, _path = lib, path.absolute()  # as loaded: PyTorch must dlopen this same name
         return lib
     raise VramscopeError("libvramscope.so not found; tried: " + "; ".join(tried) +
                          ". Build vramscope and set VRAMSCOPE_LIBRARY to the library's path "

@@ -203,6 +203,21 @@ TEST(SimPresets, TheRequiredCardsExistWithDocumentedNumbers) {
   EXPECT_NEAR(in_gib("v100-32g"), 31.75, 0.01);
   EXPECT_NEAR(in_gib("rtx4090"), 23.65, 0.01);
   EXPECT_NEAR(in_gib("a100-80g"), 79.15, 0.01);
+  // The cards people ask about, as their Linux users' deviceQuery and PyTorch OOM messages
+  // show them (sources in sim_device.cpp).
+  EXPECT_EQ(sim_preset("rtx3060").capacity, std::size_t{12'626'493'440});
+  EXPECT_NEAR(in_gib("rtx3060"), 11.76, 0.01);
+  EXPECT_NEAR(in_gib("rtx3080"), 9.75, 0.01);
+  EXPECT_NEAR(in_gib("rtx3090"), 23.70, 0.01);
+  EXPECT_NEAR(in_gib("rtx5090"), 31.36, 0.01);
+  EXPECT_NEAR(in_gib("rtx-a6000"), 47.65, 0.01);
+  EXPECT_NEAR(in_gib("a10g"), 21.98, 0.01);
+  EXPECT_NEAR(in_gib("l4"), 21.99, 0.01);
+  EXPECT_NEAR(in_gib("l40s"), 44.31, 0.01);
+  EXPECT_NEAR(in_gib("h200"), 139.80, 0.01);
+  EXPECT_NEAR(in_gib("b200"), 178.35, 0.01);
+  EXPECT_EQ(sim_preset("rtx5090").compute_capability, 120);
+  EXPECT_EQ(sim_preset("b200").compute_capability, 100);
   EXPECT_EQ(default_sim_preset(), "a100-80g");
 }
 
@@ -235,7 +250,9 @@ TEST(SimSpec, ExplicitKeysWithGenericDefaults) {
   const SimDeviceConfig d = parse_sim_spec(
       " capacity = 1.5GiB , granularity=64KiB, backing=HOST, malloc_us=10, free_us=0.5 ");
   EXPECT_EQ(d.capacity, 3 * GiB / 2);
-  EXPECT_EQ(d.context_bytes, 0u);
+  // No context= on a custom GPU: PyTorch's "around 400MB" (pytorch/pytorch#109888), said so.
+  EXPECT_EQ(d.context_bytes, 400 * MiB);
+  EXPECT_NE(d.description.find("context 400 MiB assumed"), std::string::npos) << d.description;
   EXPECT_EQ(d.granularity, 64 * KiB);
   EXPECT_EQ(d.backing, SimBacking::Host);
   EXPECT_DOUBLE_EQ(d.malloc_latency_us, 10);
@@ -265,8 +282,8 @@ TEST(SimSpec, MalformedSpecsAreRejectedWithClearMessages) {
   EXPECT_NE(m.find("empty sim spec"), std::string::npos) << m;
   EXPECT_NE(m.find("a100-80g"), std::string::npos) << m;
 
-  m = message("b200");
-  EXPECT_NE(m.find("unknown simulated GPU \"b200\""), std::string::npos) << m;
+  m = message("b300");
+  EXPECT_NE(m.find("unknown simulated GPU \"b300\""), std::string::npos) << m;
   EXPECT_NE(m.find("h100-80g"), std::string::npos) << m;
 
   m = message("capacity=8GiB,colour=red");
@@ -508,7 +525,7 @@ TEST(SimDeviceTest, BackingNoneCostsNoHostMemoryForAnEightyGigabyteDevice) {
 }
 
 TEST(SimDeviceTest, BackingHostGivesWritableLazilyReservedMemory) {
-  SimDevice dev(parse_sim_spec("capacity=64GiB,backing=host"));
+  SimDevice dev(parse_sim_spec("capacity=64GiB,context=0,backing=host"));
   EXPECT_NE(dev.info().assumptions.find("backing host"), std::string::npos);
   auto* small = static_cast<unsigned char*>(dev.allocate_segment(3 * MiB + 5));
   ASSERT_NE(small, nullptr);
@@ -672,7 +689,7 @@ TEST(SimDeviceTest, UnknownStreamsAndEventsAreMisuse) {
 // ----------------------------------------------------------------------------------
 
 TEST(SimDeviceTest, DriverClockChargesEachDriverCall) {
-  SimDevice dev(parse_sim_spec("capacity=64MiB,malloc_us=10,free_us=30"));
+  SimDevice dev(parse_sim_spec("capacity=64MiB,context=0,malloc_us=10,free_us=30"));
   EXPECT_DOUBLE_EQ(dev.driver_time_us(), 0);
   void* a = dev.allocate_segment(MiB);
   void* b = dev.allocate_segment(MiB);
@@ -784,7 +801,7 @@ TEST(MakeDevice, UnknownSpecsListTheValidForms) {
     EXPECT_NE(m.find("sim:<preset>"), std::string::npos) << m;
     EXPECT_NE(m.find("cuda:N"), std::string::npos) << m;
   }
-  EXPECT_NE(error_of([] { make_device("sim:b200"); }).find("unknown simulated GPU"),
+  EXPECT_NE(error_of([] { make_device("sim:b300"); }).find("unknown simulated GPU"),
             std::string::npos);
   EXPECT_NE(error_of([] { make_device("sim:"); }).find("empty sim spec"), std::string::npos);
 }
