@@ -52,7 +52,8 @@ if(PKG_CONFIG)
   run(${PKG_CONFIG} --cflags --libs --static vramscope)
   string(STRIP "${run_output}" cxx_flags)
   separate_arguments(cxx_flags UNIX_COMMAND "${cxx_flags}")
-  run(${CXX} ${project}/main.cpp -o ${WORK_DIR}/my_trainer_pc ${cxx_flags})
+  run(${CXX} ${project}/main.cpp -o ${WORK_DIR}/my_trainer_pc ${cxx_flags}
+      -Wl,-rpath,${prefix}/lib)  # for a BUILD_SHARED_LIBS tree
   run(${WORK_DIR}/my_trainer_pc)
   file(READ ${WORK_DIR}/expected/my_trainer.txt expected)
   if(NOT run_output STREQUAL expected)
