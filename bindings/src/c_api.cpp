@@ -166,7 +166,7 @@ void check_index(int device) {
   }
 }
 
-DeviceSlot& create_slot(int device) {
+[[gnu::noinline]] DeviceSlot& create_slot(int device) {
   check_index(device);
   Registry& r = registry();
   std::lock_guard lock(r.mutex);
@@ -198,19 +198,34 @@ DeviceSlot* owner_of(const void* ptr) noexcept {
   return nullptr;
 }
 
-// Frees on the owning allocator. With one device there is nothing to search: its
-// deallocate checks the pointer itself.
-void free_anywhere(void* ptr) {
-  if (DeviceSlot* slot = sole_slot.load(std::memory_order_acquire)) [[likely]] {
-    slot->allocator->deallocate(ptr);
-    return;
-  }
+// Frees on the owner of `ptr` when there are several allocators, or none.
+[[gnu::noinline]] void free_searching(void* ptr) {
   DeviceSlot* slot = owner_of(ptr);
   if (slot == nullptr) {
     throw mem::Error("pointer " + std::to_string(reinterpret_cast<std::uintptr_t>(ptr)) +
                      " was not handed out by vramscope, or was already freed; nothing changed");
   }
   slot->allocator->deallocate(ptr);
+}
+
+// Frees on the owning allocator. With one device there is nothing to search: its
+// deallocate checks the pointer itself.
+inline void free_anywhere(void* ptr) {
+  if (DeviceSlot* slot = sole_slot.load(std::memory_order_acquire)) [[likely]] {
+    slot->allocator->deallocate(ptr);
+    return;
+  }
+  free_searching(ptr);
+}
+
+// The C++ allocate() takes any stream id on trust; the C API refuses a stream never
+// created (or destroyed), as record_stream refuses it.
+[[gnu::noinline]] void check_stream(mem::CachingAllocator& allocator, vramscope_stream stream,
+                                    int device) {
+  if (!allocator.device().has_stream(stream)) {
+    throw mem::Error("stream " + std::to_string(stream) + " was not created on device " +
+                     std::to_string(device) + " or was destroyed (0 is the default stream)");
+  }
 }
 
 void copy_stat(const mem::Stat& from, vramscope_stat& to) noexcept {
@@ -288,12 +303,7 @@ vramscope_status vramscope_init(const char* device_spec, const char* alloc_conf)
 void* vramscope_malloc(size_t size, int device, vramscope_stream stream) {
   try {
     mem::CachingAllocator& allocator = *slot_for(device).allocator;
-    // The C++ allocate() takes any stream id on trust; here a stream never created (or
-    // destroyed) is refused, as record_stream refuses it. The default stream costs nothing.
-    if (stream != 0 && !allocator.device().has_stream(stream)) [[unlikely]] {
-      throw mem::Error("stream " + std::to_string(stream) + " was not created on device " +
-                       std::to_string(device) + " or was destroyed (0 is the default stream)");
-    }
+    if (stream != 0) [[unlikely]] check_stream(allocator, stream, device);  // 0 costs nothing
     return allocator.allocate(size, stream);
   } catch (...) {
     fail_current("vramscope_malloc");
