@@ -243,7 +243,7 @@ void add_replay_command(CLI::App& app) {
   cmd->add_option("--device", args->device,
                   "device to replay on: sim:<preset>, sim:capacity=...,context=..., cuda, auto")
       ->capture_default_str();
-  cmd->add_option("--alloc-conf", args->confs,
+  cmd->add_option("-a,--alloc-conf", args->confs,
                   "allocator settings in PYTORCH_CUDA_ALLOC_CONF syntax; repeat to compare side by "
                   "side (\"\" is PyTorch's default)")
       ->allow_extra_args(false);

@@ -86,7 +86,10 @@ std::string human_bytes(std::int64_t bytes) {
 
 std::string human_saving(std::int64_t saved, double fraction) {
   if (saved == 0) return "0 B";
-  return fmt::format("{} ({:.0f}%)", human_bytes(saved), 100.0 * fraction);
+  const double percent = 100.0 * fraction;
+  // A few MiB of many GiB round to "0%", and "-0%" beside a loss reads as nothing at all.
+  if (std::abs(percent) < 0.5) return fmt::format("{} ({}<1%)", human_bytes(saved), saved < 0 ? "-" : "");
+  return fmt::format("{} ({:.0f}%)", human_bytes(saved), percent);
 }
 
 std::string human_ratio(double ratio) {

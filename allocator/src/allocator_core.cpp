@@ -327,9 +327,10 @@ Block* AllocatorCore::alloc_found_block(AllocParams& p) {
   msg += "Of the allocated memory " + format_bytes(allocated) +
          " is allocated by vramscope, and " + format_bytes(reserved - allocated) +
          " is reserved by vramscope but unallocated. ";
-  msg += "If reserved but unallocated memory is large try setting max_split_size_mb "
-         "(VRAMSCOPE_ALLOC_CONF=max_split_size_mb:128) to avoid fragmentation; otherwise "
-         "reduce the batch size, checkpoint activations, or use a smaller dtype.";
+  msg += "If reserved but unallocated memory is large try the setting max_split_size_mb:128 "
+         "(--alloc-conf in the vramscope command; VRAMSCOPE_ALLOC_CONF or the allocator's "
+         "config in a program) to avoid fragmentation; otherwise reduce the batch size, "
+         "checkpoint activations, or use a smaller dtype.";
   OutOfMemoryError::Figures f;
   f.requested = p.orig_size;
   f.device_total = mem.total_bytes;
@@ -345,6 +346,7 @@ Block* AllocatorCore::alloc_found_block(AllocParams& p) {
 // free
 
 void AllocatorCore::free(void* ptr) {
+  if (ptr == nullptr) [[unlikely]] return;  // as PyTorch's free(): nothing to do
   std::lock_guard guard(lock_);
   const auto key = reinterpret_cast<std::uintptr_t>(ptr);
   Block** found = active_.find(key);

@@ -316,11 +316,21 @@ def check_plot(exe, work):
     check(len(root.findall(f"{ns}polyline")) == 4, "two curves per dtype")
 
 
+def check_replay(exe, work):
+    """A step's snapshot replayed under two settings; -a is --alloc-conf here as in sweep."""
+    os.makedirs(work, exist_ok=True)
+    pk = os.path.join(work, "step.pickle")
+    run(exe, "trace", *SMALL, "--snapshot", pk)
+    p = run(exe, "replay", pk, "--device", "sim:capacity=1GiB,context=100MiB",
+            "-a", "", "-a", "max_split_size_mb:128")
+    check("max_split_size_mb:128" in p.stdout, p.stdout)
+
+
 CHECKS = {
     "exact": check_exact, "csv": check_csv, "json": check_json, "oom": check_oom,
     "bad-input": check_bad_input, "trace-files": check_trace_files, "trace-oom": check_trace_oom,
     "demo": check_demo, "help": check_help, "devices": check_devices, "models": check_models,
-    "plot": check_plot, "inplace": check_inplace,
+    "plot": check_plot, "inplace": check_inplace, "replay": check_replay,
 }
 
 

@@ -52,6 +52,10 @@ TEST(Units, HumanFormats) {
   EXPECT_EQ(human_bytes(-static_cast<std::int64_t>(20 * MiB)), "-20.00 MiB");
   EXPECT_EQ(human_saving(static_cast<std::int64_t>(GiB), 0.614), "1.00 GiB (61%)");
   EXPECT_EQ(human_saving(0, 0), "0 B");
+  // Small savings and losses keep their sign and are not rounded to nothing.
+  EXPECT_EQ(human_saving(-static_cast<std::int64_t>(MiB), -0.0003), "-1.00 MiB (-<1%)");
+  EXPECT_EQ(human_saving(static_cast<std::int64_t>(MiB), 0.004), "1.00 MiB (<1%)");
+  EXPECT_EQ(human_saving(-static_cast<std::int64_t>(GiB), -0.25), "-1.00 GiB (-25%)");
   EXPECT_EQ(human_ratio(0), "0");
   EXPECT_EQ(human_ratio(0.9375), "0.94x");
   EXPECT_EQ(human_ms(12.34), "12.3 ms");

@@ -71,8 +71,9 @@ class CachingAllocator {
   /// Throws mem::Error for 0 or absurd sizes (nothing changes), OutOfMemoryError
   /// when the device cannot supply it even after the cache was freed.
   void* allocate(std::size_t bytes, StreamId stream = 0);
-  /// Returns a block. Throws mem::Error for a pointer this allocator did not
-  /// hand out or already took back (double free); the state is then unchanged.
+  /// Returns a block; nullptr is a no-op, as in PyTorch. Throws mem::Error for a pointer
+  /// this allocator did not hand out or already took back (double free); the state is
+  /// then unchanged.
   void deallocate(void* ptr);
   /// The block is also used on `stream`: its reuse waits for that stream's work.
   void record_stream(void* ptr, StreamId stream);
