@@ -34,6 +34,10 @@ set(VRAMSCOPE_PC_PRIVATE "-lfmt -lopenblas -pthread")
 if(VRAMSCOPE_HAVE_CUDA)
   string(APPEND VRAMSCOPE_PC_PRIVATE " -L${CUDAToolkit_LIBRARY_DIR} -lcudart_static -ldl -lrt")
 endif()
+# The prefix relative to the .pc file, so the tree can be installed anywhere
+# (lib/pkgconfig, or lib/x86_64-linux-gnu/pkgconfig on Debian with prefix /usr).
+file(RELATIVE_PATH VRAMSCOPE_PC_TO_PREFIX /${CMAKE_INSTALL_LIBDIR}/pkgconfig /)
+string(REGEX REPLACE "/$" "" VRAMSCOPE_PC_TO_PREFIX "${VRAMSCOPE_PC_TO_PREFIX}")
 configure_file(${CMAKE_CURRENT_LIST_DIR}/vramscope.pc.in ${PROJECT_BINARY_DIR}/vramscope.pc @ONLY)
 configure_file(${CMAKE_CURRENT_LIST_DIR}/vramscope-c.pc.in ${PROJECT_BINARY_DIR}/vramscope-c.pc @ONLY)
 install(FILES ${PROJECT_BINARY_DIR}/vramscope.pc ${PROJECT_BINARY_DIR}/vramscope-c.pc

@@ -248,7 +248,12 @@ def run_one(opts, dtype_name, segments):
         row["max_allocated"] = max(row.get("max_allocated", 0), stats.max_memory_allocated())
         row["max_reserved"] = max(row.get("max_reserved", 0), stats.max_memory_reserved())
     except RuntimeError as e:  # e.g. a saved tensor modified in place: the step cannot run
-        row["error"] = str(e).split(". Hint")[0][:300]
+        if "CUDA out of memory" in str(e):  # vramscope's std::bad_alloc, as PyTorch re-raises it
+            row["oom"] = str(e).split("\n")[0][:200]
+            row["max_allocated"] = max(row.get("max_allocated", 0), stats.max_memory_allocated())
+            row["max_reserved"] = max(row.get("max_reserved", 0), stats.max_memory_reserved())
+        else:
+            row["error"] = str(e).split(". Hint")[0][:300]
     if opts.snapshot_dir:
         os.makedirs(opts.snapshot_dir, exist_ok=True)
         path = os.path.join(opts.snapshot_dir, f"{opts.model}-{dtype_name}-seg{segments}.pickle")

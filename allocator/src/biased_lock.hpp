@@ -70,7 +70,8 @@ class BiasedLock {
   // Unique among live threads. The thread pointer is one register read; a thread_local's
   // address costs a __tls_get_addr call in a shared library (libvramscope.so).
   static std::uintptr_t this_thread_tag() noexcept {
-#if defined(__x86_64__) && (defined(__clang__) || __GNUC__ >= 11)
+// (Clang before 14 crashes on it for x86-64: llvm/llvm-project#62986.)
+#if defined(__x86_64__) && (defined(__clang__) ? __clang_major__ >= 14 : __GNUC__ >= 11)
     return reinterpret_cast<std::uintptr_t>(__builtin_thread_pointer());
 #else
     static thread_local char tag;

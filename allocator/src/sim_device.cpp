@@ -376,6 +376,11 @@ SimDeviceConfig parse_sim_spec(const std::string& spec) {
     }
     c.description = "custom simulated GPU from \"" + canonical + "\"";
     if (!seen.contains("context")) {
+      if (c.capacity <= kDefaultContext) {
+        throw Error("sim spec \"" + std::string(whole) + "\": capacity " + format_bytes(c.capacity) +
+                    " is not above the 400 MiB CUDA context a custom GPU assumes; give "
+                    "context= (context=0 for none) or a larger capacity");
+      }
       c.context_bytes = kDefaultContext;
       c.description += "; context 400 MiB assumed (CUDA >= 11.7 with lazy loading; set context=)";
     }

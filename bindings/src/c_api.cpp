@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -28,29 +29,33 @@
 
 namespace {
 
+// sizeof(vramscope_stats) in version 1 of the API: every caller passes at least this.
+constexpr std::size_t kStatsV1Size = 1032;
+static_assert(sizeof(vramscope_stats) == kStatsV1Size, "version 1: later versions only append");
+
 // PyTorch's own ceiling on device indices (c10::Device holds an int8_t index).
 constexpr int kMaxDevices = 128;
 
+// The calling thread's last failure. A fixed buffer: recording an error never allocates
+// (it may be reporting that memory ran out), and it has no destructor that could run
+// before another thread-local's.
 struct LastError {
-  std::string message;
+  char message[1024] = "";
   vramscope_status code = VRAMSCOPE_OK;
 };
 thread_local LastError last_error;
+
+vramscope_status fail(vramscope_status code, const char* function, const char* what) noexcept {
+  std::snprintf(last_error.message, sizeof last_error.message, "%s%s%s", function,
+                *function != '\0' ? ": " : "", what);
+  last_error.code = code;
+  return code;
+}
 
 // A file could not be written (reported as VRAMSCOPE_ERROR_IO, not as misuse).
 struct IoError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
-
-vramscope_status fail(vramscope_status code, std::string message) noexcept {
-  try {
-    last_error.message = std::move(message);
-  } catch (...) {
-    last_error.message.clear();  // no memory even for the message: the code still tells
-  }
-  last_error.code = code;
-  return code;
-}
 
 // The exception being handled, as a status and this thread's message. Out of line, so
 // the functions below keep only a zero-cost try block on their fast paths.
@@ -58,17 +63,17 @@ vramscope_status fail(vramscope_status code, std::string message) noexcept {
   try {
     throw;
   } catch (const mem::OutOfMemoryError& e) {
-    return fail(VRAMSCOPE_ERROR_OUT_OF_MEMORY, e.what());
+    return fail(VRAMSCOPE_ERROR_OUT_OF_MEMORY, "", e.what());  // the message says it all
   } catch (const IoError& e) {
-    return fail(VRAMSCOPE_ERROR_IO, std::string(function) + ": " + e.what());
+    return fail(VRAMSCOPE_ERROR_IO, function, e.what());
   } catch (const mem::Error& e) {
-    return fail(VRAMSCOPE_ERROR_INVALID, std::string(function) + ": " + e.what());
+    return fail(VRAMSCOPE_ERROR_INVALID, function, e.what());
   } catch (const std::bad_alloc&) {
-    return fail(VRAMSCOPE_ERROR_INTERNAL, std::string(function) + ": host memory exhausted");
+    return fail(VRAMSCOPE_ERROR_INTERNAL, function, "host memory exhausted");
   } catch (const std::exception& e) {
-    return fail(VRAMSCOPE_ERROR_INTERNAL, std::string(function) + ": " + e.what());
+    return fail(VRAMSCOPE_ERROR_INTERNAL, function, e.what());
   } catch (...) {
-    return fail(VRAMSCOPE_ERROR_INTERNAL, std::string(function) + ": unknown exception");
+    return fail(VRAMSCOPE_ERROR_INTERNAL, function, "unknown exception");
   }
 }
 
@@ -89,14 +94,15 @@ vramscope_status guarded(const char* function, Body&& body) noexcept {
 // blocks held by static objects may be freed after main() returns.
 struct DeviceSlot {
   std::unique_ptr<mem::CachingAllocator> allocator;
-  std::mutex mutex;  // guards history and native_streams
+  std::mutex mutex;  // guards history (snapshots hold it while they are taken)
   std::unique_ptr<mem::History> history;
+  std::mutex streams_mutex;  // guards native_streams: allocations never wait for a snapshot
   std::unordered_map<std::uintptr_t, mem::StreamId> native_streams;
 
   mem::StreamId adopt(void* handle) {
     const auto key = reinterpret_cast<std::uintptr_t>(handle);
     if (key == 0) return 0;
-    std::lock_guard lock(mutex);
+    std::lock_guard lock(streams_mutex);
     auto [it, inserted] = native_streams.try_emplace(key, 0);
     if (inserted) {
       try {
@@ -140,9 +146,17 @@ Registry& registry() {
   return *instance;
 }
 
+// The spec with "auto" resolved, so "auto" and "cuda" compare equal on a GPU machine.
+std::string resolved_spec(const std::string& spec);
+
 bool is_cuda_spec(const std::string& spec) {
   return spec == "cuda" || spec.starts_with("cuda:") ||
          (spec == "auto" && mem::cuda_device_count() > 0);
+}
+
+std::string resolved_spec(const std::string& spec) {
+  if (spec == "auto") return mem::cuda_device_count() > 0 ? "cuda" : "sim";
+  return spec;
 }
 
 // The device behind index `device` under `spec`: GPU cuda:N for a CUDA spec, an
@@ -177,8 +191,14 @@ void check_index(int device) {
       make_indexed_device(r.device_spec, device), mem::AllocatorConfig::parse(r.alloc_conf));
   mem::attach(*slot->allocator);  // blocks carry the scope of vramscope_scope_push
   DeviceSlot* published = slot.release();
-  slots[device].store(published, std::memory_order_release);
-  sole_slot.store(++r.slot_count == 1 ? published : nullptr, std::memory_order_release);
+  // The sole-slot shortcut ends before a second allocator can hand out a pointer: a thread
+  // that sees the new slot must not free through the old shortcut.
+  if (++r.slot_count == 1) {
+    sole_slot.store(published, std::memory_order_release);
+  } else {
+    sole_slot.store(nullptr, std::memory_order_seq_cst);
+  }
+  slots[device].store(published, std::memory_order_seq_cst);
   return *published;
 }
 
@@ -289,12 +309,13 @@ vramscope_status vramscope_init(const char* device_spec, const char* alloc_conf)
     // first allocation.
     const mem::AllocatorConfig parsed = mem::AllocatorConfig::parse(conf);
     if (!is_cuda_spec(spec)) (void)mem::make_device(spec);
-    if (r.slot_count > 0 && (spec != r.device_spec || conf != r.alloc_conf)) {
+    if (r.slot_count > 0 && (resolved_spec(spec) != resolved_spec(r.device_spec) ||
+                             mem::AllocatorConfig::parse(r.alloc_conf) != parsed)) {
       throw mem::Error("allocators already exist with device \"" + r.device_spec +
                        "\" and settings \"" + r.alloc_conf +
                        "\"; call vramscope_init before the first allocation");
     }
-    (void)parsed;
+    if (r.slot_count > 0) return;  // the same settings in other words: keep the first
     r.device_spec = spec;
     r.alloc_conf = conf;
   });
@@ -357,15 +378,16 @@ vramscope_status vramscope_set_memory_fraction(int device, double fraction) {
 vramscope_status vramscope_get_stats(int device, vramscope_stats* out, size_t out_size) {
   return guarded("vramscope_get_stats", [&] {
     if (out == nullptr) throw mem::Error("the output pointer is NULL");
-    if (out_size < sizeof(vramscope_stats)) {
-      throw mem::Error("out_size " + std::to_string(out_size) + " is smaller than version " +
-                       std::to_string(VRAMSCOPE_C_API_VERSION) + "'s vramscope_stats (" +
-                       std::to_string(sizeof(vramscope_stats)) + " bytes)");
+    if (out_size < kStatsV1Size) {
+      throw mem::Error("out_size " + std::to_string(out_size) +
+                       " is smaller than version 1's vramscope_stats (" +
+                       std::to_string(kStatsV1Size) + " bytes)");
     }
     vramscope_stats stats{};
     copy_stats(slot_for(device).allocator->stats(), stats);
-    std::memset(out, 0, out_size);  // fields of a newer caller's struct that we lack: 0
-    std::memcpy(out, &stats, sizeof stats);
+    // An older caller's struct is a prefix of ours; a newer caller's fields that we lack are 0.
+    std::memset(out, 0, out_size);
+    std::memcpy(out, &stats, std::min(out_size, sizeof stats));
   });
 }
 
@@ -383,8 +405,14 @@ vramscope_status vramscope_record_history(int device, size_t max_entries) {
   return guarded("vramscope_record_history", [&] {
     DeviceSlot& slot = slot_for(device);
     std::lock_guard lock(slot.mutex);
+    // The new ring is made (it may fail) before the old one goes: a failure changes nothing.
+    std::unique_ptr<mem::History> next;
+    if (max_entries > 0) next = std::make_unique<mem::History>(max_entries);
     slot.history.reset();  // detaches
-    if (max_entries > 0) slot.history = std::make_unique<mem::History>(*slot.allocator, max_entries);
+    if (next) {
+      next->attach_to(*slot.allocator);
+      slot.history = std::move(next);
+    }
   });
 }
 
@@ -449,7 +477,7 @@ vramscope_status vramscope_scope_pop(void) {
 
 size_t vramscope_scope_depth(void) { return scope_stack.scopes.size(); }
 
-const char* vramscope_last_error(void) { return last_error.message.c_str(); }
+const char* vramscope_last_error(void) { return last_error.message; }
 
 vramscope_status vramscope_last_error_code(void) { return last_error.code; }
 
@@ -460,6 +488,18 @@ void* vramscope_torch_malloc(ptrdiff_t size, int device, void* stream) {
   // Exceptions go on into PyTorch (as RMM's plugin does): it reports our message, and
   // mem::OutOfMemoryError is a std::bad_alloc.
   return slot.allocator->allocate(static_cast<size_t>(size), slot.adopt(stream));
+}
+
+void vramscope_torch_record_stream(void* ptr, void* stream) {
+  if (ptr == nullptr) return;
+  guarded("vramscope_torch_record_stream", [&] {
+    DeviceSlot* slot = owner_of(ptr);
+    if (slot == nullptr) {
+      throw mem::Error("pointer " + std::to_string(reinterpret_cast<std::uintptr_t>(ptr)) +
+                       " is not an allocated block of vramscope; nothing changed");
+    }
+    slot->allocator->record_stream(ptr, slot->adopt(stream));
+  });
 }
 
 void vramscope_torch_free(void* ptr, ptrdiff_t /*size*/, int device, void* /*stream*/) {

@@ -1,7 +1,9 @@
 // file_output.cpp — writing exports to disk.
 #include "file_output.hpp"
 
+#include <atomic>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -22,12 +24,15 @@ void write_file(const std::filesystem::path& path, std::string_view content, std
   }
   // Written beside the target and renamed over it: a failed write leaves no truncated file,
   // and readers never see a half-written one.
+  // The name is unique to this write (process id and a counter), so threads writing the
+  // same path never share a temporary file; the last rename wins, whole.
+  static std::atomic<std::uint64_t> writes{0};
   std::filesystem::path temp = path;
-  temp += ".vramscope-" + std::to_string(::getpid()) + ".tmp";
+  temp += ".vramscope-" + std::to_string(::getpid()) + "-" + std::to_string(++writes) + ".tmp";
   std::ofstream out(temp, std::ios::binary | std::ios::trunc);
   if (!out) {
-    throw Error(std::string(what) + ": cannot open '" + path.string() +
-                "' for writing: " + std::strerror(errno));
+    throw Error(std::string(what) + ": cannot write '" + path.string() + "' (its temporary file '" +
+                temp.string() + "' did not open: " + std::strerror(errno) + ")");
   }
   out.write(content.data(), static_cast<std::streamsize>(content.size()));
   out.close();

@@ -101,3 +101,53 @@ print(json.dumps(owners()))
     assert ("block", "forward") in phases
     assert ("block", "recompute") in phases
     assert ("block", "backward") in phases
+
+
+def test_a_forward_that_raises_leaves_nothing_behind(run_fresh):
+    out = run_fresh(MODEL + """
+class Flaky(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fail = True
+    def forward(self, x):
+        if self.fail:
+            self.fail = False
+            raise MemoryError("out of memory, try a smaller batch")
+        return x
+model = nn.Sequential(Layer(2 * MiB), nn.Sequential(Flaky()), Layer(3 * MiB))
+tracker = vramscope.track_modules(model)
+from vramscope._native import library
+try:
+    model(torch.ones(4, requires_grad=True)).sum().backward()
+except MemoryError:
+    pass
+depths, owned = [], []
+for step in range(3):
+    model(torch.ones(4, requires_grad=True)).sum().backward()
+    depths.append(library().vramscope_scope_depth())
+    owned.append(len(tracker._state.owner))
+print(depths, owned)
+""")
+    assert out.strip() == "[0, 0, 0] [0, 0, 0]"
+
+
+def test_ops_between_children_are_the_parents(run_fresh):
+    out = run_fresh(MODEL + """
+class Parent(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = Layer(2 * MiB)
+        self.b = Layer(3 * MiB)
+    def forward(self, x):
+        x = self.a(x)
+        x = Allocating.apply(x, 7 * MiB) + 1  # the parent's own op, between its children
+        return self.b(x)
+model = Parent()
+tracker = vramscope.track_modules(model)
+model(torch.ones(4, requires_grad=True)).sum().backward()
+print(json.dumps(owners()))
+""")
+    owners = {(m, p, size) for m, p, size in json.loads(out)}
+    assert ("Parent", "forward", 7) in owners
+    assert ("Parent", "backward", 8) in owners, owners
+    assert ("a", "backward", 3) in owners and ("b", "backward", 4) in owners, owners

@@ -54,12 +54,27 @@ def _candidates() -> list[Path]:
         return [Path(env)]  # explicit: no fallback that could load another copy
     here = Path(__file__).resolve().parent
     paths += sorted(here.glob("libvramscope.so*"))
-    found = ctypes.util.find_library("vramscope")
-    if found:
-        paths.append(Path(found))
     for prefix in (Path(sys.prefix), Path("/usr/local")):
         paths += [prefix / "lib" / "libvramscope.so", prefix / "lib64" / "libvramscope.so"]
+    found = ctypes.util.find_library("vramscope")  # a soname: the loader resolves it
+    if found:
+        paths.append(Path(found))
     return paths
+
+
+def _loaded_path(name: str) -> Path:
+    """The file the loader mapped for `name` (a soname has no directory of its own)."""
+    if os.sep in name:
+        return Path(name).absolute()
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                fields = line.split()
+                if len(fields) >= 6 and Path(fields[-1]).name.startswith("libvramscope.so"):
+                    return Path(fields[-1])
+    except OSError:
+        pass
+    return Path(name)
 
 
 def _declare(lib: ctypes.CDLL) -> None:
@@ -106,7 +121,7 @@ def library() -> ctypes.CDLL:
         return _lib
     tried = []
     for path in _candidates():
-        if not path.exists():
+        if os.sep in str(path) and not path.exists():
             tried.append(f"{path} (missing)")
             continue
         try:
@@ -119,7 +134,7 @@ def library() -> ctypes.CDLL:
         if version < API_VERSION:
             raise VramscopeError(f"{path} has C API version {version}; this package needs "
                                  f"{API_VERSION} or newer: rebuild and reinstall vramscope")
-        _lib, _path = lib, path.absolute()  # as loaded: PyTorch must dlopen this same name
+        _lib, _path = lib, _loaded_path(str(path))  # PyTorch must dlopen this same file
         return lib
     raise VramscopeError("libvramscope.so not found; tried: " + "; ".join(tried) +
                          ". Build vramscope and set VRAMSCOPE_LIBRARY to the library's path "

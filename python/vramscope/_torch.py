@@ -44,8 +44,12 @@ def enable(device: Optional[str] = None, alloc_conf: Optional[str] = None) -> No
 
 class _ThreadState(threading.local):
     def __init__(self) -> None:
-        # (module name, phase) of the scopes this tracker opened on this thread, innermost last
+        # (module name, phase, graph task) of the scopes this tracker opened on this thread,
+        # innermost last; the graph task tells a backward scope from an earlier pass's
         self.stack: List[tuple] = []
+        self.forward_depth = 0     # module forwards running on this thread
+        self.owner: dict = {}      # id(node) -> (node, module name), during one forward pass
+        self.boundary: dict = {}   # module name -> {id(node): node} of its inputs, while it runs
 
 
 class ModuleTracker:
@@ -61,37 +65,56 @@ class ModuleTracker:
       created the op, in-place modules (ReLU(inplace=True)) included, with no full
       backward hooks (which PyTorch refuses around in-place ops).
 
-    Remove the hooks with remove(), or use the tracker as a context manager.
+    A forward or backward that raises (an out-of-memory caught and retried) leaves no scope
+    behind: the next outermost forward, or the next backward node on that thread, closes
+    what it left. Remove the hooks with remove(), or use the tracker as a context manager.
     """
 
     def __init__(self, model: Any, prefix: str = "") -> None:
         self._lib = library()
         self._state = _ThreadState()
         self._handles: list = []
-        self._owner: dict = {}     # id(node) -> (node, module name), during one forward pass
-        self._boundary: dict = {}  # module name -> ids of its inputs' nodes, while it runs
+        self._root = prefix or type(model).__name__
         for name, module in model.named_modules():
             full = ".".join(p for p in (prefix, name) if p) or type(model).__name__
-            self._handles.append(module.register_forward_pre_hook(self._forward_pre(full)))
-            self._handles.append(module.register_forward_hook(self._forward_post(full)))
+            self._handles.append(_register_pre(module, self._forward_pre(full)))
+            self._handles.append(_register_post(module, self._forward_post(full)))
 
     def _forward_pre(self, name: str) -> Callable:
-        def hook(module: Any, args: Any) -> None:
-            phase = "recompute" if self._in_backward() else "forward"
-            self._push(name, phase)
-            self._boundary[name] = {id(t.grad_fn) for t in _tensors(args) if t.grad_fn is not None}
+        def hook(module: Any, args: Any, kwargs: Any = None) -> None:
+            state = self._state
+            in_backward = self._in_backward()
+            if (name == self._root or state.forward_depth == 0) and not in_backward:
+                # A new outermost forward: whatever an earlier one left (it raised, and torch
+                # < 2.1 runs no forward hook then) goes.
+                while state.stack and state.stack[-1][1] in ("forward", "recompute"):
+                    self._pop_top()
+                state.forward_depth = 0
+                state.owner.clear()
+                state.boundary.clear()
+            state.forward_depth += 1
+            self._push(name, "recompute" if in_backward else "forward")
+            # The input nodes themselves are kept: only a live wrapper keeps its id.
+            state.boundary[name] = {id(t.grad_fn): t.grad_fn
+                                    for t in _tensors((args, kwargs)) if t.grad_fn is not None}
         return hook
 
     def _forward_post(self, name: str) -> Callable:
-        def hook(module: Any, args: Any, output: Any) -> None:
-            self._claim_nodes(name, output)
+        def hook(module: Any, args: Any, *rest: Any) -> None:
+            output = rest[-1]  # (output,) or (kwargs, output)
+            state = self._state
+            state.forward_depth = max(0, state.forward_depth - 1)
+            if not isinstance(output, BaseException):
+                self._claim_nodes(name, output)
+            state.boundary.pop(name, None)
             self._pop(name)
-            if not any(phase in ("forward", "recompute") for _, phase in self._state.stack):
-                self._owner.clear()  # the outermost forward ended: hold no graph nodes
+            if state.forward_depth == 0:
+                state.owner.clear()  # the outermost forward ended: hold no graph nodes
         return hook
 
     def _claim_nodes(self, name: str, output: Any) -> None:
-        boundary = self._boundary.pop(name, set())
+        state = self._state
+        boundary = state.boundary.get(name, {})
         todo = [t.grad_fn for t in _tensors(output) if t.grad_fn is not None]
         visited = set()
         while todo:
@@ -99,36 +122,40 @@ class ModuleTracker:
             if node is None or id(node) in visited or id(node) in boundary:
                 continue
             visited.add(id(node))
-            if id(node) not in self._owner:  # else a child's (it returned first)
-                self._owner[id(node)] = (node, name)
+            if id(node) not in state.owner:  # else a child's (it returned first)
+                state.owner[id(node)] = (node, name)
                 node.register_prehook(self._backward_enter(name))
                 node.register_hook(self._backward_exit(name))
             todo.extend(next_node for next_node, _ in node.next_functions)
 
     def _backward_enter(self, name: str) -> Callable:
         def hook(grad_outputs: Any) -> None:
-            self._push(name, "backward")
+            task = _graph_task()
+            stack = self._state.stack
+            # Scopes of an earlier backward pass that raised on this (worker) thread.
+            while (task is not None and stack and stack[-1][1] == "backward"
+                   and stack[-1][2] != task):
+                self._pop_top()
+            self._push(name, "backward", task)
         return hook
 
     def _backward_exit(self, name: str) -> Callable:
         def hook(grad_inputs: Any, grad_outputs: Any) -> None:
             stack = self._state.stack
-            if stack and stack[-1] == (name, "backward"):
+            if stack and stack[-1][:2] == (name, "backward"):
                 self._pop_top()
         return hook
 
     def _in_backward(self) -> bool:
-        import torch  # noqa: PLC0415
-
-        task = getattr(torch._C, "_current_graph_task_id", None)
+        task = _graph_task()
         if task is not None:
-            return task() != -1
-        return any(phase == "backward" for _, phase in self._state.stack)
+            return task != -1
+        return any(phase == "backward" for _, phase, _ in self._state.stack)
 
     # --- the scope stack ----------------------------------------------------------------
-    def _push(self, name: str, phase: str) -> None:
+    def _push(self, name: str, phase: str, task: Optional[int] = None) -> None:
         check(self._lib.vramscope_scope_push(name.encode(), phase.encode()))
-        self._state.stack.append((name, phase))
+        self._state.stack.append((name, phase, task))
 
     def _pop_top(self) -> None:
         self._state.stack.pop()
@@ -149,7 +176,8 @@ class ModuleTracker:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
-        self._owner.clear()
+        self._state.owner.clear()
+        self._state.boundary.clear()
         while self._state.stack:
             self._pop_top()
 
@@ -158,6 +186,28 @@ class ModuleTracker:
 
     def __exit__(self, *exc: Any) -> None:
         self.remove()
+
+
+def _graph_task() -> Optional[int]:
+    """The running backward pass's id (-1 outside one), or None where torch cannot say (< 2.0)."""
+    import torch  # noqa: PLC0415
+
+    task = getattr(torch._C, "_current_graph_task_id", None)
+    return task() if task is not None else None
+
+
+def _register_pre(module: Any, hook: Callable) -> Any:
+    try:  # keyword arguments too (transformers passes hidden states by keyword)
+        return module.register_forward_pre_hook(hook, with_kwargs=True)
+    except TypeError:  # torch < 2.0
+        return module.register_forward_pre_hook(hook)
+
+
+def _register_post(module: Any, hook: Callable) -> Any:
+    try:  # also when forward raises (torch >= 2.1): the scope closes at once
+        return module.register_forward_hook(hook, always_call=True)
+    except TypeError:
+        return module.register_forward_hook(hook)
 
 
 def track_modules(model: Any, prefix: str = "") -> ModuleTracker:

@@ -253,6 +253,8 @@ TEST(SimSpec, ExplicitKeysWithGenericDefaults) {
   // No context= on a custom GPU: PyTorch's "around 400MB" (pytorch/pytorch#109888), said so.
   EXPECT_EQ(d.context_bytes, 400 * MiB);
   EXPECT_NE(d.description.find("context 400 MiB assumed"), std::string::npos) << d.description;
+  const std::string small = error_of([] { parse_sim_spec("capacity=256MiB"); });
+  EXPECT_NE(small.find("400 MiB CUDA context a custom GPU assumes"), std::string::npos) << small;
   EXPECT_EQ(d.granularity, 64 * KiB);
   EXPECT_EQ(d.backing, SimBacking::Host);
   EXPECT_DOUBLE_EQ(d.malloc_latency_us, 10);

@@ -13,6 +13,9 @@
 #include <new>
 #include <sstream>
 #include <string>
+#include <thread>
+#include <vector>
+#include <atomic>
 
 #include <nlohmann/json.hpp>
 
@@ -150,6 +153,58 @@ TEST(CApi, SettingsCannotChangeOnceAllocatorsExist) {
   EXPECT_EQ(vramscope_init("sim:a100-80g", ""), VRAMSCOPE_ERROR_INVALID);
   EXPECT_NE(std::string(vramscope_last_error()).find("before the first allocation"), std::string::npos);
   vramscope_free(p);
+}
+
+TEST(CApi, AutoAndItsResolutionAreTheSameSetting) {
+  ::unsetenv("VRAMSCOPE_DEVICE");
+  ::unsetenv("VRAMSCOPE_ALLOC_CONF");
+  void* p = vramscope_malloc(MiB, 0, 0);  // created with the default, "auto"
+  ASSERT_NE(p, nullptr) << vramscope_last_error();
+  // Without a GPU "auto" is the simulated default: asking for it again is not a change.
+  EXPECT_EQ(vramscope_init("sim", ""), VRAMSCOPE_OK) << vramscope_last_error();
+  EXPECT_EQ(vramscope_init("auto", nullptr), VRAMSCOPE_OK) << vramscope_last_error();
+  EXPECT_EQ(vramscope_init("sim:t4", ""), VRAMSCOPE_ERROR_INVALID);
+  vramscope_free(p);
+}
+
+TEST(CApi, StatsStructsOfOtherVersionsAreServed) {
+  ASSERT_EQ(vramscope_init("sim", ""), VRAMSCOPE_OK);
+  void* p = vramscope_malloc(5 * MiB, 0, 0);
+  // A newer caller's larger struct: ours first, the fields we lack zeroed.
+  struct Newer {
+    vramscope_stats v1;
+    int64_t later_field;
+  } newer;
+  std::memset(&newer, 0xff, sizeof newer);
+  ASSERT_EQ(vramscope_get_stats(0, &newer.v1, sizeof newer), VRAMSCOPE_OK);
+  EXPECT_EQ(newer.v1.allocated_bytes[0].current, static_cast<std::int64_t>(5 * MiB));
+  EXPECT_EQ(newer.later_field, 0);
+  vramscope_free(p);
+}
+
+TEST(CApi, ThreadsWritingOneSnapshotPathEachWriteItWhole) {
+  ASSERT_EQ(vramscope_init("sim", ""), VRAMSCOPE_OK);
+  void* p = vramscope_malloc(5 * MiB, 0, 0);
+  const auto dir = temp_dir();
+  const std::string path = (dir / "same.json").string();
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < 25; ++i) {
+        if (vramscope_snapshot_json(0, path.c_str()) != VRAMSCOPE_OK) ++failures;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  // Whole, not interleaved: it parses.
+  EXPECT_TRUE(nlohmann::json::accept(read_file(path)));
+  std::size_t files = 0;
+  for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator(dir)) ++files;
+  EXPECT_EQ(files, 1u);  // no temporary file left behind
+  vramscope_free(p);
+  std::filesystem::remove_all(dir);
 }
 
 TEST(CApi, OutOfMemorySaysWhatWasAskedAndKeepsTheAllocatorUsable) {
@@ -328,6 +383,21 @@ TEST(TorchPlugin, OutOfMemoryThrowsABadAllocIntoPyTorch) {
   } catch (const std::bad_alloc& e) {
     EXPECT_NE(std::string(e.what()).find("2.00 GiB"), std::string::npos) << e.what();
   }
+}
+
+TEST(TorchPlugin, RecordStreamDefersReuseOnTheNativeStream) {
+  ASSERT_EQ(vramscope_init("sim", ""), VRAMSCOPE_OK);
+  void* side = reinterpret_cast<void*>(0x3000);
+  void* p = vramscope_torch_malloc(5 * MiB, 0, nullptr);
+  vramscope_torch_record_stream(p, side);
+  EXPECT_EQ(vramscope_last_error_code(), VRAMSCOPE_OK) << vramscope_last_error();
+  vramscope_torch_free(p, 5 * MiB, 0, nullptr);
+  // The block's reuse waits for the side stream's event (a simulated one completes at once
+  // when queried), so the allocator still counts it active until then.
+  EXPECT_GE(stats_of(0).active_bytes[0].peak, static_cast<std::int64_t>(5 * MiB));
+  int local = 0;
+  vramscope_torch_record_stream(&local, side);  // must not throw: recorded instead
+  EXPECT_EQ(vramscope_last_error_code(), VRAMSCOPE_ERROR_INVALID);
 }
 
 TEST(TorchPlugin, AForeignPointerInFreeIsRecordedNotThrown) {

@@ -2,12 +2,14 @@
 # "In your training binary" snippets, extracted verbatim, built as an outside project
 # with find_package(vramscope CONFIG) and again with pkg-config, and run: their output
 # must equal the output pasted in the README.
-#   cmake -DSOURCE_DIR=... -DBUILD_DIR=... -DWORK_DIR=... -DPYTHON=... -DCXX=... -DCC=...
-#         -P install_test.cmake
+#   cmake -DSOURCE_DIR=... -DBUILD_DIR=... -DWORK_DIR=... -DLIBDIR=lib -DPYTHON=... -DCXX=...
+#         -DCC=... -P install_test.cmake
 cmake_minimum_required(VERSION 3.25)
 
 function(run)
-  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  # In the scratch folder: the README's programs write files where they run.
+  execute_process(COMMAND ${ARGN} WORKING_DIRECTORY ${WORK_DIR}
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
   if(NOT rc EQUAL 0)
     string(JOIN " " cmd ${ARGN})
     message(FATAL_ERROR "failed (${rc}): ${cmd}\n${out}\n${err}")
@@ -21,9 +23,13 @@ file(REMOVE_RECURSE ${WORK_DIR})
 file(MAKE_DIRECTORY ${WORK_DIR})
 
 run(${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${prefix})
+if(NOT LIBDIR)
+  set(LIBDIR lib)
+endif()
 foreach(installed include/vramscope/c_api.h include/vramscope/allocator/caching_allocator.hpp
-                  lib/cmake/vramscope/vramscopeConfig.cmake lib/pkgconfig/vramscope.pc bin/vramscope)
-  if(NOT EXISTS ${prefix}/${installed} AND NOT EXISTS ${prefix}/lib64/${installed})
+                  ${LIBDIR}/cmake/vramscope/vramscopeConfig.cmake ${LIBDIR}/pkgconfig/vramscope.pc
+                  bin/vramscope)
+  if(NOT EXISTS ${prefix}/${installed})
     message(FATAL_ERROR "not installed: ${installed}")
   endif()
 endforeach()
@@ -48,12 +54,12 @@ endforeach()
 # 2. pkg-config: the same sources with the .pc files' flags.
 find_program(PKG_CONFIG pkg-config)
 if(PKG_CONFIG)
-  set(ENV{PKG_CONFIG_PATH} "${prefix}/lib/pkgconfig")
+  set(ENV{PKG_CONFIG_PATH} "${prefix}/${LIBDIR}/pkgconfig")
   run(${PKG_CONFIG} --cflags --libs --static vramscope)
   string(STRIP "${run_output}" cxx_flags)
   separate_arguments(cxx_flags UNIX_COMMAND "${cxx_flags}")
   run(${CXX} ${project}/main.cpp -o ${WORK_DIR}/my_trainer_pc ${cxx_flags}
-      -Wl,-rpath,${prefix}/lib)  # for a BUILD_SHARED_LIBS tree
+      -Wl,-rpath,${prefix}/${LIBDIR})  # for a BUILD_SHARED_LIBS tree
   run(${WORK_DIR}/my_trainer_pc)
   file(READ ${WORK_DIR}/expected/my_trainer.txt expected)
   if(NOT run_output STREQUAL expected)
@@ -63,7 +69,7 @@ if(PKG_CONFIG)
   string(STRIP "${run_output}" c_flags)
   separate_arguments(c_flags UNIX_COMMAND "${c_flags}")
   run(${CC} -std=c99 ${project}/main.c -o ${WORK_DIR}/my_c_tool_pc ${c_flags}
-      -Wl,-rpath,${prefix}/lib)
+      -Wl,-rpath,${prefix}/${LIBDIR})
   run(${WORK_DIR}/my_c_tool_pc)
   file(READ ${WORK_DIR}/expected/my_c_tool.txt expected)
   if(NOT run_output STREQUAL expected)

@@ -117,7 +117,7 @@ VRAMSCOPE_C_EXPORT vramscope_status vramscope_empty_cache(int device);
 VRAMSCOPE_C_EXPORT vramscope_status vramscope_set_memory_fraction(int device, double fraction);
 
 /** Copies the statistics into *out; `out_size` is sizeof(vramscope_stats) as the caller
- *  knows it (at least the size of version 1's struct). */
+ *  was compiled with (at least version 1's size). Fields the library lacks are set to 0. */
 VRAMSCOPE_C_EXPORT vramscope_status vramscope_get_stats(int device, vramscope_stats* out, size_t out_size);
 VRAMSCOPE_C_EXPORT vramscope_status vramscope_reset_peak_stats(int device);
 VRAMSCOPE_C_EXPORT vramscope_status vramscope_reset_accumulated_stats(int device);
@@ -156,6 +156,12 @@ VRAMSCOPE_C_EXPORT vramscope_status vramscope_last_error_code(void);
  * allocator does. */
 VRAMSCOPE_C_EXPORT void* vramscope_torch_malloc(ptrdiff_t size, int device, void* stream);
 VRAMSCOPE_C_EXPORT void vramscope_torch_free(void* ptr, ptrdiff_t size, int device, void* stream);
+/** For C++ code that builds the allocator with torch's createCustomAllocator: pass it to
+ *  set_record_stream_fn, so tensor.record_stream() (NCCL, DDP, FSDP side streams) defers
+ *  reuse. Python's CUDAPluggableAllocator cannot set it: there, record_stream, empty_cache
+ *  and set_per_process_memory_fraction do nothing in PyTorch (use the vramscope package's
+ *  empty_cache and set_per_process_memory_fraction). */
+VRAMSCOPE_C_EXPORT void vramscope_torch_record_stream(void* ptr, void* stream);
 
 #ifdef __cplusplus
 }  /* extern "C" */
