@@ -14,6 +14,7 @@
 #include "sweep_export.hpp"
 #include "sweep_plot.hpp"
 #include "sweep_report.hpp"
+#include "output_paths.hpp"
 #include "usage_error.hpp"
 
 namespace mem::tools {
@@ -94,6 +95,7 @@ SweepSpec make_spec(const SweepArgs& args) {
 
 void run(const SweepArgs& args) {
   const SweepSpec spec = make_spec(args);
+  check_output_paths({{"--plot", args.plot}});
 
   std::unique_ptr<ProgressBar> bar;
   const SweepProgress progress = [&](std::size_t done, std::size_t total, const std::string& item) {

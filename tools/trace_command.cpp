@@ -13,6 +13,7 @@
 #include "model_args.hpp"
 #include "sweep_report.hpp"
 #include "table.hpp"
+#include "output_paths.hpp"
 #include "usage_error.hpp"
 #include "vramscope/allocator/caching_allocator.hpp"
 #include "vramscope/allocator/units.hpp"
@@ -126,6 +127,7 @@ void write_file(const char* option, const std::string& path, F&& write) {
 }
 
 void run(const TraceArgs& args) {
+  check_output_paths({{"--snapshot", args.snapshot}, {"--timeline", args.timeline}, {"--plot", args.plot}});
   const nn::TrainConfig cfg = make_config(args);
   const nn::ModelInfo info = nn::describe_model(cfg.model, cfg.model_options);
   const auto device = make_device(nn::device_spec_for(cfg));

@@ -188,6 +188,12 @@ BAD = [
     (["trace", "--model", "mlp", "--depth", "2", "--segments", "5"], ["4"]),
     (["trace", "--dtype", "f32,f16"], ["one"]),
     (["nosuchcommand"], []),
+    # Outputs are checked before any work (issue 22, item 13).
+    (["trace", "--model", "mlp", "--depth", "2", "--plot", "/nonexistent-dir/x.svg"],
+     ["--plot", "/nonexistent-dir", "does not exist"]),
+    (["trace", "--model", "mlp", "--depth", "2", "--snapshot", "same.out", "--timeline",
+      "./same.out"], ["--timeline", "also the file of --snapshot"]),
+    (["sweep", "--model", "mlp", "--depth", "2", "--plot", "/"], ["--plot", "is a directory"]),
 ]
 
 
