@@ -3,6 +3,9 @@
 
 #include <fmt/format.h>
 
+#include <charconv>
+#include <system_error>
+
 #include "usage_error.hpp"
 #include "vramscope/allocator/config.hpp"
 #include "vramscope/allocator/device.hpp"
@@ -10,16 +13,47 @@
 
 namespace mem::tools {
 
+CLI::Validator integer_in(std::int64_t min, std::int64_t max) {
+  return CLI::Validator(
+      [min, max](std::string& text) -> std::string {
+        std::int64_t value = 0;
+        const char* end = text.data() + text.size();
+        const auto [ptr, ec] = std::from_chars(text.data(), end, value);
+        if (ec == std::errc::result_out_of_range || (ec == std::errc{} && ptr == end &&
+                                                     (value < min || value > max))) {
+          return fmt::format("{} is out of range: give a whole number from {} to {}", text, min,
+                             max);
+        }
+        if (ec != std::errc{} || ptr != end) {
+          return fmt::format("\"{}\" is not a whole number (from {} to {})", text, min, max);
+        }
+        return {};
+      },
+      fmt::format("N in [{}, {}]", min, max));
+}
+
 void add_model_options(CLI::App& app, ModelArgs& args, const std::string& default_note) {
   const std::string names = fmt::format("{}", fmt::join(nn::model_names(), ", "));
   app.add_option("-m,--model", args.model, "built-in model: " + names + " (" + default_note + ")")
       ->type_name("NAME");
-  app.add_option("-b,--batch", args.batch, "batch size (default: the model's)")->type_name("N");
-  app.add_option("--depth", args.depth, "mlp: number of Linear+ReLU layers")->type_name("N");
-  app.add_option("--width", args.width, "mlp: features per layer")->type_name("N");
-  app.add_option("--seq", args.seq, "gpt2: sequence length (<= 1024)")->type_name("N");
-  app.add_option("--image", args.image, "resnet: input side in pixels")->type_name("N");
-  app.add_option("--classes", args.classes, "resnet: number of classes")->type_name("N");
+  app.add_option("-b,--batch", args.batch, "batch size (default: the model's)")
+      ->check(integer_in(1, nn::kMaxBatch))
+      ->type_name("N");
+  app.add_option("--depth", args.depth, "mlp: number of Linear+ReLU layers")
+      ->check(integer_in(1, nn::kMaxDepth))
+      ->type_name("N");
+  app.add_option("--width", args.width, "mlp: features per layer")
+      ->check(integer_in(1, nn::kMaxWidth))
+      ->type_name("N");
+  app.add_option("--seq", args.seq, "gpt2: sequence length (<= 1024)")
+      ->check(integer_in(1, nn::kMaxSeq))
+      ->type_name("N");
+  app.add_option("--image", args.image, "resnet: input side in pixels")
+      ->check(integer_in(1, nn::kMaxImage))
+      ->type_name("N");
+  app.add_option("--classes", args.classes, "resnet: number of classes")
+      ->check(integer_in(1, nn::kMaxClasses))
+      ->type_name("N");
   app.add_option("--model-options", args.extra,
                  "more model options as key=value,... (dropout=0,inplace=1; see `vramscope models`)")
       ->type_name("K=V,...");

@@ -26,6 +26,10 @@ struct ModelArgs {
   std::string extra;          ///< --model-options "dropout=0,inplace=1"
 };
 
+/// A CLI11 check for an integer option: a whole number in [min, max], written in full.
+/// Without it CLI11 clamps "99999999999999999999", and "-1" wraps in an unsigned option.
+CLI::Validator integer_in(std::int64_t min, std::int64_t max);
+
 /// Adds --model, --batch, --depth, --width, --seq, --image, --classes, --model-options.
 void add_model_options(CLI::App& app, ModelArgs& args, const std::string& default_note);
 

@@ -157,6 +157,7 @@ void add_sweep_command(CLI::App& app) {
       ->type_name("CONF");
   cmd->add_option("--steps", args->steps, "training steps per configuration (the optimizer state "
                                           "appears at step 1, so step 2 shows the steady peak)")
+      ->check(integer_in(1, 1000))
       ->capture_default_str()
       ->type_name("N");
   cmd->add_flag("--compute", args->compute,

@@ -252,12 +252,15 @@ void add_trace_command(CLI::App& app) {
   cmd->add_option("-a,--alloc-conf", args->alloc_conf,
                   "allocator setting in PYTORCH_CUDA_ALLOC_CONF syntax")
       ->type_name("CONF");
-  cmd->add_option("--steps", args->steps, "training steps to log")->capture_default_str();
+  cmd->add_option("--steps", args->steps, "training steps to log")
+      ->check(integer_in(1, 1000))
+      ->capture_default_str();
   cmd->add_flag("--compute", args->compute, "real arithmetic on the CPU instead of a dry run");
   cmd->add_option("--optimizer", args->optimizer, "adam, sgd or none")->capture_default_str();
   cmd->add_option("--checkpoint", args->checkpoint_mode, "non-reentrant or reentrant")
       ->capture_default_str();
   cmd->add_option("--max-depth", args->max_depth, "log modules up to this depth (0 = all)")
+      ->check(integer_in(0, 1000))
       ->type_name("N");
   cmd->add_flag("--no-pre", args->no_pre, "leave out the pre-forward / pre-backward lines");
   cmd->add_option("--snapshot", args->snapshot,

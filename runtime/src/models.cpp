@@ -226,12 +226,18 @@ const std::vector<Entry>& registry() {
 }
 
 Built build(std::string_view name, const ModelOptions& options) {
+  options.check();
   for (const Entry& e : registry()) {
     if (name == e.name) {
       Built b = e.build(options);
       b.info.name = e.name;
       b.body->set_path("");
       b.info.parameters = b.body->parameter_count();
+      // parameter_bytes() must not wrap either: f32 is the widest parameter dtype.
+      if (static_cast<std::uint64_t>(b.info.parameters) > UINT64_MAX / dtype_size(DType::F32)) {
+        throw Error(std::string(e.name) + ": " + std::to_string(b.info.parameters) +
+                    " parameters need more than 2^64 bytes; no device holds them (check the sizes given)");
+      }
       b.info.parameter_tensors = b.body->parameter_tensors();
       b.info.sequence_length = b.body->size();
       return b;
@@ -246,9 +252,17 @@ std::int64_t parse_int(std::string_view key, std::string_view value) {
   std::int64_t v = 0;
   const auto [ptr, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
   if (ec != std::errc{} || ptr != value.data() + value.size() || v <= 0) {
-    throw Error("model option " + std::string(key) + "='" + std::string(value) + "' is not a positive integer");
+    throw Error("model option " + std::string(key) + "='" + std::string(value) + "' is not a positive integer" +
+                (ec == std::errc::result_out_of_range ? " that fits in 64 bits" : ""));
   }
   return v;
+}
+
+void check_size(const char* key, std::int64_t value, std::int64_t max) {
+  if (value < 0 || value > max) {
+    throw Error("model option " + std::string(key) + "=" + std::to_string(value) +
+                " is out of range: give 1 to " + std::to_string(max));
+  }
 }
 
 }  // namespace
@@ -294,7 +308,17 @@ ModelOptions ModelOptions::parse(std::string_view text) {
                   "'; valid keys: batch, depth, width, seq, image, classes, dropout, inplace");
     }
   }
+  o.check();
   return o;
+}
+
+void ModelOptions::check() const {
+  check_size("batch", batch, kMaxBatch);
+  check_size("depth", depth, kMaxDepth);
+  check_size("width", width, kMaxWidth);
+  check_size("seq", seq, kMaxSeq);
+  check_size("image", image, kMaxImage);
+  check_size("classes", classes, kMaxClasses);
 }
 
 std::string ModelOptions::to_string() const {

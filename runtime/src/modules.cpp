@@ -55,10 +55,16 @@ std::vector<Tensor> Module::parameters() const {
 
 std::int64_t Module::parameter_count() const {
   std::int64_t n = 0;
+  const auto add = [&](std::int64_t more) {
+    if (__builtin_add_overflow(n, more, &n)) {
+      throw Error("module '" + path_ + "' has more than 2^63 parameters; no device holds them "
+                  "(check the sizes given)");
+    }
+  };
   for (const ParamSlot& slot : slots_) {
-    if (!slot.is_buffer) n += slot.shape.numel();
+    if (!slot.is_buffer) add(slot.shape.numel());
   }
-  for (const auto& [name, child] : children_) n += child->parameter_count();
+  for (const auto& [name, child] : children_) add(child->parameter_count());
   return n;
 }
 

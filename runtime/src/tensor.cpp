@@ -10,6 +10,22 @@ namespace mem::nn {
 Shape::Shape(std::initializer_list<std::int64_t> dims)
     : Shape(std::span<const std::int64_t>(dims.begin(), dims.size())) {}
 
+namespace {
+
+// A shape's element count must fit in int64 (numel() is then exact, never a wrap): checked
+// wherever a shape is built from numbers, as a model's sizes multiply into its shapes.
+void check_numel(const Shape& shape) {
+  std::int64_t n = 1;
+  for (const std::int64_t d : shape) {
+    if (d > 0 && __builtin_mul_overflow(n, d, &n)) {
+      throw Error("tensor of shape " + shape.str() +
+                  " has more than 2^63 elements; no device holds it (check the sizes given)");
+    }
+  }
+}
+
+}  // namespace
+
 Shape::Shape(std::span<const std::int64_t> dims) {
   if (dims.size() > kMaxDims) {
     throw Error("tensor with " + std::to_string(dims.size()) + " dimensions; at most " +
@@ -17,11 +33,18 @@ Shape::Shape(std::span<const std::int64_t> dims) {
   }
   for (std::size_t i = 0; i < dims.size(); ++i) d_[i] = dims[i];
   n_ = static_cast<std::uint8_t>(dims.size());
+  check_numel(*this);
 }
 
 void Shape::push_back(std::int64_t v) {
   if (n_ == kMaxDims) throw Error("tensor with more than " + std::to_string(kMaxDims) + " dimensions");
   d_[n_++] = v;
+  try {
+    check_numel(*this);
+  } catch (...) {
+    --n_;  // unchanged on error
+    throw;
+  }
 }
 
 std::int64_t Shape::numel() const noexcept {
@@ -123,9 +146,13 @@ Tensor empty(Runtime& runtime, const Shape& shape, DType dtype) {
   for (auto d : shape) {
     if (d < 0) throw Error("empty: negative extent in " + shape.str());
   }
+  check_numel(shape);  // a shape changed through operator[] since it was built
+  std::size_t bytes = 0;
+  if (__builtin_mul_overflow(static_cast<std::size_t>(shape.numel()), dtype_size(dtype), &bytes)) {
+    throw Error("tensor of shape " + shape.str() + " needs more than 2^64 bytes; no device holds it");
+  }
   auto impl = std::make_shared<detail::TensorImpl>();
-  impl->storage = std::make_shared<Storage>(
-      runtime, static_cast<std::size_t>(shape.numel()) * dtype_size(dtype));
+  impl->storage = std::make_shared<Storage>(runtime, bytes);
   impl->shape = shape;
   impl->strides = contiguous_strides(shape);
   impl->dtype = dtype;

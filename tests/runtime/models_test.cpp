@@ -44,6 +44,50 @@ TEST(Models, ParameterCountsMatchTheReferenceImplementations) {
   EXPECT_EQ(describe_model("gpt2").sequence_length, 15u);
 }
 
+// Sizes never wrap (issue 22, item 1): a shape, a parameter count or its bytes that would
+// overflow is an error naming the sizes, and a description's cost stays bounded (item 11).
+TEST(Models, SizesThatWouldOverflowAreErrors) {
+  const auto message = [](auto&& fn) {
+    try {
+      fn();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  // Shapes: [2^62, 1024] elements, built from a batch and a width.
+  EXPECT_NE(message([] { Shape{std::int64_t{1} << 62, 1024}; }).find("more than 2^63 elements"),
+            std::string::npos);
+  Shape s{std::int64_t{1} << 40};
+  EXPECT_THROW(s.push_back(std::int64_t{1} << 30), Error);
+  EXPECT_EQ(s.size(), 1u);  // unchanged
+  ModelOptions wide;
+  wide.width = std::int64_t{1} << 31;  // w*w = 2^62 per layer; three layers overflow the count
+  wide.depth = 3;
+  EXPECT_NE(message([&] { describe_model("mlp", wide); }).find("more than 2^63 parameters"),
+            std::string::npos);
+  wide.depth = 1;  // 2^62 parameters fit in the count, not in f32 bytes
+  EXPECT_NE(message([&] { describe_model("mlp", wide); }).find("more than 2^64 bytes"),
+            std::string::npos);
+  ModelOptions image;
+  image.image = std::int64_t{1} << 20;
+  image.batch = std::int64_t{1} << 40;
+  EXPECT_NE(message([&] { describe_model("resnet18", image); }).find("2^63"), std::string::npos);
+}
+
+TEST(Models, OptionSizesAreBounded) {
+  ModelOptions deep;
+  deep.depth = kMaxDepth + 1;
+  EXPECT_THROW(describe_model("mlp", deep), Error);
+  EXPECT_THROW(ModelOptions::parse("depth=1000000000000"), Error);
+  EXPECT_THROW(ModelOptions::parse("batch=99999999999999999999"), Error);
+  ModelOptions negative;
+  negative.batch = -1;
+  EXPECT_THROW(describe_model("mlp", negative), Error);
+  deep.depth = 4;
+  EXPECT_NO_THROW(describe_model("mlp", deep));
+}
+
 TEST(Models, OptionsRoundTrip) {
   const auto o = ModelOptions::parse("depth=200,width=1024,batch=32,dropout=0,inplace=1");
   EXPECT_EQ(ModelOptions::parse(o.to_string()).to_string(), o.to_string());

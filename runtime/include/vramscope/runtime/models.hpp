@@ -37,6 +37,16 @@
 namespace mem::nn {
 
 /// Overrides of a model's defaults; 0 / unset means "the model's default".
+/// The largest sizes a model description may ask for. Shapes are checked for overflow
+/// anyway; these keep a description's own cost (modules built, host memory, time) bounded
+/// by what was typed: an mlp of depth 10^12 would never finish building.
+inline constexpr std::int64_t kMaxBatch = std::int64_t{1} << 40;
+inline constexpr std::int64_t kMaxDepth = 100'000;
+inline constexpr std::int64_t kMaxWidth = std::int64_t{1} << 31;
+inline constexpr std::int64_t kMaxSeq = std::int64_t{1} << 24;
+inline constexpr std::int64_t kMaxImage = std::int64_t{1} << 20;
+inline constexpr std::int64_t kMaxClasses = std::int64_t{1} << 31;
+
 struct ModelOptions {
   std::int64_t batch = 0;
   std::int64_t depth = 0;    ///< mlp: Linear layers
@@ -52,6 +62,8 @@ struct ModelOptions {
   static ModelOptions parse(std::string_view text);
   /// The canonical text parse() reads back (only the keys that are set).
   std::string to_string() const;
+  /// Throws mem::Error naming the first size outside [1, its kMax*] (0 means "not set").
+  void check() const;
 };
 
 enum class LossKind : std::uint8_t { MSE, CrossEntropy };
