@@ -35,6 +35,11 @@ CLI::Validator integer_in(std::int64_t min, std::int64_t max) {
 void add_model_options(CLI::App& app, ModelArgs& args, const std::string& default_note) {
   const std::string names = fmt::format("{}", fmt::join(nn::model_names(), ", "));
   app.add_option("-m,--model", args.model, "built-in model: " + names + " (" + default_note + ")")
+      ->check(CLI::Validator(
+          [names](std::string& name) -> std::string {
+            return name.empty() ? "an empty model name; valid: " + names : std::string{};
+          },
+          "NAME"))
       ->type_name("NAME");
   app.add_option("-b,--batch", args.batch, "batch size (default: the model's)")
       ->check(integer_in(1, nn::kMaxBatch))
@@ -80,29 +85,27 @@ nn::ModelInfo describe(const std::string& model, const nn::ModelOptions& options
   return as_usage("--model", [&] { return nn::describe_model(model, options); });
 }
 
-std::vector<std::string> split_list(const std::string& text) {
+std::vector<std::string> split_list(const std::string& option, const std::string& text) {
   std::vector<std::string> out;
-  std::string item;
-  const auto flush = [&] {
+  if (text.find_first_not_of(" \t") == std::string::npos) return out;  // nothing given
+  std::size_t pos = 0;
+  while (true) {
+    const std::size_t comma = text.find(',', pos);
+    const std::string item = text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
     const auto b = item.find_first_not_of(" \t");
-    const auto e = item.find_last_not_of(" \t");
-    if (b != std::string::npos) out.push_back(item.substr(b, e - b + 1));
-    item.clear();
-  };
-  for (const char ch : text) {
-    if (ch == ',') {
-      flush();
-    } else {
-      item += ch;
+    if (b == std::string::npos) {
+      throw UsageError(fmt::format("{}: \"{}\" has an empty item; separate items with single commas",
+                                   option, text));
     }
+    out.push_back(item.substr(b, item.find_last_not_of(" \t") - b + 1));
+    if (comma == std::string::npos) return out;
+    pos = comma + 1;
   }
-  flush();
-  return out;
 }
 
 std::vector<nn::Precision> parse_precisions(const std::string& option, const std::string& list) {
   std::vector<nn::Precision> out;
-  for (const std::string& name : split_list(list)) {
+  for (const std::string& name : split_list(option, list)) {
     const nn::Precision p = as_usage(option, [&] { return nn::parse_precision(name); });
     bool seen = false;
     for (const nn::Precision q : out) seen = seen || q == p;

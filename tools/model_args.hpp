@@ -41,8 +41,9 @@ nn::ModelOptions to_model_options(const ModelArgs& args);
 /// (listing the valid names) or an impossible size.
 nn::ModelInfo describe(const std::string& model, const nn::ModelOptions& options);
 
-/// Comma-separated list ("f32,f16") split and trimmed; empty items dropped.
-std::vector<std::string> split_list(const std::string& text);
+/// Comma-separated list ("f32,f16") split and trimmed. An empty item ("f32,,f16", a
+/// trailing comma) is a UsageError naming `option`: it is a typo, not nothing.
+std::vector<std::string> split_list(const std::string& option, const std::string& text);
 
 /// Parses each name with nn::parse_precision; UsageError names the valid ones.
 std::vector<nn::Precision> parse_precisions(const std::string& option, const std::string& list);

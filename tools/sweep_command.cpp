@@ -48,7 +48,7 @@ struct SweepArgs {
 std::vector<std::size_t> parse_segments(const std::string& text, std::size_t modules) {
   if (text == "auto") return auto_segments(modules);
   std::vector<std::size_t> out;
-  for (const std::string& item : split_list(text)) {
+  for (const std::string& item : split_list("--segments", text)) {
     std::size_t k = 0;
     const auto [ptr, ec] = std::from_chars(item.data(), item.data() + item.size(), k);
     if (ec != std::errc{} || ptr != item.data() + item.size()) {

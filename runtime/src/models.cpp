@@ -207,28 +207,49 @@ Built build_gpt2(const ModelOptions& o, std::int64_t layers, std::int64_t embed,
 
 struct Entry {
   const char* name;
+  const char* options;  ///< the keys it takes; any other key set is an error, not ignored
   std::function<Built(const ModelOptions&)> build;
 };
 
+constexpr const char* kMlpOptions = "batch, depth, width, inplace";
+constexpr const char* kCnnOptions = "batch";
+constexpr const char* kResnetOptions = "batch, image, classes";
+constexpr const char* kGptOptions = "batch, seq, dropout";
+
 const std::vector<Entry>& registry() {
   static const std::vector<Entry> entries = {
-      {"mlp", build_mlp},
-      {"forum-cnn", build_forum_cnn},
-      {"forum-cnn-full", build_forum_cnn_full},
-      {"resnet18", [](const ModelOptions& o) { return build_resnet(o, false, {2, 2, 2, 2}, "resnet18"); }},
-      {"resnet50", [](const ModelOptions& o) { return build_resnet(o, true, {3, 4, 6, 3}, "resnet50"); }},
-      {"gpt2", [](const ModelOptions& o) { return build_gpt2(o, 12, 768, 12, "gpt2"); }},
-      {"gpt2-medium", [](const ModelOptions& o) { return build_gpt2(o, 24, 1024, 16, "gpt2-medium"); }},
-      {"gpt2-large", [](const ModelOptions& o) { return build_gpt2(o, 36, 1280, 20, "gpt2-large"); }},
-      {"gpt2-xl", [](const ModelOptions& o) { return build_gpt2(o, 48, 1600, 25, "gpt2-xl"); }},
+      {"mlp", kMlpOptions, build_mlp},
+      {"forum-cnn", kCnnOptions, build_forum_cnn},
+      {"forum-cnn-full", kCnnOptions, build_forum_cnn_full},
+      {"resnet18", kResnetOptions, [](const ModelOptions& o) { return build_resnet(o, false, {2, 2, 2, 2}, "resnet18"); }},
+      {"resnet50", kResnetOptions, [](const ModelOptions& o) { return build_resnet(o, true, {3, 4, 6, 3}, "resnet50"); }},
+      {"gpt2", kGptOptions, [](const ModelOptions& o) { return build_gpt2(o, 12, 768, 12, "gpt2"); }},
+      {"gpt2-medium", kGptOptions, [](const ModelOptions& o) { return build_gpt2(o, 24, 1024, 16, "gpt2-medium"); }},
+      {"gpt2-large", kGptOptions, [](const ModelOptions& o) { return build_gpt2(o, 36, 1280, 20, "gpt2-large"); }},
+      {"gpt2-xl", kGptOptions, [](const ModelOptions& o) { return build_gpt2(o, 48, 1600, 25, "gpt2-xl"); }},
   };
   return entries;
+}
+
+// A size given for a model that has no such size would be echoed in reports and ignored.
+void check_applicable(const Entry& e, const ModelOptions& o) {
+  const std::pair<const char*, bool> set[] = {
+      {"batch", o.batch > 0}, {"depth", o.depth > 0},        {"width", o.width > 0},
+      {"seq", o.seq > 0},     {"image", o.image > 0},        {"classes", o.classes > 0},
+      {"dropout", o.dropout.has_value()}, {"inplace", o.inplace_relu.has_value()}};
+  const std::string takes = std::string(", ") + e.options + ",";
+  for (const auto& [key, given] : set) {
+    if (given && takes.find(std::string(", ") + key + ",") == std::string::npos) {
+      throw Error(std::string(e.name) + " has no " + key + " option; it takes " + e.options);
+    }
+  }
 }
 
 Built build(std::string_view name, const ModelOptions& options) {
   options.check();
   for (const Entry& e : registry()) {
     if (name == e.name) {
+      check_applicable(e, options);
       Built b = e.build(options);
       b.info.name = e.name;
       b.body->set_path("");

@@ -88,6 +88,24 @@ TEST(Models, OptionSizesAreBounded) {
   EXPECT_NO_THROW(describe_model("mlp", deep));
 }
 
+TEST(Models, OptionsAModelDoesNotTakeAreErrors) {
+  ModelOptions o;
+  o.depth = 12;
+  try {
+    describe_model("gpt2", o);
+    FAIL() << "gpt2 took a depth";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("gpt2 has no depth option; it takes batch, seq, dropout"),
+              std::string::npos) << e.what();
+  }
+  o = {};
+  o.dropout = 0.0;
+  EXPECT_THROW(describe_model("resnet50", o), Error);
+  o = {};
+  o.batch = 8;  // every model has a batch
+  for (const std::string& name : model_names()) EXPECT_NO_THROW(describe_model(name, o)) << name;
+}
+
 TEST(Models, OptionsRoundTrip) {
   const auto o = ModelOptions::parse("depth=200,width=1024,batch=32,dropout=0,inplace=1");
   EXPECT_EQ(ModelOptions::parse(o.to_string()).to_string(), o.to_string());

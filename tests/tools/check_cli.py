@@ -197,6 +197,13 @@ BAD = [
     (["sweep", "--model", "resnet18", "--image", "1048576", "--batch", "1099511627776"],
      ["more than 2^63 elements"]),
     (["models", "--model", "mlp", "--width", "2147483648", "--depth", "3"], ["2^63"]),
+    # Options that do not apply, empty list items and names (issue 22, item 2).
+    (["sweep", "--model", "gpt2", "--depth", "12", "--width", "1024"], ["gpt2 has no depth", "seq"]),
+    (["sweep", "--model", "mlp", "--seq", "77"], ["mlp has no seq", "width"]),
+    (["trace", "--model", "resnet18", "--model-options", "dropout=0"], ["resnet18 has no dropout"]),
+    (["sweep", "--dtype", "f32,,f16"], ["--dtype", "empty item"]),
+    (["sweep", "--segments", "0,2,"], ["--segments", "empty item"]),
+    (["sweep", "--model", ""], ["empty model name", "resnet18"]),
     (["sweep", "--optimizer", "lion"], ["adam", "sgd"]),
     (["sweep", "--nosuchflag"], ["--nosuchflag"]),
     (["trace", "--model", "nosuchnet"], ["resnet18"]),

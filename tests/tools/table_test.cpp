@@ -140,8 +140,12 @@ TEST(Segments, AutoRangeAroundSqrt) {
 }
 
 TEST(Args, SplitList) {
-  EXPECT_EQ(split_list(" f32, f16 ,,amp "), (std::vector<std::string>{"f32", "f16", "amp"}));
-  EXPECT_TRUE(split_list("").empty());
+  EXPECT_EQ(split_list("--dtype", " f32, f16 ,amp "), (std::vector<std::string>{"f32", "f16", "amp"}));
+  EXPECT_TRUE(split_list("--dtype", "").empty());
+  // An empty item is a typo: an error naming the option, not a silently shorter list.
+  for (const char* typo : {"f32,,f16", "f32,", ",f32", " , "}) {
+    EXPECT_THROW(split_list("--dtype", typo), UsageError) << typo;
+  }
 }
 
 TEST(Args, BadNamesAreUsageErrorsNamingWhatIsValid) {
