@@ -57,6 +57,7 @@ nn::TrainConfig train_config(const SweepSpec& spec, std::size_t segments, nn::Pr
   // PyTorch's checkpoint_sequential with one segment checkpoints nothing: 0 means that.
   cfg.segments = std::max<std::size_t>(segments, 1);
   cfg.checkpoint_mode = spec.checkpoint_mode;
+  cfg.input_requires_grad = spec.input_requires_grad;
   cfg.precision = precision;
   cfg.optimizer = spec.optimizer;
   return cfg;

@@ -39,6 +39,7 @@ struct SweepSpec {
   nn::ExecMode mode = nn::ExecMode::DryRun;
   nn::OptimizerConfig optimizer;
   nn::CheckpointMode checkpoint_mode = nn::CheckpointMode::NonReentrant;
+  bool input_requires_grad = false;  ///< the batch requires grad (reentrant checkpointing needs it)
 };
 
 /// Figures of one run, every one read from the allocator (an observer sees the

@@ -40,6 +40,7 @@ struct SweepArgs {
   bool compute = false;
   std::string optimizer = "adam";
   std::string checkpoint_mode = "non-reentrant";
+  bool input_requires_grad = false;
   std::string format = "table";
   std::string plot;
   bool brief = false;
@@ -83,6 +84,7 @@ SweepSpec make_spec(const SweepArgs& args) {
   spec.optimizer.kind = as_usage("--optimizer", [&] { return nn::parse_optimizer(args.optimizer); });
   spec.checkpoint_mode =
       as_usage("--checkpoint", [&] { return nn::parse_checkpoint_mode(args.checkpoint_mode); });
+  spec.input_requires_grad = args.input_requires_grad;
   if (args.format != "table" && args.format != "csv" && args.format != "json") {
     throw UsageError("--format: \"" + args.format + "\" is not a format; valid: table, csv, json");
   }
@@ -164,8 +166,12 @@ void add_sweep_command(CLI::App& app) {
                 "real arithmetic on the CPU instead of a dry run (small models); adds a time column");
   cmd->add_option("--optimizer", args->optimizer, "adam, sgd or none")->capture_default_str();
   cmd->add_option("--checkpoint", args->checkpoint_mode,
-                  "non-reentrant (PyTorch's default) or reentrant")
+                  "non-reentrant (PyTorch's recommended mode) or reentrant (what PyTorch 2.x uses, with a "
+                  "warning, when use_reentrant is not given; it needs --input-requires-grad to "
+                  "give the first segment's parameters gradients)")
       ->capture_default_str();
+  cmd->add_flag("--input-requires-grad", args->input_requires_grad,
+                "the batch requires grad, as x.requires_grad_() before checkpoint_sequential");
   cmd->add_option("-f,--format", args->format, "table, csv or json")->capture_default_str();
   cmd->add_option("--plot", args->plot, "also write an SVG of the memory curves vs segment count")
       ->type_name("FILE.svg");

@@ -43,6 +43,7 @@ struct TraceArgs {
   bool compute = false;
   std::string optimizer = "adam";
   std::string checkpoint_mode = "non-reentrant";
+  bool input_requires_grad = false;
   std::size_t max_depth = 0;
   bool no_pre = false;
   std::string snapshot;
@@ -75,6 +76,7 @@ nn::TrainConfig make_config(const TraceArgs& args) {
   cfg.optimizer.kind = as_usage("--optimizer", [&] { return nn::parse_optimizer(args.optimizer); });
   cfg.checkpoint_mode =
       as_usage("--checkpoint", [&] { return nn::parse_checkpoint_mode(args.checkpoint_mode); });
+  cfg.input_requires_grad = args.input_requires_grad;
   return cfg;
 }
 
@@ -257,7 +259,12 @@ void add_trace_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_flag("--compute", args->compute, "real arithmetic on the CPU instead of a dry run");
   cmd->add_option("--optimizer", args->optimizer, "adam, sgd or none")->capture_default_str();
-  cmd->add_option("--checkpoint", args->checkpoint_mode, "non-reentrant or reentrant")
+  cmd->add_flag("--input-requires-grad", args->input_requires_grad,
+                "the batch requires grad, as x.requires_grad_() before checkpoint_sequential");
+  cmd->add_option("--checkpoint", args->checkpoint_mode,
+                  "non-reentrant (PyTorch's recommended mode) or reentrant (what PyTorch 2.x uses, with a "
+                  "warning, when use_reentrant is not given; it needs --input-requires-grad to "
+                  "give the first segment's parameters gradients)")
       ->capture_default_str();
   cmd->add_option("--max-depth", args->max_depth, "log modules up to this depth (0 = all)")
       ->check(integer_in(0, 1000))

@@ -54,8 +54,11 @@ void backward(const TensorList& roots, const TensorList& grads) {
   for (std::size_t i = 0; i < roots.size(); ++i) {
     const Tensor& root = roots[i];
     if (!root.defined() || !root.requires_grad()) {
-      throw Error("backward: element " + std::to_string(i) +
-                  " of tensors does not require grad and does not have a grad_fn");
+      // PyTorch's RuntimeError (torch/csrc/autograd/engine.cpp): what a step with every
+      // segment reentrant-checkpointed and an input that needs no grad runs into. An
+      // AutogradError, so a sweep shows the configuration as an error row.
+      throw AutogradError("element " + std::to_string(i) +
+                          " of tensors does not require grad and does not have a grad_fn");
     }
     std::shared_ptr<Node> fn = root.grad_fn() ? root.grad_fn() : grad_accumulator(root);
     root_edges.emplace_back(fn, root.grad_fn() ? root.output_nr() : 0);

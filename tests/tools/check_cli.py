@@ -354,11 +354,25 @@ def check_replay(exe, work):
     check("max_split_size_mb:128" in p.stdout, p.stdout)
 
 
+def check_reentrant(exe, work):
+    """Reentrant checkpointing of every segment with an input that needs no grad: PyTorch's
+    RuntimeError, shown as an error row (issue 22, item 6), not the end of the sweep."""
+    base = ["sweep", "--model", "mlp", "--depth", "4", "--checkpoint", "reentrant",
+            "--segments", "0,2,8", "--dtype", "f32", "--brief", "--format", "csv"]
+    rows = list(csv.DictReader(io.StringIO(run(exe, *base).stdout)))
+    by_k = {int(r["segments"]): r for r in rows}
+    check("does not require grad" in by_k[8]["error"], by_k[8])
+    check(by_k[0]["fits"] in ("1", "true", "True") and not by_k[0]["error"], by_k[0])
+    rows = list(csv.DictReader(io.StringIO(run(exe, *base, "--input-requires-grad").stdout)))
+    check(all(not r["error"] for r in rows), rows)
+
+
 CHECKS = {
     "exact": check_exact, "csv": check_csv, "json": check_json, "oom": check_oom,
     "bad-input": check_bad_input, "trace-files": check_trace_files, "trace-oom": check_trace_oom,
     "demo": check_demo, "help": check_help, "devices": check_devices, "models": check_models,
     "plot": check_plot, "inplace": check_inplace, "replay": check_replay,
+    "reentrant": check_reentrant,
 }
 
 
