@@ -50,7 +50,8 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
     if (app.get_subcommands().empty()) {
       std::cout << app.help();
-      return mem::tools::kExitUsage;
+      return fail(mem::tools::kExitUsage,
+                  "no command given: choose sweep, trace, replay, devices or models (help above)");
     }
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
