@@ -9,7 +9,9 @@ namespace {
 using detail::HostIn;
 using detail::HostOut;
 
-/// MseLossBackward0: saves input and target.
+/// MseLossBackward0: saves input and target (derivatives.yaml: mse_loss_backward(grad, self,
+/// target, reduction)); its gradient is one input-sized block (zeros_like(input) filled by
+/// one TensorIterator kernel, no temporaries: Loss.cpp mse_loss_backward_out).
 class MseLossBackward final : public Node {
  public:
   SavedTensor input_, target_;
@@ -77,17 +79,31 @@ Tensor mse_loss(const Tensor& input_in, const Tensor& target_in) {
     throw Error("mse_loss: input " + input.shape().str() + " and target " + target.shape().str() + " differ");
   }
   Runtime& rt = input.runtime();
-  Tensor out = empty(rt, Shape{}, input.dtype());
+  // As PyTorch allocates it (aten/src/ATen/native/Loss.cpp, structured mse_loss since
+  // PR #67489): the meta function sets an output of the input's full shape and then
+  // resize_({})s it, which never shrinks the storage, so the 0-dim loss owns an input-sized
+  // block for as long as it lives (pytorch/pytorch#185647, open as of 2.9, CPU and CUDA);
+  // the kernel writes (input - target)^2 into an input-sized temporary, and mean_out
+  // reduces it into the loss. Peak of the op: two input-sized blocks.
+  Tensor full = empty(rt, input.shape(), input.dtype());
+  auto impl = std::make_shared<detail::TensorImpl>();
+  impl->storage = full.storage();
+  impl->dtype = input.dtype();  // shape {}, strides {}: element 0 of the full-size block
+  Tensor out(std::move(impl));
+  full = Tensor{};
   rt.add_flops(3.0 * static_cast<double>(input.numel()));
-  if (rt.computing()) {
-    detail::dispatch(input.dtype(), [&](auto tag) {
-      using T = decltype(tag);
-      HostIn<T> X(input), Y(target);
-      HostOut<T> L(out);
-      T acc{0};
-      for (std::int64_t i = 0, n_ = input.numel(); i < n_; ++i) acc += (X[i] - Y[i]) * (X[i] - Y[i]);
-      L[0] = acc / static_cast<T>(input.numel());
-    });
+  {
+    Tensor squared = empty(rt, input.shape(), input.dtype());  // freed when the op returns
+    if (rt.computing()) {
+      detail::dispatch(input.dtype(), [&](auto tag) {
+        using T = decltype(tag);
+        HostIn<T> X(input), Y(target);
+        HostOut<T> L(out);
+        T acc{0};
+        for (std::int64_t i = 0, n_ = input.numel(); i < n_; ++i) acc += (X[i] - Y[i]) * (X[i] - Y[i]);
+        L[0] = acc / static_cast<T>(input.numel());
+      });
+    }
   }
   if (needs_grad({&input, &target})) {
     auto node = detail::make_node<MseLossBackward>({&input, &target});

@@ -120,15 +120,19 @@ TEST_F(SavedBytes, CheckpointingOneReluSavesNothing) {
 //   a = 256*256*4     = 262144 B  an activation (also a weight),
 //   K = 256*4         = 1024 B    a bias (and its gradient),
 //   G = a + K                     the gradients of one layer, P = n*G the parameters,
-//   s = 512 B                     a scalar (the loss, the implicit ones gradient).
+//   s = 512 B                     a scalar (the implicit ones gradient).
+// The loss is a scalar whose storage is an input-sized block a (PyTorch's structured
+// mse_loss resizes a full-size output to 0-dim and never shrinks it: pytorch/pytorch#185647),
+// and the op's squared-difference temporary is another a while it runs.
 // Kept between forward and backward: input x, target t, sigmoid output y (held by the
 // step like `out = model(x)`), the loss, the k-1 segment boundaries (each the input of
 // the next checkpoint), and in the tail of T = n - (k-1)L layers its T-1 ReLU outputs
 // (each saved once: by its ReLU and by the next Linear, the same storage).
 //
 // Forward: memory only grows in the tail; at its last Sigmoid the Linear output and the
-// Sigmoid output coexist:            F = P + (k + T + 2) a.
-// Backward of the tail. Once the loss exists the base is B = P + s + (k + T + 1) a. The
+// Sigmoid output coexist: P + (k + T + 2) a; the Linear output then dies, and mse_loss's
+// output and temporary make the forward's peak F = P + (k + T + 3) a.
+// Backward of the tail. Once the loss exists the base is B = P + a + (k + T + 1) a. The
 // loss backward, then Sigmoid backward leave one incoming gradient a. The Linear m-th
 // from the end then allocates grad_input a and its gradients G while its incoming
 // gradient a is alive; m layers are done, each having added G and freed one ReLU
@@ -148,18 +152,21 @@ TEST_F(SavedBytes, CheckpointingOneReluSavesNothing) {
 // product takes the engine thread's W, and a rerun's first Linear its Lt. All of them
 // exist at every peak of their phase.
 std::int64_t expected_mlp_peak(std::int64_t n, std::int64_t k) {
-  const std::int64_t a = 262144, K = 1024, G = a + K, s = 512;
+  const std::int64_t a = 262144, K = 1024, G = a + K;
   const auto W = static_cast<std::int64_t>(cublas_workspace_bytes(0));
   const auto Lt = static_cast<std::int64_t>(cublaslt_workspace_bytes());
   const std::int64_t P = n * G + W + Lt;  // parameters, and the forward's workspaces
   const std::int64_t L = k == 1 ? 0 : n / k;
   const std::int64_t T = n - (k - 1) * L;
-  std::int64_t peak = P + (k + T + 2) * a;  // forward
+  // Forward: at mse_loss, its output block and its squared temporary (both a) beside y.
+  std::int64_t peak = P + (k + T + 3) * a;
+  // Backward: the loss holds an input-sized block (l = a, not a scalar) until the step ends.
+  const std::int64_t l = a;
   const std::int64_t tail_m = k == 1 ? T - 2 : T - 1;
-  if (tail_m >= 0) peak = std::max(peak, P + W + s + (k + T + 4) * a + (tail_m + 1) * K);
-  peak = std::max(peak, P + W + s + (k + T + 3) * a + G);  // the last Linear, in any case
+  if (tail_m >= 0) peak = std::max(peak, P + W + l + (k + T + 4) * a + (tail_m + 1) * K);
+  peak = std::max(peak, P + W + l + (k + T + 3) * a + G);  // the last Linear, in any case
   for (std::int64_t j = 0; j + 1 < k; ++j) {
-    const std::int64_t S = P + W + Lt + s + (k + 2 - j) * a + (T + j * L) * G;
+    const std::int64_t S = P + W + Lt + l + (k + 2 - j) * a + (T + j * L) * G;
     const std::int64_t m = j + 2 == k ? L - 2 : L - 1;
     peak = std::max(peak, S + (L + 1) * a + (m >= 0 ? (m + 1) * K : 0));
   }
