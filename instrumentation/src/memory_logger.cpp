@@ -83,6 +83,17 @@ bool MemoryLogger::shown(const std::string& path) {
   return options_.max_depth == 0 || tree_depth(path, nullptr) < options_.max_depth;
 }
 
+std::string MemoryLogger::rollup_target(const std::string& path) {
+  std::string target;  // the deepest shown module ancestor
+  for (std::size_t dot = path.find('.'); dot != std::string::npos; dot = path.find('.', dot + 1)) {
+    const std::string ancestor = path.substr(0, dot);
+    if (!shown(ancestor)) break;  // deeper ancestors are hidden too
+    if (auto it = open_.find(ancestor); it != open_.end() && it->second > 0) return {};
+    if (is_module(ancestor)) target = ancestor;
+  }
+  return target;
+}
+
 MemoryLogger::Line MemoryLogger::capture(bool pre, const ScopeEvent& event) {
   const Snapshot s = snapshot(allocator_);
   Line line;
@@ -126,6 +137,7 @@ void MemoryLogger::flush_locked() {
   if (!held_) return;
   const Line line = std::move(*held_);
   held_.reset();
+  held_is_rollup_ = false;
   print(line);
 }
 
@@ -145,10 +157,11 @@ void MemoryLogger::on_scope_enter(const ScopeEvent& event) {
     entered_phase_ = event.phase;
   }
   entered_in_phase_.insert(path);
+  ++open_[path];
   if (!shown(path)) return;
   // The same module reopening in the same phase right after it closed (another of
   // its autograd nodes, its next parameter's update): one call, one line pair.
-  if (held_ && held_->path == path && held_->phase == event.phase) {
+  if (held_ && !held_is_rollup_ && held_->path == path && held_->phase == event.phase) {
     held_.reset();
     return;
   }
@@ -163,7 +176,26 @@ void MemoryLogger::on_scope_enter(const ScopeEvent& event) {
 void MemoryLogger::on_scope_exit(const ScopeEvent& event) noexcept {
   try {
     std::lock_guard lock(mutex_);
-    if (finished_ || !shown(std::string(event.path))) return;
+    const std::string path(event.path);
+    if (auto it = open_.find(path); it != open_.end() && it->second > 0 && --it->second == 0) {
+      open_.erase(it);
+    }
+    if (finished_) return;
+    if (!shown(path)) {
+      // Hidden below max_depth: its memory belongs to its own ancestor's line, not to
+      // whatever line is printed next. Consecutive children of one ancestor and phase
+      // make one line, captured after the last of them.
+      const std::string target = rollup_target(path);
+      if (target.empty()) return;
+      if (!(held_ && held_is_rollup_ && held_->path == target && held_->phase == event.phase)) {
+        flush_locked();
+      }
+      ScopeEvent as_ancestor = event;
+      as_ancestor.path = target;
+      held_ = capture(false, as_ancestor);
+      held_is_rollup_ = true;
+      return;
+    }
     flush_locked();
     held_ = capture(false, event);
   } catch (...) {

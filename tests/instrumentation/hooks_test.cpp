@@ -159,6 +159,34 @@ TEST(MemoryLoggerTest, FiltersByTreeDepthAndKeepsFlattenedPrefixes) {
   EXPECT_EQ(rows2[5].rfind("totals: 4 lines;", 0), 0u) << rows2[5];
 }
 
+// Hidden scopes that run outside any open shown scope (an optimizer updating each
+// parameter under its own module's scope) roll up into their own ancestor's line: their
+// memory is not charged to whatever line comes next (issue 22, item 5).
+TEST(MemoryLoggerTest, HiddenChildrenRollUpIntoTheirOwnAncestor) {
+  auto alloc = test::make_allocator();
+  std::ostringstream out;
+  std::vector<void*> blocks;
+  {
+    MemoryLogger logger{*alloc, out, {.pre_hooks = false, .max_depth = 1, .device_line = false}};
+    { ModuleScope w{"layer1", Phase::Forward}; }  // layer1 is a module (it ran as a scope)
+    for (const char* child : {"layer1.0.conv1", "layer1.0.bn1", "layer1.1.conv1"}) {
+      ModuleScope s{child, Phase::Optimizer};
+      blocks.push_back(alloc->allocate(2 * MiB));
+    }
+    {
+      ModuleScope fc{"fc", Phase::Optimizer};
+      blocks.push_back(alloc->allocate(1 * MiB));
+    }
+  }
+  const std::vector<std::string> rows = split_lines(out.str());
+  ASSERT_EQ(rows.size(), 5u) << out.str();
+  EXPECT_EQ(rows[2].rfind("optimizer      layer1 ", 0), 0u) << out.str();
+  EXPECT_NE(rows[2].find("+6.00 MiB"), std::string::npos) << rows[2];
+  EXPECT_EQ(rows[3].rfind("optimizer      fc ", 0), 0u) << out.str();
+  EXPECT_NE(rows[3].find("+1.00 MiB"), std::string::npos) << rows[3];  // fc's own, nothing more
+  for (void* p : blocks) alloc->deallocate(p);
+}
+
 TEST(MemorySummaryTest, FollowsPyTorchsLayout) {
   auto alloc = test::make_allocator();
   void* p = alloc->allocate(5 * MiB);

@@ -123,6 +123,11 @@ class MemoryLogger final : public ScopeListener, public AllocatorObserver {
   /// begins (after the deepest ancestor entered in the current phase).
   std::size_t tree_depth(const std::string& path, std::size_t* name_begin);
   bool shown(const std::string& path);
+  /// For a scope deeper than max_depth that runs outside any open shown scope (an
+  /// optimizer update of "layer1.0.conv1", gpt2's "transformer.h.3"): its ancestor at
+  /// the deepest shown level, whose line it rolls up into; "" when an open shown
+  /// ancestor's own line already covers it.
+  std::string rollup_target(const std::string& path);
 
   CachingAllocator& allocator_;
   std::ostream& out_;
@@ -135,6 +140,8 @@ class MemoryLogger final : public ScopeListener, public AllocatorObserver {
   Phase entered_phase_ = Phase::None;
   std::unordered_map<std::string, std::string> types_;  ///< module_type's answers, cached
   std::optional<Line> held_;  ///< a post line waiting to see whether its scope reopens
+  bool held_is_rollup_ = false;  ///< held_ stands for hidden children of held_->path
+  std::unordered_map<std::string, std::size_t> open_;  ///< scopes open now, by path
   /// The last line printed, if it was a pre line: a nested scope of the same
   /// module and phase is the same call.
   std::optional<std::pair<std::string, Phase>> last_pre_;
