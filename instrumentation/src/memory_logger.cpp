@@ -161,8 +161,9 @@ void MemoryLogger::on_scope_enter(const ScopeEvent& event) {
   if (!shown(path)) return;
   // The same module reopening in the same phase right after it closed (another of
   // its autograd nodes, its next parameter's update): one call, one line pair.
-  if (held_ && !held_is_rollup_ && held_->path == path && held_->phase == event.phase) {
-    held_.reset();
+  if (held_ && held_->path == path && held_->phase == event.phase) {
+    held_.reset();  // its line will cover what the held one did (rolled-up children too)
+    held_is_rollup_ = false;
     return;
   }
   flush_locked();
@@ -187,17 +188,20 @@ void MemoryLogger::on_scope_exit(const ScopeEvent& event) noexcept {
       // make one line, captured after the last of them.
       const std::string target = rollup_target(path);
       if (target.empty()) return;
-      if (!(held_ && held_is_rollup_ && held_->path == target && held_->phase == event.phase)) {
-        flush_locked();
-      }
+      // One line for the ancestor's own scope and its hidden children in a row (a block's
+      // backward runs its children's nodes and its own in turn).
+      if (!(held_ && held_->path == target && held_->phase == event.phase)) flush_locked();
       ScopeEvent as_ancestor = event;
       as_ancestor.path = target;
       held_ = capture(false, as_ancestor);
       held_is_rollup_ = true;
       return;
     }
-    flush_locked();
+    if (!(held_ && held_is_rollup_ && held_->path == path && held_->phase == event.phase)) {
+      flush_locked();
+    }
     held_ = capture(false, event);
+    held_is_rollup_ = false;
   } catch (...) {
     // A failing stream must not turn a scope's destructor into a crash.
   }

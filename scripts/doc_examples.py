@@ -1,0 +1,142 @@
+#!/usr/bin/env python3
+"""doc_examples.py: every `vramscope` output pasted in README.md and docs/*.md, run and compared.
+
+A fenced block whose first line is `$ vramscope ARGS` (or `$ build/release/tools/vramscope
+ARGS`) is an example: the lines after it are what the command prints. A line `...` in the
+block stands for output left out; every other line must equal the command's output line
+for line, in order, and a run of lines between two `...` must be consecutive in the output.
+
+    python3 scripts/doc_examples.py check VRAMSCOPE [FILE.md ...]    # CTest runs this
+    python3 scripts/doc_examples.py update VRAMSCOPE [FILE.md ...]   # rewrite the blocks
+
+`update` replaces each shown line by the output line at its place (the same rows stay
+shown), so the documents follow the program. Commands run in a scratch folder; files they
+write are thrown away.
+"""
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPT = re.compile(r"^\$ (?:build/release/tools/)?vramscope(?P<args>(?: .*)?)$")
+FENCE = "```"
+
+
+def examples(text: str):
+    """(line index of the $ line, args, [output lines], index after the block)."""
+    lines = text.split("\n")
+    i = 0
+    while i < len(lines):
+        if lines[i].startswith(FENCE) and i + 1 < len(lines) and PROMPT.match(lines[i + 1]):
+            args = shlex.split(PROMPT.match(lines[i + 1]).group("args"))
+            j = i + 2
+            while j < len(lines) and not lines[j].startswith(FENCE):
+                j += 1
+            yield i + 1, args, lines[i + 2:j], j
+            i = j + 1
+        else:
+            i += 1
+
+
+def run(exe: str, args: list[str]) -> list[str]:
+    with tempfile.TemporaryDirectory() as scratch:
+        p = subprocess.run([exe, *args], capture_output=True, text=True, cwd=scratch, timeout=300)
+    return (p.stdout + p.stderr).rstrip("\n").split("\n")
+
+
+def runs(shown: list[str]):
+    """The block's shown lines as runs separated by `...`: [(starts_after_gap, [lines])]."""
+    out, current, gap = [], [], False
+    for line in shown:
+        if line.strip() == "...":
+            if current:
+                out.append((gap, current))
+            current, gap = [], True
+        else:
+            current.append(line)
+    if current:
+        out.append((gap, current))
+    return out
+
+
+def place(shown: list[str], output: list[str]):
+    """Output positions of each run, matching runs by their first line (their key, up to
+    the figures) and in order; None where a run's first line has no match."""
+    positions, at = [], 0
+    for gap, lines in runs(shown):
+        key = re.split(r"\s+[-+]?\d", lines[0].rstrip(), maxsplit=1)[0]
+        found = None
+        for k in range(at, len(output)):
+            if output[k] == lines[0] or (gap and output[k].startswith(key) and key.strip()):
+                found = k
+                break
+            if not gap:
+                break  # a run with no gap before it must start right here
+        if found is None:
+            found = at if not gap and at < len(output) and output[at].startswith(key) else None
+        positions.append(found)
+        if found is not None:
+            at = found + len(lines)
+    return positions
+
+
+def check_block(shown: list[str], output: list[str]) -> str | None:
+    for (gap, lines), pos in zip(runs(shown), place(shown, output)):
+        if pos is None:
+            return f"'{lines[0]}' is not in the output"
+        for n, line in enumerate(lines):
+            got = output[pos + n] if pos + n < len(output) else "<end of output>"
+            if got != line:
+                return f"shown:  {line}\n    output: {got}"
+    return None
+
+
+def update_block(shown: list[str], output: list[str]) -> list[str]:
+    if not any(line.strip() == "..." for line in shown):
+        return output
+    new = []
+    for (gap, lines), pos in zip(runs(shown), place(shown, output)):
+        if gap:
+            new.append("...")
+        new.extend(output[pos:pos + len(lines)] if pos is not None else lines)
+    if shown and shown[-1].strip() == "...":
+        new.append("...")
+    return new
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 3 or argv[1] not in ("check", "update"):
+        print(__doc__, file=sys.stderr)
+        return 2
+    mode, exe = argv[1], str(Path(argv[2]).resolve())
+    files = [Path(f) for f in argv[3:]] or [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    failures = checked = 0
+    for path in files:
+        text = path.read_text()
+        lines = text.split("\n")
+        replacements = []
+        for prompt, args, shown, end in examples(text):
+            output = run(exe, args)
+            checked += 1
+            if mode == "check":
+                problem = check_block(shown, output)
+                if problem:
+                    failures += 1
+                    print(f"{path.name}:{prompt + 1}: vramscope {' '.join(args)}\n    {problem}")
+            else:
+                replacements.append((prompt + 1, end, update_block(shown, output)))
+        if mode == "update" and replacements:
+            for start, end, new in reversed(replacements):
+                lines[start:end] = new
+            path.write_text("\n".join(lines))
+    print(f"doc_examples: {checked} examples, {failures} differ from the program")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
