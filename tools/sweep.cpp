@@ -101,6 +101,9 @@ std::vector<std::size_t> auto_segments(std::size_t modules) {
   for (std::size_t k = 2; k <= limit; k *= 2) out.push_back(k);
   const auto near = static_cast<std::size_t>(std::lround(root));
   if (near >= 2 && near <= modules) out.push_back(near);
+  // Every module its own segment: where weights are small beside activations (gpt2's
+  // blocks), the curve can fall all the way to n.
+  if (modules >= 2) out.push_back(modules);
   std::sort(out.begin(), out.end());
   out.erase(std::unique(out.begin(), out.end()), out.end());
   return out;
@@ -192,6 +195,32 @@ RunFigures run_config(const SweepSpec& spec, std::shared_ptr<Device> device, std
   return f;
 }
 
+// --segments auto: the curve is bumpy (rounding, caching), so the sampled counts only
+// bracket its minimum. Between the best count and its sampled neighbours, the midpoints
+// are run until the best count's neighbours are adjacent to it: the best shown is then
+// the minimum of its bracket, found in a few runs per halving.
+template <class BestOf, class RunRow>
+void refine_around_best(std::vector<SweepRow>& rows, BestOf&& best_of, RunRow&& run_row) {
+  const auto by_k = [](const SweepRow& a, const SweepRow& b) { return a.segments < b.segments; };
+  for (int round = 0; round < 16; ++round) {
+    std::sort(rows.begin(), rows.end(), by_k);
+    const SweepRow* best = best_of(std::span<SweepRow>(rows));
+    if (best == nullptr || best->segments < 2) return;
+    const std::size_t k = best->segments;
+    const auto at = static_cast<std::size_t>(best - rows.data());
+    std::vector<std::size_t> probes;
+    if (at > 0 && rows[at - 1].segments >= 2 && k - rows[at - 1].segments > 1) {
+      probes.push_back((rows[at - 1].segments + k) / 2);
+    }
+    if (at + 1 < rows.size() && rows[at + 1].segments - k > 1) {
+      probes.push_back((k + rows[at + 1].segments + 1) / 2);
+    }
+    if (probes.empty()) return;
+    for (const std::size_t probe : probes) rows.push_back(run_row(probe));
+  }
+  std::sort(rows.begin(), rows.end(), by_k);
+}
+
 SweepResult run_sweep(const SweepSpec& spec_in, const SweepProgress& progress) {
   const auto start = std::chrono::steady_clock::now();
   SweepResult result;
@@ -207,7 +236,7 @@ SweepResult run_sweep(const SweepSpec& spec_in, const SweepProgress& progress) {
   const bool has_baseline = std::any_of(spec.segments.begin(), spec.segments.end(),
                                         [](std::size_t k) { return k <= 1; });
   const std::size_t groups = spec.alloc_confs.size() * spec.precisions.size();
-  const std::size_t planned = groups * (spec.segments.size() + (has_baseline ? 0 : 1));
+  std::size_t planned = groups * (spec.segments.size() + (has_baseline ? 0 : 1));
   std::size_t done = 0;
 
   const auto run_row = [&](std::size_t segments, nn::Precision precision,
@@ -235,10 +264,30 @@ SweepResult run_sweep(const SweepSpec& spec_in, const SweepProgress& progress) {
     return row;
   };
 
+  // The row that gets the star: fits (with every gradient; never an OOM or error row),
+  // lowest nvidia-smi peak, then lowest max allocated, then least recomputation.
+  const auto best_of = [](std::span<SweepRow> group) -> SweepRow* {
+    SweepRow* best = nullptr;
+    for (SweepRow& row : group) {
+      if (!row.fits() || row.figures.gradients_missing) continue;
+      const auto key = [](const SweepRow& r) {
+        return std::tuple(r.figures.peak_device_used, r.figures.peak_allocated, r.figures.recompute_ratio);
+      };
+      if (best == nullptr || key(row) < key(*best)) best = &row;
+    }
+    return best;
+  };
+
   for (const std::string& conf : spec.alloc_confs) {
     for (const nn::Precision precision : spec.precisions) {
+      std::vector<SweepRow> rows;
+      for (const std::size_t k : spec.segments) rows.push_back(run_row(k, precision, conf));
+      if (spec.refine_segments) refine_around_best(rows, best_of, [&](std::size_t k) {
+        ++planned;
+        return run_row(k, precision, conf);
+      });
       const std::size_t first = result.rows.size();
-      for (const std::size_t k : spec.segments) result.rows.push_back(run_row(k, precision, conf));
+      for (SweepRow& row : rows) result.rows.push_back(std::move(row));
       const std::span<SweepRow> group{result.rows.data() + first, result.rows.size() - first};
 
       // The baseline: the group's run without checkpointing, or one run just for it.
@@ -258,18 +307,7 @@ SweepResult run_sweep(const SweepSpec& spec_in, const SweepProgress& progress) {
         }
       }
 
-      // Best: fits (with every gradient; never an OOM or error row), lowest nvidia-smi
-      // peak, then lowest max allocated, then least recomputation.
-      SweepRow* best = nullptr;
-      for (SweepRow& row : group) {
-        if (!row.fits() || row.figures.gradients_missing) continue;
-        const auto key = [](const SweepRow& r) {
-          return std::tuple(r.figures.peak_device_used, r.figures.peak_allocated,
-                            r.figures.recompute_ratio);
-        };
-        if (best == nullptr || key(row) < key(*best)) best = &row;
-      }
-      if (best != nullptr) best->best = true;
+      if (SweepRow* best = best_of(group)) best->best = true;
     }
   }
   const bool refused = std::any_of(result.rows.begin(), result.rows.end(),

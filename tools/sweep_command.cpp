@@ -91,6 +91,7 @@ SweepSpec make_spec(const SweepArgs& args) {
   // The model decides what "auto" and the upper bound of --segments mean.
   const nn::ModelInfo info = describe(spec.model, spec.model_options);
   spec.segments = parse_segments(args.segments, info.sequence_length);
+  spec.refine_segments = args.segments == "auto";
   validate_sweep(spec);
   return spec;
 }
@@ -147,7 +148,9 @@ void add_sweep_command(CLI::App& app) {
       ->type_name("SPEC");
   cmd->add_option("-s,--segments", args->segments,
                   "checkpoint_sequential segment counts, e.g. 0,2,4,8,16 (0 = no checkpointing), or "
-                  "auto: 0, powers of two up to 8*sqrt(n) and round(sqrt(n)) for n sequential modules")
+                  "auto: 0, powers of two up to 8*sqrt(n), round(sqrt(n)) and n for n sequential "
+                  "modules, then the midpoints around each dtype's best until its neighbours are "
+                  "adjacent (the * is the minimum of its bracket)")
       ->capture_default_str()
       ->type_name("LIST");
   cmd->add_option("-t,--dtype", args->dtypes, "precisions: f32, f16, bf16, amp, amp-bf16 (comma list)")

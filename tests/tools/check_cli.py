@@ -368,12 +368,32 @@ def check_reentrant(exe, work):
     check(all(not r["error"] for r in rows), rows)
 
 
+def check_auto_segments(exe, work):
+    """--segments auto finds the minimum the sampled counts only bracket (issue 22, item 3):
+    gpt2 under amp on a T4 is lowest at 15 segments, which 0, 2, 4, 8 would never show."""
+    out = run(exe, "sweep", "--model", "gpt2", "--batch", "8", "--dtype", "amp", "--device",
+              "sim:t4", "--format", "csv").stdout
+    rows = list(csv.DictReader(io.StringIO(out)))
+    best = [r for r in rows if r["best"] == "true"]
+    check(len(best) == 1, rows)
+    fits = [r for r in rows if r["fits"] == "true"]
+    lowest = min(int(r["max_nvidia_smi"]) for r in fits)
+    check(int(best[0]["max_nvidia_smi"]) == lowest, best)
+    check(int(best[0]["segments"]) >= 14, best[0])
+    ks = sorted(int(r["segments"]) for r in rows)
+    k = int(best[0]["segments"])
+    # Its neighbours in the table are adjacent counts (or the ends of the range).
+    i = ks.index(k)
+    check(i == 0 or ks[i - 1] >= k - 1 or ks[i - 1] < 2, ks)
+    check(i + 1 == len(ks) or ks[i + 1] == k + 1, ks)
+
+
 CHECKS = {
     "exact": check_exact, "csv": check_csv, "json": check_json, "oom": check_oom,
     "bad-input": check_bad_input, "trace-files": check_trace_files, "trace-oom": check_trace_oom,
     "demo": check_demo, "help": check_help, "devices": check_devices, "models": check_models,
     "plot": check_plot, "inplace": check_inplace, "replay": check_replay,
-    "reentrant": check_reentrant,
+    "reentrant": check_reentrant, "auto-segments": check_auto_segments,
 }
 
 

