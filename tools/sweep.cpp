@@ -13,6 +13,7 @@
 #include <tuple>
 
 #include "accepted_segments.hpp"
+#include "host_memory.hpp"
 #include "model_args.hpp"
 #include "usage_error.hpp"
 #include "vramscope/allocator/caching_allocator.hpp"
@@ -246,6 +247,7 @@ SweepResult run_sweep(const SweepSpec& spec_in, const SweepProgress& progress) {
     row.precision = precision;
     row.alloc_conf = conf;
     if (progress) progress(done, planned, row.label());
+    check_host_memory_for_compute(train_config(spec, segments, precision, conf), result.device);
     row.figures = run_config(spec, make_run_device(spec), segments, precision, conf, row.oom, row.error);
     if (row.oom) {
       // What it would have needed: the same run without the capacity limit. Dry run

@@ -13,6 +13,7 @@
 #include "model_args.hpp"
 #include "sweep_report.hpp"
 #include "table.hpp"
+#include "host_memory.hpp"
 #include "output_paths.hpp"
 #include "usage_error.hpp"
 #include "vramscope/allocator/caching_allocator.hpp"
@@ -133,6 +134,7 @@ void run(const TraceArgs& args) {
   const nn::TrainConfig cfg = make_config(args);
   const nn::ModelInfo info = nn::describe_model(cfg.model, cfg.model_options);
   const auto device = make_device(nn::device_spec_for(cfg));
+  check_host_memory_for_compute(cfg, device->info());
   CachingAllocator allocator{device, AllocatorConfig::parse(cfg.alloc_conf)};
   attach(allocator);
 

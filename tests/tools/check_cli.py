@@ -388,12 +388,28 @@ def check_auto_segments(exe, work):
     check(i + 1 == len(ks) or ks[i + 1] == k + 1, ks)
 
 
+def check_compute_host_memory(exe, work):
+    """--compute backs the simulated GPU with host memory: a run that cannot fit in what the
+    machine has stops before any arithmetic, saying what it needs (issue 22, item 11)."""
+    env = dict(os.environ, VRAMSCOPE_HOST_MEMORY="100MiB")
+    for args in (["sweep", "--model", "forum-cnn", "--compute", "--segments", "0", "--dtype", "f32"],
+                 ["trace", "--model", "forum-cnn", "--compute"]):
+        start = time.time()
+        p = subprocess.run([exe, *args], capture_output=True, text=True, timeout=110, env=env)
+        check(p.returncode == 1, f"{args}: exit {p.returncode}: {p.stderr}")
+        err = p.stderr.strip()
+        check(err.count("\n") == 0 and "MiB of host memory" in err and "100.00 MiB available" in err,
+              err)
+        check(time.time() - start < 20, "the check must come before the arithmetic")
+
+
 CHECKS = {
     "exact": check_exact, "csv": check_csv, "json": check_json, "oom": check_oom,
     "bad-input": check_bad_input, "trace-files": check_trace_files, "trace-oom": check_trace_oom,
     "demo": check_demo, "help": check_help, "devices": check_devices, "models": check_models,
     "plot": check_plot, "inplace": check_inplace, "replay": check_replay,
     "reentrant": check_reentrant, "auto-segments": check_auto_segments,
+    "compute-host-memory": check_compute_host_memory,
 }
 
 
