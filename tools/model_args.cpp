@@ -41,24 +41,21 @@ void add_model_options(CLI::App& app, ModelArgs& args, const std::string& defaul
           },
           "NAME"))
       ->type_name("NAME");
-  app.add_option("-b,--batch", args.batch, "batch size (default: the model's)")
-      ->check(integer_in(1, nn::kMaxBatch))
-      ->type_name("N");
-  app.add_option("--depth", args.depth, "mlp: number of Linear+ReLU layers")
-      ->check(integer_in(1, nn::kMaxDepth))
-      ->type_name("N");
-  app.add_option("--width", args.width, "mlp: features per layer")
-      ->check(integer_in(1, nn::kMaxWidth))
-      ->type_name("N");
-  app.add_option("--seq", args.seq, "gpt2: sequence length (<= 1024)")
-      ->check(integer_in(1, nn::kMaxSeq))
-      ->type_name("N");
-  app.add_option("--image", args.image, "resnet: input side in pixels")
-      ->check(integer_in(1, nn::kMaxImage))
-      ->type_name("N");
-  app.add_option("--classes", args.classes, "resnet: number of classes")
-      ->check(integer_in(1, nn::kMaxClasses))
-      ->type_name("N");
+  // The sizes: each a whole number from 1 to the runtime's bound for it.
+  const struct {
+    const char* name;
+    std::int64_t* value;
+    const char* help;
+    std::int64_t max;
+  } sizes[] = {{"-b,--batch", &args.batch, "batch size (default: the model's)", nn::kMaxBatch},
+               {"--depth", &args.depth, "mlp: number of Linear+ReLU layers", nn::kMaxDepth},
+               {"--width", &args.width, "mlp: features per layer", nn::kMaxWidth},
+               {"--seq", &args.seq, "gpt2: sequence length (<= 1024)", nn::kMaxSeq},
+               {"--image", &args.image, "resnet: input side in pixels", nn::kMaxImage},
+               {"--classes", &args.classes, "resnet: number of classes", nn::kMaxClasses}};
+  for (const auto& size : sizes) {
+    app.add_option(size.name, *size.value, size.help)->check(integer_in(1, size.max))->type_name("N");
+  }
   app.add_option("--model-options", args.extra,
                  "more model options as key=value,... (dropout=0,inplace=1; see `vramscope models`)")
       ->type_name("K=V,...");
