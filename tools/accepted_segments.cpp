@@ -11,8 +11,10 @@
 
 namespace mem::tools {
 
-std::vector<std::size_t> accepted_segment_counts(nn::TrainConfig cfg, const DeviceInfo& device) {
+std::optional<std::vector<std::size_t>> accepted_segment_counts(nn::TrainConfig cfg,
+                                                                const DeviceInfo& device) {
   const std::size_t modules = nn::describe_model(cfg.model, cfg.model_options).sequence_length;
+  if (modules > kMaxModulesForAcceptedSearch) return std::nullopt;
   cfg.mode = nn::ExecMode::DryRun;
   cfg.model_options.batch = 1;
   cfg.steps = 1;
@@ -31,7 +33,12 @@ std::vector<std::size_t> accepted_segment_counts(nn::TrainConfig cfg, const Devi
   return accepted;
 }
 
-std::string describe_segment_counts(const std::vector<std::size_t>& counts) {
+std::string describe_segment_counts(const std::optional<std::vector<std::size_t>>& found) {
+  if (!found) {
+    return fmt::format("not searched beyond {} sequential modules (a dry run per count)",
+                       kMaxModulesForAcceptedSearch);
+  }
+  const std::vector<std::size_t>& counts = *found;
   std::string out;
   auto add = [&out](const std::string& part) { out += (out.empty() ? "" : ", ") + part; };
   std::size_t i = 0;

@@ -231,11 +231,13 @@ TEST(Sweep, AcceptedSegmentCountsOnlyWhenARowWasRefused) {
 }
 
 TEST(Sweep, SegmentCountsReadAsTheSweepsOption) {
-  EXPECT_EQ(describe_segment_counts({}), "none");
-  EXPECT_EQ(describe_segment_counts({1}), "0 (none)");
-  EXPECT_EQ(describe_segment_counts({2}), "2");
-  EXPECT_EQ(describe_segment_counts({1, 2, 3, 4, 5}), "0 (none), 2-5");
-  EXPECT_EQ(describe_segment_counts({3, 5, 6, 9}), "3, 5-6, 9");
+  EXPECT_EQ(describe_segment_counts(std::vector<std::size_t>{}), "none");
+  EXPECT_EQ(describe_segment_counts(std::vector<std::size_t>{1}), "0 (none)");
+  EXPECT_EQ(describe_segment_counts(std::vector<std::size_t>{2}), "2");
+  EXPECT_EQ(describe_segment_counts(std::vector<std::size_t>{1, 2, 3, 4, 5}), "0 (none), 2-5");
+  EXPECT_EQ(describe_segment_counts(std::vector<std::size_t>{3, 5, 6, 9}), "3, 5-6, 9");
+  // Past the bound the search is not made, and the hint says why (bounded work).
+  EXPECT_NE(describe_segment_counts(std::nullopt).find("not searched beyond 512"), std::string::npos);
 }
 
 TEST(Sweep, ValidationNamesWhatIsValid) {
