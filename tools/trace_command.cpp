@@ -217,8 +217,10 @@ void run(const TraceArgs& args) {
   }
   if (!args.plot.empty()) {
     PlotOptions po;
-    po.title = fmt::format("{} batch {} ({}) — one training step on {}", info.name, info.batch,
-                           nn::precision_name(cfg.precision), device->info().name);
+    po.title = fmt::format("{} batch {} ({}), {} training step{}, {} segments, on {}", info.name,
+                           info.batch, nn::precision_name(cfg.precision), cfg.steps,
+                           cfg.steps == 1 ? "" : "s", cfg.segments <= 1 ? 0 : cfg.segments,
+                           device->info().name);
     write_file("--plot", args.plot, [&] { write_memory_plot_svg(*timeline, args.plot, po); });
   }
   std::cout << "\ndevice: " << device->info().assumptions << "\n";

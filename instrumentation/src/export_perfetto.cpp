@@ -6,6 +6,7 @@
 #include <set>
 
 #include "file_output.hpp"
+#include "vramscope/allocator/units.hpp"
 #include "vramscope/instrumentation/exports.hpp"
 
 namespace mem {
@@ -43,10 +44,19 @@ std::string perfetto_trace_json(const Timeline& timeline) {
     events.push_back(counter("reserved", s.time_us, s.reserved_bytes));
     events.push_back(counter("nvidia-smi view", s.time_us, s.device_used_bytes));
   }
+  for (const TimelineOom& oom : timeline.ooms()) {
+    events.push_back(ordered_json{
+        {"name", "out of memory (asked " + format_bytes(oom.requested_bytes) + ")"},
+        {"ph", "i"}, {"s", "g"}, {"ts", oom.time_us}, {"pid", kPid}, {"tid", 0},
+        {"args", {{"requested_bytes", oom.requested_bytes},
+                  {"allocated_bytes", oom.allocated_bytes},
+                  {"reserved_bytes", oom.reserved_bytes}}}});
+  }
   for (const TimelineSlice& s : slices) {
     const ContextInfo& info = context_info(s.context);
     const double stop = s.end_us < 0 ? end : s.end_us;
-    events.push_back(ordered_json{{"name", info.path},
+    // The step's own scope has the empty path: a slice needs a name to be found.
+    events.push_back(ordered_json{{"name", info.path.empty() ? "step" : info.path},
                                   {"cat", phase_name(info.phase)},
                                   {"ph", "X"},
                                   {"ts", s.begin_us},
@@ -61,8 +71,12 @@ std::string perfetto_trace_json(const Timeline& timeline) {
   ordered_json doc;
   doc["traceEvents"] = std::move(events);
   doc["displayTimeUnit"] = "ms";
+  // Under the Events clock one microsecond of the trace is one allocator event.
+  const char* clock = timeline.clock() == TimelineClock::Events ? "allocator events (1 us = 1 event)"
+                                                                : "host microseconds";
   doc["otherData"] = ordered_json{{"schema", "vramscope.perfetto"},
                                   {"version", kPerfettoSchemaVersion},
+                                  {"clock", clock},
                                   {"device", timeline.device_info().name},
                                   {"device_total_bytes", timeline.device_total_bytes()},
                                   {"assumptions", timeline.device_info().assumptions}};

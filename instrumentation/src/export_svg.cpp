@@ -66,10 +66,32 @@ struct TimeUnit {
   double us;
   const char* name;
 };
-TimeUnit time_unit(double max_us) {
+TimeUnit time_unit(double max_us, TimelineClock clock) {
+  if (clock == TimelineClock::Events) {
+    if (max_us >= 2e6) return {1e6, "millions"};
+    if (max_us >= 2e4) return {1e3, "thousands"};
+    return {1.0, ""};
+  }
   if (max_us >= 2e6) return {1e6, "s"};
   if (max_us >= 2e3) return {1e3, "ms"};
   return {1.0, "\xC2\xB5s"};  // µs
+}
+
+// The title on as many lines as it needs at ~10 px a character (20 px bold).
+std::vector<std::string> wrap_title(const std::string& title, double width_px) {
+  const auto per_line = static_cast<std::size_t>(std::max(20.0, width_px / 10.5));
+  std::vector<std::string> lines{""};
+  std::size_t pos = 0;
+  while (pos < title.size()) {
+    std::size_t next = title.find(' ', pos);
+    if (next == std::string::npos) next = title.size();
+    const std::string word = title.substr(pos, next - pos);
+    if (!lines.back().empty() && lines.back().size() + 1 + word.size() > per_line) lines.emplace_back();
+    if (!lines.back().empty()) lines.back() += ' ';
+    lines.back() += word;
+    pos = next + 1;
+  }
+  return lines;
 }
 
 std::string trim_number(double v) {
@@ -143,8 +165,12 @@ std::string memory_plot_svg(const Timeline& timeline, const PlotOptions& options
   const double end_us = std::max(timeline.end_us(), 1.0);
   const DeviceInfo& device = timeline.device_info();
 
-  // Plot area.
-  const double left = 88, right = width - 28.0, top = 84, bottom = height - 96.0;
+  // Plot area, below the title's lines.
+  const std::string title =
+      options.title.empty() ? "Memory over one run \xE2\x80\x94 " + device.name : options.title;
+  const std::vector<std::string> title_lines = wrap_title(title, width - 88.0 - 28.0);
+  const double title_extra = 24.0 * static_cast<double>(title_lines.size() - 1);
+  const double left = 88, right = width - 28.0, top = 84 + title_extra, bottom = height - 96.0;
 
   // Peaks.
   std::size_t peak_alloc = 0, peak_reserved = 0, peak_smi = 0;
@@ -168,7 +194,7 @@ std::string memory_plot_svg(const Timeline& timeline, const PlotOptions& options
   const double y_step = nice_step(max_bytes * 1.05 / unit.bytes, 5);
   const double y_top = std::ceil(max_bytes * 1.05 / unit.bytes / y_step) * y_step * unit.bytes;
   const Scale y{0, y_top, bottom, top};
-  const TimeUnit tunit = time_unit(end_us);
+  const TimeUnit tunit = time_unit(end_us, timeline.clock());
   const double x_step = nice_step(end_us / tunit.us, 8);
   const Scale x{0, end_us, left, right};
 
@@ -183,18 +209,18 @@ std::string memory_plot_svg(const Timeline& timeline, const PlotOptions& options
                      height);
 
   // Title and the one-line story of the run.
-  const std::string title =
-      options.title.empty() ? "Memory over one run \xE2\x80\x94 " + device.name : options.title;
-  svg += fmt::format(
-      "<text x=\"{}\" y=\"34\" font-size=\"20\" font-weight=\"bold\" fill=\"#222\">{}</text>\n",
-      left, detail::xml_escape(title));
+  for (std::size_t i = 0; i < title_lines.size(); ++i) {
+    svg += fmt::format(
+        "<text x=\"{}\" y=\"{}\" font-size=\"20\" font-weight=\"bold\" fill=\"#222\">{}</text>\n",
+        left, 34 + 24 * i, detail::xml_escape(title_lines[i]));
+  }
   std::string story = fmt::format("peak allocated {} \xC2\xB7 peak reserved {} \xC2\xB7 peak nvidia-smi {}",
                                   format_bytes(peak_alloc), format_bytes(peak_reserved),
                                   format_bytes(peak_smi));
   if (device.context_bytes > 0) story += fmt::format(" (incl. {} CUDA context)", format_bytes(device.context_bytes));
   if (total > 0) story += fmt::format(" \xC2\xB7 device {}", format_bytes(total));
-  svg += fmt::format("<text x=\"{}\" y=\"58\" font-size=\"13\" fill=\"#555\">{}</text>\n", left,
-                     detail::xml_escape(story));
+  svg += fmt::format("<text x=\"{}\" y=\"{}\" font-size=\"13\" fill=\"#555\">{}</text>\n", left,
+                     58 + title_extra, detail::xml_escape(story));
 
   // Plot background, then phase bands under everything else.
   svg += fmt::format(
@@ -242,8 +268,10 @@ std::string memory_plot_svg(const Timeline& timeline, const PlotOptions& options
   }
   svg += fmt::format(
       "<text x=\"{:.1f}\" y=\"{}\" text-anchor=\"middle\" font-size=\"12\" fill=\"#555\">"
-      "time since recording started ({})</text>\n",
-      (left + right) / 2, bottom + 38, tunit.name);
+      "{} since recording started{}</text>\n",
+      (left + right) / 2, bottom + 38,
+      timeline.clock() == TimelineClock::Events ? "allocator events" : "time",
+      *tunit.name == '\0' ? std::string() : fmt::format(" ({})", tunit.name));
   svg += "</g>\n";
   svg += fmt::format(
       "<line x1=\"{0}\" y1=\"{1}\" x2=\"{0}\" y2=\"{2}\" stroke=\"#888\" stroke-width=\"1\"/>\n"
@@ -282,6 +310,18 @@ std::string memory_plot_svg(const Timeline& timeline, const PlotOptions& options
         "<path id=\"nvidia-smi\" d=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"2\" "
         "stroke-dasharray=\"6 3\" stroke-linejoin=\"round\"/>\n",
         step_path(samples, x, y, smi, right), kSmiColor);
+  }
+
+  // Out of memory: where the allocator gave up, and what was asked.
+  for (const TimelineOom& oom : timeline.ooms()) {
+    const double px = x(oom.time_us);
+    svg += fmt::format(
+        "<g id=\"oom\">\n<line x1=\"{0:.1f}\" y1=\"{1}\" x2=\"{0:.1f}\" y2=\"{2}\" stroke=\"#b22222\" "
+        "stroke-width=\"2\"/>\n<text x=\"{3:.1f}\" y=\"{4}\" font-size=\"12\" font-weight=\"bold\" "
+        "fill=\"#b22222\" text-anchor=\"end\" stroke=\"#ffffff\" stroke-width=\"4\" "
+        "paint-order=\"stroke\">out of memory: asked {5} with {6} allocated</text>\n</g>\n",
+        px, top, bottom, px - 4, top + 30, format_bytes(oom.requested_bytes),
+        format_bytes(oom.allocated_bytes));
   }
 
   // The peak: a marker, a guide to the axis, and its value.

@@ -36,7 +36,12 @@ void Timeline::stop() noexcept {
   allocator_ = nullptr;
 }
 
-double Timeline::now_us() const noexcept { return detail::ticks_to_us(start_ticks_, detail::ticks()); }
+double Timeline::now_us() const noexcept {
+  if (options_.clock == TimelineClock::Events) {
+    return static_cast<double>(events_.load(std::memory_order_relaxed));
+  }
+  return detail::ticks_to_us(start_ticks_, detail::ticks());
+}
 
 std::uint32_t Timeline::thread_number() {
   const auto id = std::this_thread::get_id();
@@ -48,6 +53,16 @@ std::uint32_t Timeline::thread_number() {
 }
 
 void Timeline::on_event(const TraceEvent& event) noexcept {
+  events_.fetch_add(1, std::memory_order_relaxed);
+  if (event.action == TraceAction::Oom) {
+    try {
+      std::lock_guard lock(mutex_);
+      ooms_.push_back(TimelineOom{now_us(), event.size, event.allocated_bytes, event.reserved_bytes});
+    } catch (...) {
+      // Recording must never fail the allocation.
+    }
+    return;
+  }
   switch (event.action) {
     case TraceAction::Alloc:
     case TraceAction::FreeCompleted:
@@ -116,10 +131,16 @@ std::vector<TimelineSlice> Timeline::slices() const {
   return slices_;
 }
 
+std::vector<TimelineOom> Timeline::ooms() const {
+  std::lock_guard lock(mutex_);
+  return ooms_;
+}
+
 double Timeline::end_us() const {
   std::lock_guard lock(mutex_);
   double end = samples_.empty() ? 0.0 : samples_.back().time_us;
   for (const TimelineSlice& s : slices_) end = std::max({end, s.begin_us, s.end_us});
+  for (const TimelineOom& o : ooms_) end = std::max(end, o.time_us);
   return end;
 }
 

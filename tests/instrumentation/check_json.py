@@ -55,7 +55,10 @@ def check_trace(directory: Path) -> None:
     counters = {e["name"] for e in events if e["ph"] == "C"}
     assert counters == {"allocated", "reserved", "nvidia-smi view"}, counters
     for e in events:
-        assert e["ph"] in ("C", "X", "M"), e
+        assert e["ph"] in ("C", "X", "M", "i"), e
+        if e["ph"] == "i":  # an out-of-memory mark: what was asked, and the totals then
+            assert e["name"].startswith("out of memory (asked "), e
+            assert e["s"] == "g" and e["args"]["requested_bytes"] > 0, e
         if e["ph"] == "C":
             assert set(e) == {"name", "ph", "ts", "pid", "tid", "args"}
             assert set(e["args"]) == {"bytes"} and e["args"]["bytes"] >= 0
@@ -63,11 +66,13 @@ def check_trace(directory: Path) -> None:
             assert set(e) == {"name", "cat", "ph", "ts", "dur", "pid", "tid", "args"}
             assert e["cat"] in ("forward", "backward", "recompute", "optimizer", "none")
             assert e["dur"] >= 0
+            assert e["name"], e  # every slice named (the step's own scope is "step")
     slices = [e for e in events if e["ph"] == "X"]
     cats = {e["cat"] for e in slices}
     assert {"forward", "backward", "recompute", "optimizer"} <= cats, cats
     peak = max(e["args"]["bytes"] for e in events if e["ph"] == "C" and e["name"] == "allocated")
     assert peak > 0
+    assert doc["otherData"]["clock"].startswith("allocator events"), doc["otherData"]
 
 
 def main(directory: Path) -> None:

@@ -343,6 +343,23 @@ def check_plot(exe, work):
     check(root.tag.endswith("svg"), root.tag)
     ns = "{http://www.w3.org/2000/svg}"
     check(len(root.findall(f"{ns}polyline")) == 4, "two curves per dtype")
+    # A step's plot and timeline are the same picture every time: their x axis counts
+    # allocator events, not host time (issue 22, item 8); an OOM is marked in both.
+    outs = []
+    for n in (1, 2):
+        plot, timeline = os.path.join(work, f"step{n}.svg"), os.path.join(work, f"step{n}.json")
+        run(exe, "trace", "--model", "forum-cnn-full", "--device", "sim:rtx2080s", "--plot", plot,
+            "--timeline", timeline, expect=1)
+        outs.append((open(plot).read(), open(timeline).read()))
+    check(outs[0] == outs[1], "the same command drew two different pictures")
+    svg_text, trace_text = outs[0]
+    check('id="oom"' in svg_text and "out of memory: asked" in svg_text, "no OOM mark in the plot")
+    check("allocator events since recording started" in svg_text, "x axis")
+    check("1 training step" in svg_text, "the title says the steps")
+    events = json.loads(trace_text)["traceEvents"]
+    check(any(e["ph"] == "i" and e["name"].startswith("out of memory") for e in events),
+          "no OOM mark in the timeline")
+    check(all(e["name"] for e in events if e["ph"] == "X"), "an unnamed slice")
 
 
 def check_replay(exe, work):

@@ -12,6 +12,7 @@
 // sample (halving resolution, never the span), so a long run still fits.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -28,8 +29,13 @@ namespace mem {
 
 class CachingAllocator;
 
+/// What a timeline's x axis counts. Events: allocator events since the timeline started,
+/// so the same run always draws the same picture (a scheduler hiccup of a few ms cannot
+/// fill half a plot). Host: microseconds of host time, for timing studies.
+enum class TimelineClock : std::uint8_t { Events, Host };
+
 struct TimelineSample {
-  double time_us = 0;                ///< since the timeline started
+  double time_us = 0;                ///< on the timeline's clock: events, or µs of host time
   std::size_t allocated_bytes = 0;
   std::size_t reserved_bytes = 0;
   std::size_t device_used_bytes = 0; ///< nvidia-smi view
@@ -43,7 +49,16 @@ struct TimelineSlice {
   std::uint32_t thread = 0;          ///< small per-timeline thread number, 0 first
 };
 
+/// An allocation the device could not satisfy (the allocator threw OutOfMemoryError).
+struct TimelineOom {
+  double time_us = 0;                ///< on the timeline's clock
+  std::size_t requested_bytes = 0;   ///< rounded request
+  std::size_t allocated_bytes = 0;
+  std::size_t reserved_bytes = 0;
+};
+
 struct TimelineOptions {
+  TimelineClock clock = TimelineClock::Events;
   std::size_t max_samples = std::size_t{1} << 20;
   std::size_t max_slices = std::size_t{1} << 20;  ///< later scopes are not recorded
 };
@@ -61,6 +76,8 @@ class Timeline final : public AllocatorObserver, public ScopeListener {
 
   std::vector<TimelineSample> samples() const;
   std::vector<TimelineSlice> slices() const;
+  std::vector<TimelineOom> ooms() const;
+  TimelineClock clock() const noexcept { return options_.clock; }
   /// The device the run was on, for titles and the assumptions line.
   const DeviceInfo& device_info() const noexcept { return *device_info_; }
   std::size_t device_total_bytes() const noexcept { return device_total_; }
@@ -85,6 +102,8 @@ class Timeline final : public AllocatorObserver, public ScopeListener {
   std::size_t stride_ = 1;      // keep one event in stride_ once decimated
   std::size_t skipped_ = 0;
   std::vector<TimelineSlice> slices_;
+  std::vector<TimelineOom> ooms_;
+  std::atomic<std::uint64_t> events_{0};  // allocator events seen: the Events clock
   std::unordered_map<std::thread::id, std::vector<std::size_t>> open_;  // open slice indices
   std::unordered_map<std::thread::id, std::uint32_t> threads_;
 };
