@@ -210,7 +210,12 @@ void run(const TraceArgs& args) {
     so.history = true;
     so.history_source = &*history;
     const Snapshot snap = snapshot(allocator, so);
-    write_file("--snapshot", args.snapshot, [&] { write_memory_snapshot_pickle(snap, args.snapshot); });
+    // memory_viz names each block by module (with its class) and phase; what a module made
+    // outside the step's phases (its parameters and buffers, at construction) says so.
+    const PickleOptions po{.module_type = trainer ? module_types(trainer->model()) : ModuleTypeFn{},
+                           .unscoped = "outside any module",
+                           .none_phase = "parameters and buffers"};
+    write_file("--snapshot", args.snapshot, [&] { write_memory_snapshot_pickle(snap, args.snapshot, po); });
   }
   if (!args.timeline.empty()) {
     write_file("--timeline", args.timeline, [&] { write_perfetto_trace(*timeline, args.timeline); });

@@ -10,22 +10,37 @@
 namespace mem {
 namespace {
 
-// One synthetic frame per context: memory_viz prints frames as
-// "filename:line:name", so the module and phase show where a stack would.
-void frames(detail::PickleWriter& w, ContextId context) {
+// One synthetic frame per context: memory_viz prints frames as "filename:line:name", so
+// the module (and its class, when known) and the phase show where a stack would.
+void frames(detail::PickleWriter& w, ContextId context, const PickleOptions& options) {
   w.begin_list();
   if (context != kNoContext) {
     const ContextInfo& info = context_info(context);
+    std::string module = info.path.empty() ? std::string("step") : info.path;
+    if (options.module_type) {
+      if (const std::string type = options.module_type(info.path); !type.empty()) {
+        module += " (" + type + ")";
+      }
+    }
     w.begin_dict();
-    w.item("filename", "vramscope");
+    w.item("filename", module);
     w.item("line", std::int64_t{0});
-    w.item("name", fmt::format("{} ({})", info.path, phase_name(info.phase)));
+    w.item("name", info.phase == Phase::None && !options.none_phase.empty()
+                       ? options.none_phase
+                       : std::string(phase_name(info.phase)));
+    w.end_dict();
+  } else if (!options.unscoped.empty()) {
+    w.begin_dict();
+    w.item("filename", options.unscoped);
+    w.item("line", std::int64_t{0});
+    w.item("name", "none");
     w.end_dict();
   }
   w.end_list();
 }
 
-void segment(detail::PickleWriter& w, const SegmentInfo& seg, int device_index) {
+void segment(detail::PickleWriter& w, const SegmentInfo& seg, const PickleOptions& options) {
+  const int device_index = options.device_index;
   w.begin_dict();
   w.item("device", std::int64_t{device_index});
   w.item_u("address", seg.address);
@@ -41,7 +56,7 @@ void segment(detail::PickleWriter& w, const SegmentInfo& seg, int device_index) 
   w.tuple2();
   w.item("is_expandable", false);
   w.string("frames");
-  frames(w, kNoContext);
+  frames(w, kNoContext, PickleOptions{});  // a segment has no owner of its own
   w.string("blocks");
   w.begin_list();
   for (const BlockInfo& block : seg.blocks) {
@@ -51,14 +66,19 @@ void segment(detail::PickleWriter& w, const SegmentInfo& seg, int device_index) 
     w.item_u("requested_size", block.requested_size);
     w.item("state", block_state_name(block.state));
     w.string("frames");
-    frames(w, block.state == BlockState::Inactive ? kNoContext : block.context);
+    if (block.state == BlockState::Inactive) {
+      frames(w, kNoContext, PickleOptions{});  // free: nobody's
+    } else {
+      frames(w, block.context, options);
+    }
     w.end_dict();
   }
   w.end_list();
   w.end_dict();
 }
 
-void trace_entry(detail::PickleWriter& w, const HistoryEntry& e, std::size_t device_free) {
+void trace_entry(detail::PickleWriter& w, const HistoryEntry& e, std::size_t device_free,
+                 const PickleOptions& options) {
   w.begin_dict();
   w.item("action", trace_action_name(e.action));
   // PyTorch stores cudaMemGetInfo's free under "device_free" for an oom, not "addr".
@@ -75,7 +95,7 @@ void trace_entry(detail::PickleWriter& w, const HistoryEntry& e, std::size_t dev
   w.item_u("stream", e.stream);
   w.item("time_us", static_cast<std::int64_t>(e.time_us));
   w.string("frames");
-  frames(w, e.context);
+  frames(w, e.context, options);
   w.end_dict();
 }
 
@@ -103,6 +123,11 @@ void allocator_settings(detail::PickleWriter& w, const AllocatorConfig& config) 
 }  // namespace
 
 std::string memory_snapshot_pickle(const Snapshot& snapshot, int device_index) {
+  return memory_snapshot_pickle(snapshot, PickleOptions{.device_index = device_index});
+}
+
+std::string memory_snapshot_pickle(const Snapshot& snapshot, const PickleOptions& options) {
+  const int device_index = options.device_index;
   if (device_index < 0) throw Error("pickle export: device_index must be >= 0");
   if (!snapshot.has_segments && !snapshot.has_history) {
     throw Error(
@@ -113,7 +138,7 @@ std::string memory_snapshot_pickle(const Snapshot& snapshot, int device_index) {
   w.begin_dict();
   w.string("segments");
   w.begin_list();
-  for (const SegmentInfo& seg : snapshot.segments) segment(w, seg, device_index);
+  for (const SegmentInfo& seg : snapshot.segments) segment(w, seg, options);
   w.end_list();
 
   // One trace list per device up to ours; memory_viz indexes them by device.
@@ -124,7 +149,7 @@ std::string memory_snapshot_pickle(const Snapshot& snapshot, int device_index) {
     w.end_list();
   }
   w.begin_list();
-  for (const HistoryEntry& e : snapshot.history) trace_entry(w, e, snapshot.device.free_bytes);
+  for (const HistoryEntry& e : snapshot.history) trace_entry(w, e, snapshot.device.free_bytes, options);
   w.end_list();
   w.end_list();
 
@@ -136,7 +161,12 @@ std::string memory_snapshot_pickle(const Snapshot& snapshot, int device_index) {
 
 void write_memory_snapshot_pickle(const Snapshot& snapshot, const std::filesystem::path& path,
                                   int device_index) {
-  detail::write_file(path, memory_snapshot_pickle(snapshot, device_index),
+  write_memory_snapshot_pickle(snapshot, path, PickleOptions{.device_index = device_index});
+}
+
+void write_memory_snapshot_pickle(const Snapshot& snapshot, const std::filesystem::path& path,
+                                  const PickleOptions& options) {
+  detail::write_file(path, memory_snapshot_pickle(snapshot, options),
                      "mem::write_memory_snapshot_pickle");
 }
 

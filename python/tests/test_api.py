@@ -82,7 +82,8 @@ def test_snapshot_pickle_loads_with_python_pickle(run_fresh, tmp_path):
     assert [b["size"] for b in active] == [2 * MiB]
     trace = snap["device_traces"][0]
     allocs = [e for e in trace if e["action"] == "alloc"]
-    assert allocs and "encoder.block0" in allocs[-1]["frames"][0]["name"]
+    frame = allocs[-1]["frames"][0]
+    assert (frame["filename"], frame["name"]) == ("encoder.block0", "forward"), frame
     doc = json.loads((tmp_path / "s.json").read_text())
     owners = [(b["module"], b["phase"]) for seg in doc["segments"] for b in seg["blocks"]
               if b["state"] == "active_allocated"]

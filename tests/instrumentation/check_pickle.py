@@ -19,6 +19,7 @@ SEGMENT_KEYS = {"device", "address", "total_size", "allocated_size", "active_siz
                 "is_expandable", "frames", "blocks"}
 BLOCK_KEYS = {"address", "size", "requested_size", "state", "frames"}
 FRAME_KEYS = {"filename", "line", "name"}
+PHASES = {"none", "forward", "backward", "recompute", "optimizer"}  # names of the frames
 TRACE_ACTIONS = {"alloc", "free_requested", "free_completed", "segment_alloc",
                  "segment_free", "oom"}
 
@@ -49,8 +50,9 @@ def main(directory: Path) -> None:
             assert block["state"] in ("active_allocated", "active_pending_free", "inactive")
             assert block["address"] == address, "blocks must tile the segment"
             address += block["size"]
-            for frame in block["frames"]:
-                assert set(frame) == FRAME_KEYS and frame["filename"] == "vramscope"
+            for frame in block["frames"]:  # module path (and class) : 0 : phase
+                assert set(frame) == FRAME_KEYS and frame["filename"] and frame["line"] == 0
+                assert frame["name"] in PHASES, frame
             if block["state"] == "active_allocated":
                 seg_allocated += block["size"]
             blocks += 1
@@ -79,8 +81,8 @@ def main(directory: Path) -> None:
         last_time = entry["time_us"]
         for frame in entry["frames"]:
             assert set(frame) == FRAME_KEYS
-            assert frame["line"] == 0 and frame["filename"] == "vramscope"
-            modules.add(frame["name"])
+            assert frame["line"] == 0 and frame["name"] in PHASES, frame
+            modules.add(f'{frame["filename"]} ({frame["name"]})')
     assert actions == TRACE_ACTIONS, actions
     assert "model.layer2 (recompute)" in modules, sorted(modules)
     assert "optimizer (optimizer)" in modules

@@ -247,6 +247,12 @@ def check_trace_files(exe, work):
     check(len(snap["device_traces"]) == 1 and len(snap["device_traces"][0]) > 0, "no trace")
     actions = {e["action"] for e in snap["device_traces"][0]}
     check({"alloc", "free_requested", "segment_alloc"} <= actions, actions)
+    # memory_viz shows "filename:line:name": module (class):0:phase; the parameters, made
+    # before the step outside any module, say so instead of "(none)" (issue 22, item 9).
+    frames = [f for seg in snap["segments"] for b in seg["blocks"] for f in b["frames"]]
+    check(any(f["filename"].endswith("(Conv2d)") for f in frames), frames[:5])
+    check(any(f["name"] == "parameters and buffers" for f in frames), sorted({f["name"] for f in frames}))
+    check(all(f["name"] != "none" for f in frames), "a frame still says none")
     with open(tl) as f:
         trace = json.load(f)
     events = trace["traceEvents"] if isinstance(trace, dict) else trace

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -36,12 +37,25 @@ inline constexpr std::string_view kHistoryCsvHeader =
 
 // --- PyTorch memory snapshot (torch.cuda.memory._snapshot() pickled) --------
 /// Pickle protocol 2 of {"segments", "device_traces", "allocator_settings"} with
-/// PyTorch's field names. Blocks carry frames only through the history; each
-/// trace entry gets one synthetic frame {name: "<module> (<phase>)",
-/// filename: "vramscope", line: 0}.
+/// PyTorch's field names. Each allocated block and trace entry gets one synthetic frame
+/// {filename: "<module path>", line: 0, name: "<phase>"} (see PickleOptions).
 std::string memory_snapshot_pickle(const Snapshot& snapshot, int device_index = 0);
 void write_memory_snapshot_pickle(const Snapshot& snapshot, const std::filesystem::path& path,
                                   int device_index = 0);
+
+/// How blocks and trace entries are named in memory_viz, which prints a frame as
+/// "filename:line:name": filename is the module path with its class when module_type
+/// knows it ("layer1.0.conv1 (Conv2d)"), name the phase; a block outside every module
+/// scope gets one frame naming `unscoped` (when not empty) instead of none.
+struct PickleOptions {
+  int device_index = 0;
+  std::function<std::string(std::string_view path)> module_type = {};
+  std::string unscoped = {};    ///< label of blocks outside every scope ("" for no frame)
+  std::string none_phase = {};  ///< name of Phase::None frames ("" for "none"), e.g. "parameters"
+};
+std::string memory_snapshot_pickle(const Snapshot& snapshot, const PickleOptions& options);
+void write_memory_snapshot_pickle(const Snapshot& snapshot, const std::filesystem::path& path,
+                                  const PickleOptions& options);
 
 // --- JSON of a snapshot ---------------------------------------------------
 std::string snapshot_json(const Snapshot& snapshot, int indent = 2);
