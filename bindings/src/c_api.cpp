@@ -147,16 +147,14 @@ Registry& registry() {
 }
 
 // The spec with "auto" resolved, so "auto" and "cuda" compare equal on a GPU machine.
-std::string resolved_spec(const std::string& spec);
-
-bool is_cuda_spec(const std::string& spec) {
-  return spec == "cuda" || spec.starts_with("cuda:") ||
-         (spec == "auto" && mem::cuda_device_count() > 0);
-}
-
 std::string resolved_spec(const std::string& spec) {
   if (spec == "auto") return mem::cuda_device_count() > 0 ? "cuda" : "sim";
   return spec;
+}
+
+bool is_cuda_spec(const std::string& spec) {
+  const std::string resolved = resolved_spec(spec);
+  return resolved == "cuda" || resolved.starts_with("cuda:");
 }
 
 // The device behind index `device` under `spec`: GPU cuda:N for a CUDA spec, an
@@ -218,15 +216,19 @@ DeviceSlot* owner_of(const void* ptr) noexcept {
   return nullptr;
 }
 
-// Frees on the owner of `ptr` when there are several allocators, or none.
-[[gnu::noinline]] void free_searching(void* ptr) {
+// The slot whose allocator holds `ptr` as an allocated block; mem::Error otherwise.
+DeviceSlot& owner_or_throw(const void* ptr) {
   DeviceSlot* slot = owner_of(ptr);
   if (slot == nullptr) {
     throw mem::Error("pointer " + std::to_string(reinterpret_cast<std::uintptr_t>(ptr)) +
-                     " was not handed out by vramscope, or was already freed; nothing changed");
+                     " is not an allocated block of vramscope (never handed out, or already "
+                     "freed); nothing changed");
   }
-  slot->allocator->deallocate(ptr);
+  return *slot;
 }
+
+// Frees on the owner of `ptr` when there are several allocators, or none.
+[[gnu::noinline]] void free_searching(void* ptr) { owner_or_throw(ptr).allocator->deallocate(ptr); }
 
 // Frees on the owning allocator. With one device there is nothing to search: its
 // deallocate checks the pointer itself.
@@ -276,9 +278,17 @@ mem::Snapshot full_snapshot(DeviceSlot& slot) {
                                          .history_source = slot.history.get()});
 }
 
-std::string require_path(const char* path) {
+// Writes `device`'s full snapshot with `write(snapshot, path)`; a failed write is an I/O
+// error, not misuse.
+template <class Write>
+void write_snapshot(int device, const char* path, Write&& write) {
   if (path == nullptr || *path == '\0') throw mem::Error("the output path is empty");
-  return path;
+  const mem::Snapshot snap = full_snapshot(slot_for(device));
+  try {
+    write(snap, std::string(path));
+  } catch (const mem::Error& e) {
+    throw IoError(e.what());
+  }
 }
 
 // The open scopes of this thread, innermost last. Closed innermost first at thread exit,
@@ -338,14 +348,8 @@ vramscope_status vramscope_free(void* ptr) {
 }
 
 vramscope_status vramscope_record_stream(void* ptr, vramscope_stream stream) {
-  return guarded("vramscope_record_stream", [&] {
-    DeviceSlot* slot = owner_of(ptr);
-    if (slot == nullptr) {
-      throw mem::Error("pointer " + std::to_string(reinterpret_cast<std::uintptr_t>(ptr)) +
-                       " is not an allocated block of vramscope; nothing changed");
-    }
-    slot->allocator->record_stream(ptr, stream);
-  });
+  return guarded("vramscope_record_stream",
+                 [&] { owner_or_throw(ptr).allocator->record_stream(ptr, stream); });
 }
 
 vramscope_status vramscope_stream_create(int device, vramscope_stream* out) {
@@ -418,25 +422,17 @@ vramscope_status vramscope_record_history(int device, size_t max_entries) {
 
 vramscope_status vramscope_snapshot_pickle(int device, const char* path) {
   return guarded("vramscope_snapshot_pickle", [&] {
-    const std::string out = require_path(path);
-    const mem::Snapshot snap = full_snapshot(slot_for(device));
-    try {
+    write_snapshot(device, path, [&](const mem::Snapshot& snap, const std::string& out) {
       mem::write_memory_snapshot_pickle(snap, out, device);
-    } catch (const mem::Error& e) {
-      throw IoError(e.what());
-    }
+    });
   });
 }
 
 vramscope_status vramscope_snapshot_json(int device, const char* path) {
   return guarded("vramscope_snapshot_json", [&] {
-    const std::string out = require_path(path);
-    const mem::Snapshot snap = full_snapshot(slot_for(device));
-    try {
+    write_snapshot(device, path, [](const mem::Snapshot& snap, const std::string& out) {
       mem::write_snapshot_json(snap, out);
-    } catch (const mem::Error& e) {
-      throw IoError(e.what());
-    }
+    });
   });
 }
 
@@ -493,12 +489,8 @@ void* vramscope_torch_malloc(ptrdiff_t size, int device, void* stream) {
 void vramscope_torch_record_stream(void* ptr, void* stream) {
   if (ptr == nullptr) return;
   guarded("vramscope_torch_record_stream", [&] {
-    DeviceSlot* slot = owner_of(ptr);
-    if (slot == nullptr) {
-      throw mem::Error("pointer " + std::to_string(reinterpret_cast<std::uintptr_t>(ptr)) +
-                       " is not an allocated block of vramscope; nothing changed");
-    }
-    slot->allocator->record_stream(ptr, slot->adopt(stream));
+    DeviceSlot& slot = owner_or_throw(ptr);
+    slot.allocator->record_stream(ptr, slot.adopt(stream));
   });
 }
 

@@ -161,7 +161,7 @@ void MemoryLogger::on_scope_enter(const ScopeEvent& event) {
   if (!shown(path)) return;
   // The same module reopening in the same phase right after it closed (another of
   // its autograd nodes, its next parameter's update): one call, one line pair.
-  if (held_ && held_->path == path && held_->phase == event.phase) {
+  if (holds(path, event.phase)) {
     held_.reset();  // its line will cover what the held one did (rolled-up children too)
     held_is_rollup_ = false;
     return;
@@ -190,16 +190,15 @@ void MemoryLogger::on_scope_exit(const ScopeEvent& event) noexcept {
       if (target.empty()) return;
       // One line for the ancestor's own scope and its hidden children in a row (a block's
       // backward runs its children's nodes and its own in turn).
-      if (!(held_ && held_->path == target && held_->phase == event.phase)) flush_locked();
+      if (!holds(target, event.phase)) flush_locked();
       ScopeEvent as_ancestor = event;
       as_ancestor.path = target;
       held_ = capture(false, as_ancestor);
       held_is_rollup_ = true;
       return;
     }
-    if (!(held_ && held_is_rollup_ && held_->path == path && held_->phase == event.phase)) {
-      flush_locked();
-    }
+    // A rolled-up line of this very scope's children is taken over by its own line.
+    if (!(holds(path, event.phase) && held_is_rollup_)) flush_locked();
     held_ = capture(false, event);
     held_is_rollup_ = false;
   } catch (...) {

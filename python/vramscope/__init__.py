@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Iterator, Optional, Union
 
 from ._native import (POOLS, STAT_ARRAYS, STAT_COUNTERS, STAT_FIELDS, OutOfMemoryError, Stats,
-                      VramscopeError, check, encode, library, library_path)
+                      VramscopeError, check, check_last, encode, library, library_path)
 from ._torch import ModuleTracker, enable, track_modules
 
 __all__ = [
@@ -48,7 +48,7 @@ def malloc(size: int, device: int = 0, stream: int = 0) -> int:
     lib = library()
     ptr = lib.vramscope_malloc(size, device, stream)
     if not ptr:
-        check(lib.vramscope_last_error_code() or 4)
+        check_last(lib)
     return ptr
 
 
@@ -144,7 +144,7 @@ def memory_summary(device: int = 0) -> str:
     lib = library()
     length = lib.vramscope_memory_summary(device, None, 0)
     if length == 0:
-        check(lib.vramscope_last_error_code() or 4)
+        check_last(lib)
     buf = ctypes.create_string_buffer(length + 1)
     lib.vramscope_memory_summary(device, buf, length + 1)
     return buf.value.decode()

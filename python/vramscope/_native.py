@@ -158,5 +158,11 @@ def check(status: int) -> None:
     raise VramscopeError(message)
 
 
+def check_last(lib: ctypes.CDLL) -> None:
+    """Raises the calling thread's last failure, for the functions that report one by their
+    return value (NULL, 0) rather than a status."""
+    check(lib.vramscope_last_error_code() or ERROR_INTERNAL)
+
+
 def encode(text: Optional[str]) -> Optional[bytes]:
     return None if text is None else text.encode()

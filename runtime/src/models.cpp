@@ -2,6 +2,7 @@
 // and GPT-2 in four sizes, with their inputs, targets and losses.
 #include "vramscope/runtime/models.hpp"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <functional>
@@ -205,6 +206,20 @@ Built build_gpt2(const ModelOptions& o, std::int64_t layers, std::int64_t embed,
   return b;
 }
 
+// The integer sizes of ModelOptions, once: parse, check, to_string and the applicability
+// check all read this table.
+struct SizeKey {
+  const char* key;
+  std::int64_t ModelOptions::*field;
+  std::int64_t max;
+};
+constexpr SizeKey kSizeKeys[] = {{"batch", &ModelOptions::batch, kMaxBatch},
+                                 {"depth", &ModelOptions::depth, kMaxDepth},
+                                 {"width", &ModelOptions::width, kMaxWidth},
+                                 {"seq", &ModelOptions::seq, kMaxSeq},
+                                 {"image", &ModelOptions::image, kMaxImage},
+                                 {"classes", &ModelOptions::classes, kMaxClasses}};
+
 struct Entry {
   const char* name;
   const char* options;  ///< the keys it takes; any other key set is an error, not ignored
@@ -233,16 +248,15 @@ const std::vector<Entry>& registry() {
 
 // A size given for a model that has no such size would be echoed in reports and ignored.
 void check_applicable(const Entry& e, const ModelOptions& o) {
-  const std::pair<const char*, bool> set[] = {
-      {"batch", o.batch > 0}, {"depth", o.depth > 0},        {"width", o.width > 0},
-      {"seq", o.seq > 0},     {"image", o.image > 0},        {"classes", o.classes > 0},
-      {"dropout", o.dropout.has_value()}, {"inplace", o.inplace_relu.has_value()}};
   const std::string takes = std::string(", ") + e.options + ",";
-  for (const auto& [key, given] : set) {
+  const auto require = [&](const char* key, bool given) {
     if (given && takes.find(std::string(", ") + key + ",") == std::string::npos) {
       throw Error(std::string(e.name) + " has no " + key + " option; it takes " + e.options);
     }
-  }
+  };
+  for (const SizeKey& size : kSizeKeys) require(size.key, o.*size.field > 0);
+  require("dropout", o.dropout.has_value());
+  require("inplace", o.inplace_relu.has_value());
 }
 
 Built build(std::string_view name, const ModelOptions& options) {
@@ -279,12 +293,6 @@ std::int64_t parse_int(std::string_view key, std::string_view value) {
   return v;
 }
 
-void check_size(const char* key, std::int64_t value, std::int64_t max) {
-  if (value < 0 || value > max) {
-    throw Error("model option " + std::string(key) + "=" + std::to_string(value) +
-                " is out of range: give 1 to " + std::to_string(max));
-  }
-}
 
 }  // namespace
 
@@ -300,18 +308,10 @@ ModelOptions ModelOptions::parse(std::string_view text) {
       throw Error("model option '" + std::string(item) + "' is not key=value");
     }
     const std::string_view key = item.substr(0, eq), value = item.substr(eq + 1);
-    if (key == "batch") {
-      o.batch = parse_int(key, value);
-    } else if (key == "depth") {
-      o.depth = parse_int(key, value);
-    } else if (key == "width") {
-      o.width = parse_int(key, value);
-    } else if (key == "seq") {
-      o.seq = parse_int(key, value);
-    } else if (key == "image") {
-      o.image = parse_int(key, value);
-    } else if (key == "classes") {
-      o.classes = parse_int(key, value);
+    const auto size = std::find_if(std::begin(kSizeKeys), std::end(kSizeKeys),
+                                   [&](const SizeKey& k) { return key == k.key; });
+    if (size != std::end(kSizeKeys)) {
+      o.*size->field = parse_int(key, value);
     } else if (key == "dropout") {
       try {
         o.dropout = std::stod(std::string(value));
@@ -334,12 +334,13 @@ ModelOptions ModelOptions::parse(std::string_view text) {
 }
 
 void ModelOptions::check() const {
-  check_size("batch", batch, kMaxBatch);
-  check_size("depth", depth, kMaxDepth);
-  check_size("width", width, kMaxWidth);
-  check_size("seq", seq, kMaxSeq);
-  check_size("image", image, kMaxImage);
-  check_size("classes", classes, kMaxClasses);
+  for (const SizeKey& size : kSizeKeys) {
+    const std::int64_t value = this->*size.field;
+    if (value < 0 || value > size.max) {
+      throw Error("model option " + std::string(size.key) + "=" + std::to_string(value) +
+                  " is out of range: give 1 to " + std::to_string(size.max));
+    }
+  }
 }
 
 std::string ModelOptions::to_string() const {
@@ -348,12 +349,9 @@ std::string ModelOptions::to_string() const {
     if (!s.empty()) s.push_back(',');
     s.append(key).append("=").append(value);
   };
-  if (batch > 0) add("batch", std::to_string(batch));
-  if (depth > 0) add("depth", std::to_string(depth));
-  if (width > 0) add("width", std::to_string(width));
-  if (seq > 0) add("seq", std::to_string(seq));
-  if (image > 0) add("image", std::to_string(image));
-  if (classes > 0) add("classes", std::to_string(classes));
+  for (const SizeKey& size : kSizeKeys) {
+    if (this->*size.field > 0) add(size.key, std::to_string(this->*size.field));
+  }
   if (dropout) {
     std::ostringstream os;
     os << *dropout;

@@ -128,6 +128,10 @@ class MemoryLogger final : public ScopeListener, public AllocatorObserver {
   /// the deepest shown level, whose line it rolls up into; "" when an open shown
   /// ancestor's own line already covers it.
   std::string rollup_target(const std::string& path);
+  /// A post line for `path` in `phase` is held (its own, or its hidden children's).
+  bool holds(const std::string& path, Phase phase) const noexcept {
+    return held_ && held_->path == path && held_->phase == phase;
+  }
 
   CachingAllocator& allocator_;
   std::ostream& out_;
