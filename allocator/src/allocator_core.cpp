@@ -100,6 +100,12 @@ void* AllocatorCore::malloc(std::size_t orig_size, StreamId stream) {
 
   bool found = get_free_block(p);
   if (!found) {
+    // Checked on the miss path only: a stream's first request always misses (its pool
+    // holds nothing yet), so a never-created stream is refused before it owns a block.
+    if (!device_->has_stream(stream)) [[unlikely]] {
+      throw Error("allocate(" + std::to_string(orig_size) + " B): stream " + std::to_string(stream) +
+                  " is not a stream of this device (destroyed, or never created); nothing was allocated");
+    }
     p.alloc_size = segment_size_for(p.size);
     if (set_fraction_ && config_.garbage_collection_threshold > 0.0) [[unlikely]] {
       garbage_collect_cached_blocks();

@@ -190,6 +190,24 @@ TEST(BadInput, RecordStreamOnAStreamTheDeviceDoesNotHave) {
   p.alloc.validate();
 }
 
+TEST(BadInput, AllocateOnAStreamTheDeviceDoesNotHave) {
+  Populated p;
+  const StreamId destroyed = p.device->create_stream();
+  p.device->destroy_stream(destroyed);
+  for (StreamId stream : {destroyed, StreamId{12345}}) {
+    for (std::size_t size : {std::size_t{512}, 4 * MiB, 64 * MiB}) {
+      expect_rejected_unchanged(p.alloc, [&] { p.alloc.allocate(size, stream); },
+                                {"allocate(" + std::to_string(size) + " B)",
+                                 "stream " + std::to_string(stream), "never created"});
+    }
+  }
+  // A created stream gets its own segment as before.
+  const StreamId side = p.device->create_stream();
+  void* ptr = p.alloc.allocate(512, side);
+  p.alloc.validate();
+  p.alloc.deallocate(ptr);
+}
+
 TEST(BadInput, StreamDestroyedAfterRecordStreamStillLetsTheBlockBeFreed) {
   // No event can be recorded on a destroyed stream: the free waits for the device
   // instead, and the block is reusable at once rather than stuck forever.

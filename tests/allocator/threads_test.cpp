@@ -15,6 +15,7 @@ namespace {
 TEST(Threads, ConcurrentAllocateAndFreeStayConsistent) {
   auto dev = testing::small_device(4 * GiB);
   CachingAllocator a{dev};
+  const StreamId side = dev->create_stream();
   constexpr int kThreads = 4;
   constexpr int kSteps = 20000;
   std::atomic<bool> stop{false};
@@ -22,7 +23,7 @@ TEST(Threads, ConcurrentAllocateAndFreeStayConsistent) {
   for (int t = 0; t < kThreads; ++t) {
     workers.emplace_back([&, t] {
       std::mt19937_64 rng(static_cast<std::uint64_t>(t) + 7);
-      const StreamId stream = static_cast<StreamId>(t % 2);
+      const StreamId stream = t % 2 == 0 ? StreamId{0} : side;
       std::vector<void*> mine;
       for (int i = 0; i < kSteps; ++i) {
         if (mine.empty() || rng() % 2 == 0) {
