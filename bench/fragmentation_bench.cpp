@@ -38,6 +38,7 @@
 #include "vramscope/instrumentation/peaks.hpp"
 #include "vramscope/instrumentation/replay.hpp"
 #include "vramscope/runtime/training.hpp"
+#include "vramscope/models/zoo.hpp"
 
 namespace mem::bench {
 namespace {
@@ -176,7 +177,7 @@ class PeakWatcher final : public AllocatorObserver {
 Figures run_model(const Workload& w, std::int64_t segments, const AllocatorConfig& config,
                   double memory_fraction, AllocationTrace* trace) {
   nn::TrainConfig cfg;
-  cfg.model = w.model;
+  cfg.model = models::find(w.model);
   cfg.model_options = nn::ModelOptions::parse(w.options);
   cfg.mode = nn::ExecMode::DryRun;
   cfg.segments = static_cast<std::size_t>(segments);

@@ -9,6 +9,7 @@
 #include "vramscope/allocator/caching_allocator.hpp"
 #include "vramscope/allocator/device.hpp"
 #include "vramscope/runtime/training.hpp"
+#include "vramscope/models/zoo.hpp"
 
 namespace {
 
@@ -30,7 +31,7 @@ void set_step_counters(benchmark::State& state, const mem::nn::StepStats& s) {
 /// simulated A100 80 GB; steady state (Adam state already allocated).
 void BM_DryRunStepResnet50(benchmark::State& state) {
   TrainConfig cfg;
-  cfg.model = "resnet50";
+  cfg.model = mem::models::find("resnet50");
   cfg.model_options.batch = 256;
   cfg.segments = static_cast<std::size_t>(state.range(0));
   auto device = mem::make_device("sim:a100-80g");
@@ -53,7 +54,7 @@ void BM_SweepMlp200Segments(benchmark::State& state) {
     best_peak = 0;
     for (std::size_t k = 1; k <= 32; ++k) {
       TrainConfig cfg;
-      cfg.model = "mlp";
+      cfg.model = mem::models::find("mlp");
       cfg.model_options.depth = 200;
       cfg.segments = k;
       cfg.steps = 2;
@@ -70,7 +71,7 @@ BENCHMARK(BM_SweepMlp200Segments)->Unit(benchmark::kMillisecond);
 /// One compute-mode training step of forum-cnn at batch 100 (OpenBLAS GEMMs, im2col).
 void BM_ComputeStepForumCnn(benchmark::State& state) {
   TrainConfig cfg;
-  cfg.model = "forum-cnn";
+  cfg.model = mem::models::find("forum-cnn");
   cfg.mode = ExecMode::Compute;
   auto device = mem::make_device(mem::nn::device_spec_for(cfg));
   mem::CachingAllocator alloc(device);

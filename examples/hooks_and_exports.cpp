@@ -12,6 +12,7 @@
 #include "vramscope/allocator/caching_allocator.hpp"
 #include "vramscope/instrumentation/instrumentation.hpp"
 #include "vramscope/runtime/training.hpp"
+#include "vramscope/models/zoo.hpp"
 
 int main(int argc, char** argv) {
   const std::filesystem::path out = argc > 1 ? argv[1] : ".";
@@ -31,7 +32,7 @@ int main(int argc, char** argv) {
   }};
 
   mem::nn::TrainConfig config;
-  config.model = "mlp";
+  config.model = mem::models::find("mlp");
   config.model_options = mem::nn::ModelOptions::parse("depth=4,width=1024,batch=256");
   config.segments = 2;  // checkpoint_sequential with 2 segments
   mem::nn::Trainer trainer{config, alloc};

@@ -13,7 +13,7 @@ namespace mem::tools {
 
 std::optional<std::vector<std::size_t>> accepted_segment_counts(nn::TrainConfig cfg,
                                                                 const DeviceInfo& device) {
-  const std::size_t modules = nn::describe_model(cfg.model, cfg.model_options).sequence_length;
+  const std::size_t modules = cfg.model->describe(cfg.model_options).sequence_length;
   if (modules > kMaxModulesForAcceptedSearch) return std::nullopt;
   cfg.mode = nn::ExecMode::DryRun;
   cfg.model_options.batch = 1;

@@ -10,6 +10,8 @@
 #include "vramscope/allocator/config.hpp"
 #include "vramscope/allocator/device.hpp"
 #include "vramscope/allocator/sim_device.hpp"
+#include "vramscope/models/model_file.hpp"
+#include "vramscope/models/zoo.hpp"
 
 namespace mem::tools {
 
@@ -33,14 +35,17 @@ CLI::Validator integer_in(std::int64_t min, std::int64_t max) {
 }
 
 void add_model_options(CLI::App& app, ModelArgs& args, const std::string& default_note) {
-  const std::string names = fmt::format("{}", fmt::join(nn::model_names(), ", "));
-  app.add_option("-m,--model", args.model, "built-in model: " + names + " (" + default_note + ")")
+  const std::string names = fmt::format("{}", fmt::join(models::names(), ", "));
+  app.add_option("-m,--model", args.model, "a model of the zoo: " + names + " (" + default_note + ")")
       ->check(CLI::Validator(
           [names](std::string& name) -> std::string {
             return name.empty() ? "an empty model name; valid: " + names : std::string{};
           },
           "NAME"))
       ->type_name("NAME");
+  app.add_option("--model-file", args.model_file,
+                 "your own model as a model file (JSON; docs/MODEL_FILES.md) instead of --model")
+      ->type_name("PATH");
   // The sizes: each a whole number from 1 to the runtime's bound for it.
   const struct {
     const char* name;
@@ -78,8 +83,20 @@ nn::ModelOptions to_model_options(const ModelArgs& args) {
   return o;
 }
 
-nn::ModelInfo describe(const std::string& model, const nn::ModelOptions& options) {
-  return as_usage("--model", [&] { return nn::describe_model(model, options); });
+std::shared_ptr<const nn::ModelSource> resolve_model(const ModelArgs& args, const std::string& fallback) {
+  if (!args.model.empty() && !args.model_file.empty()) {
+    throw UsageError("--model and --model-file both name a model; give one");
+  }
+  if (!args.model_file.empty()) {
+    return as_usage("--model-file", [&]() -> std::shared_ptr<const nn::ModelSource> {
+      return models::ModelFile::load(args.model_file);
+    });
+  }
+  return as_usage("--model", [&] { return models::find(args.model.empty() ? fallback : args.model); });
+}
+
+nn::ModelInfo describe(const nn::ModelSource& model, const nn::ModelOptions& options) {
+  return as_usage("--model", [&] { return model.describe(options); });
 }
 
 std::vector<std::string> split_list(const std::string& option, const std::string& text) {

@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -16,7 +17,8 @@ namespace mem::tools {
 
 /// What the command line says about the model (0 = the model's default).
 struct ModelArgs {
-  std::string model;          ///< empty: the command's default
+  std::string model;          ///< a zoo name; empty: the command's default
+  std::string model_file;     ///< --model-file: a model file of the user's
   std::int64_t batch = 0;
   std::int64_t depth = 0;
   std::int64_t width = 0;
@@ -30,16 +32,22 @@ struct ModelArgs {
 /// Without it CLI11 clamps "99999999999999999999", and "-1" wraps in an unsigned option.
 CLI::Validator integer_in(std::int64_t min, std::int64_t max);
 
-/// Adds --model, --batch, --depth, --width, --seq, --image, --classes, --model-options.
+/// Adds --model, --model-file, --batch, --depth, --width, --seq, --image, --classes,
+/// --model-options.
 void add_model_options(CLI::App& app, ModelArgs& args, const std::string& default_note);
 
 /// The runtime's options for `args` (extra first, then the explicit flags on top).
 /// Throws UsageError naming the option and the valid values.
 nn::ModelOptions to_model_options(const ModelArgs& args);
 
-/// Shapes and sizes of the chosen model; throws UsageError for an unknown model
-/// (listing the valid names) or an impossible size.
-nn::ModelInfo describe(const std::string& model, const nn::ModelOptions& options);
+/// The model named by --model (or `fallback` when neither is given) or read from
+/// --model-file. UsageError for both given, an unknown name (listing the zoo) or a
+/// bad file (its JSON path and what was expected).
+std::shared_ptr<const nn::ModelSource> resolve_model(const ModelArgs& args, const std::string& fallback);
+
+/// Shapes and sizes of the chosen model; throws UsageError for an option the model
+/// does not take or an impossible size.
+nn::ModelInfo describe(const nn::ModelSource& model, const nn::ModelOptions& options);
 
 /// Comma-separated list ("f32,f16") split and trimmed. An empty item ("f32,,f16", a
 /// trailing comma) is a UsageError naming `option`: it is a typo, not nothing.

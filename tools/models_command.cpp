@@ -9,6 +9,8 @@
 #include "model_args.hpp"
 #include "table.hpp"
 #include "vramscope/allocator/units.hpp"
+#include "usage_error.hpp"
+#include "vramscope/models/zoo.hpp"
 #include "vramscope/runtime/models.hpp"
 
 namespace mem::tools {
@@ -16,18 +18,24 @@ namespace mem::tools {
 namespace {
 
 const char* loss_name(nn::LossKind loss) {
-  return loss == nn::LossKind::MSE ? "mse" : "cross entropy";
+  switch (loss) {
+    case nn::LossKind::MSE: return "mse";
+    case nn::LossKind::CrossEntropy: return "cross entropy";
+    case nn::LossKind::Sum: return "sum";
+  }
+  return "?";
 }
 
 void run(const ModelArgs& args) {
-  std::vector<std::string> names;
-  nn::ModelOptions options;
-  if (args.model.empty()) {
-    names = nn::model_names();
-    options = to_model_options(args);  // rejects malformed values even when listing all
+  std::vector<std::shared_ptr<const nn::ModelSource>> sources;
+  const nn::ModelOptions options = to_model_options(args);
+  if (args.model.empty() && args.model_file.empty()) {
+    if (!options.given().empty()) {
+      throw UsageError("size options describe one model: give --model NAME or --model-file PATH with them");
+    }
+    for (const std::string& name : models::names()) sources.push_back(models::find(name));
   } else {
-    names.push_back(args.model);
-    options = to_model_options(args);
+    sources.push_back(resolve_model(args, ""));
   }
   Table t{{{"model", Align::Left},
            {"parameters", Align::Right},
@@ -38,8 +46,8 @@ void run(const ModelArgs& args) {
            {"seq modules", Align::Right},
            {"loss", Align::Left}}};
   std::vector<std::pair<std::string, std::string>> notes;
-  for (const std::string& name : names) {
-    const nn::ModelInfo m = describe(name, args.model.empty() ? nn::ModelOptions{} : options);
+  for (const auto& source : sources) {
+    const nn::ModelInfo m = describe(*source, options);
     t.add_row({m.name, human_count(m.parameters), format_bytes(m.parameter_bytes(nn::DType::F32)),
                format_bytes(m.parameter_bytes(nn::DType::F16)), std::to_string(m.batch),
                m.input_shape.str(), std::to_string(m.sequence_length), loss_name(m.loss)});

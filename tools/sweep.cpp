@@ -111,7 +111,8 @@ std::vector<std::size_t> auto_segments(std::size_t modules) {
 }
 
 nn::ModelInfo validate_sweep(const SweepSpec& spec) {
-  const nn::ModelInfo info = describe(spec.model, spec.model_options);
+  if (!spec.model) throw UsageError("no model given; give --model NAME or --model-file PATH");
+  const nn::ModelInfo info = describe(*spec.model, spec.model_options);
   check_device(spec.device, spec.mode);
   if (spec.precisions.empty()) throw UsageError("--dtype: empty; valid: f32, f16, bf16, amp, amp-bf16");
   for (const std::string& conf : spec.alloc_confs) check_alloc_conf(conf);

@@ -4,7 +4,7 @@
 // sweep_export and sweep_plot turn a SweepResult into text and files.
 //
 //   mem::tools::SweepSpec spec;
-//   spec.model = "mlp";
+//   spec.model = mem::models::find("mlp");
 //   spec.device = "sim:rtx2080s";
 //   spec.segments = {0, 4, 16};
 //   spec.precisions = {mem::nn::Precision::F32};
@@ -29,7 +29,7 @@ namespace mem::tools {
 
 /// What to sweep. Every list must be non-empty (validate_sweep checks).
 struct SweepSpec {
-  std::string model = "mlp";
+  std::shared_ptr<const nn::ModelSource> model;  ///< required (mem::models::find, ModelFile)
   nn::ModelOptions model_options;
   std::string device = "sim:rtx2080s";
   std::vector<std::size_t> segments;       ///< 0 = no checkpointing

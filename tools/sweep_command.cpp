@@ -67,14 +67,14 @@ std::vector<std::size_t> parse_segments(const std::string& text, std::size_t mod
 SweepSpec make_spec(const SweepArgs& args) {
   SweepSpec spec;
   ModelArgs model = args.model;
-  if (model.model.empty()) {
+  if (model.model.empty() && model.model_file.empty()) {
     // The demo: only the sizes not given on the command line take its values.
     model.model = "mlp";
     if (model.depth == 0) model.depth = kDemoDepth;
     if (model.width == 0) model.width = kDemoWidth;
     if (model.batch == 0) model.batch = kDemoBatch;
   }
-  spec.model = model.model;
+  spec.model = resolve_model(model, "mlp");
   spec.model_options = to_model_options(model);
   spec.mode = args.compute ? nn::ExecMode::Compute : nn::ExecMode::DryRun;
   spec.device = resolve_device(args.device, spec.mode);
@@ -89,7 +89,7 @@ SweepSpec make_spec(const SweepArgs& args) {
     throw UsageError("--format: \"" + args.format + "\" is not a format; valid: table, csv, json");
   }
   // The model decides what "auto" and the upper bound of --segments mean.
-  const nn::ModelInfo info = describe(spec.model, spec.model_options);
+  const nn::ModelInfo info = describe(*spec.model, spec.model_options);
   spec.segments = parse_segments(args.segments, info.sequence_length);
   spec.refine_segments = args.segments == "auto";
   validate_sweep(spec);

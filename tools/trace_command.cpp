@@ -55,9 +55,9 @@ struct TraceArgs {
 
 nn::TrainConfig make_config(const TraceArgs& args) {
   nn::TrainConfig cfg;
-  cfg.model = args.model.model.empty() ? "resnet18" : args.model.model;
+  cfg.model = resolve_model(args.model, "resnet18");
   cfg.model_options = to_model_options(args.model);
-  const nn::ModelInfo info = describe(cfg.model, cfg.model_options);
+  const nn::ModelInfo info = describe(*cfg.model, cfg.model_options);
   cfg.mode = args.compute ? nn::ExecMode::Compute : nn::ExecMode::DryRun;
   cfg.device = resolve_device(args.device, cfg.mode);
   check_device(cfg.device, cfg.mode);
@@ -132,7 +132,7 @@ void write_file(const char* option, const std::string& path, F&& write) {
 void run(const TraceArgs& args) {
   check_output_paths({{"--snapshot", args.snapshot}, {"--timeline", args.timeline}, {"--plot", args.plot}});
   const nn::TrainConfig cfg = make_config(args);
-  const nn::ModelInfo info = nn::describe_model(cfg.model, cfg.model_options);
+  const nn::ModelInfo info = cfg.model->describe(cfg.model_options);
   const auto device = make_device(nn::device_spec_for(cfg));
   check_host_memory_for_compute(cfg, device->info());
   CachingAllocator allocator{device, AllocatorConfig::parse(cfg.alloc_conf)};
@@ -236,7 +236,7 @@ void run(const TraceArgs& args) {
     throw CommandFailed(fmt::format(
         "backward failed as it does on PyTorch: a tensor saved for backward was modified by an in-place op "
         "(see above); --segments that {} accepts: {}",
-        cfg.model, describe_segment_counts(accepted_segment_counts(cfg, device->info()))));
+        cfg.model->name(), describe_segment_counts(accepted_segment_counts(cfg, device->info()))));
   }
 }
 

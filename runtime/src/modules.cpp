@@ -53,6 +53,23 @@ std::vector<Tensor> Module::parameters() const {
   return out;
 }
 
+std::vector<Tensor> Module::trainable_parameters() const {
+  std::vector<Tensor> out;
+  for (const ParamSlot& slot : slots_) {
+    if (!slot.is_buffer && !slot.frozen) out.push_back(slot.tensor);
+  }
+  for (const auto& [name, child] : children_) {
+    auto sub = child->trainable_parameters();
+    out.insert(out.end(), sub.begin(), sub.end());
+  }
+  return out;
+}
+
+void Module::freeze() {
+  for (ParamSlot& slot : slots_) slot.frozen = !slot.is_buffer;
+  for (auto& [name, child] : children_) child->freeze();
+}
+
 std::int64_t Module::parameter_count() const {
   std::int64_t n = 0;
   const auto add = [&](std::int64_t more) {
@@ -102,7 +119,7 @@ void Module::materialize(Runtime& runtime, DType dtype) {
         uniform_(slot.tensor, slot.init_low, slot.init_high, seed);
       }
       slot.tensor.set_name(path_.empty() ? slot.name : path_ + "." + slot.name);
-      if (!slot.is_buffer) {
+      if (!slot.is_buffer && !slot.frozen) {
         slot.tensor.set_requires_grad(true);
         slot.tensor.impl()->grad_context = context(Phase::Backward);
       }
@@ -167,6 +184,62 @@ Tensor Sequential::forward(const Tensor& input) {
   }
   return x;
 }
+
+// --- Residual, Parallel, Identity ------------------------------------------------------------
+
+Residual::Residual(std::string class_name, bool inplace_add)
+    : Module(std::move(class_name)), inplace_add_(inplace_add) {}
+
+Module& Residual::add(Part part, std::string name, std::unique_ptr<Module> module) {
+  Module& child = add_module(std::move(name), std::move(module));
+  reuse(part, child);
+  return child;
+}
+
+void Residual::reuse(Part part, Module& child) { parts_[static_cast<std::size_t>(part)].push_back(&child); }
+
+Tensor Residual::forward(const Tensor& input) {
+  const auto run = [](const std::vector<Module*>& modules, Tensor x) {
+    for (Module* m : modules) x = (*m)(x);
+    return x;
+  };
+  Tensor out = run(parts_[0], input);
+  const Tensor identity = run(parts_[1], input);
+  out = inplace_add_ ? add_(out, identity) : nn::add(out, identity);
+  return run(parts_[2], out);
+}
+
+Parallel::Parallel(std::string class_name, Join join, std::int64_t dim)
+    : Module(std::move(class_name)), join_(join), dim_(dim) {}
+
+void Parallel::branch() { branches_.emplace_back(); }
+
+Module& Parallel::add(std::string name, std::unique_ptr<Module> module) {
+  Module& child = add_module(std::move(name), std::move(module));
+  reuse(child);
+  return child;
+}
+
+void Parallel::reuse(Module& child) {
+  if (branches_.empty()) branch();
+  branches_.back().push_back(&child);
+}
+
+Tensor Parallel::forward(const Tensor& input) {
+  std::vector<Tensor> outs;
+  outs.reserve(branches_.size());
+  for (const auto& modules : branches_) {
+    Tensor x = input;
+    for (Module* m : modules) x = (*m)(x);
+    outs.push_back(std::move(x));
+  }
+  if (join_ == Join::Concat) return cat(outs, dim_);
+  Tensor sum = outs.at(0);
+  for (std::size_t i = 1; i < outs.size(); ++i) sum = nn::add(sum, outs[i]);
+  return sum;
+}
+
+Identity::Identity() : Module("Identity") {}
 
 std::vector<Module*> Sequential::modules() const {
   std::vector<Module*> out;

@@ -98,7 +98,8 @@ std::string device_spec_for(const TrainConfig& config) {
 Trainer::Trainer(const TrainConfig& config, CachingAllocator& allocator)
     : config_(config), allocator_(&allocator) {
   runtime_ = std::make_unique<Runtime>(allocator, config.mode, config.seed);
-  model_ = build_model(config.model, config.model_options);
+  if (!config.model) throw Error("TrainConfig.model is not set: give one, e.g. mem::models::find(\"mlp\")");
+  model_ = config.model->build(config.model_options);
   plan_ = plan_segments(model_->info().sequence_length, config.segments);
   model_->materialize(*runtime_, parameter_dtype(config.precision));
   model_->body().train(true);

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "test_util.hpp"
+#include "vramscope/models/zoo.hpp"
 
 namespace mem::nn {
 namespace {
@@ -44,7 +45,7 @@ RunResult run(TrainConfig cfg) {
 
 TEST(Checkpoint, MlpGivesIdenticalLossesAndGradientsForEverySegmentCount) {
   TrainConfig cfg;
-  cfg.model = "mlp";
+  cfg.model = models::find("mlp");
   cfg.model_options = ModelOptions::parse("depth=6,width=16,batch=4");
   cfg.steps = 3;
   const RunResult base = run(cfg);
@@ -66,7 +67,7 @@ TEST(Checkpoint, MlpGivesIdenticalLossesAndGradientsForEverySegmentCount) {
 
 TEST(Checkpoint, ResnetBatchNormStatisticsMoveOnceAndGradientsMatch) {
   TrainConfig cfg;
-  cfg.model = "resnet18";
+  cfg.model = models::find("resnet18");
   cfg.model_options = ModelOptions::parse("batch=2,image=32,classes=10");
   cfg.optimizer.kind = OptimizerKind::SGD;
   cfg.steps = 2;
@@ -106,7 +107,7 @@ TEST(Checkpoint, RerunReplaysDropoutMasks) {
 
 TEST(Checkpoint, ReentrantWithoutInputGradLosesParameterGradientsAndSaysSo) {
   TrainConfig cfg;
-  cfg.model = "mlp";
+  cfg.model = models::find("mlp");
   cfg.model_options = ModelOptions::parse("depth=4,width=8,batch=2");
   cfg.segments = 2;
   cfg.checkpoint_mode = CheckpointMode::Reentrant;

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "test_util.hpp"
+#include "vramscope/models/zoo.hpp"
 
 /// `text` contains `piece` (printed in full when not).
 #define EXPECT_CONTAINS(text, piece) \
@@ -246,7 +247,7 @@ Outcome train_once(const std::string& model, const std::string& options, std::si
                    CheckpointMode mode = CheckpointMode::NonReentrant, bool input_requires_grad = false,
                    ExecMode exec = ExecMode::DryRun) {
   TrainConfig cfg;
-  cfg.model = model;
+  cfg.model = models::find(model);
   cfg.model_options = ModelOptions::parse(options);
   cfg.mode = exec;
   cfg.segments = segments;
@@ -270,7 +271,7 @@ Outcome train_once(const std::string& model, const std::string& options, std::si
 
 TEST(InplaceModels, Resnet50AtEightSegmentsIsRefusedWithPyTorchsMessage) {
   TrainConfig cfg;
-  cfg.model = "resnet50";
+  cfg.model = models::find("resnet50");
   cfg.model_options = ModelOptions::parse("batch=2,image=32,classes=10");
   cfg.segments = 8;
   auto device = make_device("sim:capacity=16GiB,context=0");
@@ -374,7 +375,7 @@ TEST(InplaceModels, AcceptedInPlaceConfigurationsComputeTheSameAsWithout) {
   // The in-place ReLU changes memory, never results, where PyTorch accepts it.
   const auto losses = [](const std::string& options, std::size_t segments) {
     TrainConfig cfg;
-    cfg.model = "mlp";
+    cfg.model = models::find("mlp");
     cfg.model_options = ModelOptions::parse(options);
     cfg.mode = ExecMode::Compute;
     cfg.segments = segments;
@@ -413,7 +414,7 @@ TEST(InplaceModels, EveryModelRunsPlainAndAtItsSquareRootSegmentCount) {
                 {"resnet50", "batch=2,image=32,classes=10"},
                 {"gpt2", "batch=1,seq=16"}};
   for (const auto& m : models) {
-    const std::size_t n = describe_model(m.model, ModelOptions::parse(m.options)).sequence_length;
+    const std::size_t n = models::find(m.model)->describe(ModelOptions::parse(m.options)).sequence_length;
     for (std::size_t k : {std::size_t{1}, static_cast<std::size_t>(std::lround(std::sqrt(static_cast<double>(n))))}) {
       for (auto mode : {CheckpointMode::NonReentrant, CheckpointMode::Reentrant}) {
         SCOPED_TRACE(std::string(m.model) + " " + m.options + " segments " + std::to_string(k) + " " +
@@ -442,7 +443,7 @@ class InplaceUnwind : public ::testing::TestWithParam<UnwindCase> {};
 TEST_P(InplaceUnwind, ARefusedStepLeavesTheAllocatorAsAnOutOfMemoryOneDoes) {
   const UnwindCase& c = GetParam();
   TrainConfig cfg;
-  cfg.model = c.model;
+  cfg.model = models::find(c.model);
   cfg.model_options = ModelOptions::parse(c.options);
   cfg.mode = c.exec;
   cfg.segments = c.segments;

@@ -11,6 +11,7 @@
 #include <tuple>
 
 #include "test_util.hpp"
+#include "vramscope/models/zoo.hpp"
 
 namespace mem::nn {
 namespace {
@@ -176,7 +177,7 @@ std::int64_t expected_mlp_peak(std::int64_t n, std::int64_t k) {
 std::int64_t measured_mlp_peak(std::int64_t n, std::int64_t k, ExecMode mode = ExecMode::DryRun,
                                std::int64_t width = 256, std::int64_t batch = 256) {
   TrainConfig cfg;
-  cfg.model = "mlp";
+  cfg.model = models::find("mlp");
   cfg.model_options.depth = n;
   cfg.model_options.width = width;
   cfg.model_options.batch = batch;
@@ -277,7 +278,7 @@ TEST(ModesAgree, ComputeAndDryRunMakeTheSameAllocationsAndFrees) {
   for (const char* model : kModeModels) {
     for (std::size_t segments : {1u, 3u}) {
       TrainConfig cfg;
-      cfg.model = model;
+      cfg.model = models::find(model);
       const std::string m = model;
       cfg.model_options = small_options(m);
       cfg.segments = segments;
@@ -303,7 +304,7 @@ TEST(ModesAgree, ComputeAndDryRunProduceIdenticalAllocatorStatistics) {
   for (const char* model : kModeModels) {
     for (std::size_t segments : {1u, 2u}) {  // 1 segment = no checkpointing
       TrainConfig cfg;
-      cfg.model = model;
+      cfg.model = models::find(model);
       const std::string m = model;
       cfg.model_options = small_options(m);
       cfg.steps = 2;

@@ -4,12 +4,13 @@
 #include <cmath>
 
 #include "test_util.hpp"
+#include "vramscope/models/zoo.hpp"
 
 namespace mem::nn {
 namespace {
 
 TEST(Models, RegistryListsEveryModel) {
-  const auto names = model_names();
+  const auto names = models::names();
   const std::vector<std::string> expected = {"mlp",      "forum-cnn",   "forum-cnn-full", "resnet18", "resnet50",
                                              "gpt2",     "gpt2-medium", "gpt2-large",     "gpt2-xl"};
   EXPECT_EQ(names, expected);
@@ -17,7 +18,7 @@ TEST(Models, RegistryListsEveryModel) {
 
 TEST(Models, UnknownNameListsValidOnes) {
   try {
-    describe_model("resnet51");
+    models::find("resnet51")->describe();
     FAIL() << "no error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("resnet50"), std::string::npos) << e.what();
@@ -28,20 +29,20 @@ TEST(Models, UnknownNameListsValidOnes) {
 }
 
 TEST(Models, ParameterCountsMatchTheReferenceImplementations) {
-  EXPECT_EQ(describe_model("resnet18").parameters, 11689512);  // torchvision
-  EXPECT_EQ(describe_model("resnet50").parameters, 25557032);
-  EXPECT_EQ(describe_model("gpt2").parameters, 124439808);     // HF, tied lm_head
-  EXPECT_EQ(describe_model("gpt2-medium").parameters, 354823168);
-  EXPECT_EQ(describe_model("gpt2-large").parameters, 774030080);
-  EXPECT_EQ(describe_model("gpt2-xl").parameters, 1557611200);
+  EXPECT_EQ(models::find("resnet18")->describe().parameters, 11689512);  // torchvision
+  EXPECT_EQ(models::find("resnet50")->describe().parameters, 25557032);
+  EXPECT_EQ(models::find("gpt2")->describe().parameters, 124439808);     // HF, tied lm_head
+  EXPECT_EQ(models::find("gpt2-medium")->describe().parameters, 354823168);
+  EXPECT_EQ(models::find("gpt2-large")->describe().parameters, 774030080);
+  EXPECT_EQ(models::find("gpt2-xl")->describe().parameters, 1557611200);
   // forum-cnn: 9050 + 11275 + 2260 conv + 4180 * 3258 + 3258 linear.
-  EXPECT_EQ(describe_model("forum-cnn").parameters, 9050 + 11275 + 2260 + 4180 * 3258 + 3258);
-  EXPECT_EQ(describe_model("forum-cnn-full").parameters, 9050 + 11275 + 2260 + 3 * (19350LL * 29913 + 29913));
-  const auto mlp = describe_model("mlp", ModelOptions::parse("depth=3,width=8"));
+  EXPECT_EQ(models::find("forum-cnn")->describe().parameters, 9050 + 11275 + 2260 + 4180 * 3258 + 3258);
+  EXPECT_EQ(models::find("forum-cnn-full")->describe().parameters, 9050 + 11275 + 2260 + 3 * (19350LL * 29913 + 29913));
+  const auto mlp = models::find("mlp")->describe(ModelOptions::parse("depth=3,width=8"));
   EXPECT_EQ(mlp.parameters, 3 * (8 * 8 + 8));
   EXPECT_EQ(mlp.sequence_length, 6u);
-  EXPECT_EQ(describe_model("resnet50").sequence_length, 4u + 16u + 3u);
-  EXPECT_EQ(describe_model("gpt2").sequence_length, 15u);
+  EXPECT_EQ(models::find("resnet50")->describe().sequence_length, 4u + 16u + 3u);
+  EXPECT_EQ(models::find("gpt2")->describe().sequence_length, 15u);
 }
 
 // Sizes never wrap (issue 22, item 1): a shape, a parameter count or its bytes that would
@@ -64,35 +65,35 @@ TEST(Models, SizesThatWouldOverflowAreErrors) {
   ModelOptions wide;
   wide.width = std::int64_t{1} << 31;  // w*w = 2^62 per layer; three layers overflow the count
   wide.depth = 3;
-  EXPECT_NE(message([&] { describe_model("mlp", wide); }).find("more than 2^63 parameters"),
+  EXPECT_NE(message([&] { models::find("mlp")->describe(wide); }).find("more than 2^63 parameters"),
             std::string::npos);
   wide.depth = 1;  // 2^62 parameters fit in the count, not in f32 bytes
-  EXPECT_NE(message([&] { describe_model("mlp", wide); }).find("more than 2^64 bytes"),
+  EXPECT_NE(message([&] { models::find("mlp")->describe(wide); }).find("more than 2^64 bytes"),
             std::string::npos);
   ModelOptions image;
   image.image = std::int64_t{1} << 20;
   image.batch = std::int64_t{1} << 40;
-  EXPECT_NE(message([&] { describe_model("resnet18", image); }).find("2^63"), std::string::npos);
+  EXPECT_NE(message([&] { models::find("resnet18")->describe(image); }).find("2^63"), std::string::npos);
 }
 
 TEST(Models, OptionSizesAreBounded) {
   ModelOptions deep;
   deep.depth = kMaxDepth + 1;
-  EXPECT_THROW(describe_model("mlp", deep), Error);
+  EXPECT_THROW(models::find("mlp")->describe(deep), Error);
   EXPECT_THROW(ModelOptions::parse("depth=1000000000000"), Error);
   EXPECT_THROW(ModelOptions::parse("batch=99999999999999999999"), Error);
   ModelOptions negative;
   negative.batch = -1;
-  EXPECT_THROW(describe_model("mlp", negative), Error);
+  EXPECT_THROW(models::find("mlp")->describe(negative), Error);
   deep.depth = 4;
-  EXPECT_NO_THROW(describe_model("mlp", deep));
+  EXPECT_NO_THROW(models::find("mlp")->describe(deep));
 }
 
 TEST(Models, OptionsAModelDoesNotTakeAreErrors) {
   ModelOptions o;
   o.depth = 12;
   try {
-    describe_model("gpt2", o);
+    models::find("gpt2")->describe(o);
     FAIL() << "gpt2 took a depth";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("gpt2 has no depth option; it takes batch, seq, dropout"),
@@ -100,10 +101,10 @@ TEST(Models, OptionsAModelDoesNotTakeAreErrors) {
   }
   o = {};
   o.dropout = 0.0;
-  EXPECT_THROW(describe_model("resnet50", o), Error);
+  EXPECT_THROW(models::find("resnet50")->describe(o), Error);
   o = {};
   o.batch = 8;  // every model has a batch
-  for (const std::string& name : model_names()) EXPECT_NO_THROW(describe_model(name, o)) << name;
+  for (const std::string& name : models::names()) EXPECT_NO_THROW(models::find(name)->describe(o)) << name;
 }
 
 TEST(Models, OptionsRoundTrip) {
@@ -117,9 +118,9 @@ class EveryModel : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(EveryModel, DryRunStepReturnsEverythingButParametersAndState) {
   TrainConfig cfg;
-  cfg.model = GetParam();
+  cfg.model = models::find(GetParam());
   cfg.model_options.batch = 2;
-  if (cfg.model.rfind("gpt2", 0) == 0) cfg.model_options.seq = 64;
+  if (GetParam().rfind("gpt2", 0) == 0) cfg.model_options.seq = 64;
   cfg.steps = 2;
   const auto device = make_device("sim:capacity=200GiB,context=0");
   CachingAllocator alloc(device);

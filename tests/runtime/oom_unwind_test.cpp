@@ -15,6 +15,7 @@
 
 #include "vramscope/allocator/sim_device.hpp"
 #include "vramscope/runtime/all.hpp"
+#include "vramscope/models/zoo.hpp"
 
 namespace mem::nn {
 namespace {
@@ -34,7 +35,7 @@ void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
 TrainConfig config_of(const Case& c) {
   TrainConfig cfg;
-  cfg.model = c.model;
+  cfg.model = models::find(c.model);
   cfg.model_options = ModelOptions::parse(c.options);
   cfg.mode = c.mode;
   cfg.segments = c.segments;

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "sweep.hpp"
+#include "vramscope/models/zoo.hpp"
 
 namespace mem::tools {
 namespace {
@@ -28,7 +29,7 @@ constexpr Pinned kPinned[] = {
 TEST(PinnedFigures, ZooModelsGiveTheFiguresOfTheirCppBuilders) {
   for (const Pinned& p : kPinned) {
     SweepSpec spec;
-    spec.model = p.model;
+    spec.model = models::find(p.model);
     spec.model_options = nn::ModelOptions::parse(p.options);
     spec.device = "sim:a100-80g";
     spec.segments = {p.segments};

@@ -13,13 +13,14 @@
 #include "usage_error.hpp"
 #include "vramscope/allocator/units.hpp"
 #include "vramscope/runtime/training.hpp"
+#include "vramscope/models/zoo.hpp"
 
 namespace mem::tools {
 namespace {
 
 SweepSpec small_spec() {
   SweepSpec spec;
-  spec.model = "mlp";
+  spec.model = models::find("mlp");
   spec.model_options = nn::ModelOptions::parse("depth=6,width=512,batch=512");
   spec.device = "sim:capacity=2GiB,context=128MiB";
   spec.segments = {0, 2, 3, 4};
@@ -144,7 +145,7 @@ TEST(Sweep, AConfigurationPyTorchRefusesIsAnErrorRowNeverBest) {
   // PyTorch 2.11 refuses checkpoint_sequential(resnet50, 8): segment 2 begins with the stem's
   // ReLU(inplace=True), which modifies the input that segment's checkpoint saved.
   SweepSpec spec;
-  spec.model = "resnet50";
+  spec.model = models::find("resnet50");
   spec.model_options = nn::ModelOptions::parse("batch=2,image=32,classes=10");
   spec.device = "sim:h100-80g";
   spec.segments = {0, 2, 4, 8};
@@ -215,7 +216,7 @@ TEST(Sweep, AConfigurationPyTorchRefusesIsAnErrorRowNeverBest) {
 TEST(Sweep, AcceptedSegmentCountsOnlyWhenARowWasRefused) {
   // The mlp depth 6 with inplace ReLU that PyTorch ran on an H100: 4 and 7 refused.
   SweepSpec spec = small_spec();
-  spec.model = "mlp";
+  spec.model = models::find("mlp");
   spec.model_options = nn::ModelOptions::parse("depth=6,width=64,batch=4,inplace=1");
   spec.segments = {0, 4};
   spec.precisions = {nn::Precision::F32};
@@ -251,7 +252,8 @@ TEST(Sweep, ValidationNamesWhatIsValid) {
   }
   spec.segments = {12};
   EXPECT_NO_THROW(validate_sweep(spec));
-  spec.model = "nosuchnet";
+  EXPECT_THROW(models::find("nosuchnet"), Error);
+  spec.model = nullptr;
   EXPECT_THROW(validate_sweep(spec), UsageError);
   spec = small_spec();
   spec.device = "sim:capacity=lots";

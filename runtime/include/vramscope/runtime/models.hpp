@@ -1,26 +1,12 @@
-// models.hpp — the built-in models, by name, with documented shapes and defaults.
+// models.hpp — what a model is to the engine: its options, its shapes and loss, the
+// built module tree, and the seam a model comes through (ModelSource). Where models
+// come from (the zoo's files, a user's model file, C++ builders) is the models/
+// module's concern: mem::models::find("resnet50"), mem::models::ModelFile.
 //
-//   for (const auto& name : mem::nn::model_names()) {
-//     auto info = mem::nn::describe_model(name);      // no allocation
-//     fmt::print("{} {} params\n", name, info.parameters);
-//   }
-//   auto model = mem::nn::build_model("mlp", mem::nn::ModelOptions::parse("depth=200,width=1024"));
+//   std::shared_ptr<const mem::nn::ModelSource> source = mem::models::find("mlp");
+//   auto model = source->build(mem::nn::ModelOptions::parse("depth=200,width=1024"));
 //   model->materialize(rt, mem::nn::DType::F32);
-//
-// Names and defaults (batch in brackets):
-//   mlp             depth x (Linear(width, width) + ReLU), the last activation a Sigmoid;
-//                   input [batch, width], MSE to a [batch, width] target.
-//                   Defaults depth 16, width 1024 [64]. 2*depth top-level modules.
-//   forum-cnn       input [batch, 20, 19, 22]; three 3x3 padded convs 20->50->25->10 with
-//                   ReLU, flatten, Linear 4180->3258; MSE. [100]
-//   forum-cnn-full  the same convs on [batch, 20, 45, 43], flatten, three Linear
-//                   19350->29913 heads (sigmoid on the first) concatenated; MSE. [100]
-//   resnet18        torchvision layout, input [batch, 3, image, image], 1000 classes,
-//   resnet50        cross entropy; image 224. [32]
-//   gpt2            12 blocks, 768 wide, 12 heads, sequence 1024, vocab 50257, tied
-//   gpt2-medium     lm_head, dropout 0.1, GELU(tanh); cross entropy over next tokens. [8]
-//   gpt2-large      24 / 1024 / 16; 36 / 1280 / 20; 48 / 1600 / 25.
-//   gpt2-xl
+//   fmt::print("{} parameters\n", model->info().parameters);
 #pragma once
 
 #include <cstddef>
@@ -60,13 +46,21 @@ struct ModelOptions {
   /// Parses "depth=200,width=1024,batch=32,seq=512,image=128,classes=10,dropout=0,inplace=1".
   /// Throws mem::Error naming the bad key or value and listing the valid keys.
   static ModelOptions parse(std::string_view text);
+  /// The size option `key` ("batch", "depth", ...) when set; nullopt when not set.
+  std::optional<std::int64_t> size(std::string_view key) const;
+  /// Every option key: batch, depth, width, seq, image, classes, dropout, inplace.
+  static const std::vector<std::string>& keys();
+  /// The keys set here, in keys() order.
+  std::vector<std::string> given() const;
   /// The canonical text parse() reads back (only the keys that are set).
   std::string to_string() const;
   /// Throws mem::Error naming the first size outside [1, its kMax*] (0 means "not set").
   void check() const;
 };
 
-enum class LossKind : std::uint8_t { MSE, CrossEntropy };
+/// mse_loss, cross_entropy (over the last dimension; token targets flattened), or
+/// output.sum() as the scalar backward starts from.
+enum class LossKind : std::uint8_t { MSE, CrossEntropy, Sum };
 
 /// What a model is, computed from declared shapes (nothing allocated).
 struct ModelInfo {
@@ -78,6 +72,8 @@ struct ModelInfo {
   Shape target_shape;
   DType target_dtype = DType::F32;  ///< i64 for class / token targets
   LossKind loss = LossKind::MSE;
+  std::int64_t target_classes = 0;  ///< cross entropy: classes (or vocabulary) of the target
+  std::int64_t input_high = 0;      ///< i64 inputs: token ids are drawn from [0, input_high)
   std::int64_t parameters = 0;      ///< elements
   std::int64_t parameter_tensors = 0;
   std::size_t sequence_length = 0;  ///< top-level modules checkpoint_sequential splits
@@ -97,7 +93,8 @@ class Model {
   Sequential& body() noexcept { return *body_; }
   /// Allocates parameters and buffers (see Module::materialize).
   void materialize(Runtime& runtime, DType dtype) { body_->materialize(runtime, dtype); }
-  std::vector<Tensor> parameters() const { return body_->parameters(); }
+  /// The parameters that require grad: what the optimizer is given.
+  std::vector<Tensor> parameters() const { return body_->trainable_parameters(); }
 
   /// A batch as copied to the device: random floats in [0, 1) or random token ids
   /// in compute mode (seeded by `step`), allocation only in a dry run.
@@ -111,12 +108,31 @@ class Model {
   std::unique_ptr<Sequential> body_;
 };
 
-/// Names accepted by build_model(), in a stable order.
-std::vector<std::string> model_names();
-/// Shapes and sizes without allocating. Throws mem::Error for an unknown name
-/// (listing the valid ones) or an invalid option.
-ModelInfo describe_model(std::string_view name, const ModelOptions& options = {});
-/// Builds the module tree (parameters declared, not allocated; paths set).
-std::unique_ptr<Model> build_model(std::string_view name, const ModelOptions& options = {});
+/// Where a model comes from: a zoo file, a user's model file, a C++ builder. build()
+/// checks the options (each within its range, and only the keys this model takes:
+/// an option that does not apply is an error, never silently ignored), then fills in
+/// the figures every model has (parameters, sequence length).
+class ModelSource {
+ public:
+  virtual ~ModelSource();
+  virtual const std::string& name() const noexcept = 0;
+  /// The option keys it takes, e.g. {"batch", "image", "classes"}.
+  virtual const std::vector<std::string>& option_keys() const noexcept = 0;
+  /// Builds the module tree (parameters declared, not allocated; paths set).
+  /// Throws mem::Error for an option this model does not take or an invalid size.
+  std::unique_ptr<Model> build(const ModelOptions& options = {}) const;
+  /// Shapes and sizes, from the built tree (nothing allocated).
+  ModelInfo describe(const ModelOptions& options = {}) const { return build(options)->info(); }
+
+  /// What make() returns: the body and what only the source knows of the info
+  /// (description, batch, shapes, dtypes, loss); build() fills in the rest.
+  struct Built {
+    ModelInfo info;
+    std::unique_ptr<Sequential> body;
+  };
+
+ protected:
+  virtual Built make(const ModelOptions& options) const = 0;
+};
 
 }  // namespace mem::nn

@@ -36,6 +36,7 @@ struct ParamSlot {
   double init_low = 0;     ///< uniform initialisation range (compute mode)
   double init_high = 0;
   Tensor tensor;           ///< undefined until materialize()
+  bool frozen = false;     ///< requires_grad_(False): no gradient, no optimizer state
 };
 
 class Module {
@@ -66,6 +67,11 @@ class Module {
   /// Parameters (not buffers) of this module and its descendants, in registration
   /// order (PyTorch's model.parameters()). Undefined tensors before materialize().
   std::vector<Tensor> parameters() const;
+  /// The parameters that require grad, what an optimizer is given
+  /// (filter(lambda p: p.requires_grad, model.parameters())).
+  std::vector<Tensor> trainable_parameters() const;
+  /// requires_grad_(false) on every parameter here and below; call before materialize().
+  void freeze();
   /// Number of parameter elements, from declared shapes (no allocation needed).
   std::int64_t parameter_count() const;
   /// Number of parameter tensors.
@@ -121,6 +127,52 @@ class Sequential : public Module {
   /// The container a flattened child name belongs to ("layer1" for "layer1.0"),
   /// or "" when it has none or the prefix names a child module itself.
   std::string_view group_of(std::string_view name) const;
+};
+
+/// A residual block as PyTorch code writes one: out = body(x); identity = shortcut(x)
+/// (or x); out += identity (or out = out + identity); then the `then` modules. The body
+/// runs before the shortcut, as in torchvision's blocks, and a module may run more than
+/// once (torchvision's blocks call self.relu after each stage and after the add).
+class Residual : public Module {
+ public:
+  enum class Part : std::uint8_t { Body, Shortcut, Then };
+  /// `class_name` is what logs call it ("BasicBlock"); `inplace_add` is `out += identity`.
+  Residual(std::string class_name, bool inplace_add);
+  /// Adds a child module (registration order = parameter order) and runs it in `part`.
+  Module& add(Part part, std::string name, std::unique_ptr<Module> module);
+  /// Runs an existing child again in `part`.
+  void reuse(Part part, Module& child);
+  Tensor forward(const Tensor& input) override;
+
+ private:
+  bool inplace_add_;
+  std::array<std::vector<Module*>, 3> parts_;
+};
+
+/// Branches applied to the same input, joined by a sum or a concatenation
+/// (torch.cat(..., dim)). Each branch is a list of this module's children.
+class Parallel : public Module {
+ public:
+  enum class Join : std::uint8_t { Add, Concat };
+  Parallel(std::string class_name, Join join, std::int64_t dim = 1);
+  /// Starts a new branch.
+  void branch();
+  /// Adds a child to the current branch.
+  Module& add(std::string name, std::unique_ptr<Module> module);
+  void reuse(Module& child);
+  Tensor forward(const Tensor& input) override;
+
+ private:
+  Join join_;
+  std::int64_t dim_;
+  std::vector<std::vector<Module*>> branches_;
+};
+
+/// nn.Identity: returns its input; allocates and saves nothing.
+class Identity : public Module {
+ public:
+  Identity();
+  Tensor forward(const Tensor& input) override { return input; }
 };
 
 class Linear : public Module {

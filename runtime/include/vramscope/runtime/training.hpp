@@ -1,8 +1,8 @@
-// training.hpp — training steps of a built-in model with per-step allocator
-// statistics: the API the `vramscope` command sweeps and traces with.
+// training.hpp — training steps of a model with per-step allocator statistics:
+// the API the `vramscope` command sweeps and traces with.
 //
 //   mem::nn::TrainConfig cfg;
-//   cfg.model = "resnet50";
+//   cfg.model = mem::models::find("resnet50");   // or a ModelFile of your own
 //   cfg.model_options.batch = 256;
 //   cfg.segments = 4;                       // checkpoint_sequential(body, 4, x)
 //   cfg.precision = mem::nn::Precision::Amp;
@@ -52,7 +52,8 @@ Precision parse_precision(std::string_view name);
 DType parameter_dtype(Precision precision) noexcept;
 
 struct TrainConfig {
-  std::string model = "mlp";
+  /// The model (mem::models::find(name), mem::models::ModelFile::load(path)); required.
+  std::shared_ptr<const ModelSource> model;
   ModelOptions model_options;
   ExecMode mode = ExecMode::DryRun;
   /// Device for train(config) and device_spec_for(); compute mode adds ",backing=host"

@@ -1,0 +1,813 @@
+// model_file.cpp — reads a model file into the runtime's module tree. One pass over the
+// JSON builds the modules and follows the activation's shape through them, so a size
+// that does not fit its input is reported with both modules and both shapes before
+// anything runs. The format is docs/MODEL_FILES.md; the layers' arguments are
+// torch.nn's constructor arguments, with the same defaults.
+#include "vramscope/models/model_file.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <fstream>
+#include <initializer_list>
+#include <span>
+#include <sstream>
+#include <stdexcept>
+
+#include "expression.hpp"
+#include "vramscope/allocator/errors.hpp"
+#include "vramscope/runtime/modules.hpp"
+
+namespace mem::models {
+
+using nlohmann::json;
+
+struct ModelFile::Doc {
+  json root;
+  std::string origin;
+  std::string name;
+  std::string description;
+  std::vector<std::string> option_keys;
+  nn::ModelOptions defaults;  ///< the file's "options": every key it takes, with its default
+};
+
+namespace {
+
+/// What flows between modules: the activation's shape and dtype, and who made it.
+struct Flow {
+  nn::Shape shape;
+  bool integer = false;  ///< i64 (token ids) rather than floating
+  std::string from;      ///< "'layer4.1' (BasicBlock)", or "the input"
+};
+
+std::string kind_of(const json& v) {
+  switch (v.type()) {
+    case json::value_t::null: return "null";
+    case json::value_t::boolean: return v.get<bool>() ? "true" : "false";
+    case json::value_t::string: {
+      const std::string s = v.get<std::string>();
+      return "\"" + (s.size() > 40 ? s.substr(0, 40) + "..." : s) + "\"";
+    }
+    case json::value_t::array: return "a list";
+    case json::value_t::object: return "an object";
+    case json::value_t::number_float: {
+      std::ostringstream os;
+      os << v.get<double>();
+      return os.str();
+    }
+    default: return v.dump();
+  }
+}
+
+std::string join(const std::vector<std::string>& items) {
+  std::string s;
+  for (const std::string& i : items) s += (s.empty() ? "" : ", ") + i;
+  return s;
+}
+
+std::string field(const std::string& path, const std::string& key) { return path.empty() ? key : path + "." + key; }
+std::string index(const std::string& path, std::size_t i) { return path + "[" + std::to_string(i) + "]"; }
+
+class Builder {
+ public:
+  Builder(const ModelFile::Doc& doc, const nn::ModelOptions& given) : doc_(doc), given_(given) {}
+
+  [[noreturn]] void fail(const std::string& path, const std::string& what) const {
+    throw Error(doc_.origin + ": " + (path.empty() ? "" : path + ": ") + what);
+  }
+
+  // --- values -------------------------------------------------------------------------------
+
+  std::optional<std::int64_t> size_value(std::string_view name) const {
+    if (const auto v = given_.size(name)) return v;
+    return doc_.defaults.size(name);
+  }
+
+  /// An integer: a JSON integer or a formula over the size options.
+  std::int64_t integer(const json& v, const std::string& path) const {
+    if (v.is_number_integer()) {
+      if (v.is_number_unsigned() && v.get<std::uint64_t>() > static_cast<std::uint64_t>(INT64_MAX)) {
+        fail(path, "expected an integer that fits in 64 bits, got " + v.dump());
+      }
+      return v.get<std::int64_t>();
+    }
+    if (v.is_string()) {
+      try {
+        return detail::evaluate(v.get_ref<const std::string&>(),
+                                [this](std::string_view n) { return size_value(n); });
+      } catch (const std::invalid_argument& e) {
+        fail(path, "the formula " + kind_of(v) + " " + e.what());
+      }
+    }
+    fail(path, "expected an integer or a formula over the size options, got " + kind_of(v));
+  }
+
+  std::int64_t positive(const json& v, const std::string& path) const {
+    const std::int64_t n = integer(v, path);
+    if (n <= 0) fail(path, "expected a positive integer, got " + std::to_string(n));
+    return n;
+  }
+
+  std::int64_t positive_at(const json& obj, const std::string& path, const char* key) const {
+    if (!obj.contains(key)) fail(field(path, key), "is required (a positive integer)");
+    return positive(obj.at(key), field(path, key));
+  }
+  std::int64_t positive_or(const json& obj, const std::string& path, const char* key, std::int64_t fallback) const {
+    return obj.contains(key) ? positive(obj.at(key), field(path, key)) : fallback;
+  }
+  std::int64_t non_negative_or(const json& obj, const std::string& path, const char* key, std::int64_t fallback) const {
+    if (!obj.contains(key)) return fallback;
+    const std::int64_t n = integer(obj.at(key), field(path, key));
+    if (n < 0) fail(field(path, key), "expected an integer >= 0, got " + std::to_string(n));
+    return n;
+  }
+
+  /// A flag: true / false, or the name of the model's "inplace" option.
+  bool flag_or(const json& obj, const std::string& path, const char* key, bool fallback) const {
+    if (!obj.contains(key)) return fallback;
+    const json& v = obj.at(key);
+    if (v.is_boolean()) return v.get<bool>();
+    if (v.is_string() && v.get_ref<const std::string&>() == "inplace" && doc_.defaults.inplace_relu) {
+      return given_.inplace_relu.value_or(*doc_.defaults.inplace_relu);
+    }
+    fail(field(path, key), "expected true or false" + std::string(doc_.defaults.inplace_relu ? " or \"inplace\"" : "") +
+                               ", got " + kind_of(v));
+  }
+
+  /// A probability in [0, 1), or the name of the model's "dropout" option.
+  double probability_or(const json& obj, const std::string& path, const char* key, double fallback) const {
+    if (!obj.contains(key)) return fallback;
+    const json& v = obj.at(key);
+    if (v.is_string() && v.get_ref<const std::string&>() == "dropout" && doc_.defaults.dropout) {
+      return given_.dropout.value_or(*doc_.defaults.dropout);
+    }
+    if (!v.is_number() || v.get<double>() < 0 || v.get<double>() >= 1) {
+      fail(field(path, key), "expected a probability in [0, 1)" +
+                                 std::string(doc_.defaults.dropout ? " or \"dropout\"" : "") + ", got " + kind_of(v));
+    }
+    return v.get<double>();
+  }
+
+  double positive_number_or(const json& obj, const std::string& path, const char* key, double fallback) const {
+    if (!obj.contains(key)) return fallback;
+    const json& v = obj.at(key);
+    if (!v.is_number() || !(v.get<double>() > 0) || v.get<double>() > 1e6) {
+      fail(field(path, key), "expected a positive number, got " + kind_of(v));
+    }
+    return v.get<double>();
+  }
+
+  std::string choice_or(const json& obj, const std::string& path, const char* key,
+                        std::initializer_list<const char*> valid) const {
+    if (!obj.contains(key)) return *valid.begin();
+    const json& v = obj.at(key);
+    if (v.is_string()) {
+      for (const char* c : valid) {
+        if (v.get_ref<const std::string&>() == c) return c;
+      }
+    }
+    std::vector<std::string> names(valid.begin(), valid.end());
+    for (auto& n : names) n = "\"" + n + "\"";
+    fail(field(path, key), "expected one of " + join(names) + ", got " + kind_of(v));
+  }
+
+  const json& list_at(const json& obj, const std::string& path, const char* key, bool required = true) const {
+    static const json empty = json::array();
+    if (!obj.contains(key)) {
+      if (required) fail(field(path, key), "is required (a list of modules)");
+      return empty;
+    }
+    const json& v = obj.at(key);
+    if (!v.is_array()) fail(field(path, key), "expected a list, got " + kind_of(v));
+    return v;
+  }
+
+  void only_keys(const json& obj, const std::string& path, const std::string& what,
+                 std::initializer_list<const char*> keys) const {
+    for (const auto& [key, value] : obj.items()) {
+      if (key == "comment") continue;  // free text anywhere, for the reader
+      if (std::none_of(keys.begin(), keys.end(), [&](const char* k) { return key == k; })) {
+        std::vector<std::string> valid(keys.begin(), keys.end());
+        valid.emplace_back("comment");
+        fail(path, "unknown key '" + key + "' for " + what + "; valid keys: " + join(valid));
+      }
+    }
+  }
+
+  /// A shape: a list of positive sizes, whose element count (and bytes at 8 per element)
+  /// fit in 63 bits.
+  nn::Shape shape(const json& v, const std::string& path) const {
+    if (!v.is_array() || v.empty() || v.size() > nn::kMaxDims) {
+      fail(path, "expected a shape: a list of 1 to " + std::to_string(nn::kMaxDims) + " sizes, got " + kind_of(v));
+    }
+    std::vector<std::int64_t> dims;
+    for (std::size_t i = 0; i < v.size(); ++i) dims.push_back(positive(v[i], index(path, i)));
+    check_size(dims, path);
+    return nn::Shape(dims);
+  }
+
+  void check_size(std::span<const std::int64_t> dims, const std::string& path) const {
+    std::int64_t n = 8;  // the widest element (i64 / f64): bytes must fit too
+    for (std::int64_t d : dims) {
+      if (__builtin_mul_overflow(n, d, &n)) {
+        std::string s;
+        for (std::int64_t x : dims) s += (s.empty() ? "" : ", ") + std::to_string(x);
+        fail(path, "the shape [" + s + "] has more bytes than 2^63; no device holds it (check the sizes)");
+      }
+    }
+  }
+  void check_size(const nn::Shape& s, const std::string& path) const { check_size(std::span(s.begin(), s.end()), path); }
+  nn::Shape make_shape(const std::vector<std::int64_t>& dims, const std::string& path) const {
+    check_size(dims, path);
+    return nn::Shape(dims);
+  }
+
+  // --- modules --------------------------------------------------------------------------------
+
+  using Children = std::vector<std::pair<std::string, std::unique_ptr<nn::Module>>>;
+
+  void count_module(const std::string& path) {
+    if (++modules_ > kMaxModules) {
+      fail(path, "the model has more than " + std::to_string(kMaxModules) + " modules (check the repeat counts)");
+    }
+  }
+
+  static std::string display(const std::string& mpath, const std::string& type) {
+    return "'" + mpath + "' (" + type + ")";
+  }
+
+  [[noreturn]] void mismatch(const std::string& path, const std::string& mpath, const std::string& type,
+                             const std::string& expects, const Flow& flow) const {
+    fail(path, display(mpath, type) + " expects " + expects + ", but its input from " + flow.from + " is " +
+                   flow.shape.str() + (flow.integer ? " (int64)" : ""));
+  }
+
+  void floating(const Flow& flow, const std::string& path, const std::string& mpath, const std::string& type) const {
+    if (flow.integer) mismatch(path, mpath, type, "a floating-point input", flow);
+  }
+
+  static std::int64_t pooled(std::int64_t in, std::int64_t kernel, std::int64_t stride, std::int64_t padding,
+                             std::int64_t dilation = 1) {
+    const std::int64_t span = in + 2 * padding - dilation * (kernel - 1) - 1;
+    return span < 0 ? 0 : span / stride + 1;
+  }
+
+  /// Builds one module from `spec`; `flow` goes in as its input and comes out as its output.
+  std::unique_ptr<nn::Module> module(const json& spec, const std::string& path, const std::string& mpath, Flow& flow,
+                                     int depth) {
+    if (!spec.is_object()) fail(path, "expected a module (an object with a \"type\"), got " + kind_of(spec));
+    if (depth > kMaxNesting) fail(path, "modules nest deeper than " + std::to_string(kMaxNesting));
+    count_module(path);
+    if (!spec.contains("type") || !spec.at("type").is_string()) {
+      fail(field(path, "type"), spec.contains("type") ? "expected a layer type name, got " + kind_of(spec.at("type"))
+                                                      : "is required (a layer type such as \"Linear\")");
+    }
+    const std::string type = spec.at("type").get<std::string>();
+    std::unique_ptr<nn::Module> m = layer(type, spec, path, mpath, flow, depth);
+    if (flag_or(spec, path, "frozen", false)) m->freeze();
+    flow.from = display(mpath, m->type_name());
+    return m;
+  }
+
+  std::unique_ptr<nn::Module> layer(const std::string& type, const json& s, const std::string& path,
+                                    const std::string& mpath, Flow& flow, int depth) {
+    nn::Shape& in = flow.shape;
+    if (type == "Linear") {
+      only_keys(s, path, type, {"name", "type", "frozen", "in_features", "out_features", "bias"});
+      const std::int64_t fin = positive_at(s, path, "in_features"), fout = positive_at(s, path, "out_features");
+      floating(flow, path, mpath, type);
+      if (in.back() != fin) mismatch(path, mpath, type, "[..., " + std::to_string(fin) + "] (in_features)", flow);
+      std::vector<std::int64_t> dims = in.to_vector();
+      dims.back() = fout;
+      in = make_shape(dims, path);
+      return std::make_unique<nn::Linear>(fin, fout, flag_or(s, path, "bias", true));
+    }
+    if (type == "Conv2d") {
+      only_keys(s, path, type, {"name", "type", "frozen", "in_channels", "out_channels", "kernel_size", "stride",
+                                "padding", "dilation", "groups", "bias"});
+      const std::int64_t cin = positive_at(s, path, "in_channels"), cout = positive_at(s, path, "out_channels");
+      const std::int64_t k = positive_at(s, path, "kernel_size"), stride = positive_or(s, path, "stride", 1);
+      const std::int64_t padding = non_negative_or(s, path, "padding", 0);
+      if (positive_or(s, path, "dilation", 1) != 1) fail(field(path, "dilation"), "only 1 is supported so far");
+      if (positive_or(s, path, "groups", 1) != 1) fail(field(path, "groups"), "only 1 is supported so far");
+      floating(flow, path, mpath, type);
+      if (in.size() != 4 || in[1] != cin) {
+        mismatch(path, mpath, type, "[N, " + std::to_string(cin) + ", H, W] (in_channels " + std::to_string(cin) + ")",
+                 flow);
+      }
+      const std::int64_t h = pooled(in[2], k, stride, padding), w = pooled(in[3], k, stride, padding);
+      if (h <= 0 || w <= 0) mismatch(path, mpath, type, "an input at least as large as its kernel", flow);
+      in = make_shape({in[0], cout, h, w}, path);
+      return std::make_unique<nn::Conv2d>(cin, cout, k, stride, padding, flag_or(s, path, "bias", true));
+    }
+    if (type == "BatchNorm2d") {
+      only_keys(s, path, type, {"name", "type", "frozen", "num_features", "eps", "momentum"});
+      const std::int64_t c = positive_at(s, path, "num_features");
+      floating(flow, path, mpath, type);
+      if (in.size() != 4 || in[1] != c) mismatch(path, mpath, type, "[N, " + std::to_string(c) + ", H, W]", flow);
+      return std::make_unique<nn::BatchNorm2d>(c, positive_number_or(s, path, "eps", 1e-5),
+                                               probability_or(s, path, "momentum", 0.1));
+    }
+    if (type == "LayerNorm") {
+      only_keys(s, path, type, {"name", "type", "frozen", "normalized_shape", "eps"});
+      const std::int64_t c = positive_at(s, path, "normalized_shape");
+      floating(flow, path, mpath, type);
+      if (in.back() != c) mismatch(path, mpath, type, "[..., " + std::to_string(c) + "]", flow);
+      return std::make_unique<nn::LayerNorm>(c, positive_number_or(s, path, "eps", 1e-5));
+    }
+    if (type == "ReLU") {
+      only_keys(s, path, type, {"name", "type", "inplace"});
+      floating(flow, path, mpath, type);
+      return std::make_unique<nn::ReLU>(flag_or(s, path, "inplace", false));
+    }
+    if (type == "Sigmoid" || type == "Tanh" || type == "Identity") {
+      only_keys(s, path, type, {"name", "type"});
+      if (type == "Identity") return std::make_unique<nn::Identity>();
+      floating(flow, path, mpath, type);
+      if (type == "Tanh") return std::make_unique<nn::Tanh>();
+      return std::make_unique<nn::Sigmoid>();
+    }
+    if (type == "GELU") {
+      only_keys(s, path, type, {"name", "type", "approximate"});
+      floating(flow, path, mpath, type);
+      return std::make_unique<nn::GELU>(choice_or(s, path, "approximate", {"none", "tanh"}) == "tanh");
+    }
+    if (type == "Dropout") {
+      only_keys(s, path, type, {"name", "type", "p"});
+      floating(flow, path, mpath, type);
+      return std::make_unique<nn::Dropout>(probability_or(s, path, "p", 0.5));
+    }
+    if (type == "MaxPool2d") {
+      only_keys(s, path, type, {"name", "type", "kernel_size", "stride", "padding"});
+      const std::int64_t k = positive_at(s, path, "kernel_size"), stride = positive_or(s, path, "stride", k);
+      const std::int64_t padding = non_negative_or(s, path, "padding", 0);
+      // PyTorch: "pad should be at most half of effective kernel size".
+      if (2 * padding > k) fail(field(path, "padding"), "must be at most half of kernel_size, got " + std::to_string(padding));
+      floating(flow, path, mpath, type);
+      if (in.size() != 4) mismatch(path, mpath, type, "[N, C, H, W]", flow);
+      const std::int64_t h = pooled(in[2], k, stride, padding), w = pooled(in[3], k, stride, padding);
+      if (h <= 0 || w <= 0) mismatch(path, mpath, type, "an input at least as large as its kernel", flow);
+      in = nn::Shape{in[0], in[1], h, w};
+      return std::make_unique<nn::MaxPool2d>(k, stride, padding);
+    }
+    if (type == "AdaptiveAvgPool2d") {
+      only_keys(s, path, type, {"name", "type", "output_size"});
+      const json& size = s.contains("output_size") ? s.at("output_size") : json(1);
+      const bool one = (size.is_number_integer() && size.get<std::int64_t>() == 1) ||
+                       (size.is_array() && size.size() == 2 && size[0] == 1 && size[1] == 1);
+      if (!one) fail(field(path, "output_size"), "only 1 (global average pooling) is supported so far, got " + kind_of(size));
+      floating(flow, path, mpath, type);
+      if (in.size() != 4) mismatch(path, mpath, type, "[N, C, H, W]", flow);
+      in = nn::Shape{in[0], in[1], 1, 1};
+      return std::make_unique<nn::AdaptiveAvgPool2d>();
+    }
+    if (type == "Flatten") {
+      only_keys(s, path, type, {"name", "type", "start_dim"});
+      const std::int64_t start = non_negative_or(s, path, "start_dim", 1);
+      if (start >= static_cast<std::int64_t>(in.size())) {
+        mismatch(path, mpath, type, "more than " + std::to_string(start) + " dimensions (start_dim)", flow);
+      }
+      nn::Shape out;
+      std::int64_t rest = 1;
+      for (std::size_t i = 0; i < in.size(); ++i) {
+        if (static_cast<std::int64_t>(i) < start) out.push_back(in[i]);
+        else rest *= in[i];  // cannot overflow: the input's size was checked
+      }
+      out.push_back(rest);
+      in = out;
+      return std::make_unique<nn::Flatten>(start);
+    }
+    if (type == "Embedding") {
+      only_keys(s, path, type, {"name", "type", "frozen", "num_embeddings", "embedding_dim"});
+      const std::int64_t n = positive_at(s, path, "num_embeddings"), dim = positive_at(s, path, "embedding_dim");
+      if (!flow.integer) mismatch(path, mpath, type, "int64 indices", flow);
+      if (in.size() >= nn::kMaxDims) mismatch(path, mpath, type, "fewer dimensions", flow);
+      std::vector<std::int64_t> dims = in.to_vector();
+      dims.push_back(dim);
+      in = make_shape(dims, path);
+      flow.integer = false;
+      return std::make_unique<nn::Embedding>(n, dim);
+    }
+    if (type == "Sequential") {
+      only_keys(s, path, type, {"name", "type", "frozen", "layers", "expand"});
+      auto seq = std::make_unique<nn::Sequential>();
+      Children children;
+      sequence(list_at(s, path, "layers"), field(path, "layers"), mpath, flow, depth + 1, children);
+      for (auto& [name, child] : children) seq->append(name, std::move(child));
+      return seq;
+    }
+    if (type == "Residual") return residual(s, path, mpath, flow, depth);
+    if (type == "Parallel") return parallel(s, path, mpath, flow, depth);
+    fail(field(path, "type"),
+         "unknown layer type \"" + type +
+             "\"; valid types: Linear, Conv2d, BatchNorm2d, LayerNorm, ReLU, Sigmoid, Tanh, GELU, Dropout, "
+             "MaxPool2d, AdaptiveAvgPool2d, Flatten, Embedding, Identity, Sequential, Residual, Parallel");
+  }
+
+  /// The name of list item `i`: its "name", or its index as nn.Sequential names them.
+  std::string child_name(const json& spec, const std::string& path, std::size_t i) const {
+    if (!spec.is_object() || !spec.contains("name")) return std::to_string(i);
+    const json& n = spec.at("name");
+    if (!n.is_string() || n.get_ref<const std::string&>().empty() || n.get_ref<const std::string&>().size() > 128) {
+      fail(field(path, "name"), "expected a module name (1 to 128 characters), got " + kind_of(n));
+    }
+    const std::string& s = n.get_ref<const std::string&>();
+    for (char c : s) {
+      if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-')) {
+        fail(field(path, "name"), "\"" + s + "\" is not a module name: use letters, digits, '_' and '-' ('.' "
+                                  "separates modules in paths)");
+      }
+    }
+    return s;
+  }
+
+  static std::string sub(const std::string& mpath, const std::string& name) {
+    return mpath.empty() ? name : mpath + "." + name;
+  }
+
+  void add_child(Children& out, std::string name, std::unique_ptr<nn::Module> m, const std::string& path) const {
+    for (const auto& [other, child] : out) {
+      if (other == name) fail(path, "a second module named '" + name + "' in the same container");
+    }
+    out.emplace_back(std::move(name), std::move(m));
+  }
+
+  /// A Sequential's list: modules, and {"repeat": n, "layers": [...]} entries that add
+  /// n copies inline. Unnamed modules are named by their index, as nn.Sequential does;
+  /// an "expand": true Sequential hands its children to this list ("layer1.0", ...), so
+  /// checkpoint_sequential splits between them.
+  void sequence(const json& list, const std::string& path, const std::string& mpath, Flow& flow, int depth,
+                Children& out) {
+    if (depth > kMaxNesting) fail(path, "modules nest deeper than " + std::to_string(kMaxNesting));
+    for (std::size_t i = 0; i < list.size(); ++i) {
+      const json& spec = list[i];
+      const std::string ipath = index(path, i);
+      if (spec.is_object() && spec.contains("repeat")) {
+        only_keys(spec, ipath, "a repeat", {"repeat", "layers"});
+        const std::int64_t n = non_negative_or(spec, ipath, "repeat", 0);
+        const json& body = list_at(spec, ipath, "layers");
+        if (n > static_cast<std::int64_t>(kMaxModules)) {
+          fail(field(ipath, "repeat"), "repeats more than " + std::to_string(kMaxModules) + " times");
+        }
+        for (std::int64_t r = 0; r < n; ++r) {
+          for (std::size_t j = 0; j < body.size(); ++j) {
+            if (body[j].is_object() && body[j].contains("name")) {
+              fail(field(index(field(ipath, "layers"), j), "name"), "repeated modules are named by their index; "
+                                                                    "remove the name");
+            }
+            const std::string name = std::to_string(out.size());
+            add_child(out, name, module(body[j], index(field(ipath, "layers"), j), sub(mpath, name), flow, depth + 1),
+                      ipath);
+          }
+        }
+        continue;
+      }
+      const std::string name = spec.is_object() && spec.contains("name") ? child_name(spec, ipath, i)
+                                                                         : std::to_string(out.size());
+      if (spec.is_object() && spec.value("type", json()) == "Sequential" && spec.contains("expand")) {
+        if (!spec.at("expand").is_boolean()) fail(field(ipath, "expand"), "expected true or false, got " + kind_of(spec.at("expand")));
+        if (spec.at("expand").get<bool>()) {
+          only_keys(spec, ipath, "Sequential", {"name", "type", "layers", "expand"});
+          count_module(ipath);
+          Children inner;
+          sequence(list_at(spec, ipath, "layers"), field(ipath, "layers"), sub(mpath, name), flow, depth + 1, inner);
+          for (auto& [child, m] : inner) add_child(out, name + "." + child, std::move(m), ipath);
+          continue;
+        }
+      }
+      add_child(out, name, module(spec, ipath, sub(mpath, name), flow, depth + 1), ipath);
+    }
+  }
+
+  /// A child list inside Residual or Parallel: modules (named) or {"use": "relu"}, which
+  /// runs a module declared earlier in the same container again.
+  template <class Add, class Reuse>
+  void parts(const json& list, const std::string& path, const std::string& mpath, Flow& flow, int depth,
+             std::vector<std::pair<std::string, nn::Module*>>& declared, Add add, Reuse reuse) {
+    for (std::size_t i = 0; i < list.size(); ++i) {
+      const json& spec = list[i];
+      const std::string ipath = index(path, i);
+      if (spec.is_object() && spec.contains("use")) {
+        only_keys(spec, ipath, "a reuse", {"use"});
+        const json& u = spec.at("use");
+        const auto it = std::find_if(declared.begin(), declared.end(),
+                                     [&](const auto& d) { return u.is_string() && d.first == u.get<std::string>(); });
+        if (it == declared.end()) {
+          std::vector<std::string> names;
+          for (const auto& d : declared) names.push_back(d.first);
+          fail(field(ipath, "use"), "expected the name of a module declared earlier in this container (" +
+                                        (names.empty() ? std::string("none yet") : join(names)) + "), got " + kind_of(u));
+        }
+        const std::string& t = it->second->type_name();
+        if (!it->second->slots().empty() || !it->second->children().empty() ||
+            !(t == "ReLU" || t == "Sigmoid" || t == "Tanh" || t == "GELU" || t == "Dropout" || t == "Identity")) {
+          fail(field(ipath, "use"), "only an activation, Dropout or Identity can run twice; '" + it->first + "' is " + t);
+        }
+        if (t != "Identity") floating(flow, ipath, sub(mpath, it->first), t);
+        reuse(*it->second);
+        flow.from = display(sub(mpath, it->first), t);
+        continue;
+      }
+      const std::string name = child_name(spec, ipath, declared.size());
+      for (const auto& d : declared) {
+        if (d.first == name) fail(ipath, "a second module named '" + name + "' in the same container");
+      }
+      nn::Module& m = add(name, module(spec, ipath, sub(mpath, name), flow, depth + 1));
+      declared.emplace_back(name, &m);
+    }
+  }
+
+  std::unique_ptr<nn::Module> residual(const json& s, const std::string& path, const std::string& mpath, Flow& flow,
+                                       int depth) {
+    only_keys(s, path, "Residual", {"name", "type", "frozen", "class", "body", "shortcut", "then", "inplace"});
+    const std::string cls = class_name(s, path, "Residual");
+    auto block = std::make_unique<nn::Residual>(cls, flag_or(s, path, "inplace", false));
+    std::vector<std::pair<std::string, nn::Module*>> declared;
+    using Part = nn::Residual::Part;
+    const auto run = [&](const char* key, Part part, Flow& f) {
+      parts(list_at(s, path, key, part == Part::Body), field(path, key), mpath, f, depth, declared,
+            [&](std::string name, std::unique_ptr<nn::Module> m) -> nn::Module& {
+              return block->add(part, std::move(name), std::move(m));
+            },
+            [&](nn::Module& m) { block->reuse(part, m); });
+    };
+    const Flow input = flow;
+    run("body", Part::Body, flow);
+    Flow identity = input;
+    run("shortcut", Part::Shortcut, identity);
+    if (!(flow.shape == identity.shape) || flow.integer || identity.integer) {
+      fail(path, display(mpath, cls) + " adds its body's output " + flow.shape.str() + " from " + flow.from +
+                     " to its shortcut's " + identity.shape.str() + " from " + identity.from +
+                     ": the shapes must be equal");
+    }
+    run("then", Part::Then, flow);
+    return block;
+  }
+
+  std::unique_ptr<nn::Module> parallel(const json& s, const std::string& path, const std::string& mpath, Flow& flow,
+                                       int depth) {
+    only_keys(s, path, "Parallel", {"name", "type", "frozen", "class", "branches", "join", "dim"});
+    const std::string cls = class_name(s, path, "Parallel");
+    const bool concat = choice_or(s, path, "join", {"add", "concat"}) == "concat";
+    const json& branches = list_at(s, path, "branches");
+    if (branches.empty()) fail(field(path, "branches"), "expected at least one branch");
+    std::int64_t dim = non_negative_or(s, path, "dim", 1);
+    if (dim >= static_cast<std::int64_t>(flow.shape.size()) && concat) {
+      fail(field(path, "dim"), "expected a dimension of the branches' outputs (below " +
+                                   std::to_string(flow.shape.size()) + "), got " + std::to_string(dim));
+    }
+    auto block = std::make_unique<nn::Parallel>(cls, concat ? nn::Parallel::Join::Concat : nn::Parallel::Join::Add, dim);
+    std::vector<std::pair<std::string, nn::Module*>> declared;
+    std::optional<Flow> joined;
+    for (std::size_t b = 0; b < branches.size(); ++b) {
+      const std::string bpath = index(field(path, "branches"), b);
+      if (!branches[b].is_array()) fail(bpath, "expected a branch (a list of modules), got " + kind_of(branches[b]));
+      block->branch();
+      Flow f = flow;
+      parts(branches[b], bpath, mpath, f, depth, declared,
+            [&](std::string name, std::unique_ptr<nn::Module> m) -> nn::Module& {
+              return block->add(std::move(name), std::move(m));
+            },
+            [&](nn::Module& m) { block->reuse(m); });
+      if (!joined) {
+        joined = f;
+        continue;
+      }
+      bool ok = f.shape.size() == joined->shape.size() && f.integer == joined->integer && !f.integer;
+      for (std::size_t d = 0; ok && d < f.shape.size(); ++d) {
+        ok = f.shape[d] == joined->shape[d] || (concat && static_cast<std::int64_t>(d) == dim);
+      }
+      if (!ok) {
+        fail(bpath, display(mpath, cls) + (concat ? " concatenates" : " adds") + " branch " + std::to_string(b) +
+                        "'s output " + f.shape.str() + " from " + f.from + " to " + joined->shape.str() + " from " +
+                        joined->from + (concat ? ": all but dimension " + std::to_string(dim) + " must be equal"
+                                               : ": the shapes must be equal"));
+      }
+      if (concat) {
+        std::vector<std::int64_t> dims = joined->shape.to_vector();
+        if (__builtin_add_overflow(dims[static_cast<std::size_t>(dim)], f.shape[static_cast<std::size_t>(dim)],
+                                   &dims[static_cast<std::size_t>(dim)])) {
+          fail(bpath, "the concatenation overflows 64 bits");
+        }
+        joined->shape = make_shape(dims, bpath);
+      }
+    }
+    check_size(joined->shape, path);
+    flow.shape = joined->shape;
+    flow.integer = joined->integer;
+    return block;
+  }
+
+  std::string class_name(const json& s, const std::string& path, const char* fallback) const {
+    if (!s.contains("class")) return fallback;
+    const json& c = s.at("class");
+    if (!c.is_string() || c.get_ref<const std::string&>().empty() || c.get_ref<const std::string&>().size() > 64) {
+      fail(field(path, "class"), "expected a class name (1 to 64 characters), got " + kind_of(c));
+    }
+    return c.get<std::string>();
+  }
+
+  // --- the model ---------------------------------------------------------------------------------
+
+  nn::ModelSource::Built build() {
+    const json& root = doc_.root;
+    nn::ModelInfo info;
+    info.description = doc_.description;
+    info.batch = *size_value("batch");
+
+    // The input.
+    const json& input = root.at("input");
+    only_keys(input, "input", "the input", {"shape", "dtype", "high"});
+    if (!input.contains("shape")) fail("input.shape", "is required (a list of sizes, e.g. [\"batch\", 3, 224, 224])");
+    info.input_shape = shape(input.at("shape"), "input.shape");
+    const bool tokens = choice_or(input, "input", "dtype", {"float", "int64"}) == "int64";
+    if (tokens) {
+      info.input_dtype = nn::DType::I64;
+      info.input_high = positive_at(input, "input", "high");
+    } else if (input.contains("high")) {
+      fail("input.high", "applies to int64 inputs only (the range token ids are drawn from)");
+    }
+    Flow flow{info.input_shape, tokens, "the input"};
+
+    // The layers.
+    auto body = std::make_unique<nn::Sequential>();
+    Children children;
+    sequence(list_at(root, "", "layers"), "layers", "", flow, 0, children);
+    if (children.empty()) fail("layers", "expected at least one module");
+    for (auto& [name, child] : children) body->append(name, std::move(child));
+
+    // The loss.
+    const json& loss = root.at("loss");
+    only_keys(loss, "loss", "the loss", {"type", "target", "classes"});
+    const std::string kind = choice_or(loss, "loss", "type", {"mse", "cross_entropy", "sum"});
+    if (flow.integer) fail("loss", "the model's output from " + flow.from + " is int64; a loss needs floating outputs");
+    if (kind == "sum") {
+      if (loss.contains("target") || loss.contains("classes")) fail("loss", "\"sum\" takes no target and no classes");
+      info.loss = nn::LossKind::Sum;
+      info.target_shape = nn::Shape{1};
+    } else if (kind == "mse") {
+      if (loss.contains("classes")) fail("loss.classes", "applies to cross_entropy only");
+      info.loss = nn::LossKind::MSE;
+      info.target_shape = loss.contains("target") ? shape(loss.at("target"), "loss.target") : flow.shape;
+      if (!(info.target_shape == flow.shape)) {
+        fail("loss.target", "mse_loss compares the output " + flow.shape.str() + " from " + flow.from +
+                                " with a target " + info.target_shape.str() + ": the shapes must be equal");
+      }
+    } else {
+      info.loss = nn::LossKind::CrossEntropy;
+      info.target_dtype = nn::DType::I64;
+      info.target_classes = positive_at(loss, "loss", "classes");
+      nn::Shape expected;
+      for (std::size_t d = 0; d + 1 < flow.shape.size(); ++d) expected.push_back(flow.shape[d]);
+      info.target_shape = loss.contains("target") ? shape(loss.at("target"), "loss.target") : expected;
+      if (flow.shape.size() < 2 || flow.shape.back() != info.target_classes || !(info.target_shape == expected)) {
+        fail("loss", "cross_entropy takes logits [..., " + std::to_string(info.target_classes) + "] and class targets " +
+                         "[...]; the output from " + flow.from + " is " + flow.shape.str() + " and the target " +
+                         info.target_shape.str());
+      }
+    }
+    return {std::move(info), std::move(body)};
+  }
+
+ private:
+  const ModelFile::Doc& doc_;
+  const nn::ModelOptions& given_;
+  std::size_t modules_ = 0;
+};
+
+/// The document's head: format, version, name, description, options.
+std::unique_ptr<ModelFile::Doc> read_head(json root, std::string origin) {
+  auto doc = std::make_unique<ModelFile::Doc>();
+  doc->origin = std::move(origin);
+  const auto fail = [&](const std::string& path, const std::string& what) {
+    throw Error(doc->origin + ": " + (path.empty() ? "" : path + ": ") + what);
+  };
+  if (!root.is_object()) fail("", "expected a model (a JSON object), got " + kind_of(root));
+  for (const auto& [key, value] : root.items()) {
+    static const char* const kKeys[] = {"format", "version", "name", "description", "source", "options",
+                                        "input",  "loss",    "layers", "comment"};
+    if (std::find(std::begin(kKeys), std::end(kKeys), key) == std::end(kKeys)) {
+      fail("", "unknown key '" + key + "'; valid keys: format, version, name, description, source, options, input, "
+               "loss, layers, comment");
+    }
+  }
+  if (root.value("format", json()) != "vramscope-model") {
+    fail("format", "expected \"vramscope-model\"" +
+                       (root.contains("format") ? ", got " + kind_of(root.at("format")) : std::string(" (it is missing)")));
+  }
+  if (!root.contains("version") || !root.at("version").is_number_integer()) {
+    fail("version", "expected the format version, an integer (this build reads " + std::to_string(kModelFileVersion) + ")");
+  }
+  if (root.at("version").get<std::int64_t>() != kModelFileVersion) {
+    fail("version", "this build reads version " + std::to_string(kModelFileVersion) + ", the file is version " +
+                        root.at("version").dump());
+  }
+  for (const char* key : {"name", "description", "source"}) {
+    if (root.contains(key) && (!root.at(key).is_string() || root.at(key).get_ref<const std::string&>().size() > 1000)) {
+      fail(key, "expected a string of at most 1000 characters, got " + kind_of(root.at(key)));
+    }
+  }
+  if (!root.contains("name") || root.at("name").get_ref<const std::string&>().empty()) fail("name", "is required");
+  doc->name = root.at("name").get<std::string>();
+  doc->description = root.value("description", std::string());
+  for (const char* key : {"input", "loss"}) {
+    if (!root.contains(key) || !root.at(key).is_object()) {
+      fail(key, root.contains(key) ? "expected an object, got " + kind_of(root.at(key)) : "is required");
+    }
+  }
+
+  // The options: every key a user may set, with its default.
+  if (!root.contains("options") || !root.at("options").is_object()) {
+    fail("options", "is required: the model's options with their defaults, at least {\"batch\": N}");
+  }
+  std::string text;
+  for (const auto& [key, value] : root.at("options").items()) {
+    const auto& valid = nn::ModelOptions::keys();
+    if (std::find(valid.begin(), valid.end(), key) == valid.end()) {
+      fail("options." + key, "is not an option vramscope can set; valid options: " + join(valid));
+    }
+    std::string v;
+    if (key == "inplace") {
+      if (!value.is_boolean()) fail("options.inplace", "expected true or false, got " + kind_of(value));
+      v = value.get<bool>() ? "1" : "0";
+    } else if (key == "dropout") {
+      if (!value.is_number()) fail("options.dropout", "expected a probability in [0, 1), got " + kind_of(value));
+      std::ostringstream os;
+      os.precision(17);
+      os << value.get<double>();
+      v = os.str();
+    } else {
+      if (!value.is_number_integer() || value.get<std::int64_t>() <= 0 ||
+          (value.is_number_unsigned() && value.get<std::uint64_t>() > static_cast<std::uint64_t>(INT64_MAX))) {
+        fail("options." + key, "expected a positive integer, got " + kind_of(value));
+      }
+      v = value.dump();
+    }
+    doc->option_keys.push_back(key);
+    text += (text.empty() ? "" : ",") + key + "=" + v;
+  }
+  try {
+    doc->defaults = nn::ModelOptions::parse(text);
+  } catch (const Error& e) {
+    fail("options", e.what());
+  }
+  if (!doc->defaults.batch) fail("options.batch", "is required: the default batch size");
+  // Keep option_keys in ModelOptions::keys() order, as messages list them.
+  std::vector<std::string> ordered;
+  for (const std::string& k : nn::ModelOptions::keys()) {
+    if (std::find(doc->option_keys.begin(), doc->option_keys.end(), k) != doc->option_keys.end()) ordered.push_back(k);
+  }
+  doc->option_keys = std::move(ordered);
+  doc->root = std::move(root);
+  return doc;
+}
+
+}  // namespace
+
+ModelFile::ModelFile(std::unique_ptr<Doc> doc) : doc_(std::move(doc)) {}
+ModelFile::~ModelFile() = default;
+
+const std::string& ModelFile::name() const noexcept { return doc_->name; }
+const std::vector<std::string>& ModelFile::option_keys() const noexcept { return doc_->option_keys; }
+const std::string& ModelFile::origin() const noexcept { return doc_->origin; }
+
+nn::ModelSource::Built ModelFile::make(const nn::ModelOptions& options) const {
+  return Builder(*doc_, options).build();
+}
+
+std::shared_ptr<const ModelFile> ModelFile::parse(std::string_view json_text, std::string origin) {
+  if (json_text.size() > kMaxModelFileBytes) {
+    throw Error(origin + ": " + std::to_string(json_text.size()) + " bytes; a model file may have at most " +
+                std::to_string(kMaxModelFileBytes >> 20) + " MiB");
+  }
+  json root;
+  try {
+    root = json::parse(json_text);
+  } catch (const json::parse_error& e) {
+    // "[json.exception.parse_error.101] parse error at line 3, column 5: ..." -> from "parse error".
+    std::string what = e.what();
+    if (const auto at = what.find("parse error"); at != std::string::npos) what = what.substr(at);
+    throw Error(origin + ": not valid JSON: " + what);
+  }
+  auto file = std::make_shared<const ModelFile>(read_head(std::move(root), std::move(origin)));
+  (void)file->build();  // the whole file, checked at its default options
+  return file;
+}
+
+std::shared_ptr<const ModelFile> ModelFile::load(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(path + ": cannot open the model file (does it exist, and may it be read?)");
+  std::string text;
+  char buffer[1 << 16];
+  while (in.read(buffer, sizeof buffer) || in.gcount() > 0) {
+    text.append(buffer, static_cast<std::size_t>(in.gcount()));
+    if (text.size() > kMaxModelFileBytes) {
+      throw Error(path + ": larger than " + std::to_string(kMaxModelFileBytes >> 20) +
+                  " MiB; a model file may have at most that");
+    }
+  }
+  if (in.bad()) throw Error(path + ": cannot read the model file");
+  return parse(text, path);
+}
+
+}  // namespace mem::models

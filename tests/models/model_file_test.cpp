@@ -1,0 +1,151 @@
+// model_file_test.cpp — model files: the zoo's parameter counts against torchvision's,
+// every malformed file of bad_files.json rejected with its message, options that do
+// not apply refused, and the containers' forward order and peaks.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <sstream>
+
+#include "vramscope/allocator/errors.hpp"
+#include "vramscope/models/model_file.hpp"
+#include "vramscope/models/zoo.hpp"
+
+namespace mem::models {
+namespace {
+
+using nlohmann::json;
+
+std::string message_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(Zoo, ParameterCountsAreTorchvisions) {
+  // torchvision.models.<name>() with 1000 classes: sum(p.numel() for p in m.parameters()).
+  EXPECT_EQ(find("resnet18")->describe().parameters, 11'689'512);
+  EXPECT_EQ(find("resnet34")->describe().parameters, 21'797'672);
+  EXPECT_EQ(find("resnet50")->describe().parameters, 25'557'032);
+  EXPECT_EQ(find("resnet101")->describe().parameters, 44'549'160);
+  EXPECT_EQ(find("resnet152")->describe().parameters, 60'192'808);
+  // mlp: depth x (width^2 + width).
+  EXPECT_EQ(find("mlp")->describe().parameters, 16 * (1024 * 1024 + 1024));
+  EXPECT_EQ(find("mlp")->describe(nn::ModelOptions::parse("depth=3,width=8")).parameters, 3 * (64 + 8));
+  // forum-cnn: convs 20*50*9+50, 50*25*9+25, 25*10*9+10, then the head(s).
+  EXPECT_EQ(find("forum-cnn")->describe().parameters, 9050 + 11275 + 2260 + 4180 * 3258 + 3258);
+  EXPECT_EQ(find("forum-cnn-full")->describe().parameters, 9050 + 11275 + 2260 + 3 * (19350LL * 29913 + 29913));
+}
+
+TEST(Zoo, ResnetsKeepTorchvisionsNamesAndFlattenTheirStages) {
+  const auto model = find("resnet50")->build();
+  const auto& body = model->body();
+  ASSERT_EQ(body.size(), 4u + 16u + 3u);
+  EXPECT_EQ(body.children()[4].first, "layer1.0");
+  EXPECT_EQ(body.children()[19].first, "layer4.2");
+  EXPECT_EQ(body.at(4).type_name(), "Bottleneck");
+  std::vector<std::string> names;
+  for (const auto& [name, child] : body.at(4).children()) names.push_back(name);
+  EXPECT_EQ(names, (std::vector<std::string>{"conv1", "bn1", "relu", "conv2", "bn2", "conv3", "bn3", "downsample"}));
+  EXPECT_EQ(body.at(4).children()[7].second->children()[1].second->path(), "layer1.0.downsample.1");
+}
+
+TEST(Zoo, SizesScaleTheFamily) {
+  const auto r = find("resnet50")->describe(nn::ModelOptions::parse("image=64,classes=10,batch=2"));
+  EXPECT_EQ(r.input_shape, (nn::Shape{2, 3, 64, 64}));
+  EXPECT_EQ(r.parameters, 25'557'032 - 2048 * 990 - 990);  // fc shrinks to 10 classes
+  EXPECT_EQ(r.target_classes, 10);
+}
+
+TEST(ModelFileOptions, AnOptionTheModelDoesNotTakeIsAnError) {
+  EXPECT_NE(message_of([] { find("resnet18")->describe(nn::ModelOptions::parse("depth=3")); })
+                .find("resnet18 has no depth option; it takes batch, image, classes"),
+            std::string::npos);
+  EXPECT_NE(message_of([] { find("mlp")->describe(nn::ModelOptions::parse("seq=7")); }).find("mlp has no seq option"),
+            std::string::npos);
+}
+
+// --- malformed files ------------------------------------------------------------------------
+
+json bad_files() {
+  std::ifstream in(VRAMSCOPE_BAD_FILES);
+  return json::parse(in);
+}
+
+/// Sets `value` at a path like "layers[4].in_features" (null removes the key).
+void patch(json& doc, const std::string& path, const json& value) {
+  json* at = &doc;
+  std::string key;
+  std::istringstream parts(path);
+  std::vector<std::string> steps;
+  for (std::string part; std::getline(parts, part, '.');) steps.push_back(part);
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    std::string step = steps[i];
+    std::optional<std::size_t> index;
+    if (const auto open = step.find('['); open != std::string::npos) {
+      index = std::stoul(step.substr(open + 1));
+      step = step.substr(0, open);
+    }
+    const bool last = i + 1 == steps.size();
+    if (last && !index) {
+      if (value.is_null()) {
+        at->erase(step);
+      } else {
+        (*at)[step] = value;
+      }
+      return;
+    }
+    at = &(*at)[step];
+    if (index) at = &(*at)[*index];
+    if (last) *at = value;
+  }
+}
+
+std::string case_text(const json& all, const json& c) {
+  if (c.contains("text")) return c.at("text").get<std::string>();
+  json doc = all.at("base");
+  for (const auto& [path, value] : c.at("patch").items()) patch(doc, path, value);
+  return doc.dump();
+}
+
+TEST(ModelFileErrors, TheBaseOfTheBadFilesIsGood) {
+  const json all = bad_files();
+  const auto file = ModelFile::parse(all.at("base").dump(), "tiny.json");
+  EXPECT_EQ(file->describe().parameters, 3 * 8 * 9 + 8 + 8 * 10 + 10);
+}
+
+TEST(ModelFileErrors, EachBadFileGetsItsMessage) {
+  const json all = bad_files();
+  ASSERT_GE(all.at("cases").size(), 20u);
+  for (const json& c : all.at("cases")) {
+    SCOPED_TRACE(c.at("name").get<std::string>());
+    const std::string text = case_text(all, c);
+    const std::string message = message_of([&] { ModelFile::parse(text, "bad.json"); });
+    EXPECT_EQ(message.rfind("bad.json: ", 0), 0u) << message;
+    EXPECT_NE(message.find(c.at("message").get<std::string>()), std::string::npos) << message;
+    EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+  }
+}
+
+TEST(ModelFileErrors, AFileThatCannotBeReadSaysSo) {
+  EXPECT_NE(message_of([] { ModelFile::load("/nonexistent/net.json"); }).find("cannot open the model file"),
+            std::string::npos);
+  EXPECT_NE(message_of([] { ModelFile::parse(std::string(kMaxModelFileBytes + 1, ' '), "big.json"); })
+                .find("a model file may have at most 16 MiB"),
+            std::string::npos);
+}
+
+TEST(ModelFileErrors, DeepNestingStopsAtTheLimit) {
+  std::string layers = R"({"type": "Identity"})";
+  for (int i = 0; i < 200; ++i) layers = R"({"type": "Sequential", "layers": [)" + layers + "]}";
+  const std::string text = R"({"format": "vramscope-model", "version": 1, "name": "deep", "options": {"batch": 1},
+    "input": {"shape": ["batch", 4]}, "loss": {"type": "sum"}, "layers": [)" + layers + "]}";
+  EXPECT_NE(message_of([&] { ModelFile::parse(text, "deep.json"); }).find("modules nest deeper than 64"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace mem::models
