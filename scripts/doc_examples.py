@@ -11,7 +11,10 @@ for line, in order, and a run of lines between two `...` must be consecutive in 
 
 `update` replaces each shown line by the output line at its place (the same rows stay
 shown), so the documents follow the program. Commands run in a scratch folder; files they
-write are thrown away.
+write are thrown away. A fenced block right after a line `<!-- file: NAME -->` is a file
+the document asks the reader to save: it is written into the scratch folder as NAME before
+the document's commands run, so an example such as `vramscope sweep --model-file
+net.json` runs on exactly the text the document shows.
 """
 from __future__ import annotations
 
@@ -43,8 +46,26 @@ def examples(text: str):
             i += 1
 
 
-def run(exe: str, args: list[str]) -> list[str]:
+FILE_MARK = re.compile(r"^<!-- file: (?P<name>[A-Za-z0-9_.-]+) -->$")
+
+
+def saved_files(text: str) -> dict[str, str]:
+    """{NAME: content} of the blocks marked `<!-- file: NAME -->`."""
+    lines, files = text.split("\n"), {}
+    for i, line in enumerate(lines):
+        m = FILE_MARK.match(line)
+        if m and i + 1 < len(lines) and lines[i + 1].startswith(FENCE):
+            j = i + 2
+            while j < len(lines) and not lines[j].startswith(FENCE):
+                j += 1
+            files[m.group("name")] = "\n".join(lines[i + 2:j]) + "\n"
+    return files
+
+
+def run(exe: str, args: list[str], files: dict[str, str] | None = None) -> list[str]:
     with tempfile.TemporaryDirectory() as scratch:
+        for name, content in (files or {}).items():
+            (Path(scratch) / name).write_text(content)
         p = subprocess.run([exe, *args], capture_output=True, text=True, cwd=scratch, timeout=300)
     return (p.stdout + p.stderr).rstrip("\n").split("\n")
 
@@ -120,8 +141,9 @@ def main(argv: list[str]) -> int:
         text = path.read_text()
         lines = text.split("\n")
         replacements = []
+        files_here = saved_files(text)
         for prompt, args, shown, end in examples(text):
-            output = run(exe, args)
+            output = run(exe, args, files_here)
             checked += 1
             if mode == "check":
                 problem = check_block(shown, output)

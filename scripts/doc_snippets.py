@@ -50,10 +50,13 @@ def blocks(markdown: Path):
 def source(block: str, n: int) -> str:
     if re.search(r"\bint\s+main\s*\(", block):
         return block
-    body = "\n".join(line for line in block.split("\n") if not line.lstrip().startswith("..."))
+    lines = [line for line in block.split("\n") if not line.lstrip().startswith("...")]
+    # A fragment's own #include lines go to the top of the file, before the function.
+    includes = "\n".join(line for line in lines if line.startswith("#include"))
+    body = "\n".join(line for line in lines if not line.startswith("#include"))
     declares_alloc = re.search(r"(CachingAllocator&?\s+alloc\b)|(\balloc\s*=)", body)
     setup = "" if declares_alloc else "  mem::CachingAllocator& alloc = mem::process_allocator();\n"
-    return (f"{PRELUDE}\n[[maybe_unused]] static void snippet_{n}() {{\n{setup}"
+    return (f"{PRELUDE}{includes}\n[[maybe_unused]] static void snippet_{n}() {{\n{setup}"
             f"  [[maybe_unused]] std::size_t bytes = 1024;\n{body}\n}}\n")
 
 

@@ -1,6 +1,6 @@
-// blocks.cpp — composite layers: torchvision's residual blocks and GPT-2's
-// attention and transformer block, written the way their Python is, so that
-// every copy and temporary PyTorch makes is made here too.
+// blocks.cpp — composite layers: GPT-2's attention and transformer block, written
+// the way their Python is, so that every copy and temporary PyTorch makes is made
+// here too. (torchvision's residual blocks are model files: models/zoo/resnet*.json.)
 #include <cmath>
 #include <limits>
 
@@ -9,13 +9,6 @@
 
 namespace mem::nn {
 namespace {
-
-std::unique_ptr<Sequential> downsample_branch(std::int64_t in, std::int64_t out, std::int64_t stride) {
-  auto seq = std::make_unique<Sequential>();
-  seq->append(std::make_unique<Conv2d>(in, out, 1, stride, 0, false));
-  seq->append(std::make_unique<BatchNorm2d>(out));
-  return seq;
-}
 
 /// torch.finfo(dtype).min: the mask value HF's eager attention uses.
 double lowest(DType dtype) noexcept {
@@ -28,48 +21,6 @@ double lowest(DType dtype) noexcept {
 }
 
 }  // namespace
-
-BasicBlock::BasicBlock(std::int64_t in, std::int64_t planes, std::int64_t stride, bool downsample)
-    : Module("BasicBlock") {
-  conv1_ = &add_module("conv1", std::make_unique<Conv2d>(in, planes, 3, stride, 1, false));
-  bn1_ = &add_module("bn1", std::make_unique<BatchNorm2d>(planes));
-  relu_ = &add_module("relu", std::make_unique<ReLU>(true));
-  conv2_ = &add_module("conv2", std::make_unique<Conv2d>(planes, planes, 3, 1, 1, false));
-  bn2_ = &add_module("bn2", std::make_unique<BatchNorm2d>(planes));
-  if (downsample) downsample_ = &add_module("downsample", downsample_branch(in, planes * kExpansion, stride));
-}
-
-Tensor BasicBlock::forward(const Tensor& x) {
-  Tensor out = (*conv1_)(x);
-  out = (*bn1_)(out);
-  out = (*relu_)(out);
-  out = (*conv2_)(out);
-  out = (*bn2_)(out);
-  const Tensor identity = downsample_ != nullptr ? (*downsample_)(x) : x;
-  out = add_(out, identity);  // out += identity
-  return (*relu_)(out);
-}
-
-Bottleneck::Bottleneck(std::int64_t in, std::int64_t planes, std::int64_t stride, bool downsample)
-    : Module("Bottleneck") {
-  conv1_ = &add_module("conv1", std::make_unique<Conv2d>(in, planes, 1, 1, 0, false));
-  bn1_ = &add_module("bn1", std::make_unique<BatchNorm2d>(planes));
-  conv2_ = &add_module("conv2", std::make_unique<Conv2d>(planes, planes, 3, stride, 1, false));
-  bn2_ = &add_module("bn2", std::make_unique<BatchNorm2d>(planes));
-  conv3_ = &add_module("conv3", std::make_unique<Conv2d>(planes, planes * kExpansion, 1, 1, 0, false));
-  bn3_ = &add_module("bn3", std::make_unique<BatchNorm2d>(planes * kExpansion));
-  relu_ = &add_module("relu", std::make_unique<ReLU>(true));
-  if (downsample) downsample_ = &add_module("downsample", downsample_branch(in, planes * kExpansion, stride));
-}
-
-Tensor Bottleneck::forward(const Tensor& x) {
-  Tensor out = (*relu_)((*bn1_)((*conv1_)(x)));
-  out = (*relu_)((*bn2_)((*conv2_)(out)));
-  out = (*bn3_)((*conv3_)(out));
-  const Tensor identity = downsample_ != nullptr ? (*downsample_)(x) : x;
-  out = add_(out, identity);
-  return (*relu_)(out);
-}
 
 CausalSelfAttention::CausalSelfAttention(std::int64_t embed, std::int64_t heads, double dropout)
     : Module("GPT2Attention"), embed_(embed), heads_(heads) {

@@ -298,29 +298,6 @@ class Embedding : public Module {
   std::size_t weight_;
 };
 
-/// torchvision's BasicBlock (resnet18/34): conv3x3-bn-relu-conv3x3-bn, += identity
-/// (or the downsample branch), relu; ReLUs in place as torchvision has them.
-class BasicBlock : public Module {
- public:
-  BasicBlock(std::int64_t in_planes, std::int64_t planes, std::int64_t stride, bool downsample);
-  Tensor forward(const Tensor& input) override;
-  static constexpr std::int64_t kExpansion = 1;
-
- private:
-  Module *conv1_, *bn1_, *relu_, *conv2_, *bn2_, *downsample_ = nullptr;
-};
-
-/// torchvision's Bottleneck (resnet50, v1.5: stride on the 3x3 conv).
-class Bottleneck : public Module {
- public:
-  Bottleneck(std::int64_t in_planes, std::int64_t planes, std::int64_t stride, bool downsample);
-  Tensor forward(const Tensor& input) override;
-  static constexpr std::int64_t kExpansion = 4;
-
- private:
-  Module *conv1_, *bn1_, *conv2_, *bn2_, *conv3_, *bn3_, *relu_, *downsample_ = nullptr;
-};
-
 /// GPT-2 eager attention: c_attn (Conv1D to 3C), split, heads as views, q @ k^T
 /// (matmul copies the permuted operands), scale, causal mask, softmax, dropout,
 /// @ v, merge heads (contiguous copy), c_proj, dropout.
