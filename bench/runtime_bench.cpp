@@ -1,7 +1,8 @@
-// runtime_bench.cpp — Google Benchmark suite of the autograd runtime: a dry-run
-// training step of resnet50 at batch 256 (target < 10 ms), a sweep of 32
-// checkpoint segment counts of a 200-layer mlp (target < 1 s), and a compute-mode
-// training step of forum-cnn at batch 100 on the CPU.
+// runtime_bench.cpp — Google Benchmark suite of the autograd runtime and the model
+// files: reading and building resnet152 from its file (target < 10 ms), dry-run
+// training steps of resnet50 (target < 10 ms) and resnet152 (target < 5 ms) at batch
+// 256, a sweep of 32 checkpoint segment counts of a 200-layer mlp (target < 1 s), and
+// a compute-mode training step of forum-cnn at batch 100 on the CPU.
 #include <benchmark/benchmark.h>
 
 #include <memory>
@@ -9,6 +10,7 @@
 #include "vramscope/allocator/caching_allocator.hpp"
 #include "vramscope/allocator/device.hpp"
 #include "vramscope/runtime/training.hpp"
+#include "vramscope/models/model_file.hpp"
 #include "vramscope/models/zoo.hpp"
 
 namespace {
@@ -45,6 +47,39 @@ void BM_DryRunStepResnet50(benchmark::State& state) {
   set_step_counters(state, last);
 }
 BENCHMARK(BM_DryRunStepResnet50)->Arg(1)->Arg(4)->Unit(benchmark::kMillisecond);
+
+/// A model file from text to module tree: JSON parse, the full check at the default
+/// options (ModelFile::parse builds once), and the build a run asks for.
+void BM_LoadAndBuildResnet152(benchmark::State& state) {
+  const std::string text(mem::models::zoo_file_text("resnet152"));
+  std::int64_t parameters = 0;
+  for (auto _ : state) {
+    const auto file = mem::models::ModelFile::parse(text, "resnet152.json");
+    parameters = file->build()->info().parameters;
+    benchmark::DoNotOptimize(parameters);
+  }
+  state.counters["parameters"] = static_cast<double>(parameters);
+  state.counters["file_bytes"] = static_cast<double>(text.size());
+}
+BENCHMARK(BM_LoadAndBuildResnet152)->Unit(benchmark::kMillisecond);
+
+/// One dry-run training step of resnet152 (read from its zoo file), batch 256, on a
+/// simulated A100 80 GB; steady state.
+void BM_DryRunStepResnet152(benchmark::State& state) {
+  TrainConfig cfg;
+  cfg.model = mem::models::find("resnet152");
+  cfg.model_options.batch = 256;
+  auto device = mem::make_device("sim:a100-80g");
+  mem::CachingAllocator alloc(device);
+  Trainer trainer(cfg, alloc);
+  mem::nn::StepStats last = trainer.step();
+  for (auto _ : state) {
+    last = trainer.step();
+    benchmark::DoNotOptimize(last.peak_allocated);
+  }
+  set_step_counters(state, last);
+}
+BENCHMARK(BM_DryRunStepResnet152)->Unit(benchmark::kMillisecond);
 
 /// The sweep the vramscope command runs: for each of 32 segment counts a fresh
 /// device, allocator and 200-layer mlp (width 1024, batch 64), two training steps.
