@@ -29,13 +29,13 @@ void set_step_counters(benchmark::State& state, const mem::nn::StepStats& s) {
                                                       s.optimizer.allocations);
 }
 
-/// One dry-run training step (forward, backward, Adam) of resnet50, batch 256, on a
-/// simulated A100 80 GB; steady state (Adam state already allocated).
-void BM_DryRunStepResnet50(benchmark::State& state) {
+/// Dry-run training steps (forward, backward, Adam) of a zoo model at batch 256 on a
+/// simulated A100 80 GB, timed in steady state (Adam state already allocated).
+void dry_run_steps(benchmark::State& state, const char* model, std::size_t segments) {
   TrainConfig cfg;
-  cfg.model = mem::models::find("resnet50");
+  cfg.model = mem::models::find(model);
   cfg.model_options.batch = 256;
-  cfg.segments = static_cast<std::size_t>(state.range(0));
+  cfg.segments = segments;
   auto device = mem::make_device("sim:a100-80g");
   mem::CachingAllocator alloc(device);
   Trainer trainer(cfg, alloc);
@@ -45,6 +45,10 @@ void BM_DryRunStepResnet50(benchmark::State& state) {
     benchmark::DoNotOptimize(last.peak_allocated);
   }
   set_step_counters(state, last);
+}
+
+void BM_DryRunStepResnet50(benchmark::State& state) {
+  dry_run_steps(state, "resnet50", static_cast<std::size_t>(state.range(0)));
 }
 BENCHMARK(BM_DryRunStepResnet50)->Arg(1)->Arg(4)->Unit(benchmark::kMillisecond);
 
@@ -63,22 +67,7 @@ void BM_LoadAndBuildResnet152(benchmark::State& state) {
 }
 BENCHMARK(BM_LoadAndBuildResnet152)->Unit(benchmark::kMillisecond);
 
-/// One dry-run training step of resnet152 (read from its zoo file), batch 256, on a
-/// simulated A100 80 GB; steady state.
-void BM_DryRunStepResnet152(benchmark::State& state) {
-  TrainConfig cfg;
-  cfg.model = mem::models::find("resnet152");
-  cfg.model_options.batch = 256;
-  auto device = mem::make_device("sim:a100-80g");
-  mem::CachingAllocator alloc(device);
-  Trainer trainer(cfg, alloc);
-  mem::nn::StepStats last = trainer.step();
-  for (auto _ : state) {
-    last = trainer.step();
-    benchmark::DoNotOptimize(last.peak_allocated);
-  }
-  set_step_counters(state, last);
-}
+void BM_DryRunStepResnet152(benchmark::State& state) { dry_run_steps(state, "resnet152", 1); }
 BENCHMARK(BM_DryRunStepResnet152)->Unit(benchmark::kMillisecond);
 
 /// The sweep the vramscope command runs: for each of 32 segment counts a fresh
