@@ -184,8 +184,9 @@ class Builder {
 
   void only_keys(const json& obj, const std::string& path, const std::string& what,
                  std::initializer_list<const char*> keys) const {
-    for (const auto& [key, value] : obj.items()) {
-      if (key == "comment") continue;  // free text anywhere, for the reader
+    for (const auto& item : obj.items()) {
+      const std::string& key = item.key();  // not a structured binding: clang 14 cannot capture one
+      if (key == "comment") continue;       // free text anywhere, for the reader
       if (std::none_of(keys.begin(), keys.end(), [&](const char* k) { return key == k; })) {
         std::vector<std::string> valid(keys.begin(), keys.end());
         valid.emplace_back("comment");
