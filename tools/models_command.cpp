@@ -65,13 +65,14 @@ void run(const ModelArgs& args) {
 void add_models_command(CLI::App& app) {
   auto args = std::make_shared<ModelArgs>();
   CLI::App* cmd = app.add_subcommand(
-      "models", "List the built-in models with their parameters, parameter bytes and default shapes.");
+      "models", "List the zoo's models (or describe your --model-file) with their parameters, parameter bytes, shapes and options.");
   add_model_options(*cmd, *args, "default: list all");
   cmd->footer(
       "Examples:\n"
       "  vramscope models\n"
       "  vramscope models --model gpt2 --seq 512\n"
-      "  vramscope models --model mlp --depth 256 --width 512 --batch 16384");
+      "  vramscope models --model mlp --depth 256 --width 512 --batch 16384\n"
+      "  vramscope models --model-file net.json --batch 64");
   cmd->callback([args] { run(*args); });
 }
 
