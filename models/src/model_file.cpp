@@ -203,8 +203,7 @@ class Builder {
     }
     std::vector<std::int64_t> dims;
     for (std::size_t i = 0; i < v.size(); ++i) dims.push_back(positive(v[i], index(path, i)));
-    check_size(dims, path);
-    return nn::Shape(dims);
+    return make_shape(dims, path);
   }
 
   void check_size(std::span<const std::int64_t> dims, const std::string& path) const {
@@ -247,10 +246,19 @@ class Builder {
     if (flow.integer) mismatch(path, mpath, type, "a floating-point input", flow);
   }
 
-  static std::int64_t pooled(std::int64_t in, std::int64_t kernel, std::int64_t stride, std::int64_t padding,
-                             std::int64_t dilation = 1) {
-    const std::int64_t span = in + 2 * padding - dilation * (kernel - 1) - 1;
-    return span < 0 ? 0 : span / stride + 1;
+  /// The output of a kernel sliding over [N, C, H, W] (conv and pooling): [N, channels, H', W']
+  /// with H' = (H + 2 padding - kernel) / stride + 1, as torch.nn documents it.
+  nn::Shape slide(const Flow& flow, std::int64_t channels, std::int64_t kernel, std::int64_t stride,
+                  std::int64_t padding, const std::string& path, const std::string& mpath,
+                  const std::string& type) const {
+    const nn::Shape& in = flow.shape;
+    const auto out = [&](std::int64_t side) {
+      const std::int64_t span = side + 2 * padding - (kernel - 1) - 1;
+      return span < 0 ? 0 : span / stride + 1;
+    };
+    const std::int64_t h = out(in[2]), w = out(in[3]);
+    if (h <= 0 || w <= 0) mismatch(path, mpath, type, "an input at least as large as its kernel", flow);
+    return make_shape({in[0], channels, h, w}, path);
   }
 
   /// Builds one module from `spec`; `flow` goes in as its input and comes out as its output.
@@ -296,9 +304,7 @@ class Builder {
         mismatch(path, mpath, type, "[N, " + std::to_string(cin) + ", H, W] (in_channels " + std::to_string(cin) + ")",
                  flow);
       }
-      const std::int64_t h = pooled(in[2], k, stride, padding), w = pooled(in[3], k, stride, padding);
-      if (h <= 0 || w <= 0) mismatch(path, mpath, type, "an input at least as large as its kernel", flow);
-      in = make_shape({in[0], cout, h, w}, path);
+      in = slide(flow, cout, k, stride, padding, path, mpath, type);
       return std::make_unique<nn::Conv2d>(cin, cout, k, stride, padding, flag_or(s, path, "bias", true));
     }
     if (type == "BatchNorm2d") {
@@ -346,9 +352,7 @@ class Builder {
       if (2 * padding > k) fail(field(path, "padding"), "must be at most half of kernel_size, got " + std::to_string(padding));
       floating(flow, path, mpath, type);
       if (in.size() != 4) mismatch(path, mpath, type, "[N, C, H, W]", flow);
-      const std::int64_t h = pooled(in[2], k, stride, padding), w = pooled(in[3], k, stride, padding);
-      if (h <= 0 || w <= 0) mismatch(path, mpath, type, "an input at least as large as its kernel", flow);
-      in = nn::Shape{in[0], in[1], h, w};
+      in = slide(flow, in[1], k, stride, padding, path, mpath, type);
       return std::make_unique<nn::MaxPool2d>(k, stride, padding);
     }
     if (type == "AdaptiveAvgPool2d") {
@@ -426,10 +430,16 @@ class Builder {
     return mpath.empty() ? name : mpath + "." + name;
   }
 
-  void add_child(Children& out, std::string name, std::unique_ptr<nn::Module> m, const std::string& path) const {
-    for (const auto& [other, child] : out) {
-      if (other == name) fail(path, "a second module named '" + name + "' in the same container");
+  /// Refuses `name` when `siblings` (name, module) pairs already have it.
+  template <class Siblings>
+  void require_new_name(const Siblings& siblings, const std::string& name, const std::string& path) const {
+    for (const auto& sibling : siblings) {
+      if (sibling.first == name) fail(path, "a second module named '" + name + "' in the same container");
     }
+  }
+
+  void add_child(Children& out, std::string name, std::unique_ptr<nn::Module> m, const std::string& path) const {
+    require_new_name(out, name, path);
     out.emplace_back(std::move(name), std::move(m));
   }
 
@@ -450,12 +460,14 @@ class Builder {
         if (n > static_cast<std::int64_t>(kMaxModules)) {
           fail(field(ipath, "repeat"), "repeats more than " + std::to_string(kMaxModules) + " times");
         }
+        for (std::size_t j = 0; j < body.size(); ++j) {
+          if (body[j].is_object() && body[j].contains("name")) {
+            fail(field(index(field(ipath, "layers"), j), "name"), "repeated modules are named by their index; "
+                                                                  "remove the name");
+          }
+        }
         for (std::int64_t r = 0; r < n; ++r) {
           for (std::size_t j = 0; j < body.size(); ++j) {
-            if (body[j].is_object() && body[j].contains("name")) {
-              fail(field(index(field(ipath, "layers"), j), "name"), "repeated modules are named by their index; "
-                                                                    "remove the name");
-            }
             const std::string name = std::to_string(out.size());
             add_child(out, name, module(body[j], index(field(ipath, "layers"), j), sub(mpath, name), flow, depth + 1),
                       ipath);
@@ -510,9 +522,7 @@ class Builder {
         continue;
       }
       const std::string name = child_name(spec, ipath, declared.size());
-      for (const auto& d : declared) {
-        if (d.first == name) fail(ipath, "a second module named '" + name + "' in the same container");
-      }
+      require_new_name(declared, name, ipath);
       nn::Module& m = add(name, module(spec, ipath, sub(mpath, name), flow, depth + 1));
       declared.emplace_back(name, &m);
     }
@@ -593,8 +603,7 @@ class Builder {
         joined->shape = make_shape(dims, bpath);
       }
     }
-    check_size(joined->shape, path);
-    flow.shape = joined->shape;
+    flow.shape = joined->shape;  // each branch's shape and each concatenation were checked
     flow.integer = joined->integer;
     return block;
   }

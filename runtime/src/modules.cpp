@@ -187,6 +187,16 @@ Tensor Sequential::forward(const Tensor& input) {
 
 // --- Residual, Parallel, Identity ------------------------------------------------------------
 
+namespace {
+
+/// Runs `modules` one after another on `x`, as a list of statements `x = m(x)` does.
+Tensor run_in_order(const std::vector<Module*>& modules, Tensor x) {
+  for (Module* m : modules) x = (*m)(x);
+  return x;
+}
+
+}  // namespace
+
 Residual::Residual(std::string class_name, bool inplace_add)
     : Module(std::move(class_name)), inplace_add_(inplace_add) {}
 
@@ -199,14 +209,10 @@ Module& Residual::add(Part part, std::string name, std::unique_ptr<Module> modul
 void Residual::reuse(Part part, Module& child) { parts_[static_cast<std::size_t>(part)].push_back(&child); }
 
 Tensor Residual::forward(const Tensor& input) {
-  const auto run = [](const std::vector<Module*>& modules, Tensor x) {
-    for (Module* m : modules) x = (*m)(x);
-    return x;
-  };
-  Tensor out = run(parts_[0], input);
-  const Tensor identity = run(parts_[1], input);
+  Tensor out = run_in_order(parts_[0], input);
+  const Tensor identity = run_in_order(parts_[1], input);
   out = inplace_add_ ? add_(out, identity) : nn::add(out, identity);
-  return run(parts_[2], out);
+  return run_in_order(parts_[2], out);
 }
 
 Parallel::Parallel(std::string class_name, Join join, std::int64_t dim)
@@ -228,11 +234,7 @@ void Parallel::reuse(Module& child) {
 Tensor Parallel::forward(const Tensor& input) {
   std::vector<Tensor> outs;
   outs.reserve(branches_.size());
-  for (const auto& modules : branches_) {
-    Tensor x = input;
-    for (Module* m : modules) x = (*m)(x);
-    outs.push_back(std::move(x));
-  }
+  for (const auto& modules : branches_) outs.push_back(run_in_order(modules, input));
   if (join_ == Join::Concat) return cat(outs, dim_);
   Tensor sum = outs.at(0);
   for (std::size_t i = 1; i < outs.size(); ++i) sum = nn::add(sum, outs[i]);
