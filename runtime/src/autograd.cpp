@@ -63,6 +63,26 @@ class AccumulateGrad final : public Node {
 
 Node::Node() noexcept : sequence_nr_(tls_sequence_nr++), backward_context_(tls_backward_context) {}
 
+Node::~Node() {
+  // Each node owns the next ones through its edges, so dropping the head of a deep graph
+  // (a 200,000-module mlp) would destroy the chain recursively and overflow the stack.
+  // Like PyTorch's deleteNode (torch/csrc/autograd/function.cpp), take the edges that are
+  // the last owners of their node onto a heap stack and release them one at a time, each
+  // with its own edges already taken.
+  std::vector<std::shared_ptr<Node>> last_owners;
+  const auto take = [&](std::vector<Edge>& edges) {
+    for (Edge& e : edges) {
+      if (e.fn && e.fn.use_count() == 1) last_owners.push_back(std::move(e.fn));
+    }
+  };
+  take(next_edges_);
+  while (!last_owners.empty()) {
+    std::shared_ptr<Node> node = std::move(last_owners.back());
+    last_owners.pop_back();
+    take(node->next_edges_);
+  }  // `node` is destroyed at the end of each iteration, with no owned edges left to recurse into
+}
+
 void Node::add_input(const Tensor& input) {
   if (!input.defined() || !input.requires_grad()) {
     next_edges_.push_back(Edge{});

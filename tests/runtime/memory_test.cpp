@@ -330,3 +330,24 @@ TEST(MlpMemory, ComputeModeMatchesTheDerivationToo) {
 
 }  // namespace
 }  // namespace mem::nn
+
+namespace mem::nn {
+namespace {
+
+// A graph as deep as the deepest model vramscope builds (an mlp of depth 100,000 has 200,000
+// nodes) must be released without recursing once per node: that overflowed the 8 MiB stack.
+TEST(GraphRelease, ADeepChainIsReleasedWithoutRecursion) {
+  test::Env env(ExecMode::DryRun);
+  const std::int64_t before = env.allocated();
+  {
+    Tensor x = empty(env.rt, Shape{4}, DType::F32);
+    x.set_requires_grad(true);
+    Tensor y = x;
+    for (int i = 0; i < 400'000; ++i) y = mul_scalar(y, 1.0);
+    EXPECT_NE(y.grad_fn(), nullptr);
+  }  // y's grad_fn, then the whole chain, released here
+  EXPECT_EQ(env.allocated(), before);
+}
+
+}  // namespace
+}  // namespace mem::nn

@@ -49,7 +49,8 @@ struct Edge {
 class Node : public std::enable_shared_from_this<Node> {
  public:
   Node() noexcept;
-  virtual ~Node() = default;
+  /// Releases the graph behind this node iteratively (see autograd.cpp).
+  virtual ~Node();
   Node(const Node&) = delete;
   Node& operator=(const Node&) = delete;
 
