@@ -11,6 +11,7 @@
 #include <fstream>
 #include <initializer_list>
 #include <span>
+#include <unordered_map>
 #include <sstream>
 #include <stdexcept>
 
@@ -64,6 +65,18 @@ std::string join(const std::vector<std::string>& items) {
   for (const std::string& i : items) s += (s.empty() ? "" : ", ") + i;
   return s;
 }
+
+/// A container's children in order, their names indexed: a file may give one container a
+/// million children, so neither the duplicate check nor a {"use": name} may scan them.
+template <class Ptr>
+struct Siblings {
+  std::vector<std::pair<std::string, Ptr>> list;
+  std::unordered_map<std::string, std::size_t> index;
+  const Ptr* find(const std::string& name) const {
+    const auto it = index.find(name);
+    return it == index.end() ? nullptr : &list[it->second].second;
+  }
+};
 
 std::string field(const std::string& path, const std::string& key) { return path.empty() ? key : path + "." + key; }
 std::string index(const std::string& path, std::size_t i) { return path + "[" + std::to_string(i) + "]"; }
@@ -224,7 +237,7 @@ class Builder {
 
   // --- modules --------------------------------------------------------------------------------
 
-  using Children = std::vector<std::pair<std::string, std::unique_ptr<nn::Module>>>;
+  using Children = Siblings<std::unique_ptr<nn::Module>>;
 
   void count_module(const std::string& path) {
     if (++modules_ > kMaxModules) {
@@ -253,7 +266,10 @@ class Builder {
                   const std::string& type) const {
     const nn::Shape& in = flow.shape;
     const auto out = [&](std::int64_t side) {
-      const std::int64_t span = side + 2 * padding - (kernel - 1) - 1;
+      std::int64_t span = 0;  // side + 2 padding - kernel; a hostile padding must not wrap it
+      if (__builtin_mul_overflow(padding, 2, &span) || __builtin_add_overflow(span, side - kernel, &span)) {
+        fail(field(path, "padding"), "the padded input overflows 64 bits (padding " + std::to_string(padding) + ")");
+      }
       return span < 0 ? 0 : span / stride + 1;
     };
     const std::int64_t h = out(in[2]), w = out(in[3]);
@@ -304,6 +320,9 @@ class Builder {
         mismatch(path, mpath, type, "[N, " + std::to_string(cin) + ", H, W] (in_channels " + std::to_string(cin) + ")",
                  flow);
       }
+      // The weight before the padded input: a huge kernel makes both overflow, and the weight
+      // names the cause. (Linear's and Embedding's weights are the parameter count's concern.)
+      check_size(std::vector<std::int64_t>{cout, cin, k, k}, path);
       in = slide(flow, cout, k, stride, padding, path, mpath, type);
       return std::make_unique<nn::Conv2d>(cin, cout, k, stride, padding, flag_or(s, path, "bias", true));
     }
@@ -349,7 +368,7 @@ class Builder {
       const std::int64_t k = positive_at(s, path, "kernel_size"), stride = positive_or(s, path, "stride", k);
       const std::int64_t padding = non_negative_or(s, path, "padding", 0);
       // PyTorch: "pad should be at most half of effective kernel size".
-      if (2 * padding > k) fail(field(path, "padding"), "must be at most half of kernel_size, got " + std::to_string(padding));
+      if (padding > k / 2) fail(field(path, "padding"), "must be at most half of kernel_size, got " + std::to_string(padding));
       floating(flow, path, mpath, type);
       if (in.size() != 4) mismatch(path, mpath, type, "[N, C, H, W]", flow);
       in = slide(flow, in[1], k, stride, padding, path, mpath, type);
@@ -398,7 +417,7 @@ class Builder {
       auto seq = std::make_unique<nn::Sequential>();
       Children children;
       sequence(list_at(s, path, "layers"), field(path, "layers"), mpath, flow, depth + 1, children);
-      for (auto& [name, child] : children) seq->append(name, std::move(child));
+      for (auto& [name, child] : children.list) seq->append(name, std::move(child));
       return seq;
     }
     if (type == "Residual") return residual(s, path, mpath, flow, depth);
@@ -430,17 +449,13 @@ class Builder {
     return mpath.empty() ? name : mpath + "." + name;
   }
 
-  /// Refuses `name` when `siblings` (name, module) pairs already have it.
-  template <class Siblings>
-  void require_new_name(const Siblings& siblings, const std::string& name, const std::string& path) const {
-    for (const auto& sibling : siblings) {
-      if (sibling.first == name) fail(path, "a second module named '" + name + "' in the same container");
+  /// Adds a child under a name no sibling has yet.
+  template <class Ptr>
+  void add_child(Siblings<Ptr>& out, std::string name, Ptr m, const std::string& path) const {
+    if (!out.index.emplace(name, out.list.size()).second) {
+      fail(path, "a second module named '" + name + "' in the same container");
     }
-  }
-
-  void add_child(Children& out, std::string name, std::unique_ptr<nn::Module> m, const std::string& path) const {
-    require_new_name(out, name, path);
-    out.emplace_back(std::move(name), std::move(m));
+    out.list.emplace_back(std::move(name), std::move(m));
   }
 
   /// A Sequential's list: modules, and {"repeat": n, "layers": [...]} entries that add
@@ -468,7 +483,7 @@ class Builder {
         }
         for (std::int64_t r = 0; r < n; ++r) {
           for (std::size_t j = 0; j < body.size(); ++j) {
-            const std::string name = std::to_string(out.size());
+            const std::string name = std::to_string(out.list.size());
             add_child(out, name, module(body[j], index(field(ipath, "layers"), j), sub(mpath, name), flow, depth + 1),
                       ipath);
           }
@@ -476,7 +491,7 @@ class Builder {
         continue;
       }
       const std::string name = spec.is_object() && spec.contains("name") ? child_name(spec, ipath, i)
-                                                                         : std::to_string(out.size());
+                                                                         : std::to_string(out.list.size());
       if (spec.is_object() && spec.value("type", json()) == "Sequential" && spec.contains("expand")) {
         if (!spec.at("expand").is_boolean()) fail(field(ipath, "expand"), "expected true or false, got " + kind_of(spec.at("expand")));
         if (spec.at("expand").get<bool>()) {
@@ -484,7 +499,7 @@ class Builder {
           count_module(ipath);
           Children inner;
           sequence(list_at(spec, ipath, "layers"), field(ipath, "layers"), sub(mpath, name), flow, depth + 1, inner);
-          for (auto& [child, m] : inner) add_child(out, name + "." + child, std::move(m), ipath);
+          for (auto& [child, m] : inner.list) add_child(out, name + "." + child, std::move(m), ipath);
           continue;
         }
       }
@@ -496,35 +511,42 @@ class Builder {
   /// runs a module declared earlier in the same container again.
   template <class Add, class Reuse>
   void parts(const json& list, const std::string& path, const std::string& mpath, Flow& flow, int depth,
-             std::vector<std::pair<std::string, nn::Module*>>& declared, Add add, Reuse reuse) {
+             Siblings<nn::Module*>& declared, Add add, Reuse reuse) {
     for (std::size_t i = 0; i < list.size(); ++i) {
       const json& spec = list[i];
       const std::string ipath = index(path, i);
       if (spec.is_object() && spec.contains("use")) {
         only_keys(spec, ipath, "a reuse", {"use"});
         const json& u = spec.at("use");
-        const auto it = std::find_if(declared.begin(), declared.end(),
-                                     [&](const auto& d) { return u.is_string() && d.first == u.get<std::string>(); });
-        if (it == declared.end()) {
+        nn::Module* const* used = u.is_string() ? declared.find(u.get<std::string>()) : nullptr;
+        if (used == nullptr) {
           std::vector<std::string> names;
-          for (const auto& d : declared) names.push_back(d.first);
+          for (const auto& d : declared.list) {
+            if (names.size() == 20) {
+              names.push_back("...");
+              break;
+            }
+            names.push_back(d.first);
+          }
           fail(field(ipath, "use"), "expected the name of a module declared earlier in this container (" +
                                         (names.empty() ? std::string("none yet") : join(names)) + "), got " + kind_of(u));
         }
-        const std::string& t = it->second->type_name();
-        if (!it->second->slots().empty() || !it->second->children().empty() ||
+        const std::string use_name = u.get<std::string>();
+        nn::Module& again = **used;
+        const std::string& t = again.type_name();
+        if (!again.slots().empty() || !again.children().empty() ||
             !(t == "ReLU" || t == "Sigmoid" || t == "Tanh" || t == "GELU" || t == "Dropout" || t == "Identity")) {
-          fail(field(ipath, "use"), "only an activation, Dropout or Identity can run twice; '" + it->first + "' is " + t);
+          fail(field(ipath, "use"), "only an activation, Dropout or Identity can run twice; '" + use_name + "' is " + t);
         }
-        if (t != "Identity") floating(flow, ipath, sub(mpath, it->first), t);
-        reuse(*it->second);
-        flow.from = display(sub(mpath, it->first), t);
+        if (t != "Identity") floating(flow, ipath, sub(mpath, use_name), t);
+        reuse(again);
+        flow.from = display(sub(mpath, use_name), t);
         continue;
       }
-      const std::string name = child_name(spec, ipath, declared.size());
-      require_new_name(declared, name, ipath);
+      const std::string name = child_name(spec, ipath, declared.list.size());
+      if (declared.find(name) != nullptr) fail(ipath, "a second module named '" + name + "' in the same container");
       nn::Module& m = add(name, module(spec, ipath, sub(mpath, name), flow, depth + 1));
-      declared.emplace_back(name, &m);
+      add_child(declared, name, &m, ipath);
     }
   }
 
@@ -533,7 +555,7 @@ class Builder {
     only_keys(s, path, "Residual", {"name", "type", "frozen", "class", "body", "shortcut", "then", "inplace"});
     const std::string cls = class_name(s, path, "Residual");
     auto block = std::make_unique<nn::Residual>(cls, flag_or(s, path, "inplace", false));
-    std::vector<std::pair<std::string, nn::Module*>> declared;
+    Siblings<nn::Module*> declared;
     using Part = nn::Residual::Part;
     const auto run = [&](const char* key, Part part, Flow& f) {
       parts(list_at(s, path, key, part == Part::Body), field(path, key), mpath, f, depth, declared,
@@ -568,7 +590,7 @@ class Builder {
                                    std::to_string(flow.shape.size()) + "), got " + std::to_string(dim));
     }
     auto block = std::make_unique<nn::Parallel>(cls, concat ? nn::Parallel::Join::Concat : nn::Parallel::Join::Add, dim);
-    std::vector<std::pair<std::string, nn::Module*>> declared;
+    Siblings<nn::Module*> declared;
     std::optional<Flow> joined;
     for (std::size_t b = 0; b < branches.size(); ++b) {
       const std::string bpath = index(field(path, "branches"), b);
@@ -643,8 +665,8 @@ class Builder {
     auto body = std::make_unique<nn::Sequential>();
     Children children;
     sequence(list_at(root, "", "layers"), "layers", "", flow, 0, children);
-    if (children.empty()) fail("layers", "expected at least one module");
-    for (auto& [name, child] : children) body->append(name, std::move(child));
+    if (children.list.empty()) fail("layers", "expected at least one module");
+    for (auto& [name, child] : children.list) body->append(name, std::move(child));
 
     // The loss.
     const json& loss = root.at("loss");

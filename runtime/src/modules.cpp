@@ -268,7 +268,8 @@ const Tensor& Linear::weight() const noexcept { return slots()[weight_].tensor; 
 Conv2d::Conv2d(std::int64_t in, std::int64_t out, std::int64_t kernel, std::int64_t stride, std::int64_t padding,
                bool bias)
     : Module("Conv2d"), stride_(stride), padding_(padding), has_bias_(bias) {
-  const double bound = 1.0 / std::sqrt(static_cast<double>(in * kernel * kernel));
+  // In double: in * kernel * kernel may exceed int64 before the weight's shape is checked.
+  const double bound = 1.0 / std::sqrt(static_cast<double>(in) * static_cast<double>(kernel) * static_cast<double>(kernel));
   weight_ = add_parameter("weight", Shape{out, in, kernel, kernel}, -bound, bound);
   bias_ = bias ? add_parameter("bias", Shape{out}, -bound, bound) : 0;
 }
