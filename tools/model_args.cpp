@@ -52,21 +52,35 @@ void add_model_options(CLI::App& app, ModelArgs& args, const std::string& defaul
     std::int64_t* value;
     const char* help;
     std::int64_t max;
-  } sizes[] = {{"-b,--batch", &args.batch, "batch size (default: the model's)", nn::kMaxBatch},
-               {"--depth", &args.depth, "mlp: number of Linear+ReLU layers", nn::kMaxDepth},
+  } sizes[] = {{"--depth", &args.depth, "mlp: number of Linear+ReLU layers", nn::kMaxDepth},
                {"--width", &args.width, "mlp: features per layer", nn::kMaxWidth},
-               {"--seq", &args.seq, "gpt2: sequence length (<= 1024)", nn::kMaxSeq},
                {"--image", &args.image, "resnet: input side in pixels", nn::kMaxImage},
                {"--classes", &args.classes, "resnet: number of classes", nn::kMaxClasses}};
+  // Batch and sequence length take comma lists ("8,16,32"); each item is checked.
+  app.add_option("-b,--batch", args.batch, "batch size (default: the model's); sweep takes a list: 8,16,32")
+      ->type_name("N[,N...]");
   for (const auto& size : sizes) {
     app.add_option(size.name, *size.value, size.help)->check(integer_in(1, size.max))->type_name("N");
   }
+  app.add_option("--seq", args.seq, "sequence length of models that take one (gpt2: <= 1024); sweep takes a list")
+      ->type_name("N[,N...]");
   app.add_option("--model-options", args.extra,
                  "more model options as key=value,... (dropout=0,inplace=1; see `vramscope models`)")
       ->type_name("K=V,...");
 }
 
-nn::ModelOptions to_model_options(const ModelArgs& args) {
+std::vector<std::int64_t> parse_size_list(const std::string& option, const std::string& text, std::int64_t max) {
+  std::vector<std::int64_t> out;
+  const CLI::Validator check = integer_in(1, max);
+  for (std::string item : split_list(option, text)) {
+    const std::string problem = check(item);
+    if (!problem.empty()) throw UsageError(option + ": " + problem);
+    out.push_back(std::stoll(item));
+  }
+  return out;
+}
+
+nn::ModelOptions to_model_options(const ModelArgs& args, bool lists_allowed) {
   nn::ModelOptions o = as_usage("--model-options", [&] { return nn::ModelOptions::parse(args.extra); });
   const auto set = [](const char* option, std::int64_t value, std::int64_t& field) {
     if (value < 0) {
@@ -74,10 +88,18 @@ nn::ModelOptions to_model_options(const ModelArgs& args) {
     }
     if (value > 0) field = value;
   };
-  set("--batch", args.batch, o.batch);
+  const auto first = [&](const char* option, const std::string& text, std::int64_t max) -> std::int64_t {
+    const std::vector<std::int64_t> list = parse_size_list(option, text, max);
+    if (list.size() > 1 && !lists_allowed) {
+      throw UsageError(fmt::format("{}: {} values given; this command runs one (sweep takes a list)",
+                                   option, list.size()));
+    }
+    return list.empty() ? 0 : list.front();
+  };
+  set("--batch", first("--batch", args.batch, nn::kMaxBatch), o.batch);
   set("--depth", args.depth, o.depth);
   set("--width", args.width, o.width);
-  set("--seq", args.seq, o.seq);
+  set("--seq", first("--seq", args.seq, nn::kMaxSeq), o.seq);
   set("--image", args.image, o.image);
   set("--classes", args.classes, o.classes);
   return o;

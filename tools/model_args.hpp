@@ -19,10 +19,10 @@ namespace mem::tools {
 struct ModelArgs {
   std::string model;          ///< a zoo name; empty: the command's default
   std::string model_file;     ///< --model-file: a model file of the user's
-  std::int64_t batch = 0;
+  std::string batch;          ///< --batch as typed: "32", or for sweep a list "8,16,32"
   std::int64_t depth = 0;
   std::int64_t width = 0;
-  std::int64_t seq = 0;
+  std::string seq;            ///< --seq, as --batch
   std::int64_t image = 0;
   std::int64_t classes = 0;
   std::string extra;          ///< --model-options "dropout=0,inplace=1"
@@ -36,9 +36,15 @@ CLI::Validator integer_in(std::int64_t min, std::int64_t max);
 /// --model-options.
 void add_model_options(CLI::App& app, ModelArgs& args, const std::string& default_note);
 
+/// A list of sizes as typed ("8,16,32"): each a whole number in [1, max], no empty
+/// item; an empty text is an empty list. UsageError names `option`.
+std::vector<std::int64_t> parse_size_list(const std::string& option, const std::string& text, std::int64_t max);
+
 /// The runtime's options for `args` (extra first, then the explicit flags on top).
+/// --batch and --seq take the first item of their lists; a list of more than one is
+/// a UsageError unless `lists_allowed` (sweep runs each item; trace and models run one).
 /// Throws UsageError naming the option and the valid values.
-nn::ModelOptions to_model_options(const ModelArgs& args);
+nn::ModelOptions to_model_options(const ModelArgs& args, bool lists_allowed = false);
 
 /// The model named by --model (or `fallback` when neither is given) or read from
 /// --model-file. UsageError for both given, an unknown name (listing the zoo) or a

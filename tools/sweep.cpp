@@ -46,31 +46,6 @@ class PeakWatcher final : public AllocatorObserver {
   ContextId oom_context_ = kNoContext;
 };
 
-nn::TrainConfig train_config(const SweepSpec& spec, std::size_t segments, nn::Precision precision,
-                             const std::string& alloc_conf) {
-  nn::TrainConfig cfg;
-  cfg.model = spec.model;
-  cfg.model_options = spec.model_options;
-  cfg.mode = spec.mode;
-  cfg.device = spec.device;
-  cfg.alloc_conf = alloc_conf;
-  cfg.steps = spec.steps;
-  // PyTorch's checkpoint_sequential with one segment checkpoints nothing: 0 means that.
-  cfg.segments = std::max<std::size_t>(segments, 1);
-  cfg.checkpoint_mode = spec.checkpoint_mode;
-  cfg.input_requires_grad = spec.input_requires_grad;
-  cfg.precision = precision;
-  cfg.optimizer = spec.optimizer;
-  return cfg;
-}
-
-std::shared_ptr<Device> make_run_device(const SweepSpec& spec) {
-  nn::TrainConfig cfg;
-  cfg.device = spec.device;
-  cfg.mode = spec.mode;
-  return make_device(nn::device_spec_for(cfg));
-}
-
 template <class T>
 std::vector<T> unique_in_order(const std::vector<T>& items) {
   std::vector<T> out;
@@ -89,8 +64,41 @@ std::optional<std::int64_t> baseline_peak(const SweepRow& row) {
 
 }  // namespace
 
+nn::ModelOptions row_options(const SweepSpec& spec, std::int64_t batch, std::int64_t seq) {
+  nn::ModelOptions options = spec.model_options;
+  if (batch > 0) options.batch = batch;
+  if (seq > 0) options.seq = seq;
+  return options;
+}
+
+nn::TrainConfig train_config(const SweepSpec& spec, const SweepRow& row) {
+  nn::TrainConfig cfg;
+  cfg.model = spec.model;
+  cfg.model_options = row_options(spec, row.batch, row.seq);
+  cfg.mode = spec.mode;
+  cfg.device = spec.device;
+  cfg.alloc_conf = row.alloc_conf;
+  cfg.steps = spec.steps;
+  // PyTorch's checkpoint_sequential with one segment checkpoints nothing: 0 means that.
+  cfg.segments = std::max<std::size_t>(row.segments, 1);
+  cfg.checkpoint_mode = spec.checkpoint_mode;
+  cfg.input_requires_grad = spec.input_requires_grad;
+  cfg.precision = row.precision;
+  cfg.optimizer = spec.optimizer;
+  return cfg;
+}
+
+std::shared_ptr<Device> make_run_device(const SweepSpec& spec) {
+  nn::TrainConfig cfg;
+  cfg.device = spec.device;
+  cfg.mode = spec.mode;
+  return make_device(nn::device_spec_for(cfg));
+}
+
 std::string SweepRow::label() const {
-  std::string out = fmt::format("{} seg {}", nn::precision_name(precision), segments);
+  std::string out = std::string(nn::precision_name(precision));
+  if (!shape.empty()) out += " " + shape;
+  out += fmt::format(" seg {}", segments);
   if (!alloc_conf.empty()) out += " [" + alloc_conf + "]";
   return out;
 }
@@ -112,7 +120,15 @@ std::vector<std::size_t> auto_segments(std::size_t modules) {
 
 nn::ModelInfo validate_sweep(const SweepSpec& spec) {
   if (!spec.model) throw UsageError("no model given; give --model NAME or --model-file PATH");
-  const nn::ModelInfo info = describe(*spec.model, spec.model_options);
+  // Every shape asked for must build (a size that overflows is an error before anything runs).
+  std::optional<nn::ModelInfo> first;
+  for (const std::int64_t batch : spec.batches.empty() ? std::vector<std::int64_t>{0} : spec.batches) {
+    for (const std::int64_t seq : spec.seqs.empty() ? std::vector<std::int64_t>{0} : spec.seqs) {
+      nn::ModelInfo shaped = describe(*spec.model, row_options(spec, batch, seq));
+      if (!first) first = std::move(shaped);
+    }
+  }
+  const nn::ModelInfo info = std::move(*first);
   check_device(spec.device, spec.mode);
   if (spec.precisions.empty()) throw UsageError("--dtype: empty; valid: f32, f16, bf16, amp, amp-bf16");
   for (const std::string& conf : spec.alloc_confs) check_alloc_conf(conf);
@@ -149,11 +165,9 @@ AutogradFailure autograd_failure(const nn::AutogradError& e, std::size_t step) {
   return failure;
 }
 
-RunFigures run_config(const SweepSpec& spec, std::shared_ptr<Device> device, std::size_t segments,
-                      nn::Precision precision, const std::string& alloc_conf,
+RunFigures run_config(const nn::TrainConfig& cfg, std::shared_ptr<Device> device,
                       std::optional<OomFailure>& oom, std::optional<AutogradFailure>& error) {
-  const nn::TrainConfig cfg = train_config(spec, segments, precision, alloc_conf);
-  CachingAllocator allocator{std::move(device), AllocatorConfig::parse(alloc_conf)};
+  CachingAllocator allocator{std::move(device), AllocatorConfig::parse(cfg.alloc_conf)};
   attach(allocator);
   PeakWatcher watcher{allocator.stats()};
   allocator.add_observer(&watcher);
@@ -164,7 +178,7 @@ RunFigures run_config(const SweepSpec& spec, std::shared_ptr<Device> device, std
   try {
     nn::Trainer trainer{cfg, allocator};
     built = true;
-    for (std::size_t i = 0; i < spec.steps; ++i) {
+    for (std::size_t i = 0; i < cfg.steps; ++i) {
       const nn::StepStats s = trainer.step();
       ++f.steps_done;
       total_ms += s.wall_ms;
@@ -235,30 +249,46 @@ SweepResult run_sweep(const SweepSpec& spec_in, const SweepProgress& progress) {
   result.model = validate_sweep(spec);
   result.device = make_run_device(spec)->info();
 
+  spec.batches = unique_in_order(spec.batches);
+  spec.seqs = unique_in_order(spec.seqs);
+  const std::vector<std::int64_t> batches = spec.batches.empty() ? std::vector<std::int64_t>{0} : spec.batches;
+  const std::vector<std::int64_t> seqs = spec.seqs.empty() ? std::vector<std::int64_t>{0} : spec.seqs;
+
   const bool has_baseline = std::any_of(spec.segments.begin(), spec.segments.end(),
                                         [](std::size_t k) { return k <= 1; });
-  const std::size_t groups = spec.alloc_confs.size() * spec.precisions.size();
+  const std::size_t groups =
+      spec.alloc_confs.size() * spec.precisions.size() * batches.size() * seqs.size();
   std::size_t planned = groups * (spec.segments.size() + (has_baseline ? 0 : 1));
   std::size_t done = 0;
 
-  const auto run_row = [&](std::size_t segments, nn::Precision precision,
-                           const std::string& conf) {
+  // One group: a setting, a precision and a shape; its rows differ in segment count only.
+  struct Group {
+    const std::string& conf;
+    nn::Precision precision;
+    std::int64_t batch;
+    std::int64_t seq;
+  };
+  const auto run_row = [&](const Group& g, std::size_t segments) {
     SweepRow row;
     row.segments = segments;
-    row.precision = precision;
-    row.alloc_conf = conf;
+    row.precision = g.precision;
+    row.alloc_conf = g.conf;
+    row.batch = g.batch > 0 ? g.batch : result.model.batch;
+    row.seq = g.seq;
+    if (batches.size() > 1) row.shape = fmt::format("batch {}", row.batch);
+    if (seqs.size() > 1) row.shape += fmt::format("{}seq {}", row.shape.empty() ? "" : " ", row.seq);
     if (progress) progress(done, planned, row.label());
-    check_host_memory_for_compute(train_config(spec, segments, precision, conf), result.device);
-    row.figures = run_config(spec, make_run_device(spec), segments, precision, conf, row.oom, row.error);
+    const nn::TrainConfig cfg = train_config(spec, row);
+    check_host_memory_for_compute(cfg, result.device);
+    row.figures = run_config(cfg, make_run_device(spec), row.oom, row.error);
     if (row.oom) {
       // What it would have needed: the same run without the capacity limit. Dry run
       // (the runtime guarantees identical statistics to compute mode), so it is cheap.
-      SweepSpec dry = spec;
+      nn::TrainConfig dry = cfg;
       dry.mode = nn::ExecMode::DryRun;
       std::optional<OomFailure> again;
       std::optional<AutogradFailure> refused;
-      RunFigures needed =
-          run_config(dry, unlimited_twin(result.device), segments, precision, conf, again, refused);
+      RunFigures needed = run_config(dry, unlimited_twin(result.device), again, refused);
       if (!again && !refused) row.unlimited = std::move(needed);
       // Out of memory before backward reached the error: the row is an error row all the same.
       if (refused) row.error = std::move(refused);
@@ -281,45 +311,53 @@ SweepResult run_sweep(const SweepSpec& spec_in, const SweepProgress& progress) {
     return best;
   };
 
+  const auto run_group = [&](const Group& g) {
+    std::vector<SweepRow> rows;
+    for (const std::size_t k : spec.segments) rows.push_back(run_row(g, k));
+    if (spec.refine_segments) refine_around_best(rows, best_of, [&](std::size_t k) {
+      ++planned;
+      return run_row(g, k);
+    });
+    const std::size_t first = result.rows.size();
+    for (SweepRow& row : rows) result.rows.push_back(std::move(row));
+    const std::span<SweepRow> group{result.rows.data() + first, result.rows.size() - first};
+
+    // The baseline: the group's run without checkpointing, or one run just for it.
+    std::optional<std::int64_t> base;
+    for (const SweepRow& row : group) {
+      if (row.segments <= 1 && !base) base = baseline_peak(row);
+    }
+    if (!has_baseline) {
+      result.baselines.push_back(run_row(g, 0));
+      base = baseline_peak(result.baselines.back());
+    }
+    if (base && *base > 0) {
+      for (SweepRow& row : group) {
+        if (!row.fits()) continue;
+        row.saving = *base - row.figures.peak_allocated;
+        row.saving_fraction = static_cast<double>(*row.saving) / static_cast<double>(*base);
+      }
+    }
+    if (SweepRow* best = best_of(group)) best->best = true;
+  };
+
   for (const std::string& conf : spec.alloc_confs) {
     for (const nn::Precision precision : spec.precisions) {
-      std::vector<SweepRow> rows;
-      for (const std::size_t k : spec.segments) rows.push_back(run_row(k, precision, conf));
-      if (spec.refine_segments) refine_around_best(rows, best_of, [&](std::size_t k) {
-        ++planned;
-        return run_row(k, precision, conf);
-      });
-      const std::size_t first = result.rows.size();
-      for (SweepRow& row : rows) result.rows.push_back(std::move(row));
-      const std::span<SweepRow> group{result.rows.data() + first, result.rows.size() - first};
-
-      // The baseline: the group's run without checkpointing, or one run just for it.
-      std::optional<std::int64_t> base;
-      for (const SweepRow& row : group) {
-        if (row.segments <= 1 && !base) base = baseline_peak(row);
+      for (const std::int64_t batch : batches) {
+        for (const std::int64_t seq : seqs) run_group(Group{conf, precision, batch, seq});
       }
-      if (!has_baseline) {
-        result.baselines.push_back(run_row(0, precision, conf));
-        base = baseline_peak(result.baselines.back());
-      }
-      if (base && *base > 0) {
-        for (SweepRow& row : group) {
-          if (!row.fits()) continue;
-          row.saving = *base - row.figures.peak_allocated;
-          row.saving_fraction = static_cast<double>(*row.saving) / static_cast<double>(*base);
-        }
-      }
-
-      if (SweepRow* best = best_of(group)) best->best = true;
     }
   }
   const bool refused = std::any_of(result.rows.begin(), result.rows.end(),
                                    [](const SweepRow& r) { return r.error.has_value(); });
   if (refused) {
     // Which counts would run: a dry run per count, only when one was refused.
-    const nn::TrainConfig cfg = train_config(spec, 1, spec.precisions.front(),
-                                             spec.alloc_confs.empty() ? std::string() : spec.alloc_confs.front());
-    result.accepted_segments = accepted_segment_counts(cfg, result.device);
+    SweepRow first;
+    first.precision = spec.precisions.front();
+    first.alloc_conf = spec.alloc_confs.front();
+    first.batch = batches.front();
+    first.seq = seqs.front();
+    result.accepted_segments = accepted_segment_counts(train_config(spec, first), result.device);
   }
   if (progress) progress(done, planned, "done");
   result.wall_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();

@@ -33,6 +33,10 @@ struct SweepSpec {
   nn::ModelOptions model_options;
   std::string device = "sim:rtx2080s";
   std::vector<std::size_t> segments;       ///< 0 = no checkpointing
+  /// --batch / --seq lists, each value swept (empty: model_options' batch / seq). A model
+  /// without a sequence length refuses a seq list as it refuses the option.
+  std::vector<std::int64_t> batches;
+  std::vector<std::int64_t> seqs;
   std::vector<nn::Precision> precisions;
   std::vector<std::string> alloc_confs;    ///< "" = PyTorch's defaults
   std::size_t steps = 2;
@@ -87,6 +91,10 @@ struct SweepRow {
   std::size_t segments = 0;              ///< as asked; 0 = no checkpointing
   nn::Precision precision = nn::Precision::F32;
   std::string alloc_conf;
+  std::int64_t batch = 0;                ///< the run's batch (the model's default when not given)
+  std::int64_t seq = 0;                  ///< its --seq; 0 when not given
+  /// "batch 32 seq 512" when the sweep runs several batches or sequence lengths, else empty.
+  std::string shape;
   RunFigures figures;                    ///< for an OOM or error row: up to the failure
   std::optional<OomFailure> oom;
   std::optional<AutogradFailure> error;  ///< PyTorch would refuse it: never fits, never best
@@ -101,7 +109,8 @@ struct SweepRow {
 
   /// Ran every step within the device's memory (neither OOM nor an autograd error).
   bool fits() const noexcept { return !oom.has_value() && !error.has_value(); }
-  /// The label of the row: "f32 seg 16", with the allocator setting when given.
+  /// The label of the row: "f32 seg 16", with the shape and allocator setting when given
+  /// ("f32 batch 32 seg 16 [max_split_size_mb:128]").
   std::string label() const;
 };
 
@@ -109,7 +118,7 @@ struct SweepResult {
   SweepSpec spec;
   nn::ModelInfo model;
   DeviceInfo device;
-  std::vector<SweepRow> rows;           ///< alloc conf, then precision, then segments
+  std::vector<SweepRow> rows;           ///< alloc conf, precision, batch, seq, then segments
   /// Runs without checkpointing done only to measure savings (not asked for).
   std::vector<SweepRow> baselines;
   double wall_ms = 0;                    ///< the whole sweep
@@ -121,10 +130,17 @@ struct SweepResult {
 /// Called before each run: runs finished, runs planned, the one starting.
 using SweepProgress = std::function<void(std::size_t, std::size_t, const std::string&)>;
 
-/// Checks the spec without running it: model, device, precisions, allocator
-/// settings, segment counts within [0, sequential modules], steps >= 1.
-/// Throws UsageError naming what is valid. Returns the model's description.
+/// Checks the spec without running it: model (at every batch and seq asked), device,
+/// precisions, allocator settings, segment counts within [0, sequential modules],
+/// steps >= 1. Throws UsageError naming what is valid. Returns the model's description
+/// at the first batch and seq.
 nn::ModelInfo validate_sweep(const SweepSpec& spec);
+
+/// The model options of one run: the spec's, with the row's batch and seq when given.
+nn::ModelOptions row_options(const SweepSpec& spec, std::int64_t batch, std::int64_t seq);
+
+/// The training configuration of one row of `spec` (its segments, precision, setting, shape).
+nn::TrainConfig train_config(const SweepSpec& spec, const SweepRow& row);
 
 /// A useful range of segment counts for `modules` sequential modules:
 /// 0, the powers of two up to min(modules, 8 * sqrt(modules)), and round(sqrt(modules)).
@@ -134,13 +150,13 @@ std::vector<std::size_t> auto_segments(std::size_t modules);
 /// becomes an OOM row, one that autograd refuses an error row, and the sweep goes on.
 SweepResult run_sweep(const SweepSpec& spec, const SweepProgress& progress = {});
 
-/// Runs one configuration on a fresh allocator of `device` (exposed for tests).
-/// segments is as asked (0 = none). Returns the figures (up to the failure, if any)
-/// and fills `oom` or `error` when the run failed.
-RunFigures run_config(const SweepSpec& spec, std::shared_ptr<Device> device,
-                      std::size_t segments, nn::Precision precision,
-                      const std::string& alloc_conf, std::optional<OomFailure>& oom,
-                      std::optional<AutogradFailure>& error);
+/// Runs one configuration (cfg.steps steps) on a fresh allocator of `device`. Returns
+/// the figures (up to the failure, if any) and fills `oom` or `error` when it failed.
+RunFigures run_config(const nn::TrainConfig& cfg, std::shared_ptr<Device> device,
+                      std::optional<OomFailure>& oom, std::optional<AutogradFailure>& error);
+
+/// The device a run of `spec` gets: a fresh one per run, so runs share no cache.
+std::shared_ptr<Device> make_run_device(const SweepSpec& spec);
 
 /// A simulated device like `info` (context, granularity) without a capacity limit.
 std::shared_ptr<Device> unlimited_twin(const DeviceInfo& info);

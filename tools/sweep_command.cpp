@@ -8,6 +8,8 @@
 #include <optional>
 
 #include "commands.hpp"
+#include "max_batch.hpp"
+#include "max_batch_report.hpp"
 #include "model_args.hpp"
 #include "progress.hpp"
 #include "sweep.hpp"
@@ -44,6 +46,7 @@ struct SweepArgs {
   std::string format = "table";
   std::string plot;
   bool brief = false;
+  bool max_batch = false;
 };
 
 std::vector<std::size_t> parse_segments(const std::string& text, std::size_t modules) {
@@ -72,10 +75,14 @@ SweepSpec make_spec(const SweepArgs& args) {
     model.model = "mlp";
     if (model.depth == 0) model.depth = kDemoDepth;
     if (model.width == 0) model.width = kDemoWidth;
-    if (model.batch == 0) model.batch = kDemoBatch;
+    if (model.batch.empty() && !args.max_batch) model.batch = std::to_string(kDemoBatch);
   }
   spec.model = resolve_model(model, "mlp");
-  spec.model_options = to_model_options(model);
+  spec.model_options = to_model_options(model, /*lists_allowed=*/true);
+  if (auto batches = parse_size_list("--batch", model.batch, nn::kMaxBatch); batches.size() > 1) {
+    spec.batches = std::move(batches);
+  }
+  if (auto seqs = parse_size_list("--seq", model.seq, nn::kMaxSeq); seqs.size() > 1) spec.seqs = std::move(seqs);
   spec.mode = args.compute ? nn::ExecMode::Compute : nn::ExecMode::DryRun;
   spec.device = resolve_device(args.device, spec.mode);
   spec.precisions = parse_precisions("--dtype", args.dtypes);
@@ -92,12 +99,40 @@ SweepSpec make_spec(const SweepArgs& args) {
   const nn::ModelInfo info = describe(*spec.model, spec.model_options);
   spec.segments = parse_segments(args.segments, info.sequence_length);
   spec.refine_segments = args.segments == "auto";
+  if (args.max_batch) {
+    if (!args.model.batch.empty()) {
+      throw UsageError("--max-batch: searches the batch size; leave out --batch");
+    }
+    if (!args.plot.empty()) throw UsageError("--plot: does not apply to --max-batch (the plot is memory vs segments)");
+    return spec;  // find_max_batches validates the rest
+  }
   validate_sweep(spec);
   return spec;
 }
 
+void print_max_batches(const SweepSpec& spec, const SweepArgs& args) {
+  std::unique_ptr<ProgressBar> bar;
+  const SweepProgress progress = [&](std::size_t done, std::size_t total, const std::string& item) {
+    if (!bar) bar = std::make_unique<ProgressBar>(total);
+    bar->update(done, item);
+  };
+  const MaxBatchResult result = find_max_batches(spec, progress);
+  if (bar) bar->finish();
+  if (args.format == "csv") {
+    std::cout << max_batch_csv(result);
+  } else if (args.format == "json") {
+    std::cout << max_batch_json(result).dump(2) << "\n";
+  } else {
+    ReportOptions options;
+    options.how_to_read = !args.brief;
+    std::cout << max_batch_report(result, options);
+  }
+  std::cout.flush();
+}
+
 void run(const SweepArgs& args) {
   const SweepSpec spec = make_spec(args);
+  if (args.max_batch) return print_max_batches(spec, args);
   check_output_paths({{"--plot", args.plot}});
 
   std::unique_ptr<ProgressBar> bar;
@@ -178,12 +213,19 @@ void add_sweep_command(CLI::App& app) {
   cmd->add_option("-f,--format", args->format, "table, csv or json")->capture_default_str();
   cmd->add_option("--plot", args->plot, "also write an SVG of the memory curves vs segment count")
       ->type_name("FILE.svg");
+  cmd->add_flag("--max-batch", args->max_batch,
+                "instead of running one batch: find, for each dtype x segments x setting (x seq), the "
+                "largest batch that fits on the device (doubling, then bisection, with dry runs), with "
+                "its peaks and where one more sample runs out");
   cmd->add_flag("--brief", args->brief, "leave out the 'how to read this' note");
   cmd->footer(
       "Examples:\n"
       "  vramscope sweep                                   # the demo: a deep mlp on an RTX 2080 SUPER\n"
       "  vramscope sweep --model resnet50 --batch 128 --device sim:a100-40g --dtype f32,amp\n"
       "  vramscope sweep --model gpt2 --batch 8 --segments 0,2,3,4,6,12 --device sim:v100-32g\n"
+      "  vramscope sweep --model resnet50 --batch 32,64,128 --segments 0,4 --device sim:rtx4090\n"
+      "  vramscope sweep --model resnet50 --max-batch --dtype f32,amp --segments 0,2,4,8 --device sim:a100-80g\n"
+      "  vramscope sweep --model gpt2 --batch 4 --seq 256,512,1024 --dtype amp\n"
       "  vramscope sweep --model forum-cnn --compute --segments 0,2,4 --steps 3\n"
       "  vramscope sweep -a '' -a max_split_size_mb:128 --format csv > sweep.csv\n"
       "  vramscope sweep --plot sweep.svg\n"

@@ -37,7 +37,8 @@ using R = const SweepResult&;
 using W = const SweepRow&;
 const std::array kFields = {
     Field{"model", [](R s, W) -> nlohmann::json { return s.model.name; }},
-    Field{"batch", [](R s, W) -> nlohmann::json { return s.model.batch; }},
+    Field{"batch", [](R, W r) -> nlohmann::json { return r.batch; }},
+    Field{"seq", [](R, W r) -> nlohmann::json { return r.seq > 0 ? nlohmann::json(r.seq) : nlohmann::json(nullptr); }},
     Field{"device", [](R s, W) -> nlohmann::json { return s.device.name; }},
     Field{"dtype", [](R, W r) -> nlohmann::json { return std::string(nn::precision_name(r.precision)); }},
     Field{"segments", [](R, W r) -> nlohmann::json { return r.segments; }},
@@ -72,19 +73,11 @@ const std::array kFields = {
     Field{"error_module", [](R, W r) { return if_error(r, [](const AutogradFailure& e) { return e.module; }); }},
 };
 
-std::string csv_cell(const nlohmann::json& v) {
-  if (v.is_null()) return "";
-  if (v.is_string()) return csv_field(v.get<std::string>());
-  if (v.is_boolean()) return v.get<bool>() ? "true" : "false";
-  if (v.is_number_float()) return fmt::format("{:.6g}", v.get<double>());
-  return v.dump();
-}
-
 nlohmann::json row_json(const SweepResult& s, const SweepRow& r) {
   nlohmann::json j = nlohmann::json::object();
   for (const Field& f : kFields) {
     const std::string name = f.name;
-    if (name == "model" || name == "batch" || name == "device") continue;  // top level
+    if (name == "model" || name == "device") continue;  // top level
     j[name] = f.get(s, r);
   }
   j["label"] = r.label();
@@ -94,6 +87,14 @@ nlohmann::json row_json(const SweepResult& s, const SweepRow& r) {
 }
 
 }  // namespace
+
+std::string csv_cell(const nlohmann::json& v) {
+  if (v.is_null()) return "";
+  if (v.is_string()) return csv_field(v.get<std::string>());
+  if (v.is_boolean()) return v.get<bool>() ? "true" : "false";
+  if (v.is_number_float()) return fmt::format("{:.6g}", v.get<double>());
+  return v.dump();
+}
 
 std::string csv_field(const std::string& text) {
   if (text.find_first_of(",\"\n\r") == std::string::npos) return text;
@@ -134,7 +135,9 @@ nlohmann::json sweep_json(const SweepResult& result) {
   j["schema_version"] = kSweepSchemaVersion;
   j["model"] = {{"name", m.name},
                 {"options", spec.model_options.to_string()},
-                {"batch", m.batch},
+                {"batch", m.batch},  // the first batch; each row has its own
+                {"batches", spec.batches},
+                {"seqs", spec.seqs},
                 {"parameters", m.parameters},
                 {"sequential_modules", m.sequence_length},
                 {"input_shape", m.input_shape.to_vector()}};

@@ -11,7 +11,7 @@
 
 namespace mem::tools {
 
-inline constexpr int kSweepSchemaVersion = 1;
+inline constexpr int kSweepSchemaVersion = 2;  // 2: rows carry batch and seq
 
 /// The CSV header, in column order.
 std::string sweep_csv_header();
@@ -20,6 +20,9 @@ std::string sweep_csv(const SweepResult& result);
 
 nlohmann::json sweep_json(const SweepResult& result);
 
+/// One JSON value as a CSV cell: null empty, strings quoted where needed, booleans
+/// true/false, floats with 6 significant digits.
+std::string csv_cell(const nlohmann::json& value);
 /// RFC 4180 quoting of one field.
 std::string csv_field(const std::string& text);
 

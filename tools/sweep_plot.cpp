@@ -118,7 +118,8 @@ std::string sweep_plot_svg(const SweepResult& result, int width, int height) {
       width, height);
   s += fmt::format("<text x=\"{}\" y=\"24\" font-size=\"16\" font-weight=\"bold\">{}</text>\n", left,
                    xml_escape(fmt::format("Peak memory vs checkpoint segments — {}",
-                                          model_title(result.model, result.spec.model_options))));
+                                          model_title(result.model, result.spec.model_options,
+                                                      result.spec.batches, result.spec.seqs))));
   s += fmt::format("<text x=\"{}\" y=\"42\" fill=\"#555\">{}</text>\n", left,
                    xml_escape(fmt::format("on {}; {} sequential modules, sqrt = {:.1f}; {} step(s) per configuration",
                                           result.device.name, result.model.sequence_length,

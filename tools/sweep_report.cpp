@@ -29,14 +29,23 @@ std::string where(const Failure& failure) {
 
 }  // namespace
 
-std::string model_title(const nn::ModelInfo& info, const nn::ModelOptions& options) {
-  std::string sizes = options.to_string();
+std::string model_title(const nn::ModelInfo& info, const nn::ModelOptions& options,
+                        const std::vector<std::int64_t>& batches, const std::vector<std::int64_t>& seqs) {
+  nn::ModelOptions shown = options;
+  if (!batches.empty()) shown.batch = 0;  // the lists are written below
+  if (!seqs.empty()) shown.seq = 0;
+  std::string sizes = shown.to_string();
   for (char& ch : sizes) {
     if (ch == ',') ch = ' ';
   }
   std::string out = info.name;
   if (!sizes.empty()) out += " " + sizes;
-  if (sizes.find("batch=") == std::string::npos) out += fmt::format(" batch={}", info.batch);
+  if (!batches.empty()) {
+    out += fmt::format(" batch={}", fmt::join(batches, ","));
+  } else if (sizes.find("batch=") == std::string::npos) {
+    out += fmt::format(" batch={}", info.batch);
+  }
+  if (!seqs.empty()) out += fmt::format(" seq={}", fmt::join(seqs, ","));
   return out;
 }
 
@@ -102,7 +111,12 @@ std::string describe_failure(const SweepRow& row) {
 Table sweep_table(const SweepResult& result, const ReportOptions& options) {
   const bool show_conf = result.spec.alloc_confs.size() > 1 ||
                          (result.spec.alloc_confs.size() == 1 && !result.spec.alloc_confs[0].empty());
-  std::vector<Column> cols{{"dtype", Align::Left}, {"segments", Align::Right}};
+  const bool show_batch = result.spec.batches.size() > 1;
+  const bool show_seq = result.spec.seqs.size() > 1;
+  std::vector<Column> cols{{"dtype", Align::Left}};
+  if (show_batch) cols.push_back({"batch", Align::Right});
+  if (show_seq) cols.push_back({"seq", Align::Right});
+  cols.push_back({"segments", Align::Right});
   if (show_conf) cols.push_back({"alloc conf", Align::Left});
   for (const char* h : {"after step", "max alloc", "max reserved", "max nvidia-smi",
                         "unalloc@peak", "saving", "recompute"}) {
@@ -115,12 +129,15 @@ Table sweep_table(const SweepResult& result, const ReportOptions& options) {
   std::size_t footnote = 0;
   std::string previous_group;
   for (const SweepRow& row : result.rows) {
-    const std::string group = std::string(nn::precision_name(row.precision)) + "|" + row.alloc_conf;
+    const std::string group = fmt::format("{}|{}|{}|{}", nn::precision_name(row.precision),
+                                          row.batch, row.seq, row.alloc_conf);
     if (!previous_group.empty() && group != previous_group) table.add_separator();
     previous_group = group;
 
-    std::vector<std::string> cells{std::string(nn::precision_name(row.precision)),
-                                   segments_cell(row.segments)};
+    std::vector<std::string> cells{std::string(nn::precision_name(row.precision))};
+    if (show_batch) cells.push_back(std::to_string(row.batch));
+    if (show_seq) cells.push_back(std::to_string(row.seq));
+    cells.push_back(segments_cell(row.segments));
     if (show_conf) cells.push_back(row.alloc_conf.empty() ? "default" : row.alloc_conf);
     const RunFigures& f = row.figures;
     if (row.fits()) {
@@ -164,7 +181,7 @@ std::string sweep_report(const SweepResult& result, const ReportOptions& options
   const SweepSpec& spec = result.spec;
   std::string out;
   out += fmt::format("vramscope sweep: {}, {} sequential modules, {} parameters ({} in f32)\n",
-                     model_title(m, spec.model_options), m.sequence_length, human_count(m.parameters),
+                     model_title(m, spec.model_options, spec.batches, spec.seqs), m.sequence_length, human_count(m.parameters),
                      format_bytes(m.parameter_bytes(nn::DType::F32)));
   out += fmt::format("on {} ({} total), optimizer {}, {} step{} per configuration, {}\n\n",
                      result.device.name, format_bytes(result.device.total_bytes),
@@ -186,13 +203,15 @@ std::string sweep_report(const SweepResult& result, const ReportOptions& options
     out += wrap(fmt::format("[{}] {}", ++footnote, describe_failure(row)), "  ", "      ");
   }
   for (const SweepRow& row : result.baselines) {
+    const std::string what = std::string(nn::precision_name(row.precision)) +
+                             (row.shape.empty() ? "" : " " + row.shape);
     if (row.fits()) {
       out += fmt::format("  saving is against {} without checkpointing (not in the list): {} max allocated\n",
-                         nn::precision_name(row.precision), human_bytes(row.figures.peak_allocated));
+                         what, human_bytes(row.figures.peak_allocated));
     } else if (row.unlimited) {
       out += fmt::format("  saving is against {} without checkpointing (not in the list; OOM here, "
                          "needs {} max allocated)\n",
-                         nn::precision_name(row.precision), human_bytes(row.unlimited->peak_allocated));
+                         what, human_bytes(row.unlimited->peak_allocated));
     }
   }
   if (result.accepted_segments) {
@@ -201,7 +220,8 @@ std::string sweep_report(const SweepResult& result, const ReportOptions& options
                 "  ", "  ");
   }
   if (any_best) {
-    out += "  * least memory in nvidia-smi's view among the configurations of its dtype that fit\n";
+    out += fmt::format("  * least memory in nvidia-smi's view among the configurations of its dtype{} that fit\n",
+                       spec.batches.size() > 1 || spec.seqs.size() > 1 ? " and shape" : "");
   }
 
   if (options.how_to_read) {

@@ -21,8 +21,11 @@ Table sweep_table(const SweepResult& result, const ReportOptions& options);
 /// Title lines, the table, OOM footnotes, the note and the assumptions line.
 std::string sweep_report(const SweepResult& result, const ReportOptions& options = {});
 
-/// "mlp depth=256 width=512 batch=16384": the model and its sizes.
-std::string model_title(const nn::ModelInfo& info, const nn::ModelOptions& options);
+/// "mlp depth=256 width=512 batch=16384": the model and its sizes; a sweep's --batch
+/// and --seq lists, when given, are written as lists ("batch=8,16,32").
+std::string model_title(const nn::ModelInfo& info, const nn::ModelOptions& options,
+                        const std::vector<std::int64_t>& batches = {},
+                        const std::vector<std::int64_t>& seqs = {});
 
 /// Word-wraps `text` to `width` characters: `first` starts the first line, `rest` the others.
 std::string wrap(const std::string& text, const std::string& first, const std::string& rest,

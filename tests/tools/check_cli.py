@@ -127,7 +127,7 @@ def check_csv(exe, work):
 def check_json(exe, work):
     out = json.loads(run(exe, "sweep", *SMALL, "--segments", "0,2", "--dtype", "f32",
                          "-a", "", "-a", "max_split_size_mb:128", "--format", "json").stdout)
-    check(out["schema_version"] == 1, out.keys())
+    check(out["schema_version"] == 2, out.keys())
     check(out["model"]["name"] == "mlp" and out["model"]["sequential_modules"] == 8, out["model"])
     check(out["device"]["total_bytes"] == GiB and out["device"]["context_bytes"] == 100 * MiB,
           out["device"])
@@ -426,13 +426,70 @@ def check_compute_host_memory(exe, work):
         check(time.time() - start < 20, "the check must come before the arithmetic")
 
 
+def check_batch_lists(exe, work):
+    """--batch and --seq lists: one group of rows per value, each equal to a run of that
+    value alone; a list where one value is expected (trace) is a usage error."""
+    small = ["--model", "mlp", "--depth", "4", "--width", "1024",
+             "--device", "sim:capacity=1GiB,context=100MiB", "--dtype", "f32", "--format", "csv"]
+    rows = list(csv.DictReader(io.StringIO(
+        run(exe, "sweep", *small, "--batch", "512,2048", "--segments", "0,2").stdout)))
+    check([(r["batch"], r["segments"]) for r in rows] ==
+          [("512", "0"), ("512", "2"), ("2048", "0"), ("2048", "2")], rows)
+    for batch in ("512", "2048"):
+        alone = list(csv.DictReader(io.StringIO(
+            run(exe, "sweep", *small, "--batch", batch, "--segments", "0,2").stdout)))
+        got = [r for r in rows if r["batch"] == batch]
+        check([r["max_allocated"] for r in got] == [r["max_allocated"] for r in alone], (got, alone))
+    gpt2 = list(csv.DictReader(io.StringIO(run(
+        exe, "sweep", "--model", "gpt2", "--batch", "1", "--seq", "64,128", "--segments", "0",
+        "--dtype", "amp", "--steps", "1", "--format", "csv").stdout)))
+    check([r["seq"] for r in gpt2] == ["64", "128"], gpt2)
+    table = run(exe, "sweep", "--model", "mlp", "--depth", "4", "--batch", "64,128", "--segments",
+                "0", "--dtype", "f32", "--brief").stdout
+    check("batch=64,128" in table and "  batch  " in table, table)
+    err = run(exe, "trace", "--model", "mlp", "--batch", "64,128", expect=2).stderr
+    check("--batch: 2 values given" in err, err)
+    err = run(exe, "sweep", "--model", "mlp", "--seq", "64,128", expect=2).stderr
+    check("seq" in err and err.count("\n") == 1, err)
+    err = run(exe, "sweep", "--model", "mlp", "--batch", "64,,128", expect=2).stderr
+    check("--batch" in err, err)
+
+
+def check_max_batch(exe, work):
+    """--max-batch: the batch it prints fits, as a sweep at that batch shows, and one more
+    sample is out of memory, as a sweep at batch + 1 shows."""
+    small = ["--model", "mlp", "--depth", "4", "--width", "1024",
+             "--device", "sim:capacity=1GiB,context=100MiB"]
+    out = json.loads(run(exe, "sweep", *small, "--max-batch", "--segments", "0,4", "--dtype", "f32,f16",
+                         "--format", "json").stdout)
+    check(out["schema_version"] == 1 and len(out["rows"]) == 4, out)
+    for r in out["rows"]:
+        b = r["max_batch"]
+        check(b > 1 and r["max_allocated"] <= GiB, r)
+        for batch, fits in ((b, "true"), (b + 1, "false")):
+            row = list(csv.DictReader(io.StringIO(run(
+                exe, "sweep", *small, "--batch", str(batch), "--segments", str(r["segments"]),
+                "--dtype", r["dtype"], "--format", "csv").stdout)))[0]
+            check(row["fits"] == fits, (batch, r, row))
+            if fits == "true":
+                check(int(row["max_allocated"]) == r["max_allocated"], (r, row))
+            else:
+                check(int(row["oom_requested"]) == r["next_oom_requested"], (r, row))
+    table = run(exe, "sweep", *small, "--max-batch", "--segments", "0", "--dtype", "f32").stdout
+    check("max batch" in table and "batch+1 runs out in" in table, table)
+    for bad in (["--batch", "8"], ["--compute"], ["--plot", os.path.join(work, "p.svg")]):
+        err = run(exe, "sweep", *small, "--max-batch", *bad, expect=2).stderr
+        check(err.count("\n") == 1, err)
+
+
 CHECKS = {
     "exact": check_exact, "csv": check_csv, "json": check_json, "oom": check_oom,
     "bad-input": check_bad_input, "trace-files": check_trace_files, "trace-oom": check_trace_oom,
     "demo": check_demo, "help": check_help, "devices": check_devices, "models": check_models,
     "plot": check_plot, "inplace": check_inplace, "replay": check_replay,
     "reentrant": check_reentrant, "auto-segments": check_auto_segments,
-    "compute-host-memory": check_compute_host_memory,
+    "compute-host-memory": check_compute_host_memory, "batch-lists": check_batch_lists,
+    "max-batch": check_max_batch,
 }
 
 

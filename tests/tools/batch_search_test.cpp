@@ -1,0 +1,186 @@
+// batch_search_test.cpp — --batch / --seq lists and --max-batch. Each list row must
+// equal a sweep of that one batch (the lists add no state), and the largest batch
+// found must fit while one more sample runs out of memory, both checked by sweeps
+// of their own.
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+
+#include "max_batch.hpp"
+#include "max_batch_report.hpp"
+#include "sweep.hpp"
+#include "usage_error.hpp"
+#include "vramscope/models/zoo.hpp"
+
+namespace mem::tools {
+namespace {
+
+SweepSpec mlp_spec() {
+  SweepSpec spec;
+  spec.model = models::find("mlp");
+  spec.model_options = nn::ModelOptions::parse("depth=6,width=512");
+  spec.device = "sim:capacity=1GiB,context=128MiB";
+  spec.segments = {0, 3};
+  spec.precisions = {nn::Precision::F32};
+  spec.alloc_confs = {""};
+  spec.steps = 2;
+  return spec;
+}
+
+/// The one row of `spec` at one batch and segment count, from a sweep of its own.
+SweepRow single(SweepSpec spec, std::int64_t batch, std::size_t segments, std::int64_t seq = 0) {
+  spec.batches.clear();
+  spec.seqs.clear();
+  spec.model_options.batch = batch;
+  if (seq > 0) spec.model_options.seq = seq;
+  spec.segments = {segments};
+  const SweepResult r = run_sweep(spec);
+  EXPECT_EQ(r.rows.size(), 1u);
+  return r.rows.front();
+}
+
+TEST(BatchList, EachRowEqualsASweepOfItsOwnBatch) {
+  SweepSpec spec = mlp_spec();
+  spec.batches = {256, 1024, 256, 64};  // the repeat is dropped
+  const SweepResult result = run_sweep(spec);
+  ASSERT_EQ(result.rows.size(), 6u);  // 3 batches x 2 segment counts
+  const std::int64_t expected_batches[] = {256, 256, 1024, 1024, 64, 64};
+  for (std::size_t i = 0; i < result.rows.size(); ++i) {
+    const SweepRow& row = result.rows[i];
+    SCOPED_TRACE(row.label());
+    EXPECT_EQ(row.batch, expected_batches[i]);
+    EXPECT_EQ(row.shape, "batch " + std::to_string(row.batch));
+    const SweepRow ref = single(spec, row.batch, row.segments);
+    EXPECT_EQ(row.figures.peak_allocated, ref.figures.peak_allocated);
+    EXPECT_EQ(row.figures.peak_reserved, ref.figures.peak_reserved);
+    EXPECT_EQ(row.figures.peak_device_used, ref.figures.peak_device_used);
+    EXPECT_EQ(row.fits(), ref.fits());
+    // Saving and the star are per batch: each batch has its own baseline and best row.
+    EXPECT_EQ(row.saving, ref.saving);
+  }
+  EXPECT_EQ(result.rows[0].label(), "f32 batch 256 seg 0");
+  // A star in every batch's group: each is compared only with its own batch.
+  for (std::size_t g = 0; g < 3; ++g) {
+    EXPECT_TRUE(result.rows[2 * g].best || result.rows[2 * g + 1].best) << g;
+  }
+}
+
+TEST(SeqList, Gpt2SweepsSequenceLengthsAndAModelWithoutOneRefusesThem) {
+  SweepSpec spec;
+  spec.model = models::find("gpt2");
+  spec.model_options = nn::ModelOptions::parse("batch=1");
+  spec.device = "sim:a100-80g";
+  spec.segments = {0};
+  spec.precisions = {nn::Precision::Amp};
+  spec.alloc_confs = {""};
+  spec.steps = 1;
+  spec.seqs = {128, 256};
+  const SweepResult result = run_sweep(spec);
+  ASSERT_EQ(result.rows.size(), 2u);
+  EXPECT_EQ(result.rows[1].seq, 256);
+  EXPECT_EQ(result.rows[1].shape, "seq 256");
+  EXPECT_EQ(result.rows[1].figures.peak_allocated, single(spec, 1, 0, 256).figures.peak_allocated);
+  EXPECT_LT(result.rows[0].figures.peak_allocated, result.rows[1].figures.peak_allocated);
+
+  SweepSpec mlp = mlp_spec();
+  mlp.seqs = {128, 256};
+  EXPECT_THROW(validate_sweep(mlp), UsageError);
+  // Every batch of the list is checked before anything runs: an overflowing one is refused.
+  SweepSpec huge = mlp_spec();
+  huge.model_options.width = std::int64_t{1} << 31;
+  huge.batches = {1, std::int64_t{1} << 40};
+  EXPECT_THROW(validate_sweep(huge), UsageError);
+}
+
+TEST(MaxBatch, TheBatchFoundFitsAndOneMoreSampleDoesNot) {
+  SweepSpec spec = mlp_spec();
+  spec.segments = {0, 3};
+  spec.precisions = {nn::Precision::F32, nn::Precision::F16};
+  const MaxBatchResult result = find_max_batches(spec);
+  ASSERT_EQ(result.rows.size(), 4u);
+  for (const MaxBatchRow& row : result.rows) {
+    SCOPED_TRACE(row.label());
+    ASSERT_GT(row.max_batch, 1);
+    SweepSpec at = spec;
+    at.precisions = {row.precision};
+    const SweepRow fits = single(at, row.max_batch, row.segments);
+    const SweepRow over = single(at, row.max_batch + 1, row.segments);
+    EXPECT_TRUE(fits.fits());
+    EXPECT_TRUE(over.oom.has_value());
+    // The figures shown are those of the run at the batch found, and where batch + 1 ran out.
+    EXPECT_EQ(row.at_max.peak_allocated, fits.figures.peak_allocated);
+    EXPECT_EQ(row.at_max.peak_device_used, fits.figures.peak_device_used);
+    ASSERT_TRUE(row.over.has_value());
+    EXPECT_EQ(row.over->figures.requested, over.oom->figures.requested);
+    EXPECT_EQ(row.over->module, over.oom->module);
+    // Doubling then bisection: one probe per doubling and one per halving of the bracket.
+    const auto bits = static_cast<std::size_t>(std::bit_width(static_cast<std::uint64_t>(row.max_batch)));
+    EXPECT_LE(row.probes, 2 * bits + 1);
+  }
+  // Checkpointing lets more samples fit, and f16 more than f32.
+  EXPECT_GT(result.rows[1].max_batch, result.rows[0].max_batch);
+  EXPECT_GT(result.rows[2].max_batch, result.rows[0].max_batch);
+  EXPECT_TRUE(result.rows[1].best);
+  EXPECT_TRUE(result.rows[3].best);
+  EXPECT_EQ(result.probes, result.rows[0].probes + result.rows[1].probes + result.rows[2].probes +
+                               result.rows[3].probes);
+}
+
+TEST(MaxBatch, NothingFitsIsZeroWithTheOutOfMemoryOfBatchOne) {
+  SweepSpec spec = mlp_spec();
+  spec.model_options.width = 8192;  // 6 x 8192^2 x 4 B = 1.5 GiB of weights on a 1 GiB card
+  spec.segments = {0};
+  const MaxBatchResult result = find_max_batches(spec);
+  ASSERT_EQ(result.rows.size(), 1u);
+  EXPECT_EQ(result.rows[0].max_batch, 0);
+  EXPECT_EQ(result.rows[0].probes, 1u);
+  ASSERT_TRUE(result.rows[0].over.has_value());
+  EXPECT_EQ(result.rows[0].over->step, 0u);  // while allocating the parameters
+  EXPECT_FALSE(result.rows[0].best);
+  EXPECT_NE(max_batch_report(result).find("none [1]"), std::string::npos);
+}
+
+TEST(MaxBatch, AConfigurationPyTorchRefusesHasNoBatch) {
+  // resnet18 at 5 segments: a checkpointed segment begins with the stem's in-place ReLU.
+  SweepSpec spec;
+  spec.model = models::find("resnet18");
+  spec.model_options = nn::ModelOptions::parse("image=32");
+  spec.device = "sim:capacity=1GiB,context=128MiB";
+  spec.segments = {0, 8};
+  spec.precisions = {nn::Precision::F32};
+  spec.alloc_confs = {""};
+  spec.steps = 1;
+  const MaxBatchResult result = find_max_batches(spec);
+  ASSERT_EQ(result.rows.size(), 2u);
+  EXPECT_GT(result.rows[0].max_batch, 0);
+  EXPECT_EQ(result.rows[1].max_batch, 0);
+  EXPECT_TRUE(result.rows[1].error.has_value());
+  EXPECT_EQ(result.rows[1].probes, 1u);
+}
+
+TEST(MaxBatch, OptionsThatDoNotApplyAreRefused) {
+  SweepSpec given = mlp_spec();
+  given.model_options.batch = 32;
+  EXPECT_THROW(find_max_batches(given), UsageError);
+  SweepSpec list = mlp_spec();
+  list.batches = {32, 64};
+  EXPECT_THROW(find_max_batches(list), UsageError);
+  SweepSpec compute = mlp_spec();
+  compute.mode = nn::ExecMode::Compute;
+  EXPECT_THROW(find_max_batches(compute), UsageError);
+}
+
+TEST(MaxBatch, CsvAndJsonCarryEveryRow) {
+  SweepSpec spec = mlp_spec();
+  const MaxBatchResult result = find_max_batches(spec);
+  const std::string csv = max_batch_csv(result);
+  EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 3);  // header + 2 rows
+  const nlohmann::json j = max_batch_json(result);
+  ASSERT_EQ(j["rows"].size(), 2u);
+  EXPECT_EQ(j["rows"][0]["max_batch"].get<std::int64_t>(), result.rows[0].max_batch);
+  EXPECT_EQ(j["rows"][1]["max_allocated"].get<std::int64_t>(), result.rows[1].at_max.peak_allocated);
+}
+
+}  // namespace
+}  // namespace mem::tools

@@ -1,0 +1,144 @@
+// max_batch.cpp — the largest batch that fits, by doubling and bisection over dry runs.
+// Memory grows with the batch, but not strictly (block rounding, the cache's reuse):
+// the answer is a batch that fits whose successor does not, which is what a user
+// trying batches by hand on the GPU would find.
+#include "max_batch.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <tuple>
+
+#include "usage_error.hpp"
+#include "vramscope/allocator/errors.hpp"
+
+namespace mem::tools {
+
+namespace {
+
+struct Probe {
+  RunFigures figures;
+  std::optional<OomFailure> oom;
+  std::optional<AutogradFailure> error;
+  bool too_big = false;  ///< the model's sizes overflow at this batch
+  bool fits() const noexcept { return !oom && !error && !too_big; }
+};
+
+Probe probe(const SweepSpec& spec, SweepRow row, std::int64_t batch) {
+  row.batch = batch;
+  Probe p;
+  try {
+    p.figures = run_config(train_config(spec, row), make_run_device(spec), p.oom, p.error);
+  } catch (const mem::Error&) {
+    // Batch 1 was validated; past it, the only thing the batch can break is a size that
+    // overflows, and a tensor larger than any device does not fit.
+    if (batch == 1) throw;
+    p.too_big = true;
+  }
+  return p;
+}
+
+}  // namespace
+
+std::string MaxBatchRow::label() const {
+  std::string out = std::string(nn::precision_name(precision));
+  if (!shape.empty()) out += " " + shape;
+  out += fmt::format(" seg {}", segments);
+  if (!alloc_conf.empty()) out += " [" + alloc_conf + "]";
+  return out;
+}
+
+MaxBatchRow find_max_batch(const SweepSpec& spec, const SweepRow& row) {
+  MaxBatchRow out;
+  out.segments = row.segments;
+  out.precision = row.precision;
+  out.alloc_conf = row.alloc_conf;
+  out.seq = row.seq;
+  out.shape = row.shape;
+
+  // Records a failed probe at `batch`: the first batch known not to fit.
+  const auto failed = [&](Probe& p) {
+    out.over = std::move(p.oom);
+    out.size_limited = p.too_big;
+    if (p.error) out.error = std::move(p.error);
+  };
+  std::int64_t lo = 0;  // fits (0: nothing known to fit)
+  std::int64_t hi = 0;  // does not fit (0: not found yet)
+  const auto try_batch = [&](std::int64_t batch) {
+    ++out.probes;
+    Probe p = probe(spec, row, batch);
+    if (p.fits()) {
+      lo = batch;
+      out.at_max = std::move(p.figures);
+    } else {
+      hi = batch;
+      failed(p);
+    }
+  };
+
+  try_batch(1);
+  while (hi == 0 && lo > 0 && !out.error && lo < nn::kMaxBatch) {
+    try_batch(std::min(lo * 2, nn::kMaxBatch));
+  }
+  while (hi - lo > 1 && lo > 0 && !out.error) try_batch(lo + (hi - lo) / 2);
+  // An autograd refusal does not depend on the batch: no batch runs.
+  out.max_batch = out.error ? 0 : lo;
+  if (out.max_batch == 0) out.at_max = {};
+  return out;
+}
+
+MaxBatchResult find_max_batches(const SweepSpec& spec_in, const SweepProgress& progress) {
+  const auto start = std::chrono::steady_clock::now();
+  MaxBatchResult result;
+  result.spec = spec_in;
+  SweepSpec& spec = result.spec;
+  if (!spec.batches.empty() || spec.model_options.batch != 0) {
+    throw UsageError("--max-batch: searches the batch size; leave out --batch");
+  }
+  if (spec.mode != nn::ExecMode::DryRun) {
+    throw UsageError("--max-batch: --compute does not apply; the search runs dry runs, whose "
+                     "figures equal compute mode's");
+  }
+  result.model = validate_sweep(spec);
+  result.device = make_run_device(spec)->info();
+  const std::vector<std::int64_t> seqs = spec.seqs.empty() ? std::vector<std::int64_t>{0} : spec.seqs;
+
+  const std::size_t planned = spec.alloc_confs.size() * spec.precisions.size() * seqs.size() *
+                              spec.segments.size();
+  for (const std::string& conf : spec.alloc_confs) {
+    for (const nn::Precision precision : spec.precisions) {
+      for (const std::int64_t seq : seqs) {
+        const std::size_t first = result.rows.size();
+        for (const std::size_t k : spec.segments) {
+          SweepRow row;
+          row.segments = k;
+          row.precision = precision;
+          row.alloc_conf = conf;
+          row.seq = seq;
+          if (seqs.size() > 1) row.shape = fmt::format("seq {}", seq);
+          if (progress) progress(result.rows.size(), planned, row.label());
+          result.rows.push_back(find_max_batch(spec, row));
+          result.probes += result.rows.back().probes;
+        }
+        // The star: the largest batch of the group; among equals, the least recomputation.
+        MaxBatchRow* best = nullptr;
+        const auto key = [](const MaxBatchRow& r) {
+          return std::tuple(-r.max_batch, r.at_max.recompute_ratio, r.at_max.peak_device_used);
+        };
+        for (std::size_t i = first; i < result.rows.size(); ++i) {
+          MaxBatchRow& r = result.rows[i];
+          if (r.max_batch > 0 && !r.at_max.gradients_missing && (best == nullptr || key(r) < key(*best))) {
+            best = &r;
+          }
+        }
+        if (best != nullptr) best->best = true;
+      }
+    }
+  }
+  if (progress) progress(planned, planned, "done");
+  result.wall_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  return result;
+}
+
+}  // namespace mem::tools
