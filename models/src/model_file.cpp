@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <initializer_list>
 #include <span>
@@ -170,6 +171,16 @@ class Builder {
     return v.get<double>();
   }
 
+  /// Any finite number of moderate size (a slope, a clamp bound).
+  double number_or(const json& obj, const std::string& path, const char* key, double fallback) const {
+    if (!obj.contains(key)) return fallback;
+    const json& v = obj.at(key);
+    if (!v.is_number() || !std::isfinite(v.get<double>()) || std::abs(v.get<double>()) > 1e6) {
+      fail(field(path, key), "expected a number, got " + kind_of(v));
+    }
+    return v.get<double>();
+  }
+
   std::string choice_or(const json& obj, const std::string& path, const char* key,
                         std::initializer_list<const char*> valid) const {
     if (!obj.contains(key)) return *valid.begin();
@@ -313,8 +324,11 @@ class Builder {
       const std::int64_t cin = positive_at(s, path, "in_channels"), cout = positive_at(s, path, "out_channels");
       const std::int64_t k = positive_at(s, path, "kernel_size"), stride = positive_or(s, path, "stride", 1);
       const std::int64_t padding = non_negative_or(s, path, "padding", 0);
-      if (positive_or(s, path, "dilation", 1) != 1) fail(field(path, "dilation"), "only 1 is supported so far");
-      if (positive_or(s, path, "groups", 1) != 1) fail(field(path, "groups"), "only 1 is supported so far");
+      const std::int64_t dilation = positive_or(s, path, "dilation", 1), groups = positive_or(s, path, "groups", 1);
+      if (cin % groups != 0 || cout % groups != 0) {
+        fail(field(path, "groups"), "in_channels " + std::to_string(cin) + " and out_channels " + std::to_string(cout) +
+                                        " must both be divisible by groups " + std::to_string(groups));
+      }
       floating(flow, path, mpath, type);
       if (in.size() != 4 || in[1] != cin) {
         mismatch(path, mpath, type, "[N, " + std::to_string(cin) + ", H, W] (in_channels " + std::to_string(cin) + ")",
@@ -322,9 +336,13 @@ class Builder {
       }
       // The weight before the padded input: a huge kernel makes both overflow, and the weight
       // names the cause. (Linear's and Embedding's weights are the parameter count's concern.)
-      check_size(std::vector<std::int64_t>{cout, cin, k, k}, path);
-      in = slide(flow, cout, k, stride, padding, path, mpath, type);
-      return std::make_unique<nn::Conv2d>(cin, cout, k, stride, padding, flag_or(s, path, "bias", true));
+      check_size(std::vector<std::int64_t>{cout, cin / groups, k, k}, path);
+      std::int64_t span = 0;  // the dilated kernel: dilation (k - 1) + 1
+      if (__builtin_mul_overflow(dilation, k - 1, &span) || span >= (std::int64_t{1} << 40)) {
+        fail(field(path, "dilation"), "the dilated kernel is larger than any input (dilation " + std::to_string(dilation) + ")");
+      }
+      in = slide(flow, cout, span + 1, stride, padding, path, mpath, type);
+      return std::make_unique<nn::Conv2d>(cin, cout, k, stride, padding, flag_or(s, path, "bias", true), dilation, groups);
     }
     if (type == "BatchNorm2d") {
       only_keys(s, path, type, {"name", "type", "frozen", "num_features", "eps", "momentum"});
@@ -345,6 +363,42 @@ class Builder {
       only_keys(s, path, type, {"name", "type", "inplace"});
       floating(flow, path, mpath, type);
       return std::make_unique<nn::ReLU>(flag_or(s, path, "inplace", false));
+    }
+    if (type == "LeakyReLU") {
+      only_keys(s, path, type, {"name", "type", "negative_slope", "inplace"});
+      floating(flow, path, mpath, type);
+      const double slope = number_or(s, path, "negative_slope", 0.01);
+      const bool inplace = flag_or(s, path, "inplace", false);
+      // PyTorch refuses it too: the backward of the in-place op reads the sign from the output.
+      if (inplace && slope <= 0) fail(field(path, "negative_slope"), "must be positive with inplace (PyTorch's rule)");
+      return std::make_unique<nn::LeakyReLU>(slope, inplace);
+    }
+    if (type == "ReLU6" || type == "Hardtanh") {
+      const bool relu6 = type == "ReLU6";
+      if (relu6) only_keys(s, path, type, {"name", "type", "inplace"});
+      else only_keys(s, path, type, {"name", "type", "min_val", "max_val", "inplace"});
+      floating(flow, path, mpath, type);
+      const double lo = relu6 ? 0.0 : number_or(s, path, "min_val", -1.0);
+      const double hi = relu6 ? 6.0 : number_or(s, path, "max_val", 1.0);
+      if (!(hi > lo)) fail(field(path, "max_val"), "must be greater than min_val");
+      return std::make_unique<nn::Hardtanh>(lo, hi, flag_or(s, path, "inplace", false), type);
+    }
+    if (type == "SiLU") {
+      only_keys(s, path, type, {"name", "type", "inplace"});
+      floating(flow, path, mpath, type);
+      return std::make_unique<nn::SiLU>(flag_or(s, path, "inplace", false));
+    }
+    if (type == "Softmax") {
+      only_keys(s, path, type, {"name", "type", "dim"});
+      floating(flow, path, mpath, type);
+      if (!s.contains("dim")) fail(field(path, "dim"), "is required (the last dimension: -1)");
+      const std::int64_t dim = integer(s.at("dim"), field(path, "dim"));
+      const auto last = static_cast<std::int64_t>(in.size()) - 1;
+      if (dim != -1 && dim != last) {
+        fail(field(path, "dim"), "only the last dimension (-1 or " + std::to_string(last) + ") is supported, got " +
+                                     std::to_string(dim));
+      }
+      return std::make_unique<nn::Softmax>();
     }
     if (type == "Sigmoid" || type == "Tanh" || type == "Identity") {
       only_keys(s, path, type, {"name", "type"});
@@ -374,16 +428,35 @@ class Builder {
       in = slide(flow, in[1], k, stride, padding, path, mpath, type);
       return std::make_unique<nn::MaxPool2d>(k, stride, padding);
     }
-    if (type == "AdaptiveAvgPool2d") {
-      only_keys(s, path, type, {"name", "type", "output_size"});
-      const json& size = s.contains("output_size") ? s.at("output_size") : json(1);
-      const bool one = (size.is_number_integer() && size.get<std::int64_t>() == 1) ||
-                       (size.is_array() && size.size() == 2 && size[0] == 1 && size[1] == 1);
-      if (!one) fail(field(path, "output_size"), "only 1 (global average pooling) is supported so far, got " + kind_of(size));
+    if (type == "AvgPool2d") {
+      only_keys(s, path, type, {"name", "type", "kernel_size", "stride", "padding", "count_include_pad"});
+      const std::int64_t k = positive_at(s, path, "kernel_size"), stride = positive_or(s, path, "stride", k);
+      const std::int64_t padding = non_negative_or(s, path, "padding", 0);
+      if (padding > k / 2) fail(field(path, "padding"), "must be at most half of kernel_size, got " + std::to_string(padding));
       floating(flow, path, mpath, type);
       if (in.size() != 4) mismatch(path, mpath, type, "[N, C, H, W]", flow);
-      in = nn::Shape{in[0], in[1], 1, 1};
-      return std::make_unique<nn::AdaptiveAvgPool2d>();
+      in = slide(flow, in[1], k, stride, padding, path, mpath, type);
+      return std::make_unique<nn::AvgPool2d>(k, stride, padding, flag_or(s, path, "count_include_pad", true));
+    }
+    if (type == "AdaptiveAvgPool2d") {
+      only_keys(s, path, type, {"name", "type", "output_size"});
+      // output_size: one side for both, or [h, w].
+      std::int64_t oh = 1, ow = 1;
+      if (s.contains("output_size")) {
+        const json& size = s.at("output_size");
+        const std::string at = field(path, "output_size");
+        if (size.is_array()) {
+          if (size.size() != 2) fail(at, "expected a size or [height, width], got " + kind_of(size));
+          oh = positive(size[0], at + "[0]");
+          ow = positive(size[1], at + "[1]");
+        } else {
+          oh = ow = positive(size, at);
+        }
+      }
+      floating(flow, path, mpath, type);
+      if (in.size() != 4) mismatch(path, mpath, type, "[N, C, H, W]", flow);
+      in = make_shape({in[0], in[1], oh, ow}, path);
+      return std::make_unique<nn::AdaptiveAvgPool2d>(oh, ow);
     }
     if (type == "Flatten") {
       only_keys(s, path, type, {"name", "type", "start_dim"});
@@ -424,8 +497,9 @@ class Builder {
     if (type == "Parallel") return parallel(s, path, mpath, flow, depth);
     fail(field(path, "type"),
          "unknown layer type \"" + type +
-             "\"; valid types: Linear, Conv2d, BatchNorm2d, LayerNorm, ReLU, Sigmoid, Tanh, GELU, Dropout, "
-             "MaxPool2d, AdaptiveAvgPool2d, Flatten, Embedding, Identity, Sequential, Residual, Parallel");
+             "\"; valid types: Linear, Conv2d, BatchNorm2d, LayerNorm, ReLU, ReLU6, LeakyReLU, Hardtanh, SiLU, "
+             "Sigmoid, Tanh, GELU, Softmax, Dropout, MaxPool2d, AvgPool2d, AdaptiveAvgPool2d, Flatten, Embedding, "
+             "Identity, Sequential, Residual, Parallel");
   }
 
   /// The name of list item `i`: its "name", or its index as nn.Sequential names them.

@@ -266,17 +266,38 @@ Tensor Linear::forward(const Tensor& input) {
 const Tensor& Linear::weight() const noexcept { return slots()[weight_].tensor; }
 
 Conv2d::Conv2d(std::int64_t in, std::int64_t out, std::int64_t kernel, std::int64_t stride, std::int64_t padding,
-               bool bias)
-    : Module("Conv2d"), stride_(stride), padding_(padding), has_bias_(bias) {
-  // In double: in * kernel * kernel may exceed int64 before the weight's shape is checked.
-  const double bound = 1.0 / std::sqrt(static_cast<double>(in) * static_cast<double>(kernel) * static_cast<double>(kernel));
-  weight_ = add_parameter("weight", Shape{out, in, kernel, kernel}, -bound, bound);
+               bool bias, std::int64_t dilation, std::int64_t groups)
+    : Module("Conv2d"), stride_(stride), padding_(padding), dilation_(dilation), groups_(groups), has_bias_(bias) {
+  if (groups < 1 || in % groups != 0 || out % groups != 0) {
+    throw Error("Conv2d: in_channels " + std::to_string(in) + " and out_channels " + std::to_string(out) +
+                " must be multiples of groups " + std::to_string(groups));
+  }
+  // kaiming_uniform(a=sqrt(5)) over fan_in = in / groups * k * k; in double, as the product
+  // may exceed int64 before the weight's shape is checked.
+  const double fan_in = static_cast<double>(in / groups) * static_cast<double>(kernel) * static_cast<double>(kernel);
+  const double bound = 1.0 / std::sqrt(fan_in);
+  weight_ = add_parameter("weight", Shape{out, in / groups, kernel, kernel}, -bound, bound);
   bias_ = bias ? add_parameter("bias", Shape{out}, -bound, bound) : 0;
 }
 
 Tensor Conv2d::forward(const Tensor& input) {
-  return conv2d(input, param(weight_), has_bias_ ? param(bias_) : Tensor{}, stride_, padding_);
+  return conv2d(input, param(weight_), has_bias_ ? param(bias_) : Tensor{}, stride_, padding_, dilation_, groups_);
 }
+
+LeakyReLU::LeakyReLU(double slope, bool inplace) : Module("LeakyReLU"), slope_(slope), inplace_(inplace) {}
+Tensor LeakyReLU::forward(const Tensor& input) {
+  return inplace_ ? leaky_relu_(input, slope_) : leaky_relu(input, slope_);
+}
+
+Hardtanh::Hardtanh(double lo, double hi, bool inplace, std::string type)
+    : Module(std::move(type)), lo_(lo), hi_(hi), inplace_(inplace) {}
+Tensor Hardtanh::forward(const Tensor& input) { return inplace_ ? hardtanh_(input, lo_, hi_) : hardtanh(input, lo_, hi_); }
+
+SiLU::SiLU(bool inplace) : Module("SiLU"), inplace_(inplace) {}
+Tensor SiLU::forward(const Tensor& input) { return inplace_ ? silu_(input) : silu(input); }
+
+Softmax::Softmax() : Module("Softmax") {}
+Tensor Softmax::forward(const Tensor& input) { return softmax(input); }
 
 ReLU::ReLU(bool inplace) : Module("ReLU"), inplace_(inplace) {}
 Tensor ReLU::forward(const Tensor& input) { return inplace_ ? relu_(input) : relu(input); }
@@ -323,8 +344,15 @@ MaxPool2d::MaxPool2d(std::int64_t kernel, std::int64_t stride, std::int64_t padd
     : Module("MaxPool2d"), kernel_(kernel), stride_(stride), padding_(padding) {}
 Tensor MaxPool2d::forward(const Tensor& input) { return max_pool2d(input, kernel_, stride_, padding_); }
 
-AdaptiveAvgPool2d::AdaptiveAvgPool2d() : Module("AdaptiveAvgPool2d") {}
-Tensor AdaptiveAvgPool2d::forward(const Tensor& input) { return adaptive_avg_pool2d(input); }
+AvgPool2d::AvgPool2d(std::int64_t kernel, std::int64_t stride, std::int64_t padding, bool count_include_pad)
+    : Module("AvgPool2d"), kernel_(kernel), stride_(stride), padding_(padding), count_include_pad_(count_include_pad) {}
+Tensor AvgPool2d::forward(const Tensor& input) {
+  return avg_pool2d(input, kernel_, stride_, padding_, count_include_pad_);
+}
+
+AdaptiveAvgPool2d::AdaptiveAvgPool2d(std::int64_t out_h, std::int64_t out_w)
+    : Module("AdaptiveAvgPool2d"), out_h_(out_h), out_w_(out_w) {}
+Tensor AdaptiveAvgPool2d::forward(const Tensor& input) { return adaptive_avg_pool2d(input, out_h_, out_w_); }
 
 Flatten::Flatten(std::int64_t start_dim) : Module("Flatten"), start_dim_(start_dim) {}
 Tensor Flatten::forward(const Tensor& input) { return input.flatten(start_dim_); }

@@ -1,4 +1,5 @@
-// ops_activation.cpp — relu (and in place), sigmoid, tanh, gelu, dropout,
+// ops_activation.cpp — relu, leaky_relu, hardtanh (ReLU6), silu (each also in place),
+// sigmoid, tanh, gelu, dropout,
 // softmax and log_softmax, each saving what derivatives.yaml saves.
 #include <algorithm>
 #include <limits>
@@ -76,6 +77,107 @@ class TanhBackward final : public Node {
   void release_variables() noexcept override { result_.reset(); }
   std::string_view name() const noexcept override { return "TanhBackward0"; }
 };
+
+/// LeakyReluBackward0 (saves self) and LeakyReluBackward1 (leaky_relu_: saves result);
+/// either sign tells the slope, as leaky_relu_backward's self_is_result does.
+class LeakyReluBackward final : public Node {
+ public:
+  LeakyReluBackward(double slope, bool in_place) : slope_(slope), in_place_(in_place) {}
+  SavedTensor saved_;
+  TensorList apply(TensorList& grads) override {
+    const double k = slope_;
+    return {map_grad(grads[0], saved_.unpack(), 1, [k](auto g, auto v) {
+      return v > 0 ? g : static_cast<decltype(g)>(g * static_cast<decltype(g)>(k));
+    })};
+  }
+  void release_variables() noexcept override { saved_.reset(); }
+  std::string_view name() const noexcept override { return in_place_ ? "LeakyReluBackward1" : "LeakyReluBackward0"; }
+
+ private:
+  double slope_;
+  bool in_place_;
+};
+
+/// HardtanhBackward0: saves self (the input; for hardtanh_, a copy of it, see hardtanh_).
+class HardtanhBackward final : public Node {
+ public:
+  HardtanhBackward(double lo, double hi) : lo_(lo), hi_(hi) {}
+  SavedTensor self_;
+  TensorList apply(TensorList& grads) override {
+    const double lo = lo_, hi = hi_;
+    return {map_grad(grads[0], self_.unpack(), 1, [lo, hi](auto g, auto v) {
+      return (v <= lo || v >= hi) ? decltype(g){0} : g;
+    })};
+  }
+  void release_variables() noexcept override { self_.reset(); }
+  std::string_view name() const noexcept override { return "HardtanhBackward0"; }
+
+ private:
+  double lo_, hi_;
+};
+
+/// SiluBackward0: saves self.
+class SiluBackward final : public Node {
+ public:
+  SavedTensor self_;
+  TensorList apply(TensorList& grads) override {
+    return {map_grad(grads[0], self_.unpack(), 6, [](auto g, auto x) {
+      using T = decltype(x);
+      const T s = T{1} / (T{1} + std::exp(-x));
+      return g * s * (T{1} + x * (T{1} - s));
+    })};
+  }
+  void release_variables() noexcept override { self_.reset(); }
+  std::string_view name() const noexcept override { return "SiluBackward0"; }
+};
+
+/// An out-of-place elementwise op whose backward node saves its input.
+template <class N, class F, class... Args>
+Tensor activation_saving_input(const Tensor& x, double flops, F f, Args... node_args) {
+  Tensor out = empty(x.runtime(), x.shape(), x.dtype());
+  map_into(x, out, flops, f);
+  if (needs_grad({&x})) {
+    auto node = detail::make_node<N>({&x}, node_args...);
+    node->self_.save(x);
+    set_history(out, node);
+  }
+  return out;
+}
+
+/// An alias of x's storage: the result of an in-place op on x.
+Tensor alias_of(const Tensor& x) {
+  auto impl = std::make_shared<detail::TensorImpl>();
+  impl->storage = x.storage();
+  impl->shape = x.shape();
+  impl->strides = x.strides();
+  impl->offset = x.offset();
+  impl->dtype = x.dtype();
+  return Tensor(std::move(impl));
+}
+
+/// An in-place elementwise op whose derivative formula reads self: autograd saves a copy
+/// of the input taken before the op writes over it (measured with PyTorch 1.13's
+/// saved_tensors_hooks: the tensor HardtanhBackward0 of hardtanh_ and SiluBackward0 of
+/// silu(inplace=True) save is a new 1-element-per-element storage, not the input's).
+template <class N, class F, class... Args>
+Tensor inplace_saving_copy_of_input(const Tensor& x, double flops, F f, Args... node_args) {
+  const bool record = needs_grad({&x});
+  detail::check_inplace(x, record);
+  Tensor original;
+  if (record) {
+    original = empty(x.runtime(), x.shape(), x.dtype());
+    copy_(original, x);
+  }
+  Tensor out = alias_of(x);
+  map_into(x, out, flops, f);
+  out.bump_version();
+  if (record) {
+    auto node = detail::make_node<N>({&x}, node_args...);
+    detail::rebase_history(out, node);
+    node->self_.save(original);
+  }
+  return out;
+}
 
 template <class T>
 T gelu_value(T x, bool tanh_approx) {
@@ -234,13 +336,7 @@ Tensor relu(const Tensor& x) {
 Tensor relu_(const Tensor& x) {
   const bool record = needs_grad({&x});
   detail::check_inplace(x, record);
-  auto impl = std::make_shared<detail::TensorImpl>();
-  impl->storage = x.storage();
-  impl->shape = x.shape();
-  impl->strides = x.strides();
-  impl->offset = x.offset();
-  impl->dtype = x.dtype();
-  Tensor out(std::move(impl));
+  Tensor out = alias_of(x);
   map_into(x, out, 1, [](auto v) { return v > 0 ? v : decltype(v){0}; });
   out.bump_version();  // x, its views and this alias share the counter
   if (record) {
@@ -260,6 +356,60 @@ Tensor sigmoid(const Tensor& x) {
 
 Tensor tanh(const Tensor& x) {
   return activation_saving_result<TanhBackward>(x, 4, [](auto v) { return std::tanh(v); });
+}
+
+Tensor leaky_relu(const Tensor& x, double slope) {
+  Tensor out = empty(x.runtime(), x.shape(), x.dtype());
+  map_into(x, out, 1, [slope](auto v) { return v > 0 ? v : static_cast<decltype(v)>(v * static_cast<decltype(v)>(slope)); });
+  if (needs_grad({&x})) {
+    auto node = detail::make_node<LeakyReluBackward>({&x}, slope, false);
+    node->saved_.save(x);
+    set_history(out, node);
+  }
+  return out;
+}
+
+Tensor leaky_relu_(const Tensor& x, double slope) {
+  // derivatives.yaml: leaky_relu_ saves result (leaky_relu_backward(..., self_is_result=true)),
+  // which needs a positive slope to tell the sign from the output.
+  if (slope <= 0) throw Error("leaky_relu_: in-place leaky_relu needs a positive negative_slope (PyTorch's rule)");
+  const bool record = needs_grad({&x});
+  detail::check_inplace(x, record);
+  Tensor out = alias_of(x);
+  map_into(x, out, 1, [slope](auto v) { return v > 0 ? v : static_cast<decltype(v)>(v * static_cast<decltype(v)>(slope)); });
+  out.bump_version();
+  if (record) {
+    auto node = detail::make_node<LeakyReluBackward>({&x}, slope, true);
+    detail::rebase_history(out, node);
+    node->saved_.save_output(out);
+  }
+  return out;
+}
+
+Tensor hardtanh(const Tensor& x, double lo, double hi) {
+  return activation_saving_input<HardtanhBackward>(
+      x, 1, [lo, hi](auto v) { return std::clamp(v, static_cast<decltype(v)>(lo), static_cast<decltype(v)>(hi)); }, lo,
+      hi);
+}
+
+Tensor hardtanh_(const Tensor& x, double lo, double hi) {
+  return inplace_saving_copy_of_input<HardtanhBackward>(
+      x, 1, [lo, hi](auto v) { return std::clamp(v, static_cast<decltype(v)>(lo), static_cast<decltype(v)>(hi)); }, lo,
+      hi);
+}
+
+Tensor silu(const Tensor& x) {
+  return activation_saving_input<SiluBackward>(x, 5, [](auto v) {
+    using T = decltype(v);
+    return v / (T{1} + std::exp(-v));
+  });
+}
+
+Tensor silu_(const Tensor& x) {
+  return inplace_saving_copy_of_input<SiluBackward>(x, 5, [](auto v) {
+    using T = decltype(v);
+    return v / (T{1} + std::exp(-v));
+  });
 }
 
 Tensor gelu(const Tensor& x, bool tanh_approx) {

@@ -1,5 +1,5 @@
-// ops_conv.cpp — conv2d as im2col + GEMM (columns workspace through the
-// allocator), max_pool2d with i64 indices, and global average pooling.
+// ops_conv.cpp — conv2d as im2col + GEMM per group (columns workspace through the
+// allocator), max_pool2d with i64 indices, avg_pool2d and adaptive average pooling.
 #include <limits>
 #include <optional>
 
@@ -12,20 +12,34 @@ using detail::HostIn;
 using detail::HostOut;
 
 struct ConvGeom {
-  std::int64_t n, c, h, w, o, kh, kw, stride, pad, ho, wo;
+  std::int64_t n, c, h, w, o, kh, kw, stride, pad, dil, groups, ho, wo;
+  /// Rows of the column matrix: every input channel's kernel window.
   std::int64_t ckk() const noexcept { return c * kh * kw; }
+  /// One group's share: its input channels' rows, its output channels.
+  std::int64_t group_ckk() const noexcept { return ckk() / groups; }
+  std::int64_t group_o() const noexcept { return o / groups; }
   std::int64_t hw_out() const noexcept { return ho * wo; }
   /// 1x1, stride 1, no padding: the input already is the column matrix.
   bool direct() const noexcept { return kh == 1 && kw == 1 && stride == 1 && pad == 0; }
 };
 
-ConvGeom conv_geom(const Shape& x, const Shape& w, std::int64_t stride, std::int64_t pad) {
-  if (x.size() != 4 || w.size() != 4 || x[1] != w[1]) {
-    throw Error("conv2d: input " + x.str() + " and weight " + w.str() + " do not match (NCHW, OCkk)");
+/// Output side of a convolution: PyTorch's (in + 2p - d(k - 1) - 1) / s + 1.
+std::int64_t conv_out(std::int64_t in, std::int64_t k, std::int64_t stride, std::int64_t pad, std::int64_t dil) {
+  return (in + 2 * pad - dil * (k - 1) - 1) / stride + 1;
+}
+
+ConvGeom conv_geom(const Shape& x, const Shape& w, std::int64_t stride, std::int64_t pad, std::int64_t dil,
+                   std::int64_t groups) {
+  if (groups < 1 || dil < 1 || stride < 1 || pad < 0) {
+    throw Error("conv2d: stride, dilation and groups must be positive and padding not negative");
   }
-  ConvGeom g{x[0], x[1], x[2], x[3], w[0], w[2], w[3], stride, pad, 0, 0};
-  g.ho = (g.h + 2 * pad - g.kh) / stride + 1;
-  g.wo = (g.w + 2 * pad - g.kw) / stride + 1;
+  if (x.size() != 4 || w.size() != 4 || x[1] != w[1] * groups || w[0] % groups != 0) {
+    throw Error("conv2d: input " + x.str() + " and weight " + w.str() + " do not match (NCHW, O x C/groups x k x k, " +
+                std::to_string(groups) + " groups)");
+  }
+  ConvGeom g{x[0], x[1], x[2], x[3], w[0], w[2], w[3], stride, pad, dil, groups, 0, 0};
+  g.ho = conv_out(g.h, g.kh, stride, pad, dil);
+  g.wo = conv_out(g.w, g.kw, stride, pad, dil);
   if (g.ho <= 0 || g.wo <= 0) throw Error("conv2d: kernel larger than padded input " + x.str());
   return g;
 }
@@ -37,9 +51,9 @@ void im2col(const T* x, const ConvGeom& g, T* cols) {
       for (std::int64_t j = 0; j < g.kw; ++j) {
         T* row = cols + ((c * g.kh + i) * g.kw + j) * g.hw_out();
         for (std::int64_t oh = 0; oh < g.ho; ++oh) {
-          const std::int64_t ih = oh * g.stride - g.pad + i;
+          const std::int64_t ih = oh * g.stride - g.pad + i * g.dil;
           for (std::int64_t ow = 0; ow < g.wo; ++ow) {
-            const std::int64_t iw = ow * g.stride - g.pad + j;
+            const std::int64_t iw = ow * g.stride - g.pad + j * g.dil;
             row[oh * g.wo + ow] =
                 (ih >= 0 && ih < g.h && iw >= 0 && iw < g.w) ? x[(c * g.h + ih) * g.w + iw] : T{0};
           }
@@ -57,10 +71,10 @@ void col2im(const T* cols, const ConvGeom& g, T* x) {
       for (std::int64_t j = 0; j < g.kw; ++j) {
         const T* row = cols + ((c * g.kh + i) * g.kw + j) * g.hw_out();
         for (std::int64_t oh = 0; oh < g.ho; ++oh) {
-          const std::int64_t ih = oh * g.stride - g.pad + i;
+          const std::int64_t ih = oh * g.stride - g.pad + i * g.dil;
           if (ih < 0 || ih >= g.h) continue;
           for (std::int64_t ow = 0; ow < g.wo; ++ow) {
-            const std::int64_t iw = ow * g.stride - g.pad + j;
+            const std::int64_t iw = ow * g.stride - g.pad + j * g.dil;
             if (iw >= 0 && iw < g.w) x[(c * g.h + ih) * g.w + iw] += row[oh * g.wo + ow];
           }
         }
@@ -72,13 +86,14 @@ void col2im(const T* cols, const ConvGeom& g, T* x) {
 /// ConvolutionBackward0: inputs (x, weight, bias); saves x and weight.
 class ConvBackward final : public Node {
  public:
-  ConvBackward(std::int64_t stride, std::int64_t pad, bool has_bias) : stride_(stride), pad_(pad), has_bias_(has_bias) {}
+  ConvBackward(std::int64_t stride, std::int64_t pad, std::int64_t dil, std::int64_t groups, bool has_bias)
+      : stride_(stride), pad_(pad), dil_(dil), groups_(groups), has_bias_(has_bias) {}
   SavedTensor x_, w_;
   TensorList apply(TensorList& grads) override {
     const Tensor& gy = grads[0];
     const Tensor x = x_.unpack();
     const Tensor w = w_.unpack();
-    const ConvGeom g = conv_geom(x.shape(), w.shape(), stride_, pad_);
+    const ConvGeom g = conv_geom(x.shape(), w.shape(), stride_, pad_, dil_, groups_);
     Runtime& rt = gy.runtime();
     Tensor gx, gw, gb;
     const bool need_x = needs_input_grad(0), need_w = needs_input_grad(1), need_b = has_bias_ && needs_input_grad(2);
@@ -87,7 +102,7 @@ class ConvBackward final : public Node {
     if (need_b) gb = empty(rt, Shape{g.o}, gy.dtype());
     Tensor cols;
     if ((need_x || need_w) && !g.direct()) cols = empty(rt, Shape{g.ckk(), g.hw_out()}, x.dtype());
-    const double gemm = linear_flops(g.o, g.hw_out(), g.ckk()) * static_cast<double>(g.n);
+    const double gemm = linear_flops(g.o, g.hw_out(), g.group_ckk()) * static_cast<double>(g.n);
     rt.add_flops((need_x ? gemm : 0.0) + (need_w ? gemm : 0.0) +
                  (need_b ? static_cast<double>(gy.numel()) : 0.0));
     if (rt.computing()) {
@@ -99,17 +114,17 @@ class ConvBackward final : public Node {
         if (cols.defined()) COL.emplace(cols);
         T* col = COL ? COL->data() : nullptr;
         const std::int64_t in_sz = g.c * g.h * g.w, out_sz = g.o * g.hw_out();
+        // Group q: weight rows [q og, (q+1) og), column rows [q gckk, (q+1) gckk).
+        const std::int64_t og = g.group_o(), gckk = g.group_ckk(), hw = g.hw_out();
         if (need_x) {
           HostOut<T> GX(gx);
           for (std::int64_t s = 0; s < g.n; ++s) {
-            if (g.direct()) {
-              detail::gemm(true, false, g.ckk(), g.hw_out(), g.o, T{1}, W.data(), g.ckk(), G.data() + s * out_sz,
-                           g.hw_out(), T{0}, GX.data() + s * in_sz, g.hw_out());
-            } else {
-              detail::gemm(true, false, g.ckk(), g.hw_out(), g.o, T{1}, W.data(), g.ckk(), G.data() + s * out_sz,
-                           g.hw_out(), T{0}, col, g.hw_out());
-              col2im(col, g, GX.data() + s * in_sz);
+            T* dst = g.direct() ? GX.data() + s * in_sz : col;
+            for (std::int64_t q = 0; q < g.groups; ++q) {
+              detail::gemm(true, false, gckk, hw, og, T{1}, W.data() + q * og * gckk, gckk,
+                           G.data() + s * out_sz + q * og * hw, hw, T{0}, dst + q * gckk * hw, hw);
             }
+            if (!g.direct()) col2im(col, g, GX.data() + s * in_sz);
           }
         }
         if (need_w) {
@@ -120,8 +135,10 @@ class ConvBackward final : public Node {
               im2col(src, g, col);
               src = col;
             }
-            detail::gemm(false, true, g.o, g.ckk(), g.hw_out(), T{1}, G.data() + s * out_sz, g.hw_out(), src,
-                         g.hw_out(), s == 0 ? T{0} : T{1}, GW.data(), g.ckk());
+            for (std::int64_t q = 0; q < g.groups; ++q) {
+              detail::gemm(false, true, og, gckk, hw, T{1}, G.data() + s * out_sz + q * og * hw, hw,
+                           src + q * gckk * hw, hw, s == 0 ? T{0} : T{1}, GW.data() + q * og * gckk, gckk);
+            }
           }
         }
         if (need_b) {
@@ -146,7 +163,7 @@ class ConvBackward final : public Node {
   std::string_view name() const noexcept override { return "ConvolutionBackward0"; }
 
  private:
-  std::int64_t stride_, pad_;
+  std::int64_t stride_, pad_, dil_, groups_;
   bool has_bias_;
 };
 
@@ -211,24 +228,135 @@ class MeanHWBackward final : public Node {
   Shape in_shape_;
 };
 
+/// One output cell's input window along one axis: avg_pool2d's [o s - p, o s - p + k)
+/// clipped to the input, and the divisor (count_include_pad counts the padding, not
+/// what lies past it, as PyTorch's AvgPool2d kernel does).
+struct Window {
+  std::int64_t begin, end, divisor;
+};
+Window avg_window(std::int64_t o, std::int64_t in, std::int64_t k, std::int64_t stride, std::int64_t pad,
+                  bool count_include_pad) {
+  const std::int64_t start = o * stride - pad;
+  const std::int64_t stop = std::min(start + k, in + pad);
+  const std::int64_t begin = std::max<std::int64_t>(start, 0), end = std::min(stop, in);
+  return {begin, end, count_include_pad ? stop - start : end - begin};
+}
+/// adaptive_avg_pool2d's bins: [floor(o in / out), ceil((o + 1) in / out)).
+Window adaptive_window(std::int64_t o, std::int64_t in, std::int64_t out) {
+  const std::int64_t begin = (o * in) / out;
+  const std::int64_t end = ((o + 1) * in + out - 1) / out;
+  return {begin, end, end - begin};
+}
+
+/// Average pooling of every plane through `window(axis, o)`: forward (scatter = false)
+/// or the gradient spread back over each window (scatter = true).
+template <class T, class WindowOf>
+void avg_pool_planes(const T* in, T* out, std::int64_t planes, std::int64_t h, std::int64_t w, std::int64_t ho,
+                     std::int64_t wo, WindowOf window, bool scatter) {
+  if (scatter) std::fill(out, out + planes * h * w, T{0});
+  for (std::int64_t p = 0; p < planes; ++p) {
+    for (std::int64_t oh = 0; oh < ho; ++oh) {
+      const Window r = window(0, oh);
+      for (std::int64_t ow = 0; ow < wo; ++ow) {
+        const Window c = window(1, ow);
+        const T div = static_cast<T>(r.divisor * c.divisor);
+        if (scatter) {
+          const T g = in[(p * ho + oh) * wo + ow] / div;
+          for (std::int64_t i = r.begin; i < r.end; ++i) {
+            for (std::int64_t j = c.begin; j < c.end; ++j) out[(p * h + i) * w + j] += g;
+          }
+        } else {
+          T acc{0};
+          for (std::int64_t i = r.begin; i < r.end; ++i) {
+            for (std::int64_t j = c.begin; j < c.end; ++j) acc += in[(p * h + i) * w + j];
+          }
+          out[(p * ho + oh) * wo + ow] = acc / div;
+        }
+      }
+    }
+  }
+}
+
+/// AvgPool2DBackward0 and AdaptiveAvgPool2DBackward0: both save self (the input), though
+/// only its shape is read (derivatives.yaml: avg_pool2d_backward(grad, self, ...)).
+class AvgPoolBackward final : public Node {
+ public:
+  AvgPoolBackward(std::int64_t kernel, std::int64_t stride, std::int64_t pad, bool count_include_pad, bool adaptive)
+      : kernel_(kernel), stride_(stride), pad_(pad), count_include_pad_(count_include_pad), adaptive_(adaptive) {}
+  SavedTensor self_;
+  TensorList apply(TensorList& grads) override {
+    const Tensor& gy = grads[0];
+    const Tensor x = self_.unpack();
+    Tensor gx = empty(gy.runtime(), x.shape(), gy.dtype());
+    gy.runtime().add_flops(static_cast<double>(gx.numel()));
+    if (gy.runtime().computing()) {
+      const std::int64_t h = x.size(2), w = x.size(3), ho = gy.size(2), wo = gy.size(3);
+      const auto window = [&](int axis, std::int64_t o) {
+        const std::int64_t in = axis == 0 ? h : w, out = axis == 0 ? ho : wo;
+        return adaptive_ ? adaptive_window(o, in, out) : avg_window(o, in, kernel_, stride_, pad_, count_include_pad_);
+      };
+      detail::dispatch(gy.dtype(), [&](auto tag) {
+        using T = decltype(tag);
+        HostIn<T> G(gy);
+        HostOut<T> GX(gx);
+        avg_pool_planes(G.data(), GX.data(), x.size(0) * x.size(1), h, w, ho, wo, window, true);
+      });
+    }
+    return {gx};
+  }
+  void release_variables() noexcept override { self_.reset(); }
+  std::string_view name() const noexcept override {
+    return adaptive_ ? "AdaptiveAvgPool2DBackward0" : "AvgPool2DBackward0";
+  }
+
+ private:
+  std::int64_t kernel_, stride_, pad_;
+  bool count_include_pad_, adaptive_;
+};
+
+/// Forward of both average poolings: out [n, c, ho, wo], the node saving x.
+template <class WindowOf, class MakeNode>
+Tensor avg_pool_forward(const Tensor& x, std::int64_t ho, std::int64_t wo, WindowOf window, MakeNode make) {
+  Runtime& rt = x.runtime();
+  Tensor out = empty(rt, Shape{x.size(0), x.size(1), ho, wo}, x.dtype());
+  rt.add_flops(static_cast<double>(x.numel()));
+  if (rt.computing()) {
+    detail::dispatch(x.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      HostIn<T> X(x);
+      HostOut<T> Y(out);
+      avg_pool_planes(X.data(), Y.data(), x.size(0) * x.size(1), x.size(2), x.size(3), ho, wo, window, false);
+    });
+  }
+  if (needs_grad({&x})) {
+    auto node = make(x);
+    node->self_.save(x);
+    set_history(out, node);
+  }
+  return out;
+}
+
 }  // namespace
 
-double conv2d_flops(const Shape& input, const Shape& weight, std::int64_t stride, std::int64_t padding) noexcept {
-  const std::int64_t ho = (input[2] + 2 * padding - weight[2]) / stride + 1;
-  const std::int64_t wo = (input[3] + 2 * padding - weight[3]) / stride + 1;
+double conv2d_flops(const Shape& input, const Shape& weight, std::int64_t stride, std::int64_t padding,
+                    std::int64_t dilation) noexcept {
+  const std::int64_t ho = conv_out(input[2], weight[2], stride, padding, dilation);
+  const std::int64_t wo = conv_out(input[3], weight[3], stride, padding, dilation);
+  // weight[1] is the channels of one group: each output sees only its group's inputs.
   return linear_flops(weight[0], ho * wo, weight[1] * weight[2] * weight[3]) * static_cast<double>(input[0]);
 }
 
-Tensor conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, std::int64_t stride, std::int64_t padding) {
+Tensor conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, std::int64_t stride, std::int64_t padding,
+              std::int64_t dilation, std::int64_t groups) {
   const Tensor x = detail::autocast_half(x_in);
   const Tensor w = detail::autocast_half(w_in);
   const Tensor b = detail::autocast_half(b_in);
-  const ConvGeom g = conv_geom(x.shape(), w.shape(), stride, padding);
+  const ConvGeom g = conv_geom(x.shape(), w.shape(), stride, padding, dilation, groups);
   Runtime& rt = x.runtime();
   Tensor out = empty(rt, Shape{g.n, g.o, g.ho, g.wo}, x.dtype());
   Tensor cols;
   if (!g.direct()) cols = empty(rt, Shape{g.ckk(), g.hw_out()}, x.dtype());  // workspace
-  rt.add_flops(conv2d_flops(x.shape(), w.shape(), stride, padding) +
+  rt.add_flops(conv2d_flops(x.shape(), w.shape(), stride, padding, dilation) +
                (b.defined() ? static_cast<double>(out.numel()) : 0.0));
   if (rt.computing()) {
     detail::dispatch(x.dtype(), [&](auto tag) {
@@ -238,14 +366,17 @@ Tensor conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, std::i
       std::optional<HostOut<T>> COL;  // the columns live in the workspace block itself
       if (cols.defined()) COL.emplace(cols);
       const std::int64_t in_sz = g.c * g.h * g.w, out_sz = g.o * g.hw_out();
+      const std::int64_t og = g.group_o(), gckk = g.group_ckk(), hw = g.hw_out();
       for (std::int64_t s = 0; s < g.n; ++s) {
         const T* src = X.data() + s * in_sz;
         if (!g.direct()) {
           im2col(src, g, COL->data());
           src = COL->data();
         }
-        detail::gemm(false, false, g.o, g.hw_out(), g.ckk(), T{1}, W.data(), g.ckk(), src, g.hw_out(), T{0},
-                     Y.data() + s * out_sz, g.hw_out());
+        for (std::int64_t q = 0; q < g.groups; ++q) {
+          detail::gemm(false, false, og, hw, gckk, T{1}, W.data() + q * og * gckk, gckk, src + q * gckk * hw, hw,
+                       T{0}, Y.data() + s * out_sz + q * og * hw, hw);
+        }
         if (b.defined()) {
           for (std::int64_t o = 0; o < g.o; ++o) {
             T* p = Y.data() + s * out_sz + o * g.hw_out();
@@ -257,7 +388,7 @@ Tensor conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, std::i
   }
   cols = Tensor{};  // workspace back to the allocator before anything else happens
   if (needs_grad({&x, &w, &b})) {
-    auto node = detail::make_node<ConvBackward>({&x, &w, &b}, stride, padding, b.defined());
+    auto node = detail::make_node<ConvBackward>({&x, &w, &b}, stride, padding, dilation, groups, b.defined());
     node->x_.save(x);
     node->w_.save(w);
     set_history(out, node);
@@ -312,6 +443,39 @@ Tensor max_pool2d(const Tensor& x, std::int64_t kernel, std::int64_t stride, std
     set_history(out, node);
   }
   return out;
+}
+
+Tensor avg_pool2d(const Tensor& x, std::int64_t kernel, std::int64_t stride, std::int64_t padding,
+                  bool count_include_pad) {
+  if (x.dim() != 4) throw Error("avg_pool2d: NCHW input expected, got " + x.shape().str());
+  if (kernel < 1 || stride < 1 || padding < 0 || 2 * padding > kernel) {
+    throw Error("avg_pool2d: kernel and stride must be positive and padding at most half the kernel");
+  }
+  const std::int64_t ho = (x.size(2) + 2 * padding - kernel) / stride + 1;
+  const std::int64_t wo = (x.size(3) + 2 * padding - kernel) / stride + 1;
+  if (ho <= 0 || wo <= 0) throw Error("avg_pool2d: kernel larger than padded input " + x.shape().str());
+  const std::int64_t h = x.size(2), w = x.size(3);
+  return avg_pool_forward(
+      x, ho, wo,
+      [&](int axis, std::int64_t o) { return avg_window(o, axis == 0 ? h : w, kernel, stride, padding, count_include_pad); },
+      [&](const Tensor& in) {
+        return detail::make_node<AvgPoolBackward>({&in}, kernel, stride, padding, count_include_pad, false);
+      });
+}
+
+Tensor adaptive_avg_pool2d(const Tensor& x, std::int64_t out_h, std::int64_t out_w) {
+  if (x.dim() != 4) throw Error("adaptive_avg_pool2d: NCHW input expected, got " + x.shape().str());
+  if (out_h < 1 || out_w < 1) throw Error("adaptive_avg_pool2d: output size must be positive");
+  // ATen's adaptive_avg_pool2d computes a 1x1 output as mean over H and W (saving only
+  // sizes); any other size goes to _adaptive_avg_pool2d, which saves self
+  // (aten/src/ATen/native/AdaptiveAveragePooling.cpp; PyTorch 1.13 measured:
+  // MeanBackward1 for 1x1, AdaptiveAvgPool2DBackward0 with _saved_self otherwise).
+  if (out_h == 1 && out_w == 1) return adaptive_avg_pool2d(x);
+  const std::int64_t h = x.size(2), w = x.size(3);
+  return avg_pool_forward(
+      x, out_h, out_w,
+      [&](int axis, std::int64_t o) { return adaptive_window(o, axis == 0 ? h : w, axis == 0 ? out_h : out_w); },
+      [](const Tensor& in) { return detail::make_node<AvgPoolBackward>({&in}, 0, 0, 0, false, true); });
 }
 
 Tensor adaptive_avg_pool2d(const Tensor& x) {

@@ -89,11 +89,48 @@ TEST_F(GradCheck, Conv2d) {
             {leaf({1, 2, 6, 5}), leaf({3, 2, 3, 3})});
   gradcheck(env_.rt, [](const TensorList& in) { return conv2d(in[0], in[1], in[2], 1, 0); },
             {leaf({2, 3, 3, 3}), leaf({4, 3, 1, 1}), leaf({4})});
+  // Dilated, grouped (2 groups of 2 -> 3 channels) and depthwise (groups = channels).
+  gradcheck(env_.rt, [](const TensorList& in) { return conv2d(in[0], in[1], in[2], 1, 2, 2, 1); },
+            {leaf({1, 2, 6, 5}), leaf({3, 2, 3, 3}), leaf({3})});
+  gradcheck(env_.rt, [](const TensorList& in) { return conv2d(in[0], in[1], in[2], 2, 1, 1, 2); },
+            {leaf({2, 4, 5, 5}), leaf({6, 2, 3, 3}), leaf({6})});
+  gradcheck(env_.rt, [](const TensorList& in) { return conv2d(in[0], in[1], Tensor{}, 1, 1, 1, 3); },
+            {leaf({1, 3, 4, 4}), leaf({3, 1, 3, 3})});
+  gradcheck(env_.rt, [](const TensorList& in) { return conv2d(in[0], in[1], Tensor{}, 1, 0, 1, 2); },
+            {leaf({1, 4, 3, 3}), leaf({4, 2, 1, 1})});
 }
 
 TEST_F(GradCheck, Pooling) {
   gradcheck(env_.rt, [](const TensorList& in) { return max_pool2d(in[0], 3, 2, 1); }, {leaf({2, 2, 5, 6})});
   gradcheck(env_.rt, [](const TensorList& in) { return adaptive_avg_pool2d(in[0]); }, {leaf({2, 3, 4, 5})});
+  // Overlapping bins (5 -> 3) and more bins than inputs (2 -> 3).
+  gradcheck(env_.rt, [](const TensorList& in) { return adaptive_avg_pool2d(in[0], 3, 2); }, {leaf({2, 2, 5, 2})});
+  gradcheck(env_.rt, [](const TensorList& in) { return adaptive_avg_pool2d(in[0], 3, 3); }, {leaf({1, 2, 2, 4})});
+  gradcheck(env_.rt, [](const TensorList& in) { return avg_pool2d(in[0], 3, 2, 1, true); }, {leaf({2, 2, 5, 6})});
+  gradcheck(env_.rt, [](const TensorList& in) { return avg_pool2d(in[0], 3, 2, 1, false); }, {leaf({2, 2, 5, 6})});
+  gradcheck(env_.rt, [](const TensorList& in) { return avg_pool2d(in[0], 2, 2); }, {leaf({1, 3, 4, 4})});
+}
+
+TEST_F(GradCheck, PoolingValuesAreTorchs) {
+  NoGradGuard no_grad;
+  // adaptive_avg_pool2d of one row 0..4 into 3 bins [floor(i 5/3), ceil((i+1) 5/3)):
+  // [0,2) [1,4) [3,5) -> 0.5, 2, 3.5.
+  Tensor row = empty(env_.rt, {1, 1, 1, 5}, DType::F64);
+  for (int i = 0; i < 5; ++i) row.data<double>()[i] = i;
+  EXPECT_EQ(to_values(adaptive_avg_pool2d(row, 1, 3)), (std::vector<double>{0.5, 2.0, 3.5}));
+  // avg_pool2d(k 3, s 2, p 1) of a 5x5 image whose value is its column: the middle output
+  // row's windows cover columns [-1,2) [1,4) [3,6). With count_include_pad the divisor counts
+  // the padding (3 x 3), without it only the cells inside (3 x 2).
+  Tensor square = empty(env_.rt, {1, 1, 5, 5}, DType::F64);
+  for (int i = 0; i < 25; ++i) square.data<double>()[i] = i % 5;
+  const std::vector<double> inc = to_values(avg_pool2d(square, 3, 2, 1, true));
+  const std::vector<double> exc = to_values(avg_pool2d(square, 3, 2, 1, false));
+  ASSERT_EQ(inc.size(), 9u);
+  EXPECT_NEAR(inc[3], 3.0 / 9.0, 1e-12);
+  EXPECT_NEAR(exc[3], 3.0 / 6.0, 1e-12);
+  EXPECT_NEAR(inc[4], 18.0 / 9.0, 1e-12);
+  EXPECT_NEAR(inc[5], 21.0 / 9.0, 1e-12);
+  EXPECT_NEAR(exc[5], 21.0 / 6.0, 1e-12);
 }
 
 TEST_F(GradCheck, Normalisation) {
@@ -118,6 +155,12 @@ TEST_F(GradCheck, Activations) {
   gradcheck(env_.rt, [](const TensorList& in) { return gelu(in[0], true); }, {leaf({3, 7})});
   gradcheck(env_.rt, [](const TensorList& in) { return softmax(in[0]); }, {leaf({3, 7})});
   gradcheck(env_.rt, [](const TensorList& in) { return log_softmax(in[0]); }, {leaf({3, 7})});
+  gradcheck(env_.rt, [](const TensorList& in) { return leaky_relu(in[0], 0.1); }, {leaf({3, 7})});
+  gradcheck(env_.rt, [](const TensorList& in) { return leaky_relu_(mul_scalar(in[0], 1.0), 0.2); }, {leaf({3, 7})});
+  gradcheck(env_.rt, [](const TensorList& in) { return hardtanh(in[0], -0.5, 0.5); }, {leaf({3, 7})});
+  gradcheck(env_.rt, [](const TensorList& in) { return hardtanh_(mul_scalar(in[0], 1.0), -0.5, 0.5); }, {leaf({3, 7})});
+  gradcheck(env_.rt, [](const TensorList& in) { return silu(in[0]); }, {leaf({3, 7})});
+  gradcheck(env_.rt, [](const TensorList& in) { return silu_(mul_scalar(in[0], 1.0)); }, {leaf({3, 7})});
 }
 
 TEST_F(GradCheck, DropoutWithAFixedRngState) {

@@ -85,6 +85,50 @@ TEST_F(SavedBytes, EachOpKeepsWhatDerivativesYamlSaves) {
   EXPECT_EQ(kept_bytes(env_, [&] { return relu_(mul_scalar(x, 1.0)); }), act);  // the one buffer
 }
 
+// The layers model files added (issue 18). act = [64, 1024] f32 = 256 KiB; img =
+// [8, 16, 32, 32] f32 = 512 KiB. What each saves, from derivatives.yaml and checked on
+// PyTorch 1.13 with grad_fn._saved_* and saved_tensors_hooks.
+TEST_F(SavedBytes, TheModelFileLayersKeepWhatPyTorchKeeps) {
+  const Tensor x = leaf({64, 1024});
+  const Tensor img = leaf({8, 16, 32, 32});
+  constexpr std::int64_t act = 64 * 1024 * 4, image = 8 * 16 * 32 * 32 * 4;
+  // Saving their input (alive anyway): nothing extra.
+  EXPECT_EQ(kept_bytes(env_, [&] { return leaky_relu(x, 0.01); }), 0);   // LeakyReluBackward0: self
+  EXPECT_EQ(kept_bytes(env_, [&] { return hardtanh(x, 0, 6); }), 0);     // HardtanhBackward0: self
+  EXPECT_EQ(kept_bytes(env_, [&] { return silu(x); }), 0);               // SiluBackward0: self
+  EXPECT_EQ(kept_bytes(env_, [&] { return avg_pool2d(img, 2, 2); }), 0);  // AvgPool2DBackward0: self
+  EXPECT_EQ(kept_bytes(env_, [&] { return adaptive_avg_pool2d(img, 7, 7); }), 0);  // self
+  // Grouped, dilated and depthwise convolutions save input and weight, as any other.
+  const Tensor depthwise = leaf({16, 1, 3, 3}), grouped = leaf({32, 4, 3, 3});
+  EXPECT_EQ(kept_bytes(env_, [&] { return conv2d(img, depthwise, Tensor{}, 1, 1, 1, 16); }), 0);
+  EXPECT_EQ(kept_bytes(env_, [&] { return conv2d(img, grouped, Tensor{}, 1, 2, 2, 4); }), 0);
+  // In place on a fresh buffer, the output kept (as the next layer keeps it): leaky_relu_
+  // saves its result (LeakyReluBackward1), the buffer itself: one buffer. hardtanh_
+  // (ReLU6(inplace=True)) and silu(inplace=True) save a copy of the input taken before the
+  // write: two, so in place saves nothing over out of place for them.
+  Tensor kept_output;
+  const auto keeping = [&](auto op) {
+    const std::int64_t kept = kept_bytes(env_, [&] { return kept_output = op(); });
+    kept_output = Tensor{};
+    return kept;
+  };
+  EXPECT_EQ(keeping([&] { return leaky_relu_(mul_scalar(x, 1.0), 0.01); }), act);
+  EXPECT_EQ(keeping([&] { return hardtanh_(mul_scalar(x, 1.0), 0, 6); }), 2 * act);
+  EXPECT_EQ(keeping([&] { return silu_(mul_scalar(x, 1.0)); }), 2 * act);
+  EXPECT_EQ(keeping([&] { return hardtanh(mul_scalar(x, 1.0), 0, 6); }), 2 * act);  // input + output
+  // Out of place on a fresh buffer: the buffer (their saved input) plus the output they
+  // return, which nothing saves here and which is dropped: one buffer.
+  EXPECT_EQ(kept_bytes(env_, [&] { return hardtanh(mul_scalar(x, 1.0), 0, 6); }), act);
+  // Pooling of a fresh image keeps the whole image (only its shape is read in backward).
+  EXPECT_EQ(kept_bytes(env_, [&] { return avg_pool2d(mul_scalar(img, 1.0), 2, 2); }), image);
+  EXPECT_EQ(kept_bytes(env_, [&] { return adaptive_avg_pool2d(mul_scalar(img, 1.0), 7, 7); }), image);
+  // ... except the 1x1 adaptive pool, computed as a mean that keeps only sizes.
+  EXPECT_EQ(kept_bytes(env_, [&] { return adaptive_avg_pool2d(mul_scalar(img, 1.0), 1, 1); }), 0);
+  // A leaf that requires grad cannot be modified in place, as in PyTorch.
+  EXPECT_THROW(hardtanh_(x, 0, 6), AutogradError);
+  EXPECT_THROW(leaky_relu_(mul_scalar(x, 1.0), -0.1), Error);
+}
+
 TEST_F(SavedBytes, LinearReluLinearKeepsOneActivationPerBlockAndGeluTwo) {
   const Tensor x = leaf({64, 1024});
   const Tensor w1 = leaf({1024, 1024}), w2 = leaf({1024, 1024});

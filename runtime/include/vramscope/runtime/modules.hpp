@@ -190,13 +190,15 @@ class Linear : public Module {
 
 class Conv2d : public Module {
  public:
+  /// weight [out, in / groups, kernel, kernel]; in and out must be multiples of groups.
   Conv2d(std::int64_t in_channels, std::int64_t out_channels, std::int64_t kernel,
-         std::int64_t stride = 1, std::int64_t padding = 0, bool bias = true);
+         std::int64_t stride = 1, std::int64_t padding = 0, bool bias = true,
+         std::int64_t dilation = 1, std::int64_t groups = 1);
   Tensor forward(const Tensor& input) override;
 
  private:
   std::size_t weight_, bias_;
-  std::int64_t stride_, padding_;
+  std::int64_t stride_, padding_, dilation_, groups_;
   bool has_bias_;
 };
 
@@ -207,6 +209,43 @@ class ReLU : public Module {
 
  private:
   bool inplace_;
+};
+
+class LeakyReLU : public Module {
+ public:
+  explicit LeakyReLU(double negative_slope = 0.01, bool inplace = false);
+  Tensor forward(const Tensor& input) override;
+
+ private:
+  double slope_;
+  bool inplace_;
+};
+
+/// nn.Hardtanh(min_val, max_val); nn.ReLU6 is Hardtanh(0, 6) named "ReLU6".
+class Hardtanh : public Module {
+ public:
+  Hardtanh(double min_val = -1.0, double max_val = 1.0, bool inplace = false, std::string type = "Hardtanh");
+  Tensor forward(const Tensor& input) override;
+
+ private:
+  double lo_, hi_;
+  bool inplace_;
+};
+
+class SiLU : public Module {
+ public:
+  explicit SiLU(bool inplace = false);
+  Tensor forward(const Tensor& input) override;
+
+ private:
+  bool inplace_;
+};
+
+/// nn.Softmax over the last dimension.
+class Softmax : public Module {
+ public:
+  Softmax();
+  Tensor forward(const Tensor& input) override;
 };
 
 class Sigmoid : public Module {
@@ -261,11 +300,24 @@ class MaxPool2d : public Module {
   std::int64_t kernel_, stride_, padding_;
 };
 
-/// Output size 1x1 (global average pooling).
+class AvgPool2d : public Module {
+ public:
+  AvgPool2d(std::int64_t kernel, std::int64_t stride, std::int64_t padding = 0, bool count_include_pad = true);
+  Tensor forward(const Tensor& input) override;
+
+ private:
+  std::int64_t kernel_, stride_, padding_;
+  bool count_include_pad_;
+};
+
+/// Output size out_h x out_w (default 1x1, global average pooling).
 class AdaptiveAvgPool2d : public Module {
  public:
-  AdaptiveAvgPool2d();
+  explicit AdaptiveAvgPool2d(std::int64_t out_h = 1, std::int64_t out_w = 1);
   Tensor forward(const Tensor& input) override;
+
+ private:
+  std::int64_t out_h_, out_w_;
 };
 
 class Flatten : public Module {

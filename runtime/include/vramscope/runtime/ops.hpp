@@ -30,15 +30,23 @@ Tensor bmm(const Tensor& a, const Tensor& b);
 Tensor matmul(const Tensor& a, const Tensor& b);
 
 // --- convolution and pooling -----------------------------------------------------------------
-/// 2-d convolution, NCHW, as im2col + GEMM. Saves input and weight. The im2col
-/// columns of one sample are workspace allocated through the allocator for the
-/// duration of the op (none for 1x1 stride-1 unpadded convolutions).
+/// 2-d convolution, NCHW, as im2col + GEMM per group; weight [O, C/groups, k, k].
+/// Saves input and weight. The im2col columns of one sample (all channels) are
+/// workspace allocated through the allocator for the duration of the op (none for
+/// 1x1 stride-1 unpadded convolutions).
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = {},
-              std::int64_t stride = 1, std::int64_t padding = 0);
+              std::int64_t stride = 1, std::int64_t padding = 0, std::int64_t dilation = 1,
+              std::int64_t groups = 1);
 /// Saves input and the i64 argmax indices.
 Tensor max_pool2d(const Tensor& x, std::int64_t kernel, std::int64_t stride, std::int64_t padding = 0);
-/// Output 1x1 only: computed as mean over H and W, which saves nothing.
+/// Output 1x1: computed as mean over H and W, which saves nothing.
 Tensor adaptive_avg_pool2d(const Tensor& x);
+/// Output out_h x out_w (PyTorch's bins); 1x1 is the mean above, any other size saves
+/// the input.
+Tensor adaptive_avg_pool2d(const Tensor& x, std::int64_t out_h, std::int64_t out_w);
+/// Saves the input (for its shape). count_include_pad as nn.AvgPool2d (default true).
+Tensor avg_pool2d(const Tensor& x, std::int64_t kernel, std::int64_t stride, std::int64_t padding = 0,
+                  bool count_include_pad = true);
 
 // --- normalisation -----------------------------------------------------------------------------
 /// native_batch_norm. Training: saves input, weight and the per-channel f32 mean and
@@ -58,6 +66,20 @@ Tensor relu(const Tensor& x);
 /// throws InplaceModifiedError when unpacked, as in PyTorch; recording history on a
 /// leaf that requires grad throws AutogradError.
 Tensor relu_(const Tensor& x);
+/// Saves its input (LeakyReluBackward0).
+Tensor leaky_relu(const Tensor& x, double negative_slope);
+/// In place, as relu_; saves its output (LeakyReluBackward1). A slope <= 0 is an error,
+/// as in PyTorch (the sign cannot be told from the output).
+Tensor leaky_relu_(const Tensor& x, double negative_slope);
+/// clamp to [lo, hi]; ReLU6 is hardtanh(x, 0, 6). Saves its input.
+Tensor hardtanh(const Tensor& x, double lo, double hi);
+/// In place. Saves a copy of its input taken before the write: one more activation,
+/// allocated in forward (PyTorch 1.13 measured; see ops_activation.cpp).
+Tensor hardtanh_(const Tensor& x, double lo, double hi);
+/// x * sigmoid(x). Saves its input.
+Tensor silu(const Tensor& x);
+/// In place; saves a copy of its input, as hardtanh_.
+Tensor silu_(const Tensor& x);
 /// Saves its output.
 Tensor sigmoid(const Tensor& x);
 /// Saves its output.
@@ -98,6 +120,6 @@ Tensor sum(const Tensor& x);
 /// FLOPs an op of this kind performs, as counted by the runtime (multiply-add = 2).
 double linear_flops(std::int64_t m, std::int64_t n, std::int64_t k) noexcept;
 double conv2d_flops(const Shape& input, const Shape& weight, std::int64_t stride,
-                    std::int64_t padding) noexcept;
+                    std::int64_t padding, std::int64_t dilation = 1) noexcept;
 
 }  // namespace mem::nn
