@@ -32,6 +32,11 @@ TEST(Zoo, ParameterCountsAreTorchvisions) {
   EXPECT_EQ(find("resnet50")->describe().parameters, 25'557'032);
   EXPECT_EQ(find("resnet101")->describe().parameters, 44'549'160);
   EXPECT_EQ(find("resnet152")->describe().parameters, 60'192'808);
+  EXPECT_EQ(find("vgg11")->describe().parameters, 132'863'336);
+  EXPECT_EQ(find("vgg11_bn")->describe().parameters, 132'868'840);
+  EXPECT_EQ(find("vgg16")->describe().parameters, 138'357'544);
+  EXPECT_EQ(find("vgg16_bn")->describe().parameters, 138'365'992);
+  EXPECT_EQ(find("mobilenet_v2")->describe().parameters, 3'504'872);
   // mlp: depth x (width^2 + width).
   EXPECT_EQ(find("mlp")->describe().parameters, 16 * (1024 * 1024 + 1024));
   EXPECT_EQ(find("mlp")->describe(nn::ModelOptions::parse("depth=3,width=8")).parameters, 3 * (64 + 8));
@@ -51,6 +56,29 @@ TEST(Zoo, ResnetsKeepTorchvisionsNamesAndFlattenTheirStages) {
   for (const auto& [name, child] : body.at(4).children()) names.push_back(name);
   EXPECT_EQ(names, (std::vector<std::string>{"conv1", "bn1", "relu", "conv2", "bn2", "conv3", "bn3", "downsample"}));
   EXPECT_EQ(body.at(4).children()[7].second->children()[1].second->path(), "layer1.0.downsample.1");
+}
+
+TEST(Zoo, VggAndMobilenetKeepTorchvisionsNames) {
+  const auto vgg = find("vgg16_bn")->build();
+  const auto& v = vgg->body();
+  ASSERT_EQ(v.size(), 44u + 2u + 7u);  // 13 x (conv, bn, relu) + 5 pools; avgpool, flatten; classifier
+  EXPECT_EQ(v.children()[0].first, "features.0");
+  EXPECT_EQ(v.children()[43].first, "features.43");
+  EXPECT_EQ(v.children()[44].first, "avgpool");
+  EXPECT_EQ(v.children().back().first, "classifier.6");
+  EXPECT_EQ(vgg->info().input_shape, (nn::Shape{32, 3, 224, 224}));
+
+  const auto mobile = find("mobilenet_v2")->build();
+  const auto& m = mobile->body();
+  ASSERT_EQ(m.size(), 19u + 2u + 2u);
+  EXPECT_EQ(m.children()[18].first, "features.18");
+  // features.3 (24 -> 24, stride 1) adds its input; features.2 (16 -> 24, stride 2) does not.
+  EXPECT_EQ(m.at(3).type_name(), "InvertedResidual");
+  EXPECT_EQ(m.at(2).type_name(), "Sequential");
+  // Its depthwise conv: conv.1.0 of features.2, 96 channels in 96 groups, weight [96, 1, 3, 3].
+  const nn::Module& depthwise = *m.at(2).children()[0].second->children()[1].second->children()[0].second;
+  EXPECT_EQ(depthwise.path(), "features.2.conv.1.0");
+  EXPECT_EQ(depthwise.slots()[0].shape, (nn::Shape{96, 1, 3, 3}));
 }
 
 TEST(Zoo, SizesScaleTheFamily) {

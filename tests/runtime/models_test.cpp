@@ -13,7 +13,9 @@ TEST(Models, RegistryListsEveryModel) {
   const auto names = models::names();
   const std::vector<std::string> expected = {"mlp",       "forum-cnn", "forum-cnn-full", "resnet18",
                                              "resnet34",  "resnet50",  "resnet101",      "resnet152",
-                                             "gpt2",      "gpt2-medium", "gpt2-large",   "gpt2-xl"};
+                                             "vgg11",     "vgg11_bn",  "vgg16",          "vgg16_bn",
+                                             "mobilenet_v2", "gpt2",   "gpt2-medium",    "gpt2-large",
+                                             "gpt2-xl"};
   EXPECT_EQ(names, expected);
 }
 
