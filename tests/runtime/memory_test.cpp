@@ -378,8 +378,8 @@ TEST(MlpMemory, ComputeModeMatchesTheDerivationToo) {
 namespace mem::nn {
 namespace {
 
-// A graph as deep as the deepest model vramscope builds (an mlp of depth 100,000 has 200,000
-// nodes) must be released without recursing once per node: that overflowed the 8 MiB stack.
+// A graph deeper than any model vramscope builds (a model file may hold a million modules)
+// must be released without recursing once per node: 200,000 nodes overflowed the 8 MiB stack.
 TEST(GraphRelease, ADeepChainIsReleasedWithoutRecursion) {
   test::Env env(ExecMode::DryRun);
   const std::int64_t before = env.allocated();

@@ -33,7 +33,7 @@ CONFS = ["", "max_split_size_mb:128", "max_split_size_mb:abc", "garbage_collecti
          "max_split_size_mb:99999999999999999999", "expandable_segments:True"]
 NUMBERS = ["0", "1", "2", "3", "4", "7", "16", "64", "256", "1024", "-1", "-3", "1e3", "0x10",
            "4294967296", "4611686018427387904", "9223372036854775807",
-           "99999999999999999999", "", "abc", " 8", "100000", "100001", "1099511627776"]
+           "99999999999999999999", "", "abc", " 8", "10000", "10001", "100000", "1099511627776"]
 
 
 def number(rng):
@@ -51,7 +51,8 @@ def model_options(rng, args):
     model = rng.choice(MODELS)
     args += ["--model", model]
     if rng.random() < 0.6:
-        args += ["--batch", small_size(rng)]
+        args += ["--batch", small_size(rng) if rng.random() < 0.8 else
+                 rng.choice(["2,4", "1,,2", "4,4", ",", "8,99999999999999999999", "2,-1"])]
     for opt in ("--depth", "--width", "--seq", "--image", "--classes"):
         if rng.random() < 0.15:
             args += [opt, small_size(rng) if opt != "--image" else rng.choice(["32", "64", "0", "-1"])]
@@ -97,6 +98,8 @@ def vector(rng):
                                                "two", "", "1", "-2", "0,3"])]
         if rng.random() < 0.2:
             args += ["--format", rng.choice(["table", "csv", "json", "xml"])]
+        if rng.random() < 0.1:
+            args += ["--max-batch"]
     if command == "trace":
         if rng.random() < 0.4:
             args += ["--segments", rng.choice(["0", "2", "3", "99", "-1"])]
