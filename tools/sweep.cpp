@@ -135,6 +135,12 @@ nn::ModelInfo validate_sweep(const SweepSpec& spec) {
   if (spec.steps < 1) throw UsageError("--steps: must be at least 1");
   if (spec.segments.empty()) throw UsageError("--segments: empty; give counts like 0,2,4,8 or auto");
   for (const std::size_t k : spec.segments) {
+    if (k > 1 && info.checkpointed_modules > 0) {
+      throw UsageError(fmt::format(
+          "--segments: {} checkpoints {} of its modules itself (checkpoint marks in the file), so "
+          "checkpoint_sequential's segments do not apply; give --segments 0, or remove the marks",
+          info.name, info.checkpointed_modules));
+    }
     if (k > info.sequence_length) {
       throw UsageError(fmt::format(
           "--segments: {} is more than the {} sequential modules {} has; valid: 0 (no "

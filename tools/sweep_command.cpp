@@ -49,8 +49,9 @@ struct SweepArgs {
   bool max_batch = false;
 };
 
-std::vector<std::size_t> parse_segments(const std::string& text, std::size_t modules) {
-  if (text == "auto") return auto_segments(modules);
+std::vector<std::size_t> parse_segments(const std::string& text, const nn::ModelInfo& info) {
+  // A model that checkpoints its own modules runs as marked: auto is its one configuration.
+  if (text == "auto") return info.checkpointed_modules > 0 ? std::vector<std::size_t>{0} : auto_segments(info.sequence_length);
   std::vector<std::size_t> out;
   for (const std::string& item : split_list("--segments", text)) {
     std::size_t k = 0;
@@ -97,8 +98,8 @@ SweepSpec make_spec(const SweepArgs& args) {
   }
   // The model decides what "auto" and the upper bound of --segments mean.
   const nn::ModelInfo info = describe(*spec.model, spec.model_options);
-  spec.segments = parse_segments(args.segments, info.sequence_length);
-  spec.refine_segments = args.segments == "auto";
+  spec.segments = parse_segments(args.segments, info);
+  spec.refine_segments = args.segments == "auto" && info.checkpointed_modules == 0;
   if (args.max_batch) {
     if (!args.model.batch.empty()) {
       throw UsageError("--max-batch: searches the batch size; leave out --batch");

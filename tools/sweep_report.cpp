@@ -180,9 +180,12 @@ std::string sweep_report(const SweepResult& result, const ReportOptions& options
   const nn::ModelInfo& m = result.model;
   const SweepSpec& spec = result.spec;
   std::string out;
-  out += fmt::format("vramscope sweep: {}, {} sequential modules, {} parameters ({} in f32)\n",
-                     model_title(m, spec.model_options, spec.batches, spec.seqs), m.sequence_length, human_count(m.parameters),
-                     format_bytes(m.parameter_bytes(nn::DType::F32)));
+  out += fmt::format("vramscope sweep: {}, {} sequential modules{}, {} parameters ({} in f32)\n",
+                     model_title(m, spec.model_options, spec.batches, spec.seqs), m.sequence_length,
+                     m.checkpointed_modules > 0
+                         ? fmt::format(" ({} checkpointed by the file's marks)", m.checkpointed_modules)
+                         : std::string(),
+                     human_count(m.parameters), format_bytes(m.parameter_bytes(nn::DType::F32)));
   out += fmt::format("on {} ({} total), optimizer {}, {} step{} per configuration, {}\n\n",
                      result.device.name, format_bytes(result.device.total_bytes),
                      nn::optimizer_name(spec.optimizer.kind), spec.steps, spec.steps == 1 ? "" : "s",

@@ -206,11 +206,13 @@ class Builder {
     return v;
   }
 
+  /// `module`: a module's keys, where "checkpoint" (read by module()) is valid too.
   void only_keys(const json& obj, const std::string& path, const std::string& what,
-                 std::initializer_list<const char*> keys) const {
+                 std::initializer_list<const char*> keys, bool module = false) const {
     for (const auto& item : obj.items()) {
       const std::string& key = item.key();  // not a structured binding: clang 14 cannot capture one
       if (key == "comment") continue;       // free text anywhere, for the reader
+      if (module && key == "checkpoint") continue;
       if (std::none_of(keys.begin(), keys.end(), [&](const char* k) { return key == k; })) {
         std::vector<std::string> valid(keys.begin(), keys.end());
         valid.emplace_back("comment");
@@ -288,6 +290,15 @@ class Builder {
     return make_shape({in[0], channels, h, w}, path);
   }
 
+  /// "checkpoint": true (non-reentrant, PyTorch's recommended mode), "non-reentrant",
+  /// "reentrant", or false.
+  nn::CheckpointMark checkpoint_mark(const json& v, const std::string& path) const {
+    if (v.is_boolean()) return v.get<bool>() ? nn::CheckpointMark::NonReentrant : nn::CheckpointMark::None;
+    if (v == "non-reentrant") return nn::CheckpointMark::NonReentrant;
+    if (v == "reentrant") return nn::CheckpointMark::Reentrant;
+    fail(path, "expected true, false, \"non-reentrant\" or \"reentrant\", got " + kind_of(v));
+  }
+
   /// Builds one module from `spec`; `flow` goes in as its input and comes out as its output.
   std::unique_ptr<nn::Module> module(const json& spec, const std::string& path, const std::string& mpath, Flow& flow,
                                      int depth) {
@@ -301,6 +312,7 @@ class Builder {
     const std::string type = spec.at("type").get<std::string>();
     std::unique_ptr<nn::Module> m = layer(type, spec, path, mpath, flow, depth);
     if (flag_or(spec, path, "frozen", false)) m->freeze();
+    if (spec.contains("checkpoint")) m->set_checkpoint(checkpoint_mark(spec.at("checkpoint"), field(path, "checkpoint")));
     flow.from = display(mpath, m->type_name());
     return m;
   }
@@ -309,7 +321,7 @@ class Builder {
                                     const std::string& mpath, Flow& flow, int depth) {
     nn::Shape& in = flow.shape;
     if (type == "Linear") {
-      only_keys(s, path, type, {"name", "type", "frozen", "in_features", "out_features", "bias"});
+      only_keys(s, path, type, {"name", "type", "frozen", "in_features", "out_features", "bias"}, true);
       const std::int64_t fin = positive_at(s, path, "in_features"), fout = positive_at(s, path, "out_features");
       floating(flow, path, mpath, type);
       if (in.back() != fin) mismatch(path, mpath, type, "[..., " + std::to_string(fin) + "] (in_features)", flow);
@@ -320,7 +332,7 @@ class Builder {
     }
     if (type == "Conv2d") {
       only_keys(s, path, type, {"name", "type", "frozen", "in_channels", "out_channels", "kernel_size", "stride",
-                                "padding", "dilation", "groups", "bias"});
+                                "padding", "dilation", "groups", "bias"}, true);
       const std::int64_t cin = positive_at(s, path, "in_channels"), cout = positive_at(s, path, "out_channels");
       const std::int64_t k = positive_at(s, path, "kernel_size"), stride = positive_or(s, path, "stride", 1);
       const std::int64_t padding = non_negative_or(s, path, "padding", 0);
@@ -345,7 +357,7 @@ class Builder {
       return std::make_unique<nn::Conv2d>(cin, cout, k, stride, padding, flag_or(s, path, "bias", true), dilation, groups);
     }
     if (type == "BatchNorm2d") {
-      only_keys(s, path, type, {"name", "type", "frozen", "num_features", "eps", "momentum"});
+      only_keys(s, path, type, {"name", "type", "frozen", "num_features", "eps", "momentum"}, true);
       const std::int64_t c = positive_at(s, path, "num_features");
       floating(flow, path, mpath, type);
       if (in.size() != 4 || in[1] != c) mismatch(path, mpath, type, "[N, " + std::to_string(c) + ", H, W]", flow);
@@ -353,19 +365,19 @@ class Builder {
                                                probability_or(s, path, "momentum", 0.1));
     }
     if (type == "LayerNorm") {
-      only_keys(s, path, type, {"name", "type", "frozen", "normalized_shape", "eps"});
+      only_keys(s, path, type, {"name", "type", "frozen", "normalized_shape", "eps"}, true);
       const std::int64_t c = positive_at(s, path, "normalized_shape");
       floating(flow, path, mpath, type);
       if (in.back() != c) mismatch(path, mpath, type, "[..., " + std::to_string(c) + "]", flow);
       return std::make_unique<nn::LayerNorm>(c, positive_number_or(s, path, "eps", 1e-5));
     }
     if (type == "ReLU") {
-      only_keys(s, path, type, {"name", "type", "inplace"});
+      only_keys(s, path, type, {"name", "type", "inplace"}, true);
       floating(flow, path, mpath, type);
       return std::make_unique<nn::ReLU>(flag_or(s, path, "inplace", false));
     }
     if (type == "LeakyReLU") {
-      only_keys(s, path, type, {"name", "type", "negative_slope", "inplace"});
+      only_keys(s, path, type, {"name", "type", "negative_slope", "inplace"}, true);
       floating(flow, path, mpath, type);
       const double slope = number_or(s, path, "negative_slope", 0.01);
       const bool inplace = flag_or(s, path, "inplace", false);
@@ -375,8 +387,8 @@ class Builder {
     }
     if (type == "ReLU6" || type == "Hardtanh") {
       const bool relu6 = type == "ReLU6";
-      if (relu6) only_keys(s, path, type, {"name", "type", "inplace"});
-      else only_keys(s, path, type, {"name", "type", "min_val", "max_val", "inplace"});
+      if (relu6) only_keys(s, path, type, {"name", "type", "inplace"}, true);
+      else only_keys(s, path, type, {"name", "type", "min_val", "max_val", "inplace"}, true);
       floating(flow, path, mpath, type);
       const double lo = relu6 ? 0.0 : number_or(s, path, "min_val", -1.0);
       const double hi = relu6 ? 6.0 : number_or(s, path, "max_val", 1.0);
@@ -384,12 +396,12 @@ class Builder {
       return std::make_unique<nn::Hardtanh>(lo, hi, flag_or(s, path, "inplace", false), type);
     }
     if (type == "SiLU") {
-      only_keys(s, path, type, {"name", "type", "inplace"});
+      only_keys(s, path, type, {"name", "type", "inplace"}, true);
       floating(flow, path, mpath, type);
       return std::make_unique<nn::SiLU>(flag_or(s, path, "inplace", false));
     }
     if (type == "Softmax") {
-      only_keys(s, path, type, {"name", "type", "dim"});
+      only_keys(s, path, type, {"name", "type", "dim"}, true);
       floating(flow, path, mpath, type);
       if (!s.contains("dim")) fail(field(path, "dim"), "is required (the last dimension: -1)");
       const std::int64_t dim = integer(s.at("dim"), field(path, "dim"));
@@ -401,24 +413,24 @@ class Builder {
       return std::make_unique<nn::Softmax>();
     }
     if (type == "Sigmoid" || type == "Tanh" || type == "Identity") {
-      only_keys(s, path, type, {"name", "type"});
+      only_keys(s, path, type, {"name", "type"}, true);
       if (type == "Identity") return std::make_unique<nn::Identity>();
       floating(flow, path, mpath, type);
       if (type == "Tanh") return std::make_unique<nn::Tanh>();
       return std::make_unique<nn::Sigmoid>();
     }
     if (type == "GELU") {
-      only_keys(s, path, type, {"name", "type", "approximate"});
+      only_keys(s, path, type, {"name", "type", "approximate"}, true);
       floating(flow, path, mpath, type);
       return std::make_unique<nn::GELU>(choice_or(s, path, "approximate", {"none", "tanh"}) == "tanh");
     }
     if (type == "Dropout") {
-      only_keys(s, path, type, {"name", "type", "p"});
+      only_keys(s, path, type, {"name", "type", "p"}, true);
       floating(flow, path, mpath, type);
       return std::make_unique<nn::Dropout>(probability_or(s, path, "p", 0.5));
     }
     if (type == "MaxPool2d") {
-      only_keys(s, path, type, {"name", "type", "kernel_size", "stride", "padding"});
+      only_keys(s, path, type, {"name", "type", "kernel_size", "stride", "padding"}, true);
       const std::int64_t k = positive_at(s, path, "kernel_size"), stride = positive_or(s, path, "stride", k);
       const std::int64_t padding = non_negative_or(s, path, "padding", 0);
       // PyTorch: "pad should be at most half of effective kernel size".
@@ -429,7 +441,7 @@ class Builder {
       return std::make_unique<nn::MaxPool2d>(k, stride, padding);
     }
     if (type == "AvgPool2d") {
-      only_keys(s, path, type, {"name", "type", "kernel_size", "stride", "padding", "count_include_pad"});
+      only_keys(s, path, type, {"name", "type", "kernel_size", "stride", "padding", "count_include_pad"}, true);
       const std::int64_t k = positive_at(s, path, "kernel_size"), stride = positive_or(s, path, "stride", k);
       const std::int64_t padding = non_negative_or(s, path, "padding", 0);
       if (padding > k / 2) fail(field(path, "padding"), "must be at most half of kernel_size, got " + std::to_string(padding));
@@ -439,7 +451,7 @@ class Builder {
       return std::make_unique<nn::AvgPool2d>(k, stride, padding, flag_or(s, path, "count_include_pad", true));
     }
     if (type == "AdaptiveAvgPool2d") {
-      only_keys(s, path, type, {"name", "type", "output_size"});
+      only_keys(s, path, type, {"name", "type", "output_size"}, true);
       // output_size: one side for both, or [h, w].
       std::int64_t oh = 1, ow = 1;
       if (s.contains("output_size")) {
@@ -459,7 +471,7 @@ class Builder {
       return std::make_unique<nn::AdaptiveAvgPool2d>(oh, ow);
     }
     if (type == "Flatten") {
-      only_keys(s, path, type, {"name", "type", "start_dim"});
+      only_keys(s, path, type, {"name", "type", "start_dim"}, true);
       const std::int64_t start = non_negative_or(s, path, "start_dim", 1);
       if (start >= static_cast<std::int64_t>(in.size())) {
         mismatch(path, mpath, type, "more than " + std::to_string(start) + " dimensions (start_dim)", flow);
@@ -475,7 +487,7 @@ class Builder {
       return std::make_unique<nn::Flatten>(start);
     }
     if (type == "Embedding") {
-      only_keys(s, path, type, {"name", "type", "frozen", "num_embeddings", "embedding_dim"});
+      only_keys(s, path, type, {"name", "type", "frozen", "num_embeddings", "embedding_dim"}, true);
       const std::int64_t n = positive_at(s, path, "num_embeddings"), dim = positive_at(s, path, "embedding_dim");
       if (!flow.integer) mismatch(path, mpath, type, "int64 indices", flow);
       if (in.size() >= nn::kMaxDims) mismatch(path, mpath, type, "fewer dimensions", flow);
@@ -486,7 +498,7 @@ class Builder {
       return std::make_unique<nn::Embedding>(n, dim);
     }
     if (type == "Sequential") {
-      only_keys(s, path, type, {"name", "type", "frozen", "layers", "expand"});
+      only_keys(s, path, type, {"name", "type", "frozen", "layers", "expand"}, true);
       auto seq = std::make_unique<nn::Sequential>();
       Children children;
       sequence(list_at(s, path, "layers"), field(path, "layers"), mpath, flow, depth + 1, children);
@@ -626,7 +638,7 @@ class Builder {
 
   std::unique_ptr<nn::Module> residual(const json& s, const std::string& path, const std::string& mpath, Flow& flow,
                                        int depth) {
-    only_keys(s, path, "Residual", {"name", "type", "frozen", "class", "body", "shortcut", "then", "inplace"});
+    only_keys(s, path, "Residual", {"name", "type", "frozen", "class", "body", "shortcut", "then", "inplace"}, true);
     const std::string cls = class_name(s, path, "Residual");
     auto block = std::make_unique<nn::Residual>(cls, flag_or(s, path, "inplace", false));
     Siblings<nn::Module*> declared;
@@ -653,7 +665,7 @@ class Builder {
 
   std::unique_ptr<nn::Module> parallel(const json& s, const std::string& path, const std::string& mpath, Flow& flow,
                                        int depth) {
-    only_keys(s, path, "Parallel", {"name", "type", "frozen", "class", "branches", "join", "dim"});
+    only_keys(s, path, "Parallel", {"name", "type", "frozen", "class", "branches", "join", "dim"}, true);
     const std::string cls = class_name(s, path, "Parallel");
     const bool concat = choice_or(s, path, "join", {"add", "concat"}) == "concat";
     const json& branches = list_at(s, path, "branches");
@@ -723,7 +735,7 @@ class Builder {
 
     // The input.
     const json& input = root.at("input");
-    only_keys(input, "input", "the input", {"shape", "dtype", "high"});
+    only_keys(input, "input", "the input", {"shape", "dtype", "high", "requires_grad"});
     if (!input.contains("shape")) fail("input.shape", "is required (a list of sizes, e.g. [\"batch\", 3, 224, 224])");
     info.input_shape = shape(input.at("shape"), "input.shape");
     const bool tokens = choice_or(input, "input", "dtype", {"float", "int64"}) == "int64";
@@ -732,6 +744,12 @@ class Builder {
       info.input_high = positive_at(input, "input", "high");
     } else if (input.contains("high")) {
       fail("input.high", "applies to int64 inputs only (the range token ids are drawn from)");
+    }
+    if (input.contains("requires_grad")) {
+      const json& rg = input.at("requires_grad");
+      if (!rg.is_boolean()) fail("input.requires_grad", "expected true or false, got " + kind_of(rg));
+      if (rg.get<bool>() && tokens) fail("input.requires_grad", "int64 token ids cannot require grad");
+      info.input_requires_grad = rg.get<bool>();
     }
     Flow flow{info.input_shape, tokens, "the input"};
 

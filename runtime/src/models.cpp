@@ -181,6 +181,7 @@ std::unique_ptr<Model> ModelSource::build(const ModelOptions& options) const {
   }
   b.info.parameter_tensors = b.body->parameter_tensors();
   b.info.sequence_length = b.body->size();
+  b.info.checkpointed_modules = b.body->checkpoint_marks();
   return std::make_unique<Model>(std::move(b.info), std::move(b.body));
 }
 

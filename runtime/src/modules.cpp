@@ -6,6 +6,7 @@
 #include <string_view>
 
 #include "detail.hpp"
+#include "vramscope/runtime/checkpoint.hpp"
 
 namespace mem::nn {
 
@@ -13,11 +14,28 @@ Module::Module(std::string type_name) : type_name_(std::move(type_name)) {}
 Module::~Module() = default;
 
 Tensor Module::operator()(const Tensor& input) {
+  if (checkpoint_ != CheckpointMark::None && grad_enabled()) {
+    // checkpoint_wrapper: the wrapped forward, rerun in backward (in the module's own
+    // scopes then, too), keeps only its input.
+    CheckpointOptions options;
+    options.mode = checkpoint_ == CheckpointMark::Reentrant ? CheckpointMode::Reentrant : CheckpointMode::NonReentrant;
+    return checkpoint([this](const TensorList& in) { return TensorList{run_in_scope(in[0])}; }, {input}, options)[0];
+  }
+  return run_in_scope(input);
+}
+
+Tensor Module::run_in_scope(const Tensor& input) {
   if (path_.empty()) return forward(input);  // a root: its children carry the scopes
   const Phase phase = current_phase();
   ModuleScope scope(context(phase == Phase::Backward ? Phase::Recompute : phase));
   BackwardContextGuard backward_scope(context(Phase::Backward));
   return forward(input);
+}
+
+std::size_t Module::checkpoint_marks() const {
+  std::size_t n = checkpoint_ != CheckpointMark::None ? 1 : 0;
+  for (const auto& [name, child] : children_) n += child->checkpoint_marks();
+  return n;
 }
 
 void Module::set_path(const std::string& path) {

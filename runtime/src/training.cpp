@@ -100,6 +100,11 @@ Trainer::Trainer(const TrainConfig& config, CachingAllocator& allocator)
   runtime_ = std::make_unique<Runtime>(allocator, config.mode, config.seed);
   if (!config.model) throw Error("TrainConfig.model is not set: give one, e.g. mem::models::find(\"mlp\")");
   model_ = config.model->build(config.model_options);
+  if (config.segments > 1 && model_->info().checkpointed_modules > 0) {
+    throw Error(model_->info().name + " checkpoints " + std::to_string(model_->info().checkpointed_modules) +
+                " of its modules itself (checkpoint marks); checkpoint_sequential's segments do not apply to it: "
+                "give 0 segments, or remove the marks");
+  }
   plan_ = plan_segments(model_->info().sequence_length, config.segments);
   model_->materialize(*runtime_, parameter_dtype(config.precision));
   model_->body().train(true);
@@ -167,7 +172,9 @@ StepStats Trainer::step() {
     {
       ModuleScope scope(input_ctx);
       input = model_->make_input(rt, data_dtype, s.step);
-      if (config_.input_requires_grad && is_floating(input.dtype())) input.set_requires_grad(true);
+      if ((config_.input_requires_grad || model_->info().input_requires_grad) && is_floating(input.dtype())) {
+        input.set_requires_grad(true);
+      }
       target = model_->make_target(rt, data_dtype, s.step);
     }
     AutocastRegion autocast(rt, autocast_dtype(config_.precision));

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "test_util.hpp"
+#include "vramscope/models/model_file.hpp"
 #include "vramscope/models/zoo.hpp"
 
 namespace mem::nn {
@@ -135,6 +136,79 @@ TEST(Checkpoint, SplitFollowsPyTorch) {
   EXPECT_TRUE(plan_segments(10, 1).checkpointed.empty());
   EXPECT_THROW(plan_segments(10, 11), Error);
   EXPECT_THROW(plan_segments(10, 0), Error);
+}
+
+}  // namespace
+}  // namespace mem::nn
+
+namespace mem::nn {
+namespace {
+
+/// Four residual blocks (Linear, GELU, Dropout) and a head, the blocks marked with `mark`
+/// ("" for none), as apply_activation_checkpointing(check_fn=isinstance Block) marks them.
+/// Activations of 2 MiB: a block keeps 4.5 MiB without checkpointing (the Linear's input,
+/// GELU's input, the dropout mask), 2 MiB with it, well above the second cuBLAS workspace
+/// the rerun in backward takes (the autograd thread's own).
+std::shared_ptr<const ModelSource> marked_model(const std::string& mark, bool input_requires_grad = false) {
+  const std::string block =
+      R"({"type": "Residual", "class": "Block", "body": [
+           {"name": "fc", "type": "Linear", "in_features": 256, "out_features": 256},
+           {"name": "act", "type": "GELU"}, {"name": "drop", "type": "Dropout", "p": 0.25}])" +
+      (mark.empty() ? std::string() : R"(, "checkpoint": )" + mark) + "}";
+  return models::ModelFile::parse(
+      R"({"format": "vramscope-model", "version": 1, "name": "marked", "options": {"batch": 2048},
+          "input": {"shape": ["batch", 256])" +
+          std::string(input_requires_grad ? R"(, "requires_grad": true)" : "") + R"(},
+          "loss": {"type": "mse"},
+          "layers": [{"repeat": 4, "layers": [)" + block + R"(]},
+                     {"name": "head", "type": "Linear", "in_features": 256, "out_features": 256}]})",
+      "marked.json");
+}
+
+// Marking the four blocks is checkpoint_sequential with 5 segments (each of the first four
+// modules checkpointed, the head not): the same allocations, losses and gradients.
+TEST(CheckpointMarks, MarkedBlocksEqualCheckpointSequentialOfTheSameModules) {
+  for (const auto& [mark, mode] : {std::pair{std::string("true"), CheckpointMode::NonReentrant},
+                                   std::pair{std::string("\"reentrant\""), CheckpointMode::Reentrant}}) {
+    SCOPED_TRACE(mark);
+    const bool reentrant = mode == CheckpointMode::Reentrant;
+    TrainConfig marked;
+    marked.model = marked_model(mark, reentrant);  // the file's input requires grad
+    marked.steps = 2;
+    TrainConfig sequential;
+    sequential.model = marked_model("");
+    sequential.steps = 2;
+    sequential.segments = 5;
+    sequential.checkpoint_mode = mode;
+    sequential.input_requires_grad = reentrant;
+    TrainConfig plain = sequential;
+    plain.segments = 1;
+
+    ASSERT_EQ(marked.model->describe().checkpointed_modules, 4u);
+    const RunResult a = run(marked), b = run(sequential), c = run(plain);
+    EXPECT_EQ(a.losses, b.losses);
+    EXPECT_EQ(a.grads, b.grads);
+    EXPECT_EQ(a.losses, c.losses);  // checkpointing changes memory, never results
+    EXPECT_EQ(a.grads, c.grads);
+    EXPECT_FALSE(a.report.gradients_missing);
+    EXPECT_EQ(a.report.peak_allocated, b.report.peak_allocated);
+    EXPECT_LT(a.report.peak_allocated, c.report.peak_allocated);
+    EXPECT_DOUBLE_EQ(a.report.recompute_ratio, b.report.recompute_ratio);
+  }
+}
+
+TEST(CheckpointMarks, SegmentsDoNotApplyToAModelThatCheckpointsItself) {
+  TrainConfig cfg;
+  cfg.model = marked_model("true");
+  cfg.segments = 2;
+  try {
+    run(cfg);
+    FAIL() << "segments on a marked model ran";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("checkpoints 4 of its modules itself"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(marked_model("\"sideways\""), Error);
+  EXPECT_EQ(marked_model("false")->describe().checkpointed_modules, 0u);
 }
 
 }  // namespace

@@ -79,6 +79,10 @@ struct ModelInfo {
   std::int64_t parameters = 0;      ///< elements
   std::int64_t parameter_tensors = 0;
   std::size_t sequence_length = 0;  ///< top-level modules checkpoint_sequential splits
+  /// Modules with a checkpoint mark (apply_activation_checkpointing); checkpoint_sequential
+  /// does not apply to such a model.
+  std::size_t checkpointed_modules = 0;
+  bool input_requires_grad = false; ///< the model's input requires grad (x.requires_grad_())
   std::size_t parameter_bytes(DType dtype) const noexcept {
     return static_cast<std::size_t>(parameters) * dtype_size(dtype);
   }

@@ -39,6 +39,11 @@ struct ParamSlot {
   bool frozen = false;     ///< requires_grad_(False): no gradient, no optimizer state
 };
 
+/// A per-module checkpoint mark: the module's forward runs under checkpoint(), as
+/// torch.distributed.algorithms._checkpoint's apply_activation_checkpointing wraps the
+/// modules its check_fn selects (checkpoint_wrapper, NO_REENTRANT or REENTRANT).
+enum class CheckpointMark : std::uint8_t { None, NonReentrant, Reentrant };
+
 class Module {
  public:
   explicit Module(std::string type_name);
@@ -47,7 +52,8 @@ class Module {
   Module& operator=(const Module&) = delete;
 
   /// Runs forward() inside a ModuleScope(path, current phase) and makes nodes created
-  /// inside attribute their backward to (path, Backward).
+  /// inside attribute their backward to (path, Backward). With a checkpoint mark, under
+  /// grad mode, forward runs under checkpoint() and reruns in backward.
   Tensor operator()(const Tensor& input);
   virtual Tensor forward(const Tensor& input) = 0;
 
@@ -72,6 +78,11 @@ class Module {
   std::vector<Tensor> trainable_parameters() const;
   /// requires_grad_(false) on every parameter here and below; call before materialize().
   void freeze();
+  /// Marks this module to run checkpointed (see CheckpointMark).
+  void set_checkpoint(CheckpointMark mark) noexcept { checkpoint_ = mark; }
+  CheckpointMark checkpoint_mark() const noexcept { return checkpoint_; }
+  /// Modules marked here and below.
+  std::size_t checkpoint_marks() const;
   /// Number of parameter elements, from declared shapes (no allocation needed).
   std::int64_t parameter_count() const;
   /// Number of parameter tensors.
@@ -107,6 +118,10 @@ class Module {
   std::vector<ParamSlot> slots_;
   std::array<ContextId, kNumPhases> contexts_{};
   bool contexts_ready_ = false;
+  CheckpointMark checkpoint_ = CheckpointMark::None;
+
+  /// forward() inside this module's scopes.
+  Tensor run_in_scope(const Tensor& input);
 };
 
 /// Modules applied in order; checkpoint_sequential splits its children.
