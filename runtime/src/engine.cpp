@@ -80,13 +80,17 @@ void backward(const TensorList& roots, const TensorList& grads) {
     }
   }
 
-  // Seed the root gradients (ones for an implicit scalar gradient).
+  // Seed the root gradients (ones for an implicit scalar gradient). The implicit seeds
+  // live until backward returns: torch.autograd.backward keeps them in its local
+  // grad_tensors_ (and the engine's GraphRoot holds them) for the whole engine run.
+  TensorList seeds;
   for (std::size_t i = 0; i < roots.size(); ++i) {
     const Tensor& root = roots[i];
     Tensor g = i < grads.size() ? grads[i] : Tensor{};
     if (!g.defined()) {
       if (root.numel() != 1) throw Error("backward: grad can be implicitly created only for scalar outputs");
       g = full(root.runtime(), root.shape(), 1.0, root.dtype());
+      seeds.push_back(g);
     }
     NodeState& st = state[root_edges[i].first.get()];
     if (st.buffer.size() < root_edges[i].first->num_outputs()) st.buffer.resize(root_edges[i].first->num_outputs());

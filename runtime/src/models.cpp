@@ -144,6 +144,7 @@ Tensor Model::make_input(Runtime& runtime, DType dtype, std::uint64_t step) cons
 }
 
 Tensor Model::make_target(Runtime& runtime, DType dtype, std::uint64_t step) const {
+  if (info_.loss == LossKind::Sum) return {};  // output.sum() takes no target
   const std::uint64_t seed = runtime.init_seed() ^ (0x123457ull + step * 0x20003ull);
   if (info_.target_dtype == DType::I64) {
     return uniform(runtime, info_.target_shape, 0, static_cast<double>(info_.target_classes) - 1e-9, DType::I64, seed);

@@ -10,6 +10,8 @@
 #include "vramscope/allocator/errors.hpp"
 #include "vramscope/models/model_file.hpp"
 #include "vramscope/models/zoo.hpp"
+#include "vramscope/runtime/training.hpp"
+#include "vramscope/allocator/units.hpp"
 
 namespace mem::models {
 namespace {
@@ -173,6 +175,66 @@ TEST(ModelFileErrors, DeepNestingStopsAtTheLimit) {
     "input": {"shape": ["batch", 4]}, "loss": {"type": "sum"}, "layers": [)" + layers + "]}";
   EXPECT_NE(message_of([&] { ModelFile::parse(text, "deep.json"); }).find("modules nest deeper than 64"),
             std::string::npos);
+}
+
+}  // namespace
+}  // namespace mem::models
+
+namespace mem::models {
+namespace {
+
+/// Peaks of one dry-run training step (no optimizer) of a model file on an A100 80 GB.
+nn::TrainReport one_step(const std::string& text) {
+  nn::TrainConfig cfg;
+  cfg.model = ModelFile::parse(text, "peak.json");
+  cfg.device = "sim:a100-80g";
+  cfg.steps = 1;
+  cfg.optimizer.kind = nn::OptimizerKind::None;
+  return nn::train(cfg);
+}
+
+// Both models: input x [1024, 1024] f32 that requires grad, A = 4 MiB per activation;
+// loss = output.sum(), a 512 B scalar, and backward's seed ones_like(loss), 512 B, alive for
+// the whole backward (loss.backward() holds it). The training loop holds the output, as
+// `out = model(x); out.sum().backward()` does. Every A-sized block is a 4 MiB request:
+// the large pool, in 20 MiB segments (requests under 10 MiB), five blocks per segment;
+// the two scalars share a 2 MiB small-pool segment.
+constexpr std::int64_t A = 1024 * 1024 * 4;
+constexpr std::int64_t kScalars = 2 * 512;
+
+TEST(ModelFilePeaks, AResidualBlockPeaksAsDerivedByHand) {
+  // block: out = sigmoid(x) + x (out of place); then t = tanh(out); loss = t.sum().
+  // Forward: s = sigmoid(x) (saved by SigmoidBackward), out = s + x (AddBackward saves
+  // nothing), t = tanh(out) (saved by TanhBackward; also the output), then out dies.
+  // Backward: SumBackward expands the seed (a view); TanhBackward allocates g = grad of
+  // out; AddBackward hands g to both branches (no allocation): one waits in x's input
+  // buffer, the other enters SigmoidBackward, which allocates its gradient while x, s, t
+  // and g live: 5 A, the peak. Then s is released and x's buffer sums the two in place
+  // (the buffer holds the last reference to g, PyTorch's InputBuffer::accumulate).
+  const nn::TrainReport r = one_step(R"({
+    "format": "vramscope-model", "version": 1, "name": "res", "options": {"batch": 1024},
+    "input": {"shape": ["batch", 1024], "requires_grad": true}, "loss": {"type": "sum"},
+    "layers": [{"name": "block", "type": "Residual", "body": [{"name": "act", "type": "Sigmoid"}]},
+               {"name": "out", "type": "Tanh"}]})");
+  EXPECT_EQ(r.peak_allocated, 5 * A + kScalars);
+  EXPECT_EQ(r.peak_reserved, 20 * MiB + 2 * MiB);  // 5 A fill one 20 MiB segment exactly
+}
+
+TEST(ModelFilePeaks, ParallelBranchesJoinedByConcatPeakAsDerivedByHand) {
+  // branch: c = cat([sigmoid(x), tanh(x)], dim 1) [1024, 2048] = 2 A; loss = c.sum().
+  // Forward ends with x, s (saved by SigmoidBackward), t (saved by TanhBackward) and c (the
+  // output; CatBackward saves only sizes): 5 A. Backward: CatBackward splits the expanded
+  // seed into views. TanhBackward runs first (created last, highest sequence number) and
+  // allocates g_t: 6 A; t is released. SigmoidBackward allocates g_s while g_t waits in x's
+  // buffer: 6 A again, the peak. Segments: x, s, t and c (8 MiB) fill the first 20 MiB
+  // segment; g_t and g_s take a second.
+  const nn::TrainReport r = one_step(R"({
+    "format": "vramscope-model", "version": 1, "name": "par", "options": {"batch": 1024},
+    "input": {"shape": ["batch", 1024], "requires_grad": true}, "loss": {"type": "sum"},
+    "layers": [{"name": "branch", "type": "Parallel", "join": "concat", "dim": 1,
+                "branches": [[{"name": "gate", "type": "Sigmoid"}], [{"name": "value", "type": "Tanh"}]]}]})");
+  EXPECT_EQ(r.peak_allocated, 6 * A + kScalars);
+  EXPECT_EQ(r.peak_reserved, 2 * 20 * MiB + 2 * MiB);
 }
 
 }  // namespace

@@ -205,13 +205,15 @@ std::int64_t expected_mlp_peak(std::int64_t n, std::int64_t k) {
   const std::int64_t T = n - (k - 1) * L;
   // Forward: at mse_loss, its output block and its squared temporary (both a) beside y.
   std::int64_t peak = P + (k + T + 3) * a;
-  // Backward: the loss holds an input-sized block (l = a, not a scalar) until the step ends.
-  const std::int64_t l = a;
+  // Backward: the loss holds an input-sized block (l = a, not a scalar) until the step ends,
+  // and the seed ones_like(loss) (s, one 512 B block) lives through the whole backward:
+  // torch.autograd.backward keeps it in grad_tensors_ while the engine runs.
+  const std::int64_t l = a, s = 512;
   const std::int64_t tail_m = k == 1 ? T - 2 : T - 1;
-  if (tail_m >= 0) peak = std::max(peak, P + W + l + (k + T + 4) * a + (tail_m + 1) * K);
-  peak = std::max(peak, P + W + l + (k + T + 3) * a + G);  // the last Linear, in any case
+  if (tail_m >= 0) peak = std::max(peak, P + W + l + s + (k + T + 4) * a + (tail_m + 1) * K);
+  peak = std::max(peak, P + W + l + s + (k + T + 3) * a + G);  // the last Linear, in any case
   for (std::int64_t j = 0; j + 1 < k; ++j) {
-    const std::int64_t S = P + W + Lt + l + (k + 2 - j) * a + (T + j * L) * G;
+    const std::int64_t S = P + W + Lt + l + s + (k + 2 - j) * a + (T + j * L) * G;
     const std::int64_t m = j + 2 == k ? L - 2 : L - 1;
     peak = std::max(peak, S + (L + 1) * a + (m >= 0 ? (m + 1) * K : 0));
   }
