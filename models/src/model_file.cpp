@@ -356,6 +356,130 @@ class Builder {
       in = slide(flow, cout, span + 1, stride, padding, path, mpath, type);
       return std::make_unique<nn::Conv2d>(cin, cout, k, stride, padding, flag_or(s, path, "bias", true), dilation, groups);
     }
+    if (type == "Conv1d") {
+      only_keys(s, path, type, {"name", "type", "frozen", "in_channels", "out_channels", "kernel_size", "stride",
+                                "padding", "dilation", "groups", "bias"}, true);
+      const std::int64_t cin = positive_at(s, path, "in_channels"), cout = positive_at(s, path, "out_channels");
+      const std::int64_t k = positive_at(s, path, "kernel_size"), stride = positive_or(s, path, "stride", 1);
+      const std::int64_t padding = non_negative_or(s, path, "padding", 0);
+      const std::int64_t dilation = positive_or(s, path, "dilation", 1), groups = positive_or(s, path, "groups", 1);
+      if (cin % groups != 0 || cout % groups != 0) {
+        fail(field(path, "groups"), "in_channels " + std::to_string(cin) + " and out_channels " + std::to_string(cout) +
+                                        " must both be divisible by groups " + std::to_string(groups));
+      }
+      floating(flow, path, mpath, type);
+      if (in.size() != 3 || in[1] != cin) {
+        mismatch(path, mpath, type, "[N, " + std::to_string(cin) + ", L] (in_channels " + std::to_string(cin) + ")", flow);
+      }
+      check_size(std::vector<std::int64_t>{cout, cin / groups, k}, path);
+      std::int64_t span = 0;
+      if (__builtin_mul_overflow(dilation, k - 1, &span) || span >= (std::int64_t{1} << 40)) {
+        fail(field(path, "dilation"), "the dilated kernel is larger than any input (dilation " + std::to_string(dilation) + ")");
+      }
+      std::int64_t reach = 0;  // L + 2 padding - the dilated kernel; a hostile padding must not wrap it
+      if (__builtin_mul_overflow(padding, 2, &reach) || __builtin_add_overflow(reach, in[2] - (span + 1), &reach)) {
+        fail(field(path, "padding"), "the padded input overflows 64 bits (padding " + std::to_string(padding) + ")");
+      }
+      if (reach < 0) mismatch(path, mpath, type, "an input at least as long as its kernel", flow);
+      in = make_shape({in[0], cout, reach / stride + 1}, path);
+      return std::make_unique<nn::Conv1d>(cin, cout, k, stride, padding, flag_or(s, path, "bias", true), dilation, groups);
+    }
+    if (type == "BatchNorm1d") {
+      only_keys(s, path, type, {"name", "type", "frozen", "num_features", "eps", "momentum"}, true);
+      const std::int64_t c = positive_at(s, path, "num_features");
+      floating(flow, path, mpath, type);
+      if ((in.size() != 2 && in.size() != 3) || in[1] != c) {
+        mismatch(path, mpath, type, "[N, " + std::to_string(c) + "] or [N, " + std::to_string(c) + ", L]", flow);
+      }
+      return std::make_unique<nn::BatchNorm2d>(c, positive_number_or(s, path, "eps", 1e-5),
+                                               probability_or(s, path, "momentum", 0.1), "BatchNorm1d");
+    }
+    if (type == "GroupNorm") {
+      only_keys(s, path, type, {"name", "type", "frozen", "num_groups", "num_channels", "eps", "affine"}, true);
+      const std::int64_t groups = positive_at(s, path, "num_groups"), c = positive_at(s, path, "num_channels");
+      if (c % groups != 0) {
+        fail(field(path, "num_groups"), "num_channels " + std::to_string(c) + " must be divisible by num_groups " +
+                                            std::to_string(groups));
+      }
+      floating(flow, path, mpath, type);
+      if (in.size() < 2 || in[1] != c) mismatch(path, mpath, type, "[N, " + std::to_string(c) + ", ...]", flow);
+      return std::make_unique<nn::GroupNorm>(groups, c, positive_number_or(s, path, "eps", 1e-5),
+                                             flag_or(s, path, "affine", true));
+    }
+    if (type == "Reshape") {
+      only_keys(s, path, type, {"name", "type", "shape"}, true);
+      if (!s.contains("shape") || !s.at("shape").is_array() || s.at("shape").empty() ||
+          s.at("shape").size() > nn::kMaxDims) {
+        fail(field(path, "shape"), "expected a list of 1 to " + std::to_string(nn::kMaxDims) +
+                                       " sizes (one of them may be -1)");
+      }
+      std::vector<std::int64_t> dims;
+      std::int64_t known = 1;
+      std::optional<std::size_t> infer;
+      const json& list = s.at("shape");
+      for (std::size_t i = 0; i < list.size(); ++i) {
+        const std::string at = index(field(path, "shape"), i);
+        if (list[i].is_number_integer() && list[i].get<std::int64_t>() == -1) {
+          if (infer) fail(at, "only one size may be -1");
+          infer = i;
+          dims.push_back(-1);
+          continue;
+        }
+        dims.push_back(positive(list[i], at));
+        if (__builtin_mul_overflow(known, dims.back(), &known)) fail(at, "the shape overflows 64 bits");
+      }
+      const std::int64_t numel = in.numel();
+      if (infer) {
+        if (numel % known != 0) mismatch(path, mpath, type, "a size divisible by " + std::to_string(known), flow);
+        dims[*infer] = numel / known;
+      } else if (known != numel) {
+        mismatch(path, mpath, type, std::to_string(known) + " elements", flow);
+      }
+      in = make_shape(dims, path);
+      return std::make_unique<nn::Reshape>(std::move(dims));
+    }
+    if (type == "Permute") {
+      only_keys(s, path, type, {"name", "type", "dims"}, true);
+      if (!s.contains("dims") || !s.at("dims").is_array()) fail(field(path, "dims"), "expected a list of dimensions");
+      const json& list = s.at("dims");
+      if (list.size() != in.size()) {
+        mismatch(path, mpath, type, std::to_string(list.size()) + " dimensions (dims)", flow);
+      }
+      std::vector<std::int64_t> dims, sizes;
+      std::vector<bool> seen(in.size(), false);
+      for (std::size_t i = 0; i < list.size(); ++i) {
+        std::int64_t d = integer(list[i], index(field(path, "dims"), i));
+        if (d < 0) d += static_cast<std::int64_t>(in.size());
+        if (d < 0 || d >= static_cast<std::int64_t>(in.size()) || seen[static_cast<std::size_t>(d)]) {
+          fail(field(path, "dims"), "expected a permutation of 0 to " + std::to_string(in.size() - 1));
+        }
+        seen[static_cast<std::size_t>(d)] = true;
+        dims.push_back(d);
+        sizes.push_back(in[static_cast<std::size_t>(d)]);
+      }
+      in = make_shape(sizes, path);
+      return std::make_unique<nn::Permute>(std::move(dims));
+    }
+    if (type == "Transpose") {
+      only_keys(s, path, type, {"name", "type", "dim0", "dim1"}, true);
+      const auto rank = static_cast<std::int64_t>(in.size());
+      std::int64_t d[2] = {0, 0};
+      const char* keys[2] = {"dim0", "dim1"};
+      for (int i = 0; i < 2; ++i) {
+        if (!s.contains(keys[i])) fail(field(path, keys[i]), "is required (a dimension)");
+        d[i] = integer(s.at(keys[i]), field(path, keys[i]));
+        if (d[i] < 0) d[i] += rank;
+        if (d[i] < 0 || d[i] >= rank) fail(field(path, keys[i]), "expected a dimension below " + std::to_string(rank));
+      }
+      std::vector<std::int64_t> sizes = in.to_vector();
+      std::swap(sizes[static_cast<std::size_t>(d[0])], sizes[static_cast<std::size_t>(d[1])]);
+      in = make_shape(sizes, path);
+      return std::make_unique<nn::Transpose>(d[0], d[1]);
+    }
+    if (type == "Contiguous") {
+      only_keys(s, path, type, {"name", "type"}, true);
+      return std::make_unique<nn::Contiguous>();
+    }
     if (type == "BatchNorm2d") {
       only_keys(s, path, type, {"name", "type", "frozen", "num_features", "eps", "momentum"}, true);
       const std::int64_t c = positive_at(s, path, "num_features");
@@ -509,9 +633,10 @@ class Builder {
     if (type == "Parallel") return parallel(s, path, mpath, flow, depth);
     fail(field(path, "type"),
          "unknown layer type \"" + type +
-             "\"; valid types: Linear, Conv2d, BatchNorm2d, LayerNorm, ReLU, ReLU6, LeakyReLU, Hardtanh, SiLU, "
-             "Sigmoid, Tanh, GELU, Softmax, Dropout, MaxPool2d, AvgPool2d, AdaptiveAvgPool2d, Flatten, Embedding, "
-             "Identity, Sequential, Residual, Parallel");
+             "\"; valid types: Linear, Conv1d, Conv2d, BatchNorm1d, BatchNorm2d, GroupNorm, LayerNorm, ReLU, "
+             "ReLU6, LeakyReLU, Hardtanh, SiLU, Sigmoid, Tanh, GELU, Softmax, Dropout, MaxPool2d, AvgPool2d, "
+             "AdaptiveAvgPool2d, Flatten, Reshape, Permute, Transpose, Contiguous, Embedding, Identity, "
+             "Sequential, Residual, Parallel");
   }
 
   /// The name of list item `i`: its "name", or its index as nn.Sequential names them.
@@ -667,15 +792,24 @@ class Builder {
                                        int depth) {
     only_keys(s, path, "Parallel", {"name", "type", "frozen", "class", "branches", "join", "dim"}, true);
     const std::string cls = class_name(s, path, "Parallel");
-    const bool concat = choice_or(s, path, "join", {"add", "concat"}) == "concat";
+    const std::string join = choice_or(s, path, "join", {"add", "concat", "mul", "matmul"});
+    const bool concat = join == "concat", matmul = join == "matmul";
     const json& branches = list_at(s, path, "branches");
     if (branches.empty()) fail(field(path, "branches"), "expected at least one branch");
+    if ((join == "mul" || matmul) && branches.size() != 2) {
+      fail(field(path, "branches"), "join \"" + join + "\" takes exactly two branches, got " +
+                                        std::to_string(branches.size()));
+    }
     std::int64_t dim = non_negative_or(s, path, "dim", 1);
     if (dim >= static_cast<std::int64_t>(flow.shape.size()) && concat) {
       fail(field(path, "dim"), "expected a dimension of the branches' outputs (below " +
                                    std::to_string(flow.shape.size()) + "), got " + std::to_string(dim));
     }
-    auto block = std::make_unique<nn::Parallel>(cls, concat ? nn::Parallel::Join::Concat : nn::Parallel::Join::Add, dim);
+    const auto kind = concat ? nn::Parallel::Join::Concat
+                      : matmul ? nn::Parallel::Join::Matmul
+                      : join == "mul" ? nn::Parallel::Join::Mul
+                                      : nn::Parallel::Join::Add;
+    auto block = std::make_unique<nn::Parallel>(cls, kind, dim);
     Siblings<nn::Module*> declared;
     std::optional<Flow> joined;
     for (std::size_t b = 0; b < branches.size(); ++b) {
@@ -692,15 +826,23 @@ class Builder {
         joined = f;
         continue;
       }
-      bool ok = f.shape.size() == joined->shape.size() && f.integer == joined->integer && !f.integer;
-      for (std::size_t d = 0; ok && d < f.shape.size(); ++d) {
+      const std::size_t rank = f.shape.size();
+      bool ok = rank == joined->shape.size() && f.integer == joined->integer && !f.integer;
+      if (matmul) {
+        // a [..., M, K] @ b [..., K, N]: the same leading sizes, K shared.
+        ok = ok && rank >= 2 && rank <= 4 && f.shape[rank - 2] == joined->shape[rank - 1];
+        for (std::size_t d = 0; ok && d + 2 < rank; ++d) ok = f.shape[d] == joined->shape[d];
+      }
+      for (std::size_t d = 0; ok && !matmul && d < rank; ++d) {
         ok = f.shape[d] == joined->shape[d] || (concat && static_cast<std::int64_t>(d) == dim);
       }
       if (!ok) {
-        fail(bpath, display(mpath, cls) + (concat ? " concatenates" : " adds") + " branch " + std::to_string(b) +
-                        "'s output " + f.shape.str() + " from " + f.from + " to " + joined->shape.str() + " from " +
-                        joined->from + (concat ? ": all but dimension " + std::to_string(dim) + " must be equal"
-                                               : ": the shapes must be equal"));
+        const std::string verb = concat ? " concatenates" : matmul ? " multiplies (matmul)" : join == "mul" ? " multiplies" : " adds";
+        const std::string rule = concat ? ": all but dimension " + std::to_string(dim) + " must be equal"
+                                 : matmul ? ": expected [..., M, K] @ [..., K, N] with equal leading sizes (2 to 4 dimensions)"
+                                          : ": the shapes must be equal";
+        fail(bpath, display(mpath, cls) + verb + " branch " + std::to_string(b) + "'s output " + f.shape.str() +
+                        " from " + f.from + " to " + joined->shape.str() + " from " + joined->from + rule);
       }
       if (concat) {
         std::vector<std::int64_t> dims = joined->shape.to_vector();
@@ -708,6 +850,11 @@ class Builder {
                                    &dims[static_cast<std::size_t>(dim)])) {
           fail(bpath, "the concatenation overflows 64 bits");
         }
+        joined->shape = make_shape(dims, bpath);
+      }
+      if (matmul) {
+        std::vector<std::int64_t> dims = joined->shape.to_vector();
+        dims[rank - 1] = f.shape[rank - 1];
         joined->shape = make_shape(dims, bpath);
       }
     }

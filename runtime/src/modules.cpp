@@ -254,6 +254,15 @@ Tensor Parallel::forward(const Tensor& input) {
   outs.reserve(branches_.size());
   for (const auto& modules : branches_) outs.push_back(run_in_order(modules, input));
   if (join_ == Join::Concat) return cat(outs, dim_);
+  if (join_ == Join::Mul) return nn::mul(outs.at(0), outs.at(1));
+  if (join_ == Join::Matmul) {
+    const Tensor& a = outs.at(0);
+    const Tensor& b = outs.at(1);
+    if (a.dim() >= 3) return nn::matmul(a, b);
+    // torch.mm saves the same operands as bmm; the [1, M, K] views allocate nothing.
+    const Tensor out = bmm(a.view(Shape{1, a.size(0), a.size(1)}), b.view(Shape{1, b.size(0), b.size(1)}));
+    return out.view(Shape{a.size(0), b.size(1)});
+  }
   Tensor sum = outs.at(0);
   for (std::size_t i = 1; i < outs.size(); ++i) sum = nn::add(sum, outs[i]);
   return sum;
@@ -302,6 +311,44 @@ Tensor Conv2d::forward(const Tensor& input) {
   return conv2d(input, param(weight_), has_bias_ ? param(bias_) : Tensor{}, stride_, padding_, dilation_, groups_);
 }
 
+Conv1d::Conv1d(std::int64_t in, std::int64_t out, std::int64_t kernel, std::int64_t stride, std::int64_t padding,
+               bool bias, std::int64_t dilation, std::int64_t groups)
+    : Module("Conv1d"), stride_(stride), padding_(padding), dilation_(dilation), groups_(groups), has_bias_(bias) {
+  if (groups < 1 || in % groups != 0 || out % groups != 0) {
+    throw Error("Conv1d: in_channels " + std::to_string(in) + " and out_channels " + std::to_string(out) +
+                " must be multiples of groups " + std::to_string(groups));
+  }
+  const double bound = 1.0 / std::sqrt(static_cast<double>(in / groups) * static_cast<double>(kernel));
+  weight_ = add_parameter("weight", Shape{out, in / groups, kernel}, -bound, bound);
+  bias_ = bias ? add_parameter("bias", Shape{out}, -bound, bound) : 0;
+}
+
+Tensor Conv1d::forward(const Tensor& input) {
+  return conv1d(input, param(weight_), has_bias_ ? param(bias_) : Tensor{}, stride_, padding_, dilation_, groups_);
+}
+
+Reshape::Reshape(std::vector<std::int64_t> shape) : Module("Reshape"), shape_(std::move(shape)) {}
+Tensor Reshape::forward(const Tensor& input) { return input.reshape(Shape(shape_)); }
+
+Permute::Permute(std::vector<std::int64_t> dims) : Module("Permute"), dims_(std::move(dims)) {}
+Tensor Permute::forward(const Tensor& input) { return input.permute(std::span<const std::int64_t>(dims_)); }
+
+Transpose::Transpose(std::int64_t dim0, std::int64_t dim1) : Module("Transpose"), dim0_(dim0), dim1_(dim1) {}
+Tensor Transpose::forward(const Tensor& input) { return input.transpose(dim0_, dim1_); }
+
+Contiguous::Contiguous() : Module("Contiguous") {}
+
+GroupNorm::GroupNorm(std::int64_t groups, std::int64_t channels, double eps, bool affine)
+    : Module("GroupNorm"), groups_(groups), eps_(eps), affine_(affine) {
+  if (affine) {
+    weight_ = add_parameter("weight", Shape{channels}, 1.0, 1.0);
+    bias_ = add_parameter("bias", Shape{channels}, 0.0, 0.0);
+  }
+}
+Tensor GroupNorm::forward(const Tensor& input) {
+  return group_norm(input, affine_ ? param(weight_) : Tensor{}, affine_ ? param(bias_) : Tensor{}, groups_, eps_);
+}
+
 LeakyReLU::LeakyReLU(double slope, bool inplace) : Module("LeakyReLU"), slope_(slope), inplace_(inplace) {}
 Tensor LeakyReLU::forward(const Tensor& input) {
   return inplace_ ? leaky_relu_(input, slope_) : leaky_relu(input, slope_);
@@ -329,8 +376,8 @@ Tensor Tanh::forward(const Tensor& input) { return tanh(input); }
 GELU::GELU(bool tanh_approx) : Module("GELU"), tanh_approx_(tanh_approx) {}
 Tensor GELU::forward(const Tensor& input) { return gelu(input, tanh_approx_); }
 
-BatchNorm2d::BatchNorm2d(std::int64_t channels, double eps, double momentum)
-    : Module("BatchNorm2d"), eps_(eps), momentum_(momentum) {
+BatchNorm2d::BatchNorm2d(std::int64_t channels, double eps, double momentum, std::string type)
+    : Module(std::move(type)), eps_(eps), momentum_(momentum) {
   weight_ = add_parameter("weight", Shape{channels}, 1.0, 1.0);
   bias_ = add_parameter("bias", Shape{channels}, 0.0, 0.0);
   mean_ = add_buffer("running_mean", Shape{channels}, 0.0);

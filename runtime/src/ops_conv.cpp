@@ -12,7 +12,9 @@ using detail::HostIn;
 using detail::HostOut;
 
 struct ConvGeom {
-  std::int64_t n, c, h, w, o, kh, kw, stride, pad, dil, groups, ho, wo;
+  std::int64_t n, c, h, w, o, kh, kw;
+  std::int64_t sh, sw, ph, pw, dh, dw;  ///< stride, padding and dilation per axis
+  std::int64_t groups, ho, wo;
   /// Rows of the column matrix: every input channel's kernel window.
   std::int64_t ckk() const noexcept { return c * kh * kw; }
   /// One group's share: its input channels' rows, its output channels.
@@ -20,7 +22,7 @@ struct ConvGeom {
   std::int64_t group_o() const noexcept { return o / groups; }
   std::int64_t hw_out() const noexcept { return ho * wo; }
   /// 1x1, stride 1, no padding: the input already is the column matrix.
-  bool direct() const noexcept { return kh == 1 && kw == 1 && stride == 1 && pad == 0; }
+  bool direct() const noexcept { return kh == 1 && kw == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0; }
 };
 
 /// Output side of a convolution: PyTorch's (in + 2p - d(k - 1) - 1) / s + 1.
@@ -28,8 +30,15 @@ std::int64_t conv_out(std::int64_t in, std::int64_t k, std::int64_t stride, std:
   return (in + 2 * pad - dil * (k - 1) - 1) / stride + 1;
 }
 
-ConvGeom conv_geom(const Shape& x, const Shape& w, std::int64_t stride, std::int64_t pad, std::int64_t dil,
-                   std::int64_t groups) {
+/// A convolution's settings; `one_d`: the height axis is Conv1d's unit axis (stride 1, no
+/// padding, no dilation), as at::conv1d's [N, C, 1, L] view convolves.
+struct ConvParams {
+  std::int64_t stride = 1, pad = 0, dil = 1, groups = 1;
+  bool one_d = false;
+};
+
+ConvGeom conv_geom(const Shape& x, const Shape& w, const ConvParams& p) {
+  const std::int64_t stride = p.stride, pad = p.pad, dil = p.dil, groups = p.groups;
   if (groups < 1 || dil < 1 || stride < 1 || pad < 0) {
     throw Error("conv2d: stride, dilation and groups must be positive and padding not negative");
   }
@@ -37,9 +46,10 @@ ConvGeom conv_geom(const Shape& x, const Shape& w, std::int64_t stride, std::int
     throw Error("conv2d: input " + x.str() + " and weight " + w.str() + " do not match (NCHW, O x C/groups x k x k, " +
                 std::to_string(groups) + " groups)");
   }
-  ConvGeom g{x[0], x[1], x[2], x[3], w[0], w[2], w[3], stride, pad, dil, groups, 0, 0};
-  g.ho = conv_out(g.h, g.kh, stride, pad, dil);
-  g.wo = conv_out(g.w, g.kw, stride, pad, dil);
+  ConvGeom g{x[0], x[1], x[2], x[3], w[0], w[2], w[3], p.one_d ? 1 : stride, stride, p.one_d ? 0 : pad, pad,
+             p.one_d ? 1 : dil, dil, groups, 0, 0};
+  g.ho = conv_out(g.h, g.kh, g.sh, g.ph, g.dh);
+  g.wo = conv_out(g.w, g.kw, g.sw, g.pw, g.dw);
   if (g.ho <= 0 || g.wo <= 0) throw Error("conv2d: kernel larger than padded input " + x.str());
   return g;
 }
@@ -51,9 +61,9 @@ void im2col(const T* x, const ConvGeom& g, T* cols) {
       for (std::int64_t j = 0; j < g.kw; ++j) {
         T* row = cols + ((c * g.kh + i) * g.kw + j) * g.hw_out();
         for (std::int64_t oh = 0; oh < g.ho; ++oh) {
-          const std::int64_t ih = oh * g.stride - g.pad + i * g.dil;
+          const std::int64_t ih = oh * g.sh - g.ph + i * g.dh;
           for (std::int64_t ow = 0; ow < g.wo; ++ow) {
-            const std::int64_t iw = ow * g.stride - g.pad + j * g.dil;
+            const std::int64_t iw = ow * g.sw - g.pw + j * g.dw;
             row[oh * g.wo + ow] =
                 (ih >= 0 && ih < g.h && iw >= 0 && iw < g.w) ? x[(c * g.h + ih) * g.w + iw] : T{0};
           }
@@ -71,10 +81,10 @@ void col2im(const T* cols, const ConvGeom& g, T* x) {
       for (std::int64_t j = 0; j < g.kw; ++j) {
         const T* row = cols + ((c * g.kh + i) * g.kw + j) * g.hw_out();
         for (std::int64_t oh = 0; oh < g.ho; ++oh) {
-          const std::int64_t ih = oh * g.stride - g.pad + i * g.dil;
+          const std::int64_t ih = oh * g.sh - g.ph + i * g.dh;
           if (ih < 0 || ih >= g.h) continue;
           for (std::int64_t ow = 0; ow < g.wo; ++ow) {
-            const std::int64_t iw = ow * g.stride - g.pad + j * g.dil;
+            const std::int64_t iw = ow * g.sw - g.pw + j * g.dw;
             if (iw >= 0 && iw < g.w) x[(c * g.h + ih) * g.w + iw] += row[oh * g.wo + ow];
           }
         }
@@ -86,14 +96,13 @@ void col2im(const T* cols, const ConvGeom& g, T* x) {
 /// ConvolutionBackward0: inputs (x, weight, bias); saves x and weight.
 class ConvBackward final : public Node {
  public:
-  ConvBackward(std::int64_t stride, std::int64_t pad, std::int64_t dil, std::int64_t groups, bool has_bias)
-      : stride_(stride), pad_(pad), dil_(dil), groups_(groups), has_bias_(has_bias) {}
+  ConvBackward(const ConvParams& params, bool has_bias) : params_(params), has_bias_(has_bias) {}
   SavedTensor x_, w_;
   TensorList apply(TensorList& grads) override {
     const Tensor& gy = grads[0];
     const Tensor x = x_.unpack();
     const Tensor w = w_.unpack();
-    const ConvGeom g = conv_geom(x.shape(), w.shape(), stride_, pad_, dil_, groups_);
+    const ConvGeom g = conv_geom(x.shape(), w.shape(), params_);
     Runtime& rt = gy.runtime();
     Tensor gx, gw, gb;
     const bool need_x = needs_input_grad(0), need_w = needs_input_grad(1), need_b = has_bias_ && needs_input_grad(2);
@@ -163,7 +172,7 @@ class ConvBackward final : public Node {
   std::string_view name() const noexcept override { return "ConvolutionBackward0"; }
 
  private:
-  std::int64_t stride_, pad_, dil_, groups_;
+  ConvParams params_;
   bool has_bias_;
 };
 
@@ -346,17 +355,18 @@ double conv2d_flops(const Shape& input, const Shape& weight, std::int64_t stride
   return linear_flops(weight[0], ho * wo, weight[1] * weight[2] * weight[3]) * static_cast<double>(input[0]);
 }
 
-Tensor conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, std::int64_t stride, std::int64_t padding,
-              std::int64_t dilation, std::int64_t groups) {
+namespace {
+
+Tensor convolution(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, const ConvParams& p) {
   const Tensor x = detail::autocast_half(x_in);
   const Tensor w = detail::autocast_half(w_in);
   const Tensor b = detail::autocast_half(b_in);
-  const ConvGeom g = conv_geom(x.shape(), w.shape(), stride, padding, dilation, groups);
+  const ConvGeom g = conv_geom(x.shape(), w.shape(), p);
   Runtime& rt = x.runtime();
   Tensor out = empty(rt, Shape{g.n, g.o, g.ho, g.wo}, x.dtype());
   Tensor cols;
   if (!g.direct()) cols = empty(rt, Shape{g.ckk(), g.hw_out()}, x.dtype());  // workspace
-  rt.add_flops(conv2d_flops(x.shape(), w.shape(), stride, padding, dilation) +
+  rt.add_flops(linear_flops(g.o, g.hw_out(), g.group_ckk()) * static_cast<double>(g.n) +
                (b.defined() ? static_cast<double>(out.numel()) : 0.0));
   if (rt.computing()) {
     detail::dispatch(x.dtype(), [&](auto tag) {
@@ -388,12 +398,31 @@ Tensor conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, std::i
   }
   cols = Tensor{};  // workspace back to the allocator before anything else happens
   if (needs_grad({&x, &w, &b})) {
-    auto node = detail::make_node<ConvBackward>({&x, &w, &b}, stride, padding, dilation, groups, b.defined());
+    auto node = detail::make_node<ConvBackward>({&x, &w, &b}, p, b.defined());
     node->x_.save(x);
     node->w_.save(w);
     set_history(out, node);
   }
   return out;
+}
+
+}  // namespace
+
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, std::int64_t stride, std::int64_t padding,
+              std::int64_t dilation, std::int64_t groups) {
+  return convolution(x, weight, bias, ConvParams{stride, padding, dilation, groups, false});
+}
+
+Tensor conv1d(const Tensor& x, const Tensor& weight, const Tensor& bias, std::int64_t stride, std::int64_t padding,
+              std::int64_t dilation, std::int64_t groups) {
+  if (x.dim() != 3 || weight.dim() != 3) {
+    throw Error("conv1d: input [N, C, L] and weight [O, C/groups, k] expected, got " + x.shape().str() + " and " +
+                weight.shape().str());
+  }
+  const Tensor out = convolution(x.view(Shape{x.size(0), x.size(1), 1, x.size(2)}),
+                                 weight.view(Shape{weight.size(0), weight.size(1), 1, weight.size(2)}), bias,
+                                 ConvParams{stride, padding, dilation, groups, true});
+  return out.view(Shape{out.size(0), out.size(1), out.size(3)});
 }
 
 Tensor max_pool2d(const Tensor& x, std::int64_t kernel, std::int64_t stride, std::int64_t padding) {

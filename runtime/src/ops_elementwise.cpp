@@ -53,6 +53,39 @@ class AddBackward final : public Node {
   DType a_, b_;
 };
 
+/// MulBackward0: grad_a = g * b (saves b when a needs grad), grad_b = g * a (saves a when b
+/// needs grad), as derivatives.yaml's mul.Tensor entry.
+class MulBackward final : public Node {
+ public:
+  SavedTensor a_, b_;
+  TensorList apply(TensorList& grads) override {
+    const Tensor& g = grads[0];
+    Runtime& rt = g.runtime();
+    const auto times = [&](const Tensor& other) {
+      Tensor out = empty(rt, g.shape(), g.dtype());
+      rt.add_flops(static_cast<double>(g.numel()));
+      if (rt.computing()) {
+        detail::dispatch(g.dtype(), [&](auto tag) {
+          using T = decltype(tag);
+          HostIn<T> G(g), O(other);
+          HostOut<T> Y(out);
+          for (std::int64_t i = 0, n_ = g.numel(); i < n_; ++i) Y[i] = G[i] * O[i];
+        });
+      }
+      return out;
+    };
+    Tensor ga, gb;
+    if (needs_input_grad(0)) ga = times(b_.unpack());
+    if (needs_input_grad(1)) gb = times(a_.unpack());
+    return {ga, gb};
+  }
+  void release_variables() noexcept override {
+    a_.reset();
+    b_.reset();
+  }
+  std::string_view name() const noexcept override { return "MulBackward0"; }
+};
+
 /// AddBackward0 when b [1, ...] was broadcast over a's first dimension: b's
 /// gradient is the sum over that dimension (sum_to in validate_outputs; allocates).
 class AddBroadcastBackward final : public Node {
@@ -271,6 +304,29 @@ Tensor add(const Tensor& a, const Tensor& b) {
   add_into(out, a, b);
   if (needs_grad({&a, &b})) {
     auto node = detail::make_node<AddBackward>({&a, &b}, a.dtype(), b.dtype());
+    set_history(out, node);
+  }
+  return out;
+}
+
+Tensor mul(const Tensor& a, const Tensor& b) {
+  if (!(a.shape() == b.shape())) throw Error("mul: shapes " + a.shape().str() + " and " + b.shape().str() + " differ");
+  if (a.dtype() != b.dtype()) throw Error("mul: dtypes differ");
+  Runtime& rt = a.runtime();
+  Tensor out = empty(rt, a.shape(), a.dtype());
+  rt.add_flops(static_cast<double>(out.numel()));
+  if (rt.computing()) {
+    detail::dispatch(out.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      HostIn<T> A(a), B(b);
+      HostOut<T> Y(out);
+      for (std::int64_t i = 0, n_ = out.numel(); i < n_; ++i) Y[i] = A[i] * B[i];
+    });
+  }
+  if (needs_grad({&a, &b})) {
+    auto node = detail::make_node<MulBackward>({&a, &b});
+    if (b.requires_grad()) node->a_.save(a);
+    if (a.requires_grad()) node->b_.save(b);
     set_history(out, node);
   }
   return out;

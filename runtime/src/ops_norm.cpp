@@ -275,4 +275,138 @@ Tensor layer_norm(const Tensor& x_in, const Tensor& weight, const Tensor& bias, 
   return out;
 }
 
+namespace {
+
+/// NativeGroupNormBackward0: saves input, weight, mean and rstd (result1, result2).
+class GroupNormBackward final : public Node {
+ public:
+  explicit GroupNormBackward(std::int64_t groups) : groups_(groups) {}
+  SavedTensor x_, w_, mean_, rstd_;
+  TensorList apply(TensorList& grads) override {
+    const Tensor& gy = grads[0];
+    const Tensor x = x_.unpack(), w = w_.unpack(), mean = mean_.unpack(), rstd = rstd_.unpack();
+    Runtime& rt = gy.runtime();
+    const std::int64_t n = x.size(0), c = x.size(1), hw = x.numel() / (n * c), cg = c / groups_;
+    Tensor gx, gw, gb;
+    if (needs_input_grad(0)) gx = empty(rt, x.shape(), x.dtype());
+    if (needs_input_grad(1)) gw = empty(rt, Shape{c}, w.dtype());
+    if (needs_input_grad(2)) gb = empty(rt, Shape{c}, w.dtype());
+    // The CUDA kernel's accumulators (aten/src/ATen/native/cuda/group_norm_kernel.cu,
+    // GroupNormBackwardKernelImplInternal): ds and db [N, C], and for dX c1 [N, C] and c2,
+    // c3 [N, G], all in the accumulator type, freed when it returns.
+    const DType acc = acc_type(x.dtype());
+    Tensor ds = empty(rt, Shape{n, c}, acc), db = empty(rt, Shape{n, c}, acc);
+    Tensor c1, c2, c3;
+    if (gx.defined()) {
+      c1 = empty(rt, Shape{n, c}, acc);
+      c2 = empty(rt, Shape{n, groups_}, acc);
+      c3 = empty(rt, Shape{n, groups_}, acc);
+    }
+    rt.add_flops(8.0 * static_cast<double>(x.numel()));
+    if (rt.computing()) {
+      detail::dispatch(acc, [&](auto tag) {
+        using T = decltype(tag);
+        HostIn<T> G(gy), X(x), W(w), M(mean), R(rstd);
+        std::vector<T> sgw(static_cast<std::size_t>(c), T{0}), sgb(static_cast<std::size_t>(c), T{0});
+        std::optional<HostOut<T>> GX;
+        if (gx.defined()) GX.emplace(gx);
+        for (std::int64_t i = 0; i < n; ++i) {
+          for (std::int64_t q = 0; q < groups_; ++q) {
+            const std::int64_t first = (i * c + q * cg) * hw, count = cg * hw, stat = i * groups_ + q;
+            T a{0}, b{0};
+            for (std::int64_t e = 0; e < count; ++e) {
+              const std::int64_t ch = q * cg + e / hw;
+              const T xhat = (X[first + e] - M[stat]) * R[stat];
+              const T gh = G[first + e] * (w.defined() ? W[ch] : T{1});
+              a += gh;
+              b += gh * xhat;
+              sgw[static_cast<std::size_t>(ch)] += G[first + e] * xhat;
+              sgb[static_cast<std::size_t>(ch)] += G[first + e];
+            }
+            if (!GX) continue;
+            for (std::int64_t e = 0; e < count; ++e) {
+              const std::int64_t ch = q * cg + e / hw;
+              const T xhat = (X[first + e] - M[stat]) * R[stat];
+              const T gh = G[first + e] * (w.defined() ? W[ch] : T{1});
+              (*GX)[first + e] = R[stat] * (gh - a / static_cast<T>(count) - xhat * b / static_cast<T>(count));
+            }
+          }
+        }
+        if (gw.defined()) {
+          HostOut<T> GW(gw);
+          for (std::int64_t j = 0; j < c; ++j) GW[j] = sgw[static_cast<std::size_t>(j)];
+        }
+        if (gb.defined()) {
+          HostOut<T> GB(gb);
+          for (std::int64_t j = 0; j < c; ++j) GB[j] = sgb[static_cast<std::size_t>(j)];
+        }
+      });
+    }
+    return {gx, gw, gb};
+  }
+  void release_variables() noexcept override {
+    x_.reset();
+    w_.reset();
+    mean_.reset();
+    rstd_.reset();
+  }
+  std::string_view name() const noexcept override { return "NativeGroupNormBackward0"; }
+
+ private:
+  std::int64_t groups_;
+};
+
+}  // namespace
+
+Tensor group_norm(const Tensor& x_in, const Tensor& weight, const Tensor& bias, std::int64_t groups, double eps) {
+  // Autocast runs group_norm in f32 (its fp32 list), as layer_norm.
+  const Tensor x = detail::autocast_f32(x_in);
+  if (x.dim() < 2 || groups < 1 || x.size(1) % groups != 0) {
+    throw Error("group_norm: input " + x.shape().str() + " cannot be split into " + std::to_string(groups) +
+                " groups of channels");
+  }
+  Runtime& rt = x.runtime();
+  const std::int64_t n = x.size(0), c = x.size(1), hw = x.numel() / (n * c), cg = c / groups;
+  Tensor out = empty(rt, x.shape(), x.dtype());
+  // native_group_norm (aten/src/ATen/native/group_norm.cpp): mean and rstd [N, G] in the
+  // parameters' type when input and parameters differ (a half input, f32 weights), else in
+  // the input's type.
+  const DType stat_dtype = weight.defined() && weight.dtype() != x.dtype() ? acc_type(x.dtype()) : x.dtype();
+  Tensor mean = empty(rt, Shape{n, groups}, stat_dtype), rstd = empty(rt, Shape{n, groups}, stat_dtype);
+  rt.add_flops(5.0 * static_cast<double>(x.numel()));
+  if (rt.computing()) {
+    detail::dispatch(acc_type(x.dtype()), [&](auto tag) {
+      using T = decltype(tag);
+      HostIn<T> X(x), W(weight), B(bias);
+      HostOut<T> Y(out), MU(mean), RS(rstd);
+      for (std::int64_t i = 0; i < n; ++i) {
+        for (std::int64_t q = 0; q < groups; ++q) {
+          const std::int64_t first = (i * c + q * cg) * hw, count = cg * hw;
+          T sum{0};
+          for (std::int64_t e = 0; e < count; ++e) sum += X[first + e];
+          const T mu = sum / static_cast<T>(count);
+          T var{0};
+          for (std::int64_t e = 0; e < count; ++e) var += (X[first + e] - mu) * (X[first + e] - mu);
+          const T rs = T{1} / std::sqrt(var / static_cast<T>(count) + static_cast<T>(eps));
+          MU[i * groups + q] = mu;
+          RS[i * groups + q] = rs;
+          for (std::int64_t e = 0; e < count; ++e) {
+            const std::int64_t ch = q * cg + e / hw;
+            Y[first + e] = (X[first + e] - mu) * rs * (weight.defined() ? W[ch] : T{1}) + (bias.defined() ? B[ch] : T{0});
+          }
+        }
+      }
+    });
+  }
+  if (needs_grad({&x, &weight, &bias})) {
+    auto node = detail::make_node<GroupNormBackward>({&x, &weight, &bias}, groups);
+    node->x_.save(x);
+    node->w_.save(weight);
+    node->mean_.save(mean);
+    node->rstd_.save(rstd);
+    set_history(out, node);
+  }
+  return out;
+}
+
 }  // namespace mem::nn

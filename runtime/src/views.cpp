@@ -154,6 +154,18 @@ Tensor Tensor::reshape(const Shape& requested) const {
 }
 
 Tensor Tensor::permute(std::initializer_list<std::int64_t> dims) const {
+  return permute(std::span<const std::int64_t>(dims.begin(), dims.size()));
+}
+
+Tensor Tensor::permute(std::span<const std::int64_t> dims) const {
+  std::vector<bool> seen(dim(), false);
+  for (std::int64_t d : dims) {
+    const std::int64_t k = d < 0 ? d + static_cast<std::int64_t>(dim()) : d;
+    if (k < 0 || k >= static_cast<std::int64_t>(dim()) || seen[static_cast<std::size_t>(k)]) {
+      throw Error("permute: dims are not a permutation of " + std::to_string(dim()) + " dimensions");
+    }
+    seen[static_cast<std::size_t>(k)] = true;
+  }
   if (dims.size() != dim()) throw Error("permute: " + std::to_string(dims.size()) + " dims for " + shape().str());
   Shape shape, strides, inverse = this->shape();
   std::size_t i = 0;

@@ -98,6 +98,10 @@ TEST_F(GradCheck, Conv2d) {
             {leaf({1, 3, 4, 4}), leaf({3, 1, 3, 3})});
   gradcheck(env_.rt, [](const TensorList& in) { return conv2d(in[0], in[1], Tensor{}, 1, 0, 1, 2); },
             {leaf({1, 4, 3, 3}), leaf({4, 2, 1, 1})});
+  // conv1d: padding, stride and dilation act on the length only.
+  gradcheck(env_.rt, [](const TensorList& in) { return conv1d(in[0], in[1], in[2], 2, 2, 2, 2); },
+            {leaf({2, 4, 9}), leaf({6, 2, 3}), leaf({6})});
+  gradcheck(env_.rt, [](const TensorList& in) { return conv1d(in[0], in[1]); }, {leaf({1, 3, 5}), leaf({2, 3, 1})});
 }
 
 TEST_F(GradCheck, Pooling) {
@@ -144,6 +148,10 @@ TEST_F(GradCheck, Normalisation) {
             {leaf({4, 3, 2, 2}), leaf({3}), leaf({3})});
   gradcheck(env_.rt, [](const TensorList& in) { return layer_norm(in[0], in[1], in[2], 1e-5); },
             {leaf({2, 3, 5}), leaf({5}), leaf({5})}, 1e-5);
+  gradcheck(env_.rt, [](const TensorList& in) { return group_norm(in[0], in[1], in[2], 2, 1e-5); },
+            {leaf({2, 4, 3, 2}), leaf({4}), leaf({4})}, 1e-5);
+  gradcheck(env_.rt, [](const TensorList& in) { return group_norm(in[0], Tensor{}, Tensor{}, 3, 1e-5); },
+            {leaf({2, 3, 5})}, 1e-5);
 }
 
 TEST_F(GradCheck, Activations) {
@@ -171,6 +179,11 @@ TEST_F(GradCheck, DropoutWithAFixedRngState) {
               return dropout(in[0], 0.3, true);
             },
             {leaf({4, 9})});
+}
+
+TEST_F(GradCheck, MulOfTwoTensors) {
+  gradcheck(env_.rt, [](const TensorList& in) { return mul(in[0], in[1]); }, {leaf({3, 4}), leaf({3, 4})});
+  gradcheck(env_.rt, [](const TensorList& in) { return mul(in[0], sigmoid(in[0])); }, {leaf({2, 5})});
 }
 
 TEST_F(GradCheck, ElementwiseAndShape) {

@@ -124,6 +124,19 @@ TEST_F(SavedBytes, TheModelFileLayersKeepWhatPyTorchKeeps) {
   EXPECT_EQ(kept_bytes(env_, [&] { return adaptive_avg_pool2d(mul_scalar(img, 1.0), 7, 7); }), image);
   // ... except the 1x1 adaptive pool, computed as a mean that keeps only sizes.
   EXPECT_EQ(kept_bytes(env_, [&] { return adaptive_avg_pool2d(mul_scalar(img, 1.0), 1, 1); }), 0);
+  // conv1d saves input and weight (views of them for the 2-d kernel: no copies).
+  const Tensor seq = leaf({8, 16, 1024}), kernel1d = leaf({32, 4, 5});
+  EXPECT_EQ(kept_bytes(env_, [&] { return conv1d(seq, kernel1d, Tensor{}, 1, 4, 2, 4); }), 0);
+  // group_norm: input and weight, plus mean and rstd [N, G] in the input's dtype:
+  // [8, 4] f32 = 128 B each, one 512 B block each.
+  const Tensor gn_w = leaf({16}), gn_b = leaf({16});
+  EXPECT_EQ(kept_bytes(env_, [&] { return group_norm(img, gn_w, gn_b, 4); }), 2 * 512);
+  // mul saves both operands (each for the other's gradient): of fresh buffers, both stay.
+  EXPECT_EQ(kept_bytes(env_, [&] { return mul(x, x); }), 0);
+  EXPECT_EQ(keeping([&] { return mul(mul_scalar(x, 1.0), mul_scalar(x, 2.0)); }), 3 * act);  // a, b, out
+  // reshape of a permuted tensor copies (CloneBackward saves nothing); a view does not.
+  EXPECT_EQ(keeping([&] { return img.permute({0, 2, 3, 1}).reshape({8, -1}); }), image);
+  EXPECT_EQ(keeping([&] { return img.reshape({8, -1}); }), 0);
   // A leaf that requires grad cannot be modified in place, as in PyTorch.
   EXPECT_THROW(hardtanh_(x, 0, 6), AutogradError);
   EXPECT_THROW(leaky_relu_(mul_scalar(x, 1.0), -0.1), Error);

@@ -168,7 +168,9 @@ class Residual : public Module {
 /// (torch.cat(..., dim)). Each branch is a list of this module's children.
 class Parallel : public Module {
  public:
-  enum class Join : std::uint8_t { Add, Concat };
+  /// How the branches' outputs combine: summed, concatenated along dim, multiplied
+  /// elementwise (two branches: a gate), or matrix-multiplied (two branches: a @ b).
+  enum class Join : std::uint8_t { Add, Concat, Mul, Matmul };
   Parallel(std::string class_name, Join join, std::int64_t dim = 1);
   /// Starts a new branch.
   void branch();
@@ -215,6 +217,57 @@ class Conv2d : public Module {
   std::size_t weight_, bias_;
   std::int64_t stride_, padding_, dilation_, groups_;
   bool has_bias_;
+};
+
+/// nn.Conv1d on [N, C, L]: the 2-d convolution of the [N, C, 1, L] view with a [O, C/g, 1, k]
+/// view of its [O, C/g, k] weight, as cuDNN's path unsqueezes (views allocate nothing).
+class Conv1d : public Module {
+ public:
+  Conv1d(std::int64_t in_channels, std::int64_t out_channels, std::int64_t kernel, std::int64_t stride = 1,
+         std::int64_t padding = 0, bool bias = true, std::int64_t dilation = 1, std::int64_t groups = 1);
+  Tensor forward(const Tensor& input) override;
+
+ private:
+  std::size_t weight_, bias_;
+  std::int64_t stride_, padding_, dilation_, groups_;
+  bool has_bias_;
+};
+
+/// x.reshape(shape) (-1: inferred): a view when the layout allows, else a copy.
+class Reshape : public Module {
+ public:
+  explicit Reshape(std::vector<std::int64_t> shape);
+  Tensor forward(const Tensor& input) override;
+
+ private:
+  std::vector<std::int64_t> shape_;
+};
+
+/// x.permute(dims): a view.
+class Permute : public Module {
+ public:
+  explicit Permute(std::vector<std::int64_t> dims);
+  Tensor forward(const Tensor& input) override;
+
+ private:
+  std::vector<std::int64_t> dims_;
+};
+
+/// x.transpose(dim0, dim1): a view.
+class Transpose : public Module {
+ public:
+  Transpose(std::int64_t dim0, std::int64_t dim1);
+  Tensor forward(const Tensor& input) override;
+
+ private:
+  std::int64_t dim0_, dim1_;
+};
+
+/// x.contiguous(): a copy when the layout is not contiguous (saves nothing).
+class Contiguous : public Module {
+ public:
+  Contiguous();
+  Tensor forward(const Tensor& input) override { return input.contiguous(); }
 };
 
 class ReLU : public Module {
@@ -284,9 +337,11 @@ class GELU : public Module {
   bool tanh_approx_;
 };
 
+/// nn.BatchNorm2d, and nn.BatchNorm1d with type "BatchNorm1d" ([N, C] or [N, C, L]).
 class BatchNorm2d : public Module {
  public:
-  explicit BatchNorm2d(std::int64_t channels, double eps = 1e-5, double momentum = 0.1);
+  explicit BatchNorm2d(std::int64_t channels, double eps = 1e-5, double momentum = 0.1,
+                       std::string type = "BatchNorm2d");
   Tensor forward(const Tensor& input) override;
   const Tensor& running_mean() const noexcept;
   const Tensor& running_var() const noexcept;
@@ -294,6 +349,18 @@ class BatchNorm2d : public Module {
  private:
   std::size_t weight_, bias_, mean_, var_, batches_;
   double eps_, momentum_;
+};
+
+class GroupNorm : public Module {
+ public:
+  GroupNorm(std::int64_t groups, std::int64_t channels, double eps = 1e-5, bool affine = true);
+  Tensor forward(const Tensor& input) override;
+
+ private:
+  std::size_t weight_ = 0, bias_ = 0;
+  std::int64_t groups_;
+  double eps_;
+  bool affine_;
 };
 
 class LayerNorm : public Module {

@@ -37,6 +37,10 @@ Tensor matmul(const Tensor& a, const Tensor& b);
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = {},
               std::int64_t stride = 1, std::int64_t padding = 0, std::int64_t dilation = 1,
               std::int64_t groups = 1);
+/// 1-d convolution of [N, C, L] with weight [O, C/groups, k]: the 2-d convolution of the
+/// [N, C, 1, L] view (as cuDNN's path unsqueezes); saves input and weight.
+Tensor conv1d(const Tensor& x, const Tensor& weight, const Tensor& bias = {}, std::int64_t stride = 1,
+              std::int64_t padding = 0, std::int64_t dilation = 1, std::int64_t groups = 1);
 /// Saves input and the i64 argmax indices.
 Tensor max_pool2d(const Tensor& x, std::int64_t kernel, std::int64_t stride, std::int64_t padding = 0);
 /// Output 1x1: computed as mean over H and W, which saves nothing.
@@ -54,6 +58,11 @@ Tensor avg_pool2d(const Tensor& x, std::int64_t kernel, std::int64_t stride, std
 Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias,
                   const Tensor& running_mean, const Tensor& running_var, bool training,
                   double momentum = 0.1, double eps = 1e-5);
+/// native_group_norm of [N, C, ...] in `groups` groups of C / groups channels. Saves input,
+/// weight and the per-(sample, group) mean and rstd (the input's dtype, f32 for a half
+/// input with f32 parameters). Backward takes two [N, C] accumulator-type temporaries.
+Tensor group_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, std::int64_t groups,
+                  double eps = 1e-5);
 /// native_layer_norm over the last dimension. Saves input, weight, bias and the
 /// f32 mean and rstd per row.
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
@@ -100,6 +109,8 @@ Tensor add(const Tensor& a, const Tensor& b);
 /// a += b in place (residual connections); returns an alias of a and bumps its version
 /// counter. Saves nothing. Same checks as relu_.
 Tensor add_(const Tensor& a, const Tensor& b);
+/// a * b elementwise (same shape and dtype). Saves b if a needs grad and a if b needs grad.
+Tensor mul(const Tensor& a, const Tensor& b);
 /// x * s for a scalar s (allocates). Saves nothing.
 Tensor mul_scalar(const Tensor& x, double s);
 /// Fills the strictly upper triangle of the last two dims with `value` (causal

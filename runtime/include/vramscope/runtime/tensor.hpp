@@ -187,6 +187,7 @@ class Tensor {
   /// A view when the layout allows it, else a contiguous copy (PyTorch's reshape).
   Tensor reshape(const Shape& shape) const;
   Tensor permute(std::initializer_list<std::int64_t> dims) const;
+  Tensor permute(std::span<const std::int64_t> dims) const;
   Tensor transpose(std::int64_t a, std::int64_t b) const;
   /// Merges dimensions start..end (inclusive) into one.
   Tensor flatten(std::int64_t start = 0, std::int64_t end = -1) const;
