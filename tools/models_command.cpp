@@ -22,6 +22,8 @@ const char* loss_name(nn::LossKind loss) {
     case nn::LossKind::MSE: return "mse";
     case nn::LossKind::CrossEntropy: return "cross entropy";
     case nn::LossKind::Sum: return "sum";
+    case nn::LossKind::BCEWithLogits: return "bce with logits";
+    case nn::LossKind::None: return "its output";
   }
   return "?";
 }

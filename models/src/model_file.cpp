@@ -910,18 +910,28 @@ class Builder {
     // The loss.
     const json& loss = root.at("loss");
     only_keys(loss, "loss", "the loss", {"type", "target", "classes"});
-    const std::string kind = choice_or(loss, "loss", "type", {"mse", "cross_entropy", "sum"});
+    const std::string kind =
+        choice_or(loss, "loss", "type", {"mse", "cross_entropy", "sum", "bce_with_logits", "none"});
     if (flow.integer) fail("loss", "the model's output from " + flow.from + " is int64; a loss needs floating outputs");
     if (kind == "sum") {
       if (loss.contains("target") || loss.contains("classes")) fail("loss", "\"sum\" takes no target and no classes");
       info.loss = nn::LossKind::Sum;
       info.target_shape = nn::Shape{1};
-    } else if (kind == "mse") {
+    } else if (kind == "none") {
+      if (loss.contains("target") || loss.contains("classes")) fail("loss", "\"none\" takes no target and no classes");
+      if (flow.shape.numel() != 1) {
+        fail("loss", "\"none\" uses the model's output as the loss, so it must be a scalar; the output from " +
+                         flow.from + " is " + flow.shape.str());
+      }
+      info.loss = nn::LossKind::None;
+      info.target_shape = nn::Shape{1};
+    } else if (kind == "mse" || kind == "bce_with_logits") {
       if (loss.contains("classes")) fail("loss.classes", "applies to cross_entropy only");
-      info.loss = nn::LossKind::MSE;
+      info.loss = kind == "mse" ? nn::LossKind::MSE : nn::LossKind::BCEWithLogits;
       info.target_shape = loss.contains("target") ? shape(loss.at("target"), "loss.target") : flow.shape;
       if (!(info.target_shape == flow.shape)) {
-        fail("loss.target", "mse_loss compares the output " + flow.shape.str() + " from " + flow.from +
+        fail("loss.target", std::string(kind == "mse" ? "mse_loss" : "binary_cross_entropy_with_logits") +
+                                " compares the output " + flow.shape.str() + " from " + flow.from +
                                 " with a target " + info.target_shape.str() + ": the shapes must be equal");
       }
     } else {

@@ -1,4 +1,5 @@
-// losses.cpp — mse_loss and cross_entropy (log_softmax + nll_loss), mean reduction.
+// losses.cpp — mse_loss, cross_entropy (log_softmax + nll_loss) and
+// binary_cross_entropy_with_logits, mean reduction.
 #include "vramscope/runtime/losses.hpp"
 
 #include "detail.hpp"
@@ -70,7 +71,80 @@ class NllLossBackward final : public Node {
   std::string_view name() const noexcept override { return "NllLossBackward0"; }
 };
 
+/// BinaryCrossEntropyWithLogitsBackward0: saves self and target (derivatives.yaml). Its
+/// gradient, without weights, as FunctionsManual.cpp computes it under no_grad:
+/// input.sigmoid().sub_(target), then .mul_(grad) and .div_(numel) in place: one block.
+class BceWithLogitsBackward final : public Node {
+ public:
+  SavedTensor input_, target_;
+  TensorList apply(TensorList& grads) override {
+    const Tensor& g = grads[0];
+    const Tensor x = input_.unpack(), t = target_.unpack();
+    Tensor gx = empty(g.runtime(), x.shape(), x.dtype());
+    g.runtime().add_flops(6.0 * static_cast<double>(x.numel()));
+    if (g.runtime().computing()) {
+      detail::dispatch(x.dtype(), [&](auto tag) {
+        using T = decltype(tag);
+        HostIn<T> G(g), X(x), Y(t);
+        HostOut<T> GX(gx);
+        const T scale = G[0] / static_cast<T>(x.numel());
+        for (std::int64_t i = 0, n_ = x.numel(); i < n_; ++i) {
+          GX[i] = scale * (T{1} / (T{1} + std::exp(-X[i])) - Y[i]);
+        }
+      });
+    }
+    return {gx, Tensor{}};
+  }
+  void release_variables() noexcept override {
+    input_.reset();
+    target_.reset();
+  }
+  std::string_view name() const noexcept override { return "BinaryCrossEntropyWithLogitsBackward0"; }
+};
+
 }  // namespace
+
+Tensor bce_with_logits(const Tensor& input_in, const Tensor& target_in) {
+  // Autocast runs it in f32 (its fp32 list), as mse_loss.
+  const Tensor input = detail::autocast_f32(input_in);
+  const Tensor target = detail::autocast_f32(target_in);
+  if (!(input.shape() == target.shape())) {
+    throw Error("binary_cross_entropy_with_logits: input " + input.shape().str() + " and target " +
+                target.shape().str() + " differ");
+  }
+  Runtime& rt = input.runtime();
+  // aten/src/ATen/native/Loss.cpp: log_sigmoid_input = at::log_sigmoid(input) (one block; the
+  // CUDA buffer is empty), loss = (1 - target).mul_(input).sub_(log_sigmoid_input) (one more),
+  // then apply_loss_reduction's mean into the scalar; both temporaries die on return.
+  Tensor out = empty(rt, Shape{}, input.dtype());
+  {
+    Tensor log_sigmoid = empty(rt, input.shape(), input.dtype());
+    Tensor loss = empty(rt, input.shape(), input.dtype());
+    rt.add_flops(6.0 * static_cast<double>(input.numel()));
+    if (rt.computing()) {
+      detail::dispatch(input.dtype(), [&](auto tag) {
+        using T = decltype(tag);
+        HostIn<T> X(input), Y(target);
+        HostOut<T> L(out);
+        T acc{0};
+        for (std::int64_t i = 0, n_ = input.numel(); i < n_; ++i) {
+          const T x = X[i];
+          // -log_sigmoid(x) = log(1 + exp(-x)), stably: max(-x, 0) + log1p(exp(-|x|)).
+          const T softplus = std::max(-x, T{0}) + std::log1p(std::exp(-std::abs(x)));
+          acc += (T{1} - Y[i]) * x + softplus;
+        }
+        L[0] = acc / static_cast<T>(input.numel());
+      });
+    }
+  }
+  if (needs_grad({&input})) {
+    auto node = detail::make_node<BceWithLogitsBackward>({&input, &target});
+    node->input_.save(input);
+    node->target_.save(target);
+    set_history(out, node);
+  }
+  return out;
+}
 
 Tensor mse_loss(const Tensor& input_in, const Tensor& target_in) {
   const Tensor input = detail::autocast_f32(input_in);

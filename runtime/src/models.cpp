@@ -144,7 +144,8 @@ Tensor Model::make_input(Runtime& runtime, DType dtype, std::uint64_t step) cons
 }
 
 Tensor Model::make_target(Runtime& runtime, DType dtype, std::uint64_t step) const {
-  if (info_.loss == LossKind::Sum) return {};  // output.sum() takes no target
+  // output.sum() and a model that returns its own loss take no target.
+  if (info_.loss == LossKind::Sum || info_.loss == LossKind::None) return {};
   const std::uint64_t seed = runtime.init_seed() ^ (0x123457ull + step * 0x20003ull);
   if (info_.target_dtype == DType::I64) {
     return uniform(runtime, info_.target_shape, 0, static_cast<double>(info_.target_classes) - 1e-9, DType::I64, seed);
@@ -155,6 +156,11 @@ Tensor Model::make_target(Runtime& runtime, DType dtype, std::uint64_t step) con
 Tensor Model::loss(const Tensor& output, const Tensor& target) const {
   if (info_.loss == LossKind::MSE) return mse_loss(output, target);
   if (info_.loss == LossKind::Sum) return sum(output);
+  if (info_.loss == LossKind::BCEWithLogits) return bce_with_logits(output, target);
+  if (info_.loss == LossKind::None) {
+    if (output.numel() != 1) throw Error("loss none: the model's output " + output.shape().str() + " is not a scalar");
+    return output;
+  }
   if (output.dim() > 2) return cross_entropy(output.view(Shape{-1, output.size(-1)}), target.reshape(Shape{-1}));
   return cross_entropy(output, target);
 }

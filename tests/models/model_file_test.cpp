@@ -220,6 +220,17 @@ TEST(ModelFilePeaks, AResidualBlockPeaksAsDerivedByHand) {
   EXPECT_EQ(r.peak_reserved, 20 * MiB + 2 * MiB);  // 5 A fill one 20 MiB segment exactly
 }
 
+TEST(ModelFileLosses, NoneTrainsOnTheModelsOwnScalarOutput) {
+  // A model that computes its loss itself: the output, a scalar, is what backward starts
+  // from. Linear(1024 -> 1) on a [1, 1024] input: no target is made.
+  const nn::TrainReport r = one_step(R"({
+    "format": "vramscope-model", "version": 1, "name": "own-loss", "options": {"batch": 1},
+    "input": {"shape": ["batch", 1024]}, "loss": {"type": "none"},
+    "layers": [{"name": "score", "type": "Linear", "in_features": 1024, "out_features": 1}]})");
+  EXPECT_EQ(r.steps.size(), 1u);
+  EXPECT_FALSE(r.gradients_missing);
+}
+
 TEST(ModelFilePeaks, ParallelBranchesJoinedByConcatPeakAsDerivedByHand) {
   // branch: c = cat([sigmoid(x), tanh(x)], dim 1) [1024, 2048] = 2 A; loss = c.sum().
   // Forward ends with x, s (saved by SigmoidBackward), t (saved by TanhBackward) and c (the

@@ -224,6 +224,18 @@ TEST_F(GradCheck, Losses) {
   gradcheck(env_.rt, [&](const TensorList& in) { return mse_loss(in[0], target); }, {leaf({3, 4})});
   const Tensor classes = from_values(env_.rt, {3}, {1, 0, 3}, DType::I64);
   gradcheck(env_.rt, [&](const TensorList& in) { return cross_entropy(in[0], classes); }, {leaf({3, 4})});
+  gradcheck(env_.rt, [&](const TensorList& in) { return bce_with_logits(in[0], target); }, {leaf({3, 4}, -8, 8)});
+}
+
+TEST_F(GradCheck, BceWithLogitsValueIsTorchs) {
+  // F.binary_cross_entropy_with_logits([[0, 2], [-3, 40]], [[1, 0], [0.5, 1]]): the mean of
+  // log(2), 2 + log(1 + e^-2), 1.5 + log(1 + e^-3), log(1 + e^-40) (no overflow at 40).
+  NoGradGuard no_grad;
+  const Tensor x = from_values(env_.rt, {2, 2}, {0, 2, -3, 40}, DType::F64);
+  const Tensor t = from_values(env_.rt, {2, 2}, {1, 0, 0.5, 1}, DType::F64);
+  const double expected = (std::log(2.0) + 2 + std::log1p(std::exp(-2.0)) + 1.5 + std::log1p(std::exp(-3.0)) +
+                           std::log1p(std::exp(-40.0))) / 4;
+  EXPECT_NEAR(to_values(bce_with_logits(x, t))[0], expected, 1e-12);
 }
 
 TEST_F(GradCheck, GradientsAccumulateIntoLeaves) {

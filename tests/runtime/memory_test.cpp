@@ -137,9 +137,26 @@ TEST_F(SavedBytes, TheModelFileLayersKeepWhatPyTorchKeeps) {
   // reshape of a permuted tensor copies (CloneBackward saves nothing); a view does not.
   EXPECT_EQ(keeping([&] { return img.permute({0, 2, 3, 1}).reshape({8, -1}); }), image);
   EXPECT_EQ(keeping([&] { return img.reshape({8, -1}); }), 0);
+  // bce_with_logits saves input and target (alive): nothing but the scalar, dropped here.
+  const Tensor probs = empty(env_.rt, {64, 1024});
+  EXPECT_EQ(kept_bytes(env_, [&] { return bce_with_logits(x, probs); }), 0);
   // A leaf that requires grad cannot be modified in place, as in PyTorch.
   EXPECT_THROW(hardtanh_(x, 0, 6), AutogradError);
   EXPECT_THROW(leaky_relu_(mul_scalar(x, 1.0), -0.1), Error);
+}
+
+// binary_cross_entropy_with_logits (Loss.cpp): log_sigmoid(input) and the elementwise loss
+// (1 - target).mul_(input).sub_(...) exist together while it runs, beside the scalar.
+TEST(LossMemory, BceWithLogitsPeaksAtTwoInputSizedTemporaries) {
+  test::Env env(ExecMode::DryRun);
+  Tensor x = empty(env.rt, {64, 1024});
+  x.set_requires_grad(true);
+  const Tensor target = empty(env.rt, {64, 1024});
+  constexpr std::int64_t act = 64 * 1024 * 4;
+  ASSERT_EQ(env.peak(), 2 * act);
+  const Tensor loss = bce_with_logits(x, target);
+  EXPECT_EQ(env.peak(), 4 * act + 512);
+  EXPECT_EQ(env.allocated(), 2 * act + 512);
 }
 
 TEST_F(SavedBytes, LinearReluLinearKeepsOneActivationPerBlockAndGeluTwo) {

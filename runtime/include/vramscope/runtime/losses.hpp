@@ -14,5 +14,10 @@ Tensor mse_loss(const Tensor& input, const Tensor& target);
 /// log-probabilities, the target and total_weight). `target` holds i64 class
 /// indices of shape input.shape[:-1]. Under autocast the logits are first cast to f32.
 Tensor cross_entropy(const Tensor& logits, const Tensor& target);
+/// binary_cross_entropy_with_logits (nn.BCEWithLogitsLoss): float targets in [0, 1] of the
+/// input's shape. Two input-sized temporaries while it runs (log_sigmoid and the
+/// elementwise loss), the scalar loss after; saves input and target; backward allocates
+/// one gradient of the input's shape. Under autocast the input is first cast to f32.
+Tensor bce_with_logits(const Tensor& input, const Tensor& target);
 
 }  // namespace mem::nn

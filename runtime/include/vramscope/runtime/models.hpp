@@ -60,9 +60,10 @@ struct ModelOptions {
   void check() const;
 };
 
-/// mse_loss, cross_entropy (over the last dimension; token targets flattened), or
-/// output.sum() as the scalar backward starts from.
-enum class LossKind : std::uint8_t { MSE, CrossEntropy, Sum };
+/// mse_loss, cross_entropy (over the last dimension; token targets flattened),
+/// binary_cross_entropy_with_logits, output.sum() as the scalar backward starts from, or
+/// None: the output is the loss already (a scalar; models that compute their own loss).
+enum class LossKind : std::uint8_t { MSE, CrossEntropy, Sum, BCEWithLogits, None };
 
 /// What a model is, computed from declared shapes (nothing allocated).
 struct ModelInfo {
