@@ -384,6 +384,45 @@ class Builder {
       in = make_shape({in[0], cout, reach / stride + 1}, path);
       return std::make_unique<nn::Conv1d>(cin, cout, k, stride, padding, flag_or(s, path, "bias", true), dilation, groups);
     }
+    if (type == "ConvTranspose2d") {
+      only_keys(s, path, type, {"name", "type", "frozen", "in_channels", "out_channels", "kernel_size", "stride",
+                                "padding", "output_padding", "dilation", "groups", "bias"}, true);
+      const std::int64_t cin = positive_at(s, path, "in_channels"), cout = positive_at(s, path, "out_channels");
+      const std::int64_t k = positive_at(s, path, "kernel_size"), stride = positive_or(s, path, "stride", 1);
+      const std::int64_t padding = non_negative_or(s, path, "padding", 0);
+      const std::int64_t output_padding = non_negative_or(s, path, "output_padding", 0);
+      const std::int64_t dilation = positive_or(s, path, "dilation", 1);
+      if (positive_or(s, path, "groups", 1) != 1) fail(field(path, "groups"), "only 1 is supported for ConvTranspose2d");
+      // PyTorch: "output padding must be smaller than either stride or dilation"; and below the
+      // stride here, where the output's size determines the input's.
+      if (output_padding >= stride) {
+        fail(field(path, "output_padding"), "must be smaller than stride (" + std::to_string(stride) + "), got " +
+                                                std::to_string(output_padding));
+      }
+      floating(flow, path, mpath, type);
+      if (in.size() != 4 || in[1] != cin) {
+        mismatch(path, mpath, type, "[N, " + std::to_string(cin) + ", H, W] (in_channels " + std::to_string(cin) + ")", flow);
+      }
+      check_size(std::vector<std::int64_t>{cin, cout, k, k}, path);
+      if (k > (std::int64_t{1} << 40) || dilation > (std::int64_t{1} << 20) || stride > (std::int64_t{1} << 20) ||
+          padding > (std::int64_t{1} << 40)) {
+        fail(path, "kernel_size, stride, dilation or padding too large for any input");
+      }
+      const auto side = [&](std::int64_t n) -> std::int64_t {
+        // (n - 1) stride - 2 padding + dilation (k - 1) + output_padding + 1, checked.
+        std::int64_t v = 0, t = 0;
+        if (__builtin_mul_overflow(n - 1, stride, &v) || __builtin_mul_overflow(dilation, k - 1, &t) ||
+            __builtin_add_overflow(v, t + output_padding + 1, &v)) {
+          fail(path, "the output's size overflows 64 bits");
+        }
+        v -= 2 * padding;
+        if (v <= 0) mismatch(path, mpath, type, "an input large enough for its padding", flow);
+        return v;
+      };
+      in = make_shape({in[0], cout, side(in[2]), side(in[3])}, path);
+      return std::make_unique<nn::ConvTranspose2d>(cin, cout, k, stride, padding, output_padding,
+                                                   flag_or(s, path, "bias", true), dilation);
+    }
     if (type == "BatchNorm1d") {
       only_keys(s, path, type, {"name", "type", "frozen", "num_features", "eps", "momentum"}, true);
       const std::int64_t c = positive_at(s, path, "num_features");
@@ -633,7 +672,7 @@ class Builder {
     if (type == "Parallel") return parallel(s, path, mpath, flow, depth);
     fail(field(path, "type"),
          "unknown layer type \"" + type +
-             "\"; valid types: Linear, Conv1d, Conv2d, BatchNorm1d, BatchNorm2d, GroupNorm, LayerNorm, ReLU, "
+             "\"; valid types: Linear, Conv1d, Conv2d, ConvTranspose2d, BatchNorm1d, BatchNorm2d, GroupNorm, LayerNorm, ReLU, "
              "ReLU6, LeakyReLU, Hardtanh, SiLU, Sigmoid, Tanh, GELU, Softmax, Dropout, MaxPool2d, AvgPool2d, "
              "AdaptiveAvgPool2d, Flatten, Reshape, Permute, Transpose, Contiguous, Embedding, Identity, "
              "Sequential, Residual, Parallel");

@@ -327,6 +327,25 @@ Tensor Conv1d::forward(const Tensor& input) {
   return conv1d(input, param(weight_), has_bias_ ? param(bias_) : Tensor{}, stride_, padding_, dilation_, groups_);
 }
 
+ConvTranspose2d::ConvTranspose2d(std::int64_t in, std::int64_t out, std::int64_t kernel, std::int64_t stride,
+                                 std::int64_t padding, std::int64_t output_padding, bool bias, std::int64_t dilation)
+    : Module("ConvTranspose2d"),
+      stride_(stride),
+      padding_(padding),
+      output_padding_(output_padding),
+      dilation_(dilation),
+      has_bias_(bias) {
+  // kaiming_uniform(a=sqrt(5)) over the weight's fan_in, its dim 1 x k x k (= out k k here).
+  const double bound = 1.0 / std::sqrt(static_cast<double>(out) * static_cast<double>(kernel) * static_cast<double>(kernel));
+  weight_ = add_parameter("weight", Shape{in, out, kernel, kernel}, -bound, bound);
+  bias_ = bias ? add_parameter("bias", Shape{out}, -bound, bound) : 0;
+}
+
+Tensor ConvTranspose2d::forward(const Tensor& input) {
+  return conv_transpose2d(input, param(weight_), has_bias_ ? param(bias_) : Tensor{}, stride_, padding_, output_padding_,
+                          dilation_);
+}
+
 Reshape::Reshape(std::vector<std::int64_t> shape) : Module("Reshape"), shape_(std::move(shape)) {}
 Tensor Reshape::forward(const Tensor& input) { return input.reshape(Shape(shape_)); }
 

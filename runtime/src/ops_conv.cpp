@@ -176,6 +176,75 @@ class ConvBackward final : public Node {
   bool has_bias_;
 };
 
+/// ConvolutionBackward0 of a transposed convolution: saves input and weight. Its geometry is
+/// that of the ordinary convolution it inverts (from the output's shape to the input's):
+/// grad_input is that convolution of the gradient, grad_weight the input against its columns.
+class ConvTransposeBackward final : public Node {
+ public:
+  ConvTransposeBackward(ConvGeom geom, bool has_bias) : g_(geom), has_bias_(has_bias) {}
+  SavedTensor x_, w_;
+  TensorList apply(TensorList& grads) override {
+    const Tensor& gy = grads[0];
+    const Tensor x = x_.unpack(), w = w_.unpack();
+    Runtime& rt = gy.runtime();
+    const ConvGeom& g = g_;
+    Tensor gx, gw, gb;
+    const bool need_x = needs_input_grad(0), need_w = needs_input_grad(1), need_b = has_bias_ && needs_input_grad(2);
+    if (need_x) gx = empty(rt, x.shape(), x.dtype());
+    if (need_w) gw = empty(rt, w.shape(), w.dtype());
+    if (need_b) gb = empty(rt, Shape{g.c}, gy.dtype());
+    Tensor cols;
+    if (need_x || need_w) cols = empty(rt, Shape{g.ckk(), g.hw_out()}, x.dtype());
+    const double gemm = linear_flops(g.o, g.hw_out(), g.ckk()) * static_cast<double>(g.n);
+    rt.add_flops((need_x ? gemm : 0.0) + (need_w ? gemm : 0.0) + (need_b ? static_cast<double>(gy.numel()) : 0.0));
+    if (rt.computing()) {
+      detail::dispatch(gy.dtype(), [&](auto tag) {
+        using T = decltype(tag);
+        HostIn<T> G(gy), X(x), W(w);
+        std::optional<HostOut<T>> COL;
+        if (cols.defined()) COL.emplace(cols);
+        const std::int64_t big = g.c * g.h * g.w, small = g.o * g.hw_out();
+        std::optional<HostOut<T>> GX, GW;
+        if (need_x) GX.emplace(gx);
+        if (need_w) GW.emplace(gw);
+        for (std::int64_t s = 0; s < g.n; ++s) {
+          if (!cols.defined()) break;
+          im2col(G.data() + s * big, g, COL->data());
+          if (GX) {
+            detail::gemm(false, false, g.o, g.hw_out(), g.ckk(), T{1}, W.data(), g.ckk(), COL->data(), g.hw_out(), T{0},
+                         GX->data() + s * small, g.hw_out());
+          }
+          if (GW) {
+            detail::gemm(false, true, g.o, g.ckk(), g.hw_out(), T{1}, X.data() + s * small, g.hw_out(), COL->data(),
+                         g.hw_out(), s == 0 ? T{0} : T{1}, GW->data(), g.ckk());
+          }
+        }
+        if (need_b) {
+          HostOut<T> GB(gb);
+          const std::int64_t plane = g.h * g.w;
+          for (std::int64_t o = 0; o < g.c; ++o) {
+            T acc{0};
+            for (std::int64_t s = 0; s < g.n; ++s) {
+              for (std::int64_t i = 0; i < plane; ++i) acc += G[s * big + o * plane + i];
+            }
+            GB[o] = acc;
+          }
+        }
+      });
+    }
+    return {gx, gw, gb};
+  }
+  void release_variables() noexcept override {
+    x_.reset();
+    w_.reset();
+  }
+  std::string_view name() const noexcept override { return "ConvolutionBackward0"; }
+
+ private:
+  ConvGeom g_;
+  bool has_bias_;
+};
+
 /// MaxPool2DWithIndicesBackward0: saves input and indices.
 class MaxPoolBackward final : public Node {
  public:
@@ -423,6 +492,65 @@ Tensor conv1d(const Tensor& x, const Tensor& weight, const Tensor& bias, std::in
                                  weight.view(Shape{weight.size(0), weight.size(1), 1, weight.size(2)}), bias,
                                  ConvParams{stride, padding, dilation, groups, true});
   return out.view(Shape{out.size(0), out.size(1), out.size(3)});
+}
+
+Tensor conv_transpose2d(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, std::int64_t stride,
+                        std::int64_t padding, std::int64_t output_padding, std::int64_t dilation) {
+  const Tensor x = detail::autocast_half(x_in);
+  const Tensor w = detail::autocast_half(w_in);
+  const Tensor b = detail::autocast_half(b_in);
+  if (x.dim() != 4 || w.dim() != 4 || x.size(1) != w.size(0)) {
+    throw Error("conv_transpose2d: input " + x.shape().str() + " and weight " + w.shape().str() +
+                " do not match (NCHW, C x O x k x k)");
+  }
+  if (output_padding < 0 || (output_padding >= stride && output_padding >= dilation)) {
+    throw Error("conv_transpose2d: output_padding must be smaller than stride or dilation");
+  }
+  // PyTorch's output size: (in - 1) stride - 2 padding + dilation (k - 1) + output_padding + 1.
+  const auto side = [&](std::int64_t in, std::int64_t k) {
+    return (in - 1) * stride - 2 * padding + dilation * (k - 1) + output_padding + 1;
+  };
+  const Shape out_shape{x.size(0), w.size(1), side(x.size(2), w.size(2)), side(x.size(3), w.size(3))};
+  if (out_shape[2] <= 0 || out_shape[3] <= 0) throw Error("conv_transpose2d: the output would be empty");
+  // The convolution this one inverts: from the output's shape (channels O) to the input's (C).
+  const ConvGeom g = conv_geom(out_shape, w.shape(), ConvParams{stride, padding, dilation, 1, false});
+  if (g.ho != x.size(2) || g.wo != x.size(3)) {
+    throw Error("conv_transpose2d: output_padding " + std::to_string(output_padding) + " is not below the stride " +
+                std::to_string(stride));
+  }
+  Runtime& rt = x.runtime();
+  Tensor out = empty(rt, out_shape, x.dtype());
+  // THNN's slow_conv_transpose2d (and the analogue here of conv2d's im2col columns): one
+  // sample's columns [O k k, H_in W_in] as workspace while the op runs.
+  Tensor cols = empty(rt, Shape{g.ckk(), g.hw_out()}, x.dtype());
+  rt.add_flops(linear_flops(g.o, g.hw_out(), g.ckk()) * static_cast<double>(g.n) +
+               (b.defined() ? static_cast<double>(out.numel()) : 0.0));
+  if (rt.computing()) {
+    detail::dispatch(x.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      HostIn<T> X(x), W(w), B(b);
+      HostOut<T> Y(out), COL(cols);
+      const std::int64_t big = g.c * g.h * g.w, small = g.o * g.hw_out(), plane = g.h * g.w;
+      for (std::int64_t s = 0; s < g.n; ++s) {
+        detail::gemm(true, false, g.ckk(), g.hw_out(), g.o, T{1}, W.data(), g.ckk(), X.data() + s * small, g.hw_out(),
+                     T{0}, COL.data(), g.hw_out());
+        col2im(COL.data(), g, Y.data() + s * big);
+        if (b.defined()) {
+          for (std::int64_t o = 0; o < g.c; ++o) {
+            for (std::int64_t i = 0; i < plane; ++i) Y[s * big + o * plane + i] += B[o];
+          }
+        }
+      }
+    });
+  }
+  cols = Tensor{};
+  if (needs_grad({&x, &w, &b})) {
+    auto node = detail::make_node<ConvTransposeBackward>({&x, &w, &b}, g, b.defined());
+    node->x_.save(x);
+    node->w_.save(w);
+    set_history(out, node);
+  }
+  return out;
 }
 
 Tensor max_pool2d(const Tensor& x, std::int64_t kernel, std::int64_t stride, std::int64_t padding) {

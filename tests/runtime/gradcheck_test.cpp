@@ -102,6 +102,35 @@ TEST_F(GradCheck, Conv2d) {
   gradcheck(env_.rt, [](const TensorList& in) { return conv1d(in[0], in[1], in[2], 2, 2, 2, 2); },
             {leaf({2, 4, 9}), leaf({6, 2, 3}), leaf({6})});
   gradcheck(env_.rt, [](const TensorList& in) { return conv1d(in[0], in[1]); }, {leaf({1, 3, 5}), leaf({2, 3, 1})});
+  // Transposed: stride 2 with output_padding, and dilated.
+  gradcheck(env_.rt, [](const TensorList& in) { return conv_transpose2d(in[0], in[1], in[2], 2, 1, 1); },
+            {leaf({2, 3, 3, 4}), leaf({3, 2, 3, 3}), leaf({2})});
+  gradcheck(env_.rt, [](const TensorList& in) { return conv_transpose2d(in[0], in[1], Tensor{}, 1, 0, 0, 2); },
+            {leaf({1, 2, 3, 3}), leaf({2, 3, 2, 2})});
+}
+
+TEST_F(GradCheck, ConvTransposeIsTheAdjointOfConv) {
+  // <conv2d(y, W), x> = <y, conv_transpose2d(x, W)> for every x and y: the transposed
+  // convolution's forward is the convolution's transpose, as PyTorch defines it.
+  NoGradGuard no_grad;
+  const Tensor w = uniform(env_.rt, {3, 2, 3, 3}, -1, 1, DType::F64, 11);  // conv: 2 -> 3 channels
+  const Tensor y = uniform(env_.rt, {2, 2, 7, 8}, -1, 1, DType::F64, 12);
+  const Tensor conv = conv2d(y, w, Tensor{}, 2, 1);                      // [2, 3, 4, 4]
+  const Tensor x = uniform(env_.rt, conv.shape(), -1, 1, DType::F64, 13);
+  const Tensor back = conv_transpose2d(x, w, Tensor{}, 2, 1, 0);         // [2, 2, 7, 7]
+  ASSERT_EQ(back.shape(), (Shape{2, 2, 7, 7}));
+  const Tensor back8 = conv_transpose2d(x, w, Tensor{}, 2, 1, 1);        // output_padding 1: [2, 2, 8, 8]
+  ASSERT_EQ(back8.shape(), (Shape{2, 2, 8, 8}));
+  const auto cv = to_values(conv), xv = to_values(x), yv = to_values(y), bv = to_values(back8);
+  double lhs = 0, rhs = 0;
+  for (std::size_t i = 0; i < cv.size(); ++i) lhs += cv[i] * xv[i];
+  // y is 7 x 8; back8 is 8 x 8 (its last row lies past y): compare over y's rows.
+  for (std::int64_t p = 0; p < 4; ++p) {
+    for (std::int64_t r = 0; r < 7; ++r) {
+      for (std::int64_t c = 0; c < 8; ++c) rhs += yv[(p * 7 + r) * 8 + c] * bv[(p * 8 + r) * 8 + c];
+    }
+  }
+  EXPECT_NEAR(lhs, rhs, 1e-9 * (1 + std::abs(lhs)));
 }
 
 TEST_F(GradCheck, Pooling) {

@@ -127,6 +127,9 @@ TEST_F(SavedBytes, TheModelFileLayersKeepWhatPyTorchKeeps) {
   // conv1d saves input and weight (views of them for the 2-d kernel: no copies).
   const Tensor seq = leaf({8, 16, 1024}), kernel1d = leaf({32, 4, 5});
   EXPECT_EQ(kept_bytes(env_, [&] { return conv1d(seq, kernel1d, Tensor{}, 1, 4, 2, 4); }), 0);
+  // conv_transpose2d saves input and weight: nothing extra (its columns are workspace).
+  const Tensor up = leaf({16, 8, 4, 4});
+  EXPECT_EQ(kept_bytes(env_, [&] { return conv_transpose2d(img, up, Tensor{}, 2, 1, 1); }), 0);
   // group_norm: input and weight, plus mean and rstd [N, G] in the input's dtype:
   // [8, 4] f32 = 128 B each, one 512 B block each.
   const Tensor gn_w = leaf({16}), gn_b = leaf({16});

@@ -233,6 +233,20 @@ class Conv1d : public Module {
   bool has_bias_;
 };
 
+/// nn.ConvTranspose2d (one group): weight [in, out, k, k].
+class ConvTranspose2d : public Module {
+ public:
+  ConvTranspose2d(std::int64_t in_channels, std::int64_t out_channels, std::int64_t kernel, std::int64_t stride = 1,
+                  std::int64_t padding = 0, std::int64_t output_padding = 0, bool bias = true,
+                  std::int64_t dilation = 1);
+  Tensor forward(const Tensor& input) override;
+
+ private:
+  std::size_t weight_, bias_;
+  std::int64_t stride_, padding_, output_padding_, dilation_;
+  bool has_bias_;
+};
+
 /// x.reshape(shape) (-1: inferred): a view when the layout allows, else a copy.
 class Reshape : public Module {
  public:

@@ -41,6 +41,11 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = {},
 /// [N, C, 1, L] view (as cuDNN's path unsqueezes); saves input and weight.
 Tensor conv1d(const Tensor& x, const Tensor& weight, const Tensor& bias = {}, std::int64_t stride = 1,
               std::int64_t padding = 0, std::int64_t dilation = 1, std::int64_t groups = 1);
+/// Transposed 2-d convolution (nn.ConvTranspose2d, one group): weight [C, O, k, k], output
+/// side (in - 1) stride - 2 padding + dilation (k - 1) + output_padding + 1. Saves input and
+/// weight; one sample's columns [O k k, H_in W_in] are workspace while it runs (and in backward).
+Tensor conv_transpose2d(const Tensor& x, const Tensor& weight, const Tensor& bias = {}, std::int64_t stride = 1,
+                        std::int64_t padding = 0, std::int64_t output_padding = 0, std::int64_t dilation = 1);
 /// Saves input and the i64 argmax indices.
 Tensor max_pool2d(const Tensor& x, std::int64_t kernel, std::int64_t stride, std::int64_t padding = 0);
 /// Output 1x1: computed as mean over H and W, which saves nothing.
