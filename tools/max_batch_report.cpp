@@ -177,12 +177,7 @@ nlohmann::json max_batch_json(const MaxBatchResult& result) {
                 {"parameters", m.parameters},
                 {"sequential_modules", m.sequence_length},
                 {"seqs", spec.seqs}};
-  j["device"] = {{"name", result.device.name},
-                 {"total_bytes", result.device.total_bytes},
-                 {"context_bytes", result.device.context_bytes},
-                 {"granularity", result.device.granularity},
-                 {"simulated", result.device.simulated},
-                 {"assumptions", result.device.assumptions}};
+  j["device"] = device_json(result.device);
   j["optimizer"] = std::string(nn::optimizer_name(spec.optimizer.kind));
   j["checkpoint_mode"] = std::string(nn::checkpoint_mode_name(spec.checkpoint_mode));
   j["steps"] = spec.steps;

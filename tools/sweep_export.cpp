@@ -88,6 +88,15 @@ nlohmann::json row_json(const SweepResult& s, const SweepRow& r) {
 
 }  // namespace
 
+nlohmann::json device_json(const DeviceInfo& device) {
+  return {{"name", device.name},
+          {"total_bytes", device.total_bytes},
+          {"context_bytes", device.context_bytes},
+          {"granularity", device.granularity},
+          {"simulated", device.simulated},
+          {"assumptions", device.assumptions}};
+}
+
 std::string csv_cell(const nlohmann::json& v) {
   if (v.is_null()) return "";
   if (v.is_string()) return csv_field(v.get<std::string>());
@@ -141,12 +150,7 @@ nlohmann::json sweep_json(const SweepResult& result) {
                 {"parameters", m.parameters},
                 {"sequential_modules", m.sequence_length},
                 {"input_shape", m.input_shape.to_vector()}};
-  j["device"] = {{"name", result.device.name},
-                 {"total_bytes", result.device.total_bytes},
-                 {"context_bytes", result.device.context_bytes},
-                 {"granularity", result.device.granularity},
-                 {"simulated", result.device.simulated},
-                 {"assumptions", result.device.assumptions}};
+  j["device"] = device_json(result.device);
   j["mode"] = std::string(nn::exec_mode_name(spec.mode));
   j["optimizer"] = std::string(nn::optimizer_name(spec.optimizer.kind));
   j["checkpoint_mode"] = std::string(nn::checkpoint_mode_name(spec.checkpoint_mode));

@@ -20,6 +20,9 @@ std::string sweep_csv(const SweepResult& result);
 
 nlohmann::json sweep_json(const SweepResult& result);
 
+/// The device as the JSON exports describe it: name, total and context bytes, granularity,
+/// simulated, assumptions.
+nlohmann::json device_json(const DeviceInfo& device);
 /// One JSON value as a CSV cell: null empty, strings quoted where needed, booleans
 /// true/false, floats with 6 significant digits.
 std::string csv_cell(const nlohmann::json& value);

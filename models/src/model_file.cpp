@@ -299,6 +299,49 @@ class Builder {
     fail(path, "expected true, false, \"non-reentrant\" or \"reentrant\", got " + kind_of(v));
   }
 
+  /// A convolution's arguments (Conv1d with `dims` 3, Conv2d with 4), checked against its
+  /// input: channels, groups dividing both channel counts, the weight's size, and the
+  /// dilated kernel's span, dilation (k - 1) + 1.
+  struct Conv {
+    std::int64_t cin, cout, k, stride, padding, dilation, groups, span;
+  };
+  Conv conv(const json& s, const std::string& path, const std::string& type, const Flow& flow,
+            const std::string& mpath, std::size_t dims) const {
+    only_keys(s, path, type, {"name", "type", "frozen", "in_channels", "out_channels", "kernel_size", "stride",
+                              "padding", "dilation", "groups", "bias"}, true);
+    Conv c{};
+    c.cin = positive_at(s, path, "in_channels");
+    c.cout = positive_at(s, path, "out_channels");
+    c.k = positive_at(s, path, "kernel_size");
+    c.stride = positive_or(s, path, "stride", 1);
+    c.padding = non_negative_or(s, path, "padding", 0);
+    c.dilation = positive_or(s, path, "dilation", 1);
+    c.groups = positive_or(s, path, "groups", 1);
+    if (c.cin % c.groups != 0 || c.cout % c.groups != 0) {
+      fail(field(path, "groups"), "in_channels " + std::to_string(c.cin) + " and out_channels " + std::to_string(c.cout) +
+                                      " must both be divisible by groups " + std::to_string(c.groups));
+    }
+    floating(flow, path, mpath, type);
+    const nn::Shape& in = flow.shape;
+    if (in.size() != dims || in[1] != c.cin) {
+      mismatch(path, mpath, type,
+               "[N, " + std::to_string(c.cin) + (dims == 4 ? ", H, W]" : ", L]") + " (in_channels " +
+                   std::to_string(c.cin) + ")",
+               flow);
+    }
+    // The weight before the padded input: a huge kernel makes both overflow, and the weight
+    // names the cause. (Linear's and Embedding's weights are the parameter count's concern.)
+    std::vector<std::int64_t> weight{c.cout, c.cin / c.groups, c.k};
+    if (dims == 4) weight.push_back(c.k);
+    check_size(weight, path);
+    if (__builtin_mul_overflow(c.dilation, c.k - 1, &c.span) || c.span >= (std::int64_t{1} << 40)) {
+      fail(field(path, "dilation"), "the dilated kernel is larger than any input (dilation " +
+                                        std::to_string(c.dilation) + ")");
+    }
+    c.span += 1;
+    return c;
+  }
+
   /// Builds one module from `spec`; `flow` goes in as its input and comes out as its output.
   std::unique_ptr<nn::Module> module(const json& spec, const std::string& path, const std::string& mpath, Flow& flow,
                                      int depth) {
@@ -331,58 +374,21 @@ class Builder {
       return std::make_unique<nn::Linear>(fin, fout, flag_or(s, path, "bias", true));
     }
     if (type == "Conv2d") {
-      only_keys(s, path, type, {"name", "type", "frozen", "in_channels", "out_channels", "kernel_size", "stride",
-                                "padding", "dilation", "groups", "bias"}, true);
-      const std::int64_t cin = positive_at(s, path, "in_channels"), cout = positive_at(s, path, "out_channels");
-      const std::int64_t k = positive_at(s, path, "kernel_size"), stride = positive_or(s, path, "stride", 1);
-      const std::int64_t padding = non_negative_or(s, path, "padding", 0);
-      const std::int64_t dilation = positive_or(s, path, "dilation", 1), groups = positive_or(s, path, "groups", 1);
-      if (cin % groups != 0 || cout % groups != 0) {
-        fail(field(path, "groups"), "in_channels " + std::to_string(cin) + " and out_channels " + std::to_string(cout) +
-                                        " must both be divisible by groups " + std::to_string(groups));
-      }
-      floating(flow, path, mpath, type);
-      if (in.size() != 4 || in[1] != cin) {
-        mismatch(path, mpath, type, "[N, " + std::to_string(cin) + ", H, W] (in_channels " + std::to_string(cin) + ")",
-                 flow);
-      }
-      // The weight before the padded input: a huge kernel makes both overflow, and the weight
-      // names the cause. (Linear's and Embedding's weights are the parameter count's concern.)
-      check_size(std::vector<std::int64_t>{cout, cin / groups, k, k}, path);
-      std::int64_t span = 0;  // the dilated kernel: dilation (k - 1) + 1
-      if (__builtin_mul_overflow(dilation, k - 1, &span) || span >= (std::int64_t{1} << 40)) {
-        fail(field(path, "dilation"), "the dilated kernel is larger than any input (dilation " + std::to_string(dilation) + ")");
-      }
-      in = slide(flow, cout, span + 1, stride, padding, path, mpath, type);
-      return std::make_unique<nn::Conv2d>(cin, cout, k, stride, padding, flag_or(s, path, "bias", true), dilation, groups);
+      const Conv c = conv(s, path, type, flow, mpath, 4);
+      in = slide(flow, c.cout, c.span, c.stride, c.padding, path, mpath, type);
+      return std::make_unique<nn::Conv2d>(c.cin, c.cout, c.k, c.stride, c.padding, flag_or(s, path, "bias", true),
+                                          c.dilation, c.groups);
     }
     if (type == "Conv1d") {
-      only_keys(s, path, type, {"name", "type", "frozen", "in_channels", "out_channels", "kernel_size", "stride",
-                                "padding", "dilation", "groups", "bias"}, true);
-      const std::int64_t cin = positive_at(s, path, "in_channels"), cout = positive_at(s, path, "out_channels");
-      const std::int64_t k = positive_at(s, path, "kernel_size"), stride = positive_or(s, path, "stride", 1);
-      const std::int64_t padding = non_negative_or(s, path, "padding", 0);
-      const std::int64_t dilation = positive_or(s, path, "dilation", 1), groups = positive_or(s, path, "groups", 1);
-      if (cin % groups != 0 || cout % groups != 0) {
-        fail(field(path, "groups"), "in_channels " + std::to_string(cin) + " and out_channels " + std::to_string(cout) +
-                                        " must both be divisible by groups " + std::to_string(groups));
-      }
-      floating(flow, path, mpath, type);
-      if (in.size() != 3 || in[1] != cin) {
-        mismatch(path, mpath, type, "[N, " + std::to_string(cin) + ", L] (in_channels " + std::to_string(cin) + ")", flow);
-      }
-      check_size(std::vector<std::int64_t>{cout, cin / groups, k}, path);
-      std::int64_t span = 0;
-      if (__builtin_mul_overflow(dilation, k - 1, &span) || span >= (std::int64_t{1} << 40)) {
-        fail(field(path, "dilation"), "the dilated kernel is larger than any input (dilation " + std::to_string(dilation) + ")");
-      }
+      const Conv c = conv(s, path, type, flow, mpath, 3);
       std::int64_t reach = 0;  // L + 2 padding - the dilated kernel; a hostile padding must not wrap it
-      if (__builtin_mul_overflow(padding, 2, &reach) || __builtin_add_overflow(reach, in[2] - (span + 1), &reach)) {
-        fail(field(path, "padding"), "the padded input overflows 64 bits (padding " + std::to_string(padding) + ")");
+      if (__builtin_mul_overflow(c.padding, 2, &reach) || __builtin_add_overflow(reach, in[2] - c.span, &reach)) {
+        fail(field(path, "padding"), "the padded input overflows 64 bits (padding " + std::to_string(c.padding) + ")");
       }
       if (reach < 0) mismatch(path, mpath, type, "an input at least as long as its kernel", flow);
-      in = make_shape({in[0], cout, reach / stride + 1}, path);
-      return std::make_unique<nn::Conv1d>(cin, cout, k, stride, padding, flag_or(s, path, "bias", true), dilation, groups);
+      in = make_shape({in[0], c.cout, reach / c.stride + 1}, path);
+      return std::make_unique<nn::Conv1d>(c.cin, c.cout, c.k, c.stride, c.padding, flag_or(s, path, "bias", true),
+                                          c.dilation, c.groups);
     }
     if (type == "ConvTranspose2d") {
       only_keys(s, path, type, {"name", "type", "frozen", "in_channels", "out_channels", "kernel_size", "stride",
