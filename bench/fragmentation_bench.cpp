@@ -127,7 +127,8 @@ class PeakWatcher final : public AllocatorObserver {
         record(RecordedAction::FreeRequested, e);
         break;
       case TraceAction::FreeCompleted: active_.erase(e.address); break;
-      case TraceAction::Oom: break;
+      case TraceAction::Oom:
+      case TraceAction::Relabel: break;
     }
     if (peaks_.update(e)) at_peak_ = true;
   }

@@ -488,6 +488,16 @@ void AllocatorCore::record_stream(void* ptr, StreamId stream) {
   if (std::find(uses.begin(), uses.end(), stream) == uses.end()) uses.push_back(stream);
 }
 
+bool AllocatorCore::relabel(const void* ptr, std::uint32_t context) noexcept {
+  std::lock_guard guard(lock_);
+  Block** found = active_.find(reinterpret_cast<std::uintptr_t>(ptr));
+  if (found == nullptr || !(*found)->allocated) return false;
+  Block* block = *found;
+  block->context = context;
+  if (instrumented_) emit(TraceAction::Relabel, block, block->size, block->requested_size);
+  return true;
+}
+
 std::vector<std::pair<StreamId, EventId>> AllocatorCore::record_use_events(const Block& block) {
   std::vector<std::pair<StreamId, EventId>> events;
   events.reserve(block.stream_uses.size());

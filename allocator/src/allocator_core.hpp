@@ -36,6 +36,7 @@ class AllocatorCore {
   void* malloc(std::size_t size, StreamId stream);
   void free(void* ptr);
   void record_stream(void* ptr, StreamId stream);
+  bool relabel(const void* ptr, std::uint32_t context) noexcept;
   void empty_cache();
   void set_memory_fraction(double fraction);
   DeviceStats stats() const;

@@ -20,6 +20,9 @@ void CachingAllocator::deallocate(void* ptr) { core_->free(ptr); }
 void CachingAllocator::record_stream(void* ptr, StreamId stream) {
   core_->record_stream(ptr, stream);
 }
+bool CachingAllocator::relabel(const void* ptr, std::uint32_t context) noexcept {
+  return core_->relabel(ptr, context);
+}
 void CachingAllocator::empty_cache() { core_->empty_cache(); }
 void CachingAllocator::set_memory_fraction(double fraction) {
   core_->set_memory_fraction(fraction);

@@ -33,6 +33,7 @@ std::string_view trace_action_name(TraceAction action) noexcept {
     case TraceAction::SegmentAlloc: return "segment_alloc";
     case TraceAction::SegmentFree: return "segment_free";
     case TraceAction::Oom: return "oom";
+    case TraceAction::Relabel: return "relabel";
   }
   return "unknown";
 }

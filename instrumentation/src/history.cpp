@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <map>
 #include <mutex>
+#include <unordered_map>
 
 #include "vramscope/allocator/caching_allocator.hpp"
 #include "vramscope/allocator/errors.hpp"
@@ -47,8 +48,16 @@ std::vector<HistoryEntry> History::entries() const {
   const std::vector<RingEvent> events = ring_.read();
   std::vector<HistoryEntry> out;
   out.reserve(events.size());
+  // A relabel names the new owner of a live block: it applies to the block's latest alloc
+  // entry (if still in the window) and is not an entry of its own.
+  std::unordered_map<std::uintptr_t, std::size_t> last_alloc;
   for (const RingEvent& r : events) {
     const TraceEvent& e = r.event;
+    if (e.action == TraceAction::Relabel) {
+      if (const auto it = last_alloc.find(e.address); it != last_alloc.end()) out[it->second].context = e.context;
+      continue;
+    }
+    if (e.action == TraceAction::Alloc) last_alloc[e.address] = out.size();
     HistoryEntry h;
     h.sequence = e.sequence;
     h.time_us = ring_.timestamps() ? detail::ticks_to_us(start, r.ticks) : 0.0;

@@ -38,6 +38,12 @@ class AccumulateGrad final : public Node {
         detail::copy_raw(copy, new_grad);
         variable_->grad = copy.impl_ptr();
       }
+      // Allocated by the consumer's backward (or copied here); from now on it is this
+      // parameter's .grad, and snapshots say so.
+      Tensor grad(variable_->grad);
+      if (variable_->grad_label != 0 && grad.offset() == 0 && grad.storage()) {
+        (void)variable.runtime().allocator().relabel(grad.storage()->data(), variable_->grad_label);
+      }
     } else {
       // variable.grad += new_grad, in place: no allocation (bumps the grad's version).
       Tensor grad(variable_->grad);

@@ -140,6 +140,8 @@ void Module::materialize(Runtime& runtime, DType dtype) {
       if (!slot.is_buffer && !slot.frozen) {
         slot.tensor.set_requires_grad(true);
         slot.tensor.impl()->grad_context = context(Phase::Backward);
+        // Snapshots label the gradient by its parameter, as memory_viz users name it.
+        slot.tensor.impl()->grad_label = intern_context(slot.tensor.name() + ".grad", Phase::Backward);
       }
     }
   }

@@ -30,6 +30,57 @@ TEST(History, WithoutTimestampsKeepsTheSameEntriesInSequenceOrder) {
   EXPECT_GT(a.back().time_us, 0.0);
 }
 
+// A gradient is allocated by its consumer's backward and becomes a parameter's .grad later:
+// relabel names the new owner on the block (snapshots) and on its alloc entry (the trace).
+TEST(History, RelabelNamesTheNewOwnerOfALiveBlockAndIsNoEntryOfItsOwn) {
+  auto alloc = test::make_allocator();
+  attach(*alloc);  // blocks take the calling thread's module scope
+  History history{*alloc, 100};
+  const ContextId made_by = intern_context("fc", Phase::Backward);
+  const ContextId owner = intern_context("fc.weight.grad", Phase::Backward);
+  void* other = nullptr;
+  void* p = nullptr;
+  {
+    ModuleScope scope(made_by);
+    other = alloc->allocate(4 * KiB);
+    p = alloc->allocate(8 * KiB);
+  }
+  const DeviceStats before = alloc->stats();
+  EXPECT_TRUE(alloc->relabel(p, owner));
+  // Nothing but the owner changed: the same statistics.
+  const DeviceStats after = alloc->stats();
+  EXPECT_EQ(after.allocated_bytes[0].current, before.allocated_bytes[0].current);
+  EXPECT_EQ(after.allocation[0].current, before.allocation[0].current);
+  // Not a live block's address (inside one, freed, foreign): false, nothing changes.
+  EXPECT_FALSE(alloc->relabel(static_cast<char*>(p) + 512, owner));
+  EXPECT_FALSE(alloc->relabel(nullptr, owner));
+  alloc->deallocate(other);
+  EXPECT_FALSE(alloc->relabel(other, owner));
+
+  const auto entries = history.entries();
+  ASSERT_EQ(entries.size(), 5u);  // segment_alloc, alloc, alloc, free_requested (completed), ...
+  for (const HistoryEntry& e : entries) EXPECT_NE(e.action, TraceAction::Relabel);
+  std::size_t labelled = 0;
+  for (const HistoryEntry& e : entries) {
+    if (e.action != TraceAction::Alloc) continue;
+    EXPECT_EQ(e.context, reinterpret_cast<std::uintptr_t>(p) == e.address ? owner : made_by);
+    labelled += e.context == owner ? 1 : 0;
+  }
+  EXPECT_EQ(labelled, 1u);
+  // The block itself, as snapshots list it, carries the new owner.
+  bool found = false;
+  for (const SegmentInfo& seg : alloc->segments()) {
+    for (const BlockInfo& b : seg.blocks) {
+      if (b.address == reinterpret_cast<std::uintptr_t>(p)) {
+        found = true;
+        EXPECT_EQ(b.context, owner);
+      }
+    }
+  }
+  EXPECT_TRUE(found);
+  alloc->deallocate(p);
+}
+
 TEST(History, DropsTheOldestEntriesAtItsBound) {
   auto alloc = test::make_allocator();
   History all{*alloc, 1000};

@@ -8,9 +8,12 @@
 #include <array>
 #include <cmath>
 #include <functional>
+#include <map>
 #include <tuple>
 
 #include "test_util.hpp"
+#include "vramscope/instrumentation/history.hpp"
+#include "vramscope/instrumentation/module_scope.hpp"
 #include "vramscope/models/zoo.hpp"
 
 namespace mem::nn {
@@ -426,6 +429,48 @@ TEST(GraphRelease, ADeepChainIsReleasedWithoutRecursion) {
     EXPECT_NE(y.grad_fn(), nullptr);
   }  // y's grad_fn, then the whole chain, released here
   EXPECT_EQ(env.allocated(), before);
+}
+
+}  // namespace
+}  // namespace mem::nn
+
+namespace mem::nn {
+namespace {
+
+// memory_viz labels (issue 22): a gradient is allocated by its consumer's backward and
+// becomes the parameter's .grad when AccumulateGrad takes it; the snapshot's block and the
+// history's alloc entry then name it "<parameter>.grad", and nothing else changes.
+TEST(GradientLabels, EveryGradIsNamedAfterItsParameter) {
+  TrainConfig cfg;
+  cfg.model = models::find("resnet18");
+  cfg.model_options = ModelOptions::parse("batch=2,image=32");
+  cfg.optimizer.kind = OptimizerKind::SGD;
+  auto device = make_device("sim:capacity=8GiB,context=0");
+  CachingAllocator alloc(device);
+  attach(alloc);
+  History history{alloc, 1 << 20};
+  Trainer trainer(cfg, alloc);
+  trainer.step();
+
+  std::map<std::uintptr_t, ContextId> owner;
+  for (const SegmentInfo& seg : alloc.segments()) {
+    for (const BlockInfo& b : seg.blocks) owner[b.address] = b.context;
+  }
+  const std::vector<Tensor> params = trainer.model().parameters();
+  ASSERT_EQ(params.size(), 62u);
+  for (const Tensor& p : params) {
+    ASSERT_TRUE(p.grad().defined()) << p.name();
+    const auto address = reinterpret_cast<std::uintptr_t>(p.grad().storage()->data());
+    ASSERT_TRUE(owner.count(address)) << p.name();
+    EXPECT_EQ(context_info(owner[address]).path, p.name() + ".grad");
+  }
+  std::size_t labelled = 0;
+  for (const HistoryEntry& e : history.entries()) {
+    ASSERT_NE(e.action, TraceAction::Relabel);
+    const std::string& path = context_info(e.context).path;
+    if (e.action == TraceAction::Alloc && path.size() > 5 && path.ends_with(".grad")) ++labelled;
+  }
+  EXPECT_EQ(labelled, params.size());
 }
 
 }  // namespace

@@ -77,6 +77,11 @@ class CachingAllocator {
   void deallocate(void* ptr);
   /// The block is also used on `stream`: its reuse waits for that stream's work.
   void record_stream(void* ptr, StreamId stream);
+  /// Gives the live block at `ptr` a new owner context: what the memory is now, not who
+  /// asked for it (a gradient AccumulateGrad stole into a parameter's .grad). Snapshots
+  /// and histories show the new owner from the block's allocation on; statistics do not
+  /// change. Returns false, changing nothing, when `ptr` is not a live block's address.
+  bool relabel(const void* ptr, std::uint32_t context) noexcept;
 
   /// Returns every unsplit free segment to the device (torch.cuda.empty_cache).
   void empty_cache();

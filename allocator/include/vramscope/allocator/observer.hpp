@@ -22,6 +22,10 @@ enum class TraceAction : std::uint8_t {
   SegmentAlloc,   ///< cudaMalloc of a new segment
   SegmentFree,    ///< cudaFree of a segment
   Oom,            ///< an allocation failed after freeing the cache
+  /// A live block changed owner (CachingAllocator::relabel: AccumulateGrad made a
+  /// gradient a parameter's .grad): `address` and the new `context`; no total changes.
+  /// History applies it to the block's alloc entry and never exports it.
+  Relabel,
 };
 
 /// PyTorch's action names: "alloc", "free_requested", ..., "oom".

@@ -122,6 +122,9 @@ struct TensorImpl {
   std::weak_ptr<Node> grad_accumulator;      ///< leaves: their AccumulateGrad node
   std::string name;                          ///< parameters: full dotted name
   std::uint32_t grad_context = 0;            ///< leaves: module scope of AccumulateGrad
+  /// Leaves: the owner context of their .grad ("fc.weight.grad", backward), which
+  /// AccumulateGrad gives the gradient's block when it becomes the .grad (0: none).
+  std::uint32_t grad_label = 0;
 };
 }  // namespace detail
 
