@@ -69,6 +69,12 @@ PickleValue PickleValue::integer(std::int64_t v) {
   p.value_ = v;
   return p;
 }
+PickleValue PickleValue::big_integer(std::string bytes) {
+  PickleValue p;
+  p.kind_ = Kind::BigInt;
+  p.value_ = std::move(bytes);
+  return p;
+}
 PickleValue PickleValue::floating(double v) {
   PickleValue p;
   p.kind_ = Kind::Float;
@@ -112,6 +118,7 @@ std::string_view PickleValue::kind_name() const noexcept {
     case Kind::Tuple: return "tuple";
     case Kind::Dict: return "dict";
     case Kind::Set: return "set";
+    case Kind::BigInt: return "int beyond 64 bits";
   }
   return "?";
 }
@@ -131,6 +138,10 @@ bool PickleValue::as_bool() const {
 std::int64_t PickleValue::as_int() const {
   if (kind_ == Kind::Int) return std::get<std::int64_t>(value_);
   if (kind_ == Kind::Bool) return std::get<bool>(value_) ? 1 : 0;
+  if (kind_ == Kind::BigInt) {
+    throw Error("pickle value: an integer of " + std::to_string(std::get<std::string>(value_).size()) +
+                " bytes does not fit in 64 bits");
+  }
   wrong_kind("int", *this);
 }
 std::size_t PickleValue::as_size() const {
@@ -280,21 +291,23 @@ class Machine {
     stack_.push_back(it->second);
   }
 
-  static std::int64_t signed_long(std::string_view bytes, std::size_t at, const Machine& m) {
-    if (bytes.empty()) return 0;
-    // Little-endian two's complement; accept up to 8 significant bytes.
+  /// LONG1 / LONG4: little-endian two's complement. Up to 8 significant bytes is an int;
+  /// more is a BigInt (a value no field replay needs can hold).
+  static PickleValue signed_long(std::string_view bytes) {
+    if (bytes.empty()) return PickleValue::integer(0);
     std::size_t n = bytes.size();
     const bool negative = (static_cast<unsigned char>(bytes[n - 1]) & 0x80) != 0;
     const unsigned char pad = negative ? 0xff : 0x00;
     while (n > 8 && static_cast<unsigned char>(bytes[n - 1]) == pad) --n;
-    if (n > 8 || (n == 8 && ((static_cast<unsigned char>(bytes[7]) & 0x80) != 0) != negative))
-      m.fail(at, "integer of " + std::to_string(bytes.size()) + " bytes does not fit in 64 bits");
+    if (n > 8 || (n == 8 && ((static_cast<unsigned char>(bytes[7]) & 0x80) != 0) != negative)) {
+      return PickleValue::big_integer(std::string(bytes));
+    }
     std::uint64_t v = negative ? ~std::uint64_t{0} : 0;
     for (std::size_t i = 0; i < n; ++i) {
       v &= ~(std::uint64_t{0xff} << (8 * i));
       v |= std::uint64_t{static_cast<unsigned char>(bytes[i])} << (8 * i);
     }
-    return static_cast<std::int64_t>(v);
+    return PickleValue::integer(static_cast<std::int64_t>(v));
   }
 
   std::int64_t parse_text_int(std::string_view s, std::size_t at) const {
@@ -380,13 +393,12 @@ class Machine {
       case 'M': push(PickleValue::integer(static_cast<std::int64_t>(le(2)))); return false;
       case 0x8a: {  // LONG1
         const std::size_t n = le(1);
-        push(PickleValue::integer(signed_long(take(n), at, *this)));
+        push(signed_long(take(n)));
         return false;
       }
-      case 0x8b: {  // LONG4
+      case 0x8b: {  // LONG4: the bytes are in the file, so its size bounds them
         const std::uint64_t n = le(4);
-        if (n > 64) fail(at, "LONG4 of " + std::to_string(n) + " bytes does not fit in 64 bits");
-        push(PickleValue::integer(signed_long(take(n), at, *this)));
+        push(signed_long(take(n)));
         return false;
       }
       case 'I': {  // INT (text); I00/I01 are False/True

@@ -94,7 +94,9 @@ RecordedEvent read_event(const PickleValue& ev, const std::string& path) {
     auto action = action_from_name(name);
     if (!action) throw Error("unknown action '" + name + "' (expected one of " + list_actions() + ")");
     e.action = *action;
-    e.address = static_cast<std::uintptr_t>(ev.at("addr").as_int());
+    // PyTorch writes an oom entry's address field as `device_free` (the driver's free
+    // bytes at the failure; torch/csrc/cuda/Module.cpp) and no `addr`: it has no block.
+    if (e.action != RecordedAction::Oom) e.address = static_cast<std::uintptr_t>(ev.at("addr").as_int());
     e.size = ev.at("size").as_size();
     if (const PickleValue* v = ev.find("stream")) e.stream = static_cast<std::uint64_t>(v->as_int());
     if (const PickleValue* v = ev.find("time_us"); v && !v->is_none()) e.time_us = v->as_float();

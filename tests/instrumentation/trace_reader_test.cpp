@@ -70,6 +70,44 @@ PickleValue snapshot_with(std::vector<PickleValue> events) {
   return root;
 }
 
+// Issue 20: things PyTorch writes that must load.
+TEST(TraceReader, AnOomEntryHasDeviceFreeAndNoAddress) {
+  // torch/csrc/cuda/Module.cpp writes an oom entry's address field as "device_free".
+  PickleValue oom = PickleValue::dict();
+  oom.mutable_dict().emplace_back(PickleValue::string("action"), PickleValue::string("oom"));
+  oom.mutable_dict().emplace_back(PickleValue::string("device_free"), PickleValue::integer(123 * 1024));
+  oom.mutable_dict().emplace_back(PickleValue::string("size"), PickleValue::integer(64 * MiB));
+  const AllocationTrace t =
+      read_pytorch_snapshot(snapshot_with({event("segment_alloc", 1 << 30, 2 * MiB), std::move(oom)}));
+  ASSERT_EQ(t.events.size(), 2u);
+  EXPECT_EQ(t.events[1].action, RecordedAction::Oom);
+  EXPECT_EQ(t.events[1].size, 64 * MiB);
+  EXPECT_EQ(t.events[1].address, 0u);
+}
+
+TEST(TraceReader, AnIntegerBeyond64BitsInAFieldReplayDoesNotReadLoads) {
+  // {"line": 2**64 - 1} as pickle protocol 2 writes it: LONG1 of 9 bytes.
+  const std::string bytes = std::string("\x80\x02}\x8c\x04line\x8a\x09", 11) + std::string(8, '\xff') +
+                            std::string(1, '\0') + "s.";
+  const PickleValue v = read_pickle(bytes);
+  ASSERT_EQ(v.at("line").kind(), PickleValue::Kind::BigInt);
+  EXPECT_NE(error_of([&] { (void)v.at("line").as_int(); }).find("9 bytes does not fit in 64 bits"), std::string::npos);
+  // -1 in 9 bytes is still an int; 2**63 - 1 in 8 is too.
+  EXPECT_EQ(read_pickle(std::string("\x80\x02\x8a\x09", 4) + std::string(9, '\xff') + ".").as_int(), -1);
+
+  // An alloc entry whose frame's line is 2**64 - 1 (what PyTorch records for an unknown
+  // line): the snapshot loads; replay never reads frames.
+  PickleValue frame = PickleValue::dict();
+  frame.mutable_dict().emplace_back(PickleValue::string("line"), PickleValue::big_integer(std::string(8, '\xff') + '\0'));
+  PickleValue frames = PickleValue::sequence(PickleValue::Kind::List);
+  frames.mutable_list().push_back(frame);
+  PickleValue alloc = event("alloc", 1 << 30, 512);
+  alloc.mutable_dict().emplace_back(PickleValue::string("frames"), frames);
+  const AllocationTrace t = read_pytorch_snapshot(snapshot_with({std::move(alloc)}));
+  ASSERT_EQ(t.events.size(), 1u);
+  EXPECT_EQ(t.events[0].size, 512u);
+}
+
 TEST(TraceReader, MalformedSnapshotNamesTheElement) {
   PickleValue bad = event("alloc", 4096, 512);
   bad.mutable_dict().pop_back();  // no size

@@ -33,7 +33,10 @@ using PickleDict = std::vector<std::pair<PickleValue, PickleValue>>;
 /// shares them, so copying a PickleValue is cheap.
 class PickleValue {
  public:
-  enum class Kind : std::uint8_t { None, Bool, Int, Float, String, Bytes, List, Tuple, Dict, Set };
+  /// BigInt: an integer beyond 64 bits (LONG1 / LONG4), kept as its bytes. PyTorch writes
+  /// such values in fields nothing here reads (a frame's `line` of 2^64 - 1); reading
+  /// one as an int is the error, not loading the file.
+  enum class Kind : std::uint8_t { None, Bool, Int, Float, String, Bytes, List, Tuple, Dict, Set, BigInt };
 
   PickleValue() = default;  ///< None
   PickleValue(const PickleValue&) = default;
@@ -50,6 +53,8 @@ class PickleValue {
   ~PickleValue();
   static PickleValue boolean(bool v);
   static PickleValue integer(std::int64_t v);
+  /// An integer that does not fit in 64 bits: its little-endian two's-complement bytes.
+  static PickleValue big_integer(std::string bytes);
   static PickleValue floating(double v);
   static PickleValue string(std::string v);
   static PickleValue bytes(std::string v);
@@ -58,7 +63,8 @@ class PickleValue {
   static PickleValue dict();
 
   Kind kind() const noexcept { return kind_; }
-  /// "None", "bool", "int", "float", "str", "bytes", "list", "tuple", "dict", "set".
+  /// "None", "bool", "int", "float", "str", "bytes", "list", "tuple", "dict", "set",
+  /// "int beyond 64 bits".
   std::string_view kind_name() const noexcept;
   bool is_none() const noexcept { return kind_ == Kind::None; }
   bool is_int() const noexcept { return kind_ == Kind::Int; }
