@@ -517,6 +517,9 @@ class Replayer {
   }
 
   void do_alloc(std::size_t index) {
+    // Segment frees followed by an alloc with no segment_alloc between were an
+    // empty_cache(): the free-and-retry path always mallocs a segment after them.
+    if (!pending_frees_.empty() && pending_allocs_.empty()) flush_pending(index);
     const RecordedEvent& e = trace_.events[index];
     ++r_.allocs;
     std::vector<TraceAddressDevice::Expected> expected;

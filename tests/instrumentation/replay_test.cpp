@@ -63,6 +63,34 @@ TEST(Replay, RecordedRunReproducesItsPeaksExactly) {
   EXPECT_GT(r.reserved_per_requested, 1.0);
 }
 
+// Issue 20: an empty_cache() whose segment frees are followed directly by an alloc (served
+// from a segment that stayed) was replayed without releasing the cache.
+TEST(Replay, AnEmptyCacheFollowedDirectlyByAnAllocReleasesTheCache) {
+  auto device = std::make_shared<SimDevice>(sim_preset("a100-80g"));
+  CachingAllocator alloc{device};
+  History history{alloc, 1000};
+  void* b = alloc.allocate(2 * MiB);    // a 20 MiB large segment that stays
+  void* a = alloc.allocate(512);        // a 2 MiB small segment
+  alloc.deallocate(a);
+  alloc.empty_cache();                  // frees the small segment only
+  void* c = alloc.allocate(4 * MiB);    // from the large segment's cache: no segment_alloc
+  const DeviceStats recorded = alloc.stats();
+  alloc.deallocate(c);
+  alloc.deallocate(b);
+
+  std::istringstream csv(history_csv(history.entries()));
+  const AllocationTrace trace = read_history_trace(csv, "run.csv");
+  ReplayOptions opt;
+  opt.device = "sim:a100-80g";
+  const ReplayResult r = replay(trace, opt);
+  EXPECT_EQ(r.empty_cache_calls, 1u);
+  EXPECT_EQ(r.segment_frees_reproduced, r.segment_frees_recorded);
+  EXPECT_EQ(r.divergence_count, 0u) << (r.divergences.empty() ? "" : r.divergences[0].what);
+  EXPECT_EQ(r.peak_reserved, recorded.reserved_bytes[0].peak);
+  // At the end only the large segment is held, as recorded (its blocks cached).
+  EXPECT_EQ(r.final_stats.reserved_bytes[0].current, 20 * static_cast<std::int64_t>(MiB));
+}
+
 // Blocks live at the start and freed during the trace are known only by their
 // request (the pickle records requests, as PyTorch does); their size is
 // inferred, here exactly (see StartingBlockEndsWhereALaterAllocationBegins).
