@@ -322,6 +322,25 @@ AllocationTrace read_pytorch_snapshot(const PickleValue& root, int device, const
     for (std::size_t i = 0; i < events.size(); ++i)
       t.events.push_back(read_event(events[i], base + "[" + std::to_string(i) + "]"));
   }
+  if (t.events.empty() && t.final_segments.empty()) {
+    // Nothing on this device: say which devices have something, rather than replay zeros.
+    std::map<int, std::pair<std::size_t, std::size_t>> content;  // device -> (segments, events)
+    for (const PickleValue& seg : *segments)
+      if (const PickleValue* d = seg.find("device"); d && d->is_int()) ++content[static_cast<int>(d->as_int())].first;
+    for (std::size_t d = 0; traces && d < traces->size(); ++d)
+      if ((*traces)[d].is_sequence() && !(*traces)[d].as_list().empty())
+        content[static_cast<int>(d)].second = (*traces)[d].as_list().size();
+    std::string list;
+    for (const auto& [d, n] : content) {
+      if (d == device || (n.first == 0 && n.second == 0)) continue;
+      list += (list.empty() ? "" : ", ") + std::string("device ") + std::to_string(d) + " (" + std::to_string(n.first) +
+              " segments, " + std::to_string(n.second) + " trace events)";
+    }
+    if (!list.empty()) {
+      throw Error(source + ": device " + std::to_string(device) + " has no segments and no trace events; " + list +
+                  " has them (vramscope replay --trace-device N)");
+    }
+  }
   finish(t);
   return t;
 }

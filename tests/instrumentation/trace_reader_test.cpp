@@ -108,6 +108,26 @@ TEST(TraceReader, AnIntegerBeyond64BitsInAFieldReplayDoesNotReadLoads) {
   EXPECT_EQ(t.events[0].size, 512u);
 }
 
+TEST(TraceReader, ADeviceWithNothingToReplayNamesTheDevicesThatHaveSomething) {
+  // Everything on device 1 (a second GPU): device 0's trace is empty and it has no segment.
+  PickleValue root = snapshot_with({});
+  PickleValue trace1 = PickleValue::sequence(PickleValue::Kind::List);
+  trace1.mutable_list().push_back(event("segment_alloc", 1 << 30, 2 * MiB));
+  trace1.mutable_list().push_back(event("alloc", 1 << 30, 512));
+  for (auto& [key, value] : root.mutable_dict()) {
+    if (key.as_string() == "device_traces") value.mutable_list().push_back(trace1);
+  }
+  // The default choice is the device with the trace events.
+  EXPECT_EQ(read_pytorch_snapshot(root).device, 1);
+  EXPECT_EQ(read_pytorch_snapshot(root).events.size(), 2u);
+  // Asking for device 0 is an error that names device 1, not a replay of zeros.
+  const std::string message = error_of([&] { (void)read_pytorch_snapshot(root, 0, "two-gpus.pickle"); });
+  EXPECT_NE(message.find("two-gpus.pickle: device 0 has no segments and no trace events; device 1 (0 segments, "
+                         "2 trace events) has them"),
+            std::string::npos)
+      << message;
+}
+
 TEST(TraceReader, MalformedSnapshotNamesTheElement) {
   PickleValue bad = event("alloc", 4096, 512);
   bad.mutable_dict().pop_back();  // no size
