@@ -118,7 +118,10 @@ std::shared_ptr<const nn::ModelSource> resolve_model(const ModelArgs& args, cons
 }
 
 nn::ModelInfo describe(const nn::ModelSource& model, const nn::ModelOptions& options) {
-  return as_usage("--model", [&] { return model.describe(options); });
+  // Name the option the model came from: a user's file is --model-file, not --model.
+  const auto* file = dynamic_cast<const models::ModelFile*>(&model);
+  const char* option = file != nullptr && !file->origin().starts_with("zoo:") ? "--model-file" : "--model";
+  return as_usage(option, [&] { return model.describe(options); });
 }
 
 std::vector<std::string> split_list(const std::string& option, const std::string& text) {

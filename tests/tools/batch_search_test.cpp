@@ -1,4 +1,4 @@
-// batch_search_test.cpp — --batch / --seq lists and --max-batch. Each list row must
+// batch_search_test.cpp — --batch / --seq lists, --max-batch, and the model options. Each list row must
 // equal a sweep of that one batch (the lists add no state), and the largest batch
 // found must fit while one more sample runs out of memory, both checked by sweeps
 // of their own.
@@ -11,6 +11,8 @@
 #include "max_batch_report.hpp"
 #include "sweep.hpp"
 #include "usage_error.hpp"
+#include "model_args.hpp"
+#include "vramscope/models/model_file.hpp"
 #include "vramscope/models/zoo.hpp"
 
 namespace mem::tools {
@@ -180,6 +182,30 @@ TEST(MaxBatch, CsvAndJsonCarryEveryRow) {
   ASSERT_EQ(j["rows"].size(), 2u);
   EXPECT_EQ(j["rows"][0]["max_batch"].get<std::int64_t>(), result.rows[0].max_batch);
   EXPECT_EQ(j["rows"][1]["max_allocated"].get<std::int64_t>(), result.rows[1].at_max.peak_allocated);
+}
+
+}  // namespace
+}  // namespace mem::tools
+
+namespace mem::tools {
+namespace {
+
+TEST(ModelArgs, AnOptionErrorNamesTheFlagTheModelCameFrom) {
+  const auto file = models::ModelFile::parse(
+      R"({"format": "vramscope-model", "version": 1, "name": "tiny", "options": {"batch": 2},
+          "input": {"shape": ["batch", 4]}, "loss": {"type": "mse"},
+          "layers": [{"name": "fc", "type": "Linear", "in_features": 4, "out_features": 4}]})",
+      "tiny.json");
+  const auto message = [](const nn::ModelSource& source) {
+    try {
+      (void)describe(source, nn::ModelOptions::parse("depth=3"));
+    } catch (const UsageError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  EXPECT_EQ(message(*file).rfind("--model-file: tiny has no depth option", 0), 0u) << message(*file);
+  EXPECT_EQ(message(*models::find("resnet18")).rfind("--model: resnet18 has no depth option", 0), 0u);
 }
 
 }  // namespace
