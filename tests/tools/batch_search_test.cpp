@@ -1,6 +1,6 @@
-// batch_search_test.cpp — --batch / --seq lists, --max-batch, and the model options. Each list row must
-// equal a sweep of that one batch (the lists add no state), and the largest batch
-// found must fit while one more sample runs out of memory, both checked by sweeps
+// batch_search_test.cpp — --batch / --seq lists, --max-batch and the model options.
+// Each list row must equal a sweep of that one batch (the lists add no state), and the
+// largest batch found must fit while one more sample runs out of memory, both checked by sweeps
 // of their own.
 #include <gtest/gtest.h>
 
