@@ -448,7 +448,7 @@ TEST(GradientLabels, EveryGradIsNamedAfterItsParameter) {
   auto device = make_device("sim:capacity=8GiB,context=0");
   CachingAllocator alloc(device);
   attach(alloc);
-  History history{alloc, 1 << 20};
+  History history{alloc, 1 << 15};  // one step: a few thousand events
   Trainer trainer(cfg, alloc);
   trainer.step();
 
