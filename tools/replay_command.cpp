@@ -5,9 +5,11 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,11 +39,13 @@ struct ReplayArgs {
   std::string format = "table";
   int trace_device = -1;
   bool stop_at_oom = false;
+  bool min_capacity = false;
 };
 
 struct Row {
   std::string label;  // "vramscope (default)", "cub-growth2"
   ReplayResult result;
+  std::optional<CapacitySearch> smallest;  ///< --min-capacity: the smallest GPU that fits
 };
 
 std::string oom_text(const ReplayResult& r) {
@@ -78,6 +82,14 @@ nlohmann::json to_json(const Row& row) {
       {"ooms", r.ooms},
   };
   if (!r.supported) j["unsupported_reason"] = r.unsupported_reason;
+  if (row.smallest) {
+    j["min_capacity"] = row.smallest->supported
+                            ? nlohmann::json{{"capacity_bytes", row.smallest->capacity},
+                                             {"unlimited_nvidia_smi_bytes", row.smallest->unlimited_device_used},
+                                             {"peak_reserved_bytes", row.smallest->at_capacity.peak_reserved},
+                                             {"replays", row.smallest->replays}}
+                            : nlohmann::json{{"unsupported_reason", row.smallest->unsupported_reason}};
+  }
   if (r.first_oom) {
     j["first_oom"] = {{"event_index", r.first_oom->event_index},
                       {"requested_bytes", r.first_oom->requested},
@@ -130,18 +142,20 @@ void print(const ReplayArgs& args, const AllocationTrace& trace, const std::vect
     std::cout << "label,config,peak_allocated_bytes,peak_reserved_bytes,peak_requested_bytes,"
                  "peak_nvidia_smi_bytes,reserved_per_requested,fragmentation,"
                  "largest_free_block_at_peak_bytes,device_allocs,first_oom_event,"
-                 "segment_allocs_reproduced,segment_allocs_recorded,blocks_placed,allocs_checked\n";
+                 "segment_allocs_reproduced,segment_allocs_recorded,blocks_placed,allocs_checked,"
+                 "min_capacity_bytes\n";
     for (const Row& row : rows) {
       const ReplayResult& r = row.result;
       std::cout << fmt::format(
-          "{},{},{},{},{},{},{:.4f},{:.4f},{},{},{},{},{},{},{}\n", csv_field(row.label),
+          "{},{},{},{},{},{},{:.4f},{:.4f},{},{},{},{},{},{},{},{}\n", csv_field(row.label),
           csv_field(r.config), r.peak_allocated, r.peak_reserved, r.peak_requested, r.peak_device_used,
           r.reserved_per_requested, r.fragmentation, r.largest_free_block_at_peak, r.segment_allocs,
           r.first_oom ? std::to_string(r.first_oom->event_index) : "",
           r.conformance_checked ? std::to_string(r.segment_allocs_reproduced) : "",
           r.conformance_checked ? std::to_string(r.segment_allocs_recorded) : "",
           r.conformance_checked ? std::to_string(r.blocks_placed) : "",
-          r.conformance_checked ? std::to_string(r.allocs_checked) : "");
+          r.conformance_checked ? std::to_string(r.allocs_checked) : "",
+          row.smallest && row.smallest->supported ? std::to_string(row.smallest->capacity) : "");
     }
     return;
   }
@@ -149,25 +163,38 @@ void print(const ReplayArgs& args, const AllocationTrace& trace, const std::vect
                            trace_format_name(trace.format), trace.events.size(), args.device);
   if (!rows.empty() && !rows.front().result.assumptions.empty())
     std::cout << "  device assumptions: " << rows.front().result.assumptions << "\n";
-  Table t{{{"run", Align::Left},
+  const bool smallest = std::any_of(rows.begin(), rows.end(), [](const Row& r) { return r.smallest.has_value(); });
+  std::vector<Column> cols{{"run", Align::Left},
            {"max allocated"},
            {"max reserved"},
            {"max nvidia-smi"},
            {"reserved/requested"},
            {"fragmentation"},
            {"cudaMalloc"},
-           {"first OOM", Align::Left},
-           {"matches recording", Align::Left}}};
+           {"first OOM", Align::Left}};
+  if (smallest) cols.push_back({"smallest GPU"});
+  cols.push_back({"matches recording", Align::Left});
+  Table t{cols};
   for (const Row& row : rows) {
     const ReplayResult& r = row.result;
     if (!r.supported) {
-      t.add_row({row.label, "—", "—", "—", "—", "—", "—", "not replayed: " + r.unsupported_reason});
+      std::vector<std::string> cells{row.label, "—", "—", "—", "—", "—", "—", "—"};
+      if (smallest) cells.push_back("—");
+      cells.push_back("not replayed: " + r.unsupported_reason);
+      t.add_row(std::move(cells));
       continue;
     }
-    t.add_row({row.label, human_bytes(r.peak_allocated), human_bytes(r.peak_reserved),
-               human_bytes(r.peak_device_used), fmt::format("{:.3f}", r.reserved_per_requested),
-               row.label.rfind("cub", 0) == 0 ? "—" : fmt::format("{:.1f}%", 100 * r.fragmentation),
-               std::to_string(r.segment_allocs), oom_text(r), conformance_text(r)});
+    std::vector<std::string> cells{row.label, human_bytes(r.peak_allocated), human_bytes(r.peak_reserved),
+                                   human_bytes(r.peak_device_used), fmt::format("{:.3f}", r.reserved_per_requested),
+                                   row.label.rfind("cub", 0) == 0 ? "—" : fmt::format("{:.1f}%", 100 * r.fragmentation),
+                                   std::to_string(r.segment_allocs), oom_text(r)};
+    if (smallest) {
+      cells.push_back(!row.smallest ? "—"
+                      : row.smallest->supported ? format_bytes(row.smallest->capacity)
+                                                : "none");
+    }
+    cells.push_back(conformance_text(r));
+    t.add_row(std::move(cells));
   }
   std::cout << t.render("  ");
   for (const Row& row : rows) {
@@ -180,6 +207,16 @@ void print(const ReplayArgs& args, const AllocationTrace& trace, const std::vect
     if (r.divergence_count > r.divergences.size())
       std::cout << fmt::format("  {}: ... {} divergences in all\n", row.label, r.divergence_count);
   }
+  if (smallest) {
+    std::cout << "  smallest GPU: the least capacity (CUDA context included, in steps of the driver's\n"
+                 "  granularity) on which the trace replays with no OOM under the row's setting, found by\n"
+                 "  bisecting replays; the allocator frees its cache and retries under pressure, so it\n"
+                 "  can be below max nvidia-smi.\n";
+    for (const Row& row : rows) {
+      if (row.smallest && !row.smallest->supported)
+        std::cout << fmt::format("  {}: no smallest GPU: {}\n", row.label, row.smallest->unsupported_reason);
+    }
+  }
 }
 
 void run(const ReplayArgs& args) {
@@ -189,7 +226,11 @@ void run(const ReplayArgs& args) {
   for (const std::string& c : args.confs)
     configs.push_back(as_usage("--alloc-conf", [&] { return AllocatorConfig::parse(c); }));
   if (configs.empty()) configs.emplace_back();
-  as_usage("--device", [&] { return make_device(args.device); });
+  const auto device = as_usage("--device", [&] { return make_device(args.device); });
+  if (args.min_capacity && !device->info().simulated) {
+    throw UsageError("--min-capacity: bisects a simulated device's capacity; give --device sim:<preset> (" +
+                     device->info().name + " is a real GPU)");
+  }
   for (const std::string& p : args.peers) {
     if (p != "cub" && p != "cub-default" && p != "cub-growth2")
       throw UsageError("--peer: '" + p + "' is not one of cub (both bin layouts), cub-default, cub-growth2");
@@ -212,7 +253,9 @@ void run(const ReplayArgs& args) {
     opt.device = args.device;
     opt.stop_at_oom = args.stop_at_oom;
     const std::string conf = config.to_string();
-    rows.push_back({"vramscope (" + (conf.empty() ? std::string("default") : conf) + ")", replay(trace, opt)});
+    Row row{"vramscope (" + (conf.empty() ? std::string("default") : conf) + ")", replay(trace, opt), std::nullopt};
+    if (args.min_capacity) row.smallest = smallest_capacity(trace, opt);
+    rows.push_back(std::move(row));
   }
 #if VRAMSCOPE_REPLAY_CUB
   for (const std::string& p : args.peers) {
@@ -223,7 +266,7 @@ void run(const ReplayArgs& args) {
       auto device = std::dynamic_pointer_cast<SimDevice>(make_device(args.device));
       if (!device) throw UsageError("--peer: CUB runs on a simulated device; give --device sim:...");
       bench::CubReplayTarget target{device, bins};
-      rows.push_back({target.name(), replay_on(trace, target)});
+      rows.push_back({target.name(), replay_on(trace, target), std::nullopt});
     }
   }
 #endif
@@ -253,6 +296,9 @@ void add_replay_command(CLI::App& app) {
   cmd->add_option("--trace-device", args->trace_device,
                   "which GPU's trace of a multi-GPU snapshot (default: the busiest)");
   cmd->add_flag("--stop-at-oom", args->stop_at_oom, "stop at the first allocation that does not fit");
+  cmd->add_flag("--min-capacity", args->min_capacity,
+                "also find, for each setting, the smallest GPU the trace fits on: the least capacity of "
+                "--device (same context and granularity) with no OOM, by bisecting replays");
   cmd->callback([args] { run(*args); });
 }
 

@@ -3,6 +3,8 @@
 // empty_cache calls, and compares what happens with what was recorded.
 #include "vramscope/instrumentation/replay.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <iterator>
@@ -675,6 +677,66 @@ ReplayResult replay(const AllocationTrace& trace, const ReplayOptions& options) 
   detail::Replayer replayer{trace, options, result};
   replayer.run();
   return result;
+}
+
+CapacitySearch smallest_capacity(const AllocationTrace& trace, const ReplayOptions& options) {
+  const DeviceInfo like = make_device(options.device)->info();
+  if (!like.simulated) {
+    throw Error("the smallest capacity is searched on a simulated device; " + like.name + " is a real GPU");
+  }
+  const std::size_t g = like.granularity != 0 ? like.granularity : 2 * MiB;
+  const std::size_t context = like.context_bytes;
+  CapacitySearch out;
+  // Probes ask what this allocator's policy needs, not what the recording did: no
+  // recorded addresses or refusals, no conformance, stop at the first OOM.
+  const auto probe = [&](std::size_t capacity) {
+    ReplayOptions o = options;
+    o.device = fmt::format("sim:capacity={},context={},granularity={}", capacity, context, g);
+    o.trace_addresses = false;
+    o.replay_driver_refusals = false;
+    o.check_conformance = false;
+    o.track_fragmentation = false;
+    o.stop_at_oom = true;
+    ++out.replays;
+    return replay(trace, o);
+  };
+  const auto fits = [](const ReplayResult& r) { return r.supported && r.ooms == 0 && !r.first_oom; };
+  constexpr std::size_t kUnlimited = std::size_t{1} << 50;
+  const ReplayResult unlimited = probe(kUnlimited);
+  if (!unlimited.supported) {
+    out.supported = false;
+    out.unsupported_reason = unlimited.unsupported_reason;
+    return out;
+  }
+  out.unlimited_device_used = static_cast<std::size_t>(unlimited.peak_device_used);
+  const auto round_up = [&](std::size_t n) { return (n + g - 1) / g * g; };
+  std::size_t hi = round_up(std::max(out.unlimited_device_used, context + g));
+  ReplayResult at_hi = probe(hi);
+  while (!fits(at_hi) && hi < kUnlimited) {
+    hi = std::min(hi * 2, kUnlimited);
+    at_hi = probe(hi);
+  }
+  if (!fits(at_hi)) {
+    out.supported = false;
+    out.unsupported_reason = "the trace runs out of memory even on a device of " + format_bytes(hi);
+    return out;
+  }
+  // Below the context plus the peak of live bytes nothing fits: the step under it is the floor.
+  std::size_t lo = (context + static_cast<std::size_t>(unlimited.peak_allocated) - 1) / g * g;
+  if (lo >= hi) lo = hi - g;
+  out.at_capacity = std::move(at_hi);
+  while (hi - lo > g) {
+    const std::size_t mid = lo + (hi - lo) / g / 2 * g;
+    ReplayResult r = probe(mid);
+    if (fits(r)) {
+      hi = mid;
+      out.at_capacity = std::move(r);
+    } else {
+      lo = mid;
+    }
+  }
+  out.capacity = hi;
+  return out;
 }
 
 ReplayPlan plan_replay(const AllocationTrace& trace) {

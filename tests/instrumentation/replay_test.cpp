@@ -91,6 +91,39 @@ TEST(Replay, AnEmptyCacheFollowedDirectlyByAnAllocReleasesTheCache) {
   EXPECT_EQ(r.final_stats.reserved_bytes[0].current, 20 * static_cast<std::int64_t>(MiB));
 }
 
+// Issue 20: the smallest GPU that fits. The capacity found replays with no OOM, one driver
+// granule less runs out, and it lies between the context plus the peak of live bytes and
+// the nvidia-smi view of the replay without a limit.
+TEST(Replay, TheSmallestCapacityFitsAndOneGranuleLessDoesNot) {
+  auto device = std::make_shared<SimDevice>(sim_preset("a100-80g"));
+  CachingAllocator alloc{device};
+  History history{alloc, 100000};
+  run_workload(alloc, 3000, 11);
+  std::istringstream csv(history_csv(history.entries()));
+  const AllocationTrace trace = read_history_trace(csv, "run.csv");
+  ReplayOptions opt;
+  opt.device = "sim:a100-80g";
+  const CapacitySearch found = smallest_capacity(trace, opt);
+  ASSERT_TRUE(found.supported) << found.unsupported_reason;
+  const std::size_t context = device->info().context_bytes, g = 2 * MiB;
+  EXPECT_EQ(found.capacity % g, 0u);
+  EXPECT_GE(found.capacity, context + static_cast<std::size_t>(found.at_capacity.peak_allocated));
+  EXPECT_LE(found.capacity, (found.unlimited_device_used + g - 1) / g * g);
+  EXPECT_EQ(found.at_capacity.ooms, 0u);
+  const auto at = [&](std::size_t capacity) {
+    ReplayOptions o = opt;
+    o.device = "sim:capacity=" + std::to_string(capacity) + ",context=" + std::to_string(context);
+    o.trace_addresses = false;
+    o.replay_driver_refusals = false;
+    o.stop_at_oom = true;
+    return replay(trace, o);
+  };
+  EXPECT_EQ(at(found.capacity).ooms, 0u);
+  EXPECT_GT(at(found.capacity - g).ooms, 0u);
+  EXPECT_LT(found.replays, 40u);  // bisection: a log of the range in granules
+  EXPECT_THROW(smallest_capacity(trace, ReplayOptions{.device = "sim:nosuch"}), Error);
+}
+
 // Blocks live at the start and freed during the trace are known only by their
 // request (the pickle records requests, as PyTorch does); their size is
 // inferred, here exactly (see StartingBlockEndsWhereALaterAllocationBegins).

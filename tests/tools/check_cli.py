@@ -378,6 +378,16 @@ def check_replay(exe, work):
     p = run(exe, "replay", pk, "--device", "sim:capacity=1GiB,context=100MiB",
             "-a", "", "-a", "max_split_size_mb:128")
     check("max_split_size_mb:128" in p.stdout, p.stdout)
+    # --min-capacity: the smallest GPU for each setting, at most the device's own view of it.
+    out = json.loads(run(exe, "replay", pk, "--device", "sim:capacity=1GiB,context=100MiB", "-a", "",
+                         "--min-capacity", "--format", "json").stdout)
+    mc = out["runs"][0]["min_capacity"]
+    check(100 * MiB < mc["capacity_bytes"] <= GiB and mc["capacity_bytes"] % (2 * MiB) == 0, mc)
+    check(mc["capacity_bytes"] <= mc["unlimited_nvidia_smi_bytes"] + 2 * MiB, mc)
+    table = run(exe, "replay", pk, "--min-capacity").stdout
+    check("smallest GPU" in table, table)
+    err = run(exe, "replay", pk, "--min-capacity", "--device", "cuda:0", expect=2).stderr
+    check(err.count("\n") == 1, err)
 
 
 def check_reentrant(exe, work):

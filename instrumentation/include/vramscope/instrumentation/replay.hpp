@@ -143,6 +143,24 @@ struct ReplayResult {
 /// (inconsistencies are counted in the result).
 ReplayResult replay(const AllocationTrace& trace, const ReplayOptions& options = {});
 
+/// The smallest GPU that fits: the smallest capacity, in steps of the device's driver
+/// granularity, of a simulated device like options.device (same CUDA context and
+/// granularity) on which the trace replays under options.config without running out of
+/// memory. Found by bisection between the replay's peak allocated (less can never fit)
+/// and its unlimited nvidia-smi view (enough, with the cache never released), each probe
+/// a replay stopping at its first OOM. Memory grows with capacity almost, not strictly,
+/// monotonically, so this is a capacity that fits whose one-step-smaller neighbour does not.
+struct CapacitySearch {
+  bool supported = true;           ///< false: the trace cannot be replayed (see reason)
+  std::string unsupported_reason;
+  std::size_t capacity = 0;        ///< the smallest capacity found (context included)
+  std::size_t unlimited_device_used = 0;  ///< nvidia-smi view of the replay without a limit
+  ReplayResult at_capacity;        ///< the replay at `capacity`
+  std::size_t replays = 0;         ///< probes run
+};
+/// Throws mem::Error for a device spec that is not a simulated device.
+CapacitySearch smallest_capacity(const AllocationTrace& trace, const ReplayOptions& options);
+
 /// Any allocator the generic replay can drive (the CUB peer implements it).
 class ReplayTarget {
  public:
