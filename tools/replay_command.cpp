@@ -91,9 +91,22 @@ nlohmann::json to_json(const Row& row) {
                             : nlohmann::json{{"unsupported_reason", row.smallest->unsupported_reason}};
   }
   if (r.first_oom) {
-    j["first_oom"] = {{"event_index", r.first_oom->event_index},
-                      {"requested_bytes", r.first_oom->requested},
-                      {"message", r.first_oom->message}};
+    const ReplayOom& o = *r.first_oom;
+    nlohmann::json segs = nlohmann::json::array();
+    for (const ReplayOom::Segment& seg : o.fragmented) {
+      segs.push_back({{"address", seg.address},
+                      {"size_bytes", seg.size},
+                      {"free_bytes", seg.free_bytes},
+                      {"largest_free_bytes", seg.largest_free},
+                      {"live_blocks", seg.live_blocks},
+                      {"live_bytes", seg.live_bytes}});
+    }
+    j["first_oom"] = {{"event_index", o.event_index},
+                      {"requested_bytes", o.requested},
+                      {"message", o.message},
+                      {"largest_free_block_bytes", o.largest_free_block},
+                      {"free_bytes", o.free_bytes},
+                      {"fragmented_segments", segs}};
   }
   if (r.rebuilt_exactly || r.initial_segments > 0) {
     j["starting_state"] = {{"exact", r.rebuilt_exactly},
@@ -206,6 +219,21 @@ void print(const ReplayArgs& args, const AllocationTrace& trace, const std::vect
       std::cout << fmt::format("  {}: event {}: {}\n", row.label, d.event_index, d.what);
     if (r.divergence_count > r.divergences.size())
       std::cout << fmt::format("  {}: ... {} divergences in all\n", row.label, r.divergence_count);
+  }
+  for (const Row& row : rows) {
+    const ReplayResult& r = row.result;
+    if (!r.first_oom || row.label.rfind("cub", 0) == 0) continue;
+    const ReplayOom& o = *r.first_oom;
+    std::cout << fmt::format("  {}: first OOM at event {}: asked {}; {} reserved but free, the largest free block {}{}\n",
+                             row.label, o.event_index, format_bytes(o.requested), format_bytes(o.free_bytes),
+                             format_bytes(o.largest_free_block),
+                             o.free_bytes >= o.requested ? " (enough memory in all, but fragmented)" : "");
+    for (const ReplayOom::Segment& seg : o.fragmented) {
+      std::cout << fmt::format("    segment {} of {}: {} free (largest {}), pinned by {} live block{} of {}\n",
+                               format_address(seg.address), format_bytes(seg.size), format_bytes(seg.free_bytes),
+                               format_bytes(seg.largest_free), seg.live_blocks, seg.live_blocks == 1 ? "" : "s",
+                               format_bytes(seg.live_bytes));
+    }
   }
   if (smallest) {
     std::cout << "  smallest GPU: the least capacity (CUDA context included, in steps of the driver's\n"

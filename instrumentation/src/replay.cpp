@@ -518,6 +518,36 @@ class Replayer {
                             std::to_string(matched) + " the same)");
   }
 
+  /// The first OOM with the allocator's state at that moment: the largest free block, the
+  /// free bytes, and the segments whose live blocks keep the most free memory pinned.
+  ReplayOom oom_forensics(std::size_t index, std::size_t requested, std::string message) const {
+    ReplayOom o{index, requested, std::move(message)};
+    std::vector<ReplayOom::Segment> segs;
+    for (const SegmentInfo& seg : alloc_->segments()) {
+      ReplayOom::Segment out;
+      out.address = seg.address;
+      out.size = seg.total_size;
+      for (const BlockInfo& b : seg.blocks) {
+        if (b.state == BlockState::Inactive) {
+          out.free_bytes += b.size;
+          out.largest_free = std::max(out.largest_free, b.size);
+        } else {
+          ++out.live_blocks;
+          out.live_bytes += b.size;
+        }
+      }
+      o.free_bytes += out.free_bytes;
+      o.largest_free_block = std::max(o.largest_free_block, out.largest_free);
+      if (out.free_bytes > 0) segs.push_back(out);
+    }
+    std::sort(segs.begin(), segs.end(), [](const ReplayOom::Segment& a, const ReplayOom::Segment& b) {
+      return a.free_bytes != b.free_bytes ? a.free_bytes > b.free_bytes : a.address < b.address;
+    });
+    if (segs.size() > 8) segs.resize(8);
+    o.fragmented = std::move(segs);
+    return o;
+  }
+
   void do_alloc(std::size_t index) {
     // Segment frees followed by an alloc with no segment_alloc between were an
     // empty_cache(): the free-and-retry path always mallocs a segment after them.
@@ -537,7 +567,7 @@ class Replayer {
     } catch (const OutOfMemoryError& oom) {
       ++r_.failed_allocs;
       ++r_.ooms;
-      if (!r_.first_oom) r_.first_oom = ReplayOom{index, e.size, oom.what()};
+      if (!r_.first_oom) r_.first_oom = oom_forensics(index, e.size, oom.what());
       if (opt_.stop_at_oom) stopped_ = true;
     } catch (const Error& err) {
       ++r_.failed_allocs;

@@ -222,6 +222,36 @@ TEST(Replay, SmallDeviceReportsTheFirstOom) {
   EXPECT_EQ(r.ooms, 1u);
 }
 
+// Issue 20: OOM forensics. Three 20 MiB segments each hold two 8 MiB blocks; freeing the
+// first of each leaves 36 MiB free, but in 8 and 4 MiB pieces, each segment pinned by its
+// live second block: a 16 MiB request finds no block, no room for a fourth segment, and no
+// whole segment to release.
+TEST(Replay, TheFirstOomSaysWhatWasFreeAndWhatPinsIt) {
+  std::ostringstream csv;
+  csv << "Thread,Time,Action,Pointer,Size,Stream\n";
+  for (int i = 0; i < 6; ++i) csv << "1," << i << ",allocate,0x" << std::hex << (0x1000000 * (i + 1)) << std::dec << "," << 8 * MiB << ",0\n";
+  for (int i = 0; i < 6; i += 2) csv << "1," << 6 + i << ",free,0x" << std::hex << (0x1000000 * (i + 1)) << std::dec << "," << 8 * MiB << ",0\n";
+  csv << "1,20,allocate,0x9000000," << 16 * MiB << ",0\n";
+  std::istringstream in(csv.str());
+  const AllocationTrace trace = read_rmm_log(in);
+  ReplayOptions opt;
+  opt.device = "sim:capacity=64MiB,context=0";
+  const ReplayResult r = replay(trace, opt);
+  ASSERT_TRUE(r.first_oom.has_value());
+  const ReplayOom& o = *r.first_oom;
+  EXPECT_EQ(o.requested, 16 * MiB);
+  EXPECT_EQ(o.free_bytes, 36 * MiB);
+  EXPECT_EQ(o.largest_free_block, 8 * MiB);
+  ASSERT_EQ(o.fragmented.size(), 3u);
+  for (const ReplayOom::Segment& seg : o.fragmented) {
+    EXPECT_EQ(seg.size, 20 * MiB);
+    EXPECT_EQ(seg.free_bytes, 12 * MiB);
+    EXPECT_EQ(seg.largest_free, 8 * MiB);
+    EXPECT_EQ(seg.live_blocks, 1u);
+    EXPECT_EQ(seg.live_bytes, 8 * MiB);
+  }
+}
+
 TEST(Replay, DivergenceFromTheRecordingIsReported) {
   AllocationTrace trace = read_pytorch_snapshot(read_pickle(test::kSnapshot));
   trace.events[2].size = 3 * MiB;  // recorded as a small block next to the first

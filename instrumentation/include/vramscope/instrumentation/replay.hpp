@@ -68,6 +68,21 @@ struct ReplayOom {
   std::size_t event_index = 0;  ///< index into trace.events
   std::size_t requested = 0;
   std::string message;          ///< the allocator's OutOfMemoryError text
+  /// Forensics, the allocator's state at the failure (vramscope's own replay only):
+  /// whether fragmentation or plain lack of memory refused the request.
+  std::size_t largest_free_block = 0;  ///< the largest cached block that could be split
+  std::size_t free_bytes = 0;          ///< reserved but not allocated, over every segment
+  /// The segments with the most free bytes, most first (at most 8): the live blocks in
+  /// them pin them, so the cache cannot release them for a larger segment.
+  struct Segment {
+    std::uintptr_t address = 0;
+    std::size_t size = 0;
+    std::size_t free_bytes = 0;
+    std::size_t largest_free = 0;
+    std::size_t live_blocks = 0;
+    std::size_t live_bytes = 0;
+  };
+  std::vector<Segment> fragmented;
 };
 
 /// A difference from the recording: "event 812 (alloc 1048576 B): expected
