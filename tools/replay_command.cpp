@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -40,6 +41,7 @@ struct ReplayArgs {
   int trace_device = -1;
   bool stop_at_oom = false;
   bool min_capacity = false;
+  double memory_fraction = 0;  ///< --memory-fraction: set_per_process_memory_fraction (0: none)
 };
 
 struct Row {
@@ -235,6 +237,16 @@ void print(const ReplayArgs& args, const AllocationTrace& trace, const std::vect
                                format_bytes(seg.live_bytes));
     }
   }
+  if (args.memory_fraction == 0) {
+    for (const Row& row : rows) {
+      if (row.result.config.find("garbage_collection_threshold") != std::string::npos) {
+        std::cout << fmt::format(
+            "  {}: garbage_collection_threshold acts only under a memory fraction "
+            "(torch.cuda.set_per_process_memory_fraction); without --memory-fraction it changes nothing here\n",
+            row.label);
+      }
+    }
+  }
   if (smallest) {
     std::cout << "  smallest GPU: the least capacity (CUDA context included, in steps of the driver's\n"
                  "  granularity) on which the trace replays with no OOM under the row's setting, found by\n"
@@ -280,6 +292,7 @@ void run(const ReplayArgs& args) {
     opt.config = config;
     opt.device = args.device;
     opt.stop_at_oom = args.stop_at_oom;
+    opt.memory_fraction = args.memory_fraction;
     const std::string conf = config.to_string();
     Row row{"vramscope (" + (conf.empty() ? std::string("default") : conf) + ")", replay(trace, opt), std::nullopt};
     if (args.min_capacity) row.smallest = smallest_capacity(trace, opt);
@@ -324,6 +337,19 @@ void add_replay_command(CLI::App& app) {
   cmd->add_option("--trace-device", args->trace_device,
                   "which GPU's trace of a multi-GPU snapshot (default: the busiest)");
   cmd->add_flag("--stop-at-oom", args->stop_at_oom, "stop at the first allocation that does not fit");
+  cmd->add_option("--memory-fraction", args->memory_fraction,
+                  "replay under torch.cuda.set_per_process_memory_fraction(F), 0 < F <= 1: the allocator "
+                  "refuses to reserve past F of the device, and garbage_collection_threshold acts")
+      ->check(CLI::Validator(
+          [](std::string& text) -> std::string {
+            char* end = nullptr;
+            const double f = std::strtod(text.c_str(), &end);
+            const bool whole = !text.empty() && end == text.c_str() + text.size();
+            return whole && f > 0 && f <= 1 ? std::string{}
+                                            : "\"" + text + "\" is not a fraction above 0 and at most 1";
+          },
+          ""))
+      ->type_name("F");
   cmd->add_flag("--min-capacity", args->min_capacity,
                 "also find, for each setting, the smallest GPU the trace fits on: the least capacity of "
                 "--device (same context and granularity) with no OOM, by bisecting replays");

@@ -388,6 +388,14 @@ def check_replay(exe, work):
     check("smallest GPU" in table, table)
     err = run(exe, "replay", pk, "--min-capacity", "--device", "cuda:0", expect=2).stderr
     check(err.count("\n") == 1, err)
+    # garbage_collection_threshold acts only under a memory fraction: said when none is given.
+    gc = ["-a", "garbage_collection_threshold:0.6", "--device", "sim:capacity=1GiB,context=100MiB"]
+    check("acts only under a memory fraction" in run(exe, "replay", pk, *gc).stdout, "gc note")
+    check("acts only under a memory fraction" not in
+          run(exe, "replay", pk, *gc, "--memory-fraction", "0.9").stdout, "gc note with a fraction")
+    for bad in ("0", "1.5", "abc", "nan"):
+        err = run(exe, "replay", pk, "--memory-fraction", bad, expect=2).stderr
+        check(err.count("\n") == 1 and "--memory-fraction" in err, err)
 
 
 def check_reentrant(exe, work):
