@@ -41,13 +41,7 @@ Probe probe(const SweepSpec& spec, SweepRow row, std::int64_t batch) {
 
 }  // namespace
 
-std::string MaxBatchRow::label() const {
-  std::string out = std::string(nn::precision_name(precision));
-  if (!shape.empty()) out += " " + shape;
-  out += fmt::format(" seg {}", segments);
-  if (!alloc_conf.empty()) out += " [" + alloc_conf + "]";
-  return out;
-}
+std::string MaxBatchRow::label() const { return configuration_label(precision, shape, segments, alloc_conf); }
 
 MaxBatchRow find_max_batch(const SweepSpec& spec, const SweepRow& row) {
   MaxBatchRow out;

@@ -95,13 +95,16 @@ std::shared_ptr<Device> make_run_device(const SweepSpec& spec) {
   return make_device(nn::device_spec_for(cfg));
 }
 
-std::string SweepRow::label() const {
+std::string configuration_label(nn::Precision precision, const std::string& shape, std::size_t segments,
+                                const std::string& alloc_conf) {
   std::string out = std::string(nn::precision_name(precision));
   if (!shape.empty()) out += " " + shape;
   out += fmt::format(" seg {}", segments);
   if (!alloc_conf.empty()) out += " [" + alloc_conf + "]";
   return out;
 }
+
+std::string SweepRow::label() const { return configuration_label(precision, shape, segments, alloc_conf); }
 
 std::vector<std::size_t> auto_segments(std::size_t modules) {
   std::vector<std::size_t> out{0};

@@ -87,6 +87,11 @@ struct AutogradFailure {
 /// The failure `e` raised in 1-based step `step`: its phase, module path and message.
 AutogradFailure autograd_failure(const nn::AutogradError& e, std::size_t step);
 
+/// A configuration's label: "f32 seg 16", with its shape and allocator setting when given
+/// ("f32 batch 32 seg 16 [max_split_size_mb:128]"). Sweep and --max-batch rows use it.
+std::string configuration_label(nn::Precision precision, const std::string& shape, std::size_t segments,
+                                const std::string& alloc_conf);
+
 struct SweepRow {
   std::size_t segments = 0;              ///< as asked; 0 = no checkpointing
   nn::Precision precision = nn::Precision::F32;

@@ -342,6 +342,27 @@ class Builder {
     return c;
   }
 
+  /// A 2-d pooling's kernel_size, stride (default: the kernel) and padding, checked against
+  /// its NCHW input, whose shape `flow` now holds the pooled one.
+  struct Pool {
+    std::int64_t k, stride, padding;
+  };
+  Pool pool(const json& s, const std::string& path, const std::string& type, Flow& flow,
+            const std::string& mpath) const {
+    Pool p{};
+    p.k = positive_at(s, path, "kernel_size");
+    p.stride = positive_or(s, path, "stride", p.k);
+    p.padding = non_negative_or(s, path, "padding", 0);
+    // PyTorch: "pad should be at most half of effective kernel size".
+    if (p.padding > p.k / 2) {
+      fail(field(path, "padding"), "must be at most half of kernel_size, got " + std::to_string(p.padding));
+    }
+    floating(flow, path, mpath, type);
+    if (flow.shape.size() != 4) mismatch(path, mpath, type, "[N, C, H, W]", flow);
+    flow.shape = slide(flow, flow.shape[1], p.k, p.stride, p.padding, path, mpath, type);
+    return p;
+  }
+
   /// Builds one module from `spec`; `flow` goes in as its input and comes out as its output.
   std::unique_ptr<nn::Module> module(const json& spec, const std::string& path, const std::string& mpath, Flow& flow,
                                      int depth) {
@@ -600,24 +621,13 @@ class Builder {
     }
     if (type == "MaxPool2d") {
       only_keys(s, path, type, {"name", "type", "kernel_size", "stride", "padding"}, true);
-      const std::int64_t k = positive_at(s, path, "kernel_size"), stride = positive_or(s, path, "stride", k);
-      const std::int64_t padding = non_negative_or(s, path, "padding", 0);
-      // PyTorch: "pad should be at most half of effective kernel size".
-      if (padding > k / 2) fail(field(path, "padding"), "must be at most half of kernel_size, got " + std::to_string(padding));
-      floating(flow, path, mpath, type);
-      if (in.size() != 4) mismatch(path, mpath, type, "[N, C, H, W]", flow);
-      in = slide(flow, in[1], k, stride, padding, path, mpath, type);
-      return std::make_unique<nn::MaxPool2d>(k, stride, padding);
+      const Pool p = pool(s, path, type, flow, mpath);
+      return std::make_unique<nn::MaxPool2d>(p.k, p.stride, p.padding);
     }
     if (type == "AvgPool2d") {
       only_keys(s, path, type, {"name", "type", "kernel_size", "stride", "padding", "count_include_pad"}, true);
-      const std::int64_t k = positive_at(s, path, "kernel_size"), stride = positive_or(s, path, "stride", k);
-      const std::int64_t padding = non_negative_or(s, path, "padding", 0);
-      if (padding > k / 2) fail(field(path, "padding"), "must be at most half of kernel_size, got " + std::to_string(padding));
-      floating(flow, path, mpath, type);
-      if (in.size() != 4) mismatch(path, mpath, type, "[N, C, H, W]", flow);
-      in = slide(flow, in[1], k, stride, padding, path, mpath, type);
-      return std::make_unique<nn::AvgPool2d>(k, stride, padding, flag_or(s, path, "count_include_pad", true));
+      const Pool p = pool(s, path, type, flow, mpath);
+      return std::make_unique<nn::AvgPool2d>(p.k, p.stride, p.padding, flag_or(s, path, "count_include_pad", true));
     }
     if (type == "AdaptiveAvgPool2d") {
       only_keys(s, path, type, {"name", "type", "output_size"}, true);

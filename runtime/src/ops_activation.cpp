@@ -83,14 +83,17 @@ class TanhBackward final : public Node {
 class LeakyReluBackward final : public Node {
  public:
   LeakyReluBackward(double slope, bool in_place) : slope_(slope), in_place_(in_place) {}
-  SavedTensor saved_;
+  SavedTensor self_, result_;  ///< one of them: self out of place, result in place
   TensorList apply(TensorList& grads) override {
     const double k = slope_;
-    return {map_grad(grads[0], saved_.unpack(), 1, [k](auto g, auto v) {
+    return {map_grad(grads[0], (in_place_ ? result_ : self_).unpack(), 1, [k](auto g, auto v) {
       return v > 0 ? g : static_cast<decltype(g)>(g * static_cast<decltype(g)>(k));
     })};
   }
-  void release_variables() noexcept override { saved_.reset(); }
+  void release_variables() noexcept override {
+    self_.reset();
+    result_.reset();
+  }
   std::string_view name() const noexcept override { return in_place_ ? "LeakyReluBackward1" : "LeakyReluBackward0"; }
 
  private:
@@ -155,28 +158,41 @@ Tensor alias_of(const Tensor& x) {
   return Tensor(std::move(impl));
 }
 
-/// An in-place elementwise op whose derivative formula reads self: autograd saves a copy
-/// of the input taken before the op writes over it (measured with PyTorch 1.13's
-/// saved_tensors_hooks: the tensor HardtanhBackward0 of hardtanh_ and SiluBackward0 of
-/// silu(inplace=True) save is a new 1-element-per-element storage, not the input's).
-template <class N, class F, class... Args>
-Tensor inplace_saving_copy_of_input(const Tensor& x, double flops, F f, Args... node_args) {
+/// What an in-place elementwise op's node keeps: its output (ReLU, LeakyReLU: derivatives.yaml
+/// formulas over `result`), or a copy of the input taken before the write, where the formula
+/// reads self (measured with PyTorch 1.13's saved_tensors_hooks: the tensor HardtanhBackward0
+/// of hardtanh_ and SiluBackward0 of silu(inplace=True) save is a new storage, not the input's).
+enum class InplaceSaves : std::uint8_t { Result, CopyOfInput };
+
+/// An in-place elementwise op: x's storage is written through an alias that becomes the
+/// output, x's version counter is bumped, and the output is rebased onto the op's node.
+template <class N, InplaceSaves Saves, class F, class... Args>
+Tensor inplace_activation(const Tensor& x, double flops, F f, Args... node_args) {
   const bool record = needs_grad({&x});
   detail::check_inplace(x, record);
   Tensor original;
-  if (record) {
+  if (record && Saves == InplaceSaves::CopyOfInput) {
     original = empty(x.runtime(), x.shape(), x.dtype());
     copy_(original, x);
   }
   Tensor out = alias_of(x);
   map_into(x, out, flops, f);
-  out.bump_version();
+  out.bump_version();  // x, its views and this alias share the counter
   if (record) {
     auto node = detail::make_node<N>({&x}, node_args...);
     detail::rebase_history(out, node);
-    node->self_.save(original);
+    if constexpr (Saves == InplaceSaves::Result) {
+      node->result_.save_output(out);  // at the version after the op, as PyTorch saves it
+    } else {
+      node->self_.save(original);
+    }
   }
   return out;
+}
+
+/// leaky_relu's forward: x where positive, slope * x elsewhere.
+auto leaky(double slope) {
+  return [slope](auto v) { return v > 0 ? v : static_cast<decltype(v)>(v * static_cast<decltype(v)>(slope)); };
 }
 
 template <class T>
@@ -334,17 +350,7 @@ Tensor relu(const Tensor& x) {
 }
 
 Tensor relu_(const Tensor& x) {
-  const bool record = needs_grad({&x});
-  detail::check_inplace(x, record);
-  Tensor out = alias_of(x);
-  map_into(x, out, 1, [](auto v) { return v > 0 ? v : decltype(v){0}; });
-  out.bump_version();  // x, its views and this alias share the counter
-  if (record) {
-    auto node = detail::make_node<ReluBackward>({&x});
-    detail::rebase_history(out, node);
-    node->result_.save_output(out);  // at the version after the op, as PyTorch saves it
-  }
-  return out;
+  return inplace_activation<ReluBackward, InplaceSaves::Result>(x, 1, [](auto v) { return v > 0 ? v : decltype(v){0}; });
 }
 
 Tensor sigmoid(const Tensor& x) {
@@ -359,31 +365,14 @@ Tensor tanh(const Tensor& x) {
 }
 
 Tensor leaky_relu(const Tensor& x, double slope) {
-  Tensor out = empty(x.runtime(), x.shape(), x.dtype());
-  map_into(x, out, 1, [slope](auto v) { return v > 0 ? v : static_cast<decltype(v)>(v * static_cast<decltype(v)>(slope)); });
-  if (needs_grad({&x})) {
-    auto node = detail::make_node<LeakyReluBackward>({&x}, slope, false);
-    node->saved_.save(x);
-    set_history(out, node);
-  }
-  return out;
+  return activation_saving_input<LeakyReluBackward>(x, 1, leaky(slope), slope, false);
 }
 
 Tensor leaky_relu_(const Tensor& x, double slope) {
   // derivatives.yaml: leaky_relu_ saves result (leaky_relu_backward(..., self_is_result=true)),
   // which needs a positive slope to tell the sign from the output.
   if (slope <= 0) throw Error("leaky_relu_: in-place leaky_relu needs a positive negative_slope (PyTorch's rule)");
-  const bool record = needs_grad({&x});
-  detail::check_inplace(x, record);
-  Tensor out = alias_of(x);
-  map_into(x, out, 1, [slope](auto v) { return v > 0 ? v : static_cast<decltype(v)>(v * static_cast<decltype(v)>(slope)); });
-  out.bump_version();
-  if (record) {
-    auto node = detail::make_node<LeakyReluBackward>({&x}, slope, true);
-    detail::rebase_history(out, node);
-    node->saved_.save_output(out);
-  }
-  return out;
+  return inplace_activation<LeakyReluBackward, InplaceSaves::Result>(x, 1, leaky(slope), slope, true);
 }
 
 Tensor hardtanh(const Tensor& x, double lo, double hi) {
@@ -393,7 +382,7 @@ Tensor hardtanh(const Tensor& x, double lo, double hi) {
 }
 
 Tensor hardtanh_(const Tensor& x, double lo, double hi) {
-  return inplace_saving_copy_of_input<HardtanhBackward>(
+  return inplace_activation<HardtanhBackward, InplaceSaves::CopyOfInput>(
       x, 1, [lo, hi](auto v) { return std::clamp(v, static_cast<decltype(v)>(lo), static_cast<decltype(v)>(hi)); }, lo,
       hi);
 }
@@ -406,7 +395,7 @@ Tensor silu(const Tensor& x) {
 }
 
 Tensor silu_(const Tensor& x) {
-  return inplace_saving_copy_of_input<SiluBackward>(x, 5, [](auto v) {
+  return inplace_activation<SiluBackward, InplaceSaves::CopyOfInput>(x, 5, [](auto v) {
     using T = decltype(v);
     return v / (T{1} + std::exp(-v));
   });

@@ -93,6 +93,27 @@ void col2im(const T* cols, const ConvGeom& g, T* x) {
   }
 }
 
+/// One sample's [channels, plane] output block plus a bias per channel.
+template <class T, class Bias>
+void add_channel_bias(T* y, std::int64_t channels, std::int64_t plane, const Bias& b) {
+  for (std::int64_t c = 0; c < channels; ++c) {
+    for (std::int64_t i = 0; i < plane; ++i) y[c * plane + i] += b[c];
+  }
+}
+
+/// The bias gradient: g [n, channels, plane] summed over samples and the plane.
+template <class T, class Out>
+void channel_sums(const T* g, std::int64_t n, std::int64_t channels, std::int64_t plane, Out& out) {
+  for (std::int64_t c = 0; c < channels; ++c) {
+    T acc{0};
+    for (std::int64_t s = 0; s < n; ++s) {
+      const T* p = g + (s * channels + c) * plane;
+      for (std::int64_t i = 0; i < plane; ++i) acc += p[i];
+    }
+    out[c] = acc;
+  }
+}
+
 /// ConvolutionBackward0: inputs (x, weight, bias); saves x and weight.
 class ConvBackward final : public Node {
  public:
@@ -152,14 +173,7 @@ class ConvBackward final : public Node {
         }
         if (need_b) {
           HostOut<T> GB(gb);
-          for (std::int64_t o = 0; o < g.o; ++o) {
-            T acc{0};
-            for (std::int64_t s = 0; s < g.n; ++s) {
-              const T* p = G.data() + s * out_sz + o * g.hw_out();
-              for (std::int64_t i = 0; i < g.hw_out(); ++i) acc += p[i];
-            }
-            GB[o] = acc;
-          }
+          channel_sums(G.data(), g.n, g.o, g.hw_out(), GB);
         }
       });
     }
@@ -207,8 +221,7 @@ class ConvTransposeBackward final : public Node {
         std::optional<HostOut<T>> GX, GW;
         if (need_x) GX.emplace(gx);
         if (need_w) GW.emplace(gw);
-        for (std::int64_t s = 0; s < g.n; ++s) {
-          if (!cols.defined()) break;
+        for (std::int64_t s = 0; cols.defined() && s < g.n; ++s) {
           im2col(G.data() + s * big, g, COL->data());
           if (GX) {
             detail::gemm(false, false, g.o, g.hw_out(), g.ckk(), T{1}, W.data(), g.ckk(), COL->data(), g.hw_out(), T{0},
@@ -221,14 +234,7 @@ class ConvTransposeBackward final : public Node {
         }
         if (need_b) {
           HostOut<T> GB(gb);
-          const std::int64_t plane = g.h * g.w;
-          for (std::int64_t o = 0; o < g.c; ++o) {
-            T acc{0};
-            for (std::int64_t s = 0; s < g.n; ++s) {
-              for (std::int64_t i = 0; i < plane; ++i) acc += G[s * big + o * plane + i];
-            }
-            GB[o] = acc;
-          }
+          channel_sums(G.data(), g.n, g.c, g.h * g.w, GB);
         }
       });
     }
@@ -456,12 +462,7 @@ Tensor convolution(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, c
           detail::gemm(false, false, og, hw, gckk, T{1}, W.data() + q * og * gckk, gckk, src + q * gckk * hw, hw,
                        T{0}, Y.data() + s * out_sz + q * og * hw, hw);
         }
-        if (b.defined()) {
-          for (std::int64_t o = 0; o < g.o; ++o) {
-            T* p = Y.data() + s * out_sz + o * g.hw_out();
-            for (std::int64_t i = 0; i < g.hw_out(); ++i) p[i] += B[o];
-          }
-        }
+        if (b.defined()) add_channel_bias(Y.data() + s * out_sz, g.o, g.hw_out(), B);
       }
     });
   }
@@ -530,16 +531,12 @@ Tensor conv_transpose2d(const Tensor& x_in, const Tensor& w_in, const Tensor& b_
       using T = decltype(tag);
       HostIn<T> X(x), W(w), B(b);
       HostOut<T> Y(out), COL(cols);
-      const std::int64_t big = g.c * g.h * g.w, small = g.o * g.hw_out(), plane = g.h * g.w;
+      const std::int64_t big = g.c * g.h * g.w, small = g.o * g.hw_out();
       for (std::int64_t s = 0; s < g.n; ++s) {
         detail::gemm(true, false, g.ckk(), g.hw_out(), g.o, T{1}, W.data(), g.ckk(), X.data() + s * small, g.hw_out(),
                      T{0}, COL.data(), g.hw_out());
         col2im(COL.data(), g, Y.data() + s * big);
-        if (b.defined()) {
-          for (std::int64_t o = 0; o < g.c; ++o) {
-            for (std::int64_t i = 0; i < plane; ++i) Y[s * big + o * plane + i] += B[o];
-          }
-        }
+        if (b.defined()) add_channel_bias(Y.data() + s * big, g.c, g.h * g.w, B);
       }
     });
   }
