@@ -10,6 +10,7 @@
 #include "vramscope/allocator/config.hpp"
 #include "vramscope/allocator/device.hpp"
 #include "vramscope/allocator/sim_device.hpp"
+#include "vramscope/models/hf_config.hpp"
 #include "vramscope/models/model_file.hpp"
 #include "vramscope/models/zoo.hpp"
 
@@ -46,6 +47,9 @@ void add_model_options(CLI::App& app, ModelArgs& args, const std::string& defaul
   app.add_option("--model-file", args.model_file,
                  "your own model as a model file (JSON; docs/MODEL_FILES.md) instead of --model")
       ->type_name("PATH");
+  app.add_option("--hf-config", args.hf_config,
+                 "a Hugging Face config.json (llama, mistral, qwen2; docs/TRANSFORMERS.md) instead of --model")
+      ->type_name("PATH");
   // The sizes: each a whole number from 1 to the runtime's bound for it.
   const struct {
     const char* name;
@@ -64,6 +68,17 @@ void add_model_options(CLI::App& app, ModelArgs& args, const std::string& defaul
   }
   app.add_option("--seq", args.seq, "sequence length of models that take one (gpt2: <= 1024); sweep takes a list")
       ->type_name("N[,N...]");
+  app.add_option("--attn", args.attention, "transformers: eager, sdpa (flash; the default) or sdpa-efficient")
+      ->type_name("IMPL");
+  app.add_option("--gradient-checkpointing", args.checkpoint,
+                 "transformers: checkpoint every decoder layer: reentrant (HF's default) or non-reentrant")
+      ->type_name("MODE");
+  app.add_option("--lora", args.lora, "transformers: LoRA adapters of this rank; base weights frozen")
+      ->check(integer_in(1, nn::kMaxLoraRank))
+      ->type_name("RANK");
+  app.add_option("--lora-targets", args.lora_targets,
+                 "transformers: adapted projections, q_proj+v_proj (PEFT's default), ... or all")
+      ->type_name("P+P...");
   app.add_option("--model-options", args.extra,
                  "more model options as key=value,... (dropout=0,inplace=1; see `vramscope models`)")
       ->type_name("K=V,...");
@@ -102,12 +117,22 @@ nn::ModelOptions to_model_options(const ModelArgs& args, bool lists_allowed) {
   set("--seq", first("--seq", args.seq, nn::kMaxSeq), o.seq);
   set("--image", args.image, o.image);
   set("--classes", args.classes, o.classes);
+  set("--lora", args.lora, o.lora);
+  if (!args.attention.empty()) o.attention = args.attention;
+  if (!args.checkpoint.empty()) o.checkpoint = args.checkpoint;
+  if (!args.lora_targets.empty()) o.lora_targets = args.lora_targets;
   return o;
 }
 
 std::shared_ptr<const nn::ModelSource> resolve_model(const ModelArgs& args, const std::string& fallback) {
-  if (!args.model.empty() && !args.model_file.empty()) {
-    throw UsageError("--model and --model-file both name a model; give one");
+  if (static_cast<int>(!args.model.empty()) + static_cast<int>(!args.model_file.empty()) +
+          static_cast<int>(!args.hf_config.empty()) > 1) {
+    throw UsageError("--model, --model-file and --hf-config each name a model; give one");
+  }
+  if (!args.hf_config.empty()) {
+    return as_usage("--hf-config", [&]() -> std::shared_ptr<const nn::ModelSource> {
+      return models::HfConfig::load(args.hf_config);
+    });
   }
   if (!args.model_file.empty()) {
     return as_usage("--model-file", [&]() -> std::shared_ptr<const nn::ModelSource> {

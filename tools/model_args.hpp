@@ -26,14 +26,19 @@ struct ModelArgs {
   std::int64_t image = 0;
   std::int64_t classes = 0;
   std::string extra;          ///< --model-options "dropout=0,inplace=1"
+  std::string hf_config;      ///< --hf-config: a Hugging Face config.json
+  std::string attention;      ///< --attn
+  std::string checkpoint;     ///< --gradient-checkpointing
+  std::int64_t lora = 0;      ///< --lora RANK
+  std::string lora_targets;   ///< --lora-targets
 };
 
 /// A CLI11 check for an integer option: a whole number in [min, max], written in full.
 /// Without it CLI11 clamps "99999999999999999999", and "-1" wraps in an unsigned option.
 CLI::Validator integer_in(std::int64_t min, std::int64_t max);
 
-/// Adds --model, --model-file, --batch, --depth, --width, --seq, --image, --classes,
-/// --model-options.
+/// Adds --model, --model-file, --hf-config, --batch, --depth, --width, --seq, --image,
+/// --classes, --attn, --gradient-checkpointing, --lora, --lora-targets, --model-options.
 void add_model_options(CLI::App& app, ModelArgs& args, const std::string& default_note);
 
 /// A list of sizes as typed ("8,16,32"): each a whole number in [1, max], no empty

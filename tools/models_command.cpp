@@ -24,6 +24,7 @@ const char* loss_name(nn::LossKind loss) {
     case nn::LossKind::Sum: return "sum";
     case nn::LossKind::BCEWithLogits: return "bce with logits";
     case nn::LossKind::None: return "its output";
+    case nn::LossKind::CausalLM: return "causal lm";
   }
   return "?";
 }
@@ -31,9 +32,10 @@ const char* loss_name(nn::LossKind loss) {
 void run(const ModelArgs& args) {
   std::vector<std::shared_ptr<const nn::ModelSource>> sources;
   const nn::ModelOptions options = to_model_options(args);
-  if (args.model.empty() && args.model_file.empty()) {
+  if (args.model.empty() && args.model_file.empty() && args.hf_config.empty()) {
     if (!options.given().empty()) {
-      throw UsageError("size options describe one model: give --model NAME or --model-file PATH with them");
+      throw UsageError("size options describe one model: give --model NAME, --model-file PATH or --hf-config "
+                       "PATH with them");
     }
     for (const std::string& name : models::names()) sources.push_back(models::find(name));
   } else {

@@ -138,6 +138,12 @@ nn::ModelInfo validate_sweep(const SweepSpec& spec) {
   if (spec.steps < 1) throw UsageError("--steps: must be at least 1");
   if (spec.segments.empty()) throw UsageError("--segments: empty; give counts like 0,2,4,8 or auto");
   for (const std::size_t k : spec.segments) {
+    if (k > 1 && !info.sequential_checkpointing) {
+      throw UsageError(fmt::format(
+          "--segments: {} checkpoints per decoder layer, as gradient_checkpointing_enable() does; give "
+          "--gradient-checkpointing reentrant (or non-reentrant) and --segments 0",
+          info.name));
+    }
     if (k > 1 && info.checkpointed_modules > 0) {
       throw UsageError(fmt::format(
           "--segments: {} checkpoints {} of its modules itself (checkpoint marks in the file), so "

@@ -51,7 +51,10 @@ struct SweepArgs {
 
 std::vector<std::size_t> parse_segments(const std::string& text, const nn::ModelInfo& info) {
   // A model that checkpoints its own modules runs as marked: auto is its one configuration.
-  if (text == "auto") return info.checkpointed_modules > 0 ? std::vector<std::size_t>{0} : auto_segments(info.sequence_length);
+  if (text == "auto") {
+    return info.checkpointed_modules > 0 || !info.sequential_checkpointing ? std::vector<std::size_t>{0}
+                                                                           : auto_segments(info.sequence_length);
+  }
   std::vector<std::size_t> out;
   for (const std::string& item : split_list("--segments", text)) {
     std::size_t k = 0;
@@ -71,7 +74,7 @@ std::vector<std::size_t> parse_segments(const std::string& text, const nn::Model
 SweepSpec make_spec(const SweepArgs& args) {
   SweepSpec spec;
   ModelArgs model = args.model;
-  if (model.model.empty() && model.model_file.empty()) {
+  if (model.model.empty() && model.model_file.empty() && model.hf_config.empty()) {
     // The demo: only the sizes not given on the command line take its values.
     model.model = "mlp";
     if (model.depth == 0) model.depth = kDemoDepth;
@@ -99,7 +102,7 @@ SweepSpec make_spec(const SweepArgs& args) {
   // The model decides what "auto" and the upper bound of --segments mean.
   const nn::ModelInfo info = describe(*spec.model, spec.model_options);
   spec.segments = parse_segments(args.segments, info);
-  spec.refine_segments = args.segments == "auto" && info.checkpointed_modules == 0;
+  spec.refine_segments = args.segments == "auto" && info.checkpointed_modules == 0 && info.sequential_checkpointing;
   if (args.max_batch) {
     if (!args.model.batch.empty()) {
       throw UsageError("--max-batch: searches the batch size; leave out --batch");

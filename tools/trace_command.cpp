@@ -66,6 +66,11 @@ nn::TrainConfig make_config(const TraceArgs& args) {
   cfg.precision = precisions.front();
   check_alloc_conf(args.alloc_conf);
   cfg.alloc_conf = args.alloc_conf;
+  if (args.segments > 1 && !info.sequential_checkpointing) {
+    throw UsageError(fmt::format("--segments: {} checkpoints per decoder layer, as gradient_checkpointing_enable() "
+                                 "does; give --gradient-checkpointing reentrant (or non-reentrant) instead",
+                                 info.name));
+  }
   if (args.segments > 1 && info.checkpointed_modules > 0) {
     throw UsageError(fmt::format("--segments: {} checkpoints {} of its modules itself (checkpoint marks in the "
                                  "file), so checkpoint_sequential's segments do not apply; leave out --segments",

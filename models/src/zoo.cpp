@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "vramscope/allocator/errors.hpp"
+#include "vramscope/models/hf_config.hpp"
 #include "vramscope/models/model_file.hpp"
 #include "zoo_sources.hpp"
 
@@ -20,6 +21,7 @@ std::vector<std::string> names() {
   std::vector<std::string> out;
   for (std::size_t i = 0; i < detail::kZooFileCount; ++i) out.emplace_back(detail::kZooFiles[i].name);
   for (const char* name : kBuilt) out.emplace_back(name);
+  for (std::size_t i = 0; i < detail::kHfConfigCount; ++i) out.emplace_back(detail::kHfConfigs[i].name);
   return out;
 }
 
@@ -42,6 +44,18 @@ std::shared_ptr<const nn::ModelSource> find(std::string_view name) {
     return it->second;
   }
   if (auto built = detail::gpt2_source(name)) return built;
+  for (std::size_t i = 0; i < detail::kHfConfigCount; ++i) {
+    if (name == detail::kHfConfigs[i].name) {
+      std::lock_guard guard(lock);
+      static std::map<std::string, std::shared_ptr<const HfConfig>, std::less<>> configs;
+      auto it = configs.find(name);
+      if (it == configs.end()) {
+        const std::string n(name);
+        it = configs.emplace(n, HfConfig::parse(detail::kHfConfigs[i].text, n, "zoo:" + n + "/config.json")).first;
+      }
+      return it->second;
+    }
+  }
   std::string valid;
   for (const std::string& n : names()) valid += (valid.empty() ? "" : ", ") + n;
   throw Error("unknown model '" + std::string(name) + "'; valid models: " + valid +

@@ -16,6 +16,9 @@ struct ZooFile {
 };
 extern const ZooFile kZooFiles[];
 extern const std::size_t kZooFileCount;
+/// Published config.json files of Hugging Face models (models/zoo/hf/).
+extern const ZooFile kHfConfigs[];
+extern const std::size_t kHfConfigCount;
 
 /// gpt2, gpt2-medium, gpt2-large, gpt2-xl; nullptr for another name.
 std::shared_ptr<const nn::ModelSource> gpt2_source(std::string_view name);

@@ -8,20 +8,6 @@
 #include "vramscope/runtime/modules.hpp"
 
 namespace mem::nn {
-namespace {
-
-/// torch.finfo(dtype).min: the mask value HF's eager attention uses.
-double lowest(DType dtype) noexcept {
-  switch (dtype) {
-    case DType::F16: return -65504.0;
-    case DType::BF16: return -3.3895313892515355e38;
-    case DType::F64: return std::numeric_limits<double>::lowest();
-    default: return std::numeric_limits<float>::lowest();
-  }
-}
-
-}  // namespace
-
 CausalSelfAttention::CausalSelfAttention(std::int64_t embed, std::int64_t heads, double dropout)
     : Module("GPT2Attention"), embed_(embed), heads_(heads) {
   if (embed % heads != 0) throw Error("attention: width " + std::to_string(embed) + " not divisible by heads");
@@ -43,7 +29,7 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
   // matmul folds batch dims with reshape: copies of the permuted q and k^T.
   Tensor att = matmul(q, k.transpose(-1, -2));
   att = mul_scalar(att, 1.0 / std::sqrt(static_cast<double>(d)));  // / torch.full([], sqrt(d))
-  att = causal_mask(att, lowest(att.dtype()));                      // torch.where(mask, att, min)
+  att = causal_mask(att, finfo_min(att.dtype()));                      // torch.where(mask, att, min)
   att = softmax(att);
   att = to_dtype(att, v.dtype());                                   // .type(value.dtype)
   att = (*attn_dropout_)(att);

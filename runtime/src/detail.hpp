@@ -195,6 +195,10 @@ Tensor autocast_f32(const Tensor& x);
 /// Common dtype of a binary op (f32 wins over 16-bit, f64 over all).
 DType promote(DType a, DType b) noexcept;
 
+/// grad summed down to `shape` (at::sum_to: what a broadcast input receives); the same
+/// tensor when the shapes agree, else one allocation of `shape`.
+Tensor sum_to(const Tensor& grad, const Shape& shape);
+
 /// grad cast back to the dtype of the input it flows to (allocates when different).
 Tensor match_dtype(const Tensor& grad, DType dtype);
 

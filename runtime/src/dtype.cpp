@@ -2,6 +2,7 @@
 #include "vramscope/runtime/dtype.hpp"
 
 #include <array>
+#include <limits>
 #include <string>
 
 #include "vramscope/allocator/errors.hpp"
@@ -100,5 +101,14 @@ const HalfTable kHalfTable;
 }  // namespace
 
 float half_to_float(std::uint16_t h) noexcept { return kHalfTable.values[h]; }
+
+double finfo_min(DType dtype) noexcept {
+  switch (dtype) {
+    case DType::F16: return -65504.0;
+    case DType::BF16: return -3.3895313892515355e38;
+    case DType::F64: return std::numeric_limits<double>::lowest();
+    default: return std::numeric_limits<float>::lowest();
+  }
+}
 
 }  // namespace mem::nn

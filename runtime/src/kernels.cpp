@@ -31,6 +31,31 @@ DType promote(DType a, DType b) noexcept {
   return is_floating(a) ? a : b;
 }
 
+Tensor sum_to(const Tensor& grad, const Shape& shape) {
+  if (!grad.defined() || grad.shape() == shape) return grad;
+  Tensor out = zeros(grad.runtime(), shape, grad.dtype());
+  grad.runtime().add_flops(static_cast<double>(grad.numel()));
+  if (!grad.runtime().computing()) return out;
+  // Walk the gradient in row-major order with `out` seen through stride-0 views.
+  Shape strides;
+  const Shape own = contiguous_strides(shape);
+  const std::size_t lead = grad.dim() - shape.size();
+  for (std::size_t i = 0; i < grad.dim(); ++i) {
+    strides.push_back(i < lead || shape[i - lead] != grad.shape()[i] ? 0 : own[i - lead]);
+  }
+  dispatch(grad.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    HostIn<T> G(grad);
+    std::vector<T> acc(static_cast<std::size_t>(shape.numel()), T{0});
+    for_each_offset(grad.shape(), strides, 0, [&](std::int64_t i, std::int64_t off) {
+      acc[static_cast<std::size_t>(off)] += G[i];
+    });
+    HostOut<T> Y(out);
+    for (std::size_t i = 0; i < acc.size(); ++i) Y[static_cast<std::int64_t>(i)] = acc[i];
+  });
+  return out;
+}
+
 Tensor match_dtype(const Tensor& grad, DType dtype) {
   if (!grad.defined() || grad.dtype() == dtype) return grad;
   return to_dtype(grad, dtype);

@@ -24,7 +24,30 @@ constexpr SizeKey kSizeKeys[] = {{"batch", &ModelOptions::batch, kMaxBatch},
                                  {"width", &ModelOptions::width, kMaxWidth},
                                  {"seq", &ModelOptions::seq, kMaxSeq},
                                  {"image", &ModelOptions::image, kMaxImage},
-                                 {"classes", &ModelOptions::classes, kMaxClasses}};
+                                 {"classes", &ModelOptions::classes, kMaxClasses},
+                                 {"lora", &ModelOptions::lora, kMaxLoraRank}};
+
+// The word-valued keys and what each takes (checked where it applies: the model).
+struct WordKey {
+  const char* key;
+  std::optional<std::string> ModelOptions::*field;
+};
+constexpr WordKey kWordKeys[] = {{"attn", &ModelOptions::attention},
+                                 {"checkpoint", &ModelOptions::checkpoint},
+                                 {"lora_targets", &ModelOptions::lora_targets}};
+
+double parse_probability(std::string_view key, std::string_view value) {
+  double p = 0;
+  try {
+    std::size_t used = 0;
+    p = std::stod(std::string(value), &used);
+    if (used != value.size()) throw std::invalid_argument("trailing");
+  } catch (...) {
+    throw Error("model option " + std::string(key) + "='" + std::string(value) + "' is not a number");
+  }
+  if (!(p >= 0 && p < 1)) throw Error("model option " + std::string(key) + " must be in [0, 1)");
+  return p;
+}
 
 std::int64_t parse_int(std::string_view key, std::string_view value) {
   std::int64_t v = 0;
@@ -56,12 +79,14 @@ ModelOptions ModelOptions::parse(std::string_view text) {
     if (size != std::end(kSizeKeys)) {
       o.*size->field = parse_int(key, value);
     } else if (key == "dropout") {
-      try {
-        o.dropout = std::stod(std::string(value));
-      } catch (...) {
-        throw Error("model option dropout='" + std::string(value) + "' is not a number");
-      }
-      if (*o.dropout < 0 || *o.dropout >= 1) throw Error("model option dropout must be in [0, 1)");
+      o.dropout = parse_probability(key, value);
+    } else if (key == "lora_dropout") {
+      o.lora_dropout = parse_probability(key, value);
+    } else if (const auto word = std::find_if(std::begin(kWordKeys), std::end(kWordKeys),
+                                              [&](const WordKey& k) { return key == k.key; });
+               word != std::end(kWordKeys)) {
+      if (value.empty()) throw Error("model option " + std::string(key) + " is empty");
+      o.*word->field = std::string(value);
     } else if (key == "inplace") {
       if (value != "0" && value != "1" && value != "true" && value != "false") {
         throw Error("model option inplace='" + std::string(value) + "' is not 0/1/true/false");
@@ -69,7 +94,8 @@ ModelOptions ModelOptions::parse(std::string_view text) {
       o.inplace_relu = value == "1" || value == "true";
     } else {
       throw Error("unknown model option '" + std::string(key) +
-                  "'; valid keys: batch, depth, width, seq, image, classes, dropout, inplace");
+                  "'; valid keys: batch, depth, width, seq, image, classes, lora, dropout, inplace, attn, "
+                  "checkpoint, lora_targets, lora_dropout");
     }
   }
   o.check();
@@ -99,6 +125,8 @@ const std::vector<std::string>& ModelOptions::keys() {
     for (const SizeKey& k : kSizeKeys) v.emplace_back(k.key);
     v.emplace_back("dropout");
     v.emplace_back("inplace");
+    for (const WordKey& k : kWordKeys) v.emplace_back(k.key);
+    v.emplace_back("lora_dropout");
     return v;
   }();
   return all;
@@ -111,6 +139,10 @@ std::vector<std::string> ModelOptions::given() const {
   }
   if (dropout) v.emplace_back("dropout");
   if (inplace_relu) v.emplace_back("inplace");
+  for (const WordKey& k : kWordKeys) {
+    if (this->*k.field) v.emplace_back(k.key);
+  }
+  if (lora_dropout) v.emplace_back("lora_dropout");
   return v;
 }
 
@@ -129,6 +161,14 @@ std::string ModelOptions::to_string() const {
     add("dropout", os.str());
   }
   if (inplace_relu) add("inplace", *inplace_relu ? "1" : "0");
+  for (const WordKey& k : kWordKeys) {
+    if (this->*k.field) add(k.key, *(this->*k.field));
+  }
+  if (lora_dropout) {
+    std::ostringstream os;
+    os << *lora_dropout;
+    add("lora_dropout", os.str());
+  }
   return s;
 }
 
@@ -160,6 +200,21 @@ Tensor Model::loss(const Tensor& output, const Tensor& target) const {
   if (info_.loss == LossKind::None) {
     if (output.numel() != 1) throw Error("loss none: the model's output " + output.shape().str() + " is not a scalar");
     return output;
+  }
+  if (info_.loss == LossKind::CausalLM) {
+    // ForCausalLMLoss (transformers 4.50, loss/loss_utils.py): logits = logits.float();
+    // labels = pad(labels, (0, 1), value=-100); shift_labels = labels[..., 1:].contiguous();
+    // cross entropy of logits.view(-1, V) (the f32 copy lives until the loss returns).
+    // The labels' two i64 copies are allocated as there; compute mode scores each token
+    // against its own label (the runtime's cross entropy has no ignore_index).
+    const Tensor logits = to_dtype(output, DType::F32);
+    Tensor shift_labels;
+    {
+      const Tensor padded = empty(target.runtime(), Shape{target.size(0), target.size(1) + 1}, DType::I64);
+      shift_labels = empty(target.runtime(), target.shape(), DType::I64);
+      if (target.runtime().computing()) detail::copy_raw(shift_labels, target);
+    }
+    return cross_entropy(logits.view(Shape{-1, logits.size(-1)}), shift_labels.view(Shape{-1}));
   }
   if (output.dim() > 2) return cross_entropy(output.view(Shape{-1, output.size(-1)}), target.reshape(Shape{-1}));
   return cross_entropy(output, target);

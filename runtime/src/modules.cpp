@@ -88,6 +88,15 @@ void Module::freeze() {
   for (auto& [name, child] : children_) child->freeze();
 }
 
+void Module::keep_f32() {
+  for (ParamSlot& slot : slots_) {
+    if (slot.is_buffer) continue;
+    slot.keeps_dtype = true;
+    slot.fixed_dtype = DType::F32;
+  }
+  for (auto& [name, child] : children_) child->keep_f32();
+}
+
 std::int64_t Module::parameter_count() const {
   std::int64_t n = 0;
   const auto add = [&](std::int64_t more) {

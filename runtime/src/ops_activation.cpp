@@ -5,6 +5,8 @@
 #include <limits>
 #include <numbers>
 
+#include <optional>
+
 #include "detail.hpp"
 
 namespace mem::nn {
@@ -308,13 +310,17 @@ Tensor activation_saving_result(const Tensor& x, double flops, F f) {
   return out;
 }
 
-Tensor softmax_impl(const Tensor& x_in, bool log) {
+Tensor softmax_impl(const Tensor& x_in, bool log, std::optional<DType> dtype = std::nullopt) {
   // Autocast runs softmax in f32. A half input is not copied to f32 first: PyTorch passes
   // half_to_float to the CUDA kernel (SoftMax.cpp), which reads f16 / bf16 and writes f32,
   // and its backward returns a half gradient (measured with PyTorch 2.11 on an H100: gpt2
   // under f16 and bf16 autocast peaks at the same bytes, both without the copy).
-  const bool half_to_float = x_in.defined() && x_in.runtime().autocast() && is_half(x_in.dtype());
-  const Tensor x = half_to_float ? x_in : detail::autocast_f32(x_in);
+  // An explicit dtype=f32 takes the fused path for f16 only; a bf16 input is copied to f32
+  // first (SoftMax.cpp, softmax(input, dim, dtype): `input_.scalar_type() == ScalarType::Half`).
+  const bool half_to_float = x_in.defined() && is_half(x_in.dtype()) &&
+                             (dtype ? *dtype == DType::F32 && x_in.dtype() == DType::F16
+                                    : x_in.runtime().autocast().has_value());
+  const Tensor x = half_to_float ? x_in : dtype ? to_dtype(x_in, *dtype) : detail::autocast_f32(x_in);
   Runtime& rt = x.runtime();
   Tensor out = empty(rt, x.shape(), half_to_float ? DType::F32 : x.dtype());
   rt.add_flops(4.0 * static_cast<double>(x.numel()));
@@ -443,6 +449,7 @@ Tensor dropout(const Tensor& x, double p, bool training) {
 }
 
 Tensor softmax(const Tensor& x) { return softmax_impl(x, false); }
+Tensor softmax(const Tensor& x, DType dtype) { return softmax_impl(x, false, dtype); }
 Tensor log_softmax(const Tensor& x) { return softmax_impl(x, true); }
 
 }  // namespace mem::nn

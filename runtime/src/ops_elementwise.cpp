@@ -53,30 +53,69 @@ class AddBackward final : public Node {
   DType a_, b_;
 };
 
-/// MulBackward0: grad_a = g * b (saves b when a needs grad), grad_b = g * a (saves a when b
-/// needs grad), as derivatives.yaml's mul.Tensor entry.
+/// Shape of a broadcast of a and b (numpy rules, trailing dimensions aligned).
+Shape broadcast_shape(const Shape& a, const Shape& b, const char* op) {
+  const std::size_t n = std::max(a.size(), b.size());
+  Shape out;
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::int64_t x = i + a.size() >= n ? a[i + a.size() - n] : 1;
+    const std::int64_t y = i + b.size() >= n ? b[i + b.size() - n] : 1;
+    if (x != y && x != 1 && y != 1) {
+      throw Error(std::string(op) + ": shapes " + a.str() + " and " + b.str() + " do not broadcast");
+    }
+    out.push_back(x == 1 ? y : x);
+  }
+  return out;
+}
+
+/// `t` as a stride-0 view of `shape` (no autograd; for kernels to read).
+Tensor broadcast_view(const Tensor& t, const Shape& shape) {
+  Shape strides;
+  const std::size_t lead = shape.size() - t.dim();
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    strides.push_back(i < lead || t.shape()[i - lead] != shape[i] ? 0 : t.strides()[i - lead]);
+  }
+  return alias_of(t, shape, strides, t.offset());
+}
+
+/// out = f(a, b) elementwise over the broadcast shape of `out`.
+template <class F>
+void binary_into(const Tensor& out, const Tensor& a, const Tensor& b, F f) {
+  Runtime& rt = out.runtime();
+  rt.add_flops(static_cast<double>(out.numel()));
+  if (!rt.computing()) return;
+  detail::dispatch(out.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    HostIn<T> A(broadcast_view(a, out.shape())), B(broadcast_view(b, out.shape()));
+    HostOut<T> Y(out);
+    for (std::int64_t i = 0, n_ = out.numel(); i < n_; ++i) Y[i] = f(A[i], B[i]);
+  });
+}
+
+/// What the engine hands an input of `shape` and `dtype` (validate_outputs in
+/// torch/csrc/autograd/engine.cpp): the gradient summed down to the shape, then cast.
+Tensor to_input(const Tensor& grad, const Shape& shape, DType dtype) {
+  return detail::match_dtype(detail::sum_to(grad, shape), dtype);
+}
+
+/// MulBackward0: grad_a = (g * b).to(a's dtype) (saves b when a needs grad), grad_b = (g * a)
+/// .to(b's dtype) (saves a when b needs grad), as derivatives.yaml's mul.Tensor entry
+/// (mul_tensor_backward); broadcast inputs then get the sum down to their shape.
 class MulBackward final : public Node {
  public:
+  MulBackward(Shape a_shape, DType a_dtype, Shape b_shape, DType b_dtype)
+      : a_shape_(a_shape), b_shape_(b_shape), a_dtype_(a_dtype), b_dtype_(b_dtype) {}
   SavedTensor a_, b_;
   TensorList apply(TensorList& grads) override {
     const Tensor& g = grads[0];
-    Runtime& rt = g.runtime();
-    const auto times = [&](const Tensor& other) {
-      Tensor out = empty(rt, g.shape(), g.dtype());
-      rt.add_flops(static_cast<double>(g.numel()));
-      if (rt.computing()) {
-        detail::dispatch(g.dtype(), [&](auto tag) {
-          using T = decltype(tag);
-          HostIn<T> G(g), O(other);
-          HostOut<T> Y(out);
-          for (std::int64_t i = 0, n_ = g.numel(); i < n_; ++i) Y[i] = G[i] * O[i];
-        });
-      }
-      return out;
+    const auto times = [&](const Tensor& other, const Shape& shape, DType dtype) {
+      Tensor out = empty(g.runtime(), g.shape(), detail::promote(g.dtype(), other.dtype()));
+      binary_into(out, g, other, [](auto x, auto y) { return x * y; });
+      return to_input(detail::match_dtype(out, dtype), shape, dtype);
     };
     Tensor ga, gb;
-    if (needs_input_grad(0)) ga = times(b_.unpack());
-    if (needs_input_grad(1)) gb = times(a_.unpack());
+    if (needs_input_grad(0)) ga = times(b_.unpack(), a_shape_, a_dtype_);
+    if (needs_input_grad(1)) gb = times(a_.unpack(), b_shape_, b_dtype_);
     return {ga, gb};
   }
   void release_variables() noexcept override {
@@ -84,40 +123,28 @@ class MulBackward final : public Node {
     b_.reset();
   }
   std::string_view name() const noexcept override { return "MulBackward0"; }
+
+ private:
+  Shape a_shape_, b_shape_;
+  DType a_dtype_, b_dtype_;
 };
 
-/// AddBackward0 when b [1, ...] was broadcast over a's first dimension: b's
-/// gradient is the sum over that dimension (sum_to in validate_outputs; allocates).
+/// AddBackward0 with broadcasting: each input gets the gradient summed down to its shape
+/// (sum_to in validate_outputs; allocates only where a shape was broadcast).
 class AddBroadcastBackward final : public Node {
  public:
-  AddBroadcastBackward(DType a, Shape b_shape, DType b) : a_(a), b_shape_(b_shape), b_(b) {}
+  AddBroadcastBackward(Shape a_shape, DType a, Shape b_shape, DType b)
+      : a_shape_(a_shape), b_shape_(b_shape), a_(a), b_(b) {}
   TensorList apply(TensorList& grads) override {
     const Tensor& g = grads[0];
-    Tensor gb;
-    if (needs_input_grad(1)) {
-      gb = empty(g.runtime(), b_shape_, b_);
-      g.runtime().add_flops(static_cast<double>(g.numel()));
-      if (g.runtime().computing()) {
-        detail::dispatch(b_, [&](auto tag) {
-          using T = decltype(tag);
-          HostIn<T> G(g);
-          HostOut<T> GB(gb);
-          const std::int64_t inner = b_shape_.numel(), outer = g.numel() / inner;
-          for (std::int64_t i = 0; i < inner; ++i) GB[i] = T{0};
-          for (std::int64_t o = 0; o < outer; ++o) {
-            for (std::int64_t i = 0; i < inner; ++i) GB[i] += G[o * inner + i];
-          }
-        });
-      }
-    }
-    return {needs_input_grad(0) ? detail::match_dtype(g, a_) : Tensor{}, gb};
+    return {needs_input_grad(0) ? to_input(g, a_shape_, a_) : Tensor{},
+            needs_input_grad(1) ? to_input(g, b_shape_, b_) : Tensor{}};
   }
   std::string_view name() const noexcept override { return "AddBackward0"; }
 
  private:
-  DType a_;
-  Shape b_shape_;
-  DType b_;
+  Shape a_shape_, b_shape_;
+  DType a_, b_;
 };
 
 class MulScalarBackward final : public Node {
@@ -285,46 +312,25 @@ class SumBackward final : public Node {
 }  // namespace
 
 Tensor add(const Tensor& a, const Tensor& b) {
-  if (!(a.shape() == b.shape()) && a.dim() == b.dim() && a.dim() > 0 && b.size(0) == 1) {
-    // b broadcast over a's first dimension (position embeddings over the batch).
-    Shape rest = a.shape();
-    rest[0] = 1;
-    if (!(rest == b.shape())) throw Error("add: cannot broadcast " + b.shape().str() + " to " + a.shape().str());
+  if (a.shape() == b.shape()) {
     Tensor out = empty(a.runtime(), a.shape(), detail::promote(a.dtype(), b.dtype()));
-    Shape strides = b.strides();
-    strides[0] = 0;
-    add_into(out, a, alias_of(b, a.shape(), strides, b.offset()));
-    if (needs_grad({&a, &b})) {
-      set_history(out, detail::make_node<AddBroadcastBackward>({&a, &b}, a.dtype(), b.shape(), b.dtype()));
-    }
+    add_into(out, a, b);
+    if (needs_grad({&a, &b})) set_history(out, detail::make_node<AddBackward>({&a, &b}, a.dtype(), b.dtype()));
     return out;
   }
-  if (!(a.shape() == b.shape())) throw Error("add: shapes " + a.shape().str() + " and " + b.shape().str() + " differ");
-  Tensor out = empty(a.runtime(), a.shape(), detail::promote(a.dtype(), b.dtype()));
-  add_into(out, a, b);
+  Tensor out = empty(a.runtime(), broadcast_shape(a.shape(), b.shape(), "add"), detail::promote(a.dtype(), b.dtype()));
+  binary_into(out, a, b, [](auto x, auto y) { return x + y; });
   if (needs_grad({&a, &b})) {
-    auto node = detail::make_node<AddBackward>({&a, &b}, a.dtype(), b.dtype());
-    set_history(out, node);
+    set_history(out, detail::make_node<AddBroadcastBackward>({&a, &b}, a.shape(), a.dtype(), b.shape(), b.dtype()));
   }
   return out;
 }
 
 Tensor mul(const Tensor& a, const Tensor& b) {
-  if (!(a.shape() == b.shape())) throw Error("mul: shapes " + a.shape().str() + " and " + b.shape().str() + " differ");
-  if (a.dtype() != b.dtype()) throw Error("mul: dtypes differ");
-  Runtime& rt = a.runtime();
-  Tensor out = empty(rt, a.shape(), a.dtype());
-  rt.add_flops(static_cast<double>(out.numel()));
-  if (rt.computing()) {
-    detail::dispatch(out.dtype(), [&](auto tag) {
-      using T = decltype(tag);
-      HostIn<T> A(a), B(b);
-      HostOut<T> Y(out);
-      for (std::int64_t i = 0, n_ = out.numel(); i < n_; ++i) Y[i] = A[i] * B[i];
-    });
-  }
+  Tensor out = empty(a.runtime(), broadcast_shape(a.shape(), b.shape(), "mul"), detail::promote(a.dtype(), b.dtype()));
+  binary_into(out, a, b, [](auto x, auto y) { return x * y; });
   if (needs_grad({&a, &b})) {
-    auto node = detail::make_node<MulBackward>({&a, &b});
+    auto node = detail::make_node<MulBackward>({&a, &b}, a.shape(), a.dtype(), b.shape(), b.dtype());
     if (b.requires_grad()) node->a_.save(a);
     if (a.requires_grad()) node->b_.save(b);
     set_history(out, node);

@@ -118,6 +118,40 @@ class CloneBackward final : public Node {
   std::string_view name() const noexcept override { return "CloneBackward0"; }
 };
 
+/// SliceBackward0: zeros of the input's shape with the gradient copied into the slice
+/// (slice_backward in FunctionsManual.cpp: at::zeros, then copy_): one allocation.
+class NarrowBackward final : public Node {
+ public:
+  NarrowBackward(Shape in_shape, DType dtype, std::int64_t dim, std::int64_t start)
+      : in_shape_(in_shape), dtype_(dtype), dim_(dim), start_(start) {}
+  TensorList apply(TensorList& grads) override {
+    const Tensor& g = grads[0];
+    Tensor gx = empty(g.runtime(), in_shape_, dtype_);
+    if (g.runtime().computing()) {
+      detail::fill_raw(gx, 0.0);
+      detail::copy_raw(alias(gx, g.shape(), gx.strides(), start_ * gx.strides()[static_cast<std::size_t>(dim_)]), g);
+    }
+    return {gx};
+  }
+  std::string_view name() const noexcept override { return "SliceBackward0"; }
+
+ private:
+  Shape in_shape_;
+  DType dtype_;
+  std::int64_t dim_, start_;
+};
+
+/// ExpandBackward0: at::sum_to(grad, self.sizes()), an allocation of the input's shape.
+class ExpandBackward final : public Node {
+ public:
+  explicit ExpandBackward(Shape in_shape) : in_shape_(in_shape) {}
+  TensorList apply(TensorList& grads) override { return {detail::sum_to(grads[0], in_shape_)}; }
+  std::string_view name() const noexcept override { return "ExpandBackward0"; }
+
+ private:
+  Shape in_shape_;
+};
+
 Tensor with_history(Tensor out, const Tensor& input, std::shared_ptr<Node> node) {
   node->add_input(input);
   set_history(out, node);
@@ -196,6 +230,53 @@ Tensor Tensor::transpose(std::int64_t a, std::int64_t b) const {
     case 5: return permute({order[0], order[1], order[2], order[3], order[4]});
     default: throw Error("transpose: needs 2 to 5 dimensions, got " + shape().str());
   }
+}
+
+Tensor Tensor::narrow(std::int64_t d, std::int64_t start, std::int64_t length) const {
+  const auto n = static_cast<std::int64_t>(dim());
+  if (d < 0) d += n;
+  if (d < 0 || d >= n || start < 0 || length < 0 || start > size(d) - length) {
+    throw Error("narrow: [" + std::to_string(start) + ", +" + std::to_string(length) + ") of dimension " +
+                std::to_string(d) + " is outside " + shape().str());
+  }
+  Shape shape = this->shape();
+  shape[static_cast<std::size_t>(d)] = length;
+  Tensor out = alias(*this, shape, strides(), offset() + start * strides()[static_cast<std::size_t>(d)]);
+  if (!needs_grad({this})) return out;
+  auto node = std::make_shared<NarrowBackward>(this->shape(), dtype(), d, start);
+  init_node(*node);
+  return with_history(out, *this, node);
+}
+
+Tensor Tensor::expand(const Shape& requested) const {
+  if (requested.size() != dim()) throw Error("expand: " + requested.str() + " for " + shape().str());
+  Shape strides = this->strides();
+  for (std::size_t i = 0; i < dim(); ++i) {
+    if (shape()[i] == requested[i]) continue;
+    if (shape()[i] != 1 || requested[i] < 0) {
+      throw Error("expand: " + shape().str() + " cannot be expanded to " + requested.str());
+    }
+    strides[i] = 0;
+  }
+  if (requested == shape()) return *this;
+  Tensor out = alias(*this, requested, strides, offset());
+  if (!needs_grad({this})) return out;
+  auto node = std::make_shared<ExpandBackward>(this->shape());
+  init_node(*node);
+  return with_history(out, *this, node);
+}
+
+Tensor Tensor::unsqueeze(std::int64_t d) const {
+  const auto n = static_cast<std::int64_t>(dim());
+  if (d < 0) d += n + 1;
+  if (d < 0 || d > n) throw Error("unsqueeze: dimension out of range for " + shape().str());
+  Shape shape;
+  for (std::int64_t i = 0; i < n; ++i) {
+    if (i == d) shape.push_back(1);
+    shape.push_back(size(i));
+  }
+  if (d == n) shape.push_back(1);
+  return view(shape);
 }
 
 Tensor Tensor::flatten(std::int64_t start, std::int64_t end) const {

@@ -33,6 +33,8 @@ constexpr bool is_half(DType dtype) noexcept { return dtype == DType::F16 || dty
 
 /// "f32", "f16", "bf16", "f64", "i64", "u8", "bool".
 std::string_view dtype_name(DType dtype) noexcept;
+/// torch.finfo(dtype).min: the value Hugging Face's causal masks fill with.
+double finfo_min(DType dtype) noexcept;
 /// Inverse of dtype_name() (also accepts "float32", "float16", "half", "bfloat16").
 /// Throws mem::Error listing the valid names.
 DType parse_dtype(std::string_view name);

@@ -34,6 +34,7 @@ inline constexpr std::int64_t kMaxWidth = std::int64_t{1} << 31;
 inline constexpr std::int64_t kMaxSeq = std::int64_t{1} << 24;
 inline constexpr std::int64_t kMaxImage = std::int64_t{1} << 20;
 inline constexpr std::int64_t kMaxClasses = std::int64_t{1} << 31;
+inline constexpr std::int64_t kMaxLoraRank = 65536;
 
 struct ModelOptions {
   std::int64_t batch = 0;
@@ -44,13 +45,22 @@ struct ModelOptions {
   std::int64_t classes = 0;  ///< resnet: classes
   std::optional<double> dropout;       ///< gpt2: dropout probability (default 0.1)
   std::optional<bool> inplace_relu;    ///< mlp: ReLU(inplace=True) (default false; resnets always true)
+  // Transformers from Hugging Face configs (docs/TRANSFORMERS.md):
+  std::optional<std::string> attention;   ///< attn: eager, sdpa (flash), sdpa-efficient
+  std::optional<std::string> checkpoint;  ///< checkpoint: none, reentrant, non-reentrant (per layer)
+  std::int64_t lora = 0;                  ///< lora: adapter rank (0: full fine-tune)
+  std::optional<std::string> lora_targets;  ///< lora_targets: q_proj+v_proj, ... or all
+  std::optional<double> lora_dropout;     ///< lora_dropout in [0, 1)
 
-  /// Parses "depth=200,width=1024,batch=32,seq=512,image=128,classes=10,dropout=0,inplace=1".
+  /// Parses "depth=200,width=1024,batch=32,seq=512,image=128,classes=10,dropout=0,inplace=1"
+  /// and the transformer keys "attn=eager,checkpoint=reentrant,lora=16,lora_targets=q_proj+v_proj,
+  /// lora_dropout=0.05".
   /// Throws mem::Error naming the bad key or value and listing the valid keys.
   static ModelOptions parse(std::string_view text);
   /// The size option `key` ("batch", "depth", ...) when set; nullopt when not set.
   std::optional<std::int64_t> size(std::string_view key) const;
-  /// Every option key: batch, depth, width, seq, image, classes, dropout, inplace.
+  /// Every option key: batch, depth, width, seq, image, classes, lora, dropout, inplace, attn,
+  /// checkpoint, lora_targets, lora_dropout.
   static const std::vector<std::string>& keys();
   /// The keys set here, in keys() order.
   std::vector<std::string> given() const;
@@ -63,7 +73,9 @@ struct ModelOptions {
 /// mse_loss, cross_entropy (over the last dimension; token targets flattened),
 /// binary_cross_entropy_with_logits, output.sum() as the scalar backward starts from, or
 /// None: the output is the loss already (a scalar; models that compute their own loss).
-enum class LossKind : std::uint8_t { MSE, CrossEntropy, Sum, BCEWithLogits, None };
+/// CausalLM is transformers' ForCausalLMLoss: the logits upcast to f32, then cross entropy
+/// of every token against the next one.
+enum class LossKind : std::uint8_t { MSE, CrossEntropy, Sum, BCEWithLogits, None, CausalLM };
 
 /// What a model is, computed from declared shapes (nothing allocated).
 struct ModelInfo {
@@ -84,6 +96,9 @@ struct ModelInfo {
   /// does not apply to such a model.
   std::size_t checkpointed_modules = 0;
   bool input_requires_grad = false; ///< the model's input requires grad (x.requires_grad_())
+  /// Whether checkpoint_sequential may split the body (false for the Hugging Face
+  /// decoders, whose layers take more than one tensor; they checkpoint per layer).
+  bool sequential_checkpointing = true;
   std::size_t parameter_bytes(DType dtype) const noexcept {
     return static_cast<std::size_t>(parameters) * dtype_size(dtype);
   }

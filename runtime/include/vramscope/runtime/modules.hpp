@@ -78,6 +78,9 @@ class Module {
   std::vector<Tensor> trainable_parameters() const;
   /// requires_grad_(false) on every parameter here and below; call before materialize().
   void freeze();
+  /// Parameters here and below stay f32 whatever dtype the model is materialized in (PEFT's
+  /// autocast_adapter_dtype upcasts f16 / bf16 LoRA adapters). Call before materialize().
+  void keep_f32();
   /// Marks this module to run checkpointed (see CheckpointMark).
   void set_checkpoint(CheckpointMark mark) noexcept { checkpoint_ = mark; }
   CheckpointMark checkpoint_mark() const noexcept { return checkpoint_; }

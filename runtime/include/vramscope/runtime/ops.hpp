@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "vramscope/runtime/tensor.hpp"
@@ -28,6 +29,18 @@ Tensor bmm(const Tensor& a, const Tensor& b);
 /// torch.matmul for >= 3-d operands: folds batch dims with reshape (a copy when
 /// the layout does not allow a view), bmm, then a view back.
 Tensor matmul(const Tensor& a, const Tensor& b);
+
+// --- attention ----------------------------------------------------------------------------------
+/// The fused CUDA backends of F.scaled_dot_product_attention.
+enum class SdpaBackend : std::uint8_t { Flash, Efficient };
+std::string_view sdpa_backend_name(SdpaBackend backend) noexcept;
+/// scaled_dot_product_attention(q, k, v, dropout_p, is_causal) on q [B, H, S, d] and k, v
+/// [B, H_kv, S, d] (H a multiple of H_kv: grouped query attention), scale 1/sqrt(d).
+/// Output [B, S, H, d] storage returned as [B, H, S, d]. Saves q, k, v, the output, the f32
+/// logsumexp (flash [B, H, S]; efficient [B, H, S rounded up to 32]); dropout's philox seed
+/// and offset live on the host. Flash takes f16 / bf16 only.
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, SdpaBackend backend,
+                                    bool causal, double dropout = 0.0, bool training = true);
 
 // --- convolution and pooling -----------------------------------------------------------------
 /// 2-d convolution, NCHW, as im2col + GEMM per group; weight [O, C/groups, k, k].
@@ -105,19 +118,34 @@ Tensor gelu(const Tensor& x, bool tanh_approx = false);
 Tensor dropout(const Tensor& x, double p, bool training);
 /// Softmax over the last dimension. Saves its output.
 Tensor softmax(const Tensor& x);
+/// softmax(x, dim=-1, dtype=dtype) as Hugging Face's eager attention calls it with f32: a
+/// half input goes to the kernel as half_to_float (no f32 copy); others are cast first.
+/// Saves its output.
+Tensor softmax(const Tensor& x, DType dtype);
 /// Log-softmax over the last dimension. Saves its output.
 Tensor log_softmax(const Tensor& x);
 
 // --- elementwise and shape ------------------------------------------------------------------------
-/// a + b (same shape, or b [1, ...] broadcast over a's first dimension). Saves nothing.
+/// a + b with broadcasting. Saves nothing; a broadcast input's gradient is summed down to
+/// its shape (one allocation).
 Tensor add(const Tensor& a, const Tensor& b);
 /// a += b in place (residual connections); returns an alias of a and bumps its version
 /// counter. Saves nothing. Same checks as relu_.
 Tensor add_(const Tensor& a, const Tensor& b);
-/// a * b elementwise (same shape and dtype). Saves b if a needs grad and a if b needs grad.
+/// a * b with broadcasting and type promotion. Saves b if a needs grad and a if b needs grad.
 Tensor mul(const Tensor& a, const Tensor& b);
 /// x * s for a scalar s (allocates). Saves nothing.
 Tensor mul_scalar(const Tensor& x, double s);
+/// x * x (x.pow(2)). Saves x; backward allocates grad * (2 * x.pow(1)) with two temporaries.
+Tensor square(const Tensor& x);
+/// 1 / sqrt(x). Saves its output.
+Tensor rsqrt(const Tensor& x);
+/// -x. Saves nothing.
+Tensor neg(const Tensor& x);
+/// x + s for a scalar s (allocates). Saves nothing.
+Tensor add_scalar(const Tensor& x, double s);
+/// x.mean(-1, keepdim=True). Saves nothing; backward allocates the input's shape.
+Tensor mean_last(const Tensor& x);
 /// Fills the strictly upper triangle of the last two dims with `value` (causal
 /// attention mask; torch.where with a constant buffer). Allocates; saves nothing.
 Tensor causal_mask(const Tensor& x, double value);

@@ -192,6 +192,14 @@ class Tensor {
   Tensor permute(std::initializer_list<std::int64_t> dims) const;
   Tensor permute(std::span<const std::int64_t> dims) const;
   Tensor transpose(std::int64_t a, std::int64_t b) const;
+  /// x.narrow(dim, start, length) (x[..., start:start+length]). Backward (SliceBackward0)
+  /// allocates a zero gradient of the whole input and copies into it.
+  Tensor narrow(std::int64_t dim, std::int64_t start, std::int64_t length) const;
+  /// Size-1 dimensions repeated as stride-0 views (x.expand(shape)); backward sums the
+  /// gradient back to this shape (allocates).
+  Tensor expand(const Shape& shape) const;
+  /// A new size-1 dimension at `dim`.
+  Tensor unsqueeze(std::int64_t dim) const;
   /// Merges dimensions start..end (inclusive) into one.
   Tensor flatten(std::int64_t start = 0, std::int64_t end = -1) const;
   /// This tensor if contiguous, else a contiguous copy (allocates).

@@ -1,0 +1,273 @@
+// hf_config.cpp — config.json of LlamaForCausalLM, MistralForCausalLM and Qwen2ForCausalLM
+// read into a DecoderConfig. Every key is either modelled, known not to change training
+// memory, or an error: a config is never half understood.
+#include "vramscope/models/hf_config.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <iterator>
+#include <set>
+#include <sstream>
+
+#include "vramscope/allocator/errors.hpp"
+
+namespace mem::models {
+namespace {
+
+using nlohmann::json;
+
+/// Keys that do not change what a training step allocates: token ids, initialisation,
+/// rotary frequencies (values, not sizes), bookkeeping. use_cache is read as False (what
+/// gradient checkpointing forces and training scripts set); torch_dtype is what
+/// from_pretrained loads in, and --dtype says what is trained.
+const std::set<std::string, std::less<>> kIgnored = {
+    "architectures", "bos_token_id", "eos_token_id", "pad_token_id", "initializer_range", "rope_theta",
+    "rope_scaling", "transformers_version", "use_cache", "torch_dtype", "model_type", "max_position_embeddings",
+    "max_window_layers", "tokenizer_class", "output_attentions", "output_hidden_states", "return_dict",
+    "is_decoder", "name_or_path"};
+
+std::string kind_of(const json& v) {
+  switch (v.type()) {
+    case json::value_t::null: return "null";
+    case json::value_t::boolean: return "a boolean";
+    case json::value_t::string: return "a string";
+    case json::value_t::array: return "an array";
+    case json::value_t::object: return "an object";
+    default: return "a number";
+  }
+}
+
+class Reader {
+ public:
+  Reader(const json& root, std::string origin) : root_(root), origin_(std::move(origin)) {}
+
+  [[noreturn]] void fail(const std::string& key, const std::string& what) const {
+    throw Error(origin_ + ": " + key + ": " + what);
+  }
+  bool has(const std::string& key) const { return root_.contains(key) && !root_.at(key).is_null(); }
+  std::int64_t size(const std::string& key, std::int64_t fallback, std::int64_t max = std::int64_t{1} << 31) {
+    used_.insert(key);
+    if (!has(key)) {
+      if (fallback > 0) return fallback;
+      fail(key, "missing; expected a positive integer");
+    }
+    const json& v = root_.at(key);
+    if (!v.is_number_integer() || v.get<std::int64_t>() <= 0 || v.get<std::int64_t>() > max) {
+      fail(key, "expected a positive integer up to " + std::to_string(max) + ", got " + v.dump());
+    }
+    return v.get<std::int64_t>();
+  }
+  bool flag(const std::string& key, bool fallback) {
+    used_.insert(key);
+    if (!has(key)) return fallback;
+    if (!root_.at(key).is_boolean()) fail(key, "expected true or false, got " + kind_of(root_.at(key)));
+    return root_.at(key).get<bool>();
+  }
+  double number(const std::string& key, double fallback, double lo, double hi) {
+    used_.insert(key);
+    if (!has(key)) return fallback;
+    const json& v = root_.at(key);
+    if (!v.is_number() || !(v.get<double>() >= lo && v.get<double>() < hi)) {
+      fail(key, "expected a number in [" + std::to_string(lo) + ", " + std::to_string(hi) + "), got " + v.dump());
+    }
+    return v.get<double>();
+  }
+  std::string word(const std::string& key, const std::string& fallback) {
+    used_.insert(key);
+    if (!has(key)) return fallback;
+    if (!root_.at(key).is_string()) fail(key, "expected a string, got " + kind_of(root_.at(key)));
+    return root_.at(key).get<std::string>();
+  }
+  /// Every key neither read nor ignored is one this reader cannot account for.
+  void check_all_used() const {
+    for (const auto& [key, value] : root_.items()) {
+      if (used_.count(key) != 0 || kIgnored.count(key) != 0 || key.starts_with("_")) continue;
+      fail(key, "not modelled by vramscope, and it may change memory; remove it if it does not, or ask for it");
+    }
+  }
+
+ private:
+  const json& root_;
+  std::string origin_;
+  std::set<std::string, std::less<>> used_;
+};
+
+const std::vector<std::string> kAllTargets = {"q_proj", "k_proj", "v_proj", "o_proj",
+                                              "gate_proj", "up_proj", "down_proj"};
+
+std::vector<std::string> parse_targets(const std::string& text) {
+  if (text == "all" || text == "all-linear") return kAllTargets;
+  std::vector<std::string> out;
+  std::size_t pos = 0;
+  while (pos <= text.size()) {
+    const std::size_t plus = text.find('+', pos);
+    const std::string item = text.substr(pos, plus == std::string::npos ? std::string::npos : plus - pos);
+    const std::string name = item.size() <= 2 && !item.empty() ? item + "_proj" : item;  // q -> q_proj
+    if (std::find(kAllTargets.begin(), kAllTargets.end(), name) == kAllTargets.end()) {
+      throw Error("model option lora_targets: '" + item +
+                  "' is not a projection; valid: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj "
+                  "(joined by +), or all");
+    }
+    if (std::find(out.begin(), out.end(), name) == out.end()) out.push_back(name);
+    if (plus == std::string::npos) break;
+    pos = plus + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::shared_ptr<const HfConfig> HfConfig::parse(std::string_view text, std::string name, std::string origin) {
+  if (text.size() > kMaxHfConfigBytes) {
+    throw Error(origin + ": " + std::to_string(text.size()) + " bytes; a config.json is at most " +
+                std::to_string(kMaxHfConfigBytes));
+  }
+  json root;
+  try {
+    root = json::parse(text);
+  } catch (const json::parse_error& e) {
+    throw Error(origin + ": not JSON (" + std::string(e.what()) + ")");
+  }
+  if (!root.is_object()) throw Error(origin + ": expected a JSON object (a config.json), got " + kind_of(root));
+  Reader r(root, origin);
+  const std::string type = r.word("model_type", "");
+  if (type != "llama" && type != "mistral" && type != "qwen2") {
+    r.fail("model_type", type.empty() ? "missing; vramscope reads llama, mistral and qwen2 configs"
+                                      : "'" + type + "' is not modelled; vramscope reads llama, mistral and qwen2");
+  }
+  nn::DecoderConfig c;
+  c.vocab = r.size("vocab_size", 0);
+  c.hidden = r.size("hidden_size", 0);
+  c.intermediate = r.size("intermediate_size", 0);
+  c.layers = r.size("num_hidden_layers", 0, 10'000);
+  c.heads = r.size("num_attention_heads", 0);
+  c.kv_heads = r.size("num_key_value_heads", c.heads);
+  if (c.hidden % c.heads != 0 && !r.has("head_dim")) {
+    r.fail("head_dim", "missing, and hidden_size " + std::to_string(c.hidden) + " is not a multiple of " +
+                           std::to_string(c.heads) + " heads");
+  }
+  c.head_dim = r.size("head_dim", c.hidden / c.heads);
+  if (c.heads % c.kv_heads != 0) {
+    r.fail("num_key_value_heads", std::to_string(c.kv_heads) + " does not divide num_attention_heads " +
+                                      std::to_string(c.heads));
+  }
+  const std::int64_t max_positions = r.size("max_position_embeddings", 2048, std::int64_t{1} << 24);
+  c.tie_embeddings = r.flag("tie_word_embeddings", type == "qwen2" ? false : false);
+  c.rms_eps = r.number("rms_norm_eps", 1e-6, 0.0, 1.0);
+  c.attention_dropout = r.number("attention_dropout", 0.0, 0.0, 1.0);
+  const std::string act = r.word("hidden_act", "silu");
+  if (act != "silu") r.fail("hidden_act", "'" + act + "' is not modelled; the MLP is SwiGLU with silu");
+  std::int64_t window = 0;
+  if (type == "llama") {
+    c.qkv_bias = c.o_bias = r.flag("attention_bias", false);
+    c.mlp_bias = r.flag("mlp_bias", false);
+    if (r.size("pretraining_tp", 1) != 1) r.fail("pretraining_tp", "only 1 is modelled (it slices weights in forward)");
+  } else if (type == "qwen2") {
+    c.qkv_bias = true;  // Qwen2Attention: q, k, v with bias, o_proj without
+    if (r.flag("use_sliding_window", false)) r.fail("use_sliding_window", "true is not modelled");
+    r.size("sliding_window", 1);
+  } else {
+    // Mistral: a sliding window shorter than the sequence makes SDPA take a mask (checked per build).
+    window = r.has("sliding_window") ? r.size("sliding_window", 0) : 0;
+  }
+  if (r.has("quantization_config")) {
+    r.fail("quantization_config", "quantized checkpoints are not modelled; give the unquantized config");
+  }
+  r.check_all_used();
+  return std::make_shared<HfConfig>(std::move(name), type, c, max_positions, window);
+}
+
+std::shared_ptr<const HfConfig> HfConfig::load(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(path + ": cannot open");
+  std::string text;
+  text.resize(kMaxHfConfigBytes + 1);
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  if (in.bad()) throw Error(path + ": read error");
+  text.resize(static_cast<std::size_t>(in.gcount()));
+  std::string name = path;
+  if (const auto slash = name.find_last_of('/'); slash != std::string::npos) name = name.substr(slash + 1);
+  return parse(text, name, path);
+}
+
+HfConfig::HfConfig(std::string name, std::string model_type, nn::DecoderConfig decoder, std::int64_t max_positions,
+                   std::int64_t sliding_window)
+    : name_(std::move(name)), model_type_(std::move(model_type)), decoder_(decoder), max_positions_(max_positions),
+      sliding_window_(sliding_window) {}
+
+const std::vector<std::string>& HfConfig::option_keys() const noexcept {
+  static const std::vector<std::string> keys = {"batch", "seq", "attn", "checkpoint", "lora", "lora_targets",
+                                                "lora_dropout"};
+  return keys;
+}
+
+nn::DecoderConfig HfConfig::configure(const nn::ModelOptions& o) const {
+  nn::DecoderConfig c = decoder_;
+  if (o.attention) c.attention = nn::parse_attention(*o.attention);
+  const std::string mode = o.checkpoint.value_or("none");
+  if (mode == "reentrant" || mode == "non-reentrant") {
+    c.checkpoint = mode == "reentrant" ? nn::CheckpointMark::Reentrant : nn::CheckpointMark::NonReentrant;
+  } else if (mode != "none") {
+    throw Error("model option checkpoint='" + mode + "'; valid: none, reentrant (gradient_checkpointing_enable()'s "
+                "default), non-reentrant");
+  }
+  if (o.lora_targets && o.lora == 0) throw Error("model option lora_targets needs lora=RANK");
+  if (o.lora_dropout && o.lora == 0) throw Error("model option lora_dropout needs lora=RANK");
+  if (o.lora > 0) {
+    c.lora.rank = o.lora;
+    c.lora.alpha = static_cast<double>(o.lora);
+    // PEFT's defaults: lora_dropout 0.0; target_modules for llama, mistral and qwen2 are
+    // q_proj and v_proj (TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING).
+    c.lora.dropout = o.lora_dropout.value_or(0.0);
+    c.lora.targets = o.lora_targets ? parse_targets(*o.lora_targets) : std::vector<std::string>{"q_proj", "v_proj"};
+  }
+  return c;
+}
+
+HfConfig::Built HfConfig::make(const nn::ModelOptions& o) const {
+  const nn::DecoderConfig c = configure(o);
+  const std::int64_t batch = o.batch > 0 ? o.batch : 1;
+  const std::int64_t seq = o.seq > 0 ? o.seq : std::min<std::int64_t>(2048, max_positions_);
+  if (seq > max_positions_) {
+    throw Error(name_ + ": seq " + std::to_string(seq) + " exceeds max_position_embeddings " +
+                std::to_string(max_positions_));
+  }
+  if (sliding_window_ > 0 && seq > sliding_window_) {
+    throw Error(name_ + ": seq " + std::to_string(seq) + " exceeds sliding_window " + std::to_string(sliding_window_) +
+                "; the sliding-window mask is not modelled");
+  }
+  if (c.attention != nn::AttentionImpl::Eager && c.attention_dropout > 0 && c.checkpoint != nn::CheckpointMark::None) {
+    throw Error(name_ + ": attention_dropout with sdpa under checkpointing is not modelled");
+  }
+  Built b;
+  b.body = nn::build_decoder(c);
+  std::ostringstream d;
+  d << model_type_ << ": " << c.layers << " layers, hidden " << c.hidden << ", " << c.heads << " heads ("
+    << c.kv_heads << " kv) of " << c.head_dim << ", MLP " << c.intermediate << ", vocab " << c.vocab
+    << (c.tie_embeddings ? " (tied)" : "") << "; " << nn::attention_name(c.attention) << " attention";
+  if (c.checkpoint != nn::CheckpointMark::None) {
+    d << ", every layer checkpointed (" << (c.checkpoint == nn::CheckpointMark::Reentrant ? "reentrant" : "non-reentrant")
+      << ")";
+  }
+  if (c.lora.rank > 0) {
+    d << ", LoRA r=" << c.lora.rank << " on";
+    for (const auto& t : c.lora.targets) d << " " << t;
+  }
+  d << "; causal LM loss";
+  b.info.description = d.str();
+  b.info.batch = batch;
+  b.info.input_shape = nn::Shape{batch, seq};
+  b.info.input_dtype = nn::DType::I64;
+  b.info.target_shape = nn::Shape{batch, seq};
+  b.info.target_dtype = nn::DType::I64;
+  b.info.loss = nn::LossKind::CausalLM;
+  b.info.target_classes = c.vocab;
+  b.info.input_high = c.vocab;
+  b.info.sequential_checkpointing = false;
+  return b;
+}
+
+}  // namespace mem::models

@@ -1,0 +1,107 @@
+// decoder.hpp — decoder-only transformers as Hugging Face transformers 4.50 writes them
+// (LlamaForCausalLM, which Mistral and Qwen2 share): RMSNorm, rotary embeddings, eager or
+// SDPA attention with grouped keys, the SwiGLU MLP, the LM head, and LoRA adapters as
+// PEFT 0.14 wraps a Linear. Each module's forward follows the Python line by line, so the
+// runtime keeps for backward what PyTorch keeps and frees what Python's locals free.
+//
+//   mem::nn::DecoderConfig c;            // usually from a config.json (mem::models::HfConfig)
+//   c.hidden = 2048; c.intermediate = 8192; c.layers = 16; c.heads = 32; c.kv_heads = 8;
+//   auto body = mem::nn::build_decoder(c);   // model.embed_tokens ... lm_head
+//
+// What is modelled and what is assumed (docs/TRANSFORMERS.md): input_ids only (no
+// attention_mask, as packed pre-training and fine-tuning batches), use_cache=False (what
+// gradient checkpointing forces and fine-tuning scripts set), the loss of
+// ForCausalLMLoss (logits.float(), then cross entropy over the flattened tokens).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "vramscope/runtime/modules.hpp"
+#include "vramscope/runtime/ops.hpp"
+
+namespace mem::nn {
+
+/// config._attn_implementation: "eager", or "sdpa" on its flash or memory-efficient backend.
+enum class AttentionImpl : std::uint8_t { Eager, SdpaFlash, SdpaEfficient };
+/// "eager", "sdpa-flash", "sdpa-efficient".
+std::string_view attention_name(AttentionImpl impl) noexcept;
+/// Throws mem::Error listing the valid names ("sdpa" is sdpa-flash).
+AttentionImpl parse_attention(std::string_view name);
+
+/// LoRA adapters (peft.LoraConfig): rank r on the named projections, lora_alpha, lora_dropout.
+struct LoraConfig {
+  std::int64_t rank = 0;   ///< 0: no adapters
+  double alpha = 16;
+  double dropout = 0.05;
+  /// Projection names: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj.
+  std::vector<std::string> targets{"q_proj", "k_proj", "v_proj", "o_proj"};
+};
+
+struct DecoderConfig {
+  std::int64_t vocab = 32000;
+  std::int64_t hidden = 4096;
+  std::int64_t intermediate = 11008;
+  std::int64_t layers = 32;
+  std::int64_t heads = 32;
+  std::int64_t kv_heads = 32;
+  std::int64_t head_dim = 128;
+  bool tie_embeddings = false;
+  double rms_eps = 1e-6;
+  bool qkv_bias = false;    ///< Qwen2: q, k, v projections with bias
+  bool o_bias = false;
+  bool mlp_bias = false;
+  double attention_dropout = 0.0;
+  AttentionImpl attention = AttentionImpl::SdpaFlash;
+  /// gradient_checkpointing_enable(): every decoder layer's __call__ runs under checkpoint,
+  /// reentrant by default (transformers 4.50: use_reentrant=True unless the kwargs say).
+  CheckpointMark checkpoint = CheckpointMark::None;
+  /// Fine-tuning: every base weight frozen (requires_grad_(False)), adapters trainable.
+  LoraConfig lora;
+};
+
+/// Tensors LlamaModel.forward computes once and hands to every layer: the rotary cos and
+/// sin, the eager causal mask. Set by DecoderInputs, dropped by the final norm (the end of
+/// LlamaModel.forward); autograd keeps what it saved.
+struct DecoderState {
+  Tensor cos, sin, mask, cache_position;
+  void clear() noexcept { cos = sin = mask = cache_position = Tensor{}; }
+};
+
+/// LlamaRMSNorm: x.to(f32); variance = x.pow(2).mean(-1, keepdim=True); x * rsqrt(variance
+/// + eps); weight * x.to(input dtype). Keeps the f32 input, the f32 rstd per row and the
+/// normalized input in the input's dtype.
+class RMSNorm : public Module {
+ public:
+  explicit RMSNorm(std::int64_t features, double eps = 1e-6);
+  Tensor forward(const Tensor& input) override;
+
+ private:
+  std::size_t weight_;
+  double eps_;
+};
+
+/// A Linear with a LoRA adapter (peft.tuners.lora.Linear): base_layer (frozen), then
+/// result + lora_B(lora_A(lora_dropout(x))) * (alpha / r).
+class LoraLinear : public Module {
+ public:
+  LoraLinear(std::unique_ptr<Module> base, std::int64_t in, std::int64_t out, const LoraConfig& lora);
+  Tensor forward(const Tensor& input) override;
+
+ private:
+  Module *base_, *dropout_, *a_, *b_;
+  double scaling_;
+};
+
+/// The decoder-only body: model.embed_tokens, the per-forward inputs (cache_position, the
+/// eager causal mask, rotary cos / sin), model.layers.N, model.norm, lm_head (tied to
+/// embed_tokens when the config says so). Throws mem::Error for an inconsistent config.
+std::unique_ptr<Sequential> build_decoder(const DecoderConfig& config);
+
+/// Parameters of the model a config describes, computed from its numbers (what the built
+/// tree's parameter_count() must equal; the zoo's tests compare both with the published).
+std::int64_t decoder_parameter_count(const DecoderConfig& config);
+
+}  // namespace mem::nn

@@ -1,0 +1,432 @@
+// decoder.cpp — LlamaForCausalLM's modules as transformers 4.50.3 writes them
+// (src/transformers/models/llama/modeling_llama.py) and PEFT 0.14's LoRA Linear
+// (src/peft/tuners/lora/layer.py). Python's locals are mirrored by C++ locals, so a
+// temporary is freed where Python drops its last reference.
+#include "vramscope/runtime/decoder.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "vramscope/allocator/errors.hpp"
+#include "vramscope/runtime/runtime.hpp"
+
+namespace mem::nn {
+namespace {
+
+using State = std::shared_ptr<DecoderState>;
+
+/// The per-forward inputs LlamaModel.forward makes before the first layer: cache_position
+/// (torch.arange(S), i64), the eager causal mask (_prepare_4d_causal_attention_mask_with_
+/// cache_position: full [S, S + 1] of the dtype's min, triu, times arange(S + 1) >
+/// cache_position; sdpa passes no mask and is_causal=True instead), and
+/// LlamaRotaryEmbedding's cos and sin [1, S, head_dim] in the hidden states' dtype.
+class DecoderInputs final : public Module {
+ public:
+  DecoderInputs(const DecoderConfig& c, State state, double theta)
+      : Module("LlamaRotaryEmbedding"), eager_(c.attention == AttentionImpl::Eager),
+        input_requires_grad_(c.lora.rank > 0 && c.checkpoint != CheckpointMark::None), dim_(c.head_dim),
+        theta_(theta), state_(std::move(state)) {
+    // register_buffer("inv_freq", ..., persistent=False): [head_dim / 2] floats.
+    add_buffer("inv_freq", Shape{c.head_dim / 2}, 0.0);
+  }
+
+  Tensor forward(const Tensor& x) override {
+    Runtime& rt = x.runtime();
+    const std::int64_t s = x.size(1), half = dim_ / 2;
+    state_->cache_position = positions(rt, s);
+    if (eager_) state_->mask = causal_mask(rt, s, x.dtype());
+    // rotary_emb(hidden_states, position_ids), under autocast disabled: position_ids
+    // .float() [1, 1, S], freqs = inv_freq @ positions [1, half, S], emb = cat((freqs,
+    // freqs)) [1, S, d], cos and sin of it, each times attention_scaling, then .to(dtype).
+    const Tensor pos = empty(rt, Shape{1, 1, s}, DType::F32);
+    const Tensor freqs = empty(rt, Shape{1, half, s}, DType::F32);
+    const Tensor emb = empty(rt, Shape{1, s, dim_}, DType::F32);
+    Tensor cos = empty(rt, Shape{1, s, dim_}, DType::F32);
+    Tensor sin = empty(rt, Shape{1, s, dim_}, DType::F32);
+    cos = empty(rt, Shape{1, s, dim_}, DType::F32);  // cos * attention_scaling
+    sin = empty(rt, Shape{1, s, dim_}, DType::F32);
+    if (rt.computing()) fill_rotary(cos, sin);
+    state_->cos = to_dtype(cos, x.dtype());
+    state_->sin = to_dtype(sin, x.dtype());
+    if (input_requires_grad_ && !x.requires_grad()) {
+      // gradient_checkpointing_enable() on a PEFT model calls enable_input_require_grads():
+      // a forward hook makes the frozen embedding's output require grad, so the checkpointed
+      // layers see an input that does.
+      Tensor out = x;
+      out.set_requires_grad(true);
+      return out;
+    }
+    return x;
+  }
+
+ private:
+  static Tensor positions(Runtime& rt, std::int64_t s) {
+    std::vector<double> v(static_cast<std::size_t>(s));
+    for (std::int64_t i = 0; i < s; ++i) v[static_cast<std::size_t>(i)] = static_cast<double>(i);
+    return from_values(rt, Shape{s}, v, DType::I64);
+  }
+
+  static Tensor causal_mask(Runtime& rt, std::int64_t s, DType dtype) {
+    Tensor mask;
+    {
+      const Tensor full_min = empty(rt, Shape{s, s + 1}, dtype);  // torch.full
+      mask = empty(rt, Shape{s, s + 1}, dtype);                   // torch.triu
+    }
+    {
+      const Tensor arange = empty(rt, Shape{s + 1}, DType::I64);
+      const Tensor above = empty(rt, Shape{s, s + 1}, DType::Bool);  // arange > cache_position
+    }                                                                // causal_mask *= above: in place
+    if (rt.computing()) {
+      std::vector<double> v(static_cast<std::size_t>(s * (s + 1)));
+      for (std::int64_t i = 0; i < s; ++i) {
+        for (std::int64_t j = 0; j <= s; ++j) v[static_cast<std::size_t>(i * (s + 1) + j)] = j > i ? finfo_min(dtype) : 0;
+      }
+      mask = from_values(rt, Shape{s, s + 1}, v, dtype);
+    }
+    return mask;
+  }
+
+  void fill_rotary(Tensor& cos, Tensor& sin) const {
+    const std::int64_t s = cos.size(1), half = dim_ / 2;
+    std::vector<double> c(static_cast<std::size_t>(s * dim_)), n(c.size());
+    for (std::int64_t p = 0; p < s; ++p) {
+      for (std::int64_t i = 0; i < dim_; ++i) {
+        const double inv = std::pow(theta_, -2.0 * static_cast<double>(i % half) / static_cast<double>(dim_));
+        c[static_cast<std::size_t>(p * dim_ + i)] = std::cos(static_cast<double>(p) * inv);
+        n[static_cast<std::size_t>(p * dim_ + i)] = std::sin(static_cast<double>(p) * inv);
+      }
+    }
+    Runtime& rt = cos.runtime();
+    cos = from_values(rt, cos.shape(), c, DType::F32);
+    sin = from_values(rt, sin.shape(), n, DType::F32);
+  }
+
+  bool eager_, input_requires_grad_;
+  std::int64_t dim_;
+  double theta_;
+  State state_;
+};
+
+/// rotate_half: torch.cat((-x2, x1), dim=-1) of the two halves of the last dimension.
+Tensor rotate_half(const Tensor& x) {
+  const std::int64_t half = x.size(-1) / 2;
+  const Tensor x1 = x.narrow(-1, 0, half);
+  const Tensor x2 = x.narrow(-1, half, half);
+  const Tensor parts[] = {neg(x2), x1};
+  return cat(parts, -1);
+}
+
+/// (x * cos) + (rotate_half(x) * sin), cos and sin unsqueezed to [1, 1, S, d].
+Tensor apply_rotary(const Tensor& x, const Tensor& cos, const Tensor& sin) {
+  const Tensor by_cos = mul(x, cos);
+  Tensor by_sin;
+  {
+    const Tensor rotated = rotate_half(x);
+    by_sin = mul(rotated, sin);
+  }
+  return add(by_cos, by_sin);
+}
+
+/// repeat_kv: x[:, :, None].expand(B, KV, n_rep, S, d).reshape(B, KV * n_rep, S, d), a copy
+/// when n_rep > 1.
+Tensor repeat_kv(const Tensor& x, std::int64_t n_rep) {
+  if (n_rep == 1) return x;
+  const std::int64_t b = x.size(0), kv = x.size(1), s = x.size(2), d = x.size(3);
+  return x.unsqueeze(2).expand(Shape{b, kv, n_rep, s, d}).reshape(Shape{b, kv * n_rep, s, d});
+}
+
+/// A projection: nn.Linear, or LoRA's wrapper around one when the config targets it.
+std::unique_ptr<Module> projection(const DecoderConfig& c, const std::string& name, std::int64_t in,
+                                   std::int64_t out, bool bias) {
+  auto base = std::make_unique<Linear>(in, out, bias);
+  const auto& t = c.lora.targets;
+  if (c.lora.rank > 0) {
+    base->freeze();
+    if (std::find(t.begin(), t.end(), name) != t.end()) {
+      return std::make_unique<LoraLinear>(std::move(base), in, out, c.lora);
+    }
+  }
+  return base;
+}
+
+/// LlamaAttention.forward with eager_attention_forward or sdpa_attention_forward.
+class Attention final : public Module {
+ public:
+  explicit Attention(const DecoderConfig& c)
+      : Module("LlamaAttention"), heads_(c.heads), kv_heads_(c.kv_heads), dim_(c.head_dim),
+        dropout_(c.attention_dropout), impl_(c.attention) {
+    q_ = &add_module("q_proj", projection(c, "q_proj", c.hidden, c.heads * c.head_dim, c.qkv_bias));
+    k_ = &add_module("k_proj", projection(c, "k_proj", c.hidden, c.kv_heads * c.head_dim, c.qkv_bias));
+    v_ = &add_module("v_proj", projection(c, "v_proj", c.hidden, c.kv_heads * c.head_dim, c.qkv_bias));
+    o_ = &add_module("o_proj", projection(c, "o_proj", c.heads * c.head_dim, c.hidden, c.o_bias));
+  }
+
+  /// The mask and rotary tensors of the next call (LlamaAttention.forward's other arguments).
+  void set_args(const DecoderState* args) noexcept { args_ = args; }
+
+  Tensor forward(const Tensor& x) override {
+    if (args_ == nullptr) throw Error("internal: LlamaAttention runs through its decoder layer");
+    const DecoderState& args = *args_;
+    const std::int64_t b = x.size(0), s = x.size(1);
+    const Shape hidden{b, s, -1, dim_};
+    Tensor q = (*q_)(x).view(hidden).transpose(1, 2);
+    Tensor k = (*k_)(x).view(hidden).transpose(1, 2);
+    const Tensor v = (*v_)(x).view(hidden).transpose(1, 2);
+    {
+      const Tensor cos = args.cos.unsqueeze(1), sin = args.sin.unsqueeze(1);
+      q = apply_rotary(q, cos, sin);
+      k = apply_rotary(k, cos, sin);
+    }
+    Tensor out = impl_ == AttentionImpl::Eager ? eager(q, k, v, args.mask) : sdpa(q, k, v);
+    out = out.reshape(Shape{b, s, -1});  // .reshape(*input_shape, -1).contiguous(): a view
+    return (*o_)(out);
+  }
+
+ private:
+  /// eager_attention_forward.
+  Tensor eager(const Tensor& q, const Tensor& k_in, const Tensor& v_in, const Tensor& mask) {
+    const Tensor k = repeat_kv(k_in, heads_ / kv_heads_);
+    const Tensor v = repeat_kv(v_in, heads_ / kv_heads_);
+    const std::int64_t s = q.size(2);
+    Tensor w = mul_scalar(matmul(q, k.transpose(2, 3)), 1.0 / std::sqrt(static_cast<double>(dim_)));
+    w = add(w, mask.narrow(1, 0, s).unsqueeze(0).unsqueeze(0));  // attention_mask[:, :, :, :S]
+    w = to_dtype(softmax(w, DType::F32), q.dtype());
+    w = dropout(w, dropout_, training());
+    return matmul(w, v).transpose(1, 2).contiguous();
+  }
+
+  /// sdpa_attention_forward: repeat_kv, .contiguous() on q, k and v (copies of the views
+  /// that are not), scaled_dot_product_attention(is_causal=True), transpose(1, 2)
+  /// .contiguous() (a view: the kernels write [B, S, H, d]).
+  Tensor sdpa(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in) {
+    const Tensor k = repeat_kv(k_in, heads_ / kv_heads_).contiguous();
+    const Tensor v = repeat_kv(v_in, heads_ / kv_heads_).contiguous();
+    const Tensor q = q_in.contiguous();
+    const SdpaBackend backend = impl_ == AttentionImpl::SdpaFlash ? SdpaBackend::Flash : SdpaBackend::Efficient;
+    return scaled_dot_product_attention(q, k, v, backend, true, dropout_, training()).transpose(1, 2).contiguous();
+  }
+
+  std::int64_t heads_, kv_heads_, dim_;
+  double dropout_;
+  AttentionImpl impl_;
+  Module *q_, *k_, *v_, *o_;
+  const DecoderState* args_ = nullptr;
+};
+
+/// LlamaMLP: down_proj(act_fn(gate_proj(x)) * up_proj(x)), act_fn = SiLU.
+class Mlp final : public Module {
+ public:
+  explicit Mlp(const DecoderConfig& c) : Module("LlamaMLP") {
+    gate_ = &add_module("gate_proj", projection(c, "gate_proj", c.hidden, c.intermediate, c.mlp_bias));
+    up_ = &add_module("up_proj", projection(c, "up_proj", c.hidden, c.intermediate, c.mlp_bias));
+    down_ = &add_module("down_proj", projection(c, "down_proj", c.intermediate, c.hidden, c.mlp_bias));
+  }
+  Tensor forward(const Tensor& x) override {
+    Tensor gated;
+    {
+      const Tensor act = silu((*gate_)(x));
+      gated = mul(act, (*up_)(x));
+    }
+    return (*down_)(gated);
+  }
+
+ private:
+  Module *gate_, *up_, *down_;
+};
+
+/// LlamaDecoderLayer: x + attn(input_layernorm(x)), then + mlp(post_attention_layernorm).
+class DecoderLayer final : public Module {
+ public:
+  DecoderLayer(const DecoderConfig& c, State state) : Module("LlamaDecoderLayer"), state_(std::move(state)) {
+    attn_ = &add_module("self_attn", std::make_unique<Attention>(c));
+    mlp_ = &add_module("mlp", std::make_unique<Mlp>(c));
+    ln1_ = &add_module("input_layernorm", std::make_unique<RMSNorm>(c.hidden, c.rms_eps));
+    ln2_ = &add_module("post_attention_layernorm", std::make_unique<RMSNorm>(c.hidden, c.rms_eps));
+    if (c.lora.rank > 0) {
+      ln1_->freeze();
+      ln2_->freeze();
+    }
+  }
+
+  Tensor forward(const Tensor& x) override {
+    DecoderState args;
+    if (state_->cos.defined()) {
+      args = *state_;
+      // Under checkpoint(), the layer's arguments (mask, cos and sin) stay with the
+      // checkpoint until it recomputes in backward, after LlamaModel.forward returned.
+      if (checkpoint_mark() != CheckpointMark::None) held_ = args;
+    } else {
+      if (!held_.cos.defined()) throw Error("internal: " + path() + " ran without LlamaModel's inputs");
+      args = std::move(held_);
+      held_.clear();
+    }
+    Tensor h;
+    {
+      Tensor normed = (*ln1_)(x);
+      auto& attn = static_cast<Attention&>(*attn_);
+      attn.set_args(&args);
+      const Tensor attended = attn(normed);
+      attn.set_args(nullptr);
+      h = add(x, attended);
+    }
+    Tensor normed = (*ln2_)(h);
+    normed = (*mlp_)(normed);
+    return add(h, normed);
+  }
+
+ private:
+  State state_;
+  DecoderState held_;
+  Module *attn_, *mlp_, *ln1_, *ln2_;
+};
+
+/// model.norm, where LlamaModel.forward returns and drops its locals.
+class ModelNorm final : public RMSNorm {
+ public:
+  ModelNorm(std::int64_t features, double eps, State state) : RMSNorm(features, eps), state_(std::move(state)) {}
+  Tensor forward(const Tensor& x) override {
+    Tensor out = RMSNorm::forward(x);
+    state_->clear();
+    return out;
+  }
+
+ private:
+  State state_;
+};
+
+/// lm_head tied to embed_tokens (tie_word_embeddings): a bias-free linear on its weight.
+class TiedHead final : public Module {
+ public:
+  explicit TiedHead(Embedding& embed) : Module("Linear"), embed_(&embed) {}
+  Tensor forward(const Tensor& x) override { return linear(x, embed_->weight()); }
+
+ private:
+  Embedding* embed_;
+};
+
+}  // namespace
+
+std::string_view attention_name(AttentionImpl impl) noexcept {
+  switch (impl) {
+    case AttentionImpl::Eager: return "eager";
+    case AttentionImpl::SdpaFlash: return "sdpa-flash";
+    case AttentionImpl::SdpaEfficient: return "sdpa-efficient";
+  }
+  return "?";
+}
+
+AttentionImpl parse_attention(std::string_view name) {
+  if (name == "eager") return AttentionImpl::Eager;
+  if (name == "sdpa" || name == "sdpa-flash") return AttentionImpl::SdpaFlash;
+  if (name == "sdpa-efficient") return AttentionImpl::SdpaEfficient;
+  throw Error("unknown attention '" + std::string(name) + "'; valid: eager, sdpa (= sdpa-flash), sdpa-efficient");
+}
+
+RMSNorm::RMSNorm(std::int64_t features, double eps) : Module("LlamaRMSNorm"), eps_(eps) {
+  weight_ = add_parameter("weight", Shape{features}, 1.0, 1.0);  // torch.ones
+}
+
+Tensor RMSNorm::forward(const Tensor& input) {
+  const DType input_dtype = input.dtype();
+  Tensor hidden = to_dtype(input, DType::F32);
+  const Tensor variance = mean_last(square(hidden));
+  hidden = mul(hidden, rsqrt(add_scalar(variance, eps_)));
+  return mul(param(weight_), to_dtype(hidden, input_dtype));
+}
+
+LoraLinear::LoraLinear(std::unique_ptr<Module> base, std::int64_t in, std::int64_t out, const LoraConfig& lora)
+    : Module("lora.Linear"), scaling_(lora.alpha / static_cast<double>(lora.rank)) {
+  base_ = &add_module("base_layer", std::move(base));
+  // lora_dropout is nn.Identity when p == 0 (LoraLayer.update_layer).
+  std::unique_ptr<Module> drop;
+  if (lora.dropout > 0) {
+    drop = std::make_unique<Dropout>(lora.dropout);
+  } else {
+    drop = std::make_unique<Identity>();
+  }
+  dropout_ = &add_module("lora_dropout.default", std::move(drop));
+  a_ = &add_module("lora_A.default", std::make_unique<Linear>(in, lora.rank, false));
+  b_ = &add_module("lora_B.default", std::make_unique<Linear>(lora.rank, out, false));
+  // get_peft_model(autocast_adapter_dtype=True) makes f16 / bf16 adapters f32.
+  a_->keep_f32();
+  b_->keep_f32();
+}
+
+Tensor LoraLinear::forward(const Tensor& x_in) {
+  Tensor result = (*base_)(x_in);
+  const DType result_dtype = result.dtype();
+  // x = x.to(lora_A.weight.dtype): an f32 copy under a bf16 or f16 model.
+  const Tensor x = to_dtype(x_in, static_cast<Linear&>(*a_).weight().dtype());
+  Tensor update;
+  {
+    // lora_B(lora_A(dropout(x))) * scaling: the temporaries die with the expression.
+    const Tensor down = (*a_)((*dropout_)(x));
+    update = mul_scalar((*b_)(down), scaling_);
+  }
+  result = add(result, update);  // promoted to f32 when the adapters are
+  return to_dtype(result, result_dtype);
+}
+
+std::unique_ptr<Sequential> build_decoder(const DecoderConfig& c) {
+  const auto positive = [](const char* key, std::int64_t v) {
+    if (v <= 0) throw Error(std::string(key) + ": expected a positive integer, got " + std::to_string(v));
+  };
+  positive("vocab_size", c.vocab);
+  positive("hidden_size", c.hidden);
+  positive("intermediate_size", c.intermediate);
+  positive("num_hidden_layers", c.layers);
+  positive("num_attention_heads", c.heads);
+  positive("num_key_value_heads", c.kv_heads);
+  positive("head_dim", c.head_dim);
+  if (c.heads % c.kv_heads != 0) {
+    throw Error("num_attention_heads " + std::to_string(c.heads) + " is not a multiple of num_key_value_heads " +
+                std::to_string(c.kv_heads));
+  }
+  if (c.head_dim % 2 != 0) throw Error("head_dim " + std::to_string(c.head_dim) + " is odd; rotary needs halves");
+  const bool lora = c.lora.rank > 0;
+  auto state = std::make_shared<DecoderState>();
+  auto body = std::make_unique<Sequential>();
+  auto& embed = static_cast<Embedding&>(
+      body->append("model.embed_tokens", std::make_unique<Embedding>(c.vocab, c.hidden, 0.02 * std::sqrt(3.0))));
+  body->append("model.rotary_emb", std::make_unique<DecoderInputs>(c, state, 10000.0));
+  for (std::int64_t i = 0; i < c.layers; ++i) {
+    Module& layer = body->append("model.layers." + std::to_string(i), std::make_unique<DecoderLayer>(c, state));
+    layer.set_checkpoint(c.checkpoint);
+  }
+  body->append("model.norm", std::make_unique<ModelNorm>(c.hidden, c.rms_eps, state));
+  if (c.tie_embeddings) {
+    body->append("lm_head", std::make_unique<TiedHead>(embed));
+  } else {
+    body->append("lm_head", std::make_unique<Linear>(c.hidden, c.vocab, false));
+  }
+  if (lora) {
+    embed.freeze();
+    body->at(body->size() - 2).freeze();
+    body->at(body->size() - 1).freeze();
+  }
+  return body;
+}
+
+std::int64_t decoder_parameter_count(const DecoderConfig& c) {
+  const std::int64_t q = c.heads * c.head_dim, kv = c.kv_heads * c.head_dim;
+  std::int64_t attn = c.hidden * q + 2 * c.hidden * kv + q * c.hidden;
+  if (c.qkv_bias) attn += q + 2 * kv;
+  if (c.o_bias) attn += c.hidden;
+  std::int64_t mlp = 3 * c.hidden * c.intermediate;
+  if (c.mlp_bias) mlp += 2 * c.intermediate + c.hidden;
+  std::int64_t lora = 0;
+  if (c.lora.rank > 0) {
+    const auto adapter = [&](const char* name, std::int64_t in, std::int64_t out) {
+      const auto& t = c.lora.targets;
+      return std::find(t.begin(), t.end(), name) != t.end() ? c.lora.rank * (in + out) : 0;
+    };
+    lora = adapter("q_proj", c.hidden, q) + adapter("k_proj", c.hidden, kv) + adapter("v_proj", c.hidden, kv) +
+           adapter("o_proj", q, c.hidden) + adapter("gate_proj", c.hidden, c.intermediate) +
+           adapter("up_proj", c.hidden, c.intermediate) + adapter("down_proj", c.intermediate, c.hidden);
+  }
+  const std::int64_t layer = attn + mlp + 2 * c.hidden + lora;
+  return c.vocab * c.hidden * (c.tie_embeddings ? 1 : 2) + c.layers * layer + c.hidden;
+}
+
+}  // namespace mem::nn
