@@ -203,7 +203,11 @@ class Attention final : public Module {
     const Tensor k = repeat_kv(k_in, heads_ / kv_heads_).contiguous();
     const Tensor v = repeat_kv(v_in, heads_ / kv_heads_).contiguous();
     const Tensor q = q_in.contiguous();
-    const SdpaBackend backend = impl_ == AttentionImpl::SdpaFlash ? SdpaBackend::Flash : SdpaBackend::Efficient;
+    // Under autocast the kernel sees half inputs (scaled_dot_product_attention is on the
+    // lower-precision list), so the backend is picked by the dtype it will run in.
+    const DType runs_in = q.runtime().autocast().value_or(q.dtype());
+    const bool flash = impl_ == AttentionImpl::SdpaFlash || (impl_ == AttentionImpl::Sdpa && is_half(runs_in));
+    const SdpaBackend backend = flash ? SdpaBackend::Flash : SdpaBackend::Efficient;
     return scaled_dot_product_attention(q, k, v, backend, true, dropout_, training()).transpose(1, 2).contiguous();
   }
 
@@ -310,6 +314,7 @@ class TiedHead final : public Module {
 std::string_view attention_name(AttentionImpl impl) noexcept {
   switch (impl) {
     case AttentionImpl::Eager: return "eager";
+    case AttentionImpl::Sdpa: return "sdpa";
     case AttentionImpl::SdpaFlash: return "sdpa-flash";
     case AttentionImpl::SdpaEfficient: return "sdpa-efficient";
   }
@@ -318,9 +323,11 @@ std::string_view attention_name(AttentionImpl impl) noexcept {
 
 AttentionImpl parse_attention(std::string_view name) {
   if (name == "eager") return AttentionImpl::Eager;
-  if (name == "sdpa" || name == "sdpa-flash") return AttentionImpl::SdpaFlash;
+  if (name == "sdpa") return AttentionImpl::Sdpa;
+  if (name == "sdpa-flash") return AttentionImpl::SdpaFlash;
   if (name == "sdpa-efficient") return AttentionImpl::SdpaEfficient;
-  throw Error("unknown attention '" + std::string(name) + "'; valid: eager, sdpa (= sdpa-flash), sdpa-efficient");
+  throw Error("unknown attention '" + std::string(name) +
+              "'; valid: eager, sdpa (flash for f16 / bf16, efficient for f32), sdpa-flash, sdpa-efficient");
 }
 
 RMSNorm::RMSNorm(std::int64_t features, double eps) : Module("LlamaRMSNorm"), eps_(eps) {

@@ -202,6 +202,21 @@ Tensor sum_to(const Tensor& grad, const Shape& shape);
 /// grad cast back to the dtype of the input it flows to (allocates when different).
 Tensor match_dtype(const Tensor& grad, DType dtype);
 
+/// The output of a pointwise op as TensorIterator allocates it: when `like` has the output's
+/// shape and is a permuted dense tensor (a transpose of a contiguous one), in `like`'s memory
+/// order, so that x.transpose(1, 2) * c keeps x's layout (and a later reshape copies where
+/// PyTorch's does); otherwise contiguous.
+Tensor empty_following(const Tensor& like, const Shape& shape, DType dtype);
+
+/// Writes `values` (row-major over t's logical shape) into t, whatever its strides.
+template <class T>
+void store_logical(const Tensor& t, const std::vector<T>& values) {
+  void* base = t.storage()->data();
+  for_each_offset(t.shape(), t.strides(), t.offset(), [&](std::int64_t i, std::int64_t off) {
+    store(base, t.dtype(), off, static_cast<double>(values[static_cast<std::size_t>(i)]));
+  });
+}
+
 /// A new uninitialised tensor in the same runtime.
 inline Tensor new_empty(const Tensor& like, const Shape& shape, DType dtype) {
   return empty(like.runtime(), shape, dtype);

@@ -1,6 +1,8 @@
 // kernels.cpp — BLAS GEMM and the dtype helpers shared by the ops.
 #include <cblas.h>
 
+#include <algorithm>
+
 #include "detail.hpp"
 
 namespace mem::nn::detail {
@@ -29,6 +31,35 @@ DType promote(DType a, DType b) noexcept {
   if (a == DType::F32 || b == DType::F32) return DType::F32;
   if (is_half(a) && is_half(b)) return DType::F32;  // f16 + bf16 -> f32
   return is_floating(a) ? a : b;
+}
+
+Tensor empty_following(const Tensor& like, const Shape& shape, DType dtype) {
+  Runtime& rt = like.runtime();
+  if (!like.defined() || !(like.shape() == shape) || like.is_contiguous() || shape.size() < 2) {
+    return empty(rt, shape, dtype);
+  }
+  // The dimensions from outermost to innermost in memory; dense when each stride is the
+  // next one's extent times its stride.
+  std::vector<std::size_t> order(shape.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::size_t a, std::size_t b) { return like.strides()[a] > like.strides()[b]; });
+  std::int64_t expected = 1;
+  for (std::size_t i = order.size(); i-- > 0;) {
+    const std::size_t d = order[i];
+    if (shape[d] != 1 && like.strides()[d] != expected) return empty(rt, shape, dtype);
+    expected *= shape[d];
+  }
+  Shape permuted;
+  for (const std::size_t d : order) permuted.push_back(shape[d]);
+  const Tensor base = empty(rt, permuted, dtype);
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = base.storage();
+  impl->shape = shape;
+  impl->strides = shape;
+  for (std::size_t i = 0; i < order.size(); ++i) impl->strides[order[i]] = base.strides()[i];
+  impl->dtype = dtype;
+  return Tensor(std::move(impl));
 }
 
 Tensor sum_to(const Tensor& grad, const Shape& shape) {

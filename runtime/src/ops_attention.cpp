@@ -29,15 +29,6 @@ Tensor bshd(Runtime& rt, std::int64_t b, std::int64_t h, std::int64_t s, std::in
   return t.transpose(1, 2);
 }
 
-/// Writes `values` (row-major over t's logical shape) into t, a view of any strides.
-template <class T>
-void put(const Tensor& t, const std::vector<T>& values) {
-  void* base = t.storage()->data();
-  detail::for_each_offset(t.shape(), t.strides(), t.offset(), [&](std::int64_t i, std::int64_t off) {
-    detail::store(base, t.dtype(), off, static_cast<double>(values[static_cast<std::size_t>(i)]));
-  });
-}
-
 /// Reference math of causal or full attention with grouped keys (head i of q reads head
 /// i / (H / H_kv) of k and v), in compute mode only: out and the row logsumexp.
 template <class T>
@@ -71,7 +62,7 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool c
       }
     }
   }
-  put(out, o);
+  detail::store_logical(out, o);
   HostOut<T> L(lse);
   for (std::int64_t bi = 0; bi < b * h; ++bi) {
     for (std::int64_t i = 0; i < s; ++i) L[bi * lse.size(2) + i] = l[bi * s + i];
@@ -165,9 +156,9 @@ class SdpaBackward final : public Node {
         }
       }
     }
-    put(gq, dq);
-    put(gk, dk);
-    put(gv, dv);
+    detail::store_logical(gq, dq);
+    detail::store_logical(gk, dk);
+    detail::store_logical(gv, dv);
   }
 
   SdpaBackend backend_;
@@ -181,8 +172,11 @@ std::string_view sdpa_backend_name(SdpaBackend backend) noexcept {
   return backend == SdpaBackend::Flash ? "flash" : "efficient";
 }
 
-Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, SdpaBackend backend,
+Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, SdpaBackend backend,
                                     bool causal, double dropout, bool training) {
+  // Autocast runs it in the half type (autocast_mode.cpp: lower-precision list): f32 inputs
+  // are cast first, one copy each.
+  const Tensor q = detail::autocast_half(q_in), k = detail::autocast_half(k_in), v = detail::autocast_half(v_in);
   if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4 || !(k.shape() == v.shape()) || q.size(0) != k.size(0) ||
       q.size(3) != k.size(3) || k.size(1) == 0 || q.size(1) % k.size(1) != 0) {
     throw Error("scaled_dot_product_attention: query " + q.shape().str() + ", key " + k.shape().str() +

@@ -78,7 +78,12 @@ Tensor broadcast_view(const Tensor& t, const Shape& shape) {
   return alias_of(t, shape, strides, t.offset());
 }
 
-/// out = f(a, b) elementwise over the broadcast shape of `out`.
+/// A binary op's output: in the layout of the first operand of the output's shape.
+Tensor binary_output(const Tensor& a, const Tensor& b, const Shape& shape, DType dtype) {
+  return detail::empty_following(a.shape() == shape ? a : b, shape, dtype);
+}
+
+/// out = f(a, b) elementwise over the broadcast shape of `out` (any strides).
 template <class F>
 void binary_into(const Tensor& out, const Tensor& a, const Tensor& b, F f) {
   Runtime& rt = out.runtime();
@@ -87,8 +92,9 @@ void binary_into(const Tensor& out, const Tensor& a, const Tensor& b, F f) {
   detail::dispatch(out.dtype(), [&](auto tag) {
     using T = decltype(tag);
     HostIn<T> A(broadcast_view(a, out.shape())), B(broadcast_view(b, out.shape()));
-    HostOut<T> Y(out);
-    for (std::int64_t i = 0, n_ = out.numel(); i < n_; ++i) Y[i] = f(A[i], B[i]);
+    std::vector<T> y(static_cast<std::size_t>(out.numel()));
+    for (std::size_t i = 0; i < y.size(); ++i) y[i] = f(A[static_cast<std::int64_t>(i)], B[static_cast<std::int64_t>(i)]);
+    detail::store_logical(out, y);
   });
 }
 
@@ -109,7 +115,7 @@ class MulBackward final : public Node {
   TensorList apply(TensorList& grads) override {
     const Tensor& g = grads[0];
     const auto times = [&](const Tensor& other, const Shape& shape, DType dtype) {
-      Tensor out = empty(g.runtime(), g.shape(), detail::promote(g.dtype(), other.dtype()));
+      Tensor out = binary_output(g, other, g.shape(), detail::promote(g.dtype(), other.dtype()));
       binary_into(out, g, other, [](auto x, auto y) { return x * y; });
       return to_input(detail::match_dtype(out, dtype), shape, dtype);
     };
@@ -312,13 +318,14 @@ class SumBackward final : public Node {
 }  // namespace
 
 Tensor add(const Tensor& a, const Tensor& b) {
-  if (a.shape() == b.shape()) {
+  if (a.shape() == b.shape() && a.is_contiguous()) {
     Tensor out = empty(a.runtime(), a.shape(), detail::promote(a.dtype(), b.dtype()));
     add_into(out, a, b);
     if (needs_grad({&a, &b})) set_history(out, detail::make_node<AddBackward>({&a, &b}, a.dtype(), b.dtype()));
     return out;
   }
-  Tensor out = empty(a.runtime(), broadcast_shape(a.shape(), b.shape(), "add"), detail::promote(a.dtype(), b.dtype()));
+  const Shape shape = broadcast_shape(a.shape(), b.shape(), "add");
+  Tensor out = binary_output(a, b, shape, detail::promote(a.dtype(), b.dtype()));
   binary_into(out, a, b, [](auto x, auto y) { return x + y; });
   if (needs_grad({&a, &b})) {
     set_history(out, detail::make_node<AddBroadcastBackward>({&a, &b}, a.shape(), a.dtype(), b.shape(), b.dtype()));
@@ -327,7 +334,8 @@ Tensor add(const Tensor& a, const Tensor& b) {
 }
 
 Tensor mul(const Tensor& a, const Tensor& b) {
-  Tensor out = empty(a.runtime(), broadcast_shape(a.shape(), b.shape(), "mul"), detail::promote(a.dtype(), b.dtype()));
+  const Shape shape = broadcast_shape(a.shape(), b.shape(), "mul");
+  Tensor out = binary_output(a, b, shape, detail::promote(a.dtype(), b.dtype()));
   binary_into(out, a, b, [](auto x, auto y) { return x * y; });
   if (needs_grad({&a, &b})) {
     auto node = detail::make_node<MulBackward>({&a, &b}, a.shape(), a.dtype(), b.shape(), b.dtype());

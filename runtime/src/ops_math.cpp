@@ -10,35 +10,39 @@ namespace {
 using detail::HostIn;
 using detail::HostOut;
 
-/// out[i] = f(x[i]) into a new tensor of x's shape and dtype.
+/// out[i] = f(x[i]) into a new tensor of x's shape, dtype and layout (TensorIterator).
 template <class F>
 Tensor unary(const Tensor& x, F f) {
   Runtime& rt = x.runtime();
-  Tensor out = empty(rt, x.shape(), x.dtype());
+  Tensor out = detail::empty_following(x, x.shape(), x.dtype());
   rt.add_flops(static_cast<double>(x.numel()));
   if (rt.computing()) {
     detail::dispatch(x.dtype(), [&](auto tag) {
       using T = decltype(tag);
       HostIn<T> X(x);
-      HostOut<T> Y(out);
-      for (std::int64_t i = 0, n = x.numel(); i < n; ++i) Y[i] = f(X[i]);
+      std::vector<T> y(static_cast<std::size_t>(x.numel()));
+      for (std::size_t i = 0; i < y.size(); ++i) y[i] = f(X[static_cast<std::int64_t>(i)]);
+      detail::store_logical(out, y);
     });
   }
   return out;
 }
 
-/// out[i] = f(a[i], b[i]) for same-shape a and b.
+/// out[i] = f(a[i], b[i]) for same-shape a and b, in a's layout.
 template <class F>
 Tensor zip(const Tensor& a, const Tensor& b, F f) {
   Runtime& rt = a.runtime();
-  Tensor out = empty(rt, a.shape(), a.dtype());
+  Tensor out = detail::empty_following(a, a.shape(), a.dtype());
   rt.add_flops(static_cast<double>(a.numel()));
   if (rt.computing()) {
     detail::dispatch(a.dtype(), [&](auto tag) {
       using T = decltype(tag);
       HostIn<T> A(a), B(b);
-      HostOut<T> Y(out);
-      for (std::int64_t i = 0, n = a.numel(); i < n; ++i) Y[i] = f(A[i], B[i]);
+      std::vector<T> y(static_cast<std::size_t>(a.numel()));
+      for (std::size_t i = 0; i < y.size(); ++i) {
+        y[i] = f(A[static_cast<std::int64_t>(i)], B[static_cast<std::int64_t>(i)]);
+      }
+      detail::store_logical(out, y);
     });
   }
   return out;

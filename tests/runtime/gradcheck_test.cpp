@@ -248,6 +248,56 @@ TEST_F(GradCheck, Embedding) {
   gradcheck(env_.rt, [&](const TensorList& in) { return embedding(in[0], idx); }, {leaf({5, 3})});
 }
 
+// The pointwise math Hugging Face's modules are written in (issue 19).
+TEST_F(GradCheck, PointwiseMathAndBroadcasting) {
+  gradcheck(env_.rt, [](const TensorList& in) { return square(in[0]); }, {leaf({3, 5})});
+  gradcheck(env_.rt, [](const TensorList& in) { return rsqrt(in[0]); }, {leaf({3, 5}, 0.5, 2)});
+  gradcheck(env_.rt, [](const TensorList& in) { return neg(in[0]); }, {leaf({3, 5})});
+  gradcheck(env_.rt, [](const TensorList& in) { return add_scalar(in[0], 0.25); }, {leaf({3, 5})});
+  gradcheck(env_.rt, [](const TensorList& in) { return mean_last(in[0]); }, {leaf({2, 3, 5})});
+  // Broadcasting: [2, 3, 5] with [3, 1], [5] and [1, 1, 5]; the gradients sum back down.
+  gradcheck(env_.rt, [](const TensorList& in) { return mul(in[0], in[1]); }, {leaf({2, 3, 5}), leaf({3, 1})});
+  gradcheck(env_.rt, [](const TensorList& in) { return mul(in[0], in[1]); }, {leaf({5}), leaf({2, 3, 5})});
+  gradcheck(env_.rt, [](const TensorList& in) { return add(in[0], in[1]); }, {leaf({2, 3, 5}), leaf({1, 1, 5})});
+  // On a transposed view the output keeps the view's layout (TensorIterator), same values.
+  gradcheck(env_.rt, [](const TensorList& in) { return mul(in[0].transpose(0, 1), in[1]); },
+            {leaf({3, 2, 4}), leaf({1, 4})});
+}
+
+TEST_F(GradCheck, NarrowExpandUnsqueeze) {
+  gradcheck(env_.rt, [](const TensorList& in) { return mul_scalar(in[0].narrow(-1, 2, 3), 2.0); }, {leaf({2, 6})});
+  gradcheck(env_.rt, [](const TensorList& in) { return mul_scalar(in[0].unsqueeze(1).expand({2, 3, 4}), 1.5); },
+            {leaf({2, 4})});
+  // repeat_kv: expand over a new dimension, then a reshape that copies.
+  gradcheck(env_.rt,
+            [](const TensorList& in) { return in[0].unsqueeze(2).expand({1, 2, 3, 4, 5}).reshape({1, 6, 4, 5}); },
+            {leaf({1, 2, 4, 5})});
+}
+
+TEST_F(GradCheck, ScaledDotProductAttention) {
+  // Causal, with grouped keys (4 query heads over 2 key heads), and full attention.
+  gradcheck(env_.rt,
+            [](const TensorList& in) {
+              return scaled_dot_product_attention(in[0], in[1], in[2], SdpaBackend::Efficient, true);
+            },
+            {leaf({2, 4, 5, 3}), leaf({2, 2, 5, 3}), leaf({2, 2, 5, 3})});
+  gradcheck(env_.rt,
+            [](const TensorList& in) {
+              return scaled_dot_product_attention(in[0], in[1], in[2], SdpaBackend::Efficient, false);
+            },
+            {leaf({1, 2, 4, 3}), leaf({1, 2, 6, 3}), leaf({1, 2, 6, 3})});
+}
+
+// LlamaRMSNorm's arithmetic in f64 (the module itself computes in f32, as HF's does, which
+// finite differences in f64 cannot check): weight * (x * rsqrt(mean(x^2) + eps)).
+TEST_F(GradCheck, RmsNormArithmetic) {
+  gradcheck(env_.rt,
+            [](const TensorList& in) {
+              return mul(in[1], mul(in[0], rsqrt(add_scalar(mean_last(square(in[0])), 1e-6))));
+            },
+            {leaf({3, 5}), leaf({5})});
+}
+
 TEST_F(GradCheck, Losses) {
   const Tensor target = uniform(env_.rt, {3, 4}, 0, 1, DType::F64, 5);
   gradcheck(env_.rt, [&](const TensorList& in) { return mse_loss(in[0], target); }, {leaf({3, 4})});

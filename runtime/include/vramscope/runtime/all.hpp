@@ -3,6 +3,7 @@
 
 #include "vramscope/runtime/autograd.hpp"
 #include "vramscope/runtime/checkpoint.hpp"
+#include "vramscope/runtime/decoder.hpp"
 #include "vramscope/runtime/dtype.hpp"
 #include "vramscope/runtime/losses.hpp"
 #include "vramscope/runtime/models.hpp"

@@ -24,11 +24,12 @@
 
 namespace mem::nn {
 
-/// config._attn_implementation: "eager", or "sdpa" on its flash or memory-efficient backend.
-enum class AttentionImpl : std::uint8_t { Eager, SdpaFlash, SdpaEfficient };
-/// "eager", "sdpa-flash", "sdpa-efficient".
+/// config._attn_implementation: "eager", or "sdpa" with the backend PyTorch picks (flash for
+/// f16 / bf16 inputs, memory-efficient for f32) or one forced (sdpa_kernel(...)).
+enum class AttentionImpl : std::uint8_t { Eager, Sdpa, SdpaFlash, SdpaEfficient };
+/// "eager", "sdpa", "sdpa-flash", "sdpa-efficient".
 std::string_view attention_name(AttentionImpl impl) noexcept;
-/// Throws mem::Error listing the valid names ("sdpa" is sdpa-flash).
+/// Throws mem::Error listing the valid names.
 AttentionImpl parse_attention(std::string_view name);
 
 /// LoRA adapters (peft.LoraConfig): rank r on the named projections, lora_alpha, lora_dropout.
@@ -54,7 +55,7 @@ struct DecoderConfig {
   bool o_bias = false;
   bool mlp_bias = false;
   double attention_dropout = 0.0;
-  AttentionImpl attention = AttentionImpl::SdpaFlash;
+  AttentionImpl attention = AttentionImpl::Sdpa;
   /// gradient_checkpointing_enable(): every decoder layer's __call__ runs under checkpoint,
   /// reentrant by default (transformers 4.50: use_reentrant=True unless the kwargs say).
   CheckpointMark checkpoint = CheckpointMark::None;

@@ -38,7 +38,8 @@ std::string_view sdpa_backend_name(SdpaBackend backend) noexcept;
 /// [B, H_kv, S, d] (H a multiple of H_kv: grouped query attention), scale 1/sqrt(d).
 /// Output [B, S, H, d] storage returned as [B, H, S, d]. Saves q, k, v, the output, the f32
 /// logsumexp (flash [B, H, S]; efficient [B, H, S rounded up to 32]); dropout's philox seed
-/// and offset live on the host. Flash takes f16 / bf16 only.
+/// and offset live on the host. Flash takes f16 / bf16 only. Under autocast, f32 inputs are
+/// cast to the half type first.
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, SdpaBackend backend,
                                     bool causal, double dropout = 0.0, bool training = true);
 

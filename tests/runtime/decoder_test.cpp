@@ -1,0 +1,191 @@
+// decoder_test.cpp — the Hugging Face decoders (issue 19): the bytes one decoder layer
+// keeps for backward, derived by hand from the Python of transformers 4.50 and PEFT 0.14
+// for each attention implementation, precision and LoRA; the zoo's parameter counts
+// against the published ones; eager and SDPA attention giving the same gradients.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "test_util.hpp"
+#include "vramscope/models/hf_config.hpp"
+#include "vramscope/models/zoo.hpp"
+#include "vramscope/runtime/decoder.hpp"
+
+namespace mem::nn {
+namespace {
+
+// A small decoder whose every tensor is a multiple of 512 B (no allocator rounding):
+// B = 2, S = 64 (T = 128 tokens), hidden h = 64, 4 heads of d = 16 (Hd = 64) over 2 kv
+// heads, intermediate I = 128, vocab 32.
+constexpr std::int64_t B = 2, S = 64, T = B * S, h = 64, H = 4, Hd = 64, I = 128;
+
+DecoderConfig small(std::int64_t layers, AttentionImpl attention) {
+  DecoderConfig c;
+  c.vocab = 32;
+  c.hidden = h;
+  c.intermediate = I;
+  c.layers = layers;
+  c.heads = H;
+  c.kv_heads = 2;
+  c.head_dim = Hd / H;
+  c.attention = attention;
+  return c;
+}
+
+/// Bytes the graph of one forward keeps once its output is dropped.
+std::int64_t kept_after_forward(DecoderConfig c, DType dtype) {
+  test::Env env(ExecMode::DryRun);
+  env.rt.gemm_workspace(/*lt=*/true);
+  auto body = build_decoder(c);
+  body->set_path("");
+  body->materialize(env.rt, dtype);
+  const Tensor ids = empty(env.rt, Shape{B, S}, DType::I64);
+  const std::int64_t before = env.allocated();
+  Tensor out = (*body)(ids);
+  const std::shared_ptr<Node> graph = out.grad_fn();
+  out = Tensor{};
+  return env.allocated() - before;
+}
+
+/// One decoder layer's kept bytes: a model of two layers against one of one layer.
+std::int64_t kept_by_one_layer(const DecoderConfig& c, DType dtype) {
+  DecoderConfig one = c, two = c;
+  one.layers = 1;
+  two.layers = 2;
+  return kept_after_forward(two, dtype) - kept_after_forward(one, dtype);
+}
+
+// RMSNorm of a bf16 input (LlamaRMSNorm.forward): x.to(f32) saved by pow, rsqrt's f32
+// result per row, x_hat.to(bf16) saved by weight * x_hat, and the output saved by the
+// projections that read it: 4Th + 4T + 2Th + 2Th bytes.
+constexpr std::int64_t kNormBf16 = 4 * T * h + 4 * T + 2 * T * h + 2 * T * h;
+
+TEST(DecoderLayerKeeps, Bf16WithSdpaFlash) {
+  // sdpa_attention_forward: q after rotary is in q_proj's [B, S, H, d] layout, so
+  // .contiguous() copies it; repeat_kv copies k and v to H heads; flash saves those three,
+  // its [B, S, H, d] output (o_proj's input) and the f32 logsumexp [B, H, S].
+  const std::int64_t attention = 4 * 2 * T * Hd + 4 * B * H * S;
+  // LlamaMLP: gate (saved by silu), silu's output and up (saved by the product), the
+  // product (saved by down_proj): four [T, I] bf16.
+  const std::int64_t mlp = 4 * 2 * T * I;
+  EXPECT_EQ(kept_by_one_layer(small(2, AttentionImpl::Sdpa), DType::BF16), 2 * kNormBf16 + attention + mlp);
+}
+
+TEST(DecoderLayerKeeps, Bf16WithEagerAttention) {
+  // eager_attention_forward: matmul copies q (its layout does not fold to [B H, S, d]) and
+  // saves it with k's repeat_kv copy; softmax(dtype=f32) of bf16 scores saves its f32
+  // output [B, H, S, S]; .to(bf16) of it is saved by the matmul with v (and v's copy);
+  // transpose(1, 2).contiguous() of the result is o_proj's saved input.
+  const std::int64_t attention = 4 * 2 * T * Hd + 4 * B * H * S * S + 2 * B * H * S * S;
+  EXPECT_EQ(kept_by_one_layer(small(2, AttentionImpl::Eager), DType::BF16),
+            2 * kNormBf16 + attention + 4 * 2 * T * I);
+}
+
+TEST(DecoderLayerKeeps, F32WithSdpaEfficient) {
+  // In f32, x.to(f32) is x itself: each norm saves its input (the layer's input, counted
+  // as the previous layer's output, and the residual sum), rsqrt's result, x_hat and its
+  // output. SDPA picks the memory-efficient kernel for f32; its logsumexp is [B, H, S]
+  // rounded up to 32 (S = 64 already is).
+  const std::int64_t norms = 2 * (4 * T + 4 * T * h + 4 * T * h);
+  const std::int64_t residual_and_output = 2 * 4 * T * h;
+  const std::int64_t attention = 4 * 4 * T * Hd + 4 * B * H * S;
+  EXPECT_EQ(kept_by_one_layer(small(2, AttentionImpl::Sdpa), DType::F32),
+            norms + residual_and_output + attention + 4 * 4 * T * I);
+}
+
+TEST(DecoderLayerKeeps, Bf16WithLoraOnQueryAndValue) {
+  // Frozen base weights save nothing for their own gradient, so a norm keeps only the f32
+  // copy of its input and rsqrt's result, and no projection keeps its input. PEFT's f32
+  // adapters (autocast_adapter_dtype) each keep an f32 copy of x (x.to(lora_A.weight.dtype))
+  // and lora_A's f32 output [T, r] saved by lora_B. SDPA keeps what it keeps without
+  // LoRA; the frozen MLP keeps gate's output, silu's and up's (the product's operands).
+  DecoderConfig c = small(2, AttentionImpl::Sdpa);
+  c.lora.rank = 8;
+  c.lora.dropout = 0;
+  c.lora.targets = {"q_proj", "v_proj"};
+  const std::int64_t norms = 2 * (4 * T * h + 4 * T);
+  const std::int64_t adapters = 2 * (4 * T * h + 4 * T * 8);
+  const std::int64_t attention = 4 * 2 * T * Hd + 4 * B * H * S;
+  EXPECT_EQ(kept_by_one_layer(c, DType::BF16), norms + adapters + attention + 3 * 2 * T * I);
+}
+
+TEST(DecoderLayerKeeps, LoraDropoutAddsItsOutputAndMaskPerAdapter) {
+  DecoderConfig c = small(2, AttentionImpl::Sdpa);
+  c.lora.rank = 8;
+  c.lora.targets = {"q_proj", "v_proj"};
+  c.lora.dropout = 0;
+  const std::int64_t without = kept_by_one_layer(c, DType::BF16);
+  c.lora.dropout = 0.1;
+  // nn.Dropout on the f32 copy: its output (saved by lora_A instead of the copy, which is
+  // then freed) and a bool mask, per adapter.
+  EXPECT_EQ(kept_by_one_layer(c, DType::BF16) - without, 2 * (T * h));
+}
+
+TEST(DecoderLayerKeeps, CheckpointedLayersKeepOnlyTheirInput) {
+  DecoderConfig c = small(2, AttentionImpl::Sdpa);
+  c.checkpoint = CheckpointMark::NonReentrant;
+  // The layer's input, which its checkpoint keeps, is the previous layer's output: bf16
+  // [T, h]. Nothing inside the layer is kept.
+  EXPECT_EQ(kept_by_one_layer(c, DType::BF16), 2 * T * h);
+}
+
+// The zoo's configs, against the parameter counts their model cards publish.
+TEST(HfZoo, ParameterCountsAreThePublishedOnes) {
+  const std::pair<const char*, std::int64_t> published[] = {
+      {"llama-3.2-1b", 1'235'814'400},  {"llama-3.2-3b", 3'212'749'824}, {"llama-3.1-8b", 8'030'261'248},
+      {"llama-3.1-70b", 70'553'706'496}, {"mistral-7b", 7'241'732'096},  {"qwen2.5-0.5b", 494'032'768},
+      {"qwen2.5-7b", 7'615'616'512}};
+  for (const auto& [name, count] : published) {
+    const auto source = models::find(name);
+    EXPECT_EQ(source->describe().parameters, count) << name;
+    const auto& hf = dynamic_cast<const models::HfConfig&>(*source);
+    EXPECT_EQ(decoder_parameter_count(hf.decoder()), count) << name;
+  }
+}
+
+TEST(HfZoo, LoraAddsRankTimesInPlusOutPerAdaptedProjection) {
+  const auto source = models::find("llama-3.2-1b");
+  // q_proj 2048 -> 2048 and v_proj 2048 -> 512 in each of 16 layers, r = 16.
+  const std::int64_t adapters = 16 * 16 * ((2048 + 2048) + (2048 + 512));
+  EXPECT_EQ(source->describe(ModelOptions::parse("lora=16")).parameters, 1'235'814'400 + adapters);
+}
+
+/// Loss and every parameter's gradient of one compute-mode step in f64.
+std::vector<std::vector<double>> gradients(DecoderConfig c) {
+  test::Env env(ExecMode::Compute, 7);
+  auto body = build_decoder(c);
+  body->set_path("");
+  body->materialize(env.rt, DType::F64);
+  std::vector<double> ids(static_cast<std::size_t>(B * 8));
+  for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<double>((i * 7) % 32);
+  const Tensor input = from_values(env.rt, Shape{B, 8}, ids, DType::I64);
+  const Tensor loss = sum((*body)(input));
+  backward(loss);
+  std::vector<std::vector<double>> out{{to_values(loss)}};
+  for (const Tensor& p : body->parameters()) out.push_back(p.grad().defined() ? to_values(p.grad()) : std::vector<double>{});
+  return out;
+}
+
+TEST(DecoderGradients, EagerAndSdpaAgree) {
+  DecoderConfig eager = small(2, AttentionImpl::Eager), sdpa = small(2, AttentionImpl::SdpaEfficient);
+  const auto a = gradients(eager), b = gradients(sdpa);
+  ASSERT_EQ(a.size(), b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    ASSERT_EQ(a[i].size(), b[i].size()) << "tensor " << i;
+    // Eager's softmax(dtype=float32) rounds the f64 scores to f32: agreement to f32 precision.
+    for (std::size_t j = 0; j < a[i].size(); ++j) {
+      EXPECT_NEAR(a[i][j], b[i][j], 1e-5 * (1 + std::abs(a[i][j]))) << "tensor " << i << " element " << j;
+    }
+  }
+}
+
+TEST(DecoderGradients, CheckpointedLayersGiveTheSameGradients) {
+  DecoderConfig plain = small(2, AttentionImpl::Eager), marked = plain;
+  marked.checkpoint = CheckpointMark::NonReentrant;
+  EXPECT_EQ(gradients(plain), gradients(marked));
+  marked.checkpoint = CheckpointMark::Reentrant;
+  EXPECT_EQ(gradients(plain), gradients(marked));
+}
+
+}  // namespace
+}  // namespace mem::nn
