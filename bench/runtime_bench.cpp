@@ -2,12 +2,15 @@
 // files: reading and building resnet152 from its file (target < 10 ms), dry-run
 // training steps of resnet50 (target < 10 ms) and resnet152 (target < 5 ms) at batch
 // 256, a sweep of 32 checkpoint segment counts of a 200-layer mlp (target < 1 s), and
-// a compute-mode training step of forum-cnn at batch 100 on the CPU.
+// a compute-mode training step of forum-cnn at batch 100 on the CPU; and the transformers
+// of issue 19: a dry-run step of llama-3.1-70b at batch 1, sequence 4096 (target < 50 ms),
+// and a 40-configuration sweep of llama-3.1-8b (target < 2 s).
 #include <benchmark/benchmark.h>
 
 #include <memory>
 
 #include "vramscope/allocator/caching_allocator.hpp"
+#include "vramscope/allocator/errors.hpp"
 #include "vramscope/allocator/device.hpp"
 #include "vramscope/runtime/training.hpp"
 #include "vramscope/models/model_file.hpp"
@@ -109,6 +112,56 @@ void BM_ComputeStepForumCnn(benchmark::State& state) {
   state.counters["gflop_per_step"] = last.flops.total() / 1e9;
 }
 BENCHMARK(BM_ComputeStepForumCnn)->Unit(benchmark::kMillisecond);
+
+/// One dry-run step of llama-3.1-70b in bf16 (sdpa, batch 1, sequence 4096) in steady
+/// state, on a simulated device large enough to hold it (1 TiB: nothing runs out).
+void BM_DryRunStepLlama70B(benchmark::State& state) {
+  TrainConfig cfg;
+  cfg.model = mem::models::find("llama-3.1-70b");
+  cfg.model_options = mem::nn::ModelOptions::parse("batch=1,seq=4096");
+  cfg.precision = mem::nn::Precision::BF16;
+  auto device = mem::make_device("sim:capacity=1TiB");
+  mem::CachingAllocator alloc(device);
+  Trainer trainer(cfg, alloc);
+  mem::nn::StepStats last = trainer.step();
+  for (auto _ : state) {
+    last = trainer.step();
+    benchmark::DoNotOptimize(last.peak_allocated);
+  }
+  set_step_counters(state, last);
+}
+BENCHMARK(BM_DryRunStepLlama70B)->Unit(benchmark::kMillisecond);
+
+/// A sweep of llama-3.1-8b on a simulated A100 80 GB over 40 configurations: 5 sequence
+/// lengths x bf16 / amp-bf16 x eager / sdpa x with and without per-layer checkpointing,
+/// two steps each (those that run out of memory stop there, as in the command).
+void BM_SweepLlama8B40Configs(benchmark::State& state) {
+  int fits = 0;
+  for (auto _ : state) {
+    fits = 0;
+    for (const char* seq : {"256", "512", "1024", "2048", "4096"}) {
+      for (const auto precision : {mem::nn::Precision::BF16, mem::nn::Precision::AmpBF16}) {
+        for (const char* attn : {"eager", "sdpa"}) {
+          for (const char* checkpoint : {"none", "reentrant"}) {
+            TrainConfig cfg;
+            cfg.model = mem::models::find("llama-3.1-8b");
+            cfg.model_options = mem::nn::ModelOptions::parse(std::string("seq=") + seq + ",attn=" + attn +
+                                                             ",checkpoint=" + checkpoint);
+            cfg.precision = precision;
+            try {
+              (void)mem::nn::train(cfg);
+              ++fits;
+            } catch (const mem::OutOfMemoryError&) {
+            }
+          }
+        }
+      }
+    }
+    benchmark::DoNotOptimize(fits);
+  }
+  state.counters["configurations_that_fit"] = fits;
+}
+BENCHMARK(BM_SweepLlama8B40Configs)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 
