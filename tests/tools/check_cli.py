@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -502,6 +503,59 @@ def check_max_batch(exe, work):
         check(err.count("\n") == 1, err)
 
 
+# A small llama config.json, as a user's file (issue 19).
+TINY_LLAMA = {
+    "architectures": ["LlamaForCausalLM"], "attention_bias": False, "hidden_act": "silu",
+    "hidden_size": 256, "intermediate_size": 512, "max_position_embeddings": 512,
+    "model_type": "llama", "num_attention_heads": 8, "num_hidden_layers": 4,
+    "num_key_value_heads": 2, "rms_norm_eps": 1e-05, "rope_theta": 10000.0,
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "vocab_size": 1000}
+
+
+def check_hf_config(exe, work):
+    Path(work).mkdir(parents=True, exist_ok=True)
+    cfg = Path(work) / "config.json"
+    cfg.write_text(json.dumps(TINY_LLAMA))
+    # 2 x 1000 x 256 embeddings, 4 layers of 256x256 + 2 x 256x64 + 256x256 + 3 x 256x512
+    # + 2 x 256, and the final norm.
+    params = 2 * 1000 * 256 + 4 * (2 * 256 * 256 + 2 * 256 * 64 + 3 * 256 * 512 + 2 * 256) + 256
+    p = run(exe, "sweep", "--hf-config", str(cfg), "--dtype", "bf16,amp-bf16", "--seq", "128,512",
+            "--attn", "eager", "--format", "json")
+    doc = json.loads(p.stdout)
+    check(doc["model"]["parameters"] == params, f"parameters {doc['model']['parameters']} != {params}")
+    rows = doc["rows"]
+    check(len(rows) == 4, f"{len(rows)} rows")
+    # Longer sequences peak higher (eager keeps B x H x S x S probabilities).
+    by = {(r["dtype"], r["seq"]): r["max_allocated"] for r in rows}
+    check(by[("bf16", 512)] > by[("bf16", 128)], f"seq 512 not above seq 128: {by}")
+    # LoRA and per-layer checkpointing each lower the peak of the same run.
+    def peak(*extra):
+        out = run(exe, "sweep", "--hf-config", str(cfg), "--dtype", "bf16", "--seq", "512", "--format",
+                  "json", *extra)
+        return json.loads(out.stdout)["rows"][0]["max_allocated"]
+    full = peak()
+    check(peak("--lora", "8") < full, "LoRA does not lower the peak")
+    check(peak("--gradient-checkpointing", "non-reentrant") < full, "checkpointing does not lower the peak")
+    # Errors: one line, exit 2, the key or option named.
+    bad = Path(work) / "bad.json"
+    for patch, words in [({"num_key_value_heads": 3}, ["num_key_value_heads", "does not divide"]),
+                         ({"model_type": "t5"}, ["model_type", "'t5' is not modelled"]),
+                         ({"moe_experts": 4}, ["moe_experts", "not modelled"])]:
+        bad.write_text(json.dumps({**TINY_LLAMA, **patch}))
+        p = run(exe, "sweep", "--hf-config", str(bad), expect=2)
+        err = p.stderr.strip()
+        check(err.count("\n") == 0 and all(w in err for w in words), f"{patch}: {err!r}")
+    for args, words in [(["--seq", "1024"], ["exceeds max_position_embeddings 512"]),
+                        (["--segments", "4"], ["checkpoints per decoder layer"]),
+                        (["--model", "mlp"], ["give one"]),
+                        (["--lora-targets", "q_proj"], ["needs lora=RANK"]),
+                        (["--attn", "flash9"], ["unknown attention"])]:
+        p = run(exe, "sweep", "--hf-config", str(cfg), *args, expect=2)
+        check(all(w in p.stderr for w in words), f"{args}: {p.stderr!r}")
+    p = run(exe, "sweep", "--hf-config", str(Path(work) / "missing.json"), expect=2)
+    check("cannot open" in p.stderr, p.stderr)
+
+
 CHECKS = {
     "exact": check_exact, "csv": check_csv, "json": check_json, "oom": check_oom,
     "bad-input": check_bad_input, "trace-files": check_trace_files, "trace-oom": check_trace_oom,
@@ -509,7 +563,7 @@ CHECKS = {
     "plot": check_plot, "inplace": check_inplace, "replay": check_replay,
     "reentrant": check_reentrant, "auto-segments": check_auto_segments,
     "compute-host-memory": check_compute_host_memory, "batch-lists": check_batch_lists,
-    "max-batch": check_max_batch,
+    "max-batch": check_max_batch, "hf-config": check_hf_config,
 }
 
 

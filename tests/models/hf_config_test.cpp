@@ -1,0 +1,137 @@
+// hf_config_test.cpp — Hugging Face config.json files: the zoo's read back as published,
+// a user's file read through the same path, and malformed or unmodelled configs each
+// refused with one message naming the key (nothing built).
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <string>
+
+#include "vramscope/allocator/errors.hpp"
+#include "vramscope/models/hf_config.hpp"
+#include "vramscope/models/zoo.hpp"
+
+namespace mem::models {
+namespace {
+
+using nlohmann::json;
+
+/// A small llama config: every key a real one has.
+json base() {
+  return json::parse(R"({
+    "architectures": ["LlamaForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+    "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu", "hidden_size": 64,
+    "initializer_range": 0.02, "intermediate_size": 128, "max_position_embeddings": 256,
+    "mlp_bias": false, "model_type": "llama", "num_attention_heads": 4, "num_hidden_layers": 2,
+    "num_key_value_heads": 2, "pretraining_tp": 1, "rms_norm_eps": 1e-05, "rope_scaling": null,
+    "rope_theta": 10000.0, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+    "transformers_version": "4.50.3", "use_cache": true, "vocab_size": 100})");
+}
+
+std::string refusal(const std::string& text) {
+  try {
+    (void)HfConfig::parse(text, "net", "config.json")->describe();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(HfConfig, ASmallLlamaHasTheParametersItsNumbersSay) {
+  const auto model = HfConfig::parse(base().dump(), "tiny-llama", "config.json");
+  // embed 100 x 64 twice (untied), per layer q 64x64, k and v 64x32, o 64x64, MLP 3 x 64 x 128,
+  // two norms of 64; the final norm.
+  const std::int64_t layer = 64 * 64 + 2 * 64 * 32 + 64 * 64 + 3 * 64 * 128 + 2 * 64;
+  EXPECT_EQ(model->describe().parameters, 2 * 100 * 64 + 2 * layer + 64);
+  EXPECT_EQ(model->describe().input_shape, (nn::Shape{1, 256}));  // seq defaults to min(2048, max)
+}
+
+TEST(HfConfig, QwenHasQueryKeyValueBiases) {
+  json c = base();
+  c["model_type"] = "qwen2";
+  c.erase("attention_bias");
+  c.erase("mlp_bias");
+  c.erase("pretraining_tp");
+  c["use_sliding_window"] = false;
+  c["sliding_window"] = 4096;
+  c["max_window_layers"] = 2;
+  const auto llama = HfConfig::parse(base().dump(), "l", "l.json"), qwen = HfConfig::parse(c.dump(), "q", "q.json");
+  EXPECT_EQ(qwen->describe().parameters - llama->describe().parameters, 2 * (64 + 32 + 32));
+}
+
+TEST(HfConfig, EveryZooConfigIsReadAndItsOptionsApply) {
+  for (const char* name : {"llama-3.2-1b", "llama-3.2-3b", "llama-3.1-8b", "llama-3.1-70b", "mistral-7b",
+                           "qwen2.5-0.5b", "qwen2.5-7b"}) {
+    const auto model = find(name);
+    EXPECT_NO_THROW((void)model->describe(nn::ModelOptions::parse("seq=1024,attn=eager,lora=8,lora_targets=all")))
+        << name;
+  }
+}
+
+TEST(HfConfig, MalformedAndUnmodelledConfigsAreRefusedByKey) {
+  const auto with = [](const char* key, json value) {
+    json c = base();
+    if (value.is_discarded()) {
+      c.erase(key);
+    } else {
+      c[key] = value;
+    }
+    return c.dump();
+  };
+  const json gone = json::value_t::discarded;
+  const std::pair<std::string, std::string> cases[] = {
+      {"{", "config.json: not JSON"},
+      {"[1, 2]", "expected a JSON object"},
+      {with("model_type", "bert"), "model_type: 'bert' is not modelled"},
+      {with("model_type", gone), "model_type: missing"},
+      {with("hidden_size", -64), "hidden_size: expected a positive integer"},
+      {with("hidden_size", "64"), "hidden_size: expected a positive integer"},
+      {with("vocab_size", gone), "vocab_size: missing"},
+      {with("num_key_value_heads", 3), "num_key_value_heads: 3 does not divide num_attention_heads 4"},
+      {with("num_hidden_layers", 1e12), "num_hidden_layers: expected a positive integer up to 10000"},
+      {with("hidden_act", "gelu"), "hidden_act: 'gelu' is not modelled"},
+      {with("tie_word_embeddings", "yes"), "tie_word_embeddings: expected true or false"},
+      {with("rms_norm_eps", 2), "rms_norm_eps: expected a number in [0"},
+      {with("pretraining_tp", 2), "pretraining_tp: only 1 is modelled"},
+      {with("quantization_config", json::object()), "quantization_config: quantized checkpoints are not modelled"},
+      {with("num_experts", 8), "num_experts: not modelled by vramscope, and it may change memory"},
+      {with("head_dim", 0), "head_dim: expected a positive integer"},
+      {with("head_dim", 15), "head_dim 15 is odd"},
+  };
+  for (const auto& [text, message] : cases) {
+    const std::string got = refusal(text);
+    EXPECT_NE(got.find(message), std::string::npos) << "config " << text << "\n got: " << got;
+  }
+}
+
+TEST(HfConfig, OptionsThatDoNotApplyOrOverreachAreErrors) {
+  const auto model = HfConfig::parse(base().dump(), "tiny", "config.json");
+  const auto fails = [&](const char* options, const char* message) {
+    try {
+      (void)model->describe(nn::ModelOptions::parse(options));
+      ADD_FAILURE() << options << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+    }
+  };
+  fails("seq=257", "seq 257 exceeds max_position_embeddings 256");
+  fails("depth=3", "tiny has no depth option");
+  fails("attn=flash2", "unknown attention 'flash2'");
+  fails("checkpoint=yes", "model option checkpoint='yes'");
+  fails("lora_targets=q_proj", "lora_targets needs lora=RANK");
+  fails("lora=4,lora_targets=lm_head", "'lm_head' is not a projection");
+  fails("lora=4,lora_dropout=1.5", "lora_dropout must be in [0, 1)");
+}
+
+TEST(HfConfig, MistralRefusesASequenceBeyondItsSlidingWindow) {
+  EXPECT_NO_THROW((void)find("mistral-7b")->describe(nn::ModelOptions::parse("seq=4096")));
+  try {
+    (void)find("mistral-7b")->describe(nn::ModelOptions::parse("seq=8192"));
+    ADD_FAILURE() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("exceeds sliding_window 4096"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace mem::models
