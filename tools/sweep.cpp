@@ -203,6 +203,7 @@ RunFigures run_config(const nn::TrainConfig& cfg, std::shared_ptr<Device> device
     }
     const nn::TrainReport report = trainer.report();
     f.gradients_missing = report.gradients_missing;
+    f.peak_composition = report.peak_composition;
     f.warnings = report.warnings;
   } catch (const OutOfMemoryError& e) {
     OomFailure failure;

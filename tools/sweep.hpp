@@ -63,6 +63,9 @@ struct RunFigures {
   double step_ms = 0;                    ///< mean host time of a step
   std::size_t steps_done = 0;
   bool gradients_missing = false;        ///< reentrant pitfall: some parameter got no grad
+  /// What the live bytes were at the highest step peak (weights, gradients, ...); all
+  /// zero unless every step ran.
+  MemoryComposition peak_composition;
   std::vector<std::string> warnings;
 };
 

@@ -28,6 +28,13 @@ template <class F>
 nlohmann::json if_error(const SweepRow& r, F f) {
   return r.error ? nlohmann::json(f(*r.error)) : nlohmann::json(nullptr);
 }
+/// Bytes of `kind` at the peak: of the run, or for an OOM row of the run without the limit.
+nlohmann::json peak_part(const SweepRow& r, MemoryKind kind) {
+  const RunFigures* f = r.fits() ? &r.figures : r.unlimited ? &*r.unlimited : nullptr;
+  if (f == nullptr || f->peak_composition.total() == 0) return nullptr;
+  return f->peak_composition.of(kind);
+}
+
 template <class F>
 nlohmann::json if_fits(const SweepRow& r, F f) {
   return r.fits() ? nlohmann::json(f(r.figures)) : nlohmann::json(nullptr);
@@ -64,6 +71,13 @@ const std::array kFields = {
     Field{"oom_reserved", [](R, W r) { return if_oom(r, [](const OomFailure& o) { return o.figures.reserved; }); }},
     Field{"oom_nvidia_smi", [](R, W r) { return if_oom(r, [](const OomFailure& o) { return o.figures.process_used; }); }},
     Field{"oom_device_free", [](R, W r) { return if_oom(r, [](const OomFailure& o) { return o.figures.device_free; }); }},
+    // What the peak is made of (of the run without the limit for an OOM row).
+    Field{"peak_weights", [](R, W r) { return peak_part(r, MemoryKind::Weights); }},
+    Field{"peak_gradients", [](R, W r) { return peak_part(r, MemoryKind::Gradients); }},
+    Field{"peak_optimizer_state", [](R, W r) { return peak_part(r, MemoryKind::OptimizerState); }},
+    Field{"peak_activations", [](R, W r) { return peak_part(r, MemoryKind::Activations); }},
+    Field{"peak_logits", [](R, W r) { return peak_part(r, MemoryKind::Logits); }},
+    Field{"peak_other", [](R, W r) { return peak_part(r, MemoryKind::Other); }},
     Field{"needs_max_allocated", [](R, W r) { return r.unlimited ? nlohmann::json(r.unlimited->peak_allocated) : nlohmann::json(nullptr); }},
     Field{"needs_max_nvidia_smi", [](R, W r) { return r.unlimited ? nlohmann::json(r.unlimited->peak_device_used) : nlohmann::json(nullptr); }},
     // Autograd refused the run, as PyTorch does (e.g. an in-place op on a checkpoint's saved input).

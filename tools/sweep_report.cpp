@@ -29,6 +29,16 @@ std::string where(const Failure& failure) {
 
 }  // namespace
 
+std::string describe_composition(const MemoryComposition& c) {
+  std::string out;
+  for (std::size_t k = 0; k < kNumMemoryKinds; ++k) {
+    if (c.bytes[k] == 0) continue;
+    out += fmt::format("{}{} {}", out.empty() ? "" : ", ", memory_kind_name(static_cast<MemoryKind>(k)),
+                       human_bytes(c.bytes[k]));
+  }
+  return out;
+}
+
 std::string model_title(const nn::ModelInfo& info, const nn::ModelOptions& options,
                         const std::vector<std::int64_t>& batches, const std::vector<std::int64_t>& seqs) {
   nn::ModelOptions shown = options;
@@ -225,6 +235,13 @@ std::string sweep_report(const SweepResult& result, const ReportOptions& options
   if (any_best) {
     out += fmt::format("  * least memory in nvidia-smi's view among the configurations of its dtype{} that fit\n",
                        spec.batches.size() > 1 || spec.seqs.size() > 1 ? " and shape" : "");
+    for (const SweepRow& row : result.rows) {
+      if (row.best && row.figures.peak_composition.total() > 0) {
+        out += wrap(fmt::format("* {} peaks at {}: {}.", row.label(), human_bytes(row.figures.peak_allocated),
+                                describe_composition(row.figures.peak_composition)),
+                    "  ", "    ");
+      }
+    }
   }
 
   if (options.how_to_read) {

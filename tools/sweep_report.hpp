@@ -44,4 +44,7 @@ std::string describe_place(const AutogradFailure& failure);
 /// The footnote text of a row that does not fit (OOM or error); "" for one that fits.
 std::string describe_failure(const SweepRow& row);
 
+/// "weights 2.30 GiB, optimizer state 4.60 GiB, activations 3.54 GiB, ..." (kinds that hold bytes).
+std::string describe_composition(const MemoryComposition& composition);
+
 }  // namespace mem::tools

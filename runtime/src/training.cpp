@@ -106,15 +106,26 @@ Trainer::Trainer(const TrainConfig& config, CachingAllocator& allocator)
                 "give 0 segments, or remove the marks");
   }
   plan_ = plan_segments(model_->info().sequence_length, config.segments);
-  model_->materialize(*runtime_, parameter_dtype(config.precision));
-  model_->body().train(true);
-  optimizer_ = make_optimizer(config.optimizer, model_->parameters());
+  // Blocks carry their module and phase (what the peak's composition is read from); the
+  // observer follows them from the first parameter on.
+  attach(allocator);
+  composition_ = std::make_unique<PeakComposition>();
+  allocator.add_observer(composition_.get());
+  try {
+    model_->materialize(*runtime_, parameter_dtype(config.precision));
+    model_->body().train(true);
+    optimizer_ = make_optimizer(config.optimizer, model_->parameters());
+  } catch (...) {
+    allocator.remove_observer(composition_.get());  // the destructor will not run
+    throw;
+  }
   peaks_ = std::make_unique<detail::PhasePeaks>();
   allocator.add_observer(peaks_.get());
 }
 
 Trainer::~Trainer() {
   allocator_->remove_observer(peaks_.get());
+  allocator_->remove_observer(composition_.get());
   optimizer_.reset();
   if (model_) model_->body().release();
 }
@@ -166,6 +177,7 @@ StepStats Trainer::step() {
   const DType data_dtype = is_half(param_dtype) ? param_dtype : DType::F32;
   Tensor input, target, output, loss;
 
+  composition_->restart();
   s.forward = begin_phase(alloc, *peaks_);
   {
     PhaseGuard phase(Phase::Forward);
@@ -210,6 +222,7 @@ StepStats Trainer::step() {
   s.peak_reserved = std::max({s.forward.peak_reserved, s.backward.peak_reserved, s.optimizer.peak_reserved});
   s.peak_device_used =
       std::max({s.forward.peak_device_used, s.backward.peak_device_used, s.optimizer.peak_device_used});
+  s.peak_composition = composition_->at_peak();
   s.allocated_end = end.allocated_bytes[kAll].current;
   s.reserved_end = end.reserved_bytes[kAll].current;
   s.device_used_end = end.device_used_bytes.current;
@@ -227,6 +240,7 @@ TrainReport Trainer::report() const {
   r.plan = plan_;
   r.steps = steps_;
   for (const StepStats& s : steps_) {
+    if (s.peak_allocated > r.peak_allocated) r.peak_composition = s.peak_composition;
     r.peak_allocated = std::max(r.peak_allocated, s.peak_allocated);
     r.peak_reserved = std::max(r.peak_reserved, s.peak_reserved);
     r.peak_device_used = std::max(r.peak_device_used, s.peak_device_used);

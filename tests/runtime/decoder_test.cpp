@@ -150,6 +150,29 @@ TEST(HfZoo, LoraAddsRankTimesInPlusOutPerAdaptedProjection) {
   EXPECT_EQ(source->describe(ModelOptions::parse("lora=16")).parameters, 1'235'814'400 + adapters);
 }
 
+// What the peak is made of, read from the blocks' contexts: it sums to max_allocated, its
+// weights are the parameters (blocks: the embedding's gets its segment's last 1 MiB, which
+// the allocator does not split off), its optimizer state Adam's two moments, and at
+// step 2's peak (in the loss, at sequence 2048) no gradient is alive (zero_grad(set_to_none)).
+TEST(PeakComposition, SumsToTheStepPeakAndNamesWhatHoldsIt) {
+  TrainConfig cfg;
+  cfg.model = models::find("llama-3.2-1b");
+  cfg.precision = Precision::BF16;
+  const TrainReport r = train(cfg);
+  const MemoryComposition& c = r.peak_composition;
+  EXPECT_EQ(c.total(), r.peak_allocated);
+  constexpr std::int64_t slack = 4 << 20;
+  EXPECT_GE(c.of(MemoryKind::Weights), r.parameter_bytes);
+  EXPECT_LT(c.of(MemoryKind::Weights), r.parameter_bytes + slack);
+  EXPECT_GE(c.of(MemoryKind::OptimizerState), r.optimizer_state_bytes);
+  EXPECT_LT(c.of(MemoryKind::OptimizerState), r.optimizer_state_bytes + slack);
+  EXPECT_EQ(c.of(MemoryKind::Gradients), 0);
+  // The logits [1, 2048, 128256] in bf16, their f32 copy and log_softmax's f32 output.
+  const std::int64_t logits = std::int64_t{2048} * 128256;
+  EXPECT_GE(c.of(MemoryKind::Logits), logits * (2 + 4 + 4));
+  EXPECT_GT(c.of(MemoryKind::Activations), 0);
+}
+
 /// Loss and every parameter's gradient of one compute-mode step in f64.
 std::vector<std::vector<double>> gradients(DecoderConfig c) {
   test::Env env(ExecMode::Compute, 7);

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "vramscope/allocator/caching_allocator.hpp"
+#include "vramscope/instrumentation/peak_composition.hpp"
 #include "vramscope/runtime/checkpoint.hpp"
 #include "vramscope/runtime/models.hpp"
 #include "vramscope/runtime/optim.hpp"
@@ -101,6 +102,9 @@ struct StepStats {
   std::size_t params_without_grad = 0;  ///< parameters whose grad stayed undefined
   double wall_ms = 0;                ///< host time of the step
   DeviceStats stats;                 ///< full allocator statistics after the step
+  /// The live bytes at the step's peak by kind: weights, gradients, optimizer state,
+  /// activations, logits and loss, other.
+  MemoryComposition peak_composition;
 };
 
 struct TrainReport {
@@ -121,6 +125,7 @@ struct TrainReport {
   std::string device_name;
   std::string device_assumptions;    ///< print beside any figure
   double recompute_ratio = 0;        ///< of the last step
+  MemoryComposition peak_composition;  ///< at the highest step peak
 };
 
 /// The device spec train() uses for `config` (adds host backing in compute mode).
@@ -169,6 +174,8 @@ class Trainer {
   /// Watches allocator totals for per-phase peaks, so the allocator's own
   /// peak statistics (max_memory_allocated) are never reset behind the user's back.
   std::unique_ptr<detail::PhasePeaks> peaks_;
+  /// Live bytes by kind, for what the peak is made of.
+  std::unique_ptr<PeakComposition> composition_;
 };
 
 /// Creates the device (device_spec_for) and allocator, runs config.steps steps.

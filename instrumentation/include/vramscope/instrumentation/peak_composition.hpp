@@ -1,0 +1,66 @@
+// peak_composition.hpp — what the live bytes are made of when they peak: weights,
+// gradients, optimizer state, activations, logits and loss, and the rest. Read from the
+// context each block was stamped with (mem::attach), so it needs no model knowledge:
+//
+//   mem::attach(alloc);                     // blocks carry their module and phase
+//   mem::PeakComposition composition;
+//   alloc.add_observer(&composition);
+//   ... train ...
+//   composition.at_peak().bytes(mem::MemoryKind::Activations);
+//
+// A block's kind: allocated with no phase (materialize) under a module: weights and
+// buffers; relabelled as "<param>.grad" by AccumulateGrad: gradients; allocated in the
+// optimizer phase: optimizer state (and its step's temporaries); allocated under lm_head or
+// loss: logits and loss; any other forward, recompute or backward allocation:
+// activations (and the gradients flowing back through them); the batch ("input") and
+// blocks with no scope (cuBLAS workspaces): other.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string_view>
+#include <unordered_map>
+
+#include "vramscope/allocator/observer.hpp"
+#include "vramscope/instrumentation/module_scope.hpp"
+
+namespace mem {
+
+enum class MemoryKind : std::uint8_t { Weights, Gradients, OptimizerState, Activations, Logits, Other };
+inline constexpr std::size_t kNumMemoryKinds = 6;
+
+/// "weights", "gradients", "optimizer state", "activations", "logits and loss", "other".
+std::string_view memory_kind_name(MemoryKind kind) noexcept;
+/// Short keys for files: "weights", "gradients", "optimizer_state", "activations", "logits", "other".
+std::string_view memory_kind_key(MemoryKind kind) noexcept;
+/// The kind of a block stamped with `context` (see above).
+MemoryKind memory_kind(ContextId context) noexcept;
+
+/// Live bytes by kind.
+struct MemoryComposition {
+  std::array<std::int64_t, kNumMemoryKinds> bytes{};
+  std::int64_t of(MemoryKind kind) const noexcept { return bytes[static_cast<std::size_t>(kind)]; }
+  std::int64_t total() const noexcept;
+};
+
+/// Follows the live blocks of an allocator and keeps their composition at the highest
+/// total since the last restart(). Blocks allocated before it was added are not counted.
+class PeakComposition final : public AllocatorObserver {
+ public:
+  void on_event(const TraceEvent& event) noexcept override;
+  /// Begins a new stretch: the peak is the present composition.
+  void restart() noexcept { peak_ = now_; }
+  const MemoryComposition& now() const noexcept { return now_; }
+  const MemoryComposition& at_peak() const noexcept { return peak_; }
+
+ private:
+  struct Live {
+    std::int64_t size;
+    MemoryKind kind;
+  };
+  void add(MemoryKind kind, std::int64_t bytes) noexcept { now_.bytes[static_cast<std::size_t>(kind)] += bytes; }
+  std::unordered_map<std::uintptr_t, Live> live_;
+  MemoryComposition now_, peak_;
+};
+
+}  // namespace mem

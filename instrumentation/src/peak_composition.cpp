@@ -1,0 +1,81 @@
+// peak_composition.cpp — live bytes by kind, and their composition at the peak.
+#include "vramscope/instrumentation/peak_composition.hpp"
+
+#include <numeric>
+
+namespace mem {
+
+std::string_view memory_kind_name(MemoryKind kind) noexcept {
+  switch (kind) {
+    case MemoryKind::Weights: return "weights";
+    case MemoryKind::Gradients: return "gradients";
+    case MemoryKind::OptimizerState: return "optimizer state";
+    case MemoryKind::Activations: return "activations";
+    case MemoryKind::Logits: return "logits and loss";
+    case MemoryKind::Other: return "other";
+  }
+  return "?";
+}
+
+std::string_view memory_kind_key(MemoryKind kind) noexcept {
+  switch (kind) {
+    case MemoryKind::OptimizerState: return "optimizer_state";
+    case MemoryKind::Logits: return "logits";
+    default: return memory_kind_name(kind);
+  }
+}
+
+MemoryKind memory_kind(ContextId context) noexcept {
+  const ContextInfo& info = context_info(context);
+  const std::string_view path = info.path;
+  if (path.empty() || path == "input") return MemoryKind::Other;
+  if (path.ends_with(".grad")) return MemoryKind::Gradients;
+  switch (info.phase) {
+    case Phase::None: return MemoryKind::Weights;
+    case Phase::Optimizer: return MemoryKind::OptimizerState;
+    default: break;
+  }
+  if (path == "lm_head" || path.starts_with("lm_head.") || path == "loss") return MemoryKind::Logits;
+  return MemoryKind::Activations;
+}
+
+std::int64_t MemoryComposition::total() const noexcept {
+  return std::accumulate(bytes.begin(), bytes.end(), std::int64_t{0});
+}
+
+void PeakComposition::on_event(const TraceEvent& e) noexcept {
+  switch (e.action) {
+    case TraceAction::Alloc: {
+      const MemoryKind kind = memory_kind(e.context);
+      try {
+        live_[e.address] = Live{static_cast<std::int64_t>(e.size), kind};
+      } catch (...) {
+        return;  // out of host memory: this block goes uncounted
+      }
+      add(kind, static_cast<std::int64_t>(e.size));
+      if (now_.total() > peak_.total()) peak_ = now_;
+      break;
+    }
+    case TraceAction::FreeRequested:
+    case TraceAction::FreeCompleted: {
+      // A deferred free is counted when requested, as allocated_bytes is.
+      if (e.action == TraceAction::FreeCompleted) break;
+      const auto it = live_.find(e.address);
+      if (it == live_.end()) break;
+      add(it->second.kind, -it->second.size);
+      live_.erase(it);
+      break;
+    }
+    case TraceAction::Relabel: {
+      const auto it = live_.find(e.address);
+      if (it == live_.end()) break;
+      add(it->second.kind, -it->second.size);
+      it->second.kind = memory_kind(e.context);
+      add(it->second.kind, it->second.size);
+      break;
+    }
+    default: break;
+  }
+}
+
+}  // namespace mem
