@@ -79,6 +79,9 @@ void add_model_options(CLI::App& app, ModelArgs& args, const std::string& defaul
   app.add_option("--lora-targets", args.lora_targets,
                  "transformers: adapted projections, q_proj+v_proj (PEFT's default), ... or all")
       ->type_name("P+P...");
+  app.add_option("--quant", args.quant,
+                 "transformers: nf4 (QLoRA: 4-bit base weights, double quantization) or nf4-single; needs --lora")
+      ->type_name("Q");
   app.add_option("--model-options", args.extra,
                  "more model options as key=value,... (dropout=0,inplace=1; see `vramscope models`)")
       ->type_name("K=V,...");
@@ -121,6 +124,7 @@ nn::ModelOptions to_model_options(const ModelArgs& args, bool lists_allowed) {
   if (!args.attention.empty()) o.attention = args.attention;
   if (!args.checkpoint.empty()) o.checkpoint = args.checkpoint;
   if (!args.lora_targets.empty()) o.lora_targets = args.lora_targets;
+  if (!args.quant.empty()) o.quant = args.quant;
   return o;
 }
 

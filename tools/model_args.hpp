@@ -31,6 +31,7 @@ struct ModelArgs {
   std::string checkpoint;     ///< --gradient-checkpointing
   std::int64_t lora = 0;      ///< --lora RANK
   std::string lora_targets;   ///< --lora-targets
+  std::string quant;          ///< --quant
 };
 
 /// A CLI11 check for an integer option: a whole number in [min, max], written in full.
@@ -38,7 +39,7 @@ struct ModelArgs {
 CLI::Validator integer_in(std::int64_t min, std::int64_t max);
 
 /// Adds --model, --model-file, --hf-config, --batch, --depth, --width, --seq, --image,
-/// --classes, --attn, --gradient-checkpointing, --lora, --lora-targets, --model-options.
+/// --classes, --attn, --gradient-checkpointing, --lora, --lora-targets, --quant, --model-options.
 void add_model_options(CLI::App& app, ModelArgs& args, const std::string& default_note);
 
 /// A list of sizes as typed ("8,16,32"): each a whole number in [1, max], no empty

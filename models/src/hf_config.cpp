@@ -200,7 +200,7 @@ HfConfig::HfConfig(std::string name, std::string model_type, nn::DecoderConfig d
 
 const std::vector<std::string>& HfConfig::option_keys() const noexcept {
   static const std::vector<std::string> keys = {"batch", "seq", "attn", "checkpoint", "lora", "lora_targets",
-                                                "lora_dropout"};
+                                                "lora_dropout", "quant"};
   return keys;
 }
 
@@ -215,6 +215,16 @@ nn::DecoderConfig HfConfig::configure(const nn::ModelOptions& o) const {
                 "default), non-reentrant");
   }
   if (o.lora_targets && o.lora == 0) throw Error("model option lora_targets needs lora=RANK");
+  const std::string quant = o.quant.value_or("none");
+  if (quant == "nf4" || quant == "nf4-single") {
+    // QLoRA: BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+    // bnb_4bit_use_double_quant=True); lm_head and the embeddings stay unquantized.
+    if (o.lora == 0) throw Error("model option quant=" + quant + " needs lora=RANK: 4-bit weights are frozen (QLoRA)");
+    c.nf4 = true;
+    c.double_quant = quant == "nf4";
+  } else if (quant != "none") {
+    throw Error("model option quant='" + quant + "'; valid: none, nf4 (with double quantization, QLoRA's), nf4-single");
+  }
   if (o.lora_dropout && o.lora == 0) throw Error("model option lora_dropout needs lora=RANK");
   if (o.lora > 0) {
     c.lora.rank = o.lora;
@@ -253,7 +263,8 @@ HfConfig::Built HfConfig::make(const nn::ModelOptions& o) const {
       << ")";
   }
   if (c.lora.rank > 0) {
-    d << ", LoRA r=" << c.lora.rank << " on";
+    d << (c.nf4 ? ", QLoRA (NF4" : "") << (c.nf4 && c.double_quant ? ", double quant" : "") << (c.nf4 ? ")" : "")
+      << ", LoRA r=" << c.lora.rank << " on";
     for (const auto& t : c.lora.targets) d << " " << t;
   }
   d << "; causal LM loss";

@@ -29,6 +29,9 @@ class DecoderInputs final : public Module {
         theta_(theta), state_(std::move(state)) {
     // register_buffer("inv_freq", ..., persistent=False): [head_dim / 2] floats.
     add_buffer("inv_freq", Shape{c.head_dim / 2}, 0.0);
+    // Double quantization's code, bitsandbytes' "dynamic" map: 256 f32 shared by every
+    // 4-bit weight (functional.py, name2qmap). Kept here, where the model holds it once.
+    if (c.nf4 && c.double_quant) add_typed_buffer("bnb_dynamic_map", Shape{256}, DType::F32);
   }
 
   Tensor forward(const Tensor& x) override {
@@ -139,12 +142,18 @@ Tensor repeat_kv(const Tensor& x, std::int64_t n_rep) {
 /// A projection: nn.Linear, or LoRA's wrapper around one when the config targets it.
 std::unique_ptr<Module> projection(const DecoderConfig& c, const std::string& name, std::int64_t in,
                                    std::int64_t out, bool bias) {
-  auto base = std::make_unique<Linear>(in, out, bias);
+  if (c.nf4 && bias) throw Error("4-bit projections with a bias are not modelled (" + name + ")");
+  std::unique_ptr<Module> base;
+  if (c.nf4) {
+    base = std::make_unique<Linear4bit>(in, out, c.double_quant);
+  } else {
+    base = std::make_unique<Linear>(in, out, bias);
+  }
   const auto& t = c.lora.targets;
   if (c.lora.rank > 0) {
     base->freeze();
     if (std::find(t.begin(), t.end(), name) != t.end()) {
-      return std::make_unique<LoraLinear>(std::move(base), in, out, c.lora);
+      return std::make_unique<LoraLinear>(std::move(base), in, out, c.lora, c.nf4);
     }
   }
   return base;
@@ -342,8 +351,39 @@ Tensor RMSNorm::forward(const Tensor& input) {
   return mul(param(weight_), to_dtype(hidden, input_dtype));
 }
 
-LoraLinear::LoraLinear(std::unique_ptr<Module> base, std::int64_t in, std::int64_t out, const LoraConfig& lora)
-    : Module("lora.Linear"), scaling_(lora.alpha / static_cast<double>(lora.rank)) {
+Linear4bit::Linear4bit(std::int64_t in, std::int64_t out, bool double_quant)
+    : Module("Linear4bit"), in_(in), out_(out), double_quant_(double_quant) {
+  const std::int64_t n = in * out, blocks = (n + 63) / 64;
+  packed_ = add_packed_parameter("weight", (n + 1) / 2, n);
+  absmax_ = add_typed_buffer("quant_state.absmax", Shape{blocks}, double_quant ? DType::U8 : DType::F32);
+  if (double_quant) {
+    nested_ = add_typed_buffer("quant_state.nested_absmax", Shape{(blocks + 255) / 256}, DType::F32);
+    offset_ = add_typed_buffer("quant_state.offset", Shape{}, DType::F32);
+  } else {
+    nested_ = offset_ = 0;
+  }
+  code_ = add_typed_buffer("quant_state.code", Shape{16}, DType::F32);
+}
+
+Tensor Linear4bit::forward(const Tensor& x) {
+  Nf4Weight w;
+  w.packed = param(packed_);
+  w.absmax = param(absmax_);
+  if (double_quant_) {
+    w.nested_absmax = param(nested_);
+    w.offset = param(offset_);
+  }
+  w.code = param(code_);
+  w.out = out_;
+  w.in = in_;
+  w.dtype = load_dtype_;
+  w.double_quant = double_quant_;
+  return matmul_4bit(x, w);
+}
+
+LoraLinear::LoraLinear(std::unique_ptr<Module> base, std::int64_t in, std::int64_t out, const LoraConfig& lora,
+                       bool quantized_base)
+    : Module("lora.Linear"), scaling_(lora.alpha / static_cast<double>(lora.rank)), quantized_base_(quantized_base) {
   base_ = &add_module("base_layer", std::move(base));
   // lora_dropout is nn.Identity when p == 0 (LoraLayer.update_layer).
   std::unique_ptr<Module> drop;
@@ -361,6 +401,20 @@ LoraLinear::LoraLinear(std::unique_ptr<Module> base, std::int64_t in, std::int64
 }
 
 Tensor LoraLinear::forward(const Tensor& x_in) {
+  if (quantized_base_) {
+    // peft/tuners/lora/bnb.py, Linear4bit.forward: result.clone() ("for 4bit, we need to
+    // defensively clone here"); x cast to the adapters' dtype unless autocast is on; the
+    // update cast to the result's dtype before the sum.
+    Tensor result = clone((*base_)(x_in));
+    const bool convert = !x_in.runtime().autocast().has_value();
+    const Tensor x = convert ? to_dtype(x_in, static_cast<Linear&>(*a_).weight().dtype()) : x_in;
+    Tensor update;
+    {
+      const Tensor down = (*a_)((*dropout_)(x));
+      update = to_dtype(mul_scalar((*b_)(down), scaling_), result.dtype());
+    }
+    return add(result, update);
+  }
   Tensor result = (*base_)(x_in);
   const DType result_dtype = result.dtype();
   // x = x.to(lora_A.weight.dtype): an f32 copy under a bf16 or f16 model.

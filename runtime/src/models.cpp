@@ -34,7 +34,8 @@ struct WordKey {
 };
 constexpr WordKey kWordKeys[] = {{"attn", &ModelOptions::attention},
                                  {"checkpoint", &ModelOptions::checkpoint},
-                                 {"lora_targets", &ModelOptions::lora_targets}};
+                                 {"lora_targets", &ModelOptions::lora_targets},
+                                 {"quant", &ModelOptions::quant}};
 
 double parse_probability(std::string_view key, std::string_view value) {
   double p = 0;
@@ -95,7 +96,7 @@ ModelOptions ModelOptions::parse(std::string_view text) {
     } else {
       throw Error("unknown model option '" + std::string(key) +
                   "'; valid keys: batch, depth, width, seq, image, classes, lora, dropout, inplace, attn, "
-                  "checkpoint, lora_targets, lora_dropout");
+                  "checkpoint, lora_targets, quant, lora_dropout");
     }
   }
   o.check();

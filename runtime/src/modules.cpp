@@ -106,7 +106,7 @@ std::int64_t Module::parameter_count() const {
     }
   };
   for (const ParamSlot& slot : slots_) {
-    if (!slot.is_buffer) add(slot.shape.numel());
+    if (!slot.is_buffer) add(slot.logical_numel >= 0 ? slot.logical_numel : slot.shape.numel());
   }
   for (const auto& [name, child] : children_) add(child->parameter_count());
   return n;
@@ -154,6 +154,7 @@ void Module::materialize(Runtime& runtime, DType dtype) {
       }
     }
   }
+  materialized(dtype);
 }
 
 void Module::release() noexcept {
@@ -168,6 +169,19 @@ std::size_t Module::add_parameter(std::string name, Shape shape, double low, dou
 
 std::size_t Module::add_buffer(std::string name, Shape shape, double fill, bool keep_i64) {
   slots_.push_back(ParamSlot{std::move(name), shape, true, DType::I64, keep_i64, fill, fill, {}});
+  return slots_.size() - 1;
+}
+
+std::size_t Module::add_typed_buffer(std::string name, Shape shape, DType dtype) {
+  slots_.push_back(ParamSlot{std::move(name), shape, true, dtype, true, 0, 0, {}});
+  return slots_.size() - 1;
+}
+
+std::size_t Module::add_packed_parameter(std::string name, std::int64_t bytes, std::int64_t elements) {
+  ParamSlot slot{std::move(name), Shape{bytes}, false, DType::U8, true, 0, 0, {}};
+  slot.frozen = true;
+  slot.logical_numel = elements;
+  slots_.push_back(std::move(slot));
   return slots_.size() - 1;
 }
 

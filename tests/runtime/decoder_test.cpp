@@ -109,6 +109,56 @@ TEST(DecoderLayerKeeps, Bf16WithLoraOnQueryAndValue) {
   EXPECT_EQ(kept_by_one_layer(c, DType::BF16), norms + adapters + attention + 3 * 2 * T * I);
 }
 
+TEST(DecoderLayerKeeps, QloraKeepsWhatLoraKeeps) {
+  // MatMul4Bit saves only the packed weight (ctx.tensors = (None, B)), as a frozen Linear
+  // saves only its weight; bnb's LoRA clones the base output and casts the update, which
+  // are temporaries. So a QLoRA layer keeps exactly what a LoRA layer does.
+  DecoderConfig c = small(2, AttentionImpl::Sdpa);
+  c.lora.rank = 8;
+  c.lora.dropout = 0;
+  c.lora.targets = {"q_proj", "v_proj"};
+  c.nf4 = true;
+  const std::int64_t norms = 2 * (4 * T * h + 4 * T);
+  const std::int64_t adapters = 2 * (4 * T * h + 4 * T * 8);
+  const std::int64_t attention = 4 * 2 * T * Hd + 4 * B * H * S;
+  EXPECT_EQ(kept_by_one_layer(c, DType::BF16), norms + adapters + attention + 3 * 2 * T * I);
+}
+
+// bitsandbytes' storage of a 4096 x 4096 weight (functional.py, quantize_4bit): packed
+// [n / 2] u8, absmax per 64 values, its 16-value f32 code; with double quantization the
+// absmax is u8 with an f32 absmax per 256 blocks and an f32 offset.
+TEST(Linear4bit, StoresWhatBitsandbytesStores) {
+  constexpr std::int64_t n = 4096 * 4096, blocks = n / 64;
+  const auto stored = [&](bool double_quant) {
+    test::Env env(ExecMode::DryRun);
+    Linear4bit w(4096, 4096, double_quant);
+    w.set_path("w");
+    w.materialize(env.rt, DType::BF16);
+    EXPECT_EQ(w.parameter_count(), n);
+    return env.allocated();
+  };
+  // Blocks under 512 B take 512 B (the allocator's rounding).
+  EXPECT_EQ(stored(true), n / 2 + blocks + blocks / 256 * 4 + 512 + 512);
+  EXPECT_EQ(stored(false), n / 2 + blocks * 4 + 512);
+}
+
+// Each 4-bit matmul dequantizes the whole weight into a temporary in the load dtype, after
+// the f32 absmax it rebuilds: forward peaks at the weight plus the larger of the two.
+TEST(Linear4bit, ForwardDequantizesTheWholeWeightForTheMatmul) {
+  test::Env env(ExecMode::DryRun);
+  env.rt.gemm_workspace(/*lt=*/true);
+  Linear4bit w(4096, 4096, true);
+  w.set_path("w");
+  w.materialize(env.rt, DType::BF16);
+  Tensor x = empty(env.rt, Shape{128, 4096}, DType::BF16);
+  x.set_requires_grad(true);
+  const std::int64_t before = env.allocated();
+  const std::int64_t peak_before = env.peak();
+  Tensor y = w(x);
+  EXPECT_EQ(env.allocated() - before, 128 * 4096 * 2);  // the output; nothing saved
+  EXPECT_EQ(env.peak() - std::max(peak_before, before), 4096 * 4096 * 2 + 128 * 4096 * 2);
+}
+
 TEST(DecoderLayerKeeps, LoraDropoutAddsItsOutputAndMaskPerAdapter) {
   DecoderConfig c = small(2, AttentionImpl::Sdpa);
   c.lora.rank = 8;

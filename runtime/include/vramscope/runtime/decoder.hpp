@@ -61,6 +61,10 @@ struct DecoderConfig {
   CheckpointMark checkpoint = CheckpointMark::None;
   /// Fine-tuning: every base weight frozen (requires_grad_(False)), adapters trainable.
   LoraConfig lora;
+  /// QLoRA: the seven projections of every layer as bitsandbytes Linear4bit (NF4, blocks of
+  /// 64), with double quantization of the absmax statistics when `double_quant`.
+  bool nf4 = false;
+  bool double_quant = true;
 };
 
 /// Tensors LlamaModel.forward computes once and hands to every layer: the rotary cos and
@@ -84,16 +88,39 @@ class RMSNorm : public Module {
   double eps_;
 };
 
+/// bitsandbytes' Linear4bit (bitsandbytes 0.45 nn/modules.py): the weight packed two
+/// values per byte ([(n + 1) / 2] u8), its absmax per block of 64 (f32; or u8 with an f32
+/// absmax per 256 of those and an f32 offset under double quantization) and its 16-value
+/// f32 code. Counts as out x in parameters, all frozen.
+class Linear4bit : public Module {
+ public:
+  Linear4bit(std::int64_t in, std::int64_t out, bool double_quant);
+  Tensor forward(const Tensor& input) override;
+
+ protected:
+  void materialized(DType dtype) override { load_dtype_ = dtype; }
+
+ private:
+  std::int64_t in_, out_;
+  bool double_quant_;
+  std::size_t packed_, absmax_, nested_, offset_, code_;
+  DType load_dtype_ = DType::BF16;
+};
+
 /// A Linear with a LoRA adapter (peft.tuners.lora.Linear): base_layer (frozen), then
-/// result + lora_B(lora_A(lora_dropout(x))) * (alpha / r).
+/// result + lora_B(lora_A(lora_dropout(x))) * (alpha / r). Over a 4-bit base
+/// (peft.tuners.lora.bnb.Linear4bit) the result is cloned and the update cast back to its
+/// dtype before the sum.
 class LoraLinear : public Module {
  public:
-  LoraLinear(std::unique_ptr<Module> base, std::int64_t in, std::int64_t out, const LoraConfig& lora);
+  LoraLinear(std::unique_ptr<Module> base, std::int64_t in, std::int64_t out, const LoraConfig& lora,
+             bool quantized_base = false);
   Tensor forward(const Tensor& input) override;
 
  private:
   Module *base_, *dropout_, *a_, *b_;
   double scaling_;
+  bool quantized_base_;
 };
 
 /// The decoder-only body: model.embed_tokens, the per-forward inputs (cache_position, the

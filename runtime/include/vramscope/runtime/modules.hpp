@@ -37,6 +37,9 @@ struct ParamSlot {
   double init_high = 0;
   Tensor tensor;           ///< undefined until materialize()
   bool frozen = false;     ///< requires_grad_(False): no gradient, no optimizer state
+  /// A packed weight (bitsandbytes' Params4bit: two 4-bit values per byte) counts as the
+  /// elements it stands for; -1: as its shape says.
+  std::int64_t logical_numel = -1;
 };
 
 /// A per-module checkpoint mark: the module's forward runs under checkpoint(), as
@@ -105,6 +108,12 @@ class Module {
   /// Declares a parameter; returns its slot index. Initialised uniform(low, high).
   std::size_t add_parameter(std::string name, Shape shape, double low, double high);
   std::size_t add_buffer(std::string name, Shape shape, double fill, bool keep_i64 = false);
+  /// A buffer that keeps `dtype` whatever the model's (quantization statistics).
+  std::size_t add_typed_buffer(std::string name, Shape shape, DType dtype);
+  /// A frozen parameter stored packed in `bytes` u8 that counts as `elements` parameters.
+  std::size_t add_packed_parameter(std::string name, std::int64_t bytes, std::int64_t elements);
+  /// Called by materialize() once this module's slots are allocated in `dtype`.
+  virtual void materialized(DType dtype) { (void)dtype; }
   Tensor& param(std::size_t slot) noexcept { return slots_[slot].tensor; }
   template <class M>
   M& add_module(std::string name, std::unique_ptr<M> module) {

@@ -43,6 +43,20 @@ std::string_view sdpa_backend_name(SdpaBackend backend) noexcept;
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, SdpaBackend backend,
                                     bool causal, double dropout = 0.0, bool training = true);
 
+// --- 4-bit weights (QLoRA) --------------------------------------------------------------------
+/// A bitsandbytes Params4bit [out, in] and its quant state: the packed u8 weight, the
+/// per-64 block absmax (u8 under double quantization, with f32 nested absmax and offset),
+/// and the dtype it was loaded in (what dequantize_4bit writes).
+struct Nf4Weight {
+  Tensor packed, absmax, nested_absmax, offset, code;
+  std::int64_t out = 0, in = 0;
+  DType dtype = DType::BF16;
+  bool double_quant = true;
+};
+/// bnb.matmul_4bit(x, W.t()) through MatMul4Bit: dequantizes the weight into a temporary
+/// (forward and again in backward), saves no activation, gives W no gradient. Dry runs only.
+Tensor matmul_4bit(const Tensor& x, const Nf4Weight& weight);
+
 // --- convolution and pooling -----------------------------------------------------------------
 /// 2-d convolution, NCHW, as im2col + GEMM per group; weight [O, C/groups, k, k].
 /// Saves input and weight. The im2col columns of one sample (all channels) are
@@ -154,6 +168,8 @@ Tensor causal_mask(const Tensor& x, double value);
 Tensor cat(std::span<const Tensor> tensors, std::int64_t dim);
 /// Splits along `dim` into views. Backward concatenates the gradients (allocates).
 std::vector<Tensor> split(const Tensor& x, std::span<const std::int64_t> sizes, std::int64_t dim);
+/// x.clone(): a copy (allocates). Saves nothing; the gradient passes unchanged.
+Tensor clone(const Tensor& x);
 /// Cast to another dtype (allocates unless already that dtype). Saves nothing.
 Tensor to_dtype(const Tensor& x, DType dtype);
 /// Embedding lookup weight[indices]. Saves indices.
