@@ -193,7 +193,8 @@ std::string sweep_report(const SweepResult& result, const ReportOptions& options
   out += fmt::format("vramscope sweep: {}, {} sequential modules{}, {} parameters ({} in f32)\n",
                      model_title(m, spec.model_options, spec.batches, spec.seqs), m.sequence_length,
                      m.checkpointed_modules > 0
-                         ? fmt::format(" ({} checkpointed by the file's marks)", m.checkpointed_modules)
+                         ? fmt::format(" ({} checkpointed {})", m.checkpointed_modules,
+                                       m.sequential_checkpointing ? "by the file's marks" : "per decoder layer")
                          : std::string(),
                      human_count(m.parameters), format_bytes(m.parameter_bytes(nn::DType::F32)));
   out += fmt::format("on {} ({} total), optimizer {}, {} step{} per configuration, {}\n\n",
