@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""pytorch_sweep.py — the training step of `vramscope sweep`, in real PyTorch on a real GPU.
+r"""pytorch_sweep.py — the training step of `vramscope sweep`, in real PyTorch on a real GPU.
 
 vramscope predicts max allocated / max reserved without a GPU. This script measures the
 same configurations with PyTorch's own caching allocator, so the prediction can be checked:
@@ -25,6 +25,18 @@ PyTorch's own, and step_ms says what the plugin costs.
 
     python3 scripts/pytorch_sweep.py --model resnet50 --segments 0 --csv torch.csv
     python3 scripts/pytorch_sweep.py --model resnet50 --segments 0 --allocator vramscope --csv plugin.csv
+
+`--hf-config PATH` builds a decoder-only model with transformers from a config.json (random
+weights, nothing downloaded; `use_cache=False`, no attention_mask, as vramscope assumes) and
+runs `model(input_ids=x, labels=x).loss.backward()` then AdamW, with `--attn`,
+`--gradient-checkpointing` and `--lora` / `--lora-targets` (PEFT) as vramscope takes them
+(docs/TRANSFORMERS.md). QLoRA is not built here. Needs transformers (and peft for --lora):
+
+    python3 scripts/pytorch_sweep.py --hf-config models/zoo/hf/llama-3.2-1b.json --seq 2048 \
+        --dtype bf16 --segments 0 --attn sdpa --csv torch.csv
+    build/release/tools/vramscope sweep --hf-config models/zoo/hf/llama-3.2-1b.json --seq 2048 \
+        --dtype bf16 --attn sdpa --device sim:h100-80g --format csv > vs.csv
+    python3 scripts/pytorch_sweep.py --compare vs.csv torch.csv
 """
 import argparse
 import csv
@@ -164,6 +176,40 @@ def build(torch, opts):
     sys.exit(f"pytorch_sweep: unknown model '{opts.model}'; expected mlp, resnet18, resnet50, " + ", ".join(GPT2))
 
 
+def build_hf(torch, opts, param_dtype, dev):
+    """A transformers causal LM from a config.json, as vramscope's --hf-config builds it."""
+    import transformers
+    with open(opts.hf_config) as f:
+        config = json.load(f)
+    model_type = config.pop("model_type")
+    for key in ("architectures", "transformers_version", "torch_dtype"):
+        config.pop(key, None)
+    cfg = transformers.AutoConfig.for_model(model_type, **config)
+    cfg.use_cache = False
+    attn = "eager" if opts.attn == "eager" else "sdpa"
+    model = transformers.AutoModelForCausalLM.from_config(cfg, torch_dtype=param_dtype, attn_implementation=attn)
+    model = model.to(dev)
+    if opts.lora:
+        import peft
+        targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"] \
+            if opts.lora_targets == "all" else opts.lora_targets.split("+")
+        model = peft.get_peft_model(model, peft.LoraConfig(r=opts.lora, lora_alpha=opts.lora,
+                                                           target_modules=targets, lora_dropout=0.0))
+    if opts.gradient_checkpointing != "none":
+        model.gradient_checkpointing_enable(
+            gradient_checkpointing_kwargs={"use_reentrant": opts.gradient_checkpointing == "reentrant"})
+    return model, cfg.vocab_size
+
+
+def sdpa_backend(torch, attn):
+    """The kernel vramscope's --attn names, forced with sdpa_kernel (sdpa: PyTorch's choice)."""
+    import contextlib
+    if attn not in ("sdpa-flash", "sdpa-efficient"):
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    return sdpa_kernel(SDPBackend.FLASH_ATTENTION if attn == "sdpa-flash" else SDPBackend.EFFICIENT_ATTENTION)
+
+
 # --- one configuration, in this process -------------------------------------------------------
 
 def run_one(opts, dtype_name, segments):
@@ -188,9 +234,16 @@ def run_one(opts, dtype_name, segments):
 
     param_dtype = {"f16": torch.float16, "bf16": torch.bfloat16}.get(dtype_name, torch.float32)
     autocast = {"amp": torch.float16, "amp-bf16": torch.bfloat16}.get(dtype_name)
-    body, batch, inp, tgt, loss_kind = build(torch, opts)
-    body = body.to(device=dev, dtype=param_dtype).train()
-    params = list(body.parameters())
+    if opts.hf_config:
+        body, vocab = build_hf(torch, opts, param_dtype, dev)
+        batch = opts.batch or 1
+        inp = tgt = ("tokens", (batch, opts.seq or 2048), vocab)
+        loss_kind = "causal_lm"
+    else:
+        body, batch, inp, tgt, loss_kind = build(torch, opts)
+        body = body.to(device=dev, dtype=param_dtype)
+    body = body.train()
+    params = [p for p in body.parameters() if p.requires_grad]
     if opts.optimizer == "adam":
         optimizer = torch.optim.Adam(params)
     elif opts.optimizer == "sgd":
@@ -204,7 +257,7 @@ def run_one(opts, dtype_name, segments):
             return torch.rand(spec[1], device=dev, dtype=data_dtype)
         return torch.randint(0, spec[2], spec[1], device=dev, dtype=torch.int64)
 
-    row = {"model": opts.model, "batch": batch, "dtype": dtype_name, "segments": segments, "steps": 0,
+    row = {"model": os.path.basename(opts.hf_config) if opts.hf_config else opts.model, "batch": batch, "dtype": dtype_name, "segments": segments, "steps": 0,
            "context_bytes": context, "allocator": opts.allocator, "oom": "", "error": ""}
     try:
         for step in range(1, opts.steps + 1):
@@ -217,12 +270,17 @@ def run_one(opts, dtype_name, segments):
             torch.cuda.synchronize()
             started = time.perf_counter()
             x, y = make(inp), make(tgt)
-            with torch.autocast("cuda", dtype=autocast, enabled=autocast is not None):
-                if segments == 0:
+            with torch.autocast("cuda", dtype=autocast, enabled=autocast is not None), sdpa_backend(torch, opts.attn):
+                if loss_kind == "causal_lm":  # transformers computes its own loss
+                    out = body(input_ids=x, labels=x)
+                    loss = out.loss
+                elif segments == 0:
                     out = body(x)
                 else:
                     out = checkpoint_sequential(body, segments, x, use_reentrant=opts.checkpoint == "reentrant")
-                if loss_kind == "mse":
+                if loss_kind == "causal_lm":
+                    pass
+                elif loss_kind == "mse":
                     loss = torch.nn.functional.mse_loss(out, y)
                 else:
                     loss = torch.nn.functional.cross_entropy(out.view(-1, out.size(-1)), y.view(-1))
@@ -325,6 +383,11 @@ def main():
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--optimizer", default="adam", choices=["adam", "sgd", "none"])
     ap.add_argument("--checkpoint", default="non-reentrant", choices=["non-reentrant", "reentrant"])
+    ap.add_argument("--hf-config", help="a Hugging Face config.json (transformers builds the model)")
+    ap.add_argument("--attn", default="sdpa", choices=["eager", "sdpa", "sdpa-flash", "sdpa-efficient"])
+    ap.add_argument("--gradient-checkpointing", default="none", choices=["none", "reentrant", "non-reentrant"])
+    ap.add_argument("--lora", type=int, default=0, help="LoRA rank (peft); 0: full fine-tune")
+    ap.add_argument("--lora-targets", default="q_proj+v_proj")
     ap.add_argument("--csv", help="write the rows here as well")
     ap.add_argument("--allocator", default="torch", choices=["torch", "vramscope"],
                     help="PyTorch's own caching allocator, or vramscope's under it as a pluggable allocator")
