@@ -109,6 +109,54 @@ TEST(DecoderLayerKeeps, Bf16WithLoraOnQueryAndValue) {
   EXPECT_EQ(kept_by_one_layer(c, DType::BF16), norms + adapters + attention + 3 * 2 * T * I);
 }
 
+// The two layers tests/models/check_transformers.py measures on transformers' own
+// LlamaDecoderLayer (4.46.3, with PEFT 0.14 for LoRA): f32 eager, and bf16 eager with LoRA.
+TEST(DecoderLayerKeeps, F32EagerAndBf16LoraEagerAsTransformersKeepThem) {
+  // f32: each norm keeps rstd, x_hat and its output (its input is the layer's input or the
+  // residual sum, both kept); eager attention the q copy, k and v, the merged output and the
+  // f32 probabilities (softmax and the matmul with v save the same tensor).
+  const std::int64_t f32 = 2 * (4 * T + 4 * T * h + 4 * T * h) + 2 * 4 * T * h + 4 * 4 * T * Hd +
+                           4 * B * H * S * S + 4 * 4 * T * I;
+  EXPECT_EQ(f32, 721920);
+  EXPECT_EQ(kept_by_one_layer(small(2, AttentionImpl::Eager), DType::F32), f32);
+  // bf16 LoRA on q and v: the frozen o_proj does not keep the merged output.
+  DecoderConfig c = small(2, AttentionImpl::Eager);
+  c.lora.rank = 8;
+  c.lora.dropout = 0;
+  c.lora.targets = {"q_proj", "v_proj"};
+  const std::int64_t lora = 2 * (4 * T * h + 4 * T) + 2 * (4 * T * h + 4 * T * 8) + 3 * 2 * T * Hd +
+                            4 * B * H * S * S + 2 * B * H * S * S + 3 * 2 * T * I;
+  EXPECT_EQ(lora, 484352);
+  EXPECT_EQ(kept_by_one_layer(c, DType::BF16), lora);
+}
+
+// Under autocast (amp-bf16: f32 weights, f32 residual stream): every projection casts its
+// input to bf16 (a copy each, no caching for activations) and its weight (cached per
+// forward, kept by the graph); rotary mixes the bf16 q and k with f32 cos and sin into f32;
+// SDPA casts them back to bf16 (scaled_dot_product_attention is on the lower-precision list).
+TEST(DecoderLayerKeeps, AmpBf16WithSdpa) {
+  const auto kept = [&](std::int64_t layers) {
+    test::Env e(ExecMode::DryRun);
+    e.rt.gemm_workspace(/*lt=*/true);
+    auto body = build_decoder(small(layers, AttentionImpl::Sdpa));
+    body->set_path("");
+    body->materialize(e.rt, DType::F32);
+    const Tensor ids = empty(e.rt, Shape{B, S}, DType::I64);
+    const std::int64_t before = e.allocated();
+    AutocastRegion autocast(e.rt, DType::BF16);
+    Tensor out = (*body)(ids);
+    const std::shared_ptr<Node> graph = out.grad_fn();
+    out = Tensor{};
+    return e.allocated() - before;
+  };
+  const std::int64_t weights = 2 * (h * Hd + 2 * h * (Hd / 2) + Hd * h + 3 * h * I);  // bf16 casts
+  const std::int64_t norms = 2 * (4 * T + 4 * T * h);             // rstd and x_hat (f32)
+  const std::int64_t casts = 5 * 2 * T * h;                       // q, k, v, gate, up inputs
+  const std::int64_t attention = 4 * 2 * T * Hd + 4 * B * H * S;  // bf16 q, k, v, output; lse
+  const std::int64_t residual_and_output = 2 * 4 * T * h;         // f32, saved by the next norms
+  EXPECT_EQ(kept(2) - kept(1), weights + norms + casts + attention + residual_and_output + 4 * 2 * T * I);
+}
+
 TEST(DecoderLayerKeeps, QloraKeepsWhatLoraKeeps) {
   // MatMul4Bit saves only the packed weight (ctx.tensors = (None, B)), as a frozen Linear
   // saves only its weight; bnb's LoRA clones the base output and casts the update, which
