@@ -135,7 +135,7 @@ std::shared_ptr<const nn::ModelSource> resolve_model(const ModelArgs& args, cons
   }
   if (!args.hf_config.empty()) {
     return as_usage("--hf-config", [&]() -> std::shared_ptr<const nn::ModelSource> {
-      return models::HfConfig::load(args.hf_config);
+      return models::load_hf_config(args.hf_config);
     });
   }
   if (!args.model_file.empty()) {

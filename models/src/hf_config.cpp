@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "vramscope/allocator/errors.hpp"
+#include "zoo_sources.hpp"
 
 namespace mem::models {
 namespace {
@@ -81,6 +82,8 @@ class Reader {
     if (!root_.at(key).is_string()) fail(key, "expected a string, got " + kind_of(root_.at(key)));
     return root_.at(key).get<std::string>();
   }
+  /// A key known not to change memory.
+  void ignore(const std::string& key) { used_.insert(key); }
   /// Every key neither read nor ignored is one this reader cannot account for.
   void check_all_used() const {
     for (const auto& [key, value] : root_.items()) {
@@ -118,9 +121,7 @@ std::vector<std::string> parse_targets(const std::string& text) {
   return out;
 }
 
-}  // namespace
-
-std::shared_ptr<const HfConfig> HfConfig::parse(std::string_view text, std::string name, std::string origin) {
+json read_json(std::string_view text, const std::string& origin) {
   if (text.size() > kMaxHfConfigBytes) {
     throw Error(origin + ": " + std::to_string(text.size()) + " bytes; a config.json is at most " +
                 std::to_string(kMaxHfConfigBytes));
@@ -132,11 +133,88 @@ std::shared_ptr<const HfConfig> HfConfig::parse(std::string_view text, std::stri
     throw Error(origin + ": not JSON (" + std::string(e.what()) + ")");
   }
   if (!root.is_object()) throw Error(origin + ": expected a JSON object (a config.json), got " + kind_of(root));
+  return root;
+}
+
+/// GPT2Config: the keys that size the model, and those that would change memory if set.
+std::shared_ptr<const nn::ModelSource> parse_gpt2(const json& root, std::string name, const std::string& origin) {
+  Reader r(root, origin);
+  (void)r.word("model_type", "");
+  detail::Gpt2Spec s;
+  s.vocab = r.size("vocab_size", 50257);
+  s.positions = r.size("n_positions", 1024, std::int64_t{1} << 24);
+  if (r.has("n_ctx") && r.size("n_ctx", 0, std::int64_t{1} << 24) != s.positions) {
+    r.fail("n_ctx", "differs from n_positions; not modelled");
+  }
+  s.embed = r.size("n_embd", 768);
+  s.layers = r.size("n_layer", 12, 10'000);
+  s.heads = r.size("n_head", 12);
+  s.inner = r.has("n_inner") ? r.size("n_inner", 0) : 0;
+  s.eps = r.number("layer_norm_epsilon", 1e-5, 0.0, 1.0);
+  s.embd_dropout = r.number("embd_pdrop", 0.1, 0.0, 1.0);
+  s.attn_dropout = r.number("attn_pdrop", 0.1, 0.0, 1.0);
+  s.resid_dropout = r.number("resid_pdrop", 0.1, 0.0, 1.0);
+  const std::string act = r.word("activation_function", "gelu_new");
+  if (act != "gelu_new" && act != "gelu_pytorch_tanh") {
+    r.fail("activation_function", "'" + act + "' is not modelled; GPT-2's MLP is GELU(tanh) (gelu_new)");
+  }
+  if (!r.flag("scale_attn_weights", true)) r.fail("scale_attn_weights", "false is not modelled");
+  if (r.flag("scale_attn_by_inverse_layer_idx", false)) {
+    r.fail("scale_attn_by_inverse_layer_idx", "true is not modelled (one more scaled copy of the scores)");
+  }
+  if (r.flag("reorder_and_upcast_attn", false)) r.fail("reorder_and_upcast_attn", "true is not modelled");
+  if (r.has("add_cross_attention") && r.flag("add_cross_attention", false)) {
+    r.fail("add_cross_attention", "true is not modelled (decoder-only models)");
+  }
+  // GPT2DoubleHeadsModel's summary head, absent from GPT2LMHeadModel.
+  for (const char* key : {"summary_activation", "summary_first_dropout", "summary_proj_to_labels", "summary_type",
+                          "summary_use_proj", "task_specific_params", "n_special", "predict_special_tokens"}) {
+    (void)r.has(key);
+    r.ignore(key);
+  }
+  r.check_all_used();
+  return detail::gpt2_source(std::move(name), s);
+}
+
+}  // namespace
+
+std::shared_ptr<const nn::ModelSource> parse_hf_config(std::string_view text, std::string name, std::string origin) {
+  const json root = read_json(text, origin);
+  if (root.contains("model_type") && root["model_type"] == "gpt2") return parse_gpt2(root, std::move(name), origin);
+  return HfConfig::parse(text, std::move(name), std::move(origin));
+}
+
+namespace {
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(path + ": cannot open");
+  std::string text;
+  text.resize(kMaxHfConfigBytes + 1);
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  if (in.bad()) throw Error(path + ": read error");
+  text.resize(static_cast<std::size_t>(in.gcount()));
+  return text;
+}
+
+std::string file_name(const std::string& path) {
+  const auto slash = path.find_last_of('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+}  // namespace
+
+std::shared_ptr<const nn::ModelSource> load_hf_config(const std::string& path) {
+  return parse_hf_config(read_file(path), file_name(path), path);
+}
+
+std::shared_ptr<const HfConfig> HfConfig::parse(std::string_view text, std::string name, std::string origin) {
+  const json root = read_json(text, origin);
   Reader r(root, origin);
   const std::string type = r.word("model_type", "");
   if (type != "llama" && type != "mistral" && type != "qwen2") {
-    r.fail("model_type", type.empty() ? "missing; vramscope reads llama, mistral and qwen2 configs"
-                                      : "'" + type + "' is not modelled; vramscope reads llama, mistral and qwen2");
+    r.fail("model_type", type.empty() ? "missing; vramscope reads gpt2, llama, mistral and qwen2 configs"
+                                      : "'" + type + "' is not modelled; vramscope reads gpt2, llama, mistral and qwen2");
   }
   nn::DecoderConfig c;
   c.vocab = r.size("vocab_size", 0);
@@ -181,16 +259,7 @@ std::shared_ptr<const HfConfig> HfConfig::parse(std::string_view text, std::stri
 }
 
 std::shared_ptr<const HfConfig> HfConfig::load(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(path + ": cannot open");
-  std::string text;
-  text.resize(kMaxHfConfigBytes + 1);
-  in.read(text.data(), static_cast<std::streamsize>(text.size()));
-  if (in.bad()) throw Error(path + ": read error");
-  text.resize(static_cast<std::size_t>(in.gcount()));
-  std::string name = path;
-  if (const auto slash = name.find_last_of('/'); slash != std::string::npos) name = name.substr(slash + 1);
-  return parse(text, name, path);
+  return parse(read_file(path), file_name(path), path);
 }
 
 HfConfig::HfConfig(std::string name, std::string model_type, nn::DecoderConfig decoder, std::int64_t max_positions,

@@ -11,16 +11,9 @@
 #include "zoo_sources.hpp"
 
 namespace mem::models {
-namespace {
-
-constexpr const char* kBuilt[] = {"gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"};
-
-}  // namespace
-
 std::vector<std::string> names() {
   std::vector<std::string> out;
   for (std::size_t i = 0; i < detail::kZooFileCount; ++i) out.emplace_back(detail::kZooFiles[i].name);
-  for (const char* name : kBuilt) out.emplace_back(name);
   for (std::size_t i = 0; i < detail::kHfConfigCount; ++i) out.emplace_back(detail::kHfConfigs[i].name);
   return out;
 }
@@ -43,15 +36,14 @@ std::shared_ptr<const nn::ModelSource> find(std::string_view name) {
     }
     return it->second;
   }
-  if (auto built = detail::gpt2_source(name)) return built;
   for (std::size_t i = 0; i < detail::kHfConfigCount; ++i) {
     if (name == detail::kHfConfigs[i].name) {
       std::lock_guard guard(lock);
-      static std::map<std::string, std::shared_ptr<const HfConfig>, std::less<>> configs;
+      static std::map<std::string, std::shared_ptr<const nn::ModelSource>, std::less<>> configs;
       auto it = configs.find(name);
       if (it == configs.end()) {
         const std::string n(name);
-        it = configs.emplace(n, HfConfig::parse(detail::kHfConfigs[i].text, n, "zoo:" + n + "/config.json")).first;
+        it = configs.emplace(n, parse_hf_config(detail::kHfConfigs[i].text, n, "zoo:" + n + "/config.json")).first;
       }
       return it->second;
     }

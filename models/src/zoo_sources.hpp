@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <string>
 #include <string_view>
 
 #include "vramscope/runtime/models.hpp"
@@ -20,7 +21,14 @@ extern const std::size_t kZooFileCount;
 extern const ZooFile kHfConfigs[];
 extern const std::size_t kHfConfigCount;
 
-/// gpt2, gpt2-medium, gpt2-large, gpt2-xl; nullptr for another name.
-std::shared_ptr<const nn::ModelSource> gpt2_source(std::string_view name);
+/// A GPT-2 config (model_type gpt2): n_layer, n_embd, n_head, vocab_size, n_positions,
+/// n_inner (0: 4 x n_embd), layer_norm_epsilon, embd_pdrop, attn_pdrop, resid_pdrop.
+struct Gpt2Spec {
+  std::int64_t layers = 12, embed = 768, heads = 12, vocab = 50257, positions = 1024, inner = 0;
+  double eps = 1e-5, embd_dropout = 0.1, attn_dropout = 0.1, resid_dropout = 0.1;
+};
+/// GPT2LMHeadModel of that config (eager attention, tied lm_head). Throws mem::Error for an
+/// inconsistent one.
+std::shared_ptr<const nn::ModelSource> gpt2_source(std::string name, const Gpt2Spec& spec);
 
 }  // namespace mem::models::detail

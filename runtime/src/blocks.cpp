@@ -8,13 +8,13 @@
 #include "vramscope/runtime/modules.hpp"
 
 namespace mem::nn {
-CausalSelfAttention::CausalSelfAttention(std::int64_t embed, std::int64_t heads, double dropout)
+CausalSelfAttention::CausalSelfAttention(std::int64_t embed, std::int64_t heads, double dropout, double resid_dropout)
     : Module("GPT2Attention"), embed_(embed), heads_(heads) {
   if (embed % heads != 0) throw Error("attention: width " + std::to_string(embed) + " not divisible by heads");
   c_attn_ = &add_module("c_attn", std::make_unique<Linear>(embed, 3 * embed, true, true));
   c_proj_ = &add_module("c_proj", std::make_unique<Linear>(embed, embed, true, true));
   attn_dropout_ = &add_module("attn_dropout", std::make_unique<Dropout>(dropout));
-  resid_dropout_ = &add_module("resid_dropout", std::make_unique<Dropout>(dropout));
+  resid_dropout_ = &add_module("resid_dropout", std::make_unique<Dropout>(resid_dropout < 0 ? dropout : resid_dropout));
 }
 
 Tensor CausalSelfAttention::forward(const Tensor& x) {
@@ -39,15 +39,21 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
   return (*resid_dropout_)(y);
 }
 
-TransformerBlock::TransformerBlock(std::int64_t embed, std::int64_t heads, double dropout) : Module("GPT2Block") {
-  ln_1_ = &add_module("ln_1", std::make_unique<LayerNorm>(embed));
-  attn_ = &add_module("attn", std::make_unique<CausalSelfAttention>(embed, heads, dropout));
-  ln_2_ = &add_module("ln_2", std::make_unique<LayerNorm>(embed));
+TransformerBlock::TransformerBlock(std::int64_t embed, std::int64_t heads, double dropout)
+    : TransformerBlock(embed, heads, 0, 1e-5, dropout, dropout) {}
+
+TransformerBlock::TransformerBlock(std::int64_t embed, std::int64_t heads, std::int64_t inner, double eps,
+                                   double attn_dropout, double resid_dropout)
+    : Module("GPT2Block") {
+  const std::int64_t width = inner > 0 ? inner : 4 * embed;
+  ln_1_ = &add_module("ln_1", std::make_unique<LayerNorm>(embed, eps));
+  attn_ = &add_module("attn", std::make_unique<CausalSelfAttention>(embed, heads, attn_dropout, resid_dropout));
+  ln_2_ = &add_module("ln_2", std::make_unique<LayerNorm>(embed, eps));
   auto mlp = std::make_unique<Sequential>();
-  mlp->append("c_fc", std::make_unique<Linear>(embed, 4 * embed, true, true));
+  mlp->append("c_fc", std::make_unique<Linear>(embed, width, true, true));
   mlp->append("act", std::make_unique<GELU>(true));
-  mlp->append("c_proj", std::make_unique<Linear>(4 * embed, embed, true, true));
-  mlp->append("dropout", std::make_unique<Dropout>(dropout));
+  mlp->append("c_proj", std::make_unique<Linear>(width, embed, true, true));
+  mlp->append("dropout", std::make_unique<Dropout>(resid_dropout));
   mlp_ = &add_module("mlp", std::move(mlp));
 }
 

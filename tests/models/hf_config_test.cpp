@@ -123,6 +123,33 @@ TEST(HfConfig, OptionsThatDoNotApplyOrOverreachAreErrors) {
   fails("lora=4,lora_dropout=1.5", "lora_dropout must be in [0, 1)");
 }
 
+TEST(HfConfig, Gpt2ConfigsBuildGpt2AndRefuseWhatIsNotModelled) {
+  const json gpt2 = json::parse(std::string(R"({"model_type": "gpt2", "n_embd": 64, "n_head": 4, "n_layer": 2,
+      "n_positions": 128, "n_ctx": 128, "vocab_size": 100, "n_inner": 96, "activation_function": "gelu_new",
+      "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0, "layer_norm_epsilon": 1e-5})"));
+  const auto model = parse_hf_config(gpt2.dump(), "tiny-gpt2", "config.json");
+  // wte 100 x 64 + wpe 128 x 64; per block two LayerNorms (2 x 128), c_attn 64 x 192 + 192,
+  // c_proj 64 x 64 + 64, c_fc 64 x 96 + 96, c_proj 96 x 64 + 64; ln_f 128.
+  const std::int64_t block = 2 * 128 + 64 * 192 + 192 + 64 * 64 + 64 + 64 * 96 + 96 + 96 * 64 + 64;
+  EXPECT_EQ(model->describe().parameters, 100 * 64 + 128 * 64 + 2 * block + 128);
+  const auto refused = [&](const char* key, json value, const char* message) {
+    json c = gpt2;
+    c[key] = value;
+    try {
+      (void)parse_hf_config(c.dump(), "g", "config.json")->describe();
+      ADD_FAILURE() << key << " accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+    }
+  };
+  refused("scale_attn_by_inverse_layer_idx", true, "scale_attn_by_inverse_layer_idx: true is not modelled");
+  refused("reorder_and_upcast_attn", true, "reorder_and_upcast_attn: true is not modelled");
+  refused("activation_function", "relu", "activation_function: 'relu' is not modelled");
+  refused("n_ctx", 64, "n_ctx: differs from n_positions");
+  refused("n_head", 5, "n_embd 64 is not a multiple of n_head 5");
+  refused("rotary_dim", 16, "rotary_dim: not modelled by vramscope");
+}
+
 TEST(HfConfig, MistralRefusesASequenceBeyondItsSlidingWindow) {
   EXPECT_NO_THROW((void)find("mistral-7b")->describe(nn::ModelOptions::parse("seq=4096")));
   try {

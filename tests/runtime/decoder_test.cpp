@@ -239,6 +239,10 @@ TEST(HfZoo, ParameterCountsAreThePublishedOnes) {
     const auto& hf = dynamic_cast<const models::HfConfig&>(*source);
     EXPECT_EQ(decoder_parameter_count(hf.decoder()), count) << name;
   }
+  // GPT-2 (GPT2LMHeadModel, lm_head tied to wte), read from the same kind of file.
+  const std::pair<const char*, std::int64_t> gpt2[] = {
+      {"gpt2", 124'439'808}, {"gpt2-medium", 354'823'168}, {"gpt2-large", 774'030'080}, {"gpt2-xl", 1'557'611'200}};
+  for (const auto& [name, count] : gpt2) EXPECT_EQ(models::find(name)->describe().parameters, count) << name;
 }
 
 TEST(HfZoo, LoraAddsRankTimesInPlusOutPerAdaptedProjection) {

@@ -1,5 +1,6 @@
 // hf_config.hpp — a decoder-only transformer from a Hugging Face config.json (model_type
-// llama, mistral or qwen2), built as transformers 4.50 builds it (docs/TRANSFORMERS.md).
+// llama, mistral or qwen2 through HfConfig; gpt2 through GPT-2's builder), built as
+// transformers 4.50 builds it (docs/TRANSFORMERS.md).
 // Nothing is downloaded: the file is the user's, or one of the zoo's published configs.
 //
 //   auto llama = mem::models::HfConfig::load("config.json");
@@ -26,6 +27,13 @@ namespace mem::models {
 /// The largest config.json read.
 inline constexpr std::size_t kMaxHfConfigBytes = 1u << 20;
 
+/// Any supported config.json: gpt2, llama, mistral or qwen2. Throws mem::Error naming the key
+/// of the first problem.
+std::shared_ptr<const nn::ModelSource> parse_hf_config(std::string_view json_text, std::string name,
+                                                       std::string origin);
+std::shared_ptr<const nn::ModelSource> load_hf_config(const std::string& path);
+
+/// A llama-layout config (llama, mistral, qwen2).
 class HfConfig final : public nn::ModelSource {
  public:
   /// Reads config.json text; `name` names the model and `origin` the file in messages.

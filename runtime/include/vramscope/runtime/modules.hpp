@@ -463,7 +463,8 @@ class Embedding : public Module {
 /// @ v, merge heads (contiguous copy), c_proj, dropout.
 class CausalSelfAttention : public Module {
  public:
-  CausalSelfAttention(std::int64_t embed, std::int64_t heads, double dropout);
+  /// `dropout` is attn_pdrop, `resid_dropout` resid_pdrop (both `dropout` when not given).
+  CausalSelfAttention(std::int64_t embed, std::int64_t heads, double dropout, double resid_dropout = -1);
   Tensor forward(const Tensor& input) override;
 
  private:
@@ -475,6 +476,9 @@ class CausalSelfAttention : public Module {
 class TransformerBlock : public Module {
  public:
   TransformerBlock(std::int64_t embed, std::int64_t heads, double dropout);
+  /// n_inner (0: 4 x embed), layer_norm_epsilon, attn_pdrop and resid_pdrop of a config.
+  TransformerBlock(std::int64_t embed, std::int64_t heads, std::int64_t inner, double eps, double attn_dropout,
+                   double resid_dropout);
   Tensor forward(const Tensor& input) override;
 
  private:
