@@ -206,7 +206,8 @@ void add_sweep_command(CLI::App& app) {
       ->type_name("N");
   cmd->add_flag("--compute", args->compute,
                 "real arithmetic on the CPU instead of a dry run (small models); adds a time column");
-  cmd->add_option("--optimizer", args->optimizer, "adam, sgd or none")->capture_default_str();
+  cmd->add_option("--optimizer", args->optimizer,
+                  "adam, adam8bit (bitsandbytes' 8-bit Adam: u8 moments), sgd or none")->capture_default_str();
   cmd->add_option("--checkpoint", args->checkpoint_mode,
                   "non-reentrant (PyTorch's recommended mode) or reentrant (what PyTorch 2.x uses, with a "
                   "warning, when use_reentrant is not given; it needs --input-requires-grad to "

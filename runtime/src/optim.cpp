@@ -44,6 +44,7 @@ std::string_view optimizer_name(OptimizerKind kind) noexcept {
     case OptimizerKind::SGD: return "sgd";
     case OptimizerKind::Adam: return "adam";
     case OptimizerKind::None: return "none";
+    case OptimizerKind::Adam8bit: return "adam8bit";
   }
   return "unknown";
 }
@@ -52,7 +53,8 @@ OptimizerKind parse_optimizer(std::string_view name) {
   if (name == "sgd") return OptimizerKind::SGD;
   if (name == "adam") return OptimizerKind::Adam;
   if (name == "none") return OptimizerKind::None;
-  throw Error("unknown optimizer '" + std::string(name) + "'; expected sgd, adam or none");
+  if (name == "adam8bit") return OptimizerKind::Adam8bit;
+  throw Error("unknown optimizer '" + std::string(name) + "'; expected sgd, adam, adam8bit or none");
 }
 
 Optimizer::Optimizer(std::vector<Tensor> params) : params_(std::move(params)) {
@@ -196,8 +198,44 @@ void Adam::step() {
   step_count_ = t;
 }
 
+Adam8bit::Adam8bit(std::vector<Tensor> params) : Optimizer(std::move(params)) {}
+
+void Adam8bit::step() {
+  NoGradGuard no_grad;
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const Tensor& p = params_[i];
+    if (!p.grad().defined()) continue;
+    Runtime& rt = p.runtime();
+    if (rt.computing()) throw Error("adam8bit runs in dry runs only: compute mode has no 8-bit kernels");
+    ModuleScope scope(contexts_[i]);
+    if (state_[i].empty()) {
+      // name2qmap["dynamic"] and ["udynamic"], moved to the device with the first state:
+      // kept with the first parameter's state.
+      bool any = false;
+      for (const auto& s : state_) any = any || !s.empty();
+      const std::int64_t n = p.numel(), blocks = (n + 255) / 256;
+      std::vector<Tensor> state;
+      if (n < 4096) {  // min_8bit_size: 32-bit state
+        state = {zeros(rt, p.shape(), DType::F32), zeros(rt, p.shape(), DType::F32)};
+      } else {
+        state = {zeros(rt, p.shape(), DType::U8), zeros(rt, p.shape(), DType::U8), zeros(rt, Shape{blocks}, DType::F32),
+                 zeros(rt, Shape{blocks}, DType::F32)};
+      }
+      if (!any) {
+        state.push_back(zeros(rt, Shape{256}, DType::F32));
+        state.push_back(zeros(rt, Shape{256}, DType::F32));
+      }
+      state_[i] = std::move(state);
+    }
+    // optimizer_update_8bit_blockwise / optimizer_update_32bit: in place.
+    p.bump_version();
+    rt.add_flops(10.0 * static_cast<double>(p.numel()));
+  }
+}
+
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config, std::vector<Tensor> params) {
   switch (config.kind) {
+    case OptimizerKind::Adam8bit: return std::make_unique<Adam8bit>(std::move(params));
     case OptimizerKind::SGD: return std::make_unique<SGD>(std::move(params), config);
     case OptimizerKind::Adam: return std::make_unique<Adam>(std::move(params), config);
     case OptimizerKind::None: return nullptr;

@@ -275,6 +275,26 @@ TEST(PeakComposition, SumsToTheStepPeakAndNamesWhatHoldsIt) {
   EXPECT_GT(c.of(MemoryKind::Activations), 0);
 }
 
+// bitsandbytes' Adam8bit keeps u8 moments and an f32 absmax per 256 values for parameters
+// of 4096 elements or more, f32 moments for smaller ones, and two 256-value maps.
+TEST(Adam8bit, KeepsBitsandbytesStateLayout) {
+  TrainConfig cfg;
+  cfg.model = models::find("llama-3.2-1b");
+  cfg.model_options = ModelOptions::parse("seq=128,lora=16,lora_targets=all");
+  cfg.precision = Precision::BF16;
+  cfg.optimizer.kind = OptimizerKind::Adam8bit;
+  cfg.steps = 1;
+  const TrainReport r = train(cfg);
+  // Adapters (f32, PEFT): per layer lora_A [16, in] and lora_B [out, 16] for q, k, v, o,
+  // gate, up, down; every one has 4096 elements or more.
+  std::int64_t want = 2 * 1024;  // the two maps
+  const std::int64_t in_out[][2] = {{2048, 2048}, {2048, 512}, {2048, 512}, {2048, 2048},
+                                     {2048, 8192}, {2048, 8192}, {8192, 2048}};
+  const auto state = [](std::int64_t n) { return 2 * n + 2 * ((n + 255) / 256) * 4; };  // tensor bytes
+  for (const auto& p : in_out) want += 16 * (state(16 * p[0]) + state(p[1] * 16));
+  EXPECT_EQ(r.optimizer_state_bytes, want);
+}
+
 /// Loss and every parameter's gradient of one compute-mode step in f64.
 std::vector<std::vector<double>> gradients(DecoderConfig c) {
   test::Env env(ExecMode::Compute, 7);

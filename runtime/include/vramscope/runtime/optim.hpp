@@ -19,8 +19,8 @@
 
 namespace mem::nn {
 
-enum class OptimizerKind : std::uint8_t { SGD, Adam, None };
-/// "sgd", "adam", "none".
+enum class OptimizerKind : std::uint8_t { SGD, Adam, None, Adam8bit };
+/// "sgd", "adam", "none", "adam8bit".
 std::string_view optimizer_name(OptimizerKind kind) noexcept;
 /// Throws mem::Error listing the valid names.
 OptimizerKind parse_optimizer(std::string_view name);
@@ -66,6 +66,16 @@ class SGD final : public Optimizer {
 
  private:
   OptimizerConfig config_;
+};
+
+/// bitsandbytes' Adam8bit (0.45: optim/optimizer.py, Optimizer2State, block_wise): for a
+/// parameter of 4096 elements or more, both moments in u8 of its shape and an f32 absmax per
+/// block of 256; smaller ones keep f32 moments; the two 256-value f32 quantization maps once
+/// per optimizer. The update is one in-place kernel: no temporaries. Dry runs only.
+class Adam8bit final : public Optimizer {
+ public:
+  explicit Adam8bit(std::vector<Tensor> params);
+  void step() override;
 };
 
 class Adam final : public Optimizer {
