@@ -4,6 +4,7 @@
 // anything runs. The format is docs/MODEL_FILES.md; the layers' arguments are
 // torch.nn's constructor arguments, with the same defaults.
 #include "vramscope/models/model_file.hpp"
+#include "vramscope/runtime/encoder.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -11,6 +12,7 @@
 #include <cmath>
 #include <fstream>
 #include <initializer_list>
+#include <optional>
 #include <span>
 #include <unordered_map>
 #include <sstream>
@@ -561,6 +563,69 @@ class Builder {
       if (in.back() != c) mismatch(path, mpath, type, "[..., " + std::to_string(c) + "]", flow);
       return std::make_unique<nn::LayerNorm>(c, positive_number_or(s, path, "eps", 1e-5));
     }
+    if (type == "RMSNorm") {
+      only_keys(s, path, type, {"name", "type", "frozen", "normalized_shape", "eps", "elementwise_affine"}, true);
+      const std::int64_t c = positive_at(s, path, "normalized_shape");
+      floating(flow, path, mpath, type);
+      if (in.back() != c) mismatch(path, mpath, type, "[..., " + std::to_string(c) + "]", flow);
+      std::optional<double> eps;
+      if (s.contains("eps") && !s.at("eps").is_null()) eps = positive_number_or(s, path, "eps", 1e-6);
+      return std::make_unique<nn::TorchRMSNorm>(c, eps, flag_or(s, path, "elementwise_affine", true));
+    }
+    if (type == "MultiheadAttention") {
+      only_keys(s, path, type, {"name", "type", "frozen", "embed_dim", "num_heads", "dropout", "bias", "batch_first"},
+                true);
+      const std::int64_t e = positive_at(s, path, "embed_dim"), heads = positive_at(s, path, "num_heads");
+      if (e % heads != 0) {
+        fail(field(path, "num_heads"), "expected a divisor of embed_dim " + std::to_string(e) + ", got " +
+                                           std::to_string(heads));
+      }
+      floating(flow, path, mpath, type);
+      const bool batch_first = flag_or(s, path, "batch_first", false);
+      if (in.size() != 3 || in[2] != e) {
+        mismatch(path, mpath, type, batch_first ? "[N, L, " + std::to_string(e) + "]" : "[L, N, " + std::to_string(e) + "]",
+                 flow);
+      }
+      return std::make_unique<nn::MultiheadAttention>(e, heads, probability_or(s, path, "dropout", 0.0),
+                                                      flag_or(s, path, "bias", true), batch_first);
+    }
+    if (type == "ClassToken") {
+      only_keys(s, path, type, {"name", "type", "frozen", "embed_dim"}, true);
+      const std::int64_t e = positive_at(s, path, "embed_dim");
+      floating(flow, path, mpath, type);
+      if (in.size() != 3 || in[2] != e) mismatch(path, mpath, type, "[N, L, " + std::to_string(e) + "]", flow);
+      std::int64_t tokens = 0;
+      if (__builtin_add_overflow(in[1], 1, &tokens)) fail(path, "too many tokens");
+      in = make_shape({in[0], tokens, in[2]}, path);
+      return std::make_unique<nn::ClassToken>(e);
+    }
+    if (type == "PositionEmbedding") {
+      only_keys(s, path, type, {"name", "type", "frozen", "num_positions", "embed_dim"}, true);
+      const std::int64_t n = positive_at(s, path, "num_positions"), e = positive_at(s, path, "embed_dim");
+      floating(flow, path, mpath, type);
+      if (in.size() != 3 || in[1] != n || in[2] != e) {
+        mismatch(path, mpath, type, "[N, " + std::to_string(n) + ", " + std::to_string(e) + "]", flow);
+      }
+      return std::make_unique<nn::PositionEmbedding>(n, e);
+    }
+    if (type == "SelectToken") {
+      only_keys(s, path, type, {"name", "type", "dim", "index"}, true);
+      const auto rank = static_cast<std::int64_t>(in.size());
+      std::int64_t dim = s.contains("dim") ? integer(s.at("dim"), field(path, "dim")) : 1;
+      if (dim < 0) dim += rank;
+      if (dim < 0 || dim >= rank || rank < 2) fail(field(path, "dim"), "expected a dimension below " + std::to_string(rank));
+      const std::int64_t index = non_negative_or(s, path, "index", 0);
+      if (index >= in[static_cast<std::size_t>(dim)]) {
+        fail(field(path, "index"), "expected an index below " + std::to_string(in[static_cast<std::size_t>(dim)]) +
+                                       " (the size of dimension " + std::to_string(dim) + ")");
+      }
+      std::vector<std::int64_t> out;
+      for (std::int64_t i = 0; i < rank; ++i) {
+        if (i != dim) out.push_back(in[static_cast<std::size_t>(i)]);
+      }
+      in = make_shape(out, path);
+      return std::make_unique<nn::SelectToken>(dim, index);
+    }
     if (type == "ReLU") {
       only_keys(s, path, type, {"name", "type", "inplace"}, true);
       floating(flow, path, mpath, type);
@@ -688,10 +753,10 @@ class Builder {
     if (type == "Parallel") return parallel(s, path, mpath, flow, depth);
     fail(field(path, "type"),
          "unknown layer type \"" + type +
-             "\"; valid types: Linear, Conv1d, Conv2d, ConvTranspose2d, BatchNorm1d, BatchNorm2d, GroupNorm, LayerNorm, ReLU, "
-             "ReLU6, LeakyReLU, Hardtanh, SiLU, Sigmoid, Tanh, GELU, Softmax, Dropout, MaxPool2d, AvgPool2d, "
-             "AdaptiveAvgPool2d, Flatten, Reshape, Permute, Transpose, Contiguous, Embedding, Identity, "
-             "Sequential, Residual, Parallel");
+             "\"; valid types: Linear, Conv1d, Conv2d, ConvTranspose2d, BatchNorm1d, BatchNorm2d, GroupNorm, LayerNorm, "
+             "RMSNorm, ReLU, ReLU6, LeakyReLU, Hardtanh, SiLU, Sigmoid, Tanh, GELU, Softmax, Dropout, MaxPool2d, "
+             "AvgPool2d, AdaptiveAvgPool2d, Flatten, Reshape, Permute, Transpose, Contiguous, Embedding, "
+             "MultiheadAttention, ClassToken, PositionEmbedding, SelectToken, Identity, Sequential, Residual, Parallel");
   }
 
   /// The name of list item `i`: its "name", or its index as nn.Sequential names them.

@@ -39,6 +39,8 @@ TEST(Zoo, ParameterCountsAreTorchvisions) {
   EXPECT_EQ(find("vgg16")->describe().parameters, 138'357'544);
   EXPECT_EQ(find("vgg16_bn")->describe().parameters, 138'365'992);
   EXPECT_EQ(find("mobilenet_v2")->describe().parameters, 3'504'872);
+  EXPECT_EQ(find("vit_b_16")->describe().parameters, 86'567'656);
+  EXPECT_EQ(find("vit_l_16")->describe().parameters, 304'326'632);
   // mlp: depth x (width^2 + width).
   EXPECT_EQ(find("mlp")->describe().parameters, 16 * (1024 * 1024 + 1024));
   EXPECT_EQ(find("mlp")->describe(nn::ModelOptions::parse("depth=3,width=8")).parameters, 3 * (64 + 8));

@@ -288,6 +288,25 @@ TEST_F(GradCheck, ScaledDotProductAttention) {
             {leaf({1, 2, 4, 3}), leaf({1, 2, 6, 3}), leaf({1, 2, 6, 3})});
 }
 
+TEST_F(GradCheck, TransformerLayersOfModelFiles) {
+  MultiheadAttention mha(6, 2, 0.0, true, true);
+  mha.set_path("attn");
+  mha.materialize(env_.rt, DType::F64);
+  gradcheck(env_.rt, [&](const TensorList& in) { return mha(in[0]); }, {leaf({2, 3, 6})});
+  TorchRMSNorm norm(5, 1e-6);
+  norm.set_path("norm");
+  norm.materialize(env_.rt, DType::F64);
+  gradcheck(env_.rt, [&](const TensorList& in) { return norm(in[0]); }, {leaf({3, 5})});
+  ClassToken cls(4);
+  cls.set_path("cls");
+  cls.materialize(env_.rt, DType::F64);
+  PositionEmbedding pos(4, 4);
+  pos.set_path("pos");
+  pos.materialize(env_.rt, DType::F64);
+  SelectToken select(1, 0);
+  gradcheck(env_.rt, [&](const TensorList& in) { return select(pos(cls(in[0]))); }, {leaf({2, 3, 4})});
+}
+
 // LlamaRMSNorm's arithmetic in f64 (the module itself computes in f32, as HF's does, which
 // finite differences in f64 cannot check): weight * (x * rsqrt(mean(x^2) + eps)).
 TEST_F(GradCheck, RmsNormArithmetic) {

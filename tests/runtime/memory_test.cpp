@@ -151,6 +151,40 @@ TEST_F(SavedBytes, TheModelFileLayersKeepWhatPyTorchKeeps) {
   EXPECT_THROW(leaky_relu_(mul_scalar(x, 1.0), -0.1), Error);
 }
 
+// The transformer layers of model files (issue 18): nn.MultiheadAttention on PyTorch 2.5's
+// SDPA path, nn.RMSNorm, and the ViT token layers. x = [4, 64, 256] f32 (batch first).
+TEST_F(SavedBytes, TheTransformerLayersKeepWhatPyTorch25Keeps) {
+  constexpr std::int64_t B = 4, S = 64, E = 256, H = 8;
+  constexpr std::int64_t tokens = B * S * E * 4;  // one [B, S, E] f32: 256 KiB
+  const Tensor x = leaf({B, S, E});
+  MultiheadAttention mha(E, H, 0.0, true, true);
+  mha.set_path("attn");
+  mha.materialize(env_.rt, DType::F32);
+  // in_proj's linear on the transposed [S, B, E] view copies it (matmul's fold) and saves the
+  // copy; the packed q, k, v copy [3, S, B, E] is saved by SDPA (three views of it), with its
+  // output [B, S, H, d] and the f32 logsumexp [B, H, S] (efficient kernel: f32 input);
+  // out_proj saves the permute(2, 0, 1, 3).contiguous() copy of the output.
+  EXPECT_EQ(kept_bytes(env_, [&] { return mha(x); }), tokens + 3 * tokens + tokens + B * H * S * 4 + tokens);
+  // nn.RMSNorm (F.rms_norm in the input's dtype): rsqrt's [rows, 1] (1 KiB) and x * rsqrt,
+  // which the weight's product saves.
+  TorchRMSNorm norm(E, 1e-6);
+  norm.set_path("norm");
+  norm.materialize(env_.rt, DType::F32);
+  EXPECT_EQ(kept_bytes(env_, [&] { return norm(x); }), B * S * 4 + tokens);
+  // The token layers keep nothing: cat, add and a select view save no tensor.
+  ClassToken cls(E);
+  cls.set_path("cls");
+  cls.materialize(env_.rt, DType::F32);
+  EXPECT_EQ(kept_bytes(env_, [&] { return cls(x); }), 0);
+  PositionEmbedding pos(S, E);
+  pos.set_path("pos");
+  pos.materialize(env_.rt, DType::F32);
+  EXPECT_EQ(kept_bytes(env_, [&] { return pos(x); }), 0);
+  SelectToken select(1, 0);
+  select.set_path("select");
+  EXPECT_EQ(kept_bytes(env_, [&] { return select(x); }), 0);
+}
+
 // binary_cross_entropy_with_logits (Loss.cpp): log_sigmoid(input) and the elementwise loss
 // (1 - target).mul_(input).sub_(...) exist together while it runs, beside the scalar.
 TEST(LossMemory, BceWithLogitsPeaksAtTwoInputSizedTemporaries) {

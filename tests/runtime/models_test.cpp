@@ -14,7 +14,7 @@ TEST(Models, RegistryListsEveryModel) {
   const std::vector<std::string> expected = {"mlp",       "forum-cnn", "forum-cnn-full", "resnet18",
                                              "resnet34",  "resnet50",  "resnet101",      "resnet152",
                                              "vgg11",     "vgg11_bn",  "vgg16",          "vgg16_bn",
-                                             "mobilenet_v2", "gpt2",   "gpt2-medium",    "gpt2-large",
+                                             "mobilenet_v2", "vit_b_16", "vit_l_16", "gpt2",   "gpt2-medium",    "gpt2-large",
                                              "gpt2-xl", "llama-3.2-1b", "llama-3.2-3b", "llama-3.1-8b",
                                              "llama-3.1-70b", "mistral-7b", "qwen2.5-0.5b", "qwen2.5-7b"};
   EXPECT_EQ(names, expected);

@@ -5,6 +5,7 @@
 #include "vramscope/runtime/checkpoint.hpp"
 #include "vramscope/runtime/decoder.hpp"
 #include "vramscope/runtime/dtype.hpp"
+#include "vramscope/runtime/encoder.hpp"
 #include "vramscope/runtime/losses.hpp"
 #include "vramscope/runtime/models.hpp"
 #include "vramscope/runtime/modules.hpp"
