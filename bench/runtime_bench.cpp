@@ -32,14 +32,10 @@ void set_step_counters(benchmark::State& state, const mem::nn::StepStats& s) {
                                                       s.optimizer.allocations);
 }
 
-/// Dry-run training steps (forward, backward, Adam) of a zoo model at batch 256 on a
-/// simulated A100 80 GB, timed in steady state (Adam state already allocated).
-void dry_run_steps(benchmark::State& state, const char* model, std::size_t segments) {
-  TrainConfig cfg;
-  cfg.model = mem::models::find(model);
-  cfg.model_options.batch = 256;
-  cfg.segments = segments;
-  auto device = mem::make_device("sim:a100-80g");
+/// Dry-run training steps (forward, backward, Adam) of `cfg` on `device`, timed in steady
+/// state (Adam state already allocated).
+void dry_run_steps(benchmark::State& state, const TrainConfig& cfg, const char* device_spec) {
+  auto device = mem::make_device(device_spec);
   mem::CachingAllocator alloc(device);
   Trainer trainer(cfg, alloc);
   mem::nn::StepStats last = trainer.step();
@@ -48,6 +44,15 @@ void dry_run_steps(benchmark::State& state, const char* model, std::size_t segme
     benchmark::DoNotOptimize(last.peak_allocated);
   }
   set_step_counters(state, last);
+}
+
+/// A zoo model at batch 256 on a simulated A100 80 GB.
+void dry_run_steps(benchmark::State& state, const char* model, std::size_t segments) {
+  TrainConfig cfg;
+  cfg.model = mem::models::find(model);
+  cfg.model_options.batch = 256;
+  cfg.segments = segments;
+  dry_run_steps(state, cfg, "sim:a100-80g");
 }
 
 void BM_DryRunStepResnet50(benchmark::State& state) {
@@ -120,15 +125,7 @@ void BM_DryRunStepLlama70B(benchmark::State& state) {
   cfg.model = mem::models::find("llama-3.1-70b");
   cfg.model_options = mem::nn::ModelOptions::parse("batch=1,seq=4096");
   cfg.precision = mem::nn::Precision::BF16;
-  auto device = mem::make_device("sim:capacity=1TiB");
-  mem::CachingAllocator alloc(device);
-  Trainer trainer(cfg, alloc);
-  mem::nn::StepStats last = trainer.step();
-  for (auto _ : state) {
-    last = trainer.step();
-    benchmark::DoNotOptimize(last.peak_allocated);
-  }
-  set_step_counters(state, last);
+  dry_run_steps(state, cfg, "sim:capacity=1TiB");
 }
 BENCHMARK(BM_DryRunStepLlama70B)->Unit(benchmark::kMillisecond);
 

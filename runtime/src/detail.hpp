@@ -161,6 +161,18 @@ inline double uniform01(std::uint64_t seed, std::uint64_t counter) noexcept {
   return static_cast<double>(z >> 11) * 0x1.0p-53;
 }
 
+/// A node whose gradient passes to its input unchanged (CloneBackward0; AddBackward1, tensor
+/// plus scalar). `name` is PyTorch's, a string literal.
+class PassThroughBackward final : public Node {
+ public:
+  explicit PassThroughBackward(std::string_view name) noexcept : name_(name) {}
+  TensorList apply(TensorList& grads) override { return {grads[0]}; }
+  std::string_view name() const noexcept override { return name_; }
+
+ private:
+  std::string_view name_;
+};
+
 /// Creates a node of type N, stamps it and wires one edge per input.
 template <class N, class... Args>
 std::shared_ptr<N> make_node(std::initializer_list<const Tensor*> inputs, Args&&... args) {

@@ -257,13 +257,6 @@ class SplitBackward final : public Node {
   std::int64_t dim_;
 };
 
-/// CloneBackward0: the gradient passes unchanged.
-class CloneBackward final : public Node {
- public:
-  TensorList apply(TensorList& grads) override { return {grads[0]}; }
-  std::string_view name() const noexcept override { return "CloneBackward0"; }
-};
-
 class ToCopyBackward final : public Node {
  public:
   explicit ToCopyBackward(DType dtype) : dtype_(dtype) {}
@@ -453,7 +446,7 @@ std::vector<Tensor> split(const Tensor& x, std::span<const std::int64_t> sizes, 
 Tensor clone(const Tensor& x) {
   Tensor out = detail::empty_following(x, x.shape(), x.dtype());
   detail::copy_raw(out, x);
-  if (needs_grad({&x})) set_history(out, detail::make_node<CloneBackward>({&x}));
+  if (needs_grad({&x})) set_history(out, detail::make_node<detail::PassThroughBackward>({&x}, "CloneBackward0"));
   return out;
 }
 

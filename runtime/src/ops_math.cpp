@@ -83,13 +83,6 @@ class NegBackward final : public Node {
   std::string_view name() const noexcept override { return "NegBackward0"; }
 };
 
-/// AddBackward1 (tensor + scalar): the gradient passes unchanged.
-class AddScalarBackward final : public Node {
- public:
-  TensorList apply(TensorList& grads) override { return {grads[0]}; }
-  std::string_view name() const noexcept override { return "AddBackward1"; }
-};
-
 /// MeanBackward1: sum_backward(grad, sizes, dim, keepdim) / n, the expand being a view and
 /// the division one allocation of the input's shape. Saves nothing.
 class MeanBackward final : public Node {
@@ -148,7 +141,7 @@ Tensor neg(const Tensor& x) {
 
 Tensor add_scalar(const Tensor& x, double s) {
   Tensor out = unary(x, [s](auto v) { return v + static_cast<decltype(v)>(s); });
-  if (needs_grad({&x})) set_history(out, detail::make_node<AddScalarBackward>({&x}));
+  if (needs_grad({&x})) set_history(out, detail::make_node<detail::PassThroughBackward>({&x}, "AddBackward1"));
   return out;
 }
 

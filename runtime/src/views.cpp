@@ -111,13 +111,6 @@ class PermuteBackward final : public Node {
   Shape inverse_;
 };
 
-/// CloneBackward0: the gradient passes unchanged.
-class CloneBackward final : public Node {
- public:
-  TensorList apply(TensorList& grads) override { return {grads[0]}; }
-  std::string_view name() const noexcept override { return "CloneBackward0"; }
-};
-
 /// SliceBackward0: zeros of the input's shape with the gradient copied into the slice
 /// (slice_backward in FunctionsManual.cpp: at::zeros, then copy_): one allocation.
 class NarrowBackward final : public Node {
@@ -302,7 +295,7 @@ Tensor Tensor::contiguous() const {
   Tensor out = empty(runtime(), shape(), dtype());
   detail::copy_raw(out, *this);
   if (!needs_grad({this})) return out;
-  auto node = std::make_shared<CloneBackward>();
+  auto node = std::make_shared<detail::PassThroughBackward>("CloneBackward0");
   init_node(*node);
   return with_history(out, *this, node);
 }
