@@ -25,7 +25,7 @@ using nlohmann::json;
 /// gradient checkpointing forces and training scripts set); torch_dtype is what
 /// from_pretrained loads in, and --dtype says what is trained.
 const std::set<std::string, std::less<>> kIgnored = {
-    "architectures", "bos_token_id", "eos_token_id", "pad_token_id", "initializer_range", "rope_theta",
+    "architectures", "bos_token_id", "eos_token_id", "pad_token_id", "initializer_range",
     "rope_scaling", "transformers_version", "use_cache", "torch_dtype", "model_type", "max_position_embeddings",
     "max_window_layers", "tokenizer_class", "output_attentions", "output_hidden_states", "return_dict",
     "is_decoder", "name_or_path"};
@@ -233,7 +233,8 @@ std::shared_ptr<const HfConfig> HfConfig::parse(std::string_view text, std::stri
                                       std::to_string(c.heads));
   }
   const std::int64_t max_positions = r.size("max_position_embeddings", 2048, std::int64_t{1} << 24);
-  c.tie_embeddings = r.flag("tie_word_embeddings", type == "qwen2" ? false : false);
+  c.tie_embeddings = r.flag("tie_word_embeddings", false);
+  c.rope_theta = r.number("rope_theta", 10000.0, 1.0, 1e12);
   c.rms_eps = r.number("rms_norm_eps", 1e-6, 0.0, 1.0);
   c.attention_dropout = r.number("attention_dropout", 0.0, 0.0, 1.0);
   const std::string act = r.word("hidden_act", "silu");
@@ -243,13 +244,20 @@ std::shared_ptr<const HfConfig> HfConfig::parse(std::string_view text, std::stri
     c.qkv_bias = c.o_bias = r.flag("attention_bias", false);
     c.mlp_bias = r.flag("mlp_bias", false);
     if (r.size("pretraining_tp", 1) != 1) r.fail("pretraining_tp", "only 1 is modelled (it slices weights in forward)");
-  } else if (type == "qwen2") {
-    c.qkv_bias = true;  // Qwen2Attention: q, k, v with bias, o_proj without
-    if (r.flag("use_sliding_window", false)) r.fail("use_sliding_window", "true is not modelled");
-    r.size("sliding_window", 1);
   } else {
-    // Mistral: a sliding window shorter than the sequence makes SDPA take a mask (checked per build).
-    window = r.has("sliding_window") ? r.size("sliding_window", 0) : 0;
+    // Mistral and Qwen2 build their masks with config.sliding_window (modeling_qwen2.py,
+    // _update_causal_mask: whatever use_sliding_window says), 4096 when the key is absent
+    // (their configurations' default), none when it is null. A sequence as long as the
+    // window makes SDPA take a 4D mask (_ignore_causal_mask_sdpa): refused per build.
+    if (type == "qwen2") {
+      c.qkv_bias = true;  // Qwen2Attention: q, k, v with bias, o_proj without
+      if (r.flag("use_sliding_window", false)) r.fail("use_sliding_window", "true is not modelled");
+    }
+    const bool null_window = root.contains("sliding_window") && root.at("sliding_window").is_null();
+    if (null_window) r.ignore("sliding_window");
+    window = null_window ? 0 : r.size("sliding_window", 4096, std::int64_t{1} << 24);
+    c.mistral_mask = true;
+    c.sliding_window = window;
   }
   if (r.has("quantization_config")) {
     r.fail("quantization_config", "quantized checkpoints are not modelled; give the unquantized config");
@@ -314,9 +322,9 @@ HfConfig::Built HfConfig::make(const nn::ModelOptions& o) const {
     throw Error(name_ + ": seq " + std::to_string(seq) + " exceeds max_position_embeddings " +
                 std::to_string(max_positions_));
   }
-  if (sliding_window_ > 0 && seq > sliding_window_) {
-    throw Error(name_ + ": seq " + std::to_string(seq) + " exceeds sliding_window " + std::to_string(sliding_window_) +
-                "; the sliding-window mask is not modelled");
+  if (sliding_window_ > 0 && seq >= sliding_window_) {
+    throw Error(name_ + ": seq " + std::to_string(seq) + " reaches sliding_window " + std::to_string(sliding_window_) +
+                "; the sliding-window mask SDPA then takes is not modelled (give seq below it)");
   }
   if (c.attention != nn::AttentionImpl::Eager && c.attention_dropout > 0 && c.checkpoint != nn::CheckpointMark::None) {
     throw Error(name_ + ": attention_dropout with sdpa under checkpointing is not modelled");

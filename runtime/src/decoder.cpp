@@ -6,7 +6,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
+#include <tuple>
 
 #include "vramscope/allocator/errors.hpp"
 #include "vramscope/runtime/runtime.hpp"
@@ -24,21 +26,19 @@ using State = std::shared_ptr<DecoderState>;
 class DecoderInputs final : public Module {
  public:
   DecoderInputs(const DecoderConfig& c, State state, double theta)
-      : Module("LlamaRotaryEmbedding"), eager_(c.attention == AttentionImpl::Eager),
+      : Module("LlamaRotaryEmbedding"), eager_(c.attention == AttentionImpl::Eager), mistral_mask_(c.mistral_mask),
+        window_(c.sliding_window),
         input_requires_grad_(c.lora.rank > 0 && c.checkpoint != CheckpointMark::None), dim_(c.head_dim),
         theta_(theta), state_(std::move(state)) {
     // register_buffer("inv_freq", ..., persistent=False): [head_dim / 2] floats.
     add_buffer("inv_freq", Shape{c.head_dim / 2}, 0.0);
-    // Double quantization's code, bitsandbytes' "dynamic" map: 256 f32 shared by every
-    // 4-bit weight (functional.py, name2qmap). Kept here, where the model holds it once.
-    if (c.nf4 && c.double_quant) add_typed_buffer("bnb_dynamic_map", Shape{256}, DType::F32);
   }
 
   Tensor forward(const Tensor& x) override {
     Runtime& rt = x.runtime();
     const std::int64_t s = x.size(1), half = dim_ / 2;
     state_->cache_position = positions(rt, s);
-    if (eager_) state_->mask = causal_mask(rt, s, x.dtype());
+    if (eager_) state_->mask = causal_mask(rt, s, x.dtype(), mistral_mask_, window_);
     // rotary_emb(hidden_states, position_ids), under autocast disabled: position_ids
     // .float() [1, 1, S], freqs = inv_freq @ positions [1, half, S], emb = cat((freqs,
     // freqs)) [1, S, d], cos and sin of it, each times attention_scaling, then .to(dtype).
@@ -70,13 +70,24 @@ class DecoderInputs final : public Module {
     return from_values(rt, Shape{s}, v, DType::I64);
   }
 
-  static Tensor causal_mask(Runtime& rt, std::int64_t s, DType dtype) {
+  static Tensor causal_mask(Runtime& rt, std::int64_t s, DType dtype, bool mistral, std::int64_t window) {
     Tensor mask;
-    {
-      const Tensor full_min = empty(rt, Shape{s, s + 1}, dtype);  // torch.full
-      mask = empty(rt, Shape{s, s + 1}, dtype);                   // torch.triu
-    }
-    {
+    if (mistral) {
+      // modeling_mistral.py / modeling_qwen2.py: full, then a bool [S, S+1] (or-ed in place
+      // with the sliding window's), then causal_mask *= it, in place; the bools die on return.
+      mask = empty(rt, Shape{s, s + 1}, dtype);
+      const Tensor arange = empty(rt, Shape{s + 1}, DType::I64);
+      const Tensor diagonal = empty(rt, Shape{s, s + 1}, DType::Bool);
+      if (window > 0) {
+        const Tensor arange2 = empty(rt, Shape{s + 1}, DType::I64);
+        const Tensor shifted = empty(rt, Shape{s, 1}, DType::I64);  // cache_position.reshape(-1, 1) - window
+        const Tensor sliding = empty(rt, Shape{s, s + 1}, DType::Bool);
+      }
+    } else {
+      {
+        const Tensor full_min = empty(rt, Shape{s, s + 1}, dtype);  // torch.full
+        mask = empty(rt, Shape{s, s + 1}, dtype);                   // torch.triu
+      }
       const Tensor arange = empty(rt, Shape{s + 1}, DType::I64);
       const Tensor above = empty(rt, Shape{s, s + 1}, DType::Bool);  // arange > cache_position
     }                                                                // causal_mask *= above: in place
@@ -105,7 +116,9 @@ class DecoderInputs final : public Module {
     sin = from_values(rt, sin.shape(), n, DType::F32);
   }
 
-  bool eager_, input_requires_grad_;
+  bool eager_, mistral_mask_;
+  std::int64_t window_;
+  bool input_requires_grad_;
   std::int64_t dim_;
   double theta_;
   State state_;
@@ -173,6 +186,9 @@ class Attention final : public Module {
 
   /// The mask and rotary tensors of the next call (LlamaAttention.forward's other arguments).
   void set_args(const DecoderState* args) noexcept { args_ = args; }
+  /// Drops the eager attention weights LlamaAttention.forward returned, which its decoder
+  /// layer holds (`hidden_states, self_attn_weights = self.self_attn(...)`) until it returns.
+  void drop_weights() noexcept { weights_ = Tensor{}; }
 
   Tensor forward(const Tensor& x) override {
     if (args_ == nullptr) throw Error("internal: LlamaAttention runs through its decoder layer");
@@ -183,9 +199,13 @@ class Attention final : public Module {
     Tensor k = (*k_)(x).view(hidden).transpose(1, 2);
     const Tensor v = (*v_)(x).view(hidden).transpose(1, 2);
     {
+      // query_states, key_states = apply_rotary_pos_emb(...): the q before rotary lives
+      // until both are rotated.
       const Tensor cos = args.cos.unsqueeze(1), sin = args.sin.unsqueeze(1);
-      q = apply_rotary(q, cos, sin);
-      k = apply_rotary(k, cos, sin);
+      Tensor q_rot = apply_rotary(q, cos, sin);
+      Tensor k_rot = apply_rotary(k, cos, sin);
+      q = std::move(q_rot);
+      k = std::move(k_rot);
     }
     Tensor out = impl_ == AttentionImpl::Eager ? eager(q, k, v, args.mask) : sdpa(q, k, v);
     out = out.reshape(Shape{b, s, -1});  // .reshape(*input_shape, -1).contiguous(): a view
@@ -202,12 +222,15 @@ class Attention final : public Module {
     w = add(w, mask.narrow(1, 0, s).unsqueeze(0).unsqueeze(0));  // attention_mask[:, :, :, :S]
     w = to_dtype(softmax(w, DType::F32), q.dtype());
     w = dropout(w, dropout_, training());
-    return matmul(w, v).transpose(1, 2).contiguous();
+    Tensor out = matmul(w, v).transpose(1, 2).contiguous();
+    weights_ = std::move(w);  // returned with the output
+    return out;
   }
 
   /// sdpa_attention_forward: repeat_kv, .contiguous() on q, k and v (copies of the views
   /// that are not), scaled_dot_product_attention(is_causal=True), transpose(1, 2)
-  /// .contiguous() (a view: the kernels write [B, S, H, d]).
+  /// .contiguous(): a copy of flash's output (in q's contiguous layout), a view of the
+  /// memory-efficient kernel's ([B, S, H, d]).
   Tensor sdpa(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in) {
     const Tensor k = repeat_kv(k_in, heads_ / kv_heads_).contiguous();
     const Tensor v = repeat_kv(v_in, heads_ / kv_heads_).contiguous();
@@ -215,7 +238,7 @@ class Attention final : public Module {
     // Under autocast the kernel sees half inputs (scaled_dot_product_attention is on the
     // lower-precision list), so the backend is picked by the dtype it will run in.
     const DType runs_in = q.runtime().autocast().value_or(q.dtype());
-    const bool flash = impl_ == AttentionImpl::SdpaFlash || (impl_ == AttentionImpl::Sdpa && is_half(runs_in));
+    const bool flash = impl_ == AttentionImpl::SdpaFlash || (impl_ == AttentionImpl::Sdpa && flash_supports(runs_in, dim_));
     const SdpaBackend backend = flash ? SdpaBackend::Flash : SdpaBackend::Efficient;
     return scaled_dot_product_attention(q, k, v, backend, true, dropout_, training()).transpose(1, 2).contiguous();
   }
@@ -225,6 +248,23 @@ class Attention final : public Module {
   AttentionImpl impl_;
   Module *q_, *k_, *v_, *o_;
   const DecoderState* args_ = nullptr;
+  Tensor weights_;
+};
+
+/// Hands a decoder layer's attention its arguments for one call, and takes them (and the
+/// eager weights the layer held) back when the layer returns or unwinds.
+class AttentionCall {
+ public:
+  AttentionCall(Attention& attn, const DecoderState& args) noexcept : attn_(attn) { attn_.set_args(&args); }
+  ~AttentionCall() {
+    attn_.set_args(nullptr);
+    attn_.drop_weights();
+  }
+  AttentionCall(const AttentionCall&) = delete;
+  AttentionCall& operator=(const AttentionCall&) = delete;
+
+ private:
+  Attention& attn_;
 };
 
 /// LlamaMLP: down_proj(act_fn(gate_proj(x)) * up_proj(x)), act_fn = SiLU.
@@ -266,21 +306,25 @@ class DecoderLayer final : public Module {
     DecoderState args;
     if (state_->cos.defined()) {
       args = *state_;
-      // Under checkpoint(), the layer's arguments (mask, cos and sin) stay with the
-      // checkpoint until it recomputes in backward, after LlamaModel.forward returned.
-      if (checkpoint_mark() != CheckpointMark::None) held_ = args;
+      // Under checkpoint(), the layer's arguments (mask, cos and sin) stay with the checkpoint
+      // until it recomputes in backward, after LlamaModel.forward returned. One forward's
+      // worth: a second forward before the backward replaces them.
+      if (checkpointed_call()) held_ = args;
     } else {
       if (!held_.cos.defined()) throw Error("internal: " + path() + " ran without LlamaModel's inputs");
       args = std::move(held_);
       held_.clear();
     }
+    AttentionCall call(static_cast<Attention&>(*attn_), args);
     Tensor h;
     {
-      Tensor normed = (*ln1_)(x);
-      auto& attn = static_cast<Attention&>(*attn_);
-      attn.set_args(&args);
-      const Tensor attended = attn(normed);
-      attn.set_args(nullptr);
+      Tensor attended;
+      {
+        // hidden_states = self_attn(input_layernorm(x)): the norm's output is dropped when
+        // the name is rebound, before the residual sum.
+        const Tensor normed = (*ln1_)(x);
+        attended = (*attn_)(normed);
+      }
       h = add(x, attended);
     }
     Tensor normed = (*ln2_)(h);
@@ -353,17 +397,20 @@ Tensor RMSNorm::forward(const Tensor& input) {
 
 Linear4bit::Linear4bit(std::int64_t in, std::int64_t out, bool double_quant)
     : Module("Linear4bit"), in_(in), out_(out), double_quant_(double_quant) {
-  const std::int64_t n = in * out, blocks = (n + 63) / 64;
-  packed_ = add_packed_parameter("weight", (n + 1) / 2, n);
+  const std::int64_t n = in * out;  // checked by decoder_parameter_count before any build
+  const std::int64_t blocks = n / 64 + (n % 64 != 0);
+  packed_ = add_packed_parameter("weight", n / 2 + n % 2, n);
   absmax_ = add_typed_buffer("quant_state.absmax", Shape{blocks}, double_quant ? DType::U8 : DType::F32);
   if (double_quant) {
-    nested_ = add_typed_buffer("quant_state.nested_absmax", Shape{(blocks + 255) / 256}, DType::F32);
+    nested_ = add_typed_buffer("quant_state.nested_absmax", Shape{blocks / 256 + (blocks % 256 != 0)}, DType::F32);
     offset_ = add_typed_buffer("quant_state.offset", Shape{}, DType::F32);
   } else {
     nested_ = offset_ = 0;
   }
   code_ = add_typed_buffer("quant_state.code", Shape{16}, DType::F32);
 }
+
+void Linear4bit::hold_dynamic_map() { add_typed_buffer("bnb_dynamic_map", Shape{256}, DType::F32); }
 
 Tensor Linear4bit::forward(const Tensor& x) {
   Nf4Weight w;
@@ -419,15 +466,35 @@ Tensor LoraLinear::forward(const Tensor& x_in) {
   const DType result_dtype = result.dtype();
   // x = x.to(lora_A.weight.dtype): an f32 copy under a bf16 or f16 model.
   const Tensor x = to_dtype(x_in, static_cast<Linear&>(*a_).weight().dtype());
-  Tensor update;
   {
-    // lora_B(lora_A(dropout(x))) * scaling: the temporaries die with the expression.
+    // result = result + lora_B(lora_A(dropout(x))) * scaling: the temporaries die with the
+    // statement, before .to(); the sum is f32 when the adapters are.
     const Tensor down = (*a_)((*dropout_)(x));
-    update = mul_scalar((*b_)(down), scaling_);
+    const Tensor update = mul_scalar((*b_)(down), scaling_);
+    result = add(result, update);
   }
-  result = add(result, update);  // promoted to f32 when the adapters are
   return to_dtype(result, result_dtype);
 }
+
+namespace {
+
+/// a * b, or an error naming what overflowed: a config's sizes are untrusted.
+std::int64_t checked_mul(std::int64_t a, std::int64_t b, const char* what) {
+  std::int64_t out = 0;
+  if (__builtin_mul_overflow(a, b, &out)) {
+    throw Error(std::string(what) + ": " + std::to_string(a) + " x " + std::to_string(b) +
+                " overflows; no device holds such a model");
+  }
+  return out;
+}
+
+std::int64_t checked_add(std::int64_t a, std::int64_t b, const char* what) {
+  std::int64_t out = 0;
+  if (__builtin_add_overflow(a, b, &out)) throw Error(std::string(what) + ": the parameter count overflows");
+  return out;
+}
+
+}  // namespace
 
 std::unique_ptr<Sequential> build_decoder(const DecoderConfig& c) {
   const auto positive = [](const char* key, std::int64_t v) {
@@ -445,12 +512,14 @@ std::unique_ptr<Sequential> build_decoder(const DecoderConfig& c) {
                 std::to_string(c.kv_heads));
   }
   if (c.head_dim % 2 != 0) throw Error("head_dim " + std::to_string(c.head_dim) + " is odd; rotary needs halves");
+  // Every weight's element count must be a number before a module is built.
+  (void)decoder_parameter_count(c);
   const bool lora = c.lora.rank > 0;
   auto state = std::make_shared<DecoderState>();
   auto body = std::make_unique<Sequential>();
   auto& embed = static_cast<Embedding&>(
       body->append("model.embed_tokens", std::make_unique<Embedding>(c.vocab, c.hidden, 0.02 * std::sqrt(3.0))));
-  body->append("model.rotary_emb", std::make_unique<DecoderInputs>(c, state, 10000.0));
+  body->append("model.rotary_emb", std::make_unique<DecoderInputs>(c, state, c.rope_theta));
   for (std::int64_t i = 0; i < c.layers; ++i) {
     Module& layer = body->append("model.layers." + std::to_string(i), std::make_unique<DecoderLayer>(c, state));
     layer.set_checkpoint(c.checkpoint);
@@ -461,6 +530,18 @@ std::unique_ptr<Sequential> build_decoder(const DecoderConfig& c) {
   } else {
     body->append("lm_head", std::make_unique<Linear>(c.hidden, c.vocab, false));
   }
+  if (c.nf4 && c.double_quant) {
+    // Double quantization's code, bitsandbytes' "dynamic" map: 256 f32 shared by every 4-bit
+    // weight (functional.py, name2qmap), on the device with the first one quantized.
+    const std::function<Linear4bit*(Module&)> first = [&](Module& m) -> Linear4bit* {
+      if (auto* q = dynamic_cast<Linear4bit*>(&m)) return q;
+      for (auto& [name, child] : m.children()) {
+        if (Linear4bit* q = first(*child)) return q;
+      }
+      return nullptr;
+    };
+    if (Linear4bit* q = first(*body)) q->hold_dynamic_map();
+  }
   if (lora) {
     embed.freeze();
     body->at(body->size() - 2).freeze();
@@ -470,24 +551,33 @@ std::unique_ptr<Sequential> build_decoder(const DecoderConfig& c) {
 }
 
 std::int64_t decoder_parameter_count(const DecoderConfig& c) {
-  const std::int64_t q = c.heads * c.head_dim, kv = c.kv_heads * c.head_dim;
-  std::int64_t attn = c.hidden * q + 2 * c.hidden * kv + q * c.hidden;
-  if (c.qkv_bias) attn += q + 2 * kv;
-  if (c.o_bias) attn += c.hidden;
-  std::int64_t mlp = 3 * c.hidden * c.intermediate;
-  if (c.mlp_bias) mlp += 2 * c.intermediate + c.hidden;
+  const char* what = "decoder size";
+  const std::int64_t q = checked_mul(c.heads, c.head_dim, what), kv = checked_mul(c.kv_heads, c.head_dim, what);
+  const auto weight = [&](std::int64_t in, std::int64_t out) { return checked_mul(in, out, what); };
+  std::int64_t attn = checked_add(checked_add(weight(c.hidden, q), checked_mul(2, weight(c.hidden, kv), what), what),
+                                  weight(q, c.hidden), what);
+  if (c.qkv_bias) attn = checked_add(attn, checked_add(q, checked_mul(2, kv, what), what), what);
+  if (c.o_bias) attn = checked_add(attn, c.hidden, what);
+  std::int64_t mlp = checked_mul(3, weight(c.hidden, c.intermediate), what);
+  if (c.mlp_bias) mlp = checked_add(mlp, checked_add(checked_mul(2, c.intermediate, what), c.hidden, what), what);
   std::int64_t lora = 0;
   if (c.lora.rank > 0) {
-    const auto adapter = [&](const char* name, std::int64_t in, std::int64_t out) {
+    const auto adapter = [&](const char* name, std::int64_t in, std::int64_t out) -> std::int64_t {
       const auto& t = c.lora.targets;
-      return std::find(t.begin(), t.end(), name) != t.end() ? c.lora.rank * (in + out) : 0;
+      return std::find(t.begin(), t.end(), name) != t.end() ? checked_mul(c.lora.rank, checked_add(in, out, what), what)
+                                                            : 0;
     };
-    lora = adapter("q_proj", c.hidden, q) + adapter("k_proj", c.hidden, kv) + adapter("v_proj", c.hidden, kv) +
-           adapter("o_proj", q, c.hidden) + adapter("gate_proj", c.hidden, c.intermediate) +
-           adapter("up_proj", c.hidden, c.intermediate) + adapter("down_proj", c.intermediate, c.hidden);
+    for (const auto& [name, in, out] : {std::tuple{"q_proj", c.hidden, q}, std::tuple{"k_proj", c.hidden, kv},
+                                        std::tuple{"v_proj", c.hidden, kv}, std::tuple{"o_proj", q, c.hidden},
+                                        std::tuple{"gate_proj", c.hidden, c.intermediate},
+                                        std::tuple{"up_proj", c.hidden, c.intermediate},
+                                        std::tuple{"down_proj", c.intermediate, c.hidden}}) {
+      lora = checked_add(lora, adapter(name, in, out), what);
+    }
   }
-  const std::int64_t layer = attn + mlp + 2 * c.hidden + lora;
-  return c.vocab * c.hidden * (c.tie_embeddings ? 1 : 2) + c.layers * layer + c.hidden;
+  const std::int64_t layer = checked_add(checked_add(attn, mlp, what), checked_add(2 * c.hidden, lora, what), what);
+  const std::int64_t embeddings = checked_mul(weight(c.vocab, c.hidden), c.tie_embeddings ? 1 : 2, what);
+  return checked_add(checked_add(embeddings, checked_mul(c.layers, layer, what), what), c.hidden, what);
 }
 
 }  // namespace mem::nn

@@ -19,6 +19,11 @@ Tensor Module::operator()(const Tensor& input) {
     // scopes then, too), keeps only its input.
     CheckpointOptions options;
     options.mode = checkpoint_ == CheckpointMark::Reentrant ? CheckpointMode::Reentrant : CheckpointMode::NonReentrant;
+    struct Flag {
+      bool& on;
+      explicit Flag(bool& f) : on(f) { on = true; }
+      ~Flag() { on = false; }
+    } first_forward(checkpointed_call_);
     return checkpoint([this](const TensorList& in) { return TensorList{run_in_scope(in[0])}; }, {input}, options)[0];
   }
   return run_in_scope(input);

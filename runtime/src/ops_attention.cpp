@@ -22,12 +22,17 @@ Shape lse_shape(SdpaBackend backend, std::int64_t b, std::int64_t h, std::int64_
   return backend == SdpaBackend::Flash ? Shape{b, h, s} : Shape{b, h, round_up(s, 32)};
 }
 
-/// [B, S, H, d] storage seen as [B, H, S, d]: both backends allocate their output and
-/// gradients in the layout the kernels want and return them transposed.
+/// [B, S, H, d] storage seen as [B, H, S, d]: the memory-efficient kernel's output
+/// (_efficient_attention_forward: at::empty({B, M, num_heads, Kv}), returned transposed).
 Tensor bshd(Runtime& rt, std::int64_t b, std::int64_t h, std::int64_t s, std::int64_t d, DType dtype) {
   Tensor t = empty(rt, Shape{b, s, h, d}, dtype);
   return t.transpose(1, 2);
 }
+
+/// A tensor of `like`'s shape in `like`'s memory layout (at::empty_like, preserve_format): the
+/// flash kernel's output (mha_fwd: empty_like(q) of q transposed to [B, S, H, d]) and both
+/// backends' gradients of q, k and v (empty_like / empty_strided of the inputs).
+Tensor like(const Tensor& t) { return detail::empty_following(t, t.shape(), t.dtype()); }
 
 /// Reference math of causal or full attention with grouped keys (head i of q reads head
 /// i / (H / H_kv) of k and v), in compute mode only: out and the row logsumexp.
@@ -63,6 +68,7 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool c
     }
   }
   detail::store_logical(out, o);
+  if (!lse.defined()) return;
   HostOut<T> L(lse);
   for (std::int64_t bi = 0; bi < b * h; ++bi) {
     for (std::int64_t i = 0; i < s; ++i) L[bi * lse.size(2) + i] = l[bi * s + i];
@@ -81,11 +87,15 @@ class SdpaBackward final : public Node {
     const Tensor& go = grads[0];
     const Tensor q = q_.unpack(), k = k_.unpack(), v = v_.unpack(), o = out_.unpack();
     Runtime& rt = go.runtime();
-    const std::int64_t b = q.size(0), h = q.size(1), s = q.size(2), d = q.size(3), hk = k.size(1);
+    const std::int64_t b = q.size(0), h = q.size(1), s = q.size(2), d = q.size(3);
+    // _flash_attention_backward takes out.contiguous() in [B, S, H, d]: a copy for the
+    // duration when the output is not in that layout (HF's contiguous q makes it [B, H, S, d]).
+    const bool bshd_dense = o.strides()[3] == 1 && o.strides()[1] == d && o.strides()[2] == h * d &&
+                            o.strides()[0] == s * h * d;
+    [[maybe_unused]] Tensor out_copy;
+    if (backend_ == SdpaBackend::Flash && !bshd_dense) out_copy = empty_like(o);
     std::vector<Tensor> work = workspace(rt, b, h, s, d);
-    Tensor gq = bshd(rt, b, h, s, d, q.dtype());
-    Tensor gk = bshd(rt, b, hk, k.size(2), d, k.dtype());
-    Tensor gv = bshd(rt, b, hk, v.size(2), d, v.dtype());
+    Tensor gq = like(q), gk = like(k), gv = like(v);
     rt.add_flops(10.0 * static_cast<double>(b * h * s * k.size(2) * d));
     if (rt.computing()) {
       detail::dispatch(q.dtype(), [&](auto tag) { compute<decltype(tag)>(go, q, k, v, o, gq, gk, gv); });
@@ -168,6 +178,11 @@ class SdpaBackward final : public Node {
 
 }  // namespace
 
+bool flash_supports(DType dtype, std::int64_t head_dim) noexcept {
+  // sdp_utils.cpp, check_head_dim_size_flash / check_flash_attention_datatype (PyTorch 2.5).
+  return is_half(dtype) && head_dim % 8 == 0 && head_dim <= 256;
+}
+
 std::string_view sdpa_backend_name(SdpaBackend backend) noexcept {
   return backend == SdpaBackend::Flash ? "flash" : "efficient";
 }
@@ -182,9 +197,10 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
     throw Error("scaled_dot_product_attention: query " + q.shape().str() + ", key " + k.shape().str() +
                 " and value " + v.shape().str() + " are not [B, H, S, d] with H a multiple of the key heads");
   }
-  if (!is_half(q.dtype()) && backend == SdpaBackend::Flash) {
-    throw Error("scaled_dot_product_attention: the flash backend takes f16 or bf16 inputs, not " +
-                std::string(dtype_name(q.dtype())) + "; use the efficient backend or eager attention");
+  if (backend == SdpaBackend::Flash && !flash_supports(q.dtype(), q.size(3))) {
+    throw Error("scaled_dot_product_attention: the flash backend takes f16 or bf16 inputs with a head dim that is a "
+                "multiple of 8 up to 256, not " + std::string(dtype_name(q.dtype())) + " with " +
+                std::to_string(q.size(3)) + "; use the efficient backend or eager attention");
   }
   Runtime& rt = q.runtime();
   if (training && dropout > 0 && rt.computing()) {
@@ -192,8 +208,12 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
   }
   const std::int64_t b = q.size(0), h = q.size(1), s = q.size(2), d = q.size(3);
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-  Tensor out = bshd(rt, b, h, s, d, q.dtype());
-  Tensor lse = empty(rt, lse_shape(backend, b, h, s), DType::F32);
+  const bool grad = needs_grad({&q, &k, &v});
+  Tensor out = backend == SdpaBackend::Flash ? like(q) : bshd(rt, b, h, s, d, q.dtype());
+  // Flash always writes softmax_lse; the efficient kernel only when a gradient will need it
+  // (compute_logsumexp: logsumexp_dim is 0 otherwise).
+  Tensor lse;
+  if (backend == SdpaBackend::Flash || grad) lse = empty(rt, lse_shape(backend, b, h, s), DType::F32);
   // The philox seed and offset that regenerate the dropout mask in backward are 0-dim i64
   // tensors on the host in PyTorch 2.5 (flash_api.cpp and attention.cu, `at::empty({},
   // at::dtype(at::kLong))` outside CUDA-graph capture): no device memory.
@@ -203,7 +223,7 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
       attention_forward<decltype(tag)>(q, k, v, causal, scale, out, lse);
     });
   }
-  if (needs_grad({&q, &k, &v})) {
+  if (grad) {
     auto node = detail::make_node<SdpaBackward>({&q, &k, &v}, backend, causal, scale);
     node->q_.save(q);
     node->k_.save(k);

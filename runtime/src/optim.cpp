@@ -209,10 +209,10 @@ void Adam8bit::step() {
     if (rt.computing()) throw Error("adam8bit runs in dry runs only: compute mode has no 8-bit kernels");
     ModuleScope scope(contexts_[i]);
     if (state_[i].empty()) {
-      // name2qmap["dynamic"] and ["udynamic"], moved to the device with the first state:
-      // kept with the first parameter's state.
+      // name2qmap["dynamic"] and ["udynamic"], moved to the device with the first 8-bit
+      // state: kept with it.
       bool any = false;
-      for (const auto& s : state_) any = any || !s.empty();
+      for (const auto& s : state_) any = any || s.size() > 2;
       const std::int64_t n = p.numel(), blocks = (n + 255) / 256;
       std::vector<Tensor> state;
       if (n < 4096) {  // min_8bit_size: 32-bit state
@@ -221,7 +221,7 @@ void Adam8bit::step() {
         state = {zeros(rt, p.shape(), DType::U8), zeros(rt, p.shape(), DType::U8), zeros(rt, Shape{blocks}, DType::F32),
                  zeros(rt, Shape{blocks}, DType::F32)};
       }
-      if (!any) {
+      if (!any && n >= 4096) {
         state.push_back(zeros(rt, Shape{256}, DType::F32));
         state.push_back(zeros(rt, Shape{256}, DType::F32));
       }

@@ -63,8 +63,9 @@ constexpr std::int64_t kNormBf16 = 4 * T * h + 4 * T + 2 * T * h + 2 * T * h;
 TEST(DecoderLayerKeeps, Bf16WithSdpaFlash) {
   // sdpa_attention_forward: q after rotary is in q_proj's [B, S, H, d] layout, so
   // .contiguous() copies it; repeat_kv copies k and v to H heads; flash saves those three,
-  // its [B, S, H, d] output (o_proj's input) and the f32 logsumexp [B, H, S].
-  const std::int64_t attention = 4 * 2 * T * Hd + 4 * B * H * S;
+  // its output (in the contiguous q's layout, [B, H, S, d]) and the f32 logsumexp [B, H, S];
+  // transpose(1, 2).contiguous() of the output is a copy, o_proj's saved input.
+  const std::int64_t attention = 5 * 2 * T * Hd + 4 * B * H * S;
   // LlamaMLP: gate (saved by silu), silu's output and up (saved by the product), the
   // product (saved by down_proj): four [T, I] bf16.
   const std::int64_t mlp = 4 * 2 * T * I;
@@ -152,7 +153,7 @@ TEST(DecoderLayerKeeps, AmpBf16WithSdpa) {
   const std::int64_t weights = 2 * (h * Hd + 2 * h * (Hd / 2) + Hd * h + 3 * h * I);  // bf16 casts
   const std::int64_t norms = 2 * (4 * T + 4 * T * h);             // rstd and x_hat (f32)
   const std::int64_t casts = 5 * 2 * T * h;                       // q, k, v, gate, up inputs
-  const std::int64_t attention = 4 * 2 * T * Hd + 4 * B * H * S;  // bf16 q, k, v, output; lse
+  const std::int64_t attention = 5 * 2 * T * Hd + 4 * B * H * S;  // bf16 q, k, v, output, its copy; lse
   const std::int64_t residual_and_output = 2 * 4 * T * h;         // f32, saved by the next norms
   EXPECT_EQ(kept(2) - kept(1), weights + norms + casts + attention + residual_and_output + 4 * 2 * T * I);
 }

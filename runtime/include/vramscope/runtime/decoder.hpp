@@ -32,13 +32,14 @@ std::string_view attention_name(AttentionImpl impl) noexcept;
 /// Throws mem::Error listing the valid names.
 AttentionImpl parse_attention(std::string_view name);
 
-/// LoRA adapters (peft.LoraConfig): rank r on the named projections, lora_alpha, lora_dropout.
+/// LoRA adapters (peft.LoraConfig, whose defaults these are: lora_alpha 8, lora_dropout 0,
+/// q_proj and v_proj for llama, mistral and qwen2): rank r on the named projections.
 struct LoraConfig {
-  std::int64_t rank = 0;   ///< 0: no adapters
-  double alpha = 16;
-  double dropout = 0.05;
+  std::int64_t rank = 0;   ///< 0: no adapters (PEFT's default r is 8)
+  double alpha = 8;
+  double dropout = 0.0;
   /// Projection names: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj.
-  std::vector<std::string> targets{"q_proj", "k_proj", "v_proj", "o_proj"};
+  std::vector<std::string> targets{"q_proj", "v_proj"};
 };
 
 struct DecoderConfig {
@@ -51,6 +52,11 @@ struct DecoderConfig {
   std::int64_t head_dim = 128;
   bool tie_embeddings = false;
   double rms_eps = 1e-6;
+  double rope_theta = 10000.0;  ///< the rotary base (values only: memory does not depend on it)
+  /// How the eager causal mask is built: Llama's (full, triu, times a bool), or Mistral's and
+  /// Qwen2's (full, times a bool; or-ed with a sliding-window bool when `sliding_window` > 0).
+  bool mistral_mask = false;
+  std::int64_t sliding_window = 0;
   bool qkv_bias = false;    ///< Qwen2: q, k, v projections with bias
   bool o_bias = false;
   bool mlp_bias = false;
@@ -96,6 +102,8 @@ class Linear4bit : public Module {
  public:
   Linear4bit(std::int64_t in, std::int64_t out, bool double_quant);
   Tensor forward(const Tensor& input) override;
+  /// Also holds double quantization's shared 256-value map (the model's first 4-bit weight).
+  void hold_dynamic_map();
 
  protected:
   void materialized(DType dtype) override { load_dtype_ = dtype; }

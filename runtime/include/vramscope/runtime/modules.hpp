@@ -114,6 +114,9 @@ class Module {
   std::size_t add_packed_parameter(std::string name, std::int64_t bytes, std::int64_t elements);
   /// Called by materialize() once this module's slots are allocated in `dtype`.
   virtual void materialized(DType dtype) { (void)dtype; }
+  /// True during the first, checkpointed forward of a marked module (not its recompute):
+  /// what a module whose forward takes more than its input must keep for the recompute.
+  bool checkpointed_call() const noexcept { return checkpointed_call_; }
   Tensor& param(std::size_t slot) noexcept { return slots_[slot].tensor; }
   template <class M>
   M& add_module(std::string name, std::unique_ptr<M> module) {
@@ -131,6 +134,7 @@ class Module {
   std::array<ContextId, kNumPhases> contexts_{};
   bool contexts_ready_ = false;
   CheckpointMark checkpoint_ = CheckpointMark::None;
+  bool checkpointed_call_ = false;
 
   /// forward() inside this module's scopes.
   Tensor run_in_scope(const Tensor& input);

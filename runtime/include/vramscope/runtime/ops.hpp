@@ -34,10 +34,14 @@ Tensor matmul(const Tensor& a, const Tensor& b);
 /// The fused CUDA backends of F.scaled_dot_product_attention.
 enum class SdpaBackend : std::uint8_t { Flash, Efficient };
 std::string_view sdpa_backend_name(SdpaBackend backend) noexcept;
+/// Whether PyTorch's flash kernel takes this input (f16 / bf16, head dim a multiple of 8 up
+/// to 256); the default SDPA choice falls back to the memory-efficient kernel otherwise.
+bool flash_supports(DType dtype, std::int64_t head_dim) noexcept;
 /// scaled_dot_product_attention(q, k, v, dropout_p, is_causal) on q [B, H, S, d] and k, v
 /// [B, H_kv, S, d] (H a multiple of H_kv: grouped query attention), scale 1/sqrt(d).
-/// Output [B, S, H, d] storage returned as [B, H, S, d]. Saves q, k, v, the output, the f32
-/// logsumexp (flash [B, H, S]; efficient [B, H, S rounded up to 32]); dropout's philox seed
+/// Output in q's layout (flash) or [B, S, H, d] storage returned as [B, H, S, d] (efficient).
+/// Saves q, k, v, the output, the f32 logsumexp (flash [B, H, S]; efficient [B, H, S rounded
+/// up to 32], allocated only when a gradient needs it); dropout's philox seed
 /// and offset live on the host. Flash takes f16 / bf16 only. Under autocast, f32 inputs are
 /// cast to the half type first.
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, SdpaBackend backend,
