@@ -199,6 +199,11 @@ void run(const TraceArgs& args) {
         human_bytes(report.parameter_bytes), human_bytes(report.optimizer_state_bytes),
         human_bytes(report.peak_allocated), human_bytes(report.peak_reserved),
         human_bytes(report.peak_device_used));
+    if (report.peak_composition.total() > 0) {
+      std::cout << wrap(fmt::format("The peak of {} holds: {}.", human_bytes(report.peak_allocated),
+                                    describe_composition(report.peak_composition)),
+                        "  ", "    ");
+    }
     if (cfg.mode == nn::ExecMode::Compute) {
       for (const nn::StepStats& st : steps) {
         std::cout << fmt::format("  step {}: {} on the CPU, loss {:.6g}\n", st.step, human_ms(st.wall_ms), st.loss);
