@@ -54,12 +54,14 @@ void run(const ModelArgs& args) {
     const nn::ModelInfo m = describe(*source, options);
     t.add_row({m.name, human_count(m.parameters), format_bytes(m.parameter_bytes(nn::DType::F32)),
                format_bytes(m.parameter_bytes(nn::DType::F16)), std::to_string(m.batch),
-               m.input_shape.str(), std::to_string(m.sequence_length), loss_name(m.loss)});
+               m.input_shape.str(), m.sequential_checkpointing ? std::to_string(m.sequence_length) : "—",
+               loss_name(m.loss)});
     notes.emplace_back(m.name, fmt::format("{} [options: {}]", m.description, fmt::join(source->option_keys(), ", ")));
   }
   std::cout << t.render("  ") << "\n";
   for (const auto& [name, description] : notes) std::cout << fmt::format("  {:<15} {}\n", name, description);
-  std::cout << "\n  seq modules: the top-level modules checkpoint_sequential splits (--segments at most this).\n"
+  std::cout << "\n  seq modules: the top-level modules checkpoint_sequential splits (--segments at most this);\n"
+               "  — for llama, mistral and qwen2 configs, which checkpoint per layer (--gradient-checkpointing).\n"
                "  Sizes: the options of the model, given with --batch, --depth, --width, --seq, --image, --classes\n"
                "  or --model-options (`vramscope models --model NAME` lists what each model takes).\n";
 }
