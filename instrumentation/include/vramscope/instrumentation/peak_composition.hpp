@@ -12,8 +12,9 @@
 // buffers; relabelled as "<param>.grad" by AccumulateGrad: gradients; allocated in the
 // optimizer phase: optimizer state (and its step's temporaries); allocated under lm_head or
 // loss: logits and loss; any other forward, recompute or backward allocation:
-// activations (and the gradients flowing back through them); the batch ("input") and
-// blocks with no scope (cuBLAS workspaces): other.
+// activations (and the gradients flowing back through them, and the cuBLAS workspaces
+// the first matmul of each thread takes, attributed to its module as PyTorch's snapshots
+// attribute them); the batch ("input") and blocks with no scope: other.
 #pragma once
 
 #include <array>
