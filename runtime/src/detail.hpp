@@ -229,6 +229,11 @@ void store_logical(const Tensor& t, const std::vector<T>& values) {
   });
 }
 
+/// x.mean(dims, keepdim=True) over its trailing dimensions, `out_shape` being x's shape with
+/// those set to 1 (mean_last, the 1x1 adaptive average pool). Saves nothing (MeanBackward1);
+/// backward allocates the input's shape.
+Tensor mean_trailing(const Tensor& x, const Shape& out_shape);
+
 /// A new uninitialised tensor in the same runtime.
 inline Tensor new_empty(const Tensor& like, const Shape& shape, DType dtype) {
   return empty(like.runtime(), shape, dtype);

@@ -284,34 +284,6 @@ class MaxPoolBackward final : public Node {
   std::string_view name() const noexcept override { return "MaxPool2DWithIndicesBackward0"; }
 };
 
-/// MeanBackward1: nothing saved; the gradient expanded and divided (one allocation).
-class MeanHWBackward final : public Node {
- public:
-  explicit MeanHWBackward(Shape in_shape) : in_shape_(in_shape) {}
-  TensorList apply(TensorList& grads) override {
-    const Tensor& gy = grads[0];
-    Tensor gx = empty(gy.runtime(), in_shape_, gy.dtype());
-    gy.runtime().add_flops(static_cast<double>(gx.numel()));
-    if (gy.runtime().computing()) {
-      detail::dispatch(gy.dtype(), [&](auto tag) {
-        using T = decltype(tag);
-        HostIn<T> G(gy);
-        HostOut<T> GX(gx);
-        const std::int64_t planes = in_shape_[0] * in_shape_[1], hw = in_shape_[2] * in_shape_[3];
-        for (std::int64_t p = 0; p < planes; ++p) {
-          const T v = G[p] / static_cast<T>(hw);
-          for (std::int64_t i = 0; i < hw; ++i) GX[p * hw + i] = v;
-        }
-      });
-    }
-    return {gx};
-  }
-  std::string_view name() const noexcept override { return "MeanBackward1"; }
-
- private:
-  Shape in_shape_;
-};
-
 /// One output cell's input window along one axis: avg_pool2d's [o s - p, o s - p + k)
 /// clipped to the input, and the divisor (count_include_pad counts the padding, not
 /// what lies past it, as PyTorch's AvgPool2d kernel does).
@@ -634,27 +606,7 @@ Tensor adaptive_avg_pool2d(const Tensor& x, std::int64_t out_h, std::int64_t out
 
 Tensor adaptive_avg_pool2d(const Tensor& x) {
   if (x.dim() != 4) throw Error("adaptive_avg_pool2d: NCHW input expected, got " + x.shape().str());
-  const std::int64_t n = x.size(0), c = x.size(1), hw = x.size(2) * x.size(3);
-  Runtime& rt = x.runtime();
-  Tensor out = empty(rt, Shape{n, c, 1, 1}, x.dtype());
-  rt.add_flops(static_cast<double>(x.numel()));
-  if (rt.computing()) {
-    detail::dispatch(x.dtype(), [&](auto tag) {
-      using T = decltype(tag);
-      HostIn<T> X(x);
-      HostOut<T> Y(out);
-      for (std::int64_t p = 0; p < n * c; ++p) {
-        T acc{0};
-        for (std::int64_t i = 0; i < hw; ++i) acc += X[p * hw + i];
-        Y[p] = acc / static_cast<T>(hw);
-      }
-    });
-  }
-  if (needs_grad({&x})) {
-    auto node = detail::make_node<MeanHWBackward>({&x}, x.shape());
-    set_history(out, node);
-  }
-  return out;
+  return detail::mean_trailing(x, Shape{x.size(0), x.size(1), 1, 1});
 }
 
 }  // namespace mem::nn

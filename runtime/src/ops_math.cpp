@@ -90,7 +90,7 @@ class MeanBackward final : public Node {
   explicit MeanBackward(Shape in_shape) : in_shape_(in_shape) {}
   TensorList apply(TensorList& grads) override {
     const Tensor& g = grads[0];
-    const std::int64_t d = in_shape_.back();
+    const std::int64_t inner = g.numel() > 0 ? in_shape_.numel() / g.numel() : 0;  // averaged per output
     Tensor gx = empty(g.runtime(), in_shape_, g.dtype());
     g.runtime().add_flops(static_cast<double>(gx.numel()));
     if (g.runtime().computing()) {
@@ -98,7 +98,7 @@ class MeanBackward final : public Node {
         using T = decltype(tag);
         HostIn<T> G(g);
         HostOut<T> GX(gx);
-        for (std::int64_t i = 0, n = gx.numel(); i < n; ++i) GX[i] = G[i / d] / static_cast<T>(d);
+        for (std::int64_t i = 0, n = gx.numel(); i < n; ++i) GX[i] = G[i / inner] / static_cast<T>(inner);
       });
     }
     return {gx};
@@ -148,25 +148,33 @@ Tensor add_scalar(const Tensor& x, double s) {
 Tensor mean_last(const Tensor& x) {
   if (x.dim() == 0) throw Error("mean_last: needs at least one dimension");
   Shape shape = x.shape();
-  const std::int64_t d = shape.back();
   shape[shape.size() - 1] = 1;
+  return detail::mean_trailing(x, shape);
+}
+
+namespace detail {
+
+Tensor mean_trailing(const Tensor& x, const Shape& out_shape) {
   Runtime& rt = x.runtime();
-  Tensor out = empty(rt, shape, x.dtype());
+  Tensor out = empty(rt, out_shape, x.dtype());
+  const std::int64_t inner = out.numel() > 0 ? x.numel() / out.numel() : 0;
   rt.add_flops(static_cast<double>(x.numel()));
   if (rt.computing()) {
-    detail::dispatch(x.dtype(), [&](auto tag) {
+    dispatch(x.dtype(), [&](auto tag) {
       using T = decltype(tag);
       HostIn<T> X(x);
       HostOut<T> Y(out);
       for (std::int64_t r = 0, rows = out.numel(); r < rows; ++r) {
         T s{0};
-        for (std::int64_t j = 0; j < d; ++j) s += X[r * d + j];
-        Y[r] = s / static_cast<T>(d);
+        for (std::int64_t j = 0; j < inner; ++j) s += X[r * inner + j];
+        Y[r] = s / static_cast<T>(inner);
       }
     });
   }
-  if (needs_grad({&x})) set_history(out, detail::make_node<MeanBackward>({&x}, x.shape()));
+  if (needs_grad({&x})) set_history(out, make_node<MeanBackward>({&x}, x.shape()));
   return out;
 }
+
+}  // namespace detail
 
 }  // namespace mem::nn
