@@ -39,16 +39,6 @@ class Gpt2Embeddings final : public Module {
   Module* drop_;
 };
 
-/// lm_head: a bias-free Linear whose weight is tied to wte.
-class TiedLMHead final : public Module {
- public:
-  explicit TiedLMHead(Embedding& wte) : Module("Linear"), wte_(&wte) {}
-  Tensor forward(const Tensor& x) override { return linear(x, wte_->weight()); }
-
- private:
-  Embedding* wte_;
-};
-
 class Gpt2Source final : public ModelSource {
  public:
   Gpt2Source(std::string name, Gpt2Spec spec) : name_(std::move(name)), spec_(spec) {}
@@ -78,7 +68,7 @@ ModelSource::Built Gpt2Source::make(const ModelOptions& o) const {
                  std::make_unique<TransformerBlock>(s.embed, s.heads, s.inner, s.eps, attn, resid));
   }
   body->append("transformer.ln_f", std::make_unique<LayerNorm>(s.embed, s.eps));
-  body->append("lm_head", std::make_unique<TiedLMHead>(emb.wte()));
+  body->append("lm_head", std::make_unique<TiedLinear>(emb.wte()));
   Built b;
   std::ostringstream d;
   d << name_ << ": " << s.layers << " blocks, width " << s.embed << ", " << s.heads << " heads, sequence " << seq

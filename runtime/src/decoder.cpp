@@ -352,16 +352,6 @@ class ModelNorm final : public RMSNorm {
   State state_;
 };
 
-/// lm_head tied to embed_tokens (tie_word_embeddings): a bias-free linear on its weight.
-class TiedHead final : public Module {
- public:
-  explicit TiedHead(Embedding& embed) : Module("Linear"), embed_(&embed) {}
-  Tensor forward(const Tensor& x) override { return linear(x, embed_->weight()); }
-
- private:
-  Embedding* embed_;
-};
-
 }  // namespace
 
 std::string_view attention_name(AttentionImpl impl) noexcept {
@@ -526,7 +516,7 @@ std::unique_ptr<Sequential> build_decoder(const DecoderConfig& c) {
   }
   body->append("model.norm", std::make_unique<ModelNorm>(c.hidden, c.rms_eps, state));
   if (c.tie_embeddings) {
-    body->append("lm_head", std::make_unique<TiedHead>(embed));
+    body->append("lm_head", std::make_unique<TiedLinear>(embed));
   } else {
     body->append("lm_head", std::make_unique<Linear>(c.hidden, c.vocab, false));
   }

@@ -480,4 +480,6 @@ Embedding::Embedding(std::int64_t num_embeddings, std::int64_t dim, double init_
 Tensor Embedding::forward(const Tensor& input) { return embedding(param(weight_), input); }
 const Tensor& Embedding::weight() const noexcept { return slots()[weight_].tensor; }
 
+Tensor TiedLinear::forward(const Tensor& input) { return linear(input, embedding_->weight()); }
+
 }  // namespace mem::nn

@@ -462,6 +462,17 @@ class Embedding : public Module {
   std::size_t weight_;
 };
 
+/// lm_head tied to the input embeddings (tie_word_embeddings): a bias-free Linear on the
+/// Embedding's weight, which it does not own (no parameter of its own).
+class TiedLinear : public Module {
+ public:
+  explicit TiedLinear(const Embedding& embedding) : Module("Linear"), embedding_(&embedding) {}
+  Tensor forward(const Tensor& input) override;
+
+ private:
+  const Embedding* embedding_;
+};
+
 /// GPT-2 eager attention: c_attn (Conv1D to 3C), split, heads as views, q @ k^T
 /// (matmul copies the permuted operands), scale, causal mask, softmax, dropout,
 /// @ v, merge heads (contiguous copy), c_proj, dropout.
