@@ -13,12 +13,14 @@
 #include <sstream>
 
 #include "vramscope/allocator/errors.hpp"
+#include "json_kind.hpp"
 #include "zoo_sources.hpp"
 
 namespace mem::models {
 namespace {
 
 using nlohmann::json;
+using detail::kind_of;
 
 /// Keys that do not change what a training step allocates: token ids, initialisation,
 /// rotary frequencies (values, not sizes), bookkeeping. use_cache is read as False (what
@@ -29,17 +31,6 @@ const std::set<std::string, std::less<>> kIgnored = {
     "rope_scaling", "transformers_version", "use_cache", "torch_dtype", "model_type", "max_position_embeddings",
     "max_window_layers", "tokenizer_class", "output_attentions", "output_hidden_states", "return_dict",
     "is_decoder", "name_or_path"};
-
-std::string kind_of(const json& v) {
-  switch (v.type()) {
-    case json::value_t::null: return "null";
-    case json::value_t::boolean: return "a boolean";
-    case json::value_t::string: return "a string";
-    case json::value_t::array: return "an array";
-    case json::value_t::object: return "an object";
-    default: return "a number";
-  }
-}
 
 class Reader {
  public:
@@ -169,22 +160,11 @@ std::shared_ptr<const nn::ModelSource> parse_gpt2(const json& root, std::string 
   // GPT2DoubleHeadsModel's summary head, absent from GPT2LMHeadModel.
   for (const char* key : {"summary_activation", "summary_first_dropout", "summary_proj_to_labels", "summary_type",
                           "summary_use_proj", "task_specific_params", "n_special", "predict_special_tokens"}) {
-    (void)r.has(key);
     r.ignore(key);
   }
   r.check_all_used();
   return detail::gpt2_source(std::move(name), s);
 }
-
-}  // namespace
-
-std::shared_ptr<const nn::ModelSource> parse_hf_config(std::string_view text, std::string name, std::string origin) {
-  const json root = read_json(text, origin);
-  if (root.contains("model_type") && root["model_type"] == "gpt2") return parse_gpt2(root, std::move(name), origin);
-  return HfConfig::parse(text, std::move(name), std::move(origin));
-}
-
-namespace {
 
 std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -202,14 +182,8 @@ std::string file_name(const std::string& path) {
   return slash == std::string::npos ? path : path.substr(slash + 1);
 }
 
-}  // namespace
-
-std::shared_ptr<const nn::ModelSource> load_hf_config(const std::string& path) {
-  return parse_hf_config(read_file(path), file_name(path), path);
-}
-
-std::shared_ptr<const HfConfig> HfConfig::parse(std::string_view text, std::string name, std::string origin) {
-  const json root = read_json(text, origin);
+/// LlamaConfig, MistralConfig, Qwen2Config.
+std::shared_ptr<const HfConfig> parse_llama(const json& root, std::string name, const std::string& origin) {
   Reader r(root, origin);
   const std::string type = r.word("model_type", "");
   if (type != "llama" && type != "mistral" && type != "qwen2") {
@@ -266,8 +240,20 @@ std::shared_ptr<const HfConfig> HfConfig::parse(std::string_view text, std::stri
   return std::make_shared<HfConfig>(std::move(name), type, c, max_positions, window);
 }
 
-std::shared_ptr<const HfConfig> HfConfig::load(const std::string& path) {
-  return parse(read_file(path), file_name(path), path);
+}  // namespace
+
+std::shared_ptr<const nn::ModelSource> parse_hf_config(std::string_view text, std::string name, std::string origin) {
+  const json root = read_json(text, origin);
+  if (root.contains("model_type") && root["model_type"] == "gpt2") return parse_gpt2(root, std::move(name), origin);
+  return parse_llama(root, std::move(name), origin);
+}
+
+std::shared_ptr<const nn::ModelSource> load_hf_config(const std::string& path) {
+  return parse_hf_config(read_file(path), file_name(path), path);
+}
+
+std::shared_ptr<const HfConfig> HfConfig::parse(std::string_view text, std::string name, std::string origin) {
+  return parse_llama(read_json(text, origin), std::move(name), origin);
 }
 
 HfConfig::HfConfig(std::string name, std::string model_type, nn::DecoderConfig decoder, std::int64_t max_positions,

@@ -19,12 +19,14 @@
 #include <stdexcept>
 
 #include "expression.hpp"
+#include "json_kind.hpp"
 #include "vramscope/allocator/errors.hpp"
 #include "vramscope/runtime/modules.hpp"
 
 namespace mem::models {
 
 using nlohmann::json;
+using detail::kind_of;
 
 struct ModelFile::Doc {
   json root;
@@ -43,25 +45,6 @@ struct Flow {
   bool integer = false;  ///< i64 (token ids) rather than floating
   std::string from;      ///< "'layer4.1' (BasicBlock)", or "the input"
 };
-
-std::string kind_of(const json& v) {
-  switch (v.type()) {
-    case json::value_t::null: return "null";
-    case json::value_t::boolean: return v.get<bool>() ? "true" : "false";
-    case json::value_t::string: {
-      const std::string s = v.get<std::string>();
-      return "\"" + (s.size() > 40 ? s.substr(0, 40) + "..." : s) + "\"";
-    }
-    case json::value_t::array: return "a list";
-    case json::value_t::object: return "an object";
-    case json::value_t::number_float: {
-      std::ostringstream os;
-      os << v.get<double>();
-      return os.str();
-    }
-    default: return v.dump();
-  }
-}
 
 std::string join(const std::vector<std::string>& items) {
   std::string s;

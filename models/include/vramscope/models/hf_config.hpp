@@ -3,7 +3,7 @@
 // transformers 4.50 builds it (docs/TRANSFORMERS.md).
 // Nothing is downloaded: the file is the user's, or one of the zoo's published configs.
 //
-//   auto llama = mem::models::HfConfig::load("config.json");
+//   auto llama = mem::models::load_hf_config("config.json");
 //   mem::nn::TrainConfig cfg;
 //   cfg.model = llama;
 //   cfg.model_options = mem::nn::ModelOptions::parse("seq=2048,attn=sdpa,lora=16");
@@ -38,7 +38,6 @@ class HfConfig final : public nn::ModelSource {
  public:
   /// Reads config.json text; `name` names the model and `origin` the file in messages.
   static std::shared_ptr<const HfConfig> parse(std::string_view json_text, std::string name, std::string origin);
-  static std::shared_ptr<const HfConfig> load(const std::string& path);
 
   const std::string& name() const noexcept override { return name_; }
   const std::vector<std::string>& option_keys() const noexcept override;
