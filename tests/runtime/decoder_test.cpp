@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <optional>
 
 #include "test_util.hpp"
 #include "vramscope/models/hf_config.hpp"
@@ -32,8 +33,9 @@ DecoderConfig small(std::int64_t layers, AttentionImpl attention) {
   return c;
 }
 
-/// Bytes the graph of one forward keeps once its output is dropped.
-std::int64_t kept_after_forward(DecoderConfig c, DType dtype) {
+/// Bytes the graph of one forward keeps once its output is dropped (under autocast to
+/// `autocast` when given).
+std::int64_t kept_after_forward(DecoderConfig c, DType dtype, std::optional<DType> autocast = std::nullopt) {
   test::Env env(ExecMode::DryRun);
   env.rt.gemm_workspace(/*lt=*/true);
   auto body = build_decoder(c);
@@ -41,6 +43,7 @@ std::int64_t kept_after_forward(DecoderConfig c, DType dtype) {
   body->materialize(env.rt, dtype);
   const Tensor ids = empty(env.rt, Shape{B, S}, DType::I64);
   const std::int64_t before = env.allocated();
+  AutocastRegion region(env.rt, autocast);
   Tensor out = (*body)(ids);
   const std::shared_ptr<Node> graph = out.grad_fn();
   out = Tensor{};
@@ -48,11 +51,11 @@ std::int64_t kept_after_forward(DecoderConfig c, DType dtype) {
 }
 
 /// One decoder layer's kept bytes: a model of two layers against one of one layer.
-std::int64_t kept_by_one_layer(const DecoderConfig& c, DType dtype) {
+std::int64_t kept_by_one_layer(const DecoderConfig& c, DType dtype, std::optional<DType> autocast = std::nullopt) {
   DecoderConfig one = c, two = c;
   one.layers = 1;
   two.layers = 2;
-  return kept_after_forward(two, dtype) - kept_after_forward(one, dtype);
+  return kept_after_forward(two, dtype, autocast) - kept_after_forward(one, dtype, autocast);
 }
 
 // RMSNorm of a bf16 input (LlamaRMSNorm.forward): x.to(f32) saved by pow, rsqrt's f32
@@ -136,26 +139,13 @@ TEST(DecoderLayerKeeps, F32EagerAndBf16LoraEagerAsTransformersKeepThem) {
 // forward, kept by the graph); rotary mixes the bf16 q and k with f32 cos and sin into f32;
 // SDPA casts them back to bf16 (scaled_dot_product_attention is on the lower-precision list).
 TEST(DecoderLayerKeeps, AmpBf16WithSdpa) {
-  const auto kept = [&](std::int64_t layers) {
-    test::Env e(ExecMode::DryRun);
-    e.rt.gemm_workspace(/*lt=*/true);
-    auto body = build_decoder(small(layers, AttentionImpl::Sdpa));
-    body->set_path("");
-    body->materialize(e.rt, DType::F32);
-    const Tensor ids = empty(e.rt, Shape{B, S}, DType::I64);
-    const std::int64_t before = e.allocated();
-    AutocastRegion autocast(e.rt, DType::BF16);
-    Tensor out = (*body)(ids);
-    const std::shared_ptr<Node> graph = out.grad_fn();
-    out = Tensor{};
-    return e.allocated() - before;
-  };
   const std::int64_t weights = 2 * (h * Hd + 2 * h * (Hd / 2) + Hd * h + 3 * h * I);  // bf16 casts
   const std::int64_t norms = 2 * (4 * T + 4 * T * h);             // rstd and x_hat (f32)
   const std::int64_t casts = 5 * 2 * T * h;                       // q, k, v, gate, up inputs
   const std::int64_t attention = 5 * 2 * T * Hd + 4 * B * H * S;  // bf16 q, k, v, output, its copy; lse
   const std::int64_t residual_and_output = 2 * 4 * T * h;         // f32, saved by the next norms
-  EXPECT_EQ(kept(2) - kept(1), weights + norms + casts + attention + residual_and_output + 4 * 2 * T * I);
+  EXPECT_EQ(kept_by_one_layer(small(2, AttentionImpl::Sdpa), DType::F32, DType::BF16),
+            weights + norms + casts + attention + residual_and_output + 4 * 2 * T * I);
 }
 
 TEST(DecoderLayerKeeps, QloraKeepsWhatLoraKeeps) {
