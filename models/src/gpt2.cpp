@@ -25,9 +25,7 @@ class Gpt2Embeddings final : public Module {
   Tensor forward(const Tensor& idx) override {
     const std::int64_t t = idx.size(1);
     // position_ids = arange(T)[None]: a small i64 tensor on the device each step.
-    std::vector<double> pos(static_cast<std::size_t>(t));
-    for (std::int64_t i = 0; i < t; ++i) pos[static_cast<std::size_t>(i)] = static_cast<double>(i);
-    const Tensor positions = from_values(idx.runtime(), Shape{1, t}, pos, DType::I64);
+    const Tensor positions = arange(idx.runtime(), t).view(Shape{1, t});
     const Tensor h = add((*wte_)(idx), (*wpe_)(positions));
     return (*drop_)(h);
   }

@@ -37,7 +37,7 @@ class DecoderInputs final : public Module {
   Tensor forward(const Tensor& x) override {
     Runtime& rt = x.runtime();
     const std::int64_t s = x.size(1), half = dim_ / 2;
-    state_->cache_position = positions(rt, s);
+    state_->cache_position = arange(rt, s);
     if (eager_) state_->mask = causal_mask(rt, s, x.dtype(), mistral_mask_, window_);
     // rotary_emb(hidden_states, position_ids), under autocast disabled: position_ids
     // .float() [1, 1, S], freqs = inv_freq @ positions [1, half, S], emb = cat((freqs,
@@ -64,12 +64,6 @@ class DecoderInputs final : public Module {
   }
 
  private:
-  static Tensor positions(Runtime& rt, std::int64_t s) {
-    std::vector<double> v(static_cast<std::size_t>(s));
-    for (std::int64_t i = 0; i < s; ++i) v[static_cast<std::size_t>(i)] = static_cast<double>(i);
-    return from_values(rt, Shape{s}, v, DType::I64);
-  }
-
   static Tensor causal_mask(Runtime& rt, std::int64_t s, DType dtype, bool mistral, std::int64_t window) {
     Tensor mask;
     if (mistral) {

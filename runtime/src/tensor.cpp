@@ -176,6 +176,12 @@ Tensor uniform(Runtime& runtime, const Shape& shape, double low, double high, DT
   return t;
 }
 
+Tensor arange(Runtime& runtime, std::int64_t n, DType dtype) {
+  std::vector<double> values(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) values[static_cast<std::size_t>(i)] = static_cast<double>(i);
+  return from_values(runtime, Shape{n}, values, dtype);
+}
+
 Tensor from_values(Runtime& runtime, const Shape& shape, std::span<const double> values, DType dtype) {
   if (static_cast<std::int64_t>(values.size()) != shape.numel()) {
     throw Error("from_values: " + std::to_string(values.size()) + " values for shape " + shape.str());

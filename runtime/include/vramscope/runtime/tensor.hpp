@@ -223,6 +223,8 @@ Tensor full(Runtime& runtime, const Shape& shape, double value, DType dtype = DT
 /// Uniform in [low, high) from a seeded generator (compute mode; a dry run only allocates).
 Tensor uniform(Runtime& runtime, const Shape& shape, double low, double high,
                DType dtype = DType::F32, std::uint64_t seed = 0);
+/// torch.arange(n): [n] holding 0, 1, ..., n - 1 (position ids); in a dry run only allocates.
+Tensor arange(Runtime& runtime, std::int64_t n, DType dtype = DType::I64);
 /// Tensor holding `values` (row-major) converted to `dtype`; in a dry run only allocates.
 Tensor from_values(Runtime& runtime, const Shape& shape, std::span<const double> values,
                    DType dtype = DType::F32);
