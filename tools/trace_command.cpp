@@ -3,6 +3,7 @@
 // Perfetto timeline, SVG plot, memory_summary).
 #include <fmt/format.h>
 
+#include <fstream>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -15,6 +16,7 @@
 #include "table.hpp"
 #include "host_memory.hpp"
 #include "output_paths.hpp"
+#include "saved_tensors.hpp"
 #include "usage_error.hpp"
 #include "vramscope/allocator/caching_allocator.hpp"
 #include "vramscope/allocator/units.hpp"
@@ -50,6 +52,7 @@ struct TraceArgs {
   std::string snapshot;
   std::string timeline;
   std::string plot;
+  std::string saved;
   bool summary = false;
 };
 
@@ -140,7 +143,10 @@ void write_file(const char* option, const std::string& path, F&& write) {
 }
 
 void run(const TraceArgs& args) {
-  check_output_paths({{"--snapshot", args.snapshot}, {"--timeline", args.timeline}, {"--plot", args.plot}});
+  check_output_paths({{"--snapshot", args.snapshot},
+                      {"--timeline", args.timeline},
+                      {"--plot", args.plot},
+                      {"--saved", args.saved}});
   const nn::TrainConfig cfg = make_config(args);
   const nn::ModelInfo info = cfg.model->describe(cfg.model_options);
   const auto device = make_device(nn::device_spec_for(cfg));
@@ -163,6 +169,7 @@ void run(const TraceArgs& args) {
   std::vector<nn::StepStats> steps;
   std::optional<std::string> oom;
   std::optional<AutogradFailure> refused;  // an nn::AutogradError: PyTorch raises it too
+  std::optional<SavedTensorLog> saved;
   try {
     trainer = std::make_unique<nn::Trainer>(cfg, allocator);  // allocates the parameters
   } catch (const OutOfMemoryError& e) {
@@ -178,8 +185,13 @@ void run(const TraceArgs& args) {
                       .max_depth = args.max_depth,
                       .device_line = false,  // printed at the end, after the files
                       .module_type = module_types(trainer->model())}};
+    if (!args.saved.empty()) saved.emplace(trainer->model().body());
     try {
-      for (std::size_t i = 0; i < cfg.steps; ++i) steps.push_back(trainer->step());
+      for (std::size_t i = 0; i < cfg.steps; ++i) {
+        std::optional<nn::SavedTensorsObserver> observe;  // the first step's forward
+        if (saved && i == 0) observe.emplace(saved->observer());
+        steps.push_back(trainer->step());
+      }
     } catch (const OutOfMemoryError& e) {
       oom = one_line(e.what());
     } catch (const nn::AutogradError& e) {
@@ -218,7 +230,7 @@ void run(const TraceArgs& args) {
   }
 
   if (args.summary) std::cout << "\n" << memory_summary(allocator);
-  if (!args.snapshot.empty() || timeline) std::cout << "\n";
+  if (!args.snapshot.empty() || timeline || saved) std::cout << "\n";
   if (!args.snapshot.empty()) {
     SnapshotOptions so;
     so.segments = true;
@@ -231,6 +243,16 @@ void run(const TraceArgs& args) {
                            .unscoped = "outside any module",
                            .none_phase = "parameters and buffers"};
     write_file("--snapshot", args.snapshot, [&] { write_memory_snapshot_pickle(snap, args.snapshot, po); });
+  }
+  if (saved) {
+    write_file("--saved", args.saved, [&] {
+      std::ofstream out(args.saved);
+      const ModuleTypeFn type_of = module_types(trainer->model());
+      out << saved->csv([&](const std::string& m) { return type_of(m); });
+      if (!out.flush()) throw Error("cannot write " + args.saved);
+    });
+    std::cout << fmt::format("           {} saved for backward in step 1's forward, in {} modules\n",
+                             human_bytes(saved->total_bytes()), saved->rows().size());
   }
   if (!args.timeline.empty()) {
     write_file("--timeline", args.timeline, [&] { write_perfetto_trace(*timeline, args.timeline); });
@@ -301,6 +323,11 @@ void add_trace_command(CLI::App& app) {
                   "write a Chrome/Perfetto trace (ui.perfetto.dev): memory counters and module slices")
       ->type_name("FILE.json");
   cmd->add_option("--plot", args->plot, "write an SVG of memory over the step")->type_name("FILE.svg");
+  cmd->add_option("--saved", args->saved,
+                  "write what each module keeps for backward in the first forward (CSV: module, type, tensors, "
+                  "bytes; each storage once, under the module that saved it first; parameters left out), as "
+                  "torch.autograd.graph.saved_tensors_hooks counts it")
+      ->type_name("FILE.csv");
   cmd->add_flag("--summary", args->summary, "print torch.cuda.memory_summary()'s table at the end");
   cmd->footer(
       "Examples:\n"

@@ -349,8 +349,10 @@ class Builder {
   }
 
   /// Builds one module from `spec`; `flow` goes in as its input and comes out as its output.
-  std::unique_ptr<nn::Module> module(const json& spec, const std::string& path, const std::string& mpath, Flow& flow,
-                                     int depth) {
+  /// Module `name` of the container at module path `parent`.
+  std::unique_ptr<nn::Module> module(const json& spec, const std::string& path, const std::string& parent,
+                                     const std::string& name, Flow& flow, int depth) {
+    const std::string mpath = sub(parent, name);
     if (!spec.is_object()) fail(path, "expected a module (an object with a \"type\"), got " + kind_of(spec));
     if (depth > kMaxNesting) fail(path, "modules nest deeper than " + std::to_string(kMaxNesting));
     count_module(path);
@@ -359,7 +361,24 @@ class Builder {
                                                       : "is required (a layer type such as \"Linear\")");
     }
     const std::string type = spec.at("type").get<std::string>();
-    std::unique_ptr<nn::Module> m = layer(type, spec, path, mpath, flow, depth);
+    // An inline Residual or Parallel is code in the enclosing forward: its children are
+    // named as the enclosing module's.
+    const bool inline_code = (type == "Residual" || type == "Parallel") && flag_or(spec, path, "inline", false);
+    std::unique_ptr<nn::Module> m = layer(type, spec, path, inline_code ? parent : mpath, flow, depth);
+    m->set_inline(inline_code);
+    if (inline_code && spec.contains("name")) {
+      fail(field(path, "name"), "an inline " + type + " is code in the enclosing module's forward and has no name");
+    }
+    if (!inline_code) {
+      // Inline code shares its enclosing module's names: two modules at one path are one
+      // module called twice in PyTorch, which only a module without parameters can be here.
+      const bool params = m->parameter_tensors() > 0;
+      const auto [at, fresh] = paths_.emplace(mpath, params);
+      if (!fresh && (params || at->second)) {
+        fail(path, "a second module named '" + mpath + "' (modules with parameters cannot share a name: that would "
+                   "share their weights)");
+      }
+    }
     if (flag_or(spec, path, "frozen", false)) m->freeze();
     if (spec.contains("checkpoint")) m->set_checkpoint(checkpoint_mark(spec.at("checkpoint"), field(path, "checkpoint")));
     flow.from = display(mpath, m->type_name());
@@ -779,9 +798,25 @@ class Builder {
   void sequence(const json& list, const std::string& path, const std::string& mpath, Flow& flow, int depth,
                 Children& out) {
     if (depth > kMaxNesting) fail(path, "modules nest deeper than " + std::to_string(kMaxNesting));
+    std::unordered_map<std::string, const json*> named;  // for {"use": name}
     for (std::size_t i = 0; i < list.size(); ++i) {
       const json& spec = list[i];
       const std::string ipath = index(path, i);
+      if (spec.is_object() && spec.contains("use")) {
+        // A module called again (`x = self.act(self.fc2(self.act(self.fc1(x))))`): a copy of
+        // it under the same name, which for an activation is the same computation.
+        only_keys(spec, ipath, "a reuse", {"use"});
+        const json& u = spec.at("use");
+        const auto it = u.is_string() ? named.find(u.get<std::string>()) : named.end();
+        if (it == named.end()) {
+          fail(field(ipath, "use"), "expected the name of a module declared earlier in this Sequential, got " +
+                                        kind_of(u));
+        }
+        std::unique_ptr<nn::Module> copy = module(*it->second, ipath, mpath, it->first, flow, depth + 1);
+        check_reusable(*copy, field(ipath, "use"), it->first);
+        out.list.emplace_back(it->first, std::move(copy));
+        continue;
+      }
       if (spec.is_object() && spec.contains("repeat")) {
         only_keys(spec, ipath, "a repeat", {"repeat", "layers"});
         const std::int64_t n = non_negative_or(spec, ipath, "repeat", 0);
@@ -798,7 +833,7 @@ class Builder {
         for (std::int64_t r = 0; r < n; ++r) {
           for (std::size_t j = 0; j < body.size(); ++j) {
             const std::string name = std::to_string(out.list.size());
-            add_child(out, name, module(body[j], index(field(ipath, "layers"), j), sub(mpath, name), flow, depth + 1),
+            add_child(out, name, module(body[j], index(field(ipath, "layers"), j), mpath, name, flow, depth + 1),
                       ipath);
           }
         }
@@ -817,7 +852,19 @@ class Builder {
           continue;
         }
       }
-      add_child(out, name, module(spec, ipath, sub(mpath, name), flow, depth + 1), ipath);
+      add_child(out, name, module(spec, ipath, mpath, name, flow, depth + 1), ipath);
+      if (spec.is_object() && spec.contains("name")) named.emplace(name, &spec);
+    }
+  }
+
+  /// A module that can run twice: one without parameters or children, whose second run is
+  /// the same whether it is the module again or a copy of it.
+  void check_reusable(const nn::Module& m, const std::string& at, const std::string& name) const {
+    const std::string& t = m.type_name();
+    if (!m.slots().empty() || !m.children().empty() ||
+        !(t == "ReLU" || t == "ReLU6" || t == "Hardtanh" || t == "LeakyReLU" || t == "SiLU" || t == "Sigmoid" ||
+          t == "Tanh" || t == "GELU" || t == "Softmax" || t == "Dropout" || t == "Identity")) {
+      fail(at, "only an activation, Dropout or Identity can run twice; '" + name + "' is " + t);
     }
   }
 
@@ -848,10 +895,7 @@ class Builder {
         const std::string use_name = u.get<std::string>();
         nn::Module& again = **used;
         const std::string& t = again.type_name();
-        if (!again.slots().empty() || !again.children().empty() ||
-            !(t == "ReLU" || t == "Sigmoid" || t == "Tanh" || t == "GELU" || t == "Dropout" || t == "Identity")) {
-          fail(field(ipath, "use"), "only an activation, Dropout or Identity can run twice; '" + use_name + "' is " + t);
-        }
+        check_reusable(again, field(ipath, "use"), use_name);
         if (t != "Identity") floating(flow, ipath, sub(mpath, use_name), t);
         reuse(again);
         flow.from = display(sub(mpath, use_name), t);
@@ -859,14 +903,15 @@ class Builder {
       }
       const std::string name = child_name(spec, ipath, declared.list.size());
       if (declared.find(name) != nullptr) fail(ipath, "a second module named '" + name + "' in the same container");
-      nn::Module& m = add(name, module(spec, ipath, sub(mpath, name), flow, depth + 1));
+      nn::Module& m = add(name, module(spec, ipath, mpath, name, flow, depth + 1));
       add_child(declared, name, &m, ipath);
     }
   }
 
   std::unique_ptr<nn::Module> residual(const json& s, const std::string& path, const std::string& mpath, Flow& flow,
                                        int depth) {
-    only_keys(s, path, "Residual", {"name", "type", "frozen", "class", "body", "shortcut", "then", "inplace"}, true);
+    only_keys(s, path, "Residual", {"name", "type", "frozen", "class", "body", "shortcut", "then", "inplace", "inline"},
+              true);
     const std::string cls = class_name(s, path, "Residual");
     auto block = std::make_unique<nn::Residual>(cls, flag_or(s, path, "inplace", false));
     Siblings<nn::Module*> declared;
@@ -893,7 +938,7 @@ class Builder {
 
   std::unique_ptr<nn::Module> parallel(const json& s, const std::string& path, const std::string& mpath, Flow& flow,
                                        int depth) {
-    only_keys(s, path, "Parallel", {"name", "type", "frozen", "class", "branches", "join", "dim"}, true);
+    only_keys(s, path, "Parallel", {"name", "type", "frozen", "class", "branches", "join", "dim", "inline"}, true);
     const std::string cls = class_name(s, path, "Parallel");
     const std::string join = choice_or(s, path, "join", {"add", "concat", "mul", "matmul"});
     const bool concat = join == "concat", matmul = join == "matmul";
@@ -1057,6 +1102,7 @@ class Builder {
   const ModelFile::Doc& doc_;
   const nn::ModelOptions& given_;
   std::size_t modules_ = 0;
+  std::unordered_map<std::string, bool> paths_;  ///< module path -> it has parameters
 };
 
 /// The document's head: format, version, name, description, options.

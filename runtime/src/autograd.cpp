@@ -12,6 +12,7 @@ namespace {
 thread_local bool tls_grad_enabled = true;
 thread_local ContextId tls_backward_context = kNoContext;
 thread_local std::uint64_t tls_sequence_nr = 0;
+thread_local const SavedTensorsObserver::Fn* tls_saved_observer = nullptr;
 
 /// AccumulateGrad: the sink of a leaf's gradient. Keeps the leaf alive, as
 /// PyTorch's does; the leaf only holds a weak reference back.
@@ -169,7 +170,13 @@ void SavedTensor::save_impl(const Tensor& tensor, bool is_output) {
   is_output_ = is_output;
   output_nr_ = is_output ? tensor.output_nr() : 0;
   grad_fn_ = tensor.grad_fn();
+  if (tls_saved_observer != nullptr) (*tls_saved_observer)(data_);
 }
+
+SavedTensorsObserver::SavedTensorsObserver(Fn fn) : fn_(std::move(fn)), previous_(tls_saved_observer) {
+  tls_saved_observer = &fn_;
+}
+SavedTensorsObserver::~SavedTensorsObserver() { tls_saved_observer = previous_; }
 
 Tensor SavedTensor::unpack() const {
   if (frame_) return frame_->unpack(index_);

@@ -30,7 +30,8 @@ Tensor Module::operator()(const Tensor& input) {
 }
 
 Tensor Module::run_in_scope(const Tensor& input) {
-  if (path_.empty()) return forward(input);  // a root: its children carry the scopes
+  // A root or inline code: the children (or the enclosing module) carry the scopes.
+  if (path_.empty() || inline_) return forward(input);
   const Phase phase = current_phase();
   ModuleScope scope(context(phase == Phase::Backward ? Phase::Recompute : phase));
   BackwardContextGuard backward_scope(context(Phase::Backward));
@@ -46,7 +47,9 @@ std::size_t Module::checkpoint_marks() const {
 void Module::set_path(const std::string& path) {
   path_ = path;
   contexts_ready_ = false;
-  for (auto& [name, child] : children_) child->set_path(path.empty() ? name : path + "." + name);
+  for (auto& [name, child] : children_) {
+    child->set_path(child->inline_ ? path : path.empty() ? name : path + "." + name);
+  }
 }
 
 ContextId Module::context(Phase phase) {

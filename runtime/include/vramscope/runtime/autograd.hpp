@@ -20,6 +20,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string_view>
 #include <vector>
@@ -164,6 +165,24 @@ class SavedTensor {
   /// tensor's grad_fn when saved (a later in-place op on the storage takes over, as
   /// PyTorch's rebase_history does). Weak: an output's node owns this SavedTensor.
   std::weak_ptr<Node> grad_fn_;
+};
+
+/// Observes what autograd keeps: while alive, every tensor a node saves for backward
+/// on this thread is passed to `fn` (after the save, under the saver's module scope),
+/// as the pack hook of torch.autograd.graph.saved_tensors_hooks sees it. Placeholders
+/// of a non-reentrant checkpoint keep nothing and are not reported. Observers nest;
+/// the innermost one sees the saves.
+class SavedTensorsObserver {
+ public:
+  using Fn = std::function<void(const Tensor&)>;
+  explicit SavedTensorsObserver(Fn fn);
+  ~SavedTensorsObserver();
+  SavedTensorsObserver(const SavedTensorsObserver&) = delete;
+  SavedTensorsObserver& operator=(const SavedTensorsObserver&) = delete;
+
+ private:
+  Fn fn_;
+  const Fn* previous_;
 };
 
 // --- grad mode -------------------------------------------------------------------------

@@ -87,6 +87,12 @@ class Module {
   /// Marks this module to run checkpointed (see CheckpointMark).
   void set_checkpoint(CheckpointMark mark) noexcept { checkpoint_ = mark; }
   CheckpointMark checkpoint_mark() const noexcept { return checkpoint_; }
+  /// Marks this module as code in its parent's forward rather than a module of its own
+  /// (the `x + self.mlp(self.ln_2(x))` of a block): it has no path segment and no scope,
+  /// so its children are named, and their memory attributed, as the parent's. Call
+  /// before set_path.
+  void set_inline(bool on = true) noexcept { inline_ = on; }
+  bool is_inline() const noexcept { return inline_; }
   /// Modules marked here and below.
   std::size_t checkpoint_marks() const;
   /// Number of parameter elements, from declared shapes (no allocation needed).
@@ -134,6 +140,7 @@ class Module {
   std::array<ContextId, kNumPhases> contexts_{};
   bool contexts_ready_ = false;
   CheckpointMark checkpoint_ = CheckpointMark::None;
+  bool inline_ = false;
   bool checkpointed_call_ = false;
 
   /// forward() inside this module's scopes.

@@ -1,0 +1,55 @@
+// saved_tensors.cpp — per-module saved-for-backward bytes (see saved_tensors.hpp).
+#include "saved_tensors.hpp"
+
+#include <fmt/format.h>
+
+#include "sweep_export.hpp"
+#include "vramscope/instrumentation/module_scope.hpp"
+#include "vramscope/runtime/runtime.hpp"
+
+namespace mem::tools {
+
+namespace {
+
+void add_slots(const nn::Module& m, std::unordered_set<const nn::Storage*>& out) {
+  for (const nn::ParamSlot& slot : m.slots()) {
+    if (slot.tensor.defined()) out.insert(slot.tensor.storage().get());
+  }
+  for (const auto& [name, child] : m.children()) add_slots(*child, out);
+}
+
+}  // namespace
+
+SavedTensorLog::SavedTensorLog(const nn::Module& model) { add_slots(model, seen_); }
+
+nn::SavedTensorsObserver::Fn SavedTensorLog::observer() {
+  return [this](const nn::Tensor& t) { saved(t); };
+}
+
+void SavedTensorLog::saved(const nn::Tensor& tensor) {
+  // The forward only: a checkpoint's rerun in backward saves again what it frees again.
+  if (nn::current_phase() != Phase::Forward || !tensor.storage()) return;
+  if (!seen_.insert(tensor.storage().get()).second) return;
+  const std::string& module = context_info(current_context()).path;
+  const auto [at, fresh] = row_of_.emplace(module, rows_.size());
+  if (fresh) rows_.push_back({module, 0, 0});
+  SavedByModule& row = rows_[at->second];
+  ++row.tensors;
+  row.bytes += tensor.storage()->nbytes();
+}
+
+std::size_t SavedTensorLog::total_bytes() const noexcept {
+  std::size_t total = 0;
+  for (const SavedByModule& r : rows_) total += r.bytes;
+  return total;
+}
+
+std::string SavedTensorLog::csv(const std::function<std::string(const std::string&)>& type_of) const {
+  std::string out = "module,type,tensors,bytes\n";
+  for (const SavedByModule& r : rows_) {
+    out += fmt::format("{},{},{},{}\n", csv_field(r.module), csv_field(type_of(r.module)), r.tensors, r.bytes);
+  }
+  return out;
+}
+
+}  // namespace mem::tools
