@@ -369,16 +369,7 @@ class Builder {
     if (inline_code && spec.contains("name")) {
       fail(field(path, "name"), "an inline " + type + " is code in the enclosing module's forward and has no name");
     }
-    if (!inline_code) {
-      // Inline code shares its enclosing module's names: two modules at one path are one
-      // module called twice in PyTorch, which only a module without parameters can be here.
-      const bool params = m->parameter_tensors() > 0;
-      const auto [at, fresh] = paths_.emplace(mpath, params);
-      if (!fresh && (params || at->second)) {
-        fail(path, "a second module named '" + mpath + "' (modules with parameters cannot share a name: that would "
-                   "share their weights)");
-      }
-    }
+
     if (flag_or(spec, path, "frozen", false)) m->freeze();
     if (spec.contains("checkpoint")) m->set_checkpoint(checkpoint_mark(spec.at("checkpoint"), field(path, "checkpoint")));
     flow.from = display(mpath, m->type_name());
@@ -791,6 +782,19 @@ class Builder {
     out.list.emplace_back(std::move(name), std::move(m));
   }
 
+  /// Inline code shares its enclosing module's names, so two containers may name a module
+  /// alike: one module called twice in PyTorch, which only a module without parameters
+  /// can be here.
+  void claim(const std::string& mpath, const nn::Module& m, const std::string& path) {
+    if (m.is_inline()) return;
+    const bool params = m.parameter_tensors() > 0;
+    const auto [at, fresh] = paths_.emplace(mpath, params);
+    if (!fresh && (params || at->second)) {
+      fail(path, "a second module named '" + mpath + "' (modules with parameters cannot share a name: that would "
+                 "share their weights)");
+    }
+  }
+
   /// A Sequential's list: modules, and {"repeat": n, "layers": [...]} entries that add
   /// n copies inline. Unnamed modules are named by their index, as nn.Sequential does;
   /// an "expand": true Sequential hands its children to this list ("layer1.0", ...), so
@@ -835,6 +839,7 @@ class Builder {
             const std::string name = std::to_string(out.list.size());
             add_child(out, name, module(body[j], index(field(ipath, "layers"), j), mpath, name, flow, depth + 1),
                       ipath);
+            claim(sub(mpath, name), *out.list.back().second, ipath);
           }
         }
         continue;
@@ -853,6 +858,7 @@ class Builder {
         }
       }
       add_child(out, name, module(spec, ipath, mpath, name, flow, depth + 1), ipath);
+      claim(sub(mpath, name), *out.list.back().second, ipath);
       if (spec.is_object() && spec.contains("name")) named.emplace(name, &spec);
     }
   }
@@ -905,6 +911,7 @@ class Builder {
       if (declared.find(name) != nullptr) fail(ipath, "a second module named '" + name + "' in the same container");
       nn::Module& m = add(name, module(spec, ipath, mpath, name, flow, depth + 1));
       add_child(declared, name, &m, ipath);
+      claim(sub(mpath, name), m, ipath);
     }
   }
 

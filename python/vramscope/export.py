@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import dis
 import importlib
 import importlib.util
 import inspect
 import json
 import operator
+import re
 import os
 import sys
 import time
@@ -165,6 +167,7 @@ def trace(model):
     class Tracer(torch.fx.Tracer):
         def __init__(self):
             super().__init__()
+            self.record_stack_traces = True  # node.stack_trace: the user's file and line
             self.stack: List[Tuple[str, int]] = []
             self.calls: Dict[str, int] = {}
 
@@ -430,6 +433,7 @@ class Op:
     inplace: bool = False
     dim: int = 1
     where: str = ""
+    broken: bool = False           # could not be mapped (listed in the error)
 
 
 class Graph:
@@ -450,18 +454,27 @@ class Graph:
         for i, node in enumerate(gm.graph.nodes):
             try:
                 self._add(i, node)
-            except Unsupported as e:
-                self.problems.append(f"{self._where(node)}: {self._what(node)}: {e}")
+            except Exception as e:  # noqa: BLE001 (Unsupported, or a case this mapping did not foresee)
+                if not isinstance(e, Unsupported):
+                    e = Unsupported(f"not understood ({type(e).__name__}: {e})")
+                # Listed, and kept as a stand-in so that what follows is still checked.
+                broken = Op(node.name, i, node.meta.get("scope", ()), self._data_inputs(node), broken=True)
+                self.by_node[node.name] = broken
+                if not (node.target is operator.getitem and all(o.broken for o in broken.inputs)):
+                    self.problems.append(f"{self._where(node)}: {self._what(node)}: {e}")
 
     # Where a node comes from in the user's code: the module, else the function's stack.
     def _where(self, node) -> str:
         scope = node.meta.get("scope", ())
         owner = scope[-1][0] if scope else ""
+        loc = ""
+        for m in re.finditer(r'File "([^"]+)", line (\d+)', node.stack_trace or ""):
+            file = m.group(1)
+            if not (file.startswith("<") or "/torch/" in file or file.endswith("vramscope/export.py")):
+                loc = f"{file}:{m.group(2)}"
+                break  # fx lists the innermost frame first: the line that did it
         if node.op == "call_module":
-            return f"module '{node.target}'"
-        stack = node.stack_trace or ""
-        lines = [ln.strip() for ln in stack.splitlines() if ln.strip().startswith("File ")]
-        loc = lines[-1] if lines else ""
+            return f"module '{node.target}'" + (f" ({loc})" if loc else "")
         return (f"in '{owner}'" if owner else "in the model's forward") + (f" ({loc})" if loc else "")
 
     def _what(self, node) -> str:
@@ -544,6 +557,10 @@ class Graph:
         if not data:
             raise Unsupported("a tensor made from nothing the model was given (a factory inside forward)")
         op = Op(node.name, i, node.meta.get("scope", ()), data, where=self._where(node))
+        if node.target is operator.getitem and all(o.broken for o in data):
+            op.broken = True  # an element of what an unmapped module returned: listed already
+            self.by_node[node.name] = op
+            return
         if node.op == "call_module":
             self._module(op, node)
         else:
@@ -971,11 +988,12 @@ class Structure:
             elif body and shortcut and not op.inplace:
                 if self._first_index(shortcut) < self._first_index(body):
                     body, shortcut = shortcut, body  # the branch PyTorch runs first
-            item = {"type": "Residual", "inline": True, "body": body}
-            if shortcut:
-                item["shortcut"] = shortcut
+            item = {"type": "Residual", "inline": True}
             if op.inplace:
                 item["inplace"] = True
+            item["body"] = body
+            if shortcut:
+                item["shortcut"] = shortcut
             return item
         item = {"type": "Parallel", "inline": True, "join": op.join, "branches": branches}
         if op.join == "concat" and op.dim != 1:
@@ -1095,6 +1113,9 @@ def export(model, input_shape: Sequence[int], *, name: str = "model", input_dtyp
     if input_dtype not in ("float", "int64"):
         raise ExportError([f"--input-dtype {input_dtype!r}: expected float or int64"], "bad input")
     dtype = torch.int64 if input_dtype == "int64" else torch.float32
+    tensors = list(model.parameters()) + list(model.buffers())
+    if any(t.device.type != "meta" for t in tensors):
+        model = copy.deepcopy(model).to("meta")  # shapes only: never the user's weights
     model.train()
     gm = trace(model)
     metas = propagate_shapes(gm, shape, dtype)
@@ -1102,7 +1123,7 @@ def export(model, input_shape: Sequence[int], *, name: str = "model", input_dtyp
     graph = Graph(gm, model, metas, metas_next, shape[0])
     problems = list(graph.problems)
     if graph.output is None or graph.source is None:
-        raise ExportError(problems or ["the model returns nothing traceable"])
+        raise ExportError(problems or ["the model returns nothing traceable"], f"cannot export {name}")
     structure = Structure(graph)
     layers = structure.build() if not problems else []
     problems += structure.problems
