@@ -13,6 +13,7 @@
 #include <fstream>
 #include <initializer_list>
 #include <optional>
+#include <set>
 #include <span>
 #include <unordered_map>
 #include <sstream>
@@ -816,9 +817,8 @@ class Builder {
           fail(field(ipath, "use"), "expected the name of a module declared earlier in this Sequential, got " +
                                         kind_of(u));
         }
-        std::unique_ptr<nn::Module> copy = module(*it->second, ipath, mpath, it->first, flow, depth + 1);
-        check_reusable(*copy, field(ipath, "use"), it->first);
-        out.list.emplace_back(it->first, std::move(copy));
+        check_reusable(it->second->at("type").get<std::string>(), field(ipath, "use"), it->first);
+        out.list.emplace_back(it->first, module(*it->second, ipath, mpath, it->first, flow, depth + 1));
         continue;
       }
       if (spec.is_object() && spec.contains("repeat")) {
@@ -865,12 +865,11 @@ class Builder {
 
   /// A module that can run twice: one without parameters or children, whose second run is
   /// the same whether it is the module again or a copy of it.
-  void check_reusable(const nn::Module& m, const std::string& at, const std::string& name) const {
-    const std::string& t = m.type_name();
-    if (!m.slots().empty() || !m.children().empty() ||
-        !(t == "ReLU" || t == "ReLU6" || t == "Hardtanh" || t == "LeakyReLU" || t == "SiLU" || t == "Sigmoid" ||
-          t == "Tanh" || t == "GELU" || t == "Softmax" || t == "Dropout" || t == "Identity")) {
-      fail(at, "only an activation, Dropout or Identity can run twice; '" + name + "' is " + t);
+  void check_reusable(const std::string& type, const std::string& at, const std::string& name) const {
+    static const std::set<std::string, std::less<>> kReusable = {
+        "ReLU", "ReLU6", "Hardtanh", "LeakyReLU", "SiLU", "Sigmoid", "Tanh", "GELU", "Softmax", "Dropout", "Identity"};
+    if (!kReusable.contains(type)) {
+      fail(at, "only an activation, Dropout or Identity can run twice; '" + name + "' is " + type);
     }
   }
 
@@ -901,7 +900,7 @@ class Builder {
         const std::string use_name = u.get<std::string>();
         nn::Module& again = **used;
         const std::string& t = again.type_name();
-        check_reusable(again, field(ipath, "use"), use_name);
+        check_reusable(t, field(ipath, "use"), use_name);
         if (t != "Identity") floating(flow, ipath, sub(mpath, use_name), t);
         reuse(again);
         flow.from = display(sub(mpath, use_name), t);

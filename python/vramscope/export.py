@@ -102,14 +102,39 @@ def meta_device():
         yield
 
 
+HF_TYPES = ("llama", "mistral", "qwen2", "gpt2")  # what `vramscope --hf-config` reads
+
+
 def build_model(factory: Callable[[], Any]):
     import torch
-    with meta_device():
-        model = factory()
+    try:
+        with meta_device():
+            model = factory()
+    except Exception as e:  # noqa: BLE001
+        raise ExportError([f"{_user_location(e.__traceback__)}: {type(e).__name__}: {e}"],
+                          "building the model failed") from None
     if not isinstance(model, torch.nn.Module):
         raise ExportError([f"the factory returned {type(model).__name__}, not a torch.nn.Module"])
     model.train()
     return model
+
+
+def refuse_transformers(model, output: Optional[str]) -> None:
+    """A Hugging Face transformers model: torch.fx cannot follow its forward (masks, caches,
+    Python branches on shapes), and vramscope reads its config.json directly instead."""
+    if not any(c.__name__ == "PreTrainedModel" for c in type(model).__mro__) or not hasattr(model, "config"):
+        return
+    model_type = getattr(model.config, "model_type", "?")
+    if model_type not in HF_TYPES:
+        raise ExportError([f"{type(model).__name__} is a transformers model (model_type {model_type!r}); vramscope "
+                           f"models transformers from their config.json, for model types {', '.join(HF_TYPES)}"],
+                          "not exported")
+    config = Path(output).with_suffix(".config.json") if output else Path(f"{model_type}.config.json")
+    model.config.to_json_file(str(config))
+    raise ExportError([f"{type(model).__name__} is a transformers model: vramscope models it from its config "
+                       f"(attention, checkpointing, LoRA and QLoRA as transformers and PEFT run them); its config "
+                       f"is in {config}: run `vramscope sweep --hf-config {config}` (docs/TRANSFORMERS.md)"],
+                      "not exported")
 
 
 # --- tracing -----------------------------------------------------------------------------------
@@ -1202,6 +1227,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                               "bad input") from None
         factory, fname = load_factory(args.model)
         model = build_model(factory)
+        refuse_transformers(model, args.output)
         doc = export(model, shape, name=args.name or fname, input_dtype=args.input_dtype, loss=args.loss,
                      source=f"exported by `python3 -m vramscope.export {args.model} --input {args.input}` "
                             f"from {type(model).__module__}.{type(model).__name__}")

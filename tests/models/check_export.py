@@ -251,16 +251,45 @@ def errors(scratch: Path) -> int:
                  "LSTM: no model-file layer"]),
         ("Branchy", ["torch.fx cannot trace the model", "unexportable.py:22", "--hf-config"]),
     ]
+    python = {fn: sys.executable for fn, _ in cases}
+    # A transformers model (with .ci/run's .venv-transformers): pointed to --hf-config, with its config
+    # written for it, which the command then reads.
+    venv = ROOT / ".venv-transformers" / "bin" / "python"
+    if venv.exists() and subprocess.run([str(venv), "-c", "import transformers"], capture_output=True).returncode == 0:
+        src_hf = scratch / "hf_model.py"
+        src_hf.write_text(HF_MODEL)
+        cases.append(("tiny_llama", ["LlamaForCausalLM is a transformers model", "vramscope sweep --hf-config",
+                                     "never.config.json"]))
+        python["tiny_llama"] = str(venv)
+    else:
+        print("tiny_llama: skipped (no .venv-transformers with transformers)")
     for fn, wanted in cases:
-        done = subprocess.run([sys.executable, "-m", "vramscope.export", f"{src}:{fn}", "--input", "2,8", "-o",
+        module = scratch / ("hf_model.py" if fn == "tiny_llama" else "unexportable.py")
+        done = subprocess.run([python[fn], "-m", "vramscope.export", f"{module}:{fn}", "--input", "2,8", "-o",
                                str(scratch / "never.json")], capture_output=True, text=True, env=env, timeout=120)
         missing = [w for w in wanted if w not in done.stderr]
         if done.returncode != 2 or missing or (scratch / "never.json").exists():
             failures += 1
             print(f"FAIL {fn}: exit {done.returncode}, missing {missing} in:\n{done.stderr}")
-        else:
-            print(f"{fn}: refused with exit 2, {len(done.stderr.splitlines())} lines naming each problem")
+            continue
+        print(f"{fn}: refused with exit 2, {len(done.stderr.splitlines())} lines naming each problem")
+        if fn == "tiny_llama":
+            config = scratch / "never.config.json"
+            run = subprocess.run([sys.argv[1], "models", "--hf-config", str(config)], capture_output=True, text=True)
+            if run.returncode != 0 or "78,144" not in run.stdout:
+                failures += 1
+                print(f"FAIL tiny_llama: the written config does not load: {run.stdout}{run.stderr}")
     return failures
+
+
+HF_MODEL = '''
+import transformers
+
+def tiny_llama():
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=32, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2))
+'''
 
 
 def main() -> int:

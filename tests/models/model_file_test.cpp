@@ -250,5 +250,63 @@ TEST(ModelFilePeaks, ParallelBranchesJoinedByConcatPeakAsDerivedByHand) {
   EXPECT_EQ(r.peak_reserved, 2 * 20 * MiB + 2 * MiB);
 }
 
+// What the exporter writes for `x = x + self.attn(self.ln1(x)); return x + self.mlp(...)`:
+// two residuals inside one module's forward, as inline code. Its children are named as the
+// module's, and it runs exactly as the same blocks written as modules of their own.
+constexpr const char* kBlockFile = R"({
+  "format": "vramscope-model", "version": 1, "name": "inline", "options": {"batch": 1024},
+  "input": {"shape": ["batch", 1024], "requires_grad": true}, "loss": {"type": "sum"},
+  "layers": [{"name": "block", "type": "Sequential", "layers": [
+    {"type": "Residual", %s "body": [{"name": "act1", "type": "Sigmoid"}]},
+    {"type": "Residual", %s "body": [{"name": "act2", "type": "Tanh"}]}]}]})";
+
+std::string block_file(bool inline_code) {
+  const std::string flag = inline_code ? R"("inline": true,)" : "";
+  std::string text = kBlockFile;
+  for (int i = 0; i < 2; ++i) text.replace(text.find("%s"), 2, flag);
+  return text;
+}
+
+void collect_paths(const nn::Module& m, std::vector<std::string>& out) {
+  out.push_back(m.path());
+  for (const auto& [name, child] : m.children()) collect_paths(*child, out);
+}
+
+TEST(ModelFileInline, InlineCodeNamesItsChildrenAsTheEnclosingModule) {
+  std::vector<std::string> paths;
+  collect_paths(ModelFile::parse(block_file(true), "inline.json")->build()->body(), paths);
+  EXPECT_EQ(paths, (std::vector<std::string>{"", "block", "block", "block.act1", "block", "block.act2"}));
+  paths.clear();
+  collect_paths(ModelFile::parse(block_file(false), "named.json")->build()->body(), paths);
+  EXPECT_EQ(paths, (std::vector<std::string>{"", "block", "block.0", "block.0.act1", "block.1", "block.1.act2"}));
+}
+
+TEST(ModelFileInline, InlineCodeRunsAsTheBlocksItStandsFor) {
+  const nn::TrainReport inline_code = one_step(block_file(true));
+  const nn::TrainReport named = one_step(block_file(false));
+  EXPECT_EQ(inline_code.peak_allocated, named.peak_allocated);
+  EXPECT_EQ(inline_code.peak_reserved, named.peak_reserved);
+  EXPECT_GT(inline_code.peak_allocated, 3 * A);  // x, sigmoid's output, the sum, ...
+}
+
+TEST(ModelFileInline, AnActivationCalledTwiceInASequentialIsUsedAgain) {
+  // `x = self.act(self.fc2(self.act(self.fc1(x))))`: {"use": "act"} runs it again under its name.
+  const std::string used = R"({
+    "format": "vramscope-model", "version": 1, "name": "use", "options": {"batch": 1024},
+    "input": {"shape": ["batch", 1024]}, "loss": {"type": "sum"},
+    "layers": [{"name": "fc1", "type": "Linear", "in_features": 1024, "out_features": 1024},
+               {"name": "act", "type": "ReLU"},
+               {"name": "fc2", "type": "Linear", "in_features": 1024, "out_features": 1024},
+               {"use": "act"}]})";
+  const auto model = ModelFile::parse(used, "use.json")->build();
+  std::vector<std::string> names;
+  for (const auto& [name, child] : model->body().children()) names.push_back(name);
+  EXPECT_EQ(names, (std::vector<std::string>{"fc1", "act", "fc2", "act"}));
+  std::string twice = used;
+  twice.replace(twice.find(R"({"use": "act"})"), 14, R"({"name": "act2", "type": "ReLU"})");
+  EXPECT_EQ(one_step(used).peak_allocated, one_step(twice).peak_allocated);
+  EXPECT_EQ(ModelFile::parse(used, "use.json")->describe().parameters, 2 * (1024 * 1024 + 1024));
+}
+
 }  // namespace
 }  // namespace mem::models

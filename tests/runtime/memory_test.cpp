@@ -15,6 +15,7 @@
 #include "vramscope/instrumentation/history.hpp"
 #include "vramscope/instrumentation/module_scope.hpp"
 #include "vramscope/models/zoo.hpp"
+#include "vramscope/runtime/checkpoint.hpp"
 
 namespace mem::nn {
 namespace {
@@ -44,6 +45,42 @@ class SavedBytes : public ::testing::Test {
 };
 
 // Shapes: activations [64, 1024] f32 = 256 KiB; images [8, 16, 32, 32] f32 = 512 KiB.
+TEST_F(SavedBytes, TheObserverSeesEachSaveAsTheStorageKept) {
+  // saved_tensors_hooks' pack hook, observing: linear saves x (the weight's gradient reads
+  // it) and the weight; sigmoid saves its output. Inside a non-reentrant checkpoint only the
+  // checkpoint's own input is kept: the placeholders keep nothing and are not reported.
+  const Tensor x = leaf({64, 1024}), w = leaf({1024, 1024});
+  std::vector<const Storage*> seen;
+  std::vector<std::size_t> bytes;
+  {
+    SavedTensorsObserver observe([&](const Tensor& t) {
+      seen.push_back(t.storage().get());
+      bytes.push_back(t.storage()->nbytes());
+    });
+    const Tensor h = linear(x, w);
+    const Tensor y = sigmoid(h);
+    ASSERT_EQ(seen.size(), 3u);
+    EXPECT_EQ(seen[0], x.storage().get());
+    EXPECT_EQ(seen[1], w.storage().get());
+    EXPECT_EQ(seen[2], y.storage().get());
+    EXPECT_EQ(bytes[2], std::size_t{64 * 1024 * 4});
+    seen.clear();
+    const TensorList out = checkpoint([&](const TensorList& in) { return TensorList{sigmoid(linear(in[0], w))}; },
+                                      {x}, CheckpointOptions{});
+    ASSERT_EQ(seen.size(), 1u);  // the segment's input, for the rerun
+    EXPECT_EQ(seen[0], x.storage().get());
+    {
+      std::size_t inner = 0;
+      SavedTensorsObserver nested([&](const Tensor&) { ++inner; });
+      const Tensor z = sigmoid(x);
+      EXPECT_EQ(inner, 1u);  // the innermost observer sees it, the outer one does not
+    }
+    EXPECT_EQ(seen.size(), 1u);
+  }
+  const Tensor after = sigmoid(x);  // no observer any more
+  EXPECT_EQ(seen.size(), 1u);
+}
+
 TEST_F(SavedBytes, EachOpKeepsWhatDerivativesYamlSaves) {
   const Tensor x = leaf({64, 1024}), w = leaf({1024, 1024}), b = leaf({1024});
   const Tensor img = leaf({8, 16, 32, 32}), kernel = leaf({16, 16, 3, 3}), gamma = leaf({16}), beta = leaf({16});

@@ -265,6 +265,33 @@ def check_trace_files(exe, work):
     check(root.tag.endswith("svg"), root.tag)
 
 
+def check_trace_saved(exe, work):
+    """--saved: forum-cnn's saved-for-backward bytes per module, derived by hand (batch 100,
+    f32): conv1 keeps the input, each ReLU its output (which the next conv and the Linear
+    keep too: one storage, counted under the first saver), MSE its input and target."""
+    os.makedirs(work, exist_ok=True)
+    out = os.path.join(work, "saved.csv")
+    p = run(exe, "trace", "--model", "forum-cnn", "--saved", out, "--no-pre")
+    with open(out, newline="") as f:
+        rows = {r["module"]: (r["type"], int(r["tensors"]), int(r["bytes"])) for r in csv.DictReader(f)}
+    pixels = 100 * 19 * 22 * 4
+    expected = {
+        "0": ("Conv2d", 1, 20 * pixels),   # the batch
+        "1": ("ReLU", 1, 50 * pixels),
+        "3": ("ReLU", 1, 25 * pixels),
+        "5": ("ReLU", 1, 10 * pixels),
+        "loss": ("", 2, 2 * 100 * 3258 * 4),  # mse_loss: output and target
+    }
+    check(rows == expected, f"{rows} != {expected}")
+    total = sum(b for _, _, b in expected.values())
+    check(f"{total / MiB:.2f} MiB saved for backward in step 1's forward, in 5 modules" in p.stdout, p.stdout[-600:])
+    # Checkpointing keeps only each segment's input: fewer bytes, fewer modules.
+    run(exe, "trace", "--model", "forum-cnn", "--saved", out, "--segments", "2", "--no-pre")
+    with open(out, newline="") as f:
+        kept = sum(int(r["bytes"]) for r in csv.DictReader(f))
+    check(kept < total, f"checkpointed {kept} >= {total}")
+
+
 def check_trace_oom(exe, work):
     os.makedirs(work, exist_ok=True)
     pk = os.path.join(work, "oom.pickle")
@@ -563,7 +590,7 @@ CHECKS = {
     "plot": check_plot, "inplace": check_inplace, "replay": check_replay,
     "reentrant": check_reentrant, "auto-segments": check_auto_segments,
     "compute-host-memory": check_compute_host_memory, "batch-lists": check_batch_lists,
-    "max-batch": check_max_batch, "hf-config": check_hf_config,
+    "max-batch": check_max_batch, "hf-config": check_hf_config, "trace-saved": check_trace_saved,
 }
 
 
