@@ -2,7 +2,7 @@
 """doc_examples.py: every `vramscope` output pasted in README.md and docs/*.md, run and compared.
 
 A fenced block whose first line is `$ vramscope ARGS` (or `$ build/release/tools/vramscope
-ARGS`) is an example: the lines after it are what the command prints. A line `...` in the
+ARGS`, or `$ python3 -m vramscope.export ARGS`, run with python/ on the path) is an example: the lines after it are what the command prints. A line `...` in the
 block stands for output left out; every other line must equal the command's output line
 for line, in order, and a run of lines between two `...` must be consecutive in the output.
 
@@ -10,8 +10,8 @@ for line, in order, and a run of lines between two `...` must be consecutive in 
     python3 scripts/doc_examples.py update VRAMSCOPE [FILE.md ...]   # rewrite the blocks
 
 `update` replaces each shown line by the output line at its place (the same rows stay
-shown), so the documents follow the program. Commands run in a scratch folder; files they
-write are thrown away. A fenced block right after a line `<!-- file: NAME -->` is a file
+shown), so the documents follow the program. A document's commands run in order in one scratch
+folder (a file one writes is there for the next); it is thrown away after. A fenced block right after a line `<!-- file: NAME -->` is a file
 the document asks the reader to save: it is written into the scratch folder as NAME before
 the document's commands run, so an example such as `vramscope sweep --model-file
 net.json` runs on exactly the text the document shows.
@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PROMPT = re.compile(r"^\$ (?:build/release/tools/)?vramscope(?P<args>(?: .*)?)$")
+PROMPT = re.compile(r"^\$ (?:build/release/tools/)?(?P<cmd>vramscope|python3 -m vramscope\.export)(?P<args>(?: .*)?)$")
 FENCE = "```"
 
 
@@ -36,7 +36,10 @@ def examples(text: str):
     i = 0
     while i < len(lines):
         if lines[i].startswith(FENCE) and i + 1 < len(lines) and PROMPT.match(lines[i + 1]):
-            args = shlex.split(PROMPT.match(lines[i + 1]).group("args"))
+            m = PROMPT.match(lines[i + 1])
+            args = shlex.split(m.group("args"))
+            if m.group("cmd") != "vramscope":
+                args = [EXPORT] + args
             j = i + 2
             while j < len(lines) and not lines[j].startswith(FENCE):
                 j += 1
@@ -62,11 +65,27 @@ def saved_files(text: str) -> dict[str, str]:
     return files
 
 
-def run(exe: str, args: list[str], files: dict[str, str] | None = None) -> list[str]:
-    with tempfile.TemporaryDirectory() as scratch:
-        for name, content in (files or {}).items():
-            (Path(scratch) / name).write_text(content)
-        p = subprocess.run([exe, *args], capture_output=True, text=True, cwd=scratch, timeout=300)
+EXPORT = "<export>"  # `python3 -m vramscope.export ...`: the exporter of python/, on a python3 with torch
+
+
+def python_with_torch() -> str:
+    for python in (sys.executable, "/usr/bin/python3"):
+        if Path(python).exists() and subprocess.run([python, "-c", "import torch"], capture_output=True).returncode == 0:
+            return python
+    return sys.executable  # the example then fails, saying torch is missing
+
+
+def run(exe: str, args: list[str], scratch: Path) -> list[str]:
+    """Runs one example in the document's scratch folder (shared by its examples, in order:
+    a file the exporter writes is there for the sweep after it)."""
+    import os
+    env = None
+    if args and args[0] == EXPORT:
+        env = dict(os.environ, PYTHONPATH=str(ROOT / "python"))
+        command = [python_with_torch(), "-m", "vramscope.export", *args[1:]]
+    else:
+        command = [exe, *args]
+    p = subprocess.run(command, capture_output=True, text=True, cwd=scratch, timeout=300, env=env)
     return (p.stdout + p.stderr).rstrip("\n").split("\n")
 
 
@@ -141,17 +160,22 @@ def main(argv: list[str]) -> int:
         text = path.read_text()
         lines = text.split("\n")
         replacements = []
-        files_here = saved_files(text)
+        scratch_dir = tempfile.TemporaryDirectory()
+        scratch = Path(scratch_dir.name)
+        for name, content in saved_files(text).items():
+            (scratch / name).write_text(content)
         for prompt, args, shown, end in examples(text):
-            output = run(exe, args, files_here)
+            output = run(exe, args, scratch)
             checked += 1
             if mode == "check":
                 problem = check_block(shown, output)
                 if problem:
                     failures += 1
-                    print(f"{path.name}:{prompt + 1}: vramscope {' '.join(args)}\n    {problem}")
+                    shown_args = ["python3 -m vramscope.export", *args[1:]] if args[:1] == [EXPORT] else ["vramscope", *args]
+                    print(f"{path.name}:{prompt + 1}: {' '.join(shown_args)}\n    {problem}")
             else:
                 replacements.append((prompt + 1, end, update_block(shown, output)))
+        scratch_dir.cleanup()
         if mode == "update" and replacements:
             for start, end, new in reversed(replacements):
                 lines[start:end] = new

@@ -29,7 +29,6 @@ import operator
 import re
 import os
 import sys
-import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -1218,7 +1217,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--name", help="the model's name in tables (default: the function's name)")
     parser.add_argument("-o", "--output", metavar="FILE.json", help="where to write (default: standard output)")
     args = parser.parse_args(argv)
-    started = time.perf_counter()
     try:
         try:
             shape = [int(s) for s in args.input.split(",")]
@@ -1235,15 +1233,25 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"vramscope.export: {e}", file=sys.stderr)
         return 2
     text = json.dumps(doc, indent=1) + "\n"
-    if args.output:
-        Path(args.output).write_text(text)
-        params = sum(p.numel() for p in model.parameters())
-        print(f"vramscope.export: {args.output}: {doc['name']}, {params:,} parameters, input "
-              f"{['batch'] + shape[1:]} (batch {shape[0]}), loss {doc['loss']['type']}, "
-              f"in {time.perf_counter() - started:.2f} s", file=sys.stderr)
-    else:
+    if not args.output:
         sys.stdout.write(text)
+        return 0
+    try:
+        Path(args.output).write_text(text)
+    except OSError as e:
+        print(f"vramscope.export: cannot write {args.output}: {e.strerror}", file=sys.stderr)
+        return 2
+    params = sum(p.numel() for p in model.parameters())
+    loss = doc["loss"]
+    print(f"{args.output}: {doc['name']}, {params:,} parameters, {top_level(doc['layers'])} top-level modules, "
+          f"input [{', '.join(str(d) for d in doc['input']['shape'])}] with batch {shape[0]}, {loss['type']}"
+          + (f" over {loss['classes']} classes" if "classes" in loss else ""), file=sys.stderr)
     return 0
+
+
+def top_level(layers) -> int:
+    """The modules checkpoint_sequential splits: expanded containers count their children."""
+    return sum(top_level(it["layers"]) if it.get("expand") else 1 for it in layers)
 
 
 if __name__ == "__main__":
