@@ -7,8 +7,10 @@
    each storage once, under the innermost module running when it is first saved, parameters
    and buffers left out. They must be equal, module by module, byte for byte.
 2. The exported torchvision files equal the zoo's files: parameter count and every row of a
-   sweep (f32 and amp, every segment count).
-3. What cannot be exported is listed in one error, each item with its place in the source.
+   sweep (f32 and amp, every segment count). Every exported file validates against
+   docs/model-file.schema.json (with python3-jsonschema).
+3. What cannot be exported is listed in one error, each item with its place in the source; a
+   transformers model is pointed to --hf-config with its config written, which the command reads.
 
 Three differences between PyTorch on this CPU (Debian's 1.13) and PyTorch 2.x on a GPU, which
 vramscope models, are taken out of the PyTorch measurement, and said where:
@@ -73,7 +75,13 @@ def export(target: str, options, out: Path) -> dict:
                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
     if done.returncode != 0:
         raise SystemExit(f"FAIL export {target}: exit {done.returncode}\n{done.stderr}")
-    return json.loads(out.read_text())
+    doc = json.loads(out.read_text())
+    try:
+        import jsonschema
+    except ImportError:
+        return doc
+    jsonschema.validate(doc, json.loads((ROOT / "docs" / "model-file.schema.json").read_text()))
+    return doc
 
 
 def torch_saved(model, x):
