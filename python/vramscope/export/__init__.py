@@ -22,6 +22,7 @@ from typing import List, Optional, Sequence
 
 from ._errors import ExportError
 from ._graph import Graph
+from ._layers import leaves
 from ._model import build_model, load_factory, meta_device
 from ._structure import Structure, finish
 from ._trace import propagate_shapes, trace
@@ -41,10 +42,13 @@ def export(model, input_shape: Sequence[int], *, name: str = "model", input_dtyp
     if input_dtype not in ("float", "int64"):
         raise ExportError([f"--input-dtype {input_dtype!r}: expected float or int64"], "bad input")
     dtype = torch.int64 if input_dtype == "int64" else torch.float32
+    high = _embedding_size(model) if input_dtype == "int64" else 0
     tensors = list(model.parameters()) + list(model.buffers())
     if any(t.device.type != "meta" for t in tensors):
         model = copy.deepcopy(model).to("meta")  # shapes only: never the user's weights
     model.train()
+    if type(model) in leaves():
+        model = torch.nn.Sequential(model)  # torch.fx traces into the root: make the layer its child
     gm = trace(model)
     metas = propagate_shapes(gm, shape, dtype)
     metas_next = propagate_shapes(gm, [shape[0] + 1] + shape[1:], dtype)
@@ -66,7 +70,6 @@ def export(model, input_shape: Sequence[int], *, name: str = "model", input_dtyp
     doc["options"] = {"batch": shape[0]}
     doc["input"] = {"shape": ["batch"] + shape[1:]}
     if input_dtype == "int64":
-        high = _embedding_size(model)
         doc["input"].update({"dtype": "int64", "high": high})
     doc["loss"] = _loss(loss, out_shape, shape[0])
     doc["layers"] = finish(layers)

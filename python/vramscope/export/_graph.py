@@ -39,6 +39,7 @@ class Graph:
         self.ops: List[Op] = []
         self.by_node: Dict[str, Op] = {}
         self.constant: set = set()   # nodes computed from parameters only (get_attr, expand of one)
+        self.calls: Dict[str, int] = {}  # leaf module -> calls so far
         self.source: Optional[Op] = None
         self.output: Optional[Op] = None
         self.torch = torch
@@ -166,6 +167,10 @@ class Graph:
             raise Unsupported("no model-file layer for this module type")
         spec = dict(mapper(m))
         params = list(m.parameters(recurse=True))
+        self.calls[node.target] = self.calls.get(node.target, 0) + 1
+        if params and self.calls[node.target] > 1:
+            raise Unsupported("called again: a module with parameters used twice shares its weights, which a "
+                              "model file cannot say")
         if params:
             frozen = [not p.requires_grad for p in params]
             if all(frozen):

@@ -1,0 +1,174 @@
+"""The exporter's rules on small models (torch on the CPU; the round trips against PyTorch's
+saved bytes are tests/models/check_export.py): what each construct becomes, and what it
+refuses, all of it in one error."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+F = torch.nn.functional
+
+from vramscope.export import ExportError, export  # noqa: E402
+
+
+def layers(model, shape, **kw):
+    return export(model, shape, **kw)["layers"]
+
+
+def test_a_view_that_follows_the_batch_is_written_with_batch():
+    class Heads(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(32, 32)
+
+        def forward(self, x):
+            h = self.fc(x).view(x.size(0), x.size(1), 4, 8).transpose(1, 2)
+            return h.contiguous().view(x.size(0), -1)
+
+    out = layers(Heads(), [3, 5, 32])
+    assert [it["type"] for it in out] == ["Linear", "Reshape", "Transpose", "Contiguous", "Flatten"]
+    assert out[1]["shape"] == ["batch", 5, 4, 8]
+    assert out[2] == {"name": "transpose", "type": "Transpose", "dim0": 1, "dim1": 2}
+
+
+def test_a_residual_inside_a_forward_is_inline_and_keeps_the_module_names():
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm = nn.LayerNorm(16)
+            self.fc = nn.Linear(16, 16)
+
+        def forward(self, x):
+            x = x + self.fc(self.norm(x))
+            return F.gelu(x)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.block = Block()
+            self.head = nn.Linear(16, 4)
+
+        def forward(self, x):
+            return self.head(self.block(x))
+
+    out = layers(Net(), [2, 16])
+    block = out[0]
+    assert block["name"] == "block" and block["type"] == "Residual" and block["class"] == "Block"
+    assert [m["name"] for m in block["body"]] == ["norm", "fc"]
+    assert block["then"] == [{"name": "gelu", "type": "GELU"}]
+    assert "inline" not in block
+
+
+def test_two_residuals_in_one_forward_are_inline_in_a_sequential():
+    class Layer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(8, 8)
+            self.b = nn.Linear(8, 8)
+
+        def forward(self, x):
+            x = x + self.a(x)
+            return x + self.b(x)
+
+    out = layers(nn.Sequential(Layer(), nn.Linear(8, 2)), [2, 8])
+    # The root's nn.Sequential children are the top level; the Layer is a block (it forks).
+    assert out[0]["type"] == "Sequential" and out[0]["name"] == "0"
+    assert [(r["type"], r.get("inline")) for r in out[0]["layers"]] == [("Residual", True), ("Residual", True)]
+    assert [r["body"][0]["name"] for r in out[0]["layers"]] == ["a", "b"]
+
+
+def test_plain_containers_are_expanded_into_the_top_level_sequence():
+    model = nn.Sequential(nn.Sequential(nn.Linear(4, 4), nn.ReLU()), nn.Linear(4, 2))
+    out = layers(model, [2, 4])
+    assert out[0]["expand"] is True and [m["type"] for m in out[0]["layers"]] == ["Linear", "ReLU"]
+
+
+def test_frozen_modules_in_place_flags_and_an_activation_called_twice():
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem = nn.Linear(4, 8)
+            self.stem.requires_grad_(False)
+            self.fc = nn.Linear(8, 8)
+            self.act = nn.ReLU(inplace=True)
+
+        def forward(self, x):
+            return self.act(self.fc(self.act(self.stem(x))))
+
+    out = layers(Net(), [2, 4])
+    assert out[0]["frozen"] is True and "frozen" not in out[2]
+    assert out[1] == {"name": "act", "type": "ReLU", "inplace": True}
+    assert out[3] == {"use": "act"}
+
+
+def test_concatenated_branches_are_a_parallel_in_argument_order():
+    class Mixed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Conv2d(4, 2, 1)
+            self.b = nn.Conv2d(4, 6, 3, padding=1)
+
+        def forward(self, x):
+            return torch.cat([self.b(x), self.a(x)], 1)
+
+    out = layers(nn.Sequential(Mixed(), nn.Flatten()), [2, 4, 5, 5], loss="sum")
+    par = out[0]
+    assert par["type"] == "Parallel" and par["join"] == "concat" and "dim" not in par
+    assert [b[0]["name"] for b in par["branches"]] == ["b", "a"]
+
+
+def test_everything_unmappable_is_listed_once_with_its_line():
+    class Odd(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+
+        def forward(self, x):
+            y = self.fc(x)
+            y = self.fc(torch.cos(y))
+            return torch.sin(y) * 3
+
+    with pytest.raises(ExportError) as e:
+        export(Odd(), [2, 8], name="odd")
+    text = str(e.value)
+    assert "cannot export odd: 4 things" in text
+    assert "test_export.py" in text
+    for what in ("call_function cos", "called again", "call_function sin", "arithmetic with a number"):
+        assert what in text
+
+
+def test_a_graph_that_is_not_series_parallel_is_refused():
+    class Dense(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(4, 4)
+            self.b = nn.Linear(4, 4)
+
+        def forward(self, x):
+            a = self.a(x)
+            b = self.b(a)
+            return torch.cat([a, b, x], 1)  # a is both a branch and a step of another
+
+    with pytest.raises(ExportError, match="not series-parallel"):
+        export(Dense(), [2, 4])
+
+
+@pytest.mark.parametrize("shape, kw, message", [
+    ([0, 4], {}, "expected positive sizes"),
+    ([2, 4], {"loss": "hinge"}, "expected one of"),
+    ([2, 4], {"loss": "none"}, "returns its loss"),
+    ([2, 4], {"input_dtype": "int64"}, "needs an nn.Embedding"),
+    ([2, 5], {}, "does not run on an input of shape [2, 5]"),
+])
+def test_bad_requests_are_refused(shape, kw, message):
+    with pytest.raises(ExportError) as e:
+        export(nn.Linear(4, 3), shape, **kw)
+    assert message in str(e.value)
+
+
+def test_the_users_model_is_left_untouched():
+    model = nn.Linear(4, 3)
+    weight = model.weight.detach().clone()
+    export(model, [2, 4])
+    assert model.weight.device.type == "cpu" and torch.equal(model.weight.detach(), weight)
