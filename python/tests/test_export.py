@@ -172,3 +172,33 @@ def test_the_users_model_is_left_untouched():
     weight = model.weight.detach().clone()
     export(model, [2, 4])
     assert model.weight.device.type == "cpu" and torch.equal(model.weight.detach(), weight)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["no_such_file.py:make", "--input", "2,4"], "no_such_file.py: no such file"),
+    (["make_model", "--input", "2,4"], "expected FILE.py:FUNCTION"),
+    (["{model}:missing", "--input", "2,4"], "has no 'missing'"),
+    (["{model}:NOT_CALLABLE", "--input", "2,4"], "is not callable"),
+    (["{model}:broken", "--input", "2,4"], "building the model failed"),
+    (["{model}:make", "--input", "2,x"], "expected sizes separated by commas"),
+    (["{model}:make", "--input", "2,4", "-o", "/no/such/dir/net.json"], "cannot write /no/such/dir/net.json"),
+])
+def test_the_command_refuses_bad_arguments_with_exit_2(tmp_path, capsys, args, message):
+    from vramscope.export.__main__ import main
+    model = tmp_path / "my_model.py"
+    model.write_text("import torch\nNOT_CALLABLE = 3\n"
+                     "def make():\n    return torch.nn.Sequential(torch.nn.Linear(4, 3))\n"
+                     "def broken():\n    raise ValueError('no weights here')\n")
+    assert main([a.replace("{model}", str(model)) for a in args]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_the_command_writes_the_file_and_says_what_it_is(tmp_path, capsys):
+    from vramscope.export.__main__ import main
+    model = tmp_path / "my_model.py"
+    model.write_text("import torch\ndef make():\n    return torch.nn.Sequential(torch.nn.Linear(4, 3))\n")
+    out = tmp_path / "net.json"
+    assert main([f"{model}:make", "--input", "2,4", "-o", str(out)]) == 0
+    assert capsys.readouterr().err.strip() == (f"{out}: make, 15 parameters, 1 top-level module, input [batch, 4] "
+                                               "with batch 2, cross_entropy over 3 classes")
+    assert '"type": "Linear"' in out.read_text()

@@ -58,7 +58,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     params = sum(p.numel() for p in model.parameters())
     loss = doc["loss"]
-    print(f"{args.output}: {doc['name']}, {params:,} parameters, {top_level(doc['layers'])} top-level modules, "
+    n = top_level(doc["layers"])
+    print(f"{args.output}: {doc['name']}, {params:,} parameters, {n} top-level module{'s' if n != 1 else ''}, "
           f"input [{', '.join(str(d) for d in doc['input']['shape'])}] with batch {shape[0]}, {loss['type']}"
           + (f" over {loss['classes']} classes" if "classes" in loss else ""), file=sys.stderr)
     return 0
