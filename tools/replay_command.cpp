@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "commands.hpp"
+#include "replay_compare.hpp"
 #include "table.hpp"
 #include "usage_error.hpp"
 #include "vramscope/allocator/config.hpp"
@@ -48,7 +49,34 @@ struct Row {
   std::string label;  // "vramscope (default)", "cub-growth2"
   ReplayResult result;
   std::optional<CapacitySearch> smallest;  ///< --min-capacity: the smallest GPU that fits
+  bool peer = false;                       ///< another allocator, not a setting
 };
+
+/// The run the others are compared with: the recorded setting's, else the first.
+struct Baseline {
+  std::size_t index = 0;
+  std::string name;  // "recorded", or "first" when the trace carries no settings
+};
+
+std::string change_cell(const std::vector<Row>& rows, const Baseline& base, std::size_t i) {
+  if (i == base.index) return base.name;
+  if (rows[i].peer || !rows[i].result.supported || !rows[base.index].result.supported) return "—";
+  return describe_change(change_against(rows[i].result, rows[base.index].result));
+}
+
+std::string advice(const std::vector<Row>& rows, const Baseline& base) {
+  std::vector<std::string> labels;
+  std::vector<const ReplayResult*> runs;
+  std::size_t index = 0;
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    if (rows[i].peer) continue;
+    if (i == base.index) index = runs.size();
+    labels.push_back(rows[i].label);
+    runs.push_back(&rows[i].result);
+  }
+  if (runs.size() < 2 || !rows[base.index].result.supported) return "";
+  return replay_advice(labels, runs, index, base.name);
+}
 
 std::string oom_text(const ReplayResult& r) {
   if (!r.first_oom) return "none";
@@ -141,7 +169,7 @@ std::string csv_field(const std::string& s) {
   return out + "\"";
 }
 
-void print(const ReplayArgs& args, const AllocationTrace& trace, const std::vector<Row>& rows) {
+void print(const ReplayArgs& args, const AllocationTrace& trace, const std::vector<Row>& rows, const Baseline& base) {
   if (args.format == "json") {
     nlohmann::json j = {{"trace", trace.source},
                         {"format", std::string(trace_format_name(trace.format))},
@@ -149,7 +177,20 @@ void print(const ReplayArgs& args, const AllocationTrace& trace, const std::vect
                         {"device", args.device},
                         {"runs", nlohmann::json::array()}};
     if (!rows.empty()) j["assumptions"] = rows.front().result.assumptions;
-    for (const Row& row : rows) j["runs"].push_back(to_json(row));
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      nlohmann::json run = to_json(rows[i]);
+      if (i == base.index) {
+        run["baseline"] = base.name;
+      } else if (!rows[i].peer && rows[i].result.supported && rows[base.index].result.supported) {
+        const ReplayChange c = change_against(rows[i].result, rows[base.index].result);
+        run["vs_baseline"] = {{"peak_reserved_bytes", c.reserved},
+                              {"peak_nvidia_smi_bytes", c.device_used},
+                              {"device_allocs", c.device_allocs},
+                              {"oom", c.oom}};
+      }
+      j["runs"].push_back(std::move(run));
+    }
+    if (const std::string a = advice(rows, base); !a.empty()) j["advice"] = a.substr(std::string("advice: ").size());
     std::cout << j.dump(2) << "\n";
     return;
   }
@@ -158,11 +199,17 @@ void print(const ReplayArgs& args, const AllocationTrace& trace, const std::vect
                  "peak_nvidia_smi_bytes,reserved_per_requested,fragmentation,"
                  "largest_free_block_at_peak_bytes,device_allocs,first_oom_event,"
                  "segment_allocs_reproduced,segment_allocs_recorded,blocks_placed,allocs_checked,"
-                 "min_capacity_bytes\n";
-    for (const Row& row : rows) {
+                 "min_capacity_bytes,baseline,vs_peak_reserved_bytes,vs_peak_nvidia_smi_bytes,vs_device_allocs\n";
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      const Row& row = rows[i];
       const ReplayResult& r = row.result;
+      std::string vs = ",,";
+      if (i != base.index && !row.peer && r.supported && rows[base.index].result.supported) {
+        const ReplayChange c = change_against(r, rows[base.index].result);
+        vs = fmt::format("{},{},{}", c.reserved, c.device_used, c.device_allocs);
+      }
       std::cout << fmt::format(
-          "{},{},{},{},{},{},{:.4f},{:.4f},{},{},{},{},{},{},{},{}\n", csv_field(row.label),
+          "{},{},{},{},{},{},{:.4f},{:.4f},{},{},{},{},{},{},{},{},{},{}\n", csv_field(row.label),
           csv_field(r.config), r.peak_allocated, r.peak_reserved, r.peak_requested, r.peak_device_used,
           r.reserved_per_requested, r.fragmentation, r.largest_free_block_at_peak, r.segment_allocs,
           r.first_oom ? std::to_string(r.first_oom->event_index) : "",
@@ -170,7 +217,8 @@ void print(const ReplayArgs& args, const AllocationTrace& trace, const std::vect
           r.conformance_checked ? std::to_string(r.segment_allocs_recorded) : "",
           r.conformance_checked ? std::to_string(r.blocks_placed) : "",
           r.conformance_checked ? std::to_string(r.allocs_checked) : "",
-          row.smallest && row.smallest->supported ? std::to_string(row.smallest->capacity) : "");
+          row.smallest && row.smallest->supported ? std::to_string(row.smallest->capacity) : "",
+          i == base.index ? base.name : "", vs);
     }
     return;
   }
@@ -188,13 +236,16 @@ void print(const ReplayArgs& args, const AllocationTrace& trace, const std::vect
            {"cudaMalloc"},
            {"first OOM", Align::Left}};
   if (smallest) cols.push_back({"smallest GPU"});
+  cols.push_back({"vs " + base.name, Align::Left});
   cols.push_back({"matches recording", Align::Left});
   Table t{cols};
-  for (const Row& row : rows) {
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const Row& row = rows[i];
     const ReplayResult& r = row.result;
     if (!r.supported) {
       std::vector<std::string> cells{row.label, "—", "—", "—", "—", "—", "—", "—"};
       if (smallest) cells.push_back("—");
+      cells.push_back("—");
       cells.push_back("not replayed: " + r.unsupported_reason);
       t.add_row(std::move(cells));
       continue;
@@ -208,10 +259,17 @@ void print(const ReplayArgs& args, const AllocationTrace& trace, const std::vect
                       : row.smallest->supported ? format_bytes(row.smallest->capacity)
                                                 : "none");
     }
+    cells.push_back(change_cell(rows, base, i));
     cells.push_back(conformance_text(r));
     t.add_row(std::move(cells));
   }
   std::cout << t.render("  ");
+  if (base.name == "recorded") {
+    std::cout << "  every run starts from the recorded state (the snapshot's segments and live blocks); \"vs recorded\"\n"
+                 "  is max reserved, max nvidia-smi and cudaMalloc calls against the recorded setting's run"
+              << (trace.allocator_conf_known ? "" : "\n  (the snapshot carries no allocator settings: recorded with the defaults, assumed)")
+              << "\n";
+  }
   for (const Row& row : rows) {
     const ReplayResult& r = row.result;
     if (r.unknown_frees > 0)
@@ -257,6 +315,7 @@ void print(const ReplayArgs& args, const AllocationTrace& trace, const std::vect
         std::cout << fmt::format("  {}: no smallest GPU: {}\n", row.label, row.smallest->unsupported_reason);
     }
   }
+  if (const std::string a = advice(rows, base); !a.empty()) std::cout << "  " << a << "\n";
 }
 
 void run(const ReplayArgs& args) {
@@ -286,6 +345,23 @@ void run(const ReplayArgs& args) {
     throw CommandFailed(one_line(e.what()));
   }
 
+  // The recorded setting is the baseline: replayed first when not asked for.
+  // A snapshot without allocator_settings (PyTorch before 2.1) was recorded with the defaults
+  // unless PYTORCH_CUDA_ALLOC_CONF said otherwise; the note under the table says so.
+  Baseline base{0, "first"};
+  if (trace.format == TraceFormat::PyTorchSnapshot) {
+    try {
+      const AllocatorConfig recorded =
+          trace.allocator_conf_known ? AllocatorConfig::parse(trace.allocator_conf) : AllocatorConfig{};
+      const auto at = std::find(configs.begin(), configs.end(), recorded);
+      base.index = at == configs.end() ? 0 : static_cast<std::size_t>(at - configs.begin());
+      if (at == configs.end()) configs.insert(configs.begin(), recorded);
+      base.name = "recorded";
+    } catch (const Error&) {
+      // settings this allocator does not read: compare with the first run
+    }
+  }
+
   std::vector<Row> rows;
   for (const AllocatorConfig& config : configs) {
     ReplayOptions opt;
@@ -307,11 +383,11 @@ void run(const ReplayArgs& args) {
       auto device = std::dynamic_pointer_cast<SimDevice>(make_device(args.device));
       if (!device) throw UsageError("--peer: CUB runs on a simulated device; give --device sim:...");
       bench::CubReplayTarget target{device, bins};
-      rows.push_back({target.name(), replay_on(trace, target), std::nullopt});
+      rows.push_back({target.name(), replay_on(trace, target), std::nullopt, true});
     }
   }
 #endif
-  print(args, trace, rows);
+  print(args, trace, rows, base);
 }
 
 }  // namespace

@@ -585,6 +585,91 @@ std::uintptr_t AllocatorCore::reserve_segment(std::size_t bytes, StreamId stream
   return p.block->ptr;
 }
 
+std::vector<void*> AllocatorCore::restore_segment(std::size_t bytes, StreamId stream, bool small_pool,
+                                                  const std::vector<CachingAllocator::RestoredBlock>& live) {
+  const auto fail = [&](const std::string& what) -> void {
+    throw Error("restore_segment(" + format_bytes(bytes) + "): " + what);
+  };
+  if (bytes == 0 || bytes % kMinBlockSize != 0 || bytes > kMaxRequestSize) fail("size must be a positive multiple of 512 B");
+  std::size_t end = 0;
+  for (std::size_t i = 0; i < live.size(); ++i) {
+    const CachingAllocator::RestoredBlock& b = live[i];
+    if (b.size == 0 || b.size % kMinBlockSize != 0 || b.offset % kMinBlockSize != 0 || b.offset < end ||
+        b.offset > bytes || b.size > bytes - b.offset || b.requested > b.size) {
+      fail("block " + std::to_string(i) + " (offset " + std::to_string(b.offset) + ", " + std::to_string(b.size) +
+           " B, requested " + std::to_string(b.requested) +
+           " B) is not a multiple of 512 inside the segment after the previous block");
+    }
+    end = b.offset + b.size;
+  }
+
+  std::lock_guard guard(lock_);
+  AllocParams p;
+  p.size = p.alloc_size = bytes;
+  p.stream = stream;
+  p.pool = small_pool ? &small_blocks_ : &large_blocks_;
+  if (!alloc_block(p, false)) fail("the device has no room for it");
+  BlockPool& pool = *p.pool;
+  const std::size_t pi = pool_index(pool);
+
+  // Cut the segment from the front: [gap][live][gap][live]...[rest].
+  const auto cut = [&](Block* from, std::size_t size) {  // `from` keeps the front `size` bytes
+    Block* back = block_storage_.acquire();
+    back->ptr = from->ptr + size;
+    back->size = from->size - size;
+    back->requested_size = 0;
+    back->stream = stream;
+    back->pool = &pool;
+    back->allocated = false;
+    back->context = 0;
+    back->prev = from;
+    back->next = from->next;
+    if (back->next != nullptr) back->next->prev = back;
+    from->next = back;
+    from->size = size;
+    return back;
+  };
+  std::vector<void*> out;
+  std::vector<Block*> gaps;
+  out.reserve(live.size());
+  Block* rest = p.block;
+  for (const CachingAllocator::RestoredBlock& b : live) {
+    const std::uintptr_t at = p.block->ptr + b.offset;
+    if (at > rest->ptr) {
+      Block* gap = rest;
+      rest = cut(gap, at - gap->ptr);
+      gaps.push_back(gap);
+    }
+    Block* block = rest;
+    rest = block->size > b.size ? cut(block, b.size) : nullptr;
+    block->allocated = true;
+    block->requested_size = b.requested > 0 ? b.requested : b.size;
+    block->context = context_source_ ? context_source_() : 0;
+    active_.insert(block->ptr, block);
+    const auto size = static_cast<std::int64_t>(block->size);
+    pool_stats_.allocation.increase(pi, 1);
+    pool_stats_.allocated_bytes.increase(pi, size);
+    pool_stats_.active.increase(pi, 1);
+    pool_stats_.active_bytes.increase(pi, size);
+    pool_stats_.requested_bytes.increase(pi, static_cast<std::int64_t>(block->requested_size));
+    if (block->size >= config_.max_split_size) stats_.oversize_allocations.increase(1);
+    if (instrumented_) [[unlikely]] {
+      emit(TraceAction::Alloc, block, block->size, block->requested_size);
+    }
+    out.push_back(reinterpret_cast<void*>(block->ptr));
+    if (rest == nullptr) break;  // the layout was checked: nothing follows a block that ends the segment
+  }
+  if (rest != nullptr) gaps.push_back(rest);
+  for (Block* gap : gaps) {
+    pool.insert(gap);
+    if (gap->is_split()) {  // inactive_split counts free blocks that are only part of a segment
+      pool_stats_.inactive_split.increase(pi, 1);
+      pool_stats_.inactive_split_bytes.increase(pi, static_cast<std::int64_t>(gap->size));
+    }
+  }
+  return out;
+}
+
 void AllocatorCore::add_observer(AllocatorObserver* observer) {
   if (observer == nullptr) throw Error("add_observer(nullptr)");
   std::lock_guard guard(lock_);

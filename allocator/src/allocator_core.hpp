@@ -53,6 +53,8 @@ class AllocatorCore {
   void detach_ring(EventRing* ring) noexcept;
   void set_context_source(ContextSource source) noexcept;
   std::uintptr_t reserve_segment(std::size_t bytes, StreamId stream, bool small_pool);
+  std::vector<void*> restore_segment(std::size_t bytes, StreamId stream, bool small_pool,
+                                     const std::vector<CachingAllocator::RestoredBlock>& live);
 
   Device& device() const noexcept { return *device_; }
   const std::shared_ptr<Device>& device_ptr() const noexcept { return device_; }

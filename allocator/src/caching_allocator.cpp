@@ -50,6 +50,11 @@ std::uintptr_t CachingAllocator::reserve_segment(std::size_t bytes, StreamId str
                                                  bool small_pool) {
   return core_->reserve_segment(bytes, stream, small_pool);
 }
+
+std::vector<void*> CachingAllocator::restore_segment(std::size_t bytes, StreamId stream, bool small_pool,
+                                                     const std::vector<RestoredBlock>& live) {
+  return core_->restore_segment(bytes, stream, small_pool, live);
+}
 Device& CachingAllocator::device() const noexcept { return core_->device(); }
 std::shared_ptr<Device> CachingAllocator::device_ptr() const noexcept {
   return core_->device_ptr();

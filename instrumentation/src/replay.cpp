@@ -307,7 +307,7 @@ class Replayer {
       }
     }
     const bool exact = recorded_known && recorded == opt_.config && opt_.trace_addresses;
-    if (opt_.rebuild_initial_state && trace_.has_final_state) rebuild(recorded, exact);
+    if (opt_.rebuild_initial_state && trace_.has_final_state) rebuild(recorded);
 
     alloc.reset_peak_stats();
     alloc.reset_accumulated_stats();
@@ -350,9 +350,16 @@ class Replayer {
     r_.reserved_per_requested = r_.peak_requested > 0 ? static_cast<double>(r_.peak_reserved) /
                                                             static_cast<double>(r_.peak_requested)
                                                       : 0.0;
-    if (opt_.track_fragmentation && r_.reserved_unallocated_at_peak > 0)
-      r_.fragmentation = 1.0 - static_cast<double>(r_.largest_free_block_at_peak) /
-                                   static_cast<double>(r_.reserved_unallocated_at_peak);
+    // The reserved memory no single request could have had when allocated memory peaked:
+    // free, but outside the largest free block, as a share of what was reserved then.
+    const std::int64_t reserved_at_peak =
+        static_cast<std::int64_t>(peak_allocated_seen_) + r_.reserved_unallocated_at_peak;
+    if (opt_.track_fragmentation && reserved_at_peak > 0) {
+      const std::int64_t scattered =
+          r_.reserved_unallocated_at_peak - static_cast<std::int64_t>(r_.largest_free_block_at_peak);
+      r_.fragmentation = static_cast<double>(std::max<std::int64_t>(scattered, 0)) /
+                         static_cast<double>(reserved_at_peak);
+    }
     r_.segment_allocs = observer_.total_segment_allocs;
     r_.segment_frees = observer_.total_segment_frees;
     r_.driver_time_us = device_->driver_time_us() - driver_start;
@@ -381,97 +388,41 @@ class Replayer {
       r_.divergences.push_back(ReplayDivergence{index, std::move(what)});
   }
 
-  void rebuild(const AllocatorConfig& recorded, bool exact) {
-    InitialState state = derive_initial_state(trace_, recorded);
-    r_.rebuilt_exactly = exact;
+  // The starting state, the same under every setting: the recorded segments at their
+  // recorded addresses, the live blocks at their recorded offsets, the rest free. A what-if
+  // then differs from the recorded setting's run only by what the trace's events do.
+  void rebuild(const AllocatorConfig& recorded) {
+    const InitialState state = derive_initial_state(trace_, recorded);
+    r_.rebuilt_exactly = opt_.trace_addresses;
     r_.initial_segments = state.segments.size();
-    if (!exact) {
-      // Other settings: the recorded layout means nothing under them; recreate
-      // only what was live, placed by this allocator's policy.
-      for (const InitSegment& seg : state.segments) {
-        for (const InitBlock& b : seg.live) {
-          ++r_.initial_blocks;
-          try {
-            live_[b.address] = alloc_->allocate(b.requested ? b.requested : b.size, stream_of(seg.stream));
-          } catch (const std::exception&) {
-            ++r_.initial_blocks_misplaced;
-            failed_.insert(b.address);
-          }
-        }
-      }
-      const DeviceStats s = alloc_->stats();
-      r_.initial_reserved = static_cast<std::size_t>(s.reserved_bytes[0].current);
-      r_.initial_allocated = static_cast<std::size_t>(s.allocated_bytes[0].current);
-      return;
-    }
-    std::vector<void*> fillers;
     for (const InitSegment& seg : state.segments) {
-      const StreamId stream = stream_of(seg.stream);
-      device_->expect({{seg.address, seg.size}}, false);
+      std::vector<CachingAllocator::RestoredBlock> live;
+      live.reserve(seg.live.size());
+      for (const InitBlock& b : seg.live) {
+        live.push_back({b.address - seg.address, b.size, b.requested <= b.size ? b.requested : 0});
+      }
+      r_.initial_blocks += live.size();
+      if (opt_.trace_addresses) device_->expect({{seg.address, seg.size}}, false);
+      std::vector<void*> ptrs;
       try {
-        alloc_->reserve_segment(seg.size, stream, seg.small_pool);
+        ptrs = alloc_->restore_segment(seg.size, stream_of(seg.stream), seg.small_pool, live);
       } catch (const std::exception& ex) {
         device_->clear_expectations();
-        divergence(0, "starting state: cannot reserve segment of " + describe_bytes(seg.size) +
-                          ": " + ex.what());
+        divergence(0, "starting state: cannot restore a segment of " + describe_bytes(seg.size) + ": " + ex.what());
+        for (const InitBlock& b : seg.live) failed_.insert(b.address);
+        r_.initial_blocks_misplaced += seg.live.size();
         continue;
       }
       device_->clear_expectations();
-      // Pieces in address order: live blocks and the free gaps between them.
-      struct Piece {
-        std::size_t size;
-        const InitBlock* block;  // null: filler
-      };
-      std::vector<Piece> pieces;
-      std::uintptr_t cursor = seg.address;
-      auto gap = [&](std::uintptr_t to) {
-        std::size_t left = to - cursor;
-        if (!seg.small_pool && left <= kSmallSize && !pieces.empty()) {
-          pieces.back().size += left;  // the large pool holds no block this small
-          left = 0;
-        }
-        while (left > 0) {
-          const std::size_t n = seg.small_pool ? std::min(left, kSmallSize) : left;
-          pieces.push_back(Piece{n, nullptr});
-          left -= n;
-        }
-        cursor = to;
-      };
-      for (const InitBlock& b : seg.live) {
-        if (b.address > cursor) gap(b.address);
-        pieces.push_back(Piece{b.size, &b});
-        cursor = b.address + b.size;
-      }
-      if (cursor < seg.address + seg.size) gap(seg.address + seg.size);
-
-      for (const Piece& p : pieces) {
-        std::size_t ask = p.size;
-        if (p.block && round_size(p.block->requested, recorded) == p.size) ask = p.block->requested;
-        void* ptr = nullptr;
-        try {
-          ptr = alloc_->allocate(ask, stream);
-        } catch (const std::exception& ex) {
-          divergence(0, "starting state: cannot place a block of " + describe_bytes(p.size) + ": " +
-                            ex.what());
-        }
-        if (p.block) {
-          ++r_.initial_blocks;
-          if (ptr == nullptr) {
-            failed_.insert(p.block->address);
-          } else {
-            live_[p.block->address] = ptr;
-            if (reinterpret_cast<std::uintptr_t>(ptr) != p.block->address) ++r_.initial_blocks_misplaced;
-          }
-        } else if (ptr != nullptr) {
-          fillers.push_back(ptr);
-        }
+      for (std::size_t i = 0; i < ptrs.size(); ++i) {
+        live_[seg.live[i].address] = ptrs[i];
+        if (reinterpret_cast<std::uintptr_t>(ptrs[i]) != seg.live[i].address) ++r_.initial_blocks_misplaced;
       }
     }
-    for (void* f : fillers) alloc_->deallocate(f);
     const DeviceStats s = alloc_->stats();
     r_.initial_reserved = static_cast<std::size_t>(s.reserved_bytes[0].current);
     r_.initial_allocated = static_cast<std::size_t>(s.allocated_bytes[0].current);
-    if (r_.initial_blocks_misplaced > 0)
+    if (r_.initial_blocks_misplaced > 0 && opt_.trace_addresses)
       divergence(0, "starting state: " + std::to_string(r_.initial_blocks_misplaced) +
                         " live blocks not at their recorded addresses");
   }

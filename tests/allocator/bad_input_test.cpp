@@ -262,6 +262,21 @@ TEST(BadInput, ReserveSegmentOfAnUnalignedOrAbsurdSize) {
   }
 }
 
+TEST(BadInput, RestoredSegmentWithABadLayout) {
+  Populated p;
+  using R = CachingAllocator::RestoredBlock;
+  const std::vector<std::vector<R>> layouts = {
+      {R{0, 1000, 0}},                     // not a multiple of 512
+      {R{512, 1024, 0}, R{1024, 512, 0}},  // overlapping
+      {R{2 * MiB - 512, 1024, 0}},         // past the end
+      {R{0, 1024, 2048}},                  // requested more than the block
+      {R{0, 0, 0}},                        // empty
+  };
+  for (const auto& live : layouts) {
+    expect_rejected_unchanged(p.alloc, [&] { p.alloc.restore_segment(2 * MiB, 0, true, live); }, {"restore_segment"});
+  }
+}
+
 TEST(BadInput, NullDeviceObserverAndRing) {
   EXPECT_THROW(CachingAllocator(nullptr), Error);
   Populated p;

@@ -233,6 +233,39 @@ TEST(Policy, DeviceViewRoundsSegmentsToGranularityPlusContext) {
   a.validate();
 }
 
+TEST(Policy, RestoredSegmentHoldsTheLayoutGivenWhateverTheSettings) {
+  // max_split_size_mb:20 would never split this 64 MiB segment for a small request; restored,
+  // it holds three live blocks at their recorded offsets anyway, the gaps free and split.
+  CachingAllocator a{small_device(GiB, 0), AllocatorConfig::parse("max_split_size_mb:20")};
+  using R = CachingAllocator::RestoredBlock;
+  const std::vector<void*> ptrs = a.restore_segment(
+      64 * MiB, 0, false, {R{2 * MiB, 4 * MiB, 4 * MiB - 100}, R{6 * MiB, MiB, 0}, R{40 * MiB, 24 * MiB, 0}});
+  a.validate();
+  ASSERT_EQ(ptrs.size(), 3u);
+  const auto segs = a.segments();
+  ASSERT_EQ(segs.size(), 1u);
+  const std::uintptr_t base = segs[0].address;
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(ptrs[0]), base + 2 * MiB);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(ptrs[2]), base + 40 * MiB);
+  std::vector<std::pair<std::size_t, BlockState>> layout;
+  for (const BlockInfo& b : segs[0].blocks) layout.emplace_back(b.size, b.state);
+  EXPECT_EQ(layout, (std::vector<std::pair<std::size_t, BlockState>>{
+                        {2 * MiB, BlockState::Inactive}, {4 * MiB, BlockState::ActiveAllocated},
+                        {MiB, BlockState::ActiveAllocated}, {33 * MiB, BlockState::Inactive},
+                        {24 * MiB, BlockState::ActiveAllocated}}));
+  const DeviceStats st = a.stats();
+  EXPECT_EQ(st.allocated_bytes[kAll].current, static_cast<std::int64_t>(29 * MiB));
+  EXPECT_EQ(st.requested_bytes[kAll].current, static_cast<std::int64_t>(29 * MiB - 100));
+  EXPECT_EQ(st.inactive_split[kAll].current, 2);
+  EXPECT_EQ(st.inactive_split_bytes[kAll].current, static_cast<std::int64_t>(35 * MiB));
+  // The blocks are ordinary blocks from here on: freed, they coalesce back into one segment.
+  for (void* p : ptrs) a.deallocate(p);
+  a.validate();
+  ASSERT_EQ(a.segments()[0].blocks.size(), 1u);
+  a.empty_cache();
+  EXPECT_EQ(reserved(a), 0);
+}
+
 TEST(Policy, SegmentsListBlocksWithStatesAndRequestedSizes) {
   CachingAllocator a{small_device()};
   void* p = a.allocate(1000);

@@ -62,6 +62,32 @@ TEST_P(RealTrace, ReplayMatchesPyTorch) {
     ADD_FAILURE() << GetParam() << " event " << d.event_index << ": " << d.what;
 }
 
+TEST_P(RealTrace, EverySettingStartsFromTheRecordedState) {
+  // A what-if compares settings, not starting states: each run begins with the recorded
+  // segments and live blocks. A setting that cannot act here (garbage_collection_threshold
+  // without a memory fraction) then gives exactly the recorded setting's figures, and one
+  // that acts (max_split_size_mb) starts from the same reserved and allocated bytes.
+  const fs::path path = fs::path{VRAMSCOPE_REAL_TRACES_DIR} / GetParam();
+  const AllocationTrace trace = load_trace(path.string());
+  const ReplayResult recorded = replay(trace);
+  if (!recorded.supported) GTEST_SKIP() << recorded.unsupported_reason;
+  ReplayOptions idle;
+  idle.config = AllocatorConfig::parse("garbage_collection_threshold:0.6");
+  const ReplayResult same = replay(trace, idle);
+  EXPECT_EQ(same.initial_reserved, recorded.initial_reserved);
+  EXPECT_EQ(same.peak_allocated, recorded.peak_allocated);
+  EXPECT_EQ(same.peak_reserved, recorded.peak_reserved);
+  EXPECT_EQ(same.peak_device_used, recorded.peak_device_used);
+  EXPECT_EQ(same.segment_allocs, recorded.segment_allocs);
+  EXPECT_EQ(same.initial_blocks_misplaced, 0u);
+  ReplayOptions split;
+  split.config = AllocatorConfig::parse("max_split_size_mb:128");
+  const ReplayResult other = replay(trace, split);
+  EXPECT_EQ(other.initial_reserved, recorded.initial_reserved);
+  EXPECT_EQ(other.initial_allocated, recorded.initial_allocated);
+  EXPECT_EQ(other.initial_blocks_misplaced, 0u);
+}
+
 std::string test_name(const ::testing::TestParamInfo<std::string>& info) {
   std::string name;
   for (char c : fs::path(info.param).stem().string())

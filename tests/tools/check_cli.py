@@ -406,6 +406,24 @@ def check_replay(exe, work):
     p = run(exe, "replay", pk, "--device", "sim:capacity=1GiB,context=100MiB",
             "-a", "", "-a", "max_split_size_mb:128")
     check("max_split_size_mb:128" in p.stdout, p.stdout)
+    # The what-if: every run starts from the recorded state and is compared with the recorded
+    # setting's run (inserted first when not asked for); a setting that cannot act changes
+    # nothing at all; one line of advice.
+    out = json.loads(run(exe, "replay", pk, "--device", "sim:capacity=1GiB,context=100MiB",
+                         "-a", "garbage_collection_threshold:0.6", "-a", "max_split_size_mb:128",
+                         "--format", "json").stdout)
+    runs = out["runs"]
+    check([r["config"] for r in runs] == ["", "garbage_collection_threshold:0.6", "max_split_size_mb:128"],
+          [r["config"] for r in runs])
+    check(runs[0].get("baseline") == "recorded", runs[0])
+    check(runs[1]["vs_baseline"] == {"peak_reserved_bytes": 0, "peak_nvidia_smi_bytes": 0, "device_allocs": 0,
+                                     "oom": ""}, runs[1]["vs_baseline"])
+    check(runs[2]["vs_baseline"]["peak_reserved_bytes"] == runs[2]["peak_reserved_bytes"] - runs[0]["peak_reserved_bytes"],
+          runs[2])
+    check(out["advice"] and "recorded" in out["advice"], out.get("advice"))
+    check(all(0 <= r["fragmentation"] < 0.5 for r in runs), [r["fragmentation"] for r in runs])
+    table = run(exe, "replay", pk, "-a", "garbage_collection_threshold:0.6").stdout
+    check("vs recorded" in table and "advice: " in table and "  same" in table, table)
     # --min-capacity: the smallest GPU for each setting, at most the device's own view of it.
     out = json.loads(run(exe, "replay", pk, "--device", "sim:capacity=1GiB,context=100MiB", "-a", "",
                          "--min-capacity", "--format", "json").stdout)

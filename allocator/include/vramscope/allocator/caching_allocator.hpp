@@ -121,6 +121,22 @@ class CachingAllocator {
   /// Returns its address.
   std::uintptr_t reserve_segment(std::size_t bytes, StreamId stream, bool small_pool);
 
+  /// A live block of a segment being restored: where it starts in the segment, its size
+  /// (both multiples of 512) and the caller's size (0: the size).
+  struct RestoredBlock {
+    std::size_t offset = 0;
+    std::size_t size = 0;
+    std::size_t requested = 0;
+  };
+  /// Reserves a segment of exactly `bytes` in the given pool and hands out `live` at their
+  /// offsets (ascending, not overlapping, inside the segment); the gaps stay free. A
+  /// recorded state rebuilt as it was, whatever these settings would have made of it:
+  /// trace replay starts every setting from the recording's state. Returns the live
+  /// blocks' pointers in order. Throws mem::Error for a bad layout or when the device has
+  /// no room; nothing changes then.
+  std::vector<void*> restore_segment(std::size_t bytes, StreamId stream, bool small_pool,
+                                     const std::vector<RestoredBlock>& live);
+
   Device& device() const noexcept;
   std::shared_ptr<Device> device_ptr() const noexcept;
   const AllocatorConfig& config() const noexcept;

@@ -13,10 +13,11 @@
 // Where a snapshot starts mid-run (its trace is a ring buffer) the starting
 // state is rebuilt from the final segments minus the trace's effects: segments
 // allocated during the trace did not exist yet, segments freed during it did,
-// blocks freed without being allocated in the trace were live. With the
-// recorded settings the rebuild is exact (segments reserved at their recorded
-// addresses, live blocks at their recorded offsets); with other settings only
-// the live blocks are recreated, placed by the allocator's own policy.
+// blocks freed without being allocated in the trace were live. Every setting
+// starts from that same state (segments reserved at their recorded addresses,
+// live blocks at their recorded offsets: CachingAllocator::restore_segment), so
+// a what-if differs from the recorded setting's run only by what the trace's
+// events do under it.
 //
 // Conformance (replaying a snapshot with the settings it was recorded with):
 // each segment is handed the address the trace recorded for it, cudaMalloc
@@ -124,8 +125,10 @@ struct ReplayResult {
   std::int64_t peak_device_used = 0;  ///< nvidia-smi view
   std::int64_t reserved_unallocated_at_peak = 0;  ///< reserved - allocated when allocated peaked
   std::size_t largest_free_block_at_peak = 0;     ///< largest inactive block then
-  /// At the allocated peak: 1 - largest free block / reserved-but-unallocated
-  /// (mem::Fragmentation's ratio; 0 when nothing was free or not tracked).
+  /// At the allocated peak: (reserved - allocated - largest free block) / reserved, the
+  /// share of reserved memory that was free but no single request could have used (0
+  /// when not tracked). A healthy run reads a few percent; a cache split into many small
+  /// free pieces reads high. Checkable by hand from a snapshot taken at the peak.
   double fragmentation = 0;
   /// peak reserved / peak requested: what the cache costs over what was asked.
   double reserved_per_requested = 0;
