@@ -585,6 +585,11 @@ std::uintptr_t AllocatorCore::reserve_segment(std::size_t bytes, StreamId stream
   return p.block->ptr;
 }
 
+std::size_t AllocatorCore::largest_free_block() const {
+  std::lock_guard guard(lock_);
+  return std::max(large_blocks_.largest_size(), small_blocks_.largest_size());
+}
+
 std::vector<void*> AllocatorCore::restore_segment(std::size_t bytes, StreamId stream, bool small_pool,
                                                   const std::vector<CachingAllocator::RestoredBlock>& live) {
   const auto fail = [&](const std::string& what) -> void {

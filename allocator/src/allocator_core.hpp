@@ -46,6 +46,7 @@ class AllocatorCore {
   std::vector<SegmentInfo> segments(DeviceStats* stats = nullptr) const;
   std::size_t block_size(const void* ptr) const;
   bool owns(const void* ptr) const noexcept;
+  std::size_t largest_free_block() const;
   void validate() const;
   void add_observer(AllocatorObserver* observer);
   void remove_observer(AllocatorObserver* observer) noexcept;

@@ -180,9 +180,12 @@ void AllocatorCore::validate() const {
   }
   for (const BlockPool* pool : {&large_blocks_, &small_blocks_}) {
     if (const std::string error = pool->check(); !error.empty()) fail(error);
+    std::size_t largest = 0;
     pool->for_each([&](const Block* b) {
       if (b->allocated || b->event_count > 0) fail("an active block sits in a free pool");
+      largest = std::max(largest, b->size);
     });
+    if (pool->largest_size() != largest) fail("the pool's largest free block is not its largest block");
   }
   std::size_t queued = 0;
   for (const auto& [stream, queue] : events_) queued += queue.size();

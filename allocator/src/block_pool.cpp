@@ -61,6 +61,15 @@ Block* BlockPool::largest(StreamId stream) const noexcept {
   return c == StreamClasses::kNone ? nullptr : sc->tree(c).last();
 }
 
+std::size_t BlockPool::largest_size() const noexcept {
+  std::size_t out = 0;
+  for (const auto& sc : streams_) {
+    const std::size_t c = sc->prev_nonempty(kNumSizeClasses - 1);
+    if (c != StreamClasses::kNone) out = std::max(out, sc->tree(c).last()->size);
+  }
+  return out;
+}
+
 Block* BlockPool::before(const Block* b) const noexcept {
   if (Block* p = BlockTree::prev(b)) return p;
   const StreamClasses* sc = find(b->stream);

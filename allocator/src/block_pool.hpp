@@ -194,6 +194,9 @@ class BlockPool {
 
   /// The largest free block of `stream`, or nullptr.
   Block* largest(StreamId stream) const noexcept;
+  /// The size of the largest free block of any stream (0: none); a look at each stream's
+  /// highest size class, not a walk over the blocks.
+  std::size_t largest_size() const noexcept;
   /// The block just before `b` in (size, address) order among its stream's, or nullptr.
   Block* before(const Block* b) const noexcept;
 

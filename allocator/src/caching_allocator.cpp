@@ -36,6 +36,8 @@ std::vector<SegmentInfo> CachingAllocator::segments(DeviceStats& stats) const {
 }
 std::size_t CachingAllocator::block_size(const void* ptr) const { return core_->block_size(ptr); }
 bool CachingAllocator::owns(const void* ptr) const noexcept { return core_->owns(ptr); }
+
+std::size_t CachingAllocator::largest_free_block() const { return core_->largest_free_block(); }
 void CachingAllocator::validate() const { core_->validate(); }
 void CachingAllocator::add_observer(AllocatorObserver* observer) { core_->add_observer(observer); }
 void CachingAllocator::remove_observer(AllocatorObserver* observer) noexcept {

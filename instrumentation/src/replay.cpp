@@ -616,11 +616,7 @@ class Replayer {
     r_.reserved_unallocated_at_peak =
         static_cast<std::int64_t>(observer_.reserved) - static_cast<std::int64_t>(observer_.allocated);
     if (!opt_.track_fragmentation) return;
-    std::size_t largest = 0;
-    for (const SegmentInfo& s : alloc_->segments())
-      for (const BlockInfo& b : s.blocks)
-        if (b.state == BlockState::Inactive) largest = std::max(largest, b.size);
-    r_.largest_free_block_at_peak = largest;
+    r_.largest_free_block_at_peak = alloc_->largest_free_block();  // no walk: one look per pool
   }
 
   // "(segment 0x7f.. + 1048576 B)" for the replay's pointer, to read divergences.

@@ -258,6 +258,7 @@ TEST(Policy, RestoredSegmentHoldsTheLayoutGivenWhateverTheSettings) {
   EXPECT_EQ(st.requested_bytes[kAll].current, static_cast<std::int64_t>(29 * MiB - 100));
   EXPECT_EQ(st.inactive_split[kAll].current, 2);
   EXPECT_EQ(st.inactive_split_bytes[kAll].current, static_cast<std::int64_t>(35 * MiB));
+  EXPECT_EQ(a.largest_free_block(), 33 * MiB);
   // The blocks are ordinary blocks from here on: freed, they coalesce back into one segment.
   for (void* p : ptrs) a.deallocate(p);
   a.validate();

@@ -100,6 +100,9 @@ class CachingAllocator {
   std::size_t block_size(const void* ptr) const;
   /// True when `ptr` is a block this allocator handed out and has not taken back.
   bool owns(const void* ptr) const noexcept;
+  /// The largest cached free block (0: none), what the largest request served without a
+  /// new segment could be; cheap (no walk over the blocks), so it can be read per event.
+  std::size_t largest_free_block() const;
 
   /// Checks every invariant: blocks tile their segment, free neighbours are
   /// coalesced, pools hold exactly the free blocks, statistics equal sums
