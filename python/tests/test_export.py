@@ -202,3 +202,71 @@ def test_the_command_writes_the_file_and_says_what_it_is(tmp_path, capsys):
     assert capsys.readouterr().err.strip() == (f"{out}: make, 15 parameters, 1 top-level module, input [batch, 4] "
                                                "with batch 2, cross_entropy over 3 classes")
     assert '"type": "Linear"' in out.read_text()
+
+
+class _Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return x + F.gelu(self.fc(x))
+
+
+def test_checkpointed_modules_keep_their_checkpoint():
+    from torch.utils.checkpoint import checkpoint
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = nn.Sequential(_Block(), _Block(), _Block())
+            self.head = nn.Linear(8, 2)
+
+        def forward(self, x):
+            x = checkpoint(self.blocks[0], x, use_reentrant=False)
+            x = checkpoint(self.blocks[1].forward, x)  # use_reentrant unset: PyTorch's default, reentrant
+            return self.head(self.blocks[2](x))
+
+    out = layers(Net(), [2, 8])
+    blocks = out[0]["layers"]
+    assert [b.get("checkpoint") for b in blocks] == [True, "reentrant", None]
+    assert [b["body"][0]["name"] for b in blocks] == ["fc", "fc", "fc"]  # traced through
+
+
+def test_checkpoint_of_a_function_or_checkpoint_sequential_is_refused():
+    import torch.utils.checkpoint as cp
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+            self.seq = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
+
+        def forward(self, x):
+            x = cp.checkpoint(lambda t: self.fc(t), x, use_reentrant=False)
+            return cp.checkpoint_sequential(self.seq, 2, x)
+
+    with pytest.raises(ExportError) as e:
+        export(Net(), [2, 8])
+    text = str(e.value)
+    assert "checkpoint of <lambda>, not a module" in text and "checkpoint_sequential inside forward" in text
+    assert text.count("test_export.py") == 2
+    assert cp.checkpoint.__module__ == "torch.utils.checkpoint" and cp.checkpoint.__name__ == "checkpoint"
+
+
+def test_a_module_list_iterated_in_forward_is_a_container_of_its_elements():
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList([_Block() for _ in range(3)])
+            self.head = nn.Linear(8, 2)
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = layer(x)
+            return self.head(x)
+
+    out = layers(Net(), [2, 8])
+    assert out[0]["name"] == "layers" and out[0]["expand"] is True
+    assert [b["name"] for b in out[0]["layers"]] == ["0", "1", "2"]
+    assert all(b["type"] == "Residual" and b["class"] == "_Block" for b in out[0]["layers"])

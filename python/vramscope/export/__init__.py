@@ -49,15 +49,20 @@ def export(model, input_shape: Sequence[int], *, name: str = "model", input_dtyp
     model.train()
     if type(model) in leaves():
         model = torch.nn.Sequential(model)  # torch.fx traces into the root: make the layer its child
-    gm = trace(model)
+    gm, marks, checkpoint_problems = trace(model)
     metas = propagate_shapes(gm, shape, dtype)
     metas_next = propagate_shapes(gm, [shape[0] + 1] + shape[1:], dtype)
     graph = Graph(gm, model, metas, metas_next, shape[0])
-    problems = list(graph.problems)
+    problems = checkpoint_problems + graph.problems
     if graph.output is None or graph.source is None:
         raise ExportError(problems or ["the model returns nothing traceable"], f"cannot export {name}")
-    structure = Structure(graph)
-    layers = structure.build() if not problems else []
+    structure = Structure(graph, marks)
+    layers = []
+    if not problems:
+        try:
+            layers = structure.build()
+        except Exception as e:  # noqa: BLE001 (a graph this mapping did not foresee: say so, no traceback)
+            problems.append(f"the graph's structure was not understood ({type(e).__name__}: {e}); please report it")
     problems += structure.problems
     if problems:
         raise ExportError(problems, f"cannot export {name}: {len(problems)} "

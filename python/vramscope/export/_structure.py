@@ -13,8 +13,9 @@ class Structure:
     container (a Sequential, or the Residual / Parallel its forward is), each fork-join a
     Residual or Parallel; code between modules is inline."""
 
-    def __init__(self, graph: Graph):
+    def __init__(self, graph: Graph, marks: Optional[Dict[str, Any]] = None):
         self.g = graph
+        self.marks = marks or {}  # module path -> checkpoint mark (checkpoint(self.block, x) in forward)
         self.problems: List[str] = []
         self.model = graph.model
         self.modules = graph.modules
@@ -147,6 +148,44 @@ class Structure:
         self._idom = idom
         return self._parse(source, end, scope)
 
+    @staticmethod
+    def _relative(qualname: str, scope) -> str:
+        """A module's name in the container of `scope`: dotted when the forward calls a
+        child's child (`self.blocks[0](x)`, a ModuleList's element)."""
+        parent = scope[-1][0] if scope else ""
+        if not parent:
+            return qualname
+        if qualname.startswith(parent + "."):
+            return qualname[len(parent) + 1:]
+        return qualname.rsplit(".", 1)[-1]  # called from outside its parent: its own name
+
+    def _group(self, items: List[Any], parent: str) -> List[Any]:
+        """Dotted names become the containers they name: consecutive `blocks.0`, `blocks.1`
+        are the Sequential `blocks` (a ModuleList's path in PyTorch) with children 0 and 1."""
+        import torch.nn as nn
+        out: List[Any] = []
+        for it in items:
+            name = it.get("name", "")
+            if "." not in name:
+                out.append(it)
+                continue
+            head, rest = name.split(".", 1)
+            inner = dict(it, name=rest)
+            if out and out[-1].get("_wrapper") == head:
+                out[-1]["layers"].append(inner)
+                continue
+            full = f"{parent}.{head}" if parent else head
+            if any(o.get("name") == head for o in out):
+                self.problems.append(f"module '{full}': its children are called apart from each other, with "
+                                     "other code between them; a model file keeps a container's children together")
+            cls = type(self.modules[full]) if full in self.modules else nn.Sequential
+            out.append({"name": head, "type": "Sequential", "layers": [inner], "_class": cls, "_wrapper": head,
+                        "_index": it.get("_index")})
+        for it in out:
+            if "_wrapper" in it:
+                it["layers"] = self._group(it["layers"], f"{parent}.{it['name']}" if parent else it["name"])
+        return out
+
     def _parse(self, src, end, scope) -> List[Any]:
         """The items computing `end` from `src` (src dominates end)."""
         chain = []
@@ -160,7 +199,7 @@ class Structure:
         for n in chain:
             items.extend(self._step(prev, n, scope))
             prev = n
-        return items
+        return self._group(items, scope[-1][0] if scope else "")
 
     def _reach(self, src, end) -> set:
         seen, stack = set(), [end]
@@ -233,7 +272,7 @@ class Structure:
     def _leaf(self, op: Op, scope) -> dict:
         spec = dict(op.spec)
         if op.module is not None:
-            name = op.module.rsplit(".", 1)[-1]
+            name = self._relative(op.module, scope)
         else:
             owner = self.modules[scope[-1][0]] if scope else self.model
             taken = dict(owner.named_children())
@@ -242,6 +281,8 @@ class Structure:
             while name in taken:
                 name += "_"
         spec = {"name": name, **spec, "_index": op.index, "_module": op.module}
+        if op.module in self.marks:
+            spec["checkpoint"] = self.marks[op.module]
         return spec
 
     def _call(self, n, scope) -> dict:
@@ -249,7 +290,7 @@ class Structure:
         qualname = key[0]
         m = self.modules[qualname]
         items = self._region(scope + (key,), n.entry, n.members, n.exit)
-        name = qualname.rsplit(".", 1)[-1]
+        name = self._relative(qualname, scope)
         cls = type(m).__name__
         joins = [it for it in items if it.get("type") in ("Residual", "Parallel") and it.get("inline")]
         if joins:
@@ -261,8 +302,11 @@ class Structure:
             item.update((k, v) for k, v in first.items() if k not in ("type", "inline"))
             if len(items) > 1:
                 item["then"] = items[1:]
-            return item
-        return {"name": name, "type": "Sequential", "layers": items, "_class": type(m), "_index": n.index}
+        else:
+            item = {"name": name, "type": "Sequential", "layers": items, "_class": type(m), "_index": n.index}
+        if qualname in self.marks:
+            item["checkpoint"] = self.marks[qualname]
+        return item
 
     # The top-level sequence: containers that are plain nn.Sequential, and modules whose
     # forward is a chain of other modules (not a block), hand their children up.
@@ -271,7 +315,7 @@ class Structure:
         out = []
         for it in items:
             cls = it.get("_class")
-            if it.get("type") == "Sequential" and cls is not None and (
+            if it.get("type") == "Sequential" and cls is not None and "checkpoint" not in it and (
                     cls is nn.Sequential or (not issubclass(cls, nn.Sequential) and cls not in self.block_classes)):
                 out.append({"name": it["name"], "type": "Sequential", "expand": True,
                             "layers": self._expand(it["layers"])})
@@ -300,7 +344,7 @@ def finish(items, declared: Optional[Dict[str, str]] = None) -> List[Any]:
     for it in items:
         it = dict(it)
         module = it.pop("_module", None)
-        for k in ("_index", "_class"):
+        for k in ("_index", "_class", "_wrapper"):
             it.pop(k, None)
         name = it.get("name")
         if module is not None and declared.get(name) == module:

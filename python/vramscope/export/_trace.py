@@ -56,9 +56,86 @@ def _proxy_patches():
                 setattr(Proxy, k, v)
 
 
+def _caller() -> str:
+    """file:line of the user's code that called into the exporter's stand-ins."""
+    for frame in inspect.stack()[2:]:
+        if "/torch/" not in frame.filename and "/vramscope/export/" not in frame.filename:
+            return f"{frame.filename}:{frame.lineno}"
+    return ""
+
+
+@contextlib.contextmanager
+def _checkpoint_calls(model, marks: Dict[str, Any], problems: List[str]):
+    """`checkpoint(self.block, x)` in a forward: torch.fx would trace through it and lose it.
+    While tracing, torch.utils.checkpoint's functions (and every global of the model's
+    forwards bound to them) are stand-ins that note the module as checkpointed (the model
+    file's "checkpoint": true, or "reentrant" for use_reentrant=True or unset, PyTorch's
+    default) and run it, so its forward is traced as any other."""
+    import torch
+    import torch.utils.checkpoint as cp
+    original, original_sequential = cp.checkpoint, cp.checkpoint_sequential
+    names = {m: n for n, m in model.named_modules()}
+
+    def checkpoint(function, *args, use_reentrant=None, **kwargs):
+        target = function
+        if getattr(function, "__name__", "") == "forward" and isinstance(getattr(function, "__self__", None),
+                                                                       torch.nn.Module):
+            target = function.__self__  # checkpoint(self.block.forward, x)
+        if isinstance(target, torch.nn.Module) and names.get(target):
+            marks[names[target]] = "reentrant" if use_reentrant in (None, True) else True
+        else:
+            problems.append(f"{_caller()}: checkpoint of {getattr(function, '__name__', type(function).__name__)}, "
+                            "not a module of the model: a model file checkpoints modules (wrap that code in one)")
+        return target(*args) if isinstance(target, torch.nn.Module) else function(*args)
+
+    def checkpoint_sequential(functions, segments, input, **kwargs):
+        problems.append(f"{_caller()}: checkpoint_sequential inside forward: export the model without it and give "
+                        "`vramscope sweep --segments`, which sweeps the segment counts")
+        for f in (functions.children() if isinstance(functions, torch.nn.Sequential) else functions):
+            input = f(input)
+        return input
+
+    patched = []
+
+    def patch(namespace: dict, key: str, value) -> None:
+        patched.append((namespace, key, namespace[key]))
+        namespace[key] = value
+
+    patch(cp.__dict__, "checkpoint", checkpoint)
+    patch(cp.__dict__, "checkpoint_sequential", checkpoint_sequential)
+    # A name bound where this cannot see it (an import inside a function) reaches the real
+    # checkpoint, which on PyTorch 1.13 hands the work to these two: catch it there.
+    if "_checkpoint_without_reentrant" in cp.__dict__:
+        patch(cp.__dict__, "_checkpoint_without_reentrant",
+              lambda function, preserve_rng_state=True, *args, **kwargs: checkpoint(function, *args,
+                                                                                   use_reentrant=False))
+    if "CheckpointFunction" in cp.__dict__:
+        patch(cp.__dict__, "CheckpointFunction", type("CheckpointFunction", (), {
+            "apply": staticmethod(lambda function, preserve_rng_state, *args: checkpoint(function, *args,
+                                                                                         use_reentrant=True))}))
+    seen = set()
+    for m in model.modules():
+        namespace = getattr(getattr(type(m), "forward", None), "__globals__", None)
+        if namespace is None or id(namespace) in seen:
+            continue
+        seen.add(id(namespace))
+        for key, value in list(namespace.items()):
+            if value is original:
+                patch(namespace, key, checkpoint)
+            elif value is original_sequential:
+                patch(namespace, key, checkpoint_sequential)
+    try:
+        yield
+    finally:
+        for namespace, key, value in reversed(patched):
+            namespace[key] = value
+
+
 def trace(model):
     """torch.fx symbolic trace with the module stack of every node in node.meta["scope"]: a
-    tuple of (qualified name, call index) of the non-leaf modules it runs in."""
+    tuple of (qualified name, call index) of the non-leaf modules it runs in. Returns the
+    GraphModule, the checkpoint marks of the modules forward checkpoints ({path: true or
+    "reentrant"}) and the checkpoint calls that cannot be marked."""
     import torch
     import torch.fx
 
@@ -90,8 +167,10 @@ def trace(model):
             return node
 
     tracer = Tracer()
+    marks: Dict[str, Any] = {}
+    problems: List[str] = []
     try:
-        with _proxy_patches():
+        with _proxy_patches(), _checkpoint_calls(model, marks, problems):
             graph = tracer.trace(model)
     except Exception as e:  # noqa: BLE001 (every tracing failure becomes one clear error)
         where = user_location(e.__traceback__)
@@ -99,7 +178,7 @@ def trace(model):
                            "torch.fx follows Python code that does not branch on tensor values; for a "
                            "transformers model use `vramscope --hf-config config.json` instead"],
                           "torch.fx cannot trace the model") from None
-    return torch.fx.GraphModule(model, graph)
+    return torch.fx.GraphModule(model, graph), marks, problems
 
 
 def propagate_shapes(gm, shape: List[int], dtype) -> Dict[str, Any]:
