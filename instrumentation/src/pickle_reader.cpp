@@ -282,10 +282,27 @@ class Machine {
     return v;
   }
 
+  // The memo: Python's pickler numbers entries 0, 1, 2, ... (MEMOIZE is len(memo)), so a
+  // vector holds them; a key far beyond the entries so far (only a hand-made stream has
+  // one) goes to a map, so the vector never outgrows what the stream stored.
   void memo_put(std::uint64_t index, std::size_t at) {
-    memo_[index] = top(at);
+    if (index < dense_.size() + 1024) {
+      if (index >= dense_.size()) {
+        dense_.resize(index + 1);
+        stored_.resize(index + 1, false);
+      }
+      if (!stored_[index]) ++memo_count_;
+      stored_[index] = true;
+      dense_[index] = top(at);
+      return;
+    }
+    if (memo_.insert_or_assign(index, top(at)).second) ++memo_count_;
   }
   void memo_get(std::uint64_t index, std::size_t at) {
+    if (index < dense_.size() && stored_[index]) {
+      stack_.push_back(dense_[index]);
+      return;
+    }
     auto it = memo_.find(index);
     if (it == memo_.end()) fail(at, "memo key " + std::to_string(index) + " was never stored");
     stack_.push_back(it->second);
@@ -379,7 +396,7 @@ class Machine {
       case 'p': memo_put(static_cast<std::uint64_t>(parse_text_int(line(), at)), at); return false;
       case 'q': memo_put(le(1), at); return false;                          // BINPUT
       case 'r': memo_put(le(4), at); return false;                          // LONG_BINPUT
-      case 0x94: memo_put(memo_.size(), at); return false;                  // MEMOIZE
+      case 0x94: memo_put(memo_count_, at); return false;                   // MEMOIZE
       case 'g': memo_get(static_cast<std::uint64_t>(parse_text_int(line(), at)), at); return false;
       case 'h': memo_get(le(1), at); return false;                          // BINGET
       case 'j': memo_get(le(4), at); return false;                          // LONG_BINGET
@@ -561,7 +578,10 @@ class Machine {
   std::size_t pos_ = 0;
   std::vector<Entry> stack_;
   std::vector<std::size_t> marks_;  // stack heights at each MARK
-  std::unordered_map<std::uint64_t, Entry> memo_;
+  std::vector<Entry> dense_;
+  std::vector<bool> stored_;
+  std::unordered_map<std::uint64_t, Entry> memo_;  // keys far beyond dense_
+  std::uint64_t memo_count_ = 0;                   // distinct keys stored (len(memo))
 };
 
 }  // namespace

@@ -140,7 +140,7 @@ class Graph:
                 pass  # a module returning a tuple (nn.MultiheadAttention): element 0 is taken below
             else:
                 return  # sizes, asserts, None
-        args = [a for a in node.args]
+        args = list(node.args)
         tensors_in = [a for a in node.all_input_nodes if a.name in self.constant or a.name in self.by_node]
         if tensors_in and all(a.name in self.constant for a in tensors_in):
             self.constant.add(node.name)  # class_token.expand(n, -1, -1): still a parameter
