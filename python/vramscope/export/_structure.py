@@ -48,14 +48,7 @@ class Structure:
         return self._expand(items)
 
     def _live(self) -> set:
-        live, stack = set(), [self.g.output]
-        while stack:
-            op = stack.pop()
-            if op is None or id(op) in live:
-                continue
-            live.add(id(op))
-            stack.extend(op.inputs)
-        return live
+        return _ancestors(self.g.output, None, lambda op: op.inputs)
 
     # A region: the ops run inside one module call (scope), from `entry` to `exit`.
     def _region(self, scope, entry: Op, ops: List[Op], exit_op: Op) -> List[Any]:
@@ -201,15 +194,9 @@ class Structure:
             prev = n
         return self._group(items, scope[-1][0] if scope else "")
 
-    def _reach(self, src, end) -> set:
-        seen, stack = set(), [end]
-        while stack:
-            n = stack.pop()
-            if n is src or id(n) in seen:
-                continue
-            seen.add(id(n))
-            stack.extend(n.preds)
-        return seen
+    @staticmethod
+    def _reach(src, end) -> set:
+        return _ancestors(end, src, lambda n: n.preds)
 
     def _step(self, prev, n, scope) -> List[Any]:
         if n.members is not None:
@@ -322,6 +309,18 @@ class Structure:
             else:
                 out.append(it)
         return out
+
+
+def _ancestors(start, stop, parents) -> set:
+    """The ids of `start` and everything it reaches through `parents`, short of `stop`."""
+    seen, stack = set(), [start]
+    while stack:
+        n = stack.pop()
+        if n is None or n is stop or id(n) in seen:
+            continue
+        seen.add(id(n))
+        stack.extend(parents(n))
+    return seen
 
 
 @dataclass(eq=False)
