@@ -250,6 +250,24 @@ bool AllocatorCore::should_split(const BlockPool& pool, const Block* block,
   return size < config_.max_split_size && remaining > kSmallSize;
 }
 
+inline void AllocatorCore::hand_out(Block* block, std::size_t requested, std::size_t pi) {
+  block->allocated = true;
+  block->requested_size = requested;
+  block->context = context_source_ ? context_source_() : 0;
+  active_.insert(block->ptr, block);
+
+  const auto bytes = static_cast<std::int64_t>(block->size);
+  pool_stats_.allocation.increase(pi, 1);
+  pool_stats_.allocated_bytes.increase(pi, bytes);
+  pool_stats_.active.increase(pi, 1);
+  pool_stats_.active_bytes.increase(pi, bytes);
+  pool_stats_.requested_bytes.increase(pi, static_cast<std::int64_t>(requested));
+  if (block->size >= config_.max_split_size) stats_.oversize_allocations.increase(1);
+  if (instrumented_) [[unlikely]] {
+    emit(TraceAction::Alloc, block, block->size, requested);
+  }
+}
+
 Block* AllocatorCore::alloc_found_block(AllocParams& p) {
   Block* block = p.block;
   BlockPool& pool = *p.pool;
@@ -288,21 +306,7 @@ Block* AllocatorCore::alloc_found_block(AllocParams& p) {
     }
   }
 
-  block->allocated = true;
-  block->requested_size = p.orig_size;
-  block->context = context_source_ ? context_source_() : 0;
-  active_.insert(block->ptr, block);
-
-  const auto bytes = static_cast<std::int64_t>(block->size);
-  pool_stats_.allocation.increase(pi, 1);
-  pool_stats_.allocated_bytes.increase(pi, bytes);
-  pool_stats_.active.increase(pi, 1);
-  pool_stats_.active_bytes.increase(pi, bytes);
-  pool_stats_.requested_bytes.increase(pi, static_cast<std::int64_t>(block->requested_size));
-  if (block->size >= config_.max_split_size) stats_.oversize_allocations.increase(1);
-  if (instrumented_) [[unlikely]] {
-    emit(TraceAction::Alloc, block, block->size, block->requested_size);
-  }
+  hand_out(block, p.orig_size, pi);
   return block;
 }
 
@@ -647,20 +651,7 @@ std::vector<void*> AllocatorCore::restore_segment(std::size_t bytes, StreamId st
     }
     Block* block = rest;
     rest = block->size > b.size ? cut(block, b.size) : nullptr;
-    block->allocated = true;
-    block->requested_size = b.requested > 0 ? b.requested : b.size;
-    block->context = context_source_ ? context_source_() : 0;
-    active_.insert(block->ptr, block);
-    const auto size = static_cast<std::int64_t>(block->size);
-    pool_stats_.allocation.increase(pi, 1);
-    pool_stats_.allocated_bytes.increase(pi, size);
-    pool_stats_.active.increase(pi, 1);
-    pool_stats_.active_bytes.increase(pi, size);
-    pool_stats_.requested_bytes.increase(pi, static_cast<std::int64_t>(block->requested_size));
-    if (block->size >= config_.max_split_size) stats_.oversize_allocations.increase(1);
-    if (instrumented_) [[unlikely]] {
-      emit(TraceAction::Alloc, block, block->size, block->requested_size);
-    }
+    hand_out(block, b.requested > 0 ? b.requested : b.size, pi);
     out.push_back(reinterpret_cast<void*>(block->ptr));
     if (rest == nullptr) break;  // the layout was checked: nothing follows a block that ends the segment
   }

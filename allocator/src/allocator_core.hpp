@@ -81,6 +81,8 @@ class AllocatorCore {
   void release_block(Block* block);
   void garbage_collect_cached_blocks();
   Block* alloc_found_block(AllocParams& p);
+  /// The accounting of a block handed out (allocation, statistics, the Alloc event).
+  void hand_out(Block* block, std::size_t requested, std::size_t pi);
   /// `pool` is the block's (passed: the block's own field is in its second line).
   bool should_split(const BlockPool& pool, const Block* block, std::size_t size) const noexcept;
   /// Returns a block to its pool; `report` emits FreeCompleted (deferred frees).
