@@ -124,12 +124,16 @@ nlohmann::json to_json(const Row& row) {
     const ReplayOom& o = *r.first_oom;
     nlohmann::json segs = nlohmann::json::array();
     for (const ReplayOom::Segment& seg : o.fragmented) {
+      nlohmann::json pins = nlohmann::json::array();
+      for (const ReplayOom::Pin& p : seg.pins)
+        pins.push_back({{"offset_bytes", p.offset}, {"size_bytes", p.size}, {"stack", p.stack}});
       segs.push_back({{"address", seg.address},
                       {"size_bytes", seg.size},
                       {"free_bytes", seg.free_bytes},
                       {"largest_free_bytes", seg.largest_free},
                       {"live_blocks", seg.live_blocks},
-                      {"live_bytes", seg.live_bytes}});
+                      {"live_bytes", seg.live_bytes},
+                      {"largest_live_blocks", pins}});
     }
     j["first_oom"] = {{"event_index", o.event_index},
                       {"requested_bytes", o.requested},
@@ -293,6 +297,11 @@ void print(const ReplayArgs& args, const AllocationTrace& trace, const std::vect
                                format_address(seg.address), format_bytes(seg.size), format_bytes(seg.free_bytes),
                                format_bytes(seg.largest_free), seg.live_blocks, seg.live_blocks == 1 ? "" : "s",
                                format_bytes(seg.live_bytes));
+      for (std::size_t k = 0; k < seg.pins.size() && k < 2; ++k) {  // the largest; JSON has up to 4
+        const ReplayOom::Pin& p = seg.pins[k];
+        std::cout << fmt::format("      {} at +{}{}\n", format_bytes(p.size), format_bytes(p.offset),
+                                 p.stack.empty() ? "" : ", allocated in " + p.stack);
+      }
     }
   }
   if (args.memory_fraction == 0) {

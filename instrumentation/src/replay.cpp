@@ -469,6 +469,11 @@ class Replayer {
                             std::to_string(matched) + " the same)");
   }
 
+  std::string stack_of_block(std::uintptr_t address) const {
+    const auto it = stack_at_.find(reinterpret_cast<const void*>(address));
+    return it == stack_at_.end() || it->second > trace_.stacks.size() ? std::string() : trace_.stacks[it->second - 1];
+  }
+
   /// The first OOM with the allocator's state at that moment: the largest free block, the
   /// free bytes, and the segments whose live blocks keep the most free memory pinned.
   ReplayOom oom_forensics(std::size_t index, std::size_t requested, std::string message) const {
@@ -485,6 +490,7 @@ class Replayer {
         } else {
           ++out.live_blocks;
           out.live_bytes += b.size;
+          out.pins.push_back({b.address - seg.address, b.size, stack_of_block(b.address)});
         }
       }
       o.free_bytes += out.free_bytes;
@@ -495,6 +501,11 @@ class Replayer {
       return a.free_bytes != b.free_bytes ? a.free_bytes > b.free_bytes : a.address < b.address;
     });
     if (segs.size() > 8) segs.resize(8);
+    for (ReplayOom::Segment& seg : segs) {
+      std::stable_sort(seg.pins.begin(), seg.pins.end(),
+                       [](const ReplayOom::Pin& a, const ReplayOom::Pin& b) { return a.size > b.size; });
+      if (seg.pins.size() > 4) seg.pins.resize(4);
+    }
     o.fragmented = std::move(segs);
     return o;
   }
@@ -566,6 +577,7 @@ class Replayer {
       ++r_.unknown_frees;
     }
     live_[e.address] = ptr;
+    if (e.stack != 0) stack_at_[ptr] = e.stack;
     track_peak();
   }
 
@@ -606,6 +618,7 @@ class Replayer {
       return;
     }
     alloc_->deallocate(it->second);
+    if (!stack_at_.empty()) stack_at_.erase(it->second);
     live_.erase(it);
     ++r_.frees;
   }
@@ -639,6 +652,7 @@ class Replayer {
   ReplayObserver observer_;
   std::map<std::uint64_t, StreamId> streams_;
   std::unordered_map<std::uintptr_t, void*> live_;  // recorded address -> replay block
+  std::unordered_map<const void*, std::uint32_t> stack_at_;  // replay block -> its alloc's stack
   std::unordered_set<std::uintptr_t> failed_;       // recorded allocs the replay could not make
   std::vector<std::size_t> pending_allocs_;         // segment_alloc events since the last block event
   std::vector<std::size_t> pending_frees_;

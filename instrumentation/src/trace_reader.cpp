@@ -9,6 +9,7 @@
 #include <istream>
 #include <map>
 #include <optional>
+#include <unordered_map>
 
 #include "vramscope/allocator/errors.hpp"
 
@@ -87,9 +88,69 @@ RecordedSegment read_segment(const PickleValue& seg, const std::string& path) {
   });
 }
 
-RecordedEvent read_event(const PickleValue& ev, const std::string& path) {
+/// The distinct frame lists of a snapshot's events, interned by the list's identity: the
+/// pickle's memo shares one list among the events that have it, and so does the reader.
+class StackTable {
+ public:
+  explicit StackTable(std::vector<std::string>& out) : out_(out) {}
+  std::uint32_t intern(const PickleValue& frames) {
+    if (!frames.is_sequence() || frames.as_list().empty()) return 0;
+    const PickleList& list = frames.as_list();
+    const auto [at, fresh] = ids_.emplace(&list, 0);
+    if (!fresh) return at->second;
+    // A list the pickle did not share (a writer without the memo) may still repeat a stack.
+    std::string text = render(list);
+    const auto [by_text, added] = by_text_.emplace(text, static_cast<std::uint32_t>(out_.size() + 1));
+    if (added) out_.push_back(std::move(text));
+    at->second = by_text->second;
+    return at->second;
+  }
+
+ private:
+  /// The frames a user reads first: PyTorch records the allocator's own C++ frames
+  /// (torch::unwind, CUDACachingAllocator) and torch's Python below the user's code, so
+  /// the user's Python frames come first, then any Python, then whatever there is.
+  static int rank(const PickleValue& frame) {
+    const PickleValue* file = frame.is_dict() ? frame.find("filename") : nullptr;
+    if (file == nullptr || !file->is_string()) return 3;
+    const std::string& f = file->as_string();
+    const bool python = f.size() > 3 && f.compare(f.size() - 3, 3, ".py") == 0;
+    if (!python) return 2;
+    return f.find("/torch/") == std::string::npos && f.find("site-packages/") == std::string::npos ? 0 : 1;
+  }
+
+  static std::string render(const PickleList& list) {
+    int best = 3;
+    for (const PickleValue& f : list) best = std::min(best, rank(f));
+    std::string text;
+    std::size_t shown = 0;
+    for (std::size_t i = 0; i < list.size() && shown < AllocationTrace::kStackFrames; ++i) {
+      const PickleValue& f = list[i];
+      if (!f.is_dict() || rank(f) != best) continue;
+      ++shown;
+      const PickleValue* name = f.find("name");
+      const PickleValue* file = f.find("filename");
+      const PickleValue* line = f.find("line");
+      if (!text.empty()) text += " <- ";
+      text += name && name->is_string() ? name->as_string() : "?";
+      text += " (" + (file && file->is_string() ? file->as_string() : std::string("?"));
+      if (line && line->is_int()) text += ":" + std::to_string(line->as_int());
+      text += ")";
+      if (text.size() > AllocationTrace::kStackChars) break;
+    }
+    if (text.size() > AllocationTrace::kStackChars) text.resize(AllocationTrace::kStackChars);
+    return text;
+  }
+
+  std::vector<std::string>& out_;
+  std::unordered_map<const PickleList*, std::uint32_t> ids_;
+  std::unordered_map<std::string, std::uint32_t> by_text_;
+};
+
+RecordedEvent read_event(const PickleValue& ev, const std::string& path, StackTable& stacks) {
   return at_path(path, [&] {
     RecordedEvent e;
+    if (const PickleValue* f = ev.find("frames")) e.stack = stacks.intern(*f);
     const std::string& name = ev.at("action").as_string();
     auto action = action_from_name(name);
     if (!action) throw Error("unknown action '" + name + "' (expected one of " + list_actions() + ")");
@@ -319,8 +380,9 @@ AllocationTrace read_pytorch_snapshot(const PickleValue& root, int device, const
     const PickleList& events =
         at_path(base, [&]() -> const PickleList& { return (*traces)[device].as_list(); });
     t.events.reserve(events.size());
+    StackTable stacks{t.stacks};
     for (std::size_t i = 0; i < events.size(); ++i)
-      t.events.push_back(read_event(events[i], base + "[" + std::to_string(i) + "]"));
+      t.events.push_back(read_event(events[i], base + "[" + std::to_string(i) + "]", stacks));
   }
   if (t.events.empty() && t.final_segments.empty()) {
     // Nothing on this device: say which devices have something, rather than replay zeros.

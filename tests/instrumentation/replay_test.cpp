@@ -13,6 +13,7 @@
 #include "vramscope/allocator/units.hpp"
 #include "vramscope/instrumentation/exports.hpp"
 #include "vramscope/instrumentation/history.hpp"
+#include "vramscope/instrumentation/module_scope.hpp"
 #include "vramscope/instrumentation/snapshot.hpp"
 
 namespace mem {
@@ -249,7 +250,53 @@ TEST(Replay, TheFirstOomSaysWhatWasFreeAndWhatPinsIt) {
     EXPECT_EQ(seg.largest_free, 8 * MiB);
     EXPECT_EQ(seg.live_blocks, 1u);
     EXPECT_EQ(seg.live_bytes, 8 * MiB);
+    ASSERT_EQ(seg.pins.size(), 1u);  // the live second block, at 8 MiB into its segment
+    EXPECT_EQ(seg.pins[0].offset, 8 * MiB);
+    EXPECT_EQ(seg.pins[0].size, 8 * MiB);
+    EXPECT_EQ(seg.pins[0].stack, "");  // RMM's log records no frames
   }
+
+  // With frames (a snapshot's), each pinning block says where it was allocated.
+  AllocationTrace framed = trace;
+  framed.stacks = {"embed (model.py:10)", "attention (model.py:42) <- forward (model.py:80)"};
+  for (std::size_t i = 0; i < 6; ++i) framed.events[i].stack = i % 2 == 0 ? 1 : 2;  // the kept ones: 2
+  const ReplayResult f = replay(framed, opt);
+  ASSERT_TRUE(f.first_oom.has_value());
+  for (const ReplayOom::Segment& seg : f.first_oom->fragmented) {
+    ASSERT_EQ(seg.pins.size(), 1u);
+    EXPECT_EQ(seg.pins[0].stack, "attention (model.py:42) <- forward (model.py:80)");
+  }
+}
+
+TEST(Replay, SnapshotFramesAreReadOncePerDistinctStack) {
+  // vramscope's own snapshot writes one frame per module context, shared by the events of
+  // that context as PyTorch's pickler shares them: the reader interns each once.
+  auto device = std::make_shared<SimDevice>(sim_preset("a100-80g"));
+  CachingAllocator alloc{device};
+  attach(alloc);
+  History history{alloc, 1000};
+  std::vector<void*> blocks;
+  {
+    ModuleScope scope{"layer1.conv", Phase::Forward};
+    for (int i = 0; i < 3; ++i) blocks.push_back(alloc.allocate(MiB));
+  }
+  {
+    ModuleScope scope{"fc", Phase::Forward};
+    blocks.push_back(alloc.allocate(MiB));
+  }
+  for (void* b : blocks) alloc.deallocate(b);
+  const Snapshot snap = snapshot(alloc, {.segments = true, .history = true, .history_source = &history});
+  const AllocationTrace trace = read_pytorch_snapshot(read_pickle(memory_snapshot_pickle(snap)), -1, "own.pickle");
+  std::vector<std::uint32_t> alloc_stacks;
+  for (const RecordedEvent& e : trace.events)
+    if (e.action == RecordedAction::Alloc) alloc_stacks.push_back(e.stack);
+  ASSERT_EQ(alloc_stacks.size(), 4u);
+  EXPECT_NE(alloc_stacks[0], 0u);
+  EXPECT_EQ(alloc_stacks[1], alloc_stacks[0]);
+  EXPECT_EQ(alloc_stacks[2], alloc_stacks[0]);
+  EXPECT_NE(alloc_stacks[3], alloc_stacks[0]);
+  EXPECT_NE(trace.stacks[alloc_stacks[0] - 1].find("layer1.conv"), std::string::npos) << trace.stacks[alloc_stacks[0] - 1];
+  EXPECT_NE(trace.stacks[alloc_stacks[3] - 1].find("fc"), std::string::npos);
 }
 
 TEST(Replay, DivergenceFromTheRecordingIsReported) {

@@ -75,6 +75,13 @@ struct ReplayOom {
   std::size_t free_bytes = 0;          ///< reserved but not allocated, over every segment
   /// The segments with the most free bytes, most first (at most 8): the live blocks in
   /// them pin them, so the cache cannot release them for a larger segment.
+  /// A live block that pins a segment: where, how large, and (a snapshot with frames) the
+  /// call stack that allocated it.
+  struct Pin {
+    std::size_t offset = 0;  ///< in its segment
+    std::size_t size = 0;
+    std::string stack;       ///< "" when the trace has no frames for it
+  };
   struct Segment {
     std::uintptr_t address = 0;
     std::size_t size = 0;
@@ -82,6 +89,7 @@ struct ReplayOom {
     std::size_t largest_free = 0;
     std::size_t live_blocks = 0;
     std::size_t live_bytes = 0;
+    std::vector<Pin> pins;  ///< its largest live blocks, largest first (at most 4)
   };
   std::vector<Segment> fragmented;
 };

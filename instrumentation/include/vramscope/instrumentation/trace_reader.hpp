@@ -46,6 +46,7 @@ std::string_view recorded_action_name(RecordedAction action) noexcept;
 /// One event of a trace, in the order recorded.
 struct RecordedEvent {
   RecordedAction action = RecordedAction::Alloc;
+  std::uint32_t stack = 0;  ///< AllocationTrace::stacks[stack - 1]; 0: no frames recorded
   std::uintptr_t address = 0;
   /// Alloc/free: the caller's requested size (block size where the format has
   /// no request); segment events: the segment size; oom: the size asked for.
@@ -97,6 +98,14 @@ struct AllocationTrace {
   /// PYTORCH_CUDA_ALLOC_CONF as recorded ("" when default or unknown).
   std::string allocator_conf;
   bool allocator_conf_known = false;  ///< the snapshot carried allocator_settings
+
+  /// The events' call stacks (snapshots with frames), each distinct one once, as the
+  /// snapshot's pickle shares them: "forward (model.py:42) <- ..." innermost first, at most
+  /// kStackFrames frames and kStackChars characters, the user's Python frames when there
+  /// are any (not the allocator's C++ frames, not torch's own Python).
+  std::vector<std::string> stacks;
+  static constexpr std::size_t kStackFrames = 4;
+  static constexpr std::size_t kStackChars = 256;
 
   /// Counts of events per action, indexed by RecordedAction.
   std::vector<std::size_t> action_counts() const;
