@@ -13,6 +13,7 @@
 #include <iterator>
 #include <sstream>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "vramscope/allocator/errors.hpp"
 
@@ -166,6 +167,12 @@ const PickleDict& PickleValue::as_dict() const {
   if (kind_ == Kind::Dict) return *std::get<std::shared_ptr<PickleDict>>(value_);
   wrong_kind("dict", *this);
 }
+const void* PickleValue::identity() const noexcept {
+  if (const auto* l = std::get_if<std::shared_ptr<PickleList>>(&value_)) return l->get();
+  if (const auto* d = std::get_if<std::shared_ptr<PickleDict>>(&value_)) return d->get();
+  return nullptr;
+}
+
 PickleList& PickleValue::mutable_list() {
   if (is_sequence()) return *std::get<std::shared_ptr<PickleList>>(value_);
   wrong_kind("list", *this);
@@ -301,11 +308,38 @@ class Machine {
   void memo_get(std::uint64_t index, std::size_t at) {
     if (index < dense_.size() && stored_[index]) {
       stack_.push_back(dense_[index]);
-      return;
+    } else {
+      auto it = memo_.find(index);
+      if (it == memo_.end()) fail(at, "memo key " + std::to_string(index) + " was never stored");
+      stack_.push_back(it->second);
     }
-    auto it = memo_.find(index);
-    if (it == memo_.end()) fail(at, "memo key " + std::to_string(index) + " was never stored");
-    stack_.push_back(it->second);
+    note_shared(stack_.back());
+  }
+
+  // Cycles. Only a container referenced a second time (memo get, DUP) can end up inside
+  // itself, and only when something is added to it afterwards: those additions are checked,
+  // so a pickle that refers to itself is refused instead of leaking (shared ownership
+  // cannot free a cycle). PyTorch's snapshots have none.
+  void note_shared(const Entry& e) {
+    if (const void* id = e.identity()) shared_.insert(id);
+  }
+  void refuse_cycle(const Entry& target, const Entry& item, std::size_t at) {
+    const void* goal = target.identity();
+    if (goal == nullptr || !shared_.contains(goal) || item.identity() == nullptr) return;
+    std::unordered_set<const void*> seen;
+    std::vector<const PickleValue*> todo{&item};
+    while (!todo.empty()) {
+      const PickleValue* v = todo.back();
+      todo.pop_back();
+      const void* id = v->identity();
+      if (id == nullptr || !seen.insert(id).second) continue;
+      if (id == goal) fail(at, "the pickle puts a container inside itself (a cycle); a snapshot has none");
+      if (v->is_dict()) {
+        for (const auto& [k, val] : v->as_dict()) todo.push_back(&val);
+      } else {
+        for (const PickleValue& x : v->as_list()) todo.push_back(&x);
+      }
+    }
   }
 
   /// LONG1 / LONG4: little-endian two's complement. Up to 8 significant bytes is an int;
@@ -390,6 +424,7 @@ class Machine {
         return false;
       case '2':  // DUP
         stack_.push_back(top(at));
+        note_shared(stack_.back());
         return false;
 
       // --- memo --------------------------------------------------------------
@@ -560,6 +595,7 @@ class Machine {
   void append(Entry& list, Entry item, std::size_t at) {
     if (!list.is_sequence() || list.kind() == PickleValue::Kind::Tuple)
       fail(at, "append to a " + std::string(list.kind_name()));
+    refuse_cycle(list, item, at);
     list.mutable_list().push_back(std::move(item));
   }
 
@@ -570,6 +606,7 @@ class Machine {
       const auto k = items[i].kind();
       if (k == PickleValue::Kind::List || k == PickleValue::Kind::Dict || k == PickleValue::Kind::Set)
         fail(at, "unhashable dict key of type " + std::string(items[i].kind_name()));
+      refuse_cycle(d, items[i + 1], at);
       dict.emplace_back(std::move(items[i]), std::move(items[i + 1]));
     }
   }
@@ -582,6 +619,7 @@ class Machine {
   std::vector<bool> stored_;
   std::unordered_map<std::uint64_t, Entry> memo_;  // keys far beyond dense_
   std::uint64_t memo_count_ = 0;                   // distinct keys stored (len(memo))
+  std::unordered_set<const void*> shared_;         // containers referenced a second time
 };
 
 }  // namespace

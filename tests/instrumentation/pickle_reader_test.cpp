@@ -118,6 +118,22 @@ TEST(PickleReader, DeepNestingIsDestroyedWithoutRecursion) {
   EXPECT_EQ(v.as_list().size(), 1u);
 }
 
+TEST(PickleReader, RefusesAPickleThatRefersToItself) {
+  // Python's pickle of `a = []; a.append(a)`, of `d = {}; d["x"] = d`, and of a cycle through
+  // two lists (a = []; a.append([a])): refused, not leaked (LeakSanitizer watches the debug run).
+  using namespace std::string_view_literals;
+  for (std::string_view cyclic : {"\x80\x02]q\x00h\x00" "a."sv,
+                                  "\x80\x04\x95\n\x00\x00\x00\x00\x00\x00\x00}\x94\x8c\x01x\x94h\x00s."sv,
+                                  "\x80\x02]q\x00]q\x01h\x00" "aa."sv}) {
+    const std::string message = error_of(std::string(cyclic));
+    EXPECT_NE(message.find("a cycle"), std::string::npos) << message;
+  }
+  // Sharing without a cycle is read: x = [1]; [x, x] (the second x is a memo reference).
+  const PickleValue shared = read_pickle("\x80\x02]q\x00(]q\x01K\x01" "ah\x01" "e."sv);
+  ASSERT_EQ(shared.as_list().size(), 2u);
+  EXPECT_EQ(shared.as_list()[0].identity(), shared.as_list()[1].identity());
+}
+
 TEST(PickleValue, AccessorsNameTheKinds) {
   const PickleValue v = PickleValue::integer(-1);
   try {

@@ -92,6 +92,8 @@ class PickleValue {
   // Mutation, for the reader (containers are shared: all copies see it).
   PickleList& mutable_list();
   PickleDict& mutable_dict();
+  /// The container this value shares (list, tuple, set or dict), or nullptr.
+  const void* identity() const noexcept;
 
  private:
   Kind kind_ = Kind::None;
