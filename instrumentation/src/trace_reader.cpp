@@ -147,24 +147,31 @@ class StackTable {
   std::unordered_map<std::string, std::uint32_t> by_text_;
 };
 
-RecordedEvent read_event(const PickleValue& ev, const std::string& path, StackTable& stacks) {
-  return at_path(path, [&] {
-    RecordedEvent e;
-    if (const PickleValue* f = ev.find("frames")) e.stack = stacks.intern(*f);
-    const std::string& name = ev.at("action").as_string();
-    auto action = action_from_name(name);
-    if (!action) throw Error("unknown action '" + name + "' (expected one of " + list_actions() + ")");
-    e.action = *action;
-    // PyTorch writes an oom entry's address field as `device_free` (the driver's free
-    // bytes at the failure; torch/csrc/cuda/Module.cpp) and no `addr`: it has no block.
-    if (e.action != RecordedAction::Oom) e.address = static_cast<std::uintptr_t>(ev.at("addr").as_int());
-    e.size = ev.at("size").as_size();
-    if (const PickleValue* v = ev.find("stream")) e.stream = static_cast<std::uint64_t>(v->as_int());
-    if (const PickleValue* v = ev.find("time_us"); v && !v->is_none()) e.time_us = v->as_float();
-    return e;
-  });
+RecordedEvent read_event_fields(const PickleValue& ev, StackTable& stacks) {
+  RecordedEvent e;
+  if (const PickleValue* f = ev.find("frames")) e.stack = stacks.intern(*f);
+  const std::string& name = ev.at("action").as_string();
+  auto action = action_from_name(name);
+  if (!action) throw Error("unknown action '" + name + "' (expected one of " + list_actions() + ")");
+  e.action = *action;
+  // PyTorch writes an oom entry's address field as `device_free` (the driver's free
+  // bytes at the failure; torch/csrc/cuda/Module.cpp) and no `addr`: it has no block.
+  if (e.action != RecordedAction::Oom) e.address = static_cast<std::uintptr_t>(ev.at("addr").as_int());
+  e.size = ev.at("size").as_size();
+  if (const PickleValue* v = ev.find("stream")) e.stream = static_cast<std::uint64_t>(v->as_int());
+  if (const PickleValue* v = ev.find("time_us"); v && !v->is_none()) e.time_us = v->as_float();
+  return e;
 }
 
+/// device_traces[d][i]: `base` and `i` make its path only when an error names it (a
+/// snapshot has a million events and, as a rule, no error).
+RecordedEvent read_event(const PickleValue& ev, const std::string& base, std::size_t i, StackTable& stacks) {
+  try {
+    return read_event_fields(ev, stacks);
+  } catch (const Error& e) {
+    throw Error(base + "[" + std::to_string(i) + "]: " + e.what());
+  }
+}
 void finish(AllocationTrace& t) {
   for (const RecordedEvent& e : t.events) {
     if (e.action == RecordedAction::FreeCompleted) t.has_free_completed = true;
@@ -382,7 +389,7 @@ AllocationTrace read_pytorch_snapshot(const PickleValue& root, int device, const
     t.events.reserve(events.size());
     StackTable stacks{t.stacks};
     for (std::size_t i = 0; i < events.size(); ++i)
-      t.events.push_back(read_event(events[i], base + "[" + std::to_string(i) + "]", stacks));
+      t.events.push_back(read_event(events[i], base, i, stacks));
   }
   if (t.events.empty() && t.final_segments.empty()) {
     // Nothing on this device: say which devices have something, rather than replay zeros.
