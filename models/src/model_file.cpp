@@ -668,6 +668,16 @@ class Builder {
       if (type == "Tanh") return std::make_unique<nn::Tanh>();
       return std::make_unique<nn::Sigmoid>();
     }
+    if (type == "Scale") {
+      only_keys(s, path, type, {"name", "type", "factor"}, true);
+      floating(flow, path, mpath, type);
+      if (!s.contains("factor")) fail(field(path, "factor"), "is required (x * factor; x / c is a factor of 1 / c)");
+      const json& f = s.at("factor");
+      if (!f.is_number() || !std::isfinite(f.get<double>())) {
+        fail(field(path, "factor"), "expected a finite number, got " + kind_of(f));
+      }
+      return std::make_unique<nn::Scale>(f.get<double>());
+    }
     if (type == "GELU") {
       only_keys(s, path, type, {"name", "type", "approximate"}, true);
       floating(flow, path, mpath, type);
@@ -748,7 +758,7 @@ class Builder {
     fail(field(path, "type"),
          "unknown layer type \"" + type +
              "\"; valid types: Linear, Conv1d, Conv2d, ConvTranspose2d, BatchNorm1d, BatchNorm2d, GroupNorm, LayerNorm, "
-             "RMSNorm, ReLU, ReLU6, LeakyReLU, Hardtanh, SiLU, Sigmoid, Tanh, GELU, Softmax, Dropout, MaxPool2d, "
+             "RMSNorm, ReLU, ReLU6, LeakyReLU, Hardtanh, SiLU, Sigmoid, Tanh, Scale, GELU, Softmax, Dropout, MaxPool2d, "
              "AvgPool2d, AdaptiveAvgPool2d, Flatten, Reshape, Permute, Transpose, Contiguous, Embedding, "
              "MultiheadAttention, ClassToken, PositionEmbedding, SelectToken, Identity, Sequential, Residual, Parallel");
   }
@@ -867,7 +877,7 @@ class Builder {
   /// the same whether it is the module again or a copy of it.
   void check_reusable(const std::string& type, const std::string& at, const std::string& name) const {
     static const std::set<std::string, std::less<>> kReusable = {
-        "ReLU", "ReLU6", "Hardtanh", "LeakyReLU", "SiLU", "Sigmoid", "Tanh", "GELU", "Softmax", "Dropout", "Identity"};
+        "ReLU", "ReLU6", "Hardtanh", "LeakyReLU", "SiLU", "Sigmoid", "Tanh", "Scale", "GELU", "Softmax", "Dropout", "Identity"};
     if (!kReusable.contains(type)) {
       fail(at, "only an activation, Dropout or Identity can run twice; '" + name + "' is " + type);
     }

@@ -127,7 +127,7 @@ def test_everything_unmappable_is_listed_once_with_its_line():
         def forward(self, x):
             y = self.fc(x)
             y = self.fc(torch.cos(y))
-            return torch.sin(y) * 3
+            return torch.sin(y) + 3
 
     with pytest.raises(ExportError) as e:
         export(Odd(), [2, 8], name="odd")
@@ -270,3 +270,20 @@ def test_a_module_list_iterated_in_forward_is_a_container_of_its_elements():
     assert out[0]["name"] == "layers" and out[0]["expand"] is True
     assert [b["name"] for b in out[0]["layers"]] == ["0", "1", "2"]
     assert all(b["type"] == "Residual" and b["class"] == "_Block" for b in out[0]["layers"])
+
+
+def test_a_tensor_times_or_over_a_number_is_a_scale():
+    import math
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+
+        def forward(self, x):
+            x = self.fc(x) * 0.5
+            return torch.mul(x / math.sqrt(16), 3)
+
+    out = layers(Net(), [2, 8])
+    assert [it["type"] for it in out] == ["Linear", "Scale", "Scale", "Scale"]
+    assert [it["factor"] for it in out[1:]] == [0.5, 0.25, 3.0]

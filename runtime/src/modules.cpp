@@ -425,6 +425,9 @@ Tensor Sigmoid::forward(const Tensor& input) { return sigmoid(input); }
 Tanh::Tanh() : Module("Tanh") {}
 Tensor Tanh::forward(const Tensor& input) { return tanh(input); }
 
+Scale::Scale(double factor) : Module("Scale"), factor_(factor) {}
+Tensor Scale::forward(const Tensor& input) { return mul_scalar(input, factor_); }
+
 GELU::GELU(bool tanh_approx) : Module("GELU"), tanh_approx_(tanh_approx) {}
 Tensor GELU::forward(const Tensor& input) { return gelu(input, tanh_approx_); }
 

@@ -233,7 +233,7 @@ class Odd(nn.Module):
 
     def forward(self, x):
         x = torch.sin(self.fc(x))
-        x = x * 2.0
+        x = x + 2.0
         return self.rnn(x)[0]
 
 class Branchy(nn.Module):

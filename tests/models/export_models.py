@@ -32,7 +32,7 @@ class Block(nn.Module):
 
 
 class Mixed(nn.Module):
-    """Inception-style branches joined by torch.cat, then a functional relu."""
+    """Inception-style branches joined by torch.cat, then a functional relu, scaled."""
 
     def __init__(self, c):
         super().__init__()
@@ -40,7 +40,7 @@ class Mixed(nn.Module):
         self.b = nn.Sequential(nn.Conv2d(c, c // 4, 1), nn.ReLU(), nn.Conv2d(c // 4, c // 2, 3, padding=1))
 
     def forward(self, x):
-        return F.relu(torch.cat([self.a(x), self.b(x)], dim=1))
+        return F.relu(torch.cat([self.a(x), self.b(x)], dim=1)) * 0.5
 
 
 class ResidualCNN(nn.Module):

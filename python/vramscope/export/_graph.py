@@ -218,6 +218,21 @@ class Graph:
             op.spec, op.module, op.join = {"type": "_Alias"}, None, None
             return
         constants = [a for a in node.all_input_nodes if a.name in self.constant]
+        # A tensor times (or over) a Python number: x * 0.5, x / math.sqrt(d).
+        numbers = [a for a in args[:2] if isinstance(a, (int, float)) and not isinstance(a, bool)]
+        if name in ("mul", "truediv", "div") and len(op.inputs) == 1 and not constants and len(numbers) == 1 \
+                and len(args) == 2 and not kw:
+            factor = float(numbers[0])
+            if name != "mul":
+                if args[1] is not numbers[0]:
+                    raise Unsupported("a number divided by a tensor (no model-file layer)")
+                if factor == 0:
+                    raise Unsupported("a division by zero")
+                factor = 1.0 / factor
+            op.spec = {"type": "Scale", "factor": factor}
+            return
+        if name in ("imul", "mul_", "itruediv", "div_") and numbers:
+            raise Unsupported("an in-place product with a number (write x = x * c)")
         # Joins of two or more branches.
         if name in ("add", "iadd", "add_", "mul", "imul", "mul_", "matmul", "bmm", "cat", "concat") and \
                 (len(op.inputs) >= 2 or name in ("cat", "concat") or (len(op.inputs) == 1 and not constants)):

@@ -365,6 +365,17 @@ class Tanh : public Module {
   Tensor forward(const Tensor& input) override;
 };
 
+/// `x * factor` with a Python number (`x / c` is a factor of 1 / c): PyTorch keeps the
+/// number as a host scalar, so nothing of the device's is saved for backward.
+class Scale : public Module {
+ public:
+  explicit Scale(double factor);
+  Tensor forward(const Tensor& input) override;
+
+ private:
+  double factor_;
+};
+
 class GELU : public Module {
  public:
   explicit GELU(bool tanh_approx = false);
