@@ -632,7 +632,15 @@ PickleValue read_pickle(std::string_view data) {
 PickleValue read_pickle_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error("cannot open '" + path + "' for reading");
-  std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // A read error is never taken for the end of the file (then "truncated pickle"): the
+  // stream buffer throws it (libstdc++) or the stream says so.
+  std::string data;
+  try {
+    data.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  } catch (const std::exception& e) {
+    throw Error(path + ": read error (" + e.what() + ")");
+  }
+  if (in.bad()) throw Error(path + ": read error after " + std::to_string(data.size()) + " bytes");
   try {
     return read_pickle(data);
   } catch (const Error& e) {

@@ -277,6 +277,8 @@ CsvTable read_csv(std::istream& in, const std::string& source, Row&& row) {
                   std::to_string(t.header.size()));
     row(t, fields, where);
   }
+  // getline stops on a read error as on the end: never take one for the other.
+  if (in.bad()) throw Error(source + ": read error after line " + std::to_string(lineno));
   if (t.header.empty()) throw Error(source + ": empty file (expected a CSV header)");
   return t;
 }
@@ -505,6 +507,7 @@ AllocationTrace load_trace(const std::string& path, int device) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error("cannot open '" + path + "' for reading");
   const int first = in.peek();
+  if (in.bad()) throw Error(path + ": cannot be read (a directory, or a read error)");
   if (first == 0x80) return read_pytorch_snapshot_file(path, device);
   std::string header;
   std::getline(in, header);

@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <sstream>
 
@@ -126,6 +127,25 @@ TEST(TraceReader, ADeviceWithNothingToReplayNamesTheDevicesThatHaveSomething) {
                          "2 trace events) has them"),
             std::string::npos)
       << message;
+}
+
+TEST(TraceReader, AReadErrorIsNotTheEndOfTheFile) {
+  // A directory opens but cannot be read: an error naming it, not an empty or truncated trace.
+  const std::string dir = ::testing::TempDir();
+  for (const auto& load : std::vector<std::function<void()>>{[&] { (void)load_trace(dir); },
+                                                             [&] { (void)read_pickle_file(dir); },
+                                                             [&] { (void)read_rmm_log_file(dir); }}) {
+    try {
+      load();
+      ADD_FAILURE() << "a directory was read as a trace";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find(dir), std::string::npos) << what;
+      EXPECT_TRUE(what.find("read") != std::string::npos) << what;
+      EXPECT_EQ(what.find("empty file"), std::string::npos) << what;
+      EXPECT_EQ(what.find("truncated"), std::string::npos) << what;
+    }
+  }
 }
 
 TEST(TraceReader, MalformedSnapshotNamesTheElement) {
