@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <sstream>
@@ -630,6 +631,8 @@ PickleValue read_pickle(std::string_view data) {
 }
 
 PickleValue read_pickle_file(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) throw Error(path + ": cannot read a directory as a pickle");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error("cannot open '" + path + "' for reading");
   // A read error is never taken for the end of the file (then "truncated pickle"): the

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 #include <charconv>
+#include <filesystem>
 #include <fstream>
 #include <istream>
 #include <map>
@@ -43,6 +44,13 @@ auto at_path(const std::string& path, F&& f) -> decltype(f()) {
   } catch (const Error& e) {
     throw Error(path + ": " + e.what());
   }
+}
+
+/// A directory opens as a stream, and what reading it gives depends on the C++ library:
+/// say what it is before reading.
+void refuse_directory(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) throw Error(path + ": cannot read a directory as a trace");
 }
 
 BlockState block_state_from(std::string_view s, const std::string& path) {
@@ -300,6 +308,7 @@ double parse_rmm_time(std::string_view text, const std::string& where) {
 }
 
 std::ifstream open_text(const std::string& path) {
+  refuse_directory(path);
   std::ifstream in(path);
   if (!in) throw Error("cannot open '" + path + "' for reading");
   return in;
@@ -504,10 +513,11 @@ AllocationTrace read_rmm_log_file(const std::string& path) {
 }
 
 AllocationTrace load_trace(const std::string& path, int device) {
+  refuse_directory(path);
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error("cannot open '" + path + "' for reading");
   const int first = in.peek();
-  if (in.bad()) throw Error(path + ": cannot be read (a directory, or a read error)");
+  if (in.bad()) throw Error(path + ": read error");
   if (first == 0x80) return read_pytorch_snapshot_file(path, device);
   std::string header;
   std::getline(in, header);
