@@ -31,7 +31,6 @@ class Graph:
     """The fx graph reduced to tensor operations with their data inputs."""
 
     def __init__(self, gm, model, metas: Dict[str, Any], metas_next: Dict[str, Any], batch: int):
-        import torch
         self.gm, self.model, self.batch = gm, model, batch
         self.metas, self.metas_next = metas, metas_next
         self.modules = dict(model.named_modules())
@@ -42,7 +41,6 @@ class Graph:
         self.calls: Dict[str, int] = {}  # leaf module -> calls so far
         self.source: Optional[Op] = None
         self.output: Optional[Op] = None
-        self.torch = torch
         for i, node in enumerate(gm.graph.nodes):
             try:
                 self._add(i, node)
@@ -379,7 +377,6 @@ class Graph:
         op.spec = {"type": "PositionEmbedding", "num_positions": shape[1], "embed_dim": shape[2],
                    **({} if p.requires_grad else {"frozen": True})}
         op.module = target  # named after the parameter, in the scope of the code that adds it
-        op.inputs = [o for o in op.inputs]
 
     def _class_token(self, op: Op, node, tensors, dim) -> None:
         if len(tensors) != 2 or tensors[0].name not in self.constant or dim % len(self.shape(node)) != 1:

@@ -142,11 +142,7 @@ def _hardtanh(m):
 
 
 def _softmax(m):
-    if m.dim not in (-1, None):
-        spec = {"type": "Softmax", "dim": m.dim}  # checked against the rank below
-    else:
-        spec = {"type": "Softmax", "dim": -1}
-    return spec
+    return {"type": "Softmax", "dim": -1 if m.dim is None else m.dim}  # checked against the rank later
 
 
 @functools.lru_cache(maxsize=None)
