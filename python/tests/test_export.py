@@ -287,3 +287,11 @@ def test_a_tensor_times_or_over_a_number_is_a_scale():
     out = layers(Net(), [2, 8])
     assert [it["type"] for it in out] == ["Linear", "Scale", "Scale", "Scale"]
     assert [it["factor"] for it in out[1:]] == [0.5, 0.25, 3.0]
+
+
+def test_softmax_without_a_dim_follows_pytorchs_legacy_choice():
+    # nn.Softmax() on [N, C] normalises dim 1 (the last): mapped; on [N, C, H, W] dim 1 (not the last): refused.
+    assert layers(nn.Sequential(nn.Linear(4, 3), nn.Softmax()), [2, 4], loss="sum")[1] == \
+        {"name": "1", "type": "Softmax", "dim": -1}
+    with pytest.raises(ExportError, match="softmax over a dimension other than the last"):
+        export(nn.Sequential(nn.Conv2d(3, 4, 1), nn.Softmax()), [2, 3, 5, 5], loss="sum")

@@ -190,8 +190,14 @@ class Graph:
                     raise Unsupported(f"{key} (not modelled)")
             if node.kwargs.get("is_causal"):
                 raise Unsupported("is_causal (not modelled)")
-        if spec["type"] == "Softmax" and spec["dim"] not in (-1, len(self.shape(node)) - 1):
-            raise Unsupported("softmax over a dimension other than the last")
+        if spec["type"] == "Softmax":
+            rank = len(self.shape(node))
+            dim = m.dim
+            if dim is None:  # nn.Softmax(): PyTorch's legacy _get_softmax_dim picks 0 for 0-, 1- and 3-d input, else 1
+                dim = 0 if rank in (0, 1, 3) else 1
+            if dim % max(rank, 1) != rank - 1:
+                raise Unsupported("softmax over a dimension other than the last")
+            spec["dim"] = -1
         if len(op.inputs) != 1:
             raise Unsupported("a module that takes more than one tensor")
         op.spec, op.module = spec, node.target

@@ -142,7 +142,7 @@ def _hardtanh(m):
 
 
 def _softmax(m):
-    return {"type": "Softmax", "dim": -1 if m.dim is None else m.dim}  # checked against the rank later
+    return {"type": "Softmax", "dim": -1}  # which dimension m.dim names is checked against the input's rank
 
 
 @functools.lru_cache(maxsize=None)
