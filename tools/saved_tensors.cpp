@@ -44,7 +44,7 @@ std::size_t SavedTensorLog::total_bytes() const noexcept {
   return total;
 }
 
-std::string SavedTensorLog::csv(const std::function<std::string(const std::string&)>& type_of) const {
+std::string SavedTensorLog::csv(const ModuleTypeFn& type_of) const {
   std::string out = "module,type,tensors,bytes\n";
   for (const SavedByModule& r : rows_) {
     out += fmt::format("{},{},{},{}\n", csv_field(r.module), csv_field(type_of(r.module)), r.tensors, r.bytes);

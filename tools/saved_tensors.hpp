@@ -10,6 +10,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "vramscope/instrumentation/memory_logger.hpp"
 #include "vramscope/runtime/autograd.hpp"
 #include "vramscope/runtime/modules.hpp"
 
@@ -31,7 +32,7 @@ class SavedTensorLog {
   const std::vector<SavedByModule>& rows() const noexcept { return rows_; }
   std::size_t total_bytes() const noexcept;
   /// module,type,tensors,bytes; `type_of` gives each module's class ("" for none).
-  std::string csv(const std::function<std::string(const std::string&)>& type_of) const;
+  std::string csv(const ModuleTypeFn& type_of) const;
 
  private:
   void saved(const nn::Tensor& tensor);

@@ -247,8 +247,7 @@ void run(const TraceArgs& args) {
   if (saved) {
     write_file("--saved", args.saved, [&] {
       std::ofstream out(args.saved);
-      const ModuleTypeFn type_of = module_types(trainer->model());
-      out << saved->csv([&](const std::string& m) { return type_of(m); });
+      out << saved->csv(module_types(trainer->model()));
       if (!out.flush()) throw Error("cannot write " + args.saved);
     });
     std::cout << fmt::format("           {} saved for backward in step 1's forward, in {} modules\n",
