@@ -128,7 +128,9 @@ class PeakWatcher final : public AllocatorObserver {
         break;
       case TraceAction::FreeCompleted: active_.erase(e.address); break;
       case TraceAction::Oom:
-      case TraceAction::Relabel: break;
+      case TraceAction::Relabel:
+      case TraceAction::SegmentMap:  // the benchmark's allocator has no expandable segments
+      case TraceAction::SegmentUnmap: break;
     }
     if (peaks_.update(e)) at_peak_ = true;
   }

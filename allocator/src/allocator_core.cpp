@@ -31,6 +31,11 @@ AllocatorCore::AllocatorCore(std::shared_ptr<Device> device, AllocatorConfig con
   // nvidia-smi shows the context before any allocation.
   stats_.device_used_bytes.current = stats_.device_used_bytes.peak =
       static_cast<std::int64_t>(context_bytes_);
+  if (config_.expandable_segments && !device_->supports_virtual_memory()) {
+    throw Error("expandable_segments:True needs virtual memory management, which " + info.name +
+                " does not have (the driver's cuMemCreate/cuMemMap were not found or the GPU does not "
+                "support them); leave expandable_segments out");
+  }
 }
 
 AllocatorCore::~AllocatorCore() {
@@ -44,13 +49,17 @@ AllocatorCore::~AllocatorCore() {
   }
   events_.clear();
   for (const Block* b : all_blocks_locked()) {
-    if (b->prev == nullptr) {
+    if (b->prev == nullptr && !b->expandable()) {
       std::size_t total = 0;
       for (const Block* c = b; c != nullptr; c = c->next) total += c->size;
       device_->free_segment(reinterpret_cast<void*>(b->ptr), total);
     }
   }
+  expandable_.clear();  // unmaps their pages and releases their addresses
   std::vector<const Block*> blocks = all_blocks_locked();
+  for (BlockPool* pool : {&large_blocks_, &small_blocks_}) {
+    blocks.insert(blocks.end(), pool->unmapped.begin(), pool->unmapped.end());
+  }
   for (const Block* b : blocks) block_storage_.release(const_cast<Block*>(b));
 }
 
@@ -66,6 +75,28 @@ AllocatorCore::~AllocatorCore() {
   }
   Block* fit = pool.best_fit(p.stream, p.size);
   if (fit == nullptr) return false;
+  if (fit->expandable()) [[unlikely]] {
+    if (config_.expandable_segments) {
+      // PyTorch: "for the purposes of 'best fit' we consider its size to be the size it can
+      // expand to": a free block before unmapped space counts that space too, so a block
+      // that can grow is passed over for the next larger one that cannot, while that one's
+      // expandable size is smaller.
+      const auto expandable_size = [](const Block* b) {
+        return b->size + (b->next != nullptr && !b->next->mapped ? b->next->size : 0);
+      };
+      for (Block* next = pool.after(fit);
+           fit->expandable() && next != nullptr && expandable_size(next) < expandable_size(fit);
+           next = pool.after(next)) {
+        fit = next;
+      }
+    } else {
+      // Expandable segments were turned off: only cudaMalloc segments serve.
+      do {
+        fit = pool.after(fit);
+      } while (fit != nullptr && fit->expandable());
+      if (fit == nullptr) return false;
+    }
+  }
   const std::size_t max_split = config_.max_split_size;
   // Never hand an oversize block to a small request (it could not be split).
   if (p.size < max_split && fit->size >= max_split) return false;
@@ -122,6 +153,12 @@ bool AllocatorCore::alloc_block(AllocParams& p, bool is_retry) {
   const std::size_t size = p.alloc_size;
   if (is_retry) ++stats_.num_alloc_retries;
   if (set_fraction_ && total_reserved_ + size > allowed_memory_maximum_) return false;
+  if (config_.expandable_segments && !p.plain_segment) {
+    // Grows an expandable segment by the rounded request (not the segment size).
+    p.block = try_allocate_expandable_block(p);
+    p.block_in_pool = true;
+    return p.block != nullptr;
+  }
   void* ptr = device_->allocate_segment(size);
   if (ptr == nullptr) return false;
   ++stats_.num_device_alloc;
@@ -138,6 +175,8 @@ bool AllocatorCore::alloc_block(AllocParams& p, bool is_retry) {
   block->next = nullptr;
   block->allocated = false;
   block->context = 0;
+  block->segment = 0;
+  block->mapped = true;
   p.block = block;
   p.block_in_pool = false;
 
@@ -159,17 +198,21 @@ bool AllocatorCore::release_available_cached_blocks(const AllocParams& p) {
   if (max_split == std::numeric_limits<std::size_t>::max()) return false;
   BlockPool& pool = *p.pool;
   const std::size_t wanted = p.size < max_split ? max_split : p.size;
-  if (Block* fit = pool.best_fit(p.stream, wanted)) {
+  Block* fit = pool.best_fit(p.stream, wanted);
+  if (fit != nullptr && !fit->expandable()) {
     release_block(fit);
     return true;
   }
-  // No single oversize block is enough: free oversize blocks, largest first.
+  // No single oversize block is enough: free oversize blocks, largest first (below the
+  // expandable block found, which cannot be released: PyTorch skips those).
   std::size_t released = 0;
-  Block* block = pool.largest(p.stream);
+  Block* block = fit != nullptr ? pool.before(fit) : pool.largest(p.stream);
   while (released < wanted && block != nullptr && block->size >= max_split) {
     Block* smaller = pool.before(block);
-    released += block->size;
-    release_block(block);
+    if (!block->expandable()) {
+      released += block->size;
+      release_block(block);
+    }
     block = smaller;
   }
   return released >= wanted;
@@ -182,12 +225,24 @@ void AllocatorCore::release_cached_blocks() {
 }
 
 void AllocatorCore::release_blocks(BlockPool& pool) {
-  pool.for_each([this](Block* block) {
-    if (!block->is_split()) release_block(block);
+  // Free blocks of expandable segments give back their whole pages, split or not; they
+  // are gathered first, since unmapping changes the pool being walked.
+  std::vector<Block*> to_unmap;
+  pool.for_each([&](Block* block) {
+    if (block->expandable()) {
+      to_unmap.push_back(block);
+    } else if (!block->is_split()) {
+      release_block(block);
+    }
   });
+  for (Block* block : to_unmap) {
+    unmap_block(block);
+    if (!block->mapped && !block->is_split()) release_expandable_segment(block);
+  }
 }
 
 void AllocatorCore::release_block(Block* block) {
+  assert(!block->expandable() && "an expandable segment gives back pages, not the segment");
   BlockPool& pool = *block->pool;
   const std::size_t size = block->size;
   device_->free_segment(reinterpret_cast<void*>(block->ptr), size);
@@ -221,7 +276,7 @@ void AllocatorCore::garbage_collect_cached_blocks() {
     return static_cast<double>(large_blocks_.get_free_blocks_call_count - b->gc_count_base);
   };
   large_blocks_.for_each([&](const Block* b) {
-    if (!b->is_split()) {
+    if (!b->is_split() && !b->expandable()) {
       total_age += age(b);
       ++freeable;
     }
@@ -232,7 +287,7 @@ void AllocatorCore::garbage_collect_cached_blocks() {
     const double age_threshold = total_age / static_cast<double>(freeable);
     freed = false;
     large_blocks_.for_each([&](Block* b) {
-      if (!b->is_split() && age(b) >= age_threshold) {
+      if (!b->is_split() && !b->expandable() && age(b) >= age_threshold) {
         freed = true;
         reclaimed += b->size;
         total_age -= age(b);
@@ -246,7 +301,7 @@ void AllocatorCore::garbage_collect_cached_blocks() {
 bool AllocatorCore::should_split(const BlockPool& pool, const Block* block,
                                  std::size_t size) const noexcept {
   const std::size_t remaining = block->size - size;
-  if (pool.is_small) return remaining >= kMinBlockSize;
+  if (pool.is_small || config_.expandable_segments) return remaining >= kMinBlockSize;
   return size < config_.max_split_size && remaining > kSmallSize;
 }
 
@@ -281,6 +336,8 @@ Block* AllocatorCore::alloc_found_block(AllocParams& p) {
     block->size = p.size;
     block->stream = p.stream;
     block->pool = &pool;
+    block->segment = remaining->segment;
+    block->mapped = true;
     block->prev = remaining->prev;
     if (block->prev) block->prev->next = block;
     block->next = remaining;
@@ -292,7 +349,9 @@ Block* AllocatorCore::alloc_found_block(AllocParams& p) {
       remaining->size -= p.size;
       pool.insert(remaining);
     }
-    if (already_split) {
+    // inactive_split leaves expandable segments out: their free pages can always be released.
+    if (block->expandable()) {
+    } else if (already_split) {
       pool_stats_.inactive_split_bytes.decrease(pi, static_cast<std::int64_t>(block->size));
     } else {
       pool_stats_.inactive_split_bytes.increase(pi, static_cast<std::int64_t>(remaining->size));
@@ -300,7 +359,7 @@ Block* AllocatorCore::alloc_found_block(AllocParams& p) {
     }
   } else {
     if (p.block_in_pool) pool.erase(block, p.stream);
-    if (already_split) {
+    if (already_split && !block->expandable()) {
       pool_stats_.inactive_split_bytes.decrease(pi, static_cast<std::int64_t>(block->size));
       pool_stats_.inactive_split.decrease(pi, 1);
     }
@@ -351,6 +410,189 @@ Block* AllocatorCore::alloc_found_block(AllocParams& p) {
   f.allowed = set_fraction_ ? allowed_memory_maximum_ : 0;
   throw OutOfMemoryError(std::move(msg), f);
 }
+
+// ---------------------------------------------------------------------------
+// expandable segments (PyTorch's try_allocate_expandable_block and friends)
+
+Block* AllocatorCore::new_block(std::uintptr_t ptr, std::size_t size, StreamId stream, BlockPool* pool,
+                                std::uint16_t segment, bool mapped) {
+  Block* b = block_storage_.acquire();  // recycled: every field set
+  b->ptr = ptr;
+  b->size = size;
+  b->requested_size = 0;
+  b->stream = stream;
+  b->pool = pool;
+  b->prev = nullptr;
+  b->next = nullptr;
+  b->allocated = false;
+  b->event_count = 0;
+  b->context = 0;
+  b->segment = segment;
+  b->mapped = mapped;
+  return b;
+}
+
+Block* AllocatorCore::new_expandable_segment(StreamId stream, BlockPool& pool) {
+  std::size_t slot = 0;
+  while (slot < expandable_.size() && expandable_[slot] != nullptr) ++slot;
+  if (slot >= 0xFFFF) return nullptr;  // Block::segment holds 65535 segments: a miss, as out of memory
+  // The page is the pool's segment size: 2 MiB small, 20 MiB large.
+  auto segment = std::make_unique<ExpandableSegment>(*device_, stream, pool.is_small ? kSmallBuffer : kLargeBuffer);
+  Block* whole = new_block(segment->base(), segment->size(), stream, &pool,
+                           static_cast<std::uint16_t>(slot + 1), /*mapped=*/false);
+  if (slot == expandable_.size()) expandable_.emplace_back();
+  expandable_[slot] = std::move(segment);
+  pool.unmapped.insert(whole);
+  return whole;
+}
+
+Block* AllocatorCore::find_expandable_block(StreamId stream, BlockPool& pool, std::size_t size) {
+  const auto allocatable = [](const Block* b) {
+    return b != nullptr && !b->allocated && b->event_count == 0;
+  };
+  const auto has_room = [&](const Block* b) {
+    std::size_t bytes = 0;
+    for (; bytes < size && allocatable(b); b = b->next) bytes += b->size;
+    return bytes >= size;
+  };
+  Block key;
+  key.stream = stream;
+  key.ptr = 0;
+  for (auto it = pool.unmapped.lower_bound(&key); it != pool.unmapped.end() && (*it)->stream == stream; ++it) {
+    // The lowest unmapped space that fits, counting a free block just before it.
+    Block* c = *it;
+    if (allocatable(c->prev)) c = c->prev;
+    if (has_room(c)) return c;
+  }
+  Block* whole = new_expandable_segment(stream, pool);
+  return whole != nullptr && whole->size >= size ? whole : nullptr;
+}
+
+Block* AllocatorCore::try_allocate_expandable_block(const AllocParams& p) {
+  Block* candidate = nullptr;
+  try {
+    candidate = find_expandable_block(p.stream, *p.pool, p.size);
+  } catch (const Error&) {
+    return nullptr;  // no address space for a new segment: out of memory
+  }
+  if (candidate == nullptr) return nullptr;
+  // Candidate: unmapped (-> *), or free -> unmapped -> *.
+  if (!candidate->mapped && !map_block(candidate, std::min(candidate->size, p.size))) return nullptr;
+  while (candidate->size < p.size) {
+    // Free -> unmapped: map what is missing, which merges the two.
+    Block* next = candidate->next;
+    if (!map_block(next, std::min(p.size - candidate->size, next->size))) return nullptr;
+    candidate = next;
+  }
+  return candidate;  // mapped, free and in the pool
+}
+
+std::size_t AllocatorCore::try_merge_blocks(Block* dst, Block* src, BlockPool& pool) {
+  if (src == nullptr || src->allocated || src->event_count > 0 || dst->mapped != src->mapped) return 0;
+  if (dst->prev == src) {  // [src dst]
+    dst->ptr = src->ptr;
+    dst->prev = src->prev;
+    if (dst->prev != nullptr) dst->prev->next = dst;
+  } else {  // [dst src]
+    dst->next = src->next;
+    if (dst->next != nullptr) dst->next->prev = dst;
+  }
+  const std::size_t subsumed = src->size;
+  dst->size += subsumed;
+  if (src->mapped) {
+    pool.erase(src, src->stream);
+  } else {
+    pool.unmapped.erase(src);
+  }
+  block_storage_.release(src);
+  return subsumed;
+}
+
+bool AllocatorCore::map_block(Block* to_map, std::size_t size) {
+  assert(!to_map->mapped && size <= to_map->size);
+  const AddressRange mapped = segment_of(to_map).map(to_map->ptr, size);
+  if (mapped.size == 0) return false;  // the device is out of memory
+  BlockPool& pool = *to_map->pool;
+  pool.unmapped.erase(to_map);
+  to_map->mapped = true;
+  if (mapped.size < to_map->size) {
+    // to_map -> remaining (still unmapped) -> to_map->next
+    Block* remaining = new_block(to_map->ptr + mapped.size, to_map->size - mapped.size, to_map->stream, &pool,
+                                 to_map->segment, /*mapped=*/false);
+    remaining->prev = to_map;
+    remaining->next = to_map->next;
+    if (remaining->next != nullptr) remaining->next->prev = remaining;
+    to_map->next = remaining;
+    pool.unmapped.insert(remaining);
+    to_map->size = mapped.size;
+  }
+  try_merge_blocks(to_map, to_map->prev, pool);
+  try_merge_blocks(to_map, to_map->next, pool);
+  pool.insert(to_map);
+
+  // Reserved memory grows by the pages; the segment count does not (PyTorch's map_block).
+  total_reserved_ += mapped.size;
+  total_reserved_rounded_ += device_rounded(mapped.size);
+  pool_stats_.reserved_bytes.increase(pool_index(pool), static_cast<std::int64_t>(mapped.size));
+  ++stats_.num_device_alloc;
+  update_device_view();
+  if (instrumented_) [[unlikely]] {
+    emit_segment(TraceAction::SegmentMap, mapped.ptr, mapped.size, to_map->stream, pool.is_small,
+                 context_source_ ? context_source_() : 0);
+  }
+  return true;
+}
+
+void AllocatorCore::unmap_block(Block* block) {
+  const AddressRange unmapped = segment_of(block).unmap(block->ptr, block->size);
+  if (unmapped.size == 0) return;  // no whole page inside
+  BlockPool& pool = *block->pool;
+  pool.erase(block, block->stream);
+  // The parts of pages at either end that stay mapped become free blocks of their own.
+  const std::size_t before = unmapped.ptr - block->ptr;
+  if (before > 0) {  // prev -> before_free -> block
+    Block* before_free = new_block(block->ptr, before, block->stream, &pool, block->segment, true);
+    before_free->prev = block->prev;
+    if (before_free->prev != nullptr) before_free->prev->next = before_free;
+    before_free->next = block;
+    block->prev = before_free;
+    pool.insert(before_free);
+  }
+  const std::size_t after = block->size - before - unmapped.size;
+  if (after > 0) {  // block -> after_free -> next
+    Block* after_free = new_block(unmapped.ptr + unmapped.size, after, block->stream, &pool, block->segment, true);
+    after_free->next = block->next;
+    if (after_free->next != nullptr) after_free->next->prev = after_free;
+    after_free->prev = block;
+    block->next = after_free;
+    pool.insert(after_free);
+  }
+  block->ptr = unmapped.ptr;
+  block->size = unmapped.size;
+  block->mapped = false;
+  try_merge_blocks(block, block->prev, pool);
+  try_merge_blocks(block, block->next, pool);
+  pool.unmapped.insert(block);
+
+  total_reserved_ -= unmapped.size;
+  total_reserved_rounded_ -= device_rounded(unmapped.size);
+  pool_stats_.reserved_bytes.decrease(pool_index(pool), static_cast<std::int64_t>(unmapped.size));
+  ++stats_.num_device_free;
+  update_device_view();
+  if (instrumented_) [[unlikely]] {
+    emit_segment(TraceAction::SegmentUnmap, unmapped.ptr, unmapped.size, block->stream, pool.is_small,
+                 context_source_ ? context_source_() : 0);
+  }
+}
+
+void AllocatorCore::release_expandable_segment(Block* block) {
+  // The whole segment is one unmapped block again: give its addresses back.
+  assert(!block->mapped && block->size == segment_of(block).size());
+  block->pool->unmapped.erase(block);
+  expandable_[block->segment - 1u].reset();
+  block_storage_.release(block);
+}
+
 
 // ---------------------------------------------------------------------------
 // free
@@ -419,6 +661,11 @@ void AllocatorCore::free_block(Block* block, bool report, bool in_map) {
   // layout is the same.
   Block* prev = block->prev != nullptr && block->prev->is_free() ? block->prev : nullptr;
   Block* next = block->next != nullptr && block->next->is_free() ? block->next : nullptr;
+  const bool expandable = block->expandable();
+  if (expandable) [[unlikely]] {  // unmapped neighbours stay apart (their own set)
+    if (prev != nullptr && !prev->mapped) prev = nullptr;
+    if (next != nullptr && !next->mapped) next = nullptr;
+  }
   std::int64_t merged_blocks = 0;
   std::int64_t merged_bytes = 0;
   Block* result = block;
@@ -462,10 +709,12 @@ void AllocatorCore::free_block(Block* block, bool report, bool in_map) {
   const std::int64_t net_bytes =
       (result->is_split() ? static_cast<std::int64_t>(result->size) : 0) - merged_bytes;
   const std::size_t pi = pool_index(pool);
-  if (net_blocks > 0) pool_stats_.inactive_split.increase(pi, net_blocks);
-  if (net_blocks < 0) pool_stats_.inactive_split.decrease(pi, -net_blocks);
-  if (net_bytes > 0) pool_stats_.inactive_split_bytes.increase(pi, net_bytes);
-  if (net_bytes < 0) pool_stats_.inactive_split_bytes.decrease(pi, -net_bytes);
+  if (!expandable) {
+    if (net_blocks > 0) pool_stats_.inactive_split.increase(pi, net_blocks);
+    if (net_blocks < 0) pool_stats_.inactive_split.decrease(pi, -net_blocks);
+    if (net_bytes > 0) pool_stats_.inactive_split_bytes.increase(pi, net_bytes);
+    if (net_bytes < 0) pool_stats_.inactive_split_bytes.decrease(pi, -net_bytes);
+  }
   pool_stats_.active.decrease(pi, 1);
   pool_stats_.active_bytes.decrease(pi, static_cast<std::int64_t>(original_size));
   pool_stats_.requested_bytes.decrease(pi, static_cast<std::int64_t>(requested));
@@ -582,6 +831,7 @@ std::uintptr_t AllocatorCore::reserve_segment(std::size_t bytes, StreamId stream
   p.size = p.alloc_size = bytes;
   p.stream = stream;
   p.pool = small_pool ? &small_blocks_ : &large_blocks_;
+  p.plain_segment = true;
   if (!alloc_block(p, false)) {
     throw Error("reserve_segment(" + format_bytes(bytes) + "): the device has no room for it");
   }
@@ -594,43 +844,35 @@ std::size_t AllocatorCore::largest_free_block() const {
   return std::max(large_blocks_.largest_size(), small_blocks_.largest_size());
 }
 
-std::vector<void*> AllocatorCore::restore_segment(std::size_t bytes, StreamId stream, bool small_pool,
-                                                  const std::vector<CachingAllocator::RestoredBlock>& live) {
-  const auto fail = [&](const std::string& what) -> void {
-    throw Error("restore_segment(" + format_bytes(bytes) + "): " + what);
-  };
-  if (bytes == 0 || bytes % kMinBlockSize != 0 || bytes > kMaxRequestSize) fail("size must be a positive multiple of 512 B");
+namespace {
+/// Throws unless `live` are ascending, non-overlapping 512 B multiples inside `bytes`.
+void check_restored_layout(const std::string& what, std::size_t bytes,
+                           const std::vector<CachingAllocator::RestoredBlock>& live) {
+  if (bytes == 0 || bytes % kMinBlockSize != 0 || bytes > kMaxRequestSize) {
+    throw Error(what + ": size must be a positive multiple of 512 B");
+  }
   std::size_t end = 0;
   for (std::size_t i = 0; i < live.size(); ++i) {
     const CachingAllocator::RestoredBlock& b = live[i];
     if (b.size == 0 || b.size % kMinBlockSize != 0 || b.offset % kMinBlockSize != 0 || b.offset < end ||
         b.offset > bytes || b.size > bytes - b.offset || b.requested > b.size) {
-      fail("block " + std::to_string(i) + " (offset " + std::to_string(b.offset) + ", " + std::to_string(b.size) +
-           " B, requested " + std::to_string(b.requested) +
-           " B) is not a multiple of 512 inside the segment after the previous block");
+      throw Error(what + ": block " + std::to_string(i) + " (offset " + std::to_string(b.offset) + ", " +
+                  std::to_string(b.size) + " B, requested " + std::to_string(b.requested) +
+                  " B) is not a multiple of 512 inside the segment after the previous block");
     }
     end = b.offset + b.size;
   }
+}
+}  // namespace
 
-  std::lock_guard guard(lock_);
-  AllocParams p;
-  p.size = p.alloc_size = bytes;
-  p.stream = stream;
-  p.pool = small_pool ? &small_blocks_ : &large_blocks_;
-  if (!alloc_block(p, false)) fail("the device has no room for it");
-  BlockPool& pool = *p.pool;
+std::vector<void*> AllocatorCore::carve_restored(Block* whole, const std::vector<CachingAllocator::RestoredBlock>& live) {
+  BlockPool& pool = *whole->pool;
   const std::size_t pi = pool_index(pool);
-
-  // Cut the segment from the front: [gap][live][gap][live]...[rest].
+  const StreamId stream = whole->stream;
+  const std::uintptr_t origin = whole->ptr;
+  // Cut from the front: [gap][live][gap][live]...[rest].
   const auto cut = [&](Block* from, std::size_t size) {  // `from` keeps the front `size` bytes
-    Block* back = block_storage_.acquire();
-    back->ptr = from->ptr + size;
-    back->size = from->size - size;
-    back->requested_size = 0;
-    back->stream = stream;
-    back->pool = &pool;
-    back->allocated = false;
-    back->context = 0;
+    Block* back = new_block(from->ptr + size, from->size - size, stream, &pool, from->segment, true);
     back->prev = from;
     back->next = from->next;
     if (back->next != nullptr) back->next->prev = back;
@@ -641,9 +883,9 @@ std::vector<void*> AllocatorCore::restore_segment(std::size_t bytes, StreamId st
   std::vector<void*> out;
   std::vector<Block*> gaps;
   out.reserve(live.size());
-  Block* rest = p.block;
+  Block* rest = whole;
   for (const CachingAllocator::RestoredBlock& b : live) {
-    const std::uintptr_t at = p.block->ptr + b.offset;
+    const std::uintptr_t at = origin + b.offset;
     if (at > rest->ptr) {
       Block* gap = rest;
       rest = cut(gap, at - gap->ptr);
@@ -653,17 +895,110 @@ std::vector<void*> AllocatorCore::restore_segment(std::size_t bytes, StreamId st
     rest = block->size > b.size ? cut(block, b.size) : nullptr;
     hand_out(block, b.requested > 0 ? b.requested : b.size, pi);
     out.push_back(reinterpret_cast<void*>(block->ptr));
-    if (rest == nullptr) break;  // the layout was checked: nothing follows a block that ends the segment
+    if (rest == nullptr) break;  // the layout was checked: nothing follows a block that ends the range
   }
   if (rest != nullptr) gaps.push_back(rest);
   for (Block* gap : gaps) {
-    pool.insert(gap);
-    if (gap->is_split()) {  // inactive_split counts free blocks that are only part of a segment
-      pool_stats_.inactive_split.increase(pi, 1);
-      pool_stats_.inactive_split_bytes.increase(pi, static_cast<std::int64_t>(gap->size));
+    if (gap->expandable()) {
+      // A gap at the range's edge meets a free mapped block of a neighbouring range.
+      try_merge_blocks(gap, gap->prev, pool);
+      try_merge_blocks(gap, gap->next, pool);
+      pool.insert(gap);
+    } else {
+      pool.insert(gap);
+      if (gap->is_split()) {  // inactive_split counts free blocks that are only part of a segment
+        pool_stats_.inactive_split.increase(pi, 1);
+        pool_stats_.inactive_split_bytes.increase(pi, static_cast<std::int64_t>(gap->size));
+      }
     }
   }
   return out;
+}
+
+std::vector<void*> AllocatorCore::restore_segment(std::size_t bytes, StreamId stream, bool small_pool,
+                                                  const std::vector<CachingAllocator::RestoredBlock>& live) {
+  const std::string what = "restore_segment(" + format_bytes(bytes) + ")";
+  check_restored_layout(what, bytes, live);
+  std::lock_guard guard(lock_);
+  AllocParams p;
+  p.size = p.alloc_size = bytes;
+  p.stream = stream;
+  p.pool = small_pool ? &small_blocks_ : &large_blocks_;
+  p.plain_segment = true;
+  if (!alloc_block(p, false)) throw Error(what + ": the device has no room for it");
+  return carve_restored(p.block, live);
+}
+
+std::uintptr_t AllocatorCore::expandable_segment_base(StreamId stream, bool small_pool) {
+  if (!config_.expandable_segments) {
+    throw Error("expandable_segment_base: this allocator runs without expandable_segments:True");
+  }
+  std::lock_guard guard(lock_);
+  BlockPool& pool = small_pool ? small_blocks_ : large_blocks_;
+  for (const auto& segment : expandable_) {
+    if (segment != nullptr && segment->stream() == stream && segment->page() == (small_pool ? kSmallBuffer : kLargeBuffer)) {
+      return segment->base();
+    }
+  }
+  Block* whole = new_expandable_segment(stream, pool);
+  if (whole == nullptr) throw Error("expandable_segment_base: no room for another expandable segment");
+  return whole->ptr;
+}
+
+std::vector<void*> AllocatorCore::restore_expandable(std::size_t offset, std::size_t bytes, StreamId stream,
+                                                     bool small_pool,
+                                                     const std::vector<CachingAllocator::RestoredBlock>& live) {
+  const std::string what = "restore_expandable(+" + std::to_string(offset) + ", " + format_bytes(bytes) + ")";
+  check_restored_layout(what, bytes, live);
+  const std::size_t page = small_pool ? kSmallBuffer : kLargeBuffer;
+  if (offset % page != 0 || bytes % page != 0) {
+    throw Error(what + ": an expandable range is whole " + format_bytes(page) + " pages");
+  }
+  const std::uintptr_t base = expandable_segment_base(stream, small_pool);
+  std::lock_guard guard(lock_);
+  BlockPool& pool = small_pool ? small_blocks_ : large_blocks_;
+  const std::uintptr_t at = base + offset;
+  // The unmapped block holding the range.
+  Block key;
+  key.stream = stream;
+  key.ptr = at;
+  auto it = pool.unmapped.upper_bound(&key);
+  Block* holder = it == pool.unmapped.begin() ? nullptr : *std::prev(it);
+  if (holder == nullptr || holder->stream != stream || holder->ptr > at || holder->ptr + holder->size < at + bytes ||
+      segment_of(holder).base() != base) {
+    throw Error(what + ": the range is not unmapped address space of the segment");
+  }
+  ExpandableSegment& segment = segment_of(holder);
+  if (segment.map(at, bytes).size == 0) throw Error(what + ": the device has no room for it");
+  // Split the holder into [unmapped][range][unmapped].
+  pool.unmapped.erase(holder);
+  if (holder->ptr < at) {
+    Block* front = new_block(holder->ptr, at - holder->ptr, stream, &pool, holder->segment, false);
+    front->prev = holder->prev;
+    if (front->prev != nullptr) front->prev->next = front;
+    front->next = holder;
+    holder->prev = front;
+    holder->size -= front->size;
+    holder->ptr = at;
+    pool.unmapped.insert(front);
+  }
+  if (holder->size > bytes) {
+    Block* back = new_block(at + bytes, holder->size - bytes, stream, &pool, holder->segment, false);
+    back->next = holder->next;
+    if (back->next != nullptr) back->next->prev = back;
+    back->prev = holder;
+    holder->next = back;
+    holder->size = bytes;
+    pool.unmapped.insert(back);
+  }
+  holder->mapped = true;
+  total_reserved_ += bytes;
+  total_reserved_rounded_ += device_rounded(bytes);
+  pool_stats_.reserved_bytes.increase(pool_index(pool), static_cast<std::int64_t>(bytes));
+  ++stats_.num_device_alloc;
+  update_device_view();
+  if (instrumented_) emit_segment(TraceAction::SegmentMap, at, bytes, stream, pool.is_small, 0);
+  return carve_restored(holder, live);
 }
 
 void AllocatorCore::add_observer(AllocatorObserver* observer) {

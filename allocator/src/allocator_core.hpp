@@ -7,6 +7,9 @@
 //    (block_pool.hpp);
 //  - an active Block (allocated, or freed but waiting for stream events) sits
 //    in active_, keyed by address;
+//  - an expandable segment (expandable_segments:True) is a reserved address
+//    range in expandable_, tiled by mapped Blocks (free ones in the pool, as
+//    above) and unmapped ones (in the pool's `unmapped` set);
 //  - pool_stats_ and stats_ are updated at every transition and validate()
 //    recomputes them.
 // Everything is guarded by lock_.
@@ -21,6 +24,7 @@
 
 #include "biased_lock.hpp"
 #include "block_pool.hpp"
+#include "expandable_segment.hpp"
 #include "object_pool.hpp"
 #include "pointer_map.hpp"
 #include "pool_stats.hpp"
@@ -56,6 +60,9 @@ class AllocatorCore {
   std::uintptr_t reserve_segment(std::size_t bytes, StreamId stream, bool small_pool);
   std::vector<void*> restore_segment(std::size_t bytes, StreamId stream, bool small_pool,
                                      const std::vector<CachingAllocator::RestoredBlock>& live);
+  std::vector<void*> restore_expandable(std::size_t offset, std::size_t bytes, StreamId stream, bool small_pool,
+                                        const std::vector<CachingAllocator::RestoredBlock>& live);
+  std::uintptr_t expandable_segment_base(StreamId stream, bool small_pool);
 
   Device& device() const noexcept { return *device_; }
   const std::shared_ptr<Device>& device_ptr() const noexcept { return device_; }
@@ -70,6 +77,7 @@ class AllocatorCore {
     BlockPool* pool = nullptr;
     Block* block = nullptr;
     bool block_in_pool = false;  // found in the pool (still linked there) vs a new segment
+    bool plain_segment = false;  // a cudaMalloc segment even with expandable segments (restores)
   };
 
   // Policy steps, named after their PyTorch counterparts.
@@ -80,6 +88,26 @@ class AllocatorCore {
   void release_blocks(BlockPool& pool);
   void release_block(Block* block);
   void garbage_collect_cached_blocks();
+  // Expandable segments (PyTorch's names).
+  /// Maps enough of a segment of p.stream to hold p.size bytes in one free block and
+  /// returns that block (in the pool), or nullptr when the device is out of memory.
+  Block* try_allocate_expandable_block(const AllocParams& p);
+  /// The first unmapped block of the stream (by address) that, with a free block before
+  /// it and the free blocks after it, spans `size` bytes; a new segment's when none does.
+  Block* find_expandable_block(StreamId stream, BlockPool& pool, std::size_t size);
+  bool map_block(Block* to_map, std::size_t size);
+  void unmap_block(Block* block);
+  /// Merges free neighbour `src` into `dst` when both are mapped or both unmapped.
+  std::size_t try_merge_blocks(Block* dst, Block* src, BlockPool& pool);
+  void release_expandable_segment(Block* block);
+  /// Hands out `live` (offsets from whole->ptr) in `whole`, a free block in no pool, and
+  /// pools the gaps: the common half of restore_segment and restore_expandable.
+  std::vector<void*> carve_restored(Block* whole, const std::vector<CachingAllocator::RestoredBlock>& live);
+  ExpandableSegment& segment_of(const Block* b) const noexcept { return *expandable_[b->segment - 1u]; }
+  /// Reserves a new expandable segment of `stream` in `pool`: its one unmapped block.
+  Block* new_expandable_segment(StreamId stream, BlockPool& pool);
+  Block* new_block(std::uintptr_t ptr, std::size_t size, StreamId stream, BlockPool* pool,
+                   std::uint16_t segment, bool mapped);
   Block* alloc_found_block(AllocParams& p);
   /// The accounting of a block handed out (allocation, statistics, the Alloc event).
   void hand_out(Block* block, std::size_t requested, std::size_t pi);
@@ -121,6 +149,8 @@ class AllocatorCore {
                     bool small, std::uint32_t context) noexcept;
 
   std::vector<const Block*> all_blocks_locked() const;
+  /// validate()'s checks of the expandable segments' tiling and unmapped blocks.
+  void validate_expandable_locked() const;
   /// Why `ptr` is not a live block of this allocator, for error messages (slow path):
   /// already freed, interior to a block, or outside every segment.
   std::string explain_unknown_pointer_locked(std::uintptr_t ptr) const;
@@ -143,6 +173,9 @@ class AllocatorCore {
   std::size_t total_reserved_rounded_ = 0;  // the same at driver granularity
   bool set_fraction_ = false;
   std::size_t allowed_memory_maximum_ = 0;
+
+  /// Expandable segments by index (Block::segment - 1); a released one leaves a null slot.
+  std::vector<std::unique_ptr<ExpandableSegment>> expandable_;
 
   std::vector<EventRing*> rings_;
   std::vector<AllocatorObserver*> observers_;

@@ -85,17 +85,71 @@ BlockState state_of(const Block* b) {
 }
 }  // namespace
 
+void AllocatorCore::validate_expandable_locked() const {
+  auto fail = [](const std::string& why) { throw Error("allocator invariant violated: " + why); };
+  // Every expandable segment is tiled, base to end, by its blocks; unmapped ones are
+  // coalesced, in their pool's unmapped set and over unmapped pages only.
+  std::map<std::uint16_t, std::vector<const Block*>> by_segment;
+  for (const Block* b : all_blocks_locked()) {
+    if (b->expandable()) by_segment[b->segment].push_back(b);
+  }
+  for (const BlockPool* pool : {&large_blocks_, &small_blocks_}) {
+    for (const Block* b : pool->unmapped) {
+      if (b->mapped || !b->expandable() || b->pool != pool) fail("the unmapped set holds a mapped or foreign block");
+      if (b->allocated || b->event_count != 0) fail("an unmapped block is active");
+      by_segment[b->segment].push_back(b);
+    }
+  }
+  for (std::size_t i = 0; i < expandable_.size(); ++i) {
+    const ExpandableSegment* segment = expandable_[i].get();
+    auto found = by_segment.find(static_cast<std::uint16_t>(i + 1));
+    if (segment == nullptr) {
+      if (found != by_segment.end()) fail("blocks of a released expandable segment remain");
+      continue;
+    }
+    if (found == by_segment.end()) fail("an expandable segment has no blocks");
+    std::vector<const Block*>& blocks = found->second;
+    std::sort(blocks.begin(), blocks.end(), [](const Block* a, const Block* b) { return a->ptr < b->ptr; });
+    std::uintptr_t at = segment->base();
+    const Block* prev = nullptr;
+    for (const Block* b : blocks) {
+      if (b->ptr != at || b->prev != prev || (prev != nullptr && prev->next != b)) {
+        fail("the blocks of an expandable segment do not tile its addresses");
+      }
+      if (!b->mapped) {
+        if (prev != nullptr && !prev->mapped) fail("two adjacent unmapped blocks were not coalesced");
+        if ((b->ptr - segment->base()) % segment->page() != 0 || b->size % segment->page() != 0) {
+          fail("an unmapped block is not whole pages");
+        }
+        if (!segment->pages_are(b->ptr, b->size, false)) fail("an unmapped block has mapped pages");
+        if (!b->pool->unmapped.contains(const_cast<Block*>(b))) fail("an unmapped block is missing from its set");
+      }
+      at = b->ptr + b->size;
+      prev = b;
+    }
+    if (at != segment->base() + segment->size() || prev->next != nullptr) {
+      fail("the blocks of an expandable segment do not reach its end");
+    }
+  }
+  for (const auto& [index, blocks] : by_segment) {
+    if (index > expandable_.size()) fail("a block names an expandable segment that does not exist");
+  }
+}
+
 std::vector<SegmentInfo> AllocatorCore::segments(DeviceStats* stats) const {
   std::lock_guard guard(lock_);
   if (stats != nullptr) *stats = stats_locked();
   std::vector<SegmentInfo> out;
   for (const Block* head : all_blocks_locked()) {
-    if (head->prev != nullptr) continue;
+    // A segment begins at a block with nothing before it; in an expandable segment, every
+    // contiguous mapped range is one (PyTorch's snapshot()).
+    if (head->prev != nullptr && head->prev->mapped) continue;
     SegmentInfo seg;
     seg.address = head->ptr;
     seg.stream = head->stream;
     seg.small_pool = head->pool->is_small;
-    for (const Block* b = head; b != nullptr; b = b->next) {
+    seg.expandable = head->expandable();
+    for (const Block* b = head; b != nullptr && b->mapped; b = b->next) {
       BlockInfo info;
       info.address = b->ptr;
       info.size = b->size;
@@ -132,25 +186,28 @@ void AllocatorCore::validate() const {
   std::size_t oversize_allocs = 0, oversize_segs = 0;
   std::size_t pending_events = 0;
   for (const Block* head : blocks) {
-    if (head->prev != nullptr) continue;
+    if (head->prev != nullptr && head->prev->mapped) continue;
     const std::size_t pi = static_cast<std::size_t>(head->pool->is_small ? StatType::SmallPool
                                                                           : StatType::LargePool);
     std::size_t total = 0;
     const bool split = head->next != nullptr;
-    for (const Block* b = head; b != nullptr; b = b->next) {
+    const bool expandable = head->expandable();
+    for (const Block* b = head; b != nullptr && b->mapped; b = b->next) {
       if (!seen.count(b)) fail("a block of a segment is neither active nor pooled");
       if (b->next && b->next->prev != b) fail("broken prev/next links in a segment");
       if (b->next && b->ptr + b->size != b->next->ptr) {
         fail("blocks do not tile their segment (gap or overlap at " + std::to_string(b->ptr) +
              ")");
       }
-      if (b->pool != head->pool || b->stream != head->stream) fail("mixed pools in a segment");
+      if (b->pool != head->pool || b->stream != head->stream || b->segment != head->segment) {
+        fail("mixed pools in a segment");
+      }
       if (b->size == 0 || b->size % kMinBlockSize != 0) fail("block size not a multiple of 512");
       const bool is_free = !b->allocated && b->event_count == 0;
       const bool in_pool = b->pool->contains(b);
       if (is_free != in_pool) fail("pool membership disagrees with block state");
       if (!is_free && active_.find(b->ptr) == nullptr) fail("active block missing from the map");
-      if (is_free && b->next && !b->next->allocated && b->next->event_count == 0) {
+      if (is_free && b->next && b->next->mapped && !b->next->allocated && b->next->event_count == 0) {
         fail("two adjacent free blocks were not coalesced");
       }
       total += b->size;
@@ -166,18 +223,25 @@ void AllocatorCore::validate() const {
         const auto req = static_cast<std::int64_t>(b->requested_size);
         expect.requested_bytes[0].current += req, expect.requested_bytes[pi].current += req;
         pending_events += static_cast<std::size_t>(b->event_count);
-      } else if (split) {
+      } else if (split && !expandable) {  // PyTorch leaves expandable segments out of inactive_split
         expect.inactive_split[0].current++, expect.inactive_split[pi].current++;
         expect.inactive_split_bytes[0].current += bytes;
         expect.inactive_split_bytes[pi].current += bytes;
       }
     }
-    expect.segment[0].current++, expect.segment[pi].current++;
     const auto seg_bytes = static_cast<std::int64_t>(total);
     expect.reserved_bytes[0].current += seg_bytes, expect.reserved_bytes[pi].current += seg_bytes;
     reserved_rounded += device_rounded(total);
+    if (expandable) {
+      // Mapped pages are reserved memory; the segment count and oversize segments are
+      // cudaMalloc's alone (PyTorch's map_block changes neither).
+      if (!segment_of(head).pages_are(head->ptr, total, true)) fail("a mapped range has unmapped pages");
+      continue;
+    }
+    expect.segment[0].current++, expect.segment[pi].current++;
     if (total >= config_.max_split_size) ++oversize_segs;
   }
+  validate_expandable_locked();
   for (const BlockPool* pool : {&large_blocks_, &small_blocks_}) {
     if (const std::string error = pool->check(); !error.empty()) fail(error);
     std::size_t largest = 0;

@@ -1,7 +1,9 @@
 // block.hpp — one block of a segment (internal).
 //
 // As in PyTorch's DeviceCachingAllocator, a segment is one device allocation
-// tiled by Blocks linked prev/next. A free Block sits in exactly one BlockPool
+// tiled by Blocks linked prev/next. An expandable segment is one reserved
+// address range tiled the same way, by mapped blocks and unmapped ones (which
+// sit in their pool's `unmapped` set, never in its size classes). A free Block sits in exactly one BlockPool
 // (block_pool.hpp), linked into its size class's tree; an active one
 // (allocated, or freed but waiting for stream events) sits in the allocator's
 // address map.
@@ -37,9 +39,12 @@ struct alignas(64) Block {
   std::size_t requested_size = 0;        // caller's size while active
   std::vector<StreamId> stream_uses;     // streams from record_stream (only while allocated)
   std::uint32_t context = 0;
+  std::uint16_t segment = 0;             // expandable segment: its index + 1; 0: a cudaMalloc segment
+  bool mapped = true;                    // false: unmapped address space of an expandable segment
   std::uint64_t gc_count_base = 0;       // pool's call count when it was freed (GC only)
 
   bool is_split() const noexcept { return prev != nullptr || next != nullptr; }
+  bool expandable() const noexcept { return segment != 0; }
   /// Free and mergeable: not handed out and no pending events (stream uses exist
   /// only while allocated: free() turns them into events).
   bool is_free() const noexcept { return !allocated && event_count == 0; }

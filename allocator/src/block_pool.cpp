@@ -78,6 +78,13 @@ Block* BlockPool::before(const Block* b) const noexcept {
   return c == StreamClasses::kNone ? nullptr : sc->tree(c).last();
 }
 
+Block* BlockPool::after(const Block* b) const noexcept {
+  if (Block* n = BlockTree::next(b)) return n;
+  const StreamClasses* sc = find(b->stream);
+  const std::size_t c = sc->next_nonempty(b->pool_class + 1u);
+  return c == StreamClasses::kNone ? nullptr : sc->tree(c).first();
+}
+
 bool BlockPool::contains(const Block* b) const {
   const StreamClasses* sc = find(b->stream);
   if (sc == nullptr) return false;

@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -199,6 +200,17 @@ class BlockPool {
   std::size_t largest_size() const noexcept;
   /// The block just before `b` in (size, address) order among its stream's, or nullptr.
   Block* before(const Block* b) const noexcept;
+  /// The block just after `b` in (size, address) order among its stream's, or nullptr.
+  Block* after(const Block* b) const noexcept;
+
+  /// Unmapped blocks of expandable segments, by (stream, address) as PyTorch's
+  /// BlockComparatorAddress orders them: where a segment can grow, lowest first.
+  struct ByStreamAddress {
+    bool operator()(const Block* a, const Block* b) const noexcept {
+      return a->stream != b->stream ? a->stream < b->stream : a->ptr < b->ptr;
+    }
+  };
+  std::set<Block*, ByStreamAddress> unmapped;
 
   /// Every free block, in PyTorch's set order (stream, size, address). `f` may
   /// erase the block it is handed, and nothing else.

@@ -57,6 +57,15 @@ std::vector<void*> CachingAllocator::restore_segment(std::size_t bytes, StreamId
                                                      const std::vector<RestoredBlock>& live) {
   return core_->restore_segment(bytes, stream, small_pool, live);
 }
+
+std::vector<void*> CachingAllocator::restore_expandable(std::size_t offset, std::size_t bytes, StreamId stream,
+                                                        bool small_pool, const std::vector<RestoredBlock>& live) {
+  return core_->restore_expandable(offset, bytes, stream, small_pool, live);
+}
+
+std::uintptr_t CachingAllocator::expandable_segment_base(StreamId stream, bool small_pool) {
+  return core_->expandable_segment_base(stream, small_pool);
+}
 Device& CachingAllocator::device() const noexcept { return core_->device(); }
 std::shared_ptr<Device> CachingAllocator::device_ptr() const noexcept {
   return core_->device_ptr();

@@ -158,9 +158,10 @@ AllocatorConfig AllocatorConfig::parse(std::string_view conf) {
       cfg.garbage_collection_threshold = t;
     } else if (key == "expandable_segments") {
       if (value == "True" || value == "true") {
-        fail(conf, "expandable_segments:True is not supported yet (only False)");
-      }
-      if (value != "False" && value != "false") {
+        cfg.expandable_segments = true;
+      } else if (value == "False" || value == "false") {
+        cfg.expandable_segments = false;
+      } else {
         fail(conf, "expandable_segments expects True or False, got \"" + std::string(value) + "\"");
       }
     } else if (key == "backend") {
@@ -210,6 +211,7 @@ std::string AllocatorConfig::to_string() const {
     os << garbage_collection_threshold;
     parts.push_back("garbage_collection_threshold:" + os.str());
   }
+  if (expandable_segments) parts.push_back("expandable_segments:True");
   std::string out;
   for (const auto& p : parts) out += (out.empty() ? "" : ",") + p;
   return out;

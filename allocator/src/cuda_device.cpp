@@ -7,6 +7,7 @@
 // libnvidia-ml would make the program fail to load wherever the driver is absent.
 #include "vramscope/allocator/cuda_device.hpp"
 
+#include <cuda.h>  // driver API types only: the calls are looked up through cudart at run time
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 #include <unistd.h>
@@ -14,6 +15,7 @@
 #include <chrono>
 #include <mutex>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -136,8 +138,51 @@ std::int64_t elapsed_ns(std::chrono::steady_clock::time_point since) {
 }  // namespace
 
 namespace detail {
+/// The driver's virtual-memory calls, found through cudart (cudaGetDriverEntryPointByVersion)
+/// rather than by linking libcuda, which would stop the binary from starting without a driver.
+struct DriverVm {
+  decltype(&::cuMemAddressReserve) address_reserve = nullptr;
+  decltype(&::cuMemAddressFree) address_free = nullptr;
+  decltype(&::cuMemCreate) create = nullptr;
+  decltype(&::cuMemMap) map = nullptr;
+  decltype(&::cuMemSetAccess) set_access = nullptr;
+  decltype(&::cuMemUnmap) unmap = nullptr;
+  decltype(&::cuMemRelease) release = nullptr;
+  decltype(&::cuDeviceGetAttribute) get_attribute = nullptr;
+
+  bool complete() const {
+    return address_reserve && address_free && create && map && set_access && unmap && release && get_attribute;
+  }
+  static const DriverVm& get() {
+    static const DriverVm vm = [] {
+      DriverVm d;
+      const auto find = [](const char* name, auto& fn) {
+        void* p = nullptr;
+        cudaDriverEntryPointQueryResult found{};
+        if (cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &found) == cudaSuccess &&
+            found == cudaDriverEntryPointSuccess) {
+          fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(p);
+        }
+        (void)cudaGetLastError();
+      };
+      find("cuMemAddressReserve", d.address_reserve);
+      find("cuMemAddressFree", d.address_free);
+      find("cuMemCreate", d.create);
+      find("cuMemMap", d.map);
+      find("cuMemSetAccess", d.set_access);
+      find("cuMemUnmap", d.unmap);
+      find("cuMemRelease", d.release);
+      find("cuDeviceGetAttribute", d.get_attribute);
+      return d;
+    }();
+    return vm;
+  }
+};
+
 struct CudaDeviceState {
   std::mutex mutex;  // guards the maps and counters below; CUDA calls themselves are thread-safe
+  bool virtual_memory = false;  // the driver's calls were found and the GPU supports them
+  std::unordered_map<std::uintptr_t, CUmemGenericAllocationHandle> mappings;  // address -> handle
   std::unordered_map<StreamId, cudaStream_t> streams;
   std::unordered_set<StreamId> adopted;  // streams owned elsewhere: never destroyed here
   std::unordered_map<EventId, cudaEvent_t> events;
@@ -146,6 +191,7 @@ struct CudaDeviceState {
   nvml_device_t nvml_device = nullptr;  // null: process figure falls back to total - free
 };
 }  // namespace detail
+using detail::DriverVm;
 
 int CudaDevice::device_count() noexcept {
   // The GPU set is fixed for the life of a process, and the first call initialises the
@@ -204,6 +250,13 @@ CudaDevice::CudaDevice(int ordinal, const std::string& note)
   }
   (void)cudaGetLastError();
 
+  const DriverVm& vm = DriverVm::get();
+  int vmm = 0;
+  state_->virtual_memory =
+      vm.complete() &&
+      vm.get_attribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, ordinal) == CUDA_SUCCESS &&
+      vmm != 0;
+
   info_.name = "cuda:" + std::to_string(ordinal) + " (" + prop.name + ")";
   if (!note.empty()) info_.name += " " + note;
   info_.total_bytes = total_bytes;
@@ -250,6 +303,84 @@ void CudaDevice::free_segment(void* ptr, std::size_t /*bytes*/) noexcept {
   // Errors cannot be reported from a noexcept free; at process exit cudart may already be
   // unloading (cudaErrorCudartUnloading), which is harmless.
   (void)cudaFree(ptr);
+  driver_time_ns_.fetch_add(elapsed_ns(start), std::memory_order_relaxed);
+  (void)cudaGetLastError();
+}
+
+// --- virtual memory (expandable segments), as PyTorch's ExpandableSegment uses it ---------
+
+bool CudaDevice::supports_virtual_memory() const { return state_->virtual_memory; }
+
+void* CudaDevice::reserve_address_range(std::size_t bytes) {
+  if (!state_->virtual_memory) return nullptr;
+  DeviceGuard guard(ordinal_);
+  CUdeviceptr base = 0;
+  if (DriverVm::get().address_reserve(&base, bytes, 0, 0, 0) != CUDA_SUCCESS) return nullptr;
+  return reinterpret_cast<void*>(base);
+}
+
+void CudaDevice::release_address_range(void* base, std::size_t bytes) noexcept {
+  if (!state_->virtual_memory || base == nullptr) return;
+  DeviceGuard guard(ordinal_);
+  (void)DriverVm::get().address_free(reinterpret_cast<CUdeviceptr>(base), bytes);
+}
+
+bool CudaDevice::map_memory(void* address, std::size_t bytes) {
+  if (!state_->virtual_memory) return false;
+  const DriverVm& vm = DriverVm::get();
+  DeviceGuard guard(ordinal_);
+  const auto start = std::chrono::steady_clock::now();
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = ordinal_;
+  CUmemGenericAllocationHandle handle{};
+  const CUresult created = vm.create(&handle, bytes, &prop, 0);
+  if (created != CUDA_SUCCESS) {
+    driver_time_ns_.fetch_add(elapsed_ns(start), std::memory_order_relaxed);
+    if (created == CUDA_ERROR_OUT_OF_MEMORY) return false;  // an answer, as cudaMalloc's
+    throw Error("cuMemCreate(" + format_bytes(bytes) + ") failed on cuda:" + std::to_string(ordinal_) +
+                " with CUresult " + std::to_string(static_cast<int>(created)));
+  }
+  const auto ptr = reinterpret_cast<CUdeviceptr>(address);
+  CUmemAccessDesc access{};
+  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  access.location.id = ordinal_;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  CUresult mapped = vm.map(ptr, bytes, 0, handle, 0);
+  if (mapped == CUDA_SUCCESS) {
+    mapped = vm.set_access(ptr, bytes, &access, 1);
+    if (mapped != CUDA_SUCCESS) (void)vm.unmap(ptr, bytes);
+  }
+  driver_time_ns_.fetch_add(elapsed_ns(start), std::memory_order_relaxed);
+  if (mapped != CUDA_SUCCESS) {
+    (void)vm.release(handle);
+    throw Error("cuMemMap/cuMemSetAccess of " + format_bytes(bytes) + " at " +
+                format_address(reinterpret_cast<std::uintptr_t>(address)) + " failed on cuda:" +
+                std::to_string(ordinal_) + " with CUresult " + std::to_string(static_cast<int>(mapped)));
+  }
+  std::lock_guard lock(state_->mutex);
+  state_->mappings.emplace(reinterpret_cast<std::uintptr_t>(address), handle);
+  return true;
+}
+
+void CudaDevice::unmap_memory(void* address, std::size_t bytes) noexcept {
+  CUmemGenericAllocationHandle handle{};
+  {
+    std::lock_guard lock(state_->mutex);
+    auto it = state_->mappings.find(reinterpret_cast<std::uintptr_t>(address));
+    if (it == state_->mappings.end()) return;
+    handle = it->second;
+    state_->mappings.erase(it);
+  }
+  const DriverVm& vm = DriverVm::get();
+  DeviceGuard guard(ordinal_);
+  const auto start = std::chrono::steady_clock::now();
+  // cuMemUnmap does not wait for work still using the pages (PyTorch synchronizes the
+  // segment's stream first); the allocator only unmaps free pages, so wait for the device.
+  (void)cudaDeviceSynchronize();
+  (void)vm.unmap(reinterpret_cast<CUdeviceptr>(address), bytes);
+  (void)vm.release(handle);
   driver_time_ns_.fetch_add(elapsed_ns(start), std::memory_order_relaxed);
   (void)cudaGetLastError();
 }

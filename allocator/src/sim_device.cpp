@@ -437,6 +437,13 @@ SimDevice::~SimDevice() {
   std::lock_guard lock(mutex_);
   if (host_base_ != 0) ::munmap(reinterpret_cast<void*>(host_base_), host_span_);
   if (config_.backing == SimBacking::None) release_address_window(address_base_);
+  for (const auto& [base, span] : reserved_) {  // ranges a caller did not release
+    if (config_.backing == SimBacking::None) {
+      release_address_window(base);
+    } else {
+      ::munmap(reinterpret_cast<void*>(base), span);
+    }
+  }
 }
 
 std::size_t SimDevice::pages_of(std::size_t bytes) const {
@@ -503,12 +510,9 @@ void SimDevice::unmap_segment_locked(std::uintptr_t address, std::size_t bytes) 
   }
 }
 
-void* SimDevice::allocate_segment(std::size_t bytes) {
-  if (bytes == 0) throw Error("SimDevice::allocate_segment: a segment of 0 bytes was requested");
-  std::lock_guard lock(mutex_);
+bool SimDevice::take_memory_locked(std::size_t bytes) {
   // A failed cudaMalloc is still a driver call: it costs the same virtual time.
   driver_time_us_ += config_.malloc_latency_us;
-
   bool inject = false;
   if (fail_countdown_ != 0 && --fail_countdown_ == 0) {
     inject = true;
@@ -519,21 +523,38 @@ void* SimDevice::allocate_segment(std::size_t bytes) {
     const double u = static_cast<double>(rng_() >> 11) * 0x1.0p-53;
     if (u < fail_probability_) inject = true;
   }
-  const std::size_t pages = pages_of(bytes);
   const std::size_t free_bytes = config_.capacity - config_.context_bytes - used_rounded_;
-  if (inject || pages > free_bytes / config_.granularity) {
+  if (inject || pages_of(bytes) > free_bytes / config_.granularity) {
     ++failures_;
-    return nullptr;
+    return false;
   }
+  used_ += bytes;
+  used_rounded_ += pages_of(bytes) * config_.granularity;
+  ++allocs_;
+  return true;
+}
+
+void SimDevice::give_back_memory_locked(std::size_t bytes) noexcept {
+  used_ -= bytes;
+  used_rounded_ -= pages_of(bytes) * config_.granularity;
+  ++frees_;
+  driver_time_us_ += config_.free_latency_us;
+}
+
+void* SimDevice::allocate_segment(std::size_t bytes) {
+  if (bytes == 0) throw Error("SimDevice::allocate_segment: a segment of 0 bytes was requested");
+  std::lock_guard lock(mutex_);
+  if (!take_memory_locked(bytes)) return nullptr;
   void* p = map_segment_locked(bytes);
   if (p == nullptr) {
+    // No addresses left: refused, as the driver would, after the memory was counted.
+    used_ -= bytes;
+    used_rounded_ -= pages_of(bytes) * config_.granularity;
+    --allocs_;
     ++failures_;
     return nullptr;
   }
   live_.emplace(reinterpret_cast<std::uintptr_t>(p), bytes);
-  used_ += bytes;
-  used_rounded_ += pages * config_.granularity;
-  ++allocs_;
   return p;
 }
 
@@ -550,10 +571,93 @@ void SimDevice::free_segment(void* ptr, std::size_t bytes) noexcept {
   const std::size_t size = it->second;  // trust our record over the caller's size
   live_.erase(it);
   unmap_segment_locked(reinterpret_cast<std::uintptr_t>(ptr), size);
-  used_ -= size;
-  used_rounded_ -= pages_of(size) * config_.granularity;
-  ++frees_;
-  driver_time_us_ += config_.free_latency_us;
+  give_back_memory_locked(size);
+}
+
+// --- virtual memory (expandable segments) ---------------------------------------
+
+void* SimDevice::reserve_address_range(std::size_t bytes) {
+  if (bytes == 0) throw Error("SimDevice::reserve_address_range: a range of 0 bytes was requested");
+  const std::size_t span = pages_of(bytes) * config_.granularity;
+  std::uintptr_t base = 0;
+  if (config_.backing == SimBacking::None) {
+    try {
+      base = claim_address_window(span);  // a window of its own: never another device's address
+    } catch (const Error&) {
+      return nullptr;  // no addresses left, as cuMemAddressReserve's out-of-memory
+    }
+  } else {
+    void* p = ::mmap(nullptr, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) return nullptr;
+    base = reinterpret_cast<std::uintptr_t>(p);
+  }
+  std::lock_guard lock(mutex_);
+  reserved_.emplace(base, span);
+  return reinterpret_cast<void*>(base);
+}
+
+void SimDevice::release_address_range(void* base, std::size_t bytes) noexcept {
+  std::lock_guard lock(mutex_);
+  const auto key = reinterpret_cast<std::uintptr_t>(base);
+  auto it = reserved_.find(key);
+  assert(it != reserved_.end() && "SimDevice::release_address_range: not a reserved range");
+  if (it == reserved_.end()) return;
+  assert(it->second == pages_of(bytes) * config_.granularity && "release_address_range: size differs");
+  (void)bytes;
+  auto inside = mapped_.lower_bound(key);
+  assert((inside == mapped_.end() || inside->first >= key + it->second) &&
+         "SimDevice::release_address_range: pages are still mapped");
+  (void)inside;
+  if (config_.backing == SimBacking::None) {
+    release_address_window(key);
+  } else {
+    ::munmap(base, it->second);
+  }
+  reserved_.erase(it);
+}
+
+bool SimDevice::map_memory(void* address, std::size_t bytes) {
+  if (bytes == 0 || bytes % config_.granularity != 0) {
+    throw Error("SimDevice::map_memory: " + std::to_string(bytes) + " B is not a positive multiple of the " +
+                format_bytes(config_.granularity) + " granularity");
+  }
+  std::lock_guard lock(mutex_);
+  const auto at = reinterpret_cast<std::uintptr_t>(address);
+  auto range = reserved_.upper_bound(at);
+  const bool inside = range != reserved_.begin() && (--range, at >= range->first) &&
+                      at - range->first <= range->second && bytes <= range->second - (at - range->first);
+  auto next = mapped_.lower_bound(at);
+  const bool overlaps = (next != mapped_.end() && next->first < at + bytes) ||
+                        (next != mapped_.begin() && std::prev(next)->first + std::prev(next)->second > at);
+  if (!inside || overlaps) {
+    throw Error("SimDevice::map_memory: [" + format_address(at) + ", +" + format_bytes(bytes) + ") is " +
+                (inside ? "already mapped in part" : "outside every reserved range"));
+  }
+  if (!take_memory_locked(bytes)) return false;
+  if (config_.backing == SimBacking::Host && ::mprotect(address, bytes, PROT_READ | PROT_WRITE) != 0) {
+    used_ -= bytes;
+    used_rounded_ -= pages_of(bytes) * config_.granularity;
+    --allocs_;
+    ++failures_;
+    return false;
+  }
+  mapped_.emplace(at, bytes);
+  return true;
+}
+
+void SimDevice::unmap_memory(void* address, std::size_t bytes) noexcept {
+  std::lock_guard lock(mutex_);
+  auto it = mapped_.find(reinterpret_cast<std::uintptr_t>(address));
+  assert(it != mapped_.end() && it->second == bytes && "SimDevice::unmap_memory: not one mapping");
+  if (it == mapped_.end()) return;
+  (void)bytes;
+  const std::size_t size = it->second;
+  if (config_.backing == SimBacking::Host) {
+    // Drop the pages and make the range inaccessible again, as after cuMemUnmap.
+    ::mmap(address, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+  }
+  mapped_.erase(it);
+  give_back_memory_locked(size);
 }
 
 DeviceMemInfo SimDevice::mem_get_info() const {
@@ -683,6 +787,11 @@ std::size_t SimDevice::used_bytes() const {
 std::uint64_t SimDevice::segment_allocs() const {
   std::lock_guard lock(mutex_);
   return allocs_;
+}
+
+std::size_t SimDevice::address_ranges() const {
+  std::lock_guard lock(mutex_);
+  return reserved_.size();
 }
 
 std::uint64_t SimDevice::segment_frees() const {

@@ -34,6 +34,8 @@ std::string_view trace_action_name(TraceAction action) noexcept {
     case TraceAction::SegmentFree: return "segment_free";
     case TraceAction::Oom: return "oom";
     case TraceAction::Relabel: return "relabel";
+    case TraceAction::SegmentMap: return "segment_map";
+    case TraceAction::SegmentUnmap: return "segment_unmap";
   }
   return "unknown";
 }

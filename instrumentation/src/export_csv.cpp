@@ -69,12 +69,13 @@ T parse_number(const std::string& text, std::string_view column, std::size_t lin
 
 TraceAction parse_action(const std::string& text, std::size_t line_number) {
   for (auto a : {TraceAction::Alloc, TraceAction::FreeRequested, TraceAction::FreeCompleted,
-                 TraceAction::SegmentAlloc, TraceAction::SegmentFree, TraceAction::Oom}) {
+                 TraceAction::SegmentAlloc, TraceAction::SegmentFree, TraceAction::SegmentMap,
+                 TraceAction::SegmentUnmap, TraceAction::Oom}) {
     if (trace_action_name(a) == text) return a;
   }
   throw Error(fmt::format(
       "history CSV line {}: unknown action '{}'; expected alloc, free_requested, "
-      "free_completed, segment_alloc, segment_free or oom",
+      "free_completed, segment_alloc, segment_free, segment_map, segment_unmap or oom",
       line_number, text));
 }
 

@@ -54,7 +54,7 @@ void segment(detail::PickleWriter& w, const SegmentInfo& seg, const PickleOption
   w.integer(0);
   w.integer(0);
   w.tuple2();
-  w.item("is_expandable", false);
+  w.item("is_expandable", seg.expandable);
   w.string("frames");
   frames(w, kNoContext, PickleOptions{});  // a segment has no owner of its own
   w.string("blocks");
@@ -105,7 +105,7 @@ void allocator_settings(detail::PickleWriter& w, const AllocatorConfig& config) 
   // PyTorch casts size_t max ("no limit") to int64, i.e. -1.
   w.item("max_split_size", static_cast<std::int64_t>(config.max_split_size));
   w.item("garbage_collection_threshold", config.garbage_collection_threshold);
-  w.item("expandable_segments", false);
+  w.item("expandable_segments", config.expandable_segments);
   w.item("pinned_num_register_threads", std::int64_t{1});
   w.item("release_lock_on_cudamalloc", false);
   w.item("pinned_use_cuda_host_register", false);

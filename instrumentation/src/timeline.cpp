@@ -68,6 +68,8 @@ void Timeline::on_event(const TraceEvent& event) noexcept {
     case TraceAction::FreeCompleted:
     case TraceAction::SegmentAlloc:
     case TraceAction::SegmentFree:
+    case TraceAction::SegmentMap:
+    case TraceAction::SegmentUnmap:
       break;
     case TraceAction::FreeRequested:
       if (event.completed) break;  // the block is back in its pool already

@@ -1,6 +1,6 @@
 // randomized_test.cpp — 100,000+ random operations (sizes across both pools,
 // streams, record_stream with held events, empty_cache, injected device
-// failures) with validate() after every step, against a shadow model of what
+// failures), with and without expandable segments, with validate() after every step, against a shadow model of what
 // must be live.
 #include <gtest/gtest.h>
 
@@ -79,6 +79,14 @@ void run_random_workload(const std::string& conf, std::uint64_t seed, int steps)
   EXPECT_EQ(s.reserved_bytes[0].current, 0);
   EXPECT_EQ(s.active_bytes[0].current, 0);
   EXPECT_EQ(static_cast<std::uint64_t>(s.num_ooms), ooms);
+  if (a.config().expandable_segments) {
+    // Pages were mapped and unmapped, never a cudaMalloc segment; the emptied cache
+    // released every reserved range.
+    EXPECT_EQ(s.segment[0].peak, 0);
+    EXPECT_GT(s.num_device_free, 100);
+    EXPECT_GT(s.reserved_bytes[0].peak, 256 * static_cast<std::int64_t>(MiB));
+    EXPECT_EQ(dev->address_ranges(), 0u);
+  }
 }
 
 TEST(Randomized, DefaultPolicyKeepsEveryInvariant) { run_random_workload("", 1, 60000); }
@@ -87,6 +95,12 @@ TEST(Randomized, MaxSplitSizeKeepsEveryInvariant) {
 }
 TEST(Randomized, RoundupDivisionsKeepEveryInvariant) {
   run_random_workload("roundup_power2_divisions:[1:2,16:4,>:8]", 3, 15000);
+}
+TEST(Randomized, ExpandableSegmentsKeepEveryInvariant) {
+  run_random_workload("expandable_segments:True", 4, 25000);
+}
+TEST(Randomized, ExpandableSegmentsWithMaxSplitSizeKeepEveryInvariant) {
+  run_random_workload("expandable_segments:True,max_split_size_mb:24,roundup_power2_divisions:4", 5, 15000);
 }
 
 }  // namespace

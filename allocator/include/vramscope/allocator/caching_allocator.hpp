@@ -12,6 +12,9 @@
 // segments under 10 MiB, else the request rounded to 2 MiB); best fit by
 // (stream, size, address); split and coalesce; record_stream defers reuse;
 // on device OOM free the cache and retry once, then throw OutOfMemoryError.
+// With expandable_segments:True, each stream and pool has one segment that maps
+// pages into reserved address space as it grows and unmaps free pages on
+// empty_cache and before the retry (PyTorch's ExpandableSegment).
 #pragma once
 
 #include <cstddef>
@@ -53,6 +56,9 @@ struct SegmentInfo {
   std::size_t requested_size = 0;  ///< sum of requested sizes of active blocks
   StreamId stream = 0;
   bool small_pool = false;
+  /// Part of an expandable segment: one contiguous mapped range of it, as PyTorch's
+  /// snapshot reports them (is_expandable); total_size is the mapped bytes.
+  bool expandable = false;
   std::vector<BlockInfo> blocks;   ///< in address order, tiling the segment
 };
 
@@ -139,6 +145,16 @@ class CachingAllocator {
   /// no room; nothing changes then.
   std::vector<void*> restore_segment(std::size_t bytes, StreamId stream, bool small_pool,
                                      const std::vector<RestoredBlock>& live);
+  /// The same for a mapped range of an expandable segment (expandable_segments:True only):
+  /// maps [base + offset, + bytes) of the stream's expandable segment in the pool (reserved
+  /// first when it has none; `offset` and `bytes` whole pages, the range unmapped) and hands
+  /// out `live` at their offsets in the range. Throws mem::Error as restore_segment does.
+  std::vector<void*> restore_expandable(std::size_t offset, std::size_t bytes, StreamId stream, bool small_pool,
+                                        const std::vector<RestoredBlock>& live);
+  /// Where the stream's expandable segment in the pool begins, reserving it (addresses
+  /// only, no memory, no event) when it has none. Throws mem::Error without
+  /// expandable_segments:True or when no address space is left.
+  std::uintptr_t expandable_segment_base(StreamId stream, bool small_pool);
 
   Device& device() const noexcept;
   std::shared_ptr<Device> device_ptr() const noexcept;

@@ -6,7 +6,8 @@
 // Keys: max_split_size_mb, max_non_split_rounding_mb, roundup_power2_divisions (a power of two, or the
 // [interval_mb:divisions,...,>:divisions] list), garbage_collection_threshold
 // (0 < t < 1; acts only with a memory fraction set, as in PyTorch),
-// expandable_segments (only False is supported), backend (only native).
+// expandable_segments (True: segments grow by mapping pages into reserved address space,
+// PyTorch's ExpandableSegment), backend (only native).
 #pragma once
 
 #include <array>
@@ -37,6 +38,10 @@ struct AllocatorConfig {
   std::array<std::size_t, kRoundUpPowerOfTwoIntervals> roundup_power2_divisions{};
   /// Fraction of the allowed memory above which cached blocks are reclaimed (0 = off).
   double garbage_collection_threshold = 0.0;
+  /// One segment per stream and pool that grows and shrinks page by page (2 MiB pages in
+  /// the small pool, 20 MiB in the large) inside reserved address space, instead of one
+  /// cudaMalloc per segment; needs a device with virtual memory management.
+  bool expandable_segments = false;
 
   /// Parses a PYTORCH_CUDA_ALLOC_CONF string ("" is the default config).
   /// Throws mem::Error naming the offending key or value and the valid forms.

@@ -48,6 +48,13 @@ class CudaDevice final : public Device {
 
   void* allocate_segment(std::size_t bytes) override;
   void free_segment(void* ptr, std::size_t bytes) noexcept override;
+  /// Through the driver's cuMemAddressReserve / cuMemCreate / cuMemMap / cuMemSetAccess /
+  /// cuMemUnmap / cuMemRelease, when the driver has them and the GPU supports them.
+  bool supports_virtual_memory() const override;
+  void* reserve_address_range(std::size_t bytes) override;
+  void release_address_range(void* base, std::size_t bytes) noexcept override;
+  bool map_memory(void* address, std::size_t bytes) override;
+  void unmap_memory(void* address, std::size_t bytes) noexcept override;
   DeviceMemInfo mem_get_info() const override;
   std::size_t process_used_bytes() const override;
 

@@ -1,8 +1,9 @@
 // device.hpp — the one seam between the allocator and a GPU.
 //
 // Everything the caching allocator needs from CUDA, and nothing more:
-// cudaMalloc/cudaFree of whole segments, cudaMemGetInfo, the per-process
-// figure nvidia-smi prints, and streams and events for deferred reuse.
+// cudaMalloc/cudaFree of whole segments, the virtual-memory calls expandable
+// segments grow by, cudaMemGetInfo, the per-process figure nvidia-smi prints,
+// and streams and events for deferred reuse.
 // SimDevice implements it without a GPU; CudaDevice on the CUDA runtime.
 #pragma once
 
@@ -43,6 +44,21 @@ class Device {
   virtual void* allocate_segment(std::size_t bytes) = 0;
   /// cudaFree of a pointer allocate_segment returned, with the size it was asked for.
   virtual void free_segment(void* ptr, std::size_t bytes) noexcept = 0;
+
+  /// Virtual memory management, what expandable segments grow by (the driver's cuMemAddressReserve,
+  /// cuMemCreate + cuMemMap + cuMemSetAccess, cuMemUnmap + cuMemRelease, cuMemAddressFree).
+  /// A device without it keeps the defaults: it supports none and refuses every call.
+  virtual bool supports_virtual_memory() const { return false; }
+  /// Reserves `bytes` of addresses, no memory: nullptr when no range is left.
+  virtual void* reserve_address_range(std::size_t /*bytes*/) { return nullptr; }
+  /// Gives back a range reserve_address_range returned, every page in it unmapped first.
+  virtual void release_address_range(void* /*base*/, std::size_t /*bytes*/) noexcept {}
+  /// Creates `bytes` of physical memory (a multiple of the granularity) and maps it at
+  /// `address` inside a reserved range, readable and writable: false when the device is
+  /// out of memory (nothing was mapped). Counts in the nvidia-smi view like a segment.
+  virtual bool map_memory(void* /*address*/, std::size_t /*bytes*/) { return false; }
+  /// Unmaps and releases what one map_memory call mapped at `address`, with its size.
+  virtual void unmap_memory(void* /*address*/, std::size_t /*bytes*/) noexcept {}
 
   /// cudaMemGetInfo.
   virtual DeviceMemInfo mem_get_info() const = 0;

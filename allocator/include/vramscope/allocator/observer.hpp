@@ -26,6 +26,8 @@ enum class TraceAction : std::uint8_t {
   /// gradient a parameter's .grad): `address` and the new `context`; no total changes.
   /// History applies it to the block's alloc entry and never exports it.
   Relabel,
+  SegmentMap,     ///< expandable segments: pages mapped (address, size), reserved grows
+  SegmentUnmap,   ///< expandable segments: pages unmapped, reserved shrinks
 };
 
 /// PyTorch's action names: "alloc", "free_requested", ..., "oom".

@@ -62,6 +62,11 @@ class SimDevice final : public Device {
 
   void* allocate_segment(std::size_t bytes) override;
   void free_segment(void* ptr, std::size_t bytes) noexcept override;
+  bool supports_virtual_memory() const override { return true; }
+  void* reserve_address_range(std::size_t bytes) override;
+  void release_address_range(void* base, std::size_t bytes) noexcept override;
+  bool map_memory(void* address, std::size_t bytes) override;
+  void unmap_memory(void* address, std::size_t bytes) noexcept override;
   DeviceMemInfo mem_get_info() const override;
   std::size_t process_used_bytes() const override;
 
@@ -89,13 +94,18 @@ class SimDevice final : public Device {
   void release_events();
 
   // --- counters for reports and tests -----------------------------------------
-  std::size_t used_bytes() const;           ///< sum of live segment sizes
-  std::uint64_t segment_allocs() const;     ///< successful cudaMalloc calls
-  std::uint64_t segment_frees() const;
+  std::size_t used_bytes() const;           ///< sum of live segment and mapping sizes
+  std::uint64_t segment_allocs() const;     ///< successful cudaMalloc and map calls
+  std::uint64_t segment_frees() const;      ///< cudaFree and unmap calls
+  std::size_t address_ranges() const;      ///< reserved ranges not yet released
   std::uint64_t failed_allocs() const;      ///< injected or capacity failures
 
  private:
   std::size_t pages_of(std::size_t bytes) const;
+  /// A driver allocation of `bytes` (cudaMalloc or cuMemCreate): charges its latency, applies
+  /// the injected failures and the capacity; false when refused.
+  bool take_memory_locked(std::size_t bytes);
+  void give_back_memory_locked(std::size_t bytes) noexcept;
   void* map_segment_locked(std::size_t bytes);
   void unmap_segment_locked(std::uintptr_t address, std::size_t bytes) noexcept;
 
@@ -120,6 +130,10 @@ class SimDevice final : public Device {
   /// lowest-first like the driver's VA allocator so long runs never exhaust the space.
   std::map<std::uintptr_t, std::size_t> free_ranges_;
   std::unordered_map<std::uintptr_t, std::size_t> live_;  ///< segment -> bytes
+  /// Virtual memory: reserved ranges (start -> bytes; address-only ranges are windows of
+  /// their own, host ones PROT_NONE mappings) and the mappings inside them.
+  std::map<std::uintptr_t, std::size_t> reserved_;
+  std::map<std::uintptr_t, std::size_t> mapped_;
   std::uint64_t allocs_ = 0, frees_ = 0, failures_ = 0;
   std::uint64_t fail_countdown_ = 0;
   bool fail_sticky_ = false;  ///< once the countdown hits, keep failing

@@ -1,0 +1,78 @@
+// expandable_segment.cpp — reserving, mapping and unmapping an expandable segment's pages.
+#include "expandable_segment.hpp"
+
+#include "vramscope/allocator/errors.hpp"
+#include "vramscope/allocator/units.hpp"
+
+namespace mem::detail {
+
+ExpandableSegment::ExpandableSegment(Device& device, StreamId stream, std::size_t page)
+    : device_(device), stream_(stream), page_(page) {
+  // "we allocate enough address space for 1 1/8 the total memory on the GPU. This allows
+  // for some cases where we have to unmap pages earlier in the segment to put them at the
+  // end." (PyTorch's ExpandableSegment constructor)
+  const std::size_t total = device.info().total_bytes;
+  pages_ = (total + total / 8 + page_ - 1) / page_;
+  if (pages_ == 0) pages_ = 1;
+  void* base = device.reserve_address_range(size());
+  if (base == nullptr) {
+    throw Error("expandable segments: the device has no address space left for another " +
+                format_bytes(size()) + " range");
+  }
+  base_ = reinterpret_cast<std::uintptr_t>(base);
+}
+
+ExpandableSegment::~ExpandableSegment() {
+  for (std::size_t i = 0; i < mapped_.size(); ++i) {
+    if (mapped_[i]) device_.unmap_memory(reinterpret_cast<void*>(base_ + i * page_), page_);
+  }
+  device_.release_address_range(reinterpret_cast<void*>(base_), size());
+}
+
+AddressRange ExpandableSegment::map(std::uintptr_t ptr, std::size_t bytes) {
+  const std::size_t begin = page_left(ptr);
+  const std::size_t end = std::min(page_right(ptr + bytes), pages_);
+  if (begin >= end) return {ptr, 0};
+  if (mapped_.size() < end) mapped_.resize(end, false);
+  for (std::size_t i = begin; i < end; ++i) {
+    // One physical allocation per page, as PyTorch creates one handle per page.
+    if (!device_.map_memory(reinterpret_cast<void*>(base_ + i * page_), page_)) {
+      unmap_pages(begin, i);
+      trim();
+      return {base_ + begin * page_, 0};
+    }
+    mapped_[i] = true;
+  }
+  return {base_ + begin * page_, (end - begin) * page_};
+}
+
+AddressRange ExpandableSegment::unmap(std::uintptr_t ptr, std::size_t bytes) {
+  const std::size_t begin = page_right(ptr);
+  const std::size_t end = page_left(ptr + bytes);
+  if (begin >= end) return {ptr, 0};
+  unmap_pages(begin, end);
+  trim();
+  return {base_ + begin * page_, (end - begin) * page_};
+}
+
+bool ExpandableSegment::pages_are(std::uintptr_t ptr, std::size_t bytes, bool want) const noexcept {
+  if (ptr < base_ || ptr + bytes > base_ + size() || bytes == 0) return false;
+  for (std::size_t i = page_left(ptr); i < page_right(ptr + bytes); ++i) {
+    const bool is = i < mapped_.size() && mapped_[i];
+    if (is != want) return false;
+  }
+  return true;
+}
+
+void ExpandableSegment::unmap_pages(std::size_t begin, std::size_t end) noexcept {
+  for (std::size_t i = begin; i < end; ++i) {
+    device_.unmap_memory(reinterpret_cast<void*>(base_ + i * page_), page_);
+    mapped_[i] = false;
+  }
+}
+
+void ExpandableSegment::trim() noexcept {
+  while (!mapped_.empty() && !mapped_.back()) mapped_.pop_back();
+}
+
+}  // namespace mem::detail
