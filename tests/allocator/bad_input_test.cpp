@@ -300,7 +300,7 @@ TEST(BadInput, MalformedConfigStringsNameTheProblem) {
            {"roundup_power2_divisions:[256:1", "roundup_power2_divisions"},
            {"garbage_collection_threshold:1.5", "1.5"},
            {"garbage_collection_threshold:nan", "nan"},
-           {"expandable_segments:True", "expandable_segments"},
+           {"expandable_segments:Yes", "Yes"},
            {"backend:cudaMallocAsync", "cudaMallocAsync"},
            {"no_such_key:1", "no_such_key"},
            {"max_split_size_mb:128,max_split_size_mb:256", "max_split_size_mb"},

@@ -23,6 +23,11 @@ TEST(Config, ParsesEveryKey) {
   EXPECT_EQ(c.max_split_size, std::size_t{128} << 20);
   for (std::size_t d : c.roundup_power2_divisions) EXPECT_EQ(d, 4u);
   EXPECT_DOUBLE_EQ(c.garbage_collection_threshold, 0.6);
+  EXPECT_FALSE(c.expandable_segments);
+  const auto e = AllocatorConfig::parse("expandable_segments:True,max_split_size_mb:64");
+  EXPECT_TRUE(e.expandable_segments);
+  EXPECT_EQ(e.to_string(), "max_split_size_mb:64,expandable_segments:True");
+  EXPECT_EQ(AllocatorConfig::parse(e.to_string()), e);
 }
 
 TEST(Config, DivisionListFillsIntervalsAsPyTorch) {
@@ -76,7 +81,7 @@ TEST(Config, RejectsMalformedStringsWithClearMessages) {
   expect_error("garbage_collection_threshold:1.5", "between 0.0 and 1.0");
   expect_error("garbage_collection_threshold:0", "between 0.0 and 1.0");
   expect_error("garbage_collection_threshold:x", "expects a number");
-  expect_error("expandable_segments:True", "not supported");
+  expect_error("expandable_segments:1", "expects True or False");
   expect_error("backend:cudaMallocAsync", "only native");
   expect_error("max_split_size_mb:128,,", "empty option");
   expect_error("max_split_size_mb:128,", "empty option");

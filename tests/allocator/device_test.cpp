@@ -808,5 +808,62 @@ TEST(MakeDevice, UnknownSpecsListTheValidForms) {
   EXPECT_NE(error_of([] { make_device("sim:"); }).find("empty sim spec"), std::string::npos);
 }
 
+// --- virtual memory (expandable segments) ---------------------------------------------
+
+void check_virtual_memory(SimBacking backing) {
+  SimDeviceConfig cfg;
+  cfg.name = "vm";
+  cfg.capacity = 64 * MiB;
+  cfg.backing = backing;
+  SimDevice dev{cfg};
+  ASSERT_TRUE(dev.supports_virtual_memory());
+  char* base = static_cast<char*>(dev.reserve_address_range(100 * MiB));  // more than the capacity: addresses only
+  ASSERT_NE(base, nullptr);
+  EXPECT_EQ(dev.used_bytes(), 0u);
+  EXPECT_EQ(dev.address_ranges(), 1u);
+  ASSERT_TRUE(dev.map_memory(base + 20 * MiB, 20 * MiB));
+  EXPECT_EQ(dev.used_bytes(), 20 * MiB);
+  EXPECT_EQ(dev.mem_get_info().free_bytes, 44 * MiB);
+  if (backing == SimBacking::Host) std::memset(base + 20 * MiB, 0xab, 20 * MiB);  // really backed
+  ASSERT_TRUE(dev.map_memory(base, 20 * MiB));
+  ASSERT_TRUE(dev.map_memory(base + 40 * MiB, 20 * MiB));
+  EXPECT_FALSE(dev.map_memory(base + 60 * MiB, 20 * MiB));  // 80 MiB would pass the capacity
+  EXPECT_EQ(dev.failed_allocs(), 1u);
+  // Mapping over a mapping, outside the range, or not whole granules is misuse.
+  EXPECT_THROW((void)dev.map_memory(base + 30 * MiB, 2 * MiB), Error);
+  EXPECT_THROW((void)dev.map_memory(base + 100 * MiB, 2 * MiB), Error);
+  EXPECT_THROW((void)dev.map_memory(base + 60 * MiB, MiB), Error);
+  dev.unmap_memory(base + 20 * MiB, 20 * MiB);
+  EXPECT_EQ(dev.used_bytes(), 40 * MiB);
+  dev.fail_nth_allocation(1);  // injected failures apply to mappings too
+  EXPECT_FALSE(dev.map_memory(base + 20 * MiB, 20 * MiB));
+  EXPECT_TRUE(dev.map_memory(base + 20 * MiB, 20 * MiB));
+  for (std::size_t at : {0, 20, 40}) dev.unmap_memory(base + at * MiB, 20 * MiB);
+  EXPECT_EQ(dev.used_bytes(), 0u);
+  EXPECT_EQ(dev.segment_allocs(), 4u);
+  EXPECT_EQ(dev.segment_frees(), 4u);
+  dev.release_address_range(base, 100 * MiB);
+  EXPECT_EQ(dev.address_ranges(), 0u);
+  // A range left reserved is dropped with the device.
+  EXPECT_NE(dev.reserve_address_range(10 * MiB), nullptr);
+}
+
+TEST(SimDeviceVirtualMemory, ReservesMapsAndUnmapsAddressOnly) { check_virtual_memory(SimBacking::None); }
+TEST(SimDeviceVirtualMemory, ReservesMapsAndUnmapsHostBacked) { check_virtual_memory(SimBacking::Host); }
+
+TEST(SimDeviceVirtualMemory, RangesOfDevicesAliveAtOnceNeverOverlap) {
+  SimDeviceConfig cfg;
+  cfg.name = "vm";
+  cfg.capacity = GiB;
+  SimDevice a{cfg}, b{cfg};
+  const auto ra = reinterpret_cast<std::uintptr_t>(a.reserve_address_range(2 * GiB));
+  const auto rb = reinterpret_cast<std::uintptr_t>(b.reserve_address_range(2 * GiB));
+  const auto sa = reinterpret_cast<std::uintptr_t>(a.allocate_segment(20 * MiB));
+  EXPECT_TRUE(ra + 2 * GiB <= rb || rb + 2 * GiB <= ra);
+  EXPECT_TRUE(sa + 20 * MiB <= ra || ra + 2 * GiB <= sa);
+  EXPECT_TRUE(sa + 20 * MiB <= rb || rb + 2 * GiB <= sa);
+  a.free_segment(reinterpret_cast<void*>(sa), 20 * MiB);
+}
+
 }  // namespace
 }  // namespace mem
