@@ -163,7 +163,7 @@ void register_trace(const std::string& path) {
   if (trace->events.empty()) return;  // nothing to replay (a segment list)
   const std::string name = fs::path(path).stem().string();
   const ReplayPlan plan = plan_replay(*trace);
-  if (plan.supported) {
+  {
     auto ops = std::make_shared<const TraceOps>(make_trace_ops(plan));
     benchmark::RegisterBenchmark(("BM_TraceOps<Vramscope>/" + name).c_str(), BM_TraceOps<Vramscope>, ops)
         ->UseManualTime()

@@ -91,6 +91,44 @@ class TraceAddressDevice final : public Device {
     live_.erase(it);
   }
 
+  // Expandable segments: a reservation can be given a recorded base; its pages are mapped
+  // at the same offsets in the inner device's own range.
+  bool supports_virtual_memory() const override { return inner_->supports_virtual_memory(); }
+  /// The next reserve_address_range returns `base` (0: the inner device's address).
+  void expect_reservation(std::uintptr_t base) {
+    std::lock_guard lock(mutex_);
+    expected_reservation_ = base;
+  }
+  void* reserve_address_range(std::size_t bytes) override {
+    std::lock_guard lock(mutex_);
+    void* real = inner_->reserve_address_range(bytes);
+    if (real == nullptr) return nullptr;
+    const std::uintptr_t base = expected_reservation_ != 0 ? expected_reservation_ : reinterpret_cast<std::uintptr_t>(real);
+    expected_reservation_ = 0;
+    reservations_[base] = Live{real, bytes};
+    return reinterpret_cast<void*>(base);
+  }
+  void release_address_range(void* base, std::size_t bytes) noexcept override {
+    std::lock_guard lock(mutex_);
+    auto it = reservations_.find(reinterpret_cast<std::uintptr_t>(base));
+    if (it == reservations_.end()) return;
+    inner_->release_address_range(it->second.real, bytes);
+    reservations_.erase(it);
+  }
+  bool map_memory(void* address, std::size_t bytes) override {
+    std::lock_guard lock(mutex_);
+    if (refuse_next_) {  // the recording's refused cuMemCreate
+      refuse_next_ = false;
+      ++refusals_;
+      return false;
+    }
+    return inner_->map_memory(inner_address(address), bytes);
+  }
+  void unmap_memory(void* address, std::size_t bytes) noexcept override {
+    std::lock_guard lock(mutex_);
+    inner_->unmap_memory(inner_address(address), bytes);
+  }
+
   DeviceMemInfo mem_get_info() const override { return inner_->mem_get_info(); }
   std::size_t process_used_bytes() const override { return inner_->process_used_bytes(); }
   StreamId create_stream() override { return inner_->create_stream(); }
@@ -119,8 +157,20 @@ class TraceAddressDevice final : public Device {
     return false;
   }
 
+  /// The inner device's address for one inside a reservation (the one with the highest base
+  /// at or below it: recorded bases never put one reservation's pages inside another's).
+  void* inner_address(void* address) const {
+    const auto at = reinterpret_cast<std::uintptr_t>(address);
+    auto it = reservations_.upper_bound(at);
+    if (it == reservations_.begin()) return address;
+    --it;
+    return static_cast<char*>(it->second.real) + (at - it->first);
+  }
+
   std::shared_ptr<Device> inner_;
   mutable std::mutex mutex_;
+  std::uintptr_t expected_reservation_ = 0;
+  std::map<std::uintptr_t, Live> reservations_;  // base handed out -> the inner range
   std::vector<Expected> expected_;
   std::vector<bool> used_;
   bool refuse_next_ = false;
@@ -135,10 +185,10 @@ namespace {
 class ReplayObserver final : public AllocatorObserver {
  public:
   void on_event(const TraceEvent& event) noexcept override {
-    if (event.action == TraceAction::SegmentAlloc) {
+    if (event.action == TraceAction::SegmentAlloc || event.action == TraceAction::SegmentMap) {
       segment_allocs.push_back(event);
       ++total_segment_allocs;
-    } else if (event.action == TraceAction::SegmentFree) {
+    } else if (event.action == TraceAction::SegmentFree || event.action == TraceAction::SegmentUnmap) {
       segment_frees.push_back(event);
       ++total_segment_frees;
     }
@@ -173,20 +223,106 @@ struct InitSegment {
   std::size_t size = 0;
   std::uint64_t stream = 0;
   bool small_pool = false;
+  bool expandable = false;      // a mapped range of an expandable segment
   std::vector<InitBlock> live;  // address order
 };
+
+/// The expandable segments of a recording: one per stream and pool, each a reserved
+/// address range. A segment event names no pool, so an address takes the pool of the
+/// nearest known address at or below it on its stream (a final segment's, or an alloc's,
+/// whose size gives its pool); a segment's recorded base is the lowest range start seen.
+struct RecordedReservations {
+  using Key = std::pair<std::uint64_t, bool>;  // (stream, small pool)
+  std::map<std::pair<std::uint64_t, std::uintptr_t>, bool> known;  // (stream, address) -> small pool
+  std::map<Key, std::uintptr_t> base;
+
+  bool small_at(std::uint64_t stream, std::uintptr_t address) const {
+    auto it = known.upper_bound({stream, address});
+    if (it != known.begin() && std::prev(it)->first.first == stream) return std::prev(it)->second;
+    return it != known.end() && it->first.first == stream && it->second;
+  }
+};
+
+RecordedReservations find_reservations(const AllocationTrace& trace, const AllocatorConfig& recorded) {
+  RecordedReservations r;
+  for (const RecordedSegment& s : trace.final_segments) {
+    if (s.expandable) r.known[{s.stream, s.address}] = s.small_pool;
+  }
+  for (const RecordedEvent& e : trace.events) {
+    if (e.action == RecordedAction::Alloc && e.size > 0) {
+      r.known.emplace(std::make_pair(e.stream, e.address), round_size(e.size, recorded) <= kSmallSize);
+    }
+  }
+  const auto range_start = [&](std::uint64_t stream, std::uintptr_t address) {
+    const RecordedReservations::Key key{stream, r.small_at(stream, address)};
+    auto [it, fresh] = r.base.emplace(key, address);
+    if (!fresh) it->second = std::min(it->second, address);
+  };
+  for (const RecordedSegment& s : trace.final_segments) {
+    if (s.expandable) range_start(s.stream, s.address);
+  }
+  for (const RecordedEvent& e : trace.events) {
+    if (e.action == RecordedAction::SegmentMap || e.action == RecordedAction::SegmentUnmap) {
+      range_start(e.stream, e.address);
+    }
+  }
+  return r;
+}
 
 struct InitialState {
   std::vector<InitSegment> segments;  // address order
   std::size_t orphan_blocks = 0;      // live blocks outside every segment (inconsistent trace)
 };
 
+/// Expandable recordings, undone backwards: a segment_map took [address, + size) out of
+/// the mapped ranges, a segment_unmap put it back (joined to the ranges it touches).
+void unmap_range(std::map<std::uintptr_t, InitSegment>& segs, std::uintptr_t address, std::size_t size) {
+  auto it = segs.upper_bound(address);
+  if (it != segs.begin()) --it;
+  while (it != segs.end() && it->second.address < address + size) {
+    InitSegment seg = it->second;
+    const std::uintptr_t end = seg.address + seg.size;
+    if (end <= address) {
+      ++it;
+      continue;
+    }
+    it = segs.erase(it);
+    if (seg.address < address) segs[seg.address] = InitSegment{seg.address, address - seg.address, seg.stream,
+                                                                seg.small_pool, seg.expandable, {}};
+    if (end > address + size) segs[address + size] = InitSegment{address + size, end - address - size, seg.stream,
+                                                                 seg.small_pool, seg.expandable, {}};
+  }
+}
+
+void map_range(std::map<std::uintptr_t, InitSegment>& segs, InitSegment range) {
+  unmap_range(segs, range.address, range.size);  // an inconsistent trace: never overlap
+  auto next = segs.find(range.address + range.size);
+  if (next != segs.end() && next->second.expandable && next->second.stream == range.stream &&
+      next->second.small_pool == range.small_pool) {
+    range.size += next->second.size;
+    segs.erase(next);
+  }
+  auto prev = segs.lower_bound(range.address);
+  if (prev != segs.begin()) {
+    --prev;
+    InitSegment& p = prev->second;
+    if (p.expandable && p.address + p.size == range.address && p.stream == range.stream &&
+        p.small_pool == range.small_pool) {
+      p.size += range.size;
+      return;
+    }
+  }
+  segs[range.address] = range;
+}
+
 // The state when the trace began: the final state minus the trace's effects.
 InitialState derive_initial_state(const AllocationTrace& trace, const AllocatorConfig& recorded) {
   std::map<std::uintptr_t, InitSegment> segs;
   std::map<std::uintptr_t, InitBlock> live;
+  const RecordedReservations reservations =
+      trace.expandable_segments ? find_reservations(trace, recorded) : RecordedReservations{};
   for (const RecordedSegment& s : trace.final_segments) {
-    segs[s.address] = InitSegment{s.address, s.total_size, s.stream, s.small_pool, {}};
+    segs[s.address] = InitSegment{s.address, s.total_size, s.stream, s.small_pool, s.expandable, {}};
     for (const RecordedBlock& b : s.blocks)
       if (b.state != BlockState::Inactive)
         live[b.address] = InitBlock{b.address, b.size, b.requested_size ? b.requested_size : b.size};
@@ -196,7 +332,11 @@ InitialState derive_initial_state(const AllocationTrace& trace, const AllocatorC
     switch (e.action) {
       case RecordedAction::SegmentAlloc: segs.erase(e.address); break;
       case RecordedAction::SegmentFree:
-        segs[e.address] = InitSegment{e.address, e.size, e.stream, e.size == kSmallBuffer, {}};
+        segs[e.address] = InitSegment{e.address, e.size, e.stream, e.size == kSmallBuffer, false, {}};
+        break;
+      case RecordedAction::SegmentMap: unmap_range(segs, e.address, e.size); break;
+      case RecordedAction::SegmentUnmap:
+        map_range(segs, InitSegment{e.address, e.size, e.stream, reservations.small_at(e.stream, e.address), true, {}});
         break;
       case RecordedAction::Alloc: live.erase(e.address); break;
       case RecordedAction::FreeRequested:
@@ -243,7 +383,8 @@ InitialState derive_initial_state(const AllocationTrace& trace, const AllocatorC
         // an oversize block keeps the whole free block it was cut from.
         std::size_t size = round_size(std::max<std::size_t>(b.requested, 1), recorded);
         const std::size_t room = boundary - b.address;
-        if (!seg.small_pool) {
+        // Expandable segments split every block exactly (PyTorch's should_split).
+        if (!seg.small_pool && !seg.expandable && !recorded.expandable_segments) {
           if (size >= recorded.max_split_size) {
             size = room;
           } else if (room > size && room - size <= kSmallSize) {
@@ -284,13 +425,6 @@ class Replayer {
     r_.assumptions = inner->info().assumptions;
     r_.config = opt_.config.to_string();
     r_.events = trace_.events.size();
-    if (trace_.expandable_segments) {
-      r_.supported = false;
-      r_.unsupported_reason =
-          "recorded with expandable_segments:True (segment_map/segment_unmap events): "
-          "expandable segments are not yet supported by the allocator";
-      return;
-    }
     device_ = std::make_shared<TraceAddressDevice>(inner);
     CachingAllocator alloc{device_, opt_.config};
     alloc_ = &alloc;
@@ -307,6 +441,18 @@ class Replayer {
       }
     }
     const bool exact = recorded_known && recorded == opt_.config && opt_.trace_addresses;
+    if (trace_.expandable_segments) reservations_ = find_reservations(trace_, recorded);
+    if (exact && opt_.config.expandable_segments) {
+      // Each expandable segment at its recorded base, lowest first, as the GPU placed them.
+      std::vector<std::pair<std::uintptr_t, RecordedReservations::Key>> bases;
+      for (const auto& [key, base] : reservations_.base) bases.emplace_back(base, key);
+      std::sort(bases.begin(), bases.end());
+      for (const auto& [base, key] : bases) {
+        device_->expect_reservation(base);
+        (void)alloc.expandable_segment_base(stream_of(key.first), key.second);
+      }
+      device_->expect_reservation(0);
+    }
     if (opt_.rebuild_initial_state && trace_.has_final_state) rebuild(recorded);
 
     alloc.reset_peak_stats();
@@ -321,8 +467,11 @@ class Replayer {
     for (std::size_t i = 0; i < trace_.events.size(); ++i) {
       const RecordedEvent& e = trace_.events[i];
       switch (e.action) {
-        case RecordedAction::SegmentAlloc: pending_allocs_.push_back(i); break;
-        case RecordedAction::SegmentFree: pending_frees_.push_back(i); break;
+        // Pages mapped and unmapped are read as segments allocated and freed.
+        case RecordedAction::SegmentAlloc:
+        case RecordedAction::SegmentMap: pending_allocs_.push_back(i); break;
+        case RecordedAction::SegmentFree:
+        case RecordedAction::SegmentUnmap: pending_frees_.push_back(i); break;
         case RecordedAction::Alloc: do_alloc(i); break;
         case RecordedAction::FreeRequested:
         case RecordedAction::FreeCompleted:
@@ -402,10 +551,19 @@ class Replayer {
         live.push_back({b.address - seg.address, b.size, b.requested <= b.size ? b.requested : 0});
       }
       r_.initial_blocks += live.size();
-      if (opt_.trace_addresses) device_->expect({{seg.address, seg.size}}, false);
+      // A mapped range of an expandable segment is mapped at its offset in the replay's
+      // segment; without expandable segments it is memory held all the same: a segment.
+      const bool as_range = seg.expandable && opt_.config.expandable_segments;
+      if (opt_.trace_addresses && !as_range) device_->expect({{seg.address, seg.size}}, false);
       std::vector<void*> ptrs;
       try {
-        ptrs = alloc_->restore_segment(seg.size, stream_of(seg.stream), seg.small_pool, live);
+        if (as_range) {
+          const auto base = reservations_.base.find({seg.stream, seg.small_pool});
+          const std::size_t offset = base == reservations_.base.end() ? 0 : seg.address - base->second;
+          ptrs = alloc_->restore_expandable(offset, seg.size, stream_of(seg.stream), seg.small_pool, live);
+        } else {
+          ptrs = alloc_->restore_segment(seg.size, stream_of(seg.stream), seg.small_pool, live);
+        }
       } catch (const std::exception& ex) {
         device_->clear_expectations();
         divergence(0, "starting state: cannot restore a segment of " + describe_bytes(seg.size) + ": " + ex.what());
@@ -648,6 +806,7 @@ class Replayer {
   const ReplayOptions& opt_;
   ReplayResult& r_;
   std::shared_ptr<TraceAddressDevice> device_;
+  RecordedReservations reservations_;  // expandable recordings: each segment's base
   CachingAllocator* alloc_ = nullptr;
   ReplayObserver observer_;
   std::map<std::uint64_t, StreamId> streams_;
@@ -732,10 +891,6 @@ CapacitySearch smallest_capacity(const AllocationTrace& trace, const ReplayOptio
 
 ReplayPlan plan_replay(const AllocationTrace& trace) {
   ReplayPlan plan;
-  if (trace.expandable_segments) {
-    plan.supported = false;
-    return plan;
-  }
   std::unordered_map<std::uintptr_t, std::uint32_t> live;  // recorded address -> slot
   std::vector<std::size_t> alloc_op;  // slot -> index of its allocate op
   std::vector<bool> freed;            // slot -> freed by the trace
@@ -795,11 +950,6 @@ ReplayResult replay_on(const AllocationTrace& trace, ReplayTarget& target) {
   r.config = "peer";
   r.events = trace.events.size();
   const ReplayPlan plan = plan_replay(trace);
-  if (!plan.supported) {
-    r.supported = false;
-    r.unsupported_reason = "recorded with expandable_segments:True: not yet supported";
-    return r;
-  }
   r.initial_segments = plan.initial_segments;
   r.unknown_frees = plan.unknown_frees;
   r.recorded_ooms = plan.recorded_ooms;

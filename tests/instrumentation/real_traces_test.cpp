@@ -1,8 +1,10 @@
 // real_traces_test.cpp — conformance with PyTorch on memory snapshots users
 // recorded on real GPUs (../shared/real-traces, third-party, read in place).
-// With PyTorch's default settings, replaying each trace must reproduce every
-// segment_alloc (size, stream, order) and place every block at its recorded
-// offset in its segment; the final state must match the snapshot's segments.
+// With the settings each trace was recorded with (PyTorch's default, or
+// expandable_segments:True), replaying it must reproduce every segment_alloc or
+// segment_map (size, stream, order), every segment_free or segment_unmap, and
+// place every block at its recorded address; the final state must match the
+// snapshot's segments.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "vramscope/allocator/units.hpp"
 #include "vramscope/instrumentation/replay.hpp"
 
 namespace mem {
@@ -33,10 +36,17 @@ std::vector<std::string> trace_files() {
 
 class RealTrace : public ::testing::TestWithParam<std::string> {};
 
+/// Replay options with the settings the trace was recorded with.
+ReplayOptions recorded_settings(const AllocationTrace& trace) {
+  ReplayOptions opt;
+  if (trace.allocator_conf_known) opt.config = AllocatorConfig::parse(trace.allocator_conf);
+  return opt;
+}
+
 TEST_P(RealTrace, ReplayMatchesPyTorch) {
   const fs::path path = fs::path{VRAMSCOPE_REAL_TRACES_DIR} / GetParam();
   const AllocationTrace trace = load_trace(path.string());
-  const ReplayResult r = replay(trace);
+  const ReplayResult r = replay(trace, recorded_settings(trace));
   if (!r.supported) {
     std::printf("[ conformance ] %s: not yet supported (%s)\n", GetParam().c_str(),
                 r.unsupported_reason.c_str());
@@ -69,10 +79,11 @@ TEST_P(RealTrace, EverySettingStartsFromTheRecordedState) {
   // that acts (max_split_size_mb) starts from the same reserved and allocated bytes.
   const fs::path path = fs::path{VRAMSCOPE_REAL_TRACES_DIR} / GetParam();
   const AllocationTrace trace = load_trace(path.string());
-  const ReplayResult recorded = replay(trace);
+  const ReplayOptions as_recorded = recorded_settings(trace);
+  const ReplayResult recorded = replay(trace, as_recorded);
   if (!recorded.supported) GTEST_SKIP() << recorded.unsupported_reason;
-  ReplayOptions idle;
-  idle.config = AllocatorConfig::parse("garbage_collection_threshold:0.6");
+  ReplayOptions idle = as_recorded;
+  idle.config.garbage_collection_threshold = 0.6;
   const ReplayResult same = replay(trace, idle);
   EXPECT_EQ(same.initial_reserved, recorded.initial_reserved);
   EXPECT_EQ(same.peak_allocated, recorded.peak_allocated);
@@ -80,8 +91,8 @@ TEST_P(RealTrace, EverySettingStartsFromTheRecordedState) {
   EXPECT_EQ(same.peak_device_used, recorded.peak_device_used);
   EXPECT_EQ(same.segment_allocs, recorded.segment_allocs);
   EXPECT_EQ(same.initial_blocks_misplaced, 0u);
-  ReplayOptions split;
-  split.config = AllocatorConfig::parse("max_split_size_mb:128");
+  ReplayOptions split = as_recorded;
+  split.config.max_split_size = 128 * MiB;
   const ReplayResult other = replay(trace, split);
   EXPECT_EQ(other.initial_reserved, recorded.initial_reserved);
   EXPECT_EQ(other.initial_allocated, recorded.initial_allocated);

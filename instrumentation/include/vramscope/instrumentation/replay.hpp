@@ -224,7 +224,6 @@ struct ReplayPlan {
   std::size_t initial_segments = 0;
   std::size_t unknown_frees = 0;   ///< frees of addresses the trace never allocated
   std::size_t recorded_ooms = 0;
-  bool supported = true;           ///< false for expandable segments
 };
 /// Throws nothing for trace contents: inconsistencies are counted.
 ReplayPlan plan_replay(const AllocationTrace& trace);
