@@ -463,15 +463,24 @@ class Replayer {
     observer_.allocated = r_.initial_allocated;
     observer_.reserved = r_.initial_reserved;
     track_peak();  // the starting state is the first peak
+    recorded_reserved_ = r_.initial_reserved;
+    recorded_peak_reserved_ = recorded_peak_reserved(r_.initial_reserved);
 
     for (std::size_t i = 0; i < trace_.events.size(); ++i) {
       const RecordedEvent& e = trace_.events[i];
       switch (e.action) {
         // Pages mapped and unmapped are read as segments allocated and freed.
         case RecordedAction::SegmentAlloc:
-        case RecordedAction::SegmentMap: pending_allocs_.push_back(i); break;
+        case RecordedAction::SegmentMap:
+          pending_allocs_.push_back(i);
+          recorded_reserved_ += e.size;
+          break;
         case RecordedAction::SegmentFree:
-        case RecordedAction::SegmentUnmap: pending_frees_.push_back(i); break;
+        case RecordedAction::SegmentUnmap:
+          if (pending_frees_.empty()) reserved_before_frees_ = recorded_reserved_;
+          pending_frees_.push_back(i);
+          recorded_reserved_ -= std::min(recorded_reserved_, e.size);
+          break;
         case RecordedAction::Alloc: do_alloc(i); break;
         case RecordedAction::FreeRequested:
         case RecordedAction::FreeCompleted:
@@ -668,10 +677,41 @@ class Replayer {
     return o;
   }
 
+  /// The most the recording ever reserved (starting state and segment events): memory the
+  /// device did have for this process.
+  std::size_t recorded_peak_reserved(std::size_t initial) const {
+    std::size_t now = initial, peak = initial;
+    for (const RecordedEvent& e : trace_.events) {
+      if (e.action == RecordedAction::SegmentAlloc || e.action == RecordedAction::SegmentMap) now += e.size;
+      if (e.action == RecordedAction::SegmentFree || e.action == RecordedAction::SegmentUnmap)
+        now -= std::min(now, e.size);
+      peak = std::max(peak, now);
+    }
+    return peak;
+  }
+
+  /// Segment frees right before an alloc's segment_alloc: PyTorch's free-cache-and-retry
+  /// after a refused cudaMalloc, or an empty_cache() the program called just before. A
+  /// refusal needs a device too full for the new segment: when what was reserved before the
+  /// frees plus the new segments stays within what the recording reserved at its peak, the
+  /// device had room, so the frees were an empty_cache().
+  bool frees_were_empty_cache() const {
+    std::size_t wanted = 0;
+    for (std::size_t idx : pending_allocs_) wanted += trace_.events[idx].size;
+    return reserved_before_frees_ + wanted <= recorded_peak_reserved_;
+  }
+
   void do_alloc(std::size_t index) {
     // Segment frees followed by an alloc with no segment_alloc between were an
     // empty_cache(): the free-and-retry path always mallocs a segment after them.
     if (!pending_frees_.empty() && pending_allocs_.empty()) flush_pending(index);
+    if (!pending_frees_.empty() && pending_frees_.front() < pending_allocs_.front() && frees_were_empty_cache()) {
+      // The empty_cache() first, then this alloc's segment_allocs.
+      std::vector<std::size_t> allocs = std::move(pending_allocs_);
+      pending_allocs_.clear();
+      flush_pending(index);
+      pending_allocs_ = std::move(allocs);
+    }
     const RecordedEvent& e = trace_.events[index];
     ++r_.allocs;
     std::vector<TraceAddressDevice::Expected> expected;
@@ -816,6 +856,9 @@ class Replayer {
   std::vector<std::size_t> pending_allocs_;         // segment_alloc events since the last block event
   std::vector<std::size_t> pending_frees_;
   std::size_t peak_allocated_seen_ = 0;
+  std::size_t recorded_reserved_ = 0;       // the recording's reserved bytes at this event
+  std::size_t recorded_peak_reserved_ = 0;  // and at its peak
+  std::size_t reserved_before_frees_ = 0;   // before the pending segment frees
   bool stopped_ = false;
 };
 

@@ -109,6 +109,60 @@ std::string test_name(const ::testing::TestParamInfo<std::string>& info) {
 INSTANTIATE_TEST_SUITE_P(Snapshots, RealTrace, ::testing::ValuesIn(trace_files()), test_name);
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(RealTrace);
 
+// The expandable-segments snapshot (Constructor-Sun: three GPUs, one with segment_unmap
+// events, a refused cuMemCreate and an OOM): every GPU's trace reproduced, and what-if in
+// both directions from the same starting state.
+TEST(RealTraces, ExpandableSnapshotEveryDeviceAndBothDirections) {
+  const fs::path path = fs::path{VRAMSCOPE_REAL_TRACES_DIR} / "Constructor-Sun__memory_snapshot_b5ef.pickle";
+  if (!fs::exists(path)) GTEST_SKIP() << "absent: " << path;
+  struct Expect {
+    int device;
+    std::size_t maps, unmaps, allocs, final_segments;
+  };
+  for (const Expect& want : {Expect{0, 175, 0, 2434, 2}, Expect{1, 40, 6, 199, 8}, Expect{2, 78, 0, 392, 2}}) {
+    const AllocationTrace trace = load_trace(path.string(), want.device);
+    ASSERT_TRUE(trace.expandable_segments);
+    const ReplayResult r = replay(trace, recorded_settings(trace));
+    ASSERT_TRUE(r.conformance_checked) << want.device;
+    EXPECT_EQ(r.segment_allocs_recorded, want.maps) << want.device;
+    EXPECT_EQ(r.segment_allocs_reproduced, want.maps) << want.device;
+    EXPECT_EQ(r.segment_frees_recorded, want.unmaps) << want.device;
+    EXPECT_EQ(r.segment_frees_reproduced, want.unmaps) << want.device;
+    EXPECT_EQ(r.blocks_placed, want.allocs) << want.device;
+    EXPECT_EQ(r.allocs_checked, want.allocs) << want.device;
+    EXPECT_EQ(r.final_segments_matched, want.final_segments) << want.device;
+    EXPECT_EQ(r.final_segments_recorded, want.final_segments) << want.device;
+    EXPECT_EQ(r.divergence_count, 0u) << want.device << ": " << (r.divergences.empty() ? "" : r.divergences[0].what);
+  }
+  // GPU 1 filled an 80 GB card: with expandable segments it fit (one refused page mapping,
+  // unmapped and retried); replayed without them on the same card, the first 4.94 GiB
+  // request after the release runs out of memory on fragmented segments.
+  const AllocationTrace trace = load_trace(path.string(), 1);
+  ReplayOptions on = recorded_settings(trace);
+  on.device = "sim:a100-80g";
+  ReplayOptions off = on;
+  off.config = AllocatorConfig{};
+  const ReplayResult with = replay(trace, on);
+  const ReplayResult without = replay(trace, off);
+  EXPECT_FALSE(with.first_oom.has_value());
+  ASSERT_TRUE(without.first_oom.has_value());
+  EXPECT_EQ(without.first_oom->event_index, 420u);
+  EXPECT_EQ(without.initial_reserved, with.initial_reserved);
+  EXPECT_GT(without.first_oom->free_bytes, without.first_oom->requested);  // fragmentation, not lack of memory
+
+  // A recording without expandable segments replayed with them: less reserved, no cudaMalloc segment.
+  const fs::path plain = fs::path{VRAMSCOPE_REAL_TRACES_DIR} / "Maphsge4__snapshot_ec5b.pickle";
+  if (!fs::exists(plain)) return;
+  const AllocationTrace maphsge4 = load_trace(plain.string());
+  const ReplayResult recorded = replay(maphsge4);
+  ReplayOptions expand;
+  expand.config = AllocatorConfig::parse("expandable_segments:True");
+  const ReplayResult expanded = replay(maphsge4, expand);
+  EXPECT_EQ(expanded.initial_reserved, recorded.initial_reserved);
+  EXPECT_LT(expanded.peak_reserved, recorded.peak_reserved);
+  EXPECT_EQ(expanded.peak_requested, recorded.peak_requested);
+}
+
 TEST(RealTraces, FolderIsPresent) {
   if (trace_files().empty())
     GTEST_SKIP() << "no real traces in " << VRAMSCOPE_REAL_TRACES_DIR

@@ -311,13 +311,96 @@ TEST(Replay, DivergenceFromTheRecordingIsReported) {
   EXPECT_NE(r.divergences[0].what.find("segment_alloc"), std::string::npos) << r.divergences[0].what;
 }
 
-TEST(Replay, ExpandableSegmentsAreNotYetSupported) {
-  AllocationTrace trace;
-  trace.events.push_back({RecordedAction::SegmentMap, 4096, 2 * MiB, 0, 0});
-  trace.expandable_segments = true;
-  const ReplayResult r = replay(trace);
-  EXPECT_FALSE(r.supported);
-  EXPECT_NE(r.unsupported_reason.find("not yet supported"), std::string::npos);
+// Issue 20: a recording made with expandable segments, written as PyTorch's snapshot and read
+// back, replays with its segment_map and segment_unmap events, block addresses and final
+// mapped ranges reproduced.
+TEST(Replay, ExpandableRecordingReplaysItsMapsUnmapsAndBlocks) {
+  auto device = std::make_shared<SimDevice>(sim_preset("a100-80g"));
+  CachingAllocator alloc{device, AllocatorConfig::parse("expandable_segments:True")};
+  History history{alloc, 100000};
+  run_workload(alloc, 3000, 11);
+  void* keep = alloc.allocate(MiB);
+  alloc.empty_cache();  // unmaps the whole free pages
+  alloc.deallocate(keep);
+  run_workload(alloc, 1000, 12);
+  const DeviceStats recorded = alloc.stats();
+  const Snapshot snap = snapshot(alloc, {.segments = true, .history = true, .history_source = &history});
+  const AllocationTrace trace = read_pytorch_snapshot(read_pickle(memory_snapshot_pickle(snap)), -1, "own.pickle");
+  ASSERT_TRUE(trace.expandable_segments);
+  ReplayOptions opt;
+  opt.config = AllocatorConfig::parse(trace.allocator_conf);
+  opt.device = "sim:a100-80g";
+  const ReplayResult r = replay(trace, opt);
+  ASSERT_TRUE(r.conformance_checked);
+  EXPECT_GT(r.segment_allocs_recorded, 10u);
+  EXPECT_GT(r.segment_frees_recorded, 0u);
+  EXPECT_EQ(r.empty_cache_calls, 1u);
+  EXPECT_EQ(r.segment_allocs_reproduced, r.segment_allocs_recorded);
+  EXPECT_EQ(r.segment_frees_reproduced, r.segment_frees_recorded);
+  EXPECT_EQ(r.blocks_placed, r.allocs_checked);
+  EXPECT_EQ(r.final_segments_matched, r.final_segments_recorded);
+  EXPECT_EQ(r.divergence_count, 0u) << (r.divergences.empty() ? "" : r.divergences[0].what);
+  EXPECT_EQ(r.peak_reserved, recorded.reserved_bytes[0].peak);
+  EXPECT_EQ(r.segment_allocs, recorded.num_device_alloc);
+
+  // What-if in both directions from the same starting state: without expandable segments
+  // the same trace needs cudaMalloc segments (and reserves at least as much).
+  ReplayOptions plain = opt;
+  plain.config = AllocatorConfig{};
+  const ReplayResult without = replay(trace, plain);
+  EXPECT_FALSE(without.conformance_checked);
+  EXPECT_EQ(without.peak_requested, r.peak_requested);
+  EXPECT_GE(without.peak_reserved, r.peak_reserved);
+  EXPECT_EQ(without.final_stats.segment[0].peak > 0, true);
+}
+
+TEST(Replay, APlainRecordingReplaysWithExpandableSegments) {
+  auto device = std::make_shared<SimDevice>(sim_preset("a100-80g"));
+  CachingAllocator alloc{device};
+  History history{alloc, 100000};
+  run_workload(alloc, 3000, 13);
+  std::istringstream csv(history_csv(history.entries()));
+  const AllocationTrace trace = read_history_trace(csv, "run.csv");
+  ReplayOptions opt;
+  opt.device = "sim:a100-80g";
+  const ReplayResult recorded = replay(trace, opt);
+  opt.config = AllocatorConfig::parse("expandable_segments:True");
+  const ReplayResult r = replay(trace, opt);
+  EXPECT_EQ(r.peak_requested, recorded.peak_requested);
+  EXPECT_LE(r.peak_reserved, recorded.peak_reserved);  // grown in place: no segment left half empty
+  EXPECT_EQ(r.final_stats.segment[0].peak, 0);         // pages mapped, never a cudaMalloc segment
+  EXPECT_GT(r.segment_allocs, 0);
+}
+
+// Issue 20: segment frees followed directly by a segment_alloc are PyTorch's
+// free-cache-and-retry only when the device was too full for the new segment; with room
+// to spare (less reserved than the recording's peak), they were an empty_cache().
+TEST(Replay, AnEmptyCacheFollowedDirectlyByASegmentAllocReleasesTheCache) {
+  auto device = std::make_shared<SimDevice>(sim_preset("a100-80g"));
+  CachingAllocator alloc{device};
+  History history{alloc, 1000};
+  void* x = alloc.allocate(512);
+  std::vector<void*> big;
+  for (int i = 0; i < 6; ++i) big.push_back(alloc.allocate(30 * MiB));  // the peak: 182 MiB
+  for (void* p : big) alloc.deallocate(p);
+  alloc.empty_cache();  // six segment_frees, then a free: plainly an empty_cache()
+  alloc.deallocate(x);
+  void* y = alloc.allocate(30 * MiB);
+  void* z = alloc.allocate(30 * MiB);
+  alloc.deallocate(y);
+  alloc.deallocate(z);
+  alloc.empty_cache();                 // three segment_frees at 62 MiB reserved...
+  void* c = alloc.allocate(30 * MiB);  // ...then directly a segment_alloc: 92 MiB fits under the peak
+  alloc.deallocate(c);
+  std::istringstream csv(history_csv(history.entries()));
+  const AllocationTrace trace = read_history_trace(csv, "run.csv");
+  ReplayOptions opt;
+  opt.device = "sim:a100-80g";
+  const ReplayResult r = replay(trace, opt);
+  EXPECT_EQ(r.empty_cache_calls, 2u);
+  EXPECT_EQ(r.driver_refusals, 0u);
+  EXPECT_EQ(r.segment_frees_reproduced, 9u);  // six, then two and x's small segment
+  EXPECT_EQ(r.divergence_count, 0u) << (r.divergences.empty() ? "" : r.divergences[0].what);
 }
 
 TEST(Replay, FreesOfUnknownBlocksAreCounted) {
