@@ -282,6 +282,8 @@ void BM_Threads(benchmark::State& state) {
 
 VRAMSCOPE_BENCH_ALL(BM_FastPath, )
 VRAMSCOPE_BENCH_ALL(BM_MixedSizes, )
+BENCHMARK_TEMPLATE(BM_FastPath, VramscopeExpandable);
+BENCHMARK_TEMPLATE(BM_MixedSizes, VramscopeExpandable);
 VRAMSCOPE_BENCH_ALL(BM_RandomWorkload, ->Apply(random_args))
 VRAMSCOPE_BENCH_ALL(BM_CachedBlocks, ->Apply(cached_args))
 #define VRAMSCOPE_BENCH_THREADS(A)                                                    \

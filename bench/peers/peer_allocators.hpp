@@ -116,6 +116,10 @@ struct OnBenchDevice {  // a base, so it is constructed before the adaptor
 struct Vramscope : OnBenchDevice, VramscopeAdaptor {
   Vramscope() : VramscopeAdaptor(device_) {}
 };
+/// With expandable_segments:True: the cache-hit path should cost what it costs without.
+struct VramscopeExpandable : OnBenchDevice, VramscopeAdaptor {
+  VramscopeExpandable() : VramscopeAdaptor(device_, AllocatorConfig::parse("expandable_segments:True")) {}
+};
 
 #if VRAMSCOPE_HAVE_CUB_PEER
 struct Cub : OnBenchDevice, CubAdaptor {

@@ -327,6 +327,9 @@ TEST(Replay, ExpandableRecordingReplaysItsMapsUnmapsAndBlocks) {
   const Snapshot snap = snapshot(alloc, {.segments = true, .history = true, .history_source = &history});
   const AllocationTrace trace = read_pytorch_snapshot(read_pickle(memory_snapshot_pickle(snap)), -1, "own.pickle");
   ASSERT_TRUE(trace.expandable_segments);
+  ASSERT_FALSE(trace.final_segments.empty());
+  for (const RecordedSegment& seg : trace.final_segments) EXPECT_TRUE(seg.expandable);  // is_expandable
+  EXPECT_EQ(trace.allocator_conf, "expandable_segments:True");
   ReplayOptions opt;
   opt.config = AllocatorConfig::parse(trace.allocator_conf);
   opt.device = "sim:a100-80g";
