@@ -5,6 +5,7 @@
 #include <memory>
 #include <string>
 
+#include "vramscope/allocator/caching_allocator.hpp"
 #include "vramscope/allocator/device.hpp"
 #include "vramscope/allocator/errors.hpp"
 #include "vramscope/allocator/units.hpp"
@@ -75,6 +76,33 @@ TEST_F(CudaDeviceTest, StreamsAndEvents) {
   device_->destroy_event(e);
   device_->destroy_stream(s);
   EXPECT_THROW(device_->record_event(e, 0), Error);
+}
+
+TEST_F(CudaDeviceTest, VirtualMemoryMapsPagesThatCountAsUsed) {
+  if (!device_->supports_virtual_memory()) GTEST_SKIP() << "this GPU or driver has no virtual memory management";
+  void* base = device_->reserve_address_range(GiB);
+  ASSERT_NE(base, nullptr);
+  const std::size_t free_before = device_->mem_get_info().free_bytes;
+  ASSERT_TRUE(device_->map_memory(static_cast<char*>(base) + 20 * MiB, 20 * MiB));
+  EXPECT_LE(device_->mem_get_info().free_bytes, free_before - 20 * MiB);
+  device_->unmap_memory(static_cast<char*>(base) + 20 * MiB, 20 * MiB);
+  EXPECT_GE(device_->mem_get_info().free_bytes + 2 * MiB, free_before);
+  device_->release_address_range(base, GiB);
+}
+
+TEST_F(CudaDeviceTest, ExpandableSegmentsGrowInPlaceOnTheGpu) {
+  if (!device_->supports_virtual_memory()) GTEST_SKIP() << "this GPU or driver has no virtual memory management";
+  CachingAllocator a{device_, AllocatorConfig::parse("expandable_segments:True")};
+  void* p = a.allocate(5 * MiB);
+  void* q = a.allocate(30 * MiB);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(q), reinterpret_cast<std::uintptr_t>(p) + 5 * MiB);
+  EXPECT_EQ(a.stats().reserved_bytes[0].current, static_cast<std::int64_t>(40 * MiB));
+  a.validate();
+  a.deallocate(p);
+  a.deallocate(q);
+  a.empty_cache();
+  EXPECT_EQ(a.stats().reserved_bytes[0].current, 0);
+  a.validate();
 }
 
 TEST_F(CudaDeviceTest, AutoPicksTheGpuAndSaysSo) {
