@@ -396,8 +396,13 @@ Block* AllocatorCore::alloc_found_block(AllocParams& p) {
   msg += "Of the allocated memory " + format_bytes(allocated) +
          " is allocated by vramscope, and " + format_bytes(reserved - allocated) +
          " is reserved by vramscope but unallocated. ";
-  msg += "If reserved but unallocated memory is large try the setting max_split_size_mb:128 "
-         "(--alloc-conf in the vramscope command; VRAMSCOPE_ALLOC_CONF or the allocator's "
+  // PyTorch's message suggests expandable_segments:True; with them on, max_split_size_mb
+  // still keeps large blocks whole.
+  msg += config_.expandable_segments
+             ? "If reserved but unallocated memory is large try adding the setting max_split_size_mb:128 "
+             : "If reserved but unallocated memory is large try the setting expandable_segments:True "
+               "(or max_split_size_mb:128) ";
+  msg += "(--alloc-conf in the vramscope command; VRAMSCOPE_ALLOC_CONF or the allocator's "
          "config in a program) to avoid fragmentation; otherwise reduce the batch size, "
          "checkpoint activations, or use a smaller dtype.";
   OutOfMemoryError::Figures f;
