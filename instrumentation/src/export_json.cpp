@@ -96,6 +96,7 @@ std::string snapshot_json(const Snapshot& snapshot, int indent) {
                                       {"requested_size", seg.requested_size},
                                       {"stream", seg.stream},
                                       {"pool", seg.small_pool ? "small" : "large"},
+                                      {"expandable", seg.expandable},
                                       {"blocks", std::move(blocks)}});
     }
     doc["segments"] = std::move(segments);

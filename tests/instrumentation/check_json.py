@@ -32,7 +32,8 @@ def check_snapshot(directory: Path) -> None:
     allocated = 0
     for seg in doc["segments"]:
         assert set(seg) == {"address", "total_size", "allocated_size", "active_size",
-                            "requested_size", "stream", "pool", "blocks"}
+                            "requested_size", "stream", "pool", "expandable", "blocks"}
+        assert seg["expandable"] is False
         for block in seg["blocks"]:
             assert set(block) == {"address", "size", "requested_size", "state", "module", "phase"}
             if block["state"] == "active_allocated":
