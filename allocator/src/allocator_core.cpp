@@ -165,18 +165,7 @@ bool AllocatorCore::alloc_block(AllocParams& p, bool is_retry) {
   total_reserved_ += size;
   total_reserved_rounded_ += device_rounded(size);
 
-  Block* block = block_storage_.acquire();  // a recycled block: set every field
-  block->ptr = reinterpret_cast<std::uintptr_t>(ptr);
-  block->size = size;
-  block->requested_size = 0;
-  block->stream = p.stream;
-  block->pool = p.pool;
-  block->prev = nullptr;
-  block->next = nullptr;
-  block->allocated = false;
-  block->context = 0;
-  block->segment = 0;
-  block->mapped = true;
+  Block* block = new_block(reinterpret_cast<std::uintptr_t>(ptr), size, p.stream, p.pool, 0, true);
   p.block = block;
   p.block_in_pool = false;
 
