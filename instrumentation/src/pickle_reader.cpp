@@ -630,20 +630,29 @@ PickleValue read_pickle(std::string_view data) {
   return m.run();
 }
 
-PickleValue read_pickle_file(const std::string& path) {
+std::string read_pickle_bytes(const std::string& path) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) throw Error(path + ": cannot read a directory as a pickle");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error("cannot open '" + path + "' for reading");
+  std::string data;
+  // One allocation for a regular file (growing by doubling would briefly hold twice the
+  // file); a pipe grows as it is read.
+  if (const auto size = std::filesystem::file_size(path, ec); !ec) data.reserve(size);
   // A read error is never taken for the end of the file (then "truncated pickle"): the
   // stream buffer throws it (libstdc++) or the stream says so.
-  std::string data;
   try {
-    data.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    char chunk[1 << 16];
+    while (in.read(chunk, sizeof chunk) || in.gcount() > 0) data.append(chunk, static_cast<std::size_t>(in.gcount()));
   } catch (const std::exception& e) {
     throw Error(path + ": read error (" + e.what() + ")");
   }
   if (in.bad()) throw Error(path + ": read error after " + std::to_string(data.size()) + " bytes");
+  return data;
+}
+
+PickleValue read_pickle_file(const std::string& path) {
+  const std::string data = read_pickle_bytes(path);
   try {
     return read_pickle(data);
   } catch (const Error& e) {

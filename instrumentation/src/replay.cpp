@@ -318,7 +318,7 @@ void map_range(std::map<std::uintptr_t, InitSegment>& segs, InitSegment range) {
 // The state when the trace began: the final state minus the trace's effects.
 InitialState derive_initial_state(const AllocationTrace& trace, const AllocatorConfig& recorded) {
   std::map<std::uintptr_t, InitSegment> segs;
-  std::map<std::uintptr_t, InitBlock> live;
+  std::unordered_map<std::uintptr_t, InitBlock> live;  // sorted once the trace is undone
   const RecordedReservations reservations =
       trace.expandable_segments ? find_reservations(trace, recorded) : RecordedReservations{};
   for (const RecordedSegment& s : trace.final_segments) {
@@ -345,19 +345,26 @@ InitialState derive_initial_state(const AllocationTrace& trace, const AllocatorC
       default: break;
     }
   }
+  std::vector<InitBlock> blocks;
+  blocks.reserve(live.size());
+  for (const auto& [address, block] : live) blocks.push_back(block);
+  std::sort(blocks.begin(), blocks.end(), [](const InitBlock& a, const InitBlock& b) { return a.address < b.address; });
   // A trace's alloc/free sizes are requests (PyTorch's orig_size): a block
   // freed during the trace may be larger than its rounded request (a tail too
   // small to split). Blocks allocated above it while it lived bound its end.
-  for (std::size_t i = 0; i < trace.events.size(); ++i) {
+  const bool any_unsized = std::any_of(blocks.begin(), blocks.end(), [](const InitBlock& b) { return b.size == 0; });
+  for (std::size_t i = 0; any_unsized && i < trace.events.size(); ++i) {
     const RecordedEvent& e = trace.events[i];
     if (e.action != RecordedAction::Alloc) continue;
-    auto below = live.lower_bound(e.address);
-    if (below == live.begin()) continue;
-    InitBlock& b = std::prev(below)->second;
+    auto below = std::lower_bound(blocks.begin(), blocks.end(), e.address,
+                                  [](const InitBlock& b, std::uintptr_t a) { return b.address < a; });
+    if (below == blocks.begin()) continue;
+    InitBlock& b = *std::prev(below);
     if (b.size == 0 && i < b.freed_at) b.end_bound = std::min(b.end_bound, e.address);
   }
   InitialState state;
-  for (const auto& [address, block] : live) {
+  for (const InitBlock& block : blocks) {
+    const std::uintptr_t address = block.address;
     auto it = segs.upper_bound(address);
     if (it == segs.begin()) {
       ++state.orphan_blocks;

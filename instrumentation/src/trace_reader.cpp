@@ -2,6 +2,8 @@
 // CSV read into one AllocationTrace shape for replay.
 #include "vramscope/instrumentation/trace_reader.hpp"
 
+#include "snapshot_scanner.hpp"
+
 #include <algorithm>
 #include <array>
 #include <charconv>
@@ -337,7 +339,16 @@ std::vector<std::size_t> AllocationTrace::action_counts() const {
   return counts;
 }
 
-AllocationTrace read_pytorch_snapshot(const PickleValue& root, int device, const std::string& source) {
+namespace {
+/// How many trace entries device_traces[d] holds (the scanner's count when it read them).
+std::size_t trace_size(const PickleList& traces, std::size_t d, const detail::ScannedSnapshot* scanned) {
+  if (scanned != nullptr) return d < scanned->device_ranges.size() ? scanned->device_ranges[d].second : 0;
+  return traces[d].is_sequence() ? traces[d].as_list().size() : 0;
+}
+
+/// read_pytorch_snapshot, with the trace entries already read by the scanner when `scanned`.
+AllocationTrace read_snapshot(const PickleValue& root, int device, const std::string& source,
+                              detail::ScannedSnapshot* scanned) {
   AllocationTrace t;
   t.source = source;
   const PickleList* segments = nullptr;
@@ -378,7 +389,7 @@ AllocationTrace read_pytorch_snapshot(const PickleValue& root, int device, const
     if (traces) {
       std::size_t best = 0;
       for (std::size_t d = 0; d < traces->size(); ++d) {
-        const std::size_t n = (*traces)[d].is_sequence() ? (*traces)[d].as_list().size() : 0;
+        const std::size_t n = trace_size(*traces, d, scanned);
         if (n > best) best = n, device = static_cast<int>(d);
       }
     }
@@ -393,7 +404,22 @@ AllocationTrace read_pytorch_snapshot(const PickleValue& root, int device, const
   std::sort(t.final_segments.begin(), t.final_segments.end(),
             [](const RecordedSegment& a, const RecordedSegment& b) { return a.address < b.address; });
 
-  if (traces && static_cast<std::size_t>(device) < traces->size()) {
+  if (scanned != nullptr && static_cast<std::size_t>(device) < scanned->device_ranges.size()) {
+    // The scanner's events, in place: the chosen GPU's range, stacks from its frames lists.
+    const auto [first, count] = scanned->device_ranges[static_cast<std::size_t>(device)];
+    t.events = std::move(scanned->events);
+    t.events.erase(t.events.begin() + static_cast<std::ptrdiff_t>(first + count), t.events.end());
+    t.events.erase(t.events.begin(), t.events.begin() + static_cast<std::ptrdiff_t>(first));
+    t.events.shrink_to_fit();
+    StackTable stacks{t.stacks};
+    std::vector<std::uint32_t> stack_of(scanned->frames.size() + 1, UINT32_MAX);
+    for (RecordedEvent& e : t.events) {
+      if (e.stack == 0) continue;
+      std::uint32_t& id = stack_of[e.stack];
+      if (id == UINT32_MAX) id = stacks.intern(scanned->frames[e.stack - 1]);
+      e.stack = id;
+    }
+  } else if (traces && static_cast<std::size_t>(device) < traces->size()) {
     const std::string base = source + ": device_traces[" + std::to_string(device) + "]";
     const PickleList& events =
         at_path(base, [&]() -> const PickleList& { return (*traces)[device].as_list(); });
@@ -408,8 +434,7 @@ AllocationTrace read_pytorch_snapshot(const PickleValue& root, int device, const
     for (const PickleValue& seg : *segments)
       if (const PickleValue* d = seg.find("device"); d && d->is_int()) ++content[static_cast<int>(d->as_int())].first;
     for (std::size_t d = 0; traces && d < traces->size(); ++d)
-      if ((*traces)[d].is_sequence() && !(*traces)[d].as_list().empty())
-        content[static_cast<int>(d)].second = (*traces)[d].as_list().size();
+      if (const std::size_t n = trace_size(*traces, d, scanned); n > 0) content[static_cast<int>(d)].second = n;
     std::string list;
     for (const auto& [d, n] : content) {
       if (d == device || (n.first == 0 && n.second == 0)) continue;
@@ -424,9 +449,28 @@ AllocationTrace read_pytorch_snapshot(const PickleValue& root, int device, const
   finish(t);
   return t;
 }
+}  // namespace
+
+AllocationTrace read_pytorch_snapshot(const PickleValue& root, int device, const std::string& source) {
+  return read_snapshot(root, device, source, nullptr);
+}
 
 AllocationTrace read_pytorch_snapshot_file(const std::string& path, int device) {
-  return read_pytorch_snapshot(read_pickle_file(path), device, path);
+  std::string data = read_pickle_bytes(path);
+  // The fast path reads what PyTorch writes; anything else (and every error) goes through
+  // the generic reader, whose messages name the element at fault.
+  if (std::optional<detail::ScannedSnapshot> scanned = detail::scan_snapshot(data)) {
+    std::string().swap(data);  // the bytes are no longer needed: the events are read
+    return read_snapshot(scanned->root, device, path, &*scanned);
+  }
+  PickleValue root;
+  try {
+    root = read_pickle(data);
+  } catch (const Error& e) {
+    throw Error(path + ": " + e.what());
+  }
+  std::string().swap(data);
+  return read_snapshot(root, device, path, nullptr);
 }
 
 AllocationTrace read_history_trace(std::istream& in, const std::string& source) {

@@ -107,5 +107,7 @@ class PickleValue {
 PickleValue read_pickle(std::string_view data);
 /// Reads and parses a file; errors name the file.
 PickleValue read_pickle_file(const std::string& path);
+/// A file's bytes, for read_pickle; errors (a directory, a read error) name the file.
+std::string read_pickle_bytes(const std::string& path);
 
 }  // namespace mem
