@@ -34,7 +34,8 @@ enum class Role : std::uint8_t { Generic, Traces, DeviceTrace };
 
 class Scanner {
  public:
-  explicit Scanner(std::string_view data) : p_(data.data()), end_(data.data() + data.size()) {
+  Scanner(std::string_view data, const std::function<void(const char*)>& progress)
+      : begin_(data.data()), p_(data.data()), end_(data.data() + data.size()), progress_(progress) {
     // Room for as many trace entries and memo entries as the bytes could hold (an entry
     // takes some 40 bytes or more): the vectors then never move, and what is not filled
     // is address space, not memory.
@@ -46,7 +47,12 @@ class Scanner {
     if (byte() != 0x80) throw GiveUp{};
     const unsigned proto = byte();
     if (proto < 2 || proto > 5) throw GiveUp{};
+    const char* next_report = p_ + kReportEvery;
     for (;;) {
+      if (p_ >= next_report && progress_) [[unlikely]] {
+        progress_(p_);
+        next_report = p_ + kReportEvery;
+      }
       const unsigned op = byte();
       switch (op) {
         case 0x95: skip(8); break;  // FRAME: a length, for buffered readers
@@ -325,14 +331,49 @@ class Scanner {
     if (fresh) frames_lists_.push_back(list);
     return it->second;
   }
+  // The memo: one word per entry (a snapshot memoizes every string and container, several
+  // per trace entry). A string is where its bytes lie in the pickle; a container or trace
+  // entry its kind and id; anything else an index into memo_values_.
+  static constexpr std::uint64_t kUnset = ~std::uint64_t{0};
+  static constexpr std::uint64_t kTagShift = 62;
+  static constexpr std::uint64_t kString = 0, kContainer = 1, kOther = 2;
+  static constexpr unsigned kLenBits = 22;  // longer strings go to memo_values_
+
+  std::uint64_t memo_word(const Value& v) {
+    const auto offset = static_cast<std::uint64_t>(v.s - begin_);
+    if (v.kind == Value::Str && v.len < (1u << kLenBits) && offset < (std::uint64_t{1} << (kTagShift - kLenBits))) {
+      return kString << kTagShift | offset << kLenBits | v.len;
+    }
+    if (v.kind == Value::List || v.kind == Value::Tuple || v.kind == Value::Dict || v.kind == Value::Event) {
+      return kContainer << kTagShift | std::uint64_t{v.kind} << 32 | v.id;
+    }
+    memo_values_.push_back(v);
+    return kOther << kTagShift | (memo_values_.size() - 1);
+  }
+  Value memo_value(std::uint64_t word) const {
+    const std::uint64_t tag = word >> kTagShift;
+    const std::uint64_t payload = word & ((std::uint64_t{1} << kTagShift) - 1);
+    if (tag == kString) {
+      Value v{Value::Str};
+      v.s = begin_ + (payload >> kLenBits);
+      v.len = static_cast<std::uint32_t>(payload & ((1u << kLenBits) - 1));
+      return v;
+    }
+    if (tag == kContainer) {
+      Value v{static_cast<Value::Kind>(payload >> 32)};
+      v.id = static_cast<std::uint32_t>(payload);
+      return v;
+    }
+    return memo_values_[payload];
+  }
   void memo_put(std::uint64_t index) {
     if (index > kMaxMemo) throw GiveUp{};
-    if (index >= memo_.size()) memo_.resize(index + 1, Value{Value::Mark});  // Mark: never set
-    memo_[index] = top();
+    if (index >= memo_.size()) memo_.resize(index + 1, kUnset);
+    memo_[index] = memo_word(top());
   }
   void memo_get(std::uint64_t index) {
-    if (index >= memo_.size() || memo_[index].kind == Value::Mark) throw GiveUp{};
-    const Value& v = memo_[index];
+    if (index >= memo_.size() || memo_[index] == kUnset) throw GiveUp{};
+    const Value v = memo_value(memo_[index]);
     // A trace entry or a trace shared a second time is not what PyTorch writes.
     if (v.kind == Value::Event || (v.kind == Value::List && roles_[v.id] != Role::Generic)) throw GiveUp{};
     push(v);
@@ -401,12 +442,16 @@ class Scanner {
   static constexpr std::size_t kMaxMemo = std::size_t{1} << 31;
   static constexpr std::size_t kMaxContainers = std::size_t{1} << 31;
   static constexpr int kMaxDepth = 64;
+  static constexpr std::ptrdiff_t kReportEvery = std::ptrdiff_t{8} << 20;
 
+  const char* begin_;
   const char* p_;
   const char* end_;
+  const std::function<void(const char*)>& progress_;
   std::vector<Value> stack_;
   std::vector<std::size_t> marks_;
-  std::vector<Value> memo_;
+  std::vector<std::uint64_t> memo_;
+  std::vector<Value> memo_values_;
   std::vector<std::vector<Value>> lists_;  // List and Tuple items
   std::vector<Role> roles_;                // per list
   std::vector<std::vector<Value>> dicts_;  // key, value, key, value, ...
@@ -422,9 +467,10 @@ class Scanner {
 
 }  // namespace
 
-std::optional<ScannedSnapshot> scan_snapshot(std::string_view pickle) {
+std::optional<ScannedSnapshot> scan_snapshot(std::string_view pickle,
+                                             const std::function<void(const char*)>& progress) {
   try {
-    return Scanner{pickle}.run();
+    return Scanner{pickle, progress}.run();
   } catch (const GiveUp&) {
     return std::nullopt;
   } catch (const std::bad_alloc&) {

@@ -11,6 +11,7 @@
 // errors with their path. So it never reports an error of its own.
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <utility>
 #include <string_view>
@@ -32,7 +33,10 @@ struct ScannedSnapshot {
   std::vector<PickleValue> frames;
 };
 
-/// nullopt: not a snapshot the fast path reads (the caller falls back).
-std::optional<ScannedSnapshot> scan_snapshot(std::string_view pickle);
+/// nullopt: not a snapshot the fast path reads (the caller falls back). `progress`, when
+/// given, is told every few MiB how far the scan has read (a mapped file gives back the
+/// pages before that; views into them stay valid).
+std::optional<ScannedSnapshot> scan_snapshot(std::string_view pickle,
+                                             const std::function<void(const char*)>& progress = {});
 
 }  // namespace mem::detail

@@ -2,6 +2,7 @@
 // CSV read into one AllocationTrace shape for replay.
 #include "vramscope/instrumentation/trace_reader.hpp"
 
+#include "mapped_file.hpp"
 #include "snapshot_scanner.hpp"
 
 #include <algorithm>
@@ -410,7 +411,6 @@ AllocationTrace read_snapshot(const PickleValue& root, int device, const std::st
     t.events = std::move(scanned->events);
     t.events.erase(t.events.begin() + static_cast<std::ptrdiff_t>(first + count), t.events.end());
     t.events.erase(t.events.begin(), t.events.begin() + static_cast<std::ptrdiff_t>(first));
-    t.events.shrink_to_fit();
     StackTable stacks{t.stacks};
     std::vector<std::uint32_t> stack_of(scanned->frames.size() + 1, UINT32_MAX);
     for (RecordedEvent& e : t.events) {
@@ -456,13 +456,16 @@ AllocationTrace read_pytorch_snapshot(const PickleValue& root, int device, const
 }
 
 AllocationTrace read_pytorch_snapshot_file(const std::string& path, int device) {
-  std::string data = read_pickle_bytes(path);
-  // The fast path reads what PyTorch writes; anything else (and every error) goes through
-  // the generic reader, whose messages name the element at fault.
-  if (std::optional<detail::ScannedSnapshot> scanned = detail::scan_snapshot(data)) {
-    std::string().swap(data);  // the bytes are no longer needed: the events are read
-    return read_snapshot(scanned->root, device, path, &*scanned);
+  // The fast path reads what PyTorch writes, from the mapped file, keeping only a window of
+  // it resident; anything else (and every error) goes through the generic reader, whose
+  // messages name the element at fault.
+  if (auto mapped = detail::MappedFile::open(path)) {
+    std::optional<detail::ScannedSnapshot> scanned =
+        detail::scan_snapshot(mapped->bytes(), [&](const char* upto) { mapped->release_before(upto); });
+    mapped.reset();
+    if (scanned) return read_snapshot(scanned->root, device, path, &*scanned);
   }
+  std::string data = read_pickle_bytes(path);
   PickleValue root;
   try {
     root = read_pickle(data);
