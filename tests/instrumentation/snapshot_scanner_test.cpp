@@ -172,5 +172,58 @@ TEST(SnapshotScanner, WhatItDoesNotReadGoesToTheGenericReaderAndItsMessages) {
   EXPECT_FALSE(detail::scan_snapshot(shared).has_value());
 }
 
+TEST(SnapshotScanner, AListThatHoldsItselfIsLeftToTheGenericReader) {
+  // [segments: L] with L appended into itself: a cycle, which the generic reader refuses.
+  const std::string cyclic = std::string("\x80\x04}(\x8c\x08segments]\x94h\x00" "au.", 23);
+  EXPECT_FALSE(detail::scan_snapshot(cyclic).has_value());
+}
+
+// Hostile bytes: a snapshot with random bytes changed or cut. The fast path either gives
+// way or ends as the generic reader ends: the same trace or the same error; neither crashes.
+TEST(SnapshotScanner, DamagedSnapshotsAreReadAsTheGenericReaderReadsThem) {
+  auto device = std::make_shared<SimDevice>(sim_preset("a100-80g"));
+  CachingAllocator alloc{device};
+  History history{alloc, 1000};
+  std::vector<void*> live;
+  for (int i = 0; i < 40; ++i) live.push_back(alloc.allocate(static_cast<std::size_t>(512 + i * 100000)));
+  for (std::size_t i = 0; i < live.size(); i += 2) alloc.deallocate(live[i]);
+  const std::string good = memory_snapshot_pickle(snapshot(alloc, {.segments = true, .history = true, .history_source = &history}));
+  std::uint64_t x = 0x9E3779B97F4A7C15ull;
+  std::size_t agreed = 0;
+  for (int round = 0; round < 400; ++round) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    std::string bad = good;
+    for (int k = 0; k < 1 + static_cast<int>(x % 3); ++k) {
+      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+      bad[x % bad.size()] = static_cast<char>(x >> 40);
+    }
+    if (round % 4 == 0) bad.resize(x % bad.size());
+    if (!detail::scan_snapshot(bad).has_value()) continue;  // the generic reader's, as before
+    // Read through the fast path (the file) and the generic one (the bytes): the same
+    // trace, or the same error.
+    const fs::path file = temp_dir() / "scanner_damaged.pickle";
+    std::ofstream(file, std::ios::binary | std::ios::trunc) << bad;
+    AllocationTrace fast, generic;
+    std::string fast_error, generic_error;
+    try {
+      fast = read_pytorch_snapshot_file(file.string());
+    } catch (const std::exception& e) {
+      fast_error = e.what();
+    }
+    try {
+      generic = read_pytorch_snapshot(read_pickle(bad), -1, file.string());
+    } catch (const std::exception& e) {
+      generic_error = e.what();
+    }
+    EXPECT_EQ(fast_error, generic_error) << "round " << round;
+    if (fast_error.empty() && generic_error.empty()) {
+      expect_same(fast, generic, "round " + std::to_string(round));
+      ++agreed;
+    }
+  }
+  EXPECT_GT(agreed, 10u);
+  for (std::size_t i = 1; i < live.size(); i += 2) alloc.deallocate(live[i]);
+}
+
 }  // namespace
 }  // namespace mem
