@@ -160,6 +160,8 @@ TEST(SnapshotScanner, WhatItDoesNotReadGoesToTheGenericReaderAndItsMessages) {
                                                     "K\x01" + short_str("size") + "K\x01"))
                    .has_value());
   EXPECT_FALSE(detail::scan_snapshot("\x80\x04\x8f.").has_value());
+  // A memo key of 2^31 - 1 in a 9-byte file: given way at once, nothing grown.
+  EXPECT_FALSE(detail::scan_snapshot(std::string("\x80\x04N\x72\xff\xff\xff\x7f.", 9)).has_value());
   const std::string good = snapshot_bytes(short_str("action") + short_str("alloc") + short_str("addr") + "K\x01" +
                                           short_str("size") + "K\x01");
   ASSERT_TRUE(detail::scan_snapshot(good).has_value());
