@@ -566,8 +566,12 @@ AllocationTrace load_trace(const std::string& path, int device) {
   const int first = in.peek();
   if (in.bad()) throw Error(path + ": read error");
   if (first == 0x80) return read_pytorch_snapshot_file(path, device);
-  std::string header;
-  std::getline(in, header);
+  // A CSV header fits in the first few KiB: never read a whole file (a gigabyte of zeros
+  // is one "line") to decide that it is not a trace.
+  std::string header(4096, '\0');
+  in.read(header.data(), static_cast<std::streamsize>(header.size()));
+  header.resize(static_cast<std::size_t>(in.gcount()));
+  header.resize(std::min(header.size(), header.find('\n')));
   if (header.find("Thread") != std::string::npos && header.find("Pointer") != std::string::npos)
     return read_rmm_log_file(path);
   if (header.find("action") != std::string::npos && header.find("requested_size") != std::string::npos)
