@@ -524,17 +524,30 @@ bool AllocatorCore::map_block(Block* to_map, std::size_t size) {
   try_merge_blocks(to_map, to_map->next, pool);
   pool.insert(to_map);
 
-  // Reserved memory grows by the pages; the segment count does not (PyTorch's map_block).
-  total_reserved_ += mapped.size;
-  total_reserved_rounded_ += device_rounded(mapped.size);
-  pool_stats_.reserved_bytes.increase(pool_index(pool), static_cast<std::int64_t>(mapped.size));
-  ++stats_.num_device_alloc;
+  count_pages(pool, mapped, to_map->stream, true);
+  return true;
+}
+
+void AllocatorCore::count_pages(const BlockPool& pool, AddressRange range, StreamId stream, bool mapped) {
+  // Reserved memory follows the pages; the segment count does not (PyTorch's map_block and
+  // unmap_block), and each map or unmap counts as one device call.
+  const auto bytes = static_cast<std::int64_t>(range.size);
+  if (mapped) {
+    total_reserved_ += range.size;
+    total_reserved_rounded_ += device_rounded(range.size);
+    pool_stats_.reserved_bytes.increase(pool_index(pool), bytes);
+    ++stats_.num_device_alloc;
+  } else {
+    total_reserved_ -= range.size;
+    total_reserved_rounded_ -= device_rounded(range.size);
+    pool_stats_.reserved_bytes.decrease(pool_index(pool), bytes);
+    ++stats_.num_device_free;
+  }
   update_device_view();
   if (instrumented_) [[unlikely]] {
-    emit_segment(TraceAction::SegmentMap, mapped.ptr, mapped.size, to_map->stream, pool.is_small,
-                 context_source_ ? context_source_() : 0);
+    emit_segment(mapped ? TraceAction::SegmentMap : TraceAction::SegmentUnmap, range.ptr, range.size, stream,
+                 pool.is_small, context_source_ ? context_source_() : 0);
   }
-  return true;
 }
 
 void AllocatorCore::unmap_block(Block* block) {
@@ -568,15 +581,7 @@ void AllocatorCore::unmap_block(Block* block) {
   try_merge_blocks(block, block->next, pool);
   pool.unmapped.insert(block);
 
-  total_reserved_ -= unmapped.size;
-  total_reserved_rounded_ -= device_rounded(unmapped.size);
-  pool_stats_.reserved_bytes.decrease(pool_index(pool), static_cast<std::int64_t>(unmapped.size));
-  ++stats_.num_device_free;
-  update_device_view();
-  if (instrumented_) [[unlikely]] {
-    emit_segment(TraceAction::SegmentUnmap, unmapped.ptr, unmapped.size, block->stream, pool.is_small,
-                 context_source_ ? context_source_() : 0);
-  }
+  count_pages(pool, unmapped, block->stream, false);
 }
 
 void AllocatorCore::release_expandable_segment(Block* block) {
@@ -986,12 +991,7 @@ std::vector<void*> AllocatorCore::restore_expandable(std::size_t offset, std::si
     pool.unmapped.insert(back);
   }
   holder->mapped = true;
-  total_reserved_ += bytes;
-  total_reserved_rounded_ += device_rounded(bytes);
-  pool_stats_.reserved_bytes.increase(pool_index(pool), static_cast<std::int64_t>(bytes));
-  ++stats_.num_device_alloc;
-  update_device_view();
-  if (instrumented_) emit_segment(TraceAction::SegmentMap, at, bytes, stream, pool.is_small, 0);
+  count_pages(pool, AddressRange{at, bytes}, stream, true);
   return carve_restored(holder, live);
 }
 

@@ -100,6 +100,8 @@ class AllocatorCore {
   /// Merges free neighbour `src` into `dst` when both are mapped or both unmapped.
   std::size_t try_merge_blocks(Block* dst, Block* src, BlockPool& pool);
   void release_expandable_segment(Block* block);
+  /// The statistics, device view and event of pages mapped (or unmapped) in `pool`.
+  void count_pages(const BlockPool& pool, AddressRange range, StreamId stream, bool mapped);
   /// Hands out `live` (offsets from whole->ptr) in `whole`, a free block in no pool, and
   /// pools the gaps: the common half of restore_segment and restore_expandable.
   std::vector<void*> carve_restored(Block* whole, const std::vector<CachingAllocator::RestoredBlock>& live);
