@@ -161,7 +161,8 @@ TEST(SnapshotScanner, WhatItDoesNotReadGoesToTheGenericReaderAndItsMessages) {
                    .has_value());
   EXPECT_FALSE(detail::scan_snapshot("\x80\x04\x8f.").has_value());
   // A memo key of 2^31 - 1 in a 9-byte file: given way at once, nothing grown.
-  EXPECT_FALSE(detail::scan_snapshot(std::string("\x80\x04N\x72\xff\xff\xff\x7f.", 9)).has_value());
+  static const char far_memo[] = "\x80\x04N\x72\xff\xff\xff\x7f.";
+  EXPECT_FALSE(detail::scan_snapshot(std::string(far_memo, sizeof far_memo - 1)).has_value());
   const std::string good = snapshot_bytes(short_str("action") + short_str("alloc") + short_str("addr") + "K\x01" +
                                           short_str("size") + "K\x01");
   ASSERT_TRUE(detail::scan_snapshot(good).has_value());
@@ -176,7 +177,8 @@ TEST(SnapshotScanner, WhatItDoesNotReadGoesToTheGenericReaderAndItsMessages) {
 
 TEST(SnapshotScanner, AListThatHoldsItselfIsLeftToTheGenericReader) {
   // [segments: L] with L appended into itself: a cycle, which the generic reader refuses.
-  const std::string cyclic = std::string("\x80\x04}(\x8c\x08segments]\x94h\x00" "au.", 23);
+  static const char bytes[] = "\x80\x04}(\x8c\x08segments]\x94h\x00" "au.";
+  const std::string cyclic(bytes, sizeof bytes - 1);  // the literal holds a zero byte
   EXPECT_FALSE(detail::scan_snapshot(cyclic).has_value());
 }
 
