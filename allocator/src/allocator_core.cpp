@@ -187,18 +187,22 @@ bool AllocatorCore::release_available_cached_blocks(const AllocParams& p) {
   if (max_split == std::numeric_limits<std::size_t>::max()) return false;
   BlockPool& pool = *p.pool;
   const std::size_t wanted = p.size < max_split ? max_split : p.size;
+  // Only a whole cached segment can be given back. PyTorch never splits an oversize block,
+  // so it need not ask; a restored recording (replay) can hold an oversize free gap between
+  // live blocks, and an expandable segment gives back pages, not segments.
+  const auto releasable = [](const Block* b) { return !b->expandable() && !b->is_split(); };
   Block* fit = pool.best_fit(p.stream, wanted);
-  if (fit != nullptr && !fit->expandable()) {
+  if (fit != nullptr && releasable(fit)) {
     release_block(fit);
     return true;
   }
   // No single oversize block is enough: free oversize blocks, largest first (below the
-  // expandable block found, which cannot be released: PyTorch skips those).
+  // block found, which cannot be released).
   std::size_t released = 0;
   Block* block = fit != nullptr ? pool.before(fit) : pool.largest(p.stream);
   while (released < wanted && block != nullptr && block->size >= max_split) {
     Block* smaller = pool.before(block);
-    if (!block->expandable()) {
+    if (releasable(block)) {
       released += block->size;
       release_block(block);
     }
@@ -232,6 +236,7 @@ void AllocatorCore::release_blocks(BlockPool& pool) {
 
 void AllocatorCore::release_block(Block* block) {
   assert(!block->expandable() && "an expandable segment gives back pages, not the segment");
+  assert(!block->is_split() && "only a whole segment goes back to the device");
   BlockPool& pool = *block->pool;
   const std::size_t size = block->size;
   device_->free_segment(reinterpret_cast<void*>(block->ptr), size);
@@ -458,8 +463,10 @@ Block* AllocatorCore::find_expandable_block(StreamId stream, BlockPool& pool, st
     if (allocatable(c->prev)) c = c->prev;
     if (has_room(c)) return c;
   }
-  Block* whole = new_expandable_segment(stream, pool);
-  return whole != nullptr && whole->size >= size ? whole : nullptr;
+  // A request larger than a whole segment (9/8 of the device) could never be mapped: no new
+  // segment for it (PyTorch would reserve one per attempt and keep it).
+  if (ExpandableSegment::size_for(*device_, pool.is_small ? kSmallBuffer : kLargeBuffer) < size) return nullptr;
+  return new_expandable_segment(stream, pool);
 }
 
 Block* AllocatorCore::try_allocate_expandable_block(const AllocParams& p) {

@@ -1,19 +1,24 @@
 // expandable_segment.cpp — reserving, mapping and unmapping an expandable segment's pages.
 #include "expandable_segment.hpp"
 
+#include <algorithm>
+
 #include "vramscope/allocator/errors.hpp"
 #include "vramscope/allocator/units.hpp"
 
 namespace mem::detail {
 
-ExpandableSegment::ExpandableSegment(Device& device, StreamId stream, std::size_t page)
-    : device_(device), stream_(stream), page_(page) {
+std::size_t ExpandableSegment::size_for(const Device& device, std::size_t page) noexcept {
   // "we allocate enough address space for 1 1/8 the total memory on the GPU. This allows
   // for some cases where we have to unmap pages earlier in the segment to put them at the
   // end." (PyTorch's ExpandableSegment constructor)
   const std::size_t total = device.info().total_bytes;
-  pages_ = (total + total / 8 + page_ - 1) / page_;
-  if (pages_ == 0) pages_ = 1;
+  return std::max<std::size_t>((total + total / 8 + page - 1) / page, 1) * page;
+}
+
+ExpandableSegment::ExpandableSegment(Device& device, StreamId stream, std::size_t page)
+    : device_(device), stream_(stream), page_(page) {
+  pages_ = size_for(device, page) / page;
   void* base = device.reserve_address_range(size());
   if (base == nullptr) {
     throw Error("expandable segments: the device has no address space left for another " +
@@ -35,8 +40,17 @@ AddressRange ExpandableSegment::map(std::uintptr_t ptr, std::size_t bytes) {
   if (begin >= end) return {ptr, 0};
   if (mapped_.size() < end) mapped_.resize(end, false);
   for (std::size_t i = begin; i < end; ++i) {
-    // One physical allocation per page, as PyTorch creates one handle per page.
-    if (!device_.map_memory(reinterpret_cast<void*>(base_ + i * page_), page_)) {
+    // One physical allocation per page, as PyTorch creates one handle per page. Out of
+    // memory, or a driver error (thrown), leaves nothing of this call mapped.
+    bool ok = false;
+    try {
+      ok = device_.map_memory(reinterpret_cast<void*>(base_ + i * page_), page_);
+    } catch (...) {
+      unmap_pages(begin, i);
+      trim();
+      throw;
+    }
+    if (!ok) {
       unmap_pages(begin, i);
       trim();
       return {base_ + begin * page_, 0};

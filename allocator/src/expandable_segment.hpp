@@ -30,6 +30,9 @@ class ExpandableSegment {
   ExpandableSegment(const ExpandableSegment&) = delete;
   ExpandableSegment& operator=(const ExpandableSegment&) = delete;
 
+  /// The addresses one segment with `page`-sized pages reserves on `device`.
+  static std::size_t size_for(const Device& device, std::size_t page) noexcept;
+
   std::uintptr_t base() const noexcept { return base_; }
   std::size_t size() const noexcept { return page_ * pages_; }
   std::size_t page() const noexcept { return page_; }

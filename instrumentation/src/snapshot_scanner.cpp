@@ -48,11 +48,11 @@ class Scanner {
     if (byte() != 0x80) throw GiveUp{};
     const unsigned proto = byte();
     if (proto < 2 || proto > 5) throw GiveUp{};
-    const char* next_report = p_ + kReportEvery;
+    std::ptrdiff_t next_report = kReportEvery;  // an offset: p_ + kReportEvery may lie past the end
     for (;;) {
-      if (p_ >= next_report && progress_) [[unlikely]] {
+      if (p_ - begin_ >= next_report && progress_) [[unlikely]] {
         progress_(p_);
-        next_report = p_ + kReportEvery;
+        next_report = (p_ - begin_) + kReportEvery;
       }
       const unsigned op = byte();
       switch (op) {
@@ -88,7 +88,7 @@ class Scanner {
         case 'e': append(pop_mark(), true); break;          // APPENDS
         case 's': setitems(stack_.size() - 2, false); break;  // SETITEM
         case 'u': setitems(pop_mark(), true); break;          // SETITEMS
-        case 0x94: memo_put(memo_.size()); break;      // MEMOIZE
+        case 0x94: memo_put(memo_count_); break;       // MEMOIZE: len(memo), the keys stored
         case 'q': memo_put(byte()); break;             // BINPUT
         case 'r': memo_put(le(4)); break;              // LONG_BINPUT
         case 'h': memo_get(byte()); break;             // BINGET
@@ -144,18 +144,31 @@ class Scanner {
     return at;  // the MARK's position; items follow it
   }
   void long1() {  // LONG1: little-endian two's complement of n bytes
-    const unsigned n = byte();
-    if (static_cast<unsigned>(end_ - p_) < n) throw GiveUp{};
+    std::size_t n = byte();
+    if (static_cast<std::size_t>(end_ - p_) < n) throw GiveUp{};
     if (n > 8) {
-      Value v{Value::BigInt};
-      v.s = p_;
-      v.len = n;
+      // As the generic reader: sign padding beyond 8 bytes is dropped; what still does not
+      // fit in 64 bits is a BigInt.
+      std::size_t used = n;
+      const bool negative = (static_cast<unsigned char>(p_[n - 1]) & 0x80) != 0;
+      const unsigned char pad = negative ? 0xff : 0x00;
+      while (used > 8 && static_cast<unsigned char>(p_[used - 1]) == pad) --used;
+      if (used > 8 || ((static_cast<unsigned char>(p_[7]) & 0x80) != 0) != negative) {
+        Value v{Value::BigInt};
+        v.s = p_;
+        v.len = static_cast<std::uint32_t>(n);
+        p_ += n;
+        push(v);
+        return;
+      }
+      std::uint64_t u = 0;
+      for (std::size_t k = 8; k-- > 0;) u = u << 8 | static_cast<unsigned char>(p_[k]);
       p_ += n;
-      push(v);
+      push(scalar(Value::Int, static_cast<std::int64_t>(u)));
       return;
     }
     std::uint64_t u = 0;
-    for (unsigned k = n; k-- > 0;) u = u << 8 | static_cast<unsigned char>(p_[k]);
+    for (std::size_t k = n; k-- > 0;) u = u << 8 | static_cast<unsigned char>(p_[k]);
     if (n > 0 && n < 8 && (static_cast<unsigned char>(p_[n - 1]) & 0x80)) u |= ~std::uint64_t{0} << (8 * n);
     p_ += n;
     push(scalar(Value::Int, static_cast<std::int64_t>(u)));
@@ -206,6 +219,7 @@ class Scanner {
     const Value* prev = before(stack_.size());
     if (prev != nullptr && (prev->kind == Value::Event ||
                             (prev->kind == Value::List && roles_[prev->id] == Role::DeviceTrace))) {
+      if (events_.size() >= UINT32_MAX) throw GiveUp{};
       Value v{Value::Event};
       v.id = static_cast<std::uint32_t>(events_.size());
       events_.emplace_back();
@@ -266,7 +280,10 @@ class Scanner {
     } else if (target.kind == Value::Dict) {
       auto& items = dicts_[target.id];
       for (std::size_t k = first; k < stack_.size(); ++k) {
-        if (stack_[k].kind == Value::Mark || stack_[k].kind == Value::Event) throw GiveUp{};
+        const Value::Kind kind = stack_[k].kind;
+        if (kind == Value::Mark || kind == Value::Event) throw GiveUp{};
+        // A list or dict as a key is unhashable: the generic reader refuses it.
+        if ((k - first) % 2 == 0 && (kind == Value::List || kind == Value::Dict)) throw GiveUp{};
         items.push_back(stack_[k]);
       }
     } else {
@@ -301,9 +318,11 @@ class Scanner {
       } else if (name == "time_us") {
         if (v.kind == Value::Float) {
           e.time_us = v.f;
-        } else if (integer) {
+        } else if (v.kind == Value::Int) {  // as_float: a float or an int, not a bool
           e.time_us = static_cast<double>(v.i);
-        } else if (v.kind != Value::None) {
+        } else if (v.kind == Value::None) {
+          e.time_us = 0;  // a later key wins, as in the generic reader's lookup
+        } else {
           throw GiveUp{};
         }
       } else if (name == "frames") {
@@ -316,6 +335,7 @@ class Scanner {
       // Other keys (device_free, compile_context, user_metadata, ...) are not read.
     }
     if (!has_action || !has_size || (e.action != RecordedAction::Oom && !has_addr)) throw GiveUp{};
+    if (e.action == RecordedAction::Oom) e.address = 0;  // an oom entry's address is not read
   }
   static bool action(std::string_view name, RecordedAction& out) {
     for (int a = 0; a <= static_cast<int>(RecordedAction::Snapshot); ++a) {
@@ -326,8 +346,9 @@ class Scanner {
     }
     return false;
   }
+  /// 1 + the frames list's index (its items may still grow through the memo: whether it is
+  /// empty is the stack table's question, asked once the scan is done).
   std::uint32_t frames_id(std::uint32_t list) {
-    if (lists_[list].empty()) return 0;
     const auto [it, fresh] = frames_index_.emplace(list, static_cast<std::uint32_t>(frames_lists_.size() + 1));
     if (fresh) frames_lists_.push_back(list);
     return it->second;
@@ -341,9 +362,11 @@ class Scanner {
   static constexpr unsigned kLenBits = 22;  // longer strings go to memo_values_
 
   std::uint64_t memo_word(const Value& v) {
-    const auto offset = static_cast<std::uint64_t>(v.s - begin_);
-    if (v.kind == Value::Str && v.len < (1u << kLenBits) && offset < (std::uint64_t{1} << (kTagShift - kLenBits))) {
-      return kString << kTagShift | offset << kLenBits | v.len;
+    if (v.kind == Value::Str) {
+      const auto offset = static_cast<std::uint64_t>(v.s - begin_);
+      if (v.len < (1u << kLenBits) && offset < (std::uint64_t{1} << (kTagShift - kLenBits))) {
+        return kString << kTagShift | offset << kLenBits | v.len;
+      }
     }
     if (v.kind == Value::List || v.kind == Value::Tuple || v.kind == Value::Dict || v.kind == Value::Event) {
       return kContainer << kTagShift | std::uint64_t{v.kind} << 32 | v.id;
@@ -368,10 +391,11 @@ class Scanner {
     return memo_values_[payload];
   }
   void memo_put(std::uint64_t index) {
-    // Each entry takes at least one byte of the pickle: a larger index is not a memo, but a
-    // way to make the reader grow (the generic reader says which).
-    if (index > static_cast<std::uint64_t>(end_ - begin_)) throw GiveUp{};
+    // Python's pickler numbers entries 0, 1, 2, ...: a key far beyond them (a hand-made or
+    // damaged stream) is the generic reader's, which keeps such keys in a map.
+    if (index >= memo_.size() + 1024) throw GiveUp{};
     if (index >= memo_.size()) memo_.resize(index + 1, kUnset);
+    if (memo_[index] == kUnset) ++memo_count_;
     memo_[index] = memo_word(top());
   }
   void memo_get(std::uint64_t index) {
@@ -385,6 +409,15 @@ class Scanner {
   // --- the result ----------------------------------------------------------------------
   ScannedSnapshot finish() {
     if (stack_.size() != 1 || !marks_.empty() || stack_[0].kind != Value::Dict) throw GiveUp{};
+    // The traces read must be the root's device_traces (its last such key, as lookups go).
+    const auto& root = dicts_[stack_[0].id];
+    const Value* traces = nullptr;
+    for (std::size_t k = 0; k + 1 < root.size(); k += 2) {
+      if (root[k].kind == Value::Str && view(root[k]) == "device_traces") traces = &root[k + 1];
+    }
+    const bool traces_read = traces != nullptr && traces->kind == Value::List && roles_[traces->id] == Role::Traces;
+    if (traces_lists_ > 0 && !traces_read) throw GiveUp{};
+    refuse_cycles();
     ScannedSnapshot out;
     out.root = convert(stack_[0], 0);
     // Every trace entry belongs to a GPU's trace under the root's device_traces.
@@ -396,6 +429,41 @@ class Scanner {
     out.device_ranges = std::move(device_ranges_);
     return out;
   }
+  /// A container inside itself, reachable from the root or not, is refused by the generic
+  /// reader (shared ownership could not free it): give way to it. Depth-first, iterative.
+  void refuse_cycles() const {
+    const std::size_t lists = lists_.size();
+    std::vector<std::uint8_t> state(lists + dicts_.size(), 0);  // 0 new, 1 on the path, 2 done
+    const auto node = [&](const Value& v) -> std::size_t {
+      if (v.kind == Value::List || v.kind == Value::Tuple) return v.id;
+      if (v.kind == Value::Dict) return lists + v.id;
+      return SIZE_MAX;
+    };
+    const auto children = [&](std::size_t n) -> const std::vector<Value>& {
+      return n < lists ? lists_[n] : dicts_[n - lists];
+    };
+    std::vector<std::pair<std::size_t, std::size_t>> path;  // node, next child
+    for (std::size_t start = 0; start < state.size(); ++start) {
+      if (state[start] != 0) continue;
+      state[start] = 1;
+      path.emplace_back(start, 0);
+      while (!path.empty()) {
+        auto& [n, i] = path.back();
+        const std::vector<Value>& items = children(n);
+        if (i == items.size()) {
+          state[n] = 2;
+          path.pop_back();
+          continue;
+        }
+        const std::size_t c = node(items[i++]);
+        if (c == SIZE_MAX || state[c] == 2) continue;
+        if (state[c] == 1) throw GiveUp{};
+        state[c] = 1;
+        path.emplace_back(c, 0);
+      }
+    }
+  }
+
   PickleValue convert(const Value& v, int depth) {
     if (depth > kMaxDepth) throw GiveUp{};  // deep nesting or a cycle: the generic reader's case
     switch (v.kind) {
@@ -470,6 +538,7 @@ class Scanner {
   std::vector<Value> stack_;
   std::vector<std::size_t> marks_;
   std::vector<std::uint64_t> memo_;
+  std::uint64_t memo_count_ = 0;  // keys stored: len(memo), MEMOIZE's key
   std::vector<Value> memo_values_;
   std::vector<std::vector<Value>> lists_;  // List and Tuple items
   std::vector<Role> roles_;                // per list

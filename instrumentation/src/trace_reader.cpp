@@ -405,7 +405,7 @@ AllocationTrace read_snapshot(const PickleValue& root, int device, const std::st
   std::sort(t.final_segments.begin(), t.final_segments.end(),
             [](const RecordedSegment& a, const RecordedSegment& b) { return a.address < b.address; });
 
-  if (scanned != nullptr && static_cast<std::size_t>(device) < scanned->device_ranges.size()) {
+  if (scanned != nullptr && traces != nullptr && static_cast<std::size_t>(device) < scanned->device_ranges.size()) {
     // The scanner's events, in place: the chosen GPU's range, stacks from its frames lists.
     const auto [first, count] = scanned->device_ranges[static_cast<std::size_t>(device)];
     t.events = std::move(scanned->events);

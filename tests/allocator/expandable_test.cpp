@@ -253,6 +253,21 @@ TEST(Expandable, PlainAndExpandableSegmentsCoexist) {
   EXPECT_EQ(dev->address_ranges(), 0u);
 }
 
+// Review finding: with max_split_size set, the release-and-retry path gave back an oversize
+// free block that was only part of a segment (a restored recording's gap between live
+// blocks): a cudaFree inside a segment, and a corrupt segment list. Only whole segments go.
+TEST(Expandable, ReleaseAndRetryGivesBackOnlyWholeSegments) {
+  auto dev = small_device(1100 * MiB);
+  CachingAllocator a{dev, AllocatorConfig::parse("max_split_size_mb:128")};
+  const std::vector<void*> live = a.restore_segment(GiB, 0, false, {{0, 512 * MiB, 0}});  // [512 live][512 free]
+  EXPECT_THROW((void)a.allocate(100 * MiB), OutOfMemoryError);  // 1 GiB + 100 MiB > 1100 MiB
+  a.validate();
+  EXPECT_EQ(a.stats().reserved_bytes[0].current, static_cast<std::int64_t>(GiB));
+  EXPECT_EQ(dev->used_bytes(), GiB);
+  a.deallocate(live[0]);
+  a.validate();
+}
+
 /// A device without virtual memory management (an old driver).
 class NoVmDevice final : public Device {
  public:

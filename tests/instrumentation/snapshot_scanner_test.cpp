@@ -175,6 +175,30 @@ TEST(SnapshotScanner, WhatItDoesNotReadGoesToTheGenericReaderAndItsMessages) {
   EXPECT_FALSE(detail::scan_snapshot(shared).has_value());
 }
 
+// Review findings: the root's device_traces is its last such key; MEMOIZE's key is
+// len(memo), the keys stored, not the highest key plus one.
+TEST(SnapshotScanner, ReadsTheRootsLastDeviceTracesAndMemoizesAsPython) {
+  const std::string entry = short_str("action") + short_str("alloc") + short_str("addr") + binint(0x1000) +
+                            short_str("size") + binint(512);
+  const std::string dup = std::string("\x80\x04}(") + short_str("segments") + "]" + short_str("device_traces") +
+                          "](](}(" + entry + "uee" + short_str("device_traces") + ")u.";
+  const auto scan_dup = detail::scan_snapshot(dup);
+  EXPECT_TRUE(!scan_dup.has_value() || scan_dup->events.empty());
+  EXPECT_TRUE(read_pytorch_snapshot(read_pickle(dup)).events.empty());
+
+  const std::string memo = std::string("\x80\x04}(") + short_str("x") + short_str("alloc") + "q" + '\x01' +
+                           short_str("y") + short_str("free_requested") + "\x94" + short_str("segments") + "]" +
+                           short_str("device_traces") + "](](}(" + short_str("action") + "h" + '\x01' +
+                           short_str("addr") + binint(0x1000) + short_str("size") + binint(512) + "ueeu.";
+  const AllocationTrace generic = read_pytorch_snapshot(read_pickle(memo));
+  ASSERT_EQ(generic.events.size(), 1u);
+  EXPECT_EQ(generic.events[0].action, RecordedAction::FreeRequested);  // key 1, rewritten by MEMOIZE
+  const auto scan_memo = detail::scan_snapshot(memo);
+  ASSERT_TRUE(scan_memo.has_value());
+  ASSERT_EQ(scan_memo->events.size(), 1u);
+  EXPECT_EQ(scan_memo->events[0].action, RecordedAction::FreeRequested);
+}
+
 TEST(SnapshotScanner, AListThatHoldsItselfIsLeftToTheGenericReader) {
   // [segments: L] with L appended into itself: a cycle, which the generic reader refuses.
   static const char bytes[] = "\x80\x04}(\x8c\x08segments]\x94h\x00" "au.";
