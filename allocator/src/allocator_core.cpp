@@ -344,12 +344,13 @@ Block* AllocatorCore::alloc_found_block(AllocParams& p) {
       pool.insert(remaining);
     }
     // inactive_split leaves expandable segments out: their free pages can always be released.
-    if (block->expandable()) {
-    } else if (already_split) {
-      pool_stats_.inactive_split_bytes.decrease(pi, static_cast<std::int64_t>(block->size));
-    } else {
-      pool_stats_.inactive_split_bytes.increase(pi, static_cast<std::int64_t>(remaining->size));
-      pool_stats_.inactive_split.increase(pi, 1);
+    if (!block->expandable()) {
+      if (already_split) {
+        pool_stats_.inactive_split_bytes.decrease(pi, static_cast<std::int64_t>(block->size));
+      } else {
+        pool_stats_.inactive_split_bytes.increase(pi, static_cast<std::int64_t>(remaining->size));
+        pool_stats_.inactive_split.increase(pi, 1);
+      }
     }
   } else {
     if (p.block_in_pool) pool.erase(block, p.stream);
@@ -413,6 +414,25 @@ Block* AllocatorCore::alloc_found_block(AllocParams& p) {
 // ---------------------------------------------------------------------------
 // expandable segments (PyTorch's try_allocate_expandable_block and friends)
 
+namespace {
+/// Links `b` into its segment's list right after `at` (PyTorch's Block::splice).
+void splice_after(Block* at, Block* b) noexcept {
+  b->prev = at;
+  b->next = at->next;
+  if (b->next != nullptr) b->next->prev = b;
+  at->next = b;
+}
+/// Links `b` into its segment's list right before `at`.
+void splice_before(Block* at, Block* b) noexcept {
+  b->next = at;
+  b->prev = at->prev;
+  if (b->prev != nullptr) b->prev->next = b;
+  at->prev = b;
+}
+/// An expandable segment's page in `pool`: the pool's segment size, 2 MiB small, 20 MiB large.
+std::size_t page_size(const BlockPool& pool) noexcept { return pool.is_small ? kSmallBuffer : kLargeBuffer; }
+}  // namespace
+
 Block* AllocatorCore::new_block(std::uintptr_t ptr, std::size_t size, StreamId stream, BlockPool* pool,
                                 std::uint16_t segment, bool mapped) {
   Block* b = block_storage_.acquire();  // recycled: every field set
@@ -435,8 +455,7 @@ Block* AllocatorCore::new_expandable_segment(StreamId stream, BlockPool& pool) {
   std::size_t slot = 0;
   while (slot < expandable_.size() && expandable_[slot] != nullptr) ++slot;
   if (slot >= 0xFFFF) return nullptr;  // Block::segment holds 65535 segments: a miss, as out of memory
-  // The page is the pool's segment size: 2 MiB small, 20 MiB large.
-  auto segment = std::make_unique<ExpandableSegment>(*device_, stream, pool.is_small ? kSmallBuffer : kLargeBuffer);
+  auto segment = std::make_unique<ExpandableSegment>(*device_, stream, page_size(pool));
   Block* whole = new_block(segment->base(), segment->size(), stream, &pool,
                            static_cast<std::uint16_t>(slot + 1), /*mapped=*/false);
   if (slot == expandable_.size()) expandable_.emplace_back();
@@ -465,7 +484,7 @@ Block* AllocatorCore::find_expandable_block(StreamId stream, BlockPool& pool, st
   }
   // A request larger than a whole segment (9/8 of the device) could never be mapped: no new
   // segment for it (PyTorch would reserve one per attempt and keep it).
-  if (ExpandableSegment::size_for(*device_, pool.is_small ? kSmallBuffer : kLargeBuffer) < size) return nullptr;
+  if (ExpandableSegment::size_for(*device_, page_size(pool)) < size) return nullptr;
   return new_expandable_segment(stream, pool);
 }
 
@@ -520,10 +539,7 @@ bool AllocatorCore::map_block(Block* to_map, std::size_t size) {
     // to_map -> remaining (still unmapped) -> to_map->next
     Block* remaining = new_block(to_map->ptr + mapped.size, to_map->size - mapped.size, to_map->stream, &pool,
                                  to_map->segment, /*mapped=*/false);
-    remaining->prev = to_map;
-    remaining->next = to_map->next;
-    if (remaining->next != nullptr) remaining->next->prev = remaining;
-    to_map->next = remaining;
+    splice_after(to_map, remaining);
     pool.unmapped.insert(remaining);
     to_map->size = mapped.size;
   }
@@ -566,19 +582,13 @@ void AllocatorCore::unmap_block(Block* block) {
   const std::size_t before = unmapped.ptr - block->ptr;
   if (before > 0) {  // prev -> before_free -> block
     Block* before_free = new_block(block->ptr, before, block->stream, &pool, block->segment, true);
-    before_free->prev = block->prev;
-    if (before_free->prev != nullptr) before_free->prev->next = before_free;
-    before_free->next = block;
-    block->prev = before_free;
+    splice_before(block, before_free);
     pool.insert(before_free);
   }
   const std::size_t after = block->size - before - unmapped.size;
   if (after > 0) {  // block -> after_free -> next
     Block* after_free = new_block(unmapped.ptr + unmapped.size, after, block->stream, &pool, block->segment, true);
-    after_free->next = block->next;
-    if (after_free->next != nullptr) after_free->next->prev = after_free;
-    after_free->prev = block;
-    block->next = after_free;
+    splice_after(block, after_free);
     pool.insert(after_free);
   }
   block->ptr = unmapped.ptr;
@@ -827,22 +837,25 @@ void AllocatorCore::set_memory_fraction(double fraction) {
   set_fraction_ = true;
 }
 
+Block* AllocatorCore::plain_segment_locked(std::size_t bytes, StreamId stream, bool small_pool) {
+  AllocParams p;
+  p.size = p.alloc_size = bytes;
+  p.stream = stream;
+  p.pool = small_pool ? &small_blocks_ : &large_blocks_;
+  p.plain_segment = true;
+  return alloc_block(p, false) ? p.block : nullptr;
+}
+
 std::uintptr_t AllocatorCore::reserve_segment(std::size_t bytes, StreamId stream, bool small_pool) {
   if (bytes == 0 || bytes % kMinBlockSize != 0 || bytes > kMaxRequestSize) {
     throw Error("reserve_segment(" + std::to_string(bytes) +
                 " B): size must be a positive multiple of 512 B");
   }
   std::lock_guard guard(lock_);
-  AllocParams p;
-  p.size = p.alloc_size = bytes;
-  p.stream = stream;
-  p.pool = small_pool ? &small_blocks_ : &large_blocks_;
-  p.plain_segment = true;
-  if (!alloc_block(p, false)) {
-    throw Error("reserve_segment(" + format_bytes(bytes) + "): the device has no room for it");
-  }
-  p.pool->insert(p.block);
-  return p.block->ptr;
+  Block* block = plain_segment_locked(bytes, stream, small_pool);
+  if (block == nullptr) throw Error("reserve_segment(" + format_bytes(bytes) + "): the device has no room for it");
+  block->pool->insert(block);
+  return block->ptr;
 }
 
 std::size_t AllocatorCore::largest_free_block() const {
@@ -879,10 +892,7 @@ std::vector<void*> AllocatorCore::carve_restored(Block* whole, const std::vector
   // Cut from the front: [gap][live][gap][live]...[rest].
   const auto cut = [&](Block* from, std::size_t size) {  // `from` keeps the front `size` bytes
     Block* back = new_block(from->ptr + size, from->size - size, stream, &pool, from->segment, true);
-    back->prev = from;
-    back->next = from->next;
-    if (back->next != nullptr) back->next->prev = back;
-    from->next = back;
+    splice_after(from, back);
     from->size = size;
     return back;
   };
@@ -926,13 +936,9 @@ std::vector<void*> AllocatorCore::restore_segment(std::size_t bytes, StreamId st
   const std::string what = "restore_segment(" + format_bytes(bytes) + ")";
   check_restored_layout(what, bytes, live);
   std::lock_guard guard(lock_);
-  AllocParams p;
-  p.size = p.alloc_size = bytes;
-  p.stream = stream;
-  p.pool = small_pool ? &small_blocks_ : &large_blocks_;
-  p.plain_segment = true;
-  if (!alloc_block(p, false)) throw Error(what + ": the device has no room for it");
-  return carve_restored(p.block, live);
+  Block* whole = plain_segment_locked(bytes, stream, small_pool);
+  if (whole == nullptr) throw Error(what + ": the device has no room for it");
+  return carve_restored(whole, live);
 }
 
 std::uintptr_t AllocatorCore::expandable_segment_base(StreamId stream, bool small_pool) {
@@ -942,7 +948,7 @@ std::uintptr_t AllocatorCore::expandable_segment_base(StreamId stream, bool smal
   std::lock_guard guard(lock_);
   BlockPool& pool = small_pool ? small_blocks_ : large_blocks_;
   for (const auto& segment : expandable_) {
-    if (segment != nullptr && segment->stream() == stream && segment->page() == (small_pool ? kSmallBuffer : kLargeBuffer)) {
+    if (segment != nullptr && segment->stream() == stream && segment->page() == page_size(pool)) {
       return segment->base();
     }
   }
@@ -956,7 +962,7 @@ std::vector<void*> AllocatorCore::restore_expandable(std::size_t offset, std::si
                                                      const std::vector<CachingAllocator::RestoredBlock>& live) {
   const std::string what = "restore_expandable(+" + std::to_string(offset) + ", " + format_bytes(bytes) + ")";
   check_restored_layout(what, bytes, live);
-  const std::size_t page = small_pool ? kSmallBuffer : kLargeBuffer;
+  const std::size_t page = page_size(small_pool ? small_blocks_ : large_blocks_);
   if (offset % page != 0 || bytes % page != 0) {
     throw Error(what + ": an expandable range is whole " + format_bytes(page) + " pages");
   }
@@ -980,20 +986,14 @@ std::vector<void*> AllocatorCore::restore_expandable(std::size_t offset, std::si
   pool.unmapped.erase(holder);
   if (holder->ptr < at) {
     Block* front = new_block(holder->ptr, at - holder->ptr, stream, &pool, holder->segment, false);
-    front->prev = holder->prev;
-    if (front->prev != nullptr) front->prev->next = front;
-    front->next = holder;
-    holder->prev = front;
+    splice_before(holder, front);
     holder->size -= front->size;
     holder->ptr = at;
     pool.unmapped.insert(front);
   }
   if (holder->size > bytes) {
     Block* back = new_block(at + bytes, holder->size - bytes, stream, &pool, holder->segment, false);
-    back->next = holder->next;
-    if (back->next != nullptr) back->next->prev = back;
-    back->prev = holder;
-    holder->next = back;
+    splice_after(holder, back);
     holder->size = bytes;
     pool.unmapped.insert(back);
   }

@@ -84,6 +84,9 @@ class AllocatorCore {
   bool get_free_block(AllocParams& p);
   bool alloc_block(AllocParams& p, bool is_retry);
   bool release_available_cached_blocks(const AllocParams& p);
+  /// A new cudaMalloc segment of exactly `bytes` in the pool, one free block in no pool yet
+  /// (reserve_segment and restore_segment; expandable segments or not), or nullptr.
+  Block* plain_segment_locked(std::size_t bytes, StreamId stream, bool small_pool);
   void release_cached_blocks();
   void release_blocks(BlockPool& pool);
   void release_block(Block* block);
