@@ -534,6 +534,13 @@ bool SimDevice::take_memory_locked(std::size_t bytes) {
   return true;
 }
 
+void SimDevice::refuse_taken_locked(std::size_t bytes) noexcept {
+  used_ -= bytes;
+  used_rounded_ -= pages_of(bytes) * config_.granularity;
+  --allocs_;
+  ++failures_;
+}
+
 void SimDevice::give_back_memory_locked(std::size_t bytes) noexcept {
   used_ -= bytes;
   used_rounded_ -= pages_of(bytes) * config_.granularity;
@@ -547,11 +554,7 @@ void* SimDevice::allocate_segment(std::size_t bytes) {
   if (!take_memory_locked(bytes)) return nullptr;
   void* p = map_segment_locked(bytes);
   if (p == nullptr) {
-    // No addresses left: refused, as the driver would, after the memory was counted.
-    used_ -= bytes;
-    used_rounded_ -= pages_of(bytes) * config_.granularity;
-    --allocs_;
-    ++failures_;
+    refuse_taken_locked(bytes);  // no addresses left: refused, as the driver would
     return nullptr;
   }
   live_.emplace(reinterpret_cast<std::uintptr_t>(p), bytes);
@@ -635,10 +638,7 @@ bool SimDevice::map_memory(void* address, std::size_t bytes) {
   }
   if (!take_memory_locked(bytes)) return false;
   if (config_.backing == SimBacking::Host && ::mprotect(address, bytes, PROT_READ | PROT_WRITE) != 0) {
-    used_ -= bytes;
-    used_rounded_ -= pages_of(bytes) * config_.granularity;
-    --allocs_;
-    ++failures_;
+    refuse_taken_locked(bytes);
     return false;
   }
   mapped_.emplace(at, bytes);

@@ -105,6 +105,9 @@ class SimDevice final : public Device {
   /// A driver allocation of `bytes` (cudaMalloc or cuMemCreate): charges its latency, applies
   /// the injected failures and the capacity; false when refused.
   bool take_memory_locked(std::size_t bytes);
+  /// Undoes take_memory_locked for an allocation that failed after it (no addresses, no
+  /// host pages): counted as a refusal.
+  void refuse_taken_locked(std::size_t bytes) noexcept;
   void give_back_memory_locked(std::size_t bytes) noexcept;
   void* map_segment_locked(std::size_t bytes);
   void unmap_segment_locked(std::uintptr_t address, std::size_t bytes) noexcept;
