@@ -59,11 +59,7 @@ class TraceAddressDevice final : public Device {
 
   void* allocate_segment(std::size_t bytes) override {
     std::lock_guard lock(mutex_);
-    if (refuse_next_) {
-      refuse_next_ = false;
-      ++refusals_;
-      return nullptr;
-    }
+    if (take_refusal()) return nullptr;
     void* real = inner_->allocate_segment(bytes);
     if (real == nullptr) return nullptr;
     std::uintptr_t address = 0;
@@ -117,11 +113,7 @@ class TraceAddressDevice final : public Device {
   }
   bool map_memory(void* address, std::size_t bytes) override {
     std::lock_guard lock(mutex_);
-    if (refuse_next_) {  // the recording's refused cuMemCreate
-      refuse_next_ = false;
-      ++refusals_;
-      return false;
-    }
+    if (take_refusal()) return false;  // the recording's refused cuMemCreate
     return inner_->map_memory(inner_address(address), bytes);
   }
   void unmap_memory(void* address, std::size_t bytes) noexcept override {
@@ -157,6 +149,13 @@ class TraceAddressDevice final : public Device {
     return false;
   }
 
+  /// Whether this driver call is the refusal the recording showed (then counted, once).
+  bool take_refusal() {
+    if (!refuse_next_) return false;
+    refuse_next_ = false;
+    ++refusals_;
+    return true;
+  }
   /// The inner device's address for one inside a reservation (the one with the highest base
   /// at or below it: recorded bases never put one reservation's pages inside another's).
   void* inner_address(void* address) const {
@@ -316,11 +315,23 @@ void map_range(std::map<std::uintptr_t, InitSegment>& segs, InitSegment range) {
 }
 
 // The state when the trace began: the final state minus the trace's effects.
-InitialState derive_initial_state(const AllocationTrace& trace, const AllocatorConfig& recorded) {
+/// The recording's expandable segments (none for a recording without them).
+RecordedReservations recorded_reservations(const AllocationTrace& trace, const AllocatorConfig& recorded) {
+  return trace.expandable_segments ? find_reservations(trace, recorded) : RecordedReservations{};
+}
+
+/// What a segment event leaves reserved, from `reserved` before it.
+std::size_t reserved_after(std::size_t reserved, const RecordedEvent& e) {
+  if (e.action == RecordedAction::SegmentAlloc || e.action == RecordedAction::SegmentMap) return reserved + e.size;
+  if (e.action == RecordedAction::SegmentFree || e.action == RecordedAction::SegmentUnmap)
+    return reserved - std::min(reserved, e.size);
+  return reserved;
+}
+
+InitialState derive_initial_state(const AllocationTrace& trace, const AllocatorConfig& recorded,
+                                  const RecordedReservations& reservations) {
   std::map<std::uintptr_t, InitSegment> segs;
   std::unordered_map<std::uintptr_t, InitBlock> live;  // sorted once the trace is undone
-  const RecordedReservations reservations =
-      trace.expandable_segments ? find_reservations(trace, recorded) : RecordedReservations{};
   for (const RecordedSegment& s : trace.final_segments) {
     segs[s.address] = InitSegment{s.address, s.total_size, s.stream, s.small_pool, s.expandable, {}};
     for (const RecordedBlock& b : s.blocks)
@@ -448,7 +459,7 @@ class Replayer {
       }
     }
     const bool exact = recorded_known && recorded == opt_.config && opt_.trace_addresses;
-    if (trace_.expandable_segments) reservations_ = find_reservations(trace_, recorded);
+    reservations_ = recorded_reservations(trace_, recorded);
     if (exact && opt_.config.expandable_segments) {
       // Each expandable segment at its recorded base, lowest first, as the GPU placed them.
       std::vector<std::pair<std::uintptr_t, RecordedReservations::Key>> bases;
@@ -480,13 +491,13 @@ class Replayer {
         case RecordedAction::SegmentAlloc:
         case RecordedAction::SegmentMap:
           pending_allocs_.push_back(i);
-          recorded_reserved_ += e.size;
+          recorded_reserved_ = reserved_after(recorded_reserved_, e);
           break;
         case RecordedAction::SegmentFree:
         case RecordedAction::SegmentUnmap:
           if (pending_frees_.empty()) reserved_before_frees_ = recorded_reserved_;
           pending_frees_.push_back(i);
-          recorded_reserved_ -= std::min(recorded_reserved_, e.size);
+          recorded_reserved_ = reserved_after(recorded_reserved_, e);
           break;
         case RecordedAction::Alloc: do_alloc(i); break;
         case RecordedAction::FreeRequested:
@@ -557,7 +568,7 @@ class Replayer {
   // recorded addresses, the live blocks at their recorded offsets, the rest free. A what-if
   // then differs from the recorded setting's run only by what the trace's events do.
   void rebuild(const AllocatorConfig& recorded) {
-    const InitialState state = derive_initial_state(trace_, recorded);
+    const InitialState state = derive_initial_state(trace_, recorded, reservations_);
     r_.rebuilt_exactly = opt_.trace_addresses;
     r_.initial_segments = state.segments.size();
     for (const InitSegment& seg : state.segments) {
@@ -689,9 +700,7 @@ class Replayer {
   std::size_t recorded_peak_reserved(std::size_t initial) const {
     std::size_t now = initial, peak = initial;
     for (const RecordedEvent& e : trace_.events) {
-      if (e.action == RecordedAction::SegmentAlloc || e.action == RecordedAction::SegmentMap) now += e.size;
-      if (e.action == RecordedAction::SegmentFree || e.action == RecordedAction::SegmentUnmap)
-        now -= std::min(now, e.size);
+      now = reserved_after(now, e);
       peak = std::max(peak, now);
     }
     return peak;
@@ -961,7 +970,8 @@ ReplayPlan plan_replay(const AllocationTrace& trace) {
   // The blocks live when the trace began (snapshots): allocated first, so the
   // allocator starts from the same live data as the recording (not its cache).
   if (trace.has_final_state) {
-    const detail::InitialState state = detail::derive_initial_state(trace, AllocatorConfig{});
+    const detail::InitialState state =
+        detail::derive_initial_state(trace, AllocatorConfig{}, detail::recorded_reservations(trace, AllocatorConfig{}));
     for (const detail::InitSegment& seg : state.segments) {
       for (const detail::InitBlock& b : seg.live) {
         allocate(b.address, b.requested ? b.requested : b.size, seg.stream, 0);
