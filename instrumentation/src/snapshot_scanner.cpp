@@ -6,7 +6,6 @@
 #include <bit>
 #include <cstdint>
 #include <cstring>
-#include <set>
 #include <unordered_map>
 
 namespace mem::detail {
@@ -476,13 +475,10 @@ class Scanner {
       case Value::List:
       case Value::Tuple: return convert_list(v.id, v.kind, depth);
       case Value::Dict: {
-        if (auto it = dict_done_.find(v.id); it != dict_done_.end()) {
-          if (converting_.contains({true, v.id})) throw GiveUp{};  // holds itself: the generic reader refuses it
-          return it->second;
-        }
+        // refuse_cycles() ran first: a container met again here is shared, never its own part.
+        if (auto it = dict_done_.find(v.id); it != dict_done_.end()) return it->second;
         PickleValue d = PickleValue::dict();
         dict_done_.emplace(v.id, d);
-        const Converting guard{converting_, {true, v.id}};
         auto& items = d.mutable_dict();
         const auto& pairs = dicts_[v.id];
         items.reserve(pairs.size() / 2);
@@ -494,23 +490,10 @@ class Scanner {
       default: throw GiveUp{};
     }
   }
-  /// Marks a container as being converted while in scope: met again inside itself, it is a cycle.
-  struct Converting {
-    Converting(std::set<std::pair<bool, std::uint32_t>>& set, std::pair<bool, std::uint32_t> key) : set_(set), key_(key) {
-      set_.insert(key_);
-    }
-    ~Converting() { set_.erase(key_); }
-    std::set<std::pair<bool, std::uint32_t>>& set_;
-    std::pair<bool, std::uint32_t> key_;
-  };
   PickleValue convert_list(std::uint32_t id, Value::Kind kind, int depth) {
-    if (auto it = list_done_.find(id); it != list_done_.end()) {
-      if (converting_.contains({false, id})) throw GiveUp{};  // holds itself: the generic reader refuses it
-      return it->second;
-    }
+    if (auto it = list_done_.find(id); it != list_done_.end()) return it->second;
     PickleValue l = PickleValue::sequence(kind == Value::Tuple ? PickleValue::Kind::Tuple : PickleValue::Kind::List);
     list_done_.emplace(id, l);
-    const Converting guard{converting_, {false, id}};
     auto& items = l.mutable_list();
     if (roles_[id] == Role::Traces) {
       // device_traces: an empty list per GPU; the GPU's events go to device_events.
@@ -549,7 +532,6 @@ class Scanner {
   std::unordered_map<std::uint32_t, std::uint32_t> frames_index_;  // frames list -> 1 + index
   std::vector<std::uint32_t> frames_lists_;
   std::unordered_map<std::uint32_t, PickleValue> list_done_, dict_done_;  // converted, shared as in the memo
-  std::set<std::pair<bool, std::uint32_t>> converting_;  // (dict?, id) being converted now
   std::vector<std::pair<std::size_t, std::size_t>> device_ranges_;  // per GPU: first event, count
   int traces_lists_ = 0;
 };
