@@ -43,6 +43,7 @@ nlohmann::json if_over(const MaxBatchRow& r, F f) {
 const std::array kFields = {
     Field{"model", [](R s, W) -> nlohmann::json { return s.model.name; }},
     Field{"device", [](R s, W) -> nlohmann::json { return s.device.name; }},
+    Field{"stack", [](R s, W) -> nlohmann::json { return s.spec.stack.spec(); }},
     Field{"dtype", [](R, W r) -> nlohmann::json { return std::string(nn::precision_name(r.precision)); }},
     Field{"seq", [](R, W r) -> nlohmann::json { return r.seq > 0 ? nlohmann::json(r.seq) : nlohmann::json(nullptr); }},
     Field{"segments", [](R, W r) -> nlohmann::json { return r.segments; }},
@@ -149,7 +150,7 @@ std::string max_batch_report(const MaxBatchResult& result, const ReportOptions& 
     out += "  max alloc ...   the peaks of the run at that batch, as in `vramscope sweep`.\n";
     out += "  batch+1 ...     where the run one sample larger ran out of memory: the step, phase and module.\n";
   }
-  out += fmt::format("\ndevice: {}\n", result.device.assumptions);
+  out += fmt::format("\ndevice: {}\nstack: {} (--stack)\n", result.device.assumptions, result.spec.stack.to_string());
   return out;
 }
 
@@ -178,6 +179,7 @@ nlohmann::json max_batch_json(const MaxBatchResult& result) {
                 {"sequential_modules", m.sequence_length},
                 {"seqs", spec.seqs}};
   j["device"] = device_json(result.device);
+  j["stack"] = result.spec.stack.spec();
   j["optimizer"] = std::string(nn::optimizer_name(spec.optimizer.kind));
   j["checkpoint_mode"] = std::string(nn::checkpoint_mode_name(spec.checkpoint_mode));
   j["steps"] = spec.steps;

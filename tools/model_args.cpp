@@ -82,9 +82,17 @@ void add_model_options(CLI::App& app, ModelArgs& args, const std::string& defaul
   app.add_option("--quant", args.quant,
                  "transformers: nf4 (QLoRA: 4-bit base weights, double quantization) or nf4-single; needs --lora")
       ->type_name("Q");
+  app.add_option("--stack", args.stack,
+                 "the versions to model, e.g. torch=2.15,transformers=5.24,peft=0.21 (default: " +
+                     nn::Stack::validated().spec() + ", the newest validated on a GPU; keys left out keep it)")
+      ->type_name("PKG=VER,...");
   app.add_option("--model-options", args.extra,
                  "more model options as key=value,... (dropout=0,inplace=1; see `vramscope models`)")
       ->type_name("K=V,...");
+}
+
+nn::Stack parse_stack(const ModelArgs& args) {
+  return as_usage("--stack", [&] { return nn::Stack::parse(args.stack); });
 }
 
 std::vector<std::int64_t> parse_size_list(const std::string& option, const std::string& text, std::int64_t max) {

@@ -32,6 +32,7 @@ struct ModelArgs {
   std::int64_t lora = 0;      ///< --lora RANK
   std::string lora_targets;   ///< --lora-targets
   std::string quant;          ///< --quant
+  std::string stack;          ///< --stack "torch=2.11,transformers=5.17,peft=0.21"
 };
 
 /// A CLI11 check for an integer option: a whole number in [min, max], written in full.
@@ -41,6 +42,10 @@ CLI::Validator integer_in(std::int64_t min, std::int64_t max);
 /// Adds --model, --model-file, --hf-config, --batch, --depth, --width, --seq, --image,
 /// --classes, --attn, --gradient-checkpointing, --lora, --lora-targets, --quant, --model-options.
 void add_model_options(CLI::App& app, ModelArgs& args, const std::string& default_note);
+
+/// --stack as a Stack (the validated default when not given); a UsageError names the
+/// known versions.
+nn::Stack parse_stack(const ModelArgs& args);
 
 /// A list of sizes as typed ("8,16,32"): each a whole number in [1, max], no empty
 /// item; an empty text is an empty list. UsageError names `option`.

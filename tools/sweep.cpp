@@ -85,6 +85,7 @@ nn::TrainConfig train_config(const SweepSpec& spec, const SweepRow& row) {
   cfg.input_requires_grad = spec.input_requires_grad;
   cfg.precision = row.precision;
   cfg.optimizer = spec.optimizer;
+  cfg.stack = spec.stack;
   return cfg;
 }
 

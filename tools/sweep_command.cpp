@@ -96,6 +96,7 @@ SweepSpec make_spec(const SweepArgs& args) {
   spec.checkpoint_mode =
       as_usage("--checkpoint", [&] { return nn::parse_checkpoint_mode(args.checkpoint_mode); });
   spec.input_requires_grad = args.input_requires_grad;
+  spec.stack = parse_stack(model);
   if (args.format != "table" && args.format != "csv" && args.format != "json") {
     throw UsageError("--format: \"" + args.format + "\" is not a format; valid: table, csv, json");
   }

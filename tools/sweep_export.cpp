@@ -47,6 +47,7 @@ const std::array kFields = {
     Field{"batch", [](R, W r) -> nlohmann::json { return r.batch; }},
     Field{"seq", [](R, W r) -> nlohmann::json { return r.seq > 0 ? nlohmann::json(r.seq) : nlohmann::json(nullptr); }},
     Field{"device", [](R s, W) -> nlohmann::json { return s.device.name; }},
+    Field{"stack", [](R s, W) -> nlohmann::json { return s.spec.stack.spec(); }},
     Field{"dtype", [](R, W r) -> nlohmann::json { return std::string(nn::precision_name(r.precision)); }},
     Field{"segments", [](R, W r) -> nlohmann::json { return r.segments; }},
     Field{"alloc_conf", [](R, W r) -> nlohmann::json { return r.alloc_conf; }},
@@ -165,6 +166,7 @@ nlohmann::json sweep_json(const SweepResult& result) {
                 {"sequential_modules", m.sequence_length},
                 {"input_shape", m.input_shape.to_vector()}};
   j["device"] = device_json(result.device);
+  j["stack"] = result.spec.stack.spec();
   j["mode"] = std::string(nn::exec_mode_name(spec.mode));
   j["optimizer"] = std::string(nn::optimizer_name(spec.optimizer.kind));
   j["checkpoint_mode"] = std::string(nn::checkpoint_mode_name(spec.checkpoint_mode));

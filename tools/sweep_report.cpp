@@ -275,7 +275,7 @@ std::string sweep_report(const SweepResult& result, const ReportOptions& options
              "                  (a tensor saved for backward was modified in place): it fails at any size.\n";
     }
   }
-  out += fmt::format("\ndevice: {}\n", result.device.assumptions);
+  out += fmt::format("\ndevice: {}\nstack: {} (--stack)\n", result.device.assumptions, result.spec.stack.to_string());
   return out;
 }
 

@@ -91,6 +91,7 @@ nn::TrainConfig make_config(const TraceArgs& args) {
   cfg.checkpoint_mode =
       as_usage("--checkpoint", [&] { return nn::parse_checkpoint_mode(args.checkpoint_mode); });
   cfg.input_requires_grad = args.input_requires_grad;
+  cfg.stack = parse_stack(args.model);
   return cfg;
 }
 
@@ -264,7 +265,7 @@ void run(const TraceArgs& args) {
                            device->info().name);
     write_file("--plot", args.plot, [&] { write_memory_plot_svg(*timeline, args.plot, po); });
   }
-  std::cout << "\ndevice: " << device->info().assumptions << "\n";
+  std::cout << "\ndevice: " << device->info().assumptions << "\nstack: " << cfg.stack.to_string() << " (--stack)\n";
   std::cout.flush();
   trainer.reset();  // frees the model before the allocator goes
   if (oom) throw CommandFailed("out of memory (the log above shows where); try --segments, a smaller --batch or --dtype f16");

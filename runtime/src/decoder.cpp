@@ -221,14 +221,19 @@ class Attention final : public Module {
     return out;
   }
 
-  /// sdpa_attention_forward: repeat_kv, .contiguous() on q, k and v (copies of the views
-  /// that are not), scaled_dot_product_attention(is_causal=True), transpose(1, 2)
-  /// .contiguous(): a copy of flash's output (in q's contiguous layout), a view of the
-  /// memory-efficient kernel's ([B, S, H, d]).
+  /// sdpa_attention_forward. transformers 4.x: repeat_kv, .contiguous() on q, k and v
+  /// (copies of the views that are not). 5.x: no mask, so k and v go in with their key
+  /// heads (enable_gqa=True) and q, k, v in the projections' [B, S, H, d] layout (stack.cpp).
+  /// Then scaled_dot_product_attention(is_causal=True) and transpose(1, 2).contiguous(): a
+  /// copy of flash's output when it follows a contiguous q, a view when it follows the
+  /// projection's layout or comes from the memory-efficient kernel ([B, S, H, d]).
   Tensor sdpa(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in) {
-    const Tensor k = repeat_kv(k_in, heads_ / kv_heads_).contiguous();
-    const Tensor v = repeat_kv(v_in, heads_ / kv_heads_).contiguous();
-    const Tensor q = q_in.contiguous();
+    const Stack& stack = q_in.runtime().stack();
+    const std::int64_t groups = stack.sdpa_enable_gqa() ? 1 : heads_ / kv_heads_;
+    const bool contiguous = stack.sdpa_contiguous_inputs();
+    const Tensor k = contiguous ? repeat_kv(k_in, groups).contiguous() : repeat_kv(k_in, groups);
+    const Tensor v = contiguous ? repeat_kv(v_in, groups).contiguous() : repeat_kv(v_in, groups);
+    const Tensor q = contiguous ? q_in.contiguous() : q_in;
     // Under autocast the kernel sees half inputs (scaled_dot_product_attention is on the
     // lower-precision list), so the backend is picked by the dtype it will run in.
     const DType runs_in = q.runtime().autocast().value_or(q.dtype());

@@ -98,6 +98,7 @@ std::string device_spec_for(const TrainConfig& config) {
 Trainer::Trainer(const TrainConfig& config, CachingAllocator& allocator)
     : config_(config), allocator_(&allocator) {
   runtime_ = std::make_unique<Runtime>(allocator, config.mode, config.seed);
+  runtime_->set_stack(config.stack);
   if (!config.model) throw Error("TrainConfig.model is not set: give one, e.g. mem::models::find(\"mlp\")");
   model_ = config.model->build(config.model_options);
   if (config.segments > 1 && model_->info().checkpointed_modules > 0) {
@@ -194,6 +195,10 @@ StepStats Trainer::step() {
     ModuleScope scope(loss_fwd);
     BackwardContextGuard backward_scope(loss_bwd);
     loss = model_->loss(output, target);
+    // A model that computes its own loss returns it in an output object the training loop
+    // drops at once: `loss = model(input_ids=x, labels=x).loss`, and Trainer.compute_loss
+    // (transformers/trainer.py) returns only the loss. The logits are gone before backward.
+    if (model_->info().loss == LossKind::CausalLM) output = Tensor{};
   }
   end_phase(alloc, *peaks_, s.forward);
 

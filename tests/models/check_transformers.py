@@ -1,116 +1,175 @@
 #!/usr/bin/env python3
-"""check_transformers.py: one decoder layer's saved-for-backward bytes, measured on the real
-transformers LlamaForCausalLM (and PEFT's LoRA) with torch.autograd.graph.saved_tensors_hooks
-on the CPU, against the formulas tests/runtime/decoder_test.cpp asserts on vramscope's runtime.
+"""check_transformers.py VRAMSCOPE: what the real transformers (and PEFT) decoders save for
+backward under today's PyTorch, module by module, against `vramscope trace --saved` of the
+same config under the stack it finds installed (--stack torch=X,transformers=Y,peft=Z).
 
-Exit 77 (skipped) without transformers. Looks for it in this interpreter, then in Debian's
-python3 (python3-torch), then in .venv-transformers/ at the repository root, which .ci/run
-makes (`pip install transformers==4.46.3`, the last release that runs on Debian's PyTorch 1.13).
+Runs on the current-stack environment (scripts/stack_env.sh; its python is passed in
+VRAMSCOPE_STACK_PYTHON, or this interpreter if it has torch and transformers). A one-layer
+model of each family (llama, mistral, qwen2) is measured on the CPU with
+torch.autograd.graph.saved_tensors_hooks during one forward: each storage once, under the
+innermost module running when it is first saved, parameters and buffers left out. Cases:
+f32 and bf16 with eager attention and with SDPA (the CPU's flash kernel keeps what CUDA's
+keeps in bytes: q, k, v, the output and an f32 logsumexp [B, H, S]), and bf16 SDPA with LoRA
+on q and v and on every projection. Every module's bytes must be equal.
 
-Two differences between PyTorch 1.13 (what Debian ships) and the 2.x vramscope models are
-taken out of the measurement, by walking the graph, not by arithmetic:
-- PyTorch 1.13's MeanBackward1 saves its input; 2.x saves its sizes and numel only
-  (derivatives.yaml: mean_backward(grad, self.sym_sizes(), dim, self.sym_numel(), keepdim)).
-  RMSNorm's pow(2).mean(-1) would keep one more f32 [T, h] per norm on 1.13.
-- `x * 0.5` or `x / 8.0` saves the Python number as a 0-dim f64 tensor: on CUDA a host
-  scalar, no device memory.
+Exit 77 (skipped) without torch and transformers, unless VRAMSCOPE_REQUIRE_STACK=1 (CI),
+which makes a missing environment a failure.
 """
+import csv
+import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-
-# The decoder of decoder_test.cpp: B = 2, S = 64 (T = 128), h = 64, 4 heads of 16 over 2 kv
-# heads (Hd = 64), I = 128, vocab 32.
-B, S, h, H, Hd, I = 2, 64, 64, 4, 64, 128
-T = B * S
-
-
-def expected(dtype, lora):
-    """Bytes one layer keeps under eager attention, as decoder_test.cpp derives them."""
-    if dtype == "float32":
-        norms = 2 * (4 * T + 4 * T * h + 4 * T * h)   # rstd, x_hat, output; the input is x itself
-        residual_and_output = 2 * 4 * T * h             # saved by the next norms' pow
-        attention = 4 * 4 * T * Hd + 4 * B * H * S * S  # q copy, k, v, merged output; f32 probs once
-        return norms + residual_and_output + attention + 4 * 4 * T * I
-    norm = 4 * T * h + 4 * T + 2 * T * h + 2 * T * h
-    attention = 4 * 2 * T * Hd + 4 * B * H * S * S + 2 * B * H * S * S
-    if not lora:
-        return 2 * norm + attention + 4 * 2 * T * I
-    # LoRA r = 8 on q and v: frozen weights keep nothing for themselves; o_proj's input (the
-    # merged output) is then kept by nobody.
-    norms = 2 * (4 * T * h + 4 * T)
-    adapters = 2 * (4 * T * h + 4 * T * 8)
-    return norms + adapters + (attention - 2 * T * Hd) + 3 * 2 * T * I
+B, S, HIDDEN, HEADS, KV_HEADS, INTERMEDIATE, VOCAB = 2, 64, 64, 4, 2, 128, 32
+FAMILIES = ("llama", "mistral", "qwen2")
+CASES = [  # dtype, attention, LoRA targets
+    ("float32", "eager", None), ("bfloat16", "eager", None), ("float32", "sdpa", None),
+    ("bfloat16", "sdpa", None), ("bfloat16", "sdpa", ["q_proj", "v_proj"]),
+    ("bfloat16", "sdpa", ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]),
+]
 
 
-def measure(torch, transformers, layers, dtype, lora):
-    cfg = transformers.LlamaConfig(vocab_size=32, hidden_size=h, intermediate_size=I, num_hidden_layers=layers,
-                                   num_attention_heads=H, num_key_value_heads=2, max_position_embeddings=256,
-                                   use_cache=False, rms_norm_eps=1e-5)
-    cfg._attn_implementation = "eager"
+def reexec_on_stack() -> None:
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+        return
+    except ImportError:
+        pass
+    python = os.environ.get("VRAMSCOPE_STACK_PYTHON", "")
+    if python and Path(python).exists() and Path(python).resolve() != Path(sys.executable).resolve():
+        sys.exit(subprocess.run([python, __file__, *sys.argv[1:]]).returncode)
+    if os.environ.get("VRAMSCOPE_REQUIRE_STACK") == "1":
+        sys.exit("FAIL check_transformers: no current-stack environment (VRAMSCOPE_STACK_PYTHON, scripts/stack_env.sh)")
+    print("check_transformers: skipped, no torch + transformers (python=$(scripts/stack_env.sh) makes them)")
+    sys.exit(77)
+
+
+def minor(version: str) -> str:
+    return ".".join(version.split("+")[0].split(".")[:2])
+
+
+def build(family: str, dtype: str, attention: str, lora):
+    import torch
+    import transformers
+    config_class = {"llama": transformers.LlamaConfig, "mistral": transformers.MistralConfig,
+                    "qwen2": transformers.Qwen2Config}[family]
+    extra = {"sliding_window": None} if family != "llama" else {}
+    cfg = config_class(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=INTERMEDIATE, num_hidden_layers=1,
+                       num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, max_position_embeddings=256,
+                       rms_norm_eps=1e-5, tie_word_embeddings=False, **extra)
+    cfg._attn_implementation = attention
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(cfg).to(getattr(torch, dtype)).train()
+    model_class = {"llama": transformers.LlamaForCausalLM, "mistral": transformers.MistralForCausalLM,
+                   "qwen2": transformers.Qwen2ForCausalLM}[family]
+    model = model_class(cfg).to(getattr(torch, dtype)).train()
     if lora:
         import peft
-        model = peft.get_peft_model(model, peft.LoraConfig(r=8, lora_alpha=8, target_modules=["q_proj", "v_proj"],
-                                                            lora_dropout=0.0))
+        model = peft.get_peft_model(model, peft.LoraConfig(r=8, lora_alpha=16, target_modules=lora, lora_dropout=0.0))
+    return cfg, model
+
+
+def torch_saved(model) -> dict:
+    import torch
+    names = {m: n.removeprefix("base_model.model.") for n, m in model.named_modules()}
     owned = {p.data_ptr() for p in model.parameters()} | {b.data_ptr() for b in model.buffers()}
-    saved = {}
+    stack, saved, seen, hooks = [], {}, set(), []
+
+    def enter(m, _):
+        stack.append(names[m])
+
+    def leave(m, _i, _o):
+        stack.pop()
+
+    for m in model.modules():
+        hooks.append(m.register_forward_pre_hook(enter))
+        hooks.append(m.register_forward_hook(leave))
 
     def pack(t):
-        storage = t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()
-        if t.dim() > 0 and storage.data_ptr() not in owned:  # 0-dim: a wrapped Python number
-            saved[storage.data_ptr()] = storage.nbytes()
+        storage = t.untyped_storage()
+        ptr = storage.data_ptr()
+        if t.dim() > 0 and ptr not in owned and ptr not in seen:  # 0-dim: a wrapped Python number
+            seen.add(ptr)
+            key = stack[-1] if stack else ""
+            saved[key] = saved.get(key, 0) + storage.nbytes()
         return t
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        logits = model(input_ids=torch.randint(0, 32, (B, S))).logits
-    # PyTorch 1.13's MeanBackward1 keeps its input (2.x does not): drop those storages.
-    seen, stack = set(), [logits.grad_fn]
-    while stack:
-        node = stack.pop()
-        if node is None or node in seen:
+    x = torch.randint(0, VOCAB, (B, S))
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            model(input_ids=x)  # no labels: the loss runs outside the modules
+    finally:
+        for h in hooks:
+            h.remove()
+    saved.pop("", None)
+    return saved
+
+
+def vramscope_saved(exe: str, cfg, dtype: str, attention: str, lora, stack: str, scratch: Path, names: set) -> dict:
+    config = scratch / "config.json"
+    doc = json.loads(cfg.to_json_string())
+    doc.setdefault("architectures", [type(cfg).__name__.replace("Config", "ForCausalLM")])
+    config.write_text(json.dumps(doc))
+    out = scratch / "saved.csv"
+    command = [exe, "trace", "--hf-config", str(config), "--batch", str(B), "--seq", str(S),
+               "--dtype", {"float32": "f32", "bfloat16": "bf16"}[dtype], "--attn", attention, "--stack", stack,
+               "--steps", "1", "--saved", str(out), "--max-depth", "1", "--no-pre"]
+    if lora:
+        command += ["--lora", "8", "--lora-targets", "+".join(lora)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        raise SystemExit(f"FAIL vramscope {' '.join(command)}: exit {done.returncode}\n{done.stdout}{done.stderr}")
+    saved = {}
+    for row in csv.DictReader(out.open()):
+        if row["module"] in ("loss", "input", ""):
             continue
-        seen.add(node)
-        if type(node).__name__ == "MeanBackward1" and hasattr(node, "_saved_self"):
-            s = node._saved_self
-            saved.pop((s.untyped_storage() if hasattr(s, "untyped_storage") else s.storage()).data_ptr(), None)
-        stack.extend(n for n, _ in node.next_functions)
-    return sum(saved.values())
+        parts = row["module"].split(".")
+        while parts and ".".join(parts) not in names:
+            parts.pop()
+        key = ".".join(parts)
+        saved[key] = saved.get(key, 0) + int(row["bytes"])
+    return saved
 
 
-def run():
+def main() -> int:
+    reexec_on_stack()
+    import torch
+    import transformers
     try:
-        import torch
-        import transformers
+        import peft
+        peft_version = minor(peft.__version__)
     except ImportError:
-        for python in ("/usr/bin/python3", str(ROOT / ".venv-transformers" / "bin" / "python")):
-            if Path(python).exists() and Path(python).resolve() != Path(sys.executable).resolve() and \
-                    not os.environ.get("CHECK_TRANSFORMERS_NESTED"):
-                probe = subprocess.run([python, "-c", "import torch, transformers"], capture_output=True)
-                if probe.returncode == 0:
-                    env = dict(os.environ, CHECK_TRANSFORMERS_NESTED="1")
-                    return subprocess.run([python, __file__], env=env).returncode
-        print("check_transformers: skipped, no torch + transformers (.ci/run installs them in .venv-transformers)")
-        return 77
-    try:
-        import peft  # noqa: F401
-        cases = [("float32", False), ("bfloat16", False), ("bfloat16", True)]
-    except ImportError:
-        cases = [("float32", False), ("bfloat16", False)]
-    failed = False
-    for dtype, lora in cases:
-        got = measure(torch, transformers, 2, dtype, lora) - measure(torch, transformers, 1, dtype, lora)
-        want = expected(dtype, lora)
-        tag = f"{dtype}{' LoRA q,v r=8' if lora else ''}, eager"
-        print(f"check_transformers: {tag}: transformers {transformers.__version__} on torch {torch.__version__} "
-              f"keeps {got} B per layer, vramscope {want} B")
-        failed = failed or got != want
-    return 1 if failed else 0
+        peft, peft_version = None, None
+    exe = sys.argv[1]
+    stack = f"torch={minor(torch.__version__)},transformers={minor(transformers.__version__)}"
+    if peft_version:
+        stack += f",peft={peft_version}"
+    print(f"check_transformers: torch {torch.__version__}, transformers {transformers.__version__}, "
+          f"peft {peft.__version__ if peft else 'absent'}: vramscope --stack {stack}")
+    failures = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for family in FAMILIES:
+            for dtype, attention, lora in CASES:
+                if lora and peft is None:
+                    continue
+                cfg, model = build(family, dtype, attention, lora)
+                measured = torch_saved(model)
+                names = {n.removeprefix("base_model.model.") for n, _ in model.named_modules()}
+                ours = vramscope_saved(exe, cfg, dtype, attention, lora, stack, Path(tmp), names)
+                tag = f"{family} {dtype} {attention}" + (f" LoRA {'+'.join(lora)}" if lora else "")
+                differ = [m for m in sorted(set(measured) | set(ours)) if measured.get(m, 0) != ours.get(m, 0)]
+                for m in differ:
+                    print(f"FAIL {tag}: '{m}' saves {measured.get(m, 0):,} B on PyTorch, {ours.get(m, 0):,} B on vramscope")
+                if not measured:
+                    differ.append("nothing measured")
+                print(f"check_transformers: {tag}: {len(measured)} modules, {sum(measured.values()):,} B, "
+                      f"{'equal' if not differ else f'{len(differ)} differ'}")
+                failures += len(differ)
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":
-    sys.exit(run())
+    sys.exit(main())

@@ -24,6 +24,7 @@
 #include "vramscope/allocator/caching_allocator.hpp"
 #include "vramscope/instrumentation/module_scope.hpp"
 #include "vramscope/runtime/dtype.hpp"
+#include "vramscope/runtime/stack.hpp"
 
 namespace mem::nn {
 
@@ -117,6 +118,11 @@ class Runtime {
   /// Bytes the workspaces hold so far (they stay allocated until the runtime ends).
   std::size_t gemm_workspace_bytes() const noexcept;
 
+  // --- the modelled stack -------------------------------------------------------------
+  /// Which PyTorch, transformers and PEFT the ops and modules behave as (stack.hpp).
+  const Stack& stack() const noexcept { return stack_; }
+  void set_stack(const Stack& stack) noexcept { stack_ = stack; }
+
   // --- warnings -------------------------------------------------------------------
   /// Records a warning once per distinct text (PyTorch's warnings.warn behaviour).
   void warn(std::string message);
@@ -134,6 +140,7 @@ class Runtime {
   std::optional<DType> autocast_;
   std::vector<std::pair<const detail::TensorImpl*, std::shared_ptr<detail::TensorImpl>>> cast_cache_;
   std::vector<std::string> warnings_;
+  Stack stack_;
   std::shared_ptr<detail::TensorImpl> blas_workspace_[2], lt_workspace_[2];  // [forward, backward thread]
 };
 

@@ -68,6 +68,8 @@ struct TrainConfig {
   Precision precision = Precision::F32;
   OptimizerConfig optimizer;
   bool input_requires_grad = false;   ///< the batch as a leaf requiring grad
+  /// The PyTorch, transformers and PEFT versions the step behaves as (stack.hpp).
+  Stack stack;
   std::uint64_t seed = 0;
 };
 

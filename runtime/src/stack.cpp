@@ -1,0 +1,119 @@
+// stack.cpp — the versions the runtime models and what differs between them, each
+// behaviour with the source that decides it.
+#include "vramscope/runtime/stack.hpp"
+
+#include <charconv>
+
+#include "vramscope/allocator/errors.hpp"
+
+namespace mem::nn {
+namespace {
+
+std::string join(const std::vector<Version>& versions) {
+  std::string out;
+  for (const Version& v : versions) out += (out.empty() ? "" : ", ") + v.str();
+  return out;
+}
+
+/// "2.11", "2.11.0" or "2.11.0+cu130" -> {2, 11}; nullopt-like {-1, -1} when malformed.
+Version parse_version(std::string_view text) {
+  Version v{-1, -1};
+  const char* p = text.data();
+  const char* end = text.data() + text.size();
+  auto [a, ea] = std::from_chars(p, end, v.major);
+  if (ea != std::errc{} || a == end || *a != '.') return {-1, -1};
+  auto [b, eb] = std::from_chars(a + 1, end, v.minor);
+  if (eb != std::errc{}) return {-1, -1};
+  if (b != end && *b != '.' && *b != '+') return {-1, -1};
+  return v;
+}
+
+}  // namespace
+
+std::string Version::str() const { return std::to_string(major) + "." + std::to_string(minor); }
+
+// PyTorch 2.5: the sources the runtime was first written against. 2.11: the H100
+// reference (../shared/gpu-reference, docs/VALIDATION.md). 2.15: the newest wheel on PyPI,
+// checked on the CPU (tests/models/check_transformers.py, check_export.py).
+const std::vector<Version>& Stack::known_torch() {
+  static const std::vector<Version> v{{2, 5}, {2, 11}, {2, 15}};
+  return v;
+}
+
+// transformers 4.50.3: the first sources modelled. 5.17: the H100 reference. 5.24: the
+// newest release on PyPI, checked on the CPU.
+const std::vector<Version>& Stack::known_transformers() {
+  static const std::vector<Version> v{{4, 50}, {5, 17}, {5, 24}};
+  return v;
+}
+
+// PEFT 0.14 and 0.21: LoRA's Linear.forward is the same in both (peft/tuners/lora/layer.py:
+// x cast to lora_A's dtype, result + lora_B(lora_A(dropout(x))) * scaling, cast back).
+const std::vector<Version>& Stack::known_peft() {
+  static const std::vector<Version> v{{0, 14}, {0, 21}};
+  return v;
+}
+
+Stack Stack::parse(std::string_view spec) {
+  Stack s;
+  bool seen[3] = {false, false, false};
+  std::size_t pos = 0;
+  while (pos <= spec.size() && !spec.empty()) {
+    const std::size_t comma = spec.find(',', pos);
+    const std::string_view item = spec.substr(pos, comma == std::string_view::npos ? spec.npos : comma - pos);
+    const std::size_t eq = item.find('=');
+    if (eq == std::string_view::npos) {
+      throw Error("--stack: \"" + std::string(item) + "\" is not key=version; give e.g. torch=2.11,transformers=5.17");
+    }
+    const std::string_view key = item.substr(0, eq), value = item.substr(eq + 1);
+    struct Package {
+      std::string_view key;
+      Version* field;
+      const std::vector<Version>* known;
+    };
+    const Package packages[] = {{"torch", &s.torch, &known_torch()},
+                                {"transformers", &s.transformers, &known_transformers()},
+                                {"peft", &s.peft, &known_peft()}};
+    bool matched = false;
+    for (std::size_t i = 0; i < 3; ++i) {
+      const Package& p = packages[i];
+      if (key != p.key) continue;
+      matched = true;
+      if (seen[i]) throw Error("--stack: " + std::string(key) + " is given twice");
+      seen[i] = true;
+      const Version v = parse_version(value);
+      bool known = false;
+      for (const Version& k : *p.known) known = known || k == v;
+      if (!known) {
+        throw Error("--stack: " + std::string(key) + " " + std::string(value) + " is not a version vramscope models; known: " +
+                    join(*p.known) + " (docs/VALIDATION.md says what each was checked against)");
+      }
+      *p.field = v;
+    }
+    if (!matched) throw Error("--stack: unknown key \"" + std::string(key) + "\"; valid: torch, transformers, peft");
+    if (comma == std::string_view::npos) break;
+    pos = comma + 1;
+  }
+  return s;
+}
+
+std::string Stack::to_string() const {
+  return "PyTorch " + torch.str() + ", transformers " + transformers.str() + ", PEFT " + peft.str();
+}
+
+std::string Stack::spec() const {
+  return "torch=" + torch.str() + ",transformers=" + transformers.str() + ",peft=" + peft.str();
+}
+
+// transformers 5.x, integrations/sdpa_attention.py: sdpa_attention_forward skips
+// repeat_kv and passes enable_gqa=True when use_gqa_in_sdpa(attention_mask, key, value)
+// holds (CUDA: no mask and head_dim <= 256), so SDPA keeps k and v with the key heads
+// only. 4.50.3 repeats k and v (a copy each) whenever num_key_value_groups exists.
+bool Stack::sdpa_enable_gqa() const noexcept { return transformers >= Version{5, 0}; }
+
+// transformers 4.50.3, integrations/sdpa_attention.py: query/key/value = .contiguous()
+// (a workaround for pytorch/pytorch#112577) before SDPA; 5.x passes them as they come
+// (q and k in the [B, S, H, d] layout of the projection, seen as [B, H, S, d]).
+bool Stack::sdpa_contiguous_inputs() const noexcept { return transformers < Version{5, 0}; }
+
+}  // namespace mem::nn
