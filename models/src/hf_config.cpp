@@ -28,7 +28,7 @@ using detail::kind_of;
 /// from_pretrained loads in, and --dtype says what is trained.
 const std::set<std::string, std::less<>> kIgnored = {
     "architectures", "bos_token_id", "eos_token_id", "pad_token_id", "initializer_range",
-    "rope_scaling", "transformers_version", "use_cache", "torch_dtype", "model_type", "max_position_embeddings",
+    "rope_scaling", "transformers_version", "use_cache", "torch_dtype", "dtype", "model_type", "max_position_embeddings",
     "max_window_layers", "tokenizer_class", "output_attentions", "output_hidden_states", "return_dict",
     "is_decoder", "name_or_path"};
 
@@ -209,6 +209,29 @@ std::shared_ptr<const HfConfig> parse_llama(const json& root, std::string name, 
   const std::int64_t max_positions = r.size("max_position_embeddings", 2048, std::int64_t{1} << 24);
   c.tie_embeddings = r.flag("tie_word_embeddings", false);
   c.rope_theta = r.number("rope_theta", 10000.0, 1.0, 1e12);
+  if (r.has("rope_parameters")) {
+    // transformers 5 writes rope_theta (and what 4.x called rope_scaling) into one object,
+    // configuration_utils.py's rope_parameters; the type and factors change values only.
+    const json& rope = root.at("rope_parameters");
+    if (!rope.is_object()) r.fail("rope_parameters", "expected an object, got " + kind_of(rope));
+    r.ignore("rope_parameters");
+    if (rope.contains("rope_theta")) {
+      const json& theta = rope.at("rope_theta");
+      if (!theta.is_number() || !(theta.get<double>() >= 1.0 && theta.get<double>() < 1e12)) {
+        r.fail("rope_parameters.rope_theta", "expected a number in [1, 1e12), got " + theta.dump());
+      }
+      c.rope_theta = theta.get<double>();
+    }
+  }
+  if (r.has("layer_types")) {
+    // transformers 5: one entry per layer; sliding layers would take a mask SDPA keeps.
+    const json& types = root.at("layer_types");
+    if (!types.is_array()) r.fail("layer_types", "expected a list, got " + kind_of(types));
+    for (const json& t : types) {
+      if (t != "full_attention") r.fail("layer_types", t.dump() + " is not modelled; only full_attention layers are");
+    }
+    r.ignore("layer_types");
+  }
   c.rms_eps = r.number("rms_norm_eps", 1e-6, 0.0, 1.0);
   c.attention_dropout = r.number("attention_dropout", 0.0, 0.0, 1.0);
   const std::string act = r.word("hidden_act", "silu");

@@ -452,7 +452,9 @@ Tensor clone(const Tensor& x) {
 
 Tensor to_dtype(const Tensor& x, DType dtype) {
   if (x.dtype() == dtype) return x;
-  Tensor out = empty(x.runtime(), x.shape(), dtype);
+  // .to(dtype) copies with memory_format=preserve_format (aten _to_copy: empty_like of a
+  // dense input keeps its strides), so a transposed tensor stays transposed.
+  Tensor out = detail::empty_following(x, x.shape(), dtype);
   detail::copy_raw(out, x);
   if (needs_grad({&x})) set_history(out, detail::make_node<ToCopyBackward>({&x}, x.dtype()));
   return out;

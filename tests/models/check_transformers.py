@@ -40,8 +40,9 @@ def reexec_on_stack() -> None:
     except ImportError:
         pass
     python = os.environ.get("VRAMSCOPE_STACK_PYTHON", "")
-    if python and Path(python).exists() and Path(python).resolve() != Path(sys.executable).resolve():
-        sys.exit(subprocess.run([python, __file__, *sys.argv[1:]]).returncode)
+    if python and Path(python).exists() and not os.environ.get("CHECK_TRANSFORMERS_NESTED"):
+        env = dict(os.environ, CHECK_TRANSFORMERS_NESTED="1")  # a venv's python resolves to its base
+        sys.exit(subprocess.run([python, __file__, *sys.argv[1:]], env=env).returncode)
     if os.environ.get("VRAMSCOPE_REQUIRE_STACK") == "1":
         sys.exit("FAIL check_transformers: no current-stack environment (VRAMSCOPE_STACK_PYTHON, scripts/stack_env.sh)")
     print("check_transformers: skipped, no torch + transformers (python=$(scripts/stack_env.sh) makes them)")
@@ -110,7 +111,7 @@ def torch_saved(model) -> dict:
 
 def vramscope_saved(exe: str, cfg, dtype: str, attention: str, lora, stack: str, scratch: Path, names: set) -> dict:
     config = scratch / "config.json"
-    doc = json.loads(cfg.to_json_string())
+    doc = json.loads(cfg.to_json_string(use_diff=True))  # what save_pretrained writes
     doc.setdefault("architectures", [type(cfg).__name__.replace("Config", "ForCausalLM")])
     config.write_text(json.dumps(doc))
     out = scratch / "saved.csv"

@@ -1,6 +1,6 @@
 // decoder_test.cpp — the Hugging Face decoders (issue 19): the bytes one decoder layer
-// keeps for backward, derived by hand from the Python of transformers 4.50 and PEFT 0.14
-// for each attention implementation, precision and LoRA; the zoo's parameter counts
+// keeps for backward, derived by hand from the Python of transformers 5.17 (and 4.50.3
+// where they differ) and PEFT for each attention implementation, precision and LoRA; the zoo's parameter counts
 // against the published ones; eager and SDPA attention giving the same gradients.
 #include <gtest/gtest.h>
 
@@ -33,10 +33,16 @@ DecoderConfig small(std::int64_t layers, AttentionImpl attention) {
   return c;
 }
 
+// transformers 4.50.3 (sdpa_attention_forward repeats k and v and makes q, k, v contiguous)
+// and 5.x (enable_gqa, the projections' layout kept): stack.cpp.
+const Stack kTransformers4 = Stack::parse("transformers=4.50");
+const Stack kTransformers5 = Stack::parse("transformers=5.17");
+
 /// Bytes the graph of one forward keeps once its output is dropped (under autocast to
-/// `autocast` when given).
-std::int64_t kept_after_forward(DecoderConfig c, DType dtype, std::optional<DType> autocast = std::nullopt) {
+/// `autocast` when given), under `stack`.
+std::int64_t kept_after_forward(DecoderConfig c, DType dtype, std::optional<DType> autocast, const Stack& stack) {
   test::Env env(ExecMode::DryRun);
+  env.rt.set_stack(stack);
   env.rt.gemm_workspace(/*lt=*/true);
   auto body = build_decoder(c);
   body->set_path("");
@@ -51,11 +57,15 @@ std::int64_t kept_after_forward(DecoderConfig c, DType dtype, std::optional<DTyp
 }
 
 /// One decoder layer's kept bytes: a model of two layers against one of one layer.
-std::int64_t kept_by_one_layer(const DecoderConfig& c, DType dtype, std::optional<DType> autocast = std::nullopt) {
+std::int64_t kept_by_one_layer(const DecoderConfig& c, DType dtype, std::optional<DType> autocast = std::nullopt,
+                               const Stack& stack = kTransformers5) {
   DecoderConfig one = c, two = c;
   one.layers = 1;
   two.layers = 2;
-  return kept_after_forward(two, dtype, autocast) - kept_after_forward(one, dtype, autocast);
+  return kept_after_forward(two, dtype, autocast, stack) - kept_after_forward(one, dtype, autocast, stack);
+}
+std::int64_t kept_by_one_layer(const DecoderConfig& c, DType dtype, const Stack& stack) {
+  return kept_by_one_layer(c, dtype, std::nullopt, stack);
 }
 
 // RMSNorm of a bf16 input (LlamaRMSNorm.forward): x.to(f32) saved by pow, rsqrt's f32
@@ -64,15 +74,24 @@ std::int64_t kept_by_one_layer(const DecoderConfig& c, DType dtype, std::optiona
 constexpr std::int64_t kNormBf16 = 4 * T * h + 4 * T + 2 * T * h + 2 * T * h;
 
 TEST(DecoderLayerKeeps, Bf16WithSdpaFlash) {
-  // sdpa_attention_forward: q after rotary is in q_proj's [B, S, H, d] layout, so
-  // .contiguous() copies it; repeat_kv copies k and v to H heads; flash saves those three,
-  // its output (in the contiguous q's layout, [B, H, S, d]) and the f32 logsumexp [B, H, S];
-  // transpose(1, 2).contiguous() of the output is a copy, o_proj's saved input.
-  const std::int64_t attention = 5 * 2 * T * Hd + 4 * B * H * S;
+  // transformers 5: q after rotary stays in q_proj's [B, S, H, d] layout, k and v keep
+  // their 2 key heads (enable_gqa); flash saves q, k, v, its output (in q's layout, so
+  // transpose(1, 2).contiguous() is a view: o_proj saves the same storage) and the f32
+  // logsumexp [B, H, S]: q + k + v + output = 3 [T, Hd] bf16.
+  const std::int64_t attention = 3 * 2 * T * Hd + 4 * B * H * S;
   // LlamaMLP: gate (saved by silu), silu's output and up (saved by the product), the
   // product (saved by down_proj): four [T, I] bf16.
   const std::int64_t mlp = 4 * 2 * T * I;
   EXPECT_EQ(kept_by_one_layer(small(2, AttentionImpl::Sdpa), DType::BF16), 2 * kNormBf16 + attention + mlp);
+}
+
+TEST(DecoderLayerKeeps, Bf16WithSdpaFlashUnderTransformers4) {
+  // 4.50.3: .contiguous() copies q out of q_proj's layout; repeat_kv copies k and v to H
+  // heads; flash saves those three, its output (in the contiguous q's layout, [B, H, S, d])
+  // and the logsumexp; transpose(1, 2).contiguous() of the output is a copy, o_proj's input.
+  const std::int64_t attention = 5 * 2 * T * Hd + 4 * B * H * S;
+  EXPECT_EQ(kept_by_one_layer(small(2, AttentionImpl::Sdpa), DType::BF16, kTransformers4),
+            2 * kNormBf16 + attention + 4 * 2 * T * I);
 }
 
 TEST(DecoderLayerKeeps, Bf16WithEagerAttention) {
@@ -92,9 +111,15 @@ TEST(DecoderLayerKeeps, F32WithSdpaEfficient) {
   // rounded up to 32 (S = 64 already is).
   const std::int64_t norms = 2 * (4 * T + 4 * T * h + 4 * T * h);
   const std::int64_t residual_and_output = 2 * 4 * T * h;
-  const std::int64_t attention = 4 * 4 * T * Hd + 4 * B * H * S;
+  // transformers 5: q, k and v (half of q each: 2 key heads) as they come, the output in
+  // [B, S, H, d] (o_proj's input is a view of it). 4.50.3: q's contiguous copy, k and v
+  // repeated to H heads, the output.
+  const std::int64_t attention5 = 3 * 4 * T * Hd + 4 * B * H * S;
+  const std::int64_t attention4 = 4 * 4 * T * Hd + 4 * B * H * S;
   EXPECT_EQ(kept_by_one_layer(small(2, AttentionImpl::Sdpa), DType::F32),
-            norms + residual_and_output + attention + 4 * 4 * T * I);
+            norms + residual_and_output + attention5 + 4 * 4 * T * I);
+  EXPECT_EQ(kept_by_one_layer(small(2, AttentionImpl::Sdpa), DType::F32, kTransformers4),
+            norms + residual_and_output + attention4 + 4 * 4 * T * I);
 }
 
 TEST(DecoderLayerKeeps, Bf16WithLoraOnQueryAndValue) {
@@ -109,12 +134,17 @@ TEST(DecoderLayerKeeps, Bf16WithLoraOnQueryAndValue) {
   c.lora.targets = {"q_proj", "v_proj"};
   const std::int64_t norms = 2 * (4 * T * h + 4 * T);
   const std::int64_t adapters = 2 * (4 * T * h + 4 * T * 8);
-  const std::int64_t attention = 4 * 2 * T * Hd + 4 * B * H * S;
+  // The frozen o_proj keeps no input, so the output is kept once, by SDPA, under both:
+  // 5.x q + k + v + output = 3 [T, Hd]; 4.50.3 the q copy, k and v repeated, the output.
+  const std::int64_t attention = 3 * 2 * T * Hd + 4 * B * H * S;
   EXPECT_EQ(kept_by_one_layer(c, DType::BF16), norms + adapters + attention + 3 * 2 * T * I);
+  EXPECT_EQ(kept_by_one_layer(c, DType::BF16, kTransformers4),
+            norms + adapters + attention + 2 * T * Hd + 3 * 2 * T * I);
 }
 
-// The two layers tests/models/check_transformers.py measures on transformers' own
-// LlamaDecoderLayer (4.46.3, with PEFT 0.14 for LoRA): f32 eager, and bf16 eager with LoRA.
+// Two layers tests/models/check_transformers.py measures on transformers' own decoder
+// layers (today's release, with PEFT for LoRA): f32 eager, and bf16 eager with LoRA. Eager
+// attention is the same under 4.50.3 and 5.x.
 TEST(DecoderLayerKeeps, F32EagerAndBf16LoraEagerAsTransformersKeepThem) {
   // f32: each norm keeps rstd, x_hat and its output (its input is the layer's input or the
   // residual sum, both kept); eager attention the q copy, k and v, the merged output and the
@@ -142,10 +172,15 @@ TEST(DecoderLayerKeeps, AmpBf16WithSdpa) {
   const std::int64_t weights = 2 * (h * Hd + 2 * h * (Hd / 2) + Hd * h + 3 * h * I);  // bf16 casts
   const std::int64_t norms = 2 * (4 * T + 4 * T * h);             // rstd and x_hat (f32)
   const std::int64_t casts = 5 * 2 * T * h;                       // q, k, v, gate, up inputs
-  const std::int64_t attention = 5 * 2 * T * Hd + 4 * B * H * S;  // bf16 q, k, v, output, its copy; lse
   const std::int64_t residual_and_output = 2 * 4 * T * h;         // f32, saved by the next norms
+  // 5.x: the bf16 casts of q and k (in q_proj's layout), v as v_proj made it, the output
+  // (a view for o_proj); 4.50.3: bf16 q, k, v repeated, the output and its copy.
+  const std::int64_t attention5 = 3 * 2 * T * Hd + 4 * B * H * S;
+  const std::int64_t attention4 = 5 * 2 * T * Hd + 4 * B * H * S;
   EXPECT_EQ(kept_by_one_layer(small(2, AttentionImpl::Sdpa), DType::F32, DType::BF16),
-            weights + norms + casts + attention + residual_and_output + 4 * 2 * T * I);
+            weights + norms + casts + attention5 + residual_and_output + 4 * 2 * T * I);
+  EXPECT_EQ(kept_by_one_layer(small(2, AttentionImpl::Sdpa), DType::F32, DType::BF16, kTransformers4),
+            weights + norms + casts + attention4 + residual_and_output + 4 * 2 * T * I);
 }
 
 TEST(DecoderLayerKeeps, QloraKeepsWhatLoraKeeps) {
@@ -159,7 +194,7 @@ TEST(DecoderLayerKeeps, QloraKeepsWhatLoraKeeps) {
   c.nf4 = true;
   const std::int64_t norms = 2 * (4 * T * h + 4 * T);
   const std::int64_t adapters = 2 * (4 * T * h + 4 * T * 8);
-  const std::int64_t attention = 4 * 2 * T * Hd + 4 * B * H * S;
+  const std::int64_t attention = 3 * 2 * T * Hd + 4 * B * H * S;
   EXPECT_EQ(kept_by_one_layer(c, DType::BF16), norms + adapters + attention + 3 * 2 * T * I);
 }
 
