@@ -266,25 +266,27 @@ class AttentionCall {
   Attention& attn_;
 };
 
-/// LlamaMLP: down_proj(act_fn(gate_proj(x)) * up_proj(x)), act_fn = SiLU.
+/// LlamaMLP: down_proj(act_fn(gate_proj(x)) * up_proj(x)), act_fn = ACT2FN["silu"], a
+/// module of its own (activations.py, SiLUActivation), so what silu saves is act_fn's.
 class Mlp final : public Module {
  public:
   explicit Mlp(const DecoderConfig& c) : Module("LlamaMLP") {
     gate_ = &add_module("gate_proj", projection(c, "gate_proj", c.hidden, c.intermediate, c.mlp_bias));
     up_ = &add_module("up_proj", projection(c, "up_proj", c.hidden, c.intermediate, c.mlp_bias));
     down_ = &add_module("down_proj", projection(c, "down_proj", c.intermediate, c.hidden, c.mlp_bias));
+    act_ = &add_module("act_fn", std::make_unique<SiLU>(false));
   }
   Tensor forward(const Tensor& x) override {
     Tensor gated;
     {
-      const Tensor act = silu((*gate_)(x));
+      const Tensor act = (*act_)((*gate_)(x));
       gated = mul(act, (*up_)(x));
     }
     return (*down_)(gated);
   }
 
  private:
-  Module *gate_, *up_, *down_;
+  Module *gate_, *up_, *down_, *act_;
 };
 
 /// LlamaDecoderLayer: x + attn(input_layernorm(x)), then + mlp(post_attention_layernorm).
