@@ -22,8 +22,11 @@ vramscope models, are taken out of the PyTorch measurement, and said where:
   sizes only (derivatives.yaml: mean_backward(grad, self.sym_sizes(), dim, self.sym_numel(),
   keepdim)). The measurement computes it as sum / n, which saves nothing either.
 - nn.MultiheadAttention: 1.13 has no scaled_dot_product_attention (2.0 added it) and saves the
-  math path's tensors; its bytes are reported but not compared (the runtime's tests derive
-  2.x's by hand). Its out_proj counts as part of it, as in PyTorch's functional path.
+  math path's tensors; 2.x on the CPU runs SDPA's CPU flash kernel, whose f32 output follows
+  q's layout and whose logsumexp is unpadded, where CUDA runs the memory-efficient kernel
+  ([B, S, H, d] output, so out_proj's input is a copy; logsumexp padded to 32). Its bytes are
+  reported but not compared (the runtime's tests derive CUDA's by hand). Its out_proj counts
+  as part of it, as in PyTorch's functional path.
 
 Exit 77 (skipped) without torch and torchvision.
 """
@@ -178,8 +181,8 @@ def round_trip(exe: str, name: str, model, doc_path: Path, doc: dict, scratch: P
     failures, compared = 0, 0
     for module in sorted(set(measured) | set(ours)):
         if module in attention:
-            print(f"  {name}: {module} (MultiheadAttention, not compared): PyTorch 1.13 {measured.get(module, 0):,} B,"
-                  f" vramscope (2.x SDPA) {ours.get(module, 0):,} B")
+            print(f"  {name}: {module} (MultiheadAttention, not compared): PyTorch {torch.__version__} on the CPU "
+                  f"{measured.get(module, 0):,} B, vramscope (CUDA's SDPA) {ours.get(module, 0):,} B")
             continue
         compared += 1
         if measured.get(module, 0) != ours.get(module, 0):
@@ -260,9 +263,11 @@ def errors(scratch: Path) -> int:
         ("Branchy", ["torch.fx cannot trace the model", "unexportable.py:22", "--hf-config"]),
     ]
     python = {fn: sys.executable for fn, _ in cases}
-    # A transformers model (with .ci/run's .venv-transformers): pointed to --hf-config, with its config
-    # written for it, which the command then reads.
-    venv = ROOT / ".venv-transformers" / "bin" / "python"
+    # A transformers model (this interpreter's, or the current-stack environment's): pointed to
+    # --hf-config, with its config written for it, which the command then reads.
+    venv = Path(sys.executable)
+    if subprocess.run([str(venv), "-c", "import transformers"], capture_output=True).returncode != 0:
+        venv = Path(os.environ.get("VRAMSCOPE_STACK_PYTHON") or "/nonexistent")
     if venv.exists() and subprocess.run([str(venv), "-c", "import transformers"], capture_output=True).returncode == 0:
         src_hf = scratch / "hf_model.py"
         src_hf.write_text(HF_MODEL)
@@ -270,7 +275,7 @@ def errors(scratch: Path) -> int:
                                      "never.config.json"]))
         python["tiny_llama"] = str(venv)
     else:
-        print("tiny_llama: skipped (no .venv-transformers with transformers)")
+        print("tiny_llama: skipped (no transformers here nor in VRAMSCOPE_STACK_PYTHON)")
     for fn, wanted in cases:
         module = scratch / ("hf_model.py" if fn == "tiny_llama" else "unexportable.py")
         done = subprocess.run([python[fn], "-m", "vramscope.export", f"{module}:{fn}", "--input", "2,8", "-o",

@@ -76,7 +76,8 @@ def _checkpoint_calls(model, marks: Dict[str, Any], problems: List[str]):
     original, original_sequential = cp.checkpoint, cp.checkpoint_sequential
     names = {m: n for n, m in model.named_modules()}
 
-    def checkpoint(function, *args, use_reentrant=None, **kwargs):
+    def note(function, use_reentrant):
+        """Marks the module `function` runs (or names the call that is not a module's)."""
         target = function
         if getattr(function, "__name__", "") == "forward" and isinstance(getattr(function, "__self__", None),
                                                                        torch.nn.Module):
@@ -86,7 +87,17 @@ def _checkpoint_calls(model, marks: Dict[str, Any], problems: List[str]):
         else:
             problems.append(f"{_caller()}: checkpoint of {getattr(function, '__name__', type(function).__name__)}, "
                             "not a module of the model: a model file checkpoints modules (wrap that code in one)")
+        return target
+
+    def checkpoint(function, *args, use_reentrant=None, **kwargs):
+        target = note(function, use_reentrant)
         return target(*args) if isinstance(target, torch.nn.Module) else function(*args)
+
+    def without_reentrant(function, *args, **kwargs):
+        """PyTorch 2.x's non-reentrant checkpoint: a generator run around the call, which
+        the real checkpoint then makes itself (torch/utils/checkpoint.py)."""
+        note(function, False)
+        yield
 
     def checkpoint_sequential(functions, segments, input, **kwargs):
         problems.append(f"{_caller()}: checkpoint_sequential inside forward: export the model without it and give "
@@ -109,6 +120,12 @@ def _checkpoint_calls(model, marks: Dict[str, Any], problems: List[str]):
         patch(cp.__dict__, "_checkpoint_without_reentrant",
               lambda function, preserve_rng_state=True, *args, **kwargs: checkpoint(function, *args,
                                                                                    use_reentrant=False))
+    # PyTorch 2.x: `_checkpoint_without_reentrant_generator(function, preserve, ..., *args)`
+    # (2.1-2.13) or `..._impl(function, args, kwargs, ...)` (2.14+), next()-ed before and
+    # after the real checkpoint calls the function.
+    for name in ("_checkpoint_without_reentrant_generator", "_checkpoint_without_reentrant_generator_impl"):
+        if name in cp.__dict__:
+            patch(cp.__dict__, name, without_reentrant)
     if "CheckpointFunction" in cp.__dict__:
         patch(cp.__dict__, "CheckpointFunction", type("CheckpointFunction", (), {
             "apply": staticmethod(lambda function, preserve_rng_state, *args: checkpoint(function, *args,
