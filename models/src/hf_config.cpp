@@ -286,7 +286,7 @@ HfConfig::HfConfig(std::string name, std::string model_type, nn::DecoderConfig d
 
 const std::vector<std::string>& HfConfig::option_keys() const noexcept {
   static const std::vector<std::string> keys = {"batch", "seq", "attn", "checkpoint", "lora", "lora_targets",
-                                                "lora_dropout", "quant"};
+                                                "lora_dropout", "quant", "built_on"};
   return keys;
 }
 
@@ -312,6 +312,12 @@ nn::DecoderConfig HfConfig::configure(const nn::ModelOptions& o) const {
     throw Error("model option quant='" + quant + "'; valid: none, nf4 (with double quantization, QLoRA's), nf4-single");
   }
   if (o.lora_dropout && o.lora == 0) throw Error("model option lora_dropout needs lora=RANK");
+  const std::string built_on = o.built_on.value_or("cpu");
+  if (built_on != "cpu" && built_on != "gpu") {
+    throw Error("model option built_on='" + built_on + "'; valid: cpu (built on the CPU or loaded with from_pretrained, "
+                "then moved: the default), gpu (constructed on the GPU, as from_config under torch.device(\"cuda\"))");
+  }
+  c.built_on_gpu = built_on == "gpu";
   if (o.lora > 0) {
     c.lora.rank = o.lora;
     c.lora.alpha = static_cast<double>(o.lora);

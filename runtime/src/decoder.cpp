@@ -517,7 +517,7 @@ std::unique_ptr<Sequential> build_decoder(const DecoderConfig& c) {
   }
   body->append("model.norm", std::make_unique<ModelNorm>(c.hidden, c.rms_eps, state));
   if (c.tie_embeddings) {
-    body->append("lm_head", std::make_unique<TiedLinear>(embed));
+    body->append("lm_head", std::make_unique<TiedLinear>(embed, c.built_on_gpu));
   } else {
     body->append("lm_head", std::make_unique<Linear>(c.hidden, c.vocab, false));
   }

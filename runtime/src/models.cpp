@@ -35,7 +35,8 @@ struct WordKey {
 constexpr WordKey kWordKeys[] = {{"attn", &ModelOptions::attention},
                                  {"checkpoint", &ModelOptions::checkpoint},
                                  {"lora_targets", &ModelOptions::lora_targets},
-                                 {"quant", &ModelOptions::quant}};
+                                 {"quant", &ModelOptions::quant},
+                                 {"built_on", &ModelOptions::built_on}};
 
 double parse_probability(std::string_view key, std::string_view value) {
   double p = 0;
@@ -96,7 +97,7 @@ ModelOptions ModelOptions::parse(std::string_view text) {
     } else {
       throw Error("unknown model option '" + std::string(key) +
                   "'; valid keys: batch, depth, width, seq, image, classes, lora, dropout, inplace, attn, "
-                  "checkpoint, lora_targets, quant, lora_dropout");
+                  "checkpoint, lora_targets, quant, built_on, lora_dropout");
     }
   }
   o.check();

@@ -488,4 +488,10 @@ const Tensor& Embedding::weight() const noexcept { return slots()[weight_].tenso
 
 Tensor TiedLinear::forward(const Tensor& input) { return linear(input, embedding_->weight()); }
 
+void TiedLinear::materialized(DType dtype) {
+  // nn.Linear(hidden, vocab) in LlamaForCausalLM.__init__, then tie_weights() in post_init
+  // (transformers modeling_utils.py) replaces it by the embedding's: allocated, then freed.
+  if (untied_first_) const Tensor own = empty(embedding_->weight().runtime(), embedding_->weight().shape(), dtype);
+}
+
 }  // namespace mem::nn

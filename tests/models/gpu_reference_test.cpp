@@ -124,6 +124,7 @@ TEST(GpuReference, TrainingStepsOfTransformersAndTorchvisionMatchTheH100) {
       cfg.model = load_hf_config(std::string(VRAMSCOPE_SOURCE_DIR) + "/models/zoo/hf/" + model + ".json");
       cfg.model_options.seq = number(row, "seq");
       cfg.model_options.attention = row.at("attn");
+      if (row.at("built_on") == "gpu") cfg.model_options.built_on = "gpu";
       if (row.at("gradient_checkpointing") != "none") cfg.model_options.checkpoint = row.at("gradient_checkpointing");
       if (row.at("lora") != "0") {
         cfg.model_options.lora = number(row, "lora");

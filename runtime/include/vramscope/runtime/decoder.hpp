@@ -51,6 +51,11 @@ struct DecoderConfig {
   std::int64_t kv_heads = 32;
   std::int64_t head_dim = 128;
   bool tie_embeddings = false;
+  /// Constructed on the GPU (from_config under torch.device("cuda")): LlamaForCausalLM's
+  /// __init__ makes lm_head's own weight there, and post_init's tie_weights() frees it
+  /// after every parameter exists, leaving its block in the cache. Built on the CPU and
+  /// moved (or loaded with from_pretrained), only the tied weight reaches the GPU.
+  bool built_on_gpu = false;
   double rms_eps = 1e-6;
   double rope_theta = 10000.0;  ///< the rotary base (values only: memory does not depend on it)
   /// How the eager causal mask is built: Llama's (full, triu, times a bool), or Mistral's and

@@ -52,6 +52,9 @@ struct ModelOptions {
   std::optional<std::string> lora_targets;  ///< lora_targets: q_proj+v_proj, ... or all
   std::optional<double> lora_dropout;     ///< lora_dropout in [0, 1)
   std::optional<std::string> quant;       ///< quant: none, nf4 (double quantization), nf4-single
+  /// built_on: cpu (built on the CPU or loaded by from_pretrained, then moved) or gpu
+  /// (constructed on the GPU: from_config under torch.device("cuda"))
+  std::optional<std::string> built_on;
 
   /// Parses "depth=200,width=1024,batch=32,seq=512,image=128,classes=10,dropout=0,inplace=1"
   /// and the transformer keys "attn=eager,checkpoint=reentrant,lora=16,lora_targets=q_proj+v_proj,
@@ -61,7 +64,7 @@ struct ModelOptions {
   /// The size option `key` ("batch", "depth", ...) when set; nullopt when not set.
   std::optional<std::int64_t> size(std::string_view key) const;
   /// Every option key: batch, depth, width, seq, image, classes, lora, dropout, inplace, attn,
-  /// checkpoint, lora_targets, quant, lora_dropout.
+  /// checkpoint, lora_targets, quant, built_on, lora_dropout.
   static const std::vector<std::string>& keys();
   /// The keys set here, in keys() order.
   std::vector<std::string> given() const;

@@ -481,14 +481,20 @@ class Embedding : public Module {
 };
 
 /// lm_head tied to the input embeddings (tie_word_embeddings): a bias-free Linear on the
-/// Embedding's weight, which it does not own (no parameter of its own).
+/// Embedding's weight, which it does not own (no parameter of its own). `untied_first`:
+/// built on the device, it first allocates a weight of its own, freed when tied.
 class TiedLinear : public Module {
  public:
-  explicit TiedLinear(const Embedding& embedding) : Module("Linear"), embedding_(&embedding) {}
+  explicit TiedLinear(const Embedding& embedding, bool untied_first = false)
+      : Module("Linear"), embedding_(&embedding), untied_first_(untied_first) {}
   Tensor forward(const Tensor& input) override;
+
+ protected:
+  void materialized(DType dtype) override;
 
  private:
   const Embedding* embedding_;
+  bool untied_first_;
 };
 
 /// GPT-2 eager attention: c_attn (Conv1D to 3C), split, heads as views, q @ k^T
