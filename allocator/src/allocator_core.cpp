@@ -826,6 +826,32 @@ void AllocatorCore::empty_cache() {
   release_cached_blocks();
 }
 
+void AllocatorCore::load_module(std::string_view name, std::size_t bytes) {
+  std::lock_guard guard(lock_);
+  const std::optional<std::size_t> held = device_->load_module(bytes);
+  if (!held) {
+    const DeviceMemInfo mem = device_->mem_get_info();
+    OutOfMemoryError::Figures f;
+    f.requested = bytes;
+    f.device_total = mem.total_bytes;
+    f.device_free = mem.free_bytes;
+    f.process_used = static_cast<std::size_t>(stats_.device_used_bytes.current);
+    f.allocated = static_cast<std::size_t>(pool_stats_.allocated_bytes.current());
+    f.reserved = static_cast<std::size_t>(pool_stats_.reserved_bytes.current());
+    ++stats_.num_ooms;
+    throw OutOfMemoryError("CUDA out of memory loading " + std::string(name) + "'s kernels (" + format_bytes(bytes) +
+                               " outside the allocator). GPU " + device_->info().name + " has " +
+                               format_bytes(mem.free_bytes) + " free; " + format_bytes(f.allocated) +
+                               " is allocated and " + format_bytes(f.reserved) +
+                               " reserved by vramscope. Free cached blocks (empty_cache) or use a smaller batch.",
+                           f);
+  }
+  // What the device now holds beyond the segments (a real GPU loads its own: 0 here).
+  context_bytes_ += *held;
+  stats_.context_bytes = static_cast<std::int64_t>(context_bytes_);
+  update_device_view();
+}
+
 void AllocatorCore::set_memory_fraction(double fraction) {
   if (!(fraction >= 0.0 && fraction <= 1.0)) {
     throw Error("set_memory_fraction(" + std::to_string(fraction) +

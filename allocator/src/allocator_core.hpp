@@ -43,6 +43,7 @@ class AllocatorCore {
   bool relabel(const void* ptr, std::uint32_t context) noexcept;
   void empty_cache();
   void set_memory_fraction(double fraction);
+  void load_module(std::string_view name, std::size_t bytes);
   DeviceStats stats() const;
   void reset_peak_stats();
   void reset_accumulated_stats();

@@ -24,6 +24,7 @@ bool CachingAllocator::relabel(const void* ptr, std::uint32_t context) noexcept 
   return core_->relabel(ptr, context);
 }
 void CachingAllocator::empty_cache() { core_->empty_cache(); }
+void CachingAllocator::load_module(std::string_view name, std::size_t bytes) { core_->load_module(name, bytes); }
 void CachingAllocator::set_memory_fraction(double fraction) {
   core_->set_memory_fraction(fraction);
 }

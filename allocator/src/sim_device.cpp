@@ -29,9 +29,10 @@ namespace {
 // description says "about". Figures move by a few MiB between driver versions.
 //
 // context: what nvidia-smi shows for a process right after the CUDA runtime initialises
-// (CUDA 12 with lazy module loading, no cuBLAS/cuDNN handles yet). It is an assumption, not
-// a measurement: it depends on the driver, the CUDA version and the libraries loaded, so it
-// is printed beside every figure and can be overridden with context=.
+// (CUDA 12 or 13 with lazy module loading, no cuBLAS/cuDNN kernels loaded yet; the runtime
+// adds those when they first run, Device::load_module). Measured on the H100; elsewhere an
+// assumption: it depends on the driver, the CUDA version and the libraries, so it is
+// printed beside every figure and can be overridden with context=.
 //
 // latency: cudaMalloc of a 2 MiB..1 GiB segment takes tens of microseconds on current
 // drivers, cudaFree somewhat more since it synchronizes the device first. We charge a flat
@@ -78,10 +79,10 @@ constexpr Preset kPresets[] = {
     {"a100-80g", mib(81049), mib(420), 80,
      "A100 80GB (Ampere, HBM2e): total about 81049 MiB as deviceQuery reports it (PyTorch: "
      "\"79.15 GiB total capacity\"; nvidia-smi shows 81920 MiB); context 420 MiB assumed"},
-    {"h100-80g", 85'017'493'504, mib(751), 90,
+    {"h100-80g", 85'017'493'504, 552'402'944, 90,
      "H100 80GB HBM3 (Hopper, SXM): total 85,017,493,504 B = 79.18 GiB as cudaMemGetInfo "
-     "reports it (nvidia-smi: 81559 MiB); context 751 MiB, measured beside PyTorch 2.11's "
-     "allocator after a training step (driver 580)"},
+     "reports it (nvidia-smi: 81559 MiB); context 526.81 MiB, measured with PyTorch 2.11 and "
+     "CUDA 13 right after initialisation (driver 580)"},
     // The rest: Linux figures from deviceQuery outputs and PyTorch OOM messages users posted
     // (sources in each description); the context is PyTorch's maintainers' figure for CUDA
     // >= 11.7 with lazy module loading, "around 400MB" (pytorch/pytorch#109888), unless said.
@@ -116,12 +117,12 @@ constexpr Preset kPresets[] = {
      "NVIDIA L40S (Ada, 48 GB GDDR6): total 47,576,711,168 B = 45373 MiB as deviceQuery reports "
      "it (CUDA 12.4; PyTorch: 44.31-44.53 GiB, most often 44.39, Wan-Video/Wan2.1#205); context "
      "400 MiB assumed"},
-    {"h200", mib(143155), mib(751), 90,
+    {"h200", mib(143155), 552'402'944, 90,
      "H200 141GB HBM3e (Hopper): total about 143155 MiB (PyTorch: \"139.80 GiB total "
-     "capacity\", also 139.72-139.81); context 751 MiB assumed, as measured on an H100"},
-    {"b200", mib(182630), mib(751), 100,
+     "capacity\", also 139.72-139.81); context 526.81 MiB assumed, as measured on an H100"},
+    {"b200", mib(182630), 552'402'944, 100,
      "B200 180GB HBM3e (Blackwell): total about 182630 MiB (PyTorch: \"178.35 GiB total "
-     "capacity\", also 178.36); context 751 MiB assumed, as measured on an H100"},
+     "capacity\", also 178.36); context 526.81 MiB assumed, as measured on an H100"},
 };
 
 // A custom GPU ("sim:capacity=...") without context= gets PyTorch's maintainers' figure for a
@@ -658,6 +659,14 @@ void SimDevice::unmap_memory(void* address, std::size_t bytes) noexcept {
   }
   mapped_.erase(it);
   give_back_memory_locked(size);
+}
+
+std::optional<std::size_t> SimDevice::load_module(std::size_t bytes) {
+  std::lock_guard lock(mutex_);
+  const std::size_t rounded = pages_of(bytes) * config_.granularity;
+  if (rounded > config_.capacity - config_.context_bytes - used_rounded_) return std::nullopt;
+  config_.context_bytes += rounded;  // from now on part of what the process holds outside segments
+  return rounded;
 }
 
 DeviceMemInfo SimDevice::mem_get_info() const {

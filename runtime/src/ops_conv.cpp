@@ -411,6 +411,7 @@ Tensor convolution(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, c
   const ConvGeom g = conv_geom(x.shape(), w.shape(), p);
   Runtime& rt = x.runtime();
   Tensor out = empty(rt, Shape{g.n, g.o, g.ho, g.wo}, x.dtype());
+  rt.uses_cudnn();
   Tensor cols;
   if (!g.direct()) cols = empty(rt, Shape{g.ckk(), g.hw_out()}, x.dtype());  // workspace
   rt.add_flops(linear_flops(g.o, g.hw_out(), g.group_ckk()) * static_cast<double>(g.n) +
@@ -493,6 +494,7 @@ Tensor conv_transpose2d(const Tensor& x_in, const Tensor& w_in, const Tensor& b_
   }
   Runtime& rt = x.runtime();
   Tensor out = empty(rt, out_shape, x.dtype());
+  rt.uses_cudnn();
   // THNN's slow_conv_transpose2d (and the analogue here of conv2d's im2col columns): one
   // sample's columns [O k k, H_in W_in] as workspace while the op runs.
   Tensor cols = empty(rt, Shape{g.ckk(), g.hw_out()}, x.dtype());

@@ -162,6 +162,7 @@ Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, con
     save_invstd = empty(rt, Shape{c}, acc_type(x.dtype()));
   }
   rt.add_flops(5.0 * static_cast<double>(x.numel()));
+  rt.uses_cudnn();  // cudnn_batch_norm (Normalization.cpp picks it on CUDA with cuDNN enabled)
   if (rt.computing()) {
     detail::dispatch(acc_type(x.dtype()), [&](auto tag) {
       using T = decltype(tag);

@@ -57,7 +57,17 @@ std::size_t Runtime::gemm_workspace_bytes() const noexcept {
   return total;
 }
 
+void Runtime::uses_cudnn() {
+  if (cudnn_loaded_) return;
+  allocator_->load_module("cuDNN", stack_.cudnn_module_bytes());
+  cudnn_loaded_ = true;
+}
+
 void Runtime::gemm_workspace(bool lt) {
+  if (!cublas_loaded_) {
+    allocator_->load_module("cuBLAS", stack_.cublas_module_bytes());
+    cublas_loaded_ = true;
+  }
   const int thread = tls_phase == Phase::Backward || tls_phase == Phase::Recompute ? 1 : 0;
   auto reserve = [&](std::shared_ptr<detail::TensorImpl>& slot, std::size_t bytes) {
     if (slot == nullptr) slot = empty(*this, Shape{static_cast<std::int64_t>(bytes)}, DType::U8).impl_ptr();

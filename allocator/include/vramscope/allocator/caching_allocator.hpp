@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "vramscope/allocator/config.hpp"
@@ -93,6 +94,10 @@ class CachingAllocator {
   void empty_cache();
   /// Caps this allocator at fraction * device total (set_per_process_memory_fraction).
   void set_memory_fraction(double fraction);
+  /// A library's kernels loaded on the device (`name`: "cuBLAS", "cuDNN"): `bytes` outside
+  /// the allocator that the nvidia-smi view counts from now on (Device::load_module).
+  /// Throws OutOfMemoryError, changing nothing, when the device has no room for them.
+  void load_module(std::string_view name, std::size_t bytes);
 
   DeviceStats stats() const;
   void reset_peak_stats();

@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 namespace mem {
@@ -61,6 +62,15 @@ class Device {
   virtual void unmap_memory(void* /*address*/, std::size_t /*bytes*/) noexcept {}
 
   /// cudaMemGetInfo.
+  /// Device memory a library's kernels take when it first runs (CUDA's lazy module
+  /// loading: cuBLAS's and cuDNN's kernels), outside any allocator: nvidia-smi shows it
+  /// and cudaMemGetInfo counts it, from then on. Returns the bytes the device now holds for
+  /// it, nullopt when they do not fit. A simulated device holds `bytes` at its granularity;
+  /// a real GPU loads its libraries when their kernels run: 0, nothing to do.
+  virtual std::optional<std::size_t> load_module(std::size_t bytes) {
+    (void)bytes;
+    return 0;
+  }
   virtual DeviceMemInfo mem_get_info() const = 0;
   /// Bytes this process uses as nvidia-smi shows them (context + segments at driver granularity).
   virtual std::size_t process_used_bytes() const = 0;

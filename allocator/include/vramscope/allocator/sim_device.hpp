@@ -67,6 +67,7 @@ class SimDevice final : public Device {
   void release_address_range(void* base, std::size_t bytes) noexcept override;
   bool map_memory(void* address, std::size_t bytes) override;
   void unmap_memory(void* address, std::size_t bytes) noexcept override;
+  std::optional<std::size_t> load_module(std::size_t bytes) override;
   DeviceMemInfo mem_get_info() const override;
   std::size_t process_used_bytes() const override;
 

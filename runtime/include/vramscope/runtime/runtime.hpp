@@ -118,6 +118,12 @@ class Runtime {
   /// Bytes the workspaces hold so far (they stay allocated until the runtime ends).
   std::size_t gemm_workspace_bytes() const noexcept;
 
+  // --- libraries --------------------------------------------------------------------
+  /// Called by every op that runs cuDNN's kernels (convolution, batch norm, fused
+  /// attention): the first loads them on the device (Stack::cudnn_module_bytes). The first
+  /// matrix product loads cuBLAS's the same way (gemm_workspace).
+  void uses_cudnn();
+
   // --- the modelled stack -------------------------------------------------------------
   /// Which PyTorch, transformers and PEFT the ops and modules behave as (stack.hpp).
   const Stack& stack() const noexcept { return stack_; }
@@ -141,6 +147,7 @@ class Runtime {
   std::vector<std::pair<const detail::TensorImpl*, std::shared_ptr<detail::TensorImpl>>> cast_cache_;
   std::vector<std::string> warnings_;
   Stack stack_;
+  bool cublas_loaded_ = false, cudnn_loaded_ = false;
   std::shared_ptr<detail::TensorImpl> blas_workspace_[2], lt_workspace_[2];  // [forward, backward thread]
 };
 

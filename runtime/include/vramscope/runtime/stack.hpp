@@ -11,6 +11,7 @@
 #pragma once
 
 #include <compare>
+#include <cstddef>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -53,6 +54,11 @@ struct Stack {
   bool sdpa_enable_gqa() const noexcept;
   /// sdpa_attention_forward calls .contiguous() on q, k and v before SDPA (4.x).
   bool sdpa_contiguous_inputs() const noexcept;
+  /// Device memory CUDA's lazy loading adds to nvidia-smi's figure when a library's kernels
+  /// first run, outside the allocator: cuBLAS (the first matrix product) and cuDNN (the
+  /// first convolution, batch norm or fused attention).
+  std::size_t cublas_module_bytes() const noexcept;
+  std::size_t cudnn_module_bytes() const noexcept;
 };
 
 }  // namespace mem::nn
