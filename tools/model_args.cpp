@@ -71,7 +71,8 @@ void add_model_options(CLI::App& app, ModelArgs& args, const std::string& defaul
   app.add_option("--attn", args.attention, "transformers: eager, sdpa (flash; the default) or sdpa-efficient")
       ->type_name("IMPL");
   app.add_option("--gradient-checkpointing", args.checkpoint,
-                 "transformers: checkpoint every decoder layer: reentrant (HF's default) or non-reentrant")
+                 "transformers: checkpoint every decoder layer: on (gradient_checkpointing_enable() as the --stack's "
+                 "transformers does it: non-reentrant in 5.x, reentrant in 4.x), reentrant or non-reentrant")
       ->type_name("MODE");
   app.add_option("--lora", args.lora, "transformers: LoRA adapters of this rank; base weights frozen")
       ->check(integer_in(1, nn::kMaxLoraRank))
@@ -93,6 +94,10 @@ void add_model_options(CLI::App& app, ModelArgs& args, const std::string& defaul
 
 nn::Stack parse_stack(const ModelArgs& args) {
   return as_usage("--stack", [&] { return nn::Stack::parse(args.stack); });
+}
+
+void resolve_checkpoint_default(nn::ModelOptions& options, const nn::Stack& stack) {
+  if (options.checkpoint == "on") options.checkpoint = std::string(stack.checkpoint_default());
 }
 
 std::vector<std::int64_t> parse_size_list(const std::string& option, const std::string& text, std::int64_t max) {

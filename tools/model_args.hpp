@@ -46,6 +46,8 @@ void add_model_options(CLI::App& app, ModelArgs& args, const std::string& defaul
 /// --stack as a Stack (the validated default when not given); a UsageError names the
 /// known versions.
 nn::Stack parse_stack(const ModelArgs& args);
+/// --gradient-checkpointing on: gradient_checkpointing_enable()'s mode under `stack`.
+void resolve_checkpoint_default(nn::ModelOptions& options, const nn::Stack& stack);
 
 /// A list of sizes as typed ("8,16,32"): each a whole number in [1, max], no empty
 /// item; an empty text is an empty list. UsageError names `option`.

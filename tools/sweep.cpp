@@ -166,6 +166,8 @@ std::shared_ptr<Device> unlimited_twin(const DeviceInfo& info) {
   c.name = "unlimited";
   c.capacity = kUnlimitedCapacity;
   c.context_bytes = info.context_bytes;
+  c.cublas_bytes = info.cublas_bytes;
+  c.cudnn_bytes = info.cudnn_bytes;
   if (info.granularity != 0) c.granularity = info.granularity;
   c.backing = SimBacking::None;
   c.description = "the sweep's device without its capacity limit";

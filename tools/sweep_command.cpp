@@ -83,6 +83,8 @@ SweepSpec make_spec(const SweepArgs& args) {
   }
   spec.model = resolve_model(model, "mlp");
   spec.model_options = to_model_options(model, /*lists_allowed=*/true);
+  spec.stack = parse_stack(model);
+  resolve_checkpoint_default(spec.model_options, spec.stack);
   if (auto batches = parse_size_list("--batch", model.batch, nn::kMaxBatch); batches.size() > 1) {
     spec.batches = std::move(batches);
   }
@@ -96,7 +98,6 @@ SweepSpec make_spec(const SweepArgs& args) {
   spec.checkpoint_mode =
       as_usage("--checkpoint", [&] { return nn::parse_checkpoint_mode(args.checkpoint_mode); });
   spec.input_requires_grad = args.input_requires_grad;
-  spec.stack = parse_stack(model);
   if (args.format != "table" && args.format != "csv" && args.format != "json") {
     throw UsageError("--format: \"" + args.format + "\" is not a format; valid: table, csv, json");
   }

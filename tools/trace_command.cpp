@@ -60,6 +60,8 @@ nn::TrainConfig make_config(const TraceArgs& args) {
   nn::TrainConfig cfg;
   cfg.model = resolve_model(args.model, "resnet18");
   cfg.model_options = to_model_options(args.model);
+  cfg.stack = parse_stack(args.model);
+  resolve_checkpoint_default(cfg.model_options, cfg.stack);
   const nn::ModelInfo info = describe(*cfg.model, cfg.model_options);
   cfg.mode = args.compute ? nn::ExecMode::Compute : nn::ExecMode::DryRun;
   cfg.device = resolve_device(args.device, cfg.mode);
@@ -91,7 +93,6 @@ nn::TrainConfig make_config(const TraceArgs& args) {
   cfg.checkpoint_mode =
       as_usage("--checkpoint", [&] { return nn::parse_checkpoint_mode(args.checkpoint_mode); });
   cfg.input_requires_grad = args.input_requires_grad;
-  cfg.stack = parse_stack(args.model);
   return cfg;
 }
 

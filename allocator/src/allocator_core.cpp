@@ -828,7 +828,7 @@ void AllocatorCore::empty_cache() {
 
 void AllocatorCore::load_module(std::string_view name, std::size_t bytes) {
   std::lock_guard guard(lock_);
-  const std::optional<std::size_t> held = device_->load_module(bytes);
+  const std::optional<std::size_t> held = device_->load_module(name, bytes);
   if (!held) {
     const DeviceMemInfo mem = device_->mem_get_info();
     OutOfMemoryError::Figures f;

@@ -5,6 +5,7 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cassert>
 #include <charconv>
 #include <cmath>
@@ -170,7 +171,16 @@ void release_address_window(std::uintptr_t base) noexcept {
 }
 
 constexpr std::string_view kSpecKeys =
-    "capacity, context, granularity, backing, malloc_us, free_us, sm";
+    "capacity, context, granularity, backing, malloc_us, free_us, sm, cublas, cudnn";
+
+// The libraries' kernels CUDA's lazy loading (>= 11.7) brings onto the device when they
+// first run: measured with PyTorch 2.11 and CUDA 13 on an H100 (../shared/gpu-reference):
+// nvidia-smi less the reserved segments grew from 526.81 MiB at initialisation to 750.81 MiB
+// where only cuBLAS ran (mlp, gpt2, eager llama) and 766.81 MiB where cuDNN ran too (SDPA's
+// attention, torchvision's convolutions and batch norms; resnet50 and mobilenet_v2 2-4 MiB
+// more). Assumed for the other GPUs; "cublas=" and "cudnn=" override them.
+constexpr std::size_t kCublasBytes = std::size_t{224} << 20;
+constexpr std::size_t kCudnnBytes = std::size_t{16} << 20;
 
 std::string preset_list() {
   std::string out;
@@ -255,6 +265,8 @@ SimDeviceConfig from_preset(const Preset& p) {
   c.capacity = p.capacity;
   c.context_bytes = p.context;
   c.compute_capability = p.compute_capability;
+  c.cublas_bytes = kCublasBytes;
+  c.cudnn_bytes = kCudnnBytes;
   c.granularity = 2 * MiB;
   c.backing = SimBacking::None;
   c.malloc_latency_us = kMallocUs;
@@ -343,6 +355,10 @@ SimDeviceConfig parse_sim_spec(const std::string& spec) {
                       "\" is not valid; use backing=none (addresses only) or backing=host "
                       "(host memory behind every segment)");
         }
+      } else if (key == "cublas") {
+        c.cublas_bytes = parse_bytes(value, /*allow_zero=*/true);
+      } else if (key == "cudnn") {
+        c.cudnn_bytes = parse_bytes(value, /*allow_zero=*/true);
       } else if (key == "sm") {
         c.compute_capability = parse_compute_capability(whole, value);
       } else if (key == "malloc_us") {
@@ -376,6 +392,8 @@ SimDeviceConfig parse_sim_spec(const std::string& spec) {
                   preset_list() + ")");
     }
     c.description = "custom simulated GPU from \"" + canonical + "\"";
+    if (!seen.contains("cublas")) c.cublas_bytes = kCublasBytes;
+    if (!seen.contains("cudnn")) c.cudnn_bytes = kCudnnBytes;
     if (!seen.contains("context")) {
       if (c.capacity <= kDefaultContext) {
         throw Error("sim spec \"" + std::string(whole) + "\": capacity " + format_bytes(c.capacity) +
@@ -406,8 +424,15 @@ SimDevice::SimDevice(SimDeviceConfig config)
   info_.granularity = config_.granularity;
   info_.simulated = true;
   info_.compute_capability = config_.compute_capability;
+  info_.cublas_bytes = config_.cublas_bytes;
+  info_.cudnn_bytes = config_.cudnn_bytes;
+  const std::string libraries =
+      config_.cublas_bytes + config_.cudnn_bytes == 0
+          ? std::string()
+          : " (then cuBLAS's kernels " + format_bytes(config_.cublas_bytes) + " and cuDNN's " +
+                format_bytes(config_.cudnn_bytes) + " when they first run)";
   info_.assumptions = "simulated " + config_.name + ": " + format_bytes(config_.capacity) +
-                      " total, CUDA context " + format_bytes(config_.context_bytes) + " assumed, " +
+                      " total, CUDA context " + format_bytes(config_.context_bytes) + " assumed" + libraries + ", " +
                       format_bytes(config_.granularity) + " driver granularity, cudaMalloc " +
                       format_us(config_.malloc_latency_us) + " / cudaFree " +
                       format_us(config_.free_latency_us) + " on a virtual clock, backing " +
@@ -661,11 +686,13 @@ void SimDevice::unmap_memory(void* address, std::size_t bytes) noexcept {
   give_back_memory_locked(size);
 }
 
-std::optional<std::size_t> SimDevice::load_module(std::size_t bytes) {
+std::optional<std::size_t> SimDevice::load_module(std::string_view name, std::size_t bytes) {
   std::lock_guard lock(mutex_);
+  if (std::find(modules_.begin(), modules_.end(), name) != modules_.end()) return 0;
   const std::size_t rounded = pages_of(bytes) * config_.granularity;
   if (rounded > config_.capacity - config_.context_bytes - used_rounded_) return std::nullopt;
   config_.context_bytes += rounded;  // from now on part of what the process holds outside segments
+  modules_.emplace_back(name);
   return rounded;
 }
 

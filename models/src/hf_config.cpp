@@ -298,7 +298,7 @@ nn::DecoderConfig HfConfig::configure(const nn::ModelOptions& o) const {
     c.checkpoint = mode == "reentrant" ? nn::CheckpointMark::Reentrant : nn::CheckpointMark::NonReentrant;
   } else if (mode != "none") {
     throw Error("model option checkpoint='" + mode + "'; valid: none, reentrant (gradient_checkpointing_enable()'s "
-                "default), non-reentrant");
+                "default in transformers 4.x), non-reentrant (its default in 5.x)");
   }
   if (o.lora_targets && o.lora == 0) throw Error("model option lora_targets needs lora=RANK");
   const std::string quant = o.quant.value_or("none");

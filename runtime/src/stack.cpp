@@ -116,13 +116,11 @@ bool Stack::sdpa_enable_gqa() const noexcept { return transformers >= Version{5,
 // (q and k in the [B, S, H, d] layout of the projection, seen as [B, H, S, d]).
 bool Stack::sdpa_contiguous_inputs() const noexcept { return transformers < Version{5, 0}; }
 
-// Measured with PyTorch 2.11.0+cu130 on an H100 (driver 580, ../shared/gpu-reference): the
-// process shows 526.81 MiB right after CUDA initialises; after a training step, 224 MiB more
-// where only cuBLAS ran (the mlp, gpt2, eager llama), 240 MiB where cuDNN ran too (SDPA's
-// attention on sm90, torchvision's convolutions and batch norms; resnet50 and mobilenet_v2
-// show 2-4 MiB more still, for further cuDNN kernels). Lazy module loading (CUDA >= 11.7)
-// loads each library's kernels when they first run. The other stacks' are assumed equal.
-std::size_t Stack::cublas_module_bytes() const noexcept { return std::size_t{224} << 20; }
-std::size_t Stack::cudnn_module_bytes() const noexcept { return std::size_t{16} << 20; }
+// modeling_utils.py, PreTrainedModel.gradient_checkpointing_enable: without
+// gradient_checkpointing_kwargs, {"use_reentrant": True} in 4.50.3, {"use_reentrant": False}
+// in 5.17.
+std::string_view Stack::checkpoint_default() const noexcept {
+  return transformers < Version{5, 0} ? "reentrant" : "non-reentrant";
+}
 
 }  // namespace mem::nn

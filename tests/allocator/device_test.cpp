@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "vramscope/allocator/caching_allocator.hpp"
 #include "vramscope/allocator/errors.hpp"
 #include "vramscope/allocator/sim_device.hpp"
 #include "vramscope/allocator/units.hpp"
@@ -188,9 +189,9 @@ TEST(SimPresets, TheRequiredCardsExistWithDocumentedNumbers) {
   EXPECT_EQ(sim_preset("a100-80g").capacity, std::size_t{81049} * MiB);
   EXPECT_EQ(sim_preset("a100-40g").capacity, std::size_t{42'298'834'944});
   // Read on an H100 80GB HBM3 (driver 580): cudaMemGetInfo's total, and the context
-  // beside PyTorch 2.11 after a training step (nvidia-smi minus reserved).
+  // PyTorch 2.11 (CUDA 13) shows right after initialisation (total - free - reserved).
   EXPECT_EQ(sim_preset("h100-80g").capacity, std::size_t{85'017'493'504});
-  EXPECT_EQ(sim_preset("h100-80g").context_bytes, 751 * MiB);
+  EXPECT_EQ(sim_preset("h100-80g").context_bytes, std::size_t{552'402'944});
   EXPECT_EQ(sim_preset("h100-80g").compute_capability, 90);
   EXPECT_EQ(sim_preset("a100-80g").compute_capability, 80);
   const auto in_gib = [](const char* name) {
@@ -359,9 +360,9 @@ TEST(SimDeviceTest, InfoSpellsOutTheAssumptions) {
   EXPECT_EQ(info.context_bytes, 420 * MiB);
   EXPECT_EQ(info.granularity, 2 * MiB);
   EXPECT_EQ(info.assumptions,
-            "simulated a100-80g: 79.15 GiB total, CUDA context 420.00 MiB assumed, 2.00 MiB "
-            "driver granularity, cudaMalloc 25 us / cudaFree 40 us on a virtual clock, "
-            "backing none");
+            "simulated a100-80g: 79.15 GiB total, CUDA context 420.00 MiB assumed (then cuBLAS's kernels "
+            "224.00 MiB and cuDNN's 16.00 MiB when they first run), 2.00 MiB driver granularity, cudaMalloc "
+            "25 us / cudaFree 40 us on a virtual clock, backing none");
   // A name already spelled as a device spec is not prefixed twice.
   SimDeviceConfig c = custom(GiB);
   c.name = "sim:test";
@@ -863,6 +864,42 @@ TEST(SimDeviceVirtualMemory, RangesOfDevicesAliveAtOnceNeverOverlap) {
   EXPECT_TRUE(sa + 20 * MiB <= ra || ra + 2 * GiB <= sa);
   EXPECT_TRUE(sa + 20 * MiB <= rb || rb + 2 * GiB <= sa);
   a.free_segment(reinterpret_cast<void*>(sa), 20 * MiB);
+}
+
+}  // namespace
+}  // namespace mem
+
+namespace mem {
+namespace {
+
+// A library's kernels (lazy loading) take device memory outside the allocator: the
+// nvidia-smi view and cudaMemGetInfo count them once per library, at the device's
+// granularity; one that does not fit is an out-of-memory error that changes nothing.
+TEST(SimDeviceModules, LibrariesLoadOnceAndCountOutsideTheAllocator) {
+  auto dev = std::make_shared<SimDevice>(custom(64 * MiB, 8 * MiB));
+  CachingAllocator alloc{dev};
+  void* p = alloc.allocate(3 * MiB);
+  const DeviceStats before = alloc.stats();
+  EXPECT_EQ(before.device_used_bytes.current, static_cast<std::int64_t>(8 * MiB + 20 * MiB));
+  alloc.load_module("cuBLAS", 5 * MiB + 1);  // 6 MiB in 2 MiB pages
+  alloc.load_module("cuBLAS", 5 * MiB + 1);  // loaded already: nothing more
+  const DeviceStats after = alloc.stats();
+  EXPECT_EQ(after.device_used_bytes.current, before.device_used_bytes.current + static_cast<std::int64_t>(6 * MiB));
+  EXPECT_EQ(after.context_bytes, static_cast<std::int64_t>(14 * MiB));
+  EXPECT_EQ(after.reserved_bytes[0].current, before.reserved_bytes[0].current);
+  EXPECT_EQ(dev->mem_get_info().free_bytes, 64 * MiB - 14 * MiB - 20 * MiB);
+  EXPECT_EQ(dev->process_used_bytes(), 34 * MiB);
+  // 30 MiB are free: a 40 MiB library does not fit, and nothing moves.
+  EXPECT_THROW(alloc.load_module("cuDNN", 40 * MiB), OutOfMemoryError);
+  EXPECT_EQ(alloc.stats().device_used_bytes.current, after.device_used_bytes.current);
+  EXPECT_EQ(dev->mem_get_info().free_bytes, 30 * MiB);
+  alloc.validate();
+  // The device holds 30 MiB more segments around the library, then none (17 MiB stay free in the first).
+  void* q = alloc.allocate(30 * MiB);
+  EXPECT_THROW((void)alloc.allocate(18 * MiB), OutOfMemoryError);
+  alloc.deallocate(q);
+  alloc.deallocate(p);
+  alloc.validate();
 }
 
 }  // namespace

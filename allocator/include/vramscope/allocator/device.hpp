@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 
 namespace mem {
 
@@ -26,6 +27,9 @@ struct DeviceInfo {
   std::size_t granularity = 0;    ///< driver rounding of a segment in nvidia-smi's view
   bool simulated = true;
   int compute_capability = 0;     ///< major * 10 + minor (75 Turing, 80 A100, 90 H100); 0 unknown
+  /// Device memory CUDA's lazy loading adds, outside any allocator, when cuBLAS's and
+  /// cuDNN's kernels first run (Device::load_module). 0 on a real GPU, which loads its own.
+  std::size_t cublas_bytes = 0, cudnn_bytes = 0;
   std::string assumptions;        ///< one line to print beside any figure from this device
 };
 
@@ -65,9 +69,11 @@ class Device {
   /// Device memory a library's kernels take when it first runs (CUDA's lazy module
   /// loading: cuBLAS's and cuDNN's kernels), outside any allocator: nvidia-smi shows it
   /// and cudaMemGetInfo counts it, from then on. Returns the bytes the device now holds for
-  /// it, nullopt when they do not fit. A simulated device holds `bytes` at its granularity;
-  /// a real GPU loads its libraries when their kernels run: 0, nothing to do.
-  virtual std::optional<std::size_t> load_module(std::size_t bytes) {
+  /// it, nullopt when they do not fit. A simulated device holds `bytes` at its granularity,
+  /// once per `name` (a process loads a library once); a real GPU loads its libraries when
+  /// their kernels run: 0, nothing to do.
+  virtual std::optional<std::size_t> load_module(std::string_view name, std::size_t bytes) {
+    (void)name;
     (void)bytes;
     return 0;
   }

@@ -120,7 +120,7 @@ class Runtime {
 
   // --- libraries --------------------------------------------------------------------
   /// Called by every op that runs cuDNN's kernels (convolution, batch norm, fused
-  /// attention): the first loads them on the device (Stack::cudnn_module_bytes). The first
+  /// attention): the first loads them on the device (DeviceInfo::cudnn_bytes). The first
   /// matrix product loads cuBLAS's the same way (gemm_workspace).
   void uses_cudnn();
 

@@ -11,7 +11,6 @@
 #pragma once
 
 #include <compare>
-#include <cstddef>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -54,11 +53,9 @@ struct Stack {
   bool sdpa_enable_gqa() const noexcept;
   /// sdpa_attention_forward calls .contiguous() on q, k and v before SDPA (4.x).
   bool sdpa_contiguous_inputs() const noexcept;
-  /// Device memory CUDA's lazy loading adds to nvidia-smi's figure when a library's kernels
-  /// first run, outside the allocator: cuBLAS (the first matrix product) and cuDNN (the
-  /// first convolution, batch norm or fused attention).
-  std::size_t cublas_module_bytes() const noexcept;
-  std::size_t cudnn_module_bytes() const noexcept;
+  /// What gradient_checkpointing_enable() does without arguments: "reentrant" (4.x) or
+  /// "non-reentrant" (5.x).
+  std::string_view checkpoint_default() const noexcept;
 };
 
 }  // namespace mem::nn
