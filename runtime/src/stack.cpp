@@ -15,7 +15,13 @@ std::string join(const std::vector<Version>& versions) {
   return out;
 }
 
-/// "2.11", "2.11.0" or "2.11.0+cu130" -> {2, 11}; nullopt-like {-1, -1} when malformed.
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
+
+/// "2.11", "2.11.0" or "2.11.0+cu130" -> {2, 11}; {-1, -1} when malformed.
 Version parse_version(std::string_view text) {
   Version v{-1, -1};
   const char* p = text.data();
@@ -60,12 +66,12 @@ Stack Stack::parse(std::string_view spec) {
   std::size_t pos = 0;
   while (pos <= spec.size() && !spec.empty()) {
     const std::size_t comma = spec.find(',', pos);
-    const std::string_view item = spec.substr(pos, comma == std::string_view::npos ? spec.npos : comma - pos);
+    const std::string_view item = trim(spec.substr(pos, comma == std::string_view::npos ? spec.npos : comma - pos));
     const std::size_t eq = item.find('=');
     if (eq == std::string_view::npos) {
-      throw Error("--stack: \"" + std::string(item) + "\" is not key=version; give e.g. torch=2.11,transformers=5.17");
+      throw Error("\"" + std::string(item) + "\" is not package=version; give e.g. torch=2.11,transformers=5.17");
     }
-    const std::string_view key = item.substr(0, eq), value = item.substr(eq + 1);
+    const std::string_view key = trim(item.substr(0, eq)), value = trim(item.substr(eq + 1));
     struct Package {
       std::string_view key;
       Version* field;
@@ -79,18 +85,18 @@ Stack Stack::parse(std::string_view spec) {
       const Package& p = packages[i];
       if (key != p.key) continue;
       matched = true;
-      if (seen[i]) throw Error("--stack: " + std::string(key) + " is given twice");
+      if (seen[i]) throw Error(std::string(key) + " is given twice");
       seen[i] = true;
       const Version v = parse_version(value);
       bool known = false;
       for (const Version& k : *p.known) known = known || k == v;
       if (!known) {
-        throw Error("--stack: " + std::string(key) + " " + std::string(value) + " is not a version vramscope models; known: " +
+        throw Error(std::string(key) + " " + std::string(value) + " is not a version vramscope models; known: " +
                     join(*p.known) + " (docs/VALIDATION.md says what each was checked against)");
       }
       *p.field = v;
     }
-    if (!matched) throw Error("--stack: unknown key \"" + std::string(key) + "\"; valid: torch, transformers, peft");
+    if (!matched) throw Error("unknown package \"" + std::string(key) + "\"; valid: torch, transformers, peft");
     if (comma == std::string_view::npos) break;
     pos = comma + 1;
   }
