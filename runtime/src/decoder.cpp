@@ -1,5 +1,6 @@
-// decoder.cpp — LlamaForCausalLM's modules as transformers 4.50.3 writes them
-// (src/transformers/models/llama/modeling_llama.py) and PEFT 0.14's LoRA Linear
+// decoder.cpp — LlamaForCausalLM's modules as transformers 5.17 writes them, 4.50.3 where
+// the runtime's Stack asks (src/transformers/models/llama/modeling_llama.py,
+// integrations/sdpa_attention.py) and PEFT's LoRA Linear (0.14 and 0.21 alike)
 // (src/peft/tuners/lora/layer.py). Python's locals are mirrored by C++ locals, so a
 // temporary is freed where Python drops its last reference.
 #include "vramscope/runtime/decoder.hpp"

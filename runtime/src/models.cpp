@@ -204,7 +204,7 @@ Tensor Model::loss(const Tensor& output, const Tensor& target) const {
     return output;
   }
   if (info_.loss == LossKind::CausalLM) {
-    // ForCausalLMLoss (transformers 4.50, loss/loss_utils.py): logits = logits.float();
+    // ForCausalLMLoss (transformers 4.50.3 and 5.17 alike, loss/loss_utils.py): logits = logits.float();
     // labels = pad(labels, (0, 1), value=-100); shift_labels = labels[..., 1:].contiguous();
     // cross entropy of logits.view(-1, V) (the f32 copy lives until the loss returns).
     // The labels' two i64 copies are allocated as there; compute mode scores each token

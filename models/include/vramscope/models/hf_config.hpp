@@ -1,6 +1,6 @@
 // hf_config.hpp — a decoder-only transformer from a Hugging Face config.json (model_type
 // llama, mistral or qwen2 through HfConfig; gpt2 through GPT-2's builder), built as
-// transformers 4.50 builds it (docs/TRANSFORMERS.md).
+// transformers builds it (5.17 by default, docs/TRANSFORMERS.md; the run's Stack picks).
 // Nothing is downloaded: the file is the user's, or one of the zoo's published configs.
 //
 //   auto llama = mem::models::load_hf_config("config.json");

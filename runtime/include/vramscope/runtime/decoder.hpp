@@ -1,7 +1,7 @@
-// decoder.hpp — decoder-only transformers as Hugging Face transformers 4.50 writes them
-// (LlamaForCausalLM, which Mistral and Qwen2 share): RMSNorm, rotary embeddings, eager or
-// SDPA attention with grouped keys, the SwiGLU MLP, the LM head, and LoRA adapters as
-// PEFT 0.14 wraps a Linear. Each module's forward follows the Python line by line, so the
+// decoder.hpp — decoder-only transformers as Hugging Face transformers 5.17 writes them
+// (LlamaForCausalLM, which Mistral and Qwen2 share; 4.50.3 where the runtime's Stack says
+// so): RMSNorm, rotary embeddings, eager or SDPA attention with grouped keys, the SwiGLU
+// MLP, the LM head, and LoRA adapters as PEFT 0.21 wraps a Linear. Each module's forward follows the Python line by line, so the
 // runtime keeps for backward what PyTorch keeps and frees what Python's locals free.
 //
 //   mem::nn::DecoderConfig c;            // usually from a config.json (mem::models::HfConfig)
@@ -68,7 +68,7 @@ struct DecoderConfig {
   double attention_dropout = 0.0;
   AttentionImpl attention = AttentionImpl::Sdpa;
   /// gradient_checkpointing_enable(): every decoder layer's __call__ runs under checkpoint,
-  /// reentrant by default (transformers 4.50: use_reentrant=True unless the kwargs say).
+  /// reentrant or not as its kwargs say (without them: Stack::checkpoint_default()).
   CheckpointMark checkpoint = CheckpointMark::None;
   /// Fine-tuning: every base weight frozen (requires_grad_(False)), adapters trainable.
   LoraConfig lora;
