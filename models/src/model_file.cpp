@@ -363,8 +363,11 @@ class Builder {
     }
     const std::string type = spec.at("type").get<std::string>();
     // An inline Residual or Parallel is code in the enclosing forward: its children are
-    // named as the enclosing module's.
-    const bool inline_code = (type == "Residual" || type == "Parallel") && flag_or(spec, path, "inline", false);
+    // named as the enclosing module's. So is an inline Sequential: a stretch of that code,
+    // which "checkpoint" runs under one checkpoint() (checkpoint(self.method, x) or
+    // checkpoint(F.relu, x) in a forward).
+    const bool inline_code =
+        (type == "Residual" || type == "Parallel" || type == "Sequential") && flag_or(spec, path, "inline", false);
     std::unique_ptr<nn::Module> m = layer(type, spec, path, inline_code ? parent : mpath, flow, depth);
     m->set_inline(inline_code);
     if (inline_code && spec.contains("name")) {
@@ -746,7 +749,7 @@ class Builder {
       return std::make_unique<nn::Embedding>(n, dim);
     }
     if (type == "Sequential") {
-      only_keys(s, path, type, {"name", "type", "frozen", "layers", "expand"}, true);
+      only_keys(s, path, type, {"name", "type", "frozen", "layers", "expand", "inline"}, true);
       auto seq = std::make_unique<nn::Sequential>();
       Children children;
       sequence(list_at(s, path, "layers"), field(path, "layers"), mpath, flow, depth + 1, children);

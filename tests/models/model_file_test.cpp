@@ -289,6 +289,48 @@ TEST(ModelFileInline, InlineCodeRunsAsTheBlocksItStandsFor) {
   EXPECT_GT(inline_code.peak_allocated, 3 * A);  // x, sigmoid's output, the sum, ...
 }
 
+// The forum's `x = checkpoint(self.block1, x)`, block1 a method calling conv1, relu and
+// conv2 (here Linear layers): an inline Sequential with a checkpoint mark. Its layers keep
+// the enclosing module's names, and the step's memory is that of the same layers as one
+// checkpointed module of their own.
+constexpr const char* kRegionFile = R"({
+  "format": "vramscope-model", "version": 1, "name": "region", "options": {"batch": 1024},
+  "input": {"shape": ["batch", 1024], "requires_grad": true}, "loss": {"type": "sum"},
+  "layers": [{"name": "stem", "type": "Linear", "in_features": 1024, "out_features": 1024},
+             {%s "type": "Sequential", "checkpoint": true, "layers": [
+               {"name": "fc1", "type": "Linear", "in_features": 1024, "out_features": 1024},
+               {"name": "relu", "type": "ReLU"},
+               {"name": "fc2", "type": "Linear", "in_features": 1024, "out_features": 1024}]},
+             {"name": "head", "type": "Linear", "in_features": 1024, "out_features": 1024}]})";
+
+std::string region_file(bool inline_code) {
+  std::string text = kRegionFile;
+  text.replace(text.find("%s"), 2, inline_code ? R"("inline": true,)" : R"("name": "block1",)");
+  return text;
+}
+
+TEST(ModelFileInline, ACheckpointedInlineRegionNamesItsLayersAsTheEnclosingModule) {
+  std::vector<std::string> paths;
+  collect_paths(ModelFile::parse(region_file(true), "region.json")->build()->body(), paths);
+  EXPECT_EQ(paths, (std::vector<std::string>{"", "stem", "", "fc1", "relu", "fc2", "head"}));
+  EXPECT_EQ(ModelFile::parse(region_file(true), "region.json")->describe().checkpointed_modules, 1u);
+}
+
+TEST(ModelFileInline, ACheckpointedInlineRegionRunsAsTheCheckpointedModuleItStandsFor) {
+  const nn::TrainReport region = one_step(region_file(true));
+  const nn::TrainReport named = one_step(region_file(false));
+  EXPECT_EQ(region.peak_allocated, named.peak_allocated);
+  EXPECT_EQ(region.peak_reserved, named.peak_reserved);
+  EXPECT_EQ(region.steps.back().allocated_end, named.steps.back().allocated_end);
+  EXPECT_GT(region.recompute_ratio, 0.0);
+  // Unchecked, the region keeps relu's output after the forward (saved by relu and by fc2;
+  // fc1's output dies with relu): one activation more than the checkpoint, which keeps
+  // only its input (stem's output, which fc1 would have kept anyway).
+  std::string plain = region_file(true);
+  plain.erase(plain.find(R"("checkpoint": true, )"), std::string(R"("checkpoint": true, )").size());
+  EXPECT_EQ(one_step(plain).steps[0].forward.allocated_end - region.steps[0].forward.allocated_end, A);
+}
+
 TEST(ModelFileInline, AnActivationCalledTwiceInASequentialIsUsedAgain) {
   // `x = self.act(self.fc2(self.act(self.fc1(x))))`: {"use": "act"} runs it again under its name.
   const std::string used = R"({

@@ -6,6 +6,16 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from ._graph import Graph, Op
+from ._trace import is_region
+
+
+def _module_of(scope) -> str:
+    """The module whose forward a scope runs in: its innermost entry that is not a
+    checkpointed region (a region is code of the enclosing forward, named as it)."""
+    for qualname, _ in reversed(scope):
+        if not is_region(qualname):
+            return qualname
+    return ""
 
 
 class Structure:
@@ -145,7 +155,7 @@ class Structure:
     def _relative(qualname: str, scope) -> str:
         """A module's name in the container of `scope`: dotted when the forward calls a
         child's child (`self.blocks[0](x)`, a ModuleList's element)."""
-        parent = scope[-1][0] if scope else ""
+        parent = _module_of(scope)
         if not parent:
             return qualname
         if qualname.startswith(parent + "."):
@@ -192,7 +202,7 @@ class Structure:
         for n in chain:
             items.extend(self._step(prev, n, scope))
             prev = n
-        return self._group(items, scope[-1][0] if scope else "")
+        return self._group(items, _module_of(scope))
 
     @staticmethod
     def _reach(src, end) -> set:
@@ -261,7 +271,7 @@ class Structure:
         if op.module is not None:
             name = self._relative(op.module, scope)
         else:
-            owner = self.modules[scope[-1][0]] if scope else self.model
+            owner = self.modules[_module_of(scope)] if _module_of(scope) else self.model
             taken = dict(owner.named_children())
             taken.update(dict(owner.named_parameters(recurse=False)))
             name = op.name
@@ -275,8 +285,13 @@ class Structure:
     def _call(self, n, scope) -> dict:
         key = n.key[1]
         qualname = key[0]
-        m = self.modules[qualname]
         items = self._region(scope + (key,), n.entry, n.members, n.exit)
+        if is_region(qualname):
+            # checkpoint() of a method or a function: its ops as an inline Sequential under
+            # one checkpoint, named as the enclosing module's.
+            return {"type": "Sequential", "inline": True, "checkpoint": self.marks[qualname], "layers": items,
+                    "_index": n.index}
+        m = self.modules[qualname]
         name = self._relative(qualname, scope)
         cls = type(m).__name__
         joins = [it for it in items if it.get("type") in ("Residual", "Parallel") and it.get("inline")]

@@ -64,40 +64,65 @@ def _caller() -> str:
     return ""
 
 
+REGION = "<checkpoint"  # the scope of a checkpointed call that is not a module's
+
+
+def is_region(qualname: str) -> bool:
+    return qualname.startswith(REGION)
+
+
 @contextlib.contextmanager
-def _checkpoint_calls(model, marks: Dict[str, Any], problems: List[str]):
+def _checkpoint_calls(model, marks: Dict[str, Any], problems: List[str], scopes: List[Tuple[str, int]]):
     """`checkpoint(self.block, x)` in a forward: torch.fx would trace through it and lose it.
     While tracing, torch.utils.checkpoint's functions (and every global of the model's
     forwards bound to them) are stand-ins that note the module as checkpointed (the model
     file's "checkpoint": true, or "reentrant" for use_reentrant=True or unset, PyTorch's
-    default) and run it, so its forward is traced as any other."""
+    default) and run it, so its forward is traced as any other. A checkpointed call that is
+    not a module's (`checkpoint(self.block1, x)` of a method, `checkpoint(F.relu, x)`) runs
+    inside a scope of its own on the tracer's `scopes`, "<checkpoint n>": the ops traced
+    there become an inline region under one checkpoint, with no name of its own."""
     import torch
     import torch.utils.checkpoint as cp
     original, original_sequential = cp.checkpoint, cp.checkpoint_sequential
     names = {m: n for n, m in model.named_modules()}
+    regions = [0]
 
     def note(function, use_reentrant):
-        """Marks the module `function` runs (or names the call that is not a module's)."""
+        """Marks the module `function` runs and returns it, or opens a region's scope key."""
+        mark = "reentrant" if use_reentrant in (None, True) else True
         target = function
         if getattr(function, "__name__", "") == "forward" and isinstance(getattr(function, "__self__", None),
                                                                        torch.nn.Module):
             target = function.__self__  # checkpoint(self.block.forward, x)
         if isinstance(target, torch.nn.Module) and names.get(target):
-            marks[names[target]] = "reentrant" if use_reentrant in (None, True) else True
-        else:
-            problems.append(f"{_caller()}: checkpoint of {getattr(function, '__name__', type(function).__name__)}, "
-                            "not a module of the model: a model file checkpoints modules (wrap that code in one)")
-        return target
+            marks[names[target]] = mark
+            return target, None
+        regions[0] += 1
+        key = (f"{REGION} {regions[0]}>", 1)
+        marks[key[0]] = mark
+        return None, key
 
     def checkpoint(function, *args, use_reentrant=None, **kwargs):
-        target = note(function, use_reentrant)
-        return target(*args) if isinstance(target, torch.nn.Module) else function(*args)
+        target, region = note(function, use_reentrant)
+        if target is not None:
+            return target(*args)
+        scopes.append(region)
+        try:
+            return function(*args)
+        finally:
+            scopes.pop()
 
     def without_reentrant(function, *args, **kwargs):
         """PyTorch 2.x's non-reentrant checkpoint: a generator run around the call, which
         the real checkpoint then makes itself (torch/utils/checkpoint.py)."""
-        note(function, False)
-        yield
+        _, region = note(function, False)
+        if region is not None:
+            scopes.append(region)
+        try:
+            yield
+        finally:
+            if region is not None:
+                scopes.pop()
 
     def checkpoint_sequential(functions, segments, input, **kwargs):
         problems.append(f"{_caller()}: checkpoint_sequential inside forward: export the model without it and give "
@@ -187,7 +212,7 @@ def trace(model):
     marks: Dict[str, Any] = {}
     problems: List[str] = []
     try:
-        with _proxy_patches(), _checkpoint_calls(model, marks, problems):
+        with _proxy_patches(), _checkpoint_calls(model, marks, problems, tracer.stack):
             graph = tracer.trace(model)
     except Exception as e:  # noqa: BLE001 (every tracing failure becomes one clear error)
         where = user_location(e.__traceback__)
