@@ -347,3 +347,11 @@ def test_softmax_without_a_dim_follows_pytorchs_legacy_choice():
         {"name": "1", "type": "Softmax", "dim": -1}
     with pytest.raises(ExportError, match="softmax over a dimension other than the last"):
         export(nn.Sequential(nn.Conv2d(3, 4, 1), nn.Softmax()), [2, 3, 5, 5], loss="sum")
+
+
+def test_the_installed_stack_is_a_spec_the_command_reads():
+    from vramscope import installed_stack
+    spec = installed_stack()
+    version = ".".join(torch.__version__.split("+")[0].split(".")[:2])
+    assert spec.split(",")[0] == f"torch={version}"
+    assert all(part.split("=")[0] in ("torch", "transformers", "peft") for part in spec.split(","))

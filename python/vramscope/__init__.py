@@ -22,11 +22,12 @@ from typing import Iterator, Optional, Union
 
 from ._native import (POOLS, STAT_ARRAYS, STAT_COUNTERS, STAT_FIELDS, OutOfMemoryError, Stats,
                       VramscopeError, check, check_last, encode, library, library_path)
+from ._stack import installed_stack
 from ._torch import ModuleTracker, enable, track_modules
 
 __all__ = [
     "OutOfMemoryError", "VramscopeError", "ModuleTracker", "device_memory", "empty_cache",
-    "enable", "free", "init", "library_path", "malloc", "max_memory_allocated",
+    "enable", "free", "init", "installed_stack", "library_path", "malloc", "max_memory_allocated",
     "max_memory_reserved", "memory_allocated", "memory_reserved", "memory_stats",
     "memory_summary", "record_memory_history", "reset_accumulated_memory_stats",
     "reset_peak_memory_stats", "scope", "set_per_process_memory_fraction", "snapshot",

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Optional, Tuple
 
+from .._stack import installed_stack
 from ._errors import ExportError
 from ._trace import user_location
 
@@ -96,7 +97,9 @@ def refuse_transformers(model, output: Optional[str]) -> None:
                           "not exported")
     config = Path(output).with_suffix(".config.json") if output else Path(f"{model_type}.config.json")
     model.config.to_json_file(str(config))
+    stack = installed_stack()
+    command = f"vramscope sweep --hf-config {config}" + (f" --stack {stack}" if stack else "")
     raise ExportError([f"{type(model).__name__} is a transformers model: vramscope models it from its config "
                        f"(attention, checkpointing, LoRA and QLoRA as transformers and PEFT run them); its config "
-                       f"is in {config}: run `vramscope sweep --hf-config {config}` (docs/TRANSFORMERS.md)"],
+                       f"is in {config}: run `{command}` (the versions installed here; docs/TRANSFORMERS.md)"],
                       "not exported")
