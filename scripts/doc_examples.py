@@ -69,7 +69,10 @@ EXPORT = "<export>"  # `python3 -m vramscope.export ...`: the exporter of python
 
 
 def python_with_torch() -> str:
-    for python in (sys.executable, "/usr/bin/python3"):
+    """The current-stack environment's python (VRAMSCOPE_STACK_PYTHON, scripts/stack_env.sh),
+    else this one or Debian's, whichever has torch."""
+    import os
+    for python in (os.environ.get("VRAMSCOPE_STACK_PYTHON") or sys.executable, sys.executable, "/usr/bin/python3"):
         if Path(python).exists() and subprocess.run([python, "-c", "import torch"], capture_output=True).returncode == 0:
             return python
     return sys.executable  # the example then fails, saying torch is missing

@@ -12,7 +12,8 @@
 3. What cannot be exported is listed in one error, each item with its place in the source; a
    transformers model is pointed to --hf-config with its config written, which the command reads.
 
-Three differences between PyTorch on this CPU (Debian's 1.13) and PyTorch 2.x on a GPU, which
+Three differences between PyTorch on this CPU (today's release, from scripts/stack_env.sh; or
+Debian's 1.13 where that is what there is) and PyTorch 2.x on a GPU, which
 vramscope models, are taken out of the PyTorch measurement, and said where:
 - Dropout: on CUDA, F.dropout runs the fused native_dropout, which saves a bool mask
   (aten/src/ATen/native/Dropout.cpp, is_fused_kernel_acceptable: CUDA and 0 < p < 1); on the
@@ -57,7 +58,9 @@ def reexec_with_torch() -> None:
     system = "/usr/bin/python3"
     if Path(system).exists() and Path(sys.executable).resolve() != Path(system).resolve() and has_torchvision(system):
         sys.exit(subprocess.run([system, __file__, *sys.argv[1:]]).returncode)
-    print("check_export: skipped, no torch and torchvision (apt-get install python3-torch python3-torchvision)")
+    if os.environ.get("VRAMSCOPE_REQUIRE_STACK") == "1":
+        sys.exit("FAIL check_export: no torch and torchvision (python=$(scripts/stack_env.sh) makes them)")
+    print("check_export: skipped, no torch and torchvision (python=$(scripts/stack_env.sh) makes them)")
     sys.exit(77)
 
 
