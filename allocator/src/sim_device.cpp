@@ -430,7 +430,10 @@ SimDevice::SimDevice(SimDeviceConfig config)
       config_.cublas_bytes + config_.cudnn_bytes == 0
           ? std::string()
           : " (then cuBLAS's kernels " + format_bytes(config_.cublas_bytes) + " and cuDNN's " +
-                format_bytes(config_.cudnn_bytes) + " when they first run)";
+                format_bytes(config_.cudnn_bytes) + " when they first run" +
+                (config_.cublas_bytes == kCublasBytes && config_.cudnn_bytes == kCudnnBytes
+                     ? ", as PyTorch 2.11 with CUDA 13 loads them on an H100)"
+                     : ")");
   info_.assumptions = "simulated " + config_.name + ": " + format_bytes(config_.capacity) +
                       " total, CUDA context " + format_bytes(config_.context_bytes) + " assumed" + libraries + ", " +
                       format_bytes(config_.granularity) + " driver granularity, cudaMalloc " +

@@ -361,8 +361,8 @@ TEST(SimDeviceTest, InfoSpellsOutTheAssumptions) {
   EXPECT_EQ(info.granularity, 2 * MiB);
   EXPECT_EQ(info.assumptions,
             "simulated a100-80g: 79.15 GiB total, CUDA context 420.00 MiB assumed (then cuBLAS's kernels "
-            "224.00 MiB and cuDNN's 16.00 MiB when they first run), 2.00 MiB driver granularity, cudaMalloc "
-            "25 us / cudaFree 40 us on a virtual clock, backing none");
+            "224.00 MiB and cuDNN's 16.00 MiB when they first run, as PyTorch 2.11 with CUDA 13 loads them on an "
+            "H100), 2.00 MiB driver granularity, cudaMalloc 25 us / cudaFree 40 us on a virtual clock, backing none");
   // A name already spelled as a device spec is not prefixed twice.
   SimDeviceConfig c = custom(GiB);
   c.name = "sim:test";
