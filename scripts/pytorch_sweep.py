@@ -271,9 +271,9 @@ def run_one(opts, dtype_name, segments):
             started = time.perf_counter()
             x, y = make(inp), make(tgt)
             with torch.autocast("cuda", dtype=autocast, enabled=autocast is not None), sdpa_backend(torch, opts.attn):
-                if loss_kind == "causal_lm":  # transformers computes its own loss
-                    out = body(input_ids=x, labels=x)
-                    loss = out.loss
+                if loss_kind == "causal_lm":  # transformers computes its own loss; the output
+                    out = None                  # object (logits) goes at once, as in Trainer
+                    loss = body(input_ids=x, labels=x).loss
                 elif segments == 0:
                     out = body(x)
                 else:

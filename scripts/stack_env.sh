@@ -14,6 +14,10 @@ requirements="$root/scripts/current-stack.txt"
 key=$(sha256sum "$requirements" | cut -c1-12)
 venv="${VRAMSCOPE_STACK_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/vramscope/stack-$key}"
 if [[ ! -f "$venv/.complete" ]]; then
+  if [[ -e "$venv" && ! -f "$venv/pyvenv.cfg" && -n "$(ls -A "$venv" 2>/dev/null)" ]]; then
+    echo "stack_env: $venv exists and is not a virtual environment; not touching it" >&2
+    exit 1
+  fi
   echo "stack_env: making $venv from $requirements (about 6 GB, a few minutes)" >&2
   rm -rf "$venv"
   mkdir -p "$(dirname "$venv")"

@@ -31,7 +31,8 @@ const char* loss_name(nn::LossKind loss) {
 
 void run(const ModelArgs& args) {
   std::vector<std::shared_ptr<const nn::ModelSource>> sources;
-  const nn::ModelOptions options = to_model_options(args);
+  nn::ModelOptions options = to_model_options(args);
+  resolve_checkpoint_default(options, parse_stack(args));
   if (args.model.empty() && args.model_file.empty() && args.hf_config.empty()) {
     if (!options.given().empty()) {
       throw UsageError("size options describe one model: give --model NAME, --model-file PATH or --hf-config "

@@ -254,8 +254,9 @@ std::string sweep_report(const SweepResult& result, const ReportOptions& options
     out += "  max reserved    max_memory_reserved(): segments the caching allocator held from the driver.\n";
     out += "                  Freed blocks stay cached for reuse, and blocks are rounded up, so reserved > allocated.\n";
     out += fmt::format(
-        "  max nvidia-smi  what nvidia-smi shows: the CUDA context ({}) plus every reserved segment\n"
-        "                  at the driver's granularity. That is why it is higher than max alloc.\n",
+        "  max nvidia-smi  what nvidia-smi shows: the CUDA context ({}), the kernels of cuBLAS and cuDNN\n"
+        "                  once the step runs them, plus every reserved segment at the driver's\n"
+        "                  granularity. That is why it is higher than max alloc.\n",
         format_bytes(result.device.context_bytes));
     out += "  unalloc@peak    reserved but unallocated when live tensors peaked (cache and fragmentation).\n";
     out += "  saving          max alloc saved against no checkpointing (0 segments) with the same dtype.\n";

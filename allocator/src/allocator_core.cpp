@@ -18,7 +18,7 @@ AllocatorCore::AllocatorCore(std::shared_ptr<Device> device, AllocatorConfig con
   if (!device_) throw Error("CachingAllocator needs a device (got a null pointer)");
   const DeviceInfo& info = device_->info();
   granularity_ = info.granularity == 0 ? 1 : info.granularity;
-  context_bytes_ = info.context_bytes;
+  context_bytes_ = info.context_bytes + device_->module_bytes();  // libraries loaded before this allocator
   stats_.max_split_size = config_.max_split_size == std::numeric_limits<std::size_t>::max()
                               ? std::numeric_limits<std::int64_t>::max()
                               : static_cast<std::int64_t>(config_.max_split_size);
@@ -383,7 +383,10 @@ Block* AllocatorCore::alloc_found_block(AllocParams& p) {
   msg += "GPU " + info.name + " has a total capacity of " + format_bytes(mem.total_bytes) +
          " of which " + format_bytes(mem.free_bytes) + " is free. ";
   msg += "This process has " + format_bytes(used) + " memory in use (nvidia-smi view";
-  if (context_bytes_ > 0) msg += ", including " + format_bytes(context_bytes_) + " CUDA context";
+  if (context_bytes_ > 0) {
+    msg += ", including " + format_bytes(context_bytes_) +
+           (context_bytes_ > device_->info().context_bytes ? " CUDA context and libraries' kernels" : " CUDA context");
+  }
   msg += "). ";
   if (set_fraction_) {
     msg += "The memory fraction allows " + format_bytes(allowed_memory_maximum_) + ". ";
@@ -839,6 +842,14 @@ void AllocatorCore::load_module(std::string_view name, std::size_t bytes) {
     f.allocated = static_cast<std::size_t>(pool_stats_.allocated_bytes.current());
     f.reserved = static_cast<std::size_t>(pool_stats_.reserved_bytes.current());
     ++stats_.num_ooms;
+    if (instrumented_) {
+      // The oom entry PyTorch's snapshot would hold (device_free as its address), stamped with
+      // who asked, so recorders place the failure as they place an allocation's.
+      Block probe;
+      probe.ptr = mem.free_bytes;
+      probe.context = context_source_ ? context_source_() : 0;
+      emit(TraceAction::Oom, &probe, bytes, bytes);
+    }
     throw OutOfMemoryError("CUDA out of memory loading " + std::string(name) + "'s kernels (" + format_bytes(bytes) +
                                " outside the allocator). GPU " + device_->info().name + " has " +
                                format_bytes(mem.free_bytes) + " free; " + format_bytes(f.allocated) +

@@ -699,6 +699,11 @@ std::optional<std::size_t> SimDevice::load_module(std::string_view name, std::si
   return rounded;
 }
 
+std::size_t SimDevice::module_bytes() const {
+  std::lock_guard lock(mutex_);
+  return config_.context_bytes - info_.context_bytes;
+}
+
 DeviceMemInfo SimDevice::mem_get_info() const {
   std::lock_guard lock(mutex_);
   return {config_.capacity - config_.context_bytes - used_rounded_, config_.capacity};

@@ -355,3 +355,32 @@ def test_the_installed_stack_is_a_spec_the_command_reads():
     version = ".".join(torch.__version__.split("+")[0].split(".")[:2])
     assert spec.split(",")[0] == f"torch={version}"
     assert all(part.split("=")[0] in ("torch", "transformers", "peft") for part in spec.split(","))
+
+
+def test_a_module_whose_forward_is_one_checkpointed_call_stays_a_sequential():
+    from torch.utils.checkpoint import checkpoint
+
+    class Inner(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+
+        def _run(self, x):
+            return F.relu(self.fc(x))
+
+        def forward(self, x):
+            return checkpoint(self._run, x, use_reentrant=False)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = Inner()
+            self.head = nn.Linear(8, 2)
+
+        def forward(self, x):
+            return self.head(self.inner(x))
+
+    out = layers(Net(), [2, 8])
+    inner = next(it for it in out if it.get("name") == "inner")
+    assert inner["type"] == "Sequential" and "class" not in inner
+    assert inner["layers"][0]["type"] == "Sequential" and inner["layers"][0]["inline"] is True

@@ -230,7 +230,8 @@ class Attention final : public Module {
   /// projection's layout or comes from the memory-efficient kernel ([B, S, H, d]).
   Tensor sdpa(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in) {
     const Stack& stack = q_in.runtime().stack();
-    const std::int64_t groups = stack.sdpa_enable_gqa() ? 1 : heads_ / kv_heads_;
+    // use_gqa_in_sdpa: no mask (causal SDPA here) and a head dim of at most 256 on CUDA.
+    const std::int64_t groups = stack.sdpa_enable_gqa() && dim_ <= 256 ? 1 : heads_ / kv_heads_;
     const bool contiguous = stack.sdpa_contiguous_inputs();
     const Tensor k = contiguous ? repeat_kv(k_in, groups).contiguous() : repeat_kv(k_in, groups);
     const Tensor v = contiguous ? repeat_kv(v_in, groups).contiguous() : repeat_kv(v_in, groups);

@@ -203,9 +203,11 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
                 std::to_string(q.size(3)) + "; use the efficient backend or eager attention");
   }
   Runtime& rt = q.runtime();
-  // On sm90 PyTorch 2.11 runs SDPA on cuDNN's attention kernels: a process that ran only
-  // SDPA and GEMMs shows cuDNN's module bytes after the step (stack.cpp).
-  rt.uses_cudnn();
+  // On sm90 and later PyTorch 2.11 runs SDPA on cuDNN's attention kernels: on the H100 a
+  // process that ran only SDPA and GEMMs shows cuDNN's kernels after the step
+  // (../shared/gpu-reference; sim_device.cpp). Elsewhere flash and the memory-efficient
+  // kernel live in libtorch_cuda itself.
+  if (rt.allocator().device().info().compute_capability >= 90) rt.uses_cudnn();
   if (training && dropout > 0 && rt.computing()) {
     throw Error("scaled_dot_product_attention: dropout is simulated in dry runs only; use eager attention to compute");
   }

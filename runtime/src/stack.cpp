@@ -21,16 +21,17 @@ std::string_view trim(std::string_view s) {
   return s;
 }
 
-/// "2.11", "2.11.0" or "2.11.0+cu130" -> {2, 11}; {-1, -1} when malformed.
+/// "2.11", "2.11.0", "2.11.0+cu130" or pip's "==2.11.0" -> {2, 11}; {-1, -1} when malformed.
 Version parse_version(std::string_view text) {
   Version v{-1, -1};
+  if (text.starts_with("=")) text.remove_prefix(1);  // torch==2.11, as requirements files write it
   const char* p = text.data();
   const char* end = text.data() + text.size();
   auto [a, ea] = std::from_chars(p, end, v.major);
   if (ea != std::errc{} || a == end || *a != '.') return {-1, -1};
   auto [b, eb] = std::from_chars(a + 1, end, v.minor);
   if (eb != std::errc{}) return {-1, -1};
-  if (b != end && *b != '.' && *b != '+') return {-1, -1};
+  if (b != end && ((*b != '.' && *b != '+') || b + 1 == end)) return {-1, -1};
   return v;
 }
 
@@ -87,6 +88,7 @@ Stack Stack::parse(std::string_view spec) {
       matched = true;
       if (seen[i]) throw Error(std::string(key) + " is given twice");
       seen[i] = true;
+      if (value.empty()) throw Error(std::string(key) + " has no version; give e.g. " + std::string(key) + "=" + p.known->back().str());
       const Version v = parse_version(value);
       bool known = false;
       for (const Version& k : *p.known) known = known || k == v;

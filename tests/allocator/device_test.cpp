@@ -894,6 +894,11 @@ TEST(SimDeviceModules, LibrariesLoadOnceAndCountOutsideTheAllocator) {
   EXPECT_EQ(alloc.stats().device_used_bytes.current, after.device_used_bytes.current);
   EXPECT_EQ(dev->mem_get_info().free_bytes, 30 * MiB);
   alloc.validate();
+  // An allocator made later on the same device starts from what is loaded already.
+  CachingAllocator later{dev};
+  EXPECT_EQ(later.stats().context_bytes, static_cast<std::int64_t>(14 * MiB));
+  later.load_module("cuBLAS", 5 * MiB);
+  EXPECT_EQ(later.stats().device_used_bytes.current, static_cast<std::int64_t>(14 * MiB));
   // The device holds 30 MiB more segments around the library, then none (17 MiB stay free in the first).
   void* q = alloc.allocate(30 * MiB);
   EXPECT_THROW((void)alloc.allocate(18 * MiB), OutOfMemoryError);

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -226,6 +227,24 @@ TEST(GpuReference, TheMlpSweepRowsMatchTheH100) {
     ++checked;
   }
   EXPECT_EQ(checked, 2);
+}
+
+}  // namespace
+}  // namespace mem::models
+
+namespace mem::models {
+namespace {
+
+// An open figure names a row of the reference: a renamed or dropped row fails here rather
+// than leaving a bound nothing checks.
+TEST(GpuReference, EveryOpenFigureIsARowOfTheReference) {
+  const fs::path steps = reference_dir() / "h100-2026-11-26-training-steps.csv";
+  const fs::path sweep = reference_dir() / "h100-2026-11-26-pytorch_sweep.csv";
+  if (!fs::exists(steps) || !fs::exists(sweep)) GTEST_SKIP() << "the reference files are absent";
+  std::set<std::string> ids;
+  for (const auto& row : read_csv(steps)) ids.insert(row.at("id"));
+  for (const auto& row : read_csv(sweep)) ids.insert(row.at("run") + " segments " + row.at("segments"));
+  for (const Open& o : kOpen) EXPECT_TRUE(ids.contains(o.id)) << o.id << " is no row of the reference";
 }
 
 }  // namespace

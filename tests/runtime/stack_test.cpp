@@ -46,6 +46,9 @@ TEST(Stack, AnUnknownVersionOrPackageNamesWhatIsKnown) {
   EXPECT_NE(refusal("torch=two"), "");
   EXPECT_NE(refusal("torch=2.11x"), "");
   EXPECT_NE(refusal("torch=2.99999999999999999999"), "");
+  EXPECT_EQ(refusal("torch="), "torch has no version; give e.g. torch=2.15");
+  EXPECT_NE(refusal("torch=2.11+"), "");
+  EXPECT_EQ(Stack::parse("torch==2.15.0,peft==0.21.2").spec(), "torch=2.15,transformers=5.17,peft=0.21");
 }
 
 TEST(Stack, TransformersFiveKeepsTheKeyHeadsAndTheProjectionLayout) {

@@ -298,7 +298,7 @@ class Structure:
         if joins:
             self.block_classes.add(type(m))
         first = items[0] if items else None
-        if first is not None and first.get("inline") and (
+        if first is not None and first.get("inline") and first["type"] in ("Residual", "Parallel") and (
                 len(items) == 1 or (first["type"] == "Residual" and all("inline" not in it for it in items[1:]))):
             item = {"name": name, "type": first["type"], "class": cls}
             item.update((k, v) for k, v in first.items() if k not in ("type", "inline"))

@@ -65,7 +65,6 @@ class Device {
   /// Unmaps and releases what one map_memory call mapped at `address`, with its size.
   virtual void unmap_memory(void* /*address*/, std::size_t /*bytes*/) noexcept {}
 
-  /// cudaMemGetInfo.
   /// Device memory a library's kernels take when it first runs (CUDA's lazy module
   /// loading: cuBLAS's and cuDNN's kernels), outside any allocator: nvidia-smi shows it
   /// and cudaMemGetInfo counts it, from then on. Returns the bytes the device now holds for
@@ -77,6 +76,10 @@ class Device {
     (void)bytes;
     return 0;
   }
+  /// The bytes load_module holds so far (what a new allocator on this device starts from,
+  /// beside the context).
+  virtual std::size_t module_bytes() const { return 0; }
+  /// cudaMemGetInfo.
   virtual DeviceMemInfo mem_get_info() const = 0;
   /// Bytes this process uses as nvidia-smi shows them (context + segments at driver granularity).
   virtual std::size_t process_used_bytes() const = 0;

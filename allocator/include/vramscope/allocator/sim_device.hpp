@@ -72,6 +72,7 @@ class SimDevice final : public Device {
   bool map_memory(void* address, std::size_t bytes) override;
   void unmap_memory(void* address, std::size_t bytes) noexcept override;
   std::optional<std::size_t> load_module(std::string_view name, std::size_t bytes) override;
+  std::size_t module_bytes() const override;
   DeviceMemInfo mem_get_info() const override;
   std::size_t process_used_bytes() const override;
 
