@@ -15,10 +15,11 @@ keeps the document's figures equal to the command's. Exit 77 without the referen
 import csv
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
+
+import doc_tables
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = Path(os.environ.get("VRAMSCOPE_GPU_REFERENCE", ROOT.parent / "shared" / "gpu-reference"))
@@ -100,30 +101,11 @@ def table(exe):
 
 
 def main():
-    if len(sys.argv) < 3 or sys.argv[1] not in ("update", "check"):
-        print(__doc__)
-        return 2
-    if not STEPS.exists():
+    if not STEPS.exists() and sys.argv[1:2] in (["update"], ["check"]):
         print(f"gpu_reference_table: skipped, {STEPS} is absent")
         return 77
-    exe = sys.argv[2]
-    doc = Path(sys.argv[3]) if len(sys.argv) > 3 else ROOT / "docs" / "VALIDATION.md"
-    text = doc.read_text()
-    pattern = re.compile(r"(<!-- table: h100-reference -->\n)(.*?)(<!-- end table -->)", re.S)
-    if not pattern.search(text):
-        raise SystemExit("no <!-- table: h100-reference --> ... <!-- end table --> block")
-    generated = table(exe)
-    new = pattern.sub(lambda m: m.group(1) + generated + m.group(3), text)
-    if sys.argv[1] == "update":
-        doc.write_text(new)
-        print(f"gpu_reference_table: {doc} {'rewritten' if new != text else 'unchanged'}")
-        return 0
-    if new != text:
-        print(f"gpu_reference_table: the table of {doc} differs from the command's figures; run "
-              f"scripts/gpu_reference_table.py update {exe}")
-        return 1
-    print("gpu_reference_table: the table agrees")
-    return 0
+    return doc_tables.main("gpu_reference_table", __doc__, ROOT / "docs" / "VALIDATION.md",
+                           lambda exe: {"h100-reference": table(exe)})
 
 
 if __name__ == "__main__":

@@ -10,10 +10,11 @@ every projection), each without and with gradient checkpointing, on three simula
 and writes what fits and what the peak is made of. Every figure comes from the dry run.
 """
 import json
-import re
 import subprocess
 import sys
 from pathlib import Path
+
+import doc_tables
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ["llama-3.2-1b", "llama-3.1-8b"]
@@ -69,34 +70,5 @@ def tables(exe):
     return {"composition": "\n".join(composition) + "\n", "fits": "\n".join(fits) + "\n"}
 
 
-def render(text, generated):
-    for name, table in generated.items():
-        pattern = re.compile(rf"(<!-- table: {name} -->\n)(.*?)(<!-- end table -->)", re.S)
-        if not pattern.search(text):
-            raise SystemExit(f"no <!-- table: {name} --> ... <!-- end table --> block")
-        text = pattern.sub(lambda m: m.group(1) + table + m.group(3), text)
-    return text
-
-
-def main():
-    if len(sys.argv) < 3 or sys.argv[1] not in ("update", "check"):
-        print(__doc__)
-        return 2
-    exe = sys.argv[2]
-    doc = Path(sys.argv[3]) if len(sys.argv) > 3 else ROOT / "docs" / "TRANSFORMERS.md"
-    text = doc.read_text()
-    new = render(text, tables(exe))
-    if sys.argv[1] == "update":
-        doc.write_text(new)
-        print(f"transformers_table: {doc} {'rewritten' if new != text else 'unchanged'}")
-        return 0
-    if new != text:
-        print(f"transformers_table: the tables of {doc} differ from the command's figures; run "
-              f"scripts/transformers_table.py update {exe}")
-        return 1
-    print("transformers_table: tables agree")
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(doc_tables.main("transformers_table", __doc__, ROOT / "docs" / "TRANSFORMERS.md", tables))
