@@ -271,8 +271,41 @@ std::shared_ptr<const nn::ModelSource> parse_hf_config(std::string_view text, st
   return parse_llama(root, std::move(name), origin);
 }
 
+/// The name people give the model: the config's `_name_or_path` (its last part: a Hub id's
+/// model, a local folder's name), else the folder of a file called config.json, else the
+/// file's name without ".json". Printable ASCII only, at most 64 characters: a hostile file
+/// does not reach the terminal through it.
+std::string model_name(const std::string& path, std::string_view text) {
+  const auto clean = [](std::string s) {
+    std::string out;
+    for (const char c : s) {
+      if (c > ' ' && c < 127 && out.size() < 64) out += c;
+    }
+    return out;
+  };
+  const auto last_part = [](std::string s) {
+    while (!s.empty() && s.back() == '/') s.pop_back();
+    const auto slash = s.find_last_of('/');
+    return slash == std::string::npos ? s : s.substr(slash + 1);
+  };
+  const json root = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (root.is_object() && root.contains("_name_or_path") && root["_name_or_path"].is_string()) {
+    const std::string named = clean(last_part(root["_name_or_path"].get<std::string>()));
+    if (!named.empty()) return named;
+  }
+  std::string file = file_name(path);
+  if (file == "config.json") {
+    const std::string folder = clean(last_part(path.substr(0, path.size() - file.size())));
+    if (!folder.empty() && folder != "." && folder != "..") return folder;
+  }
+  if (file.size() > 5 && file.ends_with(".json")) file.resize(file.size() - 5);
+  const std::string named = clean(file);
+  return named.empty() ? "config" : named;
+}
+
 std::shared_ptr<const nn::ModelSource> load_hf_config(const std::string& path) {
-  return parse_hf_config(read_file(path), file_name(path), path);
+  const std::string text = read_file(path);
+  return parse_hf_config(text, model_name(path, text), path);
 }
 
 std::shared_ptr<const HfConfig> HfConfig::parse(std::string_view text, std::string name, std::string origin) {

@@ -2,9 +2,12 @@
 // a user's file read through the same path, and malformed or unmodelled configs each
 // refused with one message naming the key (nothing built).
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
+#include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "vramscope/allocator/errors.hpp"
@@ -160,6 +163,37 @@ TEST(HfConfig, MistralRefusesASequenceThatReachesItsSlidingWindow) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("reaches sliding_window 4096"), std::string::npos) << e.what();
   }
+}
+
+}  // namespace
+}  // namespace mem::models
+
+namespace mem::models {
+namespace {
+
+// A --hf-config model is named as people name it: the config's _name_or_path, the folder of
+// a config.json, or the file without ".json"; never with a hostile file's control bytes.
+TEST(HfConfig, AConfigFileIsNamedAsPeopleNameTheModel) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("vramscope-hf-names-" + std::to_string(::getpid()));
+  fs::create_directories(dir / "Llama-Tiny");
+  const auto write = [](const fs::path& p, const json& doc) { std::ofstream(p) << doc.dump(); };
+  const auto named = [](const fs::path& p) { return load_hf_config(p.string())->name(); };
+  write(dir / "Llama-Tiny" / "config.json", base());
+  EXPECT_EQ(named(dir / "Llama-Tiny" / "config.json"), "Llama-Tiny");
+  write(dir / "tiny.json", base());
+  EXPECT_EQ(named(dir / "tiny.json"), "tiny");
+  json hub = base();
+  hub["_name_or_path"] = "meta-llama/Llama-3.2-1B";
+  write(dir / "config.json", hub);
+  EXPECT_EQ(named(dir / "config.json"), "Llama-3.2-1B");
+  json hostile = base();
+  hostile["_name_or_path"] = std::string("evil\x1b[2J\n") + std::string(200, 'x');
+  write(dir / "hostile.json", hostile);
+  const std::string name = named(dir / "hostile.json");
+  EXPECT_EQ(name.size(), 64u);
+  EXPECT_EQ(name.rfind("evil[2J", 0), 0u);  // the escape byte and the newline are gone
+  fs::remove_all(dir);
 }
 
 }  // namespace
