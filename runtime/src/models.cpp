@@ -66,6 +66,7 @@ std::int64_t parse_int(std::string_view key, std::string_view value) {
 
 ModelOptions ModelOptions::parse(std::string_view text) {
   ModelOptions o;
+  std::vector<std::string_view> seen;  // a key given twice would silently take the last
   while (!text.empty()) {
     const auto comma = text.find(',');
     const std::string_view item = text.substr(0, comma);
@@ -76,6 +77,10 @@ ModelOptions ModelOptions::parse(std::string_view text) {
       throw Error("model option '" + std::string(item) + "' is not key=value");
     }
     const std::string_view key = item.substr(0, eq), value = item.substr(eq + 1);
+    if (std::find(seen.begin(), seen.end(), key) != seen.end()) {
+      throw Error("model option " + std::string(key) + " is given twice; give it once");
+    }
+    seen.push_back(key);
     const auto size = std::find_if(std::begin(kSizeKeys), std::end(kSizeKeys),
                                    [&](const SizeKey& k) { return key == k.key; });
     if (size != std::end(kSizeKeys)) {

@@ -30,6 +30,13 @@ TEST(Models, UnknownNameListsValidOnes) {
   }
   EXPECT_THROW(ModelOptions::parse("depth=0"), Error);
   EXPECT_THROW(ModelOptions::parse("colour=3"), Error);
+  // A key given twice is an error, not the last one silently (issue 36).
+  try {
+    (void)ModelOptions::parse("depth=4,depth=8");
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "model option depth is given twice; give it once");
+  }
 }
 
 TEST(Models, ParameterCountsMatchTheReferenceImplementations) {
