@@ -180,6 +180,7 @@ AutogradFailure autograd_failure(const nn::AutogradError& e, std::size_t step) {
   failure.phase = e.phase();
   failure.module = context_info(e.context()).path;
   failure.message = e.what();
+  failure.inplace = dynamic_cast<const nn::InplaceModifiedError*>(&e) != nullptr;
   return failure;
 }
 

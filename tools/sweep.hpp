@@ -87,6 +87,8 @@ struct AutogradFailure {
   Phase phase = Phase::None;             ///< the runtime's phase at the error (backward)
   std::string module;                    ///< innermost module scope at the error
   std::string message;                   ///< PyTorch's message and our hint
+  /// A saved tensor modified in place (InplaceModifiedError): the segment counts matter.
+  bool inplace = false;
 };
 /// The failure `e` raised in 1-based step `step`: its phase, module path and message.
 AutogradFailure autograd_failure(const nn::AutogradError& e, std::size_t step);

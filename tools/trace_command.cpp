@@ -270,6 +270,11 @@ void run(const TraceArgs& args) {
   std::cout.flush();
   trainer.reset();  // frees the model before the allocator goes
   if (oom) throw CommandFailed("out of memory (the log above shows where); try --segments, a smaller --batch or --dtype f16");
+  if (refused && !refused->inplace) {
+    // Another refusal (a graph without grad, ...): its own first line, not the in-place advice.
+    const std::string& m = refused->message;
+    throw CommandFailed("backward failed as it does on PyTorch: " + m.substr(0, m.find('\n')));
+  }
   if (refused) {
     throw CommandFailed(fmt::format(
         "backward failed as it does on PyTorch: a tensor saved for backward was modified by an in-place op "

@@ -323,6 +323,17 @@ def check_inplace(exe, work):
     check(rows[6]["error_phase"] == "backward" and "ReluBackward0" in rows[6]["error"], rows[6])
     check(rows[5]["error"] is None and rows[5]["fits"] is True, rows[5])
     check(j["accepted_segments"] == [1, 2, 3, 4, 5], j["accepted_segments"])
+    # Another refusal says what it is, not the in-place advice (issue 36): a model whose every
+    # parameter is frozen and whose input needs no grad has nothing to differentiate.
+    frozen = os.path.join(work, "frozen.json")
+    with open(frozen, "w") as f:
+        json.dump({"format": "vramscope-model", "version": 1, "name": "frozen", "options": {"batch": 4},
+                   "input": {"shape": ["batch", 8]}, "loss": {"type": "mse"},
+                   "layers": [{"name": "fc", "type": "Linear", "in_features": 8, "out_features": 8,
+                               "frozen": True}]}, f)
+    p = run(exe, "trace", "--model-file", frozen, "--no-pre", expect=1)
+    check("element 0 of tensors does not require grad" in p.stderr, p.stderr)
+    check("in-place" not in p.stderr and p.stderr.strip().count("\n") == 0, p.stderr)
 
 
 def check_demo(exe, work):
