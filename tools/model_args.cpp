@@ -35,6 +35,16 @@ CLI::Validator integer_in(std::int64_t min, std::int64_t max) {
       fmt::format("N in [{}, {}]", min, max));
 }
 
+CLI::Validator non_empty() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        return text.find_first_not_of(" \t") == std::string::npos
+                   ? "an empty value; give one, or leave the option out for its default"
+                   : std::string();
+      },
+      "");
+}
+
 void add_model_options(CLI::App& app, ModelArgs& args, const std::string& default_note) {
   const std::string names = fmt::format("{}", fmt::join(models::names(), ", "));
   app.add_option("-m,--model", args.model, "a model of the zoo: " + names + " (" + default_note + ")")
@@ -90,6 +100,11 @@ void add_model_options(CLI::App& app, ModelArgs& args, const std::string& defaul
   app.add_option("--model-options", args.extra,
                  "more model options as key=value,... (dropout=0,inplace=1; see `vramscope models`)")
       ->type_name("K=V,...");
+  // An empty value would silently mean the default (`--batch ''` from an unset shell variable).
+  for (const char* name : {"--model-file", "--hf-config", "--batch", "--seq", "--attn", "--gradient-checkpointing",
+                           "--lora-targets", "--quant", "--stack", "--model-options"}) {
+    app.get_option(name)->check(non_empty());
+  }
 }
 
 nn::Stack parse_stack(const ModelArgs& args) {

@@ -39,6 +39,9 @@ struct ModelArgs {
 /// Without it CLI11 clamps "99999999999999999999", and "-1" wraps in an unsigned option.
 CLI::Validator integer_in(std::int64_t min, std::int64_t max);
 
+/// A CLI11 check refusing an empty (or blank) value, which would silently mean the default.
+CLI::Validator non_empty();
+
 /// Adds --model, --model-file, --hf-config, --batch, --depth, --width, --seq, --image,
 /// --classes, --attn, --gradient-checkpointing, --lora, --lora-targets, --quant, --model-options.
 void add_model_options(CLI::App& app, ModelArgs& args, const std::string& default_note);

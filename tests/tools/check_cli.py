@@ -223,6 +223,16 @@ BAD = [
 ]
 
 
+# An empty value is refused, never silently the default (issue 36).
+BAD += [(["sweep", option, ""], [option, "an empty value"])
+        for option in ("--batch", "--seq", "--attn", "--gradient-checkpointing", "--lora-targets", "--quant",
+                       "--stack", "--model-options", "--model-file", "--hf-config")]
+BAD += [(["trace", option, " "], [option, "an empty value"]) for option in ("--snapshot", "--timeline", "--plot",
+                                                                           "--saved")]
+BAD += [(["sweep", "--stack", "torch=3.0"], ["--stack", "torch 3.0 is not a version vramscope models", "2.11"]),
+        (["sweep", "--model-options", "depth=4,depth=8"], ["depth is given twice"])]
+
+
 def check_bad_input(exe, work):
     for args, words in BAD:
         p = run(exe, *args, expect=2)
