@@ -364,20 +364,32 @@ Block* AllocatorCore::alloc_found_block(AllocParams& p) {
   return block;
 }
 
-[[noreturn]] void AllocatorCore::throw_oom(const AllocParams& p) {
-  const DeviceMemInfo mem = device_->mem_get_info();
-  const std::size_t allocated = static_cast<std::size_t>(pool_stats_.allocated_bytes.current());
-  const std::size_t reserved = static_cast<std::size_t>(pool_stats_.reserved_bytes.current());
-  const std::size_t used = static_cast<std::size_t>(stats_.device_used_bytes.current);
+OutOfMemoryError::Figures AllocatorCore::note_oom(const DeviceMemInfo& mem, std::size_t size,
+                                                  std::size_t requested, StreamId stream, BlockPool* pool) {
   ++stats_.num_ooms;
   if (instrumented_) {
     Block probe;
     probe.ptr = mem.free_bytes;  // PyTorch records device_free as the oom entry's address
-    probe.stream = p.stream;
-    probe.pool = p.pool;
+    probe.stream = stream;
+    probe.pool = pool;
     probe.context = context_source_ ? context_source_() : 0;  // who asked
-    emit(TraceAction::Oom, &probe, p.size, p.orig_size);
+    emit(TraceAction::Oom, &probe, size, requested);
   }
+  OutOfMemoryError::Figures f;
+  f.requested = requested;
+  f.device_total = mem.total_bytes;
+  f.device_free = mem.free_bytes;
+  f.process_used = static_cast<std::size_t>(stats_.device_used_bytes.current);
+  f.allocated = static_cast<std::size_t>(pool_stats_.allocated_bytes.current());
+  f.reserved = static_cast<std::size_t>(pool_stats_.reserved_bytes.current());
+  f.allowed = set_fraction_ ? allowed_memory_maximum_ : 0;
+  return f;
+}
+
+[[noreturn]] void AllocatorCore::throw_oom(const AllocParams& p) {
+  const DeviceMemInfo mem = device_->mem_get_info();
+  const OutOfMemoryError::Figures f = note_oom(mem, p.size, p.orig_size, p.stream, p.pool);
+  const std::size_t allocated = f.allocated, reserved = f.reserved, used = f.process_used;
   const DeviceInfo& info = device_->info();
   std::string msg = "CUDA out of memory. Tried to allocate " + format_bytes(p.size) + ". ";
   msg += "GPU " + info.name + " has a total capacity of " + format_bytes(mem.total_bytes) +
@@ -385,7 +397,7 @@ Block* AllocatorCore::alloc_found_block(AllocParams& p) {
   msg += "This process has " + format_bytes(used) + " memory in use (nvidia-smi view";
   if (context_bytes_ > 0) {
     msg += ", including " + format_bytes(context_bytes_) +
-           (context_bytes_ > device_->info().context_bytes ? " CUDA context and libraries' kernels" : " CUDA context");
+           (context_bytes_ > info.context_bytes ? " CUDA context and libraries' kernels" : " CUDA context");
   }
   msg += "). ";
   if (set_fraction_) {
@@ -403,14 +415,6 @@ Block* AllocatorCore::alloc_found_block(AllocParams& p) {
   msg += "(--alloc-conf in the vramscope command; VRAMSCOPE_ALLOC_CONF or the allocator's "
          "config in a program) to avoid fragmentation; otherwise reduce the batch size, "
          "checkpoint activations, or use a smaller dtype.";
-  OutOfMemoryError::Figures f;
-  f.requested = p.orig_size;
-  f.device_total = mem.total_bytes;
-  f.device_free = mem.free_bytes;
-  f.process_used = used;
-  f.allocated = allocated;
-  f.reserved = reserved;
-  f.allowed = set_fraction_ ? allowed_memory_maximum_ : 0;
   throw OutOfMemoryError(std::move(msg), f);
 }
 
@@ -834,22 +838,7 @@ void AllocatorCore::load_module(std::string_view name, std::size_t bytes) {
   const std::optional<std::size_t> held = device_->load_module(name, bytes);
   if (!held) {
     const DeviceMemInfo mem = device_->mem_get_info();
-    OutOfMemoryError::Figures f;
-    f.requested = bytes;
-    f.device_total = mem.total_bytes;
-    f.device_free = mem.free_bytes;
-    f.process_used = static_cast<std::size_t>(stats_.device_used_bytes.current);
-    f.allocated = static_cast<std::size_t>(pool_stats_.allocated_bytes.current());
-    f.reserved = static_cast<std::size_t>(pool_stats_.reserved_bytes.current());
-    ++stats_.num_ooms;
-    if (instrumented_) {
-      // The oom entry PyTorch's snapshot would hold (device_free as its address), stamped with
-      // who asked, so recorders place the failure as they place an allocation's.
-      Block probe;
-      probe.ptr = mem.free_bytes;
-      probe.context = context_source_ ? context_source_() : 0;
-      emit(TraceAction::Oom, &probe, bytes, bytes);
-    }
+    const OutOfMemoryError::Figures f = note_oom(mem, bytes, bytes, 0, nullptr);
     throw OutOfMemoryError("CUDA out of memory loading " + std::string(name) + "'s kernels (" + format_bytes(bytes) +
                                " outside the allocator). GPU " + device_->info().name + " has " +
                                format_bytes(mem.free_bytes) + " free; " + format_bytes(f.allocated) +

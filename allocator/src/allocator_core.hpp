@@ -132,6 +132,11 @@ class AllocatorCore {
   void process_events();
   void synchronize_and_free_events();
   [[noreturn]] void throw_oom(const AllocParams& p);
+  /// Counts an out-of-memory failure, records PyTorch's oom entry when instrumented
+  /// (device_free as its address, stamped with who asked) and returns the figures the
+  /// error carries: what both throwing paths (a block, a library's kernels) share.
+  OutOfMemoryError::Figures note_oom(const DeviceMemInfo& mem, std::size_t size, std::size_t requested,
+                                     StreamId stream, BlockPool* pool);
 
   /// The pool's index in a PoolStat.
   static std::size_t pool_index(const BlockPool& pool) noexcept {

@@ -28,7 +28,8 @@ using detail::kind_of;
 /// from_pretrained loads in, and --dtype says what is trained.
 const std::set<std::string, std::less<>> kIgnored = {
     "architectures", "bos_token_id", "eos_token_id", "pad_token_id", "initializer_range",
-    "rope_scaling", "transformers_version", "use_cache", "torch_dtype", "dtype", "model_type", "max_position_embeddings",
+    "rope_scaling", "transformers_version", "use_cache", "torch_dtype", "dtype", "model_type",
+    "max_position_embeddings",
     "max_window_layers", "tokenizer_class", "output_attentions", "output_hidden_states", "return_dict",
     "is_decoder", "name_or_path"};
 
@@ -265,17 +266,27 @@ std::shared_ptr<const HfConfig> parse_llama(const json& root, std::string name, 
 
 }  // namespace
 
-std::shared_ptr<const nn::ModelSource> parse_hf_config(std::string_view text, std::string name, std::string origin) {
-  const json root = read_json(text, origin);
+namespace {
+
+/// A config.json's model, by its model_type: GPT-2's builder or the llama layout.
+std::shared_ptr<const nn::ModelSource> from_root(const json& root, std::string name, const std::string& origin) {
   if (root.contains("model_type") && root["model_type"] == "gpt2") return parse_gpt2(root, std::move(name), origin);
   return parse_llama(root, std::move(name), origin);
 }
+
+}  // namespace
+
+std::shared_ptr<const nn::ModelSource> parse_hf_config(std::string_view text, std::string name, std::string origin) {
+  return from_root(read_json(text, origin), std::move(name), origin);
+}
+
+namespace {
 
 /// The name people give the model: the config's `_name_or_path` (its last part: a Hub id's
 /// model, a local folder's name), else the folder of a file called config.json, else the
 /// file's name without ".json". Printable ASCII only, at most 64 characters: a hostile file
 /// does not reach the terminal through it.
-std::string model_name(const std::string& path, std::string_view text) {
+std::string model_name(const std::string& path, const json& root) {
   const auto clean = [](std::string s) {
     std::string out;
     for (const char c : s) {
@@ -288,8 +299,7 @@ std::string model_name(const std::string& path, std::string_view text) {
     const auto slash = s.find_last_of('/');
     return slash == std::string::npos ? s : s.substr(slash + 1);
   };
-  const json root = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (root.is_object() && root.contains("_name_or_path") && root["_name_or_path"].is_string()) {
+  if (root.contains("_name_or_path") && root["_name_or_path"].is_string()) {
     const std::string named = clean(last_part(root["_name_or_path"].get<std::string>()));
     if (!named.empty()) return named;
   }
@@ -303,9 +313,11 @@ std::string model_name(const std::string& path, std::string_view text) {
   return named.empty() ? "config" : named;
 }
 
+}  // namespace
+
 std::shared_ptr<const nn::ModelSource> load_hf_config(const std::string& path) {
-  const std::string text = read_file(path);
-  return parse_hf_config(text, model_name(path, text), path);
+  const json root = read_json(read_file(path), path);  // parsed once: the name and the model
+  return from_root(root, model_name(path, root), path);
 }
 
 std::shared_ptr<const HfConfig> HfConfig::parse(std::string_view text, std::string name, std::string origin) {
@@ -347,8 +359,9 @@ nn::DecoderConfig HfConfig::configure(const nn::ModelOptions& o) const {
   if (o.lora_dropout && o.lora == 0) throw Error("model option lora_dropout needs lora=RANK");
   const std::string built_on = o.built_on.value_or("cpu");
   if (built_on != "cpu" && built_on != "gpu") {
-    throw Error("model option built_on='" + built_on + "'; valid: cpu (built on the CPU or loaded with from_pretrained, "
-                "then moved: the default), gpu (constructed on the GPU, as from_config under torch.device(\"cuda\"))");
+    throw Error("model option built_on='" + built_on +
+                "'; valid: cpu (built on the CPU or loaded with from_pretrained, then moved: the default), "
+                "gpu (constructed on the GPU, as from_config under torch.device(\"cuda\"))");
   }
   c.built_on_gpu = built_on == "gpu";
   if (o.lora > 0) {

@@ -2,7 +2,9 @@
 // behaviour with the source that decides it.
 #include "vramscope/runtime/stack.hpp"
 
+#include <algorithm>
 #include <charconv>
+#include <iterator>
 
 #include "vramscope/allocator/errors.hpp"
 
@@ -63,9 +65,17 @@ const std::vector<Version>& Stack::known_peft() {
 
 Stack Stack::parse(std::string_view spec) {
   Stack s;
-  bool seen[3] = {false, false, false};
-  std::size_t pos = 0;
-  while (pos <= spec.size() && !spec.empty()) {
+  struct Package {
+    std::string_view key;
+    Version* field;
+    const std::vector<Version>* known;
+    bool seen = false;
+  };
+  Package packages[] = {{"torch", &s.torch, &known_torch()},
+                        {"transformers", &s.transformers, &known_transformers()},
+                        {"peft", &s.peft, &known_peft()}};
+  if (spec.empty()) return s;
+  for (std::size_t pos = 0;;) {
     const std::size_t comma = spec.find(',', pos);
     const std::string_view item = trim(spec.substr(pos, comma == std::string_view::npos ? spec.npos : comma - pos));
     const std::size_t eq = item.find('=');
@@ -73,36 +83,24 @@ Stack Stack::parse(std::string_view spec) {
       throw Error("\"" + std::string(item) + "\" is not package=version; give e.g. torch=2.11,transformers=5.17");
     }
     const std::string_view key = trim(item.substr(0, eq)), value = trim(item.substr(eq + 1));
-    struct Package {
-      std::string_view key;
-      Version* field;
-      const std::vector<Version>* known;
-    };
-    const Package packages[] = {{"torch", &s.torch, &known_torch()},
-                                {"transformers", &s.transformers, &known_transformers()},
-                                {"peft", &s.peft, &known_peft()}};
-    bool matched = false;
-    for (std::size_t i = 0; i < 3; ++i) {
-      const Package& p = packages[i];
-      if (key != p.key) continue;
-      matched = true;
-      if (seen[i]) throw Error(std::string(key) + " is given twice");
-      seen[i] = true;
-      if (value.empty()) throw Error(std::string(key) + " has no version; give e.g. " + std::string(key) + "=" + p.known->back().str());
-      const Version v = parse_version(value);
-      bool known = false;
-      for (const Version& k : *p.known) known = known || k == v;
-      if (!known) {
-        throw Error(std::string(key) + " " + std::string(value) + " is not a version vramscope models; known: " +
-                    join(*p.known) + " (docs/VALIDATION.md says what each was checked against)");
-      }
-      *p.field = v;
+    Package* p = std::find_if(std::begin(packages), std::end(packages), [&](const Package& q) { return q.key == key; });
+    if (p == std::end(packages)) {
+      throw Error("unknown package \"" + std::string(key) + "\"; valid: torch, transformers, peft");
     }
-    if (!matched) throw Error("unknown package \"" + std::string(key) + "\"; valid: torch, transformers, peft");
-    if (comma == std::string_view::npos) break;
+    if (p->seen) throw Error(std::string(key) + " is given twice");
+    p->seen = true;
+    if (value.empty()) {
+      throw Error(std::string(key) + " has no version; give e.g. " + std::string(key) + "=" + p->known->back().str());
+    }
+    const Version v = parse_version(value);
+    if (std::find(p->known->begin(), p->known->end(), v) == p->known->end()) {
+      throw Error(std::string(key) + " " + std::string(value) + " is not a version vramscope models; known: " +
+                  join(*p->known) + " (docs/VALIDATION.md says what each was checked against)");
+    }
+    *p->field = v;
+    if (comma == std::string_view::npos) return s;
     pos = comma + 1;
   }
-  return s;
 }
 
 std::string Stack::to_string() const {

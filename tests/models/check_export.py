@@ -31,7 +31,6 @@ vramscope models, are taken out of the PyTorch measurement, and said where:
 
 Exit 77 (skipped) without torch and torchvision.
 """
-import csv
 import json
 import os
 import subprocess
@@ -39,6 +38,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from saved_bytes import torch_saved_per_module, vramscope_saved_per_module
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -94,35 +95,13 @@ def torch_saved(model, x):
     """Bytes saved for backward per module during one forward, on PyTorch."""
     import torch
     import torch.nn.functional as F
-    names = {m: n for n, m in model.named_modules()}
-    owned = {p.data_ptr() for p in model.parameters()} | {b.data_ptr() for b in model.buffers()}
     attention = {n for n, m in model.named_modules() if isinstance(m, torch.nn.MultiheadAttention)}
-    stack, saved, seen, hooks = [], {}, set(), []
 
-    def enter(m, _):
-        stack.append(names[m])
-
-    def leave(m, _i, _o):
-        stack.pop()
-
-    for m in model.modules():
-        hooks.append(m.register_forward_pre_hook(enter))
-        hooks.append(m.register_forward_hook(leave))
-
-    def owner() -> str:
-        name = stack[-1] if stack else ""
+    def owner(name: str) -> str:
         for a in attention:  # out_proj's F.linear runs inside the attention's forward
             if name.startswith(a + "."):
                 return a
         return name
-
-    def pack(t):
-        storage = t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()
-        ptr = storage.data_ptr()
-        if t.dim() > 0 and ptr not in owned and ptr not in seen:  # 0-dim: a wrapped Python number
-            seen.add(ptr)
-            saved[owner()] = saved.get(owner(), 0) + storage.nbytes()
-        return t
 
     dropout, pool = F.dropout, F.adaptive_avg_pool2d
 
@@ -139,12 +118,10 @@ def torch_saved(model, x):
 
     F.dropout, F.adaptive_avg_pool2d = cuda_dropout, mean_pool
     try:
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with torch_saved_per_module(model, owner=owner) as saved:
             model(x)
     finally:
         F.dropout, F.adaptive_avg_pool2d = dropout, pool
-        for h in hooks:
-            h.remove()
     return saved, attention
 
 
@@ -156,16 +133,7 @@ def vramscope_saved(exe: str, path: Path, batch: int, torch_names: set, scratch:
                            "--max-depth", "1", "--no-pre"], capture_output=True, text=True, timeout=300)
     if done.returncode != 0:
         raise SystemExit(f"FAIL vramscope trace {path.name}: exit {done.returncode}\n{done.stderr}")
-    saved = {}
-    for row in csv.DictReader(out.open()):
-        if row["module"] == "loss":
-            continue  # the loss runs after the model's forward
-        parts = row["module"].split(".") if row["module"] else []
-        while parts and ".".join(parts) not in torch_names:
-            parts.pop()
-        key = ".".join(parts)
-        saved[key] = saved.get(key, 0) + int(row["bytes"])
-    return saved
+    return vramscope_saved_per_module(out, torch_names)
 
 
 def round_trip(exe: str, name: str, model, doc_path: Path, doc: dict, scratch: Path) -> int:

@@ -15,13 +15,14 @@ on q and v and on every projection. Every module's bytes must be equal.
 Exit 77 (skipped) without torch and transformers, unless VRAMSCOPE_REQUIRE_STACK=1 (CI),
 which makes a missing environment a failure.
 """
-import csv
 import json
 import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from saved_bytes import torch_saved_per_module, vramscope_saved_per_module
 
 B, S, HIDDEN, HEADS, KV_HEADS, INTERMEDIATE, VOCAB = 2, 64, 64, 4, 2, 128, 32
 FAMILIES = ("llama", "mistral", "qwen2")
@@ -76,35 +77,9 @@ def build(family: str, dtype: str, attention: str, lora):
 def torch_saved(model) -> dict:
     import torch
     names = {m: n.removeprefix("base_model.model.") for n, m in model.named_modules()}
-    owned = {p.data_ptr() for p in model.parameters()} | {b.data_ptr() for b in model.buffers()}
-    stack, saved, seen, hooks = [], {}, set(), []
-
-    def enter(m, _):
-        stack.append(names[m])
-
-    def leave(m, _i, _o):
-        stack.pop()
-
-    for m in model.modules():
-        hooks.append(m.register_forward_pre_hook(enter))
-        hooks.append(m.register_forward_hook(leave))
-
-    def pack(t):
-        storage = t.untyped_storage()
-        ptr = storage.data_ptr()
-        if t.dim() > 0 and ptr not in owned and ptr not in seen:  # 0-dim: a wrapped Python number
-            seen.add(ptr)
-            key = stack[-1] if stack else ""
-            saved[key] = saved.get(key, 0) + storage.nbytes()
-        return t
-
     x = torch.randint(0, VOCAB, (B, S))
-    try:
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            model(input_ids=x)  # no labels: the loss runs outside the modules
-    finally:
-        for h in hooks:
-            h.remove()
+    with torch_saved_per_module(model, names) as saved:
+        model(input_ids=x)  # no labels: the loss runs outside the modules
     saved.pop("", None)
     return saved
 
@@ -123,17 +98,7 @@ def vramscope_saved(exe: str, cfg, dtype: str, attention: str, lora, stack: str,
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     if done.returncode != 0:
         raise SystemExit(f"FAIL vramscope {' '.join(command)}: exit {done.returncode}\n{done.stdout}{done.stderr}")
-    saved = {}
-    for row in csv.DictReader(out.open()):
-        if row["module"] in ("loss", "input", ""):
-            continue
-        parts = row["module"].split(".")
-        while parts and ".".join(parts) not in names:
-            parts.pop()
-        key = ".".join(parts)
-        saved[key] = saved.get(key, 0) + int(row["bytes"])
-    return saved
-
+    return vramscope_saved_per_module(out, names, skip=("loss", "input", ""))
 
 def main() -> int:
     reexec_on_stack()

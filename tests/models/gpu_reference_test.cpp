@@ -108,17 +108,23 @@ const Open* open_figure(const std::string& id, Figure figure) {
   return nullptr;
 }
 
-/// outside: nvidia-smi's figure after the step less what the allocator reserves (the CUDA
-/// context and the libraries' kernels).
-struct Measured {
+/// One training run's figures, measured or predicted. outside: nvidia-smi's figure after
+/// the step less what the allocator reserves (the CUDA context and the libraries' kernels).
+struct StepFigures {
   std::int64_t max_allocated, allocated_after, max_reserved, outside;
 };
 
-struct Predicted {
-  std::int64_t max_allocated, allocated_after, max_reserved, outside;
-};
+std::int64_t number(const std::map<std::string, std::string>& row, const std::string& key) {
+  return std::stoll(row.at(key));
+}
 
-Predicted predict(nn::TrainConfig cfg) {
+/// What PyTorch reported for a reference row (both files share these columns).
+StepFigures measured(const std::map<std::string, std::string>& row) {
+  return {number(row, "max_allocated"), number(row, "allocated_after_step"), number(row, "max_reserved"),
+          number(row, "nvidia_smi_after_step") - number(row, "reserved_after_step")};
+}
+
+StepFigures predict(nn::TrainConfig cfg) {
   cfg.device = "sim:h100-80g";
   cfg.stack = nn::Stack::parse("torch=2.11,transformers=5.17,peft=0.21");
   const nn::TrainReport r = nn::train(cfg);
@@ -138,7 +144,7 @@ void expect_figure(const std::string& id, Figure figure, double error, double ta
 }
 
 /// Every figure against its tolerance; the message shows both sides in MiB.
-void expect_close(const std::string& id, const Measured& m, const Predicted& p) {
+void expect_close(const std::string& id, const StepFigures& m, const StepFigures& p) {
   const auto mib = [](std::int64_t b) { return static_cast<double>(b) / kMiB; };
   // The row as docs/VALIDATION.md tabulates it: measured / predicted, MiB.
   std::printf("  %-16s max alloc %9.0f / %9.0f (%+6.2f%%)  after %8.1f / %8.1f  max reserved %9.0f / %9.0f (%+6.2f%%)"
@@ -169,10 +175,6 @@ void expect_close(const std::string& id, const Measured& m, const Predicted& p) 
                 both("nvidia-smi beyond the reserved segments", p.outside, m.outside));
 }
 
-std::int64_t number(const std::map<std::string, std::string>& row, const std::string& key) {
-  return std::stoll(row.at(key));
-}
-
 TEST(GpuReference, TrainingStepsOfTransformersAndTorchvisionMatchTheH100) {
   const fs::path file = reference_dir() / "h100-2026-11-26-training-steps.csv";
   if (!fs::exists(file)) GTEST_SKIP() << file << " is absent";
@@ -201,9 +203,7 @@ TEST(GpuReference, TrainingStepsOfTransformersAndTorchvisionMatchTheH100) {
     }
     // The reference's "amp" is autocast f16 (torch.autocast("cuda", torch.float16)).
     cfg.precision = nn::parse_precision(dtype);
-    const Measured m{number(row, "max_allocated"), number(row, "allocated_after_step"), number(row, "max_reserved"),
-                     number(row, "nvidia_smi_after_step") - number(row, "reserved_after_step")};
-    expect_close(id, m, predict(cfg));
+    expect_close(id, measured(row), predict(cfg));
   }
 }
 
@@ -221,9 +221,7 @@ TEST(GpuReference, TheMlpSweepRowsMatchTheH100) {
     cfg.precision = nn::parse_precision(row.at("dtype"));
     cfg.segments = std::max<std::int64_t>(number(row, "segments"), 1);
     cfg.steps = static_cast<std::size_t>(number(row, "steps"));
-    const Measured m{number(row, "max_allocated"), number(row, "allocated_after_step"), number(row, "max_reserved"),
-                     number(row, "nvidia_smi_after_step") - number(row, "reserved_after_step")};
-    expect_close(id, m, predict(cfg));
+    expect_close(id, measured(row), predict(cfg));
     ++checked;
   }
   EXPECT_EQ(checked, 2);

@@ -271,7 +271,8 @@ class Structure:
         if op.module is not None:
             name = self._relative(op.module, scope)
         else:
-            owner = self.modules[_module_of(scope)] if _module_of(scope) else self.model
+            enclosing = _module_of(scope)
+            owner = self.modules[enclosing] if enclosing else self.model
             taken = dict(owner.named_children())
             taken.update(dict(owner.named_parameters(recurse=False)))
             name = op.name

@@ -1,8 +1,9 @@
 // decoder.hpp — decoder-only transformers as Hugging Face transformers 5.17 writes them
 // (LlamaForCausalLM, which Mistral and Qwen2 share; 4.50.3 where the runtime's Stack says
 // so): RMSNorm, rotary embeddings, eager or SDPA attention with grouped keys, the SwiGLU
-// MLP, the LM head, and LoRA adapters as PEFT 0.21 wraps a Linear. Each module's forward follows the Python line by line, so the
-// runtime keeps for backward what PyTorch keeps and frees what Python's locals free.
+// MLP, the LM head, and LoRA adapters as PEFT 0.21 wraps a Linear. Each module's forward
+// follows the Python line by line, so the runtime keeps for backward what PyTorch keeps and
+// frees what Python's locals free.
 //
 //   mem::nn::DecoderConfig c;            // usually from a config.json (mem::models::HfConfig)
 //   c.hidden = 2048; c.intermediate = 8192; c.layers = 16; c.heads = 32; c.kv_heads = 8;
