@@ -11,7 +11,9 @@ namespace mem::tools {
 
 /// (option, path) pairs; empty paths are options not given. Throws UsageError naming the
 /// option when a path is a directory, its directory does not exist or cannot be written,
-/// or two options name the same file.
-void check_output_paths(const std::vector<std::pair<std::string, std::string>>& outputs);
+/// two options name the same regular file, or an output is one of the `inputs` (the
+/// user's model file must never be overwritten by an export).
+void check_output_paths(const std::vector<std::pair<std::string, std::string>>& outputs,
+                        const std::vector<std::pair<std::string, std::string>>& inputs = {});
 
 }  // namespace mem::tools

@@ -351,7 +351,8 @@ void run(const ReplayArgs& args) {
   try {
     trace = load_trace(args.file, args.trace_device);
   } catch (const Error& e) {
-    throw CommandFailed(one_line(e.what()));
+    // A trace that cannot be read is bad input, as a malformed model file is: exit 2.
+    throw UsageError(one_line(e.what()));
   }
 
   // The recorded setting is the baseline: replayed first when not asked for.

@@ -18,6 +18,7 @@
 #include "sweep_report.hpp"
 #include "output_paths.hpp"
 #include "usage_error.hpp"
+#include "vramscope/instrumentation/exports.hpp"
 
 namespace mem::tools {
 
@@ -139,7 +140,8 @@ void print_max_batches(const SweepSpec& spec, const SweepArgs& args) {
 void run(const SweepArgs& args) {
   const SweepSpec spec = make_spec(args);
   if (args.max_batch) return print_max_batches(spec, args);
-  check_output_paths({{"--plot", args.plot}});
+  check_output_paths({{"--plot", args.plot}},
+                     {{"--model-file", args.model.model_file}, {"--hf-config", args.model.hf_config}});
 
   std::unique_ptr<ProgressBar> bar;
   const SweepProgress progress = [&](std::size_t done, std::size_t total, const std::string& item) {
@@ -161,7 +163,7 @@ void run(const SweepArgs& args) {
   }
   if (!args.plot.empty()) {
     try {
-      write_text_file(args.plot, sweep_plot_svg(result));
+      write_output_file(args.plot, sweep_plot_svg(result), "the sweep plot");
     } catch (const mem::Error& e) {
       throw CommandFailed(std::string("--plot: ") + e.what());
     }

@@ -5,10 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cmath>
-#include <cstring>
-#include <fstream>
 #include <map>
 #include <set>
 
@@ -64,14 +61,6 @@ std::string xml_escape(const std::string& text) {
     }
   }
   return out;
-}
-
-void write_text_file(const std::filesystem::path& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (out) out << text;
-  if (!out) {
-    throw Error("cannot write " + path.string() + ": " + std::strerror(errno));
-  }
 }
 
 std::string sweep_plot_svg(const SweepResult& result, int width, int height) {

@@ -13,8 +13,6 @@
 namespace mem::tools {
 
 std::string sweep_plot_svg(const SweepResult& result, int width = 960, int height = 540);
-/// Throws mem::Error naming the path when it cannot be written.
-void write_text_file(const std::filesystem::path& path, const std::string& text);
 
 /// XML escaping for text and attribute values.
 std::string xml_escape(const std::string& text);

@@ -148,7 +148,8 @@ void run(const TraceArgs& args) {
   check_output_paths({{"--snapshot", args.snapshot},
                       {"--timeline", args.timeline},
                       {"--plot", args.plot},
-                      {"--saved", args.saved}});
+                      {"--saved", args.saved}},
+                     {{"--model-file", args.model.model_file}, {"--hf-config", args.model.hf_config}});
   const nn::TrainConfig cfg = make_config(args);
   const nn::ModelInfo info = cfg.model->describe(cfg.model_options);
   const auto device = make_device(nn::device_spec_for(cfg));
@@ -248,9 +249,7 @@ void run(const TraceArgs& args) {
   }
   if (saved) {
     write_file("--saved", args.saved, [&] {
-      std::ofstream out(args.saved);
-      out << saved->csv(module_types(trainer->model()));
-      if (!out.flush()) throw Error("cannot write " + args.saved);
+      write_output_file(args.saved, saved->csv(module_types(trainer->model())), "the saved-tensor CSV");
     });
     std::cout << fmt::format("           {} saved for backward in step 1's forward, in {} modules\n",
                              human_bytes(saved->total_bytes()), saved->rows().size());

@@ -103,6 +103,7 @@ void write_history_csv(const std::vector<HistoryEntry>& entries, const std::file
 }
 
 std::vector<HistoryEntry> read_history_csv(const std::filesystem::path& path) {
+  check_input_file(path, "mem::read_history_csv: the history");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error("mem::read_history_csv: cannot open '" + path.string() + "'");
   std::string line;

@@ -1,5 +1,7 @@
-// file_output.cpp — writing exports to disk.
+// file_output.cpp — writing exports to disk, and checking the files read.
 #include "file_output.hpp"
+
+#include "vramscope/instrumentation/files.hpp"
 
 #include <atomic>
 #include <cerrno>
@@ -8,45 +10,91 @@
 #include <fstream>
 #include <string>
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include "vramscope/allocator/errors.hpp"
 
 namespace mem::detail {
 
-void write_file(const std::filesystem::path& path, std::string_view content, std::string_view what) {
-  if (path.empty()) throw Error(std::string(what) + ": the output path is empty");
-  std::error_code ec;
-  const auto parent = path.parent_path();
-  if (!parent.empty() && !std::filesystem::is_directory(parent, ec)) {
-    throw Error(std::string(what) + ": cannot write '" + path.string() + "': directory '" +
-                parent.string() + "' does not exist; create it or choose another path");
+namespace {
+
+// A device or a FIFO is opened and written, never replaced: renaming a file over
+// /dev/null would turn it into a regular file for every program on the machine.
+void write_through(const std::filesystem::path& target, const std::string& shown, std::string_view content,
+                   std::string_view what) {
+  const int fd = ::open(target.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) {
+    throw Error(std::string(what) + ": cannot write '" + shown + "': " + std::strerror(errno));
   }
-  // Written beside the target and renamed over it: a failed write leaves no truncated file,
-  // and readers never see a half-written one.
+  std::size_t done = 0;
+  while (done < content.size()) {
+    const ssize_t n = ::write(fd, content.data() + done, content.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = n < 0 ? errno : EIO;
+      ::close(fd);
+      throw Error(std::string(what) + ": writing '" + shown + "' failed after " + std::to_string(done) +
+                  " of " + std::to_string(content.size()) + " bytes: " + std::strerror(err));
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  if (::close(fd) != 0 && errno != EINTR) {
+    throw Error(std::string(what) + ": writing '" + shown + "' failed: " + std::strerror(errno));
+  }
+}
+
+}  // namespace
+
+void write_file(const std::filesystem::path& path, std::string_view content, std::string_view what) {
+  namespace fs = std::filesystem;
+  if (path.empty()) throw Error(std::string(what) + ": the output path is empty");
+  const std::string shown = path.string();
+  std::error_code ec;
+  // A symbolic link is written through: its target gets the content and the link stays.
+  fs::path target = path;
+  if (fs::is_symlink(fs::symlink_status(path, ec))) {
+    target = fs::weakly_canonical(fs::absolute(path, ec), ec);
+    if (ec) throw Error(std::string(what) + ": cannot resolve the link '" + shown + "': " + ec.message());
+  }
+  const fs::file_status status = fs::status(target, ec);
+  if (fs::is_directory(status)) {
+    throw Error(std::string(what) + ": cannot write '" + shown + "': it is a directory");
+  }
+  if (fs::exists(status) && !fs::is_regular_file(status)) {
+    write_through(target, shown, content, what);
+    return;
+  }
+  const auto parent = target.parent_path();
+  if (!parent.empty() && !fs::is_directory(parent, ec)) {
+    throw Error(std::string(what) + ": cannot write '" + shown + "': directory '" + parent.string() +
+                "' does not exist; create it or choose another path");
+  }
+  // A regular file is written beside the target and renamed over it: a failed write leaves
+  // no truncated file, and readers never see a half-written one.
   // The name is unique to this write (process id and a counter), so threads writing the
   // same path never share a temporary file; the last rename wins, whole.
   static std::atomic<std::uint64_t> writes{0};
-  std::filesystem::path temp = path;
+  fs::path temp = target;
   temp += ".vramscope-" + std::to_string(::getpid()) + "-" + std::to_string(++writes) + ".tmp";
   std::ofstream out(temp, std::ios::binary | std::ios::trunc);
   if (!out) {
-    throw Error(std::string(what) + ": cannot write '" + path.string() + "' (its temporary file '" +
-                temp.string() + "' did not open: " + std::strerror(errno) + ")");
+    throw Error(std::string(what) + ": cannot write '" + shown + "' (its temporary file '" + temp.string() +
+                "' did not open: " + std::strerror(errno) + ")");
   }
   out.write(content.data(), static_cast<std::streamsize>(content.size()));
   out.close();
   if (!out) {
     const int err = errno;
-    std::filesystem::remove(temp, ec);
-    throw Error(std::string(what) + ": writing '" + path.string() + "' failed (" +
-                std::to_string(content.size()) + " bytes): " + std::strerror(err));
+    fs::remove(temp, ec);
+    throw Error(std::string(what) + ": writing '" + shown + "' failed (" + std::to_string(content.size()) +
+                " bytes): " + std::strerror(err));
   }
-  std::filesystem::rename(temp, path, ec);
+  fs::rename(temp, target, ec);
   if (ec) {
     std::error_code ignored;
-    std::filesystem::remove(temp, ignored);
-    throw Error(std::string(what) + ": cannot write '" + path.string() + "': " + ec.message());
+    fs::remove(temp, ignored);
+    throw Error(std::string(what) + ": cannot write '" + shown + "': " + ec.message());
   }
 }
 
@@ -67,3 +115,31 @@ std::string xml_escape(std::string_view text) {
 }
 
 }  // namespace mem::detail
+
+namespace mem {
+
+void check_input_file(const std::filesystem::path& path, std::string_view what) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::file_status status = fs::status(path, ec);
+  const std::string head = std::string(what) + " '" + path.string() + "'";
+  if (!fs::exists(status)) {
+    throw Error(head + " does not exist" + (ec && ec != std::errc::no_such_file_or_directory
+                                                 ? " or cannot be reached (" + ec.message() + ")"
+                                                 : std::string{}));
+  }
+  if (fs::is_regular_file(status)) return;
+  const char* kind = fs::is_directory(status)       ? "a directory"
+                     : fs::is_fifo(status)          ? "a FIFO (named pipe)"
+                     : fs::is_socket(status)        ? "a socket"
+                     : fs::is_character_file(status) ? "a character device"
+                     : fs::is_block_file(status)    ? "a block device"
+                                                    : "not a regular file";
+  throw Error(head + " is " + kind + "; vramscope reads only regular files (write it to a file first)");
+}
+
+void write_output_file(const std::filesystem::path& path, std::string_view content, std::string_view what) {
+  detail::write_file(path, content, what);
+}
+
+}  // namespace mem

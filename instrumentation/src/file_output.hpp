@@ -7,8 +7,10 @@
 
 namespace mem::detail {
 
-/// Writes `content` to `path` (replacing it). Throws mem::Error saying which
-/// export, which path and why (missing directory, permission, disk full).
+/// Writes `content` to `path`: a regular file is replaced whole (written beside it, then
+/// renamed), a device or FIFO is written through, a symbolic link writes its target.
+/// Throws mem::Error saying which export, which path and why (missing directory,
+/// permission, disk full).
 void write_file(const std::filesystem::path& path, std::string_view content, std::string_view what);
 
 /// Text that can sit inside XML/SVG markup.

@@ -5,6 +5,7 @@
 // hostile file can cost at most time and memory proportional to its size;
 // the tree is destroyed iteratively, so deep nesting cannot overflow the stack.
 #include "vramscope/instrumentation/pickle_reader.hpp"
+#include "vramscope/instrumentation/files.hpp"
 
 #include <algorithm>
 #include <bit>
@@ -631,13 +632,12 @@ PickleValue read_pickle(std::string_view data) {
 }
 
 std::string read_pickle_bytes(const std::string& path) {
+  check_input_file(path, "the pickle");
   std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) throw Error(path + ": cannot read a directory as a pickle");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error("cannot open '" + path + "' for reading");
   std::string data;
-  // One allocation for a regular file (growing by doubling would briefly hold twice the
-  // file); a pipe grows as it is read.
+  // One allocation (growing by doubling would briefly hold twice the file).
   if (const auto size = std::filesystem::file_size(path, ec); !ec) data.reserve(size);
   // A read error is never taken for the end of the file (then "truncated pickle"): the
   // stream buffer throws it (libstdc++) or the stream says so.

@@ -1,6 +1,7 @@
 // trace_reader.cpp — PyTorch snapshots, vramscope history CSV and RMM logging
 // CSV read into one AllocationTrace shape for replay.
 #include "vramscope/instrumentation/trace_reader.hpp"
+#include "vramscope/instrumentation/files.hpp"
 
 #include "mapped_file.hpp"
 #include "snapshot_scanner.hpp"
@@ -49,12 +50,9 @@ auto at_path(const std::string& path, F&& f) -> decltype(f()) {
   }
 }
 
-/// A directory opens as a stream, and what reading it gives depends on the C++ library:
-/// say what it is before reading.
-void refuse_directory(const std::string& path) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) throw Error(path + ": cannot read a directory as a trace");
-}
+/// A directory opens as a stream (what reading it gives depends on the C++ library), a
+/// named pipe waits for a writer: say what it is before reading.
+void check_trace_file(const std::string& path) { check_input_file(path, "the trace"); }
 
 BlockState block_state_from(std::string_view s, const std::string& path) {
   if (s == "active_allocated") return BlockState::ActiveAllocated;
@@ -311,7 +309,7 @@ double parse_rmm_time(std::string_view text, const std::string& where) {
 }
 
 std::ifstream open_text(const std::string& path) {
-  refuse_directory(path);
+  check_trace_file(path);
   std::ifstream in(path);
   if (!in) throw Error("cannot open '" + path + "' for reading");
   return in;
@@ -560,7 +558,7 @@ AllocationTrace read_rmm_log_file(const std::string& path) {
 }
 
 AllocationTrace load_trace(const std::string& path, int device) {
-  refuse_directory(path);
+  check_trace_file(path);
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error("cannot open '" + path + "' for reading");
   const int first = in.peek();

@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "vramscope/allocator/errors.hpp"
+#include "vramscope/instrumentation/files.hpp"
 #include "json_kind.hpp"
 #include "zoo_sources.hpp"
 
@@ -168,6 +169,7 @@ std::shared_ptr<const nn::ModelSource> parse_gpt2(const json& root, std::string 
 }
 
 std::string read_file(const std::string& path) {
+  check_input_file(path, "the Hugging Face config");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error(path + ": cannot open");
   std::string text;

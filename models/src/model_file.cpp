@@ -22,6 +22,7 @@
 #include "expression.hpp"
 #include "json_kind.hpp"
 #include "vramscope/allocator/errors.hpp"
+#include "vramscope/instrumentation/files.hpp"
 #include "vramscope/runtime/modules.hpp"
 
 namespace mem::models {
@@ -1244,6 +1245,7 @@ std::shared_ptr<const ModelFile> ModelFile::parse(std::string_view json_text, st
 }
 
 std::shared_ptr<const ModelFile> ModelFile::load(const std::string& path) {
+  check_input_file(path, "the model file");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error(path + ": cannot open the model file (does it exist, and may it be read?)");
   std::string text;

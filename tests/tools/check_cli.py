@@ -275,6 +275,72 @@ def check_trace_files(exe, work):
     check(root.tag.endswith("svg"), root.tag)
 
 
+def check_files(exe, work):
+    """Hostile paths (issue 36), in a scratch folder, never the machine's own /dev: an output
+    that is a symbolic link writes its target and the link stays; a device is written through,
+    never replaced by a regular file, and a write error (a full device) is an error; an output
+    that is the model file is a usage error that changes nothing; a FIFO given as an input is
+    refused at once instead of waiting for a writer; a malformed trace is bad input (exit 2)."""
+    import shutil
+    import stat
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    w = Path(work)
+    (w / "real.svg").write_text("old")
+    os.symlink("real.svg", w / "link.svg")
+    run(exe, "trace", *SMALL, "--plot", str(w / "link.svg"))
+    check(os.path.islink(w / "link.svg"), "the symbolic link was replaced")
+    check("<svg" in (w / "real.svg").read_text()[:400], "the link's target was not written")
+    run(exe, "sweep", "--model", "mlp", "--depth", "2", "--segments", "0", "--plot", str(w / "link.svg"))
+    check(os.path.islink(w / "link.svg") and "<svg" in (w / "real.svg").read_text()[:400], "sweep --plot link")
+
+    # Devices made here (as root; elsewhere the device part is skipped): null (1, 3), full (1, 7).
+    try:
+        os.mknod(w / "null", stat.S_IFCHR | 0o666, os.makedev(1, 3))
+        os.mknod(w / "full", stat.S_IFCHR | 0o666, os.makedev(1, 7))
+        devices = True
+    except PermissionError:
+        devices = False
+    if devices:
+        for option in ("--snapshot", "--timeline", "--plot", "--saved"):
+            run(exe, "trace", *SMALL, option, str(w / "null"))
+            check(stat.S_ISCHR(os.stat(w / "null").st_mode), f"{option}: the device was replaced by a file")
+        # Two outputs may share a device.
+        run(exe, "trace", *SMALL, "--snapshot", str(w / "null"), "--timeline", str(w / "null"))
+        p = run(exe, "trace", *SMALL, "--snapshot", str(w / "full"), expect=1)
+        check("No space left on device" in p.stderr and "--snapshot" in p.stderr, p.stderr)
+        check(stat.S_ISCHR(os.stat(w / "full").st_mode), "the full device was replaced")
+        p = run(exe, "sweep", "--model", "mlp", "--depth", "2", "--segments", "0", "--plot", str(w / "full"),
+                expect=1)
+        check("No space left on device" in p.stderr, p.stderr)
+
+    # An output that is an input: refused before any work, the model file untouched.
+    net = w / "net.json"
+    net.write_text(json.dumps({"format": "vramscope-model", "version": 1, "name": "tiny",
+                               "options": {"batch": 8}, "input": {"shape": ["batch", 8]},
+                               "loss": {"type": "mse"},
+                               "layers": [{"type": "Linear", "in_features": 8, "out_features": 4}]}))
+    before = net.read_bytes()
+    os.symlink("net.json", w / "net-link.json")
+    for option in ("--snapshot", "--timeline", "--plot", "--saved"):
+        for target in (net, w / "net-link.json"):
+            p = run(exe, "trace", "--model-file", str(net), option, str(target), expect=2)
+            check("--model-file reads" in p.stderr and p.stdout == "", p.stderr)
+    p = run(exe, "sweep", "--model-file", str(net), "--plot", str(net), expect=2)
+    check("--model-file reads" in p.stderr, p.stderr)
+    check(net.read_bytes() == before, "the model file changed")
+
+    # A FIFO as an input: refused at once (the timeout in run() catches a wait).
+    os.mkfifo(w / "fifo")
+    for args in (["models", "--model-file"], ["sweep", "--hf-config"], ["replay"]):
+        p = run(exe, *args, str(w / "fifo"), expect=2)
+        check("FIFO" in p.stderr and p.stderr.count("\n") == 1, p.stderr)
+    # A malformed trace is bad input, as a malformed model file is.
+    (w / "bad.pickle").write_bytes(b"\x80\x04garbage")
+    p = run(exe, "replay", str(w / "bad.pickle"), expect=2)
+    check(p.stderr.startswith("vramscope: error:"), p.stderr)
+
+
 def check_trace_saved(exe, work):
     """--saved: forum-cnn's saved-for-backward bytes per module, derived by hand (batch 100,
     f32): conv1 keeps the input, each ReLU its output (which the next conv and the Linear
@@ -619,7 +685,7 @@ def check_hf_config(exe, work):
         p = run(exe, "sweep", "--hf-config", str(cfg), *args, expect=2)
         check(all(w in p.stderr for w in words), f"{args}: {p.stderr!r}")
     p = run(exe, "sweep", "--hf-config", str(Path(work) / "missing.json"), expect=2)
-    check("cannot open" in p.stderr, p.stderr)
+    check("does not exist" in p.stderr, p.stderr)
 
 
 CHECKS = {
@@ -630,6 +696,7 @@ CHECKS = {
     "reentrant": check_reentrant, "auto-segments": check_auto_segments,
     "compute-host-memory": check_compute_host_memory, "batch-lists": check_batch_lists,
     "max-batch": check_max_batch, "hf-config": check_hf_config, "trace-saved": check_trace_saved,
+    "files": check_files,
 }
 
 

@@ -18,6 +18,7 @@ that join again (a residual add, a concatenation, a gate, a matmul). Sizes are t
 from __future__ import annotations
 
 import copy
+import math
 from typing import List, Optional, Sequence
 
 from ._errors import ExportError
@@ -30,6 +31,7 @@ from ._trace import propagate_shapes, trace
 __all__ = ["ExportError", "LOSSES", "build_model", "export", "load_factory", "meta_device"]
 
 LOSSES = ("cross_entropy", "mse", "bce_with_logits", "sum", "none")
+MAX_SIZE = 2 ** 40  # per dimension: far beyond any GPU, and far from int64's overflow
 
 
 def export(model, input_shape: Sequence[int], *, name: str = "model", input_dtype: str = "float",
@@ -39,6 +41,10 @@ def export(model, input_shape: Sequence[int], *, name: str = "model", input_dtyp
     shape = [int(s) for s in input_shape]
     if not shape or any(s <= 0 for s in shape):
         raise ExportError([f"--input {input_shape}: expected positive sizes, the batch first"], "bad input")
+    # Sizes torch holds in int64, with room for the batch + 1 the second pass runs.
+    if any(s > MAX_SIZE for s in shape) or math.prod([shape[0] + 1] + shape[1:]) >= 2 ** 63:
+        raise ExportError([f"--input {input_shape}: sizes too large (at most 2**40 per dimension, fewer than "
+                           "2**63 elements in all)"], "bad input")
     if input_dtype not in ("float", "int64"):
         raise ExportError([f"--input-dtype {input_dtype!r}: expected float or int64"], "bad input")
     dtype = torch.int64 if input_dtype == "int64" else torch.float32
@@ -51,11 +57,17 @@ def export(model, input_shape: Sequence[int], *, name: str = "model", input_dtyp
         model = torch.nn.Sequential(model)  # torch.fx traces into the root: make the layer its child
     gm, marks, checkpoint_problems = trace(model)
     metas = propagate_shapes(gm, shape, dtype)
-    metas_next = propagate_shapes(gm, [shape[0] + 1] + shape[1:], dtype)
+    # The file keeps the batch free: a second pass tells sizes that follow it from fixed ones.
+    metas_next = propagate_shapes(gm, [shape[0] + 1] + shape[1:], dtype,
+                                  f"the model runs on an input of shape {shape} but not with a batch of "
+                                  f"{shape[0] + 1} (vramscope varies the batch: a size fixed in forward?)")
     graph = Graph(gm, model, metas, metas_next, shape[0])
     problems = checkpoint_problems + graph.problems
     if graph.output is None or graph.source is None:
         raise ExportError(problems or ["the model returns nothing traceable"], f"cannot export {name}")
+    if graph.output is graph.source and not problems:
+        raise ExportError(["the model has no layers: its forward returns its input (an empty nn.Sequential?)"],
+                          f"cannot export {name}")
     structure = Structure(graph, marks)
     layers = []
     if not problems:
@@ -67,6 +79,9 @@ def export(model, input_shape: Sequence[int], *, name: str = "model", input_dtyp
     if problems:
         raise ExportError(problems, f"cannot export {name}: {len(problems)} "
                                     f"thing{'s' if len(problems) != 1 else ''} cannot be mapped to a model file")
+    layers = finish(layers)
+    if not layers:  # a forward of sizes only, or of what the structure drops (aliases)
+        raise ExportError(["the model has no layers a model file can hold"], f"cannot export {name}")
     out_shape = list(metas[graph.output.name].shape)
     doc = {"format": "vramscope-model", "version": 1, "name": name}
     if description:
@@ -77,7 +92,7 @@ def export(model, input_shape: Sequence[int], *, name: str = "model", input_dtyp
     if input_dtype == "int64":
         doc["input"].update({"dtype": "int64", "high": high})
     doc["loss"] = _loss(loss, out_shape, shape[0])
-    doc["layers"] = finish(layers)
+    doc["layers"] = layers
     return doc
 
 

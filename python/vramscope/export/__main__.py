@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from . import LOSSES, ExportError, build_model, export, load_factory
+from ._errors import debugging, one_line
 from ._model import refuse_transformers
 
 
@@ -39,13 +40,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise ExportError([f"--input {args.input!r}: expected sizes separated by commas, such as 8,3,224,224"],
                               "bad input") from None
         factory, fname = load_factory(args.model)
-        model = build_model(factory)
+        model = build_model(factory, args.model)
         refuse_transformers(model, args.output)
         doc = export(model, shape, name=args.name or fname, input_dtype=args.input_dtype, loss=args.loss,
                      source=f"exported by `python3 -m vramscope.export {args.model} --input {args.input}` "
                             f"from {type(model).__module__}.{type(model).__name__}")
     except ExportError as e:
         print(f"vramscope.export: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # noqa: BLE001 (the user's code is caught where it runs: this is the exporter's bug)
+        if debugging():
+            raise
+        print(f"vramscope.export: internal error: {one_line(e)} (VRAMSCOPE_EXPORT_DEBUG=1 shows the traceback; "
+              "please report it)", file=sys.stderr)
         return 2
     text = json.dumps(doc, indent=1) + "\n"
     if not args.output:

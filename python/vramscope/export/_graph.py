@@ -3,12 +3,12 @@ functions and tensor methods of forward mapped here, modules through _layers."""
 from __future__ import annotations
 
 import operator
-import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ._errors import Unsupported
 from ._layers import _flatten_spec, _output_size, _single, leaves
+from ._trace import node_location
 
 
 @dataclass(eq=False)
@@ -57,12 +57,7 @@ class Graph:
     def _where(self, node) -> str:
         scope = node.meta.get("scope", ())
         owner = scope[-1][0] if scope else ""
-        loc = ""
-        for m in re.finditer(r'File "([^"]+)", line (\d+)', node.stack_trace or ""):
-            file = m.group(1)
-            if not (file.startswith("<") or "/torch/" in file or "/vramscope/export/" in file):
-                loc = f"{file}:{m.group(2)}"
-                break  # fx lists the innermost frame first: the line that did it
+        loc = node_location(node)
         if node.op == "call_module":
             return f"module '{node.target}'" + (f" ({loc})" if loc else "")
         return (f"in '{owner}'" if owner else "in the model's forward") + (f" ({loc})" if loc else "")
@@ -93,6 +88,13 @@ class Graph:
             else:
                 raise Unsupported(f"a size ({a}) that depends on the batch other than in proportion")
         return out
+
+    def _first_empty(self, node) -> bool:
+        """A result with a zero size where its inputs have none (what follows it is empty too);
+        a module with an empty parameter is named for that parameter instead, in _module."""
+        if 0 not in self.shape(node) or any(0 in self.shape(a) for a in node.all_input_nodes if self._is_tensor(a)):
+            return False
+        return node.op != "call_module" or all(p.numel() for p in self.modules[node.target].parameters())
 
     def _data_inputs(self, node) -> List[Op]:
         """The ops whose tensors this node reads (parameters and sizes left out)."""
@@ -138,6 +140,9 @@ class Graph:
                 pass  # a module returning a tuple (nn.MultiheadAttention): element 0 is taken below
             else:
                 return  # sizes, asserts, None
+        elif self._first_empty(node):
+            raise Unsupported(f"returns a tensor of shape {self.shape(node)}: a zero dimension, which a model "
+                              "file cannot hold")
         args = list(node.args)
         tensors_in = [a for a in node.all_input_nodes if a.name in self.constant or a.name in self.by_node]
         if tensors_in and all(a.name in self.constant for a in tensors_in):
@@ -163,8 +168,11 @@ class Graph:
         mapper = leaves().get(type(m))
         if mapper is None:
             raise Unsupported("no model-file layer for this module type")
-        spec = dict(mapper(m))
         params = list(m.parameters(recurse=True))
+        empty = next((list(p.shape) for p in params if p.numel() == 0), None)
+        if empty is not None:
+            raise Unsupported(f"a parameter of shape {empty}: a layer with a zero dimension")
+        spec = dict(mapper(m))
         self.calls[node.target] = self.calls.get(node.target, 0) + 1
         if params and self.calls[node.target] > 1:
             raise Unsupported("called again: a module with parameters used twice shares its weights, which a "

@@ -4,11 +4,14 @@ from __future__ import annotations
 import contextlib
 import dis
 import inspect
+import io
 import operator
+import re
+import sys
 import traceback
 from typing import Any, Dict, List, Tuple
 
-from ._errors import ExportError
+from ._errors import ExportError, debugging, one_line
 from ._layers import leaves
 
 
@@ -16,9 +19,38 @@ def user_location(tb) -> str:
     """The innermost frame of a traceback outside torch: where in the user's code it failed."""
     where = ""
     for frame in traceback.extract_tb(tb):
-        if "/torch/" not in frame.filename and "/vramscope/export/" not in frame.filename:
+        if _users(frame.filename):
             where = f"{frame.filename}:{frame.lineno} ({(frame.line or '').strip()})"
     return where
+
+
+def _users(filename: str) -> bool:
+    """A frame of the user's code: not torch's, the exporter's or Python's import machinery."""
+    return not (filename.startswith("<") or "/torch/" in filename or "/vramscope/export/" in filename)
+
+
+def node_location(node) -> str:
+    """file:line of the user's code that made an fx node, from its recorded stack."""
+    for m in re.finditer(r'File "([^"]+)", line (\d+)', node.stack_trace or ""):
+        if _users(m.group(1)):
+            return f"{m.group(1)}:{m.group(2)}"  # fx lists the innermost frame first: the line that did it
+    return ""
+
+
+def _no_forward(m) -> bool:
+    """nn.Module's own forward, which only raises: a class that did not define one."""
+    import torch
+    return getattr(type(m), "forward", None) is torch.nn.Module.forward
+
+
+@contextlib.contextmanager
+def _stderr_held():
+    """torch.fx prints a traceback of its own before raising (ShapeProp's print_exc): hold
+    stderr back while torch runs, and pass it on (warnings) only if nothing failed."""
+    held = io.StringIO()
+    with contextlib.redirect_stderr(held):
+        yield
+    sys.stderr.write(held.getvalue())
 
 
 @contextlib.contextmanager
@@ -59,7 +91,7 @@ def _proxy_patches():
 def _caller() -> str:
     """file:line of the user's code that called into the exporter's stand-ins."""
     for frame in inspect.stack()[2:]:
-        if "/torch/" not in frame.filename and "/vramscope/export/" not in frame.filename:
+        if _users(frame.filename):
             return f"{frame.filename}:{frame.lineno}"
     return ""
 
@@ -193,6 +225,8 @@ def trace(model):
 
         def call_module(self, m, forward, args, kwargs):
             qualname = self.path_of_module(m)
+            if _no_forward(m):
+                raise ExportError([f"module '{qualname}' ({type(m).__name__}) is called but has no forward()"])
             self.calls[qualname] = self.calls.get(qualname, 0) + 1
             self.stack.append((qualname, self.calls[qualname]))
             try:
@@ -208,30 +242,108 @@ def trace(model):
             node.meta["scope"] = scope
             return node
 
+    if _no_forward(model):  # fx would fail on nn.Module's stand-in (on some versions, deep in code())
+        raise ExportError([f"{type(model).__name__} has no forward(): define forward(self, x) in the class"])
     tracer = Tracer()
     marks: Dict[str, Any] = {}
     problems: List[str] = []
     try:
-        with _proxy_patches(), _checkpoint_calls(model, marks, problems, tracer.stack):
+        with _stderr_held(), _proxy_patches(), _checkpoint_calls(model, marks, problems, tracer.stack):
             graph = tracer.trace(model)
-    except Exception as e:  # noqa: BLE001 (every tracing failure becomes one clear error)
+    except ExportError:
+        raise
+    except (Exception, SystemExit) as e:  # noqa: BLE001 (every tracing failure becomes one clear error)
+        if debugging():
+            raise
         where = user_location(e.__traceback__)
-        raise ExportError([f"{where}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".lstrip(": "),
-                           "torch.fx follows Python code that does not branch on tensor values; for a "
-                           "transformers model use `vramscope --hf-config config.json` instead"],
-                          "torch.fx cannot trace the model") from None
+        if isinstance(e, SystemExit):
+            raise ExportError([where or "(no frame outside torch)"],
+                              f"the model's forward called {one_line(e)} while being traced") from None
+        lines = [f"{where}: {one_line(e)}" if where else one_line(e)]
+        # fx's own limits (a branch on a tensor, a Proxy where Python wants a number): say what it follows.
+        if isinstance(e, getattr(torch.fx.proxy, "TraceError", ())) or "Proxy" in str(e):
+            lines.append("torch.fx follows Python code that does not branch on tensor values; for a "
+                            "transformers model use `vramscope --hf-config config.json` instead")
+        raise ExportError(lines, "torch.fx cannot trace the model") from None
     return torch.fx.GraphModule(model, graph), marks, problems
 
 
-def propagate_shapes(gm, shape: List[int], dtype) -> Dict[str, Any]:
-    """Each node's output TensorMetadata (or tuple of them) for an input of `shape`, on meta."""
+def propagate_shapes(gm, shape: List[int], dtype, headline: str = "") -> Dict[str, Any]:
+    """Each node's output TensorMetadata (or tuple of them) for an input of `shape`, on meta.
+    A failure names the node that failed, what it was given and, for the common layers,
+    what they take."""
     import torch
     from torch.fx.passes.shape_prop import ShapeProp
-    x = torch.zeros(shape, dtype=dtype, device="meta")
+    running: List[Any] = [None]
+
+    class Prop(ShapeProp):
+        def run_node(self, n):
+            running[0] = n
+            return super().run_node(n)
+
     try:
-        ShapeProp(gm).propagate(x)
-    except Exception as e:  # noqa: BLE001
-        where = user_location(e.__traceback__)
-        raise ExportError([f"{where}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"],
-                          f"the model does not run on an input of shape {shape}") from None
+        x = torch.zeros(shape, dtype=dtype, device="meta")
+        with _stderr_held():
+            Prop(gm).propagate(x)
+    except (Exception, SystemExit) as e:  # noqa: BLE001
+        if debugging():
+            raise
+        # ShapeProp wraps the error in one that dumps the node's metadata: the cause is what failed.
+        cause = e.__cause__ if e.__cause__ is not None and str(e).startswith("ShapeProp error") else e
+        raise ExportError([_failed_node(gm, running[0], cause)],
+                          headline or f"the model does not run on an input of shape {shape}") from None
     return {n.name: n.meta.get("tensor_meta") for n in gm.graph.nodes}
+
+
+def _failed_node(gm, node, e: BaseException) -> str:
+    """One line: the module or function that failed, where, on what, and what it takes."""
+    if node is None or node.op == "placeholder":
+        return one_line(e)
+    loc = node_location(node)
+    given = next((a.meta.get("tensor_meta") for a in node.all_input_nodes
+                  if hasattr(a.meta.get("tensor_meta"), "shape")), None)
+    got = ""
+    if given is not None:
+        got = f"{str(given.dtype).replace('torch.', '')} {list(given.shape)}"
+    if node.op == "call_module":
+        m = gm.get_submodule(node.target)
+        unmapped = "" if type(m) in leaves() else ", which has no model-file layer"
+        what = f"module '{node.target}' ({type(m).__name__}{unmapped})"
+        takes = _takes(m)
+    else:
+        scope = node.meta.get("scope", ())
+        target = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", str(node.target))
+        what = f"{target} in '{scope[-1][0]}'" if scope else f"{target} in the model's forward"
+        takes = ""
+    line = what + (f" ({loc})" if loc else "")
+    if takes:
+        line += f" takes {takes}" + (f", not {got}" if got else "")
+    elif got:
+        line += f" on {got}"
+    return f"{line}: {one_line(e)}"
+
+
+def _takes(m) -> str:
+    """The input a common layer takes (its batched form), from its arguments."""
+    import torch.nn as nn
+    name = type(m).__name__
+    spatial = {"1d": "L", "2d": "H, W", "3d": "D, H, W"}
+    if isinstance(m, nn.Linear):
+        return f"[..., {m.in_features}] (in_features {m.in_features})"
+    if isinstance(m, nn.modules.conv._ConvNd):
+        return f"[N, {m.in_channels}, {spatial.get(name[-2:], '...')}] (in_channels {m.in_channels})"
+    if isinstance(m, nn.modules.batchnorm._BatchNorm):
+        if name == "BatchNorm1d":
+            return f"[N, {m.num_features}] or [N, {m.num_features}, L]"
+        return f"[N, {m.num_features}, {spatial.get(name[-2:], '...')}]"
+    if isinstance(m, nn.GroupNorm):
+        return f"[N, {m.num_channels}, ...]"
+    if isinstance(m, nn.LayerNorm):
+        return f"[..., {', '.join(str(d) for d in m.normalized_shape)}]"
+    if isinstance(m, nn.Embedding):
+        return f"int64 token ids below {m.num_embeddings} (--input-dtype int64)"
+    if isinstance(m, nn.MultiheadAttention):
+        return f"[N, L, {m.embed_dim}]" if m.batch_first else f"[L, N, {m.embed_dim}]"
+    if "Pool" in name and name[-2:] in spatial:
+        return f"[N, C, {spatial[name[-2:]]}]"
+    return ""

@@ -17,6 +17,7 @@
 #include <string_view>
 #include <vector>
 
+#include "vramscope/instrumentation/files.hpp"
 #include "vramscope/instrumentation/history.hpp"
 #include "vramscope/instrumentation/snapshot.hpp"
 #include "vramscope/instrumentation/timeline.hpp"

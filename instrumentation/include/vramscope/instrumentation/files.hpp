@@ -1,0 +1,23 @@
+// files.hpp — the files a user names: inputs checked before they are opened (a FIFO
+// would block, a device would never end), outputs written without ever replacing a
+// device, a link or half a file.
+#pragma once
+
+#include <filesystem>
+#include <string_view>
+
+namespace mem {
+
+/// Throws mem::Error unless `path` is a regular file that exists (symbolic links followed):
+/// a directory, a FIFO, a socket or a device is refused with a message naming `what`
+/// ("the model file") and the kind of file it is. Reading a named pipe would wait for a
+/// writer forever; /dev/zero would never end.
+void check_input_file(const std::filesystem::path& path, std::string_view what);
+
+/// Writes `content` to `path` as every export here does: a regular file is replaced whole
+/// (written beside it, then renamed: never left half-written), a device or a FIFO is written
+/// through (never replaced), a symbolic link writes its target. Throws mem::Error naming
+/// `what`, the path and the cause (missing directory, permission, disk full).
+void write_output_file(const std::filesystem::path& path, std::string_view content, std::string_view what);
+
+}  // namespace mem
