@@ -132,6 +132,8 @@ constexpr std::size_t kDefaultContext = mib(400);
 
 constexpr std::string_view kDefaultPreset = "a100-80g";
 
+constexpr std::size_t kMaxSimCapacity = std::size_t{1} << 50;  // 1 PiB
+
 // Address-only segments live at [2^48, 2^53): never a canonical x86-64 user address under
 // 4-level paging, so a stray dereference faults instead of scribbling on host memory, and
 // every address stays exact as a double (JSON and the JavaScript of memory_viz).
@@ -229,6 +231,12 @@ bool is_power_of_two(std::size_t x) { return x != 0 && (x & (x - 1)) == 0; }
 void validate_config(const SimDeviceConfig& c) {
   const std::string who = "sim device \"" + c.name + "\": ";
   if (c.capacity == 0) throw Error(who + "capacity is 0; give one, e.g. capacity=8GiB");
+  // The segments' addresses need a window of a few times the capacity inside [2^48, 2^53);
+  // beyond 1 PiB (thousands of today's largest GPUs) it would wrap and every figure be wrong.
+  if (c.capacity > kMaxSimCapacity) {
+    throw Error(who + "capacity " + format_bytes(c.capacity) + " is more than a simulated device models (" +
+                format_bytes(kMaxSimCapacity) + "); give a GPU's capacity, e.g. capacity=80GiB");
+  }
   if (c.context_bytes >= c.capacity) {
     throw Error(who + "capacity (" + format_bytes(c.capacity) +
                 ") must exceed the CUDA context overhead (" + format_bytes(c.context_bytes) +

@@ -230,7 +230,9 @@ BAD += [(["sweep", option, ""], [option, "an empty value"])
 BAD += [(["trace", option, " "], [option, "an empty value"]) for option in ("--snapshot", "--timeline", "--plot",
                                                                            "--saved")]
 BAD += [(["sweep", "--stack", "torch=3.0"], ["--stack", "torch 3.0 is not a version vramscope models", "2.11"]),
-        (["sweep", "--model-options", "depth=4,depth=8"], ["depth is given twice"])]
+        (["sweep", "--model-options", "depth=4,depth=8"], ["depth is given twice"]),
+        (["sweep", "--model", "mlp", "--max-batch", "--device", "sim:capacity=4096PiB"],
+         ["capacity", "more than a simulated device models"])]
 
 
 def check_bad_input(exe, work):
