@@ -209,7 +209,9 @@ void add_sweep_command(CLI::App& app) {
       ->capture_default_str()
       ->type_name("N");
   cmd->add_flag("--compute", args->compute,
-                "real arithmetic on the CPU instead of a dry run (small models); adds a time column");
+                "real arithmetic on the CPU instead of a dry run (small models); adds a time column (the "
+                "mean step after the first, warm-up, step); rows that do not fit are found by a dry run "
+                "and not computed");
   cmd->add_option("--optimizer", args->optimizer,
                   "adam, adam8bit (bitsandbytes' 8-bit Adam: u8 moments), sgd or none")->capture_default_str();
   cmd->add_option("--checkpoint", args->checkpoint_mode,

@@ -259,6 +259,11 @@ std::string sweep_report(const SweepResult& result, const ReportOptions& options
         "                  granularity. That is why it is higher than max alloc.\n",
         format_bytes(result.device.context_bytes));
     out += "  unalloc@peak    reserved but unallocated when live tensors peaked (cache and fragmentation).\n";
+    if (options.show_time) {
+      out += "  time/step       host time of a computed step on this machine's CPU: the mean of the steps after\n"
+             "                  the first (its warm-up); with --steps 1, that one step. A row that does not fit\n"
+             "                  is found by a dry run first and never computed.\n";
+    }
     out += "  saving          max alloc saved against no checkpointing (0 segments) with the same dtype.\n";
     out += "  recompute       extra forward FLOPs from checkpointing, as a fraction of one forward.\n";
     out += fmt::format(

@@ -579,6 +579,11 @@ def check_compute_host_memory(exe, work):
         check(err.count("\n") == 0 and "MiB of host memory" in err and "100.00 MiB available" in err,
               err)
         check(time.time() - start < 20, "the check must come before the arithmetic")
+    # A model that cannot fit on the device is found by the dry run, reported as its OOM row,
+    # and never computed: no host memory asked for, no minutes of arithmetic (issue 36).
+    p = subprocess.run([exe, "sweep", "--model", "llama-3.1-70b", "--compute", "--segments", "0",
+                        "--dtype", "bf16"], capture_output=True, text=True, timeout=110, env=env)
+    check(p.returncode == 0 and "OOM [1]" in p.stdout, f"exit {p.returncode}: {p.stdout} {p.stderr}")
 
 
 def check_batch_lists(exe, work):
