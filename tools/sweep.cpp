@@ -222,6 +222,17 @@ RunFigures run_config(const nn::TrainConfig& cfg, std::shared_ptr<Device> device
     failure.figures = e.figures();
     failure.message = e.what();
     oom = std::move(failure);
+  } catch (const RequestTooLargeError& e) {
+    // A tensor over 1 PiB (a huge --batch or --seq): on a GPU, cudaMalloc fails and PyTorch
+    // raises its out-of-memory error; a row like any OOM, never the end of the sweep.
+    OomFailure failure;
+    failure.step = built ? f.steps_done + 1 : 0;
+    const ContextInfo& where = context_info(e.context());
+    failure.phase = where.phase;
+    failure.module = where.path;
+    failure.figures = e.figures();
+    failure.message = e.what();
+    oom = std::move(failure);
   } catch (const nn::AutogradError& e) {
     // PyTorch refuses this configuration too; the step unwound and freed its tensors.
     error = autograd_failure(e, f.steps_done + 1);

@@ -92,6 +92,7 @@ std::string describe_oom(const SweepRow& row) {
       format_bytes(f.reserved), format_bytes(f.process_used), format_bytes(f.device_total),
       format_bytes(f.device_free));
   if (f.allowed != 0) out += fmt::format(", memory fraction allows {}", format_bytes(f.allowed));
+  if (f.requested > f.device_total) out += "; that one tensor is larger than the whole device (lower --batch or --seq)";
   if (row.unlimited) {
     out += fmt::format(". Without the capacity limit it needs {} max allocated, {} in nvidia-smi's view",
                        human_bytes(row.unlimited->peak_allocated),

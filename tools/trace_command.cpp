@@ -197,6 +197,11 @@ void run(const TraceArgs& args) {
       }
     } catch (const OutOfMemoryError& e) {
       oom = one_line(e.what());
+    } catch (const RequestTooLargeError& e) {
+      // On a GPU cudaMalloc fails and PyTorch raises its out-of-memory error.
+      oom = fmt::format("{}, {}: asked for {}, more than any GPU holds; lower --batch or --seq",
+                        context_info(e.context()).path, phase_name(context_info(e.context()).phase),
+                        format_bytes(e.figures().requested));
     } catch (const nn::AutogradError& e) {
       refused = autograd_failure(e, steps.size() + 1);
     }

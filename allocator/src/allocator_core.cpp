@@ -113,10 +113,7 @@ void* AllocatorCore::malloc(std::size_t orig_size, StreamId stream) {
   if (orig_size == 0) {
     throw Error("allocate(0): a zero-byte request is not allowed (nothing was allocated)");
   }
-  if (orig_size > kMaxRequestSize) {
-    throw Error("allocate(" + std::to_string(orig_size) + " B): request larger than 1 PiB, "
-                "probably an overflowed size computation (nothing was allocated)");
-  }
+  if (orig_size > kMaxRequestSize) [[unlikely]] throw_too_large(orig_size);
   std::lock_guard guard(lock_);
   if (!events_.empty()) [[unlikely]] process_events();
 
@@ -375,6 +372,10 @@ OutOfMemoryError::Figures AllocatorCore::note_oom(const DeviceMemInfo& mem, std:
     probe.context = context_source_ ? context_source_() : 0;  // who asked
     emit(TraceAction::Oom, &probe, size, requested);
   }
+  return current_figures(mem, requested);
+}
+
+OutOfMemoryError::Figures AllocatorCore::current_figures(const DeviceMemInfo& mem, std::size_t requested) const {
   OutOfMemoryError::Figures f;
   f.requested = requested;
   f.device_total = mem.total_bytes;
@@ -384,6 +385,14 @@ OutOfMemoryError::Figures AllocatorCore::note_oom(const DeviceMemInfo& mem, std:
   f.reserved = static_cast<std::size_t>(pool_stats_.reserved_bytes.current());
   f.allowed = set_fraction_ ? allowed_memory_maximum_ : 0;
   return f;
+}
+
+void AllocatorCore::throw_too_large(std::size_t requested) {
+  const DeviceMemInfo mem = device_->mem_get_info();
+  std::lock_guard guard(lock_);
+  throw RequestTooLargeError("allocate(" + std::to_string(requested) + " B): request larger than 1 PiB, "
+                             "probably an overflowed size computation (nothing was allocated)",
+                             current_figures(mem, requested), context_source_ ? context_source_() : 0);
 }
 
 [[noreturn]] void AllocatorCore::throw_oom(const AllocParams& p) {

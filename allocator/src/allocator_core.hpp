@@ -137,6 +137,10 @@ class AllocatorCore {
   /// error carries: what both throwing paths (a block, a library's kernels) share.
   OutOfMemoryError::Figures note_oom(const DeviceMemInfo& mem, std::size_t size, std::size_t requested,
                                      StreamId stream, BlockPool* pool);
+  /// The figures at this moment (under the lock); counts and records nothing.
+  OutOfMemoryError::Figures current_figures(const DeviceMemInfo& mem, std::size_t requested) const;
+  /// A request over 1 PiB: refused with the state it met and who asked; changes nothing.
+  [[noreturn]] void throw_too_large(std::size_t requested);
 
   /// The pool's index in a PoolStat.
   static std::size_t pool_index(const BlockPool& pool) noexcept {

@@ -1,4 +1,4 @@
-// errors.hpp — the two exception types of vramscope's public API.
+// errors.hpp — the exception types of vramscope's public API.
 //
 // mem::Error is misuse (bad pointer, malformed config, unknown name): the call
 // changed nothing. mem::OutOfMemoryError derives from std::bad_alloc like
@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <new>
 #include <stdexcept>
 #include <string>
@@ -40,6 +41,22 @@ class OutOfMemoryError : public std::bad_alloc {
  private:
   std::string message_;
   Figures figures_;
+};
+
+/// A request over 1 PiB: more than any GPU holds, most likely an overflowed size
+/// computation. Misuse like any Error (nothing changed, nothing counted), with the state
+/// it met and who asked (the allocator's context id), so a caller that computed the size
+/// from user input can report it as that input's out-of-memory failure.
+class RequestTooLargeError : public Error {
+ public:
+  RequestTooLargeError(const std::string& message, OutOfMemoryError::Figures figures, std::uint32_t context)
+      : Error(message), figures_(figures), context_(context) {}
+  const OutOfMemoryError::Figures& figures() const noexcept { return figures_; }
+  std::uint32_t context() const noexcept { return context_; }
+
+ private:
+  OutOfMemoryError::Figures figures_;
+  std::uint32_t context_;
 };
 
 }  // namespace mem
