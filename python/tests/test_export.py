@@ -384,3 +384,179 @@ def test_a_module_whose_forward_is_one_checkpointed_call_stays_a_sequential():
     inner = next(it for it in out if it.get("name") == "inner")
     assert inner["type"] == "Sequential" and "class" not in inner
     assert inner["layers"][0]["type"] == "Sequential" and inner["layers"][0]["inline"] is True
+
+
+# The command on what users get wrong: exit 2 and at most two lines, `vramscope.export: ...`,
+# never a traceback (torch.fx's own included).
+_USER_MODULE = '''\
+import sys
+import torch
+import torch.nn as nn
+
+def make():
+    return nn.Sequential(nn.Linear(8, 4))
+
+def conv2d():
+    return nn.Sequential(nn.Conv2d(3, 4, 3))
+
+def conv3d():
+    return nn.Sequential(nn.Conv3d(3, 4, 3))
+
+def embedding():
+    return nn.Sequential(nn.Embedding(10, 8), nn.Linear(8, 2))
+
+def exits():
+    sys.exit(3)
+
+def empty():
+    return nn.Sequential()
+
+def zero():
+    return nn.Sequential(nn.Linear(8, 0))
+
+class NoForward(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+
+class Outer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = NoForward()
+
+    def forward(self, x):
+        return self.inner(x)
+
+class Raises(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x):
+        raise ValueError("no forward for you")
+
+class ExitsInForward(Raises):
+    def forward(self, x):
+        sys.exit(4)
+
+class FixedBatch(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.fc(x).view(2, 8)
+'''
+
+
+def _at(code: str) -> str:
+    """user_model.py:LINE of a line of _USER_MODULE."""
+    return f"user_model.py:{next(i for i, l in enumerate(_USER_MODULE.splitlines(), 1) if code in l)}"
+
+
+def _refused(capsys, args, tmp_path):
+    from vramscope.export.__main__ import main
+    (tmp_path / "user_model.py").write_text(_USER_MODULE)
+    (tmp_path / "raises_at_import.py").write_text("import torch\nraise RuntimeError('no GPU here')\n")
+    (tmp_path / "bad_syntax.py").write_text("import torch\n\ndef make(:\n    pass\n")
+    (tmp_path / "exits_at_import.py").write_text("import sys\nsys.exit(5)\n")
+    code = main([a.replace("{dir}", str(tmp_path)) for a in args])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.startswith("vramscope.export: ") and len(err.strip().splitlines()) <= 2, err
+    assert "Traceback" not in err and "ShapeProp" not in err and 'File "' not in err, err
+    return err
+
+
+@pytest.mark.parametrize("args, wanted", [
+    # The model argument: a file that fails to import, a module that is not there, an empty part.
+    (["{dir}/raises_at_import.py:make"], ["importing", "raises_at_import.py failed",
+                                          "raises_at_import.py:2", "RuntimeError: no GPU here"]),
+    (["{dir}/bad_syntax.py:make"], ["bad_syntax.py failed", "bad_syntax.py:3: SyntaxError"]),
+    (["{dir}/exits_at_import.py:make"], ["exits_at_import.py called sys.exit(5) while being imported"]),
+    (["nosuchpkg.x:f"], ["no module named 'nosuchpkg'"]),
+    ([":make"], ["':make': expected FILE.py:FUNCTION"]),
+    (["{dir}/user_model.py:"], ["expected FILE.py:FUNCTION"]),
+    # Sizes beyond int64, or beyond any GPU.
+    (["{dir}/user_model.py:make", "--input", "99999999999999999999,8"], ["sizes too large"]),
+    (["{dir}/user_model.py:make", "--input", "1099511627776,1099511627776"], ["sizes too large"]),
+    (["{dir}/user_model.py:make", "--input", "1099511627777,8"], ["sizes too large"]),
+    # An input the model does not take: the module, what it takes and what it got.
+    (["{dir}/user_model.py:make", "--input", "2,5"],
+     ["does not run on an input of shape [2, 5]", "module '0' (Linear) takes [..., 8] (in_features 8), "
+                                                  "not float32 [2, 5]", "same reduction dim"]),
+    (["{dir}/user_model.py:conv2d", "--input", "2,8"], ["module '0' (Conv2d) takes [N, 3, H, W]"]),
+    (["{dir}/user_model.py:conv3d", "--input", "2,3,8,8"],
+     ["module '0' (Conv3d, which has no model-file layer) takes [N, 3, D, H, W]"]),
+    (["{dir}/user_model.py:embedding", "--input", "2,8"], ["int64 token ids below 10 (--input-dtype int64)"]),
+    (["{dir}/user_model.py:FixedBatch"], ["runs on an input of shape [2, 8] but not with a batch of 3",
+                                          _at("view(2, 8)")]),
+    # The user's code exits or raises.
+    (["{dir}/user_model.py:exits"], ["user_model.py:exits called sys.exit(3) while building the model",
+                                     _at("sys.exit(3)")]),
+    (["{dir}/user_model.py:ExitsInForward"], ["forward called sys.exit(4)", _at("sys.exit(4)")]),
+    (["{dir}/user_model.py:Raises"], [_at("raise ValueError"), "ValueError: no forward for you"]),
+    # Nothing a model file can hold.
+    (["{dir}/user_model.py:empty"], ["the model has no layers"]),
+    (["{dir}/user_model.py:zero"], ["module '0': Linear: a parameter of shape [0, 8]: a layer with a zero dimension"]),
+    (["{dir}/user_model.py:NoForward"], ["NoForward has no forward()"]),
+    (["{dir}/user_model.py:Outer"], ["module 'inner' (NoForward) is called but has no forward()"]),
+], ids=["import-raises", "syntax-error", "import-exits", "no-module", "no-file-part", "no-function-part",
+        "size-over-int64", "elements-over-int64", "size-over-2**40", "linear-shape", "conv-rank", "conv3d-rank",
+        "embedding-float", "fixed-batch", "factory-exits", "forward-exits", "forward-raises", "empty-sequential",
+        "zero-linear", "no-forward", "child-without-forward"])
+def test_the_command_reports_what_went_wrong_in_two_lines(tmp_path, capsys, args, wanted):
+    if "--input" not in args:
+        args = args + ["--input", "2,8"]
+    err = _refused(capsys, args + ["-o", str(tmp_path / "never.json")], tmp_path)
+    for w in wanted:
+        assert w in err, err
+    assert not (tmp_path / "never.json").exists()
+
+
+def test_a_zero_dimension_is_named_where_it_first_appears():
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(8, 4)
+
+        def forward(self, x):
+            return F.relu(self.fc(x)[:, :0]).flatten(1)
+
+    with pytest.raises(ExportError) as e:
+        export(Net(), [2, 8], loss="sum")
+    assert e.value.problems == [e.value.problems[0]] and "returns a tensor of shape [2, 0]" in e.value.problems[0]
+
+
+def test_sys_exit_in_the_model_file_is_exit_2_not_its_status(tmp_path):
+    import subprocess
+    import sys
+    (tmp_path / "user_model.py").write_text(_USER_MODULE)
+    env = dict(os.environ, PYTHONPATH=str(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    done = subprocess.run([sys.executable, "-m", "vramscope.export", f"{tmp_path}/user_model.py:exits",
+                           "--input", "2,8"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.splitlines()[0] == f"vramscope.export: {tmp_path}/user_model.py:exits called sys.exit(3) " \
+                                          "while building the model:"
+
+
+def test_debug_lets_the_users_exception_through(tmp_path, monkeypatch):
+    from vramscope.export.__main__ import main
+    (tmp_path / "raises_at_import.py").write_text("raise RuntimeError('no GPU here')\n")
+    monkeypatch.setenv("VRAMSCOPE_EXPORT_DEBUG", "1")
+    with pytest.raises(RuntimeError, match="no GPU here"):
+        main([f"{tmp_path}/raises_at_import.py:make", "--input", "2,8"])
+
+
+def test_a_bug_of_the_exporter_is_one_line_too(tmp_path, capsys, monkeypatch):
+    import vramscope.export.__main__ as cli
+    (tmp_path / "user_model.py").write_text(_USER_MODULE)
+
+    def broken(*args, **kwargs):
+        raise KeyError("layers")
+
+    monkeypatch.setattr(cli, "export", broken)
+    assert cli.main([f"{tmp_path}/user_model.py:make", "--input", "2,8"]) == 2
+    err = capsys.readouterr().err
+    assert err == "vramscope.export: internal error: KeyError: 'layers' (VRAMSCOPE_EXPORT_DEBUG=1 shows the " \
+                  "traceback; please report it)\n"

@@ -9,7 +9,9 @@ weights are allocated, nothing is downloaded, no GPU is needed), traced with tor
 every module and function is mapped onto the model file's layers. The file keeps your
 module names (vramscope's per-module logs use them), frozen parameters, in-place flags and
 the loss. Whatever cannot be mapped is listed in one error, each with its place in your
-source; nothing is dropped silently.
+source; nothing is dropped silently. An exception of your code (importing the file, building
+the model, its forward) or an input the model does not take is one line with its place too;
+VRAMSCOPE_EXPORT_DEBUG=1 lets the original exception through, with its traceback.
 
 The graph must be series-parallel: a chain of layers where a tensor may fork into branches
 that join again (a residual add, a concatenation, a gate, a matmul). Sizes are those of

@@ -21,7 +21,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                "  python3 -m vramscope.export my_model.py:make_model --input 8,3,224,224 -o net.json\n"
                "  python3 -m vramscope.export torchvision.models:resnet50 --input 32,3,224,224 -o resnet50.json\n"
                "  python3 -m vramscope.export lm.py:TinyLM --input 4,128 --input-dtype int64 -o lm.json\n"
-               "then: vramscope sweep --model-file net.json --segments auto --dtype f32,amp",
+               "then: vramscope sweep --model-file net.json --segments auto --dtype f32,amp\n"
+               "errors are one line each; VRAMSCOPE_EXPORT_DEBUG=1 shows the traceback behind one",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", help="FILE.py:FUNCTION or module:FUNCTION returning the nn.Module (a class works)")
     parser.add_argument("--input", required=True, metavar="N,D,...",

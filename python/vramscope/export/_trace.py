@@ -25,14 +25,16 @@ def user_location(tb) -> str:
 
 
 def _users(filename: str) -> bool:
-    """A frame of the user's code: not torch's, the exporter's or Python's import machinery."""
-    return not (filename.startswith("<") or "/torch/" in filename or "/vramscope/export/" in filename)
+    """A frame of the user's code: not torch's, the exporter's, Python's import machinery or
+    fx's generated code (a notebook's "<ipython-input-...>" is the user's)."""
+    return not (filename.startswith(("<frozen", "<eval_with_key")) or "/torch/" in filename
+                or "/vramscope/export/" in filename)
 
 
 def node_location(node) -> str:
     """file:line of the user's code that made an fx node, from its recorded stack."""
     for m in re.finditer(r'File "([^"]+)", line (\d+)', node.stack_trace or ""):
-        if _users(m.group(1)):
+        if not m.group(1).startswith("<") and _users(m.group(1)):
             return f"{m.group(1)}:{m.group(2)}"  # fx lists the innermost frame first: the line that did it
     return ""
 
