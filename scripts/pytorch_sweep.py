@@ -216,7 +216,7 @@ def run_one(opts, dtype_name, segments):
     import torch
     from torch.utils.checkpoint import checkpoint_sequential
     if opts.allocator == "vramscope":
-        import vramscope  # python/ (pip install ./python, or PYTHONPATH=python)
+        import vramscope  # pip install . (or PYTHONPATH=python)
         vramscope.enable()  # before the first CUDA allocation
         if opts.snapshot_dir:
             vramscope.record_memory_history(2_000_000)

@@ -289,9 +289,10 @@ def test_checkpoint_of_a_method_or_a_function_is_an_inline_region():
 def test_an_exported_inline_region_loads_and_keeps_only_its_input(tmp_path):
     import json
     import subprocess
-    exe = os.path.join(os.environ.get("VRAMSCOPE_BUILD_DIR", ""), "tools", "vramscope")
-    if not os.path.exists(exe):
-        pytest.skip("no vramscope command built (VRAMSCOPE_BUILD_DIR)")
+    from conftest import vramscope_command
+    exe = vramscope_command()
+    if exe is None:
+        pytest.skip("no vramscope command (VRAMSCOPE_BUILD_DIR, or the installed package's)")
     doc = export(_Forum(), [2, 3, 8, 8])
     path = tmp_path / "forum.json"
     path.write_text(json.dumps(doc))
@@ -532,7 +533,8 @@ def test_sys_exit_in_the_model_file_is_exit_2_not_its_status(tmp_path):
     import subprocess
     import sys
     (tmp_path / "user_model.py").write_text(_USER_MODULE)
-    env = dict(os.environ, PYTHONPATH=str(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    from conftest import package_env
+    env = package_env()
     done = subprocess.run([sys.executable, "-m", "vramscope.export", f"{tmp_path}/user_model.py:exits",
                            "--input", "2,8"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
     assert done.returncode == 2 and done.stdout == ""

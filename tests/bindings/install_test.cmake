@@ -37,7 +37,9 @@ endforeach()
 # The snippets, verbatim from the README.
 run(${PYTHON} ${SOURCE_DIR}/scripts/readme_snippets.py extract ${SOURCE_DIR}/README.md ${WORK_DIR})
 
-# 1. CMake: find_package(vramscope CONFIG).
+# 1. CMake: find_package(vramscope CONFIG), with the example copied out of the tree as the
+# README says (it needs vramscope::models: issue 36).
+file(COPY ${SOURCE_DIR}/examples/hooks_and_exports.cpp DESTINATION ${project})
 run(${CMAKE_COMMAND} -S ${project} -B ${project}/build -DCMAKE_PREFIX_PATH=${prefix}
     -DCMAKE_CXX_COMPILER=${CXX} -DCMAKE_C_COMPILER=${CC} -DCMAKE_BUILD_TYPE=Release)
 run(${CMAKE_COMMAND} --build ${project}/build -j2)
@@ -50,6 +52,11 @@ foreach(program my_trainer my_c_tool)
   endif()
   message(STATUS "${program} (CMake package): output as in the README")
 endforeach()
+run(${project}/build/hooks_and_exports ${WORK_DIR}/example-out)
+if(NOT EXISTS ${WORK_DIR}/example-out)
+  message(FATAL_ERROR "hooks_and_exports, built out of the tree, wrote nothing")
+endif()
+message(STATUS "hooks_and_exports (CMake package, vramscope::models): built out of the tree and ran")
 
 # 2. pkg-config: the same sources with the .pc files' flags.
 find_program(PKG_CONFIG pkg-config)
