@@ -28,7 +28,7 @@ def test_the_package_and_its_library_are_the_installed_ones():
 
 def test_the_command_is_on_the_path_and_runs_the_bundled_program(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("VRAMSCOPE_")}
-    done = subprocess.run(["vramscope", "sweep", "--model", "mlp", "--depth", "4", "--segments", "0,2",
+    done = subprocess.run(["vramscope", "sweep", "--model", "mlp", "--depth", "4", "--segments", "0,2", "--dtype", "f32",
                            "--format", "csv"], capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("model,") and done.stdout.count("\n") == 3
