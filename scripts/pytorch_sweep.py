@@ -247,6 +247,8 @@ def run_one(opts, dtype_name, segments):
     if opts.optimizer == "adam":
         optimizer = torch.optim.Adam(params)
     elif opts.optimizer == "sgd":
+        optimizer = torch.optim.SGD(params, lr=0.01)  # PyTorch's default momentum 0, as vramscope's sgd
+    elif opts.optimizer == "sgd-momentum":
         optimizer = torch.optim.SGD(params, lr=0.01, momentum=0.9)
     else:
         optimizer = None
@@ -381,7 +383,7 @@ def main():
     ap.add_argument("--segments", default="0,2,4,8", help="checkpoint_sequential segments (0 = none)")
     ap.add_argument("--dtype", default="f32", help="f32, f16, bf16, amp, amp-bf16 (comma list)")
     ap.add_argument("--steps", type=int, default=2)
-    ap.add_argument("--optimizer", default="adam", choices=["adam", "sgd", "none"])
+    ap.add_argument("--optimizer", default="adam", choices=["adam", "sgd", "sgd-momentum", "none"])
     ap.add_argument("--checkpoint", default="non-reentrant", choices=["non-reentrant", "reentrant"])
     ap.add_argument("--hf-config", help="a Hugging Face config.json (transformers builds the model)")
     ap.add_argument("--attn", default="sdpa", choices=["eager", "sdpa", "sdpa-flash", "sdpa-efficient"])

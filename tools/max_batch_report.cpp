@@ -81,7 +81,7 @@ std::string max_batch_report(const MaxBatchResult& result, const ReportOptions& 
       m.sequence_length, human_count(m.parameters), format_bytes(m.parameter_bytes(nn::DType::F32)));
   out += fmt::format("on {} ({} total), optimizer {}, {} step{} per run, {} dry runs\n\n",
                      result.device.name, format_bytes(result.device.total_bytes),
-                     nn::optimizer_name(spec.optimizer.kind), spec.steps, spec.steps == 1 ? "" : "s",
+                     nn::optimizer_label(spec.optimizer), spec.steps, spec.steps == 1 ? "" : "s",
                      result.probes);
 
   const bool show_conf = spec.alloc_confs.size() > 1 || (spec.alloc_confs.size() == 1 && !spec.alloc_confs[0].empty());
@@ -180,7 +180,7 @@ nlohmann::json max_batch_json(const MaxBatchResult& result) {
                 {"seqs", spec.seqs}};
   j["device"] = device_json(result.device);
   j["stack"] = result.spec.stack.spec();
-  j["optimizer"] = std::string(nn::optimizer_name(spec.optimizer.kind));
+  j["optimizer"] = nn::optimizer_label(spec.optimizer);
   j["checkpoint_mode"] = std::string(nn::checkpoint_mode_name(spec.checkpoint_mode));
   j["steps"] = spec.steps;
   j["probes"] = result.probes;

@@ -95,7 +95,7 @@ SweepSpec make_spec(const SweepArgs& args) {
   spec.precisions = parse_precisions("--dtype", args.dtypes);
   spec.alloc_confs = args.alloc_confs.empty() ? std::vector<std::string>{""} : args.alloc_confs;
   spec.steps = args.steps;
-  spec.optimizer.kind = as_usage("--optimizer", [&] { return nn::parse_optimizer(args.optimizer); });
+  spec.optimizer = as_usage("--optimizer", [&] { return nn::parse_optimizer_config(args.optimizer); });
   spec.checkpoint_mode =
       as_usage("--checkpoint", [&] { return nn::parse_checkpoint_mode(args.checkpoint_mode); });
   spec.input_requires_grad = args.input_requires_grad;
@@ -213,7 +213,8 @@ void add_sweep_command(CLI::App& app) {
                 "mean step after the first, warm-up, step); rows that do not fit are found by a dry run "
                 "and not computed");
   cmd->add_option("--optimizer", args->optimizer,
-                  "adam, adam8bit (bitsandbytes' 8-bit Adam: u8 moments), sgd or none")->capture_default_str();
+                  "adam, adam8bit (bitsandbytes' 8-bit Adam: u8 moments), sgd (PyTorch's default: "
+                  "momentum 0, no state), sgd-momentum (0.9: a buffer per parameter) or none")->capture_default_str();
   cmd->add_option("--checkpoint", args->checkpoint_mode,
                   "non-reentrant (PyTorch's recommended mode) or reentrant (what PyTorch 2.x uses, with a "
                   "warning, when use_reentrant is not given; it needs --input-requires-grad to "

@@ -168,7 +168,7 @@ nlohmann::json sweep_json(const SweepResult& result) {
   j["device"] = device_json(result.device);
   j["stack"] = result.spec.stack.spec();
   j["mode"] = std::string(nn::exec_mode_name(spec.mode));
-  j["optimizer"] = std::string(nn::optimizer_name(spec.optimizer.kind));
+  j["optimizer"] = nn::optimizer_label(spec.optimizer);
   j["checkpoint_mode"] = std::string(nn::checkpoint_mode_name(spec.checkpoint_mode));
   j["steps"] = spec.steps;
   j["wall_ms"] = result.wall_ms;

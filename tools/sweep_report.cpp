@@ -200,7 +200,7 @@ std::string sweep_report(const SweepResult& result, const ReportOptions& options
                      human_count(m.parameters), format_bytes(m.parameter_bytes(nn::DType::F32)));
   out += fmt::format("on {} ({} total), optimizer {}, {} step{} per configuration, {}\n\n",
                      result.device.name, format_bytes(result.device.total_bytes),
-                     nn::optimizer_name(spec.optimizer.kind), spec.steps, spec.steps == 1 ? "" : "s",
+                     nn::optimizer_label(spec.optimizer), spec.steps, spec.steps == 1 ? "" : "s",
                      spec.mode == nn::ExecMode::DryRun
                          ? "dry run (every allocation and free of the step, no arithmetic)"
                          : "compute (real arithmetic on the CPU)");

@@ -89,7 +89,7 @@ nn::TrainConfig make_config(const TraceArgs& args) {
   cfg.segments = std::max<std::size_t>(args.segments, 1);
   if (args.steps < 1) throw UsageError("--steps: must be at least 1");
   cfg.steps = args.steps;
-  cfg.optimizer.kind = as_usage("--optimizer", [&] { return nn::parse_optimizer(args.optimizer); });
+  cfg.optimizer = as_usage("--optimizer", [&] { return nn::parse_optimizer_config(args.optimizer); });
   cfg.checkpoint_mode =
       as_usage("--checkpoint", [&] { return nn::parse_checkpoint_mode(args.checkpoint_mode); });
   cfg.input_requires_grad = args.input_requires_grad;
@@ -314,7 +314,9 @@ void add_trace_command(CLI::App& app) {
       ->check(integer_in(1, 1000))
       ->capture_default_str();
   cmd->add_flag("--compute", args->compute, "real arithmetic on the CPU instead of a dry run");
-  cmd->add_option("--optimizer", args->optimizer, "adam, sgd or none")->capture_default_str();
+  cmd->add_option("--optimizer", args->optimizer,
+                  "adam, adam8bit (bitsandbytes' 8-bit Adam: u8 moments), sgd (PyTorch's default: "
+                  "momentum 0, no state), sgd-momentum (0.9: a buffer per parameter) or none")->capture_default_str();
   cmd->add_flag("--input-requires-grad", args->input_requires_grad,
                 "the batch requires grad, as x.requires_grad_() before checkpoint_sequential");
   cmd->add_option("--checkpoint", args->checkpoint_mode,

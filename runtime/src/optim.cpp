@@ -1,4 +1,4 @@
-// optim.cpp — SGD with momentum and Adam, foreach (multi-tensor) and per-tensor
+// optim.cpp — SGD (with or without momentum) and Adam, foreach (multi-tensor) and per-tensor
 // paths, with PyTorch's allocations: state at the first step, Adam's
 // _foreach_sqrt temporary for all parameters at once.
 #include "vramscope/runtime/optim.hpp"
@@ -55,6 +55,26 @@ OptimizerKind parse_optimizer(std::string_view name) {
   if (name == "none") return OptimizerKind::None;
   if (name == "adam8bit") return OptimizerKind::Adam8bit;
   throw Error("unknown optimizer '" + std::string(name) + "'; expected sgd, adam, adam8bit or none");
+}
+
+OptimizerConfig parse_optimizer_config(std::string_view name) {
+  OptimizerConfig config;
+  if (name == "sgd-momentum") {
+    config.kind = OptimizerKind::SGD;
+    config.momentum = 0.9;
+    return config;
+  }
+  if (name == "sgd" || name == "adam" || name == "none" || name == "adam8bit") {
+    config.kind = parse_optimizer(name);
+    return config;
+  }
+  throw Error("unknown optimizer '" + std::string(name) +
+              "'; expected adam, adam8bit, sgd (momentum 0, PyTorch's default), sgd-momentum (0.9) or none");
+}
+
+std::string optimizer_label(const OptimizerConfig& config) {
+  if (config.kind == OptimizerKind::SGD && config.momentum != 0.0) return "sgd-momentum";
+  return std::string(optimizer_name(config.kind));
 }
 
 Optimizer::Optimizer(std::vector<Tensor> params) : params_(std::move(params)) {

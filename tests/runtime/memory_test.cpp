@@ -546,3 +546,31 @@ TEST(GradientLabels, EveryGradIsNamedAfterItsParameter) {
 
 }  // namespace
 }  // namespace mem::nn
+
+namespace mem::nn {
+namespace {
+
+// torch.optim.SGD's default momentum is 0: no state at all. With momentum, the first step
+// clones every gradient into a momentum_buffer (torch/optim/sgd.py, _single_tensor_sgd):
+// one buffer of each parameter's size (issue 36: `sgd` was momentum 0.9 and plain SGD missing).
+TEST(Optimizers, PlainSgdKeepsNoStateAndMomentumOneBufferPerParameter) {
+  EXPECT_EQ(parse_optimizer_config("sgd").momentum, 0.0);
+  EXPECT_EQ(parse_optimizer_config("sgd-momentum").momentum, 0.9);
+  EXPECT_EQ(optimizer_label(parse_optimizer_config("sgd-momentum")), "sgd-momentum");
+  EXPECT_EQ(optimizer_label(parse_optimizer_config("adam8bit")), "adam8bit");
+  EXPECT_THROW(parse_optimizer_config("lion"), Error);
+  TrainConfig cfg;
+  cfg.model = models::find("mlp");
+  cfg.model_options = ModelOptions::parse("depth=2,width=256,batch=8");
+  cfg.steps = 2;
+  cfg.optimizer = parse_optimizer_config("sgd");
+  const TrainReport plain = train(cfg);
+  EXPECT_EQ(plain.optimizer_state_bytes, 0);
+  cfg.optimizer = parse_optimizer_config("sgd-momentum");
+  const TrainReport momentum = train(cfg);
+  EXPECT_EQ(momentum.optimizer_state_bytes, momentum.parameter_bytes);
+  EXPECT_GT(momentum.peak_allocated, plain.peak_allocated);
+}
+
+}  // namespace
+}  // namespace mem::nn

@@ -77,7 +77,7 @@ def common(rng, args):
     if rng.random() < 0.3:
         args += ["--steps", rng.choice(["1", "2", "0", "-1", "1001", "x"])]
     if rng.random() < 0.2:
-        args += ["--optimizer", rng.choice(["adam", "sgd", "none", "lion", ""])]
+        args += ["--optimizer", rng.choice(["adam", "adam8bit", "sgd", "sgd-momentum", "none", "lion", ""])]
     if rng.random() < 0.2:
         args += ["--checkpoint", rng.choice(["non-reentrant", "reentrant", "sideways"])]
     if rng.random() < 0.1:

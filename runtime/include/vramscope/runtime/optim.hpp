@@ -28,12 +28,20 @@ OptimizerKind parse_optimizer(std::string_view name);
 struct OptimizerConfig {
   OptimizerKind kind = OptimizerKind::Adam;
   double lr = 1e-3;
-  double momentum = 0.9;      ///< SGD
+  /// SGD: torch.optim.SGD's default is 0 (no state); with momentum, one buffer per parameter.
+  double momentum = 0.0;
   double beta1 = 0.9;         ///< Adam
   double beta2 = 0.999;
   double eps = 1e-8;
   bool foreach = true;        ///< multi-tensor path (PyTorch's CUDA default)
 };
+
+/// The optimizers the command offers, by the names it takes: "adam", "adam8bit", "sgd"
+/// (torch.optim.SGD's defaults: momentum 0, no state), "sgd-momentum" (momentum 0.9: one
+/// buffer per parameter), "none". Throws mem::Error listing them.
+OptimizerConfig parse_optimizer_config(std::string_view name);
+/// The name parse_optimizer_config takes for `config` ("sgd-momentum" when momentum != 0).
+std::string optimizer_label(const OptimizerConfig& config);
 
 class Optimizer {
  public:
