@@ -82,6 +82,11 @@ std::vector<nn::Precision> parse_precisions(const std::string& option, const std
 /// default simulated preset by name, so the runtime can give it host memory.
 std::string resolve_device(const std::string& spec, nn::ExecMode mode);
 
+/// The device every command models when --device is not given: the same simulated GPU for
+/// sweep, --max-batch and trace, so one model gives one figure (a real GPU only when asked:
+/// --device auto or cuda:N).
+inline constexpr const char* kDefaultDevice = "sim:rtx2080s";
+
 /// Checks a device spec by building it; UsageError with the valid forms otherwise.
 /// Compute mode needs host memory behind the device (a simulated GPU).
 void check_device(const std::string& spec, nn::ExecMode mode);

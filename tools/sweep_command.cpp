@@ -30,12 +30,11 @@ namespace {
 constexpr std::int64_t kDemoDepth = 256;
 constexpr std::int64_t kDemoWidth = 512;
 constexpr std::int64_t kDemoBatch = 16384;
-constexpr const char* kDemoDevice = "sim:rtx2080s";
 constexpr const char* kDemoDtypes = "f32,f16";
 
 struct SweepArgs {
   ModelArgs model;
-  std::string device = kDemoDevice;
+  std::string device = kDefaultDevice;
   std::string segments = "auto";
   std::string dtypes = kDemoDtypes;
   std::vector<std::string> alloc_confs;
@@ -186,7 +185,7 @@ void add_sweep_command(CLI::App& app) {
                                 kDemoWidth, kDemoBatch));
   cmd->add_option("-d,--device", args->device,
                   "GPU: sim:<preset> (see `vramscope devices`), sim:capacity=8GiB,context=400MiB, "
-                  "cuda:0, auto")
+                  "cuda:0, auto (cuda:0 if present, else sim:a100-80g); the default is trace's too")
       ->capture_default_str()
       ->type_name("SPEC");
   cmd->add_option("-s,--segments", args->segments,

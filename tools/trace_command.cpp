@@ -12,6 +12,7 @@
 #include "accepted_segments.hpp"
 #include "commands.hpp"
 #include "model_args.hpp"
+#include "module_log.hpp"
 #include "sweep_report.hpp"
 #include "table.hpp"
 #include "host_memory.hpp"
@@ -38,7 +39,7 @@ constexpr std::size_t kHistoryEntries = std::size_t{1} << 19;
 
 struct TraceArgs {
   ModelArgs model;
-  std::string device = "auto";
+  std::string device = kDefaultDevice;
   std::string dtype = "f32";
   std::size_t segments = 0;
   std::string alloc_conf;
@@ -53,6 +54,7 @@ struct TraceArgs {
   std::string timeline;
   std::string plot;
   std::string saved;
+  std::string log;
   bool summary = false;
 };
 
@@ -148,8 +150,10 @@ void run(const TraceArgs& args) {
   check_output_paths({{"--snapshot", args.snapshot},
                       {"--timeline", args.timeline},
                       {"--plot", args.plot},
-                      {"--saved", args.saved}},
+                      {"--saved", args.saved},
+                      {"--log", args.log}},
                      {{"--model-file", args.model.model_file}, {"--hf-config", args.model.hf_config}});
+  if (!args.log.empty()) ModuleLog::check_path("--log", args.log);
   const nn::TrainConfig cfg = make_config(args);
   const nn::ModelInfo info = cfg.model->describe(cfg.model_options);
   const auto device = make_device(nn::device_spec_for(cfg));
@@ -173,6 +177,7 @@ void run(const TraceArgs& args) {
   std::optional<std::string> oom;
   std::optional<AutogradFailure> refused;  // an nn::AutogradError: PyTorch raises it too
   std::optional<SavedTensorLog> saved;
+  ModuleLog module_log;
   try {
     trainer = std::make_unique<nn::Trainer>(cfg, allocator);  // allocates the parameters
   } catch (const OutOfMemoryError& e) {
@@ -187,7 +192,8 @@ void run(const TraceArgs& args) {
                      {.pre_hooks = !args.no_pre,
                       .max_depth = args.max_depth,
                       .device_line = false,  // printed at the end, after the files
-                      .module_type = module_types(trainer->model())}};
+                      .module_type = module_types(trainer->model()),
+                      .on_row = [&](const MemoryLogRow& row) { module_log.add(row); }}};
     if (!args.saved.empty()) saved.emplace(trainer->model().body());
     try {
       for (std::size_t i = 0; i < cfg.steps; ++i) {
@@ -206,6 +212,15 @@ void run(const TraceArgs& args) {
       refused = autograd_failure(e, steps.size() + 1);
     }
     log.finish();
+    // Why the optimizer phase lists every module several times (issue 36).
+    if (cfg.optimizer.kind == nn::OptimizerKind::Adam && cfg.optimizer.foreach && !steps.empty()) {
+      std::cout << wrap("note: Adam's foreach step (PyTorch's default on a GPU) goes over the parameters in "
+                        "passes, so each module appears once per pass: its state at the first step "
+                        "(exp_avg, exp_avg_sq), the moments (_foreach_lerp_, _foreach_mul_, "
+                        "_foreach_addcmul_), the square roots (_foreach_sqrt: one temporary per parameter, "
+                        "alive until the update) and the update (_foreach_addcdiv_).",
+                        "", "  ");
+    }
   }
   if (timeline) timeline->stop();
 
@@ -259,6 +274,14 @@ void run(const TraceArgs& args) {
     std::cout << fmt::format("           {} saved for backward in step 1's forward, in {} modules\n",
                              human_bytes(saved->total_bytes()), saved->rows().size());
   }
+  if (!args.log.empty()) {
+    const nlohmann::json about = {{"model", info.name}, {"device", device->info().name},
+                                  {"dtype", nn::precision_name(cfg.precision)},
+                                  {"segments", cfg.segments <= 1 ? 0 : cfg.segments},
+                                  {"optimizer", nn::optimizer_label(cfg.optimizer)},
+                                  {"stack", cfg.stack.to_string()}};
+    write_file("--log", args.log, [&] { module_log.write(args.log, about); });
+  }
   if (!args.timeline.empty()) {
     write_file("--timeline", args.timeline, [&] { write_perfetto_trace(*timeline, args.timeline); });
   }
@@ -299,8 +322,8 @@ void add_trace_command(CLI::App& app) {
       "SVG plot.");
   add_model_options(*cmd, args->model, "default: resnet18");
   cmd->add_option("-d,--device", args->device,
-                  "GPU: auto (cuda:0 if present, else sim:a100-80g), sim:<preset>, "
-                  "sim:capacity=8GiB,context=400MiB, cuda:N")
+                  "GPU: sim:<preset> (see `vramscope devices`), sim:capacity=8GiB,context=400MiB, cuda:N, "
+                  "auto (cuda:0 if present, else sim:a100-80g); the default is sweep's too")
       ->capture_default_str()
       ->type_name("SPEC");
   cmd->add_option("-t,--dtype", args->dtype, "f32, f16, bf16, amp or amp-bf16")->capture_default_str();
@@ -335,12 +358,18 @@ void add_trace_command(CLI::App& app) {
                   "write a Chrome/Perfetto trace (ui.perfetto.dev): memory counters and module slices")
       ->type_name("FILE.json");
   cmd->add_option("--plot", args->plot, "write an SVG of memory over the step")->type_name("FILE.svg");
+  cmd->add_option("--log", args->log,
+                  "also write the per-module log above as CSV or JSON (by the extension): hook, module, "
+                  "type, depth and the figures in bytes, one row per line")
+      ->type_name("FILE.csv|json");
   cmd->add_option("--saved", args->saved,
                   "write what each module keeps for backward in the first forward (CSV: module, type, tensors, "
                   "bytes; each storage once, under the module that saved it first; parameters left out), as "
                   "torch.autograd.graph.saved_tensors_hooks counts it")
       ->type_name("FILE.csv");
-  for (const char* name : {"--snapshot", "--timeline", "--plot", "--saved"}) cmd->get_option(name)->check(non_empty());
+  for (const char* name : {"--snapshot", "--timeline", "--plot", "--saved", "--log"}) {
+    cmd->get_option(name)->check(non_empty());
+  }
   cmd->add_flag("--summary", args->summary, "print torch.cuda.memory_summary()'s table at the end");
   cmd->footer(
       "Examples:\n"

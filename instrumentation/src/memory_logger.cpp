@@ -123,8 +123,15 @@ void MemoryLogger::print(const Line& line) {
   const std::int64_t change = line.allocated - previous_allocated_;
   previous_allocated_ = line.allocated;
   const std::string module = std::string(2 * line.depth, ' ') + line.name;
+  const std::string_view hook = hook_name(line.pre ? HookPoint::Pre : HookPoint::Post, line.phase);
+  if (options_.on_row) {
+    options_.on_row(MemoryLogRow{.hook = hook, .path = line.path, .type = type_of(line.path),
+                                 .depth = line.depth, .allocated = line.allocated, .change = change,
+                                 .peak_between = line.peak, .reserved = line.reserved,
+                                 .nvidia_smi = line.device_used});
+  }
   out_ << fmt::format("{:<14} {:<{}} {:>12} {:>12} {:>12} {:>12} {:>12}\n",
-                      hook_name(line.pre ? HookPoint::Pre : HookPoint::Post, line.phase), module,
+                      hook, module,
                       options_.module_width, mib(line.allocated), mib_delta(change), mib(line.peak),
                       mib(line.reserved), mib(line.device_used));
   // The next line's peak counts from the moment this one was captured.

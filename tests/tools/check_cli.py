@@ -355,6 +355,37 @@ def check_files(exe, work):
     check(p.stderr.startswith("vramscope: error:"), p.stderr)
 
 
+def check_trace_log(exe, work):
+    """trace --log: the per-module log as CSV and as JSON, one row per printed line, bytes
+    exact (the printed MiB are the same figures, rounded); the trace and the sweep default
+    to the same device, so one model gives one figure (issue 36)."""
+    os.makedirs(work, exist_ok=True)
+    csv_path, json_path = os.path.join(work, "log.csv"), os.path.join(work, "log.json")
+    p = run(exe, "trace", "--model", "mlp", "--depth", "2", "--log", csv_path)
+    printed = [l for l in p.stdout.splitlines() if l.split(" ")[0] in
+               ("pre-forward", "forward", "pre-backward", "backward", "pre-optimizer", "optimizer",
+                "pre-recompute", "recompute")]
+    rows = list(csv.DictReader(open(csv_path)))
+    check(len(rows) == len(printed) > 10, (len(rows), len(printed)))
+    for row, line in zip(rows, printed):
+        check(line.startswith(row["hook"] + " "), (row, line))
+        check(f"{int(row['allocated']) / MiB:.2f} MiB" in line, (row, line))
+    check("Adam's foreach step" in p.stdout, "no word on the optimizer's passes")
+    run(exe, "trace", "--model", "mlp", "--depth", "2", "--log", json_path)
+    doc = json.load(open(json_path))
+    check(doc["model"] == "mlp" and doc["device"] == "sim:rtx2080s" and doc["segments"] == 0, doc)
+    check([l["allocated"] for l in doc["lines"]] == [int(r["allocated"]) for r in rows], "csv and json differ")
+    p = run(exe, "trace", "--model", "mlp", "--depth", "2", "--log", os.path.join(work, "log.txt"), expect=2)
+    check("--log" in p.stderr and ".csv or .json" in p.stderr, p.stderr)
+    # One default device: the sweep's max allocated equals the trace's peak.
+    trace_peak = json.load(open(json_path))
+    sweep = json.loads(run(exe, "sweep", "--model", "mlp", "--depth", "2", "--segments", "0", "--dtype", "f32",
+                           "--steps", "1", "--format", "json").stdout)
+    check(sweep["device"]["name"] == trace_peak["device"], (sweep["device"], trace_peak["device"]))
+    check(sweep["rows"][0]["max_allocated"] == max(l["peak_between"] for l in trace_peak["lines"]),
+          (sweep["rows"][0]["max_allocated"], max(l["peak_between"] for l in trace_peak["lines"])))
+
+
 def check_trace_saved(exe, work):
     """--saved: forum-cnn's saved-for-backward bytes per module, derived by hand (batch 100,
     f32): conv1 keeps the input, each ReLU its output (which the next conv and the Linear
@@ -715,7 +746,7 @@ CHECKS = {
     "reentrant": check_reentrant, "auto-segments": check_auto_segments,
     "compute-host-memory": check_compute_host_memory, "batch-lists": check_batch_lists,
     "max-batch": check_max_batch, "hf-config": check_hf_config, "trace-saved": check_trace_saved,
-    "files": check_files,
+    "files": check_files, "trace-log": check_trace_log,
 }
 
 

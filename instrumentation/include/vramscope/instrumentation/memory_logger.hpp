@@ -54,6 +54,19 @@ class CachingAllocator;
 /// returns "" for a path that is not a module (a scope such as "loss").
 using ModuleTypeFn = std::function<std::string(std::string_view path)>;
 
+/// One line of the log as data (MemoryLoggerOptions::on_row), for CSV and JSON.
+struct MemoryLogRow {
+  std::string_view hook;        ///< "pre-forward", "forward", "backward", "optimizer", ...
+  std::string_view path;        ///< the module's dotted path ("layer1.0.conv1")
+  std::string_view type;        ///< its type ("Conv2d"); "" for a scope that is not a module
+  std::size_t depth = 0;        ///< the indentation: module ancestors shown
+  std::int64_t allocated = 0;   ///< memory_allocated() at the line
+  std::int64_t change = 0;      ///< since the previous line
+  std::int64_t peak_between = 0;///< max allocated since the previous line
+  std::int64_t reserved = 0;
+  std::int64_t nvidia_smi = 0;  ///< the device's used bytes as nvidia-smi shows them
+};
+
 struct MemoryLoggerOptions {
   bool pre_hooks = true;          ///< also print pre-forward / pre-backward / ... lines
   /// Print modules up to this depth of the module tree (0 = all; 1 = top level).
@@ -64,6 +77,8 @@ struct MemoryLoggerOptions {
   /// Optional: module types, printed after the name ("conv1 (Conv2d)"). A path
   /// it names also counts as a module for the indentation of its descendants.
   ModuleTypeFn module_type = {};
+  /// Optional: called with every line printed, as data (a CSV or JSON copy of the log).
+  std::function<void(const MemoryLogRow&)> on_row = {};
 };
 
 /// A scope listener and allocator observer printing the per-module memory log.
