@@ -10,6 +10,7 @@
 #include <chrono>
 #include <tuple>
 
+#include "model_args.hpp"
 #include "usage_error.hpp"
 #include "vramscope/allocator/errors.hpp"
 
@@ -95,6 +96,20 @@ MaxBatchResult find_max_batches(const SweepSpec& spec_in, const SweepProgress& p
                      "figures equal compute mode's");
   }
   result.model = validate_sweep(spec);
+  // The search starts at batch 1. A model whose structure follows the batch (a file's repeat
+  // count "batch") may have fewer sequential modules there than the segments asked for.
+  for (const std::int64_t seq : spec.seqs.empty() ? std::vector<std::int64_t>{0} : spec.seqs) {
+    const nn::ModelInfo at_one = describe(*spec.model, row_options(spec, 1, seq));
+    for (const std::size_t k : spec.segments) {
+      if (k > at_one.sequence_length) {
+        throw UsageError(fmt::format(
+            "--max-batch: the search starts at batch 1, where {} has {} sequential module{} (its "
+            "structure follows the batch), too few for --segments {}; give at most {}",
+            at_one.name, at_one.sequence_length, at_one.sequence_length == 1 ? "" : "s", k,
+            at_one.sequence_length));
+      }
+    }
+  }
   result.device = make_run_device(spec)->info();
   const std::vector<std::int64_t> seqs = spec.seqs.empty() ? std::vector<std::int64_t>{0} : spec.seqs;
 

@@ -24,7 +24,9 @@ constexpr std::array<std::string_view, kNumPhases> kPhaseNames = {
 // without a lock: an id below the published count points at a finished entry.
 constexpr std::size_t kChunkBits = 12;
 constexpr std::size_t kChunkSize = std::size_t{1} << kChunkBits;
-constexpr std::size_t kMaxChunks = 256;  // 2^20 contexts
+// 2^23 contexts: every (module, phase) pair of the largest model a file may describe
+// (1,000,000 modules, models/model_file.hpp) in every phase, with room to spare.
+constexpr std::size_t kMaxChunks = kMaxContexts >> kChunkBits;
 
 class ContextRegistry {
  public:

@@ -12,6 +12,7 @@
 #include "vramscope/models/zoo.hpp"
 #include "vramscope/runtime/training.hpp"
 #include "vramscope/allocator/units.hpp"
+#include "vramscope/instrumentation/module_scope.hpp"
 
 namespace mem::models {
 namespace {
@@ -352,3 +353,7 @@ TEST(ModelFileInline, AnActivationCalledTwiceInASequentialIsUsedAgain) {
 
 }  // namespace
 }  // namespace mem::models
+
+// Every (module, phase) pair of the largest model a file may describe fits the context
+// registry (issue 36: 150,000 Linear layers failed in intern_context at 2^20 pairs).
+static_assert(mem::kMaxContexts > mem::kNumPhases * mem::models::kMaxModules);

@@ -683,6 +683,17 @@ def check_max_batch(exe, work):
     for bad in (["--batch", "8"], ["--compute"], ["--plot", os.path.join(work, "p.svg")]):
         err = run(exe, "sweep", *small, "--max-batch", *bad, expect=2).stderr
         check(err.count("\n") == 1, err)
+    # A model whose structure follows the batch (a repeat count "batch") has one module at
+    # batch 1, where the search starts: a usage error naming that, not the runtime's (issue 36).
+    os.makedirs(work, exist_ok=True)
+    rb = os.path.join(work, "rb.json")
+    with open(rb, "w") as f:
+        json.dump({"format": "vramscope-model", "version": 1, "name": "rb", "options": {"batch": 8},
+                   "input": {"shape": ["batch", 8]}, "loss": {"type": "mse"},
+                   "layers": [{"repeat": "batch", "layers": [{"type": "Linear", "in_features": 8,
+                                                               "out_features": 8}]}]}, f)
+    p = run(exe, "sweep", "--model-file", rb, "--max-batch", "--segments", "4", expect=2)
+    check("starts at batch 1, where rb has 1 sequential module" in p.stderr, p.stderr)
 
 
 # A small llama config.json, as a user's file (issue 19).
@@ -692,6 +703,7 @@ TINY_LLAMA = {
     "model_type": "llama", "num_attention_heads": 8, "num_hidden_layers": 4,
     "num_key_value_heads": 2, "rms_norm_eps": 1e-05, "rope_theta": 10000.0,
     "tie_word_embeddings": False, "torch_dtype": "bfloat16", "vocab_size": 1000}
+
 
 
 def check_hf_config(exe, work):

@@ -34,6 +34,8 @@ Phase parse_phase(std::string_view name);
 /// An interned (module path, phase) pair.
 using ContextId = std::uint32_t;
 inline constexpr ContextId kNoContext = 0;
+/// How many (module path, phase) pairs a process may intern (kNoContext included).
+inline constexpr std::size_t kMaxContexts = std::size_t{1} << 23;
 
 /// What a context id stands for. References returned by context_info() stay
 /// valid for the life of the process (contexts are never removed).
@@ -43,7 +45,7 @@ struct ContextInfo {
 };
 
 /// The id of (path, phase), creating it on first use. Thread-safe.
-/// Throws mem::Error once the registry is full (2^20 distinct pairs).
+/// Throws mem::Error once the registry is full (kMaxContexts pairs).
 ContextId intern_context(std::string_view path, Phase phase);
 /// What an id stands for; an unknown id resolves like kNoContext. Lock-free.
 const ContextInfo& context_info(ContextId id) noexcept;
