@@ -18,7 +18,8 @@ namespace {
 
 int fail(int code, const std::string& message) {
   std::cout.flush();
-  std::fprintf(stderr, "vramscope: error: %s\n", mem::tools::one_line(message).c_str());
+  // Command-line text can hold control characters too: never sent raw to the terminal.
+  std::fprintf(stderr, "vramscope: error: %s\n", mem::printable(mem::tools::one_line(message)).c_str());
   return code;
 }
 

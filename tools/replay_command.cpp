@@ -421,7 +421,9 @@ void add_replay_command(CLI::App& app) {
       ->allow_extra_args(false);
   cmd->add_option("--format", args->format, "table, csv or json")->capture_default_str();
   cmd->add_option("--trace-device", args->trace_device,
-                  "which GPU's trace of a multi-GPU snapshot (default: the busiest)");
+                  "which GPU's trace of a multi-GPU snapshot, 0 or more (default: the busiest)")
+      ->check(CLI::Range(0, 1 << 20))
+      ->type_name("N");
   cmd->add_flag("--stop-at-oom", args->stop_at_oom, "stop at the first allocation that does not fit");
   cmd->add_option("--memory-fraction", args->memory_fraction,
                   "replay under torch.cuda.set_per_process_memory_fraction(F), 0 < F <= 1: the allocator "

@@ -329,3 +329,24 @@ TEST(BadInput, UnknownDeviceStringsListTheValidForms) {
 
 }  // namespace
 }  // namespace mem
+
+namespace mem {
+namespace {
+
+// Messages quote the user's files; a hostile byte is written as \xNN (issue 36: a NUL cut
+// the message, control characters reached the terminal). UTF-8 text stays as it is.
+TEST(Printable, EscapesWhatATerminalWouldActOnAndKeepsUtf8) {
+  using namespace std::string_literals;
+  EXPECT_EQ(printable("plain text, tab\tand newline\n"), "plain text, tab\tand newline\n");
+  EXPECT_EQ(printable("a\0b"s), "a\\x00b");
+  EXPECT_EQ(printable("\x1b[31mred\x7f"), "\\x1B[31mred\\x7F");
+  EXPECT_EQ(printable("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"), "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80");
+  EXPECT_EQ(printable("\xff\xc3"), "\\xFF\\xC3");                   // not UTF-8, truncated
+  EXPECT_EQ(printable("\xc0\xaf"), "\\xC0\\xAF");                   // overlong '/'
+  EXPECT_EQ(printable("\xed\xa0\x80"), "\\xED\\xA0\\x80");          // a surrogate
+  const Error e("name 'x\0\x1b]0;owned\x07'"s);
+  EXPECT_STREQ(e.what(), "name 'x\\x00\\x1B]0;owned\\x07'");
+}
+
+}  // namespace
+}  // namespace mem

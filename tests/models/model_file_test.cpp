@@ -164,7 +164,8 @@ TEST(ModelFileErrors, EachBadFileGetsItsMessage) {
 }
 
 TEST(ModelFileErrors, AFileThatCannotBeReadSaysSo) {
-  EXPECT_NE(message_of([] { ModelFile::load("/nonexistent/net.json"); }).find("cannot open the model file"),
+  EXPECT_NE(message_of([] { ModelFile::load("/nonexistent/net.json"); })
+                .find("the model file '/nonexistent/net.json' does not exist"),
             std::string::npos);
   EXPECT_NE(message_of([] { ModelFile::parse(std::string(kMaxModelFileBytes + 1, ' '), "big.json"); })
                 .find("a model file may have at most 16 MiB"),

@@ -243,6 +243,7 @@ BAD += [(["trace", option, " "], [option, "an empty value"]) for option in ("--s
                                                                            "--saved")]
 BAD += [(["sweep", "--stack", "torch=3.0"], ["--stack", "torch 3.0 is not a version vramscope models", "2.11"]),
         (["sweep", "--model-options", "depth=4,depth=8"], ["depth is given twice"]),
+        (["replay", "x.pickle", "--trace-device", "-1"], ["--trace-device"]),
         (["sweep", "--model", "mlp", "--max-batch", "--device", "sim:capacity=4096PiB"],
          ["capacity", "more than a simulated device models"])]
 
@@ -349,6 +350,18 @@ def check_files(exe, work):
     for args in (["models", "--model-file"], ["sweep", "--hf-config"], ["replay"]):
         p = run(exe, *args, str(w / "fifo"), expect=2)
         check("FIFO" in p.stderr and p.stderr.count("\n") == 1, p.stderr)
+    # A hostile file's bytes never reach the terminal raw: NUL, escape sequences and bytes that
+    # are not UTF-8 come out as \xNN, and the message is whole (issue 36).
+    hostile = w / "hostile.json"
+    hostile.write_bytes(b'{"format": "vramscope-model", "version": 1, "name": "x\\u0000\\u001b[31mred", '
+                        b'"options": {"batch": 8}, "input": {"shape": ["batch", 8]}, "loss": {"type": "nosuch\\u001b]0;t\\u0007"},'
+                        b' "layers": [{"type": "Linear", "in_features": 8, "out_features": 4}]}')
+    p = run(exe, "models", "--model-file", str(hostile), expect=2)
+    check("\x1b" not in p.stderr and "\x07" not in p.stderr and "\\x1B]0;t\\x07" in p.stderr, repr(p.stderr))
+    raw = w / "raw.json"
+    raw.write_bytes(b'{"format": "vramscope-model\xff\x00\x1b[2J"}')
+    p = run(exe, "models", "--model-file", str(raw), expect=2)
+    check("\x1b" not in p.stderr and "\x00" not in p.stderr and p.stderr.endswith("\n"), repr(p.stderr))
     # A malformed trace is bad input, as a malformed model file is.
     (w / "bad.pickle").write_bytes(b"\x80\x04garbage")
     p = run(exe, "replay", str(w / "bad.pickle"), expect=2)

@@ -10,13 +10,21 @@
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 namespace mem {
 
-/// Misuse of the API. The call that threw changed no state.
+/// `text` with every byte a terminal would act on or mangle written as \xNN: control
+/// characters but newline and tab, DEL, NUL, and bytes that are not UTF-8. Messages quote
+/// the user's files; a hostile file must not cut them (a NUL) or drive the terminal.
+std::string printable(std::string_view text);
+
+/// Misuse of the API. The call that threw changed no state. The message is printable().
 class Error : public std::runtime_error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit Error(std::string_view message) : std::runtime_error(printable(message)) {}
+  explicit Error(const std::string& message) : Error(std::string_view(message)) {}
+  explicit Error(const char* message) : Error(std::string_view(message)) {}
 };
 
 /// A request the device could not satisfy even after freeing the cache.
