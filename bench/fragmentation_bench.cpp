@@ -163,7 +163,8 @@ class PeakWatcher final : public AllocatorObserver {
 
   void record(RecordedAction action, const TraceEvent& e) {
     if (trace_ != nullptr)
-      trace_->events.push_back({action, e.address, e.requested_size, e.stream, 0});
+      trace_->events.push_back(RecordedEvent{.action = action, .address = e.address, .size = e.requested_size,
+                                             .stream = e.stream});
   }
 
   AllocationTrace* trace_;

@@ -4,10 +4,10 @@
 # command and .ci/run both run it, so the two cannot drift. Uses sudo when not root.
 #
 #   scripts/install_deps.sh            # build + tests + benchmarks (what the README needs)
-#   scripts/install_deps.sh --ci       # also clang + libFuzzer and python3-venv (.ci/run)
+#   scripts/install_deps.sh --ci       # also clang + libFuzzer for the fuzz preset (.ci/run)
 set -euo pipefail
 
-packages=(cmake g++ make ninja-build python3 pkg-config
+packages=(cmake g++ make ninja-build python3 pkg-config          # ninja: what pip install . builds with
           libgtest-dev libgmock-dev libbenchmark-dev         # tests, benchmarks
           libcli11-dev nlohmann-json3-dev libfmt-dev libopenblas-dev
           python3-pytest python3-jsonschema                  # the Python package's tests, model files' schema

@@ -156,7 +156,10 @@ std::string max_batch_report(const MaxBatchResult& result, const ReportOptions& 
 
 std::string max_batch_csv(const MaxBatchResult& result) {
   std::string out;
-  for (const Field& f : kFields) out += (out.empty() ? "" : ",") + std::string(f.name);
+  for (const Field& f : kFields) {
+    if (!out.empty()) out += ',';
+    out += f.name;
+  }
   out += "\n";
   for (const MaxBatchRow& row : result.rows) {
     for (std::size_t i = 0; i < kFields.size(); ++i) {

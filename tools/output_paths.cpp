@@ -20,6 +20,9 @@ void check_output_paths(const std::vector<std::pair<std::string, std::string>>& 
     std::error_code ec;
     const fs::path file{path};
     const fs::file_status status = fs::status(file, ec);  // follows links, as the write will
+    if (ec == std::errc::too_many_symbolic_link_levels) {
+      throw UsageError(option + ": '" + path + "' is a loop of symbolic links; give a file name");
+    }
     if (fs::is_directory(status)) {
       throw UsageError(option + ": '" + path + "' is a directory; give a file name");
     }

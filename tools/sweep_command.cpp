@@ -223,6 +223,7 @@ void add_sweep_command(CLI::App& app) {
                 "the batch requires grad, as x.requires_grad_() before checkpoint_sequential");
   cmd->add_option("-f,--format", args->format, "table, csv or json")->capture_default_str();
   cmd->add_option("--plot", args->plot, "also write an SVG of the memory curves vs segment count")
+      ->check(non_empty())
       ->type_name("FILE.svg");
   cmd->add_flag("--max-batch", args->max_batch,
                 "instead of running one batch: find, for each dtype x segments x setting (x seq), the "

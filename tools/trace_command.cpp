@@ -367,7 +367,7 @@ void add_trace_command(CLI::App& app) {
                   "bytes; each storage once, under the module that saved it first; parameters left out), as "
                   "torch.autograd.graph.saved_tensors_hooks counts it")
       ->type_name("FILE.csv");
-  for (const char* name : {"--snapshot", "--timeline", "--plot", "--saved", "--log"}) {
+  for (const char* name : {"--snapshot", "--timeline", "--plot", "--saved", "--log", "--segments"}) {
     cmd->get_option(name)->check(non_empty());
   }
   cmd->add_flag("--summary", args->summary, "print torch.cuda.memory_summary()'s table at the end");

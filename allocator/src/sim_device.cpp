@@ -234,8 +234,9 @@ void validate_config(const SimDeviceConfig& c) {
   // The segments' addresses need a window of a few times the capacity inside [2^48, 2^53);
   // beyond 1 PiB (thousands of today's largest GPUs) it would wrap and every figure be wrong.
   if (c.capacity > kMaxSimCapacity) {
-    throw Error(who + "capacity " + format_bytes(c.capacity) + " is more than a simulated device models (" +
-                format_bytes(kMaxSimCapacity) + "); give a GPU's capacity, e.g. capacity=80GiB");
+    throw Error(who + "capacity " + format_bytes(c.capacity) + " (" + std::to_string(c.capacity) +
+                " B) is more than a simulated device models (1 PiB, 2^50 B); give a GPU's capacity, e.g. "
+                "capacity=80GiB");
   }
   if (c.context_bytes >= c.capacity) {
     throw Error(who + "capacity (" + format_bytes(c.capacity) +

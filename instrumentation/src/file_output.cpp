@@ -7,10 +7,13 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <cstdio>
 #include <fstream>
+#include <iostream>
 #include <string>
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "vramscope/allocator/errors.hpp"
@@ -19,25 +22,47 @@ namespace mem::detail {
 
 namespace {
 
-// A device or a FIFO is opened and written, never replaced: renaming a file over
-// /dev/null would turn it into a regular file for every program on the machine.
-void write_through(const std::filesystem::path& target, const std::string& shown, std::string_view content,
-                   std::string_view what) {
-  const int fd = ::open(target.c_str(), O_WRONLY | O_CLOEXEC);
-  if (fd < 0) {
-    throw Error(std::string(what) + ": cannot write '" + shown + "': " + std::strerror(errno));
+// The file as the process's stdout or stderr has it open (`--plot /dev/stdout > log.txt`, or
+// the log's own file named again): written through that descriptor, after what the process
+// printed so far, so nothing is truncated, replaced or written over. -1 when it is neither.
+int standard_stream_of(const std::filesystem::path& path) {
+  struct stat target {};
+  if (::stat(path.c_str(), &target) != 0) return -1;
+  for (const int fd : {1, 2}) {
+    struct stat open_as {};
+    if (::fstat(fd, &open_as) == 0 && open_as.st_dev == target.st_dev && open_as.st_ino == target.st_ino) return fd;
   }
+  return -1;
+}
+
+void write_all(int fd, const std::string& shown, std::string_view content, std::string_view what) {
   std::size_t done = 0;
   while (done < content.size()) {
     const ssize_t n = ::write(fd, content.data() + done, content.size() - done);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
-      const int err = n < 0 ? errno : EIO;
-      ::close(fd);
-      throw Error(std::string(what) + ": writing '" + shown + "' failed after " + std::to_string(done) +
-                  " of " + std::to_string(content.size()) + " bytes: " + std::strerror(err));
+      throw Error(std::string(what) + ": writing '" + shown + "' failed after " + std::to_string(done) + " of " +
+                  std::to_string(content.size()) + " bytes: " + std::strerror(n < 0 ? errno : EIO));
     }
     done += static_cast<std::size_t>(n);
+  }
+}
+
+// Opens `path` as given (a link is followed by the system, its target created when missing)
+// and writes `content`: for a device, a FIFO, a symbolic link and a standard stream, which
+// must be written, never replaced (renaming over /dev/null would make it a regular file for
+// every program on the machine; over a link, the link would be gone).
+void write_through(const std::filesystem::path& path, int flags, std::string_view content, std::string_view what) {
+  const std::string shown = path.string();
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC | flags, 0666);
+  if (fd < 0) {
+    throw Error(std::string(what) + ": cannot write '" + shown + "': " + std::strerror(errno));
+  }
+  try {
+    write_all(fd, shown, content, what);
+  } catch (...) {
+    ::close(fd);
+    throw;
   }
   if (::close(fd) != 0 && errno != EINTR) {
     throw Error(std::string(what) + ": writing '" + shown + "' failed: " + std::strerror(errno));
@@ -51,21 +76,22 @@ void write_file(const std::filesystem::path& path, std::string_view content, std
   if (path.empty()) throw Error(std::string(what) + ": the output path is empty");
   const std::string shown = path.string();
   std::error_code ec;
-  // A symbolic link is written through: its target gets the content and the link stays.
-  fs::path target = path;
-  if (fs::is_symlink(fs::symlink_status(path, ec))) {
-    target = fs::weakly_canonical(fs::absolute(path, ec), ec);
-    if (ec) throw Error(std::string(what) + ": cannot resolve the link '" + shown + "': " + ec.message());
+  const fs::file_status status = fs::status(path, ec);  // follows links
+  if (ec == std::errc::too_many_symbolic_link_levels) {
+    throw Error(std::string(what) + ": cannot write '" + shown + "': its symbolic links form a loop");
   }
-  const fs::file_status status = fs::status(target, ec);
   if (fs::is_directory(status)) {
     throw Error(std::string(what) + ": cannot write '" + shown + "': it is a directory");
   }
-  if (fs::exists(status) && !fs::is_regular_file(status)) {
-    write_through(target, shown, content, what);
-    return;
+  if (const int fd = standard_stream_of(path); fd >= 0) {
+    std::cout.flush();  // what was printed comes first
+    std::cerr.flush();
+    std::fflush(nullptr);
+    return write_all(fd, shown, content, what);
   }
-  const auto parent = target.parent_path();
+  if (fs::exists(status) && !fs::is_regular_file(status)) return write_through(path, 0, content, what);
+  if (fs::is_symlink(fs::symlink_status(path, ec))) return write_through(path, O_CREAT | O_TRUNC, content, what);
+  const auto parent = path.parent_path();
   if (!parent.empty() && !fs::is_directory(parent, ec)) {
     throw Error(std::string(what) + ": cannot write '" + shown + "': directory '" + parent.string() +
                 "' does not exist; create it or choose another path");
@@ -75,7 +101,7 @@ void write_file(const std::filesystem::path& path, std::string_view content, std
   // The name is unique to this write (process id and a counter), so threads writing the
   // same path never share a temporary file; the last rename wins, whole.
   static std::atomic<std::uint64_t> writes{0};
-  fs::path temp = target;
+  fs::path temp = path;
   temp += ".vramscope-" + std::to_string(::getpid()) + "-" + std::to_string(++writes) + ".tmp";
   std::ofstream out(temp, std::ios::binary | std::ios::trunc);
   if (!out) {
@@ -90,7 +116,7 @@ void write_file(const std::filesystem::path& path, std::string_view content, std
     throw Error(std::string(what) + ": writing '" + shown + "' failed (" + std::to_string(content.size()) +
                 " bytes): " + std::strerror(err));
   }
-  fs::rename(temp, target, ec);
+  fs::rename(temp, path, ec);
   if (ec) {
     std::error_code ignored;
     fs::remove(temp, ignored);

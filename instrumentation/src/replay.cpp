@@ -558,10 +558,18 @@ class Replayer {
     for (std::uint64_t h : handles) streams_[h] = h == 0 ? 0 : device_->create_stream();
   }
 
-  void divergence(std::size_t index, std::string what) {
+  // Every divergence is counted; only the first max_divergences are described, and only
+  // those pay for their description (where_is walks every segment: building it for each
+  // of a trace that diverges everywhere made the replay quadratic).
+  template <class Describe>
+  void divergence(std::size_t index, Describe&& describe) {
     ++r_.divergence_count;
-    if (r_.divergences.size() < opt_.max_divergences)
-      r_.divergences.push_back(ReplayDivergence{index, std::move(what)});
+    if (r_.divergences.size() < opt_.max_divergences) {
+      r_.divergences.push_back(ReplayDivergence{index, std::string(describe())});
+    }
+  }
+  void divergence(std::size_t index, std::string what) {
+    divergence(index, [&] { return std::move(what); });
   }
 
   // The starting state, the same under every setting: the recorded segments at their
@@ -662,7 +670,7 @@ class Replayer {
   /// The first OOM with the allocator's state at that moment: the largest free block, the
   /// free bytes, and the segments whose live blocks keep the most free memory pinned.
   ReplayOom oom_forensics(std::size_t index, std::size_t requested, std::string message) const {
-    ReplayOom o{index, requested, std::move(message)};
+    ReplayOom o{.event_index = index, .requested = requested, .message = std::move(message)};
     std::vector<ReplayOom::Segment> segs;
     for (const SegmentInfo& seg : alloc_->segments()) {
       ReplayOom::Segment out;
@@ -761,21 +769,24 @@ class Replayer {
       }
       r_.segment_allocs_reproduced += same;
       if (same != pending_allocs_.size() || ours.size() != pending_allocs_.size()) {
-        std::string want, got;
-        for (std::size_t idx : pending_allocs_) want.append(" ").append(describe_bytes(trace_.events[idx].size));
-        for (const TraceEvent& t : ours) got.append(" ").append(describe_bytes(t.size));
-        divergence(index, "alloc of " + describe_bytes(e.size) + ": recorded segment_alloc [" +
-                              (want.empty() ? " none" : want) + " ], replay [" +
-                              (got.empty() ? " none" : got) + " ]");
+        divergence(index, [&] {
+          std::string want, got;
+          for (std::size_t idx : pending_allocs_) want.append(" ").append(describe_bytes(trace_.events[idx].size));
+          for (const TraceEvent& t : ours) got.append(" ").append(describe_bytes(t.size));
+          return "alloc of " + describe_bytes(e.size) + ": recorded segment_alloc [" +
+                 (want.empty() ? " none" : want) + " ], replay [" + (got.empty() ? " none" : got) + " ]";
+        });
       }
       if (!pending_frees_.empty()) compare_frees(index);
       ++r_.allocs_checked;
       if (ptr != nullptr && reinterpret_cast<std::uintptr_t>(ptr) == e.address) {
         ++r_.blocks_placed;
       } else if (ptr != nullptr) {
-        divergence(index, "alloc of " + describe_bytes(e.size) + ": recorded at " + format_address(e.address) +
-                              ", replay placed it at " + format_address(reinterpret_cast<std::uintptr_t>(ptr)) +
-                              where_is(reinterpret_cast<std::uintptr_t>(ptr), e.address));
+        divergence(index, [&] {
+          return "alloc of " + describe_bytes(e.size) + ": recorded at " + format_address(e.address) +
+                 ", replay placed it at " + format_address(reinterpret_cast<std::uintptr_t>(ptr)) +
+                 where_is(reinterpret_cast<std::uintptr_t>(ptr), e.address);
+        });
       }
     }
     pending_allocs_.clear();
@@ -1044,8 +1055,8 @@ ReplayResult replay_on(const AllocationTrace& trace, ReplayTarget& target) {
         ++r.failed_allocs;
         ++r.ooms;
         if (!r.first_oom) {
-          r.first_oom = ReplayOom{op.event, op.size,
-                                  target.name() + " could not allocate " + format_bytes(op.size)};
+          r.first_oom = ReplayOom{.event_index = op.event, .requested = op.size,
+                                  .message = target.name() + " could not allocate " + format_bytes(op.size)};
         }
         continue;
       }

@@ -25,6 +25,11 @@ struct Value {
     const char* s;        // Str, BigInt
     std::uint32_t id;     // List, Tuple, Dict: container; Event: index in events_
   };
+  static Value of(Kind k) {
+    Value v;
+    v.kind = k;
+    return v;
+  }
 };
 static_assert(sizeof(Value) == 16);
 
@@ -57,8 +62,8 @@ class Scanner {
       switch (op) {
         case 0x95: skip(8); break;  // FRAME: a length, for buffered readers
         case '.': return finish();  // STOP
-        case '(': marks_.push_back(stack_.size()); push(Value{Value::Mark}); break;
-        case 'N': push(Value{Value::None}); break;
+        case '(': marks_.push_back(stack_.size()); push(Value::of(Value::Mark)); break;
+        case 'N': push(Value::of(Value::None)); break;
         case 0x88: push(scalar(Value::Bool, 1)); break;  // NEWTRUE
         case 0x89: push(scalar(Value::Bool, 0)); break;  // NEWFALSE
         case 'K': push(scalar(Value::Int, byte())); break;  // BININT1
@@ -68,7 +73,7 @@ class Scanner {
         case 'G': {  // BINFLOAT: big-endian IEEE 754
           std::uint64_t bits = 0;
           for (int k = 0; k < 8; ++k) bits = bits << 8 | byte();
-          Value v{Value::Float};
+          Value v = Value::of(Value::Float);
           v.f = std::bit_cast<double>(bits);
           push(v);
           break;
@@ -117,7 +122,7 @@ class Scanner {
 
   // --- values ------------------------------------------------------------------------
   static Value scalar(Value::Kind kind, std::int64_t i) {
-    Value v{kind};
+    Value v = Value::of(kind);
     v.i = i;
     return v;
   }
@@ -153,7 +158,7 @@ class Scanner {
       const unsigned char pad = negative ? 0xff : 0x00;
       while (used > 8 && static_cast<unsigned char>(p_[used - 1]) == pad) --used;
       if (used > 8 || ((static_cast<unsigned char>(p_[7]) & 0x80) != 0) != negative) {
-        Value v{Value::BigInt};
+        Value v = Value::of(Value::BigInt);
         v.s = p_;
         v.len = static_cast<std::uint32_t>(n);
         p_ += n;
@@ -174,7 +179,7 @@ class Scanner {
   }
   void str(std::uint64_t n) {
     if (static_cast<std::uint64_t>(end_ - p_) < n || n > UINT32_MAX) throw GiveUp{};
-    Value v{Value::Str};
+    Value v = Value::of(Value::Str);
     v.s = p_;
     v.len = static_cast<std::uint32_t>(n);
     p_ += n;
@@ -183,7 +188,7 @@ class Scanner {
   static std::string_view view(const Value& v) { return {v.s, v.len}; }
 
   Value container(Value::Kind kind) {
-    Value v{kind};
+    Value v = Value::of(kind);
     if (kind == Value::Dict) {
       v.id = static_cast<std::uint32_t>(dicts_.size());
       dicts_.emplace_back();
@@ -219,7 +224,7 @@ class Scanner {
     if (prev != nullptr && (prev->kind == Value::Event ||
                             (prev->kind == Value::List && roles_[prev->id] == Role::DeviceTrace))) {
       if (events_.size() >= UINT32_MAX) throw GiveUp{};
-      Value v{Value::Event};
+      Value v = Value::of(Value::Event);
       v.id = static_cast<std::uint32_t>(events_.size());
       events_.emplace_back();
       filled_.push_back(false);
@@ -377,13 +382,13 @@ class Scanner {
     const std::uint64_t tag = word >> kTagShift;
     const std::uint64_t payload = word & ((std::uint64_t{1} << kTagShift) - 1);
     if (tag == kString) {
-      Value v{Value::Str};
+      Value v = Value::of(Value::Str);
       v.s = begin_ + (payload >> kLenBits);
       v.len = static_cast<std::uint32_t>(payload & ((1u << kLenBits) - 1));
       return v;
     }
     if (tag == kContainer) {
-      Value v{static_cast<Value::Kind>(payload >> 32)};
+      Value v = Value::of(static_cast<Value::Kind>(payload >> 32));
       v.id = static_cast<std::uint32_t>(payload);
       return v;
     }

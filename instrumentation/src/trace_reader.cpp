@@ -142,7 +142,8 @@ class StackTable {
       const PickleValue* line = f.find("line");
       if (!text.empty()) text += " <- ";
       text += name && name->is_string() ? name->as_string() : "?";
-      text += " (" + (file && file->is_string() ? file->as_string() : std::string("?"));
+      text += " (";
+      text += file && file->is_string() ? file->as_string() : std::string("?");
       if (line && line->is_int()) text += ":" + std::to_string(line->as_int());
       text += ")";
       if (text.size() > AllocationTrace::kStackChars) break;
@@ -454,6 +455,7 @@ AllocationTrace read_pytorch_snapshot(const PickleValue& root, int device, const
 }
 
 AllocationTrace read_pytorch_snapshot_file(const std::string& path, int device) {
+  check_trace_file(path);  // before the mapping opens it: a FIFO would block
   // The fast path reads what PyTorch writes, from the mapped file, keeping only a window of
   // it resident; anything else (and every error) goes through the generic reader, whose
   // messages name the element at fault.

@@ -1037,7 +1037,7 @@ class Builder {
     if (!c.is_string() || c.get_ref<const std::string&>().empty() || c.get_ref<const std::string&>().size() > 64) {
       fail(field(path, "class"), "expected a class name (1 to 64 characters), got " + kind_of(c));
     }
-    return c.get<std::string>();
+    return printable(c.get_ref<const std::string&>());
   }
 
   // --- the model ---------------------------------------------------------------------------------
@@ -1158,8 +1158,10 @@ std::unique_ptr<ModelFile::Doc> read_head(json root, std::string origin) {
     }
   }
   if (!root.contains("name") || root.at("name").get_ref<const std::string&>().empty()) fail("name", "is required");
-  doc->name = root.at("name").get<std::string>();
-  doc->description = root.value("description", std::string());
+  // Names are printed in tables and headers: a control character in a file is data, shown
+  // as \xNN, never sent to the terminal.
+  doc->name = printable(root.at("name").get_ref<const std::string&>());
+  doc->description = printable(root.value("description", std::string()));
   for (const char* key : {"input", "loss"}) {
     if (!root.contains(key) || !root.at(key).is_object()) {
       fail(key, root.contains(key) ? "expected an object, got " + kind_of(root.at(key)) : "is required");

@@ -484,11 +484,12 @@ def _refused(capsys, args, tmp_path):
     (["{dir}/user_model.py:make", "--input", "1099511627777,8"], ["sizes too large"]),
     # An input the model does not take: the module, what it takes and what it got.
     (["{dir}/user_model.py:make", "--input", "2,5"],
-     ["does not run on an input of shape [2, 5]", "module '0' (Linear) takes [..., 8] (in_features 8), "
-                                                  "not float32 [2, 5]", "same reduction dim"]),
-    (["{dir}/user_model.py:conv2d", "--input", "2,8"], ["module '0' (Conv2d) takes [N, 3, H, W]"]),
+     # (torch 1.x also names the line that built the module, between the two)
+     ["does not run on an input of shape [2, 5]", "module '0' (Linear)",
+      "takes [..., 8] (in_features 8), not float32 [2, 5]"]),
+    (["{dir}/user_model.py:conv2d", "--input", "2,8"], ["module '0' (Conv2d)", "takes [N, 3, H, W]"]),
     (["{dir}/user_model.py:conv3d", "--input", "2,3,8,8"],
-     ["module '0' (Conv3d, which has no model-file layer) takes [N, 3, D, H, W]"]),
+     ["module '0' (Conv3d, which has no model-file layer)", "takes [N, 3, D, H, W]"]),
     (["{dir}/user_model.py:embedding", "--input", "2,8"], ["int64 token ids below 10 (--input-dtype int64)"]),
     (["{dir}/user_model.py:FixedBatch"], ["runs on an input of shape [2, 8] but not with a batch of 3",
                                           _at("view(2, 8)")]),
@@ -499,7 +500,7 @@ def _refused(capsys, args, tmp_path):
     (["{dir}/user_model.py:Raises"], [_at("raise ValueError"), "ValueError: no forward for you"]),
     # Nothing a model file can hold.
     (["{dir}/user_model.py:empty"], ["the model has no layers"]),
-    (["{dir}/user_model.py:zero"], ["module '0': Linear: a parameter of shape [0, 8]: a layer with a zero dimension"]),
+    (["{dir}/user_model.py:zero"], ["module '0'", "Linear: a parameter of shape [0, 8]: a layer with a zero dimension"]),
     (["{dir}/user_model.py:NoForward"], ["NoForward has no forward()"]),
     (["{dir}/user_model.py:Outer"], ["module 'inner' (NoForward) is called but has no forward()"]),
 ], ids=["import-raises", "syntax-error", "import-exits", "no-module", "no-file-part", "no-function-part",

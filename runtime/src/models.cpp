@@ -67,11 +67,14 @@ std::int64_t parse_int(std::string_view key, std::string_view value) {
 ModelOptions ModelOptions::parse(std::string_view text) {
   ModelOptions o;
   std::vector<std::string_view> seen;  // a key given twice would silently take the last
-  while (!text.empty()) {
+  const std::string_view whole = text;
+  for (bool more = !text.empty(); more;) {
     const auto comma = text.find(',');
     const std::string_view item = text.substr(0, comma);
-    text = comma == std::string_view::npos ? std::string_view{} : text.substr(comma + 1);
-    if (item.empty()) continue;
+    more = comma != std::string_view::npos;
+    text = more ? text.substr(comma + 1) : std::string_view{};
+    // "a=1,,b=2" or a stray comma is a typo, not nothing.
+    if (item.empty()) throw Error("model options '" + std::string(whole) + "' have an empty item; write key=value,...");
     const auto eq = item.find('=');
     if (eq == std::string_view::npos) {
       throw Error("model option '" + std::string(item) + "' is not key=value");

@@ -317,7 +317,7 @@ TEST(SimSpec, MalformedSpecsAreRejectedWithClearMessages) {
   // Beyond the address window's room a capacity would wrap it (issue 36: 4096 PiB gave a
   // max batch of 52,428,800 for a tiny model).
   m = message("capacity=4096PiB");
-  EXPECT_NE(m.find("more than a simulated device models (1.00 PiB)"), std::string::npos) << m;
+  EXPECT_NE(m.find("more than a simulated device models (1 PiB, 2^50 B)"), std::string::npos) << m;
   EXPECT_NO_THROW(parse_sim_spec("capacity=1PiB,context=1GiB"));
 
   m = message("capacity=1GiB,context=1GiB");

@@ -244,6 +244,9 @@ BAD += [(["trace", option, " "], [option, "an empty value"]) for option in ("--s
 BAD += [(["sweep", "--stack", "torch=3.0"], ["--stack", "torch 3.0 is not a version vramscope models", "2.11"]),
         (["sweep", "--model-options", "depth=4,depth=8"], ["depth is given twice"]),
         (["replay", "x.pickle", "--trace-device", "-1"], ["--trace-device"]),
+        (["sweep", "--model-options", ","], ["empty item"]),
+        (["sweep", "--model", "mlp", "--plot", ""], ["--plot", "an empty value"]),
+        (["trace", "--model", "mlp", "--segments", ""], ["--segments", "an empty value"]),
         (["sweep", "--model", "mlp", "--max-batch", "--device", "sim:capacity=4096PiB"],
          ["capacity", "more than a simulated device models"])]
 
@@ -309,6 +312,26 @@ def check_files(exe, work):
     run(exe, "sweep", "--model", "mlp", "--depth", "2", "--segments", "0", "--plot", str(w / "link.svg"))
     check(os.path.islink(w / "link.svg") and "<svg" in (w / "real.svg").read_text()[:400], "sweep --plot link")
 
+    # A dangling link: its target is created, the link stays.
+    os.symlink("made.svg", w / "dangling.svg")
+    run(exe, "trace", *SMALL, "--plot", str(w / "dangling.svg"))
+    check(os.path.islink(w / "dangling.svg") and "<svg" in (w / "made.svg").read_text()[:400], "dangling link")
+    # A link to the process's stdout, redirected to a file: the printed log stays, the plot
+    # follows it; to a pipe, the plot goes down the pipe (never a rename over the file).
+    os.symlink("/proc/self/fd/1", w / "out1")
+    with open(w / "captured.txt", "w") as captured:
+        done = subprocess.run([exe, "trace", *SMALL, "--plot", str(w / "out1")], stdout=captured, timeout=110)
+    check(done.returncode == 0, done)
+    text = (w / "captured.txt").read_text()
+    check("totals:" in text and "<svg" in text, text[-300:])
+    p = run(exe, "trace", *SMALL, "--plot", str(w / "out1"))
+    check("totals:" in p.stdout and "<svg" in p.stdout, p.stdout[-300:])
+    # A loop of links is a usage error before the run.
+    os.symlink("loop-b", w / "loop-a")
+    os.symlink("loop-a", w / "loop-b")
+    p = run(exe, "trace", *SMALL, "--plot", str(w / "loop-a"), expect=2)
+    check("loop of symbolic links" in p.stderr, p.stderr)
+
     # Devices made here (as root; elsewhere the device part is skipped): null (1, 3), full (1, 7).
     try:
         os.mknod(w / "null", stat.S_IFCHR | 0o666, os.makedev(1, 3))
@@ -358,6 +381,16 @@ def check_files(exe, work):
                         b' "layers": [{"type": "Linear", "in_features": 8, "out_features": 4}]}')
     p = run(exe, "models", "--model-file", str(hostile), expect=2)
     check("\x1b" not in p.stderr and "\x07" not in p.stderr and "\\x1B]0;t\\x07" in p.stderr, repr(p.stderr))
+    # A name with control characters is printed escaped in every table and header.
+    named = w / "named.json"
+    named.write_text(json.dumps({"format": "vramscope-model", "version": 1, "name": "evil\u001b]0;owned\u0007x",
+                                 "options": {"batch": 8}, "input": {"shape": ["batch", 8]}, "loss": {"type": "mse"},
+                                 "layers": [{"type": "Linear", "in_features": 8,
+                                             "out_features": 4}]}))
+    for args in (["models"], ["trace"], ["sweep", "--segments", "0"]):
+        p = run(exe, *args, "--model-file", str(named))
+        check("\x1b" not in p.stdout and "\x07" not in p.stdout and "evil\\x1B]0;owned\\x07x" in p.stdout,
+              (args, repr(p.stdout[:300])))
     raw = w / "raw.json"
     raw.write_bytes(b'{"format": "vramscope-model\xff\x00\x1b[2J"}')
     p = run(exe, "models", "--model-file", str(raw), expect=2)

@@ -28,6 +28,10 @@ def one_line(e: BaseException, limit: int = 300) -> str:
     """`Type: first line of the message`, cut short: torch's messages can run to pages."""
     if isinstance(e, SystemExit):
         return f"sys.exit({e.code!r})" if e.code is not None else "sys.exit()"
+    # torch 1.x's ShapeProp wraps the user's error in "ShapeProp error for: node=..." with
+    # the whole fx node dumped: the cause is what went wrong.
+    while str(e).startswith("ShapeProp error") and (e.__cause__ or e.__context__) is not None:
+        e = e.__cause__ or e.__context__
     text = str(e).strip().splitlines()[0] if str(e).strip() else ""
     if len(text) > limit:
         text = text[:limit] + "..."

@@ -15,8 +15,9 @@ namespace mem {
 void check_input_file(const std::filesystem::path& path, std::string_view what);
 
 /// Writes `content` to `path` as every export here does: a regular file is replaced whole
-/// (written beside it, then renamed: never left half-written), a device or a FIFO is written
-/// through (never replaced), a symbolic link writes its target. Throws mem::Error naming
+/// (written beside it, then renamed: never left half-written); a device, a FIFO and a
+/// symbolic link are written through (never replaced; a link's missing target is created);
+/// the file this process's stdout or stderr writes (`/dev/stdout > log.txt`) is appended to. Throws mem::Error naming
 /// `what`, the path and the cause (missing directory, permission, disk full).
 void write_output_file(const std::filesystem::path& path, std::string_view content, std::string_view what);
 
