@@ -241,7 +241,9 @@ void run(const TraceArgs& args) {
     }
     if (cfg.mode == nn::ExecMode::Compute) {
       for (const nn::StepStats& st : steps) {
-        std::cout << fmt::format("  step {}: {} on the CPU, loss {:.6g}\n", st.step, human_ms(st.wall_ms), st.loss);
+        std::cout << fmt::format("  step {}: {} on the CPU{}, loss {:.6g}\n", st.step, human_ms(st.wall_ms),
+                                 st.step == 1 ? " (warm-up included: OpenBLAS's threads, first touches)" : "",
+                                 st.loss);
       }
     }
     for (const std::string& w : report.warnings) std::cout << "  warning: " << w << "\n";
