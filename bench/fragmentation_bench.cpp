@@ -36,7 +36,7 @@
 #include "vramscope/allocator/caching_allocator.hpp"
 #include "vramscope/allocator/observer.hpp"
 #include "vramscope/instrumentation/peaks.hpp"
-#include "vramscope/instrumentation/replay.hpp"
+#include "vramscope/replay/replay.hpp"
 #include "vramscope/runtime/training.hpp"
 #include "vramscope/models/zoo.hpp"
 

@@ -28,7 +28,7 @@
 
 #include "bench_counters.hpp"
 #include "peers/peer_allocators.hpp"
-#include "vramscope/instrumentation/replay.hpp"
+#include "vramscope/replay/replay.hpp"
 
 namespace mem::bench {
 namespace {

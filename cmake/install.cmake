@@ -4,13 +4,14 @@ include(CMakePackageConfigHelpers)
 
 set(VRAMSCOPE_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/vramscope)
 
-install(TARGETS vramscope_allocator vramscope_instrumentation vramscope_runtime vramscope_models vramscope_c
+install(TARGETS vramscope_allocator vramscope_instrumentation vramscope_replay vramscope_runtime vramscope_models
+                vramscope_c
   EXPORT vramscopeTargets
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(TARGETS vramscope RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
-foreach(module allocator instrumentation runtime models bindings)
+foreach(module allocator instrumentation replay runtime models bindings)
   install(DIRECTORY ${PROJECT_SOURCE_DIR}/${module}/include/
           DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 endforeach()

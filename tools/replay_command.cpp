@@ -21,7 +21,7 @@
 #include "vramscope/allocator/config.hpp"
 #include "vramscope/allocator/device.hpp"
 #include "vramscope/allocator/units.hpp"
-#include "vramscope/instrumentation/replay.hpp"
+#include "vramscope/replay/replay.hpp"
 
 #if defined(VRAMSCOPE_HAVE_CUB_PEER) && VRAMSCOPE_HAVE_CUB_PEER
 #include "peers/peer_allocators.hpp"
@@ -344,7 +344,7 @@ void run(const ReplayArgs& args) {
       throw UsageError("--peer: '" + p + "' is not one of cub (both bin layouts), cub-default, cub-growth2");
     if (!VRAMSCOPE_REPLAY_CUB)
       throw UsageError("--peer " + p + ": this build has no CUB peer (it needs the CUDA toolkit's "
-                       "headers and the bench/ peers library)");
+                       "headers, for replay/peers)");
   }
 
   AllocationTrace trace;

@@ -12,7 +12,9 @@ namespace {
 
 std::string signed_bytes(std::int64_t bytes) {
   if (bytes == 0) return "0 B";
-  return (bytes > 0 ? "+" : "-") + human_bytes(bytes > 0 ? bytes : -bytes);
+  std::string out(1, bytes > 0 ? '+' : '-');
+  out += human_bytes(bytes > 0 ? bytes : -bytes);
+  return out;
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
 // replay_compare.hpp — `vramscope replay`'s what-if: each setting against the one the trace
-// was recorded with (all start from the recorded state, see instrumentation/replay.hpp),
+// was recorded with (all start from the recorded state, see vramscope/replay/replay.hpp),
 // and one line of advice.
 #pragma once
 
@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "vramscope/instrumentation/replay.hpp"
+#include "vramscope/replay/replay.hpp"
 
 namespace mem::tools {
 

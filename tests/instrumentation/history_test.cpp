@@ -7,7 +7,7 @@
 #include "vramscope/instrumentation/exports.hpp"
 #include "vramscope/instrumentation/history.hpp"
 #include "vramscope/instrumentation/module_scope.hpp"
-#include "vramscope/instrumentation/pickle_reader.hpp"
+#include "vramscope/replay/pickle_reader.hpp"
 
 namespace mem {
 namespace {

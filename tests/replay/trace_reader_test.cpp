@@ -1,6 +1,6 @@
 // trace_reader_test.cpp — PyTorch snapshots, the history CSV and RMM's log CSV
 // read into AllocationTrace, and malformed inputs named by line or element.
-#include "vramscope/instrumentation/trace_reader.hpp"
+#include "vramscope/replay/trace_reader.hpp"
 
 #include <gtest/gtest.h>
 

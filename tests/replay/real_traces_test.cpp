@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "vramscope/allocator/units.hpp"
-#include "vramscope/instrumentation/replay.hpp"
+#include "vramscope/replay/replay.hpp"
 
 namespace mem {
 namespace {

@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "vramscope/allocator/caching_allocator.hpp"
-#include "vramscope/instrumentation/pickle_reader.hpp"
+#include "vramscope/replay/pickle_reader.hpp"
 
 namespace mem {
 

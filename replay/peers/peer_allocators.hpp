@@ -24,7 +24,7 @@
 
 #include "vramscope/allocator/caching_allocator.hpp"
 #include "vramscope/allocator/sim_device.hpp"
-#include "vramscope/instrumentation/replay.hpp"
+#include "vramscope/replay/replay.hpp"
 
 namespace mem::bench {
 

@@ -4,7 +4,7 @@
 // scalars. Anything that would name or call Python code is refused, so a
 // hostile file can cost at most time and memory proportional to its size;
 // the tree is destroyed iteratively, so deep nesting cannot overflow the stack.
-#include "vramscope/instrumentation/pickle_reader.hpp"
+#include "vramscope/replay/pickle_reader.hpp"
 #include "vramscope/instrumentation/files.hpp"
 
 #include <algorithm>

@@ -17,8 +17,8 @@
 #include <string_view>
 #include <vector>
 
-#include "vramscope/instrumentation/pickle_reader.hpp"
-#include "vramscope/instrumentation/trace_reader.hpp"
+#include "vramscope/replay/pickle_reader.hpp"
+#include "vramscope/replay/trace_reader.hpp"
 
 namespace mem::detail {
 

@@ -1,6 +1,6 @@
 // pickle_reader_test.cpp — the safe pickle reader: protocols 2 to 5 as CPython
 // writes them, shared containers, and refusals with byte offsets.
-#include "vramscope/instrumentation/pickle_reader.hpp"
+#include "vramscope/replay/pickle_reader.hpp"
 
 #include <gtest/gtest.h>
 

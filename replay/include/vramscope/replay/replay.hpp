@@ -35,7 +35,7 @@
 #include "vramscope/allocator/caching_allocator.hpp"
 #include "vramscope/allocator/config.hpp"
 #include "vramscope/allocator/stats.hpp"
-#include "vramscope/instrumentation/trace_reader.hpp"
+#include "vramscope/replay/trace_reader.hpp"
 
 namespace mem {
 

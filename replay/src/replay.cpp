@@ -1,7 +1,7 @@
 // replay.cpp — drives a CachingAllocator with a recorded trace: rebuilds the
 // starting state, replays allocs and frees, the driver's refusals and
 // empty_cache calls, and compares what happens with what was recorded.
-#include "vramscope/instrumentation/replay.hpp"
+#include "vramscope/replay/replay.hpp"
 
 #include <fmt/format.h>
 
@@ -670,7 +670,10 @@ class Replayer {
   /// The first OOM with the allocator's state at that moment: the largest free block, the
   /// free bytes, and the segments whose live blocks keep the most free memory pinned.
   ReplayOom oom_forensics(std::size_t index, std::size_t requested, std::string message) const {
-    ReplayOom o{.event_index = index, .requested = requested, .message = std::move(message)};
+    ReplayOom o;
+    o.event_index = index;
+    o.requested = requested;
+    o.message = std::move(message);
     std::vector<ReplayOom::Segment> segs;
     for (const SegmentInfo& seg : alloc_->segments()) {
       ReplayOom::Segment out;
@@ -1055,8 +1058,11 @@ ReplayResult replay_on(const AllocationTrace& trace, ReplayTarget& target) {
         ++r.failed_allocs;
         ++r.ooms;
         if (!r.first_oom) {
-          r.first_oom = ReplayOom{.event_index = op.event, .requested = op.size,
-                                  .message = target.name() + " could not allocate " + format_bytes(op.size)};
+          ReplayOom oom;
+          oom.event_index = op.event;
+          oom.requested = op.size;
+          oom.message = target.name() + " could not allocate " + format_bytes(op.size);
+          r.first_oom = std::move(oom);
         }
         continue;
       }

@@ -1,7 +1,7 @@
 // replay_test.cpp — the replay engine on traces this project records itself:
 // peaks reproduced exactly, a mid-run snapshot rebuilt, other settings, OOM on
 // a small device, divergences reported, unsupported traces refused.
-#include "vramscope/instrumentation/replay.hpp"
+#include "vramscope/replay/replay.hpp"
 
 #include <gtest/gtest.h>
 

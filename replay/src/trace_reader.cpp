@@ -1,6 +1,6 @@
 // trace_reader.cpp — PyTorch snapshots, vramscope history CSV and RMM logging
 // CSV read into one AllocationTrace shape for replay.
-#include "vramscope/instrumentation/trace_reader.hpp"
+#include "vramscope/replay/trace_reader.hpp"
 #include "vramscope/instrumentation/files.hpp"
 
 #include "mapped_file.hpp"
@@ -144,7 +144,10 @@ class StackTable {
       text += name && name->is_string() ? name->as_string() : "?";
       text += " (";
       text += file && file->is_string() ? file->as_string() : std::string("?");
-      if (line && line->is_int()) text += ":" + std::to_string(line->as_int());
+      if (line && line->is_int()) {
+        text += ':';
+        text += std::to_string(line->as_int());
+      }
       text += ")";
       if (text.size() > AllocationTrace::kStackChars) break;
     }
