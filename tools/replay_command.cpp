@@ -178,6 +178,7 @@ void print(const ReplayArgs& args, const AllocationTrace& trace, const std::vect
     nlohmann::json j = {{"trace", trace.source},
                         {"format", std::string(trace_format_name(trace.format))},
                         {"events", trace.events.size()},
+                        {"trace_device", trace.device},  // the recorded GPU replayed
                         {"device", args.device},
                         {"runs", nlohmann::json::array()}};
     if (!rows.empty()) j["assumptions"] = rows.front().result.assumptions;

@@ -380,21 +380,22 @@ AllocationTrace read_snapshot(const PickleValue& root, int device, const std::st
                 std::string(root.kind_name()) + ", expected a dict or a list of segments");
   }
 
+  // What each GPU holds: its segments and its trace entries. The default is the busiest by
+  // both together (a GPU with every segment and one trace entry beats one with one entry and
+  // nothing else); a GPU asked for that holds nothing is an error naming those that do (below).
+  std::map<int, std::pair<std::size_t, std::size_t>> held;  // device -> (segments, trace entries)
+  for (const PickleValue& seg : *segments)
+    if (const PickleValue* d = seg.find("device"); d && d->is_int()) ++held[static_cast<int>(d->as_int())].first;
+  if (traces) {
+    for (std::size_t d = 0; d < traces->size(); ++d) {
+      if (const std::size_t n = trace_size(*traces, d, scanned); n > 0) held[static_cast<int>(d)].second += n;
+    }
+  }
   if (device < 0) {
-    // The device with the most trace events, else the one with the most segments.
     device = 0;
-    std::map<int, std::size_t> per_device;
-    for (const PickleValue& seg : *segments)
-      if (const PickleValue* d = seg.find("device"); d && d->is_int()) ++per_device[static_cast<int>(d->as_int())];
     std::size_t most = 0;
-    for (const auto& [d, n] : per_device)
-      if (n > most) most = n, device = d;
-    if (traces) {
-      std::size_t best = 0;
-      for (std::size_t d = 0; d < traces->size(); ++d) {
-        const std::size_t n = trace_size(*traces, d, scanned);
-        if (n > best) best = n, device = static_cast<int>(d);
-      }
+    for (const auto& [d, n] : held) {
+      if (n.first + n.second > most) most = n.first + n.second, device = d;
     }
   }
   t.device = device;
@@ -432,20 +433,17 @@ AllocationTrace read_snapshot(const PickleValue& root, int device, const std::st
   }
   if (t.events.empty() && t.final_segments.empty()) {
     // Nothing on this device: say which devices have something, rather than replay zeros.
-    std::map<int, std::pair<std::size_t, std::size_t>> content;  // device -> (segments, events)
-    for (const PickleValue& seg : *segments)
-      if (const PickleValue* d = seg.find("device"); d && d->is_int()) ++content[static_cast<int>(d->as_int())].first;
-    for (std::size_t d = 0; traces && d < traces->size(); ++d)
-      if (const std::size_t n = trace_size(*traces, d, scanned); n > 0) content[static_cast<int>(d)].second = n;
     std::string list;
-    for (const auto& [d, n] : content) {
+    std::size_t listed = 0;
+    for (const auto& [d, n] : held) {
       if (d == device || (n.first == 0 && n.second == 0)) continue;
+      ++listed;
       list += (list.empty() ? "" : ", ") + std::string("device ") + std::to_string(d) + " (" + std::to_string(n.first) +
               " segments, " + std::to_string(n.second) + " trace events)";
     }
     if (!list.empty()) {
       throw Error(source + ": device " + std::to_string(device) + " has no segments and no trace events; " + list +
-                  " has them (vramscope replay --trace-device N)");
+                  (listed == 1 ? " has them" : " have them") + " (vramscope replay --trace-device N)");
     }
   }
   finish(t);

@@ -620,6 +620,23 @@ def check_replay(exe, work):
     for bad in ("0", "1.5", "abc", "nan"):
         err = run(exe, "replay", pk, "--memory-fraction", bad, expect=2).stderr
         check(err.count("\n") == 1 and "--memory-fraction" in err, err)
+    # Every segment on GPU 1, one trace entry on each GPU: the default is GPU 1, the one with
+    # the segments, not the first with a trace entry; a GPU with nothing is a usage error
+    # naming those with something (issue 34).
+    with open(pk, "rb") as f:
+        snap = pickle.load(f)
+    for seg in snap["segments"]:
+        seg["device"] = 1
+    first = snap["device_traces"][0][0]
+    snap["device_traces"] = [[first], [first]]
+    moved = os.path.join(work, "on-gpu1.pickle")
+    with open(moved, "wb") as f:
+        pickle.dump(snap, f, protocol=4)
+    out = json.loads(run(exe, "replay", moved, "--format", "json").stdout)
+    check(out["trace_device"] == 1 and out["runs"][0]["peak_reserved_bytes"] > 0, (out["trace_device"], out["runs"][0]))
+    err = run(exe, "replay", moved, "--trace-device", "3", expect=2).stderr
+    check("device 3 has no segments and no trace events;" in err and
+          "device 1 (" in err and "have them" in err and err.count("\n") == 1, err)
 
 
 def check_reentrant(exe, work):
