@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <map>
 #include <cstdlib>
 #include <iostream>
 #include <memory>
@@ -21,6 +22,7 @@
 #include "vramscope/allocator/config.hpp"
 #include "vramscope/allocator/device.hpp"
 #include "vramscope/allocator/units.hpp"
+#include "vramscope/allocator/sim_device.hpp"
 #include "vramscope/replay/replay.hpp"
 
 #if defined(VRAMSCOPE_HAVE_CUB_PEER) && VRAMSCOPE_HAVE_CUB_PEER
@@ -64,18 +66,40 @@ std::string change_cell(const std::vector<Row>& rows, const Baseline& base, std:
   return describe_change(change_against(rows[i].result, rows[base.index].result));
 }
 
+// The simulated GPUs at least `capacity` large, smallest first (at most three): what the
+// smallest-GPU figure means in cards. Their CUDA contexts differ from the replayed device's.
+std::string presets_with(std::size_t capacity) {
+  std::vector<std::pair<std::size_t, std::string>> fit;
+  for (const std::string& name : sim_preset_names()) {
+    const std::size_t total = sim_preset(name).capacity;
+    if (total >= capacity) fit.emplace_back(total, name);
+  }
+  std::sort(fit.begin(), fit.end());
+  if (fit.empty()) return "no simulated GPU preset is that large";
+  std::string out = "GPUs of that size or more: ";
+  for (std::size_t i = 0; i < fit.size() && i < 3; ++i) {
+    out += fmt::format("{}{} ({})", i ? ", " : "", fit[i].second, format_bytes(fit[i].first));
+  }
+  return out + (fit.size() > 3 ? fmt::format(" and {} larger", fit.size() - 3) : "") +
+         " (check one with --device sim:NAME: contexts differ)";
+}
+
 std::string advice(const std::vector<Row>& rows, const Baseline& base) {
   std::vector<std::string> labels;
   std::vector<const ReplayResult*> runs;
+  std::vector<std::size_t> smallest;  // --min-capacity's column, 0 where none
+  bool searched = false;
   std::size_t index = 0;
   for (std::size_t i = 0; i < rows.size(); ++i) {
     if (rows[i].peer) continue;
     if (i == base.index) index = runs.size();
     labels.push_back(rows[i].label);
     runs.push_back(&rows[i].result);
+    searched = searched || rows[i].smallest.has_value();
+    smallest.push_back(rows[i].smallest && rows[i].smallest->supported ? rows[i].smallest->capacity : 0);
   }
   if (runs.size() < 2 || !rows[base.index].result.supported) return "";
-  return replay_advice(labels, runs, index, base.name);
+  return replay_advice(labels, runs, index, base.name, searched ? smallest : std::vector<std::size_t>{});
 }
 
 std::string oom_text(const ReplayResult& r) {
@@ -275,16 +299,8 @@ void print(const ReplayArgs& args, const AllocationTrace& trace, const std::vect
               << (trace.allocator_conf_known ? "" : "\n  (the snapshot carries no allocator settings: recorded with the defaults, assumed)")
               << "\n";
   }
-  for (const Row& row : rows) {
-    const ReplayResult& r = row.result;
-    if (r.unknown_frees > 0)
-      std::cout << fmt::format("  {}: {} frees of blocks allocated before the trace began were skipped\n",
-                               row.label, r.unknown_frees);
-    for (const ReplayDivergence& d : r.divergences)
-      std::cout << fmt::format("  {}: event {}: {}\n", row.label, d.event_index, d.what);
-    if (r.divergence_count > r.divergences.size())
-      std::cout << fmt::format("  {}: ... {} divergences in all\n", row.label, r.divergence_count);
-  }
+  // The answer first: the advice, then what explains the figures, the divergences last.
+  if (const std::string a = advice(rows, base); !a.empty()) std::cout << "  " << a << "\n";
   for (const Row& row : rows) {
     const ReplayResult& r = row.result;
     if (!r.first_oom || row.label.rfind("cub", 0) == 0) continue;
@@ -320,12 +336,29 @@ void print(const ReplayArgs& args, const AllocationTrace& trace, const std::vect
                  "  granularity) on which the trace replays with no OOM under the row's setting, found by\n"
                  "  bisecting replays; the allocator frees its cache and retries under pressure, so it\n"
                  "  can be below max nvidia-smi.\n";
+    std::map<std::size_t, std::size_t> capacities;  // smallest GPU -> rows that need it
     for (const Row& row : rows) {
       if (row.smallest && !row.smallest->supported)
         std::cout << fmt::format("  {}: no smallest GPU: {}\n", row.label, row.smallest->unsupported_reason);
+      if (row.smallest && row.smallest->supported) ++capacities[row.smallest->capacity];
+    }
+    for (const auto& [capacity, n] : capacities) {
+      std::cout << fmt::format("  {}{}: {}\n", format_bytes(capacity), capacities.size() > 1 || n < rows.size()
+                                                                            ? fmt::format(" ({} run{})", n, n == 1 ? "" : "s")
+                                                                            : "",
+                               presets_with(capacity));
     }
   }
-  if (const std::string a = advice(rows, base); !a.empty()) std::cout << "  " << a << "\n";
+  for (const Row& row : rows) {
+    const ReplayResult& r = row.result;
+    if (r.unknown_frees > 0)
+      std::cout << fmt::format("  {}: {} frees of blocks allocated before the trace began were skipped\n",
+                               row.label, r.unknown_frees);
+    for (const ReplayDivergence& d : r.divergences)
+      std::cout << fmt::format("  {}: event {}: {}\n", row.label, d.event_index, d.what);
+    if (r.divergence_count > r.divergences.size())
+      std::cout << fmt::format("  {}: ... {} divergences in all\n", row.label, r.divergence_count);
+  }
 }
 
 void run(const ReplayArgs& args) {

@@ -38,8 +38,24 @@ std::string describe_change(const ReplayChange& c) {
 }
 
 std::string replay_advice(const std::vector<std::string>& labels, const std::vector<const ReplayResult*>& runs,
-                          std::size_t baseline, const std::string& baseline_name) {
+                          std::size_t baseline, const std::string& baseline_name,
+                          const std::vector<std::size_t>& smallest) {
   const ReplayResult& base = *runs[baseline];
+  if (!smallest.empty() && smallest[baseline] != 0) {
+    // The smallest GPU each setting needs: the figure the column shows, so the advice agrees.
+    std::optional<std::size_t> best;
+    for (std::size_t i = 0; i < runs.size(); ++i) {
+      if (i == baseline || !runs[i]->supported || smallest[i] == 0) continue;
+      if (!best || smallest[i] < smallest[*best]) best = i;
+    }
+    if (!best || smallest[*best] >= smallest[baseline]) {
+      return fmt::format("advice: no setting replayed here runs on a smaller GPU than the {} one ({})", baseline_name,
+                         format_bytes(smallest[baseline]));
+    }
+    return fmt::format("advice: {} runs on a GPU of {}, {} less than the {} setting needs ({})", labels[*best],
+                       format_bytes(smallest[*best]), format_bytes(smallest[baseline] - smallest[*best]),
+                       baseline_name, format_bytes(smallest[baseline]));
+  }
   std::optional<std::size_t> best;
   for (std::size_t i = 0; i < runs.size(); ++i) {
     const ReplayResult& r = *runs[i];

@@ -25,8 +25,11 @@ ReplayChange change_against(const ReplayResult& run, const ReplayResult& baselin
 std::string describe_change(const ReplayChange& change);
 
 /// One line: the supported run with the least max nvidia-smi and no OOM, against the
-/// baseline, or that none does better. `labels` and `runs` are parallel.
+/// baseline, or that none does better. `labels` and `runs` are parallel. With `smallest`
+/// (--min-capacity: each run's smallest GPU, 0 where none was found) the runs are ranked by
+/// it instead, so the advice says what the smallest-GPU column shows.
 std::string replay_advice(const std::vector<std::string>& labels, const std::vector<const ReplayResult*>& runs,
-                          std::size_t baseline, const std::string& baseline_name);
+                          std::size_t baseline, const std::string& baseline_name,
+                          const std::vector<std::size_t>& smallest = {});
 
 }  // namespace mem::tools

@@ -634,6 +634,24 @@ def check_replay(exe, work):
         pickle.dump(snap, f, protocol=4)
     out = json.loads(run(exe, "replay", moved, "--format", "json").stdout)
     check(out["trace_device"] == 1 and out["runs"][0]["peak_reserved_bytes"] > 0, (out["trace_device"], out["runs"][0]))
+    # The answer comes first: the advice line before the divergences (here every recorded
+    # address is off by 512 B, so every allocation diverges), and with --min-capacity the
+    # advice ranks by the smallest-GPU column and the sizes name presets that have them.
+    with open(pk, "rb") as f:
+        snap = pickle.load(f)
+    for e in snap["device_traces"][0]:
+        if e["action"] in ("alloc", "free_requested", "free_completed"):
+            e["addr"] += 512
+    shifted = os.path.join(work, "shifted.pickle")
+    with open(shifted, "wb") as f:
+        pickle.dump(snap, f, protocol=4)
+    text = run(exe, "replay", shifted, "-a", "max_split_size_mb:128").stdout
+    lines = text.splitlines()
+    advice_at = [i for i, l in enumerate(lines) if "advice:" in l]
+    diverge_at = [i for i, l in enumerate(lines) if "divergences in all" in l or ": event " in l]
+    check(advice_at and diverge_at and advice_at[0] < min(diverge_at), text)
+    text = run(exe, "replay", pk, "--min-capacity", "-a", "", "-a", "max_split_size_mb:128").stdout
+    check("GPUs of that size or more: " in text and ("smaller GPU" in text or "runs on a GPU of" in text), text)
     err = run(exe, "replay", moved, "--trace-device", "3", expect=2).stderr
     check("device 3 has no segments and no trace events;" in err and
           "device 1 (" in err and "have them" in err and err.count("\n") == 1, err)
