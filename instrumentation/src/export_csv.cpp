@@ -107,7 +107,8 @@ std::vector<HistoryEntry> read_history_csv(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error("mem::read_history_csv: cannot open '" + path.string() + "'");
   std::string line;
-  if (!std::getline(in, line)) throw Error("mem::read_history_csv: '" + path.string() + "' is empty");
+  const std::string what = "mem::read_history_csv: '" + path.string() + "'";
+  if (!read_line(in, line, what, 1)) throw Error(what + " is empty");
   if (!line.empty() && line.back() == '\r') line.pop_back();
   if (line != kHistoryCsvHeader) {
     throw Error(fmt::format("mem::read_history_csv: '{}' does not start with the header\n  {}\n"
@@ -116,7 +117,7 @@ std::vector<HistoryEntry> read_history_csv(const std::filesystem::path& path) {
   }
   std::vector<HistoryEntry> entries;
   std::size_t line_number = 1;
-  while (std::getline(in, line)) {
+  while (read_line(in, line, what, line_number + 1)) {
     ++line_number;
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.empty()) continue;

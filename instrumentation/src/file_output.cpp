@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "vramscope/allocator/errors.hpp"
+#include "vramscope/allocator/units.hpp"
 
 namespace mem::detail {
 
@@ -162,6 +163,31 @@ void check_input_file(const std::filesystem::path& path, std::string_view what) 
                      : fs::is_block_file(status)    ? "a block device"
                                                     : "not a regular file";
   throw Error(head + " is " + kind + "; vramscope reads only regular files (write it to a file first)");
+}
+
+bool read_line(std::istream& in, std::string& line, const std::string& what, std::size_t line_number,
+               std::size_t max_bytes) {
+  line.clear();
+  std::streambuf* buf = in.rdbuf();
+  if (buf == nullptr) {
+    in.setstate(std::ios::badbit);
+    return false;
+  }
+  bool any = false;
+  for (;;) {
+    const int c = buf->sbumpc();
+    if (c == std::char_traits<char>::eof()) {
+      in.setstate(any ? std::ios::eofbit : std::ios::eofbit | std::ios::failbit);
+      return any;
+    }
+    any = true;
+    if (c == '\n') return true;
+    if (line.size() == max_bytes) {
+      throw Error(what + ": line " + std::to_string(line_number) + " is longer than " + format_bytes(max_bytes) +
+                  "; a row of this format is a few hundred bytes (a broken or hostile file?)");
+    }
+    line.push_back(static_cast<char>(c));
+  }
 }
 
 void write_output_file(const std::filesystem::path& path, std::string_view content, std::string_view what) {

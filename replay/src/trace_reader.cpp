@@ -276,7 +276,7 @@ CsvTable read_csv(std::istream& in, const std::string& source, Row&& row) {
   CsvTable t;
   std::string line;
   std::size_t lineno = 0;
-  while (std::getline(in, line)) {
+  while (read_line(in, line, source, lineno + 1)) {
     ++lineno;
     if (trim(line).empty() || trim(line) == "\r") continue;
     const std::string where = source + ": line " + std::to_string(lineno);

@@ -269,3 +269,26 @@ TEST(TraceReader, LoadTraceDetectsTheFormat) {
 
 }  // namespace
 }  // namespace mem
+
+namespace mem {
+namespace {
+
+// A text trace's line costs at most kMaxTextLine: a gigabyte field is an error at the bound,
+// never read whole (issue 34: a 1.2 GB field took 3.2 GB of memory).
+TEST(TraceReader, ALineLongerThanTheBoundIsAnErrorNotAnAllocation) {
+  const auto dir = std::filesystem::path(::testing::TempDir()) / "long-line";
+  std::filesystem::create_directories(dir);
+  const auto csv = dir / "h.csv";
+  {
+    std::ofstream out(csv, std::ios::binary);
+    out << kHistoryCsvHeader << "\n1,0," << std::string(kMaxTextLine + 10, 'x') << "\n";
+  }
+  const std::string message = error_of([&] { (void)load_trace(csv.string()); });
+  EXPECT_NE(message.find("line 2 is longer than 1.00 MiB"), std::string::npos) << message;
+  const std::string direct = error_of([&] { (void)read_history_csv(csv); });
+  EXPECT_NE(direct.find("line 2 is longer than 1.00 MiB"), std::string::npos) << direct;
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace mem

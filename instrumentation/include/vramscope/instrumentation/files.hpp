@@ -3,7 +3,10 @@
 // device, a link or half a file.
 #pragma once
 
+#include <cstddef>
 #include <filesystem>
+#include <iosfwd>
+#include <string>
 #include <string_view>
 
 namespace mem {
@@ -20,5 +23,15 @@ void check_input_file(const std::filesystem::path& path, std::string_view what);
 /// the file this process's stdout or stderr writes (`/dev/stdout > log.txt`) is appended to. Throws mem::Error naming
 /// `what`, the path and the cause (missing directory, permission, disk full).
 void write_output_file(const std::filesystem::path& path, std::string_view content, std::string_view what);
+
+/// The longest line a text trace may have: a CSV row of a history or an RMM log is a few
+/// hundred bytes; a gigabyte "line" is a hostile or broken file, not a row to hold.
+inline constexpr std::size_t kMaxTextLine = std::size_t{1} << 20;
+
+/// std::getline with a bound: reads the next line of `in` without its '\n' into `line`;
+/// false at the end of the input. A line longer than `max_bytes` throws mem::Error naming
+/// `what` and the line's number `line_number` (read no further than the bound).
+bool read_line(std::istream& in, std::string& line, const std::string& what, std::size_t line_number,
+               std::size_t max_bytes = kMaxTextLine);
 
 }  // namespace mem
