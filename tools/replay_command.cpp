@@ -17,6 +17,7 @@
 
 #include "commands.hpp"
 #include "replay_compare.hpp"
+#include "sweep_export.hpp"  // csv_field
 #include "table.hpp"
 #include "usage_error.hpp"
 #include "vramscope/allocator/config.hpp"
@@ -185,16 +186,6 @@ nlohmann::json to_json(const Row& row) {
                         {"first_divergences", div}};
   }
   return j;
-}
-
-std::string csv_field(const std::string& s) {
-  if (s.find_first_of(",\"\n") == std::string::npos) return s;
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"') out += '"';
-    out += c;
-  }
-  return out + "\"";
 }
 
 void print(const ReplayArgs& args, const AllocationTrace& trace, const std::vector<Row>& rows, const Baseline& base) {
