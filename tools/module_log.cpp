@@ -3,6 +3,8 @@
 
 #include <fmt/format.h>
 
+#include <filesystem>
+
 #include "sweep_export.hpp"
 #include "usage_error.hpp"
 #include "vramscope/instrumentation/files.hpp"
@@ -18,9 +20,16 @@ bool ends_with(const std::string& s, std::string_view suffix) {
 }  // namespace
 
 void ModuleLog::check_path(const std::string& option, const std::string& path) {
-  if (!ends_with(path, ".csv") && !ends_with(path, ".json")) {
-    throw UsageError(option + ": '" + path + "' must end in .csv or .json (the format to write)");
+  if (ends_with(path, ".csv") || ends_with(path, ".json")) return;
+  // A stream (/dev/stdout, a pipe) has no extension to say the format: CSV.
+  std::error_code ec;
+  const auto status = std::filesystem::status(path, ec);
+  if (std::filesystem::exists(status) && !std::filesystem::is_regular_file(status) &&
+      !std::filesystem::is_directory(status)) {
+    return;
   }
+  throw UsageError(option + ": '" + path + "' must end in .csv or .json (the format to write), or be a "
+                   "stream such as /dev/stdout (CSV)");
 }
 
 void ModuleLog::add(const MemoryLogRow& row) {

@@ -15,7 +15,8 @@ namespace mem::tools {
 
 class ModuleLog {
  public:
-  /// UsageError naming `option` unless `path` ends in .csv or .json.
+  /// UsageError naming `option` unless `path` ends in .csv or .json, or is a stream
+  /// (a device or a FIFO such as /dev/stdout), which gets CSV.
   static void check_path(const std::string& option, const std::string& path);
 
   /// Keeps a copy of the row (MemoryLoggerOptions::on_row).

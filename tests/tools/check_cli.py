@@ -423,6 +423,14 @@ def check_trace_log(exe, work):
     check([l["allocated"] for l in doc["lines"]] == [int(r["allocated"]) for r in rows], "csv and json differ")
     p = run(exe, "trace", "--model", "mlp", "--depth", "2", "--log", os.path.join(work, "log.txt"), expect=2)
     check("--log" in p.stderr and ".csv or .json" in p.stderr, p.stderr)
+    # A stream has no extension: CSV, after what was printed (a link in the scratch folder to
+    # this process's stdout, a pipe here; never the machine's own /dev entries).
+    stream = os.path.join(work, "stream")
+    if os.path.lexists(stream):
+        os.remove(stream)
+    os.symlink("/proc/self/fd/1", stream)
+    p = run(exe, "trace", "--model", "mlp", "--depth", "2", "--log", stream)
+    check("\nline,hook,module,type,depth," in p.stdout and p.stdout.count("\n1,pre-forward,input,") == 1, p.stdout[-400:])
     # One default device: the sweep's max allocated equals the trace's peak.
     trace_peak = json.load(open(json_path))
     sweep = json.loads(run(exe, "sweep", "--model", "mlp", "--depth", "2", "--segments", "0", "--dtype", "f32",
