@@ -3,6 +3,7 @@
 
     VRAMSCOPE_LIBRARY=build/release/bindings/libvramscope.so \\
     PYTHONPATH=python python3 scripts/make_snapshot.py EVENTS OUT.pickle [--frames 12] [--live 5000]
+        [--max-size BYTES]
 
 Runs a training-like allocation pattern (a working set of about --live blocks of 512 B to
 64 MiB, with bursts that grow and shrink it) through vramscope's allocator on
@@ -29,6 +30,8 @@ def main() -> int:
     ap.add_argument("--frames", type=int, default=12)
     ap.add_argument("--live", type=int, default=5000)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--max-size", type=int, default=64 << 20,
+                    help="largest block (smaller ones let a large --live fit an 80 GB GPU: 1048576 for 300k)")
     a = ap.parse_args()
     rng = random.Random(a.seed)
     vramscope.init("sim:a100-80g", "")
@@ -37,6 +40,8 @@ def main() -> int:
     live = []
     sizes = [512, 4096, 65536, 262144, 1 << 20, 3 << 20, 8 << 20, 24 << 20, 64 << 20]
     weights = [30, 20, 15, 10, 8, 7, 5, 3, 2]
+    weights = [w for s, w in zip(sizes, weights) if s <= a.max_size]
+    sizes = [s for s in sizes if s <= a.max_size]
     target = a.live
     allocs = 0
     while allocs * 3 < a.events:
@@ -66,7 +71,8 @@ def main() -> int:
             b["frames"] = rng.choice(stacks)
     with open(a.out, "wb") as f:
         pickle.dump(snap, f, protocol=pickle.HIGHEST_PROTOCOL)
-    print(f"{a.out}: {len(trace):,} trace events, {len(snap['segments'])} segments, "
+    live_blocks = sum(b["state"] == "active_allocated" for seg in snap["segments"] for b in seg["blocks"])
+    print(f"{a.out}: {len(trace):,} trace events, {len(snap['segments'])} segments, {live_blocks:,} live blocks, "
           f"{Path(a.out).stat().st_size / 2**20:.1f} MiB", file=sys.stderr)
     return 0
 
