@@ -96,9 +96,11 @@ MaxBatchResult find_max_batches(const SweepSpec& spec_in, const SweepProgress& p
                      "figures equal compute mode's");
   }
   result.model = validate_sweep(spec);
+  result.device = make_run_device(spec)->info();
+  const std::vector<std::int64_t> seqs = spec.seqs.empty() ? std::vector<std::int64_t>{0} : spec.seqs;
   // The search starts at batch 1. A model whose structure follows the batch (a file's repeat
   // count "batch") may have fewer sequential modules there than the segments asked for.
-  for (const std::int64_t seq : spec.seqs.empty() ? std::vector<std::int64_t>{0} : spec.seqs) {
+  for (const std::int64_t seq : seqs) {
     const nn::ModelInfo at_one = describe(*spec.model, row_options(spec, 1, seq));
     for (const std::size_t k : spec.segments) {
       if (k > at_one.sequence_length) {
@@ -110,8 +112,6 @@ MaxBatchResult find_max_batches(const SweepSpec& spec_in, const SweepProgress& p
       }
     }
   }
-  result.device = make_run_device(spec)->info();
-  const std::vector<std::int64_t> seqs = spec.seqs.empty() ? std::vector<std::int64_t>{0} : spec.seqs;
 
   const std::size_t planned = spec.alloc_confs.size() * spec.precisions.size() * seqs.size() *
                               spec.segments.size();

@@ -87,6 +87,11 @@ std::string resolve_device(const std::string& spec, nn::ExecMode mode);
 /// --device auto or cuda:N).
 inline constexpr const char* kDefaultDevice = "sim:rtx2080s";
 
+/// --optimizer's help, the same for sweep and trace (nn::parse_optimizer_config's names).
+inline constexpr const char* kOptimizerHelp =
+    "adam, adam8bit (bitsandbytes' 8-bit Adam: u8 moments), sgd (PyTorch's default: momentum 0, no "
+    "state), sgd-momentum (0.9: a buffer per parameter) or none";
+
 /// Checks a device spec by building it; UsageError with the valid forms otherwise.
 /// Compute mode needs host memory behind the device (a simulated GPU).
 void check_device(const std::string& spec, nn::ExecMode mode);

@@ -11,16 +11,8 @@
 
 namespace mem::tools {
 
-namespace {
-
-bool ends_with(const std::string& s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
-}  // namespace
-
 void ModuleLog::check_path(const std::string& option, const std::string& path) {
-  if (ends_with(path, ".csv") || ends_with(path, ".json")) return;
+  if (path.ends_with(".csv") || path.ends_with(".json")) return;
   // A stream (/dev/stdout, a pipe) has no extension to say the format: CSV.
   std::error_code ec;
   const auto status = std::filesystem::status(path, ec);
@@ -60,7 +52,7 @@ nlohmann::json ModuleLog::json(nlohmann::json about) const {
 
 void ModuleLog::write(const std::string& path, const nlohmann::json& about) const {
   // Hostile module names (a model file's) are data: escaped, never raw bytes in the JSON.
-  const std::string text = ends_with(path, ".json")
+  const std::string text = path.ends_with(".json")
                                ? json(about).dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n"
                                : csv();
   write_output_file(path, text, "the module log");

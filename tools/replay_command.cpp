@@ -6,9 +6,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <map>
 #include <cstdlib>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -22,8 +22,8 @@
 #include "usage_error.hpp"
 #include "vramscope/allocator/config.hpp"
 #include "vramscope/allocator/device.hpp"
-#include "vramscope/allocator/units.hpp"
 #include "vramscope/allocator/sim_device.hpp"
+#include "vramscope/allocator/units.hpp"
 #include "vramscope/replay/replay.hpp"
 
 #if defined(VRAMSCOPE_HAVE_CUB_PEER) && VRAMSCOPE_HAVE_CUB_PEER

@@ -184,6 +184,19 @@ AutogradFailure autograd_failure(const nn::AutogradError& e, std::size_t step) {
   return failure;
 }
 
+// The failure of a row: its step, the module and phase that asked, the allocator's figures.
+OomFailure oom_failure(std::size_t step, ContextId context, const OutOfMemoryError::Figures& figures,
+                       const char* message) {
+  OomFailure failure;
+  failure.step = step;
+  const ContextInfo& where = context_info(context);
+  failure.phase = where.phase;
+  failure.module = where.path;
+  failure.figures = figures;
+  failure.message = message;
+  return failure;
+}
+
 RunFigures run_config(const nn::TrainConfig& cfg, std::shared_ptr<Device> device,
                       std::optional<OomFailure>& oom, std::optional<AutogradFailure>& error) {
   CachingAllocator allocator{std::move(device), AllocatorConfig::parse(cfg.alloc_conf)};
@@ -214,25 +227,11 @@ RunFigures run_config(const nn::TrainConfig& cfg, std::shared_ptr<Device> device
     f.peak_composition = report.peak_composition;
     f.warnings = report.warnings;
   } catch (const OutOfMemoryError& e) {
-    OomFailure failure;
-    failure.step = built ? f.steps_done + 1 : 0;
-    const ContextInfo& where = context_info(watcher.oom_context_);
-    failure.phase = where.phase;
-    failure.module = where.path;
-    failure.figures = e.figures();
-    failure.message = e.what();
-    oom = std::move(failure);
+    oom = oom_failure(built ? f.steps_done + 1 : 0, watcher.oom_context_, e.figures(), e.what());
   } catch (const RequestTooLargeError& e) {
     // A tensor over 1 PiB (a huge --batch or --seq): on a GPU, cudaMalloc fails and PyTorch
     // raises its out-of-memory error; a row like any OOM, never the end of the sweep.
-    OomFailure failure;
-    failure.step = built ? f.steps_done + 1 : 0;
-    const ContextInfo& where = context_info(e.context());
-    failure.phase = where.phase;
-    failure.module = where.path;
-    failure.figures = e.figures();
-    failure.message = e.what();
-    oom = std::move(failure);
+    oom = oom_failure(built ? f.steps_done + 1 : 0, e.context(), e.figures(), e.what());
   } catch (const nn::AutogradError& e) {
     // PyTorch refuses this configuration too; the step unwound and freed its tensors.
     error = autograd_failure(e, f.steps_done + 1);

@@ -211,9 +211,7 @@ void add_sweep_command(CLI::App& app) {
                 "real arithmetic on the CPU instead of a dry run (small models); adds a time column (the "
                 "mean step after the first, warm-up, step); rows that do not fit are found by a dry run "
                 "and not computed");
-  cmd->add_option("--optimizer", args->optimizer,
-                  "adam, adam8bit (bitsandbytes' 8-bit Adam: u8 moments), sgd (PyTorch's default: "
-                  "momentum 0, no state), sgd-momentum (0.9: a buffer per parameter) or none")->capture_default_str();
+  cmd->add_option("--optimizer", args->optimizer, kOptimizerHelp)->capture_default_str();
   cmd->add_option("--checkpoint", args->checkpoint_mode,
                   "non-reentrant (PyTorch's recommended mode) or reentrant (what PyTorch 2.x uses, with a "
                   "warning, when use_reentrant is not given; it needs --input-requires-grad to "

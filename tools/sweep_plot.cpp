@@ -12,6 +12,7 @@
 #include "sweep_report.hpp"
 #include "vramscope/allocator/errors.hpp"
 #include "vramscope/allocator/units.hpp"
+#include "vramscope/instrumentation/exports.hpp"  // xml_escape
 
 namespace mem::tools {
 
@@ -47,21 +48,6 @@ std::string label_number(double v) {
 }
 
 }  // namespace
-
-std::string xml_escape(const std::string& text) {
-  std::string out;
-  for (const char ch : text) {
-    switch (ch) {
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '&': out += "&amp;"; break;
-      case '"': out += "&quot;"; break;
-      case '\'': out += "&apos;"; break;
-      default: out += ch;
-    }
-  }
-  return out;
-}
 
 std::string sweep_plot_svg(const SweepResult& result, int width, int height) {
   // Segment counts on an even categorical axis: 0, 2, 4, 8, 16, 23, 32 are far from

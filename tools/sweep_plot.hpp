@@ -5,7 +5,6 @@
 // (instrumentation's memory_plot_svg draws memory over time; this is across runs.)
 #pragma once
 
-#include <filesystem>
 #include <string>
 
 #include "sweep.hpp"
@@ -13,8 +12,5 @@
 namespace mem::tools {
 
 std::string sweep_plot_svg(const SweepResult& result, int width = 960, int height = 540);
-
-/// XML escaping for text and attribute values.
-std::string xml_escape(const std::string& text);
 
 }  // namespace mem::tools

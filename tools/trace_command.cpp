@@ -339,9 +339,7 @@ void add_trace_command(CLI::App& app) {
       ->check(integer_in(1, 1000))
       ->capture_default_str();
   cmd->add_flag("--compute", args->compute, "real arithmetic on the CPU instead of a dry run");
-  cmd->add_option("--optimizer", args->optimizer,
-                  "adam, adam8bit (bitsandbytes' 8-bit Adam: u8 moments), sgd (PyTorch's default: "
-                  "momentum 0, no state), sgd-momentum (0.9: a buffer per parameter) or none")->capture_default_str();
+  cmd->add_option("--optimizer", args->optimizer, kOptimizerHelp)->capture_default_str();
   cmd->add_flag("--input-requires-grad", args->input_requires_grad,
                 "the batch requires grad, as x.requires_grad_() before checkpoint_sequential");
   cmd->add_option("--checkpoint", args->checkpoint_mode,

@@ -6,7 +6,6 @@
 #include <fstream>
 #include <sstream>
 
-#include "file_output.hpp"
 #include "vramscope/allocator/errors.hpp"
 #include "vramscope/instrumentation/exports.hpp"
 
@@ -99,7 +98,7 @@ std::string history_csv(const std::vector<HistoryEntry>& entries) {
 }
 
 void write_history_csv(const std::vector<HistoryEntry>& entries, const std::filesystem::path& path) {
-  detail::write_file(path, history_csv(entries), "mem::write_history_csv");
+  write_output_file(path, history_csv(entries), "mem::write_history_csv");
 }
 
 std::vector<HistoryEntry> read_history_csv(const std::filesystem::path& path) {

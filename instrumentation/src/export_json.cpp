@@ -1,7 +1,6 @@
 // export_json.cpp — a snapshot as JSON (schema "vramscope.snapshot", docs/EXPORTS.md).
 #include <nlohmann/json.hpp>
 
-#include "file_output.hpp"
 #include "vramscope/instrumentation/exports.hpp"
 
 namespace mem {
@@ -124,7 +123,7 @@ std::string snapshot_json(const Snapshot& snapshot, int indent) {
 }
 
 void write_snapshot_json(const Snapshot& snapshot, const std::filesystem::path& path) {
-  detail::write_file(path, snapshot_json(snapshot), "mem::write_snapshot_json");
+  write_output_file(path, snapshot_json(snapshot), "mem::write_snapshot_json");
 }
 
 }  // namespace mem

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <set>
 
-#include "file_output.hpp"
 #include "vramscope/allocator/units.hpp"
 #include "vramscope/instrumentation/exports.hpp"
 
@@ -84,7 +83,7 @@ std::string perfetto_trace_json(const Timeline& timeline) {
 }
 
 void write_perfetto_trace(const Timeline& timeline, const std::filesystem::path& path) {
-  detail::write_file(path, perfetto_trace_json(timeline), "mem::write_perfetto_trace");
+  write_output_file(path, perfetto_trace_json(timeline), "mem::write_perfetto_trace");
 }
 
 }  // namespace mem

@@ -2,7 +2,6 @@
 // so pytorch.org/memory_viz and torch/cuda/_memory_viz.py read it.
 #include <fmt/format.h>
 
-#include "file_output.hpp"
 #include "pickle_writer.hpp"
 #include "vramscope/allocator/errors.hpp"
 #include "vramscope/instrumentation/exports.hpp"
@@ -166,7 +165,7 @@ void write_memory_snapshot_pickle(const Snapshot& snapshot, const std::filesyste
 
 void write_memory_snapshot_pickle(const Snapshot& snapshot, const std::filesystem::path& path,
                                   const PickleOptions& options) {
-  detail::write_file(path, memory_snapshot_pickle(snapshot, options),
+  write_output_file(path, memory_snapshot_pickle(snapshot, options),
                      "mem::write_memory_snapshot_pickle");
 }
 

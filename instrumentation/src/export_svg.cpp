@@ -9,7 +9,6 @@
 #include <functional>
 #include <vector>
 
-#include "file_output.hpp"
 #include "vramscope/allocator/units.hpp"
 #include "vramscope/instrumentation/exports.hpp"
 
@@ -212,7 +211,7 @@ std::string memory_plot_svg(const Timeline& timeline, const PlotOptions& options
   for (std::size_t i = 0; i < title_lines.size(); ++i) {
     svg += fmt::format(
         "<text x=\"{}\" y=\"{}\" font-size=\"20\" font-weight=\"bold\" fill=\"#222\">{}</text>\n",
-        left, 34 + 24 * i, detail::xml_escape(title_lines[i]));
+        left, 34 + 24 * i, xml_escape(title_lines[i]));
   }
   std::string story = fmt::format("peak allocated {} \xC2\xB7 peak reserved {} \xC2\xB7 peak nvidia-smi {}",
                                   format_bytes(peak_alloc), format_bytes(peak_reserved),
@@ -220,7 +219,7 @@ std::string memory_plot_svg(const Timeline& timeline, const PlotOptions& options
   if (device.context_bytes > 0) story += fmt::format(" (incl. {} CUDA context)", format_bytes(device.context_bytes));
   if (total > 0) story += fmt::format(" \xC2\xB7 device {}", format_bytes(total));
   svg += fmt::format("<text x=\"{}\" y=\"{}\" font-size=\"13\" fill=\"#555\">{}</text>\n", left,
-                     58 + title_extra, detail::xml_escape(story));
+                     58 + title_extra, xml_escape(story));
 
   // Plot background, then phase bands under everything else.
   svg += fmt::format(
@@ -385,7 +384,7 @@ std::string memory_plot_svg(const Timeline& timeline, const PlotOptions& options
     const std::size_t max_chars = static_cast<std::size_t>((width - left) / 5.6);
     if (note.size() > max_chars) note = note.substr(0, max_chars - 3) + "...";
     svg += fmt::format("<text x=\"{}\" y=\"{}\" font-size=\"10.5\" fill=\"#888\">{}</text>\n", left,
-                       height - 10, detail::xml_escape(note));
+                       height - 10, xml_escape(note));
   }
   svg += "</svg>\n";
   return svg;
@@ -393,7 +392,23 @@ std::string memory_plot_svg(const Timeline& timeline, const PlotOptions& options
 
 void write_memory_plot_svg(const Timeline& timeline, const std::filesystem::path& path,
                            const PlotOptions& options) {
-  detail::write_file(path, memory_plot_svg(timeline, options), "mem::write_memory_plot_svg");
+  write_output_file(path, memory_plot_svg(timeline, options), "mem::write_memory_plot_svg");
+}
+
+std::string xml_escape(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (char c : text) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      case '\'': out += "&apos;"; break;
+      default: out += c;
+    }
+  }
+  return out;
 }
 
 }  // namespace mem

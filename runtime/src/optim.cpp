@@ -59,17 +59,15 @@ OptimizerKind parse_optimizer(std::string_view name) {
 
 OptimizerConfig parse_optimizer_config(std::string_view name) {
   OptimizerConfig config;
-  if (name == "sgd-momentum") {
-    config.kind = OptimizerKind::SGD;
-    config.momentum = 0.9;
-    return config;
+  const bool momentum = name == "sgd-momentum";  // torch.optim.SGD(..., momentum=0.9)
+  try {
+    config.kind = parse_optimizer(momentum ? "sgd" : name);
+  } catch (const Error&) {
+    throw Error("unknown optimizer '" + std::string(name) +
+                "'; expected adam, adam8bit, sgd (momentum 0, PyTorch's default), sgd-momentum (0.9) or none");
   }
-  if (name == "sgd" || name == "adam" || name == "none" || name == "adam8bit") {
-    config.kind = parse_optimizer(name);
-    return config;
-  }
-  throw Error("unknown optimizer '" + std::string(name) +
-              "'; expected adam, adam8bit, sgd (momentum 0, PyTorch's default), sgd-momentum (0.9) or none");
+  if (momentum) config.momentum = 0.9;
+  return config;
 }
 
 std::string optimizer_label(const OptimizerConfig& config) {

@@ -10,6 +10,7 @@
 #include "model_args.hpp"
 #include "usage_error.hpp"
 #include "vramscope/allocator/units.hpp"
+#include "vramscope/instrumentation/exports.hpp"  // xml_escape
 
 namespace mem::tools {
 namespace {

@@ -80,6 +80,9 @@ struct PlotOptions {
   std::string title;  ///< default: "Memory over time — <device name>"
 };
 std::string memory_plot_svg(const Timeline& timeline, const PlotOptions& options = {});
+/// Text that can sit inside XML/SVG markup, as a text node or an attribute value (every
+/// SVG vramscope writes goes through it, the command's sweep plot too).
+std::string xml_escape(std::string_view text);
 void write_memory_plot_svg(const Timeline& timeline, const std::filesystem::path& path,
                            const PlotOptions& options = {});
 

@@ -1,6 +1,5 @@
-// file_output.cpp — writing exports to disk, and checking the files read.
-#include "file_output.hpp"
-
+// files.cpp — the files users name: inputs checked before they are read, text read a bounded
+// line at a time, outputs written without replacing a device, a link or half a file.
 #include "vramscope/instrumentation/files.hpp"
 
 #include <atomic>
@@ -19,7 +18,7 @@
 #include "vramscope/allocator/errors.hpp"
 #include "vramscope/allocator/units.hpp"
 
-namespace mem::detail {
+namespace mem {
 
 namespace {
 
@@ -72,7 +71,7 @@ void write_through(const std::filesystem::path& path, int flags, std::string_vie
 
 }  // namespace
 
-void write_file(const std::filesystem::path& path, std::string_view content, std::string_view what) {
+void write_output_file(const std::filesystem::path& path, std::string_view content, std::string_view what) {
   namespace fs = std::filesystem;
   if (path.empty()) throw Error(std::string(what) + ": the output path is empty");
   const std::string shown = path.string();
@@ -125,26 +124,6 @@ void write_file(const std::filesystem::path& path, std::string_view content, std
   }
 }
 
-std::string xml_escape(std::string_view text) {
-  std::string out;
-  out.reserve(text.size());
-  for (char c : text) {
-    switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      case '\'': out += "&apos;"; break;
-      default: out += c;
-    }
-  }
-  return out;
-}
-
-}  // namespace mem::detail
-
-namespace mem {
-
 void check_input_file(const std::filesystem::path& path, std::string_view what) {
   namespace fs = std::filesystem;
   std::error_code ec;
@@ -188,10 +167,6 @@ bool read_line(std::istream& in, std::string& line, const std::string& what, std
     }
     line.push_back(static_cast<char>(c));
   }
-}
-
-void write_output_file(const std::filesystem::path& path, std::string_view content, std::string_view what) {
-  detail::write_file(path, content, what);
 }
 
 }  // namespace mem
