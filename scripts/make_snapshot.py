@@ -3,7 +3,7 @@
 
     VRAMSCOPE_LIBRARY=build/release/bindings/libvramscope.so \\
     PYTHONPATH=python python3 scripts/make_snapshot.py EVENTS OUT.pickle [--frames 12] [--live 5000]
-        [--max-size BYTES]
+        [--max-size BYTES] [--diverge]
 
 Runs a training-like allocation pattern (a working set of about --live blocks of 512 B to
 64 MiB, with bursts that grow and shrink it) through vramscope's allocator on
@@ -11,7 +11,9 @@ a simulated A100 with history recording on, writes the snapshot, and gives every
 and block a stack of --frames frames. The frames are drawn from a few hundred distinct ones
 and shared between events as Python objects, so the pickle stores each once and refers to it
 (pickle's memo, as PyTorch's snapshot pickler does). The trace is what the allocator did, so a
-replay with default settings reproduces it exactly.
+replay with default settings reproduces it exactly. With --diverge every block event's recorded
+address is moved by 512 B, so every allocation of the replay lands elsewhere than recorded (a
+trace recorded by another allocator, or under settings that are not known).
 """
 import argparse
 import pickle
@@ -32,6 +34,8 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-size", type=int, default=64 << 20,
                     help="largest block (smaller ones let a large --live fit an 80 GB GPU: 1048576 for 300k)")
+    ap.add_argument("--diverge", action="store_true",
+                    help="move every alloc's and free's recorded address by 512 B: every allocation diverges")
     a = ap.parse_args()
     rng = random.Random(a.seed)
     vramscope.init("sim:a100-80g", "")
@@ -65,6 +69,8 @@ def main() -> int:
     trace = snap["device_traces"][0]
     for e in trace:
         e["frames"] = rng.choice(stacks)
+        if a.diverge and e["action"] in ("alloc", "free_requested", "free_completed"):
+            e["addr"] += 512
     for seg in snap["segments"]:
         seg["frames"] = rng.choice(stacks)
         for b in seg["blocks"]:

@@ -9,6 +9,8 @@
 #include <string>
 
 #include "allocator_core.hpp"
+
+#include <type_traits>
 #include "vramscope/allocator/units.hpp"
 
 namespace mem::detail {
@@ -48,7 +50,8 @@ AllocatorCore::~AllocatorCore() {
     }
   }
   events_.clear();
-  for (const Block* b : all_blocks_locked()) {
+  std::vector<const Block*> blocks = all_blocks_locked();  // one walk serves both loops
+  for (const Block* b : blocks) {
     if (b->prev == nullptr && !b->expandable()) {
       std::size_t total = 0;
       for (const Block* c = b; c != nullptr; c = c->next) total += c->size;
@@ -56,10 +59,10 @@ AllocatorCore::~AllocatorCore() {
     }
   }
   expandable_.clear();  // unmaps their pages and releases their addresses
-  std::vector<const Block*> blocks = all_blocks_locked();
   for (BlockPool* pool : {&large_blocks_, &small_blocks_}) {
     blocks.insert(blocks.end(), pool->unmapped.begin(), pool->unmapped.end());
   }
+  // Released, so block_storage_ destroys them (a block's stream_uses may hold memory).
   for (const Block* b : blocks) block_storage_.release(const_cast<Block*>(b));
 }
 

@@ -1,5 +1,5 @@
 // snapshot_scanner.cpp — one pass over a snapshot pickle: trace entries straight to
-// RecordedEvents, everything else to PickleValues. Opcodes as in Python's
+// RecordedEvents, segments' blocks to ScannedBlocks, everything else to PickleValues. Opcodes as in Python's
 // Lib/pickle.py (protocols 2 to 5).
 #include "snapshot_scanner.hpp"
 
@@ -16,14 +16,14 @@ struct GiveUp {};  // not for the fast path: the caller runs the generic reader
 /// A stack or memo entry: a scalar, a view of a string in the pickle's bytes, or the
 /// id of a container. 16 bytes, never an allocation.
 struct Value {
-  enum Kind : std::uint8_t { Mark, None, Bool, Int, BigInt, Float, Str, List, Tuple, Dict, Event };
+  enum Kind : std::uint8_t { Mark, None, Bool, Int, BigInt, Float, Str, List, Tuple, Dict, Event, Block };
   Kind kind = None;
   std::uint32_t len = 0;  // Str, BigInt: byte count
   union {
     std::int64_t i = 0;   // Int, Bool
     double f;             // Float
     const char* s;        // Str, BigInt
-    std::uint32_t id;     // List, Tuple, Dict: container; Event: index in events_
+    std::uint32_t id;     // List, Tuple, Dict: container; Event: index in events_; Block: in blocks_
   };
   static Value of(Kind k) {
     Value v;
@@ -34,8 +34,11 @@ struct Value {
 static_assert(sizeof(Value) == 16);
 
 /// What a list is to the snapshot: device_traces (the root of the traces), one GPU's
-/// trace, or anything else.
-enum class Role : std::uint8_t { Generic, Traces, DeviceTrace };
+/// trace, a segment's blocks, or anything else.
+enum class Role : std::uint8_t { Generic, Traces, DeviceTrace, Blocks };
+
+/// Items no tuple, dict or generic list may hold: they are read into structs, not values.
+bool scanned_item(const Value& v) { return v.kind == Value::Event || v.kind == Value::Block; }
 
 class Scanner {
  public:
@@ -45,6 +48,7 @@ class Scanner {
     // takes some 40 bytes or more): the vectors then never move, and what is not filled
     // is address space, not memory.
     events_.reserve(data.size() / 32);
+    blocks_.reserve(data.size() / 32);
     memo_.reserve(data.size() / 8);
   }
 
@@ -213,6 +217,8 @@ class Scanner {
         (roles_[prev->id] == Role::Traces || roles_[prev->id] == Role::DeviceTrace)) {
       role = Role::DeviceTrace;
     }
+    // A list under the key "blocks" (a segment's) holds block dicts.
+    if (prev != nullptr && prev->kind == Value::Str && view(*prev) == "blocks") role = Role::Blocks;
     Value v = container(kind);
     roles_[v.id] = role;
     push(v);
@@ -231,6 +237,16 @@ class Scanner {
       push(v);
       return;
     }
+    // Likewise a dict inside a segment's blocks is a block.
+    if (prev != nullptr && (prev->kind == Value::Block ||
+                            (prev->kind == Value::List && roles_[prev->id] == Role::Blocks))) {
+      if (blocks_.size() >= UINT32_MAX) throw GiveUp{};
+      Value v = Value::of(Value::Block);
+      v.id = static_cast<std::uint32_t>(blocks_.size());
+      blocks_.emplace_back();
+      push(v);
+      return;
+    }
     push(container(Value::Dict));
   }
   /// Items from `from` to the top; `marked`: `from` is the MARK that opened them.
@@ -242,7 +258,7 @@ class Scanner {
     const std::size_t first = first_item(from, marked);
     Value t = container(Value::Tuple);
     for (std::size_t k = first; k < stack_.size(); ++k) {
-      if (stack_[k].kind == Value::Mark || stack_[k].kind == Value::Event) throw GiveUp{};
+      if (stack_[k].kind == Value::Mark || scanned_item(stack_[k])) throw GiveUp{};
       lists_[t.id].push_back(stack_[k]);
     }
     stack_.resize(from);
@@ -265,8 +281,15 @@ class Scanner {
         if (range.second == 0) range.first = item.id;
         if (item.id != range.first + range.second) throw GiveUp{};
         ++range.second;
+      } else if (role == Role::Blocks) {
+        // A segment's blocks, each filled, in the order they were made (as a GPU's trace).
+        if (item.kind != Value::Block || !blocks_[item.id].filled) throw GiveUp{};
+        auto& range = block_range_[target.id];
+        if (range.second == 0) range.first = item.id;
+        if (item.id != range.first + range.second) throw GiveUp{};
+        ++range.second;
       } else {
-        if (item.kind == Value::Event) throw GiveUp{};
+        if (scanned_item(item)) throw GiveUp{};
         if (role == Role::Traces && (item.kind != Value::List || roles_[item.id] != Role::DeviceTrace)) throw GiveUp{};
         items.push_back(item);
       }
@@ -281,11 +304,14 @@ class Scanner {
       if (filled_[target.id]) throw GiveUp{};  // filled twice: not a trace entry as PyTorch writes them
       fill_event(events_[target.id], first);
       filled_[target.id] = true;
+    } else if (target.kind == Value::Block) {
+      if (blocks_[target.id].filled) throw GiveUp{};
+      fill_block(blocks_[target.id], first);
     } else if (target.kind == Value::Dict) {
       auto& items = dicts_[target.id];
       for (std::size_t k = first; k < stack_.size(); ++k) {
         const Value::Kind kind = stack_[k].kind;
-        if (kind == Value::Mark || kind == Value::Event) throw GiveUp{};
+        if (kind == Value::Mark || scanned_item(stack_[k])) throw GiveUp{};
         // A list or dict as a key is unhashable: the generic reader refuses it.
         if ((k - first) % 2 == 0 && (kind == Value::List || kind == Value::Dict)) throw GiveUp{};
         items.push_back(stack_[k]);
@@ -340,6 +366,45 @@ class Scanner {
     }
     if (!has_action || !has_size || (e.action != RecordedAction::Oom && !has_addr)) throw GiveUp{};
     if (e.action == RecordedAction::Oom) e.address = 0;  // an oom entry's address is not read
+  }
+  /// A block's fields, as trace_reader.cpp's read_segment reads them: size and state
+  /// required, address and requested_size optional, the rest (frames) not read.
+  void fill_block(ScannedBlock& b, std::size_t first) {
+    bool has_size = false, has_state = false;
+    for (std::size_t k = first; k < stack_.size(); k += 2) {
+      const Value& key = stack_[k];
+      const Value& v = stack_[k + 1];
+      if (key.kind != Value::Str) throw GiveUp{};
+      const std::string_view name = view(key);
+      const bool size = (v.kind == Value::Int || v.kind == Value::Bool) && v.i >= 0;  // as_size()
+      if (name == "size") {
+        if (!size) throw GiveUp{};
+        b.block.size = static_cast<std::size_t>(v.i);
+        has_size = true;
+      } else if (name == "address") {
+        if (!size) throw GiveUp{};
+        b.block.address = static_cast<std::uintptr_t>(v.i);
+        b.has_address = true;
+      } else if (name == "requested_size") {
+        if (!size) throw GiveUp{};
+        b.block.requested_size = static_cast<std::size_t>(v.i);
+      } else if (name == "state") {
+        if (v.kind != Value::Str) throw GiveUp{};
+        const std::string_view state = view(v);
+        if (state == "active_allocated") {
+          b.block.state = BlockState::ActiveAllocated;
+        } else if (state == "active_pending_free") {
+          b.block.state = BlockState::ActivePendingFree;
+        } else if (state == "inactive") {
+          b.block.state = BlockState::Inactive;
+        } else {
+          throw GiveUp{};  // the generic reader names the state it does not know
+        }
+        has_state = true;
+      }
+    }
+    if (!has_size || !has_state) throw GiveUp{};
+    b.filled = true;
   }
   static bool action(std::string_view name, RecordedAction& out) {
     for (int a = 0; a <= static_cast<int>(RecordedAction::Snapshot); ++a) {
@@ -405,8 +470,9 @@ class Scanner {
   void memo_get(std::uint64_t index) {
     if (index >= memo_.size() || memo_[index] == kUnset) throw GiveUp{};
     const Value v = memo_value(memo_[index]);
-    // A trace entry or a trace shared a second time is not what PyTorch writes.
-    if (v.kind == Value::Event || (v.kind == Value::List && roles_[v.id] != Role::Generic)) throw GiveUp{};
+    // A trace entry, a block, a trace or a segment's blocks shared a second time is not
+    // what PyTorch writes.
+    if (scanned_item(v) || (v.kind == Value::List && roles_[v.id] != Role::Generic)) throw GiveUp{};
     push(v);
   }
 
@@ -431,6 +497,7 @@ class Scanner {
     for (std::uint32_t list : frames_lists_) out.frames.push_back(convert_list(list, Value::List, 1));
     out.events = std::move(events_);
     out.device_ranges = std::move(device_ranges_);
+    out.blocks = std::move(blocks_of_);
     return out;
   }
   /// A container inside itself, reachable from the root or not, is refused by the generic
@@ -508,6 +575,17 @@ class Scanner {
       }
       return l;
     }
+    if (roles_[id] == Role::Blocks) {
+      // A segment's blocks: an empty list, the blocks read are under its identity.
+      auto& blocks = blocks_of_[l.identity()];
+      const auto range = block_range_.find(id);
+      if (range != block_range_.end()) {
+        blocks.reserve(range->second.second);
+        for (std::uint32_t b = range->second.first; b < range->second.first + range->second.second; ++b)
+          blocks.push_back(blocks_[b]);
+      }
+      return l;
+    }
     if (roles_[id] == Role::DeviceTrace) throw GiveUp{};  // a GPU's trace outside device_traces
     items.reserve(lists_[id].size());
     for (const Value& item : lists_[id]) items.push_back(convert(item, depth + 1));
@@ -533,6 +611,9 @@ class Scanner {
   std::vector<std::vector<Value>> dicts_;  // key, value, key, value, ...
   std::vector<RecordedEvent> events_;      // every trace entry, in the order made
   std::vector<bool> filled_;               // per event: its fields were read
+  std::vector<ScannedBlock> blocks_;       // every segment's blocks, in the order made
+  std::unordered_map<std::uint32_t, std::pair<std::uint32_t, std::uint32_t>> block_range_;  // list -> blocks
+  std::unordered_map<const void*, std::vector<ScannedBlock>> blocks_of_;  // converted list -> its blocks
   std::unordered_map<std::uint32_t, std::pair<std::uint32_t, std::uint32_t>> device_range_;  // trace -> events
   std::unordered_map<std::uint32_t, std::uint32_t> frames_index_;  // frames list -> 1 + index
   std::vector<std::uint32_t> frames_lists_;

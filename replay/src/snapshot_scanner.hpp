@@ -1,11 +1,11 @@
 // snapshot_scanner.hpp — the fast path for PyTorch snapshot pickles (internal).
 //
-// A snapshot of a long run is a million small dicts (the trace entries) around a
-// little else. The generic reader builds a PickleValue per key and value of each,
-// which dominates loading. The scanner runs the same opcodes over a lean value
-// model and turns each trace entry into a RecordedEvent the moment its dict is
-// filled; only the rest (segments, settings, the shared frames lists) becomes
-// PickleValues. It knows only what Python's pickler writes for a snapshot: on
+// A snapshot of a long run is a million small dicts (the trace entries, and the
+// segments' blocks of a run that holds much) around a little else. The generic reader
+// builds a PickleValue per key and value of each, which dominates loading. The scanner
+// runs the same opcodes over a lean value model and turns each trace entry into a
+// RecordedEvent, each block into a ScannedBlock, the moment its dict is filled; only
+// the rest (segments, settings, the shared frames lists) becomes PickleValues. It knows only what Python's pickler writes for a snapshot: on
 // anything else (other opcodes, a trace entry it cannot read, sharing it does not
 // expect) it gives up and the caller runs the generic reader, which also reports
 // errors with their path. So it never reports an error of its own.
@@ -13,6 +13,7 @@
 
 #include <functional>
 #include <optional>
+#include <unordered_map>
 #include <utility>
 #include <string_view>
 #include <vector>
@@ -21,6 +22,13 @@
 #include "vramscope/replay/trace_reader.hpp"
 
 namespace mem::detail {
+
+/// A segment's block as the snapshot holds it (read_segment places those without an address).
+struct ScannedBlock {
+  RecordedBlock block;
+  bool has_address = false;
+  bool filled = false;  // the scanner's: its fields were read
+};
 
 struct ScannedSnapshot {
   /// The pickle's root, with each device_traces[d] an empty list (the events are below).
@@ -31,6 +39,8 @@ struct ScannedSnapshot {
   std::vector<std::pair<std::size_t, std::size_t>> device_ranges;
   /// The frames lists the events name, each once (the pickle's memo shares them).
   std::vector<PickleValue> frames;
+  /// Each segment's blocks, under the identity of its (empty) "blocks" list in `root`.
+  std::unordered_map<const void*, std::vector<ScannedBlock>> blocks;
 };
 
 /// nullopt: not a snapshot the fast path reads (the caller falls back). `progress`, when

@@ -62,7 +62,9 @@ BlockState block_state_from(std::string_view s, const std::string& path) {
               "' (expected active_allocated, active_pending_free or inactive)");
 }
 
-RecordedSegment read_segment(const PickleValue& seg, const std::string& path) {
+/// A segment of the snapshot; its blocks from the scanner when it read them (`scanned`).
+RecordedSegment read_segment(const PickleValue& seg, const std::string& path,
+                             const detail::ScannedSnapshot* scanned) {
   return at_path(path, [&] {
     RecordedSegment s;
     s.address = seg.at("address").as_size();
@@ -75,21 +77,35 @@ RecordedSegment read_segment(const PickleValue& seg, const std::string& path) {
       s.small_pool = s.total_size == kSmallBuffer;
     }
     if (const PickleValue* v = seg.find("is_expandable")) s.expandable = v->as_bool();
-    const PickleList& blocks = seg.at("blocks").as_list();
+    const PickleValue& blocks_value = seg.at("blocks");
+    const PickleList& blocks = blocks_value.as_list();
+    // Old snapshots have no block addresses: blocks tile the segment in order.
     std::uintptr_t cursor = s.address;
+    const std::vector<detail::ScannedBlock>* read = nullptr;
+    if (scanned != nullptr) {
+      if (auto it = scanned->blocks.find(blocks_value.identity()); it != scanned->blocks.end()) read = &it->second;
+    }
+    if (read != nullptr) {
+      s.blocks.reserve(read->size());
+      for (const detail::ScannedBlock& scanned_block : *read) {
+        RecordedBlock b = scanned_block.block;
+        if (!scanned_block.has_address) b.address = cursor;
+        cursor = b.address + b.size;
+        s.blocks.push_back(b);
+      }
+    }
     for (std::size_t i = 0; i < blocks.size(); ++i) {
-      const std::string bpath = "blocks[" + std::to_string(i) + "]";
-      at_path(bpath, [&] {
+      try {
         RecordedBlock b;
         b.size = blocks[i].at("size").as_size();
-        // Old snapshots have no block addresses: blocks tile the segment in order.
         b.address = blocks[i].find("address") ? blocks[i].at("address").as_size() : cursor;
         if (const PickleValue* r = blocks[i].find("requested_size")) b.requested_size = r->as_size();
         b.state = block_state_from(blocks[i].at("state").as_string(), "state");
         cursor = b.address + b.size;
         s.blocks.push_back(b);
-        return 0;
-      });
+      } catch (const Error& e) {
+        throw Error("blocks[" + std::to_string(i) + "]: " + e.what());  // the path only when needed
+      }
     }
     std::sort(s.blocks.begin(), s.blocks.end(),
               [](const RecordedBlock& a, const RecordedBlock& b) { return a.address < b.address; });
@@ -402,7 +418,7 @@ AllocationTrace read_snapshot(const PickleValue& root, int device, const std::st
 
   t.has_final_state = true;
   for (std::size_t i = 0; i < segments->size(); ++i) {
-    RecordedSegment s = read_segment((*segments)[i], source + ": segments[" + std::to_string(i) + "]");
+    RecordedSegment s = read_segment((*segments)[i], source + ": segments[" + std::to_string(i) + "]", scanned);
     if (s.device == device) t.final_segments.push_back(std::move(s));
   }
   std::sort(t.final_segments.begin(), t.final_segments.end(),

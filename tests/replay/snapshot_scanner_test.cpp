@@ -10,6 +10,7 @@
 #include <fstream>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "vramscope/allocator/caching_allocator.hpp"
 #include "vramscope/allocator/sim_device.hpp"
@@ -50,6 +51,13 @@ void expect_same(const AllocationTrace& fast, const AllocationTrace& generic, co
     EXPECT_TRUE(a.address == b.address && a.total_size == b.total_size && a.stream == b.stream &&
                 a.small_pool == b.small_pool && a.expandable == b.expandable && a.blocks.size() == b.blocks.size())
         << what << ": segment " << i;
+    for (std::size_t k = 0; k < std::min(a.blocks.size(), b.blocks.size()); ++k) {
+      const RecordedBlock& x = a.blocks[k];
+      const RecordedBlock& y = b.blocks[k];
+      EXPECT_TRUE(x.address == y.address && x.size == y.size && x.requested_size == y.requested_size &&
+                  x.state == y.state)
+          << what << ": segment " << i << " block " << k;
+    }
   }
   EXPECT_EQ(fast.device, generic.device) << what;
   EXPECT_EQ(fast.allocator_conf, generic.allocator_conf) << what;
@@ -172,6 +180,71 @@ TEST(SnapshotScanner, WhatItDoesNotReadGoesToTheGenericReaderAndItsMessages) {
   // A trace entry shared twice through the memo is not what PyTorch writes: the generic reader's.
   std::string shared = "\x80\x04}(\x8c\x08segments]\x8c\x0d" "device_traces](](}\x94(" + short_str("action") +
                        short_str("alloc") + short_str("addr") + "K\x01" + short_str("size") + "K\x01uh\x00" "eeu.";
+  EXPECT_FALSE(detail::scan_snapshot(shared).has_value());
+}
+
+// {"segments": [S], "device_traces": []} with S a large segment at 0x100000 of 2 MiB whose
+// blocks are the given dicts' items.
+std::string segment_bytes(const std::vector<std::string>& blocks) {
+  std::string s = "\x80\x04}(" + short_str("segments") + "](}(" + short_str("address") + binint(0x100000) +
+                  short_str("total_size") + binint(2 << 20) + short_str("stream") + binint(0) +
+                  short_str("segment_type") + short_str("large") + short_str("blocks") + "](";
+  for (const std::string& b : blocks) s += "}(" + b + "u";
+  return s + "eue" + short_str("device_traces") + "]u.";
+}
+
+// A run that holds much is a snapshot of hundreds of thousands of blocks: the scanner reads
+// them into structs, as read_segment reads them from the generic reader's values.
+TEST(SnapshotScanner, ReadsSegmentsBlocksAsTheGenericReaderDoes) {
+  const std::string size1m = short_str("size") + binint(1 << 20);
+  const std::vector<std::string> blocks = {
+      // no address: blocks tile the segment in order (older snapshots)
+      size1m + short_str("state") + short_str("active_allocated") + short_str("requested_size") + binint(1000000),
+      size1m + short_str("state") + short_str("inactive") + short_str("frames") + "](}(" + short_str("name") +
+          short_str("f") + "ue",
+  };
+  const std::string tiled = segment_bytes(blocks);
+  const auto scan = detail::scan_snapshot(tiled);
+  ASSERT_TRUE(scan.has_value());
+  ASSERT_EQ(scan->blocks.size(), 1u);
+  EXPECT_EQ(scan->blocks.begin()->second.size(), 2u);
+  const fs::path file = temp_dir() / "scanner_blocks.pickle";
+  std::ofstream(file, std::ios::binary | std::ios::trunc) << tiled;
+  const AllocationTrace fast = read_pytorch_snapshot_file(file.string());
+  expect_same(fast, read_pytorch_snapshot(read_pickle(tiled), -1, file.string()), "tiled");
+  ASSERT_EQ(fast.final_segments.size(), 1u);
+  ASSERT_EQ(fast.final_segments[0].blocks.size(), 2u);
+  EXPECT_EQ(fast.final_segments[0].blocks[1].address, 0x100000u + (1u << 20));
+  EXPECT_EQ(fast.final_segments[0].blocks[0].requested_size, 1000000u);
+  EXPECT_EQ(fast.final_segments[0].blocks[1].state, BlockState::Inactive);
+
+  // With addresses, out of order: sorted by address, as the generic reader sorts them.
+  const std::string placed = segment_bytes({size1m + short_str("address") + binint(0x100000 + (1 << 20)) +
+                                                short_str("state") + short_str("active_pending_free"),
+                                            size1m + short_str("address") + binint(0x100000) + short_str("state") +
+                                                short_str("inactive")});
+  ASSERT_TRUE(detail::scan_snapshot(placed).has_value());
+  std::ofstream(file, std::ios::binary | std::ios::trunc) << placed;
+  expect_same(read_pytorch_snapshot_file(file.string()), read_pytorch_snapshot(read_pickle(placed), -1, file.string()),
+              "placed");
+
+  // What it does not read is the generic reader's, with its messages: an unknown state, a
+  // negative size, a block without a state, a blocks list shared through the memo.
+  for (const std::string& bad : {size1m + short_str("state") + short_str("reserved"),
+                                 short_str("size") + "J\xff\xff\xff\xff" + short_str("state") + short_str("inactive"),
+                                 size1m}) {
+    const std::string data = segment_bytes({bad});
+    EXPECT_FALSE(detail::scan_snapshot(data).has_value());
+    std::ofstream(file, std::ios::binary | std::ios::trunc) << data;
+    const std::string msg = error_of([&] { (void)read_pytorch_snapshot_file(file.string()); });
+    EXPECT_NE(msg.find("segments[0]: blocks[0]: "), std::string::npos) << msg;
+  }
+  std::string shared = tiled;
+  shared.replace(shared.find(short_str("blocks") + "]"), short_str("blocks").size() + 1,
+                 short_str("blocks") + "]\x94");  // memoized as key 0
+  shared.replace(shared.find(short_str("device_traces")), short_str("device_traces").size() + 1,
+                 short_str("again") + "h" + std::string(1, '\0') + short_str("device_traces") + "]");
+  ASSERT_NO_THROW((void)read_pickle(shared));
   EXPECT_FALSE(detail::scan_snapshot(shared).has_value());
 }
 
