@@ -11,6 +11,8 @@
 #include <cctype>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -43,6 +45,21 @@ ReplayOptions recorded_settings(const AllocationTrace& trace) {
   return opt;
 }
 
+/// The replay did what PyTorch did: every segment call, every block at its address, the
+/// final state, nothing diverging.
+void expect_reproduced(const ReplayResult& r, const std::string& name) {
+  ASSERT_TRUE(r.conformance_checked) << name;
+  EXPECT_EQ(r.initial_blocks_misplaced, 0u) << name;
+  EXPECT_EQ(r.segment_allocs_reproduced, r.segment_allocs_recorded) << name;
+  EXPECT_EQ(r.segment_frees_reproduced, r.segment_frees_recorded) << name;
+  EXPECT_EQ(r.allocs_checked, r.allocs) << name;
+  EXPECT_EQ(r.blocks_placed, r.allocs_checked) << name;
+  EXPECT_EQ(r.final_segments_matched, r.final_segments_recorded) << name;
+  EXPECT_EQ(r.unknown_frees, 0u) << name;
+  EXPECT_EQ(r.failed_allocs, 0u) << name;
+  for (const ReplayDivergence& d : r.divergences) ADD_FAILURE() << name << " event " << d.event_index << ": " << d.what;
+}
+
 TEST_P(RealTrace, ReplayMatchesPyTorch) {
   const fs::path path = fs::path{VRAMSCOPE_REAL_TRACES_DIR} / GetParam();
   const AllocationTrace trace = load_trace(path.string());
@@ -59,17 +76,7 @@ TEST_P(RealTrace, ReplayMatchesPyTorch) {
               r.blocks_placed, r.allocs_checked, r.segment_frees_reproduced,
               r.segment_frees_recorded, r.final_segments_matched, r.final_segments_recorded,
               r.initial_segments, r.initial_blocks);
-  ASSERT_TRUE(r.conformance_checked);
-  EXPECT_EQ(r.initial_blocks_misplaced, 0u);
-  EXPECT_EQ(r.segment_allocs_reproduced, r.segment_allocs_recorded);
-  EXPECT_EQ(r.segment_frees_reproduced, r.segment_frees_recorded);
-  EXPECT_EQ(r.allocs_checked, r.allocs);
-  EXPECT_EQ(r.blocks_placed, r.allocs_checked);
-  EXPECT_EQ(r.final_segments_matched, r.final_segments_recorded);
-  EXPECT_EQ(r.unknown_frees, 0u);
-  EXPECT_EQ(r.failed_allocs, 0u);
-  for (const ReplayDivergence& d : r.divergences)
-    ADD_FAILURE() << GetParam() << " event " << d.event_index << ": " << d.what;
+  expect_reproduced(r, GetParam());
 }
 
 TEST_P(RealTrace, EverySettingStartsFromTheRecordedState) {
@@ -168,6 +175,57 @@ TEST(RealTraces, FolderIsPresent) {
     GTEST_SKIP() << "no real traces in " << VRAMSCOPE_REAL_TRACES_DIR
                  << " (third-party snapshots are read in place, never copied here)";
   SUCCEED();
+}
+
+// Our own recordings (tests/data/h100-parallel-2026-11-26, scripts/parallel_reference.py):
+// rank 0 of DDP and FSDP2 at world size 8 on PyTorch's fake process group, with real CUDA
+// tensors on one H100 under PyTorch 2.11, three training steps each. FSDP2 allocates on
+// its all-gather and reduce-scatter streams; the replay reproduces every block and segment
+// on each stream, and its peaks are what torch.cuda reported for the run (the CSV).
+TEST(ParallelReference, DdpAndFsdp2RanksReplayExactlyWithTheirPeaks) {
+  const fs::path dir = fs::path{VRAMSCOPE_TEST_DATA_DIR} / "h100-parallel-2026-11-26";
+  std::ifstream csv(dir / "parallel_reference.csv");
+  ASSERT_TRUE(csv) << dir;
+  std::string line;
+  std::getline(csv, line);
+  const auto column = [&](const std::string& name) {
+    std::size_t index = 0, start = 0;
+    for (;;) {
+      const std::size_t comma = line.find(',', start);
+      if (line.substr(start, comma - start) == name) return index;
+      if (comma == std::string::npos) return std::string::npos;
+      start = comma + 1, ++index;
+    }
+  };
+  const std::size_t config_col = column("config"), allocated_col = column("max_allocated"),
+                    reserved_col = column("max_reserved");
+  ASSERT_NE(reserved_col, std::string::npos);
+  std::map<std::string, std::pair<std::size_t, std::size_t>> peaks;  // config -> largest over its steps
+  while (std::getline(csv, line)) {
+    // The fields before the figures hold no quoted commas; the optimizer column after them does.
+    std::vector<std::string> fields;
+    for (std::size_t start = 0, k = 0; k <= reserved_col; ++k) {
+      std::size_t end = line.find(',', start);
+      if (line[start] == '"') end = line.find(',', line.find('"', start + 1));
+      fields.push_back(line.substr(start, end - start));
+      start = end + 1;
+    }
+    auto& [allocated, reserved] = peaks[fields[config_col]];
+    allocated = std::max<std::size_t>(allocated, std::stoull(fields[allocated_col]));
+    reserved = std::max<std::size_t>(reserved, std::stoull(fields[reserved_col]));
+  }
+  std::size_t replayed = 0;
+  for (const char* config : {"mlp-ddp-r0", "mlp-fsdp2-r0", "cnn-ddp-r0", "cnn-fsdp2-r0", "llama-ddp-r0",
+                             "llama-fsdp2-r0"}) {
+    const AllocationTrace trace = load_trace((dir / (std::string(config) + ".pickle")).string());
+    const ReplayResult r = replay(trace, recorded_settings(trace));
+    expect_reproduced(r, config);
+    ASSERT_TRUE(peaks.count(config)) << config;
+    EXPECT_EQ(r.peak_allocated, peaks[config].first) << config;
+    EXPECT_EQ(r.peak_reserved, peaks[config].second) << config;
+    ++replayed;
+  }
+  EXPECT_EQ(replayed, 6u);
 }
 
 }  // namespace
