@@ -1,7 +1,9 @@
 // trace_reader.cpp — PyTorch snapshots, vramscope history CSV and RMM logging
 // CSV read into one AllocationTrace shape for replay.
 #include "vramscope/replay/trace_reader.hpp"
+#include "vramscope/instrumentation/exports.hpp"
 #include "vramscope/instrumentation/files.hpp"
+#include "vramscope/instrumentation/module_scope.hpp"
 
 #include "mapped_file.hpp"
 #include "snapshot_scanner.hpp"
@@ -532,6 +534,55 @@ AllocationTrace read_history_trace(std::istream& in, const std::string& source) 
 AllocationTrace read_history_trace_file(const std::string& path) {
   auto in = open_text(path);
   return read_history_trace(in, path);
+}
+
+std::vector<HistoryEntry> read_history_csv(const std::filesystem::path& path) {
+  const std::string source = path.string();
+  auto in = open_text(source);
+  const auto check_header = [&](const CsvTable& table) {
+    std::string header;
+    for (const std::string& h : table.header) header += (header.empty() ? "" : ",") + h;
+    if (header != kHistoryCsvHeader) {
+      throw Error(source + ": line 1: not a vramscope history CSV of schema version " +
+                  std::to_string(kHistoryCsvSchemaVersion) + ": the header is\n  " + header + "\nexpected\n  " +
+                  std::string(kHistoryCsvHeader));
+    }
+  };
+  std::vector<HistoryEntry> entries;
+  const CsvTable table = read_csv(in, source, [&](const CsvTable& t, const std::vector<std::string>& f,
+                                                   const std::string& where) {
+    if (entries.empty()) check_header(t);  // the columns below are the header's, in its order
+    HistoryEntry e;
+    e.sequence = parse_uint(f[0], "seq", where);
+    e.time_us = parse_double(f[1], "time_us", where);
+    const std::string_view name = trim(f[2]);
+    bool known = false;
+    for (auto a : {TraceAction::Alloc, TraceAction::FreeRequested, TraceAction::FreeCompleted,
+                   TraceAction::SegmentAlloc, TraceAction::SegmentFree, TraceAction::SegmentMap,
+                   TraceAction::SegmentUnmap, TraceAction::Oom}) {
+      if (trace_action_name(a) == name) e.action = a, known = true;
+    }
+    if (!known) {
+      throw Error(where + ": column action: unknown action '" + std::string(name) +
+                  "' (expected alloc, free_requested, free_completed, segment_alloc, segment_free, "
+                  "segment_map, segment_unmap or oom)");
+    }
+    e.address = static_cast<std::uintptr_t>(parse_uint(f[3], "address", where));
+    e.size = parse_uint(f[4], "size", where);
+    e.requested_size = parse_uint(f[5], "requested_size", where);
+    e.stream = parse_uint(f[6], "stream", where);
+    e.context = at_path(where + ": column phase", [&] { return intern_context(f[7], parse_phase(trim(f[8]))); });
+    if (trim(f[9]) != "small" && trim(f[9]) != "large")
+      throw Error(where + ": column pool: '" + f[9] + "', expected small or large");
+    e.small_pool = trim(f[9]) == "small";
+    e.allocated_bytes = parse_uint(f[10], "allocated_bytes", where);
+    e.reserved_bytes = parse_uint(f[11], "reserved_bytes", where);
+    e.device_used_bytes = parse_uint(f[12], "device_used_bytes", where);
+    entries.push_back(e);
+  });
+  if (table.header.empty()) throw Error(source + ": empty, expected a vramscope history CSV");
+  check_header(table);
+  return entries;
 }
 
 AllocationTrace read_rmm_log(std::istream& in, const std::string& source) {

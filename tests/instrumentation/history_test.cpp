@@ -2,12 +2,14 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 
 #include "test_support.hpp"
 #include "vramscope/instrumentation/exports.hpp"
 #include "vramscope/instrumentation/history.hpp"
 #include "vramscope/instrumentation/module_scope.hpp"
 #include "vramscope/replay/pickle_reader.hpp"
+#include "vramscope/replay/trace_reader.hpp"
 
 namespace mem {
 namespace {
@@ -195,9 +197,27 @@ TEST(History, CsvRoundTrips) {
     EXPECT_EQ(back[i].reserved_bytes, entries[i].reserved_bytes);
     EXPECT_NEAR(back[i].time_us, entries[i].time_us, 0.001);
   }
-  std::filesystem::remove(path);
   const std::string csv = history_csv(entries);
   EXPECT_EQ(csv.substr(0, csv.find('\n')), kHistoryCsvHeader);
+  // Another header (an older schema, another tool's CSV), an empty file, an unknown action:
+  // errors that name the file and the line.
+  const auto error_reading = [&](const std::string& text) {
+    std::ofstream(path, std::ios::trunc) << text;
+    try {
+      (void)read_history_csv(path);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  EXPECT_NE(error_reading("seq,time_us,action\n1,0,alloc\n").find("line 1: not a vramscope history CSV"),
+            std::string::npos);
+  EXPECT_NE(error_reading("").find("empty"), std::string::npos);
+  std::string bad = csv;
+  bad.replace(bad.find(",alloc,"), 7, ",allocate,");  // line 2 is the segment_alloc before it
+  EXPECT_NE(error_reading(bad).find("line 3: column action: unknown action 'allocate'"), std::string::npos)
+      << error_reading(bad);
+  std::filesystem::remove(path);
 }
 
 TEST(Exports, UnwritablePathGivesAClearError) {

@@ -64,10 +64,8 @@ void write_snapshot_json(const Snapshot& snapshot, const std::filesystem::path& 
 
 // --- CSV of the history ----------------------------------------------------
 std::string history_csv(const std::vector<HistoryEntry>& entries);
+/// (read back by the replay module: mem::read_history_csv in vramscope/replay/trace_reader.hpp)
 void write_history_csv(const std::vector<HistoryEntry>& entries, const std::filesystem::path& path);
-/// Reads a file written by write_history_csv back (the module column is
-/// interned again). Throws mem::Error naming the line on malformed input.
-std::vector<HistoryEntry> read_history_csv(const std::filesystem::path& path);
 
 // --- Chrome / Perfetto trace JSON -----------------------------------------
 std::string perfetto_trace_json(const Timeline& timeline);

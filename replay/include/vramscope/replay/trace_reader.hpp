@@ -17,12 +17,14 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
 #include <iosfwd>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "vramscope/allocator/caching_allocator.hpp"
+#include "vramscope/instrumentation/history.hpp"
 #include "vramscope/replay/pickle_reader.hpp"
 
 namespace mem {
@@ -121,6 +123,10 @@ AllocationTrace read_pytorch_snapshot_file(const std::string& path, int device =
 /// Parses vramscope's history CSV (header required). Errors name the line.
 AllocationTrace read_history_trace(std::istream& in, const std::string& source = "history.csv");
 AllocationTrace read_history_trace_file(const std::string& path);
+/// Reads a file written by write_history_csv back whole, as HistoryEntry (the module column
+/// is interned again): the exact header (kHistoryCsvHeader) required. Throws mem::Error
+/// naming the file and the line on malformed input.
+std::vector<HistoryEntry> read_history_csv(const std::filesystem::path& path);
 
 /// Parses RMM's logging CSV (header required; Time as seconds or HH:MM:SS:us).
 AllocationTrace read_rmm_log(std::istream& in, const std::string& source = "rmm.csv");
