@@ -25,8 +25,15 @@ class AccumulateGrad final : public Node {
   }
 
   TensorList apply(TensorList& grads) override {
-    Tensor new_grad = std::move(grads[0]);
-    if (!new_grad.defined()) return {};
+    if (!grads[0].defined()) return {};
+    accumulate(std::move(grads[0]));  // the incoming gradient is gone before the hooks run
+    if (const auto& hook = Tensor(variable_).runtime().grad_ready_hook()) hook(*variable_);
+    return {};
+  }
+  std::string_view name() const noexcept override { return "AccumulateGrad"; }
+
+ private:
+  void accumulate(Tensor new_grad) {
     Tensor variable(variable_);
     if (!variable_->grad) {
       // Steal the gradient when nothing else references it and its layout matches
@@ -58,11 +65,8 @@ class AccumulateGrad final : public Node {
       }
       grad.runtime().add_flops(static_cast<double>(grad.numel()));
     }
-    return {};
   }
-  std::string_view name() const noexcept override { return "AccumulateGrad"; }
 
- private:
   std::shared_ptr<detail::TensorImpl> variable_;
 };
 

@@ -31,8 +31,20 @@ class DecoderInputs final : public Module {
         window_(c.sliding_window),
         input_requires_grad_(c.lora.rank > 0 && c.checkpoint != CheckpointMark::None), dim_(c.head_dim),
         theta_(theta), state_(std::move(state)) {
-    // register_buffer("inv_freq", ..., persistent=False): [head_dim / 2] floats.
-    add_buffer("inv_freq", Shape{c.head_dim / 2}, 0.0);
+    // register_buffer("inv_freq", ..., persistent=False): [head_dim / 2] floats, f32 under
+    // any model dtype (rope_init_fn computes it with dtype=torch.float, and from_config's
+    // dtype only sets the default dtype).
+    inv_freq_ = add_typed_buffer("inv_freq", Shape{c.head_dim / 2}, DType::F32);
+  }
+
+  void materialized(Runtime& runtime, DType) override {
+    // transformers 5: original_inv_freq = nn.Buffer(inv_freq.clone(), persistent=False), a
+    // second buffer (4.50.3 kept `self.original_inv_freq = self.inv_freq`, the same tensor).
+    if (runtime.stack().rotary_original_inv_freq_buffer()) {
+      const std::size_t slot = add_typed_buffer("original_inv_freq", slots()[inv_freq_].shape, DType::F32);
+      param(slot) = clone(param(inv_freq_));
+      param(slot).set_name(path() + ".original_inv_freq");
+    }
   }
 
   Tensor forward(const Tensor& x) override {
@@ -111,6 +123,7 @@ class DecoderInputs final : public Module {
     sin = from_values(rt, sin.shape(), n, DType::F32);
   }
 
+  std::size_t inv_freq_ = 0;
   bool eager_, mistral_mask_;
   std::int64_t window_;
   bool input_requires_grad_;

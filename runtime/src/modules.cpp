@@ -79,6 +79,18 @@ std::vector<Tensor> Module::parameters() const {
   return out;
 }
 
+std::vector<Tensor> Module::buffers() const {
+  std::vector<Tensor> out;
+  for (const ParamSlot& slot : slots_) {
+    if (slot.is_buffer) out.push_back(slot.tensor);
+  }
+  for (const auto& [name, child] : children_) {
+    auto sub = child->buffers();
+    out.insert(out.end(), sub.begin(), sub.end());
+  }
+  return out;
+}
+
 std::vector<Tensor> Module::trainable_parameters() const {
   std::vector<Tensor> out;
   for (const ParamSlot& slot : slots_) {
@@ -162,7 +174,7 @@ void Module::materialize(Runtime& runtime, DType dtype) {
       }
     }
   }
-  materialized(dtype);
+  materialized(runtime, dtype);
 }
 
 void Module::release() noexcept {
@@ -488,10 +500,10 @@ const Tensor& Embedding::weight() const noexcept { return slots()[weight_].tenso
 
 Tensor TiedLinear::forward(const Tensor& input) { return linear(input, embedding_->weight()); }
 
-void TiedLinear::materialized(DType dtype) {
+void TiedLinear::materialized(Runtime& runtime, DType dtype) {
   // nn.Linear(hidden, vocab) in LlamaForCausalLM.__init__, then tie_weights() in post_init
   // (transformers modeling_utils.py) replaces it by the embedding's: allocated, then freed.
-  if (untied_first_) const Tensor own = empty(embedding_->weight().runtime(), embedding_->weight().shape(), dtype);
+  if (untied_first_) const Tensor own = empty(runtime, embedding_->weight().shape(), dtype);
 }
 
 }  // namespace mem::nn

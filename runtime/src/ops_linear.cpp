@@ -7,7 +7,9 @@ namespace {
 using detail::HostIn;
 using detail::HostOut;
 
-/// AddmmBackward0 (with bias) / MmBackward0: inputs (x [M,K], weight, bias).
+/// AddmmBackward0 (with bias) / MmBackward0: inputs (bias, x [M,K], weight), addmm's
+/// (self, mat1, mat2) order, so the bias's gradient is ready before the weight's (which in
+/// PyTorch passes through weight.t()'s TBackward0 first): the order DDP's buckets follow.
 class LinearBackward final : public Node {
  public:
   LinearBackward(Shape x_shape, bool kn, bool has_bias) : x_shape_(x_shape), kn_(kn), has_bias_(has_bias) {}
@@ -17,10 +19,10 @@ class LinearBackward final : public Node {
     const std::int64_t n = g.size(-1);
     const std::int64_t m = g.numel() / n;
     Tensor gx, gw, gb;
-    const Tensor w = needs_input_grad(0) ? w_.unpack() : Tensor{};
-    const Tensor x = needs_input_grad(1) ? x_.unpack() : Tensor{};
+    const Tensor w = needs_input_grad(1) ? w_.unpack() : Tensor{};
+    const Tensor x = needs_input_grad(2) ? x_.unpack() : Tensor{};
     Runtime& rt = g.runtime();
-    if (needs_input_grad(0)) {
+    if (needs_input_grad(1)) {
       const std::int64_t k = kn_ ? w.size(0) : w.size(1);
       gx = empty(rt, x_shape_, g.dtype());
       rt.gemm_workspace(false);
@@ -35,7 +37,7 @@ class LinearBackward final : public Node {
         });
       }
     }
-    if (needs_input_grad(1)) {
+    if (needs_input_grad(2)) {
       const std::int64_t k = x.size(-1);
       gw = empty(rt, kn_ ? Shape{k, n} : Shape{n, k}, g.dtype());
       rt.gemm_workspace(false);
@@ -53,7 +55,7 @@ class LinearBackward final : public Node {
         });
       }
     }
-    if (has_bias_ && needs_input_grad(2)) {
+    if (has_bias_ && needs_input_grad(0)) {
       gb = empty(rt, Shape{n}, g.dtype());
       rt.add_flops(static_cast<double>(m * n));
       if (rt.computing()) {
@@ -68,7 +70,7 @@ class LinearBackward final : public Node {
         });
       }
     }
-    return {gx, gw, gb};
+    return {gb, gx, gw};
   }
   void release_variables() noexcept override {
     x_.reset();
@@ -114,7 +116,7 @@ Tensor linear_impl(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, b
     });
   }
   if (needs_grad({&x, &w, &b})) {
-    auto node = detail::make_node<LinearBackward>({&x, &w, &b}, x.shape(), kn, b.defined());
+    auto node = detail::make_node<LinearBackward>({&b, &x, &w}, x.shape(), kn, b.defined());
     // derivatives.yaml: mat1's formula uses mat2 and vice versa.
     if (w.requires_grad()) node->x_.save(x);
     if (x.requires_grad()) node->w_.save(w);

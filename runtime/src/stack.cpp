@@ -122,6 +122,12 @@ bool Stack::sdpa_enable_gqa() const noexcept { return transformers >= Version{5,
 // (q and k in the [B, S, H, d] layout of the projection, seen as [B, H, S, d]).
 bool Stack::sdpa_contiguous_inputs() const noexcept { return transformers < Version{5, 0}; }
 
+// models/llama/modeling_llama.py, LlamaRotaryEmbedding.__init__: 5.x registers
+// original_inv_freq = nn.Buffer(inv_freq.clone(), persistent=False) (a second [head_dim / 2]
+// f32 tensor, which DDP broadcasts with the buffers: 256 B on the H100 at head_dim 64);
+// 4.50.3 sets self.original_inv_freq = self.inv_freq, the same tensor.
+bool Stack::rotary_original_inv_freq_buffer() const noexcept { return transformers >= Version{5, 0}; }
+
 // modeling_utils.py, PreTrainedModel.gradient_checkpointing_enable: without
 // gradient_checkpointing_kwargs, {"use_reentrant": True} in 4.50.3, {"use_reentrant": False}
 // in 5.17.

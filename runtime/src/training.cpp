@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 
+#include "data_parallel.hpp"
 #include "detail.hpp"
 #include "vramscope/allocator/config.hpp"
 #include "vramscope/allocator/sim_device.hpp"
@@ -115,9 +116,16 @@ Trainer::Trainer(const TrainConfig& config, CachingAllocator& allocator)
   try {
     model_->materialize(*runtime_, parameter_dtype(config.precision));
     model_->body().train(true);
+    if (config.parallel.enabled()) {
+      // model = DistributedDataParallel(model) before the optimizer is made, as scripts do.
+      ddp_ = std::make_unique<detail::DataParallel>(config.parallel, model_->body(), *runtime_);
+      runtime_->set_grad_ready_hook([ddp = ddp_.get()](detail::TensorImpl& leaf) { ddp->grad_ready(leaf); });
+    }
     optimizer_ = make_optimizer(config.optimizer, model_->parameters());
   } catch (...) {
     allocator.remove_observer(composition_.get());  // the destructor will not run
+    runtime_->set_grad_ready_hook(nullptr);
+    ddp_.reset();
     throw;
   }
   peaks_ = std::make_unique<detail::PhasePeaks>();
@@ -127,7 +135,9 @@ Trainer::Trainer(const TrainConfig& config, CachingAllocator& allocator)
 Trainer::~Trainer() {
   allocator_->remove_observer(peaks_.get());
   allocator_->remove_observer(composition_.get());
+  runtime_->set_grad_ready_hook(nullptr);
   optimizer_.reset();
+  ddp_.reset();
   if (model_) model_->body().release();
 }
 
@@ -190,8 +200,10 @@ StepStats Trainer::step() {
       }
       target = model_->make_target(rt, data_dtype, s.step);
     }
+    if (ddp_) ddp_->pre_forward();  // DDP's forward: the buckets' rebuild, the buffers' broadcast
     AutocastRegion autocast(rt, autocast_dtype(config_.precision));
     output = run_forward(input);
+    if (ddp_) output = ddp_->post_forward(std::move(output));
     ModuleScope scope(loss_fwd);
     BackwardContextGuard backward_scope(loss_bwd);
     loss = model_->loss(output, target);
@@ -207,6 +219,7 @@ StepStats Trainer::step() {
     PhaseGuard phase(Phase::Backward);
     ModuleScope scope(loss_bwd);
     backward(loss);
+    if (ddp_) ddp_->finalize_backward();
   }
   end_phase(alloc, *peaks_, s.backward);
   for (const Tensor& p : model_->parameters()) s.params_without_grad += p.grad().defined() ? 0 : 1;
@@ -265,6 +278,8 @@ TrainReport Trainer::report() const {
   r.recompute_ratio = steps_.empty() ? 0.0 : steps_.back().recompute_ratio;
   return r;
 }
+
+std::vector<std::size_t> Trainer::ddp_bucket_bytes() const { return ddp_ ? ddp_->bucket_bytes() : std::vector<std::size_t>{}; }
 
 TrainReport train(const TrainConfig& config, CachingAllocator& allocator) {
   Trainer trainer(config, allocator);

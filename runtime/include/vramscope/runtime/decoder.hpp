@@ -112,7 +112,7 @@ class Linear4bit : public Module {
   void hold_dynamic_map();
 
  protected:
-  void materialized(DType dtype) override { load_dtype_ = dtype; }
+  void materialized(Runtime&, DType dtype) override { load_dtype_ = dtype; }
 
  private:
   std::int64_t in_, out_;

@@ -76,6 +76,9 @@ class Module {
   /// Parameters (not buffers) of this module and its descendants, in registration
   /// order (PyTorch's model.parameters()). Undefined tensors before materialize().
   std::vector<Tensor> parameters() const;
+  /// Buffers (running statistics, rotary tables) of this module and its descendants, in
+  /// PyTorch's named_buffers() order.
+  std::vector<Tensor> buffers() const;
   /// The parameters that require grad, what an optimizer is given
   /// (filter(lambda p: p.requires_grad, model.parameters())).
   std::vector<Tensor> trainable_parameters() const;
@@ -119,7 +122,7 @@ class Module {
   /// A frozen parameter stored packed in `bytes` u8 that counts as `elements` parameters.
   std::size_t add_packed_parameter(std::string name, std::int64_t bytes, std::int64_t elements);
   /// Called by materialize() once this module's slots are allocated in `dtype`.
-  virtual void materialized(DType dtype) { (void)dtype; }
+  virtual void materialized(Runtime& runtime, DType dtype) { (void)runtime, (void)dtype; }
   /// True during the first, checkpointed forward of a marked module (not its recompute):
   /// what a module whose forward takes more than its input must keep for the recompute.
   bool checkpointed_call() const noexcept { return checkpointed_call_; }
@@ -490,7 +493,7 @@ class TiedLinear : public Module {
   Tensor forward(const Tensor& input) override;
 
  protected:
-  void materialized(DType dtype) override;
+  void materialized(Runtime& runtime, DType dtype) override;
 
  private:
   const Embedding* embedding_;

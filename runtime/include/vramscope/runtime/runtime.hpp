@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -129,6 +130,13 @@ class Runtime {
   const Stack& stack() const noexcept { return stack_; }
   void set_stack(const Stack& stack) noexcept { stack_ = stack; }
 
+  // --- hooks ----------------------------------------------------------------------
+  /// Runs after a leaf's AccumulateGrad, once its .grad is set (PyTorch's post hooks on
+  /// the grad accumulator, where DDP's Reducer copies the gradient into its bucket).
+  using GradReadyHook = std::function<void(detail::TensorImpl& leaf)>;
+  void set_grad_ready_hook(GradReadyHook hook) { grad_ready_hook_ = std::move(hook); }
+  const GradReadyHook& grad_ready_hook() const noexcept { return grad_ready_hook_; }
+
   // --- warnings -------------------------------------------------------------------
   /// Records a warning once per distinct text (PyTorch's warnings.warn behaviour).
   void warn(std::string message);
@@ -146,6 +154,7 @@ class Runtime {
   std::optional<DType> autocast_;
   std::vector<std::pair<const detail::TensorImpl*, std::shared_ptr<detail::TensorImpl>>> cast_cache_;
   std::vector<std::string> warnings_;
+  GradReadyHook grad_ready_hook_;
   Stack stack_;
   bool cublas_loaded_ = false, cudnn_loaded_ = false;
   std::shared_ptr<detail::TensorImpl> blas_workspace_[2], lt_workspace_[2];  // [forward, backward thread]

@@ -56,6 +56,8 @@ struct Stack {
   /// What gradient_checkpointing_enable() does without arguments: "reentrant" (4.x) or
   /// "non-reentrant" (5.x).
   std::string_view checkpoint_default() const noexcept;
+  /// LlamaRotaryEmbedding keeps original_inv_freq as a buffer of its own (5.x).
+  bool rotary_original_inv_freq_buffer() const noexcept;
 };
 
 }  // namespace mem::nn

@@ -32,6 +32,7 @@
 #include "vramscope/allocator/caching_allocator.hpp"
 #include "vramscope/instrumentation/peak_composition.hpp"
 #include "vramscope/runtime/checkpoint.hpp"
+#include "vramscope/runtime/data_parallel.hpp"
 #include "vramscope/runtime/models.hpp"
 #include "vramscope/runtime/optim.hpp"
 #include "vramscope/runtime/runtime.hpp"
@@ -70,6 +71,8 @@ struct TrainConfig {
   bool input_requires_grad = false;   ///< the batch as a leaf requiring grad
   /// The PyTorch, transformers and PEFT versions the step behaves as (stack.hpp).
   Stack stack;
+  /// Data parallelism (data_parallel.hpp): the step is one rank's, with the engine's buffers.
+  ParallelConfig parallel;
   std::uint64_t seed = 0;
 };
 
@@ -137,6 +140,7 @@ std::string device_spec_for(const TrainConfig& config);
 /// outlive it). Construction materializes the parameters.
 namespace detail {
 class PhasePeaks;
+class DataParallel;
 }
 
 class Trainer {
@@ -162,6 +166,8 @@ class Trainer {
   CachingAllocator& allocator() noexcept { return *allocator_; }
   /// Builds the report from the steps run so far.
   TrainReport report() const;
+  /// DDP's gradient buckets in bytes, in the order they are reduced (empty without DDP).
+  std::vector<std::size_t> ddp_bucket_bytes() const;
 
  private:
   Tensor run_forward(const Tensor& input);
@@ -178,6 +184,8 @@ class Trainer {
   std::unique_ptr<detail::PhasePeaks> peaks_;
   /// Live bytes by kind, for what the peak is made of.
   std::unique_ptr<PeakComposition> composition_;
+  /// The data-parallel engine's side of the step (config.parallel), or null.
+  std::unique_ptr<detail::DataParallel> ddp_;
 };
 
 /// Creates the device (device_spec_for) and allocator, runs config.steps steps.

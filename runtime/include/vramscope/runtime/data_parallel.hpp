@@ -1,0 +1,62 @@
+// data_parallel.hpp — one rank of a data-parallel job: what the engine adds to that GPU's
+// training step. Each rank of DistributedDataParallel runs the whole step on its own batch,
+// so one rank's allocator is the step's plus the engine's buffers, and every rank is alike.
+//
+//   mem::nn::TrainConfig cfg;  ...
+//   cfg.parallel = mem::nn::parse_parallel("ddp:8", "bucket_cap_mb=50");
+//   auto report = mem::nn::train(cfg);   // what each of the 8 GPUs holds
+//
+// DDP (torch/nn/parallel/distributed.py and the C++ Reducer, PyTorch 2.11) adds:
+//   - at construction, the metadata check of the parameters' shapes and the broadcast of the
+//     parameters and buffers from rank 0 (flat copies of up to 250 MiB, two in flight);
+//   - the gradient buckets: one flat buffer per dtype holding every gradient until the
+//     first backward has shown the order gradients become ready; the second forward frees
+//     it and allocates the rebuilt buckets (a 1 MiB first bucket, then 25 MiB ones);
+//   - each backward, every gradient copied into its bucket (with gradient_as_bucket_view
+//     the gradient then becomes the bucket's view and its own block is freed), and after
+//     the all-reduce copied back;
+//   - each forward of a module with buffers, their broadcast (flat copies again).
+// The collectives' own memory (NCCL's buffers, outside the caching allocator) is not here.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace mem::nn {
+
+enum class ParallelEngine : std::uint8_t {
+  None,  ///< one GPU
+  Ddp,   ///< torch.nn.parallel.DistributedDataParallel, one process per GPU
+};
+
+/// How the step is spread over GPUs, with the engine's own argument names.
+struct ParallelConfig {
+  ParallelEngine engine = ParallelEngine::None;
+  std::size_t world_size = 1;
+  // DistributedDataParallel(...)'s arguments, at PyTorch's defaults.
+  std::optional<double> bucket_cap_mb;  ///< unset: 25 MiB buckets after a 1 MiB first one
+  bool gradient_as_bucket_view = false;
+  bool broadcast_buffers = true;
+  bool init_sync = true;
+  bool static_graph = false;
+  bool find_unused_parameters = false;
+
+  bool enabled() const noexcept { return engine != ParallelEngine::None; }
+  friend bool operator==(const ParallelConfig&, const ParallelConfig&) = default;
+};
+
+/// The most GPUs a job may name (a bound for hostile input; the largest jobs are 10^5).
+inline constexpr std::size_t kMaxWorldSize = std::size_t{1} << 20;
+
+/// "ddp:8" (or "none"), and "key=value,..." in the engine's own names: bucket_cap_mb,
+/// gradient_as_bucket_view, broadcast_buffers, init_sync, static_graph,
+/// find_unused_parameters. Throws mem::Error naming what is wrong and what is valid; an
+/// option of another engine, or options without an engine, is an error too.
+ParallelConfig parse_parallel(std::string_view spec, std::string_view options = {});
+/// "ddp:8", then the options that differ from the defaults ("ddp:8 bucket_cap_mb=50").
+std::string parallel_label(const ParallelConfig& config);
+
+}  // namespace mem::nn

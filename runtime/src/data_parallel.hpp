@@ -1,0 +1,76 @@
+// data_parallel.hpp — DistributedDataParallel's side of one rank's step (internal): the
+// construction's checks and broadcasts, the gradient buckets and their rebuild, the
+// per-forward buffer broadcast. Each fact carries its PyTorch 2.11 source.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <unordered_map>
+#include <vector>
+
+#include "vramscope/runtime/data_parallel.hpp"
+#include "vramscope/runtime/modules.hpp"
+#include "vramscope/runtime/runtime.hpp"
+
+namespace mem::nn::detail {
+
+/// compute_bucket_assignment_by_size (torch/csrc/distributed/c10d/reducer.cpp): the tensors
+/// in `order`, one open bucket per dtype; a tensor is added, then the bucket closes once its
+/// bytes reach the dtype's current limit, and that dtype's limits advance (the last one
+/// repeats). Buckets come out as they closed, then the open ones; with `sort` (no order was
+/// given to PyTorch) by their smallest tensor index. Each bucket lists tensor indices.
+std::vector<std::vector<std::size_t>> assign_buckets(const std::vector<Tensor>& tensors,
+                                                     const std::vector<std::size_t>& order,
+                                                     const std::vector<std::size_t>& limits, bool sort);
+
+class DataParallel {
+ public:
+  /// DistributedDataParallel(model, ...) on a materialized model: the shape check and
+  /// the broadcast from rank 0, then the Reducer's first buckets.
+  DataParallel(const ParallelConfig& config, Module& root, Runtime& runtime);
+  ~DataParallel();
+  DataParallel(const DataParallel&) = delete;
+  DataParallel& operator=(const DataParallel&) = delete;
+
+  /// _pre_forward of a forward with grad enabled: the buckets' rebuild (once), then the
+  /// buffers' broadcast.
+  void pre_forward();
+  /// _post_forward's _DDPSink: with find_unused_parameters (not static_graph), and on
+  /// static_graph's first forward, every output is cloned (_ddp_sink_clone).
+  Tensor post_forward(Tensor output);
+  /// The Reducer's autograd hook, after `param`'s AccumulateGrad ran.
+  void grad_ready(TensorImpl& param);
+  /// finalize_backward: every bucket's result copied back into its gradients.
+  void finalize_backward();
+
+  /// The buckets' sizes in bytes, in the order they are reduced (the flat buffers allocate
+  /// each rounded up to 512 B).
+  std::vector<std::size_t> bucket_bytes() const;
+
+ private:
+  struct Bucket {
+    Tensor flat;                       // bucket.gradients
+    std::vector<std::size_t> params;   // indices into params_
+    std::vector<std::int64_t> offsets; // element offset of each in flat
+  };
+  void initialize_buckets(const std::vector<std::vector<std::size_t>>& assignment);
+  /// The rebuilt buckets' limits: {first_bucket_bytes_cap_, bucket_bytes_cap_}.
+  std::vector<std::size_t> rebuild_limits() const;
+  Tensor bucket_view(std::size_t param) const;
+
+  ParallelConfig config_;
+  Runtime& runtime_;
+  ContextId context_;                       // where its blocks are attributed
+  std::vector<Tensor> params_;              // the Reducer's: trainable, in named_parameters order
+  std::unordered_map<const TensorImpl*, std::size_t> index_;  // parameter -> its index
+  std::vector<Tensor> buffers_;             // named_buffers()
+  std::vector<Bucket> buckets_;
+  std::vector<std::pair<std::size_t, std::size_t>> where_;  // per param: (bucket, index in it)
+  std::vector<std::size_t> ready_order_;    // rebuilt_params_: the first synced backward's order
+  std::size_t backwards_ = 0;               // backward passes finalized
+  std::size_t forwards_ = 0;                // forwards with grad
+  bool rebuilt_ = false;
+  Tensor local_used_map_;                   // find_unused_parameters / static_graph: int32 per param
+};
+
+}  // namespace mem::nn::detail

@@ -1,0 +1,240 @@
+// data_parallel_test.cpp — one rank of DistributedDataParallel: the options by their names
+// (and every malformed one refused), bucket assignment as reducer.cpp closes buckets, the
+// buckets' bytes and rebuild, what each option adds or saves, exact to the block, and
+// training results identical to one GPU's (DDP moves memory, never numbers).
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <string>
+
+#include "../../runtime/src/data_parallel.hpp"
+#include "test_util.hpp"
+#include "vramscope/allocator/units.hpp"
+#include "vramscope/models/zoo.hpp"
+
+namespace mem::nn {
+namespace {
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(DataParallel, OptionsAreTheEnginesOwnNamesAndBadOnesAreRefused) {
+  const ParallelConfig none = parse_parallel("none");
+  EXPECT_FALSE(none.enabled());
+  EXPECT_EQ(parallel_label(none), "none");
+  const ParallelConfig ddp = parse_parallel("ddp:8");
+  EXPECT_EQ(ddp.engine, ParallelEngine::Ddp);
+  EXPECT_EQ(ddp.world_size, 8u);
+  EXPECT_FALSE(ddp.bucket_cap_mb.has_value());
+  EXPECT_EQ(parallel_label(ddp), "ddp:8");
+  const ParallelConfig tuned =
+      parse_parallel("ddp:64", "bucket_cap_mb=50, gradient_as_bucket_view=true,broadcast_buffers=False,static_graph=1");
+  EXPECT_EQ(*tuned.bucket_cap_mb, 50.0);
+  EXPECT_TRUE(tuned.gradient_as_bucket_view);
+  EXPECT_FALSE(tuned.broadcast_buffers);
+  EXPECT_TRUE(tuned.static_graph);
+  EXPECT_EQ(parallel_label(tuned), "ddp:64 bucket_cap_mb=50,gradient_as_bucket_view=true,broadcast_buffers=false,"
+                                   "static_graph=true");
+  EXPECT_EQ(parse_parallel("ddp:64", "bucket_cap_mb=50,gradient_as_bucket_view=true,broadcast_buffers=false,"
+                                     "static_graph=true"),
+            tuned);
+
+  const struct {
+    const char *spec, *options, *says;
+  } bad[] = {
+      {"fsdp:8", "", "unknown engine 'fsdp'"},
+      {"ddp", "", "whole number from 1"},
+      {"ddp:", "", "whole number from 1"},
+      {"ddp:0", "", "whole number from 1"},
+      {"ddp:-2", "", "whole number from 1"},
+      {"ddp:8x", "", "whole number from 1"},
+      {"ddp:99999999999999999999", "", "whole number from 1"},
+      {"ddp:2000000", "", "whole number from 1"},
+      {"none", "bucket_cap_mb=50", "needs an engine"},
+      {"ddp:8", "bucket_cap=50", "'bucket_cap' is not an option of ddp"},
+      {"ddp:8", "reshard_after_forward=false", "not an option of ddp"},
+      {"ddp:8", "bucket_cap_mb", "is not key=value"},
+      {"ddp:8", "bucket_cap_mb=50,,static_graph=true", "is not key=value"},
+      {"ddp:8", "bucket_cap_mb=0", "more than 0"},
+      {"ddp:8", "bucket_cap_mb=-1", "more than 0"},
+      {"ddp:8", "bucket_cap_mb=nan", "more than 0"},
+      {"ddp:8", "bucket_cap_mb=1e300", "more than 0"},
+      {"ddp:8", "bucket_cap_mb=25MiB", "more than 0"},
+      {"ddp:8", "static_graph=yes", "expected true or false"},
+  };
+  for (const auto& b : bad) {
+    const std::string message = error_of([&] { (void)parse_parallel(b.spec, b.options); });
+    EXPECT_NE(message.find(b.says), std::string::npos) << b.spec << " " << b.options << ": " << message;
+  }
+}
+
+// reducer.cpp compute_bucket_assignment_by_size: add, then close once the limit is reached;
+// each dtype its own bucket and its own limits; sorted by smallest index unless an order was
+// given.
+TEST(DataParallel, BucketsCloseAsTheReducerClosesThem) {
+  test::Env env(ExecMode::DryRun);
+  const auto t = [&](std::int64_t bytes, DType dtype = DType::F32) {
+    return empty(env.rt, Shape{bytes / static_cast<std::int64_t>(dtype_size(dtype))}, dtype);
+  };
+  const std::vector<Tensor> tensors{t(600 * KiB), t(600 * KiB), t(100 * KiB, DType::BF16), t(24 * MiB),
+                                    t(2 * MiB),   t(30 * MiB),  t(2 * KiB, DType::BF16)};
+  const std::vector<std::size_t> order{6, 5, 4, 3, 2, 1, 0};  // the gradient-ready order
+  using Buckets = std::vector<std::vector<std::size_t>>;
+  // 1 MiB first: 30 MiB closes at once (f32); then 25 MiB: 2 + 24 reach it; 600 + 600 stay open.
+  // The bf16 tensors (6, then 2) stay under their own 1 MiB; the open buckets come last.
+  EXPECT_EQ(detail::assign_buckets(tensors, order, {1 * MiB, 25 * MiB}, false), (Buckets{{5}, {4, 3}, {1, 0}, {6, 2}}));
+  // One limit of everything: one bucket per dtype, sorted by their smallest index.
+  std::vector<std::size_t> forward{0, 1, 2, 3, 4, 5, 6};
+  EXPECT_EQ(detail::assign_buckets(tensors, forward, {SIZE_MAX}, true), (Buckets{{0, 1, 3, 4, 5}, {2, 6}}));
+}
+
+struct RankRun {
+  std::vector<double> losses;
+  std::vector<std::vector<double>> grads;
+  std::vector<StepStats> steps;
+  std::vector<std::size_t> buckets_after_construction, buckets;
+  std::int64_t allocated_after_construction = 0;
+};
+
+RankRun run(TrainConfig cfg, ExecMode mode = ExecMode::DryRun) {
+  cfg.mode = mode;
+  auto device = make_device(mode == ExecMode::Compute ? "sim:capacity=16GiB,context=0,backing=host"
+                                                      : "sim:capacity=80GiB,context=0");
+  CachingAllocator alloc(device);
+  Trainer trainer(cfg, alloc);
+  RankRun r;
+  r.buckets_after_construction = trainer.ddp_bucket_bytes();
+  r.allocated_after_construction = alloc.stats().allocated_bytes[0].current;
+  for (std::size_t i = 0; i < cfg.steps; ++i) {
+    r.steps.push_back(trainer.step());
+    r.losses.push_back(r.steps.back().loss);
+  }
+  if (mode == ExecMode::Compute) {
+    for (const Tensor& p : trainer.model().parameters()) r.grads.push_back(to_values(p.grad()));
+  }
+  r.buckets = trainer.ddp_bucket_bytes();
+  return r;
+}
+
+TrainConfig mlp(const std::string& parallel, const std::string& options = "") {
+  TrainConfig cfg;
+  cfg.model = models::find("mlp");
+  cfg.model_options = ModelOptions::parse("depth=4,width=512,batch=64");
+  cfg.steps = 3;
+  cfg.parallel = parse_parallel(parallel, options);
+  return cfg;
+}
+
+TEST(DataParallel, EveryGradientInOneBucketThenTheRebuiltOnesExactly) {
+  // mlp depth 4, width 512: four [512, 512] weights (1 MiB each) and biases (2 KiB).
+  const RankRun plain = run(mlp("none"));
+  const RankRun ddp = run(mlp("ddp:8"));
+  const std::size_t weight = 512 * 512 * 4, bias = 512 * 4;
+  const std::size_t all = 4 * (weight + bias);
+  EXPECT_EQ(ddp.buckets_after_construction, std::vector<std::size_t>{all});
+  // Gradients become ready from the last layer: its bias, then its weight; the first bucket
+  // closes past 1 MiB (bias + weight), the next at 25 MiB takes the rest.
+  EXPECT_EQ(ddp.buckets, (std::vector<std::size_t>{bias + weight, 3 * (bias + weight)}));
+  // Wrapping leaves the parameters and the bucket; each step holds one bucket's worth more
+  // than one GPU (gradient_as_bucket_view=False: the gradients and their bucket copies).
+  EXPECT_EQ(ddp.allocated_after_construction, static_cast<std::int64_t>(2 * all));
+  for (std::size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(ddp.steps[i].allocated_end - plain.steps[i].allocated_end, static_cast<std::int64_t>(all)) << i;
+    EXPECT_EQ(ddp.steps[i].peak_allocated - plain.steps[i].peak_allocated, static_cast<std::int64_t>(all)) << i;
+  }
+}
+
+TEST(DataParallel, GradientAsBucketViewSavesTheGradientsCopy) {
+  const RankRun copy = run(mlp("ddp:8"));
+  const RankRun view = run(mlp("ddp:8", "gradient_as_bucket_view=true"));
+  const std::int64_t all = 4 * (512 * 512 * 4 + 512 * 4);
+  // Each gradient becomes a view of its bucket: after the step only the buckets hold them.
+  for (std::size_t i = 0; i < 3; ++i) EXPECT_EQ(copy.steps[i].allocated_end - view.steps[i].allocated_end, all) << i;
+}
+
+TEST(DataParallel, BucketCapSetsBothLimits) {
+  // bucket_cap_mb given: no 1 MiB first bucket; 1.5 MiB closes after every weight and bias pair.
+  const RankRun r = run(mlp("ddp:8", "bucket_cap_mb=1.5"));
+  const std::size_t pair = 512 * 512 * 4 + 512 * 4;
+  EXPECT_EQ(r.buckets, (std::vector<std::size_t>{2 * pair, 2 * pair}));
+}
+
+TEST(DataParallel, StaticGraphRebuildsAtTheThirdForward) {
+  TrainConfig cfg = mlp("ddp:8", "static_graph=true");
+  auto device = make_device("sim:capacity=80GiB,context=0");
+  CachingAllocator alloc(device);
+  Trainer trainer(cfg, alloc);
+  const std::size_t all = 4 * (512 * 512 * 4 + 512 * 4);
+  trainer.step();
+  trainer.step();
+  EXPECT_EQ(trainer.ddp_bucket_bytes(), std::vector<std::size_t>{all});  // iteration 1 records nothing
+  trainer.step();
+  EXPECT_EQ(trainer.ddp_bucket_bytes().size(), 2u);
+}
+
+TEST(DataParallel, FindUnusedParametersKeepsTheFirstBucketsAndClonesTheOutput) {
+  const RankRun fixed = run(mlp("ddp:8", "find_unused_parameters=true"));
+  const std::size_t pair = 512 * 512 * 4 + 512 * 4;
+  // [1 MiB, 25 MiB] in parameter order from construction (the first weight alone reaches
+  // 1 MiB), reversed, never rebuilt; the int32 map of used parameters stays for the run.
+  const std::size_t weight = 512 * 512 * 4, bias = 512 * 4;
+  EXPECT_EQ(fixed.buckets_after_construction, (std::vector<std::size_t>{3 * pair + bias, weight}));
+  EXPECT_EQ(fixed.buckets, fixed.buckets_after_construction);
+  EXPECT_EQ(fixed.allocated_after_construction, static_cast<std::int64_t>(2 * 4 * pair + 512));
+  // _DDPSink clones the output every forward: one [64, 512] f32 block more in the forward.
+  const RankRun plain = run(mlp("ddp:8"));
+  EXPECT_EQ(fixed.steps[0].forward.allocations, plain.steps[0].forward.allocations + 1);
+}
+
+TEST(DataParallel, BuffersAreBroadcastEveryForward) {
+  // resnet18's batch norms: every forward flattens their f32 statistics and their int64
+  // counters into one copy each, freed before the forward goes on.
+  TrainConfig cfg;
+  cfg.model = models::find("resnet18");
+  cfg.model_options = ModelOptions::parse("batch=2,image=32,classes=10");
+  cfg.steps = 1;
+  cfg.parallel = parse_parallel("ddp:8");
+  const RankRun with = run(cfg);
+  cfg.parallel = parse_parallel("ddp:8", "broadcast_buffers=false");
+  const RankRun without = run(cfg);
+  EXPECT_GT(with.steps[0].forward.allocations, without.steps[0].forward.allocations);
+  EXPECT_EQ(with.steps[0].allocated_end, without.steps[0].allocated_end);
+}
+
+TEST(DataParallel, TrainingResultsAreOneGpusExactly) {
+  // Every rank computes the same gradients; their average is what one GPU computes, so
+  // losses and gradients equal one GPU's, also with gradients as bucket views.
+  TrainConfig cfg;
+  cfg.model = models::find("mlp");
+  cfg.model_options = ModelOptions::parse("depth=4,width=16,batch=4");
+  cfg.steps = 3;
+  const RankRun base = run(cfg, ExecMode::Compute);
+  ASSERT_NE(base.losses[0], base.losses[2]);
+  for (const char* options : {"", "gradient_as_bucket_view=true", "static_graph=true"}) {
+    cfg.parallel = parse_parallel("ddp:4", options);
+    const RankRun r = run(cfg, ExecMode::Compute);
+    EXPECT_EQ(r.losses, base.losses) << options;
+    EXPECT_EQ(r.grads, base.grads) << options;
+  }
+}
+
+TEST(DataParallel, AModelWithNothingToTrainIsRefusedAsPyTorchRefusesIt) {
+  test::Env env(ExecMode::DryRun);
+  Sequential net;
+  net.append(std::make_unique<Linear>(8, 8));
+  net.freeze();
+  net.set_path("");
+  net.materialize(env.rt, DType::F32);
+  const std::string message = error_of([&] { detail::DataParallel ddp(parse_parallel("ddp:2"), net, env.rt); });
+  EXPECT_NE(message.find("doesn't have any parameter that requires a gradient"), std::string::npos) << message;
+  EXPECT_EQ(env.allocated(), 512 + 512);  // the weight and the bias: nothing of DDP's left behind
+}
+
+}  // namespace
+}  // namespace mem::nn
