@@ -1,6 +1,6 @@
 // allocator_bench.cpp — the allocator against its peers on the same workloads:
-// the cache-hit fast path, mixed sizes, an RMM-style random workload, cost
-// against the number of cached blocks, and two threads. vramscope's
+// the cache-hit fast path, mixed sizes, an RMM-style random workload, a random live
+// set (the slow path), cost against the number of cached blocks, and two threads. vramscope's
 // CachingAllocator, CUB's CachingDeviceAllocator (default bins and bin growth
 // 2, on a simulated CUDA runtime) and glibc malloc/free as the yardstick.
 //
@@ -200,6 +200,77 @@ void random_args(benchmark::internal::Benchmark* b) {
   b->ArgNames({"N", "max_MiB"})->Unit(benchmark::kMillisecond);
 }
 
+// --- random live set: the slow path ------------------------------------------------
+
+// A working set of `live` blocks, sizes log-uniform in [512 B, max]; each pair frees a
+// random live block and allocates a new size in its place. Most requests miss the exact
+// size classes the cache holds, so they exercise best fit, splits and merges rather than
+// the cache-hit pair (issue 35's three workloads: 300k pairs of 512 B..64 MiB with 10000
+// live, 512 B..1 MiB with 1000 live, 512 B..64 MiB with 1000 live).
+struct RandomLive {
+  std::vector<std::size_t> initial;                        // sizes of the first `live` blocks
+  std::vector<std::pair<std::uint32_t, std::size_t>> ops;  // (slot freed, size allocated in it)
+};
+
+RandomLive make_random_live(std::size_t live, std::size_t pairs, std::size_t max_size, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> exponent(9.0, std::log2(static_cast<double>(max_size)));
+  const auto size = [&] { return static_cast<std::size_t>(std::exp2(exponent(rng))); };
+  std::uniform_int_distribution<std::uint32_t> slot(0, static_cast<std::uint32_t>(live - 1));
+  RandomLive w;
+  for (std::size_t i = 0; i < live; ++i) w.initial.push_back(size());
+  for (std::size_t i = 0; i < pairs; ++i) w.ops.emplace_back(slot(rng), size());
+  return w;
+}
+
+template <class A>
+void BM_RandomLive(benchmark::State& state) {
+  const auto live = static_cast<std::size_t>(state.range(0));
+  const std::size_t max_size = static_cast<std::size_t>(state.range(1)) * KiB;
+  constexpr std::size_t kPairs = 300000;
+  const RandomLive w = make_random_live(live, kPairs, max_size, 35);
+  A a;
+  std::vector<void*> ptr(live);
+  std::vector<std::size_t> size = w.initial;
+  std::size_t live_bytes = 0, peak_requested = 0;
+  for (std::size_t i = 0; i < live; ++i) {
+    ptr[i] = a.allocate(size[i]);
+    live_bytes += size[i];
+  }
+  const auto pass = [&] {
+    for (const auto& [k, bytes] : w.ops) {
+      a.deallocate(ptr[k], size[k]);
+      live_bytes = live_bytes - size[k] + bytes;
+      peak_requested = std::max(peak_requested, live_bytes);
+      size[k] = bytes;
+      ptr[k] = a.allocate(bytes);
+    }
+  };
+  // One untimed pass: the timed ones run on a warm cache (no cudaMalloc left to make).
+  try {
+    pass();
+  } catch (const std::bad_alloc&) {
+    state.SkipWithError("out of device memory");
+    return;
+  }
+  a.reset_peaks();
+  const double driver0 = a.driver_us();
+  std::uint64_t pairs = 0;
+  for (auto _ : state) {
+    pass();
+    pairs += kPairs;
+  }
+  report(state, a, peak_requested, pairs, pairs, a.driver_us() - driver0);
+  state.counters["ns_per_op"] = benchmark::Counter(static_cast<double>(2 * pairs),
+                                                   benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+  for (std::size_t i = 0; i < live; ++i) a.deallocate(ptr[i], size[i]);
+}
+
+void random_live_args(benchmark::internal::Benchmark* b) {
+  b->Args({10000, 64 * 1024})->Args({1000, 1024})->Args({1000, 64 * 1024});
+  b->ArgNames({"live", "max_KiB"})->Unit(benchmark::kMillisecond);
+}
+
 // --- cost against the number of cached blocks ----------------------------------
 
 template <class A>
@@ -286,6 +357,7 @@ BENCHMARK_TEMPLATE(BM_FastPath, VramscopeExpandable);
 BENCHMARK_TEMPLATE(BM_MixedSizes, VramscopeExpandable);
 VRAMSCOPE_BENCH_ALL(BM_RandomWorkload, ->Apply(random_args))
 VRAMSCOPE_BENCH_ALL(BM_CachedBlocks, ->Apply(cached_args))
+VRAMSCOPE_BENCH_ALL(BM_RandomLive, ->Apply(random_live_args))
 #define VRAMSCOPE_BENCH_THREADS(A)                                                    \
   BENCHMARK_TEMPLATE(BM_Threads, A)                                                   \
       ->Setup(Shared<A>::setup)                                                       \
