@@ -244,4 +244,34 @@ std::string model_label(const nn::ModelInfo& info, const nn::ModelOptions& optio
   return label;
 }
 
+void add_parallel_options(CLI::App& app, ParallelArgs& args) {
+  app.add_option("--parallel", args.spec,
+                 "the step on several GPUs, each rank's memory: ddp:N (DistributedDataParallel, one process "
+                 "per GPU) or none")
+      ->check(non_empty())
+      ->capture_default_str();
+  app.add_option("--parallel-options", args.options,
+                 "the engine's arguments by their names, e.g. bucket_cap_mb=50,gradient_as_bucket_view=true "
+                 "(ddp: bucket_cap_mb, gradient_as_bucket_view, broadcast_buffers, init_sync, static_graph, "
+                 "find_unused_parameters)")
+      ->check(non_empty());
+}
+
+nn::ParallelConfig parse_parallel_args(const ParallelArgs& args) {
+  (void)as_usage("--parallel", [&] { return nn::parse_parallel(args.spec); });
+  return as_usage("--parallel-options", [&] { return nn::parse_parallel(args.spec, args.options); });
+}
+
+std::string per_gpu(const nn::ParallelConfig& config) {
+  return config.enabled() ? ", each GPU of " + nn::parallel_label(config) : "";
+}
+
+std::string parallel_note(const nn::ParallelConfig& config) {
+  if (!config.enabled()) return "";
+  return "parallel: " + nn::parallel_label(config) +
+         ": every figure is one GPU's, each rank alike (DistributedDataParallel runs the whole step on each GPU "
+         "and adds its gradient buckets and broadcasts); NCCL's own buffers, outside the caching allocator, are "
+         "not in the nvidia-smi view yet";
+}
+
 }  // namespace mem::tools

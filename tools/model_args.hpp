@@ -92,6 +92,20 @@ inline constexpr const char* kOptimizerHelp =
     "adam, adam8bit (bitsandbytes' 8-bit Adam: u8 moments), sgd (PyTorch's default: momentum 0, no "
     "state), sgd-momentum (0.9: a buffer per parameter) or none";
 
+/// --parallel and --parallel-options, shared by sweep (and --max-batch) and trace.
+struct ParallelArgs {
+  std::string spec = "none";  ///< "ddp:8"
+  std::string options;        ///< "bucket_cap_mb=50,gradient_as_bucket_view=true"
+};
+void add_parallel_options(CLI::App& app, ParallelArgs& args);
+/// The runtime's ParallelConfig; UsageError naming the option and what is valid.
+nn::ParallelConfig parse_parallel_args(const ParallelArgs& args);
+/// What the figures of a data-parallel run are, and what they leave out, in one line for
+/// under a table ("" for one GPU).
+std::string parallel_note(const nn::ParallelConfig& config);
+/// ", each GPU of ddp:8" for a title ("" for one GPU).
+std::string per_gpu(const nn::ParallelConfig& config);
+
 /// Checks a device spec by building it; UsageError with the valid forms otherwise.
 /// Compute mode needs host memory behind the device (a simulated GPU).
 void check_device(const std::string& spec, nn::ExecMode mode);

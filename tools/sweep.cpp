@@ -86,6 +86,7 @@ nn::TrainConfig train_config(const SweepSpec& spec, const SweepRow& row) {
   cfg.precision = row.precision;
   cfg.optimizer = spec.optimizer;
   cfg.stack = spec.stack;
+  cfg.parallel = spec.parallel;
   return cfg;
 }
 

@@ -45,6 +45,7 @@ struct SweepSpec {
   nn::CheckpointMode checkpoint_mode = nn::CheckpointMode::NonReentrant;
   bool input_requires_grad = false;  ///< the batch requires grad (reentrant checkpointing needs it)
   nn::Stack stack;                   ///< the versions modelled (--stack)
+  nn::ParallelConfig parallel;       ///< --parallel: each row is one rank's step
   /// --segments auto: after the sampled counts, run the midpoints around each dtype's best
   /// until its neighbours are adjacent, so the star is the minimum of its bracket.
   bool refine_segments = false;

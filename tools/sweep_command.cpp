@@ -47,6 +47,7 @@ struct SweepArgs {
   std::string plot;
   bool brief = false;
   bool max_batch = false;
+  ParallelArgs parallel;
 };
 
 std::vector<std::size_t> parse_segments(const std::string& text, const nn::ModelInfo& info) {
@@ -98,6 +99,7 @@ SweepSpec make_spec(const SweepArgs& args) {
   spec.checkpoint_mode =
       as_usage("--checkpoint", [&] { return nn::parse_checkpoint_mode(args.checkpoint_mode); });
   spec.input_requires_grad = args.input_requires_grad;
+  spec.parallel = parse_parallel_args(args.parallel);
   if (args.format != "table" && args.format != "csv" && args.format != "json") {
     throw UsageError("--format: \"" + args.format + "\" is not a format; valid: table, csv, json");
   }
@@ -212,6 +214,7 @@ void add_sweep_command(CLI::App& app) {
                 "mean step after the first, warm-up, step); rows that do not fit are found by a dry run "
                 "and not computed");
   cmd->add_option("--optimizer", args->optimizer, kOptimizerHelp)->capture_default_str();
+  add_parallel_options(*cmd, args->parallel);
   cmd->add_option("--checkpoint", args->checkpoint_mode,
                   "non-reentrant (PyTorch's recommended mode) or reentrant (what PyTorch 2.x uses, with a "
                   "warning, when use_reentrant is not given; it needs --input-requires-grad to "

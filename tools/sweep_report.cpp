@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "accepted_segments.hpp"
+#include "model_args.hpp"
 #include "vramscope/allocator/units.hpp"
 
 namespace mem::tools {
@@ -198,8 +199,8 @@ std::string sweep_report(const SweepResult& result, const ReportOptions& options
                                        m.sequential_checkpointing ? "by the file's marks" : "per decoder layer")
                          : std::string(),
                      human_count(m.parameters), format_bytes(m.parameter_bytes(nn::DType::F32)));
-  out += fmt::format("on {} ({} total), optimizer {}, {} step{} per configuration, {}\n\n",
-                     result.device.name, format_bytes(result.device.total_bytes),
+  out += fmt::format("on {} ({} total){}, optimizer {}, {} step{} per configuration, {}\n\n",
+                     result.device.name, format_bytes(result.device.total_bytes), per_gpu(spec.parallel),
                      nn::optimizer_label(spec.optimizer), spec.steps, spec.steps == 1 ? "" : "s",
                      spec.mode == nn::ExecMode::DryRun
                          ? "dry run (every allocation and free of the step, no arithmetic)"
@@ -283,6 +284,7 @@ std::string sweep_report(const SweepResult& result, const ReportOptions& options
     }
   }
   out += fmt::format("\ndevice: {}\nstack: {} (--stack)\n", result.device.assumptions, result.spec.stack.to_string());
+  if (result.spec.parallel.enabled()) out += parallel_note(result.spec.parallel) + "\n";
   return out;
 }
 

@@ -56,6 +56,7 @@ struct TraceArgs {
   std::string saved;
   std::string log;
   bool summary = false;
+  ParallelArgs parallel;
 };
 
 nn::TrainConfig make_config(const TraceArgs& args) {
@@ -92,6 +93,7 @@ nn::TrainConfig make_config(const TraceArgs& args) {
   if (args.steps < 1) throw UsageError("--steps: must be at least 1");
   cfg.steps = args.steps;
   cfg.optimizer = as_usage("--optimizer", [&] { return nn::parse_optimizer_config(args.optimizer); });
+  cfg.parallel = parse_parallel_args(args.parallel);
   cfg.checkpoint_mode =
       as_usage("--checkpoint", [&] { return nn::parse_checkpoint_mode(args.checkpoint_mode); });
   cfg.input_requires_grad = args.input_requires_grad;
@@ -167,10 +169,10 @@ void run(const TraceArgs& args) {
   if (!args.timeline.empty() || !args.plot.empty()) timeline.emplace(allocator);
 
   std::cout << fmt::format(
-      "vramscope trace: {}, {}, {} segment{}, {}, {} step{}, on {}\n\n",
+      "vramscope trace: {}, {}, {} segment{}, {}, {} step{}, on {}{}\n\n",
       model_title(info, cfg.model_options), nn::precision_name(cfg.precision),
       args.segments, args.segments == 1 ? "" : "s", nn::exec_mode_name(cfg.mode), cfg.steps,
-      cfg.steps == 1 ? "" : "s", device->info().name);
+      cfg.steps == 1 ? "" : "s", device->info().name, per_gpu(cfg.parallel));
 
   std::unique_ptr<nn::Trainer> trainer;
   std::vector<nn::StepStats> steps;
@@ -184,8 +186,8 @@ void run(const TraceArgs& args) {
     oom = one_line(e.what());
   }
   if (trainer) {
-    std::cout << fmt::format("parameters and buffers allocated: {} ({} reserved, {} in nvidia-smi's view)\n\n",
-                             human_bytes(allocator.stats().allocated_bytes[0].current),
+    std::cout << fmt::format("parameters and buffers{} allocated: {} ({} reserved, {} in nvidia-smi's view)\n\n",
+                             cfg.parallel.enabled() ? ", and DDP's gradient buckets," : "", human_bytes(allocator.stats().allocated_bytes[0].current),
                              human_bytes(allocator.stats().reserved_bytes[0].current),
                              human_bytes(allocator.stats().device_used_bytes.current));
     MemoryLogger log{allocator, std::cout,
@@ -296,6 +298,7 @@ void run(const TraceArgs& args) {
     write_file("--plot", args.plot, [&] { write_memory_plot_svg(*timeline, args.plot, po); });
   }
   std::cout << "\ndevice: " << device->info().assumptions << "\nstack: " << cfg.stack.to_string() << " (--stack)\n";
+  if (cfg.parallel.enabled()) std::cout << parallel_note(cfg.parallel) << "\n";
   std::cout.flush();
   trainer.reset();  // frees the model before the allocator goes
   if (oom) throw CommandFailed("out of memory (the log above shows where); try --segments, a smaller --batch or --dtype f16");
@@ -340,6 +343,7 @@ void add_trace_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_flag("--compute", args->compute, "real arithmetic on the CPU instead of a dry run");
   cmd->add_option("--optimizer", args->optimizer, kOptimizerHelp)->capture_default_str();
+  add_parallel_options(*cmd, args->parallel);
   cmd->add_flag("--input-requires-grad", args->input_requires_grad,
                 "the batch requires grad, as x.requires_grad_() before checkpoint_sequential");
   cmd->add_option("--checkpoint", args->checkpoint_mode,

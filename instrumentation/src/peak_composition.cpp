@@ -12,6 +12,7 @@ std::string_view memory_kind_name(MemoryKind kind) noexcept {
     case MemoryKind::OptimizerState: return "optimizer state";
     case MemoryKind::Activations: return "activations";
     case MemoryKind::Logits: return "logits and loss";
+    case MemoryKind::Communication: return "communication buffers";
     case MemoryKind::Other: return "other";
   }
   return "?";
@@ -21,6 +22,7 @@ std::string_view memory_kind_key(MemoryKind kind) noexcept {
   switch (kind) {
     case MemoryKind::OptimizerState: return "optimizer_state";
     case MemoryKind::Logits: return "logits";
+    case MemoryKind::Communication: return "communication";
     default: return memory_kind_name(kind);
   }
 }
@@ -30,6 +32,7 @@ MemoryKind memory_kind(ContextId context) noexcept {
   const std::string_view path = info.path;
   if (path.empty() || path == "input") return MemoryKind::Other;
   if (path.ends_with(".grad")) return MemoryKind::Gradients;
+  if (path.starts_with("DistributedDataParallel")) return MemoryKind::Communication;
   switch (info.phase) {
     case Phase::None: return MemoryKind::Weights;
     case Phase::Optimizer: return MemoryKind::OptimizerState;

@@ -56,7 +56,7 @@ TEST(DataParallel, OptionsAreTheEnginesOwnNamesAndBadOnesAreRefused) {
       {"ddp:8x", "", "whole number from 1"},
       {"ddp:99999999999999999999", "", "whole number from 1"},
       {"ddp:2000000", "", "whole number from 1"},
-      {"none", "bucket_cap_mb=50", "needs an engine"},
+      {"none", "bucket_cap_mb=50", "are options of an engine"},
       {"ddp:8", "bucket_cap=50", "'bucket_cap' is not an option of ddp"},
       {"ddp:8", "reshard_after_forward=false", "not an option of ddp"},
       {"ddp:8", "bucket_cap_mb", "is not key=value"},

@@ -185,6 +185,14 @@ def check_oom(exe, work):
 
 
 BAD = [
+    (["sweep", "--parallel", "fsdp:8"], ["--parallel", "unknown engine 'fsdp'", "ddp:N"]),
+    (["sweep", "--parallel", "ddp:0"], ["--parallel", "whole number from 1"]),
+    (["trace", "--parallel", "ddp"], ["--parallel", "whole number from 1"]),
+    (["sweep", "--parallel-options", "bucket_cap_mb=50"], ["--parallel-options", "give one, e.g. ddp:8"]),
+    (["sweep", "--parallel", "ddp:8", "--parallel-options", "bucket_cap_mb=abc"], ["--parallel-options", "bucket_cap_mb=abc"]),
+    (["sweep", "--parallel", "ddp:8", "--parallel-options", "reshard_after_forward=false"],
+     ["'reshard_after_forward' is not an option of ddp", "bucket_cap_mb"]),
+    (["sweep", "--parallel", ""], ["--parallel"]),
     (["sweep", "--model", "nosuchnet"], ["mlp", "resnet18"]),
     (["sweep", "--device", "sim:nosuchgpu"], ["rtx2080s", "a100-80g"]),
     (["sweep", "--device", "tpu:0"], ["sim:", "cuda"]),
@@ -839,7 +847,50 @@ def check_hf_config(exe, work):
     check("does not exist" in p.stderr, p.stderr)
 
 
+def check_parallel(exe, work):
+    """--parallel ddp:8: each row is one rank's step, as the H100 recorded it
+    (tests/data/h100-parallel-2026-11-26): the residual mlp's max allocated over three steps
+    equals PyTorch's plus the [64, 10] output vramscope's step keeps (the recording's loss_fn
+    drops it), its buckets are the communication buffers of the peak, and the table, CSV,
+    JSON, trace and --max-batch say which engine they are one GPU of."""
+    data = Path(__file__).resolve().parents[1] / "data" / "h100-parallel-2026-11-26"
+    ref = [r for r in csv.DictReader(open(data / "parallel_reference.csv")) if r["config"] == "mlp-ddp-r0"]
+    model = ["--model-file", str(data / "ref-resmlp.json"), "--device", "sim:h100-80g", "--dtype", "f32",
+             "--steps", "3"]
+    one = json.loads(run(exe, "sweep", *model, "--segments", "0", "--format", "json").stdout)
+    out = json.loads(run(exe, "sweep", *model, "--segments", "0", "--parallel", "ddp:8", "--format", "json").stdout)
+    check(out["parallel"] == "ddp:8" and one["parallel"] == "none", (out["parallel"], one["parallel"]))
+    row = out["rows"][0]
+    check(row["max_allocated"] == max(int(r["max_allocated"]) for r in ref) + 2560, (row["max_allocated"], ref))
+    check(row["max_reserved"] == max(int(r["max_reserved"]) for r in ref), row["max_reserved"])
+    buckets = sum((b + 511) // 512 * 512 for b in (7209144, 28622496, 12508972))  # the rebuilt buckets
+    check(row["peak_communication"] == buckets and one["rows"][0]["peak_communication"] == 0, row)
+    check(sum(row[k] for k in row if k.startswith("peak_") and k != "peak_reserved") == row["max_allocated"], row)
+    table = run(exe, "sweep", *model, "--segments", "0", "--parallel", "ddp:8", "--brief").stdout
+    check("each GPU of ddp:8" in table and "communication buffers 46.10 MiB" in table, table)
+    check("parallel: ddp:8: every figure is one GPU's" in table, table)
+    rows = list(csv.DictReader(io.StringIO(run(exe, "sweep", *model, "--segments", "0", "--parallel", "ddp:8",
+                                               "--parallel-options", "gradient_as_bucket_view=true",
+                                               "--format", "csv").stdout)))
+    check(rows[0]["parallel"] == "ddp:8 gradient_as_bucket_view=true", rows[0])
+    check(int(rows[0]["allocated_after_step"]) < row["allocated_after_step"], (rows[0], row))
+    trace = run(exe, "trace", *model, "--parallel", "ddp:8").stdout
+    check("each GPU of ddp:8" in trace and "DDP's gradient buckets" in trace, trace)
+    mb = json.loads(run(exe, "sweep", "--model-file", str(data / "ref-resmlp.json"), "--device",
+                        "sim:capacity=2GiB,context=100MiB", "--dtype", "f32", "--segments", "0", "--max-batch",
+                        "--parallel", "ddp:8", "--format", "json").stdout)
+    single = json.loads(run(exe, "sweep", "--model-file", str(data / "ref-resmlp.json"), "--device",
+                            "sim:capacity=2GiB,context=100MiB", "--dtype", "f32", "--segments", "0", "--max-batch",
+                            "--format", "json").stdout)
+    # The buckets (46 MiB) come on top of the step: the largest batch is no larger, and at the
+    # same batch the peak is higher by about them.
+    m, s1 = mb["rows"][0], single["rows"][0]
+    check(mb["parallel"] == "ddp:8" and m["max_batch"] <= s1["max_batch"], (m, s1))
+    check(m["max_batch"] != s1["max_batch"] or m["max_allocated"] - s1["max_allocated"] >= 48_000_000, (m, s1))
+
+
 CHECKS = {
+    "parallel": check_parallel,
     "exact": check_exact, "csv": check_csv, "json": check_json, "oom": check_oom,
     "bad-input": check_bad_input, "trace-files": check_trace_files, "trace-oom": check_trace_oom,
     "demo": check_demo, "help": check_help, "devices": check_devices, "models": check_models,

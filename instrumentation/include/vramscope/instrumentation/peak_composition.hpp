@@ -11,7 +11,8 @@
 // A block's kind: allocated with no phase (materialize) under a module: weights and
 // buffers; relabelled as "<param>.grad" by AccumulateGrad: gradients; allocated in the
 // optimizer phase: optimizer state (and its step's temporaries); allocated under lm_head or
-// loss: logits and loss; any other forward, recompute or backward allocation:
+// loss: logits and loss; allocated by a data-parallel engine (DistributedDataParallel's
+// gradient buckets and broadcast copies): communication buffers; any other forward, recompute or backward allocation:
 // activations (and the gradients flowing back through them, and the cuBLAS workspaces
 // the first matmul of each thread takes, attributed to its module as PyTorch's snapshots
 // attribute them); the batch ("input") and blocks with no scope: other.
@@ -27,12 +28,14 @@
 
 namespace mem {
 
-enum class MemoryKind : std::uint8_t { Weights, Gradients, OptimizerState, Activations, Logits, Other };
-inline constexpr std::size_t kNumMemoryKinds = 6;
+enum class MemoryKind : std::uint8_t { Weights, Gradients, OptimizerState, Activations, Logits, Communication, Other };
+inline constexpr std::size_t kNumMemoryKinds = 7;
 
-/// "weights", "gradients", "optimizer state", "activations", "logits and loss", "other".
+/// "weights", "gradients", "optimizer state", "activations", "logits and loss",
+/// "communication buffers", "other".
 std::string_view memory_kind_name(MemoryKind kind) noexcept;
-/// Short keys for files: "weights", "gradients", "optimizer_state", "activations", "logits", "other".
+/// Short keys for files: "weights", "gradients", "optimizer_state", "activations", "logits",
+/// "communication", "other".
 std::string_view memory_kind_key(MemoryKind kind) noexcept;
 /// The kind of a block stamped with `context` (see above).
 MemoryKind memory_kind(ContextId context) noexcept;
