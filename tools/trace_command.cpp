@@ -13,6 +13,7 @@
 #include "commands.hpp"
 #include "model_args.hpp"
 #include "module_log.hpp"
+#include "sweep_export.hpp"
 #include "sweep_report.hpp"
 #include "table.hpp"
 #include "host_memory.hpp"
@@ -55,6 +56,7 @@ struct TraceArgs {
   std::string plot;
   std::string saved;
   std::string log;
+  std::string buffers;
   bool summary = false;
   ParallelArgs parallel;
 };
@@ -148,15 +150,38 @@ void write_file(const char* option, const std::string& path, F&& write) {
   std::cout << fmt::format("{:<10} {}\n", std::string(option).substr(2) + ":", path);
 }
 
+/// --buffers: one row per buffer, CSV (or JSON by the extension).
+std::string buffers_text(const std::vector<nn::CommunicationBuffer>& buffers, const std::string& path) {
+  if (path.ends_with(".json")) {
+    nlohmann::json rows = nlohmann::json::array();
+    for (const auto& b : buffers) {
+      rows.push_back({{"buffer", b.what}, {"bytes", b.bytes}, {"stream", b.stream}, {"allocated", b.allocated},
+                      {"freed", b.freed.empty() ? nlohmann::json(nullptr) : nlohmann::json(b.freed)}});
+    }
+    return rows.dump(1) + "\n";
+  }
+  std::string out = "buffer,bytes,stream,allocated,freed\n";
+  for (const auto& b : buffers) {
+    out += csv_field(b.what) + "," + std::to_string(b.bytes) + "," + csv_field(b.stream) + "," + csv_field(b.allocated) +
+           "," + csv_field(b.freed) + "\n";
+  }
+  return out;
+}
+
 void run(const TraceArgs& args) {
   check_output_paths({{"--snapshot", args.snapshot},
                       {"--timeline", args.timeline},
                       {"--plot", args.plot},
                       {"--saved", args.saved},
-                      {"--log", args.log}},
+                      {"--log", args.log},
+                      {"--buffers", args.buffers}},
                      {{"--model-file", args.model.model_file}, {"--hf-config", args.model.hf_config}});
   if (!args.log.empty()) ModuleLog::check_path("--log", args.log);
+  if (!args.buffers.empty()) ModuleLog::check_path("--buffers", args.buffers);
   const nn::TrainConfig cfg = make_config(args);
+  if (!args.buffers.empty() && !cfg.parallel.enabled()) {
+    throw UsageError("--buffers: lists a data-parallel engine's communication buffers; give --parallel ddp:N");
+  }
   const nn::ModelInfo info = cfg.model->describe(cfg.model_options);
   const auto device = make_device(nn::device_spec_for(cfg));
   check_host_memory_for_compute(cfg, device->info());
@@ -286,6 +311,14 @@ void run(const TraceArgs& args) {
                                   {"stack", cfg.stack.to_string()}};
     write_file("--log", args.log, [&] { module_log.write(args.log, about); });
   }
+  if (!args.buffers.empty()) {
+    const std::vector<nn::CommunicationBuffer> buffers = trainer ? trainer->communication_buffers()
+                                                                 : std::vector<nn::CommunicationBuffer>{};
+    write_file("--buffers", args.buffers, [&] { write_output_file(args.buffers, buffers_text(buffers, args.buffers),
+                                                                 "the communication buffers"); });
+    std::cout << fmt::format("           {} communication buffers of {}\n", buffers.size(),
+                             nn::parallel_label(cfg.parallel));
+  }
   if (!args.timeline.empty()) {
     write_file("--timeline", args.timeline, [&] { write_perfetto_trace(*timeline, args.timeline); });
   }
@@ -366,12 +399,17 @@ void add_trace_command(CLI::App& app) {
                   "also write the per-module log above as CSV or JSON (by the extension): hook, module, "
                   "type, depth and the figures in bytes, one row per line")
       ->type_name("FILE.csv|json");
+  cmd->add_option("--buffers", args->buffers,
+                  "with --parallel: write every communication buffer the engine allocated (DDP's gradient "
+                  "buckets, broadcast copies, shape checks) with its bytes, stream and lifetime, as CSV or JSON "
+                  "(by the extension)")
+      ->type_name("FILE.csv|json");
   cmd->add_option("--saved", args->saved,
                   "write what each module keeps for backward in the first forward (CSV: module, type, tensors, "
                   "bytes; each storage once, under the module that saved it first; parameters left out), as "
                   "torch.autograd.graph.saved_tensors_hooks counts it")
       ->type_name("FILE.csv");
-  for (const char* name : {"--snapshot", "--timeline", "--plot", "--saved", "--log", "--segments"}) {
+  for (const char* name : {"--snapshot", "--timeline", "--plot", "--saved", "--log", "--buffers", "--segments"}) {
     cmd->get_option(name)->check(non_empty());
   }
   cmd->add_flag("--summary", args->summary, "print torch.cuda.memory_summary()'s table at the end");

@@ -35,29 +35,6 @@ std::vector<Tensor> unique(const std::vector<Tensor>& tensors) {
   return out;
 }
 
-/// comm.cpp broadcast_coalesced(tensors, 250 MiB): buckets by size in list order, each
-/// flattened into one copy (flatten_dense_tensors: a bucket of one contiguous tensor is a
-/// view, no copy), at most two in flight; a bucket's copy is freed once it is finished
-/// (copied back through views) and dropped, before the bucket two after it is flattened.
-void broadcast_coalesced(Runtime& runtime, const std::vector<Tensor>& tensors) {
-  std::vector<std::size_t> order(tensors.size());
-  std::iota(order.begin(), order.end(), std::size_t{0});
-  std::deque<Tensor> in_flight;
-  for (const auto& bucket : assign_buckets(tensors, order, {kBroadcastBucketBytes}, true)) {
-    if (in_flight.size() >= 2) in_flight.pop_front();  // constexpr auto max_in_flight = 2
-    std::int64_t numel = 0;
-    for (std::size_t i : bucket) numel += tensors[i].numel();
-    in_flight.push_back(bucket.size() == 1 ? tensors[bucket.front()]
-                                           : empty(runtime, Shape{numel}, tensors[bucket.front()].dtype()));
-  }
-  while (!in_flight.empty()) in_flight.pop_front();
-}
-
-/// `n` int32 on the device, as bytes (the runtime has no int32 dtype; only the size counts).
-Tensor int32s(Runtime& runtime, std::size_t n) {
-  return empty(runtime, Shape{static_cast<std::int64_t>(4 * n)}, DType::U8);
-}
-
 }  // namespace
 
 std::vector<std::vector<std::size_t>> assign_buckets(const std::vector<Tensor>& tensors,
@@ -94,6 +71,42 @@ std::vector<std::vector<std::size_t>> assign_buckets(const std::vector<Tensor>& 
   return out;
 }
 
+Tensor DataParallel::make(const std::string& what, std::int64_t numel, DType dtype, std::size_t& log) {
+  Tensor t = empty(runtime_, Shape{numel}, dtype);
+  log = log_.size();
+  log_.push_back({what, t.nbytes(), "default", stage_, ""});
+  return t;
+}
+
+void DataParallel::release(Tensor& tensor, std::size_t log) {
+  tensor = Tensor{};
+  if (log < log_.size()) log_[log].freed = stage_;
+}
+
+/// comm.cpp broadcast_coalesced(tensors, 250 MiB): buckets by size in list order, each
+/// flattened into one copy (flatten_dense_tensors: a bucket of one contiguous tensor is a
+/// view, no copy), at most two in flight; a bucket's copy is freed once it is finished
+/// (copied back through views) and dropped, before the bucket two after it is flattened.
+void DataParallel::broadcast_coalesced(const std::vector<Tensor>& tensors, const std::string& what) {
+  std::vector<std::size_t> order(tensors.size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::deque<std::pair<Tensor, std::size_t>> in_flight;
+  const auto finish = [&] {
+    release(in_flight.front().first, in_flight.front().second);
+    in_flight.pop_front();
+  };
+  for (const auto& bucket : assign_buckets(tensors, order, {kBroadcastBucketBytes}, true)) {
+    if (in_flight.size() >= 2) finish();  // constexpr auto max_in_flight = 2
+    if (bucket.size() == 1) continue;    // the tensor itself is broadcast
+    std::int64_t numel = 0;
+    for (std::size_t i : bucket) numel += tensors[i].numel();
+    std::size_t log = 0;
+    Tensor flat = make(what + " broadcast copy", numel, tensors[bucket.front()].dtype(), log);
+    in_flight.emplace_back(std::move(flat), log);
+  }
+  while (!in_flight.empty()) finish();
+}
+
 DataParallel::DataParallel(const ParallelConfig& config, Module& root, Runtime& runtime)
     : config_(config), runtime_(runtime), context_(intern_context("DistributedDataParallel", Phase::Forward)) {
   ModuleScope scope(context_);
@@ -110,20 +123,23 @@ DataParallel::DataParallel(const ParallelConfig& config, Module& root, Runtime& 
     // _verify_param_shape_across_processes (reducer.cpp verify_params_across_processes): the
     // parameter count, its all-gathered copies (one per rank) and the shapes' metadata,
     // Σ 2·dim int64, all freed on return.
-    Tensor count = empty(runtime, Shape{1}, DType::I64);
-    std::vector<Tensor> gathered;
-    for (std::size_t r = 0; r < config.world_size; ++r) gathered.push_back(empty(runtime, Shape{1}, DType::I64));
+    std::size_t count_log = 0, metadata_log = 0;
+    Tensor count = make("parameter count (verify_params_across_processes)", 1, DType::I64, count_log);
+    std::vector<std::pair<Tensor, std::size_t>> gathered(config.world_size);
+    for (auto& [t, log] : gathered) t = make("parameter count all-gathered from a rank", 1, DType::I64, log);
     std::int64_t dims = 0;
     for (const Tensor& p : params_) dims += 2 * static_cast<std::int64_t>(p.dim());
-    Tensor metadata = empty(runtime, Shape{dims}, DType::I64);
-    metadata = Tensor{};
+    Tensor metadata = make("parameter shapes (verify_params_across_processes)", dims, DType::I64, metadata_log);
+    release(metadata, metadata_log);
+    release(count, count_log);
+    for (auto& [t, log] : gathered) release(t, log);
   }
   if (config.init_sync) {
     // _sync_module_states: named_parameters() (frozen ones too), then named_buffers() when
     // broadcast_buffers, broadcast from rank 0, before the Reducer exists.
     std::vector<Tensor> states = unique(root.parameters());
     if (config.broadcast_buffers) states.insert(states.end(), buffers_.begin(), buffers_.end());
-    broadcast_coalesced(runtime, states);
+    broadcast_coalesced(states, "parameters and buffers");
   }
 
   // The Reducer: with find_unused_parameters=False (or static_graph) every gradient of a
@@ -139,12 +155,21 @@ DataParallel::DataParallel(const ParallelConfig& config, Module& root, Runtime& 
   }
   auto assignment = assign_buckets(params_, order, limits, true);
   std::reverse(assignment.begin(), assignment.end());
-  initialize_buckets(assignment);
+  initialize_buckets(assignment, rebuildable ? " (every gradient of its dtype, until the rebuild)" : "");
   // local_used_map_dev_: int32 per parameter for the whole run, made by the Reducer's
   // constructor with find_unused_parameters, by set_static_graph with static_graph (both:
   // the second replaces the first).
-  if (config.find_unused_parameters) local_used_map_ = int32s(runtime, params_.size());
-  if (config.static_graph) local_used_map_ = int32s(runtime, params_.size());
+  // (int32, counted as bytes: the runtime has no int32 dtype; only the size counts)
+  const auto used_map = static_cast<std::int64_t>(4 * params_.size());
+  if (config.find_unused_parameters) local_used_map_ = make("local_used_map (int32 per parameter)", used_map, DType::U8, local_used_log_);
+  if (config.static_graph) {
+    std::size_t log = 0;
+    Tensor replacement = make("local_used_map (int32 per parameter)", used_map, DType::U8, log);
+    release(local_used_map_, local_used_log_);
+    local_used_map_ = std::move(replacement);
+    local_used_log_ = log;
+  }
+  stage_ = "step 1";
 }
 
 DataParallel::~DataParallel() = default;
@@ -157,7 +182,8 @@ std::vector<std::size_t> DataParallel::rebuild_limits() const {
   return {std::max<std::size_t>(cap, 1), std::max<std::size_t>(cap, 1)};
 }
 
-void DataParallel::initialize_buckets(const std::vector<std::vector<std::size_t>>& assignment) {
+void DataParallel::initialize_buckets(const std::vector<std::vector<std::size_t>>& assignment,
+                                      const std::string& note) {
   // initialize_buckets: bucket by bucket, bucket.gradients = at::empty({Σ numel}) of the
   // parameters' dtype, uninitialised; the views into it allocate nothing.
   ModuleScope scope(context_);
@@ -171,7 +197,8 @@ void DataParallel::initialize_buckets(const std::vector<std::vector<std::size_t>
       bucket.offsets.push_back(numel);
       numel += params_[i].numel();
     }
-    bucket.flat = empty(runtime_, Shape{numel}, params_[indices.front()].dtype());
+    const std::string what = "gradient bucket " + std::to_string(buckets_.size()) + note;
+    bucket.flat = make(what, numel, params_[indices.front()].dtype(), bucket.log);
     buckets_.push_back(std::move(bucket));
   }
 }
@@ -184,6 +211,7 @@ Tensor DataParallel::bucket_view(std::size_t param) const {
 
 void DataParallel::pre_forward() {
   ModuleScope scope(context_);
+  stage_ = "step " + std::to_string(forwards_ + 1) + " forward";
   // _pre_forward: reducer._rebuild_buckets() once the first synced backward has recorded the
   // order gradients became ready (should_rebuild_buckets: static_graph or not
   // find_unused_parameters), before the buffers' broadcast.
@@ -197,10 +225,13 @@ void DataParallel::pre_forward() {
     {
       // sync_bucket_indices: the indices and the bucket sizes broadcast from rank 0 as two
       // int32 device tensors, freed on return.
-      Tensor indices = int32s(runtime_, params_.size() + 1);
-      Tensor sizes = int32s(runtime_, assignment.size());
-      sizes = Tensor{};
-      indices = Tensor{};
+      std::size_t indices_log = 0, sizes_log = 0;
+      Tensor indices = make("bucket indices (sync_bucket_indices, int32)", 4 * (static_cast<std::int64_t>(params_.size()) + 1),
+                            DType::U8, indices_log);
+      Tensor sizes = make("bucket sizes (sync_bucket_indices, int32)", 4 * static_cast<std::int64_t>(assignment.size()),
+                          DType::U8, sizes_log);
+      release(sizes, sizes_log);
+      release(indices, indices_log);
     }
     // buckets_.clear() frees the old buckets first; only gradients still held as views
     // of them (gradient_as_bucket_view with grads kept) keep them until moved across.
@@ -208,8 +239,13 @@ void DataParallel::pre_forward() {
     buckets_.clear();
     const bool keep_old = config_.gradient_as_bucket_view &&
                           std::any_of(params_.begin(), params_.end(), [](const Tensor& p) { return p.grad().defined(); });
-    if (!keep_old) old.clear();
-    initialize_buckets(assignment);
+    const auto free_old = [&] {
+      for (Bucket& b : old) release(b.flat, b.log);
+      old.clear();
+    };
+    if (!keep_old) free_old();
+    rebuilt_ = true;
+    initialize_buckets(assignment, " (rebuilt)");
     if (keep_old) {
       // initialize_bucket_views: bucket_view.copy_(grad); grad = bucket_view.
       for (std::size_t i = 0; i < params_.size(); ++i) {
@@ -219,13 +255,12 @@ void DataParallel::pre_forward() {
         if (runtime_.computing()) copy_raw(view, p.grad());
         p.set_grad(view);
       }
-      old.clear();
+      free_old();
     }
-    rebuilt_ = true;
   }
   // _sync_buffers (every forward with grad enabled, broadcast_buffers and buffers present):
   // the same coalesced broadcast over named_buffers(), non-persistent ones included.
-  if (config_.broadcast_buffers && !buffers_.empty()) broadcast_coalesced(runtime_, buffers_);
+  if (config_.broadcast_buffers && !buffers_.empty()) broadcast_coalesced(buffers_, "buffers");
 }
 
 Tensor DataParallel::post_forward(Tensor output) {
@@ -233,6 +268,7 @@ Tensor DataParallel::post_forward(Tensor output) {
   // static_graph, or on static_graph's first iteration; its forward clones each output.
   const bool sink = (config_.find_unused_parameters && !config_.static_graph) || (config_.static_graph && forwards_ == 0);
   ++forwards_;
+  stage_ = "step " + std::to_string(forwards_) + " backward";
   if (!sink || !output.defined()) return output;
   ModuleScope scope(context_);
   return clone(output);

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -46,17 +47,24 @@ class DataParallel {
   /// The buckets' sizes in bytes, in the order they are reduced (the flat buffers allocate
   /// each rounded up to 512 B).
   std::vector<std::size_t> bucket_bytes() const;
+  /// Every buffer it allocated so far, in order, with its lifetime.
+  const std::vector<CommunicationBuffer>& buffers() const noexcept { return log_; }
 
  private:
   struct Bucket {
+    std::size_t log = 0;               // its entry in log_
     Tensor flat;                       // bucket.gradients
     std::vector<std::size_t> params;   // indices into params_
     std::vector<std::int64_t> offsets; // element offset of each in flat
   };
-  void initialize_buckets(const std::vector<std::vector<std::size_t>>& assignment);
+  void initialize_buckets(const std::vector<std::vector<std::size_t>>& assignment, const std::string& note);
   /// The rebuilt buckets' limits: {first_bucket_bytes_cap_, bucket_bytes_cap_}.
   std::vector<std::size_t> rebuild_limits() const;
   Tensor bucket_view(std::size_t param) const;
+  /// Allocates `numel` elements of `dtype` as `what`, logged (freed through release()).
+  Tensor make(const std::string& what, std::int64_t numel, DType dtype, std::size_t& log);
+  void release(Tensor& tensor, std::size_t log);
+  void broadcast_coalesced(const std::vector<Tensor>& tensors, const std::string& what);
 
   ParallelConfig config_;
   Runtime& runtime_;
@@ -71,6 +79,9 @@ class DataParallel {
   std::size_t forwards_ = 0;                // forwards with grad
   bool rebuilt_ = false;
   Tensor local_used_map_;                   // find_unused_parameters / static_graph: int32 per param
+  std::size_t local_used_log_ = SIZE_MAX;
+  std::vector<CommunicationBuffer> log_;
+  std::string stage_ = "construction";      // where the step is, for log_
 };
 
 }  // namespace mem::nn::detail

@@ -19,7 +19,7 @@ std::string_view trim(std::string_view s) {
 bool parse_bool(std::string_view key, std::string_view value) {
   if (value == "true" || value == "True" || value == "1") return true;
   if (value == "false" || value == "False" || value == "0") return false;
-  throw Error("--parallel-options: " + std::string(key) + "=" + std::string(value) + ": expected true or false");
+  throw Error(std::string(key) + "=" + std::string(value) + ": expected true or false");
 }
 
 constexpr std::string_view kDdpOptions =
@@ -32,14 +32,14 @@ ParallelConfig parse_parallel(std::string_view spec, std::string_view options) {
   spec = trim(spec);
   if (spec.empty() || spec == "none") {
     if (!trim(options).empty()) {
-      throw Error("--parallel-options: '" + std::string(options) + "' needs an engine: give --parallel ddp:N");
+      throw Error("'" + std::string(options) + "' are options of an engine: give one, e.g. ddp:8");
     }
     return config;
   }
   const std::size_t colon = spec.find(':');
   const std::string_view engine = spec.substr(0, colon);
   if (engine != "ddp") {
-    throw Error("--parallel: unknown engine '" + std::string(engine) +
+    throw Error("unknown engine '" + std::string(engine) +
                 "'; expected ddp:N (DistributedDataParallel on N GPUs) or none");
   }
   config.engine = ParallelEngine::Ddp;
@@ -47,7 +47,7 @@ ParallelConfig parse_parallel(std::string_view spec, std::string_view options) {
   std::size_t n = 0;
   const auto [end, ec] = std::from_chars(count.data(), count.data() + count.size(), n);
   if (count.empty() || ec != std::errc{} || end != count.data() + count.size() || n < 1 || n > kMaxWorldSize) {
-    throw Error("--parallel: '" + std::string(spec) + "': the number of GPUs must be a whole number from 1 to " +
+    throw Error("'" + std::string(spec) + "': the number of GPUs must be a whole number from 1 to " +
                 std::to_string(kMaxWorldSize) + ", e.g. ddp:8");
   }
   config.world_size = n;
@@ -59,7 +59,7 @@ ParallelConfig parse_parallel(std::string_view spec, std::string_view options) {
     rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
     const std::size_t eq = item.find('=');
     if (item.empty() || eq == std::string_view::npos) {
-      throw Error("--parallel-options: '" + std::string(item) + "' is not key=value (keys: " +
+      throw Error("'" + std::string(item) + "' is not key=value (keys: " +
                   std::string(kDdpOptions) + ")");
     }
     const std::string_view key = trim(item.substr(0, eq));
@@ -70,7 +70,7 @@ ParallelConfig parse_parallel(std::string_view spec, std::string_view options) {
       char* stop = nullptr;
       const double mb = std::strtod(text.c_str(), &stop);
       if (text.empty() || stop != text.c_str() + text.size() || !std::isfinite(mb) || mb <= 0 || mb > 1 << 20) {
-        throw Error("--parallel-options: bucket_cap_mb=" + text + ": expected MiB, more than 0 and at most 1048576");
+        throw Error("bucket_cap_mb=" + text + ": expected MiB, more than 0 and at most 1048576");
       }
       config.bucket_cap_mb = mb;
     } else if (key == "gradient_as_bucket_view") {
@@ -84,7 +84,7 @@ ParallelConfig parse_parallel(std::string_view spec, std::string_view options) {
     } else if (key == "find_unused_parameters") {
       config.find_unused_parameters = parse_bool(key, value);
     } else {
-      throw Error("--parallel-options: '" + std::string(key) + "' is not an option of ddp (keys: " +
+      throw Error("'" + std::string(key) + "' is not an option of ddp (keys: " +
                   std::string(kDdpOptions) + ")");
     }
   }

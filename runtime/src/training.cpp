@@ -279,6 +279,10 @@ TrainReport Trainer::report() const {
   return r;
 }
 
+std::vector<CommunicationBuffer> Trainer::communication_buffers() const {
+  return ddp_ ? ddp_->buffers() : std::vector<CommunicationBuffer>{};
+}
+
 std::vector<std::size_t> Trainer::ddp_bucket_bytes() const { return ddp_ ? ddp_->bucket_bytes() : std::vector<std::size_t>{}; }
 
 TrainReport train(const TrainConfig& config, CachingAllocator& allocator) {

@@ -193,6 +193,7 @@ BAD = [
     (["sweep", "--parallel", "ddp:8", "--parallel-options", "reshard_after_forward=false"],
      ["'reshard_after_forward' is not an option of ddp", "bucket_cap_mb"]),
     (["sweep", "--parallel", ""], ["--parallel"]),
+    (["trace", "--buffers", "/tmp/vramscope-never-written.csv"], ["--buffers", "give --parallel ddp:N"]),
     (["sweep", "--model", "nosuchnet"], ["mlp", "resnet18"]),
     (["sweep", "--device", "sim:nosuchgpu"], ["rtx2080s", "a100-80g"]),
     (["sweep", "--device", "tpu:0"], ["sim:", "cuda"]),
@@ -874,8 +875,18 @@ def check_parallel(exe, work):
                                                "--format", "csv").stdout)))
     check(rows[0]["parallel"] == "ddp:8 gradient_as_bucket_view=true", rows[0])
     check(int(rows[0]["allocated_after_step"]) < row["allocated_after_step"], (rows[0], row))
-    trace = run(exe, "trace", *model, "--parallel", "ddp:8").stdout
+    Path(work).mkdir(parents=True, exist_ok=True)
+    buffers = os.path.join(work, "buffers.csv")
+    trace = run(exe, "trace", *model, "--parallel", "ddp:8", "--buffers", buffers).stdout
     check("each GPU of ddp:8" in trace and "DDP's gradient buckets" in trace, trace)
+    rows = list(csv.DictReader(open(buffers)))
+    buckets = [(r["buffer"], int(r["bytes"]), r["allocated"], r["freed"]) for r in rows if r["buffer"].startswith("gradient bucket")]
+    check(buckets == [("gradient bucket 0 (every gradient of its dtype, until the rebuild)", 48340612, "construction",
+                       "step 2 forward"),
+                      ("gradient bucket 0 (rebuilt)", 7209144, "step 2 forward", ""),
+                      ("gradient bucket 1 (rebuilt)", 28622496, "step 2 forward", ""),
+                      ("gradient bucket 2 (rebuilt)", 12508972, "step 2 forward", "")], buckets)
+    check(not os.path.exists("/tmp/vramscope-never-written.csv"), "a refused --buffers wrote its file")
     mb = json.loads(run(exe, "sweep", "--model-file", str(data / "ref-resmlp.json"), "--device",
                         "sim:capacity=2GiB,context=100MiB", "--dtype", "f32", "--segments", "0", "--max-batch",
                         "--parallel", "ddp:8", "--format", "json").stdout)

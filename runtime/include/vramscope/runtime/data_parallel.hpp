@@ -48,6 +48,17 @@ struct ParallelConfig {
   friend bool operator==(const ParallelConfig&, const ParallelConfig&) = default;
 };
 
+/// One buffer the engine allocated for its collectives on a rank: what it is, its bytes as
+/// requested (the allocator rounds them up), the stream it belongs to, and when it was made
+/// and freed ("construction", "step 2 forward", ...; freed "" while it lives).
+struct CommunicationBuffer {
+  std::string what;
+  std::size_t bytes = 0;
+  std::string stream = "default";
+  std::string allocated;
+  std::string freed;
+};
+
 /// The most GPUs a job may name (a bound for hostile input; the largest jobs are 10^5).
 inline constexpr std::size_t kMaxWorldSize = std::size_t{1} << 20;
 

@@ -168,6 +168,9 @@ class Trainer {
   TrainReport report() const;
   /// DDP's gradient buckets in bytes, in the order they are reduced (empty without DDP).
   std::vector<std::size_t> ddp_bucket_bytes() const;
+  /// Every buffer the data-parallel engine allocated so far, with its lifetime (empty
+  /// on one GPU).
+  std::vector<CommunicationBuffer> communication_buffers() const;
 
  private:
   Tensor run_forward(const Tensor& input);

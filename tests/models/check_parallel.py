@@ -1,0 +1,89 @@
+#!/usr/bin/env python3
+"""check_parallel.py VRAMSCOPE: DistributedDataParallel's gradient buckets under today's
+PyTorch against `vramscope trace --parallel ddp:8 --buffers`, to the byte and in order.
+
+Runs scripts/parallel_reference.py on the CPU with the current-stack environment
+(scripts/stack_env.sh; its python in VRAMSCOPE_STACK_PYTHON, or this interpreter if it has
+torch and transformers): rank 0 of world size 8 on PyTorch's fake process group, a comm hook
+recording every bucket DDP reduces (fact sheet: the fake group needs one that returns the
+bucket). Models: a residual MLP of odd width and a two-layer bf16 Llama
+(tests/data/h100-parallel-2026-11-26 holds both as vramscope reads them). The first
+backward's buckets (one of every gradient per dtype) and the rebuilt ones of the second must
+equal vramscope's, size for size, in the order DDP reduces them.
+
+Exit 77 (skipped) without torch and transformers, unless VRAMSCOPE_REQUIRE_STACK=1 (CI).
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT / "tests" / "data" / "h100-parallel-2026-11-26"
+CASES = {  # parallel_reference.py's config -> the same model and step for vramscope
+    "mlp-ddp-r0": ["--model-file", str(DATA / "ref-resmlp.json"), "--dtype", "f32"],
+    "llama-ddp-r0": ["--hf-config", str(DATA / "ref-llama-2layer.json"), "--batch", "2", "--seq", "256",
+                     "--attn", "sdpa", "--dtype", "bf16"],
+}
+
+
+def reexec_on_stack() -> None:
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+        return
+    except ImportError:
+        pass
+    python = os.environ.get("VRAMSCOPE_STACK_PYTHON", "")
+    if python and Path(python).exists() and not os.environ.get("CHECK_PARALLEL_NESTED"):
+        env = dict(os.environ, CHECK_PARALLEL_NESTED="1")
+        sys.exit(subprocess.run([python, __file__, *sys.argv[1:]], env=env).returncode)
+    if os.environ.get("VRAMSCOPE_REQUIRE_STACK") == "1":
+        sys.exit("FAIL check_parallel: no current-stack environment (VRAMSCOPE_STACK_PYTHON, scripts/stack_env.sh)")
+    print("check_parallel: skipped, no torch + transformers (python=$(scripts/stack_env.sh) makes them)")
+    sys.exit(77)
+
+
+def main() -> int:
+    reexec_on_stack()
+    import torch
+    import transformers
+    exe = sys.argv[1]
+    stack = (f"torch={'.'.join(torch.__version__.split('+')[0].split('.')[:2])},"
+             f"transformers={'.'.join(transformers.__version__.split('.')[:2])}")
+    failures = []
+    with tempfile.TemporaryDirectory() as tmp:
+        ref_json = Path(tmp) / "ref.json"
+        subprocess.run([sys.executable, str(ROOT / "scripts" / "parallel_reference.py"), "--device", "cpu",
+                        "--only", ",".join(CASES), "--csv", str(Path(tmp) / "ref.csv"), "--json", str(ref_json)],
+                       check=True, capture_output=True, text=True, timeout=600)
+        configs = json.loads(ref_json.read_text())["configs"]
+        for config, args in CASES.items():
+            got = configs[config]
+            if got.get("error"):
+                failures.append(f"{config}: PyTorch's run failed: {got['error']}")
+                continue
+            torch_steps = {1: [], 2: []}
+            for call in got["bucket_calls"]:
+                if call["step"] in torch_steps:
+                    torch_steps[call["step"]].append(call["bytes"])
+            buffers = Path(tmp) / f"{config}.json"
+            subprocess.run([exe, "trace", *args, "--device", "sim:h100-80g", "--steps", "2", "--parallel", "ddp:8",
+                            "--stack", stack, "--buffers", str(buffers)], check=True, capture_output=True, text=True)
+            rows = json.loads(buffers.read_text())
+            ours = {1: [r["bytes"] for r in rows if r["buffer"].startswith("gradient bucket") and "rebuilt" not in r["buffer"]],
+                    2: [r["bytes"] for r in rows if r["buffer"].startswith("gradient bucket") and "rebuilt" in r["buffer"]]}
+            for step in (1, 2):
+                verdict = "ok" if ours[step] == torch_steps[step] else "DIFFERS"
+                print(f"  {config} step {step}: PyTorch {torch_steps[step]}, vramscope {ours[step]}: {verdict}")
+                if ours[step] != torch_steps[step]:
+                    failures.append(f"{config} step {step}")
+    print(f"check_parallel: torch {torch.__version__}, transformers {transformers.__version__}: "
+          f"{'all buckets equal' if not failures else 'differ: ' + ', '.join(failures)}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
