@@ -96,6 +96,19 @@ void BM_MixedSizes(benchmark::State& state) {
     if (slot[w] != nullptr) a.deallocate(slot[w], slot_size[w]);
 }
 
+/// Runs `pass` once untimed (a warm cache: the timed passes are the steady state, however few
+/// fit in the time), or marks the benchmark skipped when the device runs out.
+template <class F>
+bool warm_up(benchmark::State& state, F&& pass) {
+  try {
+    pass();
+    return true;
+  } catch (const std::bad_alloc&) {
+    state.SkipWithError("out of device memory");
+    return false;
+  }
+}
+
 // --- RMM-style random workload ----------------------------------------------------
 
 // As in RMM's random_allocations benchmark: allocate with a fixed probability
@@ -170,15 +183,9 @@ void BM_RandomWorkload(benchmark::State& state) {
       }
     }
   };
-  // One untimed pass fills the cache, as the fast path and mixed sizes warm up:
-  // the timed passes are the steady state, however few fit in the time (at
-  // N = 100k one or two did, and the cold pass's cudaMallocs set the figure).
-  try {
-    replay();
-  } catch (const std::bad_alloc&) {
-    state.SkipWithError("out of device memory");
-    return;
-  }
+  // One untimed pass fills the cache, as the fast path and mixed sizes warm up (at N = 100k
+  // one or two timed passes fit, and a cold pass's cudaMallocs would set the figure).
+  if (!warm_up(state, replay)) return;
   a.reset_peaks();
   const double driver0 = a.driver_us();
   std::uint64_t pairs = 0;
@@ -246,13 +253,7 @@ void BM_RandomLive(benchmark::State& state) {
       ptr[k] = a.allocate(bytes);
     }
   };
-  // One untimed pass: the timed ones run on a warm cache (no cudaMalloc left to make).
-  try {
-    pass();
-  } catch (const std::bad_alloc&) {
-    state.SkipWithError("out of device memory");
-    return;
-  }
+  if (!warm_up(state, pass)) return;
   a.reset_peaks();
   const double driver0 = a.driver_us();
   std::uint64_t pairs = 0;

@@ -14,11 +14,12 @@ equal vramscope's, size for size, in the order DDP reduces them.
 Exit 77 (skipped) without torch and transformers, unless VRAMSCOPE_REQUIRE_STACK=1 (CI).
 """
 import json
-import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from stack_python import reexec_on_stack
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data" / "h100-parallel-2026-11-26"
@@ -29,25 +30,8 @@ CASES = {  # parallel_reference.py's config -> the same model and step for vrams
 }
 
 
-def reexec_on_stack() -> None:
-    try:
-        import torch  # noqa: F401
-        import transformers  # noqa: F401
-        return
-    except ImportError:
-        pass
-    python = os.environ.get("VRAMSCOPE_STACK_PYTHON", "")
-    if python and Path(python).exists() and not os.environ.get("CHECK_PARALLEL_NESTED"):
-        env = dict(os.environ, CHECK_PARALLEL_NESTED="1")
-        sys.exit(subprocess.run([python, __file__, *sys.argv[1:]], env=env).returncode)
-    if os.environ.get("VRAMSCOPE_REQUIRE_STACK") == "1":
-        sys.exit("FAIL check_parallel: no current-stack environment (VRAMSCOPE_STACK_PYTHON, scripts/stack_env.sh)")
-    print("check_parallel: skipped, no torch + transformers (python=$(scripts/stack_env.sh) makes them)")
-    sys.exit(77)
-
-
 def main() -> int:
-    reexec_on_stack()
+    reexec_on_stack("check_parallel")
     import torch
     import transformers
     exe = sys.argv[1]

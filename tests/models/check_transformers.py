@@ -16,13 +16,13 @@ Exit 77 (skipped) without torch and transformers, unless VRAMSCOPE_REQUIRE_STACK
 which makes a missing environment a failure.
 """
 import json
-import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 from saved_bytes import torch_saved_per_module, vramscope_saved_per_module
+from stack_python import reexec_on_stack
 
 B, S, HIDDEN, HEADS, KV_HEADS, INTERMEDIATE, VOCAB = 2, 64, 64, 4, 2, 128, 32
 FAMILIES = ("llama", "mistral", "qwen2")
@@ -31,23 +31,6 @@ CASES = [  # dtype, attention, LoRA targets
     ("bfloat16", "sdpa", None), ("bfloat16", "sdpa", ["q_proj", "v_proj"]),
     ("bfloat16", "sdpa", ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]),
 ]
-
-
-def reexec_on_stack() -> None:
-    try:
-        import torch  # noqa: F401
-        import transformers  # noqa: F401
-        return
-    except ImportError:
-        pass
-    python = os.environ.get("VRAMSCOPE_STACK_PYTHON", "")
-    if python and Path(python).exists() and not os.environ.get("CHECK_TRANSFORMERS_NESTED"):
-        env = dict(os.environ, CHECK_TRANSFORMERS_NESTED="1")  # a venv's python resolves to its base
-        sys.exit(subprocess.run([python, __file__, *sys.argv[1:]], env=env).returncode)
-    if os.environ.get("VRAMSCOPE_REQUIRE_STACK") == "1":
-        sys.exit("FAIL check_transformers: no current-stack environment (VRAMSCOPE_STACK_PYTHON, scripts/stack_env.sh)")
-    print("check_transformers: skipped, no torch + transformers (python=$(scripts/stack_env.sh) makes them)")
-    sys.exit(77)
 
 
 def minor(version: str) -> str:
@@ -101,7 +84,7 @@ def vramscope_saved(exe: str, cfg, dtype: str, attention: str, lora, stack: str,
     return vramscope_saved_per_module(out, names, skip=("loss", "input", ""))
 
 def main() -> int:
-    reexec_on_stack()
+    reexec_on_stack("check_transformers")
     import torch
     import transformers
     try:
