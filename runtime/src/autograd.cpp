@@ -26,14 +26,27 @@ class AccumulateGrad final : public Node {
 
   TensorList apply(TensorList& grads) override {
     if (!grads[0].defined()) return {};
-    accumulate(std::move(grads[0]));  // the incoming gradient is gone before the hooks run
-    if (const auto& hook = Tensor(variable_).runtime().grad_ready_hook()) hook(*variable_);
+    const auto& hook = Tensor(variable_).runtime().grad_ready_hook();
+    // With post hooks PyTorch's engine keeps its own reference to the incoming gradient until
+    // they have run (call_function's inputs_copy), which AccumulateGrad discounts when it
+    // decides to steal (accumulate_grad.cpp: num_expected_refs = 1 + !post_hooks().empty()):
+    // stolen or not, the incoming gradient lives through the hooks.
+    Tensor incoming = std::move(grads[0]);
+    accumulate(incoming);
+    if (hook) hook(*variable_);
     return {};
   }
   std::string_view name() const noexcept override { return "AccumulateGrad"; }
 
  private:
-  void accumulate(Tensor new_grad) {
+  /// `incoming` is held here alone while AccumulateGrad decides, then handed back.
+  void accumulate(Tensor& incoming) {
+    Tensor new_grad = std::move(incoming);
+    struct GiveBack {
+      Tensor& to;
+      Tensor& from;
+      ~GiveBack() { to = std::move(from); }
+    } give_back{incoming, new_grad};
     Tensor variable(variable_);
     if (!variable_->grad) {
       // Steal the gradient when nothing else references it and its layout matches

@@ -10,6 +10,7 @@
 #include <map>
 #include <numeric>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "detail.hpp"
 #include "vramscope/allocator/errors.hpp"
@@ -28,9 +29,9 @@ constexpr std::size_t kBucketBytesCap = 25 * MiB;
 /// Tensors listed once (a tied weight is one parameter), in order.
 std::vector<Tensor> unique(const std::vector<Tensor>& tensors) {
   std::vector<Tensor> out;
+  std::unordered_set<const TensorImpl*> seen;
   for (const Tensor& t : tensors) {
-    const bool seen = std::any_of(out.begin(), out.end(), [&](const Tensor& o) { return o.impl() == t.impl(); });
-    if (t.defined() && !seen) out.push_back(t);
+    if (t.defined() && seen.insert(t.impl()).second) out.push_back(t);
   }
   return out;
 }
@@ -71,16 +72,21 @@ std::vector<std::vector<std::size_t>> assign_buckets(const std::vector<Tensor>& 
   return out;
 }
 
-Tensor DataParallel::make(const std::string& what, std::int64_t numel, DType dtype, std::size_t& log) {
+Tensor DataParallel::make(const std::string& what, std::int64_t numel, DType dtype, std::size_t& entry) {
   Tensor t = empty(runtime_, Shape{numel}, dtype);
-  log = log_.size();
+  entry = log_.size();
   log_.push_back({what, t.nbytes(), "default", stage_, ""});
   return t;
 }
 
-void DataParallel::release(Tensor& tensor, std::size_t log) {
+void DataParallel::release(Tensor& tensor, std::size_t entry) {
   tensor = Tensor{};
-  if (log < log_.size()) log_[log].freed = stage_;
+  if (entry < log_.size()) log_[entry].freed = stage_;
+}
+
+bool DataParallel::rebuilds() const noexcept {
+  // reducer.hpp should_rebuild_buckets: (static_graph_ || !find_unused_parameters_).
+  return config_.static_graph || !config_.find_unused_parameters;
 }
 
 /// comm.cpp broadcast_coalesced(tensors, 250 MiB): buckets by size in list order, each
@@ -92,12 +98,15 @@ void DataParallel::broadcast_coalesced(const std::vector<Tensor>& tensors, const
   std::iota(order.begin(), order.end(), std::size_t{0});
   std::deque<std::pair<Tensor, std::size_t>> in_flight;
   const auto finish = [&] {
-    release(in_flight.front().first, in_flight.front().second);
+    if (in_flight.front().first.defined()) release(in_flight.front().first, in_flight.front().second);
     in_flight.pop_front();
   };
   for (const auto& bucket : assign_buckets(tensors, order, {kBroadcastBucketBytes}, true)) {
     if (in_flight.size() >= 2) finish();  // constexpr auto max_in_flight = 2
-    if (bucket.size() == 1) continue;    // the tensor itself is broadcast
+    if (bucket.size() == 1) {
+      in_flight.emplace_back(Tensor{}, SIZE_MAX);  // the tensor itself is broadcast: a slot, no copy
+      continue;
+    }
     std::int64_t numel = 0;
     for (std::size_t i : bucket) numel += tensors[i].numel();
     std::size_t log = 0;
@@ -119,22 +128,26 @@ DataParallel::DataParallel(const ParallelConfig& config, Module& root, Runtime& 
   for (std::size_t i = 0; i < params_.size(); ++i) index_[params_[i].impl()] = i;
   buffers_ = unique(root.buffers());
 
-  {
+  if (config.init_sync) {
+    // distributed.py: `if init_sync:` both the shape check and the broadcast.
     // _verify_param_shape_across_processes (reducer.cpp verify_params_across_processes): the
-    // parameter count, its all-gathered copies (one per rank) and the shapes' metadata,
-    // Σ 2·dim int64, all freed on return.
-    std::size_t count_log = 0, metadata_log = 0;
+    // parameter count, its all-gathered copies (one 8 B tensor per rank, logged as one row)
+    // and the shapes' metadata, Σ 2·dim int64, all freed on return.
+    std::size_t count_log = 0, gathered_log = 0, metadata_log = 0;
     Tensor count = make("parameter count (verify_params_across_processes)", 1, DType::I64, count_log);
-    std::vector<std::pair<Tensor, std::size_t>> gathered(config.world_size);
-    for (auto& [t, log] : gathered) t = make("parameter count all-gathered from a rank", 1, DType::I64, log);
+    std::vector<Tensor> gathered(config.world_size);
+    for (Tensor& t : gathered) t = empty(runtime, Shape{1}, DType::I64);
+    gathered_log = log_.size();
+    log_.push_back({"parameter count all-gathered, one 8 B tensor from each of " + std::to_string(config.world_size) +
+                        " ranks",
+                    8 * config.world_size, "default", stage_, ""});
     std::int64_t dims = 0;
     for (const Tensor& p : params_) dims += 2 * static_cast<std::int64_t>(p.dim());
     Tensor metadata = make("parameter shapes (verify_params_across_processes)", dims, DType::I64, metadata_log);
     release(metadata, metadata_log);
     release(count, count_log);
-    for (auto& [t, log] : gathered) release(t, log);
-  }
-  if (config.init_sync) {
+    gathered.clear();
+    log_[gathered_log].freed = stage_;
     // _sync_module_states: named_parameters() (frozen ones too), then named_buffers() when
     // broadcast_buffers, broadcast from rank 0, before the Reducer exists.
     std::vector<Tensor> states = unique(root.parameters());
@@ -146,7 +159,7 @@ DataParallel::DataParallel(const ParallelConfig& config, Module& root, Runtime& 
   // dtype in one bucket until the first backward shows their order (distributed.py:
   // bucket_size_limits = [sys.maxsize]); otherwise [1 MiB, cap] buckets for good. The
   // Reducer gets the list reversed.
-  const bool rebuildable = config.static_graph || !config.find_unused_parameters;
+  const bool rebuildable = rebuilds();
   std::vector<std::size_t> order(params_.size());
   std::iota(order.begin(), order.end(), std::size_t{0});
   std::vector<std::size_t> limits{std::numeric_limits<std::size_t>::max()};
@@ -186,21 +199,26 @@ void DataParallel::initialize_buckets(const std::vector<std::vector<std::size_t>
                                       const std::string& note) {
   // initialize_buckets: bucket by bucket, bucket.gradients = at::empty({Σ numel}) of the
   // parameters' dtype, uninitialised; the views into it allocate nothing.
+  // Built aside and taken only whole: an out-of-memory error part-way leaves no buckets and
+  // every parameter without one (grad_ready then skips it), never a half-filled map.
   ModuleScope scope(context_);
-  where_.assign(params_.size(), {SIZE_MAX, 0});
+  std::vector<Bucket> fresh;
+  std::vector<std::pair<std::size_t, std::size_t>> where(params_.size(), {SIZE_MAX, 0});
   for (const auto& indices : assignment) {
     Bucket bucket;
     std::int64_t numel = 0;
     for (std::size_t i : indices) {
-      where_[i] = {buckets_.size(), bucket.params.size()};
+      where[i] = {fresh.size(), bucket.params.size()};
       bucket.params.push_back(i);
       bucket.offsets.push_back(numel);
       numel += params_[i].numel();
     }
-    const std::string what = "gradient bucket " + std::to_string(buckets_.size()) + note;
+    const std::string what = "gradient bucket " + std::to_string(fresh.size()) + note;
     bucket.flat = make(what, numel, params_[indices.front()].dtype(), bucket.log);
-    buckets_.push_back(std::move(bucket));
+    fresh.push_back(std::move(bucket));
   }
+  buckets_ = std::move(fresh);
+  where_ = std::move(where);
 }
 
 Tensor DataParallel::bucket_view(std::size_t param) const {
@@ -215,8 +233,7 @@ void DataParallel::pre_forward() {
   // _pre_forward: reducer._rebuild_buckets() once the first synced backward has recorded the
   // order gradients became ready (should_rebuild_buckets: static_graph or not
   // find_unused_parameters), before the buffers' broadcast.
-  const bool rebuildable = config_.static_graph || !config_.find_unused_parameters;
-  if (rebuildable && !rebuilt_ && !ready_order_.empty()) {
+  if (rebuilds() && !rebuilt_ && !ready_order_.empty()) {
     // Parameters that never became ready keep their place after the others.
     std::vector<std::size_t> order = ready_order_;
     for (std::size_t i = 0; i < params_.size(); ++i)
@@ -237,6 +254,7 @@ void DataParallel::pre_forward() {
     // of them (gradient_as_bucket_view with grads kept) keep them until moved across.
     std::vector<Bucket> old = std::move(buckets_);
     buckets_.clear();
+    where_.assign(params_.size(), {SIZE_MAX, 0});
     const bool keep_old = config_.gradient_as_bucket_view &&
                           std::any_of(params_.begin(), params_.end(), [](const Tensor& p) { return p.grad().defined(); });
     const auto free_old = [&] {
@@ -244,8 +262,8 @@ void DataParallel::pre_forward() {
       old.clear();
     };
     if (!keep_old) free_old();
-    rebuilt_ = true;
     initialize_buckets(assignment, " (rebuilt)");
+    rebuilt_ = true;
     if (keep_old) {
       // initialize_bucket_views: bucket_view.copy_(grad); grad = bucket_view.
       for (std::size_t i = 0; i < params_.size(); ++i) {
@@ -270,8 +288,7 @@ Tensor DataParallel::post_forward(Tensor output) {
   ++forwards_;
   stage_ = "step " + std::to_string(forwards_) + " backward";
   if (!sink || !output.defined()) return output;
-  ModuleScope scope(context_);
-  return clone(output);
+  return clone(output);  // the output's copy, counted where the output is, not as DDP's buffer
 }
 
 void DataParallel::grad_ready(TensorImpl& param) {
@@ -280,11 +297,15 @@ void DataParallel::grad_ready(TensorImpl& param) {
   const std::size_t i = it->second;
   // rebuilt_params_: pushed by autograd_hook in the first backward that syncs (the second
   // with static_graph, whose first returns early).
-  const std::size_t recording = config_.static_graph ? 1 : 0;
-  if (!rebuilt_ && backwards_ == recording) ready_order_.push_back(i);
+  if (config_.static_graph && backwards_ == 0) return;  // autograd_hook: static_graph_first_iteration
+  if (!rebuilt_ && backwards_ == (config_.static_graph ? 1 : 0)) ready_order_.push_back(i);
+  copy_into_bucket(i);
+}
+
+void DataParallel::copy_into_bucket(std::size_t i) {
   Tensor& p = params_[i];
   const Tensor grad = p.grad();
-  if (!grad.defined()) return;
+  if (!grad.defined() || where_[i].first >= buckets_.size()) return;
   // mark_variable_ready_dense: mul_out(bucket_view, grad, 1 / world_size) or, with a hook,
   // bucket_view.copy_(grad): into the bucket, nothing allocated.
   Tensor view = bucket_view(i);
@@ -295,11 +316,16 @@ void DataParallel::grad_ready(TensorImpl& param) {
 }
 
 void DataParallel::finalize_backward() {
-  // finalize_backward: each bucket's future waited on, its result copied back into the
-  // gradients (copy_bucket_to_grad: grad.copy_(bucket_view), or with
-  // gradient_as_bucket_view the view itself). All ranks hold the same gradients here, so
-  // their average changes nothing; parameters without a gradient were unused on every rank
-  // and keep none.
+  // static_graph's first backward: the hooks returned early; delay_all_reduce copies every
+  // gradient into its bucket at the end of backward (and with gradient_as_bucket_view makes
+  // it the view then), so until then the gradients and the buckets both live.
+  if (config_.static_graph && backwards_ == 0) {
+    for (std::size_t i = 0; i < params_.size(); ++i) copy_into_bucket(i);
+  }
+  // finalize_backward then waits on each bucket's future and copies its result back into the
+  // gradients (copy_bucket_to_grad: grad.copy_(bucket_view), or the view itself): nothing
+  // allocated, and the values unchanged, since every rank holds the same gradients here;
+  // parameters without a gradient were unused on every rank and keep none.
   ++backwards_;
 }
 

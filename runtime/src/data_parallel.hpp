@@ -33,7 +33,8 @@ class DataParallel {
   DataParallel(const DataParallel&) = delete;
   DataParallel& operator=(const DataParallel&) = delete;
 
-  /// _pre_forward of a forward with grad enabled: the buckets' rebuild (once), then the
+  /// _pre_forward of a forward with grad enabled: the buckets' rebuild (once: at the second
+  /// forward, the third with static_graph, never with find_unused_parameters), then the
   /// buffers' broadcast.
   void pre_forward();
   /// _post_forward's _DDPSink: with find_unused_parameters (not static_graph), and on
@@ -41,7 +42,7 @@ class DataParallel {
   Tensor post_forward(Tensor output);
   /// The Reducer's autograd hook, after `param`'s AccumulateGrad ran.
   void grad_ready(TensorImpl& param);
-  /// finalize_backward: every bucket's result copied back into its gradients.
+  /// The end of backward (the Reducer's finalize_backward; static_graph's first delay_all_reduce).
   void finalize_backward();
 
   /// The buckets' sizes in bytes, in the order they are reduced (the flat buffers allocate
@@ -62,8 +63,14 @@ class DataParallel {
   std::vector<std::size_t> rebuild_limits() const;
   Tensor bucket_view(std::size_t param) const;
   /// Allocates `numel` elements of `dtype` as `what`, logged (freed through release()).
-  Tensor make(const std::string& what, std::int64_t numel, DType dtype, std::size_t& log);
-  void release(Tensor& tensor, std::size_t log);
+  Tensor make(const std::string& what, std::int64_t numel, DType dtype, std::size_t& entry);
+  void release(Tensor& tensor, std::size_t entry);
+  /// reducer.hpp should_rebuild_buckets' first half: the buckets are rebuilt once.
+  bool rebuilds() const noexcept;
+  /// mark_variable_ready_dense: the gradient into its bucket view (mul_out by 1 / world size,
+  /// or copy_ with a hook: nothing allocated); with gradient_as_bucket_view the gradient
+  /// then becomes the view and its own block is freed.
+  void copy_into_bucket(std::size_t param);
   void broadcast_coalesced(const std::vector<Tensor>& tensors, const std::string& what);
 
   ParallelConfig config_;

@@ -40,7 +40,8 @@ class DecoderInputs final : public Module {
   void materialized(Runtime& runtime, DType) override {
     // transformers 5: original_inv_freq = nn.Buffer(inv_freq.clone(), persistent=False), a
     // second buffer (4.50.3 kept `self.original_inv_freq = self.inv_freq`, the same tensor).
-    if (runtime.stack().rotary_original_inv_freq_buffer()) {
+    const bool added = slots().size() > inv_freq_ + 1;  // materialized before: the slot is there
+    if (runtime.stack().rotary_original_inv_freq_buffer() && !added) {
       const std::size_t slot = add_typed_buffer("original_inv_freq", slots()[inv_freq_].shape, DType::F32);
       param(slot) = clone(param(inv_freq_));
       param(slot).set_name(path() + ".original_inv_freq");

@@ -1,8 +1,10 @@
 // parallel_config.cpp — --parallel and --parallel-options: an engine and its arguments,
 // by the engine's own names, checked.
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "vramscope/allocator/errors.hpp"
 #include "vramscope/runtime/data_parallel.hpp"
@@ -30,8 +32,9 @@ constexpr std::string_view kDdpOptions =
 ParallelConfig parse_parallel(std::string_view spec, std::string_view options) {
   ParallelConfig config;
   spec = trim(spec);
+  const bool no_options = trim(options).empty();
   if (spec.empty() || spec == "none") {
-    if (!trim(options).empty()) {
+    if (!no_options) {
       throw Error("'" + std::string(options) + "' are options of an engine: give one, e.g. ddp:8");
     }
     return config;
@@ -51,26 +54,30 @@ ParallelConfig parse_parallel(std::string_view spec, std::string_view options) {
                 std::to_string(kMaxWorldSize) + ", e.g. ddp:8");
   }
   config.world_size = n;
+  if (no_options) return config;
 
-  std::string_view rest = options;
-  while (!trim(rest).empty()) {
-    const std::size_t comma = rest.find(',');
-    const std::string_view item = trim(rest.substr(0, comma));
-    rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
+  std::vector<std::string_view> seen;
+  for (std::size_t start = 0; start <= options.size();) {
+    const std::size_t comma = std::min(options.find(',', start), options.size());
+    const std::string_view item = trim(options.substr(start, comma - start));
+    start = comma + 1;
     const std::size_t eq = item.find('=');
     if (item.empty() || eq == std::string_view::npos) {
-      throw Error("'" + std::string(item) + "' is not key=value (keys: " +
-                  std::string(kDdpOptions) + ")");
+      throw Error("'" + std::string(item) + "' is not key=value (keys: " + std::string(kDdpOptions) + ")");
     }
     const std::string_view key = trim(item.substr(0, eq));
     const std::string_view value = trim(item.substr(eq + 1));
+    if (std::find(seen.begin(), seen.end(), key) != seen.end()) {
+      throw Error("'" + std::string(key) + "' is given twice");
+    }
+    seen.push_back(key);
     if (key == "bucket_cap_mb") {
-      // DDP takes a float of MiB (distributed.py: int(bucket_cap_mb * 1024 * 1024)).
-      const std::string text(value);
-      char* stop = nullptr;
-      const double mb = std::strtod(text.c_str(), &stop);
-      if (text.empty() || stop != text.c_str() + text.size() || !std::isfinite(mb) || mb <= 0 || mb > 1 << 20) {
-        throw Error("bucket_cap_mb=" + text + ": expected MiB, more than 0 and at most 1048576");
+      // DDP takes a float of MiB (distributed.py: int(bucket_cap_mb * 1024 * 1024)); decimal only.
+      double mb = 0;
+      const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), mb, std::chars_format::general);
+      if (value.empty() || ec != std::errc{} || end != value.data() + value.size() || !std::isfinite(mb) || mb <= 0 ||
+          mb > 1 << 20) {
+        throw Error("bucket_cap_mb=" + std::string(value) + ": expected MiB, more than 0 and at most 1048576");
       }
       config.bucket_cap_mb = mb;
     } else if (key == "gradient_as_bucket_view") {
@@ -84,9 +91,9 @@ ParallelConfig parse_parallel(std::string_view spec, std::string_view options) {
     } else if (key == "find_unused_parameters") {
       config.find_unused_parameters = parse_bool(key, value);
     } else {
-      throw Error("'" + std::string(key) + "' is not an option of ddp (keys: " +
-                  std::string(kDdpOptions) + ")");
+      throw Error("'" + std::string(key) + "' is not an option of ddp (keys: " + std::string(kDdpOptions) + ")");
     }
+    if (comma == options.size()) break;
   }
   return config;
 }

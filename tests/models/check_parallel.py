@@ -41,7 +41,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         ref_json = Path(tmp) / "ref.json"
         subprocess.run([sys.executable, str(ROOT / "scripts" / "parallel_reference.py"), "--device", "cpu",
-                        "--only", ",".join(CASES), "--csv", str(Path(tmp) / "ref.csv"), "--json", str(ref_json)],
+                        "--only", ",".join(CASES), "--timeout", "300", "--csv", str(Path(tmp) / "ref.csv"), "--json", str(ref_json)],
                        check=True, capture_output=True, text=True, timeout=600)
         configs = json.loads(ref_json.read_text())["configs"]
         for config, args in CASES.items():

@@ -67,6 +67,10 @@ TEST(DataParallel, OptionsAreTheEnginesOwnNamesAndBadOnesAreRefused) {
       {"ddp:8", "bucket_cap_mb=1e300", "more than 0"},
       {"ddp:8", "bucket_cap_mb=25MiB", "more than 0"},
       {"ddp:8", "static_graph=yes", "expected true or false"},
+      {"ddp:8", "bucket_cap_mb=50,", "is not key=value"},
+      {"ddp:8", ",bucket_cap_mb=50", "is not key=value"},
+      {"ddp:8", "bucket_cap_mb=50,bucket_cap_mb=25", "given twice"},
+      {"ddp:8", "bucket_cap_mb=0x1p4", "more than 0"},
   };
   for (const auto& b : bad) {
     const std::string message = error_of([&] { (void)parse_parallel(b.spec, b.options); });
@@ -178,6 +182,52 @@ TEST(DataParallel, StaticGraphRebuildsAtTheThirdForward) {
   EXPECT_EQ(trainer.ddp_bucket_bytes().size(), 2u);
 }
 
+TEST(DataParallel, StaticGraphsFirstBackwardCopiesEveryGradientAtItsEnd) {
+  // static_graph's first backward: the hooks return early and delay_all_reduce copies the
+  // gradients into the bucket at the end, so with gradient_as_bucket_view the gradients are
+  // only given up for views then: step 1's backward peak holds them all beside the bucket.
+  const RankRun eager = run(mlp("ddp:8", "gradient_as_bucket_view=true"));
+  const RankRun delayed = run(mlp("ddp:8", "gradient_as_bucket_view=true,static_graph=true"));
+  const std::int64_t pair = 512 * 512 * 4 + 512 * 4;
+  EXPECT_GE(delayed.steps[0].backward.peak_allocated - eager.steps[0].backward.peak_allocated, 2 * pair);
+  EXPECT_EQ(delayed.steps[0].allocated_end, eager.steps[0].allocated_end + 512);  // + the int32 used map
+}
+
+TEST(DataParallel, WithoutInitSyncNothingIsCheckedOrBroadcast) {
+  TrainConfig cfg = mlp("ddp:8", "init_sync=false");
+  auto device = make_device("sim:capacity=80GiB,context=0");
+  CachingAllocator alloc(device);
+  Trainer trainer(cfg, alloc);
+  const auto buffers = trainer.communication_buffers();
+  ASSERT_EQ(buffers.size(), 1u);  // the bucket alone
+  EXPECT_EQ(buffers[0].what, "gradient bucket 0 (every gradient of its dtype, until the rebuild)");
+  const std::int64_t all = 4 * (512 * 512 * 4 + 512 * 4);
+  EXPECT_EQ(alloc.stats().allocated_bytes[0].peak, 2 * all);  // parameters, then the bucket
+}
+
+TEST(DataParallel, BroadcastKeepsTwoBucketsInFlightOneTensorBucketsIncluded) {
+  // comm.cpp: every bucket takes one of the two slots, a one-tensor bucket too (broadcast in
+  // place, no copy). Frozen weights of 300, 100 + 200, 300 and 100 + 200 MiB make buckets
+  // [300] [100, 200] [300] [100, 200]: the two copies are never alive together.
+  test::Env env(ExecMode::DryRun);
+  Sequential net;
+  for (std::int64_t out : {15360, 5120, 10240, 15360, 5120, 10240}) {
+    auto layer = std::make_unique<Linear>(5120, out, /*bias=*/false);
+    layer->freeze();
+    net.append(std::move(layer));
+  }
+  net.append(std::make_unique<Linear>(8, 8, /*bias=*/false));  // something to train
+  net.set_path("");
+  net.materialize(env.rt, DType::F32);
+  const std::int64_t params = env.allocated();
+  detail::DataParallel ddp(parse_parallel("ddp:8"), net, env.rt);
+  const std::int64_t copy = (5120 * 5120 + 5120 * 10240) * 4;  // 300 MiB
+  EXPECT_EQ(env.peak() - params, copy);
+  std::size_t copies = 0;
+  for (const auto& b : ddp.buffers()) copies += b.what == "parameters and buffers broadcast copy" ? 1 : 0;
+  EXPECT_EQ(copies, 2u);
+}
+
 TEST(DataParallel, FindUnusedParametersKeepsTheFirstBucketsAndClonesTheOutput) {
   const RankRun fixed = run(mlp("ddp:8", "find_unused_parameters=true"));
   const std::size_t pair = 512 * 512 * 4 + 512 * 4;
@@ -205,6 +255,21 @@ TEST(DataParallel, BuffersAreBroadcastEveryForward) {
   const RankRun without = run(cfg);
   EXPECT_GT(with.steps[0].forward.allocations, without.steps[0].forward.allocations);
   EXPECT_EQ(with.steps[0].allocated_end, without.steps[0].allocated_end);
+  // Each forward: one copy of every f32 statistic (running mean and var of 20 batch norms:
+  // 2 x 4,800 channels) and one of the 20 int64 counters, freed before the forward goes on.
+  auto device = make_device("sim:capacity=80GiB,context=0");
+  CachingAllocator alloc(device);
+  cfg.parallel = parse_parallel("ddp:8");
+  Trainer trainer(cfg, alloc);
+  trainer.step();
+  std::vector<std::pair<std::size_t, std::string>> copies;
+  for (const auto& b : trainer.communication_buffers()) {
+    if (b.what == "buffers broadcast copy") copies.emplace_back(b.bytes, b.allocated + " / " + b.freed);
+  }
+  const std::size_t channels = 2 * (64 + 64 + 64 + 64 + 64 + 128 + 128 + 128 + 128 + 128 + 256 + 256 + 256 + 256 + 256 +
+                                    512 + 512 + 512 + 512 + 512);
+  EXPECT_EQ(copies, (std::vector<std::pair<std::size_t, std::string>>{
+                        {channels * 4, "step 1 forward / step 1 forward"}, {20 * 8, "step 1 forward / step 1 forward"}}));
 }
 
 TEST(DataParallel, TrainingResultsAreOneGpusExactly) {
