@@ -125,6 +125,7 @@ MaxBatchResult find_max_batches(const SweepSpec& spec_in, const SweepProgress& p
           row.precision = precision;
           row.alloc_conf = conf;
           row.seq = seq;
+          row.parallel = spec.parallels.front();
           if (seqs.size() > 1) row.shape = fmt::format("seq {}", seq);
           if (progress) progress(result.rows.size(), planned, row.label());
           result.rows.push_back(find_max_batch(spec, row));

@@ -45,7 +45,7 @@ const std::array kFields = {
     Field{"model", [](R s, W) -> nlohmann::json { return s.model.name; }},
     Field{"device", [](R s, W) -> nlohmann::json { return s.device.name; }},
     Field{"stack", [](R s, W) -> nlohmann::json { return s.spec.stack.spec(); }},
-    Field{"parallel", [](R s, W) -> nlohmann::json { return nn::parallel_label(s.spec.parallel); }},
+    Field{"parallel", [](R s, W) -> nlohmann::json { return nn::parallel_label(s.spec.parallels.front()); }},
     Field{"dtype", [](R, W r) -> nlohmann::json { return std::string(nn::precision_name(r.precision)); }},
     Field{"seq", [](R, W r) -> nlohmann::json { return r.seq > 0 ? nlohmann::json(r.seq) : nlohmann::json(nullptr); }},
     Field{"segments", [](R, W r) -> nlohmann::json { return r.segments; }},
@@ -82,7 +82,7 @@ std::string max_batch_report(const MaxBatchResult& result, const ReportOptions& 
       "vramscope sweep --max-batch: {}, {} sequential modules, {} parameters ({} in f32)\n", title,
       m.sequence_length, human_count(m.parameters), format_bytes(m.parameter_bytes(nn::DType::F32)));
   out += fmt::format("on {} ({} total){}, optimizer {}, {} step{} per run, {} dry runs\n\n",
-                     result.device.name, format_bytes(result.device.total_bytes), per_gpu(spec.parallel),
+                     result.device.name, format_bytes(result.device.total_bytes), per_gpu(spec.parallels),
                      nn::optimizer_label(spec.optimizer), spec.steps, spec.steps == 1 ? "" : "s",
                      result.probes);
 
@@ -153,7 +153,7 @@ std::string max_batch_report(const MaxBatchResult& result, const ReportOptions& 
     out += "  batch+1 ...     where the run one sample larger ran out of memory: the step, phase and module.\n";
   }
   out += fmt::format("\ndevice: {}\nstack: {} (--stack)\n", result.device.assumptions, result.spec.stack.to_string());
-  if (result.spec.parallel.enabled()) out += parallel_note(result.spec.parallel) + "\n";
+  out += parallel_note(result.spec.parallels);
   return out;
 }
 
@@ -186,7 +186,7 @@ nlohmann::json max_batch_json(const MaxBatchResult& result) {
                 {"seqs", spec.seqs}};
   j["device"] = device_json(result.device);
   j["stack"] = result.spec.stack.spec();
-  j["parallel"] = nn::parallel_label(result.spec.parallel);
+  j["parallel"] = nn::parallel_label(result.spec.parallels.front());
   j["optimizer"] = nn::optimizer_label(spec.optimizer);
   j["checkpoint_mode"] = std::string(nn::checkpoint_mode_name(spec.checkpoint_mode));
   j["steps"] = spec.steps;

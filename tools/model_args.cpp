@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <charconv>
 #include <system_error>
 
@@ -244,10 +245,11 @@ std::string model_label(const nn::ModelInfo& info, const nn::ModelOptions& optio
   return label;
 }
 
-void add_parallel_options(CLI::App& app, ParallelArgs& args) {
+void add_parallel_options(CLI::App& app, ParallelArgs& args, bool list) {
   app.add_option("--parallel", args.spec,
-                 "the step on several GPUs, each rank's memory: ddp:N (DistributedDataParallel, one process "
-                 "per GPU) or none")
+                 std::string("the step on several GPUs, each rank's memory: ddp:N (DistributedDataParallel, one "
+                             "process per GPU) or none") +
+                     (list ? "; a list (none,ddp:8) gives each its rows" : ""))
       ->check(non_empty())
       ->capture_default_str();
   app.add_option("--parallel-options", args.options,
@@ -257,21 +259,36 @@ void add_parallel_options(CLI::App& app, ParallelArgs& args) {
       ->check(non_empty());
 }
 
-nn::ParallelConfig parse_parallel_args(const ParallelArgs& args) {
-  (void)as_usage("--parallel", [&] { return nn::parse_parallel(args.spec); });
-  return as_usage("--parallel-options", [&] { return nn::parse_parallel(args.spec, args.options); });
+std::vector<nn::ParallelConfig> parse_parallel_args(const ParallelArgs& args) {
+  std::vector<nn::ParallelConfig> out;
+  for (const std::string& item : split_list("--parallel", args.spec)) {
+    const nn::ParallelConfig engine = as_usage("--parallel", [&] { return nn::parse_parallel(item); });
+    out.push_back(engine.enabled()
+                      ? as_usage("--parallel-options", [&] { return nn::parse_parallel(item, args.options); })
+                      : engine);
+  }
+  const bool any = std::any_of(out.begin(), out.end(), [](const nn::ParallelConfig& c) { return c.enabled(); });
+  if (!any && !args.options.empty()) {
+    (void)as_usage("--parallel-options", [&] { return nn::parse_parallel("none", args.options); });  // says why
+  }
+  if (out.empty()) throw UsageError("--parallel: empty; give ddp:N or none");
+  return out;
 }
 
-std::string per_gpu(const nn::ParallelConfig& config) {
-  return config.enabled() ? ", each GPU of " + nn::parallel_label(config) : "";
+std::string per_gpu(const std::vector<nn::ParallelConfig>& configs) {
+  return configs.size() == 1 && configs[0].enabled() ? ", each GPU of " + nn::parallel_label(configs[0]) : "";
 }
 
-std::string parallel_note(const nn::ParallelConfig& config) {
-  if (!config.enabled()) return "";
-  return "parallel: " + nn::parallel_label(config) +
-         ": every figure is one GPU's, each rank alike (DistributedDataParallel runs the whole step on each GPU "
-         "and adds its gradient buckets and broadcasts); NCCL's own buffers, outside the caching allocator, are "
-         "not in the nvidia-smi view yet";
+std::string parallel_note(const std::vector<nn::ParallelConfig>& configs) {
+  std::string out;
+  for (const nn::ParallelConfig& config : configs) {
+    if (!config.enabled()) continue;
+    out += "parallel: " + nn::parallel_label(config) +
+           ": every figure is one GPU's, each rank alike (DistributedDataParallel runs the whole step on each GPU "
+           "and adds its gradient buckets and broadcasts); NCCL's own buffers, outside the caching allocator, are "
+           "not in the nvidia-smi view yet\n";
+  }
+  return out;
 }
 
 }  // namespace mem::tools

@@ -97,14 +97,16 @@ struct ParallelArgs {
   std::string spec = "none";  ///< "ddp:8"
   std::string options;        ///< "bucket_cap_mb=50,gradient_as_bucket_view=true"
 };
-void add_parallel_options(CLI::App& app, ParallelArgs& args);
-/// The runtime's ParallelConfig; UsageError naming the option and what is valid.
-nn::ParallelConfig parse_parallel_args(const ParallelArgs& args);
-/// What the figures of a data-parallel run are, and what they leave out, in one line for
-/// under a table ("" for one GPU).
-std::string parallel_note(const nn::ParallelConfig& config);
-/// ", each GPU of ddp:8" for a title ("" for one GPU).
-std::string per_gpu(const nn::ParallelConfig& config);
+/// `list`: sweep's --parallel takes a comma list ("none,ddp:8"), trace's one value.
+void add_parallel_options(CLI::App& app, ParallelArgs& args, bool list = false);
+/// The runtime's ParallelConfigs, one per item of --parallel, --parallel-options applied to
+/// each engine; UsageError naming the option and what is valid.
+std::vector<nn::ParallelConfig> parse_parallel_args(const ParallelArgs& args);
+/// What the figures of data-parallel runs are, and what they leave out, a line per engine
+/// for under a table ("" for one GPU).
+std::string parallel_note(const std::vector<nn::ParallelConfig>& configs);
+/// ", each GPU of ddp:8" for a title, when every row is one rank of that ("" otherwise).
+std::string per_gpu(const std::vector<nn::ParallelConfig>& configs);
 
 /// Checks a device spec by building it; UsageError with the valid forms otherwise.
 /// Compute mode needs host memory behind the device (a simulated GPU).

@@ -86,7 +86,7 @@ nn::TrainConfig train_config(const SweepSpec& spec, const SweepRow& row) {
   cfg.precision = row.precision;
   cfg.optimizer = spec.optimizer;
   cfg.stack = spec.stack;
-  cfg.parallel = spec.parallel;
+  cfg.parallel = row.parallel;
   return cfg;
 }
 
@@ -291,8 +291,9 @@ SweepResult run_sweep(const SweepSpec& spec_in, const SweepProgress& progress) {
 
   const bool has_baseline = std::any_of(spec.segments.begin(), spec.segments.end(),
                                         [](std::size_t k) { return k <= 1; });
+  if (spec.parallels.empty()) spec.parallels.emplace_back();
   const std::size_t groups =
-      spec.alloc_confs.size() * spec.precisions.size() * batches.size() * seqs.size();
+      spec.alloc_confs.size() * spec.precisions.size() * batches.size() * seqs.size() * spec.parallels.size();
   std::size_t planned = groups * (spec.segments.size() + (has_baseline ? 0 : 1));
   std::size_t done = 0;
 
@@ -302,6 +303,7 @@ SweepResult run_sweep(const SweepSpec& spec_in, const SweepProgress& progress) {
     nn::Precision precision;
     std::int64_t batch;
     std::int64_t seq;
+    const nn::ParallelConfig& parallel;
   };
   const auto run_row = [&](const Group& g, std::size_t segments) {
     SweepRow row;
@@ -312,6 +314,10 @@ SweepResult run_sweep(const SweepSpec& spec_in, const SweepProgress& progress) {
     row.seq = g.seq;
     if (batches.size() > 1) row.shape = fmt::format("batch {}", row.batch);
     if (seqs.size() > 1) row.shape += fmt::format("{}seq {}", row.shape.empty() ? "" : " ", row.seq);
+    row.parallel = g.parallel;
+    if (spec.parallels.size() > 1) {
+      row.shape += (row.shape.empty() ? "" : " ") + (g.parallel.enabled() ? nn::parallel_label(g.parallel) : "1 GPU");
+    }
     if (progress) progress(done, planned, row.label());
     const nn::TrainConfig cfg = train_config(spec, row);
     if (cfg.mode == nn::ExecMode::Compute) {
@@ -391,7 +397,9 @@ SweepResult run_sweep(const SweepSpec& spec_in, const SweepProgress& progress) {
   for (const std::string& conf : spec.alloc_confs) {
     for (const nn::Precision precision : spec.precisions) {
       for (const std::int64_t batch : batches) {
-        for (const std::int64_t seq : seqs) run_group(Group{conf, precision, batch, seq});
+        for (const std::int64_t seq : seqs) {
+          for (const nn::ParallelConfig& parallel : spec.parallels) run_group(Group{conf, precision, batch, seq, parallel});
+        }
       }
     }
   }
@@ -404,6 +412,7 @@ SweepResult run_sweep(const SweepSpec& spec_in, const SweepProgress& progress) {
     first.alloc_conf = spec.alloc_confs.front();
     first.batch = batches.front();
     first.seq = seqs.front();
+    first.parallel = spec.parallels.front();
     result.accepted_segments = accepted_segment_counts(train_config(spec, first), result.device);
   }
   if (progress) progress(done, planned, "done");

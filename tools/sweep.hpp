@@ -45,7 +45,9 @@ struct SweepSpec {
   nn::CheckpointMode checkpoint_mode = nn::CheckpointMode::NonReentrant;
   bool input_requires_grad = false;  ///< the batch requires grad (reentrant checkpointing needs it)
   nn::Stack stack;                   ///< the versions modelled (--stack)
-  nn::ParallelConfig parallel;       ///< --parallel: each row is one rank's step
+  /// --parallel: each a group of rows (one rank's step each); one GPU ({none}) by default.
+  /// --max-batch takes one.
+  std::vector<nn::ParallelConfig> parallels{nn::ParallelConfig{}};
   /// --segments auto: after the sampled counts, run the midpoints around each dtype's best
   /// until its neighbours are adjacent, so the star is the minimum of its bracket.
   bool refine_segments = false;
@@ -105,7 +107,9 @@ struct SweepRow {
   std::string alloc_conf;
   std::int64_t batch = 0;                ///< the run's batch (the model's default when not given)
   std::int64_t seq = 0;                  ///< its --seq; 0 when not given
-  /// "batch 32 seq 512" when the sweep runs several batches or sequence lengths, else empty.
+  nn::ParallelConfig parallel;           ///< one GPU, or one rank of this engine
+  /// "batch 32 seq 512 ddp:8" when the sweep runs several batches, sequence lengths or
+  /// parallel configurations, else empty.
   std::string shape;
   RunFigures figures;                    ///< for an OOM or error row: up to the failure
   std::optional<OomFailure> oom;

@@ -99,7 +99,7 @@ SweepSpec make_spec(const SweepArgs& args) {
   spec.checkpoint_mode =
       as_usage("--checkpoint", [&] { return nn::parse_checkpoint_mode(args.checkpoint_mode); });
   spec.input_requires_grad = args.input_requires_grad;
-  spec.parallel = parse_parallel_args(args.parallel);
+  spec.parallels = parse_parallel_args(args.parallel);
   if (args.format != "table" && args.format != "csv" && args.format != "json") {
     throw UsageError("--format: \"" + args.format + "\" is not a format; valid: table, csv, json");
   }
@@ -112,6 +112,7 @@ SweepSpec make_spec(const SweepArgs& args) {
       throw UsageError("--max-batch: searches the batch size; leave out --batch");
     }
     if (!args.plot.empty()) throw UsageError("--plot: does not apply to --max-batch (the plot is memory vs segments)");
+    if (spec.parallels.size() > 1) throw UsageError("--max-batch: searches one --parallel configuration; give one");
     return spec;  // find_max_batches validates the rest
   }
   validate_sweep(spec);
@@ -214,7 +215,7 @@ void add_sweep_command(CLI::App& app) {
                 "mean step after the first, warm-up, step); rows that do not fit are found by a dry run "
                 "and not computed");
   cmd->add_option("--optimizer", args->optimizer, kOptimizerHelp)->capture_default_str();
-  add_parallel_options(*cmd, args->parallel);
+  add_parallel_options(*cmd, args->parallel, /*list=*/true);
   cmd->add_option("--checkpoint", args->checkpoint_mode,
                   "non-reentrant (PyTorch's recommended mode) or reentrant (what PyTorch 2.x uses, with a "
                   "warning, when use_reentrant is not given; it needs --input-requires-grad to "

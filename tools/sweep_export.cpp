@@ -48,7 +48,7 @@ const std::array kFields = {
     Field{"seq", [](R, W r) -> nlohmann::json { return r.seq > 0 ? nlohmann::json(r.seq) : nlohmann::json(nullptr); }},
     Field{"device", [](R s, W) -> nlohmann::json { return s.device.name; }},
     Field{"stack", [](R s, W) -> nlohmann::json { return s.spec.stack.spec(); }},
-    Field{"parallel", [](R s, W) -> nlohmann::json { return nn::parallel_label(s.spec.parallel); }},
+    Field{"parallel", [](R, W r) -> nlohmann::json { return nn::parallel_label(r.parallel); }},
     Field{"dtype", [](R, W r) -> nlohmann::json { return std::string(nn::precision_name(r.precision)); }},
     Field{"segments", [](R, W r) -> nlohmann::json { return r.segments; }},
     Field{"alloc_conf", [](R, W r) -> nlohmann::json { return r.alloc_conf; }},
@@ -169,7 +169,6 @@ nlohmann::json sweep_json(const SweepResult& result) {
                 {"input_shape", m.input_shape.to_vector()}};
   j["device"] = device_json(result.device);
   j["stack"] = result.spec.stack.spec();
-  j["parallel"] = nn::parallel_label(result.spec.parallel);
   j["mode"] = std::string(nn::exec_mode_name(spec.mode));
   j["optimizer"] = nn::optimizer_label(spec.optimizer);
   j["checkpoint_mode"] = std::string(nn::checkpoint_mode_name(spec.checkpoint_mode));

@@ -125,9 +125,11 @@ Table sweep_table(const SweepResult& result, const ReportOptions& options) {
                          (result.spec.alloc_confs.size() == 1 && !result.spec.alloc_confs[0].empty());
   const bool show_batch = result.spec.batches.size() > 1;
   const bool show_seq = result.spec.seqs.size() > 1;
+  const bool show_parallel = result.spec.parallels.size() > 1;
   std::vector<Column> cols{{"dtype", Align::Left}};
   if (show_batch) cols.push_back({"batch", Align::Right});
   if (show_seq) cols.push_back({"seq", Align::Right});
+  if (show_parallel) cols.push_back({"parallel", Align::Left});
   cols.push_back({"segments", Align::Right});
   if (show_conf) cols.push_back({"alloc conf", Align::Left});
   for (const char* h : {"after step", "max alloc", "max reserved", "max nvidia-smi",
@@ -141,14 +143,15 @@ Table sweep_table(const SweepResult& result, const ReportOptions& options) {
   std::size_t footnote = 0;
   std::string previous_group;
   for (const SweepRow& row : result.rows) {
-    const std::string group = fmt::format("{}|{}|{}|{}", nn::precision_name(row.precision),
-                                          row.batch, row.seq, row.alloc_conf);
+    const std::string group = fmt::format("{}|{}|{}|{}|{}", nn::precision_name(row.precision), row.batch,
+                                          row.seq, row.alloc_conf, nn::parallel_label(row.parallel));
     if (!previous_group.empty() && group != previous_group) table.add_separator();
     previous_group = group;
 
     std::vector<std::string> cells{std::string(nn::precision_name(row.precision))};
     if (show_batch) cells.push_back(std::to_string(row.batch));
     if (show_seq) cells.push_back(std::to_string(row.seq));
+    if (show_parallel) cells.push_back(row.parallel.enabled() ? nn::parallel_label(row.parallel) : "1 GPU");
     cells.push_back(segments_cell(row.segments));
     if (show_conf) cells.push_back(row.alloc_conf.empty() ? "default" : row.alloc_conf);
     const RunFigures& f = row.figures;
@@ -200,7 +203,7 @@ std::string sweep_report(const SweepResult& result, const ReportOptions& options
                          : std::string(),
                      human_count(m.parameters), format_bytes(m.parameter_bytes(nn::DType::F32)));
   out += fmt::format("on {} ({} total){}, optimizer {}, {} step{} per configuration, {}\n\n",
-                     result.device.name, format_bytes(result.device.total_bytes), per_gpu(spec.parallel),
+                     result.device.name, format_bytes(result.device.total_bytes), per_gpu(spec.parallels),
                      nn::optimizer_label(spec.optimizer), spec.steps, spec.steps == 1 ? "" : "s",
                      spec.mode == nn::ExecMode::DryRun
                          ? "dry run (every allocation and free of the step, no arithmetic)"
@@ -284,7 +287,7 @@ std::string sweep_report(const SweepResult& result, const ReportOptions& options
     }
   }
   out += fmt::format("\ndevice: {}\nstack: {} (--stack)\n", result.device.assumptions, result.spec.stack.to_string());
-  if (result.spec.parallel.enabled()) out += parallel_note(result.spec.parallel) + "\n";
+  out += parallel_note(result.spec.parallels);
   return out;
 }
 

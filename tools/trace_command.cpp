@@ -95,7 +95,9 @@ nn::TrainConfig make_config(const TraceArgs& args) {
   if (args.steps < 1) throw UsageError("--steps: must be at least 1");
   cfg.steps = args.steps;
   cfg.optimizer = as_usage("--optimizer", [&] { return nn::parse_optimizer_config(args.optimizer); });
-  cfg.parallel = parse_parallel_args(args.parallel);
+  const auto parallels = parse_parallel_args(args.parallel);
+  if (parallels.size() != 1) throw UsageError("--parallel: trace runs one configuration; give one of " + args.parallel.spec);
+  cfg.parallel = parallels.front();
   cfg.checkpoint_mode =
       as_usage("--checkpoint", [&] { return nn::parse_checkpoint_mode(args.checkpoint_mode); });
   cfg.input_requires_grad = args.input_requires_grad;
@@ -197,7 +199,7 @@ void run(const TraceArgs& args) {
       "vramscope trace: {}, {}, {} segment{}, {}, {} step{}, on {}{}\n\n",
       model_title(info, cfg.model_options), nn::precision_name(cfg.precision),
       args.segments, args.segments == 1 ? "" : "s", nn::exec_mode_name(cfg.mode), cfg.steps,
-      cfg.steps == 1 ? "" : "s", device->info().name, per_gpu(cfg.parallel));
+      cfg.steps == 1 ? "" : "s", device->info().name, per_gpu({cfg.parallel}));
 
   std::unique_ptr<nn::Trainer> trainer;
   std::vector<nn::StepStats> steps;
@@ -331,7 +333,7 @@ void run(const TraceArgs& args) {
     write_file("--plot", args.plot, [&] { write_memory_plot_svg(*timeline, args.plot, po); });
   }
   std::cout << "\ndevice: " << device->info().assumptions << "\nstack: " << cfg.stack.to_string() << " (--stack)\n";
-  if (cfg.parallel.enabled()) std::cout << parallel_note(cfg.parallel) << "\n";
+  std::cout << parallel_note({cfg.parallel});
   std::cout.flush();
   trainer.reset();  // frees the model before the allocator goes
   if (oom) throw CommandFailed("out of memory (the log above shows where); try --segments, a smaller --batch or --dtype f16");

@@ -860,8 +860,8 @@ def check_parallel(exe, work):
              "--steps", "3"]
     one = json.loads(run(exe, "sweep", *model, "--segments", "0", "--format", "json").stdout)
     out = json.loads(run(exe, "sweep", *model, "--segments", "0", "--parallel", "ddp:8", "--format", "json").stdout)
-    check(out["parallel"] == "ddp:8" and one["parallel"] == "none", (out["parallel"], one["parallel"]))
     row = out["rows"][0]
+    check(row["parallel"] == "ddp:8" and one["rows"][0]["parallel"] == "none", (row, one["rows"][0]))
     check(row["max_allocated"] == max(int(r["max_allocated"]) for r in ref) + 2560, (row["max_allocated"], ref))
     check(row["max_reserved"] == max(int(r["max_reserved"]) for r in ref), row["max_reserved"])
     buckets = sum((b + 511) // 512 * 512 for b in (7209144, 28622496, 12508972))  # the rebuilt buckets
@@ -870,6 +870,16 @@ def check_parallel(exe, work):
     table = run(exe, "sweep", *model, "--segments", "0", "--parallel", "ddp:8", "--brief").stdout
     check("each GPU of ddp:8" in table and "communication buffers 46.10 MiB" in table, table)
     check("parallel: ddp:8: every figure is one GPU's" in table, table)
+    # A list gives each configuration its rows (and its star), side by side.
+    both = json.loads(run(exe, "sweep", *model, "--segments", "0", "--parallel", "none,ddp:8", "--format",
+                          "json").stdout)["rows"]
+    check([r["parallel"] for r in both] == ["none", "ddp:8"] and all(r["best"] for r in both), both)
+    check(both[0]["max_allocated"] == one["rows"][0]["max_allocated"] and both[1]["max_allocated"] == row["max_allocated"],
+          both)
+    err = run(exe, "sweep", *model, "--max-batch", "--parallel", "none,ddp:8", expect=2).stderr
+    check("--max-batch: searches one --parallel configuration" in err, err)
+    err = run(exe, "trace", *model, "--parallel", "none,ddp:8", expect=2).stderr
+    check("trace runs one configuration" in err, err)
     rows = list(csv.DictReader(io.StringIO(run(exe, "sweep", *model, "--segments", "0", "--parallel", "ddp:8",
                                                "--parallel-options", "gradient_as_bucket_view=true",
                                                "--format", "csv").stdout)))
