@@ -738,6 +738,40 @@ class Builder {
       in = out;
       return std::make_unique<nn::Flatten>(start);
     }
+    if (type == "Mean") {
+      // x.mean(dim=(k, ..., -1)): the trailing dimensions from k, as a global average pool
+      // written in a forward (torchvision-style `x.mean((2, 3))`).
+      only_keys(s, path, type, {"name", "type", "dims", "keepdim"}, true);
+      if (!s.contains("dims") || !s.at("dims").is_array() || s.at("dims").empty()) {
+        fail(field(path, "dims"), "expected the dimensions averaged, e.g. [2, 3]");
+      }
+      floating(flow, path, mpath, type);
+      const auto rank = static_cast<std::int64_t>(in.size());
+      std::vector<std::int64_t> dims;
+      for (std::size_t i = 0; i < s.at("dims").size(); ++i) {
+        const json& d = s.at("dims")[i];
+        const std::string at = field(path, "dims") + "[" + std::to_string(i) + "]";
+        if (!d.is_number_integer()) fail(at, "expected a dimension, got " + kind_of(d));
+        const std::int64_t v = d.get<std::int64_t>();
+        if (v < -rank || v >= rank) mismatch(path, mpath, type, "a dimension " + std::to_string(v), flow);
+        dims.push_back(v < 0 ? v + rank : v);
+      }
+      std::sort(dims.begin(), dims.end());
+      const std::int64_t first = dims.front();
+      for (std::size_t i = 0; i < dims.size(); ++i) {
+        if (dims[i] != first + static_cast<std::int64_t>(i) || first < 1 || dims.back() != rank - 1) {
+          fail(field(path, "dims"), "must be the trailing dimensions after the batch, e.g. [2, 3] of [N, C, H, W]");
+        }
+      }
+      const bool keepdim = flag_or(s, path, "keepdim", false);
+      nn::Shape out;
+      for (std::int64_t i = 0; i < rank; ++i) {
+        if (i < first) out.push_back(in[static_cast<std::size_t>(i)]);
+        else if (keepdim) out.push_back(1);
+      }
+      in = out;
+      return std::make_unique<nn::Mean>(first, keepdim);
+    }
     if (type == "Embedding") {
       only_keys(s, path, type, {"name", "type", "frozen", "num_embeddings", "embedding_dim"}, true);
       const std::int64_t n = positive_at(s, path, "num_embeddings"), dim = positive_at(s, path, "embedding_dim");

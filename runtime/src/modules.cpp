@@ -489,6 +489,19 @@ Tensor AdaptiveAvgPool2d::forward(const Tensor& input) { return adaptive_avg_poo
 Flatten::Flatten(std::int64_t start_dim) : Module("Flatten"), start_dim_(start_dim) {}
 Tensor Flatten::forward(const Tensor& input) { return input.flatten(start_dim_); }
 
+Mean::Mean(std::int64_t first_dim, bool keepdim) : Module("Mean"), first_dim_(first_dim), keepdim_(keepdim) {}
+Tensor Mean::forward(const Tensor& input) {
+  if (first_dim_ < 1 || first_dim_ >= static_cast<std::int64_t>(input.dim())) {
+    throw Error("Mean: dimension " + std::to_string(first_dim_) + " of a " + std::to_string(input.dim()) +
+                "-dimensional input");
+  }
+  Shape shape = input.shape();
+  for (std::size_t d = static_cast<std::size_t>(first_dim_); d < shape.size(); ++d) shape[d] = 1;
+  Tensor out = detail::mean_trailing(input, shape);  // one output, [N, C, 1, 1] as [N, C]
+  if (keepdim_) return out;
+  return out.view(Shape(std::span<const std::int64_t>(shape.begin(), static_cast<std::size_t>(first_dim_))));
+}
+
 Dropout::Dropout(double p) : Module("Dropout"), p_(p) {}
 Tensor Dropout::forward(const Tensor& input) { return dropout(input, p_, training()); }
 

@@ -71,6 +71,7 @@ CUSTOM = [
     ("ResidualCNN", ["--input", "4,3,32,32"]),
     ("SmallTransformer", ["--input", "4,32", "--input-dtype", "int64"]),
     ("forum_cnn", ["--input", "4,20,19,22", "--loss", "mse"]),
+    ("MeanCNN", ["--input", "4,3,16,16"]),
 ]
 ZOO = {"resnet18": "resnet18", "resnet50": "resnet50", "vgg11_bn": "vgg11_bn", "mobilenet_v2": "mobilenet_v2",
        "vit_b_16": "vit_b_16", "forum_cnn": "forum-cnn"}

@@ -6,8 +6,8 @@ Runs scripts/parallel_reference.py on the CPU with the current-stack environment
 (scripts/stack_env.sh; its python in VRAMSCOPE_STACK_PYTHON, or this interpreter if it has
 torch and transformers): rank 0 of world size 8 on PyTorch's fake process group, a comm hook
 recording every bucket DDP reduces (fact sheet: the fake group needs one that returns the
-bucket). Models: a residual MLP of odd width and a two-layer bf16 Llama
-(tests/data/h100-parallel-2026-11-26 holds both as vramscope reads them). The first
+bucket). Models: a residual MLP of odd width, a CNN with batch norms and a two-layer bf16 Llama
+(tests/data/h100-parallel-2026-11-26 holds them as vramscope reads them). The first
 backward's buckets (one of every gradient per dtype) and the rebuilt ones of the second must
 equal vramscope's, size for size, in the order DDP reduces them.
 
@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data" / "h100-parallel-2026-11-26"
 CASES = {  # parallel_reference.py's config -> the same model and step for vramscope
     "mlp-ddp-r0": ["--model-file", str(DATA / "ref-resmlp.json"), "--dtype", "f32"],
+    "cnn-ddp-r0": ["--model-file", str(DATA / "ref-cnn.json"), "--dtype", "f32"],
     "llama-ddp-r0": ["--hf-config", str(DATA / "ref-llama-2layer.json"), "--batch", "2", "--seq", "256",
                      "--attn", "sdpa", "--dtype", "bf16"],
 }

@@ -99,6 +99,18 @@ class SmallTransformer(nn.Module):
         return self.head(self.ln(self.blocks(x)))
 
 
+class MeanCNN(nn.Module):
+    """A small CNN whose global average pool is written as x.mean((2, 3)) (a Mean layer)."""
+
+    def __init__(self, classes=10):
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU())
+        self.fc = nn.Linear(16, classes)
+
+    def forward(self, x):
+        return self.fc(self.features(x).mean((2, 3)))
+
+
 def forum_cnn():
     """The PyTorch forum user's regression CNN (the zoo's forum-cnn)."""
     return nn.Sequential(

@@ -269,6 +269,9 @@ TEST(ParallelReference, DdpRanksMatchTheH100StepByStep) {
     // 16 KiB + 1 MiB where PyTorch's takes one 2,113,792 B workspace, and its forward's small
     // mask and position tensors differ; the buckets and what wrapping leaves are exact.
     std::int64_t step_tolerance, reserved_tolerance;
+    // The broadcast copies the recording's snapshot shows (bytes as requested, in order):
+    // the construction's of parameters and buffers, then each forward's of the buffers.
+    std::vector<std::size_t> construction_copies, forward_copies;
   };
   const Case cases[] = {
       {"mlp-ddp-r0",
@@ -278,7 +281,7 @@ TEST(ParallelReference, DdpRanksMatchTheH100StepByStep) {
        },
        2560,                    // a [64, 10] f32 output
        256000 + 512 + 512,      // x [64, 1000] f32, y [64] int64, the loss
-       0, 0, 0},
+       0, 0, 0, {48340612}, {}},
       {"llama-ddp-r0",
        [&](nn::TrainConfig& cfg) {
          cfg.model = load_hf_config((dir / "ref-llama-2layer.json").string());
@@ -289,7 +292,22 @@ TEST(ParallelReference, DdpRanksMatchTheH100StepByStep) {
        },
        0,                       // the causal LM's output object is dropped by both
        2 * 256 * 8 + 512,       // input_ids [2, 256] int64 (also the labels), the loss
-       512, 1 * 1024 * 1024, 2 * 1024 * 1024},
+       512, 1 * 1024 * 1024, 2 * 1024 * 1024, {77140992, 256}, {256}},
+      {"cnn-ddp-r0",
+       [&](nn::TrainConfig& cfg) {
+         cfg.model = ModelFile::load((dir / "ref-cnn.json").string());
+         cfg.model_options.batch = 32;
+       },
+       1536,                    // the [32, 10] f32 output's block
+       32 * 3 * 64 * 64 * 4 + 512 + 512,  // x, y [32] int64, the loss
+       0,
+       // The convolutions' own step is exact only to a few MiB on one GPU (cuDNN's
+       // workspaces, chosen per shape, where vramscope takes im2col columns:
+       // docs/VALIDATION.md): what DDP adds is checked exactly through its buffers.
+       2 * 1024 * 1024, 24 * 1024 * 1024,
+       // f32 parameters and statistics, then the three int64 num_batches_tracked; each
+       // forward the statistics (2 x 217 channels) and the counters.
+       {355168, 24}, {1736, 24}},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.config);
@@ -330,6 +348,13 @@ TEST(ParallelReference, DdpRanksMatchTheH100StepByStep) {
           << step;
     }
     EXPECT_EQ(trainer.ddp_bucket_bytes(), rebuilt_buckets);
+    std::vector<std::size_t> construction, forward;
+    for (const nn::CommunicationBuffer& b : trainer.communication_buffers()) {
+      if (b.what == "parameters and buffers broadcast copy") construction.push_back(b.bytes);
+      if (b.what == "buffers broadcast copy" && b.allocated == "step 2 forward") forward.push_back(b.bytes);
+    }
+    EXPECT_EQ(construction, c.construction_copies);
+    EXPECT_EQ(forward, c.forward_copies);
   }
 }
 

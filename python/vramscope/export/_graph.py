@@ -332,6 +332,14 @@ class Graph:
                 op.spec["padding"] = _single(arg(3, "padding", 0), "padding")
             if arg(5 if t is F.max_pool2d else 4, "ceil_mode", False):
                 raise Unsupported("ceil_mode=True")
+        elif t is torch.mean or name == "mean":
+            dims = arg(1, "dim")
+            if dims is None or kw.get("dtype") is not None:
+                raise Unsupported("a mean over every dimension, or with a dtype")
+            dims = sorted(d % rank for d in (dims if isinstance(dims, (list, tuple)) else [dims]))
+            if dims[0] < 1 or dims != list(range(dims[0], rank)):
+                raise Unsupported("a mean over other than the trailing dimensions after the batch")
+            op.spec = {"type": "Mean", "dims": dims, **({"keepdim": True} if arg(2, "keepdim", False) else {})}
         elif t is torch.flatten or name == "flatten":
             op.spec = _flatten_spec(arg(1, "start_dim", 0) % rank, arg(2, "end_dim", -1) if arg(2, "end_dim", -1) == -1
                                     else arg(2, "end_dim") % rank - rank)

@@ -462,6 +462,18 @@ class Flatten : public Module {
   std::int64_t start_dim_;
 };
 
+/// x.mean(dim=(k, ..., rank - 1)): the mean over the trailing dimensions from `first_dim`
+/// (a global average pool written as a mean); MeanBackward keeps only the input's sizes.
+class Mean : public Module {
+ public:
+  explicit Mean(std::int64_t first_dim, bool keepdim = false);
+  Tensor forward(const Tensor& input) override;
+
+ private:
+  std::int64_t first_dim_;
+  bool keepdim_;
+};
+
 class Dropout : public Module {
  public:
   explicit Dropout(double p = 0.5);
