@@ -4,7 +4,8 @@
 // 256, a sweep of 32 checkpoint segment counts of a 200-layer mlp (target < 1 s), and
 // a compute-mode training step of forum-cnn at batch 100 on the CPU; and the transformers
 // of issue 19: a dry-run step of llama-3.1-70b at batch 1, sequence 4096 (target < 50 ms),
-// and a 40-configuration sweep of llama-3.1-8b (target < 2 s).
+// also as one rank of ddp:64 (issue 32), and a 40-configuration sweep of llama-3.1-8b
+// (target < 2 s).
 #include <benchmark/benchmark.h>
 
 #include <memory>
@@ -128,6 +129,28 @@ void BM_DryRunStepLlama70B(benchmark::State& state) {
   dry_run_steps(state, cfg, "sim:capacity=1TiB");
 }
 BENCHMARK(BM_DryRunStepLlama70B)->Unit(benchmark::kMillisecond);
+
+/// The same step as one rank of DistributedDataParallel on 64 GPUs (--parallel ddp:64): the
+/// gradient copied into its bucket as each becomes ready, the rebuilt buckets in place (the
+/// steady state after the second step). Against BM_DryRunStepLlama70B: what DDP costs a step.
+void BM_DryRunStepLlama70BDdp64(benchmark::State& state) {
+  TrainConfig cfg;
+  cfg.model = mem::models::find("llama-3.1-70b");
+  cfg.model_options = mem::nn::ModelOptions::parse("batch=1,seq=4096");
+  cfg.precision = mem::nn::Precision::BF16;
+  cfg.parallel = mem::nn::parse_parallel("ddp:64");
+  auto device = mem::make_device("sim:capacity=1TiB");
+  mem::CachingAllocator alloc(device);
+  Trainer trainer(cfg, alloc);
+  mem::nn::StepStats last = trainer.step();
+  last = trainer.step();  // the buckets are rebuilt in this one
+  for (auto _ : state) {
+    last = trainer.step();
+    benchmark::DoNotOptimize(last.peak_allocated);
+  }
+  set_step_counters(state, last);
+}
+BENCHMARK(BM_DryRunStepLlama70BDdp64)->Unit(benchmark::kMillisecond);
 
 /// A sweep of llama-3.1-8b on a simulated A100 80 GB over 40 configurations: 5 sequence
 /// lengths x bf16 / amp-bf16 x eager / sdpa x with and without per-layer checkpointing,
