@@ -240,6 +240,7 @@ void add_sweep_command(CLI::App& app) {
       "  vramscope sweep --model resnet50 --batch 32,64,128 --segments 0,4 --device sim:rtx4090\n"
       "  vramscope sweep --model resnet50 --max-batch --dtype f32,amp --segments 0,2,4,8 --device sim:a100-80g\n"
       "  vramscope sweep --model gpt2 --batch 4 --seq 256,512,1024 --dtype amp\n"
+      "  vramscope sweep --model llama-3.2-1b --seq 2048 --dtype bf16 --parallel none,ddp:8 --device sim:h100-80g\n"
       "  vramscope sweep --model forum-cnn --compute --segments 0,2,4 --steps 3\n"
       "  vramscope sweep -a '' -a max_split_size_mb:128 --format csv > sweep.csv\n"
       "  vramscope sweep --plot sweep.svg\n"
