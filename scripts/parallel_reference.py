@@ -60,6 +60,10 @@ WORLD = 8
 STEPS = 3
 MODELS = ("mlp", "cnn", "llama")
 ENGINES = ("ddp", "fsdp2")
+# --variants: the engines' options that change memory, rank 0 only (identical ranks under DDP):
+# gradient_as_bucket_view=True, static_graph=True, find_unused_parameters=True; FSDP2 with a
+# MixedPrecisionPolicy (bf16 parameters, f32 reduction) and with reshard_after_forward=False.
+VARIANTS = ("ddp-gabv", "ddp-static", "ddp-unused", "fsdp2-mp", "fsdp2-keep")
 RANKS = (0, 7)
 COLUMNS = ["config", "model", "engine", "rank", "world_size", "step", "device", "optimizer",
            "param_numel", "local_param_bytes",
@@ -237,9 +241,11 @@ def run_one(model_name, engine, rank, device, history_dir):
         if model_name == "llama":
             out["details"]["attn_implementation"] = model.config._attn_implementation
 
-        if engine == "ddp":
+        if engine.startswith("ddp"):
             from torch.nn.parallel import DistributedDataParallel as DDP
-            model = DDP(model, device_ids=[0] if cuda else None)
+            ddp_kwargs = {"ddp-gabv": {"gradient_as_bucket_view": True}, "ddp-static": {"static_graph": True},
+                          "ddp-unused": {"find_unused_parameters": True}}.get(engine, {})
+            model = DDP(model, device_ids=[0] if cuda else None, **ddp_kwargs)
             hook_state = {"step": 0, "calls": []}
 
             def hook(state, bucket):
@@ -260,9 +266,15 @@ def run_one(model_name, engine, rank, device, history_dir):
             from torch.distributed.device_mesh import init_device_mesh
             from torch.distributed.fsdp import fully_shard
             mesh = init_device_mesh(dev.type, (WORLD,))
+            fsdp_kwargs = {}
+            if engine == "fsdp2-mp":
+                from torch.distributed.fsdp import MixedPrecisionPolicy
+                fsdp_kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            if engine == "fsdp2-keep":
+                fsdp_kwargs["reshard_after_forward"] = False
             for b in blocks:
-                fully_shard(b, mesh=mesh)
-            fully_shard(model, mesh=mesh)
+                fully_shard(b, mesh=mesh, **fsdp_kwargs)
+            fully_shard(model, mesh=mesh, **fsdp_kwargs)
         base["local_param_bytes"] = sum(
             (p.to_local() if hasattr(p, "to_local") else p).untyped_storage().nbytes()
             for p in model.parameters())
@@ -270,7 +282,7 @@ def run_one(model_name, engine, rank, device, history_dir):
 
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         for step in range(1, STEPS + 1):
-            if engine == "ddp":
+            if engine.startswith("ddp"):
                 hook_state["step"] = step
             if cuda:
                 torch.cuda.synchronize()
@@ -299,7 +311,7 @@ def run_one(model_name, engine, rank, device, history_dir):
 
         # details are best effort: a failure here must not lose the measured rows
         try:
-            if engine == "ddp":
+            if engine.startswith("ddp"):
                 out["details"]["bucket_calls"] = hook_state["calls"]
                 try:
                     ld = model._get_ddp_logging_data()
@@ -359,6 +371,8 @@ def main():
                     help="seconds for the whole run; configurations left when it is spent are "
                          "recorded as skipped")
     ap.add_argument("--only", default="", help="comma-separated config names (default: all 12)")
+    ap.add_argument("--variants", action="store_true",
+                    help="instead: rank 0 of each model under the engines' options (" + ", ".join(VARIANTS) + ")")
     ap.add_argument("--one", nargs=3, metavar=("MODEL", "ENGINE", "RANK"), help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -370,7 +384,8 @@ def main():
         return
 
     start = time.perf_counter()
-    configs = [(m, e, r) for m in MODELS for e in ENGINES for r in RANKS]
+    configs = ([(m, e, 0) for m in MODELS for e in VARIANTS] if args.variants
+               else [(m, e, r) for m in MODELS for e in ENGINES for r in RANKS])
     if args.only:
         keep = set(args.only.split(","))
         configs = [c for c in configs if config_name(*c) in keep]
