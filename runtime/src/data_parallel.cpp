@@ -281,14 +281,18 @@ void DataParallel::pre_forward() {
   if (config_.broadcast_buffers && !buffers_.empty()) broadcast_coalesced(buffers_, "buffers");
 }
 
-Tensor DataParallel::post_forward(Tensor output) {
+std::vector<Tensor> DataParallel::post_forward(std::vector<Tensor> outputs) {
   // distributed.py _post_forward: _DDPSink.apply when find_unused_parameters and not
-  // static_graph, or on static_graph's first iteration; its forward clones each output.
+  // static_graph, or on static_graph's first iteration; its forward clones each tensor of the
+  // output, in the output's order (a causal LM's: the loss, then the logits).
   const bool sink = (config_.find_unused_parameters && !config_.static_graph) || (config_.static_graph && forwards_ == 0);
   ++forwards_;
   stage_ = "step " + std::to_string(forwards_) + " backward";
-  if (!sink || !output.defined()) return output;
-  return clone(output);  // the output's copy, counted where the output is, not as DDP's buffer
+  if (!sink) return outputs;
+  for (Tensor& t : outputs) {
+    if (t.defined()) t = clone(t);  // the copy counts where the output does, not as DDP's buffer
+  }
+  return outputs;
 }
 
 void DataParallel::grad_ready(TensorImpl& param) {

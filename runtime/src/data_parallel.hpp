@@ -39,7 +39,7 @@ class DataParallel {
   void pre_forward();
   /// _post_forward's _DDPSink: with find_unused_parameters (not static_graph), and on
   /// static_graph's first forward, every output is cloned (_ddp_sink_clone).
-  Tensor post_forward(Tensor output);
+  std::vector<Tensor> post_forward(std::vector<Tensor> outputs);
   /// The Reducer's autograd hook, after `param`'s AccumulateGrad ran.
   void grad_ready(TensorImpl& param);
   /// The end of backward (the Reducer's finalize_backward; static_graph's first delay_all_reduce).

@@ -203,14 +203,22 @@ StepStats Trainer::step() {
     if (ddp_) ddp_->pre_forward();  // DDP's forward: the buckets' rebuild, the buffers' broadcast
     AutocastRegion autocast(rt, autocast_dtype(config_.precision));
     output = run_forward(input);
-    if (ddp_) output = ddp_->post_forward(std::move(output));
+    const bool own_loss = model_->info().loss == LossKind::CausalLM;
+    // DDP's forward ends with the model's output: before the training loop's loss, or, for
+    // a model that computes its own, after it (the output object holds the loss and logits).
+    if (ddp_ && !own_loss) output = ddp_->post_forward({std::move(output)}).front();
     ModuleScope scope(loss_fwd);
     BackwardContextGuard backward_scope(loss_bwd);
     loss = model_->loss(output, target);
+    if (ddp_ && own_loss) {
+      auto sunk = ddp_->post_forward({std::move(loss), std::move(output)});
+      loss = std::move(sunk[0]);
+      output = std::move(sunk[1]);
+    }
     // A model that computes its own loss returns it in an output object the training loop
     // drops at once: `loss = model(input_ids=x, labels=x).loss`, and Trainer.compute_loss
     // (transformers/trainer.py) returns only the loss. The logits are gone before backward.
-    if (model_->info().loss == LossKind::CausalLM) output = Tensor{};
+    if (own_loss) output = Tensor{};
   }
   end_phase(alloc, *peaks_, s.forward);
 

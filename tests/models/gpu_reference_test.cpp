@@ -250,9 +250,14 @@ TEST(GpuReference, EveryOpenFigureIsARowOfTheReference) {
 // wrapping and at each step, exact to the byte.
 TEST(ParallelReference, DdpRanksMatchTheH100StepByStep) {
   const fs::path dir = fs::path(VRAMSCOPE_SOURCE_DIR) / "tests/data/h100-parallel-2026-11-26";
-  const auto rows = read_csv(dir / "parallel_reference.csv");
-  std::ifstream json_file(dir / "parallel_reference.json");
-  const nlohmann::json details = nlohmann::json::parse(json_file);
+  // The defaults (parallel_reference.py) and DDP's options (its --variants: rank 0 each).
+  std::vector<std::map<std::string, std::string>> rows = read_csv(dir / "parallel_reference.csv");
+  for (auto& row : read_csv(dir / "variants/parallel_variants.csv")) rows.push_back(std::move(row));
+  nlohmann::json configs = nlohmann::json::object();
+  for (const char* file : {"parallel_reference.json", "variants/parallel_variants.json"}) {
+    std::ifstream json_file(dir / file);
+    configs.update(nlohmann::json::parse(json_file).at("configs"));
+  }
   struct Case {
     std::string config;
     std::function<void(nn::TrainConfig&)> setup;
@@ -279,83 +284,110 @@ TEST(ParallelReference, DdpRanksMatchTheH100StepByStep) {
          cfg.model = ModelFile::load((dir / "ref-resmlp.json").string());
          cfg.model_options.batch = 64;
        },
-       2560,                    // a [64, 10] f32 output
-       256000 + 512 + 512,      // x [64, 1000] f32, y [64] int64, the loss
-       0, 0, 0, {48340612}, {}},
+       2560,                // a [64, 10] f32 output
+       256000 + 512 + 512,  // x [64, 1000] f32, y [64] int64, the loss
+       0,
+       0,
+       0,
+       {48340612},
+       {}},
       {"llama-ddp-r0",
        [&](nn::TrainConfig& cfg) {
          cfg.model = load_hf_config((dir / "ref-llama-2layer.json").string());
          cfg.model_options.batch = 2;
          cfg.model_options.seq = 256;
          cfg.model_options.attention = "sdpa";
-         cfg.precision = nn::Precision::BF16;  // built under torch.set_default_dtype(torch.bfloat16)
+         cfg.precision =
+             nn::Precision::BF16;  // built under torch.set_default_dtype(torch.bfloat16)
        },
-       0,                       // the causal LM's output object is dropped by both
-       2 * 256 * 8 + 512,       // input_ids [2, 256] int64 (also the labels), the loss
-       512, 1 * 1024 * 1024, 2 * 1024 * 1024, {77140992, 256}, {256}},
+       0,                  // the causal LM's output object is dropped by both
+       2 * 256 * 8 + 512,  // input_ids [2, 256] int64 (also the labels), the loss
+       512,
+       1 * 1024 * 1024,
+       2 * 1024 * 1024,
+       {77140992, 256},
+       {256}},
       {"cnn-ddp-r0",
        [&](nn::TrainConfig& cfg) {
          cfg.model = ModelFile::load((dir / "ref-cnn.json").string());
          cfg.model_options.batch = 32;
        },
-       1536,                    // the [32, 10] f32 output's block
+       1536,                              // the [32, 10] f32 output's block
        32 * 3 * 64 * 64 * 4 + 512 + 512,  // x, y [32] int64, the loss
        0,
        // The convolutions' own step is exact only to a few MiB on one GPU (cuDNN's
        // workspaces, chosen per shape, where vramscope takes im2col columns:
        // docs/VALIDATION.md): what DDP adds is checked exactly through its buffers.
-       2 * 1024 * 1024, 24 * 1024 * 1024,
+       2 * 1024 * 1024,
+       24 * 1024 * 1024,
        // f32 parameters and statistics, then the three int64 num_batches_tracked; each
        // forward the statistics (2 x 217 channels) and the counters.
-       {355168, 24}, {1736, 24}},
+       {355168, 24},
+       {1736, 24}},
   };
-  for (const Case& c : cases) {
-    SCOPED_TRACE(c.config);
-    std::vector<std::map<std::string, std::string>> steps;
-    for (const auto& row : rows)
-      if (row.at("config") == c.config) steps.push_back(row);
-    ASSERT_EQ(steps.size(), 3u);
-    // The buckets the comm hook reduced in each step's backward: step 1's the first ones,
-    // step 2's and 3's the rebuilt ones.
-    std::map<int, std::vector<std::size_t>> reduced;
-    for (const auto& call : details.at("configs").at(c.config).at("bucket_calls")) {
-      reduced[call.at("step").get<int>()].push_back(call.at("bytes").get<std::size_t>());
+  const struct {
+    const char* suffix;   // of the recording's config name
+    const char* options;  // DistributedDataParallel's arguments
+  } engines[] = {{"ddp", ""},
+                 {"ddp-gabv", "gradient_as_bucket_view=true"},
+                 {"ddp-static", "static_graph=true"},
+                 {"ddp-unused", "find_unused_parameters=true"}};
+  std::size_t compared = 0;
+  for (const Case& base : cases) {
+    for (const auto& engine : engines) {
+      Case c = base;
+      c.config.replace(c.config.find("ddp"), 3, engine.suffix);
+      SCOPED_TRACE(c.config);
+      std::vector<std::map<std::string, std::string>> steps;
+      for (const auto& row : rows)
+        if (row.at("config") == c.config) steps.push_back(row);
+      ASSERT_EQ(steps.size(), 3u);
+      ++compared;
+      // The buckets the comm hook reduced in each step's backward, in order.
+      std::map<std::size_t, std::vector<std::size_t>> reduced;
+      for (const auto& call : configs.at(c.config).at("bucket_calls")) {
+        reduced[call.at("step").get<std::size_t>()].push_back(call.at("bytes").get<std::size_t>());
+      }
+      nn::TrainConfig cfg;
+      c.setup(cfg);
+      cfg.device = "sim:h100-80g";
+      cfg.stack = nn::Stack::parse("torch=2.11,transformers=5.17,peft=0.21");
+      cfg.parallel = nn::parse_parallel("ddp:8", engine.options);
+      auto device = make_device(cfg.device);
+      CachingAllocator alloc{device};
+      nn::Trainer trainer{cfg, alloc};
+      EXPECT_EQ(alloc.stats().allocated_bytes[0].current + c.before_model,
+                number(steps[0], "allocated_after_wrap"));
+      EXPECT_EQ(alloc.stats().reserved_bytes[0].current, number(steps[0], "reserved_after_wrap"));
+      for (std::size_t i = 0; i < 3; ++i) {
+        const nn::StepStats s = trainer.step();
+        const std::string step = "step " + std::to_string(i + 1);
+        EXPECT_NEAR(static_cast<double>(s.peak_allocated - c.output_bytes + c.before_model),
+                    static_cast<double>(number(steps[i], "max_allocated")),
+                    static_cast<double>(c.step_tolerance))
+            << step;
+        EXPECT_NEAR(static_cast<double>(s.peak_reserved),
+                    static_cast<double>(number(steps[i], "max_reserved")),
+                    static_cast<double>(c.reserved_tolerance))
+            << step;
+        EXPECT_NEAR(static_cast<double>(s.allocated_end + c.locals_after_step + c.before_model),
+                    static_cast<double>(number(steps[i], "allocated_after_step")),
+                    static_cast<double>(c.step_tolerance))
+            << step;
+        EXPECT_EQ(trainer.ddp_bucket_bytes(), reduced[i + 1])
+            << step;  // the buckets this backward reduced
+      }
+      std::vector<std::size_t> construction, forward;
+      for (const nn::CommunicationBuffer& b : trainer.communication_buffers()) {
+        if (b.what == "parameters and buffers broadcast copy") construction.push_back(b.bytes);
+        if (b.what == "buffers broadcast copy" && b.allocated == "step 2 forward")
+          forward.push_back(b.bytes);
+      }
+      EXPECT_EQ(construction, c.construction_copies);
+      EXPECT_EQ(forward, c.forward_copies);
     }
-    const std::vector<std::size_t> first_buckets = reduced[1], rebuilt_buckets = reduced[2];
-    EXPECT_EQ(reduced[3], rebuilt_buckets);
-    nn::TrainConfig cfg;
-    c.setup(cfg);
-    cfg.device = "sim:h100-80g";
-    cfg.stack = nn::Stack::parse("torch=2.11,transformers=5.17,peft=0.21");
-    cfg.parallel = nn::parse_parallel("ddp:8");
-    auto device = make_device(cfg.device);
-    CachingAllocator alloc{device};
-    nn::Trainer trainer{cfg, alloc};
-    EXPECT_EQ(trainer.ddp_bucket_bytes(), first_buckets);
-    EXPECT_EQ(alloc.stats().allocated_bytes[0].current + c.before_model, number(steps[0], "allocated_after_wrap"));
-    EXPECT_EQ(alloc.stats().reserved_bytes[0].current, number(steps[0], "reserved_after_wrap"));
-    for (std::size_t i = 0; i < 3; ++i) {
-      const nn::StepStats s = trainer.step();
-      const std::string step = "step " + std::to_string(i + 1);
-      EXPECT_NEAR(static_cast<double>(s.peak_allocated - c.output_bytes + c.before_model),
-                  static_cast<double>(number(steps[i], "max_allocated")), static_cast<double>(c.step_tolerance))
-          << step;
-      EXPECT_NEAR(static_cast<double>(s.peak_reserved), static_cast<double>(number(steps[i], "max_reserved")),
-                  static_cast<double>(c.reserved_tolerance))
-          << step;
-      EXPECT_NEAR(static_cast<double>(s.allocated_end + c.locals_after_step + c.before_model),
-                  static_cast<double>(number(steps[i], "allocated_after_step")), static_cast<double>(c.step_tolerance))
-          << step;
-    }
-    EXPECT_EQ(trainer.ddp_bucket_bytes(), rebuilt_buckets);
-    std::vector<std::size_t> construction, forward;
-    for (const nn::CommunicationBuffer& b : trainer.communication_buffers()) {
-      if (b.what == "parameters and buffers broadcast copy") construction.push_back(b.bytes);
-      if (b.what == "buffers broadcast copy" && b.allocated == "step 2 forward") forward.push_back(b.bytes);
-    }
-    EXPECT_EQ(construction, c.construction_copies);
-    EXPECT_EQ(forward, c.forward_copies);
   }
+  EXPECT_EQ(compared, 12u);
 }
 
 }  // namespace
