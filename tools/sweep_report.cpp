@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "accepted_segments.hpp"
@@ -221,6 +222,15 @@ std::string sweep_report(const SweepResult& result, const ReportOptions& options
     any_error = any_error || row.error.has_value();
     out += wrap(fmt::format("[{}] {}", ++footnote, describe_failure(row)), "  ", "      ");
   }
+  if (std::any_of(result.rows.begin(), result.rows.end(),
+                  [](const SweepRow& r) { return r.fits() && r.figures.gradients_missing; })) {
+    // What "(grads missing!)" means, under the table as the other marks are.
+    out += wrap("(grads missing!) reentrant checkpointing whose input needs no grad: the first segment's "
+                "parameters got no gradient (PyTorch warns \"None of the inputs have requires_grad=True. "
+                "Gradients will be None\"), so its lower memory is missing work, not a saving; give "
+                "--input-requires-grad (x.requires_grad_()) or --checkpoint non-reentrant.",
+                "  ", "  ");
+  }
   for (const SweepRow& row : result.baselines) {
     const std::string what = std::string(nn::precision_name(row.precision)) +
                              (row.shape.empty() ? "" : " " + row.shape);
@@ -239,8 +249,9 @@ std::string sweep_report(const SweepResult& result, const ReportOptions& options
                 "  ", "  ");
   }
   if (any_best) {
-    out += fmt::format("  * least memory in nvidia-smi's view among the configurations of its dtype{} that fit\n",
-                       spec.batches.size() > 1 || spec.seqs.size() > 1 ? " and shape" : "");
+    const bool shapes = spec.batches.size() > 1 || spec.seqs.size() > 1, parallels = spec.parallels.size() > 1;
+    out += fmt::format("  * least memory in nvidia-smi's view among the configurations of its dtype{}{} that fit\n",
+                       shapes ? (parallels ? ", shape" : " and shape") : "", parallels ? " and GPUs" : "");
     for (const SweepRow& row : result.rows) {
       if (row.best && row.figures.peak_composition.total() > 0) {
         out += wrap(fmt::format("* {} peaks at {}: {}.", row.label(), human_bytes(row.figures.peak_allocated),

@@ -685,6 +685,10 @@ def check_reentrant(exe, work):
     check(by_k[0]["fits"] in ("1", "true", "True") and not by_k[0]["error"], by_k[0])
     rows = list(csv.DictReader(io.StringIO(run(exe, *base, "--input-requires-grad").stdout)))
     check(all(not r["error"] for r in rows), rows)
+    # The 2-segment row fits without its first segment's gradients: marked, and the mark explained.
+    table = run(exe, *base[:-2]).stdout
+    check("yes (grads missing!)" in table and "(grads missing!) reentrant checkpointing whose input needs no grad"
+          in table and "--input-requires-grad" in table, table)
 
 
 def check_auto_segments(exe, work):
