@@ -20,6 +20,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "csv_rows.hpp"
 #include "vramscope/models/hf_config.hpp"
 #include "vramscope/models/model_file.hpp"
 #include "vramscope/models/zoo.hpp"
@@ -29,6 +30,7 @@ namespace mem::models {
 namespace {
 
 namespace fs = std::filesystem;
+using test::read_csv;
 constexpr double kMiB = 1024.0 * 1024.0;
 
 fs::path reference_dir() {
@@ -36,44 +38,6 @@ fs::path reference_dir() {
   return VRAMSCOPE_GPU_REFERENCE;
 }
 
-/// One CSV file as rows of column -> text (RFC 4180 quoting, as Python's csv writes it).
-std::vector<std::map<std::string, std::string>> read_csv(const fs::path& path) {
-  std::ifstream in(path);
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  const std::string text = buffer.str();
-  std::vector<std::vector<std::string>> records(1, std::vector<std::string>(1));
-  bool quoted = false;
-  for (std::size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (quoted) {
-      if (c == '"' && i + 1 < text.size() && text[i + 1] == '"') {
-        records.back().back() += '"';
-        ++i;
-      } else if (c == '"') {
-        quoted = false;
-      } else {
-        records.back().back() += c;
-      }
-    } else if (c == '"') {
-      quoted = true;
-    } else if (c == ',') {
-      records.back().emplace_back();
-    } else if (c == '\n') {
-      records.emplace_back(1);
-    } else if (c != '\r') {
-      records.back().back() += c;
-    }
-  }
-  std::vector<std::map<std::string, std::string>> rows;
-  for (std::size_t r = 1; r < records.size(); ++r) {
-    if (records[r].size() != records[0].size()) continue;  // the empty record after the last newline
-    std::map<std::string, std::string> row;
-    for (std::size_t c = 0; c < records[0].size(); ++c) row[records[0][c]] = records[r][c];
-    rows.push_back(std::move(row));
-  }
-  return rows;
-}
 
 enum class Figure { MaxAllocated, AllocatedAfter, MaxReserved, OutsideAllocator };
 

@@ -11,11 +11,11 @@
 #include <cctype>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <string>
 #include <vector>
 
+#include "csv_rows.hpp"
 #include "vramscope/allocator/units.hpp"
 #include "vramscope/replay/replay.hpp"
 
@@ -188,35 +188,13 @@ TEST(ParallelReference, DdpAndFsdp2RanksReplayExactlyWithTheirPeaks) {
   // in PyTorch has no figures: its snapshot is replayed all the same).
   std::map<std::string, std::pair<std::size_t, std::size_t>> peaks;
   for (const fs::path& file : {dir / "parallel_reference.csv", dir / "variants" / "parallel_variants.csv"}) {
-    std::ifstream csv(file);
-    ASSERT_TRUE(csv) << file;
-    std::string line;
-    std::getline(csv, line);
-    const auto column = [&](const std::string& name) {
-      std::size_t index = 0, start = 0;
-      for (;;) {
-        const std::size_t comma = line.find(',', start);
-        if (line.substr(start, comma - start) == name) return index;
-        if (comma == std::string::npos) return std::string::npos;
-        start = comma + 1, ++index;
-      }
-    };
-    const std::size_t config_col = column("config"), allocated_col = column("max_allocated"),
-                      reserved_col = column("max_reserved");
-    ASSERT_NE(reserved_col, std::string::npos);
-    while (std::getline(csv, line)) {
-      // The fields before the figures hold no quoted commas; the optimizer column after them does.
-      std::vector<std::string> fields;
-      for (std::size_t start = 0, k = 0; k <= reserved_col; ++k) {
-        std::size_t end = line.find(',', start);
-        if (line[start] == '"') end = line.find(',', line.find('"', start + 1));
-        fields.push_back(line.substr(start, end - start));
-        start = end + 1;
-      }
-      if (fields[allocated_col].empty()) continue;
-      auto& [allocated, reserved] = peaks[fields[config_col]];
-      allocated = std::max<std::size_t>(allocated, std::stoull(fields[allocated_col]));
-      reserved = std::max<std::size_t>(reserved, std::stoull(fields[reserved_col]));
+    const auto rows = test::read_csv(file);
+    ASSERT_FALSE(rows.empty()) << file;
+    for (const auto& row : rows) {
+      if (row.at("max_allocated").empty()) continue;
+      auto& [allocated, reserved] = peaks[row.at("config")];
+      allocated = std::max<std::size_t>(allocated, std::stoull(row.at("max_allocated")));
+      reserved = std::max<std::size_t>(reserved, std::stoull(row.at("max_reserved")));
     }
   }
   std::size_t replayed = 0;
