@@ -79,6 +79,11 @@ Tensor DataParallel::make(const std::string& what, std::int64_t numel, DType dty
   return t;
 }
 
+Tensor DataParallel::make_int32s(const std::string& what, std::size_t n, std::size_t& entry) {
+  // As bytes: the runtime has no int32 dtype, and only the size counts here.
+  return make(what, 4 * static_cast<std::int64_t>(n), DType::U8, entry);
+}
+
 void DataParallel::release(Tensor& tensor, std::size_t entry) {
   tensor = Tensor{};
   if (entry < log_.size()) log_[entry].freed = stage_;
@@ -172,12 +177,12 @@ DataParallel::DataParallel(const ParallelConfig& config, Module& root, Runtime& 
   // local_used_map_dev_: int32 per parameter for the whole run, made by the Reducer's
   // constructor with find_unused_parameters, by set_static_graph with static_graph (both:
   // the second replaces the first).
-  // (int32, counted as bytes: the runtime has no int32 dtype; only the size counts)
-  const auto used_map = static_cast<std::int64_t>(4 * params_.size());
-  if (config.find_unused_parameters) local_used_map_ = make("local_used_map (int32 per parameter)", used_map, DType::U8, local_used_log_);
+  if (config.find_unused_parameters) {
+    local_used_map_ = make_int32s("local_used_map (int32 per parameter)", params_.size(), local_used_log_);
+  }
   if (config.static_graph) {
     std::size_t log = 0;
-    Tensor replacement = make("local_used_map (int32 per parameter)", used_map, DType::U8, log);
+    Tensor replacement = make_int32s("local_used_map (int32 per parameter)", params_.size(), log);
     release(local_used_map_, local_used_log_);
     local_used_map_ = std::move(replacement);
     local_used_log_ = log;
@@ -243,10 +248,8 @@ void DataParallel::pre_forward() {
       // sync_bucket_indices: the indices and the bucket sizes broadcast from rank 0 as two
       // int32 device tensors, freed on return.
       std::size_t indices_log = 0, sizes_log = 0;
-      Tensor indices = make("bucket indices (sync_bucket_indices, int32)", 4 * (static_cast<std::int64_t>(params_.size()) + 1),
-                            DType::U8, indices_log);
-      Tensor sizes = make("bucket sizes (sync_bucket_indices, int32)", 4 * static_cast<std::int64_t>(assignment.size()),
-                          DType::U8, sizes_log);
+      Tensor indices = make_int32s("bucket indices (sync_bucket_indices, int32)", params_.size() + 1, indices_log);
+      Tensor sizes = make_int32s("bucket sizes (sync_bucket_indices, int32)", assignment.size(), sizes_log);
       release(sizes, sizes_log);
       release(indices, indices_log);
     }

@@ -64,6 +64,8 @@ class DataParallel {
   Tensor bucket_view(std::size_t param) const;
   /// Allocates `numel` elements of `dtype` as `what`, logged (freed through release()).
   Tensor make(const std::string& what, std::int64_t numel, DType dtype, std::size_t& entry);
+  /// `n` int32 elements, logged as make() does.
+  Tensor make_int32s(const std::string& what, std::size_t n, std::size_t& entry);
   void release(Tensor& tensor, std::size_t entry);
   /// reducer.hpp should_rebuild_buckets' first half: the buckets are rebuilt once.
   bool rebuilds() const noexcept;
