@@ -248,14 +248,16 @@ std::string model_label(const nn::ModelInfo& info, const nn::ModelOptions& optio
 void add_parallel_options(CLI::App& app, ParallelArgs& args, bool list) {
   app.add_option("--parallel", args.spec,
                  std::string("the step on several GPUs, each rank's memory: ddp:N (DistributedDataParallel, one "
-                             "process per GPU) or none") +
-                     (list ? "; a list (none,ddp:8) gives each its rows" : ""))
+                             "process per GPU), fsdp:N (FSDP2: fully_shard on each block, then the root) or none") +
+                     (list ? "; a list (none,ddp:8,fsdp:8) gives each its rows" : ""))
       ->check(non_empty())
       ->capture_default_str();
   app.add_option("--parallel-options", args.options,
                  "the engine's arguments by their names, e.g. bucket_cap_mb=50,gradient_as_bucket_view=true "
                  "(ddp: bucket_cap_mb, gradient_as_bucket_view, broadcast_buffers, init_sync, static_graph, "
-                 "find_unused_parameters)")
+                 "find_unused_parameters; fsdp: reshard_after_forward, param_dtype, reduce_dtype (MixedPrecisionPolicy), "
+                 "init=meta|cuda (built on the meta device, the default, or whole on the GPU first), rank=R (the rank "
+                 "shown; the last ones hold fewer rows when dim 0 does not split evenly))")
       ->check(non_empty());
 }
 
@@ -271,7 +273,7 @@ std::vector<nn::ParallelConfig> parse_parallel_args(const ParallelArgs& args) {
   if (!any && !args.options.empty()) {
     (void)as_usage("--parallel-options", [&] { return nn::parse_parallel("none", args.options); });  // says why
   }
-  if (out.empty()) throw UsageError("--parallel: empty; give ddp:N or none");
+  if (out.empty()) throw UsageError("--parallel: empty; give ddp:N, fsdp:N or none");
   return out;
 }
 
@@ -283,10 +285,16 @@ std::string parallel_note(const std::vector<nn::ParallelConfig>& configs) {
   std::string out;
   for (const nn::ParallelConfig& config : configs) {
     if (!config.enabled()) continue;
-    out += "parallel: " + nn::parallel_label(config) +
-           ": every figure is one GPU's, each rank alike (DistributedDataParallel runs the whole step on each GPU "
-           "and adds its gradient buckets and broadcasts); NCCL's own buffers, outside the caching allocator, are "
-           "not in the nvidia-smi view yet\n";
+    const std::string engine =
+        config.engine == nn::ParallelEngine::Ddp
+            ? "each rank alike (DistributedDataParallel runs the whole step on each GPU and adds its gradient "
+              "buckets and broadcasts)"
+            : "rank " + std::to_string(config.rank) +
+                  "'s (FSDP2 keeps a padded 1/N shard of each parameter, all-gathers each block's before it runs "
+                  "and reduce-scatters its gradients, on streams of its own; ranks differ only in the rows of "
+                  "shards that do not split evenly)";
+    out += "parallel: " + nn::parallel_label(config) + ": every figure is one GPU's, " + engine +
+           "; NCCL's own buffers, outside the caching allocator, are not in the nvidia-smi view yet\n";
   }
   return out;
 }

@@ -214,7 +214,8 @@ void run(const TraceArgs& args) {
   }
   if (trainer) {
     std::cout << fmt::format("parameters and buffers{} allocated: {} ({} reserved, {} in nvidia-smi's view)\n\n",
-                             cfg.parallel.enabled() ? ", and DDP's gradient buckets," : "", human_bytes(allocator.stats().allocated_bytes[0].current),
+                             cfg.parallel.engine == nn::ParallelEngine::Ddp    ? ", and DDP's gradient buckets,"
+                             : cfg.parallel.engine == nn::ParallelEngine::Fsdp ? " (FSDP's shards)," : "", human_bytes(allocator.stats().allocated_bytes[0].current),
                              human_bytes(allocator.stats().reserved_bytes[0].current),
                              human_bytes(allocator.stats().device_used_bytes.current));
     MemoryLogger log{allocator, std::cout,
@@ -403,7 +404,8 @@ void add_trace_command(CLI::App& app) {
       ->type_name("FILE.csv|json");
   cmd->add_option("--buffers", args->buffers,
                   "with --parallel: write every communication buffer the engine allocated (DDP's gradient "
-                  "buckets, broadcast copies, shape checks) with its bytes, stream and lifetime, as CSV or JSON "
+                  "buckets, broadcast copies, shape checks; FSDP's all-gather outputs, unsharded parameters, reduce-scatter inputs "
+                  "and outputs) with its bytes, stream and lifetime, as CSV or JSON "
                   "(by the extension)")
       ->type_name("FILE.csv|json");
   cmd->add_option("--saved", args->saved,

@@ -264,6 +264,8 @@ CudaDevice::CudaDevice(int ordinal, const std::string& note)
   info_.granularity = 2 * MiB;
   info_.simulated = false;
   info_.compute_capability = prop.major * 10 + prop.minor;
+  info_.multiprocessors = prop.multiProcessorCount;
+  info_.max_threads_per_multiprocessor = prop.maxThreadsPerMultiProcessor;
   info_.assumptions = info_.name + ": " + format_bytes(total_bytes) +
                       " total (cudaMemGetInfo), CUDA context " +
                       (context != 0 ? format_bytes(context) + " measured by NVML at start"

@@ -47,81 +47,85 @@ struct Preset {
   std::size_t capacity;
   std::size_t context;
   int compute_capability;
+  // cudaDeviceProp's multiProcessorCount and maxThreadsPerMultiProcessor (NVIDIA's specs):
+  // kernels that size their launch by them allocate metadata by them (FSDP's copy-out).
+  int multiprocessors;
+  int max_threads_per_multiprocessor;
   std::string_view description;
 };
 
 constexpr std::size_t mib(std::size_t n) { return n * MiB; }
 
 constexpr Preset kPresets[] = {
-    {"rtx2080s", mib(7982), mib(300), 75,
+    {"rtx2080s", mib(7982), mib(300), 75, 48, 1024,
      "GeForce RTX 2080 SUPER (Turing, 8 GB GDDR6): total about 7982 MiB (PyTorch: \"7.79 GiB "
      "total capacity\"); context 300 MiB assumed"},
-    {"rtx2080ti", mib(11019), mib(300), 75,
+    {"rtx2080ti", mib(11019), mib(300), 75, 68, 1024,
      "GeForce RTX 2080 Ti (Turing, 11 GB GDDR6): total about 11019 MiB (PyTorch: \"10.76 GiB "
      "total capacity\"); context 300 MiB assumed"},
-    {"titanx-pascal", mib(12196), mib(250), 61,
+    {"titanx-pascal", mib(12196), mib(250), 61, 28, 2048,
      "NVIDIA TITAN X (Pascal, 12 GB GDDR5X): total about 12196 MiB (PyTorch: \"11.91 GiB "
      "total capacity\"); context 250 MiB assumed"},
-    {"t4", mib(15104), mib(300), 75,
+    {"t4", mib(15104), mib(300), 75, 40, 1024,
      "Tesla T4 (Turing, 16 GB GDDR6): total about 15104 MiB (PyTorch on Colab: \"14.75 GiB "
      "total capacity\"); context 300 MiB assumed"},
-    {"v100-16g", mib(16160), mib(320), 70,
+    {"v100-16g", mib(16160), mib(320), 70, 80, 2048,
      "Tesla V100-SXM2-16GB (Volta, HBM2): total about 16160 MiB (PyTorch: \"15.78 GiB total "
      "capacity\"); context 320 MiB assumed"},
-    {"v100-32g", mib(32510), mib(320), 70,
+    {"v100-32g", mib(32510), mib(320), 70, 80, 2048,
      "Tesla V100-SXM2-32GB (Volta, HBM2): total about 32510 MiB (PyTorch: \"31.75 GiB total "
      "capacity\"); context 320 MiB assumed"},
-    {"rtx4090", mib(24217), mib(400), 89,
+    {"rtx4090", mib(24217), mib(400), 89, 128, 1536,
      "GeForce RTX 4090 (Ada, 24 GB GDDR6X): total about 24217 MiB (PyTorch: \"23.65 GiB total "
      "capacity\"); context 400 MiB assumed"},
-    {"a100-40g", 42'298'834'944, mib(420), 80,
+    {"a100-40g", 42'298'834'944, mib(420), 80, 108, 2048,
      "A100-SXM4-40GB (Ampere, HBM2): total 42,298,834,944 B = 40339 MiB as deviceQuery "
      "reports it (PyTorch: \"39.39 GiB\"); context 420 MiB assumed"},
-    {"a100-80g", mib(81049), mib(420), 80,
+    {"a100-80g", mib(81049), mib(420), 80, 108, 2048,
      "A100 80GB (Ampere, HBM2e): total about 81049 MiB as deviceQuery reports it (PyTorch: "
      "\"79.15 GiB total capacity\"; nvidia-smi shows 81920 MiB); context 420 MiB assumed"},
-    {"h100-80g", 85'017'493'504, 552'402'944, 90,
+    {"h100-80g", 85'017'493'504, 552'402'944, 90, 132, 2048,
      "H100 80GB HBM3 (Hopper, SXM): total 85,017,493,504 B = 79.18 GiB as cudaMemGetInfo "
      "reports it (nvidia-smi: 81559 MiB); context 526.81 MiB, measured with PyTorch 2.11 and "
      "CUDA 13 right after initialisation (driver 580)"},
     // The rest: Linux figures from deviceQuery outputs and PyTorch OOM messages users posted
     // (sources in each description); the context is PyTorch's maintainers' figure for CUDA
     // >= 11.7 with lazy module loading, "around 400MB" (pytorch/pytorch#109888), unless said.
-    {"rtx3060", 12'626'493'440, mib(400), 86,
+    {"rtx3060", 12'626'493'440, mib(400), 86, 28, 1536,
      "GeForce RTX 3060 12GB (Ampere, GDDR6): total 12,626,493,440 B = 12042 MiB as deviceQuery "
      "reports it on Linux (CUDA 12.1; PyTorch: \"11.75 GiB total capacity\", "
      "PromtEngineer/localGPT-Vision#14); context 400 MiB assumed"},
-    {"rtx3080", 10'472'390'656, mib(400), 86,
+    {"rtx3080", 10'472'390'656, mib(400), 86, 68, 1536,
      "GeForce RTX 3080 10GB (Ampere, GDDR6X): total 10,472,390,656 B = 9987 MiB as deviceQuery "
      "reports it on Linux (CUDA 12.0; PyTorch: \"9.78 GiB total capacity\", zai-org/CogVideo#34); "
      "context 400 MiB assumed"},
-    {"rtx3090", 25'447'170'048, mib(400), 86,
+    {"rtx3090", 25'447'170'048, mib(400), 86, 82, 1536,
      "GeForce RTX 3090 (Ampere, 24 GB GDDR6X): total 25,447,170,048 B = 24268 MiB as deviceQuery "
      "reports it on Linux (CUDA 11.8; PyTorch: \"23.70 GiB total capacity\", GaoLii/DSP#10; newer "
      "drivers report down to 24115 MiB); context 400 MiB assumed"},
-    {"rtx5090", 33'668'857'856, mib(400), 120,
+    {"rtx5090", 33'668'857'856, mib(400), 120, 170, 1536,
      "GeForce RTX 5090 (Blackwell, 32 GB GDDR7): total 33,668,857,856 B = 32109 MiB as "
      "deviceQuery reports it on Linux (CUDA 13.0; PyTorch: \"31.36 GiB total capacity\"); "
      "context 400 MiB assumed"},
-    {"rtx-a6000", 51'160'023'040, mib(400), 86,
+    {"rtx-a6000", 51'160'023'040, mib(400), 86, 84, 1536,
      "RTX A6000 (Ampere, 48 GB GDDR6, ECC off): total 51,160,023,040 B = 48790 MiB as "
      "deviceQuery reports it (CUDA 12.7; PyTorch with driver 525: \"47.54 GiB total capacity\", "
      "vllm-project/vllm#1201); context 400 MiB assumed"},
-    {"a10g", mib(22507), mib(400), 86,
+    {"a10g", mib(22507), mib(400), 86, 80, 1536,
      "NVIDIA A10G (Ampere, 24 GB GDDR6, AWS g5): total about 22507 MiB (PyTorch in 2025: \"21.98 "
      "GiB total capacity\"; 22.19 GiB with 2023 drivers, vllm-project/vllm#372); context 400 MiB "
      "assumed"},
-    {"l4", 23'612'293'120, mib(400), 89,
+    {"l4", 23'612'293'120, mib(400), 89, 58, 1536,
      "NVIDIA L4 (Ada, 24 GB GDDR6): total 23,612,293,120 B = 22518 MiB as deviceQuery reports it "
      "(CUDA 12.0; nvidia-smi: 23034 MiB; PyTorch: 21.96-21.99 GiB); context 400 MiB assumed"},
-    {"l40s", 47'576'711'168, mib(400), 89,
+    {"l40s", 47'576'711'168, mib(400), 89, 142, 1536,
      "NVIDIA L40S (Ada, 48 GB GDDR6): total 47,576,711,168 B = 45373 MiB as deviceQuery reports "
      "it (CUDA 12.4; PyTorch: 44.31-44.53 GiB, most often 44.39, Wan-Video/Wan2.1#205); context "
      "400 MiB assumed"},
-    {"h200", mib(143155), 552'402'944, 90,
+    {"h200", mib(143155), 552'402'944, 90, 132, 2048,
      "H200 141GB HBM3e (Hopper): total about 143155 MiB (PyTorch: \"139.80 GiB total "
      "capacity\", also 139.72-139.81); context 526.81 MiB assumed, as measured on an H100"},
-    {"b200", mib(182630), 552'402'944, 100,
+    {"b200", mib(182630), 552'402'944, 100, 148, 2048,
      "B200 180GB HBM3e (Blackwell): total about 182630 MiB (PyTorch: \"178.35 GiB total "
      "capacity\", also 178.36); context 526.81 MiB assumed, as measured on an H100"},
 };
@@ -274,6 +278,8 @@ SimDeviceConfig from_preset(const Preset& p) {
   c.capacity = p.capacity;
   c.context_bytes = p.context;
   c.compute_capability = p.compute_capability;
+  c.multiprocessors = p.multiprocessors;
+  c.max_threads_per_multiprocessor = p.max_threads_per_multiprocessor;
   c.cublas_bytes = kCublasBytes;
   c.cudnn_bytes = kCudnnBytes;
   c.granularity = 2 * MiB;
@@ -433,6 +439,8 @@ SimDevice::SimDevice(SimDeviceConfig config)
   info_.granularity = config_.granularity;
   info_.simulated = true;
   info_.compute_capability = config_.compute_capability;
+  info_.multiprocessors = config_.multiprocessors;
+  info_.max_threads_per_multiprocessor = config_.max_threads_per_multiprocessor;
   info_.cublas_bytes = config_.cublas_bytes;
   info_.cudnn_bytes = config_.cudnn_bytes;
   const std::string libraries =

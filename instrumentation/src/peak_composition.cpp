@@ -32,7 +32,9 @@ MemoryKind memory_kind(ContextId context) noexcept {
   const std::string_view path = info.path;
   if (path.empty() || path == "input") return MemoryKind::Other;
   if (path.ends_with(".grad")) return MemoryKind::Gradients;
-  if (path.starts_with("DistributedDataParallel")) return MemoryKind::Communication;
+  if (path.starts_with("DistributedDataParallel") || path.starts_with("FullyShardedDataParallel")) {
+    return MemoryKind::Communication;
+  }
   switch (info.phase) {
     case Phase::None: return MemoryKind::Weights;
     case Phase::Optimizer: return MemoryKind::OptimizerState;

@@ -3,6 +3,7 @@
 // that accumulate gradients in place when they hold the last reference, and
 // PyTorch's freeing order per node: outputs computed, incoming gradients freed,
 // saved tensors released, outputs routed.
+#include <exception>
 #include <queue>
 #include <unordered_map>
 
@@ -48,6 +49,14 @@ void accumulate(Tensor& slot, Tensor&& grad) {
 
 void backward(const TensorList& roots, const TensorList& grads) {
   NoGradGuard no_grad;  // backward itself records nothing (create_graph=False)
+  struct DropCallbacksOnThrow {  // a failed backward leaves no callback for the next one
+    const TensorList& roots;
+    ~DropCallbacksOnThrow() {
+      if (std::uncaught_exceptions() > 0 && !roots.empty() && roots.front().defined()) {
+        roots.front().runtime().clear_backward_callbacks();
+      }
+    }
+  } drop_callbacks{roots};
   std::unordered_map<Node*, NodeState> state;
   std::vector<std::pair<std::shared_ptr<Node>, std::uint32_t>> root_edges;
 
@@ -135,6 +144,8 @@ void backward(const TensorList& roots, const TensorList& grads) {
       if (--next.dependencies == 0) ready.push(Task{edge.fn, order++});
     }
   }
+  // The graph is done: queued callbacks (FSDP's root post-backward) run before the seeds die.
+  if (!roots.empty()) roots.front().runtime().run_backward_callbacks();
 }
 
 void backward(const Tensor& root, const Tensor& grad) { backward(TensorList{root}, TensorList{grad}); }

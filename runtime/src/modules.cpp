@@ -14,6 +14,12 @@ Module::Module(std::string type_name) : type_name_(std::move(type_name)) {}
 Module::~Module() = default;
 
 Tensor Module::operator()(const Tensor& input) {
+  if (hooks_ == nullptr) return call(input);
+  const Tensor in = hooks_->pre_forward(*this, input);
+  return hooks_->post_forward(*this, call(in));
+}
+
+Tensor Module::call(const Tensor& input) {
   if (checkpoint_ != CheckpointMark::None && grad_enabled()) {
     // checkpoint_wrapper: the wrapped forward, rerun in backward (in the module's own
     // scopes then, too), keeps only its input.
@@ -150,6 +156,14 @@ std::size_t Module::buffer_bytes(DType dtype) const {
   return n;
 }
 
+namespace {
+thread_local bool tls_meta_parameters = false;
+}
+
+MetaParameters::MetaParameters() noexcept : previous_(tls_meta_parameters) { tls_meta_parameters = true; }
+MetaParameters::~MetaParameters() { tls_meta_parameters = previous_; }
+bool MetaParameters::active() noexcept { return tls_meta_parameters; }
+
 void Module::materialize(Runtime& runtime, DType dtype) {
   // Module._apply order: children first, then own parameters, then own buffers.
   for (auto& [name, child] : children_) child->materialize(runtime, dtype);
@@ -158,7 +172,11 @@ void Module::materialize(Runtime& runtime, DType dtype) {
     for (ParamSlot& slot : slots_) {
       if (slot.is_buffer != (pass == 1)) continue;
       const DType dt = slot.keeps_dtype ? slot.fixed_dtype : dtype;
-      slot.tensor = empty(runtime, slot.shape, dt);
+      {
+        std::optional<MetaDevice> meta;
+        if (!slot.is_buffer && tls_meta_parameters) meta.emplace();
+        slot.tensor = empty(runtime, slot.shape, dt);
+      }
       const std::uint64_t seed = runtime.init_seed() + 0x51ed27ull * (runtime.next_init_stream() + 1);
       if (slot.init_low == slot.init_high) {
         fill_(slot.tensor, slot.init_low);

@@ -26,6 +26,31 @@ bool parse_bool(std::string_view key, std::string_view value) {
 
 constexpr std::string_view kDdpOptions =
     "bucket_cap_mb, gradient_as_bucket_view, broadcast_buffers, init_sync, static_graph, find_unused_parameters";
+constexpr std::string_view kFsdpOptions = "reshard_after_forward, param_dtype, reduce_dtype, init, rank";
+
+/// MixedPrecisionPolicy's dtypes: a floating type the runtime models.
+DType parse_float_dtype(std::string_view key, std::string_view value) {
+  DType dtype = DType::F32;
+  try {
+    dtype = parse_dtype(value);
+  } catch (const Error&) {
+    dtype = DType::U8;
+  }
+  if (dtype != DType::F32 && dtype != DType::F16 && dtype != DType::BF16) {
+    throw Error(std::string(key) + "=" + std::string(value) + ": expected bf16, f16 or f32");
+  }
+  return dtype;
+}
+
+std::size_t parse_count(std::string_view key, std::string_view value, std::size_t limit) {
+  std::size_t n = 0;
+  const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
+  if (value.empty() || ec != std::errc{} || end != value.data() + value.size() || n >= limit) {
+    throw Error(std::string(key) + "=" + std::string(value) + ": expected a whole number below " +
+                std::to_string(limit));
+  }
+  return n;
+}
 
 }  // namespace
 
@@ -41,17 +66,20 @@ ParallelConfig parse_parallel(std::string_view spec, std::string_view options) {
   }
   const std::size_t colon = spec.find(':');
   const std::string_view engine = spec.substr(0, colon);
-  if (engine != "ddp") {
+  if (engine != "ddp" && engine != "fsdp") {
     throw Error("unknown engine '" + std::string(engine) +
-                "'; expected ddp:N (DistributedDataParallel on N GPUs) or none");
+                "'; expected ddp:N (DistributedDataParallel on N GPUs), fsdp:N (FSDP2's fully_shard "
+                "on N GPUs) or none");
   }
-  config.engine = ParallelEngine::Ddp;
+  config.engine = engine == "ddp" ? ParallelEngine::Ddp : ParallelEngine::Fsdp;
+  const bool ddp = config.engine == ParallelEngine::Ddp;
+  const std::string_view keys = ddp ? kDdpOptions : kFsdpOptions;
   const std::string_view count = colon == std::string_view::npos ? std::string_view{} : spec.substr(colon + 1);
   std::size_t n = 0;
   const auto [end, ec] = std::from_chars(count.data(), count.data() + count.size(), n);
   if (count.empty() || ec != std::errc{} || end != count.data() + count.size() || n < 1 || n > kMaxWorldSize) {
     throw Error("'" + std::string(spec) + "': the number of GPUs must be a whole number from 1 to " +
-                std::to_string(kMaxWorldSize) + ", e.g. ddp:8");
+                std::to_string(kMaxWorldSize) + ", e.g. " + std::string(engine) + ":8");
   }
   config.world_size = n;
   if (no_options) return config;
@@ -63,7 +91,7 @@ ParallelConfig parse_parallel(std::string_view spec, std::string_view options) {
     start = comma + 1;
     const std::size_t eq = item.find('=');
     if (item.empty() || eq == std::string_view::npos) {
-      throw Error("'" + std::string(item) + "' is not key=value (keys: " + std::string(kDdpOptions) + ")");
+      throw Error("'" + std::string(item) + "' is not key=value (keys: " + std::string(keys) + ")");
     }
     const std::string_view key = trim(item.substr(0, eq));
     const std::string_view value = trim(item.substr(eq + 1));
@@ -71,7 +99,26 @@ ParallelConfig parse_parallel(std::string_view spec, std::string_view options) {
       throw Error("'" + std::string(key) + "' is given twice");
     }
     seen.push_back(key);
-    if (key == "bucket_cap_mb") {
+    if (!ddp) {
+      if (key == "reshard_after_forward") {
+        config.reshard_after_forward = parse_bool(key, value);
+      } else if (key == "param_dtype") {
+        config.param_dtype = parse_float_dtype(key, value);
+      } else if (key == "reduce_dtype") {
+        config.reduce_dtype = parse_float_dtype(key, value);
+      } else if (key == "init") {
+        if (value != "meta" && value != "cuda") {
+          throw Error("init=" + std::string(value) +
+                      ": expected meta (built on the meta device, materialized sharded) or cuda (built whole on "
+                      "the GPU, then sharded)");
+        }
+        config.meta_init = value == "meta";
+      } else if (key == "rank") {
+        config.rank = parse_count(key, value, config.world_size);
+      } else {
+        throw Error("'" + std::string(key) + "' is not an option of fsdp (keys: " + std::string(kFsdpOptions) + ")");
+      }
+    } else if (key == "bucket_cap_mb") {
       // DDP takes a float of MiB (distributed.py: int(bucket_cap_mb * 1024 * 1024)); decimal only.
       double mb = 0;
       const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), mb, std::chars_format::general);
@@ -100,10 +147,18 @@ ParallelConfig parse_parallel(std::string_view spec, std::string_view options) {
 
 std::string parallel_label(const ParallelConfig& config) {
   if (!config.enabled()) return "none";
-  std::string out = "ddp:" + std::to_string(config.world_size);
-  const ParallelConfig defaults;
+  const bool ddp = config.engine == ParallelEngine::Ddp;
+  std::string out = (ddp ? "ddp:" : "fsdp:") + std::to_string(config.world_size);
   std::string options;
   const auto add = [&](const std::string& item) { options += (options.empty() ? " " : ",") + item; };
+  if (!ddp) {
+    if (config.reshard_after_forward) add(std::string("reshard_after_forward=") + (*config.reshard_after_forward ? "true" : "false"));
+    if (config.param_dtype) add("param_dtype=" + std::string(dtype_name(*config.param_dtype)));
+    if (config.reduce_dtype) add("reduce_dtype=" + std::string(dtype_name(*config.reduce_dtype)));
+    if (!config.meta_init) add("init=cuda");
+    if (config.rank != 0) add("rank=" + std::to_string(config.rank));
+    return out + options;
+  }
   if (config.bucket_cap_mb) {
     char buffer[32];
     const auto [end, ec] = std::to_chars(buffer, buffer + sizeof buffer, *config.bucket_cap_mb);

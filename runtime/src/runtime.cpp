@@ -97,6 +97,15 @@ Tensor Runtime::cached_cast(const Tensor& param, DType dtype) {
 
 void Runtime::clear_autocast_cache() noexcept { cast_cache_.clear(); }
 
+void Runtime::run_backward_callbacks() {
+  // A callback may queue another (PyTorch runs those too, in order).
+  for (std::size_t i = 0; i < backward_callbacks_.size(); ++i) {
+    auto callback = std::move(backward_callbacks_[i]);
+    callback();
+  }
+  backward_callbacks_.clear();
+}
+
 void Runtime::warn(std::string message) {
   if (std::find(warnings_.begin(), warnings_.end(), message) == warnings_.end()) {
     warnings_.push_back(std::move(message));

@@ -80,21 +80,34 @@ Shape contiguous_strides(const Shape& shape) noexcept {
   return strides;
 }
 
-Storage::Storage(Runtime& runtime, std::size_t nbytes) : runtime_(&runtime), nbytes_(nbytes) {
-  // Zero-byte tensors get no block, as in PyTorch (the allocator rejects 0 B).
-  if (nbytes > 0) data_ = runtime.allocator().allocate(nbytes, runtime.stream());
+namespace {
+thread_local bool tls_meta_device = false;
 }
 
-Storage::~Storage() {
-  if (data_ != nullptr) {
-    try {
-      runtime_->allocator().deallocate(data_);
-    } catch (...) {
-      // deallocate only throws for pointers it never handed out: an invariant
-      // violation we must not turn into std::terminate inside a destructor.
-    }
-  }
+MetaDevice::MetaDevice() noexcept : previous_(tls_meta_device) { tls_meta_device = true; }
+MetaDevice::~MetaDevice() { tls_meta_device = previous_; }
+bool MetaDevice::active() noexcept { return tls_meta_device; }
+
+Storage::Storage(Runtime& runtime, std::size_t nbytes) : runtime_(&runtime), nbytes_(nbytes) {
+  // Zero-byte tensors get no block, as in PyTorch (the allocator rejects 0 B).
+  if (nbytes > 0 && !tls_meta_device) data_ = runtime.allocator().allocate(nbytes, runtime.stream());
 }
+
+void Storage::allocate() {
+  if (data_ == nullptr && nbytes_ > 0) data_ = runtime_->allocator().allocate(nbytes_, runtime_->stream());
+}
+
+void Storage::free() noexcept {
+  if (data_ == nullptr) return;
+  try {
+    runtime_->allocator().deallocate(data_);
+  } catch (...) {
+    // deallocate only throws for pointers it never handed out: an invariant violation.
+  }
+  data_ = nullptr;
+}
+
+Storage::~Storage() { free(); }
 
 std::int64_t Tensor::size(std::int64_t d) const {
   const auto n = static_cast<std::int64_t>(dim());

@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "data_parallel.hpp"
+#include "fully_shard.hpp"
 #include "detail.hpp"
 #include "vramscope/allocator/config.hpp"
 #include "vramscope/allocator/sim_device.hpp"
@@ -114,18 +115,33 @@ Trainer::Trainer(const TrainConfig& config, CachingAllocator& allocator)
   composition_ = std::make_unique<PeakComposition>();
   allocator.add_observer(composition_.get());
   try {
-    model_->materialize(*runtime_, parameter_dtype(config.precision));
+    const bool fsdp = config.parallel.engine == ParallelEngine::Fsdp;
+    if (fsdp && plan_.checkpointed.size() > 0) {
+      throw Error("fsdp does not combine with checkpoint_sequential's segments (its hooks wrap the blocks); "
+                  "checkpoint the blocks themselves instead (checkpoint marks, --gradient-checkpointing)");
+    }
+    {
+      // FSDP2 at scale: the model is built on the meta device and fully_shard materializes
+      // only the shards (init=cuda builds it whole on the GPU first).
+      std::optional<MetaParameters> meta;
+      if (fsdp && config.parallel.meta_init) meta.emplace();
+      model_->materialize(*runtime_, parameter_dtype(config.precision));
+    }
     model_->body().train(true);
-    if (config.parallel.enabled()) {
+    if (config.parallel.engine == ParallelEngine::Ddp) {
       // model = DistributedDataParallel(model) before the optimizer is made, as scripts do.
       ddp_ = std::make_unique<detail::DataParallel>(config.parallel, model_->body(), *runtime_);
       runtime_->set_grad_ready_hook([ddp = ddp_.get()](detail::TensorImpl& leaf) { ddp->grad_ready(leaf); });
+    } else if (fsdp) {
+      fsdp_ = std::make_unique<detail::FullyShard>(config.parallel, model_->body(), *runtime_);
     }
-    optimizer_ = make_optimizer(config.optimizer, model_->parameters());
+    // After fully_shard, model.parameters() are the shards.
+    optimizer_ = make_optimizer(config.optimizer, fsdp_ ? fsdp_->parameters() : model_->parameters());
   } catch (...) {
     allocator.remove_observer(composition_.get());  // the destructor will not run
     runtime_->set_grad_ready_hook(nullptr);
     ddp_.reset();
+    fsdp_.reset();
     throw;
   }
   peaks_ = std::make_unique<detail::PhasePeaks>();
@@ -138,6 +154,7 @@ Trainer::~Trainer() {
   runtime_->set_grad_ready_hook(nullptr);
   optimizer_.reset();
   ddp_.reset();
+  fsdp_.reset();
   if (model_) model_->body().release();
 }
 
@@ -202,14 +219,21 @@ StepStats Trainer::step() {
     }
     if (ddp_) ddp_->pre_forward();  // DDP's forward: the buckets' rebuild, the buffers' broadcast
     AutocastRegion autocast(rt, autocast_dtype(config_.precision));
-    output = run_forward(input);
+    output = run_forward(fsdp_ ? fsdp_->root_pre_forward(input) : input);
     const bool own_loss = model_->info().loss == LossKind::CausalLM;
+    // The root's post-forward hook sees what the model returns, as DDP's sink does.
+    if (fsdp_ && !own_loss) output = fsdp_->root_post_forward({std::move(output)}).front();
     // DDP's forward ends with the model's output: before the training loop's loss, or, for
     // a model that computes its own, after it (the output object holds the loss and logits).
     if (ddp_ && !own_loss) output = ddp_->post_forward({std::move(output)}).front();
     ModuleScope scope(loss_fwd);
     BackwardContextGuard backward_scope(loss_bwd);
     loss = model_->loss(output, target);
+    if (fsdp_ && own_loss) {
+      auto hooked = fsdp_->root_post_forward({std::move(loss), std::move(output)});
+      loss = std::move(hooked[0]);
+      output = std::move(hooked[1]);
+    }
     if (ddp_ && own_loss) {
       auto sunk = ddp_->post_forward({std::move(loss), std::move(output)});
       loss = std::move(sunk[0]);
@@ -230,7 +254,9 @@ StepStats Trainer::step() {
     if (ddp_) ddp_->finalize_backward();
   }
   end_phase(alloc, *peaks_, s.backward);
-  for (const Tensor& p : model_->parameters()) s.params_without_grad += p.grad().defined() ? 0 : 1;
+  for (const Tensor& p : fsdp_ ? fsdp_->parameters() : model_->parameters()) {
+    s.params_without_grad += p.grad().defined() ? 0 : 1;
+  }
 
   s.optimizer = begin_phase(alloc, *peaks_);
   if (optimizer_) {
@@ -273,7 +299,12 @@ TrainReport Trainer::report() const {
     r.params_without_grad = std::max(r.params_without_grad, s.params_without_grad);
   }
   r.gradients_missing = r.params_without_grad > 0;
-  for (const Tensor& p : model_->parameters()) r.parameter_bytes += static_cast<std::int64_t>(p.nbytes());
+  // Each rank's: the shards under fsdp (their padded storage).
+  if (fsdp_) {
+    for (const Tensor& p : fsdp_->parameters()) r.parameter_bytes += static_cast<std::int64_t>(p.storage()->nbytes());
+  } else {
+    for (const Tensor& p : model_->parameters()) r.parameter_bytes += static_cast<std::int64_t>(p.nbytes());
+  }
   r.optimizer_state_bytes = optimizer_ ? static_cast<std::int64_t>(optimizer_->state_bytes()) : 0;
   r.warnings = runtime_->warnings();
   if (r.gradients_missing) {
@@ -288,6 +319,7 @@ TrainReport Trainer::report() const {
 }
 
 std::vector<CommunicationBuffer> Trainer::communication_buffers() const {
+  if (fsdp_) return fsdp_->buffers();
   return ddp_ ? ddp_->buffers() : std::vector<CommunicationBuffer>{};
 }
 

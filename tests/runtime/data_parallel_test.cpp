@@ -45,10 +45,32 @@ TEST(DataParallel, OptionsAreTheEnginesOwnNamesAndBadOnesAreRefused) {
                                      "static_graph=true"),
             tuned);
 
+  const ParallelConfig fsdp = parse_parallel("fsdp:16", "reshard_after_forward=false,param_dtype=bf16,"
+                                                       "reduce_dtype=f32,init=cuda,rank=15");
+  EXPECT_EQ(fsdp.engine, ParallelEngine::Fsdp);
+  EXPECT_EQ(fsdp.world_size, 16u);
+  EXPECT_EQ(fsdp.reshard_after_forward, false);
+  EXPECT_EQ(fsdp.param_dtype, DType::BF16);
+  EXPECT_EQ(fsdp.reduce_dtype, DType::F32);
+  EXPECT_FALSE(fsdp.meta_init);
+  EXPECT_EQ(fsdp.rank, 15u);
+  EXPECT_EQ(parallel_label(fsdp),
+            "fsdp:16 reshard_after_forward=false,param_dtype=bf16,reduce_dtype=f32,init=cuda,rank=15");
+  EXPECT_EQ(parallel_label(parse_parallel("fsdp:8")), "fsdp:8");
+
   const struct {
     const char *spec, *options, *says;
   } bad[] = {
-      {"fsdp:8", "", "unknown engine 'fsdp'"},
+      {"zero3:8", "", "unknown engine 'zero3'"},
+      {"fsdp:0", "", "whole number from 1"},
+      {"fsdp:8", "bucket_cap_mb=50", "'bucket_cap_mb' is not an option of fsdp"},
+      {"fsdp:8", "reshard_after_forward=2", "expected true or false"},
+      {"fsdp:8", "param_dtype=int8", "expected bf16, f16 or f32"},
+      {"fsdp:8", "reduce_dtype=", "expected bf16, f16 or f32"},
+      {"fsdp:8", "init=cpu", "expected meta"},
+      {"fsdp:8", "rank=8", "below 8"},
+      {"fsdp:8", "rank=-1", "below 8"},
+      {"fsdp:8", "rank=1,rank=2", "given twice"},
       {"ddp", "", "whole number from 1"},
       {"ddp:", "", "whole number from 1"},
       {"ddp:0", "", "whole number from 1"},

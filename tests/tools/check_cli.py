@@ -185,7 +185,9 @@ def check_oom(exe, work):
 
 
 BAD = [
-    (["sweep", "--parallel", "fsdp:8"], ["--parallel", "unknown engine 'fsdp'", "ddp:N"]),
+    (["sweep", "--parallel", "zero3:8"], ["--parallel", "unknown engine 'zero3'", "ddp:N", "fsdp:N"]),
+    (["sweep", "--parallel", "fsdp:8", "--parallel-options", "bucket_cap_mb=50"],
+     ["--parallel-options", "not an option of fsdp"]),
     (["sweep", "--parallel", "ddp:0"], ["--parallel", "whole number from 1"]),
     (["trace", "--parallel", "ddp"], ["--parallel", "whole number from 1"]),
     (["sweep", "--parallel-options", "bucket_cap_mb=50"], ["--parallel-options", "give one, e.g. ddp:8"]),

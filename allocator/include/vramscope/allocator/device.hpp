@@ -27,6 +27,8 @@ struct DeviceInfo {
   std::size_t granularity = 0;    ///< driver rounding of a segment in nvidia-smi's view
   bool simulated = true;
   int compute_capability = 0;     ///< major * 10 + minor (75 Turing, 80 A100, 90 H100); 0 unknown
+  int multiprocessors = 0;        ///< SMs (cudaDeviceProp::multiProcessorCount); 0 unknown
+  int max_threads_per_multiprocessor = 0;  ///< cudaDeviceProp::maxThreadsPerMultiProcessor; 0 unknown
   /// Device memory CUDA's lazy loading adds, outside any allocator, when cuBLAS's and
   /// cuDNN's kernels first run (Device::load_module). 0 on a real GPU, which loads its own.
   std::size_t cublas_bytes = 0, cudnn_bytes = 0;

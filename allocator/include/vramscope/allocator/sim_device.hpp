@@ -34,6 +34,8 @@ struct SimDeviceConfig {
   double malloc_latency_us = 0;              ///< virtual cost of one cudaMalloc
   double free_latency_us = 0;                ///< virtual cost of one cudaFree (implies a sync)
   int compute_capability = 0;                ///< "sm=90": which GPU generation; 0 unknown
+  int multiprocessors = 0;                   ///< SMs of a preset; 0 unknown (a custom GPU)
+  int max_threads_per_multiprocessor = 0;    ///< of a preset; 0 unknown
   /// Kernels loaded on first use (lazy loading), outside the allocator: "cublas=", "cudnn="
   /// (presets and specs: 224 MiB and 16 MiB, measured on an H100; a bare config: none).
   std::size_t cublas_bytes = 0;

@@ -16,6 +16,10 @@
 //     the gradient then becomes the bucket's view and its own block is freed), and after
 //     the all-reduce copied back;
 //   - each forward of a module with buffers, their broadcast (flat copies again).
+// FSDP2 (torch.distributed.fsdp.fully_shard on each block, then the root; PyTorch 2.11's
+// _fully_shard/*) keeps a padded 1/N shard of every parameter and adds, per group of
+// parameters: the all-gather output and the unsharded parameters while the group runs (again
+// in backward), the reduce-scatter input and output, on FSDP's own streams.
 // The collectives' own memory (NCCL's buffers, outside the caching allocator) is not here.
 #pragma once
 
@@ -25,11 +29,14 @@
 #include <string>
 #include <string_view>
 
+#include "vramscope/runtime/dtype.hpp"
+
 namespace mem::nn {
 
 enum class ParallelEngine : std::uint8_t {
   None,  ///< one GPU
   Ddp,   ///< torch.nn.parallel.DistributedDataParallel, one process per GPU
+  Fsdp,  ///< FSDP2: torch.distributed.fsdp.fully_shard per block, then on the root
 };
 
 /// How the step is spread over GPUs, with the engine's own argument names.
@@ -43,6 +50,17 @@ struct ParallelConfig {
   bool init_sync = true;
   bool static_graph = false;
   bool find_unused_parameters = false;
+  // fully_shard(...)'s arguments, at PyTorch's defaults.
+  std::optional<bool> reshard_after_forward;  ///< unset (None): true for blocks, false for the root
+  std::optional<DType> param_dtype;           ///< MixedPrecisionPolicy(param_dtype=...)
+  std::optional<DType> reduce_dtype;          ///< MixedPrecisionPolicy(reduce_dtype=...)
+  /// How the model reaches the GPU: built on the meta device and materialized sharded
+  /// (`with torch.device("meta")`, then to_empty: what large models need), or built on the
+  /// GPU whole and sharded there (small scripts; the full model's segments stay cached).
+  bool meta_init = true;
+  /// The rank simulated: ranks differ only where dim 0 does not split evenly (the last
+  /// ranks hold fewer rows, so smaller optimizer states); rank 0 holds the most.
+  std::size_t rank = 0;
 
   bool enabled() const noexcept { return engine != ParallelEngine::None; }
   friend bool operator==(const ParallelConfig&, const ParallelConfig&) = default;
@@ -62,9 +80,10 @@ struct CommunicationBuffer {
 /// The most GPUs a job may name (a bound for hostile input; the largest jobs are 10^5).
 inline constexpr std::size_t kMaxWorldSize = std::size_t{1} << 20;
 
-/// "ddp:8" (or "none"), and "key=value,..." in the engine's own names: bucket_cap_mb,
-/// gradient_as_bucket_view, broadcast_buffers, init_sync, static_graph,
-/// find_unused_parameters. Throws mem::Error naming what is wrong and what is valid; an
+/// "ddp:8", "fsdp:8" (or "none"), and "key=value,..." in the engine's own names: for ddp
+/// bucket_cap_mb, gradient_as_bucket_view, broadcast_buffers, init_sync, static_graph,
+/// find_unused_parameters; for fsdp reshard_after_forward, param_dtype, reduce_dtype, and
+/// init (meta or cuda) and rank. Throws mem::Error naming what is wrong and what is valid; an
 /// option of another engine, or options without an engine, is an error too.
 ParallelConfig parse_parallel(std::string_view spec, std::string_view options = {});
 /// "ddp:8", then the options that differ from the defaults ("ddp:8 bucket_cap_mb=50").

@@ -42,6 +42,34 @@ struct ParamSlot {
   std::int64_t logical_numel = -1;
 };
 
+class Module;
+
+/// Forward hooks of a module (register_forward_pre_hook / register_forward_hook), what
+/// FSDP's fully_shard installs: around the module's call, outside any checkpoint of it.
+class ForwardHooks {
+ public:
+  virtual ~ForwardHooks() = default;
+  /// Before forward; returns the input forward gets.
+  virtual Tensor pre_forward(Module& module, const Tensor& input) = 0;
+  /// After forward; returns what the caller gets.
+  virtual Tensor post_forward(Module& module, const Tensor& output) = 0;
+};
+
+/// While one lives, Module::materialize makes parameters on the meta device (no block):
+/// `with torch.device("meta")` around a model's construction, buffers aside (to_empty gives
+/// them blocks before training). Per thread.
+class MetaParameters {
+ public:
+  MetaParameters() noexcept;
+  ~MetaParameters();
+  MetaParameters(const MetaParameters&) = delete;
+  MetaParameters& operator=(const MetaParameters&) = delete;
+  static bool active() noexcept;
+
+ private:
+  bool previous_;
+};
+
 /// A per-module checkpoint mark: the module's forward runs under checkpoint(), as
 /// torch.distributed.algorithms._checkpoint's apply_activation_checkpointing wraps the
 /// modules its check_fn selects (checkpoint_wrapper, NO_REENTRANT or REENTRANT).
@@ -87,6 +115,11 @@ class Module {
   /// Parameters here and below stay f32 whatever dtype the model is materialized in (PEFT's
   /// autocast_adapter_dtype upcasts f16 / bf16 LoRA adapters). Call before materialize().
   void keep_f32();
+  /// Hooks around every call of this module (null: none); the caller keeps them alive.
+  void set_forward_hooks(ForwardHooks* hooks) noexcept { hooks_ = hooks; }
+  /// Replaces the tensor of a parameter slot (what fully_shard's setattr of the unsharded
+  /// parameter does); the slot's declared shape stays.
+  void replace_parameter(std::size_t slot, Tensor tensor) { slots_.at(slot).tensor = std::move(tensor); }
   /// Marks this module to run checkpointed (see CheckpointMark).
   void set_checkpoint(CheckpointMark mark) noexcept { checkpoint_ = mark; }
   CheckpointMark checkpoint_mark() const noexcept { return checkpoint_; }
@@ -145,7 +178,10 @@ class Module {
   CheckpointMark checkpoint_ = CheckpointMark::None;
   bool inline_ = false;
   bool checkpointed_call_ = false;
+  ForwardHooks* hooks_ = nullptr;
 
+  /// forward(), checkpointed if marked.
+  Tensor call(const Tensor& input);
   /// forward() inside this module's scopes.
   Tensor run_in_scope(const Tensor& input);
 };

@@ -77,7 +77,10 @@ class Runtime {
   ExecMode mode() const noexcept { return mode_; }
   /// True in compute mode: ops must do their arithmetic.
   bool computing() const noexcept { return mode_ == ExecMode::Compute; }
+  /// The current stream: where new blocks are allocated (the caching allocator keeps a pool
+  /// per stream; a block freed there is reused only by allocations on that stream).
   StreamId stream() const noexcept { return stream_; }
+  void set_stream(StreamId stream) noexcept { stream_ = stream; }
 
   // --- dropout RNG -----------------------------------------------------------
   RngState rng_state() const noexcept { return rng_; }
@@ -137,6 +140,13 @@ class Runtime {
   void set_grad_ready_hook(GradReadyHook hook) { grad_ready_hook_ = std::move(hook); }
   const GradReadyHook& grad_ready_hook() const noexcept { return grad_ready_hook_; }
 
+  /// Variable._execution_engine.queue_callback: runs once when the current backward's graph
+  /// is done, before backward() returns (and frees its implicit seed gradient).
+  void queue_backward_callback(std::function<void()> callback) { backward_callbacks_.push_back(std::move(callback)); }
+  /// Runs and clears the queued callbacks, in order (called by the engine).
+  void run_backward_callbacks();
+  void clear_backward_callbacks() noexcept { backward_callbacks_.clear(); }
+
   // --- warnings -------------------------------------------------------------------
   /// Records a warning once per distinct text (PyTorch's warnings.warn behaviour).
   void warn(std::string message);
@@ -155,9 +165,25 @@ class Runtime {
   std::vector<std::pair<const detail::TensorImpl*, std::shared_ptr<detail::TensorImpl>>> cast_cache_;
   std::vector<std::string> warnings_;
   GradReadyHook grad_ready_hook_;
+  std::vector<std::function<void()>> backward_callbacks_;
   Stack stack_;
   bool cublas_loaded_ = false, cudnn_loaded_ = false;
   std::shared_ptr<detail::TensorImpl> blas_workspace_[2], lt_workspace_[2];  // [forward, backward thread]
+};
+
+/// `with torch.cuda.stream(s)`: allocations in the scope go to stream `stream`.
+class StreamGuard {
+ public:
+  StreamGuard(Runtime& runtime, StreamId stream) noexcept : runtime_(runtime), previous_(runtime.stream()) {
+    runtime.set_stream(stream);
+  }
+  ~StreamGuard() { runtime_.set_stream(previous_); }
+  StreamGuard(const StreamGuard&) = delete;
+  StreamGuard& operator=(const StreamGuard&) = delete;
+
+ private:
+  Runtime& runtime_;
+  StreamId previous_;
 };
 
 /// Bytes of PyTorch's default cuBLAS workspace (CUBLAS_WORKSPACE_CONFIG unset) on a GPU of

@@ -69,7 +69,7 @@ Shape contiguous_strides(const Shape& shape) noexcept;
 /// One allocator block (or none for 0 bytes). Not copyable; shared by tensors.
 class Storage {
  public:
-  /// Allocates `nbytes` on the runtime's allocator and stream.
+  /// Allocates `nbytes` on the runtime's allocator and stream (none under a MetaDevice).
   Storage(Runtime& runtime, std::size_t nbytes);
   ~Storage();
   Storage(const Storage&) = delete;
@@ -77,6 +77,14 @@ class Storage {
 
   void* data() const noexcept { return data_; }
   std::size_t nbytes() const noexcept { return nbytes_; }
+  /// Whether a block backs it: false on the meta device and while freed (below).
+  bool allocated() const noexcept { return data_ != nullptr || nbytes_ == 0; }
+  /// storage.resize_(0): its block goes back to the allocator; views keep their shapes
+  /// (FSDP frees unsharded parameters so). No-op when not allocated.
+  void free() noexcept;
+  /// storage.resize_(nbytes): a new block on the runtime's current stream; no-op when
+  /// allocated. Throws the allocator's OutOfMemory like any allocation.
+  void allocate();
   Runtime& runtime() const noexcept { return *runtime_; }
 
   /// PyTorch's tensor._version, shared by every tensor viewing this storage.
@@ -103,6 +111,20 @@ class Storage {
   std::uint32_t version_ = 0;
   std::uint32_t inplace_version_ = 0;
   std::weak_ptr<Node> inplace_fn_;  ///< weak: the node keeps this storage alive when it saves it
+};
+
+/// `with torch.device("meta")`: tensors made while one lives get no block (shapes and dtypes
+/// only) until Storage::allocate(), as module.to_empty() does. Per thread.
+class MetaDevice {
+ public:
+  MetaDevice() noexcept;
+  ~MetaDevice();
+  MetaDevice(const MetaDevice&) = delete;
+  MetaDevice& operator=(const MetaDevice&) = delete;
+  static bool active() noexcept;
+
+ private:
+  bool previous_;
 };
 
 namespace detail {

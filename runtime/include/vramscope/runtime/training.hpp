@@ -141,6 +141,7 @@ std::string device_spec_for(const TrainConfig& config);
 namespace detail {
 class PhasePeaks;
 class DataParallel;
+class FullyShard;
 }
 
 class Trainer {
@@ -189,6 +190,7 @@ class Trainer {
   std::unique_ptr<PeakComposition> composition_;
   /// The data-parallel engine's side of the step (config.parallel), or null.
   std::unique_ptr<detail::DataParallel> ddp_;
+  std::unique_ptr<detail::FullyShard> fsdp_;
 };
 
 /// Creates the device (device_spec_for) and allocator, runs config.steps steps.

@@ -1,0 +1,121 @@
+// fully_shard.hpp — FSDP2's side of one rank's step (internal): fully_shard on each block
+// and then on the root, as torchtitan and the FSDP2 tutorial apply it; the sharded
+// parameters; each group's all-gather and copy-out before it runs, its reshard after; the
+// reduce-scatter of its gradients in backward, on FSDP's streams. Each fact carries its
+// PyTorch source (torch/distributed/fsdp/_fully_shard/, 2.11 unless a version is named).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "vramscope/runtime/data_parallel.hpp"
+#include "vramscope/runtime/modules.hpp"
+#include "vramscope/runtime/runtime.hpp"
+
+namespace mem::nn::detail {
+
+/// The modules fully_shard wraps before the root, in forward order: the repeated blocks (a
+/// module with children and parameters, beside at least one sibling of its type: decoder
+/// layers, residual blocks), looking inside a repeated Sequential that holds such blocks
+/// itself (a ResNet stage's Bottlenecks).
+std::vector<Module*> fsdp_blocks(Module& root);
+
+class FullyShard final : public ForwardHooks {
+ public:
+  /// fully_shard(block) for each block, then fully_shard(root): every parameter becomes a
+  /// padded dim-0 shard (the model built whole on the GPU frees its parameters then; built
+  /// on the meta device, it never held them).
+  FullyShard(const ParallelConfig& config, Module& root, Runtime& runtime);
+  ~FullyShard() override;
+  FullyShard(const FullyShard&) = delete;
+  FullyShard& operator=(const FullyShard&) = delete;
+
+  /// model.parameters() after fully_shard: the local shards, what the optimizer gets
+  /// (those that require grad).
+  std::vector<Tensor> parameters() const;
+  /// The root's pre-forward hook (the model's input, cast to param_dtype if one is set).
+  Tensor root_pre_forward(const Tensor& input);
+  /// The root's post-forward hook on what its forward returned (a causal LM's loss and
+  /// logits); returns the tensors the caller keeps.
+  std::vector<Tensor> root_post_forward(std::vector<Tensor> outputs);
+  /// The blocks' hooks (ForwardHooks).
+  Tensor pre_forward(Module& module, const Tensor& input) override;
+  Tensor post_forward(Module& module, const Tensor& output) override;
+
+  /// Every buffer it allocated so far, in order, with its lifetime.
+  const std::vector<CommunicationBuffer>& buffers() const noexcept { return log_; }
+  /// The wrapped modules' paths, blocks first, then "" for the root.
+  std::vector<std::string> groups() const;
+
+ private:
+  enum class State : std::uint8_t { Idle, Forward, PreBackward, PostBackward };
+  struct Param {
+    Module* module = nullptr;
+    std::size_t slot = 0;
+    std::int64_t chunk_rows = 0;   // ceil(dim0 / N): every rank's padded shard
+    std::int64_t row_numel = 1;    // elements per dim-0 row
+    DType unsharded_dtype = DType::F32;  // param_dtype, or the parameter's own
+    Tensor sharded;                // leaf: this rank's rows of the padded shard
+    Tensor unsharded;              // leaf in the module's slot; its block lives while unsharded
+    ContextId weight_context = 0;
+    std::int64_t padded_unsharded_numel(std::size_t world) const noexcept {
+      return chunk_rows * static_cast<std::int64_t>(world) * row_numel;
+    }
+  };
+  struct Group {
+    Module* module = nullptr;
+    std::string path;              // "" for the root
+    std::vector<Param> params;
+    bool reshard_after_forward = true;
+    State state = State::Idle;
+    bool unsharded = false;
+    Tensor all_gather_output;      // an unshard waiting for its copy-out
+    std::size_t all_gather_log = SIZE_MAX;
+    std::size_t unsharded_log = SIZE_MAX;
+    std::vector<std::size_t> post_forward_indices;
+  };
+
+  Group& group_of(Module& module);
+  void unshard(Group& group);
+  void wait_for_unshard(Group& group);
+  void reshard(Group& group);
+  void pre_backward(Group& group);
+  void post_backward(Group& group);
+  void foreach_reduce(Group& group, std::vector<std::pair<Param*, Tensor>>& grads);
+  void root_post_backward_final_callback();
+  void release_all_gather_state();
+  /// The blocks' pre-forward and the root's: cast, unshard, the post-backward node.
+  Tensor group_pre_forward(Group& group, const Tensor& input);
+  Tensor group_post_forward(Group& group, Tensor output);
+  /// RegisterPreBackwardFunction / RegisterPostBackwardFunction: an identity node on `t`.
+  Tensor hook_node(const Tensor& t, std::function<void()> fn, const char* name);
+  /// The copy kernels' device metadata (split_with_sizes_copy, chunk_cat): a short-lived
+  /// int64 tensor, allocated and freed on the current stream.
+  void kernel_metadata(std::int64_t int64s);
+  Tensor make(const std::string& what, std::size_t bytes, const std::string& stream, std::size_t& entry);
+  void release(Tensor& tensor, std::size_t entry);
+  std::string stage() const;
+  static std::string label(const Group& group);
+
+  ParallelConfig config_;
+  Runtime& runtime_;
+  ContextId context_;                    // where its buffers are attributed
+  StreamId copy_in_stream_ = 0;          // all_gather_copy_in_stream
+  StreamId reduce_scatter_stream_ = 0;
+  std::vector<Group> groups_;            // blocks in forward order, then the root (last)
+  std::unordered_map<const Module*, std::size_t> group_index_;
+  Tensor all_gather_state_;              // comm_ctx.all_gather_state: kept for the next copy-out
+  std::size_t all_gather_state_log_ = SIZE_MAX;
+  Tensor reduce_scatter_state_;          // comm_ctx.reduce_scatter_state: the last RS input
+  std::size_t reduce_scatter_state_log_ = SIZE_MAX;
+  std::vector<std::size_t> post_forward_order_;  // groups, as their post-forwards ran
+  bool callback_queued_ = false;
+  std::size_t steps_ = 0;
+  bool in_backward_ = false;
+  std::vector<CommunicationBuffer> log_;
+};
+
+}  // namespace mem::nn::detail
