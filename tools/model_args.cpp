@@ -292,7 +292,8 @@ std::string parallel_note(const std::vector<nn::ParallelConfig>& configs) {
             : "rank " + std::to_string(config.rank) +
                   "'s (FSDP2 keeps a padded 1/N shard of each parameter, all-gathers each block's before it runs "
                   "and reduce-scatters its gradients, on streams of its own; ranks differ only in the rows of "
-                  "shards that do not split evenly)";
+                  "shards that do not split evenly; its rows run without checkpoint_sequential's segments, which would cut "
+                  "across the blocks it wraps: checkpoint the blocks instead)";
     out += "parallel: " + nn::parallel_label(config) + ": every figure is one GPU's, " + engine +
            "; NCCL's own buffers, outside the caching allocator, are not in the nvidia-smi view yet\n";
   }

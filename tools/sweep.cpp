@@ -366,8 +366,16 @@ SweepResult run_sweep(const SweepSpec& spec_in, const SweepProgress& progress) {
 
   const auto run_group = [&](const Group& g) {
     std::vector<SweepRow> rows;
-    for (const std::size_t k : spec.segments) rows.push_back(run_row(g, k));
-    if (spec.refine_segments) refine_around_best(rows, best_of, [&](std::size_t k) {
+    // FSDP2's hooks wrap the blocks, which checkpoint_sequential's segments would cut across:
+    // its groups run without segments (checkpointing the blocks is the way with FSDP).
+    const bool whole = g.parallel.engine == nn::ParallelEngine::Fsdp;
+    if (whole) {
+      planned -= spec.segments.size() - 1;
+      rows.push_back(run_row(g, 0));
+    } else {
+      for (const std::size_t k : spec.segments) rows.push_back(run_row(g, k));
+    }
+    if (spec.refine_segments && !whole) refine_around_best(rows, best_of, [&](std::size_t k) {
       ++planned;
       return run_row(g, k);
     });

@@ -115,6 +115,21 @@ SweepSpec make_spec(const SweepArgs& args) {
     if (spec.parallels.size() > 1) throw UsageError("--max-batch: searches one --parallel configuration; give one");
     return spec;  // find_max_batches validates the rest
   }
+  // FSDP's ranks differ where dim 0 does not split evenly: rank 0 holds the most rows, the
+  // last rank the fewest; unless a rank was asked for, both get their rows.
+  if (args.parallel.options.find("rank=") == std::string::npos) {
+    std::vector<nn::ParallelConfig> ranks;
+    for (const nn::ParallelConfig& p : spec.parallels) {
+      ranks.push_back(p);
+      if (p.engine != nn::ParallelEngine::Fsdp || p.world_size < 2) continue;
+      const auto model = spec.model->build(spec.model_options);
+      if (nn::fsdp_ranks_alike(model->body(), p.world_size)) continue;
+      nn::ParallelConfig last = p;
+      last.rank = p.world_size - 1;
+      ranks.push_back(last);
+    }
+    spec.parallels = std::move(ranks);
+  }
   validate_sweep(spec);
   return spec;
 }

@@ -100,6 +100,26 @@ class HookNode final : public Node {
 
 }  // namespace
 
+}  // namespace mem::nn::detail
+
+namespace mem::nn {
+
+bool fsdp_ranks_alike(const Module& root, std::size_t world_size) {
+  for (const ParamSlot& slot : root.slots()) {
+    if (slot.is_buffer) continue;
+    const std::int64_t rows = slot.shape.size() == 0 ? 1 : slot.shape[0];
+    if (rows % static_cast<std::int64_t>(world_size) != 0) return false;
+  }
+  for (const auto& [name, child] : root.children()) {
+    if (!fsdp_ranks_alike(*child, world_size)) return false;
+  }
+  return true;
+}
+
+}  // namespace mem::nn
+
+namespace mem::nn::detail {
+
 std::vector<Module*> fsdp_blocks(Module& root) {
   std::vector<Module*> out;
   collect_blocks(root, out);

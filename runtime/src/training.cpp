@@ -116,6 +116,9 @@ Trainer::Trainer(const TrainConfig& config, CachingAllocator& allocator)
   allocator.add_observer(composition_.get());
   try {
     const bool fsdp = config.parallel.engine == ParallelEngine::Fsdp;
+    if (fsdp && config.mode == ExecMode::Compute) {
+      throw Error("fsdp runs as a dry run only: its all-gathers on one simulated rank bring no data from the others");
+    }
     if (fsdp && plan_.checkpointed.size() > 0) {
       throw Error("fsdp does not combine with checkpoint_sequential's segments (its hooks wrap the blocks); "
                   "checkpoint the blocks themselves instead (checkpoint marks, --gradient-checkpointing)");

@@ -916,7 +916,47 @@ def check_parallel(exe, work):
     check(m["max_batch"] != s1["max_batch"] or m["max_allocated"] - s1["max_allocated"] >= 48_000_000, (m, s1))
 
 
+def check_fsdp(exe, work):
+    """--parallel fsdp:8: rank 0's and rank 7's rows (1337 rows do not split evenly over 8),
+    each peak equal to PyTorch's on the H100 plus the output vramscope's step keeps, whatever
+    the segments asked (FSDP's rows run without them); the buffers listing has each group's
+    shards and all-gather output with its stream."""
+    data = Path(__file__).resolve().parents[1] / "data" / "h100-parallel-2026-11-26"
+    model = ["--model-file", str(data / "ref-resmlp.json"), "--device", "sim:h100-80g", "--dtype", "f32",
+             "--steps", "3"]
+    ref = {r: [x for x in csv.DictReader(open(data / "parallel_reference.csv")) if x["config"] == f"mlp-fsdp2-r{r}"]
+           for r in (0, 7)}
+    out = json.loads(run(exe, "sweep", *model, "--segments", "0,2", "--parallel", "fsdp:8", "--parallel-options",
+                         "init=cuda", "--format", "json").stdout)["rows"]
+    check([r["parallel"] for r in out] == ["fsdp:8 init=cuda", "fsdp:8 init=cuda,rank=7"], out)
+    check([r["segments"] for r in out] == [0, 0], out)
+    for row, rank in zip(out, (0, 7)):
+        check(row["max_allocated"] == max(int(r["max_allocated"]) for r in ref[rank]) + 2560, (row, rank))
+        check(row["max_reserved"] == max(int(r["max_reserved"]) for r in ref[rank]), (row, rank))
+        check(row["peak_communication"] > 0, row)
+    given = json.loads(run(exe, "sweep", *model, "--segments", "0", "--parallel", "fsdp:8", "--parallel-options",
+                           "rank=3", "--format", "json").stdout)["rows"]
+    check([r["parallel"] for r in given] == ["fsdp:8 rank=3"], given)
+    table = run(exe, "sweep", *model, "--segments", "0", "--parallel", "fsdp:8", "--brief").stdout
+    check("each GPU of fsdp:8" not in table and "parallel: fsdp:8: every figure is one GPU's, rank 0's" in table,
+          table)
+    Path(work).mkdir(parents=True, exist_ok=True)
+    buffers = os.path.join(work, "fsdp-buffers.json")
+    trace = run(exe, "trace", *model, "--parallel", "fsdp:8", "--buffers", buffers).stdout
+    check("each GPU of fsdp:8" in trace and "FSDP's shards" in trace, trace)
+    rows = json.loads(Path(buffers).read_text())
+    shards = [(r["buffer"], r["bytes"]) for r in rows if r["buffer"].endswith(" shards")]
+    check(shards == [("blocks.0 shards", 1798272), ("blocks.1 shards", 1798272), ("blocks.2 shards", 1798272),
+                     ("root shards", 683376)], shards)
+    gathers = {(r["buffer"], r["stream"]) for r in rows if r["buffer"].endswith("all-gather output")}
+    check(gathers == {(f"{g} all-gather output", "all-gather copy-in")
+                      for g in ("root", "blocks.0", "blocks.1", "blocks.2")}, gathers)
+    outputs = {r["stream"] for r in rows if "reduce-scatter output" in r["buffer"]}
+    check(outputs == {"reduce-scatter"}, outputs)
+
+
 CHECKS = {
+    "fsdp": check_fsdp,
     "parallel": check_parallel,
     "exact": check_exact, "csv": check_csv, "json": check_json, "oom": check_oom,
     "bad-input": check_bad_input, "trace-files": check_trace_files, "trace-oom": check_trace_oom,

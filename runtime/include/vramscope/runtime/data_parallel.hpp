@@ -89,4 +89,9 @@ ParallelConfig parse_parallel(std::string_view spec, std::string_view options = 
 /// "ddp:8", then the options that differ from the defaults ("ddp:8 bucket_cap_mb=50").
 std::string parallel_label(const ParallelConfig& config);
 
+class Module;
+/// Whether every parameter of the model splits evenly on dim 0 over `world_size` ranks: then
+/// every FSDP rank holds the same shards; otherwise the last rank holds the fewest rows.
+bool fsdp_ranks_alike(const Module& root, std::size_t world_size);
+
 }  // namespace mem::nn

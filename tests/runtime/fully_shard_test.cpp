@@ -1,0 +1,181 @@
+// fully_shard_test.cpp — one rank of FSDP2: which modules fully_shard wraps, the shards'
+// sizes per rank, a model built on the meta device never holding its full parameters, every
+// all-gather and reduce-scatter buffer freed within the step, and what it refuses. The
+// comparisons with PyTorch itself are in tests/models (the H100 recording) and check_parallel.py.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <functional>
+#include <string>
+
+#include "../../runtime/src/fully_shard.hpp"
+#include "test_util.hpp"
+#include "vramscope/allocator/units.hpp"
+#include "vramscope/models/zoo.hpp"
+
+namespace mem::nn {
+namespace {
+
+std::vector<std::string> block_paths(const char* model) {
+  auto built = models::find(model)->build(ModelOptions{});
+  built->body().set_path("");
+  std::vector<std::string> out;
+  for (const Module* m : detail::fsdp_blocks(built->body())) out.push_back(m->path());
+  return out;
+}
+
+TEST(FullyShard, WrapsTheRepeatedBlocksAsPeopleApplyIt) {
+  // A ResNet's Bottlenecks (inside its stages), a decoder's layers, a ViT's encoder blocks.
+  const auto resnet = block_paths("resnet50");
+  ASSERT_EQ(resnet.size(), 16u);
+  EXPECT_EQ(resnet.front(), "layer1.0");
+  EXPECT_EQ(resnet.back(), "layer4.2");
+  const auto llama = block_paths("llama-3.2-1b");
+  ASSERT_EQ(llama.size(), 16u);
+  EXPECT_EQ(llama.front(), "model.layers.0");
+  EXPECT_EQ(llama.back(), "model.layers.15");
+  EXPECT_EQ(block_paths("vit_b_16").size(), 12u);
+  // Plain Linear layers have no children: only the root is sharded.
+  EXPECT_TRUE(block_paths("mlp").empty());
+}
+
+TEST(FullyShard, RanksAreAlikeOnlyWhenEveryDimZeroSplitsEvenly) {
+  auto llama = models::find("llama-3.2-1b")->build(ModelOptions{});
+  EXPECT_TRUE(fsdp_ranks_alike(llama->body(), 8));
+  EXPECT_FALSE(fsdp_ranks_alike(llama->body(), 3));  // 2048 rows over 3 ranks
+}
+
+struct RankRun {
+  std::int64_t allocated_after_construction = 0, max_during_construction = 0;
+  std::vector<StepStats> steps;
+  std::vector<CommunicationBuffer> buffers;
+};
+
+RankRun run_rank(const char* model, const char* parallel, const char* options, std::size_t steps = 2) {
+  TrainConfig cfg;
+  cfg.model = models::find(model);
+  cfg.model_options = ModelOptions::parse("batch=2");
+  cfg.precision = Precision::BF16;
+  cfg.steps = steps;
+  cfg.parallel = parse_parallel(parallel, options);
+  auto device = make_device("sim:capacity=80GiB,context=0");
+  CachingAllocator alloc(device);
+  Trainer trainer(cfg, alloc);
+  RankRun r;
+  r.allocated_after_construction = alloc.stats().allocated_bytes[0].current;
+  r.max_during_construction = alloc.stats().allocated_bytes[0].peak;
+  for (std::size_t i = 0; i < steps; ++i) r.steps.push_back(trainer.step());
+  r.buffers = trainer.communication_buffers();
+  return r;
+}
+
+std::int64_t bytes_of(const std::vector<CommunicationBuffer>& buffers, const std::string& suffix) {
+  std::int64_t n = 0;
+  for (const auto& b : buffers) n += b.what.ends_with(suffix) ? static_cast<std::int64_t>(b.bytes) : 0;
+  return n;
+}
+
+TEST(FullyShard, AMetaBuiltModelNeverHoldsItsFullParameters) {
+  const RankRun meta = run_rank("gpt2", "fsdp:8", "");
+  const RankRun cuda = run_rank("gpt2", "fsdp:8", "init=cuda");
+  const std::int64_t full = 124'439'808LL * 2;  // gpt2's bf16 parameters
+  const std::int64_t shards = bytes_of(meta.buffers, " shards");
+  // Every group's shards: an eighth of the parameters, padded per parameter.
+  EXPECT_GE(shards, full / 8);
+  EXPECT_LT(shards, full / 8 + 1 * MiB);
+  EXPECT_EQ(shards, bytes_of(cuda.buffers, " shards"));
+  EXPECT_LT(meta.max_during_construction, full / 4);
+  EXPECT_GE(cuda.max_during_construction, full);
+  // Sharded alike: what wrapping freed was the full model.
+  EXPECT_EQ(meta.allocated_after_construction, cuda.allocated_after_construction);
+  // The full model's cached segments move later blocks: a block taken whole from a larger free
+  // one (a remainder under 1 MiB is not split off) counts its whole size, as in PyTorch.
+  EXPECT_NEAR(static_cast<double>(meta.steps.back().allocated_end),
+              static_cast<double>(cuda.steps.back().allocated_end), static_cast<double>(1 * MiB));
+}
+
+TEST(FullyShard, EveryGatherAndReduceScatterBufferIsFreedWithinItsStep) {
+  const RankRun r = run_rank("llama-3.2-1b", "fsdp:8", "", 2);
+  std::size_t gathers = 0, unsharded = 0, inputs = 0, outputs = 0;
+  for (const auto& b : r.buffers) {
+    if (b.what.ends_with("all-gather output")) {
+      ++gathers;
+      EXPECT_EQ(b.stream, "all-gather copy-in");
+      EXPECT_FALSE(b.freed.empty()) << b.what << " " << b.allocated;
+    }
+    if (b.what.ends_with("unsharded parameters")) {
+      ++unsharded;
+      EXPECT_FALSE(b.freed.empty()) << b.what << " " << b.allocated;
+    }
+    if (b.what.ends_with("reduce-scatter input")) {
+      ++inputs;
+      EXPECT_EQ(b.stream, "default");
+      EXPECT_EQ(b.freed, b.allocated) << b.what;  // freed by the next group's post-backward, or the root's
+    }
+    if (b.what.ends_with("(sharded gradients)")) {
+      ++outputs;
+      EXPECT_EQ(b.stream, "reduce-scatter");
+    }
+  }
+  // 16 layers and the root per step: gathered in forward and again in backward, except the
+  // root, which keeps its parameters from forward to post-backward.
+  EXPECT_EQ(gathers, 2u * (2 * 16 + 1));
+  EXPECT_EQ(unsharded, gathers);
+  EXPECT_EQ(inputs, 2u * 17);
+  EXPECT_EQ(outputs, 2u * 17);
+  // The second step holds what the first did: the shards, their gradients and Adam's state.
+  EXPECT_EQ(r.steps[0].allocated_end, r.steps[1].allocated_end);
+}
+
+TEST(FullyShard, KeepingParametersAfterForwardGathersEachOnce) {
+  const RankRun r = run_rank("llama-3.2-1b", "fsdp:8", "reshard_after_forward=false", 1);
+  std::size_t gathers = 0;
+  for (const auto& b : r.buffers) gathers += b.what.ends_with("all-gather output") ? 1 : 0;
+  EXPECT_EQ(gathers, 17u);
+  const RankRun resharding = run_rank("llama-3.2-1b", "fsdp:8", "", 1);
+  EXPECT_GT(r.steps[0].peak_allocated, resharding.steps[0].peak_allocated);
+}
+
+TEST(FullyShard, OneRankGathersNothing) {
+  const RankRun r = run_rank("gpt2", "fsdp:1", "");
+  EXPECT_EQ(bytes_of(r.buffers, "all-gather output"), 0);
+  EXPECT_GT(bytes_of(r.buffers, "reduce-scatter input"), 0);
+}
+
+TEST(FullyShard, TheLastRankHoldsFewerRowsWhereDimZeroDoesNotSplit) {
+  // gpt2's vocabulary (50257 rows) over 8: 6283 rows each, the last rank 6276.
+  const RankRun first = run_rank("gpt2", "fsdp:8", "", 2);
+  const RankRun last = run_rank("gpt2", "fsdp:8", "rank=7", 2);
+  EXPECT_EQ(bytes_of(first.buffers, " shards"), bytes_of(last.buffers, " shards"));  // padded alike
+  // Adam's two states (in the parameters' dtype, bf16) follow the rows each rank really holds.
+  EXPECT_EQ(first.steps.back().allocated_end - last.steps.back().allocated_end,
+            static_cast<std::int64_t>(round_size(6283 * 768 * 2, AllocatorConfig{}) * 2 - round_size(6276 * 768 * 2, AllocatorConfig{}) * 2));
+}
+
+TEST(FullyShard, ComputeModeAndSegmentsAreRefusedWithAReason) {
+  TrainConfig cfg;
+  cfg.model = models::find("mlp");
+  cfg.parallel = parse_parallel("fsdp:8");
+  cfg.mode = ExecMode::Compute;
+  auto device = make_device("sim:capacity=4GiB,context=0,backing=host");
+  CachingAllocator alloc(device);
+  try {
+    Trainer trainer(cfg, alloc);
+    ADD_FAILURE() << "compute mode was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("dry run only"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(alloc.stats().allocated_bytes[0].current, 0);
+  cfg.mode = ExecMode::DryRun;
+  cfg.segments = 4;
+  try {
+    Trainer trainer(cfg, alloc);
+    ADD_FAILURE() << "segments were accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("checkpoint_sequential"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(alloc.stats().allocated_bytes[0].current, 0);
+}
+
+}  // namespace
+}  // namespace mem::nn
