@@ -248,8 +248,9 @@ std::string model_label(const nn::ModelInfo& info, const nn::ModelOptions& optio
 void add_parallel_options(CLI::App& app, ParallelArgs& args, bool list) {
   app.add_option("--parallel", args.spec,
                  std::string("the step on several GPUs, each rank's memory: ddp:N (DistributedDataParallel, one "
-                             "process per GPU), fsdp:N (FSDP2: fully_shard on each block, then the root) or none") +
-                     (list ? "; a list (none,ddp:8,fsdp:8) gives each its rows" : ""))
+                             "process per GPU), fsdp:N (FSDP2: fully_shard on each block, then the root), zero1:N or zero2:N "
+                             "(DeepSpeed's ZeRO stage 1 or 2, bf16 or f16 with its FusedAdam) or none") +
+                     (list ? "; a list (none,ddp:8,fsdp:8,zero2:8) gives each its rows" : ""))
       ->check(non_empty())
       ->capture_default_str();
   app.add_option("--parallel-options", args.options,
@@ -257,7 +258,8 @@ void add_parallel_options(CLI::App& app, ParallelArgs& args, bool list) {
                  "(ddp: bucket_cap_mb, gradient_as_bucket_view, broadcast_buffers, init_sync, static_graph, "
                  "find_unused_parameters; fsdp: reshard_after_forward, param_dtype, reduce_dtype (MixedPrecisionPolicy), "
                  "init=meta|cuda (built on the meta device, the default, or whole on the GPU first), rank=R (the rank "
-                 "shown; the last ones hold fewer rows when dim 0 does not split evenly))")
+                 "shown; the last ones hold fewer rows when dim 0 does not split evenly); zero1, zero2: "
+                 "reduce_bucket_size (elements), overlap_comm, rank=R)")
       ->check(non_empty());
 }
 
@@ -273,7 +275,7 @@ std::vector<nn::ParallelConfig> parse_parallel_args(const ParallelArgs& args) {
   if (!any && !args.options.empty()) {
     (void)as_usage("--parallel-options", [&] { return nn::parse_parallel("none", args.options); });  // says why
   }
-  if (out.empty()) throw UsageError("--parallel: empty; give ddp:N, fsdp:N or none");
+  if (out.empty()) throw UsageError("--parallel: empty; give ddp:N, fsdp:N, zero2:N or none");
   return out;
 }
 
@@ -285,8 +287,16 @@ std::string parallel_note(const std::vector<nn::ParallelConfig>& configs) {
   std::string out;
   for (const nn::ParallelConfig& config : configs) {
     if (!config.enabled()) continue;
+    const bool zero = config.engine == nn::ParallelEngine::Zero1 || config.engine == nn::ParallelEngine::Zero2;
     const std::string engine =
-        config.engine == nn::ParallelEngine::Ddp
+        zero ? "rank " + std::to_string(config.rank) +
+                   "'s (DeepSpeed's ZeRO keeps the parameters whole, flattened into one buffer, the fp32 master "
+                   "weights and the optimizer's state of its 1/N partition, each backward a gradient bucket of "
+                   "reduce_bucket_size elements, and the gradients of the parameters its partition touches" +
+                   (config.engine == nn::ParallelEngine::Zero1 ? "; stage 1 holds every gradient until the backward ends"
+                                                               : "") +
+                   ")"
+        : config.engine == nn::ParallelEngine::Ddp
             ? "each rank alike (DistributedDataParallel runs the whole step on each GPU and adds its gradient "
               "buckets and broadcasts)"
             : "rank " + std::to_string(config.rank) +

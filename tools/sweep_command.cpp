@@ -116,17 +116,28 @@ SweepSpec make_spec(const SweepArgs& args) {
     return spec;  // find_max_batches validates the rest
   }
   // FSDP's ranks differ where dim 0 does not split evenly: rank 0 holds the most rows, the
-  // last rank the fewest; unless a rank was asked for, both get their rows.
+  // last rank the fewest; ZeRO's by the gradients their partitions touch. Unless a rank was
+  // asked for, rank 0 and the other that differs most get their rows.
   if (args.parallel.options.find("rank=") == std::string::npos) {
     std::vector<nn::ParallelConfig> ranks;
     for (const nn::ParallelConfig& p : spec.parallels) {
       ranks.push_back(p);
-      if (p.engine != nn::ParallelEngine::Fsdp || p.world_size < 2) continue;
-      const auto model = spec.model->build(spec.model_options);
-      if (nn::fsdp_ranks_alike(model->body(), p.world_size)) continue;
-      nn::ParallelConfig last = p;
-      last.rank = p.world_size - 1;
-      ranks.push_back(last);
+      if (p.world_size < 2) continue;
+      if (p.engine == nn::ParallelEngine::Fsdp) {
+        const auto model = spec.model->build(spec.model_options);
+        if (nn::fsdp_ranks_alike(model->body(), p.world_size)) continue;
+        nn::ParallelConfig last = p;
+        last.rank = p.world_size - 1;
+        ranks.push_back(last);
+      } else if (p.engine == nn::ParallelEngine::Zero1 || p.engine == nn::ParallelEngine::Zero2) {
+        // ZeRO: the rank whose partition touches the most gradient elements, beside rank 0.
+        const auto model = spec.model->build(spec.model_options);
+        const std::size_t heaviest = nn::zero_heaviest_rank(model->body(), p.world_size);
+        if (heaviest == 0) continue;
+        nn::ParallelConfig other = p;
+        other.rank = heaviest;
+        ranks.push_back(other);
+      }
     }
     spec.parallels = std::move(ranks);
   }

@@ -32,7 +32,8 @@ MemoryKind memory_kind(ContextId context) noexcept {
   const std::string_view path = info.path;
   if (path.empty() || path == "input") return MemoryKind::Other;
   if (path.ends_with(".grad")) return MemoryKind::Gradients;
-  if (path.starts_with("DistributedDataParallel") || path.starts_with("FullyShardedDataParallel")) {
+  if (path.starts_with("DistributedDataParallel") || path.starts_with("FullyShardedDataParallel") ||
+      path.starts_with("DeepSpeed")) {
     return MemoryKind::Communication;
   }
   switch (info.phase) {

@@ -33,6 +33,10 @@ class AccumulateGrad final : public Node {
     // stolen or not, the incoming gradient lives through the hooks.
     Tensor incoming = std::move(grads[0]);
     accumulate(incoming);
+    if (const auto& post = Tensor(variable_).runtime().post_accumulate_grad_hook()) {
+      incoming = Tensor{};  // a tensor hook: the engine keeps no copy of its input
+      post(*variable_);
+    }
     if (hook) hook(*variable_);
     return {};
   }

@@ -27,6 +27,7 @@ bool parse_bool(std::string_view key, std::string_view value) {
 constexpr std::string_view kDdpOptions =
     "bucket_cap_mb, gradient_as_bucket_view, broadcast_buffers, init_sync, static_graph, find_unused_parameters";
 constexpr std::string_view kFsdpOptions = "reshard_after_forward, param_dtype, reduce_dtype, init, rank";
+constexpr std::string_view kZeroOptions = "reduce_bucket_size, overlap_comm, rank";
 
 /// MixedPrecisionPolicy's dtypes: a floating type the runtime models.
 DType parse_float_dtype(std::string_view key, std::string_view value) {
@@ -66,14 +67,18 @@ ParallelConfig parse_parallel(std::string_view spec, std::string_view options) {
   }
   const std::size_t colon = spec.find(':');
   const std::string_view engine = spec.substr(0, colon);
-  if (engine != "ddp" && engine != "fsdp") {
+  if (engine != "ddp" && engine != "fsdp" && engine != "zero1" && engine != "zero2") {
     throw Error("unknown engine '" + std::string(engine) +
                 "'; expected ddp:N (DistributedDataParallel on N GPUs), fsdp:N (FSDP2's fully_shard "
-                "on N GPUs) or none");
+                "on N GPUs), zero1:N or zero2:N (DeepSpeed's ZeRO stage 1 or 2) or none");
   }
-  config.engine = engine == "ddp" ? ParallelEngine::Ddp : ParallelEngine::Fsdp;
+  config.engine = engine == "ddp"     ? ParallelEngine::Ddp
+                  : engine == "fsdp"  ? ParallelEngine::Fsdp
+                  : engine == "zero1" ? ParallelEngine::Zero1
+                                      : ParallelEngine::Zero2;
   const bool ddp = config.engine == ParallelEngine::Ddp;
-  const std::string_view keys = ddp ? kDdpOptions : kFsdpOptions;
+  const bool zero = config.engine == ParallelEngine::Zero1 || config.engine == ParallelEngine::Zero2;
+  const std::string_view keys = ddp ? kDdpOptions : zero ? kZeroOptions : kFsdpOptions;
   const std::string_view count = colon == std::string_view::npos ? std::string_view{} : spec.substr(colon + 1);
   std::size_t n = 0;
   const auto [end, ec] = std::from_chars(count.data(), count.data() + count.size(), n);
@@ -99,7 +104,25 @@ ParallelConfig parse_parallel(std::string_view spec, std::string_view options) {
       throw Error("'" + std::string(key) + "' is given twice");
     }
     seen.push_back(key);
-    if (!ddp) {
+    if (zero) {
+      if (key == "reduce_bucket_size") {
+        // DeepSpeed takes a number of elements (5e8 by default): decimal or scientific.
+        double n = 0;
+        const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), n, std::chars_format::general);
+        if (value.empty() || ec != std::errc{} || end != value.data() + value.size() || !std::isfinite(n) || n < 1 ||
+            n > 1e12) {
+          throw Error("reduce_bucket_size=" + std::string(value) + ": expected elements, from 1 to 1e12");
+        }
+        config.reduce_bucket_size = std::floor(n);
+      } else if (key == "overlap_comm") {
+        config.overlap_comm = parse_bool(key, value);
+      } else if (key == "rank") {
+        config.rank = parse_count(key, value, config.world_size);
+      } else {
+        throw Error("'" + std::string(key) + "' is not an option of " + std::string(engine) +
+                    " (keys: " + std::string(kZeroOptions) + ")");
+      }
+    } else if (!ddp) {
       if (key == "reshard_after_forward") {
         config.reshard_after_forward = parse_bool(key, value);
       } else if (key == "param_dtype") {
@@ -148,9 +171,18 @@ ParallelConfig parse_parallel(std::string_view spec, std::string_view options) {
 std::string parallel_label(const ParallelConfig& config) {
   if (!config.enabled()) return "none";
   const bool ddp = config.engine == ParallelEngine::Ddp;
-  std::string out = (ddp ? "ddp:" : "fsdp:") + std::to_string(config.world_size);
+  const char* names[] = {"none:", "ddp:", "fsdp:", "zero1:", "zero2:"};
+  std::string out = names[static_cast<int>(config.engine)] + std::to_string(config.world_size);
   std::string options;
   const auto add = [&](const std::string& item) { options += (options.empty() ? " " : ",") + item; };
+  if (config.engine == ParallelEngine::Zero1 || config.engine == ParallelEngine::Zero2) {
+    if (config.reduce_bucket_size != 5e8) {
+      add("reduce_bucket_size=" + std::to_string(static_cast<long long>(config.reduce_bucket_size)));
+    }
+    if (config.overlap_comm) add(std::string("overlap_comm=") + (*config.overlap_comm ? "true" : "false"));
+    if (config.rank != 0) add("rank=" + std::to_string(config.rank));
+    return out + options;
+  }
   if (!ddp) {
     if (config.reshard_after_forward) add(std::string("reshard_after_forward=") + (*config.reshard_after_forward ? "true" : "false"));
     if (config.param_dtype) add("param_dtype=" + std::string(dtype_name(*config.param_dtype)));

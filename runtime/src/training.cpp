@@ -8,6 +8,7 @@
 
 #include "data_parallel.hpp"
 #include "fully_shard.hpp"
+#include "zero_redundancy.hpp"
 #include "detail.hpp"
 #include "vramscope/allocator/config.hpp"
 #include "vramscope/allocator/sim_device.hpp"
@@ -119,6 +120,10 @@ Trainer::Trainer(const TrainConfig& config, CachingAllocator& allocator)
     if (fsdp && config.mode == ExecMode::Compute) {
       throw Error("fsdp runs as a dry run only: its all-gathers on one simulated rank bring no data from the others");
     }
+    if (config.parallel.enabled() && !fsdp && config.parallel.engine != ParallelEngine::Ddp &&
+        config.mode == ExecMode::Compute) {
+      throw Error("zero runs as a dry run only: its collectives on one simulated rank bring no data from the others");
+    }
     if (fsdp && plan_.checkpointed.size() > 0) {
       throw Error("fsdp does not combine with checkpoint_sequential's segments (its hooks wrap the blocks); "
                   "checkpoint the blocks themselves instead (checkpoint marks, --gradient-checkpointing)");
@@ -137,14 +142,20 @@ Trainer::Trainer(const TrainConfig& config, CachingAllocator& allocator)
       runtime_->set_grad_ready_hook([ddp = ddp_.get()](detail::TensorImpl& leaf) { ddp->grad_ready(leaf); });
     } else if (fsdp) {
       fsdp_ = std::make_unique<detail::FullyShard>(config.parallel, model_->body(), *runtime_);
+    } else if (config.parallel.enabled()) {
+      // deepspeed.initialize: ZeRO's optimizer wraps the one the config names.
+      zero_ = std::make_unique<detail::ZeroRedundancy>(config.parallel, config.optimizer, model_->body(), *runtime_);
+      runtime_->set_post_accumulate_grad_hook([zero = zero_.get()](detail::TensorImpl& leaf) { zero->grad_ready(leaf); });
     }
     // After fully_shard, model.parameters() are the shards.
-    optimizer_ = make_optimizer(config.optimizer, fsdp_ ? fsdp_->parameters() : model_->parameters());
+    if (!zero_) optimizer_ = make_optimizer(config.optimizer, fsdp_ ? fsdp_->parameters() : model_->parameters());
   } catch (...) {
     allocator.remove_observer(composition_.get());  // the destructor will not run
     runtime_->set_grad_ready_hook(nullptr);
+    runtime_->set_post_accumulate_grad_hook(nullptr);
     ddp_.reset();
     fsdp_.reset();
+    zero_.reset();
     throw;
   }
   peaks_ = std::make_unique<detail::PhasePeaks>();
@@ -155,9 +166,11 @@ Trainer::~Trainer() {
   allocator_->remove_observer(peaks_.get());
   allocator_->remove_observer(composition_.get());
   runtime_->set_grad_ready_hook(nullptr);
+  runtime_->set_post_accumulate_grad_hook(nullptr);
   optimizer_.reset();
   ddp_.reset();
   fsdp_.reset();
+  zero_.reset();
   if (model_) model_->body().release();
 }
 
@@ -253,18 +266,26 @@ StepStats Trainer::step() {
   {
     PhaseGuard phase(Phase::Backward);
     ModuleScope scope(loss_bwd);
+    if (zero_) zero_->pre_backward();  // engine.backward(loss)
     backward(loss);
     if (ddp_) ddp_->finalize_backward();
+    if (zero_) zero_->finalize_backward();
   }
   end_phase(alloc, *peaks_, s.backward);
-  for (const Tensor& p : fsdp_ ? fsdp_->parameters() : model_->parameters()) {
-    s.params_without_grad += p.grad().defined() ? 0 : 1;
+  // (ZeRO has taken every gradient into its partition by now: .grad is None by design.)
+  if (!zero_) {
+    for (const Tensor& p : fsdp_ ? fsdp_->parameters() : model_->parameters()) {
+      s.params_without_grad += p.grad().defined() ? 0 : 1;
+    }
   }
 
   s.optimizer = begin_phase(alloc, *peaks_);
   if (optimizer_) {
     PhaseGuard phase(Phase::Optimizer);
     optimizer_->step();
+  } else if (zero_) {
+    PhaseGuard phase(Phase::Optimizer);
+    zero_->step();  // engine.step()
   }
   end_phase(alloc, *peaks_, s.optimizer);
 
@@ -308,7 +329,9 @@ TrainReport Trainer::report() const {
   } else {
     for (const Tensor& p : model_->parameters()) r.parameter_bytes += static_cast<std::int64_t>(p.nbytes());
   }
-  r.optimizer_state_bytes = optimizer_ ? static_cast<std::int64_t>(optimizer_->state_bytes()) : 0;
+  r.optimizer_state_bytes = optimizer_ ? static_cast<std::int64_t>(optimizer_->state_bytes())
+                             : zero_    ? static_cast<std::int64_t>(zero_->state_bytes())
+                                        : 0;
   r.warnings = runtime_->warnings();
   if (r.gradients_missing) {
     r.warnings.push_back(std::to_string(r.params_without_grad) +
@@ -323,6 +346,7 @@ TrainReport Trainer::report() const {
 
 std::vector<CommunicationBuffer> Trainer::communication_buffers() const {
   if (fsdp_) return fsdp_->buffers();
+  if (zero_) return zero_->buffers();
   return ddp_ ? ddp_->buffers() : std::vector<CommunicationBuffer>{};
 }
 

@@ -470,5 +470,46 @@ TEST(ParallelReference, Fsdp2RanksMatchTheH100StepByStep) {
   EXPECT_EQ(compared, 11u);
 }
 
+
+// DeepSpeed's ZeRO stage 1 and 2 on one rank, recorded on the CPU with DeepSpeed itself
+// (tests/data/deepspeed-cpu-2026-11-26, scripts/zero_reference.py): every buffer its ZeRO
+// code allocated, in order, with its bytes and the phases it lived between, equal to
+// vramscope's for rank 0, rank 3 (with 4,000-element buckets: several per backward) and rank 7
+// (whose partition ends in padding), under both stages.
+TEST(ParallelReference, ZeroBuffersMatchDeepSpeedOnTheCpu) {
+  const fs::path dir = fs::path(VRAMSCOPE_SOURCE_DIR) / "tests/data/deepspeed-cpu-2026-11-26";
+  std::ifstream json_file(dir / "zero_reference.json");
+  const nlohmann::json configs = nlohmann::json::parse(json_file).at("configs");
+  std::size_t compared = 0;
+  for (const auto& [name, recorded] : configs.items()) {
+    SCOPED_TRACE(name);
+    const std::string stage = std::to_string(recorded.at("stage").get<int>());
+    std::string options = "rank=" + std::to_string(recorded.at("rank").get<int>());
+    if (recorded.at("reduce_bucket_size").get<double>() != 5e8) {
+      options += ",reduce_bucket_size=" + std::to_string(static_cast<long long>(recorded.at("reduce_bucket_size").get<double>()));
+    }
+    nn::TrainConfig cfg;
+    cfg.model = ModelFile::load((dir / "ref-zero-mlp.json").string());
+    cfg.precision = nn::Precision::BF16;
+    cfg.device = "sim:h100-80g";
+    cfg.parallel = nn::parse_parallel("zero" + stage + ":8", options);
+    auto device = make_device(cfg.device);
+    CachingAllocator alloc{device};
+    nn::Trainer trainer{cfg, alloc};
+    for (int i = 0; i < 3; ++i) (void)trainer.step();
+    std::vector<std::string> theirs, ours;
+    for (const auto& b : recorded.at("buffers")) {
+      theirs.push_back(b.at("buffer").get<std::string>() + " " + std::to_string(b.at("bytes").get<std::size_t>()) + " " +
+                       b.at("allocated").get<std::string>() + " -> " + b.at("freed").get<std::string>());
+    }
+    for (const nn::CommunicationBuffer& b : trainer.communication_buffers()) {
+      ours.push_back(b.what + " " + std::to_string(b.bytes) + " " + b.allocated + " -> " + b.freed);
+    }
+    EXPECT_EQ(ours, theirs);
+    ++compared;
+  }
+  EXPECT_EQ(compared, 6u);
+}
+
 }  // namespace
 }  // namespace mem::models

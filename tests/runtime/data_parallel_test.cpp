@@ -57,11 +57,25 @@ TEST(DataParallel, OptionsAreTheEnginesOwnNamesAndBadOnesAreRefused) {
   EXPECT_EQ(parallel_label(fsdp),
             "fsdp:16 reshard_after_forward=false,param_dtype=bf16,reduce_dtype=f32,init=cuda,rank=15");
   EXPECT_EQ(parallel_label(parse_parallel("fsdp:8")), "fsdp:8");
+  const ParallelConfig zero = parse_parallel("zero2:64", "reduce_bucket_size=2e8,overlap_comm=true,rank=63");
+  EXPECT_EQ(zero.engine, ParallelEngine::Zero2);
+  EXPECT_EQ(zero.reduce_bucket_size, 2e8);
+  EXPECT_EQ(zero.overlap_comm, true);
+  EXPECT_EQ(zero.rank, 63u);
+  EXPECT_EQ(parallel_label(zero), "zero2:64 reduce_bucket_size=200000000,overlap_comm=true,rank=63");
+  EXPECT_EQ(parallel_label(parse_parallel("zero1:8")), "zero1:8");
 
   const struct {
     const char *spec, *options, *says;
   } bad[] = {
       {"zero3:8", "", "unknown engine 'zero3'"},
+      {"zero2:0", "", "whole number from 1"},
+      {"zero2:8", "bucket_cap_mb=5", "'bucket_cap_mb' is not an option of zero2"},
+      {"zero1:8", "reduce_bucket_size=0", "from 1 to 1e12"},
+      {"zero1:8", "reduce_bucket_size=5e20", "from 1 to 1e12"},
+      {"zero1:8", "reduce_bucket_size=lots", "from 1 to 1e12"},
+      {"zero2:8", "overlap_comm=maybe", "expected true or false"},
+      {"zero2:8", "rank=8", "below 8"},
       {"fsdp:0", "", "whole number from 1"},
       {"fsdp:8", "bucket_cap_mb=50", "'bucket_cap_mb' is not an option of fsdp"},
       {"fsdp:8", "reshard_after_forward=2", "expected true or false"},

@@ -152,6 +152,55 @@ TEST(FullyShard, TheLastRankHoldsFewerRowsWhereDimZeroDoesNotSplit) {
             static_cast<std::int64_t>(round_size(6283 * 768 * 2, AllocatorConfig{}) * 2 - round_size(6276 * 768 * 2, AllocatorConfig{}) * 2));
 }
 
+// DeepSpeed's ZeRO (zero_redundancy.cpp; its buffers against DeepSpeed itself are in
+// tests/models): stage 2 against stage 1 on one model, the parts that must hold whatever the
+// model.
+TEST(ZeroRedundancy, StagesPartitionTheOptimizerAndTheGradients) {
+  const RankRun one = run_rank("gpt2", "zero1:8", "");
+  const RankRun two = run_rank("gpt2", "zero2:8", "");
+  const std::int64_t params = 124'439'808LL;  // gpt2's (the tied head once)
+  const std::int64_t padded = (params + 15) / 16 * 16, partition = padded / 8;
+  // Construction: the bf16 flat buffer (the model, whole) and the fp32 master partition.
+  EXPECT_EQ(bytes_of(one.buffers, "bit16 flat parameters (bit16_groups_flat)"), padded * 2);
+  EXPECT_EQ(bytes_of(one.buffers, "fp32 master partition"), partition * 4);
+  // Adam's two fp32 moments of the partition, once.
+  EXPECT_EQ(bytes_of(two.buffers, "exp_avg") + bytes_of(two.buffers, "exp_avg_sq"), partition * 8);
+  // Each backward a 5e8-element bf16 bucket (1 GB), whatever the model's size.
+  std::size_t buckets = 0;
+  for (const auto& b : two.buffers) {
+    if (b.what.starts_with("gradient bucket")) {
+      ++buckets;
+      EXPECT_EQ(b.bytes, 1'000'000'000u);
+      EXPECT_EQ(b.freed, b.allocated);
+    }
+  }
+  EXPECT_EQ(buckets, 2u);
+  // Stage 1 holds every bf16 gradient until the backward ends; stage 2 gives each up as it
+  // is bucketed: its backward peaks lower, the steps end alike.
+  EXPECT_GT(one.steps[1].backward.peak_allocated, two.steps[1].backward.peak_allocated);
+  EXPECT_EQ(one.steps[1].allocated_end, two.steps[1].allocated_end);
+  EXPECT_EQ(one.steps[0].allocated_end, one.steps[1].allocated_end);
+}
+
+TEST(ZeroRedundancy, RefusesWhatItDoesNotModel) {
+  TrainConfig cfg;
+  cfg.model = models::find("gpt2");
+  cfg.precision = Precision::BF16;
+  cfg.parallel = parse_parallel("zero2:8");
+  auto device = make_device("sim:capacity=80GiB,context=0");
+  CachingAllocator alloc(device);
+  for (const char* optimizer : {"none", "adam8bit"}) {
+    cfg.optimizer = parse_optimizer_config(optimizer);
+    try {
+      Trainer trainer(cfg, alloc);
+      ADD_FAILURE() << optimizer << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("zero"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(alloc.stats().allocated_bytes[0].current, 0) << optimizer;
+  }
+}
+
 TEST(FullyShard, ComputeModeAndSegmentsAreRefusedWithAReason) {
   TrainConfig cfg;
   cfg.model = models::find("mlp");

@@ -185,7 +185,9 @@ def check_oom(exe, work):
 
 
 BAD = [
-    (["sweep", "--parallel", "zero3:8"], ["--parallel", "unknown engine 'zero3'", "ddp:N", "fsdp:N"]),
+    (["sweep", "--parallel", "zero3:8"], ["--parallel", "unknown engine 'zero3'", "ddp:N", "fsdp:N", "zero2:N"]),
+    (["sweep", "--parallel", "zero2:8", "--parallel-options", "reduce_bucket_size=-1"],
+     ["--parallel-options", "reduce_bucket_size=-1: expected elements"]),
     (["sweep", "--parallel", "fsdp:8", "--parallel-options", "bucket_cap_mb=50"],
      ["--parallel-options", "not an option of fsdp"]),
     (["sweep", "--parallel", "ddp:0"], ["--parallel", "whole number from 1"]),

@@ -37,6 +37,8 @@ enum class ParallelEngine : std::uint8_t {
   None,  ///< one GPU
   Ddp,   ///< torch.nn.parallel.DistributedDataParallel, one process per GPU
   Fsdp,  ///< FSDP2: torch.distributed.fsdp.fully_shard per block, then on the root
+  Zero1, ///< DeepSpeed ZeRO stage 1: the optimizer's state partitioned
+  Zero2, ///< DeepSpeed ZeRO stage 2: the gradients partitioned too
 };
 
 /// How the step is spread over GPUs, with the engine's own argument names.
@@ -58,8 +60,12 @@ struct ParallelConfig {
   /// (`with torch.device("meta")`, then to_empty: what large models need), or built on the
   /// GPU whole and sharded there (small scripts; the full model's segments stay cached).
   bool meta_init = true;
-  /// The rank simulated: ranks differ only where dim 0 does not split evenly (the last
-  /// ranks hold fewer rows, so smaller optimizer states); rank 0 holds the most.
+  // DeepSpeed's zero_optimization keys, at its defaults (runtime/zero/config.py).
+  double reduce_bucket_size = 5e8;     ///< elements of the gradient bucket (IPG buffer)
+  std::optional<bool> overlap_comm;    ///< unset: false for stages 1 and 2
+  /// The rank simulated. FSDP: ranks differ only where dim 0 does not split evenly (the
+  /// last ranks hold fewer rows, so smaller optimizer states); rank 0 holds the most.
+  /// ZeRO: each rank keeps the gradients of the parameters its partition touches.
   std::size_t rank = 0;
 
   bool enabled() const noexcept { return engine != ParallelEngine::None; }
@@ -83,7 +89,8 @@ inline constexpr std::size_t kMaxWorldSize = std::size_t{1} << 20;
 /// "ddp:8", "fsdp:8" (or "none"), and "key=value,..." in the engine's own names: for ddp
 /// bucket_cap_mb, gradient_as_bucket_view, broadcast_buffers, init_sync, static_graph,
 /// find_unused_parameters; for fsdp reshard_after_forward, param_dtype, reduce_dtype, and
-/// init (meta or cuda) and rank. Throws mem::Error naming what is wrong and what is valid; an
+/// init (meta or cuda) and rank; for zero1 / zero2 (DeepSpeed) reduce_bucket_size,
+/// overlap_comm and rank. Throws mem::Error naming what is wrong and what is valid; an
 /// option of another engine, or options without an engine, is an error too.
 ParallelConfig parse_parallel(std::string_view spec, std::string_view options = {});
 /// "ddp:8", then the options that differ from the defaults ("ddp:8 bucket_cap_mb=50").
@@ -93,5 +100,8 @@ class Module;
 /// Whether every parameter of the model splits evenly on dim 0 over `world_size` ranks: then
 /// every FSDP rank holds the same shards; otherwise the last rank holds the fewest rows.
 bool fsdp_ranks_alike(const Module& root, std::size_t world_size);
+/// The ZeRO rank that keeps the most gradient elements (each rank keeps, whole, the
+/// gradients of the parameters its partition touches, plus its padding): the lowest such.
+std::size_t zero_heaviest_rank(const Module& root, std::size_t world_size);
 
 }  // namespace mem::nn

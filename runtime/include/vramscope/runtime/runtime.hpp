@@ -139,6 +139,11 @@ class Runtime {
   using GradReadyHook = std::function<void(detail::TensorImpl& leaf)>;
   void set_grad_ready_hook(GradReadyHook hook) { grad_ready_hook_ = std::move(hook); }
   const GradReadyHook& grad_ready_hook() const noexcept { return grad_ready_hook_; }
+  /// Runs inside AccumulateGrad once a leaf's .grad is set, the incoming gradient already
+  /// dropped (Tensor.register_post_accumulate_grad_hook, where DeepSpeed's ZeRO takes each
+  /// gradient: replacing the .grad frees it then).
+  void set_post_accumulate_grad_hook(GradReadyHook hook) { post_accumulate_grad_hook_ = std::move(hook); }
+  const GradReadyHook& post_accumulate_grad_hook() const noexcept { return post_accumulate_grad_hook_; }
 
   /// Variable._execution_engine.queue_callback: runs once when the current backward's graph
   /// is done, before backward() returns (and frees its implicit seed gradient).
@@ -165,6 +170,7 @@ class Runtime {
   std::vector<std::pair<const detail::TensorImpl*, std::shared_ptr<detail::TensorImpl>>> cast_cache_;
   std::vector<std::string> warnings_;
   GradReadyHook grad_ready_hook_;
+  GradReadyHook post_accumulate_grad_hook_;
   std::vector<std::function<void()>> backward_callbacks_;
   Stack stack_;
   bool cublas_loaded_ = false, cudnn_loaded_ = false;

@@ -142,6 +142,7 @@ namespace detail {
 class PhasePeaks;
 class DataParallel;
 class FullyShard;
+class ZeroRedundancy;
 }
 
 class Trainer {
@@ -191,6 +192,7 @@ class Trainer {
   /// The data-parallel engine's side of the step (config.parallel), or null.
   std::unique_ptr<detail::DataParallel> ddp_;
   std::unique_ptr<detail::FullyShard> fsdp_;
+  std::unique_ptr<detail::ZeroRedundancy> zero_;
 };
 
 /// Creates the device (device_spec_for) and allocator, runs config.steps steps.
