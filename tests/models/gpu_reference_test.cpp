@@ -207,21 +207,33 @@ TEST(GpuReference, EveryOpenFigureIsARowOfTheReference) {
   for (const Open& o : kOpen) EXPECT_TRUE(ids.contains(o.id)) << o.id << " is no row of the reference";
 }
 
+// The H100 recording (tests/data/h100-parallel-2026-11-26): the defaults' run
+// (parallel_reference.py) and the options' (its --variants, rank 0 each), their CSV rows (one
+// per configuration and step) and their JSON configurations (buckets, FSDP groups).
+struct ParallelRecording {
+  fs::path dir = fs::path(VRAMSCOPE_SOURCE_DIR) / "tests/data/h100-parallel-2026-11-26";
+  std::vector<std::map<std::string, std::string>> rows;
+  nlohmann::json configs = nlohmann::json::object();
+  ParallelRecording() {
+    rows = read_csv(dir / "parallel_reference.csv");
+    for (auto& row : read_csv(dir / "variants/parallel_variants.csv")) rows.push_back(std::move(row));
+    for (const char* file : {"parallel_reference.json", "variants/parallel_variants.json"}) {
+      std::ifstream json_file(dir / file);
+      configs.update(nlohmann::json::parse(json_file).at("configs"));
+    }
+  }
+};
+
 // Our own H100 recording of one rank of an 8-GPU job (tests/data/h100-parallel-2026-11-26,
 // scripts/parallel_reference.py): PyTorch's fake process group with real CUDA tensors,
 // PyTorch 2.11, three AdamW steps. DDP's buckets as its comm hook saw them (one of every
 // gradient in the first backward, the rebuilt ones after), and the allocator's figures after
 // wrapping and at each step, exact to the byte.
 TEST(ParallelReference, DdpRanksMatchTheH100StepByStep) {
-  const fs::path dir = fs::path(VRAMSCOPE_SOURCE_DIR) / "tests/data/h100-parallel-2026-11-26";
-  // The defaults (parallel_reference.py) and DDP's options (its --variants: rank 0 each).
-  std::vector<std::map<std::string, std::string>> rows = read_csv(dir / "parallel_reference.csv");
-  for (auto& row : read_csv(dir / "variants/parallel_variants.csv")) rows.push_back(std::move(row));
-  nlohmann::json configs = nlohmann::json::object();
-  for (const char* file : {"parallel_reference.json", "variants/parallel_variants.json"}) {
-    std::ifstream json_file(dir / file);
-    configs.update(nlohmann::json::parse(json_file).at("configs"));
-  }
+  const ParallelRecording recording;
+  const fs::path& dir = recording.dir;
+  const auto& rows = recording.rows;
+  const auto& configs = recording.configs;
   struct Case {
     std::string config;
     std::function<void(nn::TrainConfig&)> setup;
@@ -361,14 +373,10 @@ TEST(ParallelReference, DdpRanksMatchTheH100StepByStep) {
 // fewer rows of dim 0, so its optimizer states are smaller), with a MixedPrecisionPolicy and
 // with reshard_after_forward=False.
 TEST(ParallelReference, Fsdp2RanksMatchTheH100StepByStep) {
-  const fs::path dir = fs::path(VRAMSCOPE_SOURCE_DIR) / "tests/data/h100-parallel-2026-11-26";
-  std::vector<std::map<std::string, std::string>> rows = read_csv(dir / "parallel_reference.csv");
-  for (auto& row : read_csv(dir / "variants/parallel_variants.csv")) rows.push_back(std::move(row));
-  nlohmann::json configs = nlohmann::json::object();
-  for (const char* file : {"parallel_reference.json", "variants/parallel_variants.json"}) {
-    std::ifstream json_file(dir / file);
-    configs.update(nlohmann::json::parse(json_file).at("configs"));
-  }
+  const ParallelRecording recording;
+  const fs::path& dir = recording.dir;
+  const auto& rows = recording.rows;
+  const auto& configs = recording.configs;
   struct Case {
     std::string model;
     std::function<void(nn::TrainConfig&)> setup;
