@@ -11,6 +11,7 @@
 #include "vramscope/allocator/config.hpp"
 #include "vramscope/allocator/device.hpp"
 #include "vramscope/allocator/sim_device.hpp"
+#include "vramscope/allocator/units.hpp"
 #include "vramscope/models/hf_config.hpp"
 #include "vramscope/models/model_file.hpp"
 #include "vramscope/models/zoo.hpp"
@@ -261,6 +262,16 @@ void add_parallel_options(CLI::App& app, ParallelArgs& args, bool list) {
                  "shown; the last ones hold fewer rows when dim 0 does not split evenly); zero1, zero2: "
                  "reduce_bucket_size (elements), overlap_comm, rank=R)")
       ->check(non_empty());
+  app.add_option("--topology", args.topology,
+                 "with --parallel: how the node's GPUs talk, which decides NCCL's buffers on each GPU (outside "
+                 "the caching allocator, in the nvidia-smi view): nvswitch (8 GPUs on NVLink through "
+                 "NVSwitches; NVLS on Hopper and newer), pcie, none (leave them out), auto (nvswitch for "
+                 "A100, H100, H200, B200, V100, else pcie)")
+      ->capture_default_str();
+  app.add_flag("--stray-contexts", args.stray_contexts,
+               "with --parallel: the other ranks of the node made CUDA contexts on GPU 0 (no "
+               "torch.cuda.set_device before CUDA was first used): rank 0's GPU holds one more context each, "
+               "the classic \"rank 0 uses more memory\"");
 }
 
 std::vector<nn::ParallelConfig> parse_parallel_args(const ParallelArgs& args) {
@@ -276,6 +287,15 @@ std::vector<nn::ParallelConfig> parse_parallel_args(const ParallelArgs& args) {
     (void)as_usage("--parallel-options", [&] { return nn::parse_parallel("none", args.options); });  // says why
   }
   if (out.empty()) throw UsageError("--parallel: empty; give ddp:N, fsdp:N, zero2:N or none");
+  const nn::Topology topology = as_usage("--topology", [&] { return nn::parse_topology(args.topology); });
+  if (!any && (args.topology != "auto" || args.stray_contexts)) {
+    throw UsageError(std::string(args.stray_contexts ? "--stray-contexts" : "--topology") +
+                     ": applies to several GPUs; give --parallel ddp:N, fsdp:N or zero2:N");
+  }
+  for (nn::ParallelConfig& c : out) {
+    c.topology = topology;
+    c.stray_contexts = args.stray_contexts;
+  }
   return out;
 }
 
@@ -283,10 +303,23 @@ std::string per_gpu(const std::vector<nn::ParallelConfig>& configs) {
   return configs.size() == 1 && configs[0].enabled() ? ", each GPU of " + nn::parallel_label(configs[0]) : "";
 }
 
-std::string parallel_note(const std::vector<nn::ParallelConfig>& configs) {
+std::string parallel_note(const std::vector<nn::ParallelConfig>& configs, const DeviceInfo& device) {
   std::string out;
+  bool nccl_said = false;
   for (const nn::ParallelConfig& config : configs) {
     if (!config.enabled()) continue;
+    // NCCL's buffers and stray contexts: in the nvidia-smi view, once per run of notes.
+    if (!nccl_said) {
+      const nn::NcclMemory nccl = nn::nccl_memory(config, device.name, device.compute_capability);
+      if (!nccl.assumptions.empty()) out += "parallel: " + nccl.assumptions + ", in the nvidia-smi view\n";
+      if (config.stray_contexts) {
+        out += "parallel: rank 0's GPU also holds the other " +
+               std::to_string(std::min<std::size_t>(config.world_size, 8) - 1) + " ranks' CUDA contexts (" +
+               format_bytes(device.context_bytes) + " each, as its own; users measured 871 MiB to 1 GB: "
+               "pytorch/pytorch#49481, #135279): call torch.cuda.set_device(local_rank) before any CUDA work\n";
+      }
+      nccl_said = true;
+    }
     const bool zero = config.engine == nn::ParallelEngine::Zero1 || config.engine == nn::ParallelEngine::Zero2;
     const std::string engine =
         zero ? "rank " + std::to_string(config.rank) +
@@ -305,7 +338,7 @@ std::string parallel_note(const std::vector<nn::ParallelConfig>& configs) {
                   "shards that do not split evenly; its rows run without checkpoint_sequential's segments, which would cut "
                   "across the blocks it wraps: checkpoint the blocks instead)";
     out += "parallel: " + nn::parallel_label(config) + ": every figure is one GPU's, " + engine +
-           "; NCCL's own buffers, outside the caching allocator, are not in the nvidia-smi view yet\n";
+           "\n";
   }
   return out;
 }

@@ -96,6 +96,8 @@ inline constexpr const char* kOptimizerHelp =
 struct ParallelArgs {
   std::string spec = "none";  ///< "ddp:8"
   std::string options;        ///< "bucket_cap_mb=50,gradient_as_bucket_view=true"
+  std::string topology = "auto";  ///< --topology: what NCCL's communicator holds
+  bool stray_contexts = false;    ///< --stray-contexts
 };
 /// `list`: sweep's --parallel takes a comma list ("none,ddp:8"), trace's one value.
 void add_parallel_options(CLI::App& app, ParallelArgs& args, bool list = false);
@@ -104,7 +106,7 @@ void add_parallel_options(CLI::App& app, ParallelArgs& args, bool list = false);
 std::vector<nn::ParallelConfig> parse_parallel_args(const ParallelArgs& args);
 /// What the figures of data-parallel runs are, and what they leave out, a line per engine
 /// for under a table ("" for one GPU).
-std::string parallel_note(const std::vector<nn::ParallelConfig>& configs);
+std::string parallel_note(const std::vector<nn::ParallelConfig>& configs, const DeviceInfo& device);
 /// ", each GPU of ddp:8" for a title, when every row is one rank of that ("" otherwise).
 std::string per_gpu(const std::vector<nn::ParallelConfig>& configs);
 

@@ -298,7 +298,7 @@ std::string sweep_report(const SweepResult& result, const ReportOptions& options
     }
   }
   out += fmt::format("\ndevice: {}\nstack: {} (--stack)\n", result.device.assumptions, result.spec.stack.to_string());
-  out += parallel_note(result.spec.parallels);
+  out += parallel_note(result.spec.parallels, result.device);
   return out;
 }
 

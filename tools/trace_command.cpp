@@ -336,7 +336,7 @@ void run(const TraceArgs& args) {
     write_file("--plot", args.plot, [&] { write_memory_plot_svg(*timeline, args.plot, po); });
   }
   std::cout << "\ndevice: " << device->info().assumptions << "\nstack: " << cfg.stack.to_string() << " (--stack)\n";
-  std::cout << parallel_note({cfg.parallel});
+  std::cout << parallel_note({cfg.parallel}, device->info());
   std::cout.flush();
   trainer.reset();  // frees the model before the allocator goes
   if (oom) throw CommandFailed("out of memory (the log above shows where); try --segments, a smaller --batch or --dtype f16");

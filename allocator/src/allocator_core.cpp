@@ -851,7 +851,7 @@ void AllocatorCore::load_module(std::string_view name, std::size_t bytes) {
   if (!held) {
     const DeviceMemInfo mem = device_->mem_get_info();
     const OutOfMemoryError::Figures f = note_oom(mem, bytes, bytes, 0, nullptr);
-    throw OutOfMemoryError("CUDA out of memory loading " + std::string(name) + "'s kernels (" + format_bytes(bytes) +
+    throw OutOfMemoryError("CUDA out of memory loading " + std::string(name) + " (" + format_bytes(bytes) +
                                " outside the allocator). GPU " + device_->info().name + " has " +
                                format_bytes(mem.free_bytes) + " free; " + format_bytes(f.allocated) +
                                " is allocated and " + format_bytes(f.reserved) +

@@ -13,6 +13,7 @@
 #include <unordered_set>
 
 #include "detail.hpp"
+#include "nccl_memory.hpp"
 #include "vramscope/allocator/errors.hpp"
 #include "vramscope/allocator/units.hpp"
 
@@ -134,6 +135,7 @@ DataParallel::DataParallel(const ParallelConfig& config, Module& root, Runtime& 
   buffers_ = unique(root.buffers());
 
   if (config.init_sync) {
+    first_collective(runtime, config);  // the shape check's all-gather
     // distributed.py: `if init_sync:` both the shape check and the broadcast.
     // _verify_param_shape_across_processes (reducer.cpp verify_params_across_processes): the
     // parameter count, its all-gathered copies (one 8 B tensor per rank, logged as one row)
@@ -307,6 +309,7 @@ void DataParallel::grad_ready(TensorImpl& param) {
   if (config_.static_graph && backwards_ == 0) return;  // autograd_hook: static_graph_first_iteration
   if (!rebuilt_ && backwards_ == (config_.static_graph ? 1 : 0)) ready_order_.push_back(i);
   copy_into_bucket(i);
+  if (!config_.init_sync) first_collective(runtime_, config_);  // the first bucket's all-reduce, at the latest
 }
 
 void DataParallel::copy_into_bucket(std::size_t i) {

@@ -9,6 +9,7 @@
 #include <cmath>
 
 #include "detail.hpp"
+#include "nccl_memory.hpp"
 #include "vramscope/allocator/errors.hpp"
 
 namespace mem::nn::detail {
@@ -282,6 +283,7 @@ void FullyShard::unshard(Group& g) {
     wait_for_unshard(g);
     return;
   }
+  first_collective(runtime_, config_);  // the first all-gather connects NCCL
   // get_all_gather_streams: FSDP's copy-in stream in forward and pre-backward.
   const bool implicit = g.state == State::Forward || g.state == State::PreBackward;
   const StreamId stream = implicit ? copy_in_stream_ : runtime_.stream();

@@ -59,13 +59,13 @@ std::size_t Runtime::gemm_workspace_bytes() const noexcept {
 
 void Runtime::uses_cudnn() {
   if (cudnn_loaded_) return;
-  allocator_->load_module("cuDNN", allocator_->device().info().cudnn_bytes);
+  allocator_->load_module("cuDNN's kernels", allocator_->device().info().cudnn_bytes);
   cudnn_loaded_ = true;
 }
 
 void Runtime::gemm_workspace(bool lt) {
   if (!cublas_loaded_) {
-    allocator_->load_module("cuBLAS", allocator_->device().info().cublas_bytes);
+    allocator_->load_module("cuBLAS's kernels", allocator_->device().info().cublas_bytes);
     cublas_loaded_ = true;
   }
   const int thread = tls_phase == Phase::Backward || tls_phase == Phase::Recompute ? 1 : 0;

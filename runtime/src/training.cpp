@@ -116,6 +116,14 @@ Trainer::Trainer(const TrainConfig& config, CachingAllocator& allocator)
   composition_ = std::make_unique<PeakComposition>();
   allocator.add_observer(composition_.get());
   try {
+    if (config.parallel.enabled() && config.parallel.stray_contexts && config.parallel.rank == 0) {
+      // Every other rank of the node made its CUDA context on GPU 0 before (or without)
+      // torch.cuda.set_device: each holds about a context there (pytorch/pytorch#49481, #135279).
+      const std::size_t others = std::min<std::size_t>(config.parallel.world_size, 8) - 1;
+      if (others > 0) {
+        allocator.load_module("the other ranks' CUDA contexts", others * allocator.device().info().context_bytes);
+      }
+    }
     const bool fsdp = config.parallel.engine == ParallelEngine::Fsdp;
     if (fsdp && config.mode == ExecMode::Compute) {
       throw Error("fsdp runs as a dry run only: its all-gathers on one simulated rank bring no data from the others");

@@ -9,6 +9,7 @@
 #include <unordered_set>
 
 #include "detail.hpp"
+#include "nccl_memory.hpp"
 #include "vramscope/allocator/errors.hpp"
 
 namespace mem::nn::detail {
@@ -129,6 +130,8 @@ ZeroRedundancy::ZeroRedundancy(const ParallelConfig& config, const OptimizerConf
   }
   reduce_bucket_size_ = static_cast<std::size_t>(config.reduce_bucket_size);
 
+  // deepspeed.initialize broadcasts every parameter from rank 0 (engine.py:1870): NCCL connects.
+  first_collective(runtime, config);
   ModuleScope scope(optimizer_context_);
   std::size_t entry = 0;
   if (optimizer.kind == OptimizerKind::Adam) {

@@ -337,5 +337,46 @@ TEST(DataParallel, AModelWithNothingToTrainIsRefusedAsPyTorchRefusesIt) {
   EXPECT_EQ(env.allocated(), 512 + 512);  // the weight and the bias: nothing of DDP's left behind
 }
 
+
+// NCCL's communicator memory (nccl_memory.cpp): per ring channel a 10 MiB receive buffer and a
+// 2 MiB send header; 16 channels on NVSwitch, 2 on PCIe; NVLS on Hopper NVSwitch nodes, 32 MiB
+// a head, a head per GPU of the node. It shows in nvidia-smi's view from the first collective.
+TEST(DataParallel, NcclHoldsItsBuffersOutsideTheAllocatorFromTheFirstCollective) {
+  ParallelConfig ddp = parse_parallel("ddp:8");
+  EXPECT_EQ(nccl_memory(ddp, "sim:h100-80g", 90).bytes, 16 * 12 * MiB + 8 * 32 * MiB);
+  EXPECT_EQ(nccl_memory(ddp, "sim:a100-80g", 80).bytes, 16 * 12 * MiB);  // no NVLS before Hopper
+  EXPECT_EQ(nccl_memory(ddp, "sim:rtx4090", 89).bytes, 2 * 12 * MiB);    // PCIe
+  EXPECT_EQ(nccl_memory(parse_parallel("ddp:2"), "sim:h100-80g", 90).bytes, 16 * 12 * MiB + 2 * 32 * MiB);
+  EXPECT_EQ(nccl_memory(parse_parallel("ddp:1"), "sim:h100-80g", 90).bytes, 0u);
+  ddp.topology = Topology::None;
+  EXPECT_EQ(nccl_memory(ddp, "sim:h100-80g", 90).bytes, 0u);
+  ddp.topology = Topology::Pcie;
+  EXPECT_EQ(nccl_memory(ddp, "sim:h100-80g", 90).bytes, 2 * 12 * MiB);
+  EXPECT_THROW((void)parse_topology("infiniband"), Error);
+
+  // The same DDP rank with and without NCCL's buffers and the other ranks' stray contexts:
+  // allocated and reserved alike, nvidia-smi's view higher by exactly them.
+  TrainConfig cfg;
+  cfg.model = models::find("mlp");
+  const auto used_after_construction = [&](Topology topology, bool stray) {
+    cfg.parallel = parse_parallel("ddp:8");
+    cfg.parallel.topology = topology;
+    cfg.parallel.stray_contexts = stray;
+    auto device = make_device("sim:h100-80g");
+    CachingAllocator alloc(device);
+    Trainer trainer(cfg, alloc);
+    return std::pair(alloc.stats().reserved_bytes[0].current, alloc.stats().device_used_bytes.current);
+  };
+  const auto [reserved, without] = used_after_construction(Topology::None, false);
+  const auto [reserved_nccl, with_nccl] = used_after_construction(Topology::Auto, false);
+  const auto [reserved_stray, with_stray] = used_after_construction(Topology::Auto, true);
+  EXPECT_EQ(reserved, reserved_nccl);
+  EXPECT_EQ(reserved, reserved_stray);
+  EXPECT_EQ(with_nccl - without, static_cast<std::int64_t>(448 * MiB));
+  // (The device holds them at its 2 MiB granularity.)
+  const std::size_t contexts = 7 * make_device("sim:h100-80g")->info().context_bytes;
+  EXPECT_EQ(with_stray - with_nccl, static_cast<std::int64_t>((contexts + 2 * MiB - 1) / (2 * MiB) * (2 * MiB)));
+}
+
 }  // namespace
 }  // namespace mem::nn

@@ -186,6 +186,8 @@ def check_oom(exe, work):
 
 BAD = [
     (["sweep", "--parallel", "zero3:8"], ["--parallel", "unknown engine 'zero3'", "ddp:N", "fsdp:N", "zero2:N"]),
+    (["sweep", "--parallel", "ddp:8", "--topology", "infiniband"], ["--topology", "unknown topology 'infiniband'"]),
+    (["sweep", "--stray-contexts"], ["--stray-contexts: applies to several GPUs"]),
     (["sweep", "--parallel", "zero2:8", "--parallel-options", "reduce_bucket_size=-1"],
      ["--parallel-options", "reduce_bucket_size=-1: expected elements"]),
     (["sweep", "--parallel", "fsdp:8", "--parallel-options", "bucket_cap_mb=50"],

@@ -41,6 +41,14 @@ enum class ParallelEngine : std::uint8_t {
   Zero2, ///< DeepSpeed ZeRO stage 2: the gradients partitioned too
 };
 
+/// How a node's GPUs talk, which decides NCCL's own memory on each (nccl_memory below).
+enum class Topology : std::uint8_t {
+  Auto,     ///< NVSwitch for data-center GPUs (A100, H100, H200, B200, V100), else PCIe
+  NvSwitch, ///< 8 GPUs per node on NVLink through NVSwitches
+  Pcie,     ///< GPUs on PCIe, peer to peer
+  None,     ///< leave NCCL's memory out
+};
+
 /// How the step is spread over GPUs, with the engine's own argument names.
 struct ParallelConfig {
   ParallelEngine engine = ParallelEngine::None;
@@ -67,6 +75,11 @@ struct ParallelConfig {
   /// last ranks hold fewer rows, so smaller optimizer states); rank 0 holds the most.
   /// ZeRO: each rank keeps the gradients of the parameters its partition touches.
   std::size_t rank = 0;
+  /// The machine (--topology): what NCCL's communicator holds on each GPU.
+  Topology topology = Topology::Auto;
+  /// Every other rank of the node also made a CUDA context on GPU 0 (it never called
+  /// torch.cuda.set_device): rank 0's GPU holds them too, the classic "rank 0 uses more".
+  bool stray_contexts = false;
 
   bool enabled() const noexcept { return engine != ParallelEngine::None; }
   friend bool operator==(const ParallelConfig&, const ParallelConfig&) = default;
@@ -95,6 +108,21 @@ inline constexpr std::size_t kMaxWorldSize = std::size_t{1} << 20;
 ParallelConfig parse_parallel(std::string_view spec, std::string_view options = {});
 /// "ddp:8", then the options that differ from the defaults ("ddp:8 bucket_cap_mb=50").
 std::string parallel_label(const ParallelConfig& config);
+
+/// NCCL's memory on one GPU for the job's communicator, outside the caching allocator (it
+/// shows in nvidia-smi only), made at the first collective (NCCL_RUNTIME_CONNECT=1): bytes,
+/// and the assumptions behind them in one line. From NCCL's sources (@5067397c): per ring
+/// channel a receive buffer (LL 512 KiB + LL128 4,915,200 B + SIMPLE 4 MiB, rounded to the 2
+/// MiB of CUDA IPC: 10 MiB) and a send header (2 MiB); on NVSwitch, 16 channels, and with
+/// Hopper or newer NVLink SHARP (NVLS): 32 MiB per head, a head per GPU of the node.
+struct NcclMemory {
+  std::size_t bytes = 0;
+  std::string assumptions;
+};
+NcclMemory nccl_memory(const ParallelConfig& config, std::string_view device_name, int compute_capability);
+/// "auto", "nvswitch", "pcie", "none". Throws mem::Error naming them.
+Topology parse_topology(std::string_view name);
+std::string_view topology_name(Topology topology) noexcept;
 
 class Module;
 /// Whether every parameter of the model splits evenly on dim 0 over `world_size` ranks: then
