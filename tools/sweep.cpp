@@ -351,13 +351,14 @@ SweepResult run_sweep(const SweepSpec& spec_in, const SweepProgress& progress) {
   };
 
   // The row that gets the star: fits (with every gradient; never an OOM or error row),
-  // lowest nvidia-smi peak, then lowest max allocated, then least recomputation.
+  // lowest nvidia-smi peak, then least recomputation (equal memory is no reason to recompute
+  // more), then lowest max allocated.
   const auto best_of = [](std::span<SweepRow> group) -> SweepRow* {
     SweepRow* best = nullptr;
     for (SweepRow& row : group) {
       if (!row.fits() || row.figures.gradients_missing) continue;
       const auto key = [](const SweepRow& r) {
-        return std::tuple(r.figures.peak_device_used, r.figures.peak_allocated, r.figures.recompute_ratio);
+        return std::tuple(r.figures.peak_device_used, r.figures.recompute_ratio, r.figures.peak_allocated);
       };
       if (best == nullptr || key(row) < key(*best)) best = &row;
     }

@@ -250,7 +250,8 @@ std::string sweep_report(const SweepResult& result, const ReportOptions& options
   }
   if (any_best) {
     const bool shapes = spec.batches.size() > 1 || spec.seqs.size() > 1, parallels = spec.parallels.size() > 1;
-    out += fmt::format("  * least memory in nvidia-smi's view among the configurations of its dtype{}{} that fit\n",
+    out += fmt::format("  * least memory in nvidia-smi's view among the configurations of its dtype{}{} that fit; among "
+                       "equals, the least recomputation\n",
                        shapes ? (parallels ? ", shape" : " and shape") : "", parallels ? " and GPUs" : "");
     for (const SweepRow& row : result.rows) {
       if (row.best && row.figures.peak_composition.total() > 0) {

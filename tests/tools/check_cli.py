@@ -144,6 +144,13 @@ def check_json(exe, work):
             check(r["saving"] == 0 and r["recompute_ratio"] == 0, r)
         else:
             check(r["recompute_ratio"] > 0, r)
+    # The star: least nvidia-smi, then among equals the least recompute (issue 33: gpt2's 14 and
+    # 15 segments need the same nvidia-smi; 14 recomputes less and gets the star).
+    rows = json.loads(run(exe, "sweep", "--model", "gpt2", "--device", "sim:a100-40g", "--segments", "14,15", "--dtype", "f32",
+                          "--format", "json").stdout)["rows"]
+    check([r["best"] for r in rows] == [True, False] and rows[0]["max_nvidia_smi"] == rows[1]["max_nvidia_smi"]
+          and rows[0]["recompute_ratio"] < rows[1]["recompute_ratio"]
+          and rows[0]["max_allocated"] > rows[1]["max_allocated"], rows)
 
 
 def oom_sweep(exe, fmt):
