@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <span>
 #include <tuple>
 
@@ -75,6 +76,7 @@ nn::TrainConfig train_config(const SweepSpec& spec, const SweepRow& row) {
   nn::TrainConfig cfg;
   cfg.model = spec.model;
   cfg.model_options = row_options(spec, row.batch, row.seq);
+  if (!row.checkpoint.empty()) cfg.model_options.checkpoint = row.checkpoint;
   cfg.mode = spec.mode;
   cfg.device = spec.device;
   cfg.alloc_conf = row.alloc_conf;
@@ -292,8 +294,8 @@ SweepResult run_sweep(const SweepSpec& spec_in, const SweepProgress& progress) {
   const bool has_baseline = std::any_of(spec.segments.begin(), spec.segments.end(),
                                         [](std::size_t k) { return k <= 1; });
   if (spec.parallels.empty()) spec.parallels.emplace_back();
-  const std::size_t groups =
-      spec.alloc_confs.size() * spec.precisions.size() * batches.size() * seqs.size() * spec.parallels.size();
+  const std::size_t groups = spec.alloc_confs.size() * spec.precisions.size() * batches.size() * seqs.size() *
+                             spec.parallels.size() * std::max<std::size_t>(spec.checkpoints.size(), 1);
   std::size_t planned = groups * (spec.segments.size() + (has_baseline ? 0 : 1));
   std::size_t done = 0;
 
@@ -304,6 +306,7 @@ SweepResult run_sweep(const SweepSpec& spec_in, const SweepProgress& progress) {
     std::int64_t batch;
     std::int64_t seq;
     const nn::ParallelConfig& parallel;
+    const std::string& checkpoint;  // a --gradient-checkpointing mode of a list, or ""
   };
   const auto run_row = [&](const Group& g, std::size_t segments) {
     SweepRow row;
@@ -315,9 +318,11 @@ SweepResult run_sweep(const SweepSpec& spec_in, const SweepProgress& progress) {
     if (batches.size() > 1) row.shape = fmt::format("batch {}", row.batch);
     if (seqs.size() > 1) row.shape += fmt::format("{}seq {}", row.shape.empty() ? "" : " ", row.seq);
     row.parallel = g.parallel;
+    row.checkpoint = g.checkpoint;
     if (spec.parallels.size() > 1) {
       row.shape += (row.shape.empty() ? "" : " ") + (g.parallel.enabled() ? nn::parallel_label(g.parallel) : "1 GPU");
     }
+    if (spec.checkpoints.size() > 1) row.shape += (row.shape.empty() ? "" : " ") + ("checkpoint " + g.checkpoint);
     if (progress) progress(done, planned, row.label());
     const nn::TrainConfig cfg = train_config(spec, row);
     if (cfg.mode == nn::ExecMode::Compute) {
@@ -365,6 +370,7 @@ SweepResult run_sweep(const SweepSpec& spec_in, const SweepProgress& progress) {
     return best;
   };
 
+  std::map<std::string, std::int64_t> unmarked_base;  // peaks without checkpoint marks, per setting
   const auto run_group = [&](const Group& g) {
     std::vector<SweepRow> rows;
     // FSDP2's hooks wrap the blocks, which checkpoint_sequential's segments would cut across:
@@ -384,14 +390,33 @@ SweepResult run_sweep(const SweepSpec& spec_in, const SweepProgress& progress) {
     for (SweepRow& row : rows) result.rows.push_back(std::move(row));
     const std::span<SweepRow> group{result.rows.data() + first, result.rows.size() - first};
 
-    // The baseline: the group's run without checkpointing, or one run just for it.
+    // The baseline: the group's run without checkpointing, or one run just for it. A model
+    // whose layers are checkpointed (--gradient-checkpointing) is measured against the same
+    // model without: the "none" group of a list, or one run of it.
+    const std::string mode = g.checkpoint.empty() ? spec.model_options.checkpoint.value_or("") : g.checkpoint;
+    const bool marked = !mode.empty() && mode != "none";
+    const std::string key = fmt::format("{}|{}|{}|{}|{}", g.conf, nn::precision_name(g.precision), g.batch, g.seq,
+                                        nn::parallel_label(g.parallel));
     std::optional<std::int64_t> base;
-    for (const SweepRow& row : group) {
-      if (row.segments <= 1 && !base) base = baseline_peak(row);
-    }
-    if (!has_baseline) {
-      result.baselines.push_back(run_row(g, 0));
-      base = baseline_peak(result.baselines.back());
+    if (marked) {
+      if (const auto it = unmarked_base.find(key); it != unmarked_base.end()) {
+        base = it->second;
+      } else {
+        static const std::string none = "none";
+        const Group unmarked{g.conf, g.precision, g.batch, g.seq, g.parallel, none};
+        ++planned;
+        result.baselines.push_back(run_row(unmarked, 0));
+        base = baseline_peak(result.baselines.back());
+      }
+    } else {
+      for (const SweepRow& row : group) {
+        if (row.segments <= 1 && !base) base = baseline_peak(row);
+      }
+      if (!has_baseline) {
+        result.baselines.push_back(run_row(g, 0));
+        base = baseline_peak(result.baselines.back());
+      }
+      if (base) unmarked_base[key] = *base;
     }
     if (base && *base > 0) {
       for (SweepRow& row : group) {
@@ -403,11 +428,16 @@ SweepResult run_sweep(const SweepSpec& spec_in, const SweepProgress& progress) {
     if (SweepRow* best = best_of(group)) best->best = true;
   };
 
+  // "none" first, so that the checkpointed modes' savings are measured against its rows.
+  std::vector<std::string> modes = spec.checkpoints.empty() ? std::vector<std::string>{""} : spec.checkpoints;
+  std::stable_partition(modes.begin(), modes.end(), [](const std::string& m) { return m == "none"; });
   for (const std::string& conf : spec.alloc_confs) {
     for (const nn::Precision precision : spec.precisions) {
       for (const std::int64_t batch : batches) {
         for (const std::int64_t seq : seqs) {
-          for (const nn::ParallelConfig& parallel : spec.parallels) run_group(Group{conf, precision, batch, seq, parallel});
+          for (const nn::ParallelConfig& parallel : spec.parallels) {
+            for (const std::string& mode : modes) run_group(Group{conf, precision, batch, seq, parallel, mode});
+          }
         }
       }
     }

@@ -48,6 +48,9 @@ struct SweepSpec {
   /// --parallel: each a group of rows (one rank's step each); one GPU ({none}) by default.
   /// --max-batch takes one.
   std::vector<nn::ParallelConfig> parallels{nn::ParallelConfig{}};
+  /// --gradient-checkpointing as a list (transformers models): each mode a group of rows
+  /// ("none", "reentrant", "non-reentrant"); empty: the model options' one.
+  std::vector<std::string> checkpoints;
   /// --segments auto: after the sampled counts, run the midpoints around each dtype's best
   /// until its neighbours are adjacent, so the star is the minimum of its bracket.
   bool refine_segments = false;
@@ -108,6 +111,7 @@ struct SweepRow {
   std::int64_t batch = 0;                ///< the run's batch (the model's default when not given)
   std::int64_t seq = 0;                  ///< its --seq; 0 when not given
   nn::ParallelConfig parallel;           ///< one GPU, or one rank of this engine
+  std::string checkpoint;                ///< its --gradient-checkpointing from a list; "" otherwise
   /// "batch 32 seq 512 ddp:8" when the sweep runs several batches, sequence lengths or
   /// parallel configurations, else empty.
   std::string shape;

@@ -83,9 +83,30 @@ SweepSpec make_spec(const SweepArgs& args) {
     if (model.batch.empty() && !args.max_batch) model.batch = std::to_string(kDemoBatch);
   }
   spec.model = resolve_model(model, "mlp");
+  // --gradient-checkpointing none,non-reentrant: a group of rows per mode (each checked as
+  // the model option it is); the model is described with the first.
+  if (model.checkpoint.find(',') != std::string::npos) {
+    for (const std::string& mode : split_list("--gradient-checkpointing", model.checkpoint)) {
+      if (std::find(spec.checkpoints.begin(), spec.checkpoints.end(), mode) != spec.checkpoints.end()) {
+        throw UsageError("--gradient-checkpointing: '" + mode + "' is given twice");
+      }
+      spec.checkpoints.push_back(mode);
+    }
+    model.checkpoint = spec.checkpoints.front();
+  }
   spec.model_options = to_model_options(model, /*lists_allowed=*/true);
   spec.stack = parse_stack(model);
   resolve_checkpoint_default(spec.model_options, spec.stack);
+  if (spec.checkpoints.empty() && !model.checkpoint.empty()) {
+    (void)as_usage("--gradient-checkpointing", [&] { return spec.model->describe(spec.model_options); });
+  }
+  for (std::string& mode : spec.checkpoints) {
+    nn::ModelOptions with = spec.model_options;
+    with.checkpoint = mode;
+    resolve_checkpoint_default(with, spec.stack);
+    mode = with.checkpoint.value_or(mode);
+    (void)as_usage("--gradient-checkpointing", [&] { return spec.model->describe(with); });
+  }
   if (auto batches = parse_size_list("--batch", model.batch, nn::kMaxBatch); batches.size() > 1) {
     spec.batches = std::move(batches);
   }
@@ -113,6 +134,9 @@ SweepSpec make_spec(const SweepArgs& args) {
     }
     if (!args.plot.empty()) throw UsageError("--plot: does not apply to --max-batch (the plot is memory vs segments)");
     if (spec.parallels.size() > 1) throw UsageError("--max-batch: searches one --parallel configuration; give one");
+    if (!spec.checkpoints.empty()) {
+      throw UsageError("--max-batch: searches one --gradient-checkpointing mode; give one");
+    }
     return spec;  // find_max_batches validates the rest
   }
   // FSDP's ranks differ where dim 0 does not split evenly: rank 0 holds the most rows, the

@@ -22,10 +22,11 @@ Table sweep_table(const SweepResult& result, const ReportOptions& options);
 std::string sweep_report(const SweepResult& result, const ReportOptions& options = {});
 
 /// "mlp depth=256 width=512 batch=16384": the model and its sizes; a sweep's --batch
-/// and --seq lists, when given, are written as lists ("batch=8,16,32").
+/// and --seq lists, when given, are written as lists ("batch=8,16,32"), and a
+/// --gradient-checkpointing list as "checkpoint=none/non-reentrant".
 std::string model_title(const nn::ModelInfo& info, const nn::ModelOptions& options,
-                        const std::vector<std::int64_t>& batches = {},
-                        const std::vector<std::int64_t>& seqs = {});
+                        const std::vector<std::int64_t>& batches = {}, const std::vector<std::int64_t>& seqs = {},
+                        const std::vector<std::string>& checkpoints = {});
 
 /// Word-wraps `text` to `width` characters: `first` starts the first line, `rest` the others.
 std::string wrap(const std::string& text, const std::string& first, const std::string& rest,

@@ -832,6 +832,18 @@ def check_hf_config(exe, work):
             "--attn", "eager", "--format", "json")
     doc = json.loads(p.stdout)
     check(doc["model"]["parameters"] == params, f"parameters {doc['model']['parameters']} != {params}")
+    # --gradient-checkpointing takes a list (issue 33): a group per mode, "none" first, and each
+    # checkpointed mode's saving measured against it (not against itself: 0 B).
+    modes = json.loads(run(exe, "sweep", "--hf-config", str(cfg), "--dtype", "bf16", "--seq", "512",
+                           "--gradient-checkpointing", "non-reentrant,none", "--format", "json").stdout)["rows"]
+    check([r["label"] for r in modes] == ["bf16 checkpoint none seg 0", "bf16 checkpoint non-reentrant seg 0"], modes)
+    check(modes[1]["saving"] == modes[0]["max_allocated"] - modes[1]["max_allocated"] and modes[1]["saving"] > 0
+          and modes[1]["recompute_ratio"] > 0 and all(r["best"] for r in modes), modes)
+    alone = json.loads(run(exe, "sweep", "--hf-config", str(cfg), "--dtype", "bf16", "--seq", "512",
+                           "--gradient-checkpointing", "non-reentrant", "--format", "json").stdout)["rows"]
+    check(alone[0]["saving"] == modes[1]["saving"], (alone, modes))
+    err = run(exe, "sweep", "--hf-config", str(cfg), "--gradient-checkpointing", "none,sideways", expect=2).stderr
+    check("--gradient-checkpointing" in err and "sideways" in err, err)
     rows = doc["rows"]
     check(len(rows) == 4, f"{len(rows)} rows")
     # Longer sequences peak higher (eager keeps B x H x S x S probabilities).
