@@ -42,10 +42,12 @@ std::string describe_composition(const MemoryComposition& c) {
 }
 
 std::string model_title(const nn::ModelInfo& info, const nn::ModelOptions& options,
-                        const std::vector<std::int64_t>& batches, const std::vector<std::int64_t>& seqs) {
+                        const std::vector<std::int64_t>& batches, const std::vector<std::int64_t>& seqs,
+                        const std::vector<std::string>& checkpoints) {
   nn::ModelOptions shown = options;
   if (!batches.empty()) shown.batch = 0;  // the lists are written below
   if (!seqs.empty()) shown.seq = 0;
+  if (checkpoints.size() > 1) shown.checkpoint = fmt::format("{}", fmt::join(checkpoints, "/"));
   std::string sizes = shown.to_string();
   for (char& ch : sizes) {
     if (ch == ',') ch = ' ';
@@ -60,6 +62,61 @@ std::string model_title(const nn::ModelInfo& info, const nn::ModelOptions& optio
   if (!seqs.empty()) out += fmt::format(" seq={}", fmt::join(seqs, ","));
   return out;
 }
+
+namespace {
+
+/// When no row of a dtype fits: what the step's peak was made of without the capacity limit
+/// (its most checkpointed row's), and so what can act. Weights, gradients and optimizer state
+/// alone beyond the device: no checkpointing or batch can fit it. Else the activations are
+/// what to cut.
+std::string out_of_memory_advice(const SweepResult& result) {
+  std::string out;
+  const auto capacity = static_cast<std::int64_t>(result.device.total_bytes - result.device.context_bytes);
+  for (const nn::Precision precision : result.spec.precisions) {
+    const SweepRow* least = nullptr;  // the OOM row that needed the least
+    bool any_fits = false, all_known = true;
+    for (const SweepRow& row : result.rows) {
+      if (row.precision != precision) continue;
+      any_fits = any_fits || row.fits();
+      if (!row.oom) continue;
+      if (!row.unlimited || row.unlimited->peak_composition.total() == 0) {
+        all_known = false;
+        continue;
+      }
+      if (least == nullptr || row.unlimited->peak_allocated < least->unlimited->peak_allocated) least = &row;
+    }
+    if (any_fits || least == nullptr || !all_known) continue;
+    const MemoryComposition& c = least->unlimited->peak_composition;
+    const std::int64_t states = c.of(MemoryKind::Weights) + c.of(MemoryKind::Gradients) +
+                                c.of(MemoryKind::OptimizerState);
+    const std::string name(nn::precision_name(precision));
+    if (states >= capacity) {
+      out += wrap(fmt::format(
+                      "No {} row can fit, whatever the segments or the batch: at the peak the weights ({}), "
+                      "gradients ({}) and optimizer state ({}) alone hold {} of the {} the device has after its "
+                      "CUDA context; the activations are {}. What can act: fewer bytes per parameter ({}"
+                      "--optimizer sgd or adam8bit for Adam's state, LoRA for a transformer), several GPUs "
+                      "(--parallel fsdp:N or zero2:N), or a device with at least {} in nvidia-smi's view.",
+                      name, human_bytes(c.of(MemoryKind::Weights)), human_bytes(c.of(MemoryKind::Gradients)),
+                      human_bytes(c.of(MemoryKind::OptimizerState)), human_bytes(states), human_bytes(capacity),
+                      human_bytes(c.of(MemoryKind::Activations)),
+                      precision == nn::Precision::F32 ? "--dtype bf16 weights, " : "",
+                      human_bytes(least->unlimited->peak_device_used)),
+                  "  ", "  ");
+    } else {
+      out += wrap(fmt::format(
+                      "No {} row fits: at the least hungry row's peak ({}, {}) the activations hold {} and the "
+                      "weights, gradients and optimizer state {}; the activations are what to cut: more "
+                      "--segments, a smaller --batch, or bf16.",
+                      name, least->label(), human_bytes(least->unlimited->peak_allocated),
+                      human_bytes(c.of(MemoryKind::Activations)), human_bytes(states)),
+                  "  ", "  ");
+    }
+  }
+  return out;
+}
+
+}  // namespace
 
 std::string wrap(const std::string& text, const std::string& first, const std::string& rest,
                  std::size_t width) {
@@ -127,10 +184,12 @@ Table sweep_table(const SweepResult& result, const ReportOptions& options) {
   const bool show_batch = result.spec.batches.size() > 1;
   const bool show_seq = result.spec.seqs.size() > 1;
   const bool show_parallel = result.spec.parallels.size() > 1;
+  const bool show_checkpoint = result.spec.checkpoints.size() > 1;
   std::vector<Column> cols{{"dtype", Align::Left}};
   if (show_batch) cols.push_back({"batch", Align::Right});
   if (show_seq) cols.push_back({"seq", Align::Right});
   if (show_parallel) cols.push_back({"parallel", Align::Left});
+  if (show_checkpoint) cols.push_back({"checkpointing", Align::Left});
   cols.push_back({"segments", Align::Right});
   if (show_conf) cols.push_back({"alloc conf", Align::Left});
   for (const char* h : {"after step", "max alloc", "max reserved", "max nvidia-smi",
@@ -144,8 +203,8 @@ Table sweep_table(const SweepResult& result, const ReportOptions& options) {
   std::size_t footnote = 0;
   std::string previous_group;
   for (const SweepRow& row : result.rows) {
-    const std::string group = fmt::format("{}|{}|{}|{}|{}", nn::precision_name(row.precision), row.batch,
-                                          row.seq, row.alloc_conf, nn::parallel_label(row.parallel));
+    const std::string group = fmt::format("{}|{}|{}|{}|{}|{}", nn::precision_name(row.precision), row.batch,
+                                          row.seq, row.alloc_conf, nn::parallel_label(row.parallel), row.checkpoint);
     if (!previous_group.empty() && group != previous_group) table.add_separator();
     previous_group = group;
 
@@ -153,6 +212,7 @@ Table sweep_table(const SweepResult& result, const ReportOptions& options) {
     if (show_batch) cells.push_back(std::to_string(row.batch));
     if (show_seq) cells.push_back(std::to_string(row.seq));
     if (show_parallel) cells.push_back(row.parallel.enabled() ? nn::parallel_label(row.parallel) : "1 GPU");
+    if (show_checkpoint) cells.push_back(row.checkpoint);
     cells.push_back(segments_cell(row.segments));
     if (show_conf) cells.push_back(row.alloc_conf.empty() ? "default" : row.alloc_conf);
     const RunFigures& f = row.figures;
@@ -197,8 +257,8 @@ std::string sweep_report(const SweepResult& result, const ReportOptions& options
   const SweepSpec& spec = result.spec;
   std::string out;
   out += fmt::format("vramscope sweep: {}, {} sequential modules{}, {} parameters ({} in f32)\n",
-                     model_title(m, spec.model_options, spec.batches, spec.seqs), m.sequence_length,
-                     m.checkpointed_modules > 0
+                     model_title(m, spec.model_options, spec.batches, spec.seqs, spec.checkpoints), m.sequence_length,
+                     m.checkpointed_modules > 0 && spec.checkpoints.empty()
                          ? fmt::format(" ({} checkpointed {})", m.checkpointed_modules,
                                        m.sequential_checkpointing ? "by the file's marks" : "per decoder layer")
                          : std::string(),
@@ -231,6 +291,7 @@ std::string sweep_report(const SweepResult& result, const ReportOptions& options
                 "--input-requires-grad (x.requires_grad_()) or --checkpoint non-reentrant.",
                 "  ", "  ");
   }
+  out += out_of_memory_advice(result);
   for (const SweepRow& row : result.baselines) {
     const std::string what = std::string(nn::precision_name(row.precision)) +
                              (row.shape.empty() ? "" : " " + row.shape);
@@ -249,10 +310,17 @@ std::string sweep_report(const SweepResult& result, const ReportOptions& options
                 "  ", "  ");
   }
   if (any_best) {
-    const bool shapes = spec.batches.size() > 1 || spec.seqs.size() > 1, parallels = spec.parallels.size() > 1;
-    out += fmt::format("  * least memory in nvidia-smi's view among the configurations of its dtype{}{} that fit; among "
+    const bool shapes = spec.batches.size() > 1 || spec.seqs.size() > 1, parallels = spec.parallels.size() > 1,
+               modes = spec.checkpoints.size() > 1;
+    std::vector<std::string> by{"dtype"};
+    if (shapes) by.push_back("shape");
+    if (parallels) by.push_back("GPUs");
+    if (modes) by.push_back("checkpointing");
+    std::string group = by.front();
+    for (std::size_t i = 1; i < by.size(); ++i) group += (i + 1 == by.size() ? " and " : ", ") + by[i];
+    out += fmt::format("  * least memory in nvidia-smi's view among the configurations of its {} that fit; among "
                        "equals, the least recomputation\n",
-                       shapes ? (parallels ? ", shape" : " and shape") : "", parallels ? " and GPUs" : "");
+                       group);
     for (const SweepRow& row : result.rows) {
       if (row.best && row.figures.peak_composition.total() > 0) {
         out += wrap(fmt::format("* {} peaks at {}: {}.", row.label(), human_bytes(row.figures.peak_allocated),

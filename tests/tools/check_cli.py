@@ -159,7 +159,21 @@ def oom_sweep(exe, fmt):
                "--dtype", "f32", "--format", fmt)
 
 
+def check_model_states_oom(exe):
+    """Issue 33: forum-cnn-full on an RTX 2080 SUPER runs out of memory in every row, and its
+    peak is weights, gradients and Adam's state: the sweep says no segments or batch can help,
+    and what can."""
+    out = run(exe, "sweep", "--model", "forum-cnn-full", "--device", "sim:rtx2080s", "--segments", "0,2",
+              "--dtype", "f32", "--brief").stdout
+    text = " ".join(out.split())
+    check("No f32 row can fit, whatever the segments or the batch" in text and "optimizer state (19.41 GiB)" in text
+          and "--optimizer sgd or adam8bit" in text and "--dtype bf16 weights" in text, out)
+    fits = run(exe, "sweep", *SMALL, "--segments", "0,2", "--dtype", "f32", "--brief").stdout
+    check("can fit" not in fits and "No f32 row" not in fits, fits)
+
+
 def check_oom(exe, work):
+    check_model_states_oom(exe)
     # A batch whose first activation is over 1 PiB is an OOM row, as PyTorch's cudaMalloc failure
     # is, with the module that asked, never the end of the sweep (issue 36); the other batch runs.
     for model in ("resnet50", "mlp"):
