@@ -31,6 +31,17 @@ std::string where(const Failure& failure) {
 
 }  // namespace
 
+std::string describe_peak_moment(const MemoryComposition& c) {
+  const ContextInfo& where = context_info(c.context);
+  if (c.context == kNoContext || where.path.empty()) return "";
+  const char* phase = where.phase == Phase::Forward     ? "the forward"
+                      : where.phase == Phase::Backward  ? "the backward"
+                      : where.phase == Phase::Recompute ? "a recomputed forward"
+                      : where.phase == Phase::Optimizer ? "the optimizer step"
+                                                        : "the model's construction";
+  return fmt::format(" in {} ({})", phase, where.path);
+}
+
 std::string describe_composition(const MemoryComposition& c) {
   std::string out;
   for (std::size_t k = 0; k < kNumMemoryKinds; ++k) {
@@ -323,7 +334,8 @@ std::string sweep_report(const SweepResult& result, const ReportOptions& options
                        group);
     for (const SweepRow& row : result.rows) {
       if (row.best && row.figures.peak_composition.total() > 0) {
-        out += wrap(fmt::format("* {} peaks at {}: {}.", row.label(), human_bytes(row.figures.peak_allocated),
+        out += wrap(fmt::format("* {} peaks at {}{}: {}.", row.label(), human_bytes(row.figures.peak_allocated),
+                                describe_peak_moment(row.figures.peak_composition),
                                 describe_composition(row.figures.peak_composition)),
                     "  ", "    ");
       }

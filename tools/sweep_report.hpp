@@ -47,5 +47,8 @@ std::string describe_failure(const SweepRow& row);
 
 /// "weights 2.30 GiB, optimizer state 4.60 GiB, activations 3.54 GiB, ..." (kinds that hold bytes).
 std::string describe_composition(const MemoryComposition& composition);
+/// " in the backward (model.layers.3.mlp)": the phase and module of the allocation that made
+/// the peak; "" when unknown.
+std::string describe_peak_moment(const MemoryComposition& composition);
 
 }  // namespace mem::tools

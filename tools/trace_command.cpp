@@ -267,7 +267,8 @@ void run(const TraceArgs& args) {
         human_bytes(report.peak_allocated), human_bytes(report.peak_reserved),
         human_bytes(report.peak_device_used));
     if (report.peak_composition.total() > 0) {
-      std::cout << wrap(fmt::format("The peak of {} holds: {}.", human_bytes(report.peak_allocated),
+      std::cout << wrap(fmt::format("The peak of {}{} holds: {}.", human_bytes(report.peak_allocated),
+                                    describe_peak_moment(report.peak_composition),
                                     describe_composition(report.peak_composition)),
                         "  ", "    ");
     }

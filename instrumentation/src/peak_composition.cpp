@@ -59,6 +59,7 @@ void PeakComposition::on_event(const TraceEvent& e) noexcept {
         return;  // out of host memory: this block goes uncounted
       }
       add(kind, static_cast<std::int64_t>(e.size));
+      now_.context = e.context;
       if (now_.total() > peak_.total()) peak_ = now_;
       break;
     }

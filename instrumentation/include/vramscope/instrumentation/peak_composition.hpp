@@ -43,6 +43,9 @@ MemoryKind memory_kind(ContextId context) noexcept;
 /// Live bytes by kind.
 struct MemoryComposition {
   std::array<std::int64_t, kNumMemoryKinds> bytes{};
+  /// Where the step was when these bytes were live: the context (module and phase) of the
+  /// last allocation (kNoContext before any).
+  ContextId context = kNoContext;
   std::int64_t of(MemoryKind kind) const noexcept { return bytes[static_cast<std::size_t>(kind)]; }
   std::int64_t total() const noexcept;
 };
