@@ -257,7 +257,8 @@ void add_parallel_options(CLI::App& app, ParallelArgs& args, bool list) {
   app.add_option("--parallel-options", args.options,
                  "the engine's arguments by their names, e.g. bucket_cap_mb=50,gradient_as_bucket_view=true "
                  "(ddp: bucket_cap_mb, gradient_as_bucket_view, broadcast_buffers, init_sync, static_graph, "
-                 "find_unused_parameters; fsdp: reshard_after_forward, param_dtype, reduce_dtype (MixedPrecisionPolicy), "
+                 "find_unused_parameters; fsdp: reshard_after_forward (true, false or a factor k of N), param_dtype, "
+                 "reduce_dtype (MixedPrecisionPolicy), "
                  "init=meta|cuda (built on the meta device, the default, or whole on the GPU first), rank=R (the rank "
                  "shown; the last ones hold fewer rows when dim 0 does not split evenly); zero1, zero2: "
                  "reduce_bucket_size (elements), overlap_comm, rank=R)")

@@ -156,6 +156,8 @@ FullyShard::FullyShard(const ParallelConfig& config, Module& root, Runtime& runt
     const bool is_root = module == &root;
     // reshard_after_forward=None: True, except for the root (_fully_shard.py).
     group.reshard_after_forward = config.reshard_after_forward.value_or(!is_root);
+    // An int applies to every group it is given to, the root included (fully_shard(model, ...)).
+    group.post_forward_ranks = config.reshard_after_forward_to;
     std::vector<std::pair<Module*, std::size_t>> owned;
     own_parameters(*module, blocks, true, owned);
     std::vector<Tensor> originals;
@@ -290,9 +292,17 @@ void FullyShard::unshard(Group& g) {
   const std::string stream_name = implicit ? "all-gather copy-in" : "default";
   StreamGuard on(runtime_, stream);
   std::size_t input_bytes = 0, cast = 0;
-  for (const Param& p : g.params) {
-    input_bytes += static_cast<std::size_t>(p.chunk_rows * p.row_numel) * dtype_size(p.unsharded_dtype);
-    cast += p.unsharded_dtype != p.sharded.dtype() ? 1 : 0;
+  std::size_t ranks = config_.world_size;
+  if (g.sharded_post_forward) {
+    // The backward all-gather of reshard_after_forward=k: the k-rank group, from the 1/k
+    // slices kept after forward (already in param_dtype: nothing to cast).
+    ranks = g.post_forward_ranks;
+    for (const Param& p : g.params) input_bytes += p.post_forward.nbytes();
+  } else {
+    for (const Param& p : g.params) {
+      input_bytes += static_cast<std::size_t>(p.chunk_rows * p.row_numel) * dtype_size(p.unsharded_dtype);
+      cast += p.unsharded_dtype != p.sharded.dtype() ? 1 : 0;
+    }
   }
   // foreach_all_gather (_fsdp_collectives.py): with a param_dtype the shards are cast into
   // one flat copy-in buffer (_get_param_all_gather_inputs), freed once the output exists;
@@ -300,8 +310,7 @@ void FullyShard::unshard(Group& g) {
   Tensor copy_in;
   std::size_t copy_in_log = SIZE_MAX;
   if (cast != 0) copy_in = make(label(g) + " all-gather input (param_dtype)", input_bytes, stream_name, copy_in_log);
-  g.all_gather_output =
-      make(label(g) + " all-gather output", input_bytes * config_.world_size, stream_name, g.all_gather_log);
+  g.all_gather_output = make(label(g) + " all-gather output", input_bytes * ranks, stream_name, g.all_gather_log);
   if (copy_in.defined()) release(copy_in, copy_in_log);
 }
 
@@ -336,12 +345,14 @@ void FullyShard::wait_for_unshard(Group& g) {
       // 2 x SMs x threads per SM / 128 blocks (unknown SMs: no cap).
       const auto& info = runtime_.allocator().device().info();
       const std::int64_t splits = static_cast<std::int64_t>(g.params.size());
-      const auto chunks = static_cast<std::int64_t>(config_.world_size);
+      const auto chunks = static_cast<std::int64_t>(g.sharded_post_forward ? g.post_forward_ranks : config_.world_size);
+      // Each split is a parameter's share of one rank's input: its padded shard, or its 1/k slice.
+      const auto split_bytes = [&](const Param& p) {
+        return g.sharded_post_forward ? static_cast<std::int64_t>(p.post_forward.nbytes())
+                                      : p.chunk_rows * p.row_numel * static_cast<std::int64_t>(dtype_size(p.unsharded_dtype));
+      };
       std::int64_t first = 0;
-      for (const Param& p : g.params) {
-        first += div_up(p.chunk_rows * p.row_numel * static_cast<std::int64_t>(dtype_size(p.unsharded_dtype)),
-                        kBytesPerBlock);
-      }
+      for (const Param& p : g.params) first += div_up(split_bytes(p), kBytesPerBlock);
       std::int64_t iters_per_chunk = 1;
       if (info.multiprocessors > 0 && info.max_threads_per_multiprocessor > 0) {
         const std::int64_t max_blocks =
@@ -352,14 +363,16 @@ void FullyShard::wait_for_unshard(Group& g) {
         iters_per_chunk = div_up(iter_factor, chunks_per_block);
       }
       std::int64_t blocks = 0;
-      for (const Param& p : g.params) {
-        blocks += div_up(p.chunk_rows * p.row_numel * static_cast<std::int64_t>(dtype_size(p.unsharded_dtype)),
-                         kBytesPerBlock * iters_per_chunk);
-      }
+      for (const Param& p : g.params) blocks += div_up(split_bytes(p), kBytesPerBlock * iters_per_chunk);
       kernel_metadata(4 * splits + 1 + blocks);
     }
   }
   g.unsharded = true;
+  if (g.sharded_post_forward) {
+    // to_unsharded: the post-forward slices go once the copy-out is done.
+    for (Param& p : g.params) p.post_forward = Tensor{};
+    g.sharded_post_forward = false;
+  }
   if (forward && !release_first) release_all_gather_state();
   if (forward && config_.world_size > 1) {
     // Kept for the overlap of this copy-out with the next all-gather: freed at the next
@@ -376,7 +389,25 @@ void FullyShard::release_all_gather_state() {
   if (all_gather_state_.defined()) release(all_gather_state_, all_gather_state_log_);
 }
 
+void FullyShard::reshard_post_forward(Group& g) {
+  // to_sharded_post_forward (_fsdp_param.py): per parameter, a clone of its rank's 1/k of the
+  // all-gather output on the current stream, then its unsharded storage freed.
+  for (Param& p : g.params) {
+    ModuleScope scope(p.weight_context);
+    const auto bytes = static_cast<std::int64_t>(p.unsharded.storage()->nbytes() / g.post_forward_ranks);
+    p.post_forward = empty(runtime_, Shape{bytes}, DType::U8);
+    p.unsharded.storage()->free();
+  }
+  if (g.unsharded_log < log_.size()) log_[g.unsharded_log].freed = stage();
+  g.unsharded = false;
+  g.sharded_post_forward = true;
+}
+
 void FullyShard::reshard(Group& g) {
+  if (g.sharded_post_forward) {  // _to_sharded from the post-forward state: the slices go
+    for (Param& p : g.params) p.post_forward = Tensor{};
+    g.sharded_post_forward = false;
+  }
   if (!g.unsharded) return;
   // to_sharded -> free_unsharded_param: storage.resize_(0), parameter by parameter.
   for (Param& p : g.params) p.unsharded.storage()->free();
@@ -414,9 +445,13 @@ Tensor FullyShard::group_pre_forward(Group& g, const Tensor& input) {
 }
 
 Tensor FullyShard::group_post_forward(Group& g, Tensor output) {
-  // FSDPParamGroup.post_forward: reshard (unless reshard_after_forward=False), then the
-  // post-forward order backward prefetching follows.
-  if (g.reshard_after_forward) reshard(g);
+  // FSDPParamGroup.post_forward: reshard (unless reshard_after_forward=False; to the k-rank
+  // group with an int), then the post-forward order backward prefetching follows.
+  if (g.reshard_after_forward && g.post_forward_ranks > 1 && g.unsharded) {
+    reshard_post_forward(g);
+  } else if (g.reshard_after_forward) {
+    reshard(g);
+  }
   g.post_forward_indices.push_back(post_forward_order_.size());
   post_forward_order_.push_back(static_cast<std::size_t>(&g - groups_.data()));
   g.state = State::Idle;
@@ -435,7 +470,11 @@ Tensor FullyShard::root_pre_forward(const Tensor& input) {
 
 std::vector<Tensor> FullyShard::root_post_forward(std::vector<Tensor> outputs) {
   Group& root = groups_.back();
-  if (root.reshard_after_forward) reshard(root);
+  if (root.reshard_after_forward && root.post_forward_ranks > 1 && root.unsharded) {
+    reshard_post_forward(root);
+  } else if (root.reshard_after_forward) {
+    reshard(root);
+  }
   root.post_forward_indices.push_back(post_forward_order_.size());
   post_forward_order_.push_back(groups_.size() - 1);
   root.state = State::Idle;

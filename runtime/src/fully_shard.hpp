@@ -60,6 +60,7 @@ class FullyShard final : public ForwardHooks {
     DType unsharded_dtype = DType::F32;  // param_dtype, or the parameter's own
     Tensor sharded;                // leaf: this rank's rows of the padded shard
     Tensor unsharded;              // leaf in the module's slot; its block lives while unsharded
+    Tensor post_forward;           // reshard_after_forward=k: its 1/k slice, from forward to backward
     ContextId weight_context = 0;
     std::int64_t padded_unsharded_numel(std::size_t world) const noexcept {
       return chunk_rows * static_cast<std::int64_t>(world) * row_numel;
@@ -70,6 +71,8 @@ class FullyShard final : public ForwardHooks {
     std::string path;              // "" for the root
     std::vector<Param> params;
     bool reshard_after_forward = true;
+    std::size_t post_forward_ranks = 0;  // reshard_after_forward=k: k; 0 otherwise
+    bool sharded_post_forward = false;
     State state = State::Idle;
     bool unsharded = false;
     Tensor all_gather_output;      // an unshard waiting for its copy-out
@@ -82,6 +85,7 @@ class FullyShard final : public ForwardHooks {
   void unshard(Group& group);
   void wait_for_unshard(Group& group);
   void reshard(Group& group);
+  void reshard_post_forward(Group& group);
   void pre_backward(Group& group);
   void post_backward(Group& group);
   void foreach_reduce(Group& group, std::vector<std::pair<Param*, Tensor>>& grads);

@@ -124,7 +124,20 @@ ParallelConfig parse_parallel(std::string_view spec, std::string_view options) {
       }
     } else if (!ddp) {
       if (key == "reshard_after_forward") {
-        config.reshard_after_forward = parse_bool(key, value);
+        // A bool, or an int: the group size to reshard to, a factor of N (_fsdp_init.py,
+        // _get_post_forward_mesh_info): 1 means False, N means True.
+        std::size_t k = 0;
+        const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), k);
+        if (!value.empty() && ec == std::errc{} && end == value.data() + value.size()) {
+          if (k < 1 || k > config.world_size || config.world_size % k != 0) {
+            throw Error("reshard_after_forward=" + std::string(value) + ": as an int it should be a factor of " +
+                        std::to_string(config.world_size) + " (the group size to reshard to)");
+          }
+          config.reshard_after_forward = k > 1;
+          if (k > 1 && k < config.world_size) config.reshard_after_forward_to = k;
+        } else {
+          config.reshard_after_forward = parse_bool(key, value);
+        }
       } else if (key == "param_dtype") {
         config.param_dtype = parse_float_dtype(key, value);
       } else if (key == "reduce_dtype") {
@@ -184,7 +197,11 @@ std::string parallel_label(const ParallelConfig& config) {
     return out + options;
   }
   if (!ddp) {
-    if (config.reshard_after_forward) add(std::string("reshard_after_forward=") + (*config.reshard_after_forward ? "true" : "false"));
+    if (config.reshard_after_forward_to != 0) {
+      add("reshard_after_forward=" + std::to_string(config.reshard_after_forward_to));
+    } else if (config.reshard_after_forward) {
+      add(std::string("reshard_after_forward=") + (*config.reshard_after_forward ? "true" : "false"));
+    }
     if (config.param_dtype) add("param_dtype=" + std::string(dtype_name(*config.param_dtype)));
     if (config.reduce_dtype) add("reduce_dtype=" + std::string(dtype_name(*config.reduce_dtype)));
     if (!config.meta_init) add("init=cuda");

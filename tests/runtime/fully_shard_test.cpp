@@ -136,6 +136,27 @@ TEST(FullyShard, KeepingParametersAfterForwardGathersEachOnce) {
   EXPECT_GT(r.steps[0].peak_allocated, resharding.steps[0].peak_allocated);
 }
 
+// reshard_after_forward=k: each block keeps a 1/k slice of its gathered parameters from
+// forward to backward, where it gathers over k ranks into an output as large as before.
+TEST(FullyShard, ReshardingToFewerRanksKeepsASliceAfterForward) {
+  const RankRun full = run_rank("llama-3.2-1b", "fsdp:8", "", 1);
+  const RankRun four = run_rank("llama-3.2-1b", "fsdp:8", "reshard_after_forward=4", 1);
+  const RankRun keep = run_rank("llama-3.2-1b", "fsdp:8", "reshard_after_forward=false", 1);
+  std::vector<std::size_t> forward, backward;
+  for (const auto& b : four.buffers) {
+    if (b.what == "model.layers.3 all-gather output") (b.allocated == "step 1 forward" ? forward : backward).push_back(b.bytes);
+  }
+  ASSERT_EQ(forward.size(), 1u);
+  EXPECT_EQ(backward, forward);
+  EXPECT_GT(four.steps[0].forward.peak_allocated, full.steps[0].forward.peak_allocated);
+  EXPECT_LT(four.steps[0].forward.peak_allocated, keep.steps[0].forward.peak_allocated);
+  EXPECT_EQ(parallel_label(parse_parallel("fsdp:8", "reshard_after_forward=4")), "fsdp:8 reshard_after_forward=4");
+  EXPECT_EQ(parse_parallel("fsdp:8", "reshard_after_forward=1").reshard_after_forward, false);
+  EXPECT_EQ(parse_parallel("fsdp:8", "reshard_after_forward=8").reshard_after_forward, true);
+  EXPECT_EQ(parse_parallel("fsdp:8", "reshard_after_forward=8").reshard_after_forward_to, 0u);
+  EXPECT_THROW((void)parse_parallel("fsdp:8", "reshard_after_forward=3"), Error);
+}
+
 TEST(FullyShard, OneRankGathersNothing) {
   const RankRun r = run_rank("gpt2", "fsdp:1", "");
   EXPECT_EQ(bytes_of(r.buffers, "all-gather output"), 0);

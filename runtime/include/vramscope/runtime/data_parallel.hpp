@@ -62,6 +62,9 @@ struct ParallelConfig {
   bool find_unused_parameters = false;
   // fully_shard(...)'s arguments, at PyTorch's defaults.
   std::optional<bool> reshard_after_forward;  ///< unset (None): true for blocks, false for the root
+  /// reshard_after_forward=k (an int, 1 < k < N, dividing N): after forward each block keeps
+  /// a 1/k slice of its gathered parameters and gathers over k ranks in backward; 0: not used.
+  std::size_t reshard_after_forward_to = 0;
   std::optional<DType> param_dtype;           ///< MixedPrecisionPolicy(param_dtype=...)
   std::optional<DType> reduce_dtype;          ///< MixedPrecisionPolicy(reduce_dtype=...)
   /// How the model reaches the GPU: built on the meta device and materialized sharded
