@@ -26,7 +26,8 @@ SETUPS = [
 CHECKPOINTING = [("none", []), ("per layer", ["--gradient-checkpointing", "reentrant"])]
 DEVICES = ["sim:a100-80g", "sim:rtx4090", "sim:t4"]
 KINDS = [("weights", "peak_weights"), ("gradients", "peak_gradients"),
-         ("optimizer state", "peak_optimizer_state"), ("activations", "peak_activations"),
+         ("optimizer state", "peak_optimizer_state"), ("optimizer temporaries", "peak_optimizer_temporaries"),
+         ("activations", "peak_activations"), ("workspaces", "peak_workspaces"),
          ("logits and loss", "peak_logits")]
 
 

@@ -98,18 +98,18 @@ std::string out_of_memory_advice(const SweepResult& result) {
     }
     if (any_fits || least == nullptr || !all_known) continue;
     const MemoryComposition& c = least->unlimited->peak_composition;
-    const std::int64_t states = c.of(MemoryKind::Weights) + c.of(MemoryKind::Gradients) +
-                                c.of(MemoryKind::OptimizerState);
+    const std::int64_t optimizer = c.of(MemoryKind::OptimizerState) + c.of(MemoryKind::OptimizerTemporaries);
+    const std::int64_t states = c.of(MemoryKind::Weights) + c.of(MemoryKind::Gradients) + optimizer;
     const std::string name(nn::precision_name(precision));
     if (states >= capacity) {
       out += wrap(fmt::format(
                       "No {} row can fit, whatever the segments or the batch: at the peak the weights ({}), "
-                      "gradients ({}) and optimizer state ({}) alone hold {} of the {} the device has after its "
-                      "CUDA context; the activations are {}. What can act: fewer bytes per parameter ({}"
-                      "--optimizer sgd or adam8bit for Adam's state, LoRA for a transformer), several GPUs "
-                      "(--parallel fsdp:N or zero2:N), or a device with at least {} in nvidia-smi's view.",
+                      "gradients ({}) and the optimizer's state and temporaries ({}) alone hold {} of the {} the "
+                      "device has after its CUDA context; the activations are {}. What can act: fewer bytes per "
+                      "parameter ({}--optimizer sgd or adam8bit for Adam's state, LoRA for a transformer), several "
+                      "GPUs (--parallel fsdp:N or zero2:N), or a device with at least {} in nvidia-smi's view.",
                       name, human_bytes(c.of(MemoryKind::Weights)), human_bytes(c.of(MemoryKind::Gradients)),
-                      human_bytes(c.of(MemoryKind::OptimizerState)), human_bytes(states), human_bytes(capacity),
+                      human_bytes(optimizer), human_bytes(states), human_bytes(capacity),
                       human_bytes(c.of(MemoryKind::Activations)),
                       precision == nn::Precision::F32 ? "--dtype bf16 weights, " : "",
                       human_bytes(least->unlimited->peak_device_used)),

@@ -10,6 +10,8 @@ std::string_view memory_kind_name(MemoryKind kind) noexcept {
     case MemoryKind::Weights: return "weights";
     case MemoryKind::Gradients: return "gradients";
     case MemoryKind::OptimizerState: return "optimizer state";
+    case MemoryKind::OptimizerTemporaries: return "optimizer temporaries";
+    case MemoryKind::Workspaces: return "workspaces";
     case MemoryKind::Activations: return "activations";
     case MemoryKind::Logits: return "logits and loss";
     case MemoryKind::Communication: return "communication buffers";
@@ -21,6 +23,7 @@ std::string_view memory_kind_name(MemoryKind kind) noexcept {
 std::string_view memory_kind_key(MemoryKind kind) noexcept {
   switch (kind) {
     case MemoryKind::OptimizerState: return "optimizer_state";
+    case MemoryKind::OptimizerTemporaries: return "optimizer_temporaries";
     case MemoryKind::Logits: return "logits";
     case MemoryKind::Communication: return "communication";
     default: return memory_kind_name(kind);
@@ -36,9 +39,11 @@ MemoryKind memory_kind(ContextId context) noexcept {
       path.starts_with("DeepSpeed")) {
     return MemoryKind::Communication;
   }
+  if (path.ends_with("(cuBLAS workspace)") || path.ends_with("(cublasLt workspace)")) return MemoryKind::Workspaces;
   switch (info.phase) {
     case Phase::None: return MemoryKind::Weights;
-    case Phase::Optimizer: return MemoryKind::OptimizerState;
+    case Phase::Optimizer:
+      return path.ends_with("(optimizer temporaries)") ? MemoryKind::OptimizerTemporaries : MemoryKind::OptimizerState;
     default: break;
   }
   if (path == "lm_head" || path.starts_with("lm_head.") || path == "loss") return MemoryKind::Logits;

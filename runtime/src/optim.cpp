@@ -82,6 +82,7 @@ Optimizer::Optimizer(std::vector<Tensor> params) : params_(std::move(params)) {
       throw Error("optimizer: parameters must be materialized leaves requiring grad");
     }
     contexts_.push_back(intern_context(owner_path(p.name()), Phase::Optimizer));
+    temporaries_.push_back(intern_context(owner_path(p.name()) + " (optimizer temporaries)", Phase::Optimizer));
   }
 }
 
@@ -192,7 +193,7 @@ void Adam::step() {
     std::vector<Tensor> sqrt_list;
     sqrt_list.reserve(active.size());
     for (std::size_t i : active) {
-      ModuleScope scope(contexts_[i]);
+      ModuleScope scope(temporaries_[i]);
       sqrt_list.push_back(empty(params_[i].runtime(), params_[i].shape(), params_[i].dtype()));
       denom_from(sqrt_list.back(), state_[i][1]);
     }
@@ -206,8 +207,12 @@ void Adam::step() {
       moments(i);
       // denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps): sqrt allocates,
       // the division allocates, then the sqrt temporary dies.
-      Tensor root = empty(params_[i].runtime(), params_[i].shape(), params_[i].dtype());
-      Tensor denom = empty(params_[i].runtime(), params_[i].shape(), params_[i].dtype());
+      Tensor root, denom;
+      {
+        ModuleScope temporaries(temporaries_[i]);
+        root = empty(params_[i].runtime(), params_[i].shape(), params_[i].dtype());
+        denom = empty(params_[i].runtime(), params_[i].shape(), params_[i].dtype());
+      }
       root = Tensor{};
       denom_from(denom, state_[i][1]);
       apply(i, denom);

@@ -69,12 +69,19 @@ void Runtime::gemm_workspace(bool lt) {
     cublas_loaded_ = true;
   }
   const int thread = tls_phase == Phase::Backward || tls_phase == Phase::Recompute ? 1 : 0;
-  auto reserve = [&](std::shared_ptr<detail::TensorImpl>& slot, std::size_t bytes) {
-    if (slot == nullptr) slot = empty(*this, Shape{static_cast<std::int64_t>(bytes)}, DType::U8).impl_ptr();
+  // Named after the module whose product took it first, and counted as a workspace.
+  auto reserve = [&](std::shared_ptr<detail::TensorImpl>& slot, std::size_t bytes, const char* which) {
+    if (slot != nullptr) return;
+    const ContextInfo& here = context_info(current_context());
+    ModuleScope scope(intern_context(here.path.empty() ? std::string("(") + which + ")"
+                                                       : here.path + " (" + which + ")",
+                                     here.phase));
+    slot = empty(*this, Shape{static_cast<std::int64_t>(bytes)}, DType::U8).impl_ptr();
   };
   // getCUDABlasLtWorkspace() asks for the handle (and its workspace) first.
-  reserve(blas_workspace_[thread], cublas_workspace_bytes(allocator_->device().info().compute_capability));
-  if (lt) reserve(lt_workspace_[thread], cublaslt_workspace_bytes());
+  reserve(blas_workspace_[thread], cublas_workspace_bytes(allocator_->device().info().compute_capability),
+          "cuBLAS workspace");
+  if (lt) reserve(lt_workspace_[thread], cublaslt_workspace_bytes(), "cublasLt workspace");
 }
 
 void Runtime::add_flops(double flops) noexcept {

@@ -329,7 +329,9 @@ void ZeroRedundancy::finalize_backward() {
 // --- step ---------------------------------------------------------------------------------
 
 void ZeroRedundancy::step() {
-  ModuleScope scope(optimizer_context_);
+  // The checks' transients are the step's temporaries; what it keeps is named below.
+  static const ContextId temporaries = intern_context("ZeRO optimizer (optimizer temporaries)", Phase::Optimizer);
+  ModuleScope scope(temporaries);
   // The tensors of averaged_gradients: each touched parameter's part in the partition, then
   // the padding.
   std::vector<std::int64_t> slices;

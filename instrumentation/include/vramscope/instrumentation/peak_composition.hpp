@@ -28,14 +28,28 @@
 
 namespace mem {
 
-enum class MemoryKind : std::uint8_t { Weights, Gradients, OptimizerState, Activations, Logits, Communication, Other };
-inline constexpr std::size_t kNumMemoryKinds = 7;
+/// One definition shared by every command. Workspaces are the cuBLAS / cublasLt workspaces
+/// PyTorch keeps per thread (named after the module whose product took them first);
+/// optimizer temporaries are what a step allocates and frees (Adam's foreach sqrt, ZeRO's
+/// checks), apart from the state it keeps.
+enum class MemoryKind : std::uint8_t {
+  Weights,
+  Gradients,
+  OptimizerState,
+  OptimizerTemporaries,
+  Activations,
+  Workspaces,
+  Logits,
+  Communication,
+  Other
+};
+inline constexpr std::size_t kNumMemoryKinds = 9;
 
-/// "weights", "gradients", "optimizer state", "activations", "logits and loss",
-/// "communication buffers", "other".
+/// "weights", "gradients", "optimizer state", "optimizer temporaries", "activations",
+/// "workspaces", "logits and loss", "communication buffers", "other".
 std::string_view memory_kind_name(MemoryKind kind) noexcept;
-/// Short keys for files: "weights", "gradients", "optimizer_state", "activations", "logits",
-/// "communication", "other".
+/// Short keys for files: "weights", "gradients", "optimizer_state", "optimizer_temporaries",
+/// "activations", "workspaces", "logits", "communication", "other".
 std::string_view memory_kind_key(MemoryKind kind) noexcept;
 /// The kind of a block stamped with `context` (see above).
 MemoryKind memory_kind(ContextId context) noexcept;

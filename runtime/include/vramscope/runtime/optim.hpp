@@ -64,6 +64,7 @@ class Optimizer {
  protected:
   std::vector<Tensor> params_;
   std::vector<ContextId> contexts_;           ///< per param: (owner module, Optimizer)
+  std::vector<ContextId> temporaries_;        ///< per param: its step's temporaries' context
   std::vector<std::vector<Tensor>> state_;    ///< per param, allocated at the first step
 };
 
