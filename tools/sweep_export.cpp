@@ -45,10 +45,20 @@ using W = const SweepRow&;
 const std::array kFields = {
     Field{"model", [](R s, W) -> nlohmann::json { return s.model.name; }},
     Field{"batch", [](R, W r) -> nlohmann::json { return r.batch; }},
-    Field{"seq", [](R, W r) -> nlohmann::json { return r.seq > 0 ? nlohmann::json(r.seq) : nlohmann::json(nullptr); }},
+    // The row's --seq of a list, else the one --seq given (empty when none was).
+    Field{"seq", [](R s, W r) -> nlohmann::json {
+      const std::int64_t seq = r.seq > 0 ? r.seq : s.spec.model_options.seq;
+      return seq > 0 ? nlohmann::json(seq) : nlohmann::json(nullptr);
+    }},
     Field{"device", [](R s, W) -> nlohmann::json { return s.device.name; }},
     Field{"stack", [](R s, W) -> nlohmann::json { return s.spec.stack.spec(); }},
     Field{"parallel", [](R, W r) -> nlohmann::json { return nn::parallel_label(r.parallel); }},
+    // A transformer's per-layer checkpointing (--gradient-checkpointing, a list's mode per row).
+    Field{"gradient_checkpointing", [](R s, W r) -> nlohmann::json {
+      if (!r.checkpoint.empty()) return r.checkpoint;
+      const auto& mode = s.spec.model_options.checkpoint;
+      return mode ? nlohmann::json(*mode) : nlohmann::json(nullptr);
+    }},
     Field{"dtype", [](R, W r) -> nlohmann::json { return std::string(nn::precision_name(r.precision)); }},
     Field{"segments", [](R, W r) -> nlohmann::json { return r.segments; }},
     Field{"alloc_conf", [](R, W r) -> nlohmann::json { return r.alloc_conf; }},
