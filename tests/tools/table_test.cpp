@@ -122,9 +122,10 @@ TEST(Csv, QuotesOnlyWhenNeeded) {
 
 TEST(Csv, HeaderNamesTheColumns) {
   const std::string h = sweep_csv_header();
-  EXPECT_EQ(h.substr(0, 57), "model,batch,seq,device,stack,parallel,dtype,segments,allo");
-  for (const char* col : {"max_allocated", "max_reserved", "max_nvidia_smi", "unallocated_at_peak",
-                          "saving", "recompute_ratio", "oom_requested", "needs_max_allocated", "peak_communication"}) {
+  EXPECT_EQ(h.substr(0, 80), "model,batch,seq,device,stack,parallel,gradient_checkpointing,dtype,segments,allo");
+  for (const char* col : {"max_allocated", "max_reserved", "max_nvidia_smi", "unallocated_at_peak", "saving",
+                          "recompute_ratio", "oom_requested", "needs_max_allocated", "peak_communication",
+                          "peak_optimizer_temporaries", "peak_workspaces"}) {
     EXPECT_NE(h.find(col), std::string::npos) << col;
   }
 }
