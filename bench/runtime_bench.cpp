@@ -35,11 +35,13 @@ void set_step_counters(benchmark::State& state, const mem::nn::StepStats& s) {
 
 /// Dry-run training steps (forward, backward, Adam) of `cfg` on `device`, timed in steady
 /// state (Adam state already allocated).
-void dry_run_steps(benchmark::State& state, const TrainConfig& cfg, const char* device_spec) {
+void dry_run_steps(benchmark::State& state, const TrainConfig& cfg, const char* device_spec,
+                   std::size_t warm_up = 1) {
   auto device = mem::make_device(device_spec);
   mem::CachingAllocator alloc(device);
   Trainer trainer(cfg, alloc);
-  mem::nn::StepStats last = trainer.step();
+  mem::nn::StepStats last;
+  for (std::size_t i = 0; i < warm_up; ++i) last = trainer.step();
   for (auto _ : state) {
     last = trainer.step();
     benchmark::DoNotOptimize(last.peak_allocated);
@@ -139,16 +141,7 @@ void BM_DryRunStepLlama70BDdp64(benchmark::State& state) {
   cfg.model_options = mem::nn::ModelOptions::parse("batch=1,seq=4096");
   cfg.precision = mem::nn::Precision::BF16;
   cfg.parallel = mem::nn::parse_parallel("ddp:64");
-  auto device = mem::make_device("sim:capacity=1TiB");
-  mem::CachingAllocator alloc(device);
-  Trainer trainer(cfg, alloc);
-  mem::nn::StepStats last = trainer.step();
-  last = trainer.step();  // the buckets are rebuilt in this one
-  for (auto _ : state) {
-    last = trainer.step();
-    benchmark::DoNotOptimize(last.peak_allocated);
-  }
-  set_step_counters(state, last);
+  dry_run_steps(state, cfg, "sim:capacity=1TiB", 2);  // the buckets are rebuilt in the second
 }
 BENCHMARK(BM_DryRunStepLlama70BDdp64)->Unit(benchmark::kMillisecond);
 
@@ -160,15 +153,7 @@ void BM_DryRunStepLlama70BFsdp64(benchmark::State& state) {
   cfg.model_options = mem::nn::ModelOptions::parse("batch=1,seq=4096");
   cfg.precision = mem::nn::Precision::BF16;
   cfg.parallel = mem::nn::parse_parallel("fsdp:64");
-  auto device = mem::make_device("sim:capacity=1TiB");
-  mem::CachingAllocator alloc(device);
-  Trainer trainer(cfg, alloc);
-  mem::nn::StepStats last = trainer.step();
-  for (auto _ : state) {
-    last = trainer.step();
-    benchmark::DoNotOptimize(last.peak_allocated);
-  }
-  set_step_counters(state, last);
+  dry_run_steps(state, cfg, "sim:capacity=1TiB");
 }
 BENCHMARK(BM_DryRunStepLlama70BFsdp64)->Unit(benchmark::kMillisecond);
 

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <unordered_set>
 
 #include "detail.hpp"
 #include "nccl_memory.hpp"
@@ -205,6 +206,7 @@ FullyShard::FullyShard(const ParallelConfig& config, Module& root, Runtime& runt
     if (!is_root) module->set_forward_hooks(this);
     groups_.push_back(std::move(group));
   }
+  order_parameters(root);
   if (config.meta_init) {
     // model.to_empty(device="cuda") after fully_shard: the buffers get their blocks now.
     for (Tensor& b : root.buffers()) b.storage()->allocate();
@@ -217,32 +219,19 @@ FullyShard::~FullyShard() {
   }
 }
 
-std::vector<Tensor> FullyShard::parameters() const {
-  // named_parameters order: the module tree's, which the groups split.
-  std::vector<std::pair<const TensorImpl*, Tensor>> by_unsharded;
+void FullyShard::order_parameters(Module& root) {
+  // named_parameters order: the module tree's, which the groups split; a tied one once.
+  std::unordered_map<const TensorImpl*, Tensor> sharded_of;
   for (const Group& g : groups_) {
-    for (const Param& p : g.params) by_unsharded.emplace_back(p.unsharded.impl(), p.sharded);
+    for (const Param& p : g.params) sharded_of.emplace(p.unsharded.impl(), p.sharded);
   }
-  std::vector<Tensor> out;
-  for (const Tensor& t : groups_.back().module->parameters()) {
-    for (const auto& [impl, sharded] : by_unsharded) {
-      if (impl == t.impl()) {
-        if (sharded.requires_grad() && std::none_of(out.begin(), out.end(), [&](const Tensor& o) {
-              return o.impl() == sharded.impl();
-            })) {
-          out.push_back(sharded);
-        }
-        break;
-      }
+  std::unordered_set<const TensorImpl*> seen;
+  for (const Tensor& t : root.parameters()) {
+    const auto it = sharded_of.find(t.impl());
+    if (it != sharded_of.end() && it->second.requires_grad() && seen.insert(it->second.impl()).second) {
+      parameters_.push_back(it->second);
     }
   }
-  return out;
-}
-
-std::vector<std::string> FullyShard::groups() const {
-  std::vector<std::string> out;
-  for (const Group& g : groups_) out.push_back(g.path);
-  return out;
 }
 
 std::string FullyShard::label(const Group& g) { return g.path.empty() ? "root" : g.path; }
@@ -279,10 +268,7 @@ void FullyShard::unshard(Group& g) {
   // FSDPParamGroup.unshard: a no-op while an all-gather waits or when unsharded.
   if (g.all_gather_output.defined() || g.unsharded || g.params.empty()) return;
   if (config_.world_size == 1) {
-    g.all_gather_log = SIZE_MAX;  // no collective: wait_for_unshard copies the shard
-    g.all_gather_output = Tensor{};
-    g.unsharded_log = SIZE_MAX;
-    wait_for_unshard(g);
+    wait_for_unshard(g);  // no collective: the copy-out copies the shard
     return;
   }
   first_collective(runtime_, config_);  // the first all-gather connects NCCL
@@ -444,7 +430,7 @@ Tensor FullyShard::group_pre_forward(Group& g, const Tensor& input) {
   return in;
 }
 
-Tensor FullyShard::group_post_forward(Group& g, Tensor output) {
+std::vector<Tensor> FullyShard::group_post_forward(Group& g, std::vector<Tensor> outputs) {
   // FSDPParamGroup.post_forward: reshard (unless reshard_after_forward=False; to the k-rank
   // group with an int), then the post-forward order backward prefetching follows.
   if (g.reshard_after_forward && g.post_forward_ranks > 1 && g.unsharded) {
@@ -456,10 +442,12 @@ Tensor FullyShard::group_post_forward(Group& g, Tensor output) {
   post_forward_order_.push_back(static_cast<std::size_t>(&g - groups_.data()));
   g.state = State::Idle;
   // _register_pre_backward_hook: a hook on each output that requires grad.
-  if (grad_enabled() && output.defined() && output.requires_grad()) {
-    output = hook_node(output, [this, &g] { pre_backward(g); }, "RegisterPreBackwardFunctionBackward");
+  for (Tensor& out : outputs) {
+    if (grad_enabled() && out.defined() && out.requires_grad()) {
+      out = hook_node(out, [this, &g] { pre_backward(g); }, "RegisterPreBackwardFunctionBackward");
+    }
   }
-  return output;
+  return outputs;
 }
 
 Tensor FullyShard::root_pre_forward(const Tensor& input) {
@@ -469,20 +457,7 @@ Tensor FullyShard::root_pre_forward(const Tensor& input) {
 }
 
 std::vector<Tensor> FullyShard::root_post_forward(std::vector<Tensor> outputs) {
-  Group& root = groups_.back();
-  if (root.reshard_after_forward && root.post_forward_ranks > 1 && root.unsharded) {
-    reshard_post_forward(root);
-  } else if (root.reshard_after_forward) {
-    reshard(root);
-  }
-  root.post_forward_indices.push_back(post_forward_order_.size());
-  post_forward_order_.push_back(groups_.size() - 1);
-  root.state = State::Idle;
-  for (Tensor& out : outputs) {
-    if (grad_enabled() && out.defined() && out.requires_grad()) {
-      out = hook_node(out, [this, &root] { pre_backward(root); }, "RegisterPreBackwardFunctionBackward");
-    }
-  }
+  outputs = group_post_forward(groups_.back(), std::move(outputs));
   // The root's _post_forward frees the last all-gather output kept for overlap.
   release_all_gather_state();
   return outputs;
@@ -491,7 +466,7 @@ std::vector<Tensor> FullyShard::root_post_forward(std::vector<Tensor> outputs) {
 Tensor FullyShard::pre_forward(Module& module, const Tensor& input) { return group_pre_forward(group_of(module), input); }
 
 Tensor FullyShard::post_forward(Module& module, const Tensor& output) {
-  return group_post_forward(group_of(module), output);
+  return group_post_forward(group_of(module), {output}).front();
 }
 
 // --- backward -----------------------------------------------------------------------------

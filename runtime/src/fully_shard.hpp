@@ -35,7 +35,7 @@ class FullyShard final : public ForwardHooks {
 
   /// model.parameters() after fully_shard: the local shards, what the optimizer gets
   /// (those that require grad).
-  std::vector<Tensor> parameters() const;
+  const std::vector<Tensor>& parameters() const noexcept { return parameters_; }
   /// The root's pre-forward hook (the model's input, cast to param_dtype if one is set).
   Tensor root_pre_forward(const Tensor& input);
   /// The root's post-forward hook on what its forward returned (a causal LM's loss and
@@ -47,8 +47,6 @@ class FullyShard final : public ForwardHooks {
 
   /// Every buffer it allocated so far, in order, with its lifetime.
   const std::vector<CommunicationBuffer>& buffers() const noexcept { return log_; }
-  /// The wrapped modules' paths, blocks first, then "" for the root.
-  std::vector<std::string> groups() const;
 
  private:
   enum class State : std::uint8_t { Idle, Forward, PreBackward, PostBackward };
@@ -93,7 +91,10 @@ class FullyShard final : public ForwardHooks {
   void release_all_gather_state();
   /// The blocks' pre-forward and the root's: cast, unshard, the post-backward node.
   Tensor group_pre_forward(Group& group, const Tensor& input);
-  Tensor group_post_forward(Group& group, Tensor output);
+  /// post_forward of a group: the reshard, the post-forward order, the pre-backward hooks on
+  /// what it returned.
+  std::vector<Tensor> group_post_forward(Group& group, std::vector<Tensor> outputs);
+  void order_parameters(Module& root);
   /// RegisterPreBackwardFunction / RegisterPostBackwardFunction: an identity node on `t`.
   Tensor hook_node(const Tensor& t, std::function<void()> fn, const char* name);
   /// The copy kernels' device metadata (split_with_sizes_copy, chunk_cat): a short-lived
@@ -119,6 +120,7 @@ class FullyShard final : public ForwardHooks {
   bool callback_queued_ = false;
   std::size_t steps_ = 0;
   bool in_backward_ = false;
+  std::vector<Tensor> parameters_;       // the shards in named_parameters order
   std::vector<CommunicationBuffer> log_;
 };
 

@@ -2,6 +2,8 @@
 // from NCCL's sources (NVIDIA/nccl @5067397c; the fact sheet's section 4 cites each line).
 // The channel counts are what NCCL's logs show on such machines, not a measurement of ours:
 // every assumption is printed with the figure.
+#include "nccl_memory.hpp"
+
 #include <algorithm>
 #include <string>
 
@@ -78,8 +80,6 @@ NcclMemory nccl_memory(const ParallelConfig& config, std::string_view device_nam
 }
 
 }  // namespace mem::nn
-
-#include "nccl_memory.hpp"
 
 namespace mem::nn::detail {
 

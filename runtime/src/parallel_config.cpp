@@ -104,7 +104,9 @@ ParallelConfig parse_parallel(std::string_view spec, std::string_view options) {
       throw Error("'" + std::string(key) + "' is given twice");
     }
     seen.push_back(key);
-    if (zero) {
+    if (!ddp && key == "rank") {
+      config.rank = parse_count(key, value, config.world_size);
+    } else if (zero) {
       if (key == "reduce_bucket_size") {
         // DeepSpeed takes a number of elements (5e8 by default): decimal or scientific.
         double n = 0;
@@ -116,8 +118,6 @@ ParallelConfig parse_parallel(std::string_view spec, std::string_view options) {
         config.reduce_bucket_size = std::floor(n);
       } else if (key == "overlap_comm") {
         config.overlap_comm = parse_bool(key, value);
-      } else if (key == "rank") {
-        config.rank = parse_count(key, value, config.world_size);
       } else {
         throw Error("'" + std::string(key) + "' is not an option of " + std::string(engine) +
                     " (keys: " + std::string(kZeroOptions) + ")");
@@ -149,8 +149,6 @@ ParallelConfig parse_parallel(std::string_view spec, std::string_view options) {
                       "the GPU, then sharded)");
         }
         config.meta_init = value == "meta";
-      } else if (key == "rank") {
-        config.rank = parse_count(key, value, config.world_size);
       } else {
         throw Error("'" + std::string(key) + "' is not an option of fsdp (keys: " + std::string(kFsdpOptions) + ")");
       }

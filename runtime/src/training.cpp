@@ -125,12 +125,12 @@ Trainer::Trainer(const TrainConfig& config, CachingAllocator& allocator)
       }
     }
     const bool fsdp = config.parallel.engine == ParallelEngine::Fsdp;
-    if (fsdp && config.mode == ExecMode::Compute) {
-      throw Error("fsdp runs as a dry run only: its all-gathers on one simulated rank bring no data from the others");
-    }
-    if (config.parallel.enabled() && !fsdp && config.parallel.engine != ParallelEngine::Ddp &&
-        config.mode == ExecMode::Compute) {
-      throw Error("zero runs as a dry run only: its collectives on one simulated rank bring no data from the others");
+    // Before the model is built (on the meta device for fsdp): FullyShard and ZeroRedundancy
+    // refuse compute mode too, with the same words.
+    if (config.mode == ExecMode::Compute && config.parallel.enabled() && config.parallel.engine != ParallelEngine::Ddp) {
+      throw Error(std::string(fsdp ? "fsdp runs as a dry run only: its all-gathers"
+                                   : "zero runs as a dry run only: its collectives") +
+                  " on one simulated rank bring no data from the others");
     }
     if (fsdp && plan_.checkpointed.size() > 0) {
       throw Error("fsdp does not combine with checkpoint_sequential's segments (its hooks wrap the blocks); "

@@ -264,13 +264,11 @@ void ZeroRedundancy::reduce_bucket() {
   // reduce_ipg_grads -> average_tensor: every slice of the bucket (a parameter's part in each
   // rank's partition) in one all-reduce of their torch.cat copy (allreduce_bucket, 1841); a
   // single slice is a view (flatten_dense_tensors), no copy.
-  const auto world = static_cast<std::int64_t>(config_.world_size);
   std::int64_t slices = 0;
   for (std::size_t i : bucket_) {
     const Param& p = params_[i];
     slices += div_up(p.offset + p.numel, partition_) - p.offset / partition_;
   }
-  (void)world;
   if (slices > 1) {
     std::size_t entry = 0;
     Tensor copy = make("bucket all-reduce copy (torch.cat of its slices)", bucket_elements_, dtype_, comm_context_, entry);
@@ -310,15 +308,10 @@ void ZeroRedundancy::finalize_backward() {
   if (padding_ > 0) {
     padding_zeros_ = make("gradient padding zeros", padding_, dtype_, gradients_context_, padding_log_);
   }
-  for (int i = 0; i < 2; ++i) {
-    if (ipg_[i].defined()) {
-      ipg_[i] = Tensor{};
-      // _clear_param_grad_only: the views of it go with the .grads (stage 1's).
-    }
-  }
+  // _clear_param_grad_only: the buckets go with the .grads that view them (stage 1's).
   for (Param& p : params_) p.tensor.reset_grad();
   for (int i = 0; i < 2; ++i) {
-    if (ipg_log_[i] < log_.size()) log_[ipg_log_[i]].freed = stage();
+    if (ipg_[i].defined()) release(ipg_[i], ipg_log_[i]);
     ipg_log_[i] = SIZE_MAX;
   }
   loss_scalars_[1] = Tensor{};

@@ -222,6 +222,23 @@ struct ParallelRecording {
       configs.update(nlohmann::json::parse(json_file).at("configs"));
     }
   }
+  /// A configuration's rows, one per step.
+  std::vector<std::map<std::string, std::string>> steps(const std::string& config) const {
+    std::vector<std::map<std::string, std::string>> out;
+    for (const auto& row : rows)
+      if (row.at("config") == config) out.push_back(row);
+    return out;
+  }
+  /// The recording's machine and stack, with `spec` and its options as the engine.
+  static nn::TrainConfig config(const std::function<void(nn::TrainConfig&)>& setup, const char* spec,
+                                const char* options) {
+    nn::TrainConfig cfg;
+    setup(cfg);
+    cfg.device = "sim:h100-80g";
+    cfg.stack = nn::Stack::parse("torch=2.11,transformers=5.17,peft=0.21");
+    cfg.parallel = nn::parse_parallel(spec, options);
+    return cfg;
+  }
 };
 
 // Our own H100 recording of one rank of an 8-GPU job (tests/data/h100-parallel-2026-11-26,
@@ -232,7 +249,6 @@ struct ParallelRecording {
 TEST(ParallelReference, DdpRanksMatchTheH100StepByStep) {
   const ParallelRecording recording;
   const fs::path& dir = recording.dir;
-  const auto& rows = recording.rows;
   const auto& configs = recording.configs;
   struct Case {
     std::string config;
@@ -314,9 +330,7 @@ TEST(ParallelReference, DdpRanksMatchTheH100StepByStep) {
       Case c = base;
       c.config.replace(c.config.find("ddp"), 3, engine.suffix);
       SCOPED_TRACE(c.config);
-      std::vector<std::map<std::string, std::string>> steps;
-      for (const auto& row : rows)
-        if (row.at("config") == c.config) steps.push_back(row);
+      const auto steps = recording.steps(c.config);
       ASSERT_EQ(steps.size(), 3u);
       ++compared;
       // The buckets the comm hook reduced in each step's backward, in order.
@@ -324,11 +338,7 @@ TEST(ParallelReference, DdpRanksMatchTheH100StepByStep) {
       for (const auto& call : configs.at(c.config).at("bucket_calls")) {
         reduced[call.at("step").get<std::size_t>()].push_back(call.at("bytes").get<std::size_t>());
       }
-      nn::TrainConfig cfg;
-      c.setup(cfg);
-      cfg.device = "sim:h100-80g";
-      cfg.stack = nn::Stack::parse("torch=2.11,transformers=5.17,peft=0.21");
-      cfg.parallel = nn::parse_parallel("ddp:8", engine.options);
+      const nn::TrainConfig cfg = ParallelRecording::config(c.setup, "ddp:8", engine.options);
       auto device = make_device(cfg.device);
       CachingAllocator alloc{device};
       nn::Trainer trainer{cfg, alloc};
@@ -375,7 +385,6 @@ TEST(ParallelReference, DdpRanksMatchTheH100StepByStep) {
 TEST(ParallelReference, Fsdp2RanksMatchTheH100StepByStep) {
   const ParallelRecording recording;
   const fs::path& dir = recording.dir;
-  const auto& rows = recording.rows;
   const auto& configs = recording.configs;
   struct Case {
     std::string model;
@@ -427,20 +436,13 @@ TEST(ParallelReference, Fsdp2RanksMatchTheH100StepByStep) {
       if (config == "cnn-fsdp2-mp-r0") continue;
       Case c = base;
       if (engine.half_params && c.output_bytes > 0) c.output_bytes = 1536;  // a [64, 10] bf16 output's block
-      std::vector<std::map<std::string, std::string>> steps;
-      for (const auto& row : rows)
-        if (row.at("config") == config) steps.push_back(row);
+      const auto steps = recording.steps(config);
       ASSERT_EQ(steps.size(), 3u);
       ++compared;
-      nn::TrainConfig cfg;
-      c.setup(cfg);
-      cfg.device = "sim:h100-80g";
-      cfg.stack = nn::Stack::parse("torch=2.11,transformers=5.17,peft=0.21");
-      cfg.parallel = nn::parse_parallel("fsdp:8", engine.options);
+      const nn::TrainConfig cfg = ParallelRecording::config(c.setup, "fsdp:8", engine.options);
       auto device = make_device(cfg.device);
       CachingAllocator alloc{device};
       nn::Trainer trainer{cfg, alloc};
-      // Each group's all-gather output, as FSDPState reported it.
       // Each group's all-gather output, as FSDPState reported it (the script counts it in the
       // parameters' dtype: halved when a bf16 param_dtype casts f32 ones, as the snapshot shows).
       const bool cast_to_half = engine.half_params && base.model != "llama";
