@@ -18,6 +18,7 @@ class CommandFailed : public std::runtime_error {
 
 void add_sweep_command(CLI::App& app);
 void add_trace_command(CLI::App& app);
+void add_plan_command(CLI::App& app);
 void add_devices_command(CLI::App& app);
 void add_models_command(CLI::App& app);
 

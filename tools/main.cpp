@@ -35,6 +35,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(0, 1);
   mem::tools::add_sweep_command(app);
   mem::tools::add_trace_command(app);
+  mem::tools::add_plan_command(app);
   mem::tools::add_devices_command(app);
   mem::tools::add_models_command(app);
   mem::tools::add_replay_command(app);

@@ -89,6 +89,7 @@ nn::TrainConfig train_config(const SweepSpec& spec, const SweepRow& row) {
   cfg.optimizer = spec.optimizer;
   cfg.stack = spec.stack;
   cfg.parallel = row.parallel;
+  cfg.checkpoint_modules = spec.checkpoint_modules;
   return cfg;
 }
 

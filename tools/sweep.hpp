@@ -54,6 +54,9 @@ struct SweepSpec {
   /// --segments auto: after the sampled counts, run the midpoints around each dtype's best
   /// until its neighbours are adjacent, so the star is the minimum of its bracket.
   bool refine_segments = false;
+  /// Exactly these modules run checkpointed (nn::TrainConfig::checkpoint_modules); nullopt:
+  /// the model's own marks. `plan` sets it for --max-batch of a plan.
+  std::optional<std::vector<std::string>> checkpoint_modules;
 };
 
 /// Figures of one run, every one read from the allocator (an observer sees the

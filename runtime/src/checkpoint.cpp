@@ -3,6 +3,10 @@
 // the segment and backpropagates through it), and checkpoint_sequential.
 #include "vramscope/runtime/checkpoint.hpp"
 
+#include <algorithm>
+#include <string>
+#include <vector>
+
 #include "checkpoint_frame.hpp"
 #include "detail.hpp"
 
@@ -261,6 +265,89 @@ Tensor checkpoint_sequential(std::span<Module* const> modules, std::size_t segme
   }
   for (std::size_t i = plan.tail_begin; i < modules.size(); ++i) x = (*modules[i])(x);
   return x;
+}
+
+
+namespace {
+
+void collect_named(Module& module, std::vector<Module*>& out) {
+  for (const auto& [name, child] : module.children()) {
+    if (!child->is_inline()) out.push_back(child.get());
+    collect_named(*child, out);
+  }
+}
+
+void clear_marks(Module& module) {
+  module.set_checkpoint(CheckpointMark::None);
+  for (const auto& [name, child] : module.children()) clear_marks(*child);
+}
+
+bool inside(const std::string& path, const std::string& outer) {
+  return path.size() > outer.size() && path.compare(0, outer.size(), outer) == 0 && path[outer.size()] == '.';
+}
+
+/// "layer1, layer2, layer3 (+1 more)": the named modules one level below `prefix` ("" = top).
+std::string modules_below(const std::vector<Module*>& named, const std::string& prefix) {
+  std::vector<std::string> names;
+  for (const Module* m : named) {
+    const std::string& p = m->path();
+    if (!prefix.empty() && !inside(p, prefix)) continue;
+    const std::string rest = prefix.empty() ? p : p.substr(prefix.size() + 1);
+    if (rest.find('.') == std::string::npos) names.push_back(p);
+  }
+  constexpr std::size_t kShown = 8;
+  std::string out;
+  for (std::size_t i = 0; i < names.size() && i < kShown; ++i) out += (i ? ", " : "") + names[i];
+  if (names.size() > kShown) out += " (+" + std::to_string(names.size() - kShown) + " more)";
+  return out.empty() ? "none" : out;
+}
+
+}  // namespace
+
+std::vector<Module*> named_modules(Module& root) {
+  std::vector<Module*> out;
+  collect_named(root, out);
+  return out;
+}
+
+void mark_checkpointed(Module& root, const std::vector<std::string>& paths, CheckpointMode mode) {
+  const std::vector<Module*> named = named_modules(root);
+  std::vector<Module*> chosen;
+  for (std::size_t i = 0; i < paths.size(); ++i) {
+    const std::string& path = paths[i];
+    if (path.empty()) {
+      throw Error("checkpoint modules: the root module cannot be checkpointed by path (its output is the "
+                  "loss's input); name modules inside it, e.g. " + modules_below(named, ""));
+    }
+    for (std::size_t j = 0; j < i; ++j) {
+      if (paths[j] == path) throw Error("checkpoint modules: '" + path + "' is given twice");
+      if (inside(path, paths[j]) || inside(paths[j], path)) {
+        const bool inner = inside(path, paths[j]);
+        throw Error("checkpoint modules: '" + (inner ? path : paths[j]) + "' is inside '" + (inner ? paths[j] : path) +
+                    "', which is checkpointed whole; give one of them");
+      }
+    }
+    const auto it = std::find_if(named.begin(), named.end(), [&](const Module* m) { return m->path() == path; });
+    if (it == named.end()) {
+      // The deepest existing prefix says where the name went wrong.
+      std::string prefix = path;
+      for (;;) {
+        const std::size_t dot = prefix.rfind('.');
+        prefix = dot == std::string::npos ? "" : prefix.substr(0, dot);
+        if (prefix.empty() ||
+            std::any_of(named.begin(), named.end(), [&](const Module* m) { return m->path() == prefix; })) {
+          break;
+        }
+      }
+      throw Error("checkpoint modules: no module '" + path + "'; the modules " +
+                  (prefix.empty() ? std::string("at the top") : "in '" + prefix + "'") + " are " +
+                  modules_below(named, prefix));
+    }
+    chosen.push_back(*it);
+  }
+  clear_marks(root);
+  const CheckpointMark mark = mode == CheckpointMode::Reentrant ? CheckpointMark::Reentrant : CheckpointMark::NonReentrant;
+  for (Module* m : chosen) m->set_checkpoint(mark);
 }
 
 }  // namespace mem::nn

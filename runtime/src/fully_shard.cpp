@@ -118,15 +118,15 @@ bool fsdp_ranks_alike(const Module& root, std::size_t world_size) {
   return true;
 }
 
+std::vector<Module*> repeated_blocks(Module& root) {
+  std::vector<Module*> out;
+  detail::collect_blocks(root, out);
+  return out;
+}
+
 }  // namespace mem::nn
 
 namespace mem::nn::detail {
-
-std::vector<Module*> fsdp_blocks(Module& root) {
-  std::vector<Module*> out;
-  collect_blocks(root, out);
-  return out;
-}
 
 FullyShard::FullyShard(const ParallelConfig& config, Module& root, Runtime& runtime)
     : config_(config), runtime_(runtime), context_(intern_context("FullyShardedDataParallel", Phase::Forward)) {
@@ -140,7 +140,7 @@ FullyShard::FullyShard(const ParallelConfig& config, Module& root, Runtime& runt
   copy_in_stream_ = device.create_stream();
   reduce_scatter_stream_ = device.create_stream();
   const std::size_t world = config.world_size;
-  std::vector<Module*> modules = fsdp_blocks(root);
+  std::vector<Module*> modules = repeated_blocks(root);
   modules.push_back(&root);
   for (std::size_t i = 0; i < modules.size(); ++i) group_index_[modules[i]] = i;
   std::unordered_map<const Module*, std::size_t> blocks(group_index_);

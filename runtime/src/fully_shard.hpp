@@ -17,12 +17,6 @@
 
 namespace mem::nn::detail {
 
-/// The modules fully_shard wraps before the root, in forward order: the repeated blocks (a
-/// module with children and parameters, beside at least one sibling of its type: decoder
-/// layers, residual blocks), looking inside a repeated Sequential that holds such blocks
-/// itself (a ResNet stage's Bottlenecks).
-std::vector<Module*> fsdp_blocks(Module& root);
-
 class FullyShard final : public ForwardHooks {
  public:
   /// fully_shard(block) for each block, then fully_shard(root): every parameter becomes a

@@ -89,7 +89,14 @@ void Runtime::add_flops(double flops) noexcept {
     case Phase::Recompute: flops_.recompute += flops; break;
     case Phase::Backward: flops_.backward += flops; break;
     case Phase::Optimizer: flops_.optimizer += flops; break;
-    default: flops_.forward += flops; break;
+    default:
+      flops_.forward += flops;
+      if (flops_by_context_ != nullptr) {
+        const ContextId context = current_context();
+        if (context >= flops_by_context_->size()) flops_by_context_->resize(context + 1, 0.0);
+        (*flops_by_context_)[context] += flops;
+      }
+      break;
   }
 }
 

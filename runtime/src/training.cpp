@@ -104,7 +104,14 @@ Trainer::Trainer(const TrainConfig& config, CachingAllocator& allocator)
   runtime_->set_stack(config.stack);
   if (!config.model) throw Error("TrainConfig.model is not set: give one, e.g. mem::models::find(\"mlp\")");
   model_ = config.model->build(config.model_options);
-  if (config.segments > 1 && model_->info().checkpointed_modules > 0) {
+  if (config.checkpoint_modules) {
+    if (config.segments > 1) {
+      throw Error("checkpoint modules and checkpoint_sequential's segments both given: the segments would "
+                  "checkpoint the named modules again; give one of them");
+    }
+    mark_checkpointed(model_->body(), *config.checkpoint_modules, config.checkpoint_mode);
+  }
+  if (config.segments > 1 && !config.checkpoint_modules && model_->info().checkpointed_modules > 0) {
     throw Error(model_->info().name + " checkpoints " + std::to_string(model_->info().checkpointed_modules) +
                 " of its modules itself (checkpoint marks); checkpoint_sequential's segments do not apply to it: "
                 "give 0 segments, or remove the marks");

@@ -20,7 +20,7 @@ std::vector<std::string> block_paths(const char* model) {
   auto built = models::find(model)->build(ModelOptions{});
   built->body().set_path("");
   std::vector<std::string> out;
-  for (const Module* m : detail::fsdp_blocks(built->body())) out.push_back(m->path());
+  for (const Module* m : repeated_blocks(built->body())) out.push_back(m->path());
   return out;
 }
 

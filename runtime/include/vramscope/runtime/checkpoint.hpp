@@ -30,6 +30,7 @@
 #include <cstddef>
 #include <functional>
 #include <span>
+#include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -67,5 +68,16 @@ SegmentPlan plan_segments(std::size_t modules, std::size_t segments);
 
 Tensor checkpoint_sequential(std::span<Module* const> modules, std::size_t segments,
                              const Tensor& input, const CheckpointOptions& options = {});
+
+/// apply_activation_checkpointing with a check function naming modules by path: exactly the
+/// modules at `paths` ("layer3.0", "model.layers.7") run checkpointed in `mode`; every other
+/// mark under `root` (a model file's, gradient_checkpointing_enable's) is cleared. Throws
+/// mem::Error, changing nothing, for an unknown path (naming the modules at its level), the
+/// root, a path given twice, or one inside another.
+void mark_checkpointed(Module& root, const std::vector<std::string>& paths, CheckpointMode mode);
+
+/// Every module under `root` that can be checkpointed by path, depth-first in registration
+/// order: those with a path of their own (not the root, not inline code of a parent).
+std::vector<Module*> named_modules(Module& root);
 
 }  // namespace mem::nn

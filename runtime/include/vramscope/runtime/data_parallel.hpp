@@ -28,6 +28,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "vramscope/runtime/dtype.hpp"
 
@@ -131,6 +132,11 @@ class Module;
 /// Whether every parameter of the model splits evenly on dim 0 over `world_size` ranks: then
 /// every FSDP rank holds the same shards; otherwise the last rank holds the fewest rows.
 bool fsdp_ranks_alike(const Module& root, std::size_t world_size);
+/// The repeated blocks of a model, in forward order: a module with children and parameters
+/// beside at least one sibling of its type (decoder layers, residual blocks), looking inside
+/// a repeated Sequential that holds such blocks itself (a ResNet stage's Bottlenecks). What
+/// fully_shard wraps before the root, and what `plan` checkpoints evenly.
+std::vector<Module*> repeated_blocks(Module& root);
 /// The ZeRO rank that keeps the most gradient elements (each rank keeps, whole, the
 /// gradients of the parameters its partition touches, plus its padding): the lowest such.
 std::size_t zero_heaviest_rank(const Module& root, std::size_t world_size);

@@ -101,6 +101,9 @@ class Runtime {
   void add_flops(double flops) noexcept;
   const FlopCounts& flops() const noexcept { return flops_; }
   void reset_flops() noexcept { flops_ = {}; }
+  /// While set, each first-forward FLOP is also added to `(*by_context)[current_context()]`
+  /// (grown as needed): what each module's forward costs, for `vramscope plan`. Null: off.
+  void set_forward_flops_by_context(std::vector<double>* by_context) noexcept { flops_by_context_ = by_context; }
 
   // --- mixed precision -------------------------------------------------------------
   /// While set, matrix products and convolutions run in this half type (autocast).
@@ -166,6 +169,7 @@ class Runtime {
   std::uint64_t init_seed_;
   std::uint64_t init_counter_ = 0;
   FlopCounts flops_;
+  std::vector<double>* flops_by_context_ = nullptr;
   std::optional<DType> autocast_;
   std::vector<std::pair<const detail::TensorImpl*, std::shared_ptr<detail::TensorImpl>>> cast_cache_;
   std::vector<std::string> warnings_;

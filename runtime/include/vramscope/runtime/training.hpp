@@ -25,6 +25,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -66,6 +67,10 @@ struct TrainConfig {
   /// checkpoint_sequential segments over the model body; 1 = no checkpointing.
   std::size_t segments = 1;
   CheckpointMode checkpoint_mode = CheckpointMode::NonReentrant;
+  /// apply_activation_checkpointing with a check function naming modules: exactly these
+  /// module paths run checkpointed in checkpoint_mode, every other mark (a model file's,
+  /// --gradient-checkpointing's) cleared (mark_checkpointed). nullopt: the model's own marks.
+  std::optional<std::vector<std::string>> checkpoint_modules;
   Precision precision = Precision::F32;
   OptimizerConfig optimizer;
   bool input_requires_grad = false;   ///< the batch as a leaf requiring grad

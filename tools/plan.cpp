@@ -1,0 +1,610 @@
+// plan.cpp — the plan search: a profile, then families of plans, each searched with the
+// profile's estimates and decided by dry runs on the device.
+#include "plan.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <map>
+#include <unordered_map>
+
+#include "max_batch.hpp"
+#include "saved_tensors.hpp"
+#include "usage_error.hpp"
+#include "vramscope/allocator/sim_device.hpp"
+#include "vramscope/runtime/checkpoint.hpp"
+
+namespace mem::tools {
+
+std::string_view plan_change_name(PlanChange change) noexcept {
+  switch (change) {
+    case PlanChange::None: return "as given";
+    case PlanChange::Checkpointing: return "checkpointing";
+    case PlanChange::Allocator: return "allocator";
+    case PlanChange::Accumulation: return "accumulation";
+    case PlanChange::Precision: return "precision";
+    case PlanChange::Optimizer: return "optimizer";
+  }
+  return "?";
+}
+
+int plan_tier(PlanChange change) noexcept {
+  switch (change) {
+    case PlanChange::Accumulation: return 1;
+    case PlanChange::Precision: return 2;
+    case PlanChange::Optimizer: return 3;
+    default: return 0;
+  }
+}
+
+namespace {
+
+bool inside(const std::string& path, const std::string& outer) {
+  return path.size() > outer.size() && path.compare(0, outer.size(), outer) == 0 && path[outer.size()] == '.';
+}
+
+/// Adds up each named module's inputs over its calls (a checkpoint of it keeps each one; a
+/// ReLU module a block calls three times keeps three).
+class InputBytes final : public nn::ForwardHooks {
+ public:
+  nn::Tensor pre_forward(nn::Module& module, const nn::Tensor& input) override {
+    // The storage, as the saved bytes count it: a view's checkpoint keeps its whole base.
+    if (input.defined()) bytes[&module] += input.storage() ? input.storage()->nbytes() : input.nbytes();
+    return input;
+  }
+  nn::Tensor post_forward(nn::Module& module, const nn::Tensor& output) override {
+    (void)module;
+    return output;
+  }
+  std::unordered_map<const nn::Module*, std::size_t> bytes;
+};
+
+}  // namespace
+
+std::string Plan::label() const {
+  std::vector<std::string> parts;
+  if (checkpoint_modules && !checkpoint_modules->empty()) {
+    const std::size_t n = checkpoint_modules->size();
+    if (checkpointing == "blocks") {
+      parts.push_back(n == blocks_of ? fmt::format("checkpoint every block ({})", n)
+                                     : fmt::format("checkpoint {} of {} blocks", n, blocks_of));
+    } else {
+      parts.push_back(n == 1 ? "checkpoint " + checkpoint_modules->front() : fmt::format("checkpoint {} modules", n));
+    }
+  }
+  if (segments > 1) parts.push_back(fmt::format("checkpoint_sequential {} segments", segments));
+  if (change == PlanChange::Allocator) parts.push_back(alloc_conf);
+  if (accumulation > 1) parts.push_back(fmt::format("batch {} x {} accumulation steps", batch, accumulation));
+  if (precision_changed) parts.emplace_back(nn::precision_name(precision));
+  if (change == PlanChange::Optimizer) parts.push_back(nn::optimizer_label(optimizer));
+  if (parts.empty()) return change == PlanChange::None ? "as given" : "no checkpointing";
+  std::string out = parts.front();
+  for (std::size_t i = 1; i < parts.size(); ++i) out += " + " + parts[i];
+  return out;
+}
+
+int Plan::rank_tier() const noexcept {
+  // Mixed precision keeps f32 master weights: a smaller change than half weights.
+  if (change == PlanChange::Precision) {
+    return precision == nn::Precision::Amp || precision == nn::Precision::AmpBF16 ? 2 : 3;
+  }
+  return change == PlanChange::Optimizer ? 4 : plan_tier(change);
+}
+
+const Plan* PlanResult::best() const noexcept {
+  if (given.fits()) return &given;
+  for (const Plan& p : plans) {
+    if (p.fits()) return &p;
+  }
+  return nullptr;
+}
+
+StepProfile profile_step(nn::TrainConfig cfg) {
+  cfg.steps = 1;
+  cfg.segments = 1;
+  cfg.checkpoint_modules = std::vector<std::string>{};
+  cfg.parallel = nn::ParallelConfig{};  // what a module keeps is the same on every rank
+  const auto device = make_device(nn::device_spec_for(cfg));
+  CachingAllocator allocator{unlimited_twin(device->info()), AllocatorConfig::parse(cfg.alloc_conf)};
+  nn::Trainer trainer{cfg, allocator};
+  nn::Module& root = trainer.model().body();
+  const std::vector<nn::Module*> named = nn::named_modules(root);
+  InputBytes inputs;
+  for (nn::Module* m : named) m->set_forward_hooks(&inputs);
+  SavedTensorLog saved{root};
+  std::vector<double> flops_by_context;
+  trainer.runtime().set_forward_flops_by_context(&flops_by_context);
+  nn::StepStats stats;
+  {
+    nn::SavedTensorsObserver observe{saved.observer()};
+    stats = trainer.step();
+  }
+  trainer.runtime().set_forward_flops_by_context(nullptr);
+  for (nn::Module* m : named) m->set_forward_hooks(nullptr);
+
+  StepProfile profile;
+  profile.flops = stats.flops;
+  const double plain = stats.flops.forward + stats.flops.backward + stats.flops.optimizer;
+  profile.forward_share = plain > 0 ? stats.flops.forward / plain : 0;
+  std::unordered_map<std::string, std::size_t> index;
+  for (nn::Module* m : named) {
+    if (index.contains(m->path())) continue;
+    index.emplace(m->path(), profile.modules.size());
+    ModuleCost cost;
+    cost.path = m->path();
+    const auto it = inputs.bytes.find(m);
+    cost.input_bytes = it == inputs.bytes.end() ? 0 : it->second;
+    profile.modules.push_back(std::move(cost));
+  }
+  // Each figure counts for its module and every module above it.
+  const auto add_up = [&](const std::string& path, auto&& add) {
+    std::string p = path;
+    while (!p.empty()) {
+      if (const auto it = index.find(p); it != index.end()) add(profile.modules[it->second]);
+      const std::size_t dot = p.rfind('.');
+      p = dot == std::string::npos ? "" : p.substr(0, dot);
+    }
+  };
+  for (const SavedByModule& row : saved.rows()) {
+    add_up(row.module, [&](ModuleCost& c) { c.saved_bytes += row.bytes; });
+  }
+  for (std::size_t id = 0; id < flops_by_context.size(); ++id) {
+    if (flops_by_context[id] == 0) continue;
+    const double f = flops_by_context[id];
+    add_up(context_info(static_cast<ContextId>(id)).path, [&](ModuleCost& c) { c.forward_flops += f; });
+  }
+  for (const nn::Module* block : nn::repeated_blocks(root)) profile.blocks.push_back(block->path());
+  return profile;
+}
+
+namespace {
+
+/// The training configuration of plan `p` of `base`. The given configuration keeps the
+/// model's own marks; every other plan checkpoints exactly its modules (none: no marks).
+/// A decoder checkpoints through gradient_checkpointing_enable() (which also makes a PEFT
+/// model's inputs require grad), its layers' flags then saying which ones run so.
+nn::TrainConfig plan_config(const SweepSpec& base, const Plan& p, bool decoder) {
+  SweepRow row;
+  row.segments = p.segments;
+  row.precision = p.precision;
+  row.alloc_conf = p.alloc_conf;
+  row.batch = p.batch;
+  row.parallel = base.parallels.front();
+  nn::TrainConfig cfg = train_config(base, row);
+  cfg.optimizer = p.optimizer;
+  if (p.change == PlanChange::None) return cfg;
+  if (p.segments > 1) {
+    cfg.checkpoint_modules.reset();
+    return cfg;
+  }
+  cfg.checkpoint_modules = p.checkpoint_modules.value_or(std::vector<std::string>{});
+  if (decoder) cfg.model_options.checkpoint = cfg.checkpoint_modules->empty() ? "none" : "non-reentrant";
+  return cfg;
+}
+
+class Planner {
+ public:
+  Planner(const PlanSpec& spec, const PlanProgress& progress, PlanResult& result)
+      : spec_(spec), progress_(progress), result_(result) {}
+
+  void search();
+
+ private:
+  /// A plan with the given configuration's settings and no checkpointing.
+  Plan plain() const {
+    Plan p;
+    p.precision = spec_.base.precisions.front();
+    p.optimizer = spec_.base.optimizer;
+    p.alloc_conf = spec_.base.alloc_confs.front();
+    p.batch = result_.model.batch;
+    return p;
+  }
+
+  nn::TrainConfig config_of(const Plan& p) const { return plan_config(spec_.base, p, decoder_); }
+
+  Plan measure(Plan p, std::shared_ptr<Device> device = nullptr) {
+    if (progress_) progress_(result_.dry_runs, p.label());
+    ++result_.dry_runs;
+    const nn::TrainConfig cfg = config_of(p);
+    try {
+      p.figures = run_config(cfg, device ? device : make_run_device(spec_.base), p.oom, p.error);
+    } catch (const mem::Error& e) {
+      p.refused = e.what();
+    }
+    p.recompute_share = p.figures.recompute_ratio * result_.profile.forward_share;
+    return p;
+  }
+
+  Plan with_modules(Plan p, std::vector<std::string> modules, const char* kind) const {
+    p.checkpointing = kind;
+    p.checkpoint_modules = std::move(modules);
+    if (p.change == PlanChange::None) p.change = PlanChange::Checkpointing;
+    return p;
+  }
+
+  /// The smallest n in [1, count] whose plan fits, assuming more checkpointing never needs
+  /// more memory: the estimate first, then galloping and bisection. nullopt when `count`
+  /// does not fit (then `most` holds its run).
+  std::optional<Plan> smallest_fitting(std::size_t count, std::size_t guess, const std::function<Plan(std::size_t)>& plan_of,
+                                       std::optional<Plan>* most = nullptr) {
+    if (count == 0) return std::nullopt;
+    std::map<std::size_t, Plan> runs;
+    const auto fits = [&](std::size_t n) {
+      auto it = runs.find(n);
+      if (it == runs.end()) it = runs.emplace(n, measure(plan_of(n))).first;
+      return it->second.fits();
+    };
+    if (!fits(count)) {
+      if (most != nullptr) *most = runs.at(count);
+      return std::nullopt;
+    }
+    std::size_t lo = 0, hi = count;  // lo does not fit (0: no checkpointing, known), hi does
+    guess = std::clamp<std::size_t>(guess, 1, count);
+    if (guess < hi) {
+      if (fits(guess)) {
+        hi = guess;
+        for (std::size_t step = 1; hi - lo > 1;) {  // gallop down
+          const std::size_t probe = hi > lo + step ? hi - step : lo + 1;
+          if (probe <= lo || probe >= hi) break;
+          if (fits(probe)) hi = probe;
+          else { lo = probe; break; }
+          step *= 2;
+        }
+      } else {
+        lo = guess;
+        for (std::size_t step = 1; hi - lo > 1;) {  // gallop up
+          const std::size_t probe = std::min(hi - 1, lo + step);
+          if (probe <= lo) break;
+          if (fits(probe)) { hi = probe; break; }
+          lo = probe;
+          step *= 2;
+        }
+      }
+    }
+    while (hi - lo > 1) {
+      const std::size_t mid = lo + (hi - lo) / 2;
+      if (fits(mid)) hi = mid;
+      else lo = mid;
+    }
+    return runs.at(hi);
+  }
+
+  /// How many of `savings` (in order) cover the deficit, by the cheap model.
+  static std::size_t estimate(const std::vector<std::int64_t>& savings, std::int64_t deficit) {
+    std::int64_t sum = 0;
+    for (std::size_t i = 0; i < savings.size(); ++i) {
+      sum += savings[i];
+      if (sum >= deficit) return i + 1;
+    }
+    return savings.size();
+  }
+
+  /// Candidates in the order the greedy takes them: most estimated saving per recomputed
+  /// FLOP first, skipping any inside or around one already taken.
+  std::vector<const ModuleCost*> greedy_order() const {
+    std::vector<const ModuleCost*> candidates;
+    const auto& blocks = result_.profile.blocks;
+    for (const ModuleCost& c : result_.profile.modules) {
+      if (c.estimated_saving() <= 0) continue;
+      if (decoder_ && std::find(blocks.begin(), blocks.end(), c.path) == blocks.end()) continue;
+      candidates.push_back(&c);
+    }
+    const auto efficiency = [](const ModuleCost* c) {
+      return static_cast<double>(c->estimated_saving()) / std::max(c->forward_flops, 1.0);
+    };
+    std::stable_sort(candidates.begin(), candidates.end(), [&](const ModuleCost* a, const ModuleCost* b) {
+      const double ea = efficiency(a), eb = efficiency(b);
+      if (ea != eb) return ea > eb;
+      return a->estimated_saving() > b->estimated_saving();
+    });
+    std::vector<const ModuleCost*> taken;
+    for (const ModuleCost* c : candidates) {
+      const bool nested = std::any_of(taken.begin(), taken.end(), [&](const ModuleCost* t) {
+        return inside(c->path, t->path) || inside(t->path, c->path);
+      });
+      if (!nested) taken.push_back(c);
+    }
+    return taken;
+  }
+
+  /// The greedy module sets under `base`: the shortest prefix of the order that fits.
+  std::optional<Plan> search_modules(const Plan& base, std::int64_t deficit, std::optional<Plan>* most) {
+    const auto order = greedy_order();
+    std::vector<std::int64_t> savings;
+    for (const ModuleCost* c : order) savings.push_back(c->estimated_saving());
+    auto found = smallest_fitting(
+        order.size(), estimate(savings, deficit),
+        [&](std::size_t n) {
+          std::vector<std::string> paths;
+          for (std::size_t i = 0; i < n; ++i) paths.push_back(order[i]->path);
+          return with_modules(base, std::move(paths), "modules");
+        },
+        most);
+    return found;
+  }
+
+  /// c of the N repeated blocks, evenly spaced: the smallest c that fits.
+  std::optional<Plan> search_blocks(const Plan& base, std::int64_t deficit, std::optional<Plan>* every) {
+    const auto& blocks = result_.profile.blocks;
+    const std::size_t n = blocks.size();
+    if (n == 0) return std::nullopt;
+    std::int64_t per_block = 0;
+    for (const ModuleCost& c : result_.profile.modules) {
+      if (c.path == blocks.front()) per_block = std::max<std::int64_t>(c.estimated_saving(), 1);
+    }
+    const auto plan_of = [&](std::size_t c) {
+      std::vector<std::string> paths;
+      for (std::size_t j = 0; j < c; ++j) paths.push_back(blocks[(2 * j + 1) * n / (2 * c)]);
+      Plan p = with_modules(base, std::move(paths), "blocks");
+      p.blocks_of = n;
+      return p;
+    };
+    std::optional<Plan> most;
+    auto found = smallest_fitting(n, per_block > 0 ? static_cast<std::size_t>(div_up(deficit, per_block)) : n, plan_of, &most);
+    if (every != nullptr) *every = most ? *most : measure(plan_of(n));
+    return found;
+  }
+
+  static std::int64_t div_up(std::int64_t a, std::int64_t b) { return b <= 0 ? 0 : (a + b - 1) / b; }
+
+  /// checkpoint_sequential's counts (auto_segments): the fitting one with least recompute.
+  std::optional<Plan> search_segments(const Plan& base) {
+    std::optional<Plan> best;
+    for (const std::size_t s : auto_segments(result_.model.sequence_length)) {
+      if (s <= 1) continue;
+      Plan p = base;
+      p.change = PlanChange::Checkpointing;
+      p.checkpointing = "segments";
+      p.segments = s;
+      p = measure(std::move(p));
+      if (!p.fits()) continue;
+      if (!best || p.recompute_share < best->recompute_share ||
+          (p.recompute_share == best->recompute_share && p.figures.peak_device_used < best->figures.peak_device_used)) {
+        best = std::move(p);
+      }
+    }
+    return best;
+  }
+
+  /// A configuration change (precision, optimizer, allocator): as it is, then with the
+  /// greedy checkpointing when it alone does not fit.
+  void search_change(Plan base) {
+    Plan p = measure(base);
+    if (p.fits() || !p.refused.empty() || p.error) {
+      if (p.refused.empty()) keep(std::move(p));
+      return;
+    }
+    const std::int64_t deficit = deficit_of(p);
+    std::optional<Plan> most;
+    if (auto found = search_checkpointing(base, deficit, &most)) keep(std::move(*found));
+    else if (most) keep(std::move(*most));
+  }
+
+  /// The checkpointing search of a model: the greedy module sets, or for a decoder (which
+  /// transformers checkpoints by layer) the layers.
+  std::optional<Plan> search_checkpointing(const Plan& base, std::int64_t deficit, std::optional<Plan>* most) {
+    return decoder_ ? search_blocks(base, deficit, most) : search_modules(base, deficit, most);
+  }
+
+  /// What must be saved for `p` to fit: its need on an unlimited twin of the device less
+  /// the device (one more dry run), which the cheap model turns into modules to checkpoint.
+  std::int64_t deficit_of(const Plan& p) {
+    if (progress_) progress_(result_.dry_runs, p.label() + " (without the limit)");
+    ++result_.dry_runs;
+    std::optional<OomFailure> oom;
+    std::optional<AutogradFailure> error;
+    last_needs_ = run_config(config_of(p), unlimited_twin(result_.device), oom, error);
+    return std::max<std::int64_t>(1, last_needs_.peak_device_used - capacity_);
+  }
+
+  void keep(Plan p) { result_.plans.push_back(std::move(p)); }
+
+  const PlanSpec& spec_;
+  const PlanProgress& progress_;
+  PlanResult& result_;
+  bool decoder_ = false;
+  std::int64_t capacity_ = 0;
+  RunFigures last_needs_;  ///< of the last deficit_of
+};
+
+void Planner::search() {
+  const nn::ModelInfo& info = result_.model;
+  decoder_ = !info.sequential_checkpointing;
+  capacity_ = static_cast<std::int64_t>(result_.device.total_bytes);
+  {
+    SweepRow row;
+    row.precision = spec_.base.precisions.front();
+    row.alloc_conf = spec_.base.alloc_confs.front();
+    row.batch = info.batch;
+    row.parallel = spec_.base.parallels.front();
+    result_.profile = profile_step(train_config(spec_.base, row));
+  }
+  ++result_.dry_runs;
+  result_.given = measure(plain());
+  if (!result_.given.refused.empty()) throw UsageError(result_.given.refused);
+  if (result_.given.fits()) return;  // nothing to plan: fits as given
+  const std::int64_t deficit = deficit_of(result_.given);
+  result_.given_needs = last_needs_;
+  const Plan base = plain();
+  const bool fsdp = spec_.base.parallels.front().engine == nn::ParallelEngine::Fsdp;
+
+  // Checkpointing alone, the arithmetic untouched: the module sets, c of the blocks evenly
+  // spaced, and every block (what gradient_checkpointing_enable() does) for comparison.
+  std::optional<Plan> most;
+  if (!decoder_) {
+    if (auto found = search_modules(base, deficit, &most)) keep(std::move(*found));
+    else if (most) keep(*most);
+  }
+  {
+    std::optional<Plan> every;
+    if (auto found = search_blocks(base, deficit, &every)) keep(std::move(*found));
+    if (every && (decoder_ || every->fits())) keep(std::move(*every));
+  }
+  if (info.sequential_checkpointing && info.checkpointed_modules == 0 && !fsdp) {
+    if (auto found = search_segments(base)) keep(std::move(*found));
+  }
+  const bool fits_without_change = std::any_of(result_.plans.begin(), result_.plans.end(), [](const Plan& p) {
+    return p.fits() && p.recompute_share == 0;
+  });
+  if (spec_.search.allocator && base.alloc_conf.find("expandable_segments") == std::string::npos && !fits_without_change) {
+    Plan p = base;
+    p.change = PlanChange::Allocator;
+    p.alloc_conf = base.alloc_conf.empty() ? "expandable_segments:True" : base.alloc_conf + ",expandable_segments:True";
+    search_change(std::move(p));
+  }
+  if (spec_.search.accumulation && info.batch > 1) {
+    std::vector<std::int64_t> steps;  // k: the batch splits into k micro-batches
+    std::vector<std::int64_t> large;
+    for (std::int64_t k = 2; k * k <= info.batch; ++k) {
+      if (info.batch % k != 0) continue;
+      steps.push_back(k);
+      if (k * k != info.batch) large.push_back(info.batch / k);
+    }
+    steps.insert(steps.end(), large.rbegin(), large.rend());
+    steps.push_back(info.batch);
+    auto found = smallest_fitting(steps.size(), 1, [&](std::size_t i) {
+      Plan p = base;
+      p.change = PlanChange::Accumulation;
+      p.accumulation = steps[i - 1];
+      p.batch = info.batch / p.accumulation;
+      return p;
+    });
+    if (found) keep(std::move(*found));
+  }
+  if (spec_.search.precision) {
+    std::vector<nn::Precision> alternatives;
+    switch (base.precision) {
+      case nn::Precision::F32: alternatives = {nn::Precision::AmpBF16, nn::Precision::BF16}; break;
+      case nn::Precision::Amp:
+      case nn::Precision::AmpBF16: alternatives = {nn::Precision::BF16}; break;
+      default: break;
+    }
+    for (const nn::Precision precision : alternatives) {
+      Plan p = base;
+      p.change = PlanChange::Precision;
+      p.precision = precision;
+      p.precision_changed = true;
+      search_change(std::move(p));
+    }
+  }
+  if (spec_.search.optimizer && !spec_.base.parallels.front().enabled()) {
+    std::vector<std::string> alternatives;
+    if (base.optimizer.kind == nn::OptimizerKind::Adam) alternatives = {"adam8bit", "sgd-momentum", "sgd"};
+    else if (base.optimizer.kind == nn::OptimizerKind::Adam8bit) alternatives = {"sgd-momentum", "sgd"};
+    else if (base.optimizer.kind == nn::OptimizerKind::SGD && base.optimizer.momentum != 0) alternatives = {"sgd"};
+    for (const std::string& name : alternatives) {
+      Plan p = base;
+      p.change = PlanChange::Optimizer;
+      p.optimizer = nn::parse_optimizer_config(name);
+      p.optimizer.lr = base.optimizer.lr;
+      search_change(std::move(p));
+    }
+  }
+  // Nothing fits one change at a time: the fewest bytes per parameter together.
+  const bool any_fits = std::any_of(result_.plans.begin(), result_.plans.end(), [](const Plan& p) { return p.fits(); });
+  if (!any_fits && spec_.search.precision && spec_.search.optimizer && !spec_.base.parallels.front().enabled() &&
+      base.precision != nn::Precision::BF16 && base.precision != nn::Precision::F16) {
+    for (const char* name : {"adam8bit", "sgd"}) {
+      Plan p = base;
+      p.change = PlanChange::Optimizer;
+      p.precision = nn::Precision::BF16;
+      p.precision_changed = true;
+      p.optimizer = nn::parse_optimizer_config(name);
+      p.optimizer.lr = base.optimizer.lr;
+      search_change(std::move(p));
+    }
+  }
+}
+
+/// Fits first, then the least change, the least recompute, the least memory.
+bool ranks_before(const Plan& a, const Plan& b) {
+  if (a.fits() != b.fits()) return a.fits();
+  if (a.rank_tier() != b.rank_tier()) return a.rank_tier() < b.rank_tier();
+  if (a.recompute_share != b.recompute_share) return a.recompute_share < b.recompute_share;
+  // Among equals, the plan that changes one thing less.
+  const bool a_alloc = a.change == PlanChange::Allocator, b_alloc = b.change == PlanChange::Allocator;
+  if (a_alloc != b_alloc) return b_alloc;
+  return a.figures.peak_device_used < b.figures.peak_device_used;
+}
+
+}  // namespace
+
+PlanResult run_plan(const PlanSpec& spec_in, const PlanProgress& progress) {
+  const auto start = std::chrono::steady_clock::now();
+  PlanResult result;
+  result.spec = spec_in;
+  SweepSpec& base = result.spec.base;
+  if (base.precisions.size() != 1) throw UsageError("plan: give one --dtype (the plan tries the others itself)");
+  if (base.alloc_confs.size() != 1) throw UsageError("plan: give one --alloc-conf (the plan tries expandable_segments itself)");
+  if (base.parallels.size() != 1) throw UsageError("plan: give one --parallel configuration");
+  if (!base.batches.empty() || !base.seqs.empty()) throw UsageError("plan: give one --batch and one --seq");
+  if (base.mode != nn::ExecMode::DryRun) throw UsageError("plan: runs dry runs only");
+  base.segments = {0};
+  result.model = validate_sweep(base);
+  result.device = make_run_device(base)->info();
+
+  Planner planner{result.spec, progress, result};
+  planner.search();
+  std::stable_sort(result.plans.begin(), result.plans.end(), ranks_before);
+  // One row per distinct plan (a family may find what another did).
+  std::vector<Plan> unique;
+  for (Plan& p : result.plans) {
+    const bool seen = std::any_of(unique.begin(), unique.end(), [&](const Plan& q) { return q.label() == p.label(); });
+    if (!seen) unique.push_back(std::move(p));
+  }
+  result.plans = std::move(unique);
+
+  if (result.best() == nullptr) {
+    // Nothing fits: what the least hungry attempt needs, and the nearest things that fit.
+    const Plan* least = nullptr;
+    for (const Plan& p : result.plans) {
+      if (!p.refused.empty() || p.error) continue;
+      if (least == nullptr || (p.oom && least->oom && p.oom->figures.requested + p.oom->figures.allocated <
+                                                           least->oom->figures.requested + least->oom->figures.allocated)) {
+        least = &p;
+      }
+    }
+    if (least == nullptr) least = &result.given;
+    result.least_hungry = *least;
+    Plan unlimited = *least;
+    {
+      if (progress) progress(result.dry_runs, unlimited.label() + " (without the limit)");
+      ++result.dry_runs;
+      const bool decoder = !result.model.sequential_checkpointing;
+      const nn::TrainConfig cfg = plan_config(base, unlimited, decoder);
+      std::optional<OomFailure> oom;
+      std::optional<AutogradFailure> error;
+      RunFigures needs = run_config(cfg, unlimited_twin(result.device), oom, error);
+      if (!oom && !error) {
+        result.least_hungry_needs = needs;
+        std::uint64_t smallest = 0;
+        for (const std::string& name : sim_preset_names()) {
+          const SimDeviceConfig c = sim_preset(name);
+          if (c.capacity >= static_cast<std::size_t>(needs.peak_device_used) && (smallest == 0 || c.capacity < smallest)) {
+            smallest = c.capacity;
+            result.smallest_device = "sim:" + name;
+          }
+        }
+      }
+      // The largest batch of that plan, when the batch is what tips it.
+      SweepSpec spec = base;
+      spec.optimizer = cfg.optimizer;
+      spec.model_options = cfg.model_options;
+      spec.checkpoint_modules = cfg.checkpoint_modules;
+      SweepRow row;
+      row.segments = unlimited.segments;
+      row.precision = unlimited.precision;
+      row.alloc_conf = unlimited.alloc_conf;
+      row.parallel = base.parallels.front();
+      const MaxBatchRow m = find_max_batch(spec, row);
+      result.dry_runs += m.probes;
+      result.max_batch = m.max_batch;
+    }
+  }
+  result.wall_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  return result;
+}
+
+}  // namespace mem::tools

@@ -1,0 +1,136 @@
+// plan.hpp — `vramscope plan`: what makes a training step fit on a device, with the least
+// recompute. One instrumented dry run gives a cheap model of the step (what each module
+// keeps for backward, its input, its forward FLOPs); the model orders the candidates, and
+// every plan kept is decided and measured by full dry runs through the allocator.
+//
+//   mem::tools::PlanSpec spec;
+//   spec.base.model = mem::models::find("resnet152");
+//   spec.base.model_options.batch = 256;
+//   spec.base.device = "sim:a100-40g";
+//   mem::tools::PlanResult r = mem::tools::run_plan(spec);
+//   r.best();   // the first plan that fits: least change, least recompute, least memory
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "sweep.hpp"
+
+namespace mem::tools {
+
+/// What a plan changes, in the order plans are preferred: the step's arithmetic untouched
+/// (checkpointing reruns the same forward; the allocator setting moves no number), then
+/// the same effective batch in micro-batches (batch norms see smaller batches), then the
+/// numbers' precision, then the optimizer.
+enum class PlanChange : std::uint8_t { None, Checkpointing, Allocator, Accumulation, Precision, Optimizer };
+/// "as given", "checkpointing", "allocator", "accumulation", "precision", "optimizer".
+std::string_view plan_change_name(PlanChange change) noexcept;
+/// 0 for None, Checkpointing and Allocator (the same math), 1 accumulation, 2 precision,
+/// 3 optimizer.
+int plan_tier(PlanChange change) noexcept;
+
+/// What the search may change beyond checkpointing (the user's flags).
+struct PlanSearch {
+  bool allocator = true;     ///< expandable_segments:True
+  bool accumulation = true;  ///< micro-batches of batch / k, k accumulation steps
+  bool precision = true;     ///< amp-bf16 and bf16 from f32; bf16 from amp
+  bool optimizer = true;     ///< adam8bit, sgd-momentum, sgd from adam
+};
+
+struct PlanSpec {
+  /// The configuration as given: one precision, one allocator setting, one --parallel, one
+  /// batch; segments and checkpoint lists are not read (the plan chooses them).
+  SweepSpec base;
+  PlanSearch search;
+};
+
+/// One module of the cheap model, its subtree's figures from the profile's first forward.
+struct ModuleCost {
+  std::string path;
+  std::size_t saved_bytes = 0;  ///< kept for backward inside it (each storage once)
+  std::size_t input_bytes = 0;  ///< its input: what a checkpoint of it keeps instead
+  double forward_flops = 0;     ///< what rerunning it costs
+  /// What checkpointing it alone should save: saved_bytes less its input.
+  std::int64_t estimated_saving() const noexcept {
+    return std::max<std::int64_t>(0, static_cast<std::int64_t>(saved_bytes) - static_cast<std::int64_t>(input_bytes));
+  }
+};
+
+/// The cheap model of one step, from one dry run without checkpointing on an unlimited twin.
+struct StepProfile {
+  std::vector<ModuleCost> modules;   ///< every module with a path, depth-first
+  std::vector<std::string> blocks;   ///< the repeated blocks (decoder layers, Bottlenecks)
+  nn::FlopCounts flops;              ///< of the profiled step
+  /// forward / (forward + backward + optimizer): turns a recompute ratio (of one forward)
+  /// into a share of the step's work.
+  double forward_share = 0;
+};
+
+struct Plan {
+  PlanChange change = PlanChange::None;
+  /// What the checkpointing part is: "" (none), "modules", "blocks", "segments".
+  std::string checkpointing;
+  std::optional<std::vector<std::string>> checkpoint_modules;  ///< exactly these, when set
+  std::size_t blocks_of = 0;              ///< "blocks": how many repeated blocks the model has
+  std::size_t segments = 0;               ///< checkpoint_sequential; 0: none
+  nn::Precision precision = nn::Precision::F32;
+  bool precision_changed = false;         ///< precision differs from the given one
+  nn::OptimizerConfig optimizer;
+  std::string alloc_conf;
+  std::int64_t batch = 0;                 ///< the micro-batch each step runs
+  std::int64_t accumulation = 1;          ///< steps per optimizer step (batch x accumulation: the effective batch)
+  RunFigures figures;
+  std::optional<OomFailure> oom;
+  std::optional<AutogradFailure> error;
+  std::string refused;                    ///< the runtime refused the configuration (mem::Error)
+  /// Recomputed forward FLOPs over the plain step's (forward + backward + optimizer).
+  double recompute_share = 0;
+
+  bool fits() const noexcept { return !oom && !error && refused.empty() && !figures.gradients_missing; }
+  /// "checkpoint 5 modules", "checkpoint 8 of 50 blocks", "checkpoint_sequential 4 segments",
+  /// "expandable_segments:True", "batch 64 x 4 accumulation steps", "amp-bf16", "adam8bit",
+  /// joined by " + ".
+  std::string label() const;
+  /// The order of preference of its change: plan_tier, with mixed precision (2) before half
+  /// weights (3) and the optimizer last (4).
+  int rank_tier() const noexcept;
+};
+
+struct PlanResult {
+  PlanSpec spec;
+  nn::ModelInfo model;
+  DeviceInfo device;
+  StepProfile profile;
+  Plan given;                   ///< the configuration as given, on the device
+  /// When it does not fit: the given configuration without the device's limit (what it needs).
+  std::optional<RunFigures> given_needs;
+  /// Every other plan measured, ranked: those that fit first, then by change (plan_tier),
+  /// recompute and nvidia-smi's peak; each family's search leaves its best one here.
+  std::vector<Plan> plans;
+  /// When nothing fits: the least hungry plan tried, run without the device's limit (what
+  /// it needs), the smallest preset that holds that, and the largest batch of that plan.
+  std::optional<Plan> least_hungry;
+  std::optional<RunFigures> least_hungry_needs;
+  std::string smallest_device;  ///< "" when no preset holds it
+  std::optional<std::int64_t> max_batch;
+  std::size_t dry_runs = 0;
+  double wall_ms = 0;
+
+  /// The first plan that fits (the given one when it fits), or null.
+  const Plan* best() const noexcept;
+};
+
+/// The cheap model: one step of `cfg` (checkpointing cleared) on an unlimited twin of its device.
+StepProfile profile_step(nn::TrainConfig cfg);
+
+/// Called before each dry run: runs so far, and what runs.
+using PlanProgress = std::function<void(std::size_t, const std::string&)>;
+
+/// Validates the spec (UsageError), then searches. Every plan in the result was run.
+PlanResult run_plan(const PlanSpec& spec, const PlanProgress& progress = {});
+
+}  // namespace mem::tools

@@ -1,0 +1,152 @@
+// plan_command.cpp — `vramscope plan`: options, the search with its progress bar, the
+// table or JSON, and the best plan's PyTorch code (--code).
+#include <fmt/format.h>
+
+#include <iostream>
+#include <memory>
+
+#include "commands.hpp"
+#include "model_args.hpp"
+#include "output_paths.hpp"
+#include "plan.hpp"
+#include "plan_report.hpp"
+#include "progress.hpp"
+#include "usage_error.hpp"
+#include "vramscope/instrumentation/files.hpp"
+
+namespace mem::tools {
+
+namespace {
+
+struct PlanArgs {
+  ModelArgs model;
+  std::string device = kDefaultDevice;
+  std::string dtype = "f32";
+  std::string alloc_conf;
+  std::string optimizer = "adam";
+  ParallelArgs parallel;
+  std::string search = "allocator,accumulation,precision,optimizer";
+  std::size_t top = 8;
+  std::string format = "table";
+  std::string code;
+  bool brief = false;
+};
+
+PlanSearch parse_search(const std::string& text) {
+  PlanSearch s{false, false, false, false};
+  if (text == "none" || text == "checkpointing") return s;
+  for (const std::string& item : split_list("--search", text)) {
+    if (item == "allocator") s.allocator = true;
+    else if (item == "accumulation") s.accumulation = true;
+    else if (item == "precision") s.precision = true;
+    else if (item == "optimizer") s.optimizer = true;
+    else if (item == "checkpointing") continue;  // always searched
+    else {
+      throw UsageError("--search: \"" + item +
+                       "\" is not something the plan changes; valid: allocator, accumulation, precision, optimizer "
+                       "(checkpointing is always searched; none for checkpointing alone)");
+    }
+  }
+  return s;
+}
+
+void run(const PlanArgs& args) {
+  PlanSpec spec;
+  SweepSpec& base = spec.base;
+  if (args.model.model.empty() && args.model.model_file.empty() && args.model.hf_config.empty()) {
+    throw UsageError("plan: name a model (--model, --model-file or --hf-config); `vramscope models` lists the zoo");
+  }
+  if (args.model.batch.find(',') != std::string::npos || args.model.seq.find(',') != std::string::npos) {
+    throw UsageError("plan: give one --batch and one --seq (the plan searches micro-batches itself)");
+  }
+  if (args.model.checkpoint.find(',') != std::string::npos) {
+    throw UsageError("--gradient-checkpointing: plan takes one mode (the as-given row); it chooses the layers itself");
+  }
+  base.model = resolve_model(args.model, "");
+  base.model_options = to_model_options(args.model);
+  base.stack = parse_stack(args.model);
+  resolve_checkpoint_default(base.model_options, base.stack);
+  base.device = resolve_device(args.device, nn::ExecMode::DryRun);
+  base.precisions = parse_precisions("--dtype", args.dtype);
+  if (base.precisions.size() != 1) throw UsageError("--dtype: plan takes one (it tries the others itself)");
+  base.alloc_confs = {args.alloc_conf};
+  base.optimizer = as_usage("--optimizer", [&] { return nn::parse_optimizer_config(args.optimizer); });
+  base.parallels = parse_parallel_args(args.parallel);
+  base.segments = {0};
+  spec.search = parse_search(args.search);
+  if (args.format != "table" && args.format != "json") {
+    throw UsageError("--format: \"" + args.format + "\" is not a format; valid: table, json");
+  }
+  check_output_paths({{"--code", args.code}},
+                     {{"--model-file", args.model.model_file}, {"--hf-config", args.model.hf_config}});
+
+  std::unique_ptr<ProgressBar> bar;
+  // The number of runs is not known ahead: the bar counts up to a typical search's.
+  constexpr std::size_t kTypicalRuns = 40;
+  const PlanProgress progress = [&](std::size_t done, const std::string& item) {
+    if (!bar) bar = std::make_unique<ProgressBar>(kTypicalRuns);
+    bar->update(std::min(done, kTypicalRuns - 1), item);
+  };
+  const PlanResult result = run_plan(spec, progress);
+  if (bar) bar->finish();
+
+  if (args.format == "json") {
+    std::cout << plan_json(result).dump(2) << "\n";
+  } else {
+    std::cout << plan_report(result, args.top, !args.brief);
+  }
+  if (!args.code.empty()) {
+    const Plan* best = result.best();
+    if (best == nullptr) throw CommandFailed("--code: no plan fits, so there is no code to write");
+    try {
+      write_output_file(args.code, plan_code(result, *best), "the plan's code");
+    } catch (const mem::Error& e) {
+      throw CommandFailed(std::string("--code: ") + e.what());
+    }
+    (args.format == "table" ? std::cout : std::cerr) << "code: " << args.code << "\n";
+  }
+  std::cout.flush();
+}
+
+}  // namespace
+
+void add_plan_command(CLI::App& app) {
+  auto args = std::make_shared<PlanArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "plan",
+      "Find what makes a training step fit on a device with the least recompute: which modules to "
+      "checkpoint (any set of the model's modules, every k-th block, checkpoint_sequential), the "
+      "allocator setting, gradient accumulation, precision and optimizer. Every plan shown is a full dry "
+      "run through the caching allocator; --code writes the PyTorch code of the best.");
+  add_model_options(*cmd, args->model, "required");
+  cmd->add_option("-d,--device", args->device, "the GPU to fit: sim:<preset> (see `vramscope devices`), cuda:0, auto")
+      ->capture_default_str()
+      ->type_name("SPEC");
+  cmd->add_option("-t,--dtype", args->dtype, "the precision you train in: f32, f16, bf16, amp, amp-bf16")
+      ->capture_default_str();
+  cmd->add_option("-a,--alloc-conf", args->alloc_conf, "your PYTORCH_CUDA_ALLOC_CONF, if any")->type_name("CONF");
+  cmd->add_option("--optimizer", args->optimizer, kOptimizerHelp)->capture_default_str();
+  add_parallel_options(*cmd, args->parallel, /*list=*/false);
+  cmd->add_option("--search", args->search,
+                  "what else the plan may change besides checkpointing: allocator (expandable_segments), "
+                  "accumulation (micro-batches), precision, optimizer; none for checkpointing alone")
+      ->capture_default_str()
+      ->type_name("LIST");
+  cmd->add_option("--top", args->top, "plans shown in the table")->check(integer_in(1, 1000))->capture_default_str();
+  cmd->add_option("-f,--format", args->format, "table or json")->capture_default_str();
+  cmd->add_option("--code", args->code, "write the best plan's PyTorch code to FILE.py")
+      ->check(non_empty())
+      ->type_name("FILE.py");
+  cmd->add_flag("--brief", args->brief, "leave out the 'how to read this' note");
+  cmd->footer(
+      "Examples:\n"
+      "  vramscope plan --model resnet152 --batch 256 --device sim:a100-40g\n"
+      "  vramscope plan --model gpt2-xl --batch 8 --dtype bf16 --device sim:rtx4090 --search none\n"
+      "  vramscope plan --model llama-3.1-8b --lora 16 --batch 4 --seq 2048 --dtype bf16 --device sim:rtx4090 --code plan.py\n"
+      "  vramscope plan --model-file model.json --device sim:t4 --format json\n"
+      "Plans keep your training's arithmetic first (checkpointing, the allocator setting), then change\n"
+      "the micro-batch, the precision, the optimizer; each is measured, never estimated.");
+  cmd->callback([args] { run(*args); });
+}
+
+}  // namespace mem::tools

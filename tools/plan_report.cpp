@@ -1,0 +1,294 @@
+// plan_report.cpp — the plan table, its notes and the PyTorch code of the best plan.
+#include "plan_report.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "sweep_export.hpp"
+#include "sweep_report.hpp"
+#include "table.hpp"
+
+namespace mem::tools {
+
+namespace {
+
+std::string percent(double share) { return share == 0 ? "0" : fmt::format("{:.1f}%", 100.0 * share); }
+
+std::string smi_cell(const Plan& p) {
+  if (p.fits()) return human_bytes(p.figures.peak_device_used);
+  if (!p.refused.empty()) return "refused";
+  if (p.error) return "error";
+  return "OOM";
+}
+
+std::string allocated_cell(const Plan& p) {
+  if (p.fits() || p.figures.peak_allocated > 0) return human_bytes(p.figures.peak_allocated) + (p.fits() ? "" : "+");
+  return "-";
+}
+
+std::string python_set(const std::vector<std::string>& items) {
+  std::string out = "{";
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    out += fmt::format("{}\"{}\"", i == 0 ? "" : (i % 4 == 0 ? ",\n    " : ", "), items[i]);
+  }
+  return out + "}";
+}
+
+/// How the failure of the given configuration reads: "out of memory in step 1, backward of layer3.2".
+std::string given_failure(const Plan& p) {
+  if (p.oom) {
+    return fmt::format("out of memory in step {}, {} of {} (asked {} with {} allocated)", p.oom->step,
+                       phase_name(p.oom->phase), p.oom->module.empty() ? "the model" : p.oom->module,
+                       human_bytes(static_cast<std::int64_t>(p.oom->figures.requested)),
+                       human_bytes(static_cast<std::int64_t>(p.oom->figures.allocated)));
+  }
+  if (p.error) return describe_place(*p.error) + ": " + p.error->message;
+  return p.refused;
+}
+
+}  // namespace
+
+std::string plan_report(const PlanResult& r, std::size_t top, bool how_to_read) {
+  std::string out;
+  const Plan& g = r.given;
+  out += fmt::format("plan for {} ({}, {}{}) on {} ({} total)\n", model_title(r.model, r.spec.base.model_options),
+                     nn::precision_name(g.precision), nn::optimizer_label(g.optimizer),
+                     g.alloc_conf.empty() ? "" : ", " + g.alloc_conf, r.device.name,
+                     human_bytes(static_cast<std::int64_t>(r.device.total_bytes)));
+  if (g.fits()) {
+    out += fmt::format("\nIt fits as given: max allocated {}, {} in nvidia-smi's view of {}; nothing to change.\n",
+                       human_bytes(g.figures.peak_allocated), human_bytes(g.figures.peak_device_used),
+                       human_bytes(static_cast<std::int64_t>(r.device.total_bytes)));
+    if (g.figures.peak_composition.total() > 0) {
+      out += wrap(fmt::format("It peaks at {}{}: {}.", human_bytes(g.figures.peak_allocated),
+                              describe_peak_moment(g.figures.peak_composition),
+                              describe_composition(g.figures.peak_composition)),
+                  "", "  ");
+    }
+    out += fmt::format("({} dry runs, {:.0f} ms)\n", r.dry_runs, r.wall_ms);
+    return out;
+  }
+  out += wrap("As given: " + given_failure(g) + ".", "", "  ");
+  out += "\n";
+
+  Table t{{{"#", Align::Right},
+           {"plan", Align::Left},
+           {"changes", Align::Left},
+           {"max allocated", Align::Right},
+           {"max nvidia-smi", Align::Right},
+           {"recompute", Align::Right},
+           {"fits", Align::Left}}};
+  t.add_row({"-", "as given", "-", allocated_cell(g), smi_cell(g), "0", "no"});
+  const Plan* best = r.best();
+  std::size_t shown = 0;
+  for (const Plan& p : r.plans) {
+    if (shown == top) break;
+    ++shown;
+    t.add_row({std::to_string(shown), p.label(), std::string(plan_change_name(p.change)), allocated_cell(p), smi_cell(p),
+               percent(p.recompute_share), p.fits() ? (&p == best ? "yes *" : "yes") : "no"});
+  }
+  out += t.render("  ");
+  if (r.plans.size() > shown) out += fmt::format("  ({} more plans; --top {} shows them)\n", r.plans.size() - shown, r.plans.size());
+
+  // Why checkpointing alone is not the answer, when no plan that keeps the arithmetic fits.
+  const bool same_math_fits = std::any_of(r.plans.begin(), r.plans.end(), [](const Plan& p) {
+    return p.fits() && p.rank_tier() == 0;
+  });
+  if (!same_math_fits && r.given_needs && r.given_needs->peak_composition.total() > 0) {
+    const MemoryComposition& c = r.given_needs->peak_composition;
+    const std::int64_t states = c.of(MemoryKind::Weights) + c.of(MemoryKind::Gradients) +
+                                c.of(MemoryKind::OptimizerState) + c.of(MemoryKind::OptimizerTemporaries);
+    const auto usable = static_cast<std::int64_t>(r.device.total_bytes - r.device.context_bytes);
+    out += "\n";
+    out += wrap(fmt::format("As given it needs {} in nvidia-smi's view and peaks at {}{}: {}.",
+                            human_bytes(r.given_needs->peak_device_used), human_bytes(r.given_needs->peak_allocated),
+                            describe_peak_moment(c), describe_composition(c)),
+                "", "  ");
+    if (states >= usable) {
+      out += wrap(fmt::format("Checkpointing cannot fit it: the weights, gradients and the optimizer's state and "
+                              "temporaries alone hold {} of the {} the device has after its CUDA context; "
+                              "checkpointing only cuts activations ({} here). What can is fewer bytes per "
+                              "parameter.",
+                              human_bytes(states), human_bytes(usable), human_bytes(c.of(MemoryKind::Activations))),
+                  "", "  ");
+    } else {
+      out += wrap("No checkpointing of its modules fits it, even of all of them: what stays (the weights, "
+                  "gradients, optimizer state, the loss and what checkpointed modules keep) is more than the "
+                  "device holds.",
+                  "", "  ");
+    }
+  }
+  if (best != nullptr) {
+    out += "\n";
+    out += wrap(fmt::format("* {}: {} in nvidia-smi's view of {}, {} recomputed. It peaks at {}{}: {}.", best->label(),
+                            human_bytes(best->figures.peak_device_used),
+                            human_bytes(static_cast<std::int64_t>(r.device.total_bytes)),
+                            percent(best->recompute_share) == "0" ? "nothing" : percent(best->recompute_share) + " of the step",
+                            human_bytes(best->figures.peak_allocated), describe_peak_moment(best->figures.peak_composition),
+                            describe_composition(best->figures.peak_composition)),
+                "", "  ");
+    if (best->checkpoint_modules && !best->checkpoint_modules->empty()) {
+      std::string all;
+      for (const std::string& m : *best->checkpoint_modules) all += (all.empty() ? "" : ", ") + m;
+      out += wrap("Checkpointed: " + all + ".", "  ", "  ");
+    }
+  } else {
+    out += "\nNothing tried fits.";
+    if (r.least_hungry_needs) {
+      const MemoryComposition& c = r.least_hungry_needs->peak_composition;
+      out += "\n";
+      out += wrap(fmt::format("The least hungry plan ({}) needs {} in nvidia-smi's view; it peaks at {}{}: {}.",
+                              r.least_hungry->label(), human_bytes(r.least_hungry_needs->peak_device_used),
+                              human_bytes(r.least_hungry_needs->peak_allocated),
+                              describe_peak_moment(c), describe_composition(c)),
+                  "", "  ");
+    }
+    out += "\nWhat would fit:\n";
+    if (!r.smallest_device.empty()) {
+      out += fmt::format("  - a larger GPU: {} is the smallest preset that holds {}\n", r.smallest_device,
+                         r.least_hungry->label());
+    }
+    if (r.max_batch && *r.max_batch > 0) {
+      out += fmt::format("  - a smaller batch: at most {} with that plan (then accumulate gradients to keep the "
+                         "effective batch)\n",
+                         *r.max_batch);
+    } else if (r.max_batch) {
+      out += "  - no batch size: even batch 1 does not fit\n";
+    }
+    out += r.model.sequential_checkpointing
+               ? "  - several GPUs: --parallel fsdp:N or zero2:N shard the weights, gradients and optimizer state\n"
+               : "  - fewer trained parameters (--lora), or several GPUs (--parallel fsdp:N or zero2:N)\n";
+  }
+  if (how_to_read) {
+    out += "\n";
+    out += wrap("How to read this: every row is a full dry run through the caching allocator on the device "
+                "(two training steps). Plans are ranked by what they change (first those that keep the step's "
+                "arithmetic: checkpointing and the allocator setting; then gradient accumulation, precision, "
+                "the optimizer), then by recompute (the forward FLOPs checkpointing reruns, as a share of the "
+                "plain step's forward, backward and optimizer FLOPs), then by nvidia-smi's peak. OOM rows show "
+                "max allocated up to the failure (+). --code writes the PyTorch code of the * plan.",
+                "", "");
+  }
+  out += fmt::format("({} dry runs, {:.0f} ms; device: {})\n", r.dry_runs, r.wall_ms, r.device.name);
+  return out;
+}
+
+std::string plan_code(const PlanResult& r, const Plan& p) {
+  std::string out;
+  const bool decoder = !r.model.sequential_checkpointing;
+  out += fmt::format("# vramscope plan: {} on {} -> {}\n", model_title(r.model, r.spec.base.model_options), r.device.name,
+                     p.label());
+  out += fmt::format("# predicted: max allocated {}, {} in nvidia-smi's view, {} of the step recomputed\n",
+                     human_bytes(p.figures.peak_allocated), human_bytes(p.figures.peak_device_used),
+                     percent(p.recompute_share));
+  out += "# `model` is your model (built); `optimizer` below replaces yours.\n";
+  if (p.alloc_conf != r.given.alloc_conf && !p.alloc_conf.empty()) {
+    out += "import os\n";
+    out += fmt::format("os.environ[\"PYTORCH_CUDA_ALLOC_CONF\"] = \"{}\"  # before CUDA starts: at the top of the script\n",
+                       p.alloc_conf);
+  }
+  out += "import torch\n";
+  if (p.checkpoint_modules && !p.checkpoint_modules->empty()) {
+    if (decoder) {
+      out += "from transformers.modeling_layers import GradientCheckpointingLayer\n\n";
+      out += fmt::format("CHECKPOINTED = {}\n", python_set(*p.checkpoint_modules));
+      out += "model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={\"use_reentrant\": False})\n";
+      out += "for name, module in model.named_modules():  # then only the planned layers keep it\n";
+      out += "    if isinstance(module, GradientCheckpointingLayer):\n";
+      out += "        module.gradient_checkpointing = name.removeprefix(\"base_model.model.\") in CHECKPOINTED\n";
+    } else {
+      out += "import functools\n";
+      out += "from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (\n";
+      out += "    CheckpointImpl, apply_activation_checkpointing, checkpoint_wrapper)\n\n";
+      out += fmt::format("CHECKPOINTED = {}\n", python_set(*p.checkpoint_modules));
+      out += "names = {module: name for name, module in model.named_modules()}\n";
+      out += "apply_activation_checkpointing(\n";
+      out += "    model,\n";
+      out += "    checkpoint_wrapper_fn=functools.partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT),\n";
+      out += "    check_fn=lambda module: names.get(module) in CHECKPOINTED)\n";
+    }
+  } else if (p.segments > 1) {
+    out += "from torch.utils.checkpoint import checkpoint_sequential\n\n";
+    out += fmt::format("# in the training step, for `output = model(x)` (the model as one nn.Sequential of its "
+                       "{} top-level modules):\n",
+                       r.model.sequence_length);
+    out += fmt::format("# output = checkpoint_sequential(model, {}, x, use_reentrant=False)\n", p.segments);
+  }
+  if (p.precision != nn::Precision::F32 || r.given.precision != nn::Precision::F32) {
+    switch (p.precision) {
+      case nn::Precision::BF16: out += "model = model.to(torch.bfloat16)  # bf16 weights, gradients and state\n"; break;
+      case nn::Precision::F16: out += "model = model.half()\n"; break;
+      case nn::Precision::AmpBF16: out += "autocast = torch.autocast(\"cuda\", dtype=torch.bfloat16)  # with autocast: output = model(x); loss = ...\n"; break;
+      case nn::Precision::Amp: out += "autocast = torch.autocast(\"cuda\", dtype=torch.float16)  # with a GradScaler\n"; break;
+      default: break;
+    }
+  }
+  const std::string lr = fmt::format("{:g}", p.optimizer.lr);
+  switch (p.optimizer.kind) {
+    case nn::OptimizerKind::Adam:
+      out += fmt::format("optimizer = torch.optim.Adam(model.parameters(), lr={})\n", lr);
+      break;
+    case nn::OptimizerKind::Adam8bit:
+      out += "import bitsandbytes as bnb\n";
+      out += fmt::format("optimizer = bnb.optim.Adam8bit(model.parameters(), lr={})\n", lr);
+      break;
+    case nn::OptimizerKind::SGD:
+      out += p.optimizer.momentum != 0
+                 ? fmt::format("optimizer = torch.optim.SGD(model.parameters(), lr={}, momentum={:g})\n", lr, p.optimizer.momentum)
+                 : fmt::format("optimizer = torch.optim.SGD(model.parameters(), lr={})\n", lr);
+      break;
+    case nn::OptimizerKind::None: break;
+  }
+  if (p.accumulation > 1) {
+    out += fmt::format("\n# gradient accumulation: {} micro-batches of {} per optimizer step (the effective batch {})\n",
+                       p.accumulation, p.batch, p.batch * p.accumulation);
+    out += fmt::format("# for x, y in batches:  # each of {}\n", p.batch * p.accumulation);
+    out += fmt::format("#     for xs, ys in zip(x.chunk({0}), y.chunk({0})):\n", p.accumulation);
+    out += fmt::format("#         (loss_fn(model(xs), ys) / {}).backward()\n", p.accumulation);
+    out += "#     optimizer.step(); optimizer.zero_grad()\n";
+  }
+  return out;
+}
+
+nlohmann::json plan_json(const PlanResult& r) {
+  const auto plan_of = [&](const Plan& p) {
+    nlohmann::json j;
+    j["plan"] = p.label();
+    j["change"] = std::string(plan_change_name(p.change));
+    j["checkpointing"] = p.checkpointing;
+    j["checkpoint_modules"] = p.checkpoint_modules.value_or(std::vector<std::string>{});
+    j["segments"] = p.segments;
+    j["dtype"] = std::string(nn::precision_name(p.precision));
+    j["optimizer"] = nn::optimizer_label(p.optimizer);
+    j["alloc_conf"] = p.alloc_conf;
+    j["batch"] = p.batch;
+    j["accumulation"] = p.accumulation;
+    j["fits"] = p.fits();
+    j["max_allocated"] = p.figures.peak_allocated;
+    j["max_reserved"] = p.figures.peak_reserved;
+    j["max_nvidia_smi"] = p.figures.peak_device_used;
+    j["recompute_share"] = p.recompute_share;
+    j["recompute_ratio"] = p.figures.recompute_ratio;
+    if (p.oom) j["oom"] = p.oom->message;
+    if (p.error) j["error"] = p.error->message;
+    if (!p.refused.empty()) j["refused"] = p.refused;
+    return j;
+  };
+  nlohmann::json j;
+  j["model"] = r.model.name;
+  j["model_options"] = r.spec.base.model_options.to_string();
+  j["device"] = device_json(r.device);
+  j["given"] = plan_of(r.given);
+  j["plans"] = nlohmann::json::array();
+  for (const Plan& p : r.plans) j["plans"].push_back(plan_of(p));
+  const Plan* best = r.best();
+  j["best"] = best == nullptr ? nlohmann::json(nullptr) : nlohmann::json(best == &r.given ? -1 : best - r.plans.data());
+  if (r.least_hungry_needs) j["least_hungry_needs"] = r.least_hungry_needs->peak_device_used;
+  j["smallest_device"] = r.smallest_device;
+  if (r.max_batch) j["max_batch"] = *r.max_batch;
+  j["dry_runs"] = r.dry_runs;
+  return j;
+}
+
+}  // namespace mem::tools
