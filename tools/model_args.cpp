@@ -1,5 +1,6 @@
 // model_args.cpp — model, size and device options shared by `sweep` and `trace`.
 #include "model_args.hpp"
+#include "vramscope/runtime/checkpoint.hpp"
 
 #include <fmt/format.h>
 
@@ -181,6 +182,22 @@ nn::ModelInfo describe(const nn::ModelSource& model, const nn::ModelOptions& opt
   const auto* file = dynamic_cast<const models::ModelFile*>(&model);
   const char* option = file != nullptr && !file->origin().starts_with("zoo:") ? "--model-file" : "--model";
   return as_usage(option, [&] { return model.describe(options); });
+}
+
+std::optional<std::vector<std::string>> parse_checkpoint_modules(const std::string& text, const nn::ModelSource& model,
+                                                                 nn::ModelOptions& options, std::size_t segments) {
+  if (text.empty()) return std::nullopt;
+  std::vector<std::string> paths = split_list("--checkpoint-modules", text);
+  if (segments > 1) {
+    throw UsageError("--checkpoint-modules: checkpoints the modules named; leave out --segments (or give 0)");
+  }
+  const auto built = as_usage("--checkpoint-modules", [&] { return model.build(options); });
+  if (!built->info().sequential_checkpointing && !options.checkpoint) options.checkpoint = "non-reentrant";
+  as_usage("--checkpoint-modules", [&] {
+    nn::mark_checkpointed(built->body(), paths, nn::CheckpointMode::NonReentrant);
+    return 0;
+  });
+  return paths;
 }
 
 std::vector<std::string> split_list(const std::string& option, const std::string& text) {

@@ -75,6 +75,14 @@ nn::ModelInfo describe(const nn::ModelSource& model, const nn::ModelOptions& opt
 /// trailing comma) is a UsageError naming `option`: it is a typo, not nothing.
 std::vector<std::string> split_list(const std::string& option, const std::string& text);
 
+/// --checkpoint-modules "layer3.0,layer4.1" (apply_activation_checkpointing on exactly these
+/// modules, as `plan` writes them): the paths, checked against the model built with `options`
+/// (UsageError naming an unknown one and the modules at its level). A decoder checkpoints its
+/// layers through gradient_checkpointing_enable(): `options` gets its mode (non-reentrant)
+/// unless --gradient-checkpointing gave one. Empty text: nullopt (the model's own marks).
+std::optional<std::vector<std::string>> parse_checkpoint_modules(const std::string& text, const nn::ModelSource& model,
+                                                                 nn::ModelOptions& options, std::size_t segments);
+
 /// Parses each name with nn::parse_precision; UsageError names the valid ones.
 std::vector<nn::Precision> parse_precisions(const std::string& option, const std::string& list);
 

@@ -8,10 +8,8 @@
 #include <chrono>
 #include <cmath>
 #include <map>
-#include <unordered_map>
 
 #include "max_batch.hpp"
-#include "saved_tensors.hpp"
 #include "usage_error.hpp"
 #include "vramscope/allocator/sim_device.hpp"
 #include "vramscope/runtime/checkpoint.hpp"
@@ -38,30 +36,6 @@ int plan_tier(PlanChange change) noexcept {
     default: return 0;
   }
 }
-
-namespace {
-
-bool inside(const std::string& path, const std::string& outer) {
-  return path.size() > outer.size() && path.compare(0, outer.size(), outer) == 0 && path[outer.size()] == '.';
-}
-
-/// Adds up each named module's inputs over its calls (a checkpoint of it keeps each one; a
-/// ReLU module a block calls three times keeps three).
-class InputBytes final : public nn::ForwardHooks {
- public:
-  nn::Tensor pre_forward(nn::Module& module, const nn::Tensor& input) override {
-    // The storage, as the saved bytes count it: a view's checkpoint keeps its whole base.
-    if (input.defined()) bytes[&module] += input.storage() ? input.storage()->nbytes() : input.nbytes();
-    return input;
-  }
-  nn::Tensor post_forward(nn::Module& module, const nn::Tensor& output) override {
-    (void)module;
-    return output;
-  }
-  std::unordered_map<const nn::Module*, std::size_t> bytes;
-};
-
-}  // namespace
 
 std::string Plan::label() const {
   std::vector<std::string> parts;
@@ -99,64 +73,6 @@ const Plan* PlanResult::best() const noexcept {
     if (p.fits()) return &p;
   }
   return nullptr;
-}
-
-StepProfile profile_step(nn::TrainConfig cfg) {
-  cfg.steps = 1;
-  cfg.segments = 1;
-  cfg.checkpoint_modules = std::vector<std::string>{};
-  cfg.parallel = nn::ParallelConfig{};  // what a module keeps is the same on every rank
-  const auto device = make_device(nn::device_spec_for(cfg));
-  CachingAllocator allocator{unlimited_twin(device->info()), AllocatorConfig::parse(cfg.alloc_conf)};
-  nn::Trainer trainer{cfg, allocator};
-  nn::Module& root = trainer.model().body();
-  const std::vector<nn::Module*> named = nn::named_modules(root);
-  InputBytes inputs;
-  for (nn::Module* m : named) m->set_forward_hooks(&inputs);
-  SavedTensorLog saved{root};
-  std::vector<double> flops_by_context;
-  trainer.runtime().set_forward_flops_by_context(&flops_by_context);
-  nn::StepStats stats;
-  {
-    nn::SavedTensorsObserver observe{saved.observer()};
-    stats = trainer.step();
-  }
-  trainer.runtime().set_forward_flops_by_context(nullptr);
-  for (nn::Module* m : named) m->set_forward_hooks(nullptr);
-
-  StepProfile profile;
-  profile.flops = stats.flops;
-  const double plain = stats.flops.forward + stats.flops.backward + stats.flops.optimizer;
-  profile.forward_share = plain > 0 ? stats.flops.forward / plain : 0;
-  std::unordered_map<std::string, std::size_t> index;
-  for (nn::Module* m : named) {
-    if (index.contains(m->path())) continue;
-    index.emplace(m->path(), profile.modules.size());
-    ModuleCost cost;
-    cost.path = m->path();
-    const auto it = inputs.bytes.find(m);
-    cost.input_bytes = it == inputs.bytes.end() ? 0 : it->second;
-    profile.modules.push_back(std::move(cost));
-  }
-  // Each figure counts for its module and every module above it.
-  const auto add_up = [&](const std::string& path, auto&& add) {
-    std::string p = path;
-    while (!p.empty()) {
-      if (const auto it = index.find(p); it != index.end()) add(profile.modules[it->second]);
-      const std::size_t dot = p.rfind('.');
-      p = dot == std::string::npos ? "" : p.substr(0, dot);
-    }
-  };
-  for (const SavedByModule& row : saved.rows()) {
-    add_up(row.module, [&](ModuleCost& c) { c.saved_bytes += row.bytes; });
-  }
-  for (std::size_t id = 0; id < flops_by_context.size(); ++id) {
-    if (flops_by_context[id] == 0) continue;
-    const double f = flops_by_context[id];
-    add_up(context_info(static_cast<ContextId>(id)).path, [&](ModuleCost& c) { c.forward_flops += f; });
-  }
-  for (const nn::Module* block : nn::repeated_blocks(root)) profile.blocks.push_back(block->path());
-  return profile;
 }
 
 namespace {
@@ -271,58 +187,18 @@ class Planner {
     return runs.at(hi);
   }
 
-  /// How many of `savings` (in order) cover the deficit, by the cheap model.
-  static std::size_t estimate(const std::vector<std::int64_t>& savings, std::int64_t deficit) {
-    std::int64_t sum = 0;
-    for (std::size_t i = 0; i < savings.size(); ++i) {
-      sum += savings[i];
-      if (sum >= deficit) return i + 1;
-    }
-    return savings.size();
-  }
-
-  /// Candidates in the order the greedy takes them: most estimated saving per recomputed
-  /// FLOP first, skipping any inside or around one already taken.
-  std::vector<const ModuleCost*> greedy_order() const {
-    std::vector<const ModuleCost*> candidates;
-    const auto& blocks = result_.profile.blocks;
-    for (const ModuleCost& c : result_.profile.modules) {
-      if (c.estimated_saving() <= 0) continue;
-      if (decoder_ && std::find(blocks.begin(), blocks.end(), c.path) == blocks.end()) continue;
-      candidates.push_back(&c);
-    }
-    const auto efficiency = [](const ModuleCost* c) {
-      return static_cast<double>(c->estimated_saving()) / std::max(c->forward_flops, 1.0);
-    };
-    std::stable_sort(candidates.begin(), candidates.end(), [&](const ModuleCost* a, const ModuleCost* b) {
-      const double ea = efficiency(a), eb = efficiency(b);
-      if (ea != eb) return ea > eb;
-      return a->estimated_saving() > b->estimated_saving();
-    });
-    std::vector<const ModuleCost*> taken;
-    for (const ModuleCost* c : candidates) {
-      const bool nested = std::any_of(taken.begin(), taken.end(), [&](const ModuleCost* t) {
-        return inside(c->path, t->path) || inside(t->path, c->path);
-      });
-      if (!nested) taken.push_back(c);
-    }
-    return taken;
-  }
-
-  /// The greedy module sets under `base`: the shortest prefix of the order that fits.
+  /// The module sets under `base`: the cheap model's sequence (checkpoint_sequence), then
+  /// the shortest prefix of it that fits on the device.
   std::optional<Plan> search_modules(const Plan& base, std::int64_t deficit, std::optional<Plan>* most) {
-    const auto order = greedy_order();
-    std::vector<std::int64_t> savings;
-    for (const ModuleCost* c : order) savings.push_back(c->estimated_saving());
-    auto found = smallest_fitting(
-        order.size(), estimate(savings, deficit),
+    const CheckpointSequence sequence = checkpoint_sequence(result_.profile, deficit);
+    const auto& order = sequence.modules;
+    return smallest_fitting(
+        order.size(), sequence.enough,
         [&](std::size_t n) {
-          std::vector<std::string> paths;
-          for (std::size_t i = 0; i < n; ++i) paths.push_back(order[i]->path);
-          return with_modules(base, std::move(paths), "modules");
+          return with_modules(base, std::vector<std::string>(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(n)),
+                              "modules");
         },
         most);
-    return found;
   }
 
   /// c of the N repeated blocks, evenly spaced: the smallest c that fits.
@@ -332,7 +208,9 @@ class Planner {
     if (n == 0) return std::nullopt;
     std::int64_t per_block = 0;
     for (const ModuleCost& c : result_.profile.modules) {
-      if (c.path == blocks.front()) per_block = std::max<std::int64_t>(c.estimated_saving(), 1);
+      if (c.path == blocks.front()) {
+        per_block = std::max<std::int64_t>(static_cast<std::int64_t>(c.saved_bytes) - static_cast<std::int64_t>(c.input_bytes), 1);
+      }
     }
     const auto plan_of = [&](std::size_t c) {
       std::vector<std::string> paths;
@@ -354,6 +232,7 @@ class Planner {
     std::optional<Plan> best;
     for (const std::size_t s : auto_segments(result_.model.sequence_length)) {
       if (s <= 1) continue;
+      result_.segments_tried.push_back(s);
       Plan p = base;
       p.change = PlanChange::Checkpointing;
       p.checkpointing = "segments";

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "plan_model.hpp"
 #include "sweep.hpp"
 
 namespace mem::tools {
@@ -46,28 +47,6 @@ struct PlanSpec {
   /// batch; segments and checkpoint lists are not read (the plan chooses them).
   SweepSpec base;
   PlanSearch search;
-};
-
-/// One module of the cheap model, its subtree's figures from the profile's first forward.
-struct ModuleCost {
-  std::string path;
-  std::size_t saved_bytes = 0;  ///< kept for backward inside it (each storage once)
-  std::size_t input_bytes = 0;  ///< its input: what a checkpoint of it keeps instead
-  double forward_flops = 0;     ///< what rerunning it costs
-  /// What checkpointing it alone should save: saved_bytes less its input.
-  std::int64_t estimated_saving() const noexcept {
-    return std::max<std::int64_t>(0, static_cast<std::int64_t>(saved_bytes) - static_cast<std::int64_t>(input_bytes));
-  }
-};
-
-/// The cheap model of one step, from one dry run without checkpointing on an unlimited twin.
-struct StepProfile {
-  std::vector<ModuleCost> modules;   ///< every module with a path, depth-first
-  std::vector<std::string> blocks;   ///< the repeated blocks (decoder layers, Bottlenecks)
-  nn::FlopCounts flops;              ///< of the profiled step
-  /// forward / (forward + backward + optimizer): turns a recompute ratio (of one forward)
-  /// into a share of the step's work.
-  double forward_share = 0;
 };
 
 struct Plan {
@@ -117,15 +96,14 @@ struct PlanResult {
   std::optional<RunFigures> least_hungry_needs;
   std::string smallest_device;  ///< "" when no preset holds it
   std::optional<std::int64_t> max_batch;
+  /// checkpoint_sequential's counts tried (auto_segments; empty where they do not apply).
+  std::vector<std::size_t> segments_tried;
   std::size_t dry_runs = 0;
   double wall_ms = 0;
 
   /// The first plan that fits (the given one when it fits), or null.
   const Plan* best() const noexcept;
 };
-
-/// The cheap model: one step of `cfg` (checkpointing cleared) on an unlimited twin of its device.
-StepProfile profile_step(nn::TrainConfig cfg);
 
 /// Called before each dry run: runs so far, and what runs.
 using PlanProgress = std::function<void(std::size_t, const std::string&)>;

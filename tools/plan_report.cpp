@@ -90,6 +90,12 @@ std::string plan_report(const PlanResult& r, std::size_t top, bool how_to_read) 
   }
   out += t.render("  ");
   if (r.plans.size() > shown) out += fmt::format("  ({} more plans; --top {} shows them)\n", r.plans.size() - shown, r.plans.size());
+  const bool segments_fit = std::any_of(r.plans.begin(), r.plans.end(), [](const Plan& p) { return p.segments > 1 && p.fits(); });
+  if (!r.segments_tried.empty() && !segments_fit) {
+    std::string counts;
+    for (const std::size_t s : r.segments_tried) counts += (counts.empty() ? "" : ", ") + std::to_string(s);
+    out += wrap(fmt::format("No checkpoint_sequential segment count fits ({} tried).", counts), "  ", "  ");
+  }
 
   // Why checkpointing alone is not the answer, when no plan that keeps the arithmetic fits.
   const bool same_math_fits = std::any_of(r.plans.begin(), r.plans.end(), [](const Plan& p) {

@@ -36,6 +36,7 @@ struct SweepArgs {
   ModelArgs model;
   std::string device = kDefaultDevice;
   std::string segments = "auto";
+  std::string checkpoint_modules;
   std::string dtypes = kDemoDtypes;
   std::vector<std::string> alloc_confs;
   std::size_t steps = 2;
@@ -127,6 +128,16 @@ SweepSpec make_spec(const SweepArgs& args) {
   // The model decides what "auto" and the upper bound of --segments mean.
   const nn::ModelInfo info = describe(*spec.model, spec.model_options);
   spec.segments = parse_segments(args.segments, info);
+  if (!args.checkpoint_modules.empty()) {
+    if (args.segments != "auto" && spec.segments != std::vector<std::size_t>{0}) {
+      throw UsageError("--checkpoint-modules: checkpoints the modules named; leave out --segments (or give 0)");
+    }
+    if (!spec.checkpoints.empty()) {
+      throw UsageError("--checkpoint-modules: names the layers itself; give no --gradient-checkpointing list");
+    }
+    spec.segments = {0};
+    spec.checkpoint_modules = parse_checkpoint_modules(args.checkpoint_modules, *spec.model, spec.model_options, 0);
+  }
   spec.refine_segments = args.segments == "auto" && info.checkpointed_modules == 0 && info.sequential_checkpointing;
   if (args.max_batch) {
     if (!args.model.batch.empty()) {
@@ -247,6 +258,11 @@ void add_sweep_command(CLI::App& app) {
                   "modules, then the midpoints around each dtype's best until its neighbours are "
                   "adjacent (the * is the minimum of its bracket)")
       ->capture_default_str()
+      ->type_name("LIST");
+  cmd->add_option("--checkpoint-modules", args->checkpoint_modules,
+                  "apply_activation_checkpointing on exactly these modules, e.g. layer3.0,layer3.5 (paths as "
+                  "`vramscope trace` prints them; what `vramscope plan` chooses); no segments then")
+      ->check(non_empty())
       ->type_name("LIST");
   cmd->add_option("-t,--dtype", args->dtypes, "precisions: f32, f16, bf16, amp, amp-bf16 (comma list)")
       ->capture_default_str()

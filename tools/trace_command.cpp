@@ -43,6 +43,7 @@ struct TraceArgs {
   std::string device = kDefaultDevice;
   std::string dtype = "f32";
   std::size_t segments = 0;
+  std::string checkpoint_modules;
   std::string alloc_conf;
   std::size_t steps = 1;
   bool compute = false;
@@ -92,6 +93,7 @@ nn::TrainConfig make_config(const TraceArgs& args) {
                                  args.segments, info.sequence_length, info.name, info.sequence_length));
   }
   cfg.segments = std::max<std::size_t>(args.segments, 1);
+  cfg.checkpoint_modules = parse_checkpoint_modules(args.checkpoint_modules, *cfg.model, cfg.model_options, args.segments);
   if (args.steps < 1) throw UsageError("--steps: must be at least 1");
   cfg.steps = args.steps;
   cfg.optimizer = as_usage("--optimizer", [&] { return nn::parse_optimizer_config(args.optimizer); });
@@ -371,6 +373,11 @@ void add_trace_command(CLI::App& app) {
       ->capture_default_str()
       ->type_name("SPEC");
   cmd->add_option("-t,--dtype", args->dtype, "f32, f16, bf16, amp or amp-bf16")->capture_default_str();
+  cmd->add_option("--checkpoint-modules", args->checkpoint_modules,
+                  "apply_activation_checkpointing on exactly these modules, e.g. layer3.0,layer3.5 (paths as this "
+                  "log prints them; what `vramscope plan` chooses)")
+      ->check(non_empty())
+      ->type_name("LIST");
   cmd->add_option("-s,--segments", args->segments, "checkpoint_sequential segments (0 = none)")
       ->capture_default_str()
       ->type_name("N");

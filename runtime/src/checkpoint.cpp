@@ -329,18 +329,19 @@ void mark_checkpointed(Module& root, const std::vector<std::string>& paths, Chec
     }
     const auto it = std::find_if(named.begin(), named.end(), [&](const Module* m) { return m->path() == path; });
     if (it == named.end()) {
-      // The deepest existing prefix says where the name went wrong.
+      // The longest prefix some module's path starts with says where the name went wrong
+      // ("layer3" of "layer3.40": a flattened stage's blocks are named "layer3.0", ...).
       std::string prefix = path;
       for (;;) {
         const std::size_t dot = prefix.rfind('.');
         prefix = dot == std::string::npos ? "" : prefix.substr(0, dot);
         if (prefix.empty() ||
-            std::any_of(named.begin(), named.end(), [&](const Module* m) { return m->path() == prefix; })) {
+            std::any_of(named.begin(), named.end(), [&](const Module* m) { return inside(m->path(), prefix); })) {
           break;
         }
       }
       throw Error("checkpoint modules: no module '" + path + "'; the modules " +
-                  (prefix.empty() ? std::string("at the top") : "in '" + prefix + "'") + " are " +
+                  (prefix.empty() ? std::string("at the top") : "under '" + prefix + "'") + " are " +
                   modules_below(named, prefix));
     }
     chosen.push_back(*it);

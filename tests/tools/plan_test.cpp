@@ -1,0 +1,280 @@
+// plan_test.cpp — `vramscope plan`: on a chain whose answer is known by hand it finds it; on
+// a model whose states alone overflow the device it says checkpointing cannot help and
+// finds what can; every plan it shows is a dry run, ranked by change, recompute, memory.
+// The cheap model's backward replay, checkpoint marks by path, and the emitted code.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "plan.hpp"
+#include "plan_report.hpp"
+#include "usage_error.hpp"
+#include "vramscope/models/model_file.hpp"
+#include "vramscope/models/zoo.hpp"
+#include "vramscope/runtime/checkpoint.hpp"
+
+namespace mem::tools {
+namespace {
+
+const std::string kChain = std::string(VRAMSCOPE_TEST_DATA_DIR) + "/plan-chain.json";
+
+// The chain: b0, wide b1, b2, then a tail of two wide blocks (tests/data/plan-chain.json).
+// On 640 MiB (no context) it runs out of memory as given; checkpointing b1 and tail.w0 keeps
+// one wide block's activations at a time and needs 610 MiB in nvidia-smi's view; b1 alone,
+// tail.w0 alone, the whole tail, or any checkpoint_sequential count need 674 MiB.
+PlanSpec chain_spec() {
+  PlanSpec spec;
+  spec.base.model = models::ModelFile::load(kChain);
+  spec.base.device = "sim:capacity=640MiB,context=0";
+  spec.base.precisions = {nn::Precision::F32};
+  spec.base.alloc_confs = {""};
+  spec.search = PlanSearch{false, false, false, false};
+  return spec;
+}
+
+TEST(Plan, FindsTheTwoWideBlocksOfTheChainWhereNoUniformCheckpointingFits) {
+  const PlanResult r = run_plan(chain_spec());
+  ASSERT_FALSE(r.given.fits());
+  ASSERT_TRUE(r.given.oom.has_value());
+  const Plan* best = r.best();
+  ASSERT_NE(best, nullptr);
+  EXPECT_EQ(best->change, PlanChange::Checkpointing);
+  ASSERT_TRUE(best->checkpoint_modules.has_value());
+  std::vector<std::string> modules = *best->checkpoint_modules;
+  std::sort(modules.begin(), modules.end());
+  EXPECT_EQ(modules, (std::vector<std::string>{"b1", "tail.w0"}));
+  EXPECT_EQ(best->figures.peak_device_used, 610 * (std::int64_t{1} << 20));
+  EXPECT_EQ(best->figures.steps_done, 2u);
+  EXPECT_GT(best->recompute_share, 0.0);
+  // checkpoint_sequential was tried and no count fits; neither does every block.
+  EXPECT_EQ(r.segments_tried, (std::vector<std::size_t>{2, 4}));
+  for (const Plan& p : r.plans) {
+    if (p.segments > 1 || p.checkpointing == "blocks") EXPECT_FALSE(p.fits()) << p.label();
+  }
+  const std::string report = plan_report(r, 8, false);
+  EXPECT_NE(report.find("Checkpointed: b1, tail.w0."), std::string::npos) << report;
+  EXPECT_NE(report.find("No checkpoint_sequential segment count fits (2, 4 tried)."), std::string::npos) << report;
+}
+
+TEST(Plan, EveryPlanIsMeasuredAgainAsTheSweepMeasuresIt) {
+  const PlanResult r = run_plan(chain_spec());
+  const Plan* best = r.best();
+  ASSERT_NE(best, nullptr);
+  SweepSpec sweep = chain_spec().base;
+  sweep.segments = {0};
+  sweep.checkpoint_modules = best->checkpoint_modules;
+  sweep.device = "sim:capacity=640MiB,context=0";
+  const SweepResult s = run_sweep(sweep);
+  ASSERT_EQ(s.rows.size(), 1u);
+  EXPECT_EQ(s.rows[0].figures.peak_allocated, best->figures.peak_allocated);
+  EXPECT_EQ(s.rows[0].figures.peak_reserved, best->figures.peak_reserved);
+  EXPECT_EQ(s.rows[0].figures.peak_device_used, best->figures.peak_device_used);
+}
+
+TEST(Plan, ForumCnnFullCannotBeFitByCheckpointingAndSaysWhatCan) {
+  PlanSpec spec;
+  spec.base.model = models::find("forum-cnn-full");
+  spec.base.device = "sim:rtx2080s";
+  spec.base.precisions = {nn::Precision::F32};
+  spec.base.alloc_confs = {""};
+  const PlanResult r = run_plan(spec);
+  ASSERT_FALSE(r.given.fits());
+  ASSERT_TRUE(r.given_needs.has_value());
+  // Nothing that keeps the step's arithmetic fits: the states alone exceed the device.
+  for (const Plan& p : r.plans) {
+    if (p.rank_tier() == 0) EXPECT_FALSE(p.fits()) << p.label();
+  }
+  const MemoryComposition& c = r.given_needs->peak_composition;
+  const std::int64_t states = c.of(MemoryKind::Weights) + c.of(MemoryKind::Gradients) +
+                              c.of(MemoryKind::OptimizerState) + c.of(MemoryKind::OptimizerTemporaries);
+  EXPECT_GT(states, static_cast<std::int64_t>(r.device.total_bytes));
+  const Plan* best = r.best();
+  ASSERT_NE(best, nullptr);
+  EXPECT_EQ(best->label(), "bf16 + sgd");
+  EXPECT_EQ(best->precision, nn::Precision::BF16);
+  EXPECT_EQ(best->optimizer.kind, nn::OptimizerKind::SGD);
+  EXPECT_EQ(best->recompute_share, 0.0);
+  const std::string report = plan_report(r, 8, false);
+  EXPECT_NE(report.find("Checkpointing cannot fit it"), std::string::npos) << report;
+  EXPECT_NE(report.find("in the optimizer step"), std::string::npos) << report;
+}
+
+TEST(Plan, AModelThatFitsAsGivenNeedsNoPlan) {
+  PlanSpec spec;
+  spec.base.model = models::find("mlp");
+  spec.base.model_options = nn::ModelOptions::parse("depth=4,width=256,batch=64");
+  spec.base.device = "sim:a100-80g";
+  spec.base.precisions = {nn::Precision::F32};
+  spec.base.alloc_confs = {""};
+  const PlanResult r = run_plan(spec);
+  EXPECT_TRUE(r.given.fits());
+  EXPECT_TRUE(r.plans.empty());
+  EXPECT_EQ(r.best(), &r.given);
+  EXPECT_NE(plan_report(r, 8, false).find("It fits as given"), std::string::npos);
+}
+
+TEST(Plan, RanksFittingPlansByChangeThenRecomputeThenMemory) {
+  PlanSpec spec;
+  spec.base.model = models::find("resnet152");
+  spec.base.model_options = nn::ModelOptions::parse("batch=256");
+  spec.base.device = "sim:a100-40g";
+  spec.base.precisions = {nn::Precision::F32};
+  spec.base.alloc_confs = {""};
+  const PlanResult r = run_plan(spec);
+  ASSERT_FALSE(r.given.fits());
+  ASSERT_GE(r.plans.size(), 5u);
+  bool seen_failing = false;
+  for (std::size_t i = 0; i < r.plans.size(); ++i) {
+    const Plan& p = r.plans[i];
+    if (!p.fits()) {
+      seen_failing = true;
+      continue;
+    }
+    EXPECT_FALSE(seen_failing) << "a plan that fits ranks after one that does not: " << p.label();
+    EXPECT_LE(p.figures.peak_device_used, static_cast<std::int64_t>(r.device.total_bytes));
+    if (i == 0) continue;
+    const Plan& q = r.plans[i - 1];
+    EXPECT_LE(q.rank_tier(), p.rank_tier());
+    if (q.rank_tier() == p.rank_tier() && q.change == p.change) EXPECT_LE(q.recompute_share, p.recompute_share);
+  }
+  // The best keeps the arithmetic and recomputes no more than uniform checkpointing that fits.
+  const Plan* best = r.best();
+  ASSERT_NE(best, nullptr);
+  EXPECT_EQ(best->rank_tier(), 0);
+  for (const Plan& p : r.plans) {
+    if (p.fits() && (p.segments > 1 || p.checkpointing == "blocks")) EXPECT_LE(best->recompute_share, p.recompute_share);
+  }
+}
+
+TEST(Plan, RefusesListsAndComputeMode) {
+  PlanSpec spec = chain_spec();
+  spec.base.precisions = {nn::Precision::F32, nn::Precision::BF16};
+  EXPECT_THROW(run_plan(spec), UsageError);
+  spec = chain_spec();
+  spec.base.alloc_confs = {"", "expandable_segments:True"};
+  EXPECT_THROW(run_plan(spec), UsageError);
+  spec = chain_spec();
+  spec.base.mode = nn::ExecMode::Compute;
+  EXPECT_THROW(run_plan(spec), UsageError);
+}
+
+// --- the cheap model -----------------------------------------------------------------------
+
+TEST(PlanModel, TheBackwardReplayKeepsOneWideBlockWhenTheRightTwoAreCheckpointed) {
+  // Saves in forward order: a 10-byte module, a 100-byte one (input 1), a 100-byte tail
+  // pair under "t" (each input 1). Nothing checkpointed: all 310 live at the backward's start.
+  StepProfile p;
+  p.saves = {{"a", 10}, {"w", 100}, {"t.x", 100}, {"t.y", 100}};
+  p.modules = {{"a", 10, 1, 1, 0, 1}, {"w", 100, 1, 1, 1, 2}, {"t", 200, 1, 2, 2, 4},
+               {"t.x", 100, 1, 1, 2, 3}, {"t.y", 100, 1, 1, 3, 4}};
+  EXPECT_EQ(estimated_peak(p, {}), 310);
+  // w and t.x: 10 + 100 (t.y) + two inputs at the start; t.x's recompute after t.y's backward.
+  EXPECT_EQ(estimated_peak(p, {1, 3}), 112);
+  // The last module (t.y) checkpointed saves nothing: it comes back at once.
+  EXPECT_EQ(estimated_peak(p, {4}), 311);
+  // The whole tail: its two come back together, with w still held.
+  EXPECT_EQ(estimated_peak(p, {2}), 311);
+  const CheckpointSequence seq = checkpoint_sequence(p, 198);
+  ASSERT_GE(seq.modules.size(), 2u);
+  std::vector<std::string> first(seq.modules.begin(), seq.modules.begin() + 2);
+  std::sort(first.begin(), first.end());
+  EXPECT_EQ(first, (std::vector<std::string>{"t.x", "w"}));
+  EXPECT_EQ(seq.enough, 2u);
+}
+
+TEST(PlanModel, TheProfileCountsEachModulesSavesInputsAndFlops) {
+  nn::TrainConfig cfg;
+  cfg.model = models::ModelFile::load(kChain);
+  cfg.device = "sim:capacity=640MiB,context=0";
+  const StepProfile p = profile_step(cfg);
+  const auto find = [&](const std::string& path) {
+    const auto it = std::find_if(p.modules.begin(), p.modules.end(), [&](const ModuleCost& m) { return m.path == path; });
+    EXPECT_NE(it, p.modules.end()) << path;
+    return *it;
+  };
+  const ModuleCost b1 = find("b1"), w0 = find("tail.w0"), tail = find("tail");
+  // A wide block at batch 4096: its input (4 MiB), the ReLU's output (64 MiB) kept by ReLU and down.
+  EXPECT_EQ(b1.input_bytes, 4u << 20);
+  EXPECT_EQ(b1.saved_bytes, (4u << 20) + (64u << 20));
+  EXPECT_EQ(w0.saved_bytes, b1.saved_bytes);
+  EXPECT_EQ(tail.saved_bytes, 2 * b1.saved_bytes);
+  // up: 2 x 4096 x 256 x 4096 multiply-adds and the bias; the ReLU; down likewise.
+  EXPECT_GT(b1.forward_flops, 2.0 * 2 * 4096.0 * 256 * 4096);
+  EXPECT_DOUBLE_EQ(tail.forward_flops, 2 * w0.forward_flops);
+  // Repeated blocks: the two Narrow blocks side by side, and the tail's two Wide ones.
+  EXPECT_EQ(p.blocks, (std::vector<std::string>{"b0", "b2", "tail.w0", "tail.w1"}));
+}
+
+// --- checkpoint marks by path ----------------------------------------------------------------
+
+TEST(CheckpointModules, MarksExactlyThePathsAndRunsAsTheModelFilesMarks) {
+  // The chain with "checkpoint": true on b1 and tail.w0, as a model file writes it.
+  std::ifstream in(kChain);
+  std::stringstream text;
+  text << in.rdbuf();
+  std::string marked = text.str();
+  const auto mark = [&](const std::string& name) {
+    const std::string key = "\"name\": \"" + name + "\",";
+    const std::size_t at = marked.find(key);
+    ASSERT_NE(at, std::string::npos) << name;
+    marked.insert(at + key.size(), " \"checkpoint\": true,");
+  };
+  mark("b1");
+  mark("w0");
+  nn::TrainConfig by_file;
+  by_file.model = models::ModelFile::parse(marked, "marked chain");
+  by_file.device = "sim:capacity=64GiB,context=0";
+  nn::TrainConfig by_path = by_file;
+  by_path.model = models::ModelFile::load(kChain);
+  by_path.checkpoint_modules = std::vector<std::string>{"b1", "tail.w0"};
+  const nn::TrainReport a = nn::train(by_file), b = nn::train(by_path);
+  EXPECT_EQ(a.peak_allocated, b.peak_allocated);
+  EXPECT_EQ(a.peak_reserved, b.peak_reserved);
+  EXPECT_DOUBLE_EQ(a.recompute_ratio, b.recompute_ratio);
+  EXPECT_GT(b.recompute_ratio, 0.0);
+  // An empty list clears the file's marks: no recompute.
+  by_file.checkpoint_modules = std::vector<std::string>{};
+  EXPECT_EQ(nn::train(by_file).recompute_ratio, 0.0);
+}
+
+TEST(CheckpointModules, BadPathsAreRefusedNamingWhatExists) {
+  auto model = models::ModelFile::load(kChain)->build({});
+  nn::Module& root = model->body();
+  const auto message = [&](const std::vector<std::string>& paths) {
+    try {
+      nn::mark_checkpointed(root, paths, nn::CheckpointMode::NonReentrant);
+    } catch (const mem::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message({"tail.w9"}).find("no module 'tail.w9'; the modules under 'tail' are tail.w0, tail.w1"),
+            std::string::npos);
+  EXPECT_NE(message({"b7"}).find("the modules at the top are b0, b1, b2, tail"), std::string::npos);
+  EXPECT_NE(message({"b1", "b1"}).find("given twice"), std::string::npos);
+  EXPECT_NE(message({"tail", "tail.w0"}).find("'tail.w0' is inside 'tail'"), std::string::npos);
+  EXPECT_NE(message({""}).find("the root module"), std::string::npos);
+  // A refused list changes nothing.
+  nn::mark_checkpointed(root, {"b1"}, nn::CheckpointMode::NonReentrant);
+  (void)message({"b2", "nope"});
+  EXPECT_EQ(root.checkpoint_marks(), 1u);
+}
+
+// --- the code ----------------------------------------------------------------------------------
+
+TEST(PlanCode, NamesTheModulesForApplyActivationCheckpointing) {
+  const PlanResult r = run_plan(chain_spec());
+  ASSERT_NE(r.best(), nullptr);
+  const std::string code = plan_code(r, *r.best());
+  EXPECT_NE(code.find("apply_activation_checkpointing("), std::string::npos) << code;
+  EXPECT_NE(code.find("CHECKPOINTED = {\"b1\", \"tail.w0\"}"), std::string::npos) << code;
+  EXPECT_NE(code.find("CheckpointImpl.NO_REENTRANT"), std::string::npos) << code;
+  EXPECT_NE(code.find("optimizer = torch.optim.Adam(model.parameters(), lr=0.001)"), std::string::npos) << code;
+  EXPECT_EQ(code.find("PYTORCH_CUDA_ALLOC_CONF"), std::string::npos) << code;
+}
+
+}  // namespace
+}  // namespace mem::tools

@@ -1,0 +1,186 @@
+// plan_model.cpp — the profile run and the backward replayed on its figures.
+#include "plan_model.hpp"
+
+#include <algorithm>
+#include <unordered_map>
+
+#include "saved_tensors.hpp"
+#include "sweep.hpp"
+#include "vramscope/runtime/checkpoint.hpp"
+#include "vramscope/runtime/data_parallel.hpp"
+
+namespace mem::tools {
+
+namespace {
+
+bool inside(const std::string& path, const std::string& outer) {
+  return path.size() > outer.size() && path.compare(0, outer.size(), outer) == 0 && path[outer.size()] == '.';
+}
+
+/// Adds up each named module's inputs over its calls (a checkpoint of it keeps each one; a
+/// ReLU module a block calls three times keeps three).
+class InputBytes final : public nn::ForwardHooks {
+ public:
+  nn::Tensor pre_forward(nn::Module& module, const nn::Tensor& input) override {
+    // The storage, as the saved bytes count it: a view's checkpoint keeps its whole base.
+    if (input.defined()) bytes[&module] += input.storage() ? input.storage()->nbytes() : input.nbytes();
+    return input;
+  }
+  nn::Tensor post_forward(nn::Module& module, const nn::Tensor& output) override {
+    (void)module;
+    return output;
+  }
+  std::unordered_map<const nn::Module*, std::size_t> bytes;
+};
+
+}  // namespace
+
+StepProfile profile_step(nn::TrainConfig cfg) {
+  cfg.steps = 1;
+  cfg.segments = 1;
+  cfg.checkpoint_modules = std::vector<std::string>{};
+  cfg.parallel = nn::ParallelConfig{};  // what a module keeps is the same on every rank
+  const auto device = make_device(nn::device_spec_for(cfg));
+  CachingAllocator allocator{unlimited_twin(device->info()), AllocatorConfig::parse(cfg.alloc_conf)};
+  nn::Trainer trainer{cfg, allocator};
+  nn::Module& root = trainer.model().body();
+  const std::vector<nn::Module*> named = nn::named_modules(root);
+  InputBytes inputs;
+  for (nn::Module* m : named) m->set_forward_hooks(&inputs);
+  SavedTensorLog saved{root};
+  std::vector<double> flops_by_context;
+  trainer.runtime().set_forward_flops_by_context(&flops_by_context);
+  nn::StepStats stats;
+  {
+    nn::SavedTensorsObserver observe{saved.observer()};
+    stats = trainer.step();
+  }
+  trainer.runtime().set_forward_flops_by_context(nullptr);
+  for (nn::Module* m : named) m->set_forward_hooks(nullptr);
+
+  StepProfile profile;
+  profile.flops = stats.flops;
+  const double plain = stats.flops.forward + stats.flops.backward + stats.flops.optimizer;
+  profile.forward_share = plain > 0 ? stats.flops.forward / plain : 0;
+  std::unordered_map<std::string, std::size_t> index;
+  for (nn::Module* m : named) {
+    if (index.contains(m->path())) continue;
+    index.emplace(m->path(), profile.modules.size());
+    ModuleCost cost;
+    cost.path = m->path();
+    const auto it = inputs.bytes.find(m);
+    cost.input_bytes = it == inputs.bytes.end() ? 0 : it->second;
+    cost.first_save = SIZE_MAX;
+    profile.modules.push_back(std::move(cost));
+  }
+  // Each figure counts for its module and every module above it.
+  const auto add_up = [&](const std::string& path, auto&& add) {
+    std::string p = path;
+    while (!p.empty()) {
+      if (const auto it = index.find(p); it != index.end()) add(profile.modules[it->second]);
+      const std::size_t dot = p.rfind('.');
+      p = dot == std::string::npos ? "" : p.substr(0, dot);
+    }
+  };
+  for (const SavedByModule& row : saved.rows()) {
+    const std::size_t at = profile.saves.size();
+    profile.saves.push_back({row.module, row.bytes});
+    add_up(row.module, [&](ModuleCost& c) {
+      c.saved_bytes += row.bytes;
+      c.first_save = std::min(c.first_save, at);
+      c.end_save = std::max(c.end_save, at + 1);
+    });
+  }
+  for (ModuleCost& c : profile.modules) {
+    if (c.first_save == SIZE_MAX) c.first_save = c.end_save = 0;
+  }
+  for (std::size_t id = 0; id < flops_by_context.size(); ++id) {
+    if (flops_by_context[id] == 0) continue;
+    const double f = flops_by_context[id];
+    add_up(context_info(static_cast<ContextId>(id)).path, [&](ModuleCost& c) { c.forward_flops += f; });
+  }
+  for (const nn::Module* block : nn::repeated_blocks(root)) profile.blocks.push_back(block->path());
+  return profile;
+}
+
+std::int64_t estimated_peak(const StepProfile& profile, const std::vector<std::size_t>& checkpointed) {
+  const std::size_t n = profile.saves.size();
+  // Where each checkpointed module's saves begin (its input goes there) and end (its
+  // recompute comes there, the backward walking the saves from the last).
+  std::vector<std::int64_t> recompute_at(n + 1, 0), input_at(n + 1, 0);
+  std::vector<bool> covered(n, false);
+  std::int64_t live = 0;
+  for (const std::size_t i : checkpointed) {
+    const ModuleCost& m = profile.modules[i];
+    if (m.end_save <= m.first_save) continue;
+    recompute_at[m.end_save - 1] += static_cast<std::int64_t>(m.saved_bytes);
+    input_at[m.first_save] += static_cast<std::int64_t>(m.input_bytes);
+    live += static_cast<std::int64_t>(m.input_bytes);
+    for (std::size_t k = m.first_save; k < m.end_save; ++k) covered[k] = true;
+  }
+  for (std::size_t k = 0; k < n; ++k) {
+    if (!covered[k]) live += static_cast<std::int64_t>(profile.saves[k].bytes);
+  }
+  std::int64_t peak = live;
+  for (std::size_t k = n; k-- > 0;) {
+    live += recompute_at[k];
+    peak = std::max(peak, live);
+    live -= static_cast<std::int64_t>(profile.saves[k].bytes);
+    live -= input_at[k];
+  }
+  return peak;
+}
+
+CheckpointSequence checkpoint_sequence(const StepProfile& profile, std::int64_t deficit, std::size_t candidates) {
+  // The candidates: modules keeping more than their inputs, the most per FLOP first.
+  std::vector<std::size_t> pool;
+  for (std::size_t i = 0; i < profile.modules.size(); ++i) {
+    const ModuleCost& m = profile.modules[i];
+    if (m.saved_bytes > m.input_bytes && m.end_save > m.first_save) pool.push_back(i);
+  }
+  const auto density = [&](std::size_t i) {
+    const ModuleCost& m = profile.modules[i];
+    return static_cast<double>(m.saved_bytes - m.input_bytes) / std::max(m.forward_flops, 1.0);
+  };
+  std::stable_sort(pool.begin(), pool.end(), [&](std::size_t a, std::size_t b) { return density(a) > density(b); });
+  if (pool.size() > candidates) pool.resize(candidates);
+
+  CheckpointSequence out;
+  std::vector<std::size_t> taken;
+  const std::int64_t start = estimated_peak(profile, taken);
+  std::int64_t peak = start;
+  for (;;) {
+    std::size_t best = SIZE_MAX;
+    double best_gain = 0;
+    std::int64_t best_peak = peak;
+    for (const std::size_t i : pool) {
+      const std::string& path = profile.modules[i].path;
+      const bool clash = std::any_of(taken.begin(), taken.end(), [&](std::size_t t) {
+        const std::string& other = profile.modules[t].path;
+        return t == i || inside(path, other) || inside(other, path);
+      });
+      if (clash) continue;
+      taken.push_back(i);
+      const std::int64_t with = estimated_peak(profile, taken);
+      taken.pop_back();
+      if (with >= peak) continue;
+      const double gain = static_cast<double>(peak - with) / std::max(profile.modules[i].forward_flops, 1.0);
+      if (best == SIZE_MAX || gain > best_gain || (gain == best_gain && with < best_peak)) {
+        best = i;
+        best_gain = gain;
+        best_peak = with;
+      }
+    }
+    if (best == SIZE_MAX) break;
+    taken.push_back(best);
+    peak = best_peak;
+    out.modules.push_back(profile.modules[best].path);
+    if (out.enough == 0 && start - peak >= deficit) out.enough = out.modules.size();
+    // Past the model's answer, a few more for the dry runs to fall back on.
+    if (out.enough != 0 && out.modules.size() >= std::max<std::size_t>(2 * out.enough, out.enough + 8)) break;
+  }
+  if (out.enough == 0) out.enough = out.modules.size();
+  return out;
+}
+
+}  // namespace mem::tools

@@ -1,0 +1,68 @@
+// plan_model.hpp — `plan`'s cheap model of a training step: what each module keeps for
+// backward and in which order (one instrumented dry run), and the backward pass replayed on
+// those figures alone to say which modules to checkpoint, and in which order, to lower the
+// peak by a given amount for the least recomputed FLOPs. Dry runs decide; this only orders.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "vramscope/runtime/training.hpp"
+
+namespace mem::tools {
+
+/// One module with a path, its subtree's figures from the profile's first forward.
+struct ModuleCost {
+  std::string path;
+  std::size_t saved_bytes = 0;  ///< kept for backward inside it (each storage once)
+  std::size_t input_bytes = 0;  ///< its inputs over its calls: what a checkpoint of it keeps
+  double forward_flops = 0;     ///< what rerunning it costs
+  std::size_t first_save = 0;   ///< its saves: [first_save, end_save) of StepProfile::saves
+  std::size_t end_save = 0;
+};
+
+/// What one module saved, in the order of the forward (each storage under the module that
+/// saved it first, SavedTensorLog's rows).
+struct SavedRun {
+  std::string module;
+  std::size_t bytes = 0;
+};
+
+/// The cheap model of one step, from one dry run without checkpointing on an unlimited twin.
+struct StepProfile {
+  std::vector<ModuleCost> modules;  ///< every module with a path, depth-first
+  std::vector<SavedRun> saves;      ///< forward order
+  std::vector<std::string> blocks;  ///< the repeated blocks (decoder layers, Bottlenecks)
+  nn::FlopCounts flops;             ///< of the profiled step
+  /// forward / (forward + backward + optimizer): turns a recompute ratio (of one forward)
+  /// into a share of the step's work.
+  double forward_share = 0;
+};
+
+/// The cheap model: one step of `cfg` (checkpointing cleared, one GPU) on an unlimited twin.
+StepProfile profile_step(nn::TrainConfig cfg);
+
+/// The backward pass on the profile's figures: the activation bytes live at its worst moment
+/// when the modules `checkpointed` (disjoint, by index into profile.modules) run under
+/// checkpoint(). It starts with everything saved outside them plus their inputs; a
+/// checkpointed module's saves come back when its backward begins (its recompute), and each
+/// save goes when its module's backward is done.
+std::int64_t estimated_peak(const StepProfile& profile, const std::vector<std::size_t>& checkpointed);
+
+struct CheckpointSequence {
+  std::vector<std::string> modules;  ///< in the order the greedy took them
+  /// How many of them the model says lower the peak by the deficit (modules.size() when
+  /// all of them do not).
+  std::size_t enough = 0;
+};
+
+/// Greedy on estimated_peak: each time the module that lowers the estimated peak the most per
+/// recomputed FLOP, none inside or around one already taken, until the peak is `deficit`
+/// lower, then on while any module still lowers it (the dry runs may need more than the
+/// model says). `candidates` bounds the work: the modules with the most saved bytes per FLOP
+/// beyond their inputs are considered, at most this many.
+CheckpointSequence checkpoint_sequence(const StepProfile& profile, std::int64_t deficit, std::size_t candidates = 256);
+
+}  // namespace mem::tools
