@@ -199,6 +199,7 @@ std::string plan_code(const PlanResult& r, const Plan& p) {
     if (decoder) {
       out += "from transformers.modeling_layers import GradientCheckpointingLayer\n\n";
       out += fmt::format("CHECKPOINTED = {}\n", python_set(*p.checkpoint_modules));
+      out += "# (newer transformers name it activation_checkpointing_enable)\n";
       out += "model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={\"use_reentrant\": False})\n";
       out += "for name, module in model.named_modules():  # then only the planned layers keep it\n";
       out += "    if isinstance(module, GradientCheckpointingLayer):\n";

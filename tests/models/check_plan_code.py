@@ -1,0 +1,170 @@
+#!/usr/bin/env python3
+"""check_plan_code.py VRAMSCOPE: the PyTorch code `vramscope plan --code` writes runs on today's
+PyTorch, transformers and PEFT (the CPU reference), and its checkpoint marks land on the modules
+the plan names.
+
+For three models, a device small enough that the plan must checkpoint some of the modules:
+- the chain of tests/data/plan-chain.json, written here as the nn.Module it describes: the
+  wrapped modules are exactly b1 and tail.w0 (what the C++ test expects too), and a training
+  step with the code applied gives the same loss and gradients as without it (checkpointing
+  recomputes, it changes no number);
+- torchvision's resnet18 (vramscope's zoo file of it): every name the plan gives is a module of
+  torchvision's model, and exactly those are wrapped; a training step runs;
+- a four-layer Llama with LoRA (transformers + PEFT): gradient_checkpointing_enable, then only
+  the planned layers keep the flag; a training step runs.
+
+Exit 77 (skipped) without torch and transformers, unless VRAMSCOPE_REQUIRE_STACK=1 (CI).
+"""
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from stack_python import reexec_on_stack
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT / "tests" / "data"
+
+
+def plan(vramscope, args, code_path):
+    out = subprocess.run([vramscope, "plan", *args, "--search", "none", "--format", "json", "--code", str(code_path)],
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit(f"FAIL: vramscope plan {' '.join(args)}: {out.stderr.strip()}")
+    result = json.loads(out.stdout)
+    best = result["plans"][result["best"]]
+    return best, code_path.read_text()
+
+
+def apply(code, model):
+    scope = {"model": model}
+    exec(compile(code, "plan.py", "exec"), scope)  # noqa: S102 (our own output, under test)
+    return scope
+
+
+def wrapped_names(model):
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+    return {name for name, m in model.named_modules() if isinstance(m, CheckpointWrapper)}
+
+
+def chain_model():
+    import torch.nn as nn
+    from collections import OrderedDict
+
+    class Narrow(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(256, 256)
+
+        def forward(self, x):
+            return self.fc(x) + x
+
+    class Wide(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.up, self.act, self.down = nn.Linear(256, 4096), nn.ReLU(), nn.Linear(4096, 256)
+
+        def forward(self, x):
+            return self.down(self.act(self.up(x))) + x
+
+    return nn.Sequential(OrderedDict(b0=Narrow(), b1=Wide(), b2=Narrow(),
+                                     tail=nn.Sequential(OrderedDict(w0=Wide(), w1=Wide()))))
+
+
+def step(model, x, target):
+    import torch.nn.functional as F
+    model.zero_grad(set_to_none=True)
+    loss = F.mse_loss(model(x), target)
+    loss.backward()
+    return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def check_chain(vramscope, tmp, failures):
+    import copy
+    import torch
+    best, code = plan(vramscope, ["--model-file", str(DATA / "plan-chain.json"),
+                                  "--device", "sim:capacity=640MiB,context=0"], tmp / "chain.py")
+    torch.manual_seed(0)
+    plain = chain_model()
+    planned = copy.deepcopy(plain)
+    apply(code, planned)
+    got = wrapped_names(planned)
+    want = set(best["checkpoint_modules"])
+    print(f"  chain: plan {sorted(want)}, wrapped {sorted(got)}")
+    if got != want or want != {"b1", "tail.w0"}:
+        failures.append("chain: wrapped modules")
+    x, target = torch.randn(64, 256, requires_grad=False), torch.randn(64, 256)
+    loss_a, grads_a = step(plain, x, target)
+    loss_b, grads_b = step(planned, x, target)
+    # The wrapper adds a level to parameter names: compare in order.
+    same = loss_a == loss_b and all(torch.equal(a, b) for a, b in zip(grads_a.values(), grads_b.values()))
+    print(f"  chain: loss {loss_a:.6f} / {loss_b:.6f}, gradients {'identical' if same else 'DIFFER'}")
+    if not same or len(grads_a) != len(grads_b):
+        failures.append("chain: gradients")
+
+
+def check_resnet18(vramscope, tmp, failures):
+    import torch
+    import torch.nn.functional as F
+    import torchvision
+    best, code = plan(vramscope, ["--model", "resnet18", "--batch", "256",
+                                  "--device", "sim:capacity=5GiB,context=300MiB"], tmp / "resnet18.py")
+    want = set(best["checkpoint_modules"])
+    model = torchvision.models.resnet18()
+    names = {n for n, _ in model.named_modules()}
+    missing = want - names
+    scope = apply(code, model)
+    got = wrapped_names(model)
+    print(f"  resnet18: plan {sorted(want)} ({best['plan']}), wrapped {sorted(got)}")
+    if not want or missing or got != want:
+        failures.append(f"resnet18: wrapped {sorted(got)}, missing in torchvision {sorted(missing)}")
+    x, y = torch.randn(2, 3, 64, 64), torch.randint(0, 1000, (2,))
+    F.cross_entropy(model(x), y).backward()
+    scope["optimizer"].step()
+
+
+def check_llama(vramscope, tmp, failures):
+    import torch
+    import transformers
+    from peft import LoraConfig, get_peft_model
+    config = json.loads((DATA / "h100-parallel-2026-11-26" / "ref-llama-2layer.json").read_text())
+    config["num_hidden_layers"] = 4
+    config["vocab_size"] = 2048  # the layers, not the logits, make the peak
+    path = tmp / "llama-4layer.json"
+    path.write_text(json.dumps(config))
+    best, code = plan(vramscope, ["--hf-config", str(path), "--lora", "8", "--batch", "8", "--seq", "1024",
+                                  "--dtype", "bf16", "--attn", "sdpa",
+                                  "--device", "sim:capacity=1200MiB,context=300MiB"], tmp / "llama.py")
+    want = set(best["checkpoint_modules"])
+    cfg = transformers.LlamaConfig(**{k: v for k, v in config.items() if k not in ("architectures", "transformers_version")})
+    cfg._attn_implementation = "sdpa"
+    model = transformers.AutoModelForCausalLM.from_config(cfg)
+    model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"]))
+    scope = apply(code, model)
+    layers = {name.removeprefix("base_model.model."): m.gradient_checkpointing for name, m in model.named_modules()
+              if type(m).__name__ == "LlamaDecoderLayer"}
+    got = {name for name, on in layers.items() if on}
+    print(f"  llama: plan {sorted(want)} ({best['plan']}), layers flagged {sorted(got)} of {len(layers)}")
+    if not want or len(want) == len(layers) or got != want:
+        failures.append("llama: layer flags")
+    model.train()
+    x = torch.randint(0, config["vocab_size"], (1, 32))
+    model(input_ids=x, labels=x).loss.backward()
+    scope["optimizer"].step()
+
+
+def main():
+    reexec_on_stack("check_plan_code")
+    vramscope = sys.argv[1]
+    failures = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for check in (check_chain, check_resnet18, check_llama):
+            check(vramscope, Path(tmp), failures)
+    if failures:
+        sys.exit("FAIL: " + "; ".join(failures))
+    print("ok: the plans' code runs and marks exactly the planned modules")
+
+
+if __name__ == "__main__":
+    main()
