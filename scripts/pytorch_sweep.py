@@ -64,9 +64,17 @@ def build_mlp(nn, opts):
     return nn.Sequential(*layers), batch, ("float", (batch, width)), ("float", (batch, width)), "mse"
 
 
+def apply_plan_code(model, path):
+    """`vramscope plan --code`'s PyTorch code, run on `model` as a user pastes it."""
+    with open(path) as f:
+        exec(compile(f.read(), path, "exec"), {"model": model})  # noqa: S102 (vramscope's own output)
+
+
 def build_resnet(nn, opts, name):
     import torchvision
     m = getattr(torchvision.models, name)(weights=None, num_classes=opts.classes or 1000)
+    if opts.plan_code:  # the wrappers take their modules' places before the body is flattened
+        apply_plan_code(m, opts.plan_code)
     body = [m.conv1, m.bn1, m.relu, m.maxpool]
     for layer in (m.layer1, m.layer2, m.layer3, m.layer4):
         body.extend(layer)
@@ -169,7 +177,7 @@ def build(torch, opts):
     nn = torch.nn
     if opts.model == "mlp":
         return build_mlp(nn, opts)
-    if opts.model in ("resnet18", "resnet50"):
+    if opts.model in ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152"):
         return build_resnet(nn, opts, opts.model)
     if opts.model in GPT2:
         return build_gpt2(torch, nn, opts, *GPT2[opts.model])
@@ -187,7 +195,11 @@ def build_hf(torch, opts, param_dtype, dev):
     cfg = transformers.AutoConfig.for_model(model_type, **config)
     cfg.use_cache = False
     attn = "eager" if opts.attn == "eager" else "sdpa"
-    model = transformers.AutoModelForCausalLM.from_config(cfg, torch_dtype=param_dtype, attn_implementation=attn)
+    if opts.built_on == "gpu":  # from_config under torch.device("cuda"): vramscope's built_on=gpu
+        with dev:
+            model = transformers.AutoModelForCausalLM.from_config(cfg, torch_dtype=param_dtype, attn_implementation=attn)
+    else:
+        model = transformers.AutoModelForCausalLM.from_config(cfg, torch_dtype=param_dtype, attn_implementation=attn)
     model = model.to(dev)
     if opts.lora:
         import peft
@@ -198,6 +210,8 @@ def build_hf(torch, opts, param_dtype, dev):
     if opts.gradient_checkpointing != "none":
         model.gradient_checkpointing_enable(
             gradient_checkpointing_kwargs={"use_reentrant": opts.gradient_checkpointing == "reentrant"})
+    if opts.plan_code:
+        apply_plan_code(model, opts.plan_code)
     return model, cfg.vocab_size
 
 
@@ -390,6 +404,10 @@ def main():
     ap.add_argument("--gradient-checkpointing", default="none", choices=["none", "reentrant", "non-reentrant"])
     ap.add_argument("--lora", type=int, default=0, help="LoRA rank (peft); 0: full fine-tune")
     ap.add_argument("--lora-targets", default="q_proj+v_proj")
+    ap.add_argument("--built-on", default="cpu", choices=["cpu", "gpu"],
+                    help="--hf-config: build on the CPU then move (from_pretrained's way) or on the GPU")
+    ap.add_argument("--plan-code", help="apply `vramscope plan --code`'s file to the model (its checkpoint "
+                                        "marks; the optimizer stays --optimizer's)")
     ap.add_argument("--csv", help="write the rows here as well")
     ap.add_argument("--allocator", default="torch", choices=["torch", "vramscope"],
                     help="PyTorch's own caching allocator, or vramscope's under it as a pluggable allocator")

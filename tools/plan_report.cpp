@@ -201,6 +201,11 @@ std::string plan_code(const PlanResult& r, const Plan& p) {
       out += fmt::format("CHECKPOINTED = {}\n", python_set(*p.checkpoint_modules));
       out += "# (newer transformers name it activation_checkpointing_enable)\n";
       out += "model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={\"use_reentrant\": False})\n";
+      if (r.spec.base.model_options.lora > 0) {
+        // decoder.cpp models it: the frozen embedding's output requires grad, as TRL and PEFT's
+        // prepare_model_for_kbit_training make it for checkpointed adapters.
+        out += "model.enable_input_require_grads()  # as TRL does for a PEFT model with checkpointing\n";
+      }
       out += "for name, module in model.named_modules():  # then only the planned layers keep it\n";
       out += "    if isinstance(module, GradientCheckpointingLayer):\n";
       out += "        module.gradient_checkpointing = name.removeprefix(\"base_model.model.\") in CHECKPOINTED\n";
@@ -222,7 +227,7 @@ std::string plan_code(const PlanResult& r, const Plan& p) {
                        r.model.sequence_length);
     out += fmt::format("# output = checkpoint_sequential(model, {}, x, use_reentrant=False)\n", p.segments);
   }
-  if (p.precision != nn::Precision::F32 || r.given.precision != nn::Precision::F32) {
+  if (p.precision != r.given.precision) {  // the plan changes it
     switch (p.precision) {
       case nn::Precision::BF16: out += "model = model.to(torch.bfloat16)  # bf16 weights, gradients and state\n"; break;
       case nn::Precision::F16: out += "model = model.half()\n"; break;
@@ -232,18 +237,19 @@ std::string plan_code(const PlanResult& r, const Plan& p) {
     }
   }
   const std::string lr = fmt::format("{:g}", p.optimizer.lr);
+  if (p.optimizer.kind != nn::OptimizerKind::None) out += "params = [p for p in model.parameters() if p.requires_grad]\n";
   switch (p.optimizer.kind) {
     case nn::OptimizerKind::Adam:
-      out += fmt::format("optimizer = torch.optim.Adam(model.parameters(), lr={})\n", lr);
+      out += fmt::format("optimizer = torch.optim.Adam(params, lr={})\n", lr);
       break;
     case nn::OptimizerKind::Adam8bit:
       out += "import bitsandbytes as bnb\n";
-      out += fmt::format("optimizer = bnb.optim.Adam8bit(model.parameters(), lr={})\n", lr);
+      out += fmt::format("optimizer = bnb.optim.Adam8bit(params, lr={})\n", lr);
       break;
     case nn::OptimizerKind::SGD:
       out += p.optimizer.momentum != 0
-                 ? fmt::format("optimizer = torch.optim.SGD(model.parameters(), lr={}, momentum={:g})\n", lr, p.optimizer.momentum)
-                 : fmt::format("optimizer = torch.optim.SGD(model.parameters(), lr={})\n", lr);
+                 ? fmt::format("optimizer = torch.optim.SGD(params, lr={}, momentum={:g})\n", lr, p.optimizer.momentum)
+                 : fmt::format("optimizer = torch.optim.SGD(params, lr={})\n", lr);
       break;
     case nn::OptimizerKind::None: break;
   }

@@ -12,6 +12,7 @@
 #include "plan.hpp"
 #include "plan_report.hpp"
 #include "usage_error.hpp"
+#include "vramscope/models/hf_config.hpp"
 #include "vramscope/models/model_file.hpp"
 #include "vramscope/models/zoo.hpp"
 #include "vramscope/runtime/checkpoint.hpp"
@@ -272,8 +273,104 @@ TEST(PlanCode, NamesTheModulesForApplyActivationCheckpointing) {
   EXPECT_NE(code.find("apply_activation_checkpointing("), std::string::npos) << code;
   EXPECT_NE(code.find("CHECKPOINTED = {\"b1\", \"tail.w0\"}"), std::string::npos) << code;
   EXPECT_NE(code.find("CheckpointImpl.NO_REENTRANT"), std::string::npos) << code;
-  EXPECT_NE(code.find("optimizer = torch.optim.Adam(model.parameters(), lr=0.001)"), std::string::npos) << code;
+  EXPECT_NE(code.find("optimizer = torch.optim.Adam(params, lr=0.001)"), std::string::npos) << code;
   EXPECT_EQ(code.find("PYTORCH_CUDA_ALLOC_CONF"), std::string::npos) << code;
+}
+
+// --- against PyTorch on an H200 ------------------------------------------------------------------
+
+const std::string kH200 = std::string(VRAMSCOPE_TEST_DATA_DIR) + "/h200-plan-2026-11-26";
+
+/// The set `CHECKPOINTED = {"a", "b", ...}` of a plan's code file.
+std::vector<std::string> checkpointed_in(const std::string& file) {
+  std::ifstream in(kH200 + "/" + file);
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string code = text.str();
+  const std::size_t open = code.find("CHECKPOINTED = {"), close = code.find('}', open);
+  std::vector<std::string> out;
+  for (std::size_t q = code.find('"', open); q != std::string::npos && q < close; q = code.find('"', q + 1)) {
+    const std::size_t end = code.find('"', q + 1);
+    out.push_back(code.substr(q + 1, end - q - 1));
+    q = end;
+  }
+  return out;
+}
+
+/// measured.csv's max_allocated and max_reserved of (case, plan).
+std::pair<std::int64_t, std::int64_t> measured(const std::string& which, const std::string& plan) {
+  std::ifstream in(kH200 + "/measured.csv");
+  std::string line;
+  std::getline(in, line);
+  while (std::getline(in, line)) {
+    std::vector<std::string> cells;
+    std::stringstream row(line);
+    for (std::string cell; std::getline(row, cell, ',');) cells.push_back(cell);
+    if (cells.size() > 7 && cells[0] == which && cells[1] == plan) return {std::stoll(cells[6]), std::stoll(cells[7])};
+  }
+  ADD_FAILURE() << "no row " << which << " " << plan;
+  return {0, 0};
+}
+
+/// The configuration on sim:h200, as given and with the plan's modules.
+std::pair<RunFigures, RunFigures> predicted(SweepSpec spec, const std::vector<std::string>& modules) {
+  spec.device = "sim:h200";
+  spec.segments = {0};
+  spec.alloc_confs = {""};
+  const SweepResult plain = run_sweep(spec);
+  spec.checkpoint_modules = modules;
+  if (!spec.model->describe(spec.model_options).sequential_checkpointing) spec.model_options.checkpoint = "non-reentrant";
+  const SweepResult planned = run_sweep(spec);
+  EXPECT_TRUE(plain.rows.at(0).fits() && planned.rows.at(0).fits());
+  return {plain.rows.at(0).figures, planned.rows.at(0).figures};
+}
+
+TEST(PlanReference, Llama8bLoraWithThePlannedLayersMatchesTheH200) {
+  SweepSpec spec;
+  spec.model = models::find("llama-3.1-8b");
+  spec.model_options = nn::ModelOptions::parse("lora=16,batch=1,seq=2048,attn=sdpa,built_on=gpu");
+  spec.precisions = {nn::Precision::BF16};
+  const std::vector<std::string> modules = checkpointed_in("llama-3.1-8b-lora.py");
+  ASSERT_EQ(modules.size(), 21u);
+  const auto [plain, planned] = predicted(spec, modules);
+  const auto [plain_alloc, plain_reserved] = measured("llama-3.1-8b-lora", "none");
+  const auto [plan_alloc, plan_reserved] = measured("llama-3.1-8b-lora", "llama-3.1-8b-lora.py");
+  // 30,654,147,072 and 23,629,919,744 B measured: vramscope within 64 KiB of each.
+  EXPECT_NEAR(planned.peak_allocated, plan_alloc, 64 << 10);
+  EXPECT_NEAR(plain.peak_allocated, plain_alloc, 64 << 10);
+  EXPECT_EQ(planned.peak_reserved, plan_reserved);
+  EXPECT_NEAR(plain.peak_reserved, plain_reserved, 32 << 20);
+}
+
+TEST(PlanReference, Resnet152SavesWhatTheH200Saved) {
+  SweepSpec spec;
+  spec.model = models::find("resnet152");
+  spec.model_options = nn::ModelOptions::parse("batch=256");
+  spec.precisions = {nn::Precision::F32};
+  const auto [plain, planned] = predicted(spec, checkpointed_in("resnet152.py"));
+  const auto [plain_alloc, plain_reserved] = measured("resnet152", "none");
+  const auto [plan_alloc, plan_reserved] = measured("resnet152", "resnet152.py");
+  // The saving to the byte (5,754,599,424 B); each peak within 0.2% (vision models' cuDNN
+  // workspaces, VALIDATION.md).
+  EXPECT_EQ(plain.peak_allocated - planned.peak_allocated, plain_alloc - plan_alloc);
+  EXPECT_NEAR(static_cast<double>(planned.peak_allocated), static_cast<double>(plan_alloc), 0.002 * plan_alloc);
+  EXPECT_NEAR(static_cast<double>(plain.peak_allocated), static_cast<double>(plain_alloc), 0.002 * plain_alloc);
+}
+
+TEST(PlanReference, Gpt2XlSavesWhatTheH200SavedThoughItsPeakIsLow) {
+  SweepSpec spec;
+  spec.model = models::load_hf_config(std::string(VRAMSCOPE_TEST_DATA_DIR) + "/../../models/zoo/hf/gpt2-xl.json");
+  spec.model_options = nn::ModelOptions::parse("batch=4,seq=1024");
+  spec.precisions = {nn::Precision::BF16};
+  const auto [plain, planned] = predicted(spec, checkpointed_in("gpt2-xl.py"));
+  const auto [plain_alloc, plain_reserved] = measured("gpt2-xl", "none");
+  const auto [plan_alloc, plan_reserved] = measured("gpt2-xl", "gpt2-xl.py");
+  // The 39 attention modules' saving within 0.1% (22,746,740,224 B measured) ...
+  EXPECT_NEAR(static_cast<double>(plain.peak_allocated - planned.peak_allocated),
+              static_cast<double>(plain_alloc - plan_alloc), 0.001 * (plain_alloc - plan_alloc));
+  // ... while both peaks are 8.37 GB low: what transformers 5.17's GPT-2 keeps outside them
+  // (VALIDATION.md); this pins the gap until it is closed.
+  EXPECT_NEAR(static_cast<double>(plain_alloc - plain.peak_allocated), 8.37e9, 0.05e9);
 }
 
 }  // namespace
