@@ -71,14 +71,16 @@ ModelSource::Built Gpt2Source::make(const ModelOptions& o) const {
   std::ostringstream d;
   d << name_ << ": " << s.layers << " blocks, width " << s.embed << ", " << s.heads << " heads, sequence " << seq
     << ", vocab " << s.vocab << " (tied lm_head), dropout " << std::to_string(resid).substr(0, 4)
-    << ", eager attention, GELU(tanh); cross entropy";
+    << ", eager attention, gelu_new (NewGELUActivation); the causal-LM loss of model(input_ids, labels=...)";
   b.info.description = d.str();
   b.info.batch = batch;
   b.info.input_shape = Shape{batch, seq};
   b.info.input_dtype = DType::I64;
   b.info.target_shape = Shape{batch, seq};
   b.info.target_dtype = DType::I64;
-  b.info.loss = LossKind::CrossEntropy;
+  // GPT2LMHeadModel(input_ids, labels=...) computes transformers' ForCausalLMLoss itself: the
+  // logits upcast to f32, the labels shifted (models.cpp).
+  b.info.loss = LossKind::CausalLM;
   b.info.target_classes = s.vocab;
   b.info.input_high = s.vocab;
   b.body = std::move(body);

@@ -51,7 +51,7 @@ TransformerBlock::TransformerBlock(std::int64_t embed, std::int64_t heads, std::
   ln_2_ = &add_module("ln_2", std::make_unique<LayerNorm>(embed, eps));
   auto mlp = std::make_unique<Sequential>();
   mlp->append("c_fc", std::make_unique<Linear>(embed, width, true, true));
-  mlp->append("act", std::make_unique<GELU>(true));
+  mlp->append("act", std::make_unique<NewGELU>());  // GPT-2's "gelu_new"
   mlp->append("c_proj", std::make_unique<Linear>(width, embed, true, true));
   mlp->append("dropout", std::make_unique<Dropout>(resid_dropout));
   mlp_ = &add_module("mlp", std::move(mlp));

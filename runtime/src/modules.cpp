@@ -2,6 +2,7 @@
 #include "vramscope/runtime/modules.hpp"
 
 #include <cmath>
+#include <numbers>
 #include <optional>
 #include <string_view>
 
@@ -460,6 +461,20 @@ Tensor Scale::forward(const Tensor& input) { return mul_scalar(input, factor_); 
 
 GELU::GELU(bool tanh_approx) : Module("GELU"), tanh_approx_(tanh_approx) {}
 Tensor GELU::forward(const Tensor& input) { return gelu(input, tanh_approx_); }
+
+NewGELU::NewGELU() : Module("NewGELUActivation") {}
+Tensor NewGELU::forward(const Tensor& x) {
+  // transformers/activations.py; Python evaluates 0.5 * x first, and frees each temporary of
+  // the right operand once the next one exists (the reassignments below).
+  const Tensor half = mul_scalar(x, 0.5);
+  Tensor inner = pow_scalar(x, 3.0);
+  inner = mul_scalar(inner, 0.044715);
+  inner = add(x, inner);
+  inner = mul_scalar(inner, std::sqrt(2.0 / std::numbers::pi));
+  inner = tanh(inner);
+  inner = add_scalar(inner, 1.0);
+  return mul(half, inner);
+}
 
 BatchNorm2d::BatchNorm2d(std::int64_t channels, double eps, double momentum, std::string type)
     : Module(std::move(type)), eps_(eps), momentum_(momentum) {

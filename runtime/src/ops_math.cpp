@@ -63,6 +63,26 @@ class SquareBackward final : public Node {
   std::string_view name() const noexcept override { return "PowBackward0"; }
 };
 
+/// PowBackward0 of pow(self, exponent): grad * (exponent * self.pow(exponent - 1))
+/// (FunctionsManual.cpp's pow_backward): three allocations, two freed.
+class PowScalarBackward final : public Node {
+ public:
+  explicit PowScalarBackward(double exponent) : exponent_(exponent) {}
+  SavedTensor self_;
+  TensorList apply(TensorList& grads) override {
+    const Tensor x = self_.unpack();
+    const double e = exponent_;
+    const Tensor lower = unary(x, [e](auto v) { return static_cast<decltype(v)>(std::pow(v, e - 1)); });
+    const Tensor scaled = unary(lower, [e](auto v) { return static_cast<decltype(v)>(e * v); });
+    return {zip(grads[0], scaled, [](auto g, auto t) { return g * t; })};
+  }
+  void release_variables() noexcept override { self_.reset(); }
+  std::string_view name() const noexcept override { return "PowBackward0"; }
+
+ private:
+  double exponent_;
+};
+
 /// RsqrtBackward0: -0.5 * grad * result.pow(3); three allocations, two freed.
 class RsqrtBackward final : public Node {
  public:
@@ -116,6 +136,17 @@ Tensor square(const Tensor& x_in) {
   Tensor out = unary(x, [](auto v) { return v * v; });
   if (needs_grad({&x})) {
     auto node = detail::make_node<SquareBackward>({&x});
+    node->self_.save(x);
+    set_history(out, node);
+  }
+  return out;
+}
+
+Tensor pow_scalar(const Tensor& x_in, double exponent) {
+  const Tensor x = detail::autocast_f32(x_in);  // pow is on autocast's fp32 list
+  Tensor out = unary(x, [exponent](auto v) { return static_cast<decltype(v)>(std::pow(v, exponent)); });
+  if (needs_grad({&x})) {
+    auto node = detail::make_node<PowScalarBackward>({&x}, exponent);
     node->self_.save(x);
     set_history(out, node);
   }

@@ -10,7 +10,10 @@ torch.autograd.graph.saved_tensors_hooks during one forward: each storage once, 
 innermost module running when it is first saved, parameters and buffers left out. Cases:
 f32 and bf16 with eager attention and with SDPA (the CPU's flash kernel keeps what CUDA's
 keeps in bytes: q, k, v, the output and an f32 logsumexp [B, H, S]), and bf16 SDPA with LoRA
-on q and v and on every projection. Every module's bytes must be equal.
+on q and v and on every projection. Every module's bytes must be equal. GPT-2 too (eager, dropout
+0: the CPU's dropout keeps a float mask where CUDA's keeps a bool one), whose
+NewGELUActivation keeps four tensors of the MLP's width (f32: the CPU's bf16 layer_norm keeps
+bf16 statistics where CUDA's, and vramscope's, are f32).
 
 Exit 77 (skipped) without torch and transformers, unless VRAMSCOPE_REQUIRE_STACK=1 (CI),
 which makes a missing environment a failure.
@@ -26,6 +29,9 @@ from stack_python import reexec_on_stack
 
 B, S, HIDDEN, HEADS, KV_HEADS, INTERMEDIATE, VOCAB = 2, 64, 64, 4, 2, 128, 32
 FAMILIES = ("llama", "mistral", "qwen2")
+# f32 only: in bf16 the CPU's layer_norm keeps its mean and rstd in bf16 where CUDA's keeps
+# them in f32, as vramscope does.
+GPT2_CASES = [("gpt2", "float32", "eager", None)]
 CASES = [  # dtype, attention, LoRA targets
     ("float32", "eager", None), ("bfloat16", "eager", None), ("float32", "sdpa", None),
     ("bfloat16", "sdpa", None), ("bfloat16", "sdpa", ["q_proj", "v_proj"]),
@@ -37,9 +43,18 @@ def minor(version: str) -> str:
     return ".".join(version.split("+")[0].split(".")[:2])
 
 
+ROOT = Path(__file__).resolve().parents[2]
+
+
 def build(family: str, dtype: str, attention: str, lora):
     import torch
     import transformers
+    if family == "gpt2":
+        cfg = transformers.GPT2Config(vocab_size=VOCAB, n_embd=HIDDEN, n_layer=1, n_head=HEADS, n_positions=256,
+                                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+        cfg._attn_implementation = attention
+        torch.manual_seed(0)
+        return cfg, transformers.GPT2LMHeadModel(cfg).to(getattr(torch, dtype)).train()
     config_class = {"llama": transformers.LlamaConfig, "mistral": transformers.MistralConfig,
                     "qwen2": transformers.Qwen2Config}[family]
     extra = {"sliding_window": None} if family != "llama" else {}
@@ -71,11 +86,18 @@ def vramscope_saved(exe: str, cfg, dtype: str, attention: str, lora, stack: str,
     config = scratch / "config.json"
     doc = json.loads(cfg.to_json_string(use_diff=True))  # what save_pretrained writes
     doc.setdefault("architectures", [type(cfg).__name__.replace("Config", "ForCausalLM")])
+    if cfg.model_type == "gpt2":  # the published config's keys, at these sizes
+        doc = json.loads((ROOT / "models" / "zoo" / "hf" / "gpt2.json").read_text())
+        doc.update(vocab_size=VOCAB, n_embd=HIDDEN, n_layer=1, n_head=HEADS, n_positions=256, n_ctx=256,
+                   resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
     config.write_text(json.dumps(doc))
     out = scratch / "saved.csv"
     command = [exe, "trace", "--hf-config", str(config), "--batch", str(B), "--seq", str(S),
                "--dtype", {"float32": "f32", "bfloat16": "bf16"}[dtype], "--attn", attention, "--stack", stack,
                "--steps", "1", "--saved", str(out), "--max-depth", "1", "--no-pre"]
+    if cfg.model_type == "gpt2":
+        command.remove("--attn")
+        command.remove(attention)
     if lora:
         command += ["--lora", "8", "--lora-targets", "+".join(lora)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
@@ -100,23 +122,22 @@ def main() -> int:
           f"peft {peft.__version__ if peft else 'absent'}: vramscope --stack {stack}")
     failures = 0
     with tempfile.TemporaryDirectory() as tmp:
-        for family in FAMILIES:
-            for dtype, attention, lora in CASES:
-                if lora and peft is None:
-                    continue
-                cfg, model = build(family, dtype, attention, lora)
-                measured = torch_saved(model)
-                names = {n.removeprefix("base_model.model.") for n, _ in model.named_modules()}
-                ours = vramscope_saved(exe, cfg, dtype, attention, lora, stack, Path(tmp), names)
-                tag = f"{family} {dtype} {attention}" + (f" LoRA {'+'.join(lora)}" if lora else "")
-                differ = [m for m in sorted(set(measured) | set(ours)) if measured.get(m, 0) != ours.get(m, 0)]
-                for m in differ:
-                    print(f"FAIL {tag}: '{m}' saves {measured.get(m, 0):,} B on PyTorch, {ours.get(m, 0):,} B on vramscope")
-                if not measured:
-                    differ.append("nothing measured")
-                print(f"check_transformers: {tag}: {len(measured)} modules, {sum(measured.values()):,} B, "
-                      f"{'equal' if not differ else f'{len(differ)} differ'}")
-                failures += len(differ)
+        for family, dtype, attention, lora in [(f, *c) for f in FAMILIES for c in CASES] + GPT2_CASES:
+            if lora and peft is None:
+                continue
+            cfg, model = build(family, dtype, attention, lora)
+            measured = torch_saved(model)
+            names = {n.removeprefix("base_model.model.") for n, _ in model.named_modules()}
+            ours = vramscope_saved(exe, cfg, dtype, attention, lora, stack, Path(tmp), names)
+            tag = f"{family} {dtype} {attention}" + (f" LoRA {'+'.join(lora)}" if lora else "")
+            differ = [m for m in sorted(set(measured) | set(ours)) if measured.get(m, 0) != ours.get(m, 0)]
+            for m in differ:
+                print(f"FAIL {tag}: '{m}' saves {measured.get(m, 0):,} B on PyTorch, {ours.get(m, 0):,} B on vramscope")
+            if not measured:
+                differ.append("nothing measured")
+            print(f"check_transformers: {tag}: {len(measured)} modules, {sum(measured.values()):,} B, "
+                  f"{'equal' if not differ else f'{len(differ)} differ'}")
+            failures += len(differ)
     return 1 if failures else 0
 
 

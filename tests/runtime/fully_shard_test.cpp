@@ -51,10 +51,11 @@ struct RankRun {
   std::vector<CommunicationBuffer> buffers;
 };
 
-RankRun run_rank(const char* model, const char* parallel, const char* options, std::size_t steps = 2) {
+RankRun run_rank(const char* model, const char* parallel, const char* options, std::size_t steps = 2,
+                 const char* sizes = "batch=2") {
   TrainConfig cfg;
   cfg.model = models::find(model);
-  cfg.model_options = ModelOptions::parse("batch=2");
+  cfg.model_options = ModelOptions::parse(sizes);
   cfg.precision = Precision::BF16;
   cfg.steps = steps;
   cfg.parallel = parse_parallel(parallel, options);
@@ -177,8 +178,9 @@ TEST(FullyShard, TheLastRankHoldsFewerRowsWhereDimZeroDoesNotSplit) {
 // tests/models): stage 2 against stage 1 on one model, the parts that must hold whatever the
 // model.
 TEST(ZeroRedundancy, StagesPartitionTheOptimizerAndTheGradients) {
-  const RankRun one = run_rank("gpt2", "zero1:8", "");
-  const RankRun two = run_rank("gpt2", "zero2:8", "");
+  // Short sequences: the gradients, not the causal-LM loss's f32 logits, make the backward's peak.
+  const RankRun one = run_rank("gpt2", "zero1:8", "", 2, "batch=1,seq=128");
+  const RankRun two = run_rank("gpt2", "zero2:8", "", 2, "batch=1,seq=128");
   const std::int64_t params = 124'439'808LL;  // gpt2's (the tied head once)
   const std::int64_t padded = (params + 15) / 16 * 16, partition = padded / 8;
   // Construction: the bf16 flat buffer (the model, whole) and the fp32 master partition.

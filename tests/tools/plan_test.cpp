@@ -53,7 +53,9 @@ TEST(Plan, FindsTheTwoWideBlocksOfTheChainWhereNoUniformCheckpointingFits) {
   // checkpoint_sequential was tried and no count fits; neither does every block.
   EXPECT_EQ(r.segments_tried, (std::vector<std::size_t>{2, 4}));
   for (const Plan& p : r.plans) {
-    if (p.segments > 1 || p.checkpointing == "blocks") EXPECT_FALSE(p.fits()) << p.label();
+    if (p.segments > 1 || p.checkpointing == "blocks") {
+      EXPECT_FALSE(p.fits()) << p.label();
+    }
   }
   const std::string report = plan_report(r, 8, false);
   EXPECT_NE(report.find("Checkpointed: b1, tail.w0."), std::string::npos) << report;
@@ -86,7 +88,9 @@ TEST(Plan, ForumCnnFullCannotBeFitByCheckpointingAndSaysWhatCan) {
   ASSERT_TRUE(r.given_needs.has_value());
   // Nothing that keeps the step's arithmetic fits: the states alone exceed the device.
   for (const Plan& p : r.plans) {
-    if (p.rank_tier() == 0) EXPECT_FALSE(p.fits()) << p.label();
+    if (p.rank_tier() == 0) {
+      EXPECT_FALSE(p.fits()) << p.label();
+    }
   }
   const MemoryComposition& c = r.given_needs->peak_composition;
   const std::int64_t states = c.of(MemoryKind::Weights) + c.of(MemoryKind::Gradients) +
@@ -139,14 +143,18 @@ TEST(Plan, RanksFittingPlansByChangeThenRecomputeThenMemory) {
     if (i == 0) continue;
     const Plan& q = r.plans[i - 1];
     EXPECT_LE(q.rank_tier(), p.rank_tier());
-    if (q.rank_tier() == p.rank_tier() && q.change == p.change) EXPECT_LE(q.recompute_share, p.recompute_share);
+    if (q.rank_tier() == p.rank_tier() && q.change == p.change) {
+      EXPECT_LE(q.recompute_share, p.recompute_share);
+    }
   }
   // The best keeps the arithmetic and recomputes no more than uniform checkpointing that fits.
   const Plan* best = r.best();
   ASSERT_NE(best, nullptr);
   EXPECT_EQ(best->rank_tier(), 0);
   for (const Plan& p : r.plans) {
-    if (p.fits() && (p.segments > 1 || p.checkpointing == "blocks")) EXPECT_LE(best->recompute_share, p.recompute_share);
+    if (p.fits() && (p.segments > 1 || p.checkpointing == "blocks")) {
+      EXPECT_LE(best->recompute_share, p.recompute_share);
+    }
   }
 }
 
@@ -357,7 +365,7 @@ TEST(PlanReference, Resnet152SavesWhatTheH200Saved) {
   EXPECT_NEAR(static_cast<double>(plain.peak_allocated), static_cast<double>(plain_alloc), 0.002 * plain_alloc);
 }
 
-TEST(PlanReference, Gpt2XlSavesWhatTheH200SavedThoughItsPeakIsLow) {
+TEST(PlanReference, Gpt2XlWithThePlannedAttentionModulesMatchesTheH200) {
   SweepSpec spec;
   spec.model = models::load_hf_config(std::string(VRAMSCOPE_TEST_DATA_DIR) + "/../../models/zoo/hf/gpt2-xl.json");
   spec.model_options = nn::ModelOptions::parse("batch=4,seq=1024");
@@ -365,12 +373,11 @@ TEST(PlanReference, Gpt2XlSavesWhatTheH200SavedThoughItsPeakIsLow) {
   const auto [plain, planned] = predicted(spec, checkpointed_in("gpt2-xl.py"));
   const auto [plain_alloc, plain_reserved] = measured("gpt2-xl", "none");
   const auto [plan_alloc, plan_reserved] = measured("gpt2-xl", "gpt2-xl.py");
-  // The 39 attention modules' saving within 0.1% (22,746,740,224 B measured) ...
-  EXPECT_NEAR(static_cast<double>(plain.peak_allocated - planned.peak_allocated),
-              static_cast<double>(plain_alloc - plan_alloc), 0.001 * (plain_alloc - plan_alloc));
-  // ... while both peaks are 8.37 GB low: what transformers 5.17's GPT-2 keeps outside them
-  // (VALIDATION.md); this pins the gap until it is closed.
-  EXPECT_NEAR(static_cast<double>(plain_alloc - plain.peak_allocated), 8.37e9, 0.05e9);
+  // 55,420,685,824 and 32,673,945,600 B measured. These were 8.37 GB low before GPT-2's
+  // NewGELUActivation and causal-LM loss were modelled as transformers writes them.
+  EXPECT_NEAR(plain.peak_allocated, plain_alloc, 8 << 20);
+  EXPECT_NEAR(planned.peak_allocated, plan_alloc, 8 << 20);
+  EXPECT_NEAR(static_cast<double>(planned.peak_reserved), static_cast<double>(plan_reserved), 0.005 * plan_reserved);
 }
 
 }  // namespace

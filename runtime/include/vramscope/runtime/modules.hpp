@@ -424,6 +424,16 @@ class GELU : public Module {
   bool tanh_approx_;
 };
 
+/// transformers' NewGELUActivation (GPT-2's "gelu_new"), written out in Python as
+/// 0.5 * x * (1.0 + tanh(sqrt(2 / pi) * (x + 0.044715 * x.pow(3)))): unlike the fused
+/// GELU(approximate="tanh") it keeps four tensors of x's size for backward (x for the pow,
+/// tanh's result, 0.5 * x and 1 + tanh for the product) and makes four temporaries on the way.
+class NewGELU : public Module {
+ public:
+  NewGELU();
+  Tensor forward(const Tensor& input) override;
+};
+
 /// nn.BatchNorm2d, and nn.BatchNorm1d with type "BatchNorm1d" ([N, C] or [N, C, L]).
 class BatchNorm2d : public Module {
  public:

@@ -157,6 +157,10 @@ Tensor mul(const Tensor& a, const Tensor& b);
 Tensor mul_scalar(const Tensor& x, double s);
 /// x * x (x.pow(2)). Saves x; backward allocates grad * (2 * x.pow(1)) with two temporaries.
 Tensor square(const Tensor& x);
+/// torch.pow(x, exponent) for a number: PowBackward0 keeps x (its backward makes
+/// x.pow(exponent - 1), then exponent times it, then the product with the gradient). On
+/// autocast's fp32 list.
+Tensor pow_scalar(const Tensor& x, double exponent);
 /// 1 / sqrt(x). Saves its output.
 Tensor rsqrt(const Tensor& x);
 /// -x. Saves nothing.
