@@ -1,0 +1,58 @@
+// plan_bench.cpp — `vramscope plan`, the whole search: the profile, every family's dry runs
+// and the ranking. Targets (issue 33): under 2 s for resnet152 and for llama-3.1-70b.
+#include <benchmark/benchmark.h>
+
+#include "plan.hpp"
+#include "vramscope/models/zoo.hpp"
+#include "vramscope/runtime/data_parallel.hpp"
+
+namespace {
+
+void run(benchmark::State& state, mem::tools::PlanSpec spec) {
+  std::size_t runs = 0;
+  double recompute = 0;
+  for (auto _ : state) {
+    const mem::tools::PlanResult result = mem::tools::run_plan(spec);
+    runs = result.dry_runs;
+    recompute = result.best() != nullptr ? result.best()->recompute_share : -1;
+    benchmark::DoNotOptimize(recompute);
+  }
+  state.counters["dry_runs"] = static_cast<double>(runs);
+  state.counters["best_recompute_pct"] = 100 * recompute;
+}
+
+mem::tools::PlanSpec spec_of(const char* model, const char* options, mem::nn::Precision precision, const char* device) {
+  mem::tools::PlanSpec spec;
+  spec.base.model = mem::models::find(model);
+  spec.base.model_options = mem::nn::ModelOptions::parse(options);
+  spec.base.device = device;
+  spec.base.precisions = {precision};
+  spec.base.alloc_confs = {""};
+  return spec;
+}
+
+/// resnet152 at batch 256 on an A100 40 GB, every family searched (52 dry runs).
+void BM_PlanResnet152(benchmark::State& state) {
+  run(state, spec_of("resnet152", "batch=256", mem::nn::Precision::F32, "sim:a100-40g"));
+}
+BENCHMARK(BM_PlanResnet152)->Unit(benchmark::kMillisecond);
+
+/// One rank of llama-3.1-70b under FSDP2 on 64 H100s, batch 1 x 4096 in bf16: which layers
+/// to checkpoint.
+void BM_PlanLlama70BFsdp64(benchmark::State& state) {
+  mem::tools::PlanSpec spec = spec_of("llama-3.1-70b", "batch=1,seq=4096,attn=sdpa", mem::nn::Precision::BF16,
+                                      "sim:h100-80g");
+  spec.base.parallels = {mem::nn::parse_parallel("fsdp:64")};
+  run(state, spec);
+}
+BENCHMARK(BM_PlanLlama70BFsdp64)->Unit(benchmark::kMillisecond);
+
+/// llama-3.1-70b with LoRA on one B200, batch 1 x 8192 in bf16 (51 dry runs).
+void BM_PlanLlama70BLoraB200(benchmark::State& state) {
+  run(state, spec_of("llama-3.1-70b", "batch=1,seq=8192,attn=sdpa,lora=16", mem::nn::Precision::BF16, "sim:b200"));
+}
+BENCHMARK(BM_PlanLlama70BLoraB200)->Unit(benchmark::kMillisecond);
+
+}  // namespace
+
+BENCHMARK_MAIN();
