@@ -7,11 +7,13 @@
 For each case it runs `vramscope plan --search none --format json` (checkpointing alone, the
 step's arithmetic untouched) and sets the best plan beside the best uniform checkpointing
 that fits: checkpoint_sequential's best segment count, or every repeated block (what
-gradient_checkpointing_enable() does for a decoder). Every figure is a dry run's.
+gradient_checkpointing_enable() does for a decoder). Every figure is a dry run's. The
+"code" block is what `--code` writes for the last case.
 """
 import json
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import doc_tables
@@ -59,7 +61,11 @@ def tables(exe):
         cells += [best["plan"], pct(best["recompute_share"]), gib(best["max_nvidia_smi"])] if best else ["none fits", "", ""]
         cells += [u["plan"], pct(u["recompute_share"]), gib(u["max_nvidia_smi"])] if u else ["none fits", "", ""]
         rows.append("| " + " | ".join(cells) + " |")
-    return {"zoo": "\n".join(rows) + "\n"}
+    with tempfile.TemporaryDirectory() as tmp:  # the code of the llama case's best plan
+        code = Path(tmp) / "plan.py"
+        plan(exe, CASES[-1][1] + ["--code", str(code)])
+        block = "```python\n" + code.read_text() + "```\n"
+    return {"zoo": "\n".join(rows) + "\n", "code": block}
 
 
 if __name__ == "__main__":

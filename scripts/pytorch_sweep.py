@@ -85,7 +85,9 @@ def build_resnet(nn, opts, name):
 
 
 def build_gpt2(torch, nn, opts, layers, embed, heads):
-    """GPT-2 as transformers' eager GPT2 (Conv1D addmm, where-mask, softmax, .type)."""
+    """GPT-2 as transformers' eager GPT2 (Conv1D addmm, where-mask, softmax, .type, gelu_new
+    as NewGELUActivation's Python), trained as GPT2LMHeadModel(input_ids, labels=input_ids)
+    trains it (ForCausalLMLoss: f32 logits, shifted labels)."""
     F = torch.nn.functional
     vocab, positions = 50257, 1024
     batch, seq = opts.batch or 8, opts.seq or positions
@@ -129,11 +131,15 @@ def build_gpt2(torch, nn, opts, layers, embed, heads):
             y = torch.matmul(att, v).permute(0, 2, 1, 3).contiguous().view(b, t, c)
             return self.resid_dropout(self.c_proj(y))
 
+    class NewGELU(nn.Module):  # transformers/activations.py's NewGELUActivation
+        def forward(self, x):
+            return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
     class MLP(nn.Module):
         def __init__(self):
             super().__init__()
             self.c_fc, self.c_proj = Conv1D(embed, 4 * embed), Conv1D(4 * embed, embed)
-            self.act, self.dropout = nn.GELU(approximate="tanh"), nn.Dropout(p)
+            self.act, self.dropout = NewGELU(), nn.Dropout(p)
 
         def forward(self, x):
             return self.dropout(self.c_proj(self.act(self.c_fc(x))))
@@ -167,10 +173,19 @@ def build_gpt2(torch, nn, opts, layers, embed, heads):
 
     emb = Embeddings()
     body = nn.Sequential(emb, *[Block() for _ in range(layers)], nn.LayerNorm(embed), TiedHead(emb.wte))
-    return body, batch, ("token", (batch, seq), vocab), ("token", (batch, seq), vocab), "ce"
+    return body, batch, ("token", (batch, seq), vocab), None, "causal_lm_logits"
 
 
 GPT2 = {"gpt2": (12, 768, 12), "gpt2-medium": (24, 1024, 16), "gpt2-large": (36, 1280, 20), "gpt2-xl": (48, 1600, 25)}
+
+
+def causal_lm_loss(torch, logits, labels):
+    """transformers' ForCausalLMLoss (loss/loss_utils.py): f32 logits, labels padded with -100
+    and shifted by one, cross entropy over the vocabulary."""
+    logits = logits.float()
+    labels = torch.nn.functional.pad(labels, (0, 1), value=-100)
+    shift_labels = labels[..., 1:].contiguous()
+    return torch.nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), shift_labels.view(-1), ignore_index=-100)
 
 
 def build(torch, opts):
@@ -285,16 +300,20 @@ def run_one(opts, dtype_name, segments):
             stats.reset_peak_memory_stats()
             torch.cuda.synchronize()
             started = time.perf_counter()
-            x, y = make(inp), make(tgt)
+            x, y = make(inp), (make(tgt) if tgt else None)
             with torch.autocast("cuda", dtype=autocast, enabled=autocast is not None), sdpa_backend(torch, opts.attn):
                 if loss_kind == "causal_lm":  # transformers computes its own loss; the output
                     out = None                  # object (logits) goes at once, as in Trainer
                     loss = body(input_ids=x, labels=x).loss
+                elif loss_kind == "causal_lm_logits":  # the same loss of the logits, which go at once
+                    out = None
+                    loss = causal_lm_loss(torch, body(x) if segments == 0 else checkpoint_sequential(
+                        body, segments, x, use_reentrant=opts.checkpoint == "reentrant"), x)
                 elif segments == 0:
                     out = body(x)
                 else:
                     out = checkpoint_sequential(body, segments, x, use_reentrant=opts.checkpoint == "reentrant")
-                if loss_kind == "causal_lm":
+                if loss_kind in ("causal_lm", "causal_lm_logits"):
                     pass
                 elif loss_kind == "mse":
                     loss = torch.nn.functional.mse_loss(out, y)

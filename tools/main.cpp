@@ -44,6 +44,7 @@ int main(int argc, char** argv) {
       "  vramscope sweep                          # a deep mlp that only fits with checkpointing\n"
       "  vramscope sweep --model resnet50 --batch 128 --device sim:a100-40g --dtype f32,amp\n"
       "  vramscope trace --model resnet18 --batch 128 --max-depth 2 --snapshot step.pickle\n"
+      "  vramscope plan --model resnet152 --batch 256 --device sim:a100-40g   # what makes it fit\n"
       "  vramscope devices\n"
       "  vramscope models\n"
       "Run `vramscope <command> --help` for each command's options.");
@@ -53,7 +54,7 @@ int main(int argc, char** argv) {
     if (app.get_subcommands().empty()) {
       std::cout << app.help();
       return fail(mem::tools::kExitUsage,
-                  "no command given: choose sweep, trace, replay, devices or models (help above)");
+                  "no command given: choose sweep, trace, plan, replay, devices or models (help above)");
     }
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);

@@ -76,7 +76,8 @@ nn::TrainConfig train_config(const SweepSpec& spec, const SweepRow& row) {
   nn::TrainConfig cfg;
   cfg.model = spec.model;
   cfg.model_options = row_options(spec, row.batch, row.seq);
-  if (!row.checkpoint.empty()) cfg.model_options.checkpoint = row.checkpoint;
+  const bool unmarked_baseline = spec.checkpoint_modules && row.checkpoint == "none";
+  if (!row.checkpoint.empty() && !unmarked_baseline) cfg.model_options.checkpoint = row.checkpoint;
   cfg.mode = spec.mode;
   cfg.device = spec.device;
   cfg.alloc_conf = row.alloc_conf;
@@ -89,7 +90,8 @@ nn::TrainConfig train_config(const SweepSpec& spec, const SweepRow& row) {
   cfg.optimizer = spec.optimizer;
   cfg.stack = spec.stack;
   cfg.parallel = row.parallel;
-  cfg.checkpoint_modules = spec.checkpoint_modules;
+  // --checkpoint-modules' rows; their saving is measured against the model without marks.
+  cfg.checkpoint_modules = unmarked_baseline ? std::vector<std::string>{} : spec.checkpoint_modules;
   return cfg;
 }
 
@@ -395,7 +397,8 @@ SweepResult run_sweep(const SweepSpec& spec_in, const SweepProgress& progress) {
     // whose layers are checkpointed (--gradient-checkpointing) is measured against the same
     // model without: the "none" group of a list, or one run of it.
     const std::string mode = g.checkpoint.empty() ? spec.model_options.checkpoint.value_or("") : g.checkpoint;
-    const bool marked = !mode.empty() && mode != "none";
+    const bool marked = (!mode.empty() && mode != "none") ||
+                        (g.checkpoint.empty() && spec.checkpoint_modules && !spec.checkpoint_modules->empty());
     const std::string key = fmt::format("{}|{}|{}|{}|{}", g.conf, nn::precision_name(g.precision), g.batch, g.seq,
                                         nn::parallel_label(g.parallel));
     std::optional<std::int64_t> base;

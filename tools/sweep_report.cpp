@@ -224,7 +224,10 @@ Table sweep_table(const SweepResult& result, const ReportOptions& options) {
     if (show_seq) cells.push_back(std::to_string(row.seq));
     if (show_parallel) cells.push_back(row.parallel.enabled() ? nn::parallel_label(row.parallel) : "1 GPU");
     if (show_checkpoint) cells.push_back(row.checkpoint);
-    cells.push_back(segments_cell(row.segments));
+    const auto& modules = result.spec.checkpoint_modules;
+    cells.push_back(modules && !modules->empty()
+                        ? fmt::format("{} module{}", modules->size(), modules->size() == 1 ? "" : "s")
+                        : segments_cell(row.segments));
     if (show_conf) cells.push_back(row.alloc_conf.empty() ? "default" : row.alloc_conf);
     const RunFigures& f = row.figures;
     if (row.fits()) {
