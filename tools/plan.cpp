@@ -11,6 +11,7 @@
 
 #include "max_batch.hpp"
 #include "usage_error.hpp"
+#include "vramscope/allocator/units.hpp"
 #include "vramscope/allocator/sim_device.hpp"
 #include "vramscope/runtime/checkpoint.hpp"
 
@@ -130,6 +131,7 @@ class Planner {
       p.refused = e.what();
     }
     p.recompute_share = p.figures.recompute_ratio * result_.profile.forward_share;
+    p.over_headroom = !p.oom && !p.error && p.refused.empty() && p.figures.peak_device_used > capacity_;
     return p;
   }
 
@@ -291,7 +293,7 @@ class Planner {
 void Planner::search() {
   const nn::ModelInfo& info = result_.model;
   decoder_ = !info.sequential_checkpointing;
-  capacity_ = static_cast<std::int64_t>(result_.device.total_bytes);
+  capacity_ = static_cast<std::int64_t>(result_.device.total_bytes) - static_cast<std::int64_t>(spec_.headroom);
   {
     SweepRow row;
     row.precision = spec_.base.precisions.front();
@@ -423,6 +425,11 @@ PlanResult run_plan(const PlanSpec& spec_in, const PlanProgress& progress) {
   base.segments = {0};
   result.model = validate_sweep(base);
   result.device = make_run_device(base)->info();
+  if (result.spec.headroom >= result.device.total_bytes - result.device.context_bytes) {
+    throw UsageError(fmt::format("--headroom: {} leaves nothing of the {} {} has after its CUDA context",
+                                 format_bytes(result.spec.headroom),
+                                 format_bytes(result.device.total_bytes - result.device.context_bytes), result.device.name));
+  }
 
   Planner planner{result.spec, progress, result};
   planner.search();

@@ -47,6 +47,9 @@ struct PlanSpec {
   /// batch; segments and checkpoint lists are not read (the plan chooses them).
   SweepSpec base;
   PlanSearch search;
+  /// What a plan must leave free in nvidia-smi's view (a data loader's pinned buffers, a
+  /// second process, metrics): a plan fits when its peak is at most the device less this.
+  std::size_t headroom = 0;
 };
 
 struct Plan {
@@ -66,10 +69,11 @@ struct Plan {
   std::optional<OomFailure> oom;
   std::optional<AutogradFailure> error;
   std::string refused;                    ///< the runtime refused the configuration (mem::Error)
+  bool over_headroom = false;             ///< ran, but its peak leaves less than PlanSpec::headroom
   /// Recomputed forward FLOPs over the plain step's (forward + backward + optimizer).
   double recompute_share = 0;
 
-  bool fits() const noexcept { return !oom && !error && refused.empty() && !figures.gradients_missing; }
+  bool fits() const noexcept { return !oom && !error && refused.empty() && !over_headroom && !figures.gradients_missing; }
   /// "checkpoint 5 modules", "checkpoint 8 of 50 blocks", "checkpoint_sequential 4 segments",
   /// "expandable_segments:True", "batch 64 x 4 accumulation steps", "amp-bf16", "adam8bit",
   /// joined by " + ".

@@ -12,6 +12,7 @@
 #include "plan_report.hpp"
 #include "progress.hpp"
 #include "usage_error.hpp"
+#include "vramscope/allocator/units.hpp"
 #include "vramscope/instrumentation/files.hpp"
 
 namespace mem::tools {
@@ -29,6 +30,7 @@ struct PlanArgs {
   std::size_t top = 8;
   std::string format = "table";
   std::string code;
+  std::string headroom = "0";
   bool brief = false;
 };
 
@@ -74,6 +76,7 @@ void run(const PlanArgs& args) {
   base.parallels = parse_parallel_args(args.parallel);
   base.segments = {0};
   spec.search = parse_search(args.search);
+  spec.headroom = as_usage("--headroom", [&] { return parse_bytes(args.headroom, /*allow_zero=*/true); });
   if (args.format != "table" && args.format != "json") {
     throw UsageError("--format: \"" + args.format + "\" is not a format; valid: table, json");
   }
@@ -132,6 +135,10 @@ void add_plan_command(CLI::App& app) {
                   "accumulation (micro-batches), precision, optimizer; none for checkpointing alone")
       ->capture_default_str()
       ->type_name("LIST");
+  cmd->add_option("--headroom", args->headroom,
+                  "what a plan must leave free in nvidia-smi's view, e.g. 1GiB (a data loader, a second process)")
+      ->capture_default_str()
+      ->type_name("SIZE");
   cmd->add_option("--top", args->top, "plans shown in the table")->check(integer_in(1, 1000))->capture_default_str();
   cmd->add_option("-f,--format", args->format, "table or json")->capture_default_str();
   cmd->add_option("--code", args->code, "write the best plan's PyTorch code to FILE.py")

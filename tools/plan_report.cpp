@@ -17,6 +17,7 @@ std::string percent(double share) { return share == 0 ? "0" : fmt::format("{:.1f
 
 std::string smi_cell(const Plan& p) {
   if (p.fits()) return human_bytes(p.figures.peak_device_used);
+  if (p.over_headroom) return human_bytes(p.figures.peak_device_used) + " (headroom)";
   if (!p.refused.empty()) return "refused";
   if (p.error) return "error";
   return "OOM";
@@ -44,6 +45,10 @@ std::string given_failure(const Plan& p) {
                        human_bytes(static_cast<std::int64_t>(p.oom->figures.allocated)));
   }
   if (p.error) return describe_place(*p.error) + ": " + p.error->message;
+  if (p.over_headroom) {
+    return fmt::format("it runs, peaking at {} in nvidia-smi's view, which leaves less than the headroom asked",
+                       human_bytes(p.figures.peak_device_used));
+  }
   return p.refused;
 }
 
@@ -52,10 +57,13 @@ std::string given_failure(const Plan& p) {
 std::string plan_report(const PlanResult& r, std::size_t top, bool how_to_read) {
   std::string out;
   const Plan& g = r.given;
-  out += fmt::format("plan for {} ({}, {}{}) on {} ({} total)\n", model_title(r.model, r.spec.base.model_options),
+  out += fmt::format("plan for {} ({}, {}{}) on {} ({} total{})\n", model_title(r.model, r.spec.base.model_options),
                      nn::precision_name(g.precision), nn::optimizer_label(g.optimizer),
                      g.alloc_conf.empty() ? "" : ", " + g.alloc_conf, r.device.name,
-                     human_bytes(static_cast<std::int64_t>(r.device.total_bytes)));
+                     human_bytes(static_cast<std::int64_t>(r.device.total_bytes)),
+                     r.spec.headroom == 0 ? ""
+                                          : ", " + human_bytes(static_cast<std::int64_t>(r.spec.headroom)) +
+                                                " kept free");
   if (g.fits()) {
     out += fmt::format("\nIt fits as given: max allocated {}, {} in nvidia-smi's view of {}; nothing to change.\n",
                        human_bytes(g.figures.peak_allocated), human_bytes(g.figures.peak_device_used),

@@ -85,11 +85,24 @@ def common(rng, args):
 
 
 def vector(rng):
-    command = rng.choices(["sweep", "trace", "models", "devices", "replay", "nosuch", "--help", ""],
-                          weights=[40, 30, 10, 3, 5, 2, 2, 1])[0]
+    command = rng.choices(["sweep", "trace", "plan", "models", "devices", "replay", "nosuch", "--help", ""],
+                          weights=[36, 27, 10, 10, 3, 5, 2, 2, 1])[0]
     args = [command] if command else []
-    if command in ("sweep", "trace", "models"):
+    if command in ("sweep", "trace", "plan", "models"):
         model_options(rng, args)
+    if command == "plan":
+        if rng.random() < 0.7:
+            args += ["--device", rng.choice(DEVICES)]
+        if rng.random() < 0.4:
+            args += ["--dtype", rng.choice(DTYPES)]
+        if rng.random() < 0.3:
+            args += ["--search", rng.choice(["none", "allocator,precision", "optimizer", "precision,,x", "", "all"])]
+        if rng.random() < 0.2:
+            args += ["--headroom", rng.choice(["0", "1GiB", "1TiB", "-1", "x", "100000000000000000000"])]
+        if rng.random() < 0.2:
+            args += ["--top", rng.choice(["1", "0", "1001", "x"])]
+        if rng.random() < 0.2:
+            args += ["--format", rng.choice(["table", "json", "csv"])]
     if command in ("sweep", "trace"):
         common(rng, args)
     if command == "sweep":

@@ -158,6 +158,25 @@ TEST(Plan, RanksFittingPlansByChangeThenRecomputeThenMemory) {
   }
 }
 
+TEST(Plan, HeadroomIsLeftFreeByEveryPlanThatFits) {
+  PlanSpec spec = chain_spec();
+  spec.headroom = 16u << 20;  // 624 MiB usable: b1 and tail.w0 (610 MiB) still fit
+  const PlanResult loose = run_plan(spec);
+  ASSERT_NE(loose.best(), nullptr);
+  EXPECT_EQ(loose.best()->figures.peak_device_used, 610 * (std::int64_t{1} << 20));
+  spec.headroom = 40u << 20;  // 600 MiB: no set of modules brings it that low
+  const PlanResult tight = run_plan(spec);
+  for (const Plan& p : tight.plans) {
+    if (p.fits()) {
+      EXPECT_LE(p.figures.peak_device_used, 600 * (std::int64_t{1} << 20)) << p.label();
+    }
+  }
+  const bool over = std::any_of(tight.plans.begin(), tight.plans.end(), [](const Plan& p) { return p.over_headroom; });
+  EXPECT_TRUE(over);
+  spec.headroom = 640u << 20;
+  EXPECT_THROW(run_plan(spec), UsageError);
+}
+
 TEST(Plan, RefusesListsAndComputeMode) {
   PlanSpec spec = chain_spec();
   spec.base.precisions = {nn::Precision::F32, nn::Precision::BF16};
