@@ -12,6 +12,7 @@
 #include "plan_report.hpp"
 #include "progress.hpp"
 #include "usage_error.hpp"
+#include "vramscope/models/model_file.hpp"
 #include "vramscope/allocator/units.hpp"
 #include "vramscope/instrumentation/files.hpp"
 
@@ -30,6 +31,7 @@ struct PlanArgs {
   std::size_t top = 8;
   std::string format = "table";
   std::string code;
+  std::string model_out;
   std::string headroom = "0";
   bool brief = false;
 };
@@ -80,7 +82,12 @@ void run(const PlanArgs& args) {
   if (args.format != "table" && args.format != "json") {
     throw UsageError("--format: \"" + args.format + "\" is not a format; valid: table, json");
   }
-  check_output_paths({{"--code", args.code}},
+  const auto* file = dynamic_cast<const models::ModelFile*>(base.model.get());
+  if (!args.model_out.empty() && file == nullptr) {
+    throw UsageError("--model-out: " + base.model->name() +
+                     " is not a model file (a transformers decoder: --code sets its layers' flags)");
+  }
+  check_output_paths({{"--code", args.code}, {"--model-out", args.model_out}},
                      {{"--model-file", args.model.model_file}, {"--hf-config", args.model.hf_config}});
 
   std::unique_ptr<ProgressBar> bar;
@@ -107,6 +114,22 @@ void run(const PlanArgs& args) {
       throw CommandFailed(std::string("--code: ") + e.what());
     }
     (args.format == "table" ? std::cout : std::cerr) << "code: " << args.code << "\n";
+  }
+  if (!args.model_out.empty()) {
+    const Plan* best = result.best();
+    if (best == nullptr) throw CommandFailed("--model-out: no plan fits, so there is no model file to write");
+    if (best->segments > 1) {
+      throw CommandFailed("--model-out: the best plan is checkpoint_sequential's segments, which a model file does "
+                          "not mark; --code applies them");
+    }
+    try {
+      write_output_file(args.model_out, file->with_checkpoint_modules(best->checkpoint_modules.value_or(
+                                            std::vector<std::string>{})),
+                        "the planned model file");
+    } catch (const mem::Error& e) {
+      throw CommandFailed(std::string("--model-out: ") + e.what());
+    }
+    (args.format == "table" ? std::cout : std::cerr) << "model file: " << args.model_out << "\n";
   }
   std::cout.flush();
 }
@@ -144,6 +167,10 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option("--code", args->code, "write the best plan's PyTorch code to FILE.py")
       ->check(non_empty())
       ->type_name("FILE.py");
+  cmd->add_option("--model-out", args->model_out,
+                  "write the model file with the best plan's \"checkpoint_modules\" (zoo files and --model-file)")
+      ->check(non_empty())
+      ->type_name("FILE.json");
   cmd->add_flag("--brief", args->brief, "leave out the 'how to read this' note");
   cmd->footer(
       "Examples:\n"

@@ -4,6 +4,7 @@
 // anything runs. The format is docs/MODEL_FILES.md; the layers' arguments are
 // torch.nn's constructor arguments, with the same defaults.
 #include "vramscope/models/model_file.hpp"
+#include "vramscope/runtime/checkpoint.hpp"
 #include "vramscope/runtime/encoder.hpp"
 
 #include <nlohmann/json.hpp>
@@ -37,6 +38,8 @@ struct ModelFile::Doc {
   std::string description;
   std::vector<std::string> option_keys;
   nn::ModelOptions defaults;  ///< the file's "options": every key it takes, with its default
+  /// "checkpoint_modules": modules checkpointed by path (what `vramscope plan --model-out` writes).
+  std::vector<std::string> checkpoint_modules;
 };
 
 namespace {
@@ -1108,6 +1111,15 @@ class Builder {
     sequence(list_at(root, "", "layers"), "layers", "", flow, 0, children);
     if (children.list.empty()) fail("layers", "expected at least one module");
     for (auto& [name, child] : children.list) body->append(name, std::move(child));
+    if (!doc_.checkpoint_modules.empty()) {
+      // apply_activation_checkpointing by name, over the marks the layers carry.
+      body->set_path("");
+      try {
+        nn::mark_checkpointed(*body, doc_.checkpoint_modules, nn::CheckpointMode::NonReentrant);
+      } catch (const Error& e) {
+        fail("checkpoint_modules", e.what());
+      }
+    }
 
     // The loss.
     const json& loss = root.at("loss");
@@ -1168,11 +1180,12 @@ std::unique_ptr<ModelFile::Doc> read_head(json root, std::string origin) {
   };
   if (!root.is_object()) fail("", "expected a model (a JSON object), got " + kind_of(root));
   for (const auto& [key, value] : root.items()) {
-    static const char* const kKeys[] = {"format", "version", "name", "description", "source", "options",
-                                        "input",  "loss",    "layers", "comment"};
+    static const char* const kKeys[] = {"format", "version", "name",   "description", "source",
+                                        "options", "input",  "loss",   "layers",      "checkpoint_modules",
+                                        "comment"};
     if (std::find(std::begin(kKeys), std::end(kKeys), key) == std::end(kKeys)) {
       fail("", "unknown key '" + key + "'; valid keys: format, version, name, description, source, options, input, "
-               "loss, layers, comment");
+               "loss, layers, checkpoint_modules, comment");
     }
   }
   if (root.value("format", json()) != "vramscope-model") {
@@ -1185,6 +1198,18 @@ std::unique_ptr<ModelFile::Doc> read_head(json root, std::string origin) {
   if (root.at("version").get<std::int64_t>() != kModelFileVersion) {
     fail("version", "this build reads version " + std::to_string(kModelFileVersion) + ", the file is version " +
                         root.at("version").dump());
+  }
+  if (root.contains("checkpoint_modules")) {
+    const json& list = root.at("checkpoint_modules");
+    if (!list.is_array() || list.size() > kMaxModules) {
+      fail("checkpoint_modules", "expected a list of module paths like [\"layer1.0\", \"layer3.5\"], got " + kind_of(list));
+    }
+    for (std::size_t i = 0; i < list.size(); ++i) {
+      if (!list[i].is_string() || list[i].get_ref<const std::string&>().size() > 1000) {
+        fail("checkpoint_modules[" + std::to_string(i) + "]", "expected a module path (a string), got " + kind_of(list[i]));
+      }
+      doc->checkpoint_modules.push_back(list[i].get<std::string>());
+    }
   }
   for (const char* key : {"name", "description", "source"}) {
     if (root.contains(key) && (!root.at(key).is_string() || root.at(key).get_ref<const std::string&>().size() > 1000)) {
@@ -1278,6 +1303,12 @@ std::shared_ptr<const ModelFile> ModelFile::parse(std::string_view json_text, st
   auto file = std::make_shared<const ModelFile>(read_head(std::move(root), std::move(origin)));
   (void)file->build();  // the whole file, checked at its default options
   return file;
+}
+
+std::string ModelFile::with_checkpoint_modules(const std::vector<std::string>& paths) const {
+  json root = doc_->root;
+  root["checkpoint_modules"] = paths;
+  return root.dump(2) + "\n";
 }
 
 std::shared_ptr<const ModelFile> ModelFile::load(const std::string& path) {

@@ -268,6 +268,38 @@ TEST(CheckpointModules, MarksExactlyThePathsAndRunsAsTheModelFilesMarks) {
   EXPECT_EQ(nn::train(by_file).recompute_ratio, 0.0);
 }
 
+TEST(CheckpointModules, AModelFileCarriesThePlanAsCheckpointModules) {
+  const auto chain = models::ModelFile::load(kChain);
+  const std::string planned = chain->with_checkpoint_modules({"b1", "tail.w0"});
+  nn::TrainConfig by_file;
+  by_file.model = models::ModelFile::parse(planned, "planned chain");
+  by_file.device = "sim:capacity=64GiB,context=0";
+  nn::TrainConfig by_path = by_file;
+  by_path.model = chain;
+  by_path.checkpoint_modules = std::vector<std::string>{"b1", "tail.w0"};
+  const nn::TrainReport a = nn::train(by_file), b = nn::train(by_path);
+  EXPECT_EQ(a.peak_allocated, b.peak_allocated);
+  EXPECT_DOUBLE_EQ(a.recompute_ratio, b.recompute_ratio);
+  EXPECT_EQ(a.model.checkpointed_modules, 2u);
+  // A bad list is the file's error, naming the key.
+  const auto error_of = [&](const std::string& list) {
+    std::string text = planned;
+    const std::size_t at = text.find("\"checkpoint_modules\"");
+    const std::size_t end = text.find(']', at);
+    text.replace(at, end + 1 - at, "\"checkpoint_modules\": " + list);
+    try {
+      (void)models::ModelFile::parse(text, "bad.json");
+    } catch (const mem::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(error_of("[\"b9\"]").find("bad.json: checkpoint_modules: checkpoint modules: no module 'b9'"),
+            std::string::npos);
+  EXPECT_NE(error_of("\"b1\"").find("checkpoint_modules: expected a list of module paths"), std::string::npos);
+  EXPECT_NE(error_of("[1]").find("checkpoint_modules[0]: expected a module path"), std::string::npos);
+}
+
 TEST(CheckpointModules, BadPathsAreRefusedNamingWhatExists) {
   auto model = models::ModelFile::load(kChain)->build({});
   nn::Module& root = model->body();

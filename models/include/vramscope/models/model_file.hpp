@@ -45,6 +45,9 @@ class ModelFile final : public nn::ModelSource {
   const std::vector<std::string>& option_keys() const noexcept override;
   /// Where it was read from.
   const std::string& origin() const noexcept;
+  /// The file as JSON with "checkpoint_modules" set to `paths` (the modules that then run
+  /// checkpointed, over any marks of its layers): what `vramscope plan --model-out` writes.
+  std::string with_checkpoint_modules(const std::vector<std::string>& paths) const;
 
   struct Doc;  ///< the parsed document (implementation)
   explicit ModelFile(std::unique_ptr<Doc> doc);
