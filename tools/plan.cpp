@@ -329,11 +329,17 @@ void Planner::search() {
   const bool fits_without_change = std::any_of(result_.plans.begin(), result_.plans.end(), [](const Plan& p) {
     return p.fits() && p.recompute_share == 0;
   });
-  if (spec_.search.allocator && base.alloc_conf.find("expandable_segments") == std::string::npos && !fits_without_change) {
-    Plan p = base;
-    p.change = PlanChange::Allocator;
-    p.alloc_conf = base.alloc_conf.empty() ? "expandable_segments:True" : base.alloc_conf + ",expandable_segments:True";
-    search_change(std::move(p));
+  if (spec_.search.allocator && !fits_without_change) {
+    // PyTorch's two settings against fragmentation (its OOM message names both): segments
+    // that grow in place, and large blocks never split.
+    for (const char* setting : {"expandable_segments:True", "max_split_size_mb:128"}) {
+      const std::string key(setting, std::string_view(setting).find(':'));
+      if (base.alloc_conf.find(key) != std::string::npos) continue;
+      Plan p = base;
+      p.change = PlanChange::Allocator;
+      p.alloc_conf = base.alloc_conf.empty() ? setting : base.alloc_conf + "," + setting;
+      search_change(std::move(p));
+    }
   }
   if (spec_.search.accumulation && info.batch > 1) {
     std::vector<std::int64_t> steps;  // k: the batch splits into k micro-batches
@@ -418,7 +424,7 @@ PlanResult run_plan(const PlanSpec& spec_in, const PlanProgress& progress) {
   result.spec = spec_in;
   SweepSpec& base = result.spec.base;
   if (base.precisions.size() != 1) throw UsageError("plan: give one --dtype (the plan tries the others itself)");
-  if (base.alloc_confs.size() != 1) throw UsageError("plan: give one --alloc-conf (the plan tries expandable_segments itself)");
+  if (base.alloc_confs.size() != 1) throw UsageError("plan: give one --alloc-conf (the plan tries expandable_segments and max_split_size_mb itself)");
   if (base.parallels.size() != 1) throw UsageError("plan: give one --parallel configuration");
   if (!base.batches.empty() || !base.seqs.empty()) throw UsageError("plan: give one --batch and one --seq");
   if (base.mode != nn::ExecMode::DryRun) throw UsageError("plan: runs dry runs only");
@@ -441,6 +447,30 @@ PlanResult run_plan(const PlanSpec& spec_in, const PlanProgress& progress) {
     if (!seen) unique.push_back(std::move(p));
   }
   result.plans = std::move(unique);
+  // Once something fits, the table holds what is worth choosing: of each kind of change (the
+  // checkpointing alone, each allocator setting's kind, accumulation, each precision, each
+  // optimizer), the plans that fit and that no other of the kind beats on recompute and
+  // nvidia-smi's peak at once.
+  if (std::any_of(result.plans.begin(), result.plans.end(), [](const Plan& p) { return p.fits(); })) {
+    const auto kind = [](const Plan& p) {
+      return fmt::format("{}|{}|{}", plan_change_name(p.change), p.precision_changed ? nn::precision_name(p.precision) : "",
+                         p.change == PlanChange::Optimizer ? nn::optimizer_label(p.optimizer) : "");
+    };
+    const auto dominates = [&](const Plan& q, const Plan& p) {
+      if (kind(q) != kind(p)) return false;
+      const bool no_worse = q.recompute_share <= p.recompute_share && q.figures.peak_device_used <= p.figures.peak_device_used;
+      const bool better = q.recompute_share < p.recompute_share || q.figures.peak_device_used < p.figures.peak_device_used;
+      return no_worse && better;
+    };
+    std::vector<Plan> kept;
+    for (const Plan& p : result.plans) {
+      if (!p.fits()) continue;
+      const bool beaten = std::any_of(result.plans.begin(), result.plans.end(),
+                                      [&](const Plan& q) { return q.fits() && dominates(q, p); });
+      if (!beaten) kept.push_back(p);
+    }
+    result.plans = std::move(kept);
+  }
 
   if (result.best() == nullptr) {
     // Nothing fits: what the least hungry attempt needs, and the nearest things that fit.

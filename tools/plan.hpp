@@ -91,8 +91,9 @@ struct PlanResult {
   Plan given;                   ///< the configuration as given, on the device
   /// When it does not fit: the given configuration without the device's limit (what it needs).
   std::optional<RunFigures> given_needs;
-  /// Every other plan measured, ranked: those that fit first, then by change (plan_tier),
-  /// recompute and nvidia-smi's peak; each family's search leaves its best one here.
+  /// The plans worth choosing, ranked by change (rank_tier), recompute and nvidia-smi's peak:
+  /// once any fits, those that fit and that no other beats on all three at once; while none
+  /// fits, each family's attempt (each family's search leaves its best plan here).
   std::vector<Plan> plans;
   /// When nothing fits: the least hungry plan tried, run without the device's limit (what
   /// it needs), the smallest preset that holds that, and the largest batch of that plan.
