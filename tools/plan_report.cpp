@@ -291,6 +291,7 @@ nlohmann::json plan_json(const PlanResult& r) {
     j["max_nvidia_smi"] = p.figures.peak_device_used;
     j["recompute_share"] = p.recompute_share;
     j["recompute_ratio"] = p.figures.recompute_ratio;
+    j["over_headroom"] = p.over_headroom;
     if (p.oom) j["oom"] = p.oom->message;
     if (p.error) j["error"] = p.error->message;
     if (!p.refused.empty()) j["refused"] = p.refused;
@@ -308,6 +309,11 @@ nlohmann::json plan_json(const PlanResult& r) {
   if (r.least_hungry_needs) j["least_hungry_needs"] = r.least_hungry_needs->peak_device_used;
   j["smallest_device"] = r.smallest_device;
   if (r.max_batch) j["max_batch"] = *r.max_batch;
+  j["headroom"] = r.spec.headroom;
+  j["segments_tried"] = r.segments_tried;
+  j["profile"] = {{"forward_flops", r.profile.flops.forward},
+                  {"backward_flops", r.profile.flops.backward},
+                  {"optimizer_flops", r.profile.flops.optimizer}};
   j["dry_runs"] = r.dry_runs;
   return j;
 }

@@ -992,7 +992,42 @@ def check_fsdp(exe, work):
     check(outputs == {"reduce-scatter"}, outputs)
 
 
+def check_plan(exe, work):
+    """vramscope plan end to end: on the chain whose answer is b1 and tail.w0 (tests/data), the
+    table stars it, JSON names it, --code writes the code that wraps exactly those, and
+    --model-out writes a model file that every command then runs with those marks, at the
+    figures the plan printed."""
+    chain = Path(__file__).resolve().parents[1] / "data" / "plan-chain.json"
+    device = ["--device", "sim:capacity=640MiB,context=0"]
+    Path(work).mkdir(parents=True, exist_ok=True)
+    code, planned = os.path.join(work, "plan.py"), os.path.join(work, "planned.json")
+    table = run(exe, "plan", "--model-file", str(chain), *device, "--search", "none", "--code", code,
+                "--model-out", planned).stdout
+    check("checkpoint 2 modules" in table and "yes *" in table and "Checkpointed: b1, tail.w0." in table, table)
+    check("No checkpoint_sequential segment count fits (2, 4 tried)." in table, table)
+    check(f"code: {code}" in table and f"model file: {planned}" in table, table)
+    check('CHECKPOINTED = {"b1", "tail.w0"}' in Path(code).read_text(), Path(code).read_text())
+    check(json.loads(Path(planned).read_text())["checkpoint_modules"] == ["b1", "tail.w0"], planned)
+    best = json.loads(run(exe, "plan", "--model-file", str(chain), *device, "--search", "none",
+                          "--format", "json").stdout)
+    plan = best["plans"][best["best"]]
+    check(plan["checkpoint_modules"] == ["b1", "tail.w0"] and plan["fits"], plan)
+    # The written file runs as the plan did, in sweep and with the same paths on the command line.
+    row = json.loads(run(exe, "sweep", "--model-file", planned, *device, "--format", "json").stdout)["rows"][0]
+    check(row["max_allocated"] == plan["max_allocated"] and row["max_nvidia_smi"] == plan["max_nvidia_smi"], (row, plan))
+    by_path = json.loads(run(exe, "sweep", "--model-file", str(chain), *device, "--checkpoint-modules", "b1,tail.w0",
+                             "--format", "json").stdout)["rows"][0]
+    check(by_path["max_allocated"] == plan["max_allocated"], (by_path, plan))
+    # Bad input: exit 2, one line naming the option.
+    for args, words in ((["plan"], "name a model"), (["plan", "--model", "mlp", "--search", "x"], "--search"),
+                        (["plan", "--model", "gpt2", "--model-out", planned], "--model-out"),
+                        (["plan", "--model", "mlp", "--batch", "8,16"], "one --batch")):
+        out = run(exe, *args, expect=2)
+        check(words in out.stderr and out.stderr.count("\n") == 1, (args, out.stderr))
+
+
 CHECKS = {
+    "plan": check_plan,
     "fsdp": check_fsdp,
     "parallel": check_parallel,
     "exact": check_exact, "csv": check_csv, "json": check_json, "oom": check_oom,
