@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "model_args.hpp"
 #include "sweep_export.hpp"
 #include "sweep_report.hpp"
 #include "table.hpp"
@@ -57,9 +58,9 @@ std::string given_failure(const Plan& p) {
 std::string plan_report(const PlanResult& r, std::size_t top, bool how_to_read) {
   std::string out;
   const Plan& g = r.given;
-  out += fmt::format("plan for {} ({}, {}{}) on {} ({} total{})\n", model_title(r.model, r.spec.base.model_options),
+  out += fmt::format("plan for {} ({}, {}{}) on {}{} ({} total{})\n", model_title(r.model, r.spec.base.model_options),
                      nn::precision_name(g.precision), nn::optimizer_label(g.optimizer),
-                     g.alloc_conf.empty() ? "" : ", " + g.alloc_conf, r.device.name,
+                     g.alloc_conf.empty() ? "" : ", " + g.alloc_conf, r.device.name, per_gpu(r.spec.base.parallels),
                      human_bytes(static_cast<std::int64_t>(r.device.total_bytes)),
                      r.spec.headroom == 0 ? ""
                                           : ", " + human_bytes(static_cast<std::int64_t>(r.spec.headroom)) +
