@@ -440,10 +440,19 @@ PlanResult run_plan(const PlanSpec& spec_in, const PlanProgress& progress) {
   Planner planner{result.spec, progress, result};
   planner.search();
   std::stable_sort(result.plans.begin(), result.plans.end(), ranks_before);
-  // One row per distinct plan (a family may find what another did).
+  // One row per distinct plan (a family may find what another did: one evenly spaced block is
+  // a module set too).
+  const auto key = [](const Plan& p) {
+    std::vector<std::string> modules = p.checkpoint_modules.value_or(std::vector<std::string>{});
+    std::sort(modules.begin(), modules.end());
+    std::string k = fmt::format("{}|{}|{}|{}|{}|{}|", p.segments, nn::precision_name(p.precision),
+                                nn::optimizer_label(p.optimizer), p.alloc_conf, p.batch, p.accumulation);
+    for (const std::string& m : modules) k += m + ",";
+    return k;
+  };
   std::vector<Plan> unique;
   for (Plan& p : result.plans) {
-    const bool seen = std::any_of(unique.begin(), unique.end(), [&](const Plan& q) { return q.label() == p.label(); });
+    const bool seen = std::any_of(unique.begin(), unique.end(), [&](const Plan& q) { return key(q) == key(p); });
     if (!seen) unique.push_back(std::move(p));
   }
   result.plans = std::move(unique);
@@ -462,11 +471,20 @@ PlanResult run_plan(const PlanSpec& spec_in, const PlanProgress& progress) {
       const bool better = q.recompute_share < p.recompute_share || q.figures.peak_device_used < p.figures.peak_device_used;
       return no_worse && better;
     };
+    // Of two plans of a kind with the same figures, the first in rank stays.
+    const auto same = [&](const Plan& q, const Plan& p) {
+      return kind(q) == kind(p) && q.recompute_share == p.recompute_share &&
+             q.figures.peak_device_used == p.figures.peak_device_used;
+    };
     std::vector<Plan> kept;
-    for (const Plan& p : result.plans) {
+    for (std::size_t i = 0; i < result.plans.size(); ++i) {
+      const Plan& p = result.plans[i];
       if (!p.fits()) continue;
-      const bool beaten = std::any_of(result.plans.begin(), result.plans.end(),
-                                      [&](const Plan& q) { return q.fits() && dominates(q, p); });
+      bool beaten = false;
+      for (std::size_t j = 0; j < result.plans.size() && !beaten; ++j) {
+        const Plan& q = result.plans[j];
+        beaten = q.fits() && (dominates(q, p) || (j < i && same(q, p)));
+      }
       if (!beaten) kept.push_back(p);
     }
     result.plans = std::move(kept);

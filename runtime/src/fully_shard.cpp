@@ -24,12 +24,16 @@ std::int64_t div_up(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 
 bool has_parameters(const Module& m) { return m.parameter_count() > 0 || m.parameter_tensors() > 0; }
 
-/// A block: children and parameters, and a sibling of its type that has them too.
+/// A block: children and parameters, and a sibling of its type that has them too. Inline code
+/// of a parent's forward (ViT's residuals inside an EncoderBlock) is no module to wrap.
 bool is_block(const Module& parent, const Module& m) {
-  if (m.children().empty() || !has_parameters(m)) return false;
+  if (m.is_inline() || m.children().empty() || !has_parameters(m)) return false;
   std::size_t alike = 0;
   for (const auto& [name, sibling] : parent.children()) {
-    if (sibling->type_name() == m.type_name() && !sibling->children().empty() && has_parameters(*sibling)) ++alike;
+    if (!sibling->is_inline() && sibling->type_name() == m.type_name() && !sibling->children().empty() &&
+        has_parameters(*sibling)) {
+      ++alike;
+    }
   }
   return alike >= 2;
 }

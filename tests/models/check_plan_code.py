@@ -8,8 +8,8 @@ For three models, a device small enough that the plan must checkpoint some of th
   wrapped modules are exactly b1 and tail.w0 (what the C++ test expects too), and a training
   step with the code applied gives the same loss and gradients as without it (checkpointing
   recomputes, it changes no number);
-- torchvision's resnet18 (vramscope's zoo file of it): every name the plan gives is a module of
-  torchvision's model, and exactly those are wrapped; a training step runs;
+- torchvision's resnet18 and vit_b_16 (vramscope's zoo files of them): every name the plan gives
+  is a module of torchvision's model, and exactly those are wrapped; a training step runs;
 - a four-layer Llama with LoRA (transformers + PEFT): gradient_checkpointing_enable, then only
   the planned layers keep the flag; a training step runs.
 
@@ -124,6 +124,28 @@ def check_resnet18(vramscope, tmp, failures):
     scope["optimizer"].step()
 
 
+def check_vit(vramscope, tmp, failures):
+    """The zoo's vit_b_16 keeps torchvision's names (encoder.layers.encoder_layer_0): its plan
+    wraps modules of torchvision's own ViT, and a training step runs."""
+    import torch
+    import torch.nn.functional as F
+    import torchvision
+    best, code = plan(vramscope, ["--model", "vit_b_16", "--batch", "64",
+                                  "--device", "sim:capacity=8GiB,context=300MiB"], tmp / "vit.py")
+    want = set(best["checkpoint_modules"])
+    model = torchvision.models.vit_b_16()
+    names = {n for n, _ in model.named_modules()}
+    missing = want - names
+    scope = apply(code, model)
+    got = wrapped_names(model)
+    print(f"  vit_b_16: plan {sorted(want)} ({best['plan']}), wrapped {sorted(got)}")
+    if not want or missing or got != want:
+        failures.append(f"vit_b_16: wrapped {sorted(got)}, missing in torchvision {sorted(missing)}")
+    x, y = torch.randn(1, 3, 224, 224), torch.randint(0, 1000, (1,))
+    F.cross_entropy(model(x), y).backward()
+    scope["optimizer"].step()
+
+
 def check_llama(vramscope, tmp, failures):
     import torch
     import transformers
@@ -159,7 +181,7 @@ def main():
     vramscope = sys.argv[1]
     failures = []
     with tempfile.TemporaryDirectory() as tmp:
-        for check in (check_chain, check_resnet18, check_llama):
+        for check in (check_chain, check_resnet18, check_vit, check_llama):
             check(vramscope, Path(tmp), failures)
     if failures:
         sys.exit("FAIL: " + "; ".join(failures))
