@@ -91,6 +91,12 @@ nn::TrainConfig plan_config(const SweepSpec& base, const Plan& p, bool decoder) 
   row.parallel = base.parallels.front();
   nn::TrainConfig cfg = train_config(base, row);
   cfg.optimizer = p.optimizer;
+  if (p.accumulation > 1) {
+    // Micro-batches: the first optimizer step makes the state; the two after it run with the
+    // state and the accumulated gradients live, as every later optimizer step does.
+    cfg.accumulation = static_cast<std::size_t>(p.accumulation);
+    cfg.steps = cfg.accumulation + 2;
+  }
   if (p.change == PlanChange::None) return cfg;
   if (p.segments > 1) {
     cfg.checkpoint_modules.reset();
@@ -119,7 +125,7 @@ class Planner {
     return p;
   }
 
-  nn::TrainConfig config_of(const Plan& p) const { return plan_config(spec_.base, p, decoder_); }
+  nn::TrainConfig config_of(const Plan& p) const { return plan_config(spec_.base, p, by_layer_); }
 
   Plan measure(Plan p, std::shared_ptr<Device> device = nullptr) {
     if (progress_) progress_(result_.dry_runs, p.label());
@@ -154,11 +160,10 @@ class Planner {
       if (it == runs.end()) it = runs.emplace(n, measure(plan_of(n))).first;
       return it->second.fits();
     };
-    if (!fits(count)) {
-      if (most != nullptr) *most = runs.at(count);
-      return std::nullopt;
-    }
-    std::size_t lo = 0, hi = count;  // lo does not fit (0: no checkpointing, known), hi does
+    const bool all_fit = fits(count);
+    if (most != nullptr) *most = runs.at(count);  // the run of every module, fitting or not
+    if (!all_fit) return std::nullopt;
+    std::size_t lo = 0, hi = count;  // lo: the family's empty end, which the caller saw fail; hi fits
     guess = std::clamp<std::size_t>(guess, 1, count);
     if (guess < hi) {
       if (fits(guess)) {
@@ -192,15 +197,20 @@ class Planner {
   /// The module sets under `base`: the cheap model's sequence (checkpoint_sequence), then
   /// the shortest prefix of it that fits on the device.
   std::optional<Plan> search_modules(const Plan& base, std::int64_t deficit, std::optional<Plan>* most) {
-    const CheckpointSequence sequence = checkpoint_sequence(result_.profile, deficit);
-    const auto& order = sequence.modules;
-    return smallest_fitting(
-        order.size(), sequence.enough,
-        [&](std::size_t n) {
-          return with_modules(base, std::vector<std::string>(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(n)),
-                              "modules");
-        },
-        most);
+    for (const bool exhaustive : {false, true}) {
+      const CheckpointSequence sequence = checkpoint_sequence(result_.profile, deficit, exhaustive);
+      const auto& order = sequence.modules;
+      auto found = smallest_fitting(
+          order.size(), sequence.enough,
+          [&](std::size_t n) {
+            return with_modules(base,
+                                std::vector<std::string>(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(n)),
+                                "modules");
+          },
+          most);
+      if (found) return found;  // else: every module that helps, once more
+    }
+    return std::nullopt;
   }
 
   /// c of the N repeated blocks, evenly spaced: the smallest c that fits.
@@ -221,9 +231,9 @@ class Planner {
       p.blocks_of = n;
       return p;
     };
-    std::optional<Plan> most;
-    auto found = smallest_fitting(n, per_block > 0 ? static_cast<std::size_t>(div_up(deficit, per_block)) : n, plan_of, &most);
-    if (every != nullptr) *every = most ? *most : measure(plan_of(n));
+    std::optional<Plan> all;
+    auto found = smallest_fitting(n, per_block > 0 ? static_cast<std::size_t>(div_up(deficit, per_block)) : n, plan_of, &all);
+    if (every != nullptr) *every = std::move(all);
     return found;
   }
 
@@ -257,7 +267,16 @@ class Planner {
       if (p.refused.empty()) keep(std::move(p));
       return;
     }
-    const std::int64_t deficit = deficit_of(p);
+    std::int64_t deficit = deficit_of(p);
+    // The profile's bytes are the given precision's: a deficit in bf16 bytes is worth twice as
+    // much of them when the given run is f32. Scaled by the two runs' activations.
+    const std::int64_t act = last_needs_.peak_composition.of(MemoryKind::Activations);
+    const std::int64_t given_act =
+        result_.given_needs ? result_.given_needs->peak_composition.of(MemoryKind::Activations) : 0;
+    if (act > 0 && given_act > 0) {
+      deficit = static_cast<std::int64_t>(static_cast<double>(deficit) * static_cast<double>(given_act) /
+                                          static_cast<double>(act));
+    }
     std::optional<Plan> most;
     if (auto found = search_checkpointing(base, deficit, &most)) keep(std::move(*found));
     else if (most) keep(std::move(*most));
@@ -266,7 +285,7 @@ class Planner {
   /// The checkpointing search of a model: the greedy module sets, or for a decoder (which
   /// transformers checkpoints by layer) the layers.
   std::optional<Plan> search_checkpointing(const Plan& base, std::int64_t deficit, std::optional<Plan>* most) {
-    return decoder_ ? search_blocks(base, deficit, most) : search_modules(base, deficit, most);
+    return by_layer_ ? search_blocks(base, deficit, most) : search_modules(base, deficit, most);
   }
 
   /// What must be saved for `p` to fit: its need on an unlimited twin of the device less
@@ -285,27 +304,35 @@ class Planner {
   const PlanSpec& spec_;
   const PlanProgress& progress_;
   PlanResult& result_;
-  bool decoder_ = false;
+  /// The model checkpoints by layer (a transformers decoder: gradient_checkpointing_enable and
+  /// its layers' flags), not by any module.
+  bool by_layer_ = false;
   std::int64_t capacity_ = 0;
   RunFigures last_needs_;  ///< of the last deficit_of
 };
 
 void Planner::search() {
   const nn::ModelInfo& info = result_.model;
-  decoder_ = !info.sequential_checkpointing;
+  by_layer_ = !info.sequential_checkpointing;
   capacity_ = static_cast<std::int64_t>(result_.device.total_bytes) - static_cast<std::int64_t>(spec_.headroom);
+  result_.given = measure(plain());
+  if (!result_.given.refused.empty()) throw UsageError(result_.given.refused);
+  if (result_.given.fits()) return;  // nothing to plan: fits as given
   {
     SweepRow row;
     row.precision = spec_.base.precisions.front();
     row.alloc_conf = spec_.base.alloc_confs.front();
     row.batch = info.batch;
     row.parallel = spec_.base.parallels.front();
-    result_.profile = profile_step(train_config(spec_.base, row));
+    ++result_.dry_runs;
+    try {
+      result_.profile = profile_step(train_config(spec_.base, row));
+    } catch (const OutOfMemoryError&) {
+      return;  // more than any device holds (a batch of millions): nothing to search, see below
+    } catch (const RequestTooLargeError&) {
+      return;
+    }
   }
-  ++result_.dry_runs;
-  result_.given = measure(plain());
-  if (!result_.given.refused.empty()) throw UsageError(result_.given.refused);
-  if (result_.given.fits()) return;  // nothing to plan: fits as given
   const std::int64_t deficit = deficit_of(result_.given);
   result_.given_needs = last_needs_;
   const Plan base = plain();
@@ -314,14 +341,14 @@ void Planner::search() {
   // Checkpointing alone, the arithmetic untouched: the module sets, c of the blocks evenly
   // spaced, and every block (what gradient_checkpointing_enable() does) for comparison.
   std::optional<Plan> most;
-  if (!decoder_) {
+  if (!by_layer_) {
     if (auto found = search_modules(base, deficit, &most)) keep(std::move(*found));
     else if (most) keep(*most);
   }
   {
     std::optional<Plan> every;
     if (auto found = search_blocks(base, deficit, &every)) keep(std::move(*found));
-    if (every && (decoder_ || every->fits())) keep(std::move(*every));
+    if (every && (by_layer_ || every->fits())) keep(std::move(*every));
   }
   if (info.sequential_checkpointing && info.checkpointed_modules == 0 && !fsdp) {
     if (auto found = search_segments(base)) keep(std::move(*found));
@@ -341,7 +368,7 @@ void Planner::search() {
       search_change(std::move(p));
     }
   }
-  if (spec_.search.accumulation && info.batch > 1) {
+  if (spec_.search.accumulation && info.batch > 1 && !spec_.base.parallels.front().enabled()) {
     std::vector<std::int64_t> steps;  // k: the batch splits into k micro-batches
     std::vector<std::int64_t> large;
     for (std::int64_t k = 2; k * k <= info.batch; ++k) {
@@ -457,9 +484,9 @@ PlanResult run_plan(const PlanSpec& spec_in, const PlanProgress& progress) {
   }
   result.plans = std::move(unique);
   // Once something fits, the table holds what is worth choosing: of each kind of change (the
-  // checkpointing alone, each allocator setting's kind, accumulation, each precision, each
-  // optimizer), the plans that fit and that no other of the kind beats on recompute and
-  // nvidia-smi's peak at once.
+  // checkpointing alone, an allocator setting, accumulation, each precision, each optimizer),
+  // the plans that fit and that no other of the kind beats on recompute and nvidia-smi's peak
+  // at once.
   if (std::any_of(result.plans.begin(), result.plans.end(), [](const Plan& p) { return p.fits(); })) {
     const auto kind = [](const Plan& p) {
       return fmt::format("{}|{}|{}", plan_change_name(p.change), p.precision_changed ? nn::precision_name(p.precision) : "",
@@ -516,7 +543,8 @@ PlanResult run_plan(const PlanSpec& spec_in, const PlanProgress& progress) {
         std::uint64_t smallest = 0;
         for (const std::string& name : sim_preset_names()) {
           const SimDeviceConfig c = sim_preset(name);
-          if (c.capacity >= static_cast<std::size_t>(needs.peak_device_used) && (smallest == 0 || c.capacity < smallest)) {
+          const std::size_t need = static_cast<std::size_t>(needs.peak_device_used) + result.spec.headroom;
+          if (c.capacity >= need && (smallest == 0 || c.capacity < smallest)) {
             smallest = c.capacity;
             result.smallest_device = "sim:" + name;
           }

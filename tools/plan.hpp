@@ -36,7 +36,7 @@ int plan_tier(PlanChange change) noexcept;
 
 /// What the search may change beyond checkpointing (the user's flags).
 struct PlanSearch {
-  bool allocator = true;     ///< expandable_segments:True
+  bool allocator = true;     ///< expandable_segments:True, max_split_size_mb:128
   bool accumulation = true;  ///< micro-batches of batch / k, k accumulation steps
   bool precision = true;     ///< amp-bf16 and bf16 from f32; bf16 from amp
   bool optimizer = true;     ///< adam8bit, sgd-momentum, sgd from adam

@@ -122,14 +122,22 @@ void run(const PlanArgs& args) {
       throw CommandFailed("--model-out: the best plan is checkpoint_sequential's segments, which a model file does "
                           "not mark; --code applies them");
     }
+    // As given: the file unchanged. Else exactly the plan's modules (none: an empty list, which
+    // clears the layers' own marks, as the plan was measured).
+    const std::string text = best == &result.given ? file->with_checkpoint_modules(std::nullopt)
+                                                   : file->with_checkpoint_modules(best->checkpoint_modules.value_or(
+                                                         std::vector<std::string>{}));
     try {
-      write_output_file(args.model_out, file->with_checkpoint_modules(best->checkpoint_modules.value_or(
-                                            std::vector<std::string>{})),
-                        "the planned model file");
+      write_output_file(args.model_out, text, "the planned model file");
     } catch (const mem::Error& e) {
       throw CommandFailed(std::string("--model-out: ") + e.what());
     }
-    (args.format == "table" ? std::cout : std::cerr) << "model file: " << args.model_out << "\n";
+    const bool more = best != &result.given && (best->precision_changed || best->change == PlanChange::Optimizer ||
+                                                best->change == PlanChange::Allocator || best->accumulation > 1);
+    (args.format == "table" ? std::cout : std::cerr)
+        << "model file: " << args.model_out
+        << (more ? " (its checkpointing; the plan's other changes are settings of the run: --code writes them)" : "")
+        << "\n";
   }
   std::cout.flush();
 }

@@ -2,6 +2,7 @@
 #include "plan_model.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <unordered_map>
 
 #include "saved_tensors.hpp"
@@ -131,19 +132,28 @@ std::int64_t estimated_peak(const StepProfile& profile, const std::vector<std::s
   return peak;
 }
 
-CheckpointSequence checkpoint_sequence(const StepProfile& profile, std::int64_t deficit, std::size_t candidates) {
+CheckpointSequence checkpoint_sequence(const StepProfile& profile, std::int64_t deficit, bool exhaustive,
+                                       std::size_t candidates) {
   // The candidates: modules keeping more than their inputs, the most per FLOP first.
+  // A module whose saves are not one run of the forward (one called again after others ran)
+  // does not fit the replay's model: left out.
+  std::vector<std::size_t> prefix(profile.saves.size() + 1, 0);
+  for (std::size_t k = 0; k < profile.saves.size(); ++k) prefix[k + 1] = prefix[k] + profile.saves[k].bytes;
   std::vector<std::size_t> pool;
   for (std::size_t i = 0; i < profile.modules.size(); ++i) {
     const ModuleCost& m = profile.modules[i];
-    if (m.saved_bytes > m.input_bytes && m.end_save > m.first_save) pool.push_back(i);
+    const bool contiguous = m.end_save > m.first_save && prefix[m.end_save] - prefix[m.first_save] == m.saved_bytes;
+    if (m.saved_bytes > m.input_bytes && contiguous) pool.push_back(i);
   }
   const auto density = [&](std::size_t i) {
     const ModuleCost& m = profile.modules[i];
     return static_cast<double>(m.saved_bytes - m.input_bytes) / std::max(m.forward_flops, 1.0);
   };
   std::stable_sort(pool.begin(), pool.end(), [&](std::size_t a, std::size_t b) { return density(a) > density(b); });
-  if (pool.size() > candidates) pool.resize(candidates);
+  // Each pass replays the backward once per candidate: keep candidates^2 x saves near 2e8.
+  const double saves = std::max<double>(1, static_cast<double>(profile.saves.size()));
+  const auto affordable = static_cast<std::size_t>(std::sqrt(2e8 / saves));
+  pool.resize(std::min({pool.size(), candidates, std::max<std::size_t>(affordable, 8)}));
 
   CheckpointSequence out;
   std::vector<std::size_t> taken;
@@ -176,8 +186,11 @@ CheckpointSequence checkpoint_sequence(const StepProfile& profile, std::int64_t 
     peak = best_peak;
     out.modules.push_back(profile.modules[best].path);
     if (out.enough == 0 && start - peak >= deficit) out.enough = out.modules.size();
-    // Past the model's answer, a few more for the dry runs to fall back on.
-    if (out.enough != 0 && out.modules.size() >= std::max<std::size_t>(2 * out.enough, out.enough + 8)) break;
+    // Past the model's answer, a few more for the dry runs to fall back on (all that help when
+    // `exhaustive`).
+    if (!exhaustive && out.enough != 0 && out.modules.size() >= std::max<std::size_t>(2 * out.enough, out.enough + 8)) {
+      break;
+    }
   }
   if (out.enough == 0) out.enough = out.modules.size();
   return out;

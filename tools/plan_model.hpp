@@ -60,9 +60,11 @@ struct CheckpointSequence {
 
 /// Greedy on estimated_peak: each time the module that lowers the estimated peak the most per
 /// recomputed FLOP, none inside or around one already taken, until the peak is `deficit`
-/// lower, then on while any module still lowers it (the dry runs may need more than the
-/// model says). `candidates` bounds the work: the modules with the most saved bytes per FLOP
-/// beyond their inputs are considered, at most this many.
-CheckpointSequence checkpoint_sequence(const StepProfile& profile, std::int64_t deficit, std::size_t candidates = 256);
+/// lower, then a few more (every one that still lowers it when `exhaustive`: the dry runs may
+/// need more than the model says). The modules with the most saved bytes per FLOP beyond their
+/// inputs are the candidates, at most `candidates`, fewer for a long profile (the work stays
+/// near 2e8 steps); a module whose saves are not one run of the forward is left out.
+CheckpointSequence checkpoint_sequence(const StepProfile& profile, std::int64_t deficit, bool exhaustive = false,
+                                       std::size_t candidates = 256);
 
 }  // namespace mem::tools

@@ -205,7 +205,10 @@ std::string plan_code(const PlanResult& r, const Plan& p) {
   }
   out += "import torch\n";
   if (p.checkpoint_modules && !p.checkpoint_modules->empty()) {
-    if (decoder) {
+    // GradientCheckpointingLayer and its per-layer flag came with transformers 4.52 (unsloth
+    // #2674 tracks the move); before it, the layers are wrapped by name like any module.
+    const bool layer_flags = r.spec.base.stack.transformers >= nn::Version{4, 52};
+    if (decoder && layer_flags) {
       out += "from transformers.modeling_layers import GradientCheckpointingLayer\n\n";
       out += fmt::format("CHECKPOINTED = {}\n", python_set(*p.checkpoint_modules));
       out += "# (newer transformers name it activation_checkpointing_enable)\n";
@@ -223,7 +226,8 @@ std::string plan_code(const PlanResult& r, const Plan& p) {
       out += "from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (\n";
       out += "    CheckpointImpl, apply_activation_checkpointing, checkpoint_wrapper)\n\n";
       out += fmt::format("CHECKPOINTED = {}\n", python_set(*p.checkpoint_modules));
-      out += "names = {module: name for name, module in model.named_modules()}\n";
+      out += decoder ? "names = {module: name.removeprefix(\"base_model.model.\") for name, module in model.named_modules()}\n"
+                     : "names = {module: name for name, module in model.named_modules()}\n";
       out += "apply_activation_checkpointing(\n";
       out += "    model,\n";
       out += "    checkpoint_wrapper_fn=functools.partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT),\n";

@@ -38,8 +38,9 @@ struct ModelFile::Doc {
   std::string description;
   std::vector<std::string> option_keys;
   nn::ModelOptions defaults;  ///< the file's "options": every key it takes, with its default
-  /// "checkpoint_modules": modules checkpointed by path (what `vramscope plan --model-out` writes).
-  std::vector<std::string> checkpoint_modules;
+  /// "checkpoint_modules": exactly these modules checkpointed by path (what `vramscope plan
+  /// --model-out` writes); an empty list: none, whatever the layers' marks say.
+  std::optional<std::vector<std::string>> checkpoint_modules;
 };
 
 namespace {
@@ -1111,11 +1112,11 @@ class Builder {
     sequence(list_at(root, "", "layers"), "layers", "", flow, 0, children);
     if (children.list.empty()) fail("layers", "expected at least one module");
     for (auto& [name, child] : children.list) body->append(name, std::move(child));
-    if (!doc_.checkpoint_modules.empty()) {
+    if (doc_.checkpoint_modules) {
       // apply_activation_checkpointing by name, over the marks the layers carry.
       body->set_path("");
       try {
-        nn::mark_checkpointed(*body, doc_.checkpoint_modules, nn::CheckpointMode::NonReentrant);
+        nn::mark_checkpointed(*body, *doc_.checkpoint_modules, nn::CheckpointMode::NonReentrant);
       } catch (const Error& e) {
         fail("checkpoint_modules", e.what());
       }
@@ -1204,11 +1205,12 @@ std::unique_ptr<ModelFile::Doc> read_head(json root, std::string origin) {
     if (!list.is_array() || list.size() > kMaxModules) {
       fail("checkpoint_modules", "expected a list of module paths like [\"layer1.0\", \"layer3.5\"], got " + kind_of(list));
     }
+    doc->checkpoint_modules.emplace();
     for (std::size_t i = 0; i < list.size(); ++i) {
       if (!list[i].is_string() || list[i].get_ref<const std::string&>().size() > 1000) {
         fail("checkpoint_modules[" + std::to_string(i) + "]", "expected a module path (a string), got " + kind_of(list[i]));
       }
-      doc->checkpoint_modules.push_back(list[i].get<std::string>());
+      doc->checkpoint_modules->push_back(list[i].get<std::string>());
     }
   }
   for (const char* key : {"name", "description", "source"}) {
@@ -1305,9 +1307,9 @@ std::shared_ptr<const ModelFile> ModelFile::parse(std::string_view json_text, st
   return file;
 }
 
-std::string ModelFile::with_checkpoint_modules(const std::vector<std::string>& paths) const {
+std::string ModelFile::with_checkpoint_modules(const std::optional<std::vector<std::string>>& paths) const {
   json root = doc_->root;
-  root["checkpoint_modules"] = paths;
+  if (paths) root["checkpoint_modules"] = *paths;
   return root.dump(2) + "\n";
 }
 

@@ -104,6 +104,10 @@ Trainer::Trainer(const TrainConfig& config, CachingAllocator& allocator)
   runtime_->set_stack(config.stack);
   if (!config.model) throw Error("TrainConfig.model is not set: give one, e.g. mem::models::find(\"mlp\")");
   model_ = config.model->build(config.model_options);
+  if (config.accumulation > 1 && config.parallel.enabled()) {
+    throw Error("gradient accumulation is modelled on one GPU only (DDP's no_sync, FSDP's and ZeRO's "
+                "accumulation keep other buffers); give accumulation 1 with --parallel");
+  }
   if (config.checkpoint_modules) {
     if (config.segments > 1) {
       throw Error("checkpoint modules and checkpoint_sequential's segments both given: the segments would "
@@ -223,10 +227,14 @@ StepStats Trainer::step() {
   static const ContextId loss_fwd = intern_context("loss", Phase::Forward);
   static const ContextId loss_bwd = intern_context("loss", Phase::Backward);
 
+  // Accumulating, only the first micro-batch of an optimizer step zeroes the gradients, and
+  // only the last one steps: `(loss / k).backward()` k times, then `opt.step(); opt.zero_grad()`.
+  const std::size_t k = std::max<std::size_t>(config_.accumulation, 1);
+  const bool first_micro = steps_.size() % k == 0, last_micro = (steps_.size() + 1) % k == 0;
   // optimizer.zero_grad(set_to_none=True): last step's gradients go back to the cache.
-  if (optimizer_) {
+  if (first_micro && optimizer_) {
     optimizer_->zero_grad(true);
-  } else {
+  } else if (first_micro) {
     for (Tensor& p : model_->parameters()) p.reset_grad();
   }
 
@@ -295,10 +303,10 @@ StepStats Trainer::step() {
   }
 
   s.optimizer = begin_phase(alloc, *peaks_);
-  if (optimizer_) {
+  if (last_micro && optimizer_) {
     PhaseGuard phase(Phase::Optimizer);
     optimizer_->step();
-  } else if (zero_) {
+  } else if (last_micro && zero_) {
     PhaseGuard phase(Phase::Optimizer);
     zero_->step();  // engine.step()
   }

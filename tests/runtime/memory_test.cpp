@@ -572,5 +572,32 @@ TEST(Optimizers, PlainSgdKeepsNoStateAndMomentumOneBufferPerParameter) {
   EXPECT_GT(momentum.peak_allocated, plain.peak_allocated);
 }
 
+// Gradient accumulation: the micro-batches after the first of an optimizer step run with every
+// gradient live, and only the last one steps. mlp depth 2, width 256, f32: 2 x (256 x 256 + 256)
+// parameters, 526,336 B of gradients.
+TEST(Accumulation, LaterMicroBatchesRunWithTheGradientsLiveAndOnlyTheLastSteps) {
+  TrainConfig cfg;
+  cfg.model = models::find("mlp");
+  cfg.model_options = ModelOptions::parse("depth=2,width=256,batch=8");
+  cfg.device = "sim:capacity=1GiB,context=0";
+  cfg.accumulation = 2;
+  cfg.steps = 4;
+  const TrainReport r = train(cfg);
+  ASSERT_EQ(r.steps.size(), 4u);
+  const std::int64_t grads = 2 * (256 * 256 + 256) * 4;
+  EXPECT_EQ(r.parameter_bytes, grads);
+  // Micro-batch 1 makes no optimizer state; micro-batch 2 steps: Adam's two moments appear.
+  EXPECT_EQ(r.steps[0].optimizer.allocations, 0);
+  EXPECT_GT(r.steps[1].optimizer.allocations, 0);
+  EXPECT_EQ(r.steps[1].allocated_end - r.steps[0].allocated_end, 2 * grads);
+  // Micro-batch 2 of the second optimizer step runs its forward with the first's gradients
+  // live; micro-batch 1 runs after zero_grad freed them.
+  EXPECT_EQ(r.steps[3].forward.peak_allocated - r.steps[2].forward.peak_allocated, grads);
+  // Accumulation into live gradients allocates no second copy.
+  EXPECT_EQ(r.steps[3].allocated_end, r.steps[1].allocated_end);
+  cfg.parallel = parse_parallel("ddp:2");
+  EXPECT_THROW((void)train(cfg), Error);
+}
+
 }  // namespace
 }  // namespace mem::nn

@@ -270,7 +270,7 @@ TEST(CheckpointModules, MarksExactlyThePathsAndRunsAsTheModelFilesMarks) {
 
 TEST(CheckpointModules, AModelFileCarriesThePlanAsCheckpointModules) {
   const auto chain = models::ModelFile::load(kChain);
-  const std::string planned = chain->with_checkpoint_modules({"b1", "tail.w0"});
+  const std::string planned = chain->with_checkpoint_modules(std::vector<std::string>{"b1", "tail.w0"});
   nn::TrainConfig by_file;
   by_file.model = models::ModelFile::parse(planned, "planned chain");
   by_file.device = "sim:capacity=64GiB,context=0";
@@ -281,6 +281,12 @@ TEST(CheckpointModules, AModelFileCarriesThePlanAsCheckpointModules) {
   EXPECT_EQ(a.peak_allocated, b.peak_allocated);
   EXPECT_DOUBLE_EQ(a.recompute_ratio, b.recompute_ratio);
   EXPECT_EQ(a.model.checkpointed_modules, 2u);
+  // An empty list is no checkpointing at all, whatever else the file marks.
+  nn::TrainConfig none = by_file;
+  none.model = models::ModelFile::parse(models::ModelFile::parse(planned, "p")->with_checkpoint_modules(
+                                            std::vector<std::string>{}),
+                                        "unmarked");
+  EXPECT_EQ(nn::train(none).recompute_ratio, 0.0);
   // A bad list is the file's error, naming the key.
   const auto error_of = [&](const std::string& list) {
     std::string text = planned;
@@ -429,6 +435,26 @@ TEST(PlanReference, Gpt2XlWithThePlannedAttentionModulesMatchesTheH200) {
   EXPECT_NEAR(plain.peak_allocated, plain_alloc, 8 << 20);
   EXPECT_NEAR(planned.peak_allocated, plan_alloc, 8 << 20);
   EXPECT_NEAR(static_cast<double>(planned.peak_reserved), static_cast<double>(plan_reserved), 0.005 * plan_reserved);
+}
+
+TEST(PlanCode, ADecoderBeforeTransformers452IsWrappedByName) {
+  // transformers 4.50 has no per-layer gradient_checkpointing flag: the layers are wrapped by
+  // name, PEFT's prefix taken off.
+  PlanSpec spec;
+  spec.base.model = models::find("llama-3.2-1b");
+  spec.base.model_options = nn::ModelOptions::parse("batch=4,seq=2048,lora=16,attn=sdpa");
+  spec.base.device = "sim:rtx4090";  // 8 of the 16 layers fit
+  spec.base.precisions = {nn::Precision::BF16};
+  spec.base.alloc_confs = {""};
+  spec.base.stack = nn::Stack::parse("torch=2.11,transformers=4.50");
+  spec.search = PlanSearch{false, false, false, false};
+  const PlanResult r = run_plan(spec);
+  ASSERT_NE(r.best(), nullptr);
+  ASSERT_TRUE(r.best()->checkpoint_modules.has_value());
+  const std::string code = plan_code(r, *r.best());
+  EXPECT_EQ(code.find("GradientCheckpointingLayer"), std::string::npos) << code;
+  EXPECT_NE(code.find("apply_activation_checkpointing("), std::string::npos) << code;
+  EXPECT_NE(code.find("name.removeprefix(\"base_model.model.\")"), std::string::npos) << code;
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -45,9 +46,10 @@ class ModelFile final : public nn::ModelSource {
   const std::vector<std::string>& option_keys() const noexcept override;
   /// Where it was read from.
   const std::string& origin() const noexcept;
-  /// The file as JSON with "checkpoint_modules" set to `paths` (the modules that then run
-  /// checkpointed, over any marks of its layers): what `vramscope plan --model-out` writes.
-  std::string with_checkpoint_modules(const std::vector<std::string>& paths) const;
+  /// The file as JSON with "checkpoint_modules" set to `paths` (exactly the modules that then
+  /// run checkpointed, over any marks of its layers; nullopt: the file as it is): what
+  /// `vramscope plan --model-out` writes.
+  std::string with_checkpoint_modules(const std::optional<std::vector<std::string>>& paths) const;
 
   struct Doc;  ///< the parsed document (implementation)
   explicit ModelFile(std::unique_ptr<Doc> doc);

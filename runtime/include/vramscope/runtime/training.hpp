@@ -72,6 +72,10 @@ struct TrainConfig {
   /// --gradient-checkpointing's) cleared (mark_checkpointed). nullopt: the model's own marks.
   std::optional<std::vector<std::string>> checkpoint_modules;
   Precision precision = Precision::F32;
+  /// Gradient accumulation: each step() is one micro-batch; the gradients are zeroed before
+  /// the first of every `accumulation` steps and the optimizer steps after the last, so the
+  /// micro-batches between run with every gradient (and the optimizer's state) live. One GPU.
+  std::size_t accumulation = 1;
   OptimizerConfig optimizer;
   bool input_requires_grad = false;   ///< the batch as a leaf requiring grad
   /// The PyTorch, transformers and PEFT versions the step behaves as (stack.hpp).
