@@ -5,6 +5,9 @@
 
 #include <algorithm>
 #include <string>
+#include <string_view>
+#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "checkpoint_frame.hpp"
@@ -312,23 +315,28 @@ std::vector<Module*> named_modules(Module& root) {
 
 void mark_checkpointed(Module& root, const std::vector<std::string>& paths, CheckpointMode mode) {
   const std::vector<Module*> named = named_modules(root);
-  std::vector<Module*> chosen;
-  for (std::size_t i = 0; i < paths.size(); ++i) {
-    const std::string& path = paths[i];
+  // Hashed both ways: a model file may name a million modules (kMaxModules), and list as many.
+  std::unordered_map<std::string_view, Module*> by_path;
+  for (Module* m : named) by_path.try_emplace(m->path(), m);
+  std::unordered_set<std::string_view> given;
+  for (const std::string& path : paths) {
     if (path.empty()) {
       throw Error("checkpoint modules: the root module cannot be checkpointed by path (its output is the "
                   "loss's input); name modules inside it, e.g. " + modules_below(named, ""));
     }
-    for (std::size_t j = 0; j < i; ++j) {
-      if (paths[j] == path) throw Error("checkpoint modules: '" + path + "' is given twice");
-      if (inside(path, paths[j]) || inside(paths[j], path)) {
-        const bool inner = inside(path, paths[j]);
-        throw Error("checkpoint modules: '" + (inner ? path : paths[j]) + "' is inside '" + (inner ? paths[j] : path) +
+    if (!given.insert(path).second) throw Error("checkpoint modules: '" + path + "' is given twice");
+  }
+  std::vector<Module*> chosen;
+  for (const std::string& path : paths) {
+    for (std::size_t dot = path.find('.'); dot != std::string::npos; dot = path.find('.', dot + 1)) {
+      const std::string_view outer = std::string_view(path).substr(0, dot);
+      if (given.contains(outer)) {
+        throw Error("checkpoint modules: '" + path + "' is inside '" + std::string(outer) +
                     "', which is checkpointed whole; give one of them");
       }
     }
-    const auto it = std::find_if(named.begin(), named.end(), [&](const Module* m) { return m->path() == path; });
-    if (it == named.end()) {
+    const auto it = by_path.find(path);
+    if (it == by_path.end()) {
       // The longest prefix some module's path starts with says where the name went wrong
       // ("layer3" of "layer3.40": a flattened stage's blocks are named "layer3.0", ...).
       std::string prefix = path;
@@ -344,7 +352,7 @@ void mark_checkpointed(Module& root, const std::vector<std::string>& paths, Chec
                   (prefix.empty() ? std::string("at the top") : "under '" + prefix + "'") + " are " +
                   modules_below(named, prefix));
     }
-    chosen.push_back(*it);
+    chosen.push_back(it->second);
   }
   clear_marks(root);
   const CheckpointMark mark = mode == CheckpointMode::Reentrant ? CheckpointMark::Reentrant : CheckpointMark::NonReentrant;
