@@ -518,28 +518,35 @@ PlanResult run_plan(const PlanSpec& spec_in, const PlanProgress& progress) {
   }
 
   if (result.best() == nullptr) {
-    // Nothing fits: what the least hungry attempt needs, and the nearest things that fit.
-    const Plan* least = nullptr;
+    // Nothing fits: each attempt (a family's most checkpointed plan, or the given one) run
+    // without the device's limit says what it needs; the least hungry is the nearest thing to
+    // fitting, and what the advice below is about.
+    const bool decoder = !result.model.sequential_checkpointing;
+    std::vector<const Plan*> attempts;
     for (const Plan& p : result.plans) {
-      if (!p.refused.empty() || p.error) continue;
-      if (least == nullptr || (p.oom && least->oom && p.oom->figures.requested + p.oom->figures.allocated <
-                                                           least->oom->figures.requested + least->oom->figures.allocated)) {
-        least = &p;
-      }
+      if (p.refused.empty() && !p.error) attempts.push_back(&p);
     }
-    if (least == nullptr) least = &result.given;
-    result.least_hungry = *least;
-    Plan unlimited = *least;
-    {
-      if (progress) progress(result.dry_runs, unlimited.label() + " (without the limit)");
+    if (attempts.empty()) attempts.push_back(&result.given);
+    const Plan* least = nullptr;
+    for (const Plan* p : attempts) {
+      if (progress) progress(result.dry_runs, p->label() + " (without the limit)");
       ++result.dry_runs;
-      const bool decoder = !result.model.sequential_checkpointing;
-      const nn::TrainConfig cfg = plan_config(base, unlimited, decoder);
       std::optional<OomFailure> oom;
       std::optional<AutogradFailure> error;
-      RunFigures needs = run_config(cfg, unlimited_twin(result.device), oom, error);
-      if (!oom && !error) {
+      const RunFigures needs = run_config(plan_config(base, *p, decoder), unlimited_twin(result.device), oom, error);
+      if (oom || error) continue;  // more than any device holds
+      if (!result.least_hungry_needs || needs.peak_device_used < result.least_hungry_needs->peak_device_used) {
         result.least_hungry_needs = needs;
+        least = p;
+      }
+    }
+    if (least == nullptr) least = attempts.front();
+    result.least_hungry = *least;
+    const Plan& unlimited = *least;
+    const nn::TrainConfig cfg = plan_config(base, unlimited, decoder);
+    {
+      if (result.least_hungry_needs) {
+        const RunFigures& needs = *result.least_hungry_needs;
         std::uint64_t smallest = 0;
         for (const std::string& name : sim_preset_names()) {
           const SimDeviceConfig c = sim_preset(name);
