@@ -162,7 +162,7 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option("--optimizer", args->optimizer, kOptimizerHelp)->capture_default_str();
   add_parallel_options(*cmd, args->parallel, /*list=*/false);
   cmd->add_option("--search", args->search,
-                  "what else the plan may change besides checkpointing: allocator (expandable_segments), "
+                  "what else the plan may change besides checkpointing: allocator (expandable_segments, max_split_size_mb), "
                   "accumulation (micro-batches), precision, optimizer; none for checkpointing alone")
       ->capture_default_str()
       ->type_name("LIST");
