@@ -2,17 +2,20 @@
 // table or JSON, and the best plan's PyTorch code (--code).
 #include <fmt/format.h>
 
+#include <cmath>
 #include <iostream>
 #include <memory>
 
 #include "commands.hpp"
 #include "model_args.hpp"
 #include "output_paths.hpp"
+#include "max_batch.hpp"
 #include "plan.hpp"
 #include "plan_report.hpp"
 #include "progress.hpp"
 #include "usage_error.hpp"
 #include "vramscope/models/model_file.hpp"
+#include "vramscope/runtime/data_parallel.hpp"
 #include "vramscope/allocator/units.hpp"
 #include "vramscope/instrumentation/files.hpp"
 
@@ -33,8 +36,37 @@ struct PlanArgs {
   std::string code;
   std::string model_out;
   std::string headroom = "0";
+  bool max_batch = false;
   bool brief = false;
 };
+
+/// --max-batch: the largest batch any checkpointing fits, found with the most saving uniform
+/// one (every repeated block; else checkpoint_sequential at sqrt(n) segments) by --max-batch's
+/// doubling and bisection. Returns it (0: not even batch 1), and says how it was found in `how`.
+std::int64_t largest_checkpointed_batch(const SweepSpec& base, std::string& how) {
+  SweepSpec spec = base;
+  SweepRow row;
+  row.precision = base.precisions.front();
+  row.alloc_conf = base.alloc_confs.front();
+  row.parallel = base.parallels.front();
+  const auto model = base.model->build(base.model_options);
+  const nn::ModelInfo& info = model->info();
+  std::vector<std::string> blocks;
+  model->body().set_path("");
+  for (const nn::Module* m : nn::repeated_blocks(model->body())) blocks.push_back(m->path());
+  if (!blocks.empty()) {
+    spec.checkpoint_modules = blocks;
+    if (!info.sequential_checkpointing) spec.model_options.checkpoint = "non-reentrant";
+    how = fmt::format("every one of the {} repeated blocks checkpointed", blocks.size());
+  } else if (info.sequential_checkpointing && info.checkpointed_modules == 0 && info.sequence_length > 1 &&
+             !row.parallel.enabled()) {
+    row.segments = static_cast<std::size_t>(std::lround(std::sqrt(static_cast<double>(info.sequence_length))));
+    how = fmt::format("checkpoint_sequential with {} segments", row.segments);
+  } else {
+    how = "no checkpointing (the model has no blocks to checkpoint)";
+  }
+  return find_max_batch(spec, row).max_batch;
+}
 
 PlanSearch parse_search(const std::string& text) {
   PlanSearch s{false, false, false, false};
@@ -89,6 +121,20 @@ void run(const PlanArgs& args) {
   }
   check_output_paths({{"--code", args.code}, {"--model-out", args.model_out}},
                      {{"--model-file", args.model.model_file}, {"--hf-config", args.model.hf_config}});
+
+  if (args.max_batch) {
+    if (!args.model.batch.empty()) throw UsageError("--max-batch: finds the batch; leave out --batch");
+    std::string how;
+    const std::int64_t largest = largest_checkpointed_batch(base, how);
+    if (largest == 0) {
+      std::cout << "No batch fits, even batch 1 with " << how << "; the plan at batch 1 says why:\n\n";
+      base.model_options.batch = 1;
+    } else {
+      std::cout << fmt::format("The largest batch that fits with {}: {}. The least recompute that fits it:\n\n", how,
+                               largest);
+      base.model_options.batch = largest;
+    }
+  }
 
   std::unique_ptr<ProgressBar> bar;
   // The number of runs is not known ahead: the bar counts up to a typical search's.
@@ -179,6 +225,9 @@ void add_plan_command(CLI::App& app) {
                   "write the model file with the best plan's \"checkpoint_modules\" (zoo files and --model-file)")
       ->check(non_empty())
       ->type_name("FILE.json");
+  cmd->add_flag("--max-batch", args->max_batch,
+                "instead of --batch: the largest batch any checkpointing fits (every repeated block checkpointed, "
+                "found by doubling and bisection), then the plan with the least recompute at it");
   cmd->add_flag("--brief", args->brief, "leave out the 'how to read this' note");
   cmd->footer(
       "Examples:\n"

@@ -1018,8 +1018,19 @@ def check_plan(exe, work):
     by_path = json.loads(run(exe, "sweep", "--model-file", str(chain), *device, "--checkpoint-modules", "b1,tail.w0",
                              "--format", "json").stdout)["rows"][0]
     check(by_path["max_allocated"] == plan["max_allocated"], (by_path, plan))
+    # --max-batch: the largest batch every repeated block checkpointed fits, and a plan that fits it.
+    out = run(exe, "plan", "--model", "resnet18", "--max-batch", "--device", "sim:t4", "--search", "none",
+              "--brief").stdout
+    check("The largest batch that fits with every one of the 8 repeated blocks checkpointed:" in out and
+          "yes *" in out, out)
+    largest = int(out.split("checkpointed: ")[1].split(".")[0])
+    over = json.loads(run(exe, "sweep", "--model", "resnet18", "--device", "sim:t4", "--batch", str(largest + 1),
+                          "--dtype", "f32", "--checkpoint-modules",
+                          ",".join(f"layer{s}.{b}" for s in range(1, 5) for b in range(2)),
+                          "--format", "json").stdout)["rows"][0]
+    check(not over["fits"], over)
     # Bad input: exit 2, one line naming the option.
-    for args, words in ((["plan"], "name a model"), (["plan", "--model", "mlp", "--search", "x"], "--search"),
+    for args, words in ((["plan"], "name a model"), (["plan", "--model", "mlp", "--max-batch", "--batch", "8"], "--max-batch"), (["plan", "--model", "mlp", "--search", "x"], "--search"),
                         (["plan", "--model", "gpt2", "--model-out", planned], "--model-out"),
                         (["plan", "--model", "mlp", "--batch", "8,16"], "one --batch")):
         out = run(exe, *args, expect=2)
