@@ -101,6 +101,8 @@ def vector(rng):
             args += ["--headroom", rng.choice(["0", "1GiB", "1TiB", "-1", "x", "100000000000000000000"])]
         if rng.random() < 0.2:
             args += ["--top", rng.choice(["1", "0", "1001", "x"])]
+        if rng.random() < 0.1:
+            args += ["--max-batch"]
         if rng.random() < 0.2:
             args += ["--format", rng.choice(["table", "json", "csv"])]
     if command in ("sweep", "trace"):
