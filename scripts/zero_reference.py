@@ -144,13 +144,30 @@ ZERO3_FILES = ("runtime/zero/stage3.py", "runtime/zero/partition_parameters.py",
                "runtime/zero/utils.py", "runtime/comm/coalesced_collectives.py")
 
 
+def created_storages(func, args, kwargs, out, live):
+    """(tensor, storage) for each storage an op made: a view's storage is its input's, an empty
+    or already followed one is not new. (lift_fresh moves a constant made outside the mode,
+    IntTensor([0]): a new tensor.)"""
+    import torch
+    from torch.utils._pytree import tree_leaves
+    inputs = set() if func is torch.ops.aten.lift_fresh.default else {
+        a.untyped_storage().data_ptr() for a in tree_leaves((args, kwargs or {})) if isinstance(a, torch.Tensor)}
+    for t in tree_leaves(out):
+        if not isinstance(t, torch.Tensor):
+            continue
+        storage = t.untyped_storage()
+        key = storage.data_ptr()
+        if storage.nbytes() == 0 or key in live or key in inputs:
+            continue
+        yield t, storage
+
+
 def one(name):
     stage, rank, bucket, overlap = CONFIGS[name]
     import torch
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
     from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._pytree import tree_leaves
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                       MASTER_PORT="29511")
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=WORLD)
@@ -191,17 +208,8 @@ def one(name):
     class Track(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
-            # A view's storage is its input's: only storages this op created count.
-            # (lift_fresh moves a constant made outside the mode, IntTensor([0]): a new tensor.)
-            inputs = set() if func is torch.ops.aten.lift_fresh.default else {
-                a.untyped_storage().data_ptr() for a in tree_leaves((args, kwargs or {})) if isinstance(a, torch.Tensor)}
-            for t in tree_leaves(out):
-                if not isinstance(t, torch.Tensor):
-                    continue
-                storage = t.untyped_storage()
+            for t, storage in created_storages(func, args, kwargs, out, live):
                 key = storage.data_ptr()
-                if storage.nbytes() == 0 or key in live or key in inputs:
-                    continue
                 where = site(traceback.extract_stack()[:-1])
                 if where is None:
                     continue
@@ -251,7 +259,6 @@ def one3(name):
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
     from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._pytree import tree_leaves
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                       MASTER_PORT="29511")
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=WORLD)
@@ -377,17 +384,8 @@ def one3(name):
     class Track(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
-            # A view's storage is its input's: only storages this op created count.
-            inputs = set() if func is torch.ops.aten.lift_fresh.default else {
-                a.untyped_storage().data_ptr() for a in tree_leaves((args, kwargs or {}))
-                if isinstance(a, torch.Tensor)}
-            for t in tree_leaves(out):
-                if not isinstance(t, torch.Tensor):
-                    continue
-                storage = t.untyped_storage()
+            for t, storage in created_storages(func, args, kwargs, out, live):
                 key = storage.data_ptr()
-                if storage.nbytes() == 0 or key in live or key in inputs:
-                    continue
                 where = site(sys._getframe(1), func.overloadpacket.__name__)
                 if where is None:
                     continue

@@ -104,46 +104,35 @@ def check_chain(vramscope, tmp, failures):
         failures.append("chain: gradients")
 
 
-def check_resnet18(vramscope, tmp, failures):
+def check_torchvision(vramscope, tmp, failures, name, args, image):
+    """A zoo model written from torchvision's: every name its plan gives is a module of
+    torchvision's own model (the ViTs' encoder.layers.encoder_layer_0 too), exactly those are
+    wrapped, and a training step runs."""
     import torch
     import torch.nn.functional as F
     import torchvision
-    best, code = plan(vramscope, ["--model", "resnet18", "--batch", "256",
-                                  "--device", "sim:capacity=5GiB,context=300MiB"], tmp / "resnet18.py")
+    best, code = plan(vramscope, ["--model", name, *args], tmp / f"{name}.py")
     want = set(best["checkpoint_modules"])
-    model = torchvision.models.resnet18()
-    names = {n for n, _ in model.named_modules()}
-    missing = want - names
+    model = getattr(torchvision.models, name)()
+    missing = want - {n for n, _ in model.named_modules()}
     scope = apply(code, model)
     got = wrapped_names(model)
-    print(f"  resnet18: plan {sorted(want)} ({best['plan']}), wrapped {sorted(got)}")
+    print(f"  {name}: plan {sorted(want)} ({best['plan']}), wrapped {sorted(got)}")
     if not want or missing or got != want:
-        failures.append(f"resnet18: wrapped {sorted(got)}, missing in torchvision {sorted(missing)}")
-    x, y = torch.randn(2, 3, 64, 64), torch.randint(0, 1000, (2,))
+        failures.append(f"{name}: wrapped {sorted(got)}, missing in torchvision {sorted(missing)}")
+    x, y = torch.randn(1, 3, image, image), torch.randint(0, 1000, (1,))
     F.cross_entropy(model(x), y).backward()
     scope["optimizer"].step()
+
+
+def check_resnet18(vramscope, tmp, failures):
+    check_torchvision(vramscope, tmp, failures, "resnet18",
+                      ["--batch", "256", "--device", "sim:capacity=5GiB,context=300MiB"], 64)
 
 
 def check_vit(vramscope, tmp, failures):
-    """The zoo's vit_b_16 keeps torchvision's names (encoder.layers.encoder_layer_0): its plan
-    wraps modules of torchvision's own ViT, and a training step runs."""
-    import torch
-    import torch.nn.functional as F
-    import torchvision
-    best, code = plan(vramscope, ["--model", "vit_b_16", "--batch", "64",
-                                  "--device", "sim:capacity=8GiB,context=300MiB"], tmp / "vit.py")
-    want = set(best["checkpoint_modules"])
-    model = torchvision.models.vit_b_16()
-    names = {n for n, _ in model.named_modules()}
-    missing = want - names
-    scope = apply(code, model)
-    got = wrapped_names(model)
-    print(f"  vit_b_16: plan {sorted(want)} ({best['plan']}), wrapped {sorted(got)}")
-    if not want or missing or got != want:
-        failures.append(f"vit_b_16: wrapped {sorted(got)}, missing in torchvision {sorted(missing)}")
-    x, y = torch.randn(1, 3, 224, 224), torch.randint(0, 1000, (1,))
-    F.cross_entropy(model(x), y).backward()
-    scope["optimizer"].step()
+    check_torchvision(vramscope, tmp, failures, "vit_b_16",
+                      ["--batch", "64", "--device", "sim:capacity=8GiB,context=300MiB"], 224)
 
 
 def check_llama(vramscope, tmp, failures):
