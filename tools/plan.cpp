@@ -29,15 +29,6 @@ std::string_view plan_change_name(PlanChange change) noexcept {
   return "?";
 }
 
-int plan_tier(PlanChange change) noexcept {
-  switch (change) {
-    case PlanChange::Accumulation: return 1;
-    case PlanChange::Precision: return 2;
-    case PlanChange::Optimizer: return 3;
-    default: return 0;
-  }
-}
-
 std::string Plan::label() const {
   std::vector<std::string> parts;
   if (checkpoint_modules && !checkpoint_modules->empty()) {
@@ -61,11 +52,13 @@ std::string Plan::label() const {
 }
 
 int Plan::rank_tier() const noexcept {
-  // Mixed precision keeps f32 master weights: a smaller change than half weights.
-  if (change == PlanChange::Precision) {
-    return precision == nn::Precision::Amp || precision == nn::Precision::AmpBF16 ? 2 : 3;
+  switch (change) {
+    case PlanChange::Accumulation: return 1;
+    // Mixed precision keeps f32 master weights: a smaller change than half weights.
+    case PlanChange::Precision: return precision == nn::Precision::Amp || precision == nn::Precision::AmpBF16 ? 2 : 3;
+    case PlanChange::Optimizer: return 4;
+    default: return 0;  // as given, checkpointing, the allocator: the same arithmetic
   }
-  return change == PlanChange::Optimizer ? 4 : plan_tier(change);
 }
 
 const Plan* PlanResult::best() const noexcept {
@@ -113,6 +106,8 @@ class Planner {
       : spec_(spec), progress_(progress), result_(result) {}
 
   void search();
+  /// When nothing fits (after the ranking): the least hungry attempt and what would fit.
+  void advise();
 
  private:
   /// A plan with the given configuration's settings and no checkpointing.
@@ -127,12 +122,12 @@ class Planner {
 
   nn::TrainConfig config_of(const Plan& p) const { return plan_config(spec_.base, p, by_layer_); }
 
-  Plan measure(Plan p, std::shared_ptr<Device> device = nullptr) {
+  Plan measure(Plan p) {
     if (progress_) progress_(result_.dry_runs, p.label());
     ++result_.dry_runs;
     const nn::TrainConfig cfg = config_of(p);
     try {
-      p.figures = run_config(cfg, device ? device : make_run_device(spec_.base), p.oom, p.error);
+      p.figures = run_config(cfg, make_run_device(spec_.base), p.oom, p.error);
     } catch (const mem::Error& e) {
       p.refused = e.what();
     }
@@ -267,18 +262,19 @@ class Planner {
       if (p.refused.empty()) keep(std::move(p));
       return;
     }
-    std::int64_t deficit = deficit_of(p);
+    const RunFigures needs = needs_of(p);
+    std::int64_t short_of = shortfall(needs);
     // The profile's bytes are the given precision's: a deficit in bf16 bytes is worth twice as
     // much of them when the given run is f32. Scaled by the two runs' activations.
-    const std::int64_t act = last_needs_.peak_composition.of(MemoryKind::Activations);
+    const std::int64_t act = needs.peak_composition.of(MemoryKind::Activations);
     const std::int64_t given_act =
         result_.given_needs ? result_.given_needs->peak_composition.of(MemoryKind::Activations) : 0;
     if (act > 0 && given_act > 0) {
-      deficit = static_cast<std::int64_t>(static_cast<double>(deficit) * static_cast<double>(given_act) /
-                                          static_cast<double>(act));
+      short_of = static_cast<std::int64_t>(static_cast<double>(short_of) * static_cast<double>(given_act) /
+                                           static_cast<double>(act));
     }
     std::optional<Plan> most;
-    if (auto found = search_checkpointing(base, deficit, &most)) keep(std::move(*found));
+    if (auto found = search_checkpointing(base, short_of, &most)) keep(std::move(*found));
     else if (most) keep(std::move(*most));
   }
 
@@ -288,15 +284,22 @@ class Planner {
     return by_layer_ ? search_blocks(base, deficit, most) : search_modules(base, deficit, most);
   }
 
-  /// What must be saved for `p` to fit: its need on an unlimited twin of the device less
-  /// the device (one more dry run), which the cheap model turns into modules to checkpoint.
-  std::int64_t deficit_of(const Plan& p) {
+  /// What `p` needs: its run on an unlimited twin of the device (one more dry run), up to a
+  /// failure; `ran` says whether it ran to the end (else it needs more than any device holds).
+  RunFigures needs_of(const Plan& p, bool* ran = nullptr) {
     if (progress_) progress_(result_.dry_runs, p.label() + " (without the limit)");
     ++result_.dry_runs;
     std::optional<OomFailure> oom;
     std::optional<AutogradFailure> error;
-    last_needs_ = run_config(config_of(p), unlimited_twin(result_.device), oom, error);
-    return std::max<std::int64_t>(1, last_needs_.peak_device_used - capacity_);
+    RunFigures needs = run_config(config_of(p), unlimited_twin(result_.device), oom, error);
+    if (ran != nullptr) *ran = !oom && !error;
+    return needs;
+  }
+
+  /// What must be saved for a run of these needs to fit, which the cheap model turns into
+  /// modules to checkpoint.
+  std::int64_t shortfall(const RunFigures& needs) const {
+    return std::max<std::int64_t>(1, needs.peak_device_used - capacity_);
   }
 
   void keep(Plan p) { result_.plans.push_back(std::move(p)); }
@@ -308,7 +311,6 @@ class Planner {
   /// its layers' flags), not by any module.
   bool by_layer_ = false;
   std::int64_t capacity_ = 0;
-  RunFigures last_needs_;  ///< of the last deficit_of
 };
 
 void Planner::search() {
@@ -318,23 +320,16 @@ void Planner::search() {
   result_.given = measure(plain());
   if (!result_.given.refused.empty()) throw UsageError(result_.given.refused);
   if (result_.given.fits()) return;  // nothing to plan: fits as given
-  {
-    SweepRow row;
-    row.precision = spec_.base.precisions.front();
-    row.alloc_conf = spec_.base.alloc_confs.front();
-    row.batch = info.batch;
-    row.parallel = spec_.base.parallels.front();
-    ++result_.dry_runs;
-    try {
-      result_.profile = profile_step(train_config(spec_.base, row));
-    } catch (const OutOfMemoryError&) {
-      return;  // more than any device holds (a batch of millions): nothing to search, see below
-    } catch (const RequestTooLargeError&) {
-      return;
-    }
+  ++result_.dry_runs;
+  try {
+    result_.profile = profile_step(config_of(plain()));
+  } catch (const OutOfMemoryError&) {
+    return;  // more than any device holds (a batch of millions): nothing to search, see advise()
+  } catch (const RequestTooLargeError&) {
+    return;
   }
-  const std::int64_t deficit = deficit_of(result_.given);
-  result_.given_needs = last_needs_;
+  result_.given_needs = needs_of(result_.given);
+  const std::int64_t short_of = shortfall(*result_.given_needs);
   const Plan base = plain();
   const bool fsdp = spec_.base.parallels.front().engine == nn::ParallelEngine::Fsdp;
 
@@ -342,12 +337,12 @@ void Planner::search() {
   // spaced, and every block (what gradient_checkpointing_enable() does) for comparison.
   std::optional<Plan> most;
   if (!by_layer_) {
-    if (auto found = search_modules(base, deficit, &most)) keep(std::move(*found));
+    if (auto found = search_modules(base, short_of, &most)) keep(std::move(*found));
     else if (most) keep(*most);
   }
   {
     std::optional<Plan> every;
-    if (auto found = search_blocks(base, deficit, &every)) keep(std::move(*found));
+    if (auto found = search_blocks(base, short_of, &every)) keep(std::move(*found));
     if (every && (by_layer_ || every->fits())) keep(std::move(*every));
   }
   if (info.sequential_checkpointing && info.checkpointed_modules == 0 && !fsdp) {
@@ -430,6 +425,54 @@ void Planner::search() {
       search_change(std::move(p));
     }
   }
+}
+
+/// Nothing fits: each attempt (a family's most checkpointed plan, or the given one) run
+/// without the device's limit says what it needs; the least hungry is the nearest thing to
+/// fitting, and the smallest preset and the largest batch are about it.
+void Planner::advise() {
+  std::vector<const Plan*> attempts;
+  for (const Plan& p : result_.plans) {
+    if (p.refused.empty() && !p.error) attempts.push_back(&p);
+  }
+  if (attempts.empty()) attempts.push_back(&result_.given);
+  const Plan* least = nullptr;
+  for (const Plan* p : attempts) {
+    bool ran = false;
+    const RunFigures needs = needs_of(*p, &ran);
+    if (!ran) continue;  // more than any device holds
+    if (!result_.least_hungry_needs || needs.peak_device_used < result_.least_hungry_needs->peak_device_used) {
+      result_.least_hungry_needs = needs;
+      least = p;
+    }
+  }
+  if (least == nullptr) least = attempts.front();
+  result_.least_hungry = *least;
+  if (result_.least_hungry_needs) {
+    const std::size_t need = static_cast<std::size_t>(result_.least_hungry_needs->peak_device_used) + spec_.headroom;
+    std::uint64_t smallest = 0;
+    for (const std::string& name : sim_preset_names()) {
+      const SimDeviceConfig c = sim_preset(name);
+      if (c.capacity >= need && (smallest == 0 || c.capacity < smallest)) {
+        smallest = c.capacity;
+        result_.smallest_device = "sim:" + name;
+      }
+    }
+  }
+  // The largest batch of that plan, when the batch is what tips it.
+  const nn::TrainConfig cfg = config_of(*least);
+  SweepSpec spec = spec_.base;
+  spec.optimizer = cfg.optimizer;
+  spec.model_options = cfg.model_options;
+  spec.checkpoint_modules = cfg.checkpoint_modules;
+  SweepRow row;
+  row.segments = least->segments;
+  row.precision = least->precision;
+  row.alloc_conf = least->alloc_conf;
+  row.parallel = spec_.base.parallels.front();
+  const MaxBatchRow m = find_max_batch(spec, row);
+  result_.dry_runs += m.probes;
+  result_.max_batch = m.max_batch;
 }
 
 /// Fits first, then the least change, the least recompute, the least memory.
@@ -517,61 +560,7 @@ PlanResult run_plan(const PlanSpec& spec_in, const PlanProgress& progress) {
     result.plans = std::move(kept);
   }
 
-  if (result.best() == nullptr) {
-    // Nothing fits: each attempt (a family's most checkpointed plan, or the given one) run
-    // without the device's limit says what it needs; the least hungry is the nearest thing to
-    // fitting, and what the advice below is about.
-    const bool decoder = !result.model.sequential_checkpointing;
-    std::vector<const Plan*> attempts;
-    for (const Plan& p : result.plans) {
-      if (p.refused.empty() && !p.error) attempts.push_back(&p);
-    }
-    if (attempts.empty()) attempts.push_back(&result.given);
-    const Plan* least = nullptr;
-    for (const Plan* p : attempts) {
-      if (progress) progress(result.dry_runs, p->label() + " (without the limit)");
-      ++result.dry_runs;
-      std::optional<OomFailure> oom;
-      std::optional<AutogradFailure> error;
-      const RunFigures needs = run_config(plan_config(base, *p, decoder), unlimited_twin(result.device), oom, error);
-      if (oom || error) continue;  // more than any device holds
-      if (!result.least_hungry_needs || needs.peak_device_used < result.least_hungry_needs->peak_device_used) {
-        result.least_hungry_needs = needs;
-        least = p;
-      }
-    }
-    if (least == nullptr) least = attempts.front();
-    result.least_hungry = *least;
-    const Plan& unlimited = *least;
-    const nn::TrainConfig cfg = plan_config(base, unlimited, decoder);
-    {
-      if (result.least_hungry_needs) {
-        const RunFigures& needs = *result.least_hungry_needs;
-        std::uint64_t smallest = 0;
-        for (const std::string& name : sim_preset_names()) {
-          const SimDeviceConfig c = sim_preset(name);
-          const std::size_t need = static_cast<std::size_t>(needs.peak_device_used) + result.spec.headroom;
-          if (c.capacity >= need && (smallest == 0 || c.capacity < smallest)) {
-            smallest = c.capacity;
-            result.smallest_device = "sim:" + name;
-          }
-        }
-      }
-      // The largest batch of that plan, when the batch is what tips it.
-      SweepSpec spec = base;
-      spec.optimizer = cfg.optimizer;
-      spec.model_options = cfg.model_options;
-      spec.checkpoint_modules = cfg.checkpoint_modules;
-      SweepRow row;
-      row.segments = unlimited.segments;
-      row.precision = unlimited.precision;
-      row.alloc_conf = unlimited.alloc_conf;
-      row.parallel = base.parallels.front();
-      const MaxBatchRow m = find_max_batch(spec, row);
-      result.dry_runs += m.probes;
-      result.max_batch = m.max_batch;
-    }
-  }
+  if (result.best() == nullptr) planner.advise();
   result.wall_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   return result;
 }

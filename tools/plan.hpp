@@ -30,9 +30,6 @@ namespace mem::tools {
 enum class PlanChange : std::uint8_t { None, Checkpointing, Allocator, Accumulation, Precision, Optimizer };
 /// "as given", "checkpointing", "allocator", "accumulation", "precision", "optimizer".
 std::string_view plan_change_name(PlanChange change) noexcept;
-/// 0 for None, Checkpointing and Allocator (the same math), 1 accumulation, 2 precision,
-/// 3 optimizer.
-int plan_tier(PlanChange change) noexcept;
 
 /// What the search may change beyond checkpointing (the user's flags).
 struct PlanSearch {
@@ -78,8 +75,8 @@ struct Plan {
   /// "expandable_segments:True", "batch 64 x 4 accumulation steps", "amp-bf16", "adam8bit",
   /// joined by " + ".
   std::string label() const;
-  /// The order of preference of its change: plan_tier, with mixed precision (2) before half
-  /// weights (3) and the optimizer last (4).
+  /// The order of preference of its change: 0 for as given, checkpointing and the allocator
+  /// (the same arithmetic), 1 accumulation, 2 mixed precision, 3 half weights, 4 the optimizer.
   int rank_tier() const noexcept;
 };
 

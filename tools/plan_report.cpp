@@ -112,8 +112,7 @@ std::string plan_report(const PlanResult& r, std::size_t top, bool how_to_read) 
   });
   if (!same_math_fits && r.given_needs && r.given_needs->peak_composition.total() > 0) {
     const MemoryComposition& c = r.given_needs->peak_composition;
-    const std::int64_t states = c.of(MemoryKind::Weights) + c.of(MemoryKind::Gradients) +
-                                c.of(MemoryKind::OptimizerState) + c.of(MemoryKind::OptimizerTemporaries);
+    const std::int64_t states = c.model_states();
     const auto usable = static_cast<std::int64_t>(r.device.total_bytes - r.device.context_bytes);
     out += "\n";
     out += wrap(fmt::format("As given it needs {} in nvidia-smi's view and peaks at {}{}: {}.",

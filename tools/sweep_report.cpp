@@ -99,7 +99,7 @@ std::string out_of_memory_advice(const SweepResult& result) {
     if (any_fits || least == nullptr || !all_known) continue;
     const MemoryComposition& c = least->unlimited->peak_composition;
     const std::int64_t optimizer = c.of(MemoryKind::OptimizerState) + c.of(MemoryKind::OptimizerTemporaries);
-    const std::int64_t states = c.of(MemoryKind::Weights) + c.of(MemoryKind::Gradients) + optimizer;
+    const std::int64_t states = c.model_states();
     const std::string name(nn::precision_name(precision));
     if (states >= capacity) {
       out += wrap(fmt::format(

@@ -54,6 +54,11 @@ std::int64_t MemoryComposition::total() const noexcept {
   return std::accumulate(bytes.begin(), bytes.end(), std::int64_t{0});
 }
 
+std::int64_t MemoryComposition::model_states() const noexcept {
+  return of(MemoryKind::Weights) + of(MemoryKind::Gradients) + of(MemoryKind::OptimizerState) +
+         of(MemoryKind::OptimizerTemporaries);
+}
+
 void PeakComposition::on_event(const TraceEvent& e) noexcept {
   switch (e.action) {
     case TraceAction::Alloc: {

@@ -26,12 +26,19 @@ const std::string kChain = std::string(VRAMSCOPE_TEST_DATA_DIR) + "/plan-chain.j
 // On 640 MiB (no context) it runs out of memory as given; checkpointing b1 and tail.w0 keeps
 // one wide block's activations at a time and needs 610 MiB in nvidia-smi's view; b1 alone,
 // tail.w0 alone, the whole tail, or any checkpoint_sequential count need 674 MiB.
-PlanSpec chain_spec() {
+PlanSpec spec_of(std::shared_ptr<const nn::ModelSource> model, const char* options, const char* device,
+                 nn::Precision precision = nn::Precision::F32) {
   PlanSpec spec;
-  spec.base.model = models::ModelFile::load(kChain);
-  spec.base.device = "sim:capacity=640MiB,context=0";
-  spec.base.precisions = {nn::Precision::F32};
+  spec.base.model = std::move(model);
+  spec.base.model_options = nn::ModelOptions::parse(options);
+  spec.base.device = device;
+  spec.base.precisions = {precision};
   spec.base.alloc_confs = {""};
+  return spec;
+}
+
+PlanSpec chain_spec() {
+  PlanSpec spec = spec_of(models::ModelFile::load(kChain), "", "sim:capacity=640MiB,context=0");
   spec.search = PlanSearch{false, false, false, false};
   return spec;
 }
@@ -78,12 +85,7 @@ TEST(Plan, EveryPlanIsMeasuredAgainAsTheSweepMeasuresIt) {
 }
 
 TEST(Plan, ForumCnnFullCannotBeFitByCheckpointingAndSaysWhatCan) {
-  PlanSpec spec;
-  spec.base.model = models::find("forum-cnn-full");
-  spec.base.device = "sim:rtx2080s";
-  spec.base.precisions = {nn::Precision::F32};
-  spec.base.alloc_confs = {""};
-  const PlanResult r = run_plan(spec);
+  const PlanResult r = run_plan(spec_of(models::find("forum-cnn-full"), "", "sim:rtx2080s"));
   ASSERT_FALSE(r.given.fits());
   ASSERT_TRUE(r.given_needs.has_value());
   // Nothing that keeps the step's arithmetic fits: the states alone exceed the device.
@@ -95,6 +97,7 @@ TEST(Plan, ForumCnnFullCannotBeFitByCheckpointingAndSaysWhatCan) {
   const MemoryComposition& c = r.given_needs->peak_composition;
   const std::int64_t states = c.of(MemoryKind::Weights) + c.of(MemoryKind::Gradients) +
                               c.of(MemoryKind::OptimizerState) + c.of(MemoryKind::OptimizerTemporaries);
+  EXPECT_EQ(c.model_states(), states);
   EXPECT_GT(states, static_cast<std::int64_t>(r.device.total_bytes));
   const Plan* best = r.best();
   ASSERT_NE(best, nullptr);
@@ -108,13 +111,7 @@ TEST(Plan, ForumCnnFullCannotBeFitByCheckpointingAndSaysWhatCan) {
 }
 
 TEST(Plan, AModelThatFitsAsGivenNeedsNoPlan) {
-  PlanSpec spec;
-  spec.base.model = models::find("mlp");
-  spec.base.model_options = nn::ModelOptions::parse("depth=4,width=256,batch=64");
-  spec.base.device = "sim:a100-80g";
-  spec.base.precisions = {nn::Precision::F32};
-  spec.base.alloc_confs = {""};
-  const PlanResult r = run_plan(spec);
+  const PlanResult r = run_plan(spec_of(models::find("mlp"), "depth=4,width=256,batch=64", "sim:a100-80g"));
   EXPECT_TRUE(r.given.fits());
   EXPECT_TRUE(r.plans.empty());
   EXPECT_EQ(r.best(), &r.given);
@@ -122,13 +119,7 @@ TEST(Plan, AModelThatFitsAsGivenNeedsNoPlan) {
 }
 
 TEST(Plan, RanksFittingPlansByChangeThenRecomputeThenMemory) {
-  PlanSpec spec;
-  spec.base.model = models::find("resnet152");
-  spec.base.model_options = nn::ModelOptions::parse("batch=256");
-  spec.base.device = "sim:a100-40g";
-  spec.base.precisions = {nn::Precision::F32};
-  spec.base.alloc_confs = {""};
-  const PlanResult r = run_plan(spec);
+  const PlanResult r = run_plan(spec_of(models::find("resnet152"), "batch=256", "sim:a100-40g"));
   ASSERT_FALSE(r.given.fits());
   ASSERT_GE(r.plans.size(), 5u);
   bool seen_failing = false;
@@ -440,12 +431,8 @@ TEST(PlanReference, Gpt2XlWithThePlannedAttentionModulesMatchesTheH200) {
 TEST(PlanCode, ADecoderBeforeTransformers452IsWrappedByName) {
   // transformers 4.50 has no per-layer gradient_checkpointing flag: the layers are wrapped by
   // name, PEFT's prefix taken off.
-  PlanSpec spec;
-  spec.base.model = models::find("llama-3.2-1b");
-  spec.base.model_options = nn::ModelOptions::parse("batch=4,seq=2048,lora=16,attn=sdpa");
-  spec.base.device = "sim:rtx4090";  // 8 of the 16 layers fit
-  spec.base.precisions = {nn::Precision::BF16};
-  spec.base.alloc_confs = {""};
+  PlanSpec spec = spec_of(models::find("llama-3.2-1b"), "batch=4,seq=2048,lora=16,attn=sdpa",
+                          "sim:rtx4090", nn::Precision::BF16);  // 8 of the 16 layers fit
   spec.base.stack = nn::Stack::parse("torch=2.11,transformers=4.50");
   spec.search = PlanSearch{false, false, false, false};
   const PlanResult r = run_plan(spec);

@@ -62,6 +62,9 @@ struct MemoryComposition {
   ContextId context = kNoContext;
   std::int64_t of(MemoryKind kind) const noexcept { return bytes[static_cast<std::size_t>(kind)]; }
   std::int64_t total() const noexcept;
+  /// Weights, gradients and the optimizer's state and temporaries: what neither checkpointing
+  /// nor the batch size changes.
+  std::int64_t model_states() const noexcept;
 };
 
 /// Follows the live blocks of an allocator and keeps their composition at the highest
