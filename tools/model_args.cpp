@@ -340,7 +340,13 @@ std::string parallel_note(const std::vector<nn::ParallelConfig>& configs, const 
     }
     const bool zero = config.engine == nn::ParallelEngine::Zero1 || config.engine == nn::ParallelEngine::Zero2;
     const std::string engine =
-        zero ? "rank " + std::to_string(config.rank) +
+        config.engine == nn::ParallelEngine::Zero3
+            ? "each rank alike (DeepSpeed's ZeRO-3 keeps a 1/N partition of every parameter, its fp32 master, "
+              "optimizer state and gradients, a gradient bucket of reduce_bucket_size elements made once, and "
+              "gathers each module's parameters as it runs: small ones (stage3_param_persistence_threshold) stay "
+              "gathered, and from the second step the recorded trace prefetches stage3_prefetch_bucket_size "
+              "elements ahead and keeps those used again within stage3_max_reuse_distance)"
+        : zero ? "rank " + std::to_string(config.rank) +
                    "'s (DeepSpeed's ZeRO keeps the parameters whole, flattened into one buffer, the fp32 master "
                    "weights and the optimizer's state of its 1/N partition, each backward a gradient bucket of "
                    "reduce_bucket_size elements, and the gradients of the parameters its partition touches" +

@@ -10,6 +10,7 @@
 #include <unordered_set>
 
 #include "detail.hpp"
+#include "hook_node.hpp"
 #include "nccl_memory.hpp"
 #include "vramscope/allocator/errors.hpp"
 
@@ -87,22 +88,6 @@ Tensor leaf_over(const std::shared_ptr<Storage>& storage, const Shape& shape, DT
   impl->grad_label = like.impl()->grad_label;
   return Tensor(std::move(impl));
 }
-
-/// RegisterPreBackwardFunction / RegisterPostBackwardFunction (_fsdp_state.py,
-/// _fsdp_param_group.py): the gradient passes through unchanged after the hook ran.
-class HookNode final : public Node {
- public:
-  HookNode(std::function<void()> fn, const char* name) : fn_(std::move(fn)), name_(name) {}
-  TensorList apply(TensorList& grads) override {
-    fn_();
-    return {std::move(grads[0])};
-  }
-  std::string_view name() const noexcept override { return name_; }
-
- private:
-  std::function<void()> fn_;
-  const char* name_;
-};
 
 }  // namespace
 
@@ -408,14 +393,7 @@ void FullyShard::reshard(Group& g) {
 // --- forward ------------------------------------------------------------------------------
 
 Tensor FullyShard::hook_node(const Tensor& t, std::function<void()> fn, const char* name) {
-  auto node = std::make_shared<HookNode>(std::move(fn), name);
-  node->add_input(t);
-  auto impl = std::make_shared<TensorImpl>(*t.impl());
-  impl->grad.reset();
-  impl->grad_accumulator.reset();
-  Tensor out(std::move(impl));
-  set_history(out, node);
-  return out;
+  return with_backward_hook(t, std::move(fn), name);
 }
 
 Tensor FullyShard::group_pre_forward(Group& g, const Tensor& input) {

@@ -10,19 +10,24 @@ using detail::HostOut;
 /// AddmmBackward0 (with bias) / MmBackward0: inputs (bias, x [M,K], weight), addmm's
 /// (self, mat1, mat2) order, so the bias's gradient is ready before the weight's (which in
 /// PyTorch passes through weight.t()'s TBackward0 first): the order DDP's buckets follow.
+/// Under ZeRO-3 it is DeepSpeed's LinearFunctionForZeroStage3Backward: inputs (x, weight,
+/// bias), the gradients made and handed out in that order (zero/linear.py:121-142).
 class LinearBackward final : public Node {
  public:
-  LinearBackward(Shape x_shape, bool kn, bool has_bias) : x_shape_(x_shape), kn_(kn), has_bias_(has_bias) {}
+  LinearBackward(Shape x_shape, bool kn, bool has_bias, bool zero3)
+      : x_shape_(x_shape), kn_(kn), has_bias_(has_bias), zero3_(zero3) {
+    if (zero3) ib_ = 2, ix_ = 0, iw_ = 1;
+  }
   SavedTensor x_, w_;
   TensorList apply(TensorList& grads) override {
     const Tensor& g = grads[0];
     const std::int64_t n = g.size(-1);
     const std::int64_t m = g.numel() / n;
     Tensor gx, gw, gb;
-    const Tensor w = needs_input_grad(1) ? w_.unpack() : Tensor{};
-    const Tensor x = needs_input_grad(2) ? x_.unpack() : Tensor{};
+    const Tensor w = needs_input_grad(ix_) ? w_.unpack() : Tensor{};
+    const Tensor x = needs_input_grad(iw_) ? x_.unpack() : Tensor{};
     Runtime& rt = g.runtime();
-    if (needs_input_grad(1)) {
+    if (needs_input_grad(ix_)) {
       const std::int64_t k = kn_ ? w.size(0) : w.size(1);
       gx = empty(rt, x_shape_, g.dtype());
       rt.gemm_workspace(false);
@@ -37,7 +42,7 @@ class LinearBackward final : public Node {
         });
       }
     }
-    if (needs_input_grad(2)) {
+    if (needs_input_grad(iw_)) {
       const std::int64_t k = x.size(-1);
       gw = empty(rt, kn_ ? Shape{k, n} : Shape{n, k}, g.dtype());
       rt.gemm_workspace(false);
@@ -55,7 +60,7 @@ class LinearBackward final : public Node {
         });
       }
     }
-    if (has_bias_ && needs_input_grad(0)) {
+    if (has_bias_ && needs_input_grad(ib_)) {
       gb = empty(rt, Shape{n}, g.dtype());
       rt.add_flops(static_cast<double>(m * n));
       if (rt.computing()) {
@@ -70,17 +75,21 @@ class LinearBackward final : public Node {
         });
       }
     }
+    if (zero3_) return {gx, gw, gb};
     return {gb, gx, gw};
   }
   void release_variables() noexcept override {
     x_.reset();
     w_.reset();
   }
-  std::string_view name() const noexcept override { return has_bias_ ? "AddmmBackward0" : "MmBackward0"; }
+  std::string_view name() const noexcept override {
+    return zero3_ ? "LinearFunctionForZeroStage3Backward" : has_bias_ ? "AddmmBackward0" : "MmBackward0";
+  }
 
  private:
   Shape x_shape_;
-  bool kn_, has_bias_;
+  bool kn_, has_bias_, zero3_;
+  std::size_t ib_ = 0, ix_ = 1, iw_ = 2;  // where the bias, x and weight sit among the inputs
 };
 
 Tensor linear_impl(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, bool kn) {
@@ -116,10 +125,13 @@ Tensor linear_impl(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, b
     });
   }
   if (needs_grad({&x, &w, &b})) {
-    auto node = detail::make_node<LinearBackward>({&b, &x, &w}, x.shape(), kn, b.defined());
-    // derivatives.yaml: mat1's formula uses mat2 and vice versa.
-    if (w.requires_grad()) node->x_.save(x);
-    if (x.requires_grad()) node->w_.save(w);
+    const bool zero3 = rt.zero3_linear() && !kn;
+    auto node = zero3 ? detail::make_node<LinearBackward>({&x, &w, &b}, x.shape(), kn, b.defined(), true)
+                      : detail::make_node<LinearBackward>({&b, &x, &w}, x.shape(), kn, b.defined(), false);
+    // derivatives.yaml: mat1's formula uses mat2 and vice versa. DeepSpeed's function saves
+    // the input and weight whatever needs a gradient (ctx.save_for_backward, linear.py:89).
+    if (w.requires_grad() || zero3) node->x_.save(x);
+    if (x.requires_grad() || zero3) node->w_.save(w);
     set_history(out, node);
   }
   return out;

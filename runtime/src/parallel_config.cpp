@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,25 @@ constexpr std::string_view kDdpOptions =
     "bucket_cap_mb, gradient_as_bucket_view, broadcast_buffers, init_sync, static_graph, find_unused_parameters";
 constexpr std::string_view kFsdpOptions = "reshard_after_forward, param_dtype, reduce_dtype, init, rank";
 constexpr std::string_view kZeroOptions = "reduce_bucket_size, overlap_comm, rank";
+constexpr std::string_view kZero3Options =
+    "reduce_bucket_size, overlap_comm, stage3_prefetch_bucket_size, stage3_param_persistence_threshold, "
+    "stage3_model_persistence_threshold, stage3_max_live_parameters, stage3_max_reuse_distance, sub_group_size, "
+    "zero3_init_flag, rank";
+
+/// A count of elements as DeepSpeed's config takes it (5e8, 500000000): at least `lowest`,
+/// at most `highest` (1e19 holds its sys.maxsize defaults), whole.
+double parse_elements(std::string_view key, std::string_view value, double lowest, double highest = 1e19) {
+  double n = 0;
+  const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), n, std::chars_format::general);
+  if (value.empty() || ec != std::errc{} || end != value.data() + value.size() || !std::isfinite(n) || n < lowest ||
+      n > highest) {
+    char top[32];
+    std::snprintf(top, sizeof top, "%g", highest);
+    throw Error(std::string(key) + "=" + std::string(value) + ": expected elements, from " +
+                (lowest > 0 ? "1" : "0") + " to " + top);
+  }
+  return std::floor(n);
+}
 
 /// MixedPrecisionPolicy's dtypes: a floating type the runtime models.
 DType parse_float_dtype(std::string_view key, std::string_view value) {
@@ -67,27 +87,25 @@ ParallelConfig parse_parallel(std::string_view spec, std::string_view options) {
   }
   const std::size_t colon = spec.find(':');
   const std::string_view engine = spec.substr(0, colon);
-  if (engine == "zero3" || engine == "fsdp1") {
-    // Named by users, recorded or documented, not simulated yet: say so rather than "unknown".
-    throw Error(std::string(engine) + " is not modelled yet" +
-                (engine == "zero3" ? std::string(" (DeepSpeed's stage 3 is recorded on the CPU, tests/data/deepspeed-cpu-"
-                                                 "2026-11-26, for the engine to come)")
-                                   : std::string()) +
-                "; fsdp:N (FSDP2's fully_shard) shards parameters, gradients and optimizer state alike, "
-                "and zero1:N or zero2:N are DeepSpeed's stages 1 and 2");
+  if (engine == "fsdp1") {
+    // Named by users, not simulated yet: say so rather than "unknown".
+    throw Error("fsdp1 is not modelled yet; fsdp:N (FSDP2's fully_shard) shards parameters, gradients and "
+                "optimizer state alike, and zero3:N is DeepSpeed's stage 3, which does too");
   }
-  if (engine != "ddp" && engine != "fsdp" && engine != "zero1" && engine != "zero2") {
+  if (engine != "ddp" && engine != "fsdp" && engine != "zero1" && engine != "zero2" && engine != "zero3") {
     throw Error("unknown engine '" + std::string(engine) +
                 "'; expected ddp:N (DistributedDataParallel on N GPUs), fsdp:N (FSDP2's fully_shard "
-                "on N GPUs), zero1:N or zero2:N (DeepSpeed's ZeRO stage 1 or 2) or none");
+                "on N GPUs), zero1:N, zero2:N or zero3:N (DeepSpeed's ZeRO stage 1, 2 or 3) or none");
   }
   config.engine = engine == "ddp"     ? ParallelEngine::Ddp
                   : engine == "fsdp"  ? ParallelEngine::Fsdp
                   : engine == "zero1" ? ParallelEngine::Zero1
-                                      : ParallelEngine::Zero2;
+                  : engine == "zero2" ? ParallelEngine::Zero2
+                                      : ParallelEngine::Zero3;
   const bool ddp = config.engine == ParallelEngine::Ddp;
-  const bool zero = config.engine == ParallelEngine::Zero1 || config.engine == ParallelEngine::Zero2;
-  const std::string_view keys = ddp ? kDdpOptions : zero ? kZeroOptions : kFsdpOptions;
+  const bool stage3 = config.engine == ParallelEngine::Zero3;
+  const bool zero = config.engine == ParallelEngine::Zero1 || config.engine == ParallelEngine::Zero2 || stage3;
+  const std::string_view keys = ddp ? kDdpOptions : stage3 ? kZero3Options : zero ? kZeroOptions : kFsdpOptions;
   const std::string_view count = colon == std::string_view::npos ? std::string_view{} : spec.substr(colon + 1);
   std::size_t n = 0;
   const auto [end, ec] = std::from_chars(count.data(), count.data() + count.size(), n);
@@ -118,18 +136,26 @@ ParallelConfig parse_parallel(std::string_view spec, std::string_view options) {
     } else if (zero) {
       if (key == "reduce_bucket_size") {
         // DeepSpeed takes a number of elements (5e8 by default): decimal or scientific.
-        double n = 0;
-        const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), n, std::chars_format::general);
-        if (value.empty() || ec != std::errc{} || end != value.data() + value.size() || !std::isfinite(n) || n < 1 ||
-            n > 1e12) {
-          throw Error("reduce_bucket_size=" + std::string(value) + ": expected elements, from 1 to 1e12");
-        }
-        config.reduce_bucket_size = std::floor(n);
+        config.reduce_bucket_size = parse_elements(key, value, 1, 1e12);
       } else if (key == "overlap_comm") {
         config.overlap_comm = parse_bool(key, value);
+      } else if (stage3 && key == "stage3_prefetch_bucket_size") {
+        config.prefetch_bucket_size = parse_elements(key, value, 0);
+      } else if (stage3 && key == "stage3_param_persistence_threshold") {
+        config.param_persistence_threshold = parse_elements(key, value, 0);
+      } else if (stage3 && key == "stage3_model_persistence_threshold") {
+        config.model_persistence_threshold = parse_elements(key, value, 0);
+      } else if (stage3 && key == "stage3_max_live_parameters") {
+        config.max_live_parameters = parse_elements(key, value, 0);
+      } else if (stage3 && key == "stage3_max_reuse_distance") {
+        config.max_reuse_distance = parse_elements(key, value, 0);
+      } else if (stage3 && key == "sub_group_size") {
+        config.sub_group_size = parse_elements(key, value, 1);
+      } else if (stage3 && key == "zero3_init_flag") {
+        config.zero3_init = parse_bool(key, value);
       } else {
         throw Error("'" + std::string(key) + "' is not an option of " + std::string(engine) +
-                    " (keys: " + std::string(kZeroOptions) + ")");
+                    " (keys: " + std::string(stage3 ? kZero3Options : kZeroOptions) + ")");
       }
     } else if (!ddp) {
       if (key == "reshard_after_forward") {
@@ -191,15 +217,27 @@ ParallelConfig parse_parallel(std::string_view spec, std::string_view options) {
 std::string parallel_label(const ParallelConfig& config) {
   if (!config.enabled()) return "none";
   const bool ddp = config.engine == ParallelEngine::Ddp;
-  const char* names[] = {"none:", "ddp:", "fsdp:", "zero1:", "zero2:"};
+  const char* names[] = {"none:", "ddp:", "fsdp:", "zero1:", "zero2:", "zero3:"};
   std::string out = names[static_cast<int>(config.engine)] + std::to_string(config.world_size);
   std::string options;
   const auto add = [&](const std::string& item) { options += (options.empty() ? " " : ",") + item; };
-  if (config.engine == ParallelEngine::Zero1 || config.engine == ParallelEngine::Zero2) {
-    if (config.reduce_bucket_size != 5e8) {
-      add("reduce_bucket_size=" + std::to_string(static_cast<long long>(config.reduce_bucket_size)));
-    }
+  if (config.engine == ParallelEngine::Zero1 || config.engine == ParallelEngine::Zero2 ||
+      config.engine == ParallelEngine::Zero3) {
+    const ParallelConfig defaults;
+    const auto elements = [&](const char* key, double value, double default_value) {
+      if (value != default_value) add(std::string(key) + "=" + std::to_string(static_cast<unsigned long long>(value)));
+    };
+    elements("reduce_bucket_size", config.reduce_bucket_size, defaults.reduce_bucket_size);
     if (config.overlap_comm) add(std::string("overlap_comm=") + (*config.overlap_comm ? "true" : "false"));
+    elements("stage3_prefetch_bucket_size", config.prefetch_bucket_size, defaults.prefetch_bucket_size);
+    elements("stage3_param_persistence_threshold", config.param_persistence_threshold,
+             defaults.param_persistence_threshold);
+    elements("stage3_model_persistence_threshold", config.model_persistence_threshold,
+             defaults.model_persistence_threshold);
+    elements("stage3_max_live_parameters", config.max_live_parameters, defaults.max_live_parameters);
+    elements("stage3_max_reuse_distance", config.max_reuse_distance, defaults.max_reuse_distance);
+    elements("sub_group_size", config.sub_group_size, defaults.sub_group_size);
+    if (!config.zero3_init) add("zero3_init_flag=false");
     if (config.rank != 0) add("rank=" + std::to_string(config.rank));
     return out + options;
   }

@@ -97,6 +97,12 @@ void Storage::allocate() {
   if (data_ == nullptr && nbytes_ > 0) data_ = runtime_->allocator().allocate(nbytes_, runtime_->stream());
 }
 
+void Storage::allocate(std::size_t nbytes) {
+  if (data_ != nullptr) throw Error("Storage::allocate(" + std::to_string(nbytes) + "): the storage holds a block already");
+  nbytes_ = nbytes;
+  allocate();
+}
+
 void Storage::free() noexcept {
   if (data_ == nullptr) return;
   try {

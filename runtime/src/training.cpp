@@ -9,6 +9,7 @@
 #include "data_parallel.hpp"
 #include "fully_shard.hpp"
 #include "zero_redundancy.hpp"
+#include "zero_stage3.hpp"
 #include "detail.hpp"
 #include "vramscope/allocator/config.hpp"
 #include "vramscope/allocator/sim_device.hpp"
@@ -136,12 +137,18 @@ Trainer::Trainer(const TrainConfig& config, CachingAllocator& allocator)
       }
     }
     const bool fsdp = config.parallel.engine == ParallelEngine::Fsdp;
+    const bool zero3 = config.parallel.engine == ParallelEngine::Zero3;
     // Before the model is built (on the meta device for fsdp): FullyShard and ZeroRedundancy
     // refuse compute mode too, with the same words.
     if (config.mode == ExecMode::Compute && config.parallel.enabled() && config.parallel.engine != ParallelEngine::Ddp) {
-      throw Error(std::string(fsdp ? "fsdp runs as a dry run only: its all-gathers"
-                                   : "zero runs as a dry run only: its collectives") +
+      throw Error(std::string(fsdp    ? "fsdp runs as a dry run only: its all-gathers"
+                              : zero3 ? "zero3 runs as a dry run only: its all-gathers"
+                                      : "zero runs as a dry run only: its collectives") +
                   " on one simulated rank bring no data from the others");
+    }
+    if (zero3 && plan_.checkpointed.size() > 0) {
+      throw Error("zero3 does not combine with checkpoint_sequential's segments (its hooks gather each module's "
+                  "parameters as it runs); checkpoint modules instead (checkpoint marks, --gradient-checkpointing)");
     }
     if (fsdp && plan_.checkpointed.size() > 0) {
       throw Error("fsdp does not combine with checkpoint_sequential's segments (its hooks wrap the blocks); "
@@ -151,7 +158,7 @@ Trainer::Trainer(const TrainConfig& config, CachingAllocator& allocator)
       // FSDP2 at scale: the model is built on the meta device and fully_shard materializes
       // only the shards (init=cuda builds it whole on the GPU first).
       std::optional<MetaParameters> meta;
-      if (fsdp && config.parallel.meta_init) meta.emplace();
+      if ((fsdp && config.parallel.meta_init) || (zero3 && config.parallel.zero3_init)) meta.emplace();
       model_->materialize(*runtime_, parameter_dtype(config.precision));
     }
     model_->body().train(true);
@@ -163,7 +170,11 @@ Trainer::Trainer(const TrainConfig& config, CachingAllocator& allocator)
       fsdp_ = std::make_unique<detail::FullyShard>(config.parallel, model_->body(), *runtime_);
     } else if (config.parallel.enabled()) {
       // deepspeed.initialize: ZeRO's optimizer wraps the one the config names.
-      zero_ = std::make_unique<detail::ZeroRedundancy>(config.parallel, config.optimizer, model_->body(), *runtime_);
+      if (zero3) {
+        zero_ = std::make_unique<detail::ZeroStage3>(config.parallel, config.optimizer, model_->body(), *runtime_);
+      } else {
+        zero_ = std::make_unique<detail::ZeroRedundancy>(config.parallel, config.optimizer, model_->body(), *runtime_);
+      }
       runtime_->set_post_accumulate_grad_hook([zero = zero_.get()](detail::TensorImpl& leaf) { zero->grad_ready(leaf); });
     }
     // After fully_shard, model.parameters() are the shards.
@@ -349,6 +360,8 @@ TrainReport Trainer::report() const {
   // Each rank's: the shards under fsdp (their padded storage).
   if (fsdp_) {
     for (const Tensor& p : fsdp_->parameters()) r.parameter_bytes += static_cast<std::int64_t>(p.storage()->nbytes());
+  } else if (zero_ && zero_->parameter_bytes() >= 0) {
+    r.parameter_bytes = zero_->parameter_bytes();
   } else {
     for (const Tensor& p : model_->parameters()) r.parameter_bytes += static_cast<std::int64_t>(p.nbytes());
   }

@@ -16,10 +16,11 @@
 #include "vramscope/runtime/modules.hpp"
 #include "vramscope/runtime/optim.hpp"
 #include "vramscope/runtime/runtime.hpp"
+#include "zero_optimizer.hpp"
 
 namespace mem::nn::detail {
 
-class ZeroRedundancy {
+class ZeroRedundancy final : public ZeroOptimizer {
  public:
   /// deepspeed.initialize(model, optimizer from the config, zero_optimization.stage 1 or 2)
   /// on a model built on the GPU: FusedAdam's flag, the flat buffer the parameters become
@@ -30,17 +31,17 @@ class ZeroRedundancy {
 
   /// engine.backward(loss) before autograd: the loss divided by the accumulation steps and
   /// scaled (two scalars that live until the backward is done).
-  void pre_backward();
+  void pre_backward() override;
   /// The post-accumulate-grad hook of a parameter (process_gradients).
-  void grad_ready(TensorImpl& param);
+  void grad_ready(TensorImpl& param) override;
   /// The backward's end (allreduce_gradients: stage 1's reduction, then the epilogue).
-  void finalize_backward();
+  void finalize_backward() override;
   /// engine.step(): the overflow check, the norm, the fp32 gradient, the optimizer.
-  void step();
+  void step() override;
 
   /// Bytes of the optimizer's state: the fp32 master partition and Adam's moments.
-  std::size_t state_bytes() const noexcept;
-  const std::vector<CommunicationBuffer>& buffers() const noexcept { return log_; }
+  std::size_t state_bytes() const noexcept override;
+  const std::vector<CommunicationBuffer>& buffers() const noexcept override { return log_; }
 
  private:
   struct Param {

@@ -40,6 +40,7 @@ enum class ParallelEngine : std::uint8_t {
   Fsdp,  ///< FSDP2: torch.distributed.fsdp.fully_shard per block, then on the root
   Zero1, ///< DeepSpeed ZeRO stage 1: the optimizer's state partitioned
   Zero2, ///< DeepSpeed ZeRO stage 2: the gradients partitioned too
+  Zero3, ///< DeepSpeed ZeRO stage 3: the parameters partitioned too, gathered around each module
 };
 
 /// How a node's GPUs talk, which decides NCCL's own memory on each (nccl_memory below).
@@ -74,7 +75,18 @@ struct ParallelConfig {
   bool meta_init = true;
   // DeepSpeed's zero_optimization keys, at its defaults (runtime/zero/config.py).
   double reduce_bucket_size = 5e8;     ///< elements of the gradient bucket (IPG buffer)
-  std::optional<bool> overlap_comm;    ///< unset: false for stages 1 and 2
+  std::optional<bool> overlap_comm;    ///< unset: false for stages 1 and 2, true for stage 3
+  // Stage 3's (the stage3_ keys of the zero_optimization section; elements, not bytes).
+  double prefetch_bucket_size = 5e7;          ///< stage3_prefetch_bucket_size
+  double param_persistence_threshold = 1e5;   ///< stage3_param_persistence_threshold
+  double model_persistence_threshold = 9.223372036854775807e18;  ///< stage3_model_persistence_threshold
+  double max_live_parameters = 1e9;           ///< stage3_max_live_parameters
+  double max_reuse_distance = 1e9;            ///< stage3_max_reuse_distance
+  double sub_group_size = 1e9;                ///< sub_group_size
+  /// The model built under deepspeed.zero.Init (each parameter partitioned as it is made:
+  /// what transformers' from_pretrained does under a stage 3 config), or whole on the GPU
+  /// and partitioned by deepspeed.initialize (zero3_init_flag=false).
+  bool zero3_init = true;
   /// The rank simulated. FSDP: ranks differ only where dim 0 does not split evenly (the
   /// last ranks hold fewer rows, so smaller optimizer states); rank 0 holds the most.
   /// ZeRO: each rank keeps the gradients of the parameters its partition touches.
@@ -107,7 +119,9 @@ inline constexpr std::size_t kMaxWorldSize = std::size_t{1} << 20;
 /// bucket_cap_mb, gradient_as_bucket_view, broadcast_buffers, init_sync, static_graph,
 /// find_unused_parameters; for fsdp reshard_after_forward, param_dtype, reduce_dtype, and
 /// init (meta or cuda) and rank; for zero1 / zero2 (DeepSpeed) reduce_bucket_size,
-/// overlap_comm and rank. Throws mem::Error naming what is wrong and what is valid; an
+/// overlap_comm and rank; for zero3 those and stage3_prefetch_bucket_size,
+/// stage3_param_persistence_threshold, stage3_model_persistence_threshold,
+/// stage3_max_live_parameters, stage3_max_reuse_distance, sub_group_size and zero3_init_flag. Throws mem::Error naming what is wrong and what is valid; an
 /// option of another engine, or options without an engine, is an error too.
 ParallelConfig parse_parallel(std::string_view spec, std::string_view options = {});
 /// "ddp:8", then the options that differ from the defaults ("ddp:8 bucket_cap_mb=50").

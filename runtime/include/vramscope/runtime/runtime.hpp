@@ -148,6 +148,12 @@ class Runtime {
   void set_post_accumulate_grad_hook(GradReadyHook hook) { post_accumulate_grad_hook_ = std::move(hook); }
   const GradReadyHook& post_accumulate_grad_hook() const noexcept { return post_accumulate_grad_hook_; }
 
+  /// deepspeed.zero.Init's memory-efficient linear (zero/linear.py): F.linear becomes
+  /// LinearFunctionForZeroStage3, whose backward hands out the input's, the weight's and then
+  /// the bias's gradient (addmm's hands the bias's first), the order ZeRO-3's bucket sees them.
+  void set_zero3_linear(bool on) noexcept { zero3_linear_ = on; }
+  bool zero3_linear() const noexcept { return zero3_linear_; }
+
   /// Variable._execution_engine.queue_callback: runs once when the current backward's graph
   /// is done, before backward() returns (and frees its implicit seed gradient).
   void queue_backward_callback(std::function<void()> callback) { backward_callbacks_.push_back(std::move(callback)); }
@@ -178,6 +184,7 @@ class Runtime {
   std::vector<std::function<void()>> backward_callbacks_;
   Stack stack_;
   bool cublas_loaded_ = false, cudnn_loaded_ = false;
+  bool zero3_linear_ = false;
   std::shared_ptr<detail::TensorImpl> blas_workspace_[2], lt_workspace_[2];  // [forward, backward thread]
 };
 

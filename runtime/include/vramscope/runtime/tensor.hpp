@@ -85,6 +85,10 @@ class Storage {
   /// storage.resize_(nbytes): a new block on the runtime's current stream; no-op when
   /// allocated. Throws the allocator's OutOfMemory like any allocation.
   void allocate();
+  /// storage.resize_(nbytes) from freed: the storage takes a new size (DeepSpeed's gathered
+  /// parameter is a view of an all-gather buffer larger than the parameter). Throws when
+  /// allocated.
+  void allocate(std::size_t nbytes);
   Runtime& runtime() const noexcept { return *runtime_; }
 
   /// PyTorch's tensor._version, shared by every tensor viewing this storage.

@@ -151,7 +151,7 @@ namespace detail {
 class PhasePeaks;
 class DataParallel;
 class FullyShard;
-class ZeroRedundancy;
+class ZeroOptimizer;
 }
 
 class Trainer {
@@ -201,7 +201,7 @@ class Trainer {
   /// The data-parallel engine's side of the step (config.parallel), or null.
   std::unique_ptr<detail::DataParallel> ddp_;
   std::unique_ptr<detail::FullyShard> fsdp_;
-  std::unique_ptr<detail::ZeroRedundancy> zero_;
+  std::unique_ptr<detail::ZeroOptimizer> zero_;  // DeepSpeed: any stage
 };
 
 /// Creates the device (device_spec_for) and allocator, runs config.steps steps.
