@@ -266,8 +266,8 @@ std::string model_label(const nn::ModelInfo& info, const nn::ModelOptions& optio
 void add_parallel_options(CLI::App& app, ParallelArgs& args, bool list) {
   app.add_option("--parallel", args.spec,
                  std::string("the step on several GPUs, each rank's memory: ddp:N (DistributedDataParallel, one "
-                             "process per GPU), fsdp:N (FSDP2: fully_shard on each block, then the root), zero1:N or zero2:N "
-                             "(DeepSpeed's ZeRO stage 1 or 2, bf16 or f16 with its FusedAdam) or none") +
+                             "process per GPU), fsdp:N (FSDP2: fully_shard on each block, then the root), zero1:N, zero2:N "
+                             "or zero3:N (DeepSpeed's ZeRO stage 1, 2 or 3, bf16 or f16 with its FusedAdam) or none") +
                      (list ? "; a list (none,ddp:8,fsdp:8,zero2:8) gives each its rows" : ""))
       ->check(non_empty())
       ->capture_default_str();
@@ -278,7 +278,10 @@ void add_parallel_options(CLI::App& app, ParallelArgs& args, bool list) {
                  "reduce_dtype (MixedPrecisionPolicy), "
                  "init=meta|cuda (built on the meta device, the default, or whole on the GPU first), rank=R (the rank "
                  "shown; the last ones hold fewer rows when dim 0 does not split evenly); zero1, zero2: "
-                 "reduce_bucket_size (elements), overlap_comm, rank=R)")
+                 "reduce_bucket_size (elements), overlap_comm, rank=R; zero3: those and the stage3_ keys "
+                 "(elements) stage3_prefetch_bucket_size, stage3_param_persistence_threshold, "
+                 "stage3_model_persistence_threshold, stage3_max_live_parameters, stage3_max_reuse_distance, and "
+                 "sub_group_size, zero3_init_flag=false (the model built whole on the GPU, not under zero.Init))")
       ->check(non_empty());
   app.add_option("--topology", args.topology,
                  "with --parallel: how the node's GPUs talk, which decides NCCL's buffers on each GPU (outside "

@@ -218,7 +218,9 @@ void run(const TraceArgs& args) {
     std::cout << fmt::format("parameters and buffers{} allocated: {} ({} reserved, {} in nvidia-smi's view)\n\n",
                              cfg.parallel.engine == nn::ParallelEngine::Ddp    ? ", and DDP's gradient buckets,"
                              : cfg.parallel.engine == nn::ParallelEngine::Fsdp ? " (FSDP's shards),"
-                             : cfg.parallel.enabled()                           ? " (ZeRO's flat buffer and master partition),"
+                             : cfg.parallel.engine == nn::ParallelEngine::Zero3
+                                 ? " (ZeRO-3's partitions, master partition, gradient bucket and gradient partitions),"
+                             : cfg.parallel.enabled() ? " (ZeRO's flat buffer and master partition),"
                                                                                 : "", human_bytes(allocator.stats().allocated_bytes[0].current),
                              human_bytes(allocator.stats().reserved_bytes[0].current),
                              human_bytes(allocator.stats().device_used_bytes.current));
@@ -415,7 +417,7 @@ void add_trace_command(CLI::App& app) {
   cmd->add_option("--buffers", args->buffers,
                   "with --parallel: write every communication buffer the engine allocated (DDP's gradient "
                   "buckets, broadcast copies, shape checks; FSDP's all-gather outputs, unsharded parameters, reduce-scatter inputs "
-                  "and outputs; ZeRO's flat parameters, master partition, gradient buckets and gradient partitions) with its bytes, stream and lifetime, as CSV or JSON "
+                  "and outputs; ZeRO's flat parameters, master partition, gradient buckets and gradient partitions; ZeRO-3's partitions, each module's gathers and the reduce-scatters) with its bytes, stream and lifetime, as CSV or JSON "
                   "(by the extension)")
       ->type_name("FILE.csv|json");
   cmd->add_option("--saved", args->saved,

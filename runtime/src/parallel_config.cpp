@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
-#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -35,16 +34,14 @@ constexpr std::string_view kZero3Options =
     "zero3_init_flag, rank";
 
 /// A count of elements as DeepSpeed's config takes it (5e8, 500000000): at least `lowest`,
-/// at most `highest` (1e19 holds its sys.maxsize defaults), whole.
+/// at most `highest`, a power of ten (1e19 holds its sys.maxsize defaults), whole.
 double parse_elements(std::string_view key, std::string_view value, double lowest, double highest = 1e19) {
   double n = 0;
   const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), n, std::chars_format::general);
   if (value.empty() || ec != std::errc{} || end != value.data() + value.size() || !std::isfinite(n) || n < lowest ||
       n > highest) {
-    char top[32];
-    std::snprintf(top, sizeof top, "%g", highest);
     throw Error(std::string(key) + "=" + std::string(value) + ": expected elements, from " +
-                (lowest > 0 ? "1" : "0") + " to " + top);
+                (lowest > 0 ? "1" : "0") + " to 1e" + std::to_string(std::lround(std::log10(highest))));
   }
   return std::floor(n);
 }

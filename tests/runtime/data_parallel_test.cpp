@@ -64,11 +64,31 @@ TEST(DataParallel, OptionsAreTheEnginesOwnNamesAndBadOnesAreRefused) {
   EXPECT_EQ(zero.rank, 63u);
   EXPECT_EQ(parallel_label(zero), "zero2:64 reduce_bucket_size=200000000,overlap_comm=true,rank=63");
   EXPECT_EQ(parallel_label(parse_parallel("zero1:8")), "zero1:8");
+  const ParallelConfig zero3 = parse_parallel(
+      "zero3:64", "stage3_prefetch_bucket_size=0,stage3_param_persistence_threshold=1e4,stage3_max_live_parameters=3e8,"
+                  "stage3_max_reuse_distance=0,sub_group_size=1e8,zero3_init_flag=false,overlap_comm=false");
+  EXPECT_EQ(zero3.engine, ParallelEngine::Zero3);
+  EXPECT_EQ(zero3.prefetch_bucket_size, 0);
+  EXPECT_EQ(zero3.param_persistence_threshold, 1e4);
+  EXPECT_EQ(zero3.max_live_parameters, 3e8);
+  EXPECT_EQ(zero3.max_reuse_distance, 0);
+  EXPECT_EQ(zero3.sub_group_size, 1e8);
+  EXPECT_FALSE(zero3.zero3_init);
+  EXPECT_EQ(parallel_label(zero3),
+            "zero3:64 overlap_comm=false,stage3_prefetch_bucket_size=0,stage3_param_persistence_threshold=10000,"
+            "stage3_max_live_parameters=300000000,stage3_max_reuse_distance=0,sub_group_size=100000000,"
+            "zero3_init_flag=false");
+  EXPECT_EQ(parallel_label(parse_parallel("zero3:8")), "zero3:8");
 
   const struct {
     const char *spec, *options, *says;
   } bad[] = {
-      {"zero3:8", "", "zero3 is not modelled yet"},
+      {"fsdp1:8", "", "fsdp1 is not modelled yet"},
+      {"zero3:8", "stage3_prefetch_bucket_size=-1", "from 0 to 1e19"},
+      {"zero3:8", "sub_group_size=0", "from 1 to 1e19"},
+      {"zero3:8", "zero3_init_flag=maybe", "expected true or false"},
+      {"zero2:8", "stage3_max_reuse_distance=0", "'stage3_max_reuse_distance' is not an option of zero2"},
+      {"zero3:8", "bucket_cap_mb=5", "'bucket_cap_mb' is not an option of zero3"},
       {"zero4:8", "", "unknown engine 'zero4'"},
       {"zero2:0", "", "whole number from 1"},
       {"zero2:8", "bucket_cap_mb=5", "'bucket_cap_mb' is not an option of zero2"},

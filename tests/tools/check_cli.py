@@ -206,7 +206,9 @@ def check_oom(exe, work):
 
 
 BAD = [
-    (["sweep", "--parallel", "zero3:8"], ["--parallel", "zero3 is not modelled yet", "fsdp:N", "zero2:N"]),
+    (["sweep", "--parallel", "fsdp1:8"], ["--parallel", "fsdp1 is not modelled yet", "fsdp:N", "zero3:N"]),
+    (["sweep", "--parallel", "zero3:8", "--parallel-options", "stage3_max_reuse_distance=far"],
+     ["--parallel-options", "stage3_max_reuse_distance=far: expected elements"]),
     (["sweep", "--parallel", "ddp:8", "--topology", "infiniband"], ["--topology", "unknown topology 'infiniband'"]),
     (["sweep", "--stray-contexts"], ["--stray-contexts: applies to several GPUs"]),
     (["sweep", "--parallel", "zero2:8", "--parallel-options", "reduce_bucket_size=-1"],
