@@ -157,6 +157,19 @@ void BM_DryRunStepLlama70BFsdp64(benchmark::State& state) {
 }
 BENCHMARK(BM_DryRunStepLlama70BFsdp64)->Unit(benchmark::kMillisecond);
 
+/// The same rank under DeepSpeed's ZeRO-3 on 64 GPUs: the parameter coordinator's fetch and
+/// release around each of the model's modules, the trace's prefetch in steady state, each
+/// full bucket's reduce-scatter, the step per sub group.
+void BM_DryRunStepLlama70BZero3x64(benchmark::State& state) {
+  TrainConfig cfg;
+  cfg.model = mem::models::find("llama-3.1-70b");
+  cfg.model_options = mem::nn::ModelOptions::parse("batch=1,seq=4096");
+  cfg.precision = mem::nn::Precision::BF16;
+  cfg.parallel = mem::nn::parse_parallel("zero3:64");
+  dry_run_steps(state, cfg, "sim:capacity=1TiB", 2);  // the trace is recorded in the first
+}
+BENCHMARK(BM_DryRunStepLlama70BZero3x64)->Unit(benchmark::kMillisecond);
+
 /// A sweep of llama-3.1-8b on a simulated A100 80 GB over 40 configurations: 5 sequence
 /// lengths x bf16 / amp-bf16 x eager / sdpa x with and without per-layer checkpointing,
 /// two steps each (those that run out of memory stop there, as in the command).
