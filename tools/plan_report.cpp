@@ -171,8 +171,9 @@ std::string plan_report(const PlanResult& r, std::size_t top, bool how_to_read) 
       out += "  - no batch size: even batch 1 does not fit\n";
     }
     out += r.model.sequential_checkpointing
-               ? "  - several GPUs: --parallel fsdp:N or zero2:N shard the weights, gradients and optimizer state\n"
-               : "  - fewer trained parameters (--lora), or several GPUs (--parallel fsdp:N or zero2:N)\n";
+               ? "  - several GPUs: --parallel fsdp:N or zero3:N shard the weights, gradients and optimizer state "
+                 "(zero2:N the last two)\n"
+               : "  - fewer trained parameters (--lora), or several GPUs (--parallel fsdp:N, zero3:N or zero2:N)\n";
   }
   if (how_to_read) {
     out += "\n";
