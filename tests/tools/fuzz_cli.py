@@ -31,6 +31,13 @@ DTYPES = ["f32", "f16", "bf16", "amp", "amp-bf16", "f32,f16", "f8", "f32,,f16", 
 CONFS = ["", "max_split_size_mb:128", "max_split_size_mb:abc", "garbage_collection_threshold:0.8",
          "roundup_power2_divisions:4", "nosuchkey:1", "max_split_size_mb:-1",
          "max_split_size_mb:99999999999999999999", "expandable_segments:True"]
+PARALLELS = ["ddp:8", "fsdp:8", "zero1:8", "zero2:8", "zero3:8", "zero3:64", "zero3:1", "zero3:0", "zero3:",
+             "fsdp1:8", "none,zero3:8", "zero3:8,fsdp:8", "zero3:1048577", "zero9:8"]
+PARALLEL_OPTIONS = ["", "stage3_prefetch_bucket_size=0", "stage3_max_reuse_distance=0,stage3_param_persistence_threshold=0",
+                    "stage3_max_live_parameters=1", "sub_group_size=1", "zero3_init_flag=false", "zero3_init_flag=x",
+                    "reduce_bucket_size=1", "reduce_bucket_size=1e13", "stage3_prefetch_bucket_size=-1",
+                    "sub_group_size=0", "rank=7", "rank=8", "bucket_cap_mb=5", "overlap_comm=false",
+                    "stage3_model_persistence_threshold=1e30", ","]
 NUMBERS = ["0", "1", "2", "3", "4", "7", "16", "64", "256", "1024", "-1", "-3", "1e3", "0x10",
            "4294967296", "4611686018427387904", "9223372036854775807",
            "99999999999999999999", "", "abc", " 8", "10001", "100000", "1099511627776"]
@@ -78,6 +85,10 @@ def common(rng, args):
         args += ["--steps", rng.choice(["1", "2", "0", "-1", "1001", "x"])]
     if rng.random() < 0.2:
         args += ["--optimizer", rng.choice(["adam", "adam8bit", "sgd", "sgd-momentum", "none", "lion", ""])]
+    if rng.random() < 0.1:
+        args += ["--parallel", rng.choice(PARALLELS)]
+        if rng.random() < 0.5:
+            args += ["--parallel-options", rng.choice(PARALLEL_OPTIONS)]
     if rng.random() < 0.2:
         args += ["--checkpoint", rng.choice(["non-reentrant", "reentrant", "sideways"])]
     if rng.random() < 0.1:
