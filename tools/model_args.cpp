@@ -287,7 +287,8 @@ void add_parallel_options(CLI::App& app, ParallelArgs& args, bool list) {
                  "with --parallel: how the node's GPUs talk, which decides NCCL's buffers on each GPU (outside "
                  "the caching allocator, in the nvidia-smi view): nvswitch (8 GPUs on NVLink through "
                  "NVSwitches; NVLS on Hopper and newer), pcie, none (leave them out), auto (nvswitch for "
-                 "A100, H100, H200, B200, V100, else pcie)")
+                 "A100, H100, H200, B200, V100, else pcie); more than 8 GPUs are nodes of 8 on a network "
+                 "(GPUDirect RDMA buffers on the GPU with nvswitch, in host memory with pcie)")
       ->capture_default_str();
   app.add_flag("--stray-contexts", args.stray_contexts,
                "with --parallel: the other ranks of the node made CUDA contexts on GPU 0 (no "

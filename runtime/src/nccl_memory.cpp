@@ -5,6 +5,7 @@
 #include "nccl_memory.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 
 #include "vramscope/allocator/errors.hpp"
@@ -25,6 +26,13 @@ constexpr std::size_t round_ipc(std::size_t n) { return (n + kIpcGranularity - 1
 constexpr std::size_t kRingChannelBytes = round_ipc(kLl + kLl128 + kSimple + 4096) + round_ipc(4096);
 // transport/nvls.cc: NVLS_CHUNKSIZE 128 KiB x 8 steps, 16 channels on SM90, x 2, per head.
 constexpr std::size_t kNvlsHeadBytes = 16 * 2 * 128 * KiB * 8;
+// transport/net.cc, one connection to another node with GPUDirect RDMA (the default for
+// compute capability 8.0 and newer beside a GDR-capable NIC, graph/paths.cc:460-505): the
+// receiver holds LL + LL128 + SIMPLE on the GPU (net.cc:1098-1127), the sender LL128 + SIMPLE
+// (LL stays in host memory, net.cc:914-920), each padded to 2 MiB: 10 MiB a side; the headers
+// are in host memory. Without GDR every buffer is in pinned host memory.
+constexpr std::size_t kNetSideBytes = round_ipc(kLl + kLl128 + kSimple);
+constexpr std::size_t kGpusPerNode = 8;
 
 bool data_center(std::string_view name) {
   for (const char* gpu : {"a100", "h100", "h200", "b200", "v100", "A100", "H100", "H200", "B200", "V100"}) {
@@ -72,9 +80,33 @@ NcclMemory nccl_memory(const ParallelConfig& config, std::string_view device_nam
     out.bytes += local * kNvlsHeadBytes;
     what += " + NVLS " + std::to_string(local) + " heads x " + format_bytes(kNvlsHeadBytes);
   }
+  const std::size_t nodes = (config.world_size + kGpusPerNode - 1) / kGpusPerNode;
+  if (nodes > 1) {
+    // Several nodes of 8 (net.cc, transport/generic.cc, graph/trees.cc). Per ring channel each
+    // node has one link in from the network and one out, replacing one of its 8 P2P links:
+    // per GPU, channels / 8 x (a receive and a send side - a P2P receive and send header).
+    // The double binary tree (all-reduces) links each node to 4(N-1)/N others on average,
+    // each both ways, on half the channels per tree: channels x 4(N-1)/N x a side / 8 per GPU.
+    const bool gdr = topology == Topology::NvSwitch;
+    const double side = gdr ? static_cast<double>(kNetSideBytes) : 0.0;
+    const double c = static_cast<double>(channels), g = static_cast<double>(kGpusPerNode);
+    const double n = static_cast<double>(nodes);
+    const double ring = c / g * (2 * side - static_cast<double>(kRingChannelBytes));
+    const double tree = c * 4 * (n - 1) / n * side / g;
+    out.bytes = static_cast<std::size_t>(std::llround(static_cast<double>(out.bytes) + ring + tree));
+    what += std::string(", and across ") + std::to_string(nodes) + " nodes of 8 (" +
+            (gdr ? "GPUDirect RDMA: 10 MiB a side of each network link, transport/net.cc"
+                 : "no GPUDirect RDMA: the network links' buffers in host memory") +
+            ") the ring's links in and out of the node " + (ring < 0 ? "- " : "+ ") +
+            format_bytes(static_cast<std::size_t>(std::llround(std::abs(ring)))) + " and the all-reduce tree's + " +
+            format_bytes(static_cast<std::size_t>(std::llround(tree))) + " per GPU on average";
+  }
   what += " = " + format_bytes(out.bytes) + " on " + std::string(topology_name(topology)) + " (" +
           std::to_string(channels) + " channels as NCCL's logs show, unmeasured";
-  if (config.world_size > 8) what += "; links to other nodes left out";
+  if (nodes > 1) {
+    what += "; left out: NVLS-tree's network links, up to 640 MiB on each GPU with a NIC if NCCL's tuner picks it "
+            "for an all-reduce, and the tree's links back along the node";
+  }
   out.assumptions = what + ")";
   return out;
 }

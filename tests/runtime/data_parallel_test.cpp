@@ -371,6 +371,19 @@ TEST(DataParallel, NcclHoldsItsBuffersOutsideTheAllocatorFromTheFirstCollective)
   EXPECT_EQ(nccl_memory(ddp, "sim:rtx4090", 89).bytes, 2 * 12 * MiB);    // PCIe
   EXPECT_EQ(nccl_memory(parse_parallel("ddp:2"), "sim:h100-80g", 90).bytes, 16 * 12 * MiB + 2 * 32 * MiB);
   EXPECT_EQ(nccl_memory(parse_parallel("ddp:1"), "sim:h100-80g", 90).bytes, 0u);
+  // Eight nodes of 8: per GPU, the ring's 16 channels each bring the node a 10 MiB network
+  // receive and send side in place of a 12 MiB P2P pair (16/8 x 8 MiB), and the double binary
+  // tree 3.5 network peers per node, both ways (16 x 3.5 x 10 MiB / 8): 16 + 70 MiB.
+  const NcclMemory eight_nodes = nccl_memory(parse_parallel("fsdp:64"), "sim:h100-80g", 90);
+  EXPECT_EQ(eight_nodes.bytes, 16 * 12 * MiB + 8 * 32 * MiB + 16 * MiB + 70 * MiB);
+  EXPECT_NE(eight_nodes.assumptions.find("across 8 nodes of 8"), std::string::npos) << eight_nodes.assumptions;
+  EXPECT_NE(eight_nodes.assumptions.find("NVLS-tree"), std::string::npos) << eight_nodes.assumptions;
+  // Two nodes: the tree links each node to 2 others on average (16 x 2 x 10 MiB / 8 = 40 MiB).
+  EXPECT_EQ(nccl_memory(parse_parallel("zero3:16"), "sim:h100-80g", 90).bytes,
+            16 * 12 * MiB + 8 * 32 * MiB + 16 * MiB + 40 * MiB);
+  // PCIe nodes without GPUDirect RDMA: the network buffers live in host memory, and a ring
+  // channel's P2P pair leaves the GPU (2 channels / 8 x 12 MiB = 3 MiB less).
+  EXPECT_EQ(nccl_memory(parse_parallel("ddp:16"), "sim:rtx4090", 89).bytes, 2 * 12 * MiB - 3 * MiB);
   ddp.topology = Topology::None;
   EXPECT_EQ(nccl_memory(ddp, "sim:h100-80g", 90).bytes, 0u);
   ddp.topology = Topology::Pcie;
