@@ -6,9 +6,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
+#include "vramscope/allocator/errors.hpp"
 #include "vramscope/runtime/data_parallel.hpp"
+#include "vramscope/runtime/optim.hpp"
+#include "vramscope/runtime/runtime.hpp"
 
 namespace mem::nn::detail {
 
@@ -33,5 +37,21 @@ class ZeroOptimizer {
   /// Every buffer it allocated so far, in order, with its lifetime.
   virtual const std::vector<CommunicationBuffer>& buffers() const noexcept = 0;
 };
+
+/// What every stage refuses, before it allocates anything: compute mode (one simulated rank's
+/// collectives bring no data from the others), no optimizer (nothing to partition) and
+/// bitsandbytes' 8-bit Adam (DeepSpeed runs its own FusedAdam). `engine`: "zero", "zero3".
+inline void check_zero_setup(const std::string& engine, const OptimizerConfig& optimizer, const Runtime& runtime) {
+  if (runtime.computing()) {
+    throw Error(engine + " runs as a dry run only: its collectives on one simulated rank bring no data from the others");
+  }
+  if (optimizer.kind == OptimizerKind::None) {
+    throw Error(engine + " partitions an optimizer's state, and there is none: give adam, sgd or sgd-momentum");
+  }
+  if (optimizer.kind == OptimizerKind::Adam8bit) {
+    throw Error(engine + " with bitsandbytes' 8-bit Adam is not modelled: give adam (DeepSpeed's FusedAdam), sgd or "
+                "sgd-momentum");
+  }
+}
 
 }  // namespace mem::nn::detail

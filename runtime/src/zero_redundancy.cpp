@@ -77,16 +77,7 @@ ZeroRedundancy::ZeroRedundancy(const ParallelConfig& config, const OptimizerConf
       optimizer_context_(intern_context("ZeRO optimizer", Phase::Optimizer)),
       gradients_context_(intern_context("ZeRO gradients.grad", Phase::Backward)),
       other_context_(intern_context("engine", Phase::Backward)) {
-  if (runtime.computing()) {
-    throw Error("zero runs as a dry run only: its collectives on one simulated rank bring no data from the others");
-  }
-  if (optimizer.kind == OptimizerKind::None) {
-    throw Error("zero partitions an optimizer's state, and there is none: give adam, sgd or sgd-momentum");
-  }
-  if (optimizer.kind == OptimizerKind::Adam8bit) {
-    throw Error("zero with bitsandbytes' 8-bit Adam is not modelled: give adam (DeepSpeed's FusedAdam), sgd or "
-                "sgd-momentum");
-  }
+  check_zero_setup("zero", optimizer, runtime);
   // The optimizer's one parameter group: the trainable parameters, each once (the trainable
   // filter of __init__).
   std::unordered_set<const TensorImpl*> seen;

@@ -62,16 +62,7 @@ ZeroStage3::ZeroStage3(const ParallelConfig& config, const OptimizerConfig& opti
       gradients_context_(intern_context("ZeRO gradients.grad", Phase::Backward)),
       optimizer_context_(intern_context("ZeRO optimizer", Phase::Optimizer)),
       temporaries_context_(intern_context("ZeRO optimizer (optimizer temporaries)", Phase::Optimizer)) {
-  if (runtime.computing()) {
-    throw Error("zero3 runs as a dry run only: its all-gathers on one simulated rank bring no data from the others");
-  }
-  if (optimizer.kind == OptimizerKind::None) {
-    throw Error("zero3 partitions an optimizer's state, and there is none: give adam, sgd or sgd-momentum");
-  }
-  if (optimizer.kind == OptimizerKind::Adam8bit) {
-    throw Error("zero3 with bitsandbytes' 8-bit Adam is not modelled: give adam (DeepSpeed's FusedAdam), sgd or "
-                "sgd-momentum");
-  }
+  check_zero_setup("zero3", optimizer, runtime);
   // overlap_comm (true for stage 3, zero/config.py): the coordinator's __allgather_stream and
   // stage3.py's reduce_and_partition_stream are streams of their own.
   if (config.overlap_comm.value_or(true)) {
