@@ -19,6 +19,10 @@ namespace {
 
 std::int64_t div_up(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 
+/// Beyond this many short chunks in one reduce-scatter, their paddings are counted a block per
+/// gradient (reduce_bucket below).
+constexpr std::int64_t kMaxPaddings = 1 << 16;
+
 /// The coordinator's "never fetched" step (a defaultdict of int(-1e10)).
 constexpr std::int64_t kNeverFetched = -10'000'000'000;
 
@@ -596,17 +600,35 @@ void ZeroStage3::reduce_bucket() {
   const bool in_place = in_bucket_.size() == 1 && params_[in_bucket_.front()].numel % world == 0;
   if (!in_place) {
     std::vector<std::pair<Tensor, std::size_t>> paddings;
-    std::int64_t partitions = 0;
-    for (const std::size_t i : in_bucket_) partitions += params_[i].partition;
-    for (std::int64_t r = 0; r < world; ++r) {
+    std::int64_t partitions = 0, padded_chunks = 0;
+    for (const std::size_t i : in_bucket_) {
+      const Param& p = params_[i];
+      partitions += p.partition;
+      padded_chunks += world - p.numel / p.partition;  // the ranks whose chunk falls short
+    }
+    if (padded_chunks <= kMaxPaddings) {
+      for (std::int64_t r = 0; r < world; ++r) {
+        for (const std::size_t i : in_bucket_) {
+          const Param& p = params_[i];
+          const std::int64_t chunk = std::clamp<std::int64_t>(p.numel - r * p.partition, 0, p.partition);
+          if (chunk < p.partition) {
+            std::size_t log = SIZE_MAX;
+            Tensor pad = make("reduce-scatter padding", p.partition - chunk, dtype_, bucket_context_, log);
+            paddings.emplace_back(std::move(pad), log);
+          }
+        }
+      }
+    } else {
+      // Far more ranks than elements (hundreds of thousands of tiny paddings): one block per
+      // gradient for its paddings, each counted as the 512 B block the allocator gives it, so
+      // that the work stays bounded by the bucket, not the world size.
       for (const std::size_t i : in_bucket_) {
         const Param& p = params_[i];
-        const std::int64_t chunk = std::clamp<std::int64_t>(p.numel - r * p.partition, 0, p.partition);
-        if (chunk < p.partition) {
-          std::size_t log = SIZE_MAX;
-          Tensor pad = make("reduce-scatter padding", p.partition - chunk, dtype_, bucket_context_, log);
-          paddings.emplace_back(std::move(pad), log);
-        }
+        const std::int64_t short_chunks = world - p.numel / p.partition;
+        std::size_t log = SIZE_MAX;
+        Tensor pad = make("reduce-scatter paddings (one block for " + std::to_string(short_chunks) + ")",
+                          short_chunks * 512, DType::U8, bucket_context_, log);
+        paddings.emplace_back(std::move(pad), log);
       }
     }
     std::size_t flat_log = SIZE_MAX;
