@@ -28,27 +28,25 @@ constexpr std::int64_t kNeverFetched = -10'000'000'000;
 
 /// A module's own parameters as iter_params(module, recurse=False) sees them: its slots, and
 /// those of inline children (code of its forward, not modules PyTorch would have).
+/// A tied head's weight is the embedding's Parameter, and so its own too.
 void direct_parameters(const Module& m, std::vector<const TensorImpl*>& out) {
   for (const ParamSlot& slot : m.slots()) {
     if (!slot.is_buffer && slot.tensor.defined()) out.push_back(slot.tensor.impl());
+  }
+  if (const auto* tied = dynamic_cast<const TiedLinear*>(&m); tied != nullptr && tied->weight().defined()) {
+    out.push_back(tied->weight().impl());
   }
   for (const auto& [name, child] : m.children()) {
     if (child->is_inline()) direct_parameters(*child, out);
   }
 }
 
-/// Every module DeepSpeed hooks (_register_deepspeed_module: the root, then its children,
-/// depth first), inline code aside.
-void hooked_modules(Module& m, std::vector<Module*>& out) {
-  out.push_back(&m);
+/// The modules below `m` that DeepSpeed hooks (_register_deepspeed_module: children depth
+/// first), looking through inline code at any depth.
+void hooked_children(Module& m, std::vector<Module*>& out) {
   for (const auto& [name, child] : m.children()) {
-    if (child->is_inline()) {
-      for (const auto& [grand_name, grandchild] : child->children()) {
-        if (!grandchild->is_inline()) hooked_modules(*grandchild, out);
-      }
-    } else {
-      hooked_modules(*child, out);
-    }
+    if (!child->is_inline()) out.push_back(child.get());
+    hooked_children(*child, out);
   }
 }
 
@@ -93,17 +91,13 @@ ZeroStage3::ZeroStage3(const ParallelConfig& config, const OptimizerConfig& opti
   bool any_trainable = false;
   for (const Param& p : params_) any_trainable = any_trainable || p.trainable;
   if (!any_trainable) throw Error("zero3 has nothing to optimize: every parameter is frozen");
-  for (const Param& p : params_) {
-    if (p.trainable) {
-      dtype_ = p.tensor.dtype();
-      break;
-    }
-  }
-  for (const Param& p : params_) {
-    if (p.trainable && p.tensor.dtype() != dtype_) {
-      throw Error("zero3 flattens one dtype per parameter group; this model's trainable parameters are " +
-                  std::string(dtype_name(dtype_)) + " and " + std::string(dtype_name(p.tensor.dtype())));
-    }
+  // The model's dtype, the one most of its elements have: DeepSpeed's bf16 or fp16 config casts
+  // every parameter to it (engine.py:1537-1544, zero.Init's dtype) and communicates in it
+  // (communication_data_type, engine.py:1405-1416), PEFT's f32 adapters included.
+  {
+    std::int64_t counts[16] = {};
+    for (const Param& p : params_) counts[static_cast<std::size_t>(p.tensor.dtype()) % 16] += p.numel;
+    dtype_ = static_cast<DType>(std::max_element(std::begin(counts), std::end(counts)) - std::begin(counts));
   }
   // mark_persistent_parameters (zero/parameter_offload.py:311): small parameters stay gathered,
   // up to the model's threshold, in named_parameters order.
@@ -117,8 +111,8 @@ ZeroStage3::ZeroStage3(const ParallelConfig& config, const OptimizerConfig& opti
     }
   }
   // The hooked modules and their own parameters, by ds_id.
-  std::vector<Module*> modules;
-  hooked_modules(root, modules);
+  std::vector<Module*> modules{&root};
+  hooked_children(root, modules);
   for (Module* m : modules) {
     Hooked h;
     h.module = m;
@@ -175,12 +169,12 @@ ZeroStage3::ZeroStage3(const ParallelConfig& config, const OptimizerConfig& opti
       }
       whole_log = log_.size();
       log_.push_back({"whole parameter (zero.Init: made, then partitioned)", p.data->nbytes(), "default", stage(), ""});
-      p.own_partition = make(std::string(dtype_name(p.tensor.dtype())) + " parameter partition (ds_tensor)", p.partition, p.tensor.dtype(), partitions_context_,
+      p.own_partition = make(std::string(dtype_name(dtype_of(p))) + " parameter partition (ds_tensor)", p.partition, dtype_of(p), partitions_context_,
                              p.partition_log);
       p.data->free();
       log_[whole_log].freed = stage();
     } else {
-      p.own_partition = make(std::string(dtype_name(p.tensor.dtype())) + " parameter partition (ds_tensor)", p.partition, p.tensor.dtype(), partitions_context_,
+      p.own_partition = make(std::string(dtype_name(dtype_of(p))) + " parameter partition (ds_tensor)", p.partition, dtype_of(p), partitions_context_,
                              p.partition_log);
       p.data->free();
     }
@@ -204,12 +198,13 @@ ZeroStage3::ZeroStage3(const ParallelConfig& config, const OptimizerConfig& opti
                     entry);
   // _setup_for_real_optimizer (stage3.py:1120-1122): per sub group the fp32 master, the
   // partition's .float() then its clone; .float() of an fp32 partition is the partition.
+  // An fp32 model's flat partitions are the master already (stage3.py:1112-1117).
   for (const std::int64_t n : sub_groups_) {
+    if (dtype_ == DType::F32) break;
     std::size_t conversion_log = SIZE_MAX;
-    Tensor conversion;
-    if (dtype_ != DType::F32) conversion = make("fp32 master conversion (before its clone)", n, DType::F32, optimizer_context_, conversion_log);
+    Tensor conversion = make("fp32 master conversion (before its clone)", n, DType::F32, optimizer_context_, conversion_log);
     masters_.push_back(make("fp32 master partition", n, DType::F32, optimizer_context_, entry));
-    if (conversion.defined()) release(conversion, conversion_log);
+    release(conversion, conversion_log);
   }
   // initialize_optimizer_states (stage3.py:1256): a zero fp32 gradient per sub group, dropped.
   for (const std::int64_t n : sub_groups_) {
@@ -230,7 +225,7 @@ ZeroStage3::ZeroStage3(const ParallelConfig& config, const OptimizerConfig& opti
     if (!p.trainable) continue;
     std::size_t gather_log = SIZE_MAX;
     Tensor gathered = make("gathered parameter (blocking all_gather, N x partition)", world * p.partition,
-                           p.tensor.dtype(), gather_context_, gather_log);
+                           dtype_of(p), gather_context_, gather_log);
     release(gathered, gather_log);
   }
   for (Hooked& h : modules_) h.module->set_forward_hooks(this);
@@ -321,7 +316,10 @@ Tensor ZeroStage3::post_forward(Module& module, const Tensor& output) {
                               [this, i] {
                                 Hooked& m = modules_[i];
                                 record(m);
-                                active_backward_.push_back(i);
+                                // active_backward_submodules: a dict by ds_id, so once (fetch_sub_module, 337-338).
+                                if (std::find(active_backward_.begin(), active_backward_.end(), i) == active_backward_.end()) {
+                                  active_backward_.push_back(i);
+                                }
                                 fetch(m, /*forward=*/false);
                               },
                               "PreBackwardFunctionForModuleBackward");
@@ -331,8 +329,17 @@ Tensor ZeroStage3::post_forward(Module& module, const Tensor& output) {
 
 // --- the coordinator (zero/partitioned_param_coordinator.py) -------------------------------
 
+void ZeroStage3::clean_inflight() {
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    if (!params_[i].handle) continue;
+    wait(i);
+    release_param(i, "_clean_inflight_param_registry");
+  }
+}
+
 void ZeroStage3::reset_step() {
   // reset_step (251-290): a recorded trace becomes the parameter trace; the first step records.
+  clean_inflight();
   if (trace_mode_ != Trace::Complete) {
     if (trace_mode_ == Trace::Record) {
       param_order_.clear();
@@ -360,10 +367,14 @@ void ZeroStage3::record(const Hooked& m) {
     // trace_prologue (202-219): a module out of the recorded order invalidates the trace.
     if (static_cast<std::size_t>(step_id_) >= submodule_order_.size() ||
         submodule_order_[static_cast<std::size_t>(step_id_)] != i) {
+      // _invalidate_trace (195-200).
       trace_mode_ = Trace::Invalid;
       submodule_order_.clear();
       param_order_.clear();
       param_queue_.clear();
+      fetched_for_.clear();
+      module_steps_.clear();
+      clean_inflight();
     }
     return;
   }
@@ -380,9 +391,22 @@ void ZeroStage3::fetch(const Hooked& m, bool forward) {
     if (params_[p].status == Status::NotAvailable) to_gather.push_back(p);
   }
   if (!to_gather.empty()) all_gather(to_gather, "fetch" + where);
+  // A forward inside the backward is a checkpoint's recompute: its frozen parameters stay
+  // with the module whose backward is running (update_recompute_parameters, 37-40, 388-394).
+  Hooked* owner = forward && phase_ == Phase3::Backward && !active_backward_.empty()
+                      ? &modules_[active_backward_.back()]
+                      : nullptr;
+  const auto add_active = [](std::vector<const Module*>& active, const Module* module) {
+    if (std::find(active.begin(), active.end(), module) == active.end()) active.push_back(module);  // a set
+  };
   for (const std::size_t p : m.params) {
-    std::vector<const Module*>& active = params_[p].active;  // a set: ds_active_sub_modules
-    if (std::find(active.begin(), active.end(), m.module) == active.end()) active.push_back(m.module);
+    add_active(params_[p].active, m.module);
+    if (owner != nullptr && !params_[p].trainable) {
+      add_active(params_[p].active, owner->module);
+      if (std::find(owner->recompute_params.begin(), owner->recompute_params.end(), p) == owner->recompute_params.end()) {
+        owner->recompute_params.push_back(p);
+      }
+    }
     if (params_[p].handle) wait(p);
   }
   if (trace_mode_ == Trace::Complete) {
@@ -443,13 +467,13 @@ void ZeroStage3::all_gather(const std::vector<std::size_t>& params, const std::s
   if (sorted.size() == 1) {
     Param& p = params_[sorted.front()];
     ModuleScope scope(gather_context_);
-    p.data->allocate(static_cast<std::size_t>(world * p.partition) * dtype_size(p.tensor.dtype()));
+    p.data->allocate(static_cast<std::size_t>(world * p.partition) * dtype_size(dtype_of(p)));
     p.data_log = log_.size();
     log_.push_back({"gathered parameter (all_gather buffer, N x partition)", p.data->nbytes(), "all-gather", stage(), ""});
     handle->copied = true;
   } else {
     handle->flat = make("all-gather flat buffer (N x sum of partitions)", world * partitions,
-                        params_[sorted.front()].tensor.dtype(), gather_context_, handle->log);
+                        dtype_of(params_[sorted.front()]), gather_context_, handle->log);
   }
   for (const std::size_t i : sorted) {
     params_[i].status = Status::Inflight;
@@ -466,7 +490,7 @@ void ZeroStage3::wait(std::size_t index) {
     ModuleScope scope(gather_context_);
     for (const std::size_t i : handle->params) {
       Param& p = params_[i];
-      p.data->allocate(static_cast<std::size_t>(p.numel) * dtype_size(p.tensor.dtype()));
+      p.data->allocate(static_cast<std::size_t>(p.numel) * dtype_size(dtype_of(p)));
       p.data_log = log_.size();
       log_.push_back({"gathered parameter (copy out of the flat buffer)", p.data->nbytes(), "all-gather", stage(), ""});
     }
@@ -498,13 +522,20 @@ std::vector<std::size_t> ZeroStage3::params_to_release(const Hooked& m) {
 
 void ZeroStage3::release_module(const Hooked& m, bool forward) {
   // release_sub_module (494-535): with no complete trace, all of the module's parameters.
-  const std::vector<std::size_t> to_release = trace_mode_ == Trace::Complete ? params_to_release(m) : m.params;
+  std::vector<std::size_t> to_release = trace_mode_ == Trace::Complete ? params_to_release(m) : m.params;
+  std::vector<std::size_t> module_params = m.params;
   const std::size_t i = static_cast<std::size_t>(&m - modules_.data());
   if (!forward) {
-    const auto it = std::find(active_backward_.rbegin(), active_backward_.rend(), i);
-    if (it != active_backward_.rend()) active_backward_.erase(std::next(it).base());
+    // The recompute's frozen parameters go with the module, persistent ones aside.
+    Hooked& self = modules_[i];
+    for (const std::size_t p : self.recompute_params) {
+      if (!params_[p].persistent) to_release.push_back(p);
+      if (std::find(module_params.begin(), module_params.end(), p) == module_params.end()) module_params.push_back(p);
+    }
+    self.recompute_params.clear();
+    active_backward_.erase(std::remove(active_backward_.begin(), active_backward_.end(), i), active_backward_.end());
   }
-  for (const std::size_t p : m.params) {
+  for (const std::size_t p : module_params) {
     std::vector<const Module*>& active = params_[p].active;
     const auto it = std::find(active.begin(), active.end(), m.module);
     if (it != active.end()) active.erase(it);
@@ -530,9 +561,14 @@ void ZeroStage3::release_backward_leftovers() {
   // release_backward_leftovers (554-567): modules whose post-backward hook never fired (the
   // first layer, whose input needs no grad), their persistent parameters kept.
   while (!active_backward_.empty()) {
-    const Hooked& m = modules_[active_backward_.back()];
+    Hooked& m = modules_[active_backward_.back()];
     active_backward_.pop_back();
-    for (const std::size_t p : m.params) {
+    std::vector<std::size_t> module_params = m.params;
+    for (const std::size_t p : m.recompute_params) {
+      if (std::find(module_params.begin(), module_params.end(), p) == module_params.end()) module_params.push_back(p);
+    }
+    m.recompute_params.clear();
+    for (const std::size_t p : module_params) {
       std::vector<const Module*>& active = params_[p].active;
       const auto it = std::find(active.begin(), active.end(), m.module);
       if (it != active.end()) active.erase(it);
@@ -557,7 +593,7 @@ void ZeroStage3::gather_persistent() {
   ModuleScope scope(gather_context_);
   for (Param& p : params_) {
     if (!p.persistent || p.status != Status::NotAvailable) continue;
-    p.data->allocate(static_cast<std::size_t>(world * p.partition) * dtype_size(p.tensor.dtype()));
+    p.data->allocate(static_cast<std::size_t>(world * p.partition) * dtype_size(dtype_of(p)));
     p.data_log = log_.size();
     log_.push_back({"gathered parameter (blocking coalesced all_gather, N x partition)", p.data->nbytes(), "default",
                     stage(), ""});
@@ -668,8 +704,10 @@ void ZeroStage3::step() {
     std::vector<Tensor> norms;
     for (const Param& p : params_) {
       if (!p.trainable) continue;
-      Tensor d = empty(runtime_, Shape{p.partition}, DType::F64);
+      std::size_t log = SIZE_MAX;
+      Tensor d = make("fp64 gradient partition (grad norm)", p.partition, DType::F64, temporaries_context_, log);
       norms.push_back(empty(runtime_, Shape{}, DType::F64));
+      release(d, log);
     }
     const auto n = static_cast<std::int64_t>(norms.size());
     Tensor stacked = empty(runtime_, Shape{n}, DType::F64);

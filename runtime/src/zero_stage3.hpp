@@ -81,6 +81,9 @@ class ZeroStage3 final : public ZeroOptimizer, public ForwardHooks {
     Module* module = nullptr;
     std::vector<std::size_t> params;  // iter_params(module, recurse=False), by ds_id
     std::string name;                 // "(root)" or its path
+    /// ds_recompute_parameters: frozen parameters a checkpoint's recompute gathered while
+    /// this module's backward was active, released with it.
+    std::vector<std::size_t> recompute_params;
   };
   struct ParamUse {
     std::size_t param = 0;
@@ -88,6 +91,9 @@ class ZeroStage3 final : public ZeroOptimizer, public ForwardHooks {
   };
 
   Hooked& hooked(const Module& module);
+  /// A parameter's dtype under DeepSpeed: the model's for those it trains (its bf16 or fp16
+  /// config casts them), their own for frozen ones (a quantized base weight keeps its bytes).
+  DType dtype_of(const Param& p) const noexcept { return p.trainable ? dtype_ : p.tensor.dtype(); }
   // The coordinator (PartitionedParameterCoordinator).
   void reset_step();
   void record(const Hooked& m);
@@ -99,6 +105,8 @@ class ZeroStage3 final : public ZeroOptimizer, public ForwardHooks {
   std::vector<std::size_t> params_to_release(const Hooked& m);
   void release_backward_leftovers();
   void release_and_reset_all();
+  /// _clean_inflight_param_registry: what was gathered ahead and never waited for is released.
+  void clean_inflight();
   /// The post-step gather of the persistent parameters (each its own N x partition buffer).
   void gather_persistent();
   // The gradients.
@@ -114,7 +122,7 @@ class ZeroStage3 final : public ZeroOptimizer, public ForwardHooks {
   ContextId gather_context_, partitions_context_, bucket_context_, gradients_context_, optimizer_context_,
       temporaries_context_;
   StreamId allgather_stream_ = 0, reduce_stream_ = 0;
-  DType dtype_ = DType::BF16;  // the parameters' (and the communication's) dtype
+  DType dtype_ = DType::BF16;  // the model's dtype: the flat buffers', the bucket's, the communication's
   std::vector<Param> params_;
   std::unordered_map<const TensorImpl*, std::size_t> index_;
   std::vector<Hooked> modules_;

@@ -526,9 +526,9 @@ TEST(ParallelReference, ZeroBuffersMatchDeepSpeedOnTheCpu) {
 // defaults, with a small bucket, persistence 0, reuse distance 0, prefetch 0. Every buffer of
 // ZeRO-3's own, in order, with its bytes and the phases it lived between, over three steps:
 // the partitions, the flat buffers, each module's gathers and the trace's prefetches from the
-// second step, the reduce-scatters, the step's and the persistent parameters' gathers. Left
-// out: the whole parameters and gradients (the model's and autograd's, not ZeRO's), and the
-// scalars of the trace check and the norm.
+// second step, the reduce-scatters, the step's fp64 norm copies, flattened and fp32 gradients
+// and the persistent parameters' gathers. Left out: the whole parameters and gradients (the
+// model's and autograd's, not ZeRO's), and the scalars of the trace check and the norm.
 TEST(ParallelReference, Zero3BuffersMatchDeepSpeedOnTheCpu) {
   const fs::path dir = fs::path(VRAMSCOPE_SOURCE_DIR) / "tests/data/deepspeed-cpu-2026-11-26";
   std::ifstream json_file(dir / "zero3_reference.json");
@@ -554,6 +554,7 @@ TEST(ParallelReference, Zero3BuffersMatchDeepSpeedOnTheCpu) {
       "exp_avg",
       "exp_avg_sq",
       "gathered parameter (blocking coalesced all_gather, N x partition)",
+      "fp64 gradient partition (grad norm)",
   };
   std::size_t compared = 0;
   for (const auto& [name, recorded] : configs.items()) {

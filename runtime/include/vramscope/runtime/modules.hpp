@@ -549,6 +549,9 @@ class TiedLinear : public Module {
   explicit TiedLinear(const Embedding& embedding, bool untied_first = false)
       : Module("Linear"), embedding_(&embedding), untied_first_(untied_first) {}
   Tensor forward(const Tensor& input) override;
+  /// The embedding's weight: in PyTorch the same Parameter is this module's `weight` too
+  /// (what DeepSpeed's ZeRO-3 gathers around it).
+  const Tensor& weight() const noexcept { return embedding_->weight(); }
 
  protected:
   void materialized(Runtime& runtime, DType dtype) override;
