@@ -222,7 +222,7 @@ ZeroStage3::ZeroStage3(const ParallelConfig& config, const OptimizerConfig& opti
   // create_reduce_and_remove_grad_hooks: each trainable parameter gathered once (N x its
   // partition, partition_parameters.py:2112) and partitioned again.
   for (Param& p : params_) {
-    if (!p.trainable) continue;
+    if (!p.trainable || world == 1) continue;  // one rank gathers nothing
     std::size_t gather_log = SIZE_MAX;
     Tensor gathered = make("gathered parameter (blocking all_gather, N x partition)", world * p.partition,
                            dtype_of(p), gather_context_, gather_log);
@@ -464,7 +464,11 @@ void ZeroStage3::all_gather(const std::vector<std::size_t>& params, const std::s
     partitions += params_[i].partition;
     available_numel_ += params_[i].numel;
   }
-  if (sorted.size() == 1) {
+  if (world == 1) {
+    // _no_gather_coalesced (partition_parameters.py:1531, 60-75): the partition is the
+    // whole parameter, and the parameter becomes a view of it.
+    handle->copied = true;
+  } else if (sorted.size() == 1) {
     Param& p = params_[sorted.front()];
     ModuleScope scope(gather_context_);
     p.data->allocate(static_cast<std::size_t>(world * p.partition) * dtype_size(dtype_of(p)));
@@ -593,6 +597,10 @@ void ZeroStage3::gather_persistent() {
   ModuleScope scope(gather_context_);
   for (Param& p : params_) {
     if (!p.persistent || p.status != Status::NotAvailable) continue;
+    if (world == 1) {  // no gather: a view of the partition
+      p.status = Status::Available;
+      continue;
+    }
     p.data->allocate(static_cast<std::size_t>(world * p.partition) * dtype_size(dtype_of(p)));
     p.data_log = log_.size();
     log_.push_back({"gathered parameter (blocking coalesced all_gather, N x partition)", p.data->nbytes(), "default",

@@ -300,6 +300,15 @@ TEST(ZeroStage3, TheCoordinatorsSettingsDecideWhatStaysGathered) {
   EXPECT_EQ(whole.allocated_after_construction, init.allocated_after_construction);
 }
 
+TEST(ZeroStage3, OneRankGathersNothing) {
+  // _no_gather_coalesced: with one rank the partition is the parameter.
+  const RankRun one = run_rank("gpt2", "zero3:1", "", 2, "batch=1,seq=32");
+  for (const CommunicationBuffer& b : one.buffers) {
+    EXPECT_FALSE(b.what.starts_with("gathered") || b.what.starts_with("all-gather")) << b.what;
+  }
+  EXPECT_GT(bytes_of(one.buffers, "reduce-scatter buffer (N x sum of partitions, interleaved)"), 0);
+}
+
 TEST(ZeroStage3, OutOfMemoryInTheConstructionGivesEverythingBack) {
   // The 1 GB bucket does not fit a 1 GiB device after the partitions and the master.
   TrainConfig cfg;
