@@ -81,6 +81,15 @@ SITES = [
 # weights over the default stage3_param_persistence_threshold (1e5 elements) and sizes that do not
 # divide by 8, so its gathers pad.
 MODELS3 = {"mlp": (40, 64, 48, 3), "big": (1001, 1201, 999, 3)}
+# A two-layer Llama (transformers' LlamaForCausalLM, sdpa, bf16) of the config below: its
+# decoder layers' projections, norms, rotary embedding and head as DeepSpeed hooks them; the
+# embedding (32,064 elements) is over a persistence threshold of 3e4, the rest under, so that
+# both kinds show in a model this small. vramscope reads the same config (--hf-config).
+LLAMA3 = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 501, "hidden_size": 64,
+          "intermediate_size": 176, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+          "max_position_embeddings": 128, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False,
+          "torch_dtype": "bfloat16"}
+LLAMA3_SEQ = 16
 CONFIGS3 = {
     "zero3-r0": ("mlp", 0, {}), "zero3-r7": ("mlp", 7, {}),
     "zero3-r3-b4000": ("mlp", 3, {"reduce_bucket_size": 4000}),
@@ -91,6 +100,10 @@ CONFIGS3 = {
     "zero3big-r0-reuse0": ("big", 0, {"stage3_max_reuse_distance": 0}),
     "zero3big-r0-prefetch0": ("big", 0, {"stage3_prefetch_bucket_size": 0}),
     "zero3big-r0-prefetch0-reuse0": ("big", 0, {"stage3_prefetch_bucket_size": 0, "stage3_max_reuse_distance": 0}),
+    "zero3llama-r0": ("llama", 0, {"stage3_param_persistence_threshold": 30000}),
+    "zero3llama-r5-b20000": ("llama", 5, {"stage3_param_persistence_threshold": 30000, "reduce_bucket_size": 20000}),
+    "zero3llama-r0-reuse0": ("llama", 0, {"stage3_param_persistence_threshold": 30000, "stage3_max_reuse_distance": 0,
+                                          "stage3_prefetch_bucket_size": 20000}),
 }
 # Stage 3 call sites: (file under deepspeed/, function, a piece of the statement or None, name).
 # The innermost DeepSpeed frame of the allocation decides (utils/nvtx.py's wrapper skipped); the
@@ -280,9 +293,15 @@ def one3(name):
     zero_utils.dist = Rank0(zero_utils.dist)
 
     torch.manual_seed(0)
-    a, b, c, d = MODELS3[model_name]
-    model = torch.nn.Sequential(torch.nn.Linear(a, b), torch.nn.ReLU(), torch.nn.Linear(b, c), torch.nn.ReLU(),
-                                torch.nn.Linear(c, d))
+    if model_name == "llama":
+        from transformers import LlamaConfig, LlamaForCausalLM
+        model = LlamaForCausalLM(LlamaConfig(**{k: v for k, v in LLAMA3.items() if k != "architectures"},
+                                             attn_implementation="sdpa")).to(torch.bfloat16)
+        a = None
+    else:
+        a, b, c, d = MODELS3[model_name]
+        model = torch.nn.Sequential(torch.nn.Linear(a, b), torch.nn.ReLU(), torch.nn.Linear(b, c), torch.nn.ReLU(),
+                                    torch.nn.Linear(c, d))
     param_names = {id(p): n for n, p in model.named_parameters()}
     module_names = {id(m): n or "(root)" for n, m in model.named_modules()}
 
@@ -412,9 +431,13 @@ def one3(name):
 
     snapshots = {"construction": gathered()}
     for step in range(1, STEPS + 1):
-        x = torch.randn(4, a, dtype=torch.bfloat16)
         phase[0] = f"step {step} forward"
-        loss = engine(x).float().pow(2).mean()
+        if a is None:  # the causal LM's own loss, as a training loop takes it
+            ids = torch.randint(0, LLAMA3["vocab_size"], (4, LLAMA3_SEQ))
+            loss = engine(input_ids=ids, labels=ids).loss
+        else:
+            x = torch.randn(4, a, dtype=torch.bfloat16)
+            loss = engine(x).float().pow(2).mean()
         snapshots[f"step {step} after forward"] = gathered()
         phase[0] = f"step {step} backward"
         engine.backward(loss)
@@ -430,7 +453,8 @@ def one3(name):
     trace = getattr(coordinator, "_PartitionedParameterCoordinator__submodule_order", ())
     return {
         "stage": 3, "rank": rank, "world_size": WORLD, "model": model_name,
-        "layers": [f"Linear({a}, {b})", "ReLU", f"Linear({b}, {c})", "ReLU", f"Linear({c}, {d})"],
+        "layers": (["LlamaForCausalLM", LLAMA3, f"batch 4, seq {LLAMA3_SEQ}"] if a is None else
+                   [f"Linear({a}, {b})", "ReLU", f"Linear({b}, {c})", "ReLU", f"Linear({c}, {d})"]),
         "zero_optimization": cfg["zero_optimization"],
         "settings": {"reduce_bucket_size": engine.zero_reduce_bucket_size(),
                      "prefetch_bucket_size": engine.zero_prefetch_bucket_size(),

@@ -98,11 +98,14 @@ MaxBatchResult find_max_batches(const SweepSpec& spec_in, const SweepProgress& p
   result.model = validate_sweep(spec);
   result.device = make_run_device(spec)->info();
   const std::vector<std::int64_t> seqs = spec.seqs.empty() ? std::vector<std::int64_t>{0} : spec.seqs;
+  // FSDP2's and ZeRO-3's hooks wrap the modules: their rows run without segments, as sweep's.
+  const std::vector<std::size_t> segment_counts =
+      spec.parallels.front().hooks_modules() ? std::vector<std::size_t>{0} : spec.segments;
   // The search starts at batch 1. A model whose structure follows the batch (a file's repeat
   // count "batch") may have fewer sequential modules there than the segments asked for.
   for (const std::int64_t seq : seqs) {
     const nn::ModelInfo at_one = describe(*spec.model, row_options(spec, 1, seq));
-    for (const std::size_t k : spec.segments) {
+    for (const std::size_t k : segment_counts) {
       if (k > at_one.sequence_length) {
         throw UsageError(fmt::format(
             "--max-batch: the search starts at batch 1, where {} has {} sequential module{} (its "
@@ -114,12 +117,12 @@ MaxBatchResult find_max_batches(const SweepSpec& spec_in, const SweepProgress& p
   }
 
   const std::size_t planned = spec.alloc_confs.size() * spec.precisions.size() * seqs.size() *
-                              spec.segments.size();
+                              segment_counts.size();
   for (const std::string& conf : spec.alloc_confs) {
     for (const nn::Precision precision : spec.precisions) {
       for (const std::int64_t seq : seqs) {
         const std::size_t first = result.rows.size();
-        for (const std::size_t k : spec.segments) {
+        for (const std::size_t k : segment_counts) {
           SweepRow row;
           row.segments = k;
           row.precision = precision;

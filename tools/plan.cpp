@@ -331,7 +331,7 @@ void Planner::search() {
   result_.given_needs = needs_of(result_.given);
   const std::int64_t short_of = shortfall(*result_.given_needs);
   const Plan base = plain();
-  const bool fsdp = spec_.base.parallels.front().engine == nn::ParallelEngine::Fsdp;
+  const bool fsdp = spec_.base.parallels.front().hooks_modules();  // FSDP2 or ZeRO-3: no segments
 
   // Checkpointing alone, the arithmetic untouched: the module sets, c of the blocks evenly
   // spaced, and every block (what gradient_checkpointing_enable() does) for comparison.

@@ -376,9 +376,9 @@ SweepResult run_sweep(const SweepSpec& spec_in, const SweepProgress& progress) {
   std::map<std::string, std::int64_t> unmarked_base;  // peaks without checkpoint marks, per setting
   const auto run_group = [&](const Group& g) {
     std::vector<SweepRow> rows;
-    // FSDP2's hooks wrap the blocks, which checkpoint_sequential's segments would cut across:
-    // its groups run without segments (checkpointing the blocks is the way with FSDP).
-    const bool whole = g.parallel.engine == nn::ParallelEngine::Fsdp;
+    // FSDP2's and ZeRO-3's hooks wrap the modules, which checkpoint_sequential's segments would
+    // cut across: their groups run without segments (checkpointing the blocks is the way there).
+    const bool whole = g.parallel.hooks_modules();
     if (whole) {
       planned -= spec.segments.size() - 1;
       rows.push_back(run_row(g, 0));

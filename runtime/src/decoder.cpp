@@ -48,6 +48,10 @@ class DecoderInputs final : public Module {
     }
   }
 
+  /// LlamaModel.forward calls rotary_emb(hidden_states, position_ids) for its cos and sin;
+  /// the hidden states go on to the layers untouched.
+  bool passes_input_through() const noexcept override { return true; }
+
   Tensor forward(const Tensor& x) override {
     Runtime& rt = x.runtime();
     const std::int64_t s = x.size(1), half = dim_ / 2;

@@ -129,6 +129,9 @@ ZeroStage3::ZeroStage3(const ParallelConfig& config, const OptimizerConfig& opti
     module_index_[m] = modules_.size();
     modules_.push_back(std::move(h));
   }
+  for (Module* m : modules) {
+    if (auto* seq = dynamic_cast<Sequential*>(m)) add_containers(*seq);
+  }
   // _create_fp16_sub_groups (stage3.py:1160): the trainable parameters in sub groups of at
   // least sub_group_size partition elements; one group when the whole fits.
   std::int64_t sub_total = 0;
@@ -228,12 +231,16 @@ ZeroStage3::ZeroStage3(const ParallelConfig& config, const OptimizerConfig& opti
                            dtype_of(p), gather_context_, gather_log);
     release(gathered, gather_log);
   }
-  for (Hooked& h : modules_) h.module->set_forward_hooks(this);
+  for (Hooked& h : modules_) {
+    if (h.module != nullptr) h.module->set_forward_hooks(this);
+  }
   runtime.set_zero3_linear(true);
 }
 
 ZeroStage3::~ZeroStage3() {
-  for (Hooked& h : modules_) h.module->set_forward_hooks(nullptr);
+  for (Hooked& h : modules_) {
+    if (h.module != nullptr) h.module->set_forward_hooks(nullptr);
+  }
   runtime_.set_zero3_linear(false);
 }
 
@@ -286,45 +293,98 @@ ZeroStage3::Hooked& ZeroStage3::hooked(const Module& module) { return modules_[m
 // --- the forward and backward hooks (zero/parameter_offload.py) ----------------------------
 
 Tensor ZeroStage3::pre_forward(Module& module, const Tensor& input) {
-  Hooked& m = hooked(module);
-  const std::size_t i = module_index_.at(&module);
   // _start_of_forward_hook on the root, registered first: a new step for the coordinator.
   if (&module == &root_) {
     ++steps_;
     phase_ = Phase3::Forward;
     reset_step();
   }
+  Tensor in = input;
+  // A container's hooks run once around its children's; a checkpoint's recompute reruns the
+  // child only.
+  if (const auto it = opens_.find(&module); it != opens_.end() && phase_ != Phase3::Backward) {
+    for (const std::size_t c : it->second) in = enter(c, in);
+  }
+  return enter(module_index_.at(&module), in);
+}
+
+Tensor ZeroStage3::post_forward(Module& module, const Tensor& output) {
+  Tensor out = leave(module_index_.at(&module), output);
+  if (const auto it = closes_.find(&module); it != closes_.end() && phase_ != Phase3::Backward) {
+    for (const std::size_t c : it->second) out = leave(c, out);
+  }
+  return out;
+}
+
+Tensor ZeroStage3::enter(std::size_t i, const Tensor& input) {
   // pre_sub_module_forward_function: trace_prologue, record_module, fetch_sub_module.
-  record(m);
-  fetch(m, /*forward=*/true);
+  record(modules_[i]);
+  fetch(modules_[i], /*forward=*/true);
   // _post_backward_module_hook: PostBackwardFunctionModule on the inputs that require grad;
-  // its backward releases the module (a module whose inputs need no grad never runs it).
-  if (grad_enabled() && input.requires_grad()) {
+  // its backward releases the module (a module whose inputs need no grad never runs it). A
+  // module that passes its input through uses none of it for what it makes.
+  const Module* m = modules_[i].module;
+  if (grad_enabled() && input.requires_grad() && !(m != nullptr && m->passes_input_through())) {
     return with_backward_hook(input, [this, i] { release_module(modules_[i], /*forward=*/false); },
                               "PostBackwardFunctionModuleBackward");
   }
   return input;
 }
 
-Tensor ZeroStage3::post_forward(Module& module, const Tensor& output) {
-  const std::size_t i = module_index_.at(&module);
+Tensor ZeroStage3::leave(std::size_t i, const Tensor& output) {
   release_module(modules_[i], /*forward=*/true);
   // _pre_backward_module_hook: PreBackwardFunctionForModule on the outputs; its backward
   // fetches the module's parameters again before the module's own backward runs.
-  if (grad_enabled() && output.defined() && output.requires_grad()) {
+  const Module* m = modules_[i].module;
+  if (grad_enabled() && output.defined() && output.requires_grad() && !(m != nullptr && m->passes_input_through())) {
     return with_backward_hook(output,
                               [this, i] {
-                                Hooked& m = modules_[i];
-                                record(m);
+                                Hooked& h = modules_[i];
+                                record(h);
                                 // active_backward_submodules: a dict by ds_id, so once (fetch_sub_module, 337-338).
                                 if (std::find(active_backward_.begin(), active_backward_.end(), i) == active_backward_.end()) {
                                   active_backward_.push_back(i);
                                 }
-                                fetch(m, /*forward=*/false);
+                                fetch(h, /*forward=*/false);
                               },
                               "PreBackwardFunctionForModuleBackward");
   }
   return output;
+}
+
+void ZeroStage3::add_containers(Sequential& seq) {
+  // Each dotted prefix of a child's name that names no child is a container PyTorch calls
+  // (LlamaModel's "model", ResNet's "layer1"), unless it is a nested run of numbered children
+  // ("model.layers.0", "transformer.h.0"): a ModuleList its parent iterates, never called.
+  const auto& children = seq.children();
+  std::vector<std::pair<std::string, std::pair<std::size_t, std::size_t>>> spans;  // prefix -> [first, last]
+  for (std::size_t c = 0; c < children.size(); ++c) {
+    const std::string& name = children[c].first;
+    for (std::size_t dot = name.find('.'); dot != std::string::npos; dot = name.find('.', dot + 1)) {
+      const std::string prefix = name.substr(0, dot);
+      bool is_child = false;
+      for (const auto& [other, module] : children) is_child = is_child || other == prefix;
+      const std::string_view rest = std::string_view(name).substr(dot + 1);
+      const bool numbered = !rest.empty() && rest.front() >= '0' && rest.front() <= '9';
+      if (is_child || (numbered && prefix.find('.') != std::string::npos)) continue;
+      auto it = std::find_if(spans.begin(), spans.end(), [&](const auto& s) { return s.first == prefix; });
+      if (it == spans.end()) {
+        spans.push_back({prefix, {c, c}});
+      } else {
+        it->second.second = c;
+      }
+    }
+  }
+  // Outermost first on entry (a shorter prefix encloses a longer one), innermost first on exit.
+  std::stable_sort(spans.begin(), spans.end(), [](const auto& a, const auto& b) { return a.first.size() < b.first.size(); });
+  for (const auto& [prefix, range] : spans) {
+    Hooked h;
+    h.name = seq.path().empty() ? prefix : seq.path() + "." + prefix;
+    modules_.push_back(std::move(h));
+    opens_[children[range.first].second.get()].push_back(modules_.size() - 1);
+    auto& closing = closes_[children[range.second].second.get()];
+    closing.insert(closing.begin(), modules_.size() - 1);
+  }
 }
 
 // --- the coordinator (zero/partitioned_param_coordinator.py) -------------------------------

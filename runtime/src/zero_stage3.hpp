@@ -78,7 +78,7 @@ class ZeroStage3 final : public ZeroOptimizer, public ForwardHooks {
     std::size_t sub_group = 0;
   };
   struct Hooked {
-    Module* module = nullptr;
+    Module* module = nullptr;         // null: a container a flattened Sequential stands for
     std::vector<std::size_t> params;  // iter_params(module, recurse=False), by ds_id
     std::string name;                 // "(root)" or its path
     /// ds_recompute_parameters: frozen parameters a checkpoint's recompute gathered while
@@ -96,6 +96,12 @@ class ZeroStage3 final : public ZeroOptimizer, public ForwardHooks {
   DType dtype_of(const Param& p) const noexcept { return p.trainable ? dtype_ : p.tensor.dtype(); }
   // The coordinator (PartitionedParameterCoordinator).
   void reset_step();
+  /// The hooks of module `i` around a call (a module's, or a container's): the fetch and the
+  /// post-backward hook on its input; the release and the pre-backward hook on its output.
+  Tensor enter(std::size_t i, const Tensor& input);
+  Tensor leave(std::size_t i, const Tensor& output);
+  /// Adds the containers of the flattened children of `seq`.
+  void add_containers(Sequential& seq);
   void record(const Hooked& m);
   void fetch(const Hooked& m, bool forward);
   void all_gather(const std::vector<std::size_t>& params, const std::string& why);
@@ -127,6 +133,10 @@ class ZeroStage3 final : public ZeroOptimizer, public ForwardHooks {
   std::unordered_map<const TensorImpl*, std::size_t> index_;
   std::vector<Hooked> modules_;
   std::unordered_map<const Module*, std::size_t> module_index_;
+  /// The containers PyTorch has where our Sequential is flat ("model" for LlamaModel around
+  /// "model.embed_tokens" ... "model.norm", "layer1" around "layer1.0" ...): their hooks run
+  /// before their first child's (outermost first) and after their last child's (innermost first).
+  std::unordered_map<const Module*, std::vector<std::size_t>> opens_, closes_;
   std::vector<std::int64_t> sub_groups_;  // Σ partition of each sub group (sub_group_size)
   std::int64_t trainable_partition_ = 0;  // S: Σ partition of the trainable parameters
 

@@ -523,7 +523,10 @@ TEST(ParallelReference, ZeroBuffersMatchDeepSpeedOnTheCpu) {
 
 // DeepSpeed's ZeRO stage 3 on one rank, recorded the same way (zero3_reference.json): the
 // two MLPs (every parameter persistent; two weights over the persistence threshold) at the
-// defaults, with a small bucket, persistence 0, reuse distance 0, prefetch 0. Every buffer of
+// defaults, with a small bucket, persistence 0, reuse distance 0, prefetch 0; and a two-layer
+// transformers Llama (its embedding and head over the threshold) with a small bucket, and with
+// reuse distance 0 and a prefetch bucket smaller than the head, where the trace's order decides
+// what is prefetched when. Every buffer of
 // ZeRO-3's own, in order, with its bytes and the phases it lived between, over three steps:
 // the partitions, the flat buffers, each module's gathers and the trace's prefetches from the
 // second step, the reduce-scatters, the step's fp64 norm copies, flattened and fp32 gradients
@@ -569,8 +572,15 @@ TEST(ParallelReference, Zero3BuffersMatchDeepSpeedOnTheCpu) {
                                 ",stage3_param_persistence_threshold=" + number("param_persistence_threshold") +
                                 ",stage3_max_reuse_distance=" + number("max_reuse_distance");
     nn::TrainConfig cfg;
-    const std::string model = recorded.at("model").get<std::string>() == "big" ? "ref-zero-mlp-big.json" : "ref-zero-mlp.json";
-    cfg.model = ModelFile::load((dir / model).string());
+    const std::string model = recorded.at("model").get<std::string>();
+    if (model == "llama") {  // transformers' LlamaForCausalLM of this config, batch 4 x 16
+      cfg.model = load_hf_config((dir / "ref-zero3-llama.json").string());
+      cfg.model_options.batch = 4;
+      cfg.model_options.seq = 16;
+      cfg.model_options.attention = "sdpa";
+    } else {
+      cfg.model = ModelFile::load((dir / (model == "big" ? "ref-zero-mlp-big.json" : "ref-zero-mlp.json")).string());
+    }
     cfg.precision = nn::Precision::BF16;
     cfg.device = "sim:h100-80g";
     cfg.parallel = nn::parse_parallel("zero3:8", options);
@@ -604,7 +614,7 @@ TEST(ParallelReference, Zero3BuffersMatchDeepSpeedOnTheCpu) {
     }
     ++compared;
   }
-  EXPECT_EQ(compared, 11u);
+  EXPECT_EQ(compared, 14u);
 }
 
 }  // namespace

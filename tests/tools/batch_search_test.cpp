@@ -130,6 +130,23 @@ TEST(MaxBatch, TheBatchFoundFitsAndOneMoreSampleDoesNot) {
                                result.rows[3].probes);
 }
 
+TEST(MaxBatch, EnginesThatHookModulesSearchWithoutSegments) {
+  // FSDP2 and ZeRO-3 wrap the modules that checkpoint_sequential's segments would cut across:
+  // as in sweep, their one row runs without segments, and its batch fits.
+  for (const char* engine : {"fsdp:8", "zero3:8"}) {
+    SCOPED_TRACE(engine);
+    SweepSpec spec = mlp_spec();
+    spec.device = "sim:capacity=4GiB,context=128MiB";
+    spec.precisions = {nn::Precision::BF16};
+    spec.parallels = {nn::parse_parallel(engine)};
+    const MaxBatchResult result = find_max_batches(spec);
+    ASSERT_EQ(result.rows.size(), 1u);
+    EXPECT_EQ(result.rows[0].segments, 0u);
+    EXPECT_GT(result.rows[0].max_batch, 1);
+    EXPECT_TRUE(single(spec, result.rows[0].max_batch, 0).fits());
+  }
+}
+
 TEST(MaxBatch, NothingFitsIsZeroWithTheOutOfMemoryOfBatchOne) {
   SweepSpec spec = mlp_spec();
   spec.model_options.width = 8192;  // 6 x 8192^2 x 4 B = 1.5 GiB of weights on a 1 GiB card

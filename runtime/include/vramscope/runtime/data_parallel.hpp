@@ -98,6 +98,10 @@ struct ParallelConfig {
   bool stray_contexts = false;
 
   bool enabled() const noexcept { return engine != ParallelEngine::None; }
+  /// Whether the engine hooks modules as they run (FSDP2 wraps the blocks, ZeRO-3 gathers
+  /// each module's parameters): checkpoint_sequential's segments would cut across them, so
+  /// such a step runs without segments (checkpoint marks on modules work).
+  bool hooks_modules() const noexcept { return engine == ParallelEngine::Fsdp || engine == ParallelEngine::Zero3; }
   friend bool operator==(const ParallelConfig&, const ParallelConfig&) = default;
 };
 

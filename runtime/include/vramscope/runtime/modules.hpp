@@ -87,6 +87,10 @@ class Module {
   /// grad mode, forward runs under checkpoint() and reruns in backward.
   Tensor operator()(const Tensor& input);
   virtual Tensor forward(const Tensor& input) = 0;
+  /// Whether forward hands its input back and only makes outputs of its own on the side (a
+  /// rotary embedding's cos and sin, which need no gradient): what hooks on its outputs see in
+  /// PyTorch is then nothing that backward reaches.
+  virtual bool passes_input_through() const noexcept { return false; }
 
   const std::string& type_name() const noexcept { return type_name_; }
   /// Full dotted path ("layer1.0.conv1"); "" for a root.
