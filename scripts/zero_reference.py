@@ -104,6 +104,7 @@ CONFIGS3 = {
     "zero3llama-r5-b20000": ("llama", 5, {"stage3_param_persistence_threshold": 30000, "reduce_bucket_size": 20000}),
     "zero3llama-r0-reuse0": ("llama", 0, {"stage3_param_persistence_threshold": 30000, "stage3_max_reuse_distance": 0,
                                           "stage3_prefetch_bucket_size": 20000}),
+    "zero3llamatied-r0": ("llama-tied", 0, {"stage3_param_persistence_threshold": 30000}),
 }
 # Stage 3 call sites: (file under deepspeed/, function, a piece of the statement or None, name).
 # The innermost DeepSpeed frame of the allocation decides (utils/nvtx.py's wrapper skipped); the
@@ -293,9 +294,10 @@ def one3(name):
     zero_utils.dist = Rank0(zero_utils.dist)
 
     torch.manual_seed(0)
-    if model_name == "llama":
+    if model_name.startswith("llama"):  # "llama-tied": the head tied to the embedding
         from transformers import LlamaConfig, LlamaForCausalLM
-        model = LlamaForCausalLM(LlamaConfig(**{k: v for k, v in LLAMA3.items() if k != "architectures"},
+        config = dict(LLAMA3, tie_word_embeddings=model_name == "llama-tied")
+        model = LlamaForCausalLM(LlamaConfig(**{k: v for k, v in config.items() if k != "architectures"},
                                              attn_implementation="sdpa")).to(torch.bfloat16)
         a = None
     else:
@@ -453,7 +455,8 @@ def one3(name):
     trace = getattr(coordinator, "_PartitionedParameterCoordinator__submodule_order", ())
     return {
         "stage": 3, "rank": rank, "world_size": WORLD, "model": model_name,
-        "layers": (["LlamaForCausalLM", LLAMA3, f"batch 4, seq {LLAMA3_SEQ}"] if a is None else
+        "layers": (["LlamaForCausalLM", dict(LLAMA3, tie_word_embeddings=model_name == "llama-tied"),
+                    f"batch 4, seq {LLAMA3_SEQ}"] if a is None else
                    [f"Linear({a}, {b})", "ReLU", f"Linear({b}, {c})", "ReLU", f"Linear({c}, {d})"]),
         "zero_optimization": cfg["zero_optimization"],
         "settings": {"reduce_bucket_size": engine.zero_reduce_bucket_size(),

@@ -526,7 +526,8 @@ TEST(ParallelReference, ZeroBuffersMatchDeepSpeedOnTheCpu) {
 // defaults, with a small bucket, persistence 0, reuse distance 0, prefetch 0; and a two-layer
 // transformers Llama (its embedding and head over the threshold) with a small bucket, and with
 // reuse distance 0 and a prefetch bucket smaller than the head, where the trace's order decides
-// what is prefetched when. Every buffer of
+// what is prefetched when; and the same Llama with its head tied to the embedding (one
+// Parameter, gathered around both modules). Every buffer of
 // ZeRO-3's own, in order, with its bytes and the phases it lived between, over three steps:
 // the partitions, the flat buffers, each module's gathers and the trace's prefetches from the
 // second step, the reduce-scatters, the step's fp64 norm copies, flattened and fp32 gradients
@@ -573,8 +574,8 @@ TEST(ParallelReference, Zero3BuffersMatchDeepSpeedOnTheCpu) {
                                 ",stage3_max_reuse_distance=" + number("max_reuse_distance");
     nn::TrainConfig cfg;
     const std::string model = recorded.at("model").get<std::string>();
-    if (model == "llama") {  // transformers' LlamaForCausalLM of this config, batch 4 x 16
-      cfg.model = load_hf_config((dir / "ref-zero3-llama.json").string());
+    if (model.starts_with("llama")) {  // transformers' LlamaForCausalLM of this config, batch 4 x 16
+      cfg.model = load_hf_config((dir / (model == "llama-tied" ? "ref-zero3-llama-tied.json" : "ref-zero3-llama.json")).string());
       cfg.model_options.batch = 4;
       cfg.model_options.seq = 16;
       cfg.model_options.attention = "sdpa";
@@ -614,7 +615,7 @@ TEST(ParallelReference, Zero3BuffersMatchDeepSpeedOnTheCpu) {
     }
     ++compared;
   }
-  EXPECT_EQ(compared, 14u);
+  EXPECT_EQ(compared, 15u);
 }
 
 }  // namespace
