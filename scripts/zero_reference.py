@@ -105,6 +105,7 @@ CONFIGS3 = {
     "zero3llama-r0-reuse0": ("llama", 0, {"stage3_param_persistence_threshold": 30000, "stage3_max_reuse_distance": 0,
                                           "stage3_prefetch_bucket_size": 20000}),
     "zero3llamatied-r0": ("llama-tied", 0, {"stage3_param_persistence_threshold": 30000}),
+    "zero3llamagc-r0": ("llama-gc", 0, {"stage3_param_persistence_threshold": 30000}),
 }
 # Stage 3 call sites: (file under deepspeed/, function, a piece of the statement or None, name).
 # The innermost DeepSpeed frame of the allocation decides (utils/nvtx.py's wrapper skipped); the
@@ -299,6 +300,9 @@ def one3(name):
         config = dict(LLAMA3, tie_word_embeddings=model_name == "llama-tied")
         model = LlamaForCausalLM(LlamaConfig(**{k: v for k, v in config.items() if k != "architectures"},
                                              attn_implementation="sdpa")).to(torch.bfloat16)
+        if model_name == "llama-gc":  # every decoder layer checkpointed, as transformers 5 does it
+            model.gradient_checkpointing_enable()
+            model.train()
         a = None
     else:
         a, b, c, d = MODELS3[model_name]
