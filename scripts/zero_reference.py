@@ -106,6 +106,7 @@ CONFIGS3 = {
                                           "stage3_prefetch_bucket_size": 20000}),
     "zero3llamatied-r0": ("llama-tied", 0, {"stage3_param_persistence_threshold": 30000}),
     "zero3llamagc-r0": ("llama-gc", 0, {"stage3_param_persistence_threshold": 30000}),
+    "zero3llamalora-r0": ("llama-lora", 0, {"stage3_param_persistence_threshold": 30000}),
 }
 # Stage 3 call sites: (file under deepspeed/, function, a piece of the statement or None, name).
 # The innermost DeepSpeed frame of the allocation decides (utils/nvtx.py's wrapper skipped); the
@@ -300,9 +301,14 @@ def one3(name):
         config = dict(LLAMA3, tie_word_embeddings=model_name == "llama-tied")
         model = LlamaForCausalLM(LlamaConfig(**{k: v for k, v in config.items() if k != "architectures"},
                                              attn_implementation="sdpa")).to(torch.bfloat16)
-        if model_name == "llama-gc":  # every decoder layer checkpointed, as transformers 5 does it
+        if model_name in ("llama-gc", "llama-lora"):  # every decoder layer checkpointed, as transformers 5 does it
             model.gradient_checkpointing_enable()
             model.train()
+        if model_name == "llama-lora":  # PEFT's LoRA, rank 8 on q_proj and v_proj (its default)
+            from peft import LoraConfig, get_peft_model
+            model.enable_input_require_grads()
+            model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0,
+                                                     target_modules=["q_proj", "v_proj"]))
         a = None
     else:
         a, b, c, d = MODELS3[model_name]

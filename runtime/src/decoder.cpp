@@ -28,8 +28,7 @@ class DecoderInputs final : public Module {
  public:
   DecoderInputs(const DecoderConfig& c, State state, double theta)
       : Module("LlamaRotaryEmbedding"), eager_(c.attention == AttentionImpl::Eager), mistral_mask_(c.mistral_mask),
-        window_(c.sliding_window),
-        input_requires_grad_(c.lora.rank > 0 && c.checkpoint != CheckpointMark::None), dim_(c.head_dim),
+        window_(c.sliding_window), dim_(c.head_dim),
         theta_(theta), state_(std::move(state)) {
     // register_buffer("inv_freq", ..., persistent=False): [head_dim / 2] floats, f32 under
     // any model dtype (rope_init_fn computes it with dtype=torch.float, and from_config's
@@ -70,14 +69,6 @@ class DecoderInputs final : public Module {
     if (rt.computing()) fill_rotary(cos, sin);
     state_->cos = to_dtype(cos, x.dtype());
     state_->sin = to_dtype(sin, x.dtype());
-    if (input_requires_grad_ && !x.requires_grad()) {
-      // gradient_checkpointing_enable() on a PEFT model calls enable_input_require_grads():
-      // a forward hook makes the frozen embedding's output require grad, so the checkpointed
-      // layers see an input that does.
-      Tensor out = x;
-      out.set_requires_grad(true);
-      return out;
-    }
     return x;
   }
 
@@ -131,7 +122,6 @@ class DecoderInputs final : public Module {
   std::size_t inv_freq_ = 0;
   bool eager_, mistral_mask_;
   std::int64_t window_;
-  bool input_requires_grad_;
   std::int64_t dim_;
   double theta_;
   State state_;
@@ -530,6 +520,10 @@ std::unique_ptr<Sequential> build_decoder(const DecoderConfig& c) {
   auto body = std::make_unique<Sequential>();
   auto& embed = static_cast<Embedding&>(
       body->append("model.embed_tokens", std::make_unique<Embedding>(c.vocab, c.hidden, 0.02 * std::sqrt(3.0))));
+  // gradient_checkpointing_enable() on a PEFT model calls enable_input_require_grads(): a
+  // forward hook makes the frozen embedding's output require grad, so the checkpointed layers
+  // see an input that does.
+  if (lora && c.checkpoint != CheckpointMark::None) embed.set_output_requires_grad();
   body->append("model.rotary_emb", std::make_unique<DecoderInputs>(c, state, c.rope_theta));
   for (std::int64_t i = 0; i < c.layers; ++i) {
     Module& layer = body->append("model.layers." + std::to_string(i), std::make_unique<DecoderLayer>(c, state));

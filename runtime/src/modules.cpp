@@ -541,7 +541,11 @@ Tensor Dropout::forward(const Tensor& input) { return dropout(input, p_, trainin
 Embedding::Embedding(std::int64_t num_embeddings, std::int64_t dim, double init_bound) : Module("Embedding") {
   weight_ = add_parameter("weight", Shape{num_embeddings, dim}, -init_bound, init_bound);
 }
-Tensor Embedding::forward(const Tensor& input) { return embedding(param(weight_), input); }
+Tensor Embedding::forward(const Tensor& input) {
+  Tensor out = embedding(param(weight_), input);
+  if (output_requires_grad_ && !out.requires_grad()) out.set_requires_grad(true);  // output.requires_grad_(True)
+  return out;
+}
 const Tensor& Embedding::weight() const noexcept { return slots()[weight_].tensor; }
 
 Tensor TiedLinear::forward(const Tensor& input) { return linear(input, embedding_->weight()); }

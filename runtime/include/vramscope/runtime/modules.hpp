@@ -540,9 +540,14 @@ class Embedding : public Module {
   /// input: i64 indices.
   Tensor forward(const Tensor& input) override;
   const Tensor& weight() const noexcept;
+  /// enable_input_require_grads() (transformers' modeling_utils.py): a forward hook makes the
+  /// output require grad even when the weight is frozen, so that checkpointed layers of a
+  /// PEFT model see an input that does.
+  void set_output_requires_grad(bool on = true) noexcept { output_requires_grad_ = on; }
 
  private:
   std::size_t weight_;
+  bool output_requires_grad_ = false;
 };
 
 /// lm_head tied to the input embeddings (tie_word_embeddings): a bias-free Linear on the
