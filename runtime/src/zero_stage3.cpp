@@ -7,6 +7,7 @@
 #include "zero_stage3.hpp"
 
 #include <algorithm>
+#include <map>
 #include <unordered_set>
 
 #include "detail.hpp"
@@ -95,9 +96,11 @@ ZeroStage3::ZeroStage3(const ParallelConfig& config, const OptimizerConfig& opti
   // every parameter to it (engine.py:1537-1544, zero.Init's dtype) and communicates in it
   // (communication_data_type, engine.py:1405-1416), PEFT's f32 adapters included.
   {
-    std::int64_t counts[16] = {};
-    for (const Param& p : params_) counts[static_cast<std::size_t>(p.tensor.dtype()) % 16] += p.numel;
-    dtype_ = static_cast<DType>(std::max_element(std::begin(counts), std::end(counts)) - std::begin(counts));
+    std::map<DType, std::int64_t> elements;
+    for (const Param& p : params_) elements[p.tensor.dtype()] += p.numel;
+    dtype_ = std::max_element(elements.begin(), elements.end(), [](const auto& a, const auto& b) {
+               return a.second < b.second;
+             })->first;
   }
   // mark_persistent_parameters (zero/parameter_offload.py:311): small parameters stay gathered,
   // up to the model's threshold, in named_parameters order.
