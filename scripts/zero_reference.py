@@ -107,6 +107,7 @@ CONFIGS3 = {
     "zero3llamatied-r0": ("llama-tied", 0, {"stage3_param_persistence_threshold": 30000}),
     "zero3llamagc-r0": ("llama-gc", 0, {"stage3_param_persistence_threshold": 30000}),
     "zero3llamalora-r0": ("llama-lora", 0, {"stage3_param_persistence_threshold": 30000}),
+    "zero3llama-r0-sg3000": ("llama", 0, {"stage3_param_persistence_threshold": 30000, "sub_group_size": 3000}),
 }
 # Stage 3 call sites: (file under deepspeed/, function, a piece of the statement or None, name).
 # The innermost DeepSpeed frame of the allocation decides (utils/nvtx.py's wrapper skipped); the

@@ -145,12 +145,14 @@ ZeroStage3::ZeroStage3(const ParallelConfig& config, const OptimizerConfig& opti
   const bool one_group = config.sub_group_size >= static_cast<double>(trainable_partition_);
   for (Param& p : params_) {
     if (!p.trainable) continue;
-    if (sub_groups_.empty()) sub_groups_.push_back(0);
+    if (sub_groups_.empty()) sub_groups_.push_back(0), sub_group_params_.push_back(0);
     p.sub_group = sub_groups_.size() - 1;
     sub_groups_.back() += p.partition;
+    ++sub_group_params_.back();
     sub_total += p.partition;
     if (!one_group && static_cast<double>(sub_groups_.back()) >= config.sub_group_size && sub_total < trainable_partition_) {
       sub_groups_.push_back(0);
+      sub_group_params_.push_back(0);
     }
   }
 
@@ -212,10 +214,12 @@ ZeroStage3::ZeroStage3(const ParallelConfig& config, const OptimizerConfig& opti
     masters_.push_back(make("fp32 master partition", n, DType::F32, optimizer_context_, entry));
     release(conversion, conversion_log);
   }
-  // initialize_optimizer_states (stage3.py:1256): a zero fp32 gradient per sub group, dropped.
-  for (const std::int64_t n : sub_groups_) {
+  // initialize_optimizer_states (stage3.py:1251-1256): one zero fp32 gradient of the largest
+  // sub group, shared by all of them, dropped on return.
+  {
     std::size_t placeholder_log = SIZE_MAX;
-    Tensor placeholder = make("fp32 gradient placeholder (initialize_optimizer_states)", n, DType::F32,
+    Tensor placeholder = make("fp32 gradient placeholder (initialize_optimizer_states)",
+                              *std::max_element(sub_groups_.begin(), sub_groups_.end()), DType::F32,
                               optimizer_context_, placeholder_log);
     release(placeholder, placeholder_log);
   }
@@ -794,11 +798,16 @@ void ZeroStage3::step() {
   for (std::size_t g = 0; g < sub_groups_.size(); ++g) {
     const std::int64_t n = sub_groups_[g];
     std::size_t flat_log = SIZE_MAX, grad_log = SIZE_MAX, entry = SIZE_MAX;
-    Tensor flat = make("flat " + std::string(dtype_name(dtype_)) + " gradient (flatten of the partitions)", n, dtype_, temporaries_context_, flat_log);
+    // One gradient partition flattens to a view of itself, and .float() of an fp32 one is itself.
+    Tensor flat;
+    if (sub_group_params_[g] > 1) {
+      flat = make("flat " + std::string(dtype_name(dtype_)) + " gradient (flatten of the partitions)", n, dtype_,
+                  temporaries_context_, flat_log);
+    }
     Tensor fp32;
     if (dtype_ != DType::F32) {
       fp32 = make("fp32 gradient partition", n, DType::F32, temporaries_context_, grad_log);
-      release(flat, flat_log);
+      if (flat.defined()) release(flat, flat_log);
     } else {
       fp32 = std::move(flat);
       grad_log = flat_log;

@@ -138,6 +138,7 @@ class ZeroStage3 final : public ZeroOptimizer, public ForwardHooks {
   /// before their first child's (outermost first) and after their last child's (innermost first).
   std::unordered_map<const Module*, std::vector<std::size_t>> opens_, closes_;
   std::vector<std::int64_t> sub_groups_;  // Σ partition of each sub group (sub_group_size)
+  std::vector<std::size_t> sub_group_params_;  // the parameters in each
   std::int64_t trainable_partition_ = 0;  // S: Σ partition of the trainable parameters
 
   Tensor overflow_flag_, inf_or_nan_, lp_buffer_, bucket_, grad_partitions_;
