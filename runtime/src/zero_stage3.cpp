@@ -169,23 +169,16 @@ ZeroStage3::ZeroStage3(const ParallelConfig& config, const OptimizerConfig& opti
   // GPU and deepspeed.initialize partitions it there.
   if (!config.zero3_init) fused_adam_flag();
   for (Param& p : params_) {
+    std::size_t whole_log = SIZE_MAX;
     if (config.zero3_init) {
-      std::size_t whole_log = SIZE_MAX;
-      {
-        ModuleScope scope(partitions_context_);
-        p.data->allocate();
-      }
-      whole_log = log_.size();
-      log_.push_back({"whole parameter (zero.Init: made, then partitioned)", p.data->nbytes(), "default", stage(), ""});
-      p.own_partition = make(std::string(dtype_name(dtype_of(p))) + " parameter partition (ds_tensor)", p.partition, dtype_of(p), partitions_context_,
-                             p.partition_log);
-      p.data->free();
-      log_[whole_log].freed = stage();
-    } else {
-      p.own_partition = make(std::string(dtype_name(dtype_of(p))) + " parameter partition (ds_tensor)", p.partition, dtype_of(p), partitions_context_,
-                             p.partition_log);
-      p.data->free();
+      ModuleScope scope(partitions_context_);
+      p.data->allocate();
+      whole_log = note("whole parameter (zero.Init: made, then partitioned)", p.data->nbytes());
     }
+    p.own_partition = make(std::string(dtype_name(dtype_of(p))) + " parameter partition (ds_tensor)", p.partition,
+                           dtype_of(p), partitions_context_, p.partition_log);
+    p.data->free();
+    if (whole_log < log_.size()) log_[whole_log].freed = stage();
   }
   if (config.zero3_init) {
     // The buffers (norms' statistics, rotary tables) are not partitioned: whole on the GPU.
@@ -265,14 +258,18 @@ Tensor ZeroStage3::make(const std::string& what, std::int64_t numel, DType dtype
                         std::size_t& entry) {
   ModuleScope scope(context);
   Tensor t = empty(runtime_, Shape{numel}, dtype);
-  entry = log_.size();
+  entry = note(what, t.nbytes());
+  return t;
+}
+
+std::size_t ZeroStage3::note(const std::string& what, std::size_t bytes) {
   const StreamId s = runtime_.stream();
-  log_.push_back({what, t.nbytes(),
+  log_.push_back({what, bytes,
                   s == 0                 ? "default"
                   : s == allgather_stream_ ? "all-gather"
                                            : "reduce-scatter",
                   stage(), ""});
-  return t;
+  return log_.size() - 1;
 }
 
 void ZeroStage3::release(Tensor& tensor, std::size_t entry) {
@@ -294,8 +291,6 @@ std::int64_t ZeroStage3::parameter_bytes() const {
   }
   return n;
 }
-
-ZeroStage3::Hooked& ZeroStage3::hooked(const Module& module) { return modules_[module_index_.at(&module)]; }
 
 // --- the forward and backward hooks (zero/parameter_offload.py) ----------------------------
 
@@ -400,7 +395,7 @@ void ZeroStage3::clean_inflight() {
   for (std::size_t i = 0; i < params_.size(); ++i) {
     if (!params_[i].handle) continue;
     wait(i);
-    release_param(i, "_clean_inflight_param_registry");
+    release_param(i);
   }
 }
 
@@ -452,12 +447,11 @@ void ZeroStage3::record(const Hooked& m) {
 }
 
 void ZeroStage3::fetch(const Hooked& m, bool forward) {
-  const std::string where = " at module " + m.name + (forward ? " (forward)" : " (backward)");
   std::vector<std::size_t> to_gather;
   for (const std::size_t p : m.params) {
     if (params_[p].status == Status::NotAvailable) to_gather.push_back(p);
   }
-  if (!to_gather.empty()) all_gather(to_gather, "fetch" + where);
+  if (!to_gather.empty()) all_gather(to_gather);
   // A forward inside the backward is a checkpoint's recompute: its frozen parameters stay
   // with the module whose backward is running (update_recompute_parameters, 37-40, 388-394).
   Hooked* owner = forward && phase_ == Phase3::Backward && !active_backward_.empty()
@@ -508,17 +502,16 @@ void ZeroStage3::fetch(const Hooked& m, bool forward) {
           numel += static_cast<double>(params_[use.param].numel);
         }
       }
-      if (!prefetch.empty()) all_gather(prefetch, "prefetch" + where);
+      if (!prefetch.empty()) all_gather(prefetch);
     }
   }
   ++step_id_;
 }
 
-void ZeroStage3::all_gather(const std::vector<std::size_t>& params, const std::string& why) {
+void ZeroStage3::all_gather(const std::vector<std::size_t>& params) {
   // __all_gather_params_ and all_gather_coalesced (partition_parameters.py), on the all-gather
   // stream: one parameter is gathered into an N x partition buffer it then views; several
   // into one flat buffer of N x their partitions, copied out into each at the first wait.
-  (void)why;
   StreamGuard on(runtime_, allgather_stream_);
   const auto world = static_cast<std::int64_t>(config_.world_size);
   auto handle = std::make_shared<Handle>();
@@ -539,8 +532,7 @@ void ZeroStage3::all_gather(const std::vector<std::size_t>& params, const std::s
     Param& p = params_[sorted.front()];
     ModuleScope scope(gather_context_);
     p.data->allocate(static_cast<std::size_t>(world * p.partition) * dtype_size(dtype_of(p)));
-    p.data_log = log_.size();
-    log_.push_back({"gathered parameter (all_gather buffer, N x partition)", p.data->nbytes(), "all-gather", stage(), ""});
+    p.data_log = note("gathered parameter (all_gather buffer, N x partition)", p.data->nbytes());
     handle->copied = true;
   } else {
     handle->flat = make("all-gather flat buffer (N x sum of partitions)", world * partitions,
@@ -562,8 +554,7 @@ void ZeroStage3::wait(std::size_t index) {
     for (const std::size_t i : handle->params) {
       Param& p = params_[i];
       p.data->allocate(static_cast<std::size_t>(p.numel) * dtype_size(dtype_of(p)));
-      p.data_log = log_.size();
-      log_.push_back({"gathered parameter (copy out of the flat buffer)", p.data->nbytes(), "all-gather", stage(), ""});
+      p.data_log = note("gathered parameter (copy out of the flat buffer)", p.data->nbytes());
     }
     handle->copied = true;
   }
@@ -598,27 +589,35 @@ void ZeroStage3::release_module(const Hooked& m, bool forward) {
   const std::size_t i = static_cast<std::size_t>(&m - modules_.data());
   if (!forward) {
     // The recompute's frozen parameters go with the module, persistent ones aside.
-    Hooked& self = modules_[i];
-    for (const std::size_t p : self.recompute_params) {
+    for (const std::size_t p : modules_[i].recompute_params) {
       if (!params_[p].persistent) to_release.push_back(p);
-      if (std::find(module_params.begin(), module_params.end(), p) == module_params.end()) module_params.push_back(p);
     }
-    self.recompute_params.clear();
+    module_params = take_backward_params(modules_[i]);
     active_backward_.erase(std::remove(active_backward_.begin(), active_backward_.end(), i), active_backward_.end());
   }
   for (const std::size_t p : module_params) {
-    std::vector<const Module*>& active = params_[p].active;
-    const auto it = std::find(active.begin(), active.end(), m.module);
-    if (it != active.end()) active.erase(it);
-    if (std::find(to_release.begin(), to_release.end(), p) != to_release.end()) {
-      release_param(p, "release of module");
-    }
+    leave_active(p, m.module);
+    if (std::find(to_release.begin(), to_release.end(), p) != to_release.end()) release_param(p);
   }
 }
 
-void ZeroStage3::release_param(std::size_t index, const std::string& why) {
+std::vector<std::size_t> ZeroStage3::take_backward_params(Hooked& m) {
+  std::vector<std::size_t> out = m.params;
+  for (const std::size_t p : m.recompute_params) {
+    if (std::find(out.begin(), out.end(), p) == out.end()) out.push_back(p);
+  }
+  m.recompute_params.clear();
+  return out;
+}
+
+void ZeroStage3::leave_active(std::size_t param, const Module* module) {
+  std::vector<const Module*>& active = params_[param].active;
+  const auto it = std::find(active.begin(), active.end(), module);
+  if (it != active.end()) active.erase(it);
+}
+
+void ZeroStage3::release_param(std::size_t index) {
   // __release_param (624-632): only a gathered parameter no active module holds.
-  (void)why;
   Param& p = params_[index];
   if (p.status != Status::Available || !p.active.empty()) return;
   p.data->free();
@@ -634,16 +633,9 @@ void ZeroStage3::release_backward_leftovers() {
   while (!active_backward_.empty()) {
     Hooked& m = modules_[active_backward_.back()];
     active_backward_.pop_back();
-    std::vector<std::size_t> module_params = m.params;
-    for (const std::size_t p : m.recompute_params) {
-      if (std::find(module_params.begin(), module_params.end(), p) == module_params.end()) module_params.push_back(p);
-    }
-    m.recompute_params.clear();
-    for (const std::size_t p : module_params) {
-      std::vector<const Module*>& active = params_[p].active;
-      const auto it = std::find(active.begin(), active.end(), m.module);
-      if (it != active.end()) active.erase(it);
-      if (!params_[p].persistent) release_param(p, "release_backward_leftovers");
+    for (const std::size_t p : take_backward_params(m)) {
+      leave_active(p, m.module);
+      if (!params_[p].persistent) release_param(p);
     }
   }
 }
@@ -653,7 +645,7 @@ void ZeroStage3::release_and_reset_all() {
   for (std::size_t i = 0; i < params_.size(); ++i) {
     if (params_[i].handle) wait(i);
     params_[i].active.clear();
-    release_param(i, "release_and_reset_all");
+    release_param(i);
   }
 }
 
@@ -669,9 +661,7 @@ void ZeroStage3::gather_persistent() {
       continue;
     }
     p.data->allocate(static_cast<std::size_t>(world * p.partition) * dtype_size(dtype_of(p)));
-    p.data_log = log_.size();
-    log_.push_back({"gathered parameter (blocking coalesced all_gather, N x partition)", p.data->nbytes(), "default",
-                    stage(), ""});
+    p.data_log = note("gathered parameter (blocking coalesced all_gather, N x partition)", p.data->nbytes());
     p.status = Status::Available;
   }
 }

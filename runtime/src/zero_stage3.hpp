@@ -90,7 +90,6 @@ class ZeroStage3 final : public ZeroOptimizer, public ForwardHooks {
     std::int64_t step = 0;  // step_id_last_used_at
   };
 
-  Hooked& hooked(const Module& module);
   /// A parameter's dtype under DeepSpeed: the model's for those it trains (its bf16 or fp16
   /// config casts them), their own for frozen ones (a quantized base weight keeps its bytes).
   DType dtype_of(const Param& p) const noexcept { return p.trainable ? dtype_ : p.tensor.dtype(); }
@@ -104,10 +103,15 @@ class ZeroStage3 final : public ZeroOptimizer, public ForwardHooks {
   void add_containers(Sequential& seq);
   void record(const Hooked& m);
   void fetch(const Hooked& m, bool forward);
-  void all_gather(const std::vector<std::size_t>& params, const std::string& why);
+  void all_gather(const std::vector<std::size_t>& params);
   void wait(std::size_t param);
   void release_module(const Hooked& m, bool forward);
-  void release_param(std::size_t param, const std::string& why);
+  void release_param(std::size_t param);
+  /// The module's parameters and its recompute's frozen ones (the latter cleared): what its
+  /// backward's release looks at.
+  std::vector<std::size_t> take_backward_params(Hooked& m);
+  /// `module` no longer holds `param` (ds_active_sub_modules.discard).
+  void leave_active(std::size_t param, const Module* module);
   std::vector<std::size_t> params_to_release(const Hooked& m);
   void release_backward_leftovers();
   void release_and_reset_all();
@@ -119,6 +123,8 @@ class ZeroStage3 final : public ZeroOptimizer, public ForwardHooks {
   void reduce_bucket();
   Tensor make(const std::string& what, std::int64_t numel, DType dtype, ContextId context, std::size_t& entry);
   void release(Tensor& tensor, std::size_t entry);
+  /// Logs a buffer of `bytes` made now on the current stream; returns its entry.
+  std::size_t note(const std::string& what, std::size_t bytes);
   std::string stage() const;
 
   ParallelConfig config_;
