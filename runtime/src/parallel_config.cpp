@@ -33,6 +33,28 @@ constexpr std::string_view kZero3Options =
     "stage3_model_persistence_threshold, stage3_max_live_parameters, stage3_max_reuse_distance, sub_group_size, "
     "zero3_init_flag, rank";
 
+/// Stage 3's counts of elements, by DeepSpeed's config keys: where each goes and its least value.
+struct Stage3Count {
+  std::string_view key;
+  double ParallelConfig::*field;
+  double lowest;
+};
+constexpr Stage3Count kStage3Counts[] = {
+    {"stage3_prefetch_bucket_size", &ParallelConfig::prefetch_bucket_size, 0},
+    {"stage3_param_persistence_threshold", &ParallelConfig::param_persistence_threshold, 0},
+    {"stage3_model_persistence_threshold", &ParallelConfig::model_persistence_threshold, 0},
+    {"stage3_max_live_parameters", &ParallelConfig::max_live_parameters, 0},
+    {"stage3_max_reuse_distance", &ParallelConfig::max_reuse_distance, 0},
+    {"sub_group_size", &ParallelConfig::sub_group_size, 1},
+};
+
+const Stage3Count* stage3_count(std::string_view key) {
+  for (const Stage3Count& count : kStage3Counts) {
+    if (count.key == key) return &count;
+  }
+  return nullptr;
+}
+
 /// A count of elements as DeepSpeed's config takes it (5e8, 500000000): at least `lowest`,
 /// at most `highest`, a power of ten (1e19 holds its sys.maxsize defaults), whole.
 double parse_elements(std::string_view key, std::string_view value, double lowest, double highest = 1e19) {
@@ -136,18 +158,8 @@ ParallelConfig parse_parallel(std::string_view spec, std::string_view options) {
         config.reduce_bucket_size = parse_elements(key, value, 1, 1e12);
       } else if (key == "overlap_comm") {
         config.overlap_comm = parse_bool(key, value);
-      } else if (stage3 && key == "stage3_prefetch_bucket_size") {
-        config.prefetch_bucket_size = parse_elements(key, value, 0);
-      } else if (stage3 && key == "stage3_param_persistence_threshold") {
-        config.param_persistence_threshold = parse_elements(key, value, 0);
-      } else if (stage3 && key == "stage3_model_persistence_threshold") {
-        config.model_persistence_threshold = parse_elements(key, value, 0);
-      } else if (stage3 && key == "stage3_max_live_parameters") {
-        config.max_live_parameters = parse_elements(key, value, 0);
-      } else if (stage3 && key == "stage3_max_reuse_distance") {
-        config.max_reuse_distance = parse_elements(key, value, 0);
-      } else if (stage3 && key == "sub_group_size") {
-        config.sub_group_size = parse_elements(key, value, 1);
+      } else if (const Stage3Count* count = stage3 ? stage3_count(key) : nullptr) {
+        config.*count->field = parse_elements(key, value, count->lowest);
       } else if (stage3 && key == "zero3_init_flag") {
         config.zero3_init = parse_bool(key, value);
       } else {
@@ -226,14 +238,9 @@ std::string parallel_label(const ParallelConfig& config) {
     };
     elements("reduce_bucket_size", config.reduce_bucket_size, defaults.reduce_bucket_size);
     if (config.overlap_comm) add(std::string("overlap_comm=") + (*config.overlap_comm ? "true" : "false"));
-    elements("stage3_prefetch_bucket_size", config.prefetch_bucket_size, defaults.prefetch_bucket_size);
-    elements("stage3_param_persistence_threshold", config.param_persistence_threshold,
-             defaults.param_persistence_threshold);
-    elements("stage3_model_persistence_threshold", config.model_persistence_threshold,
-             defaults.model_persistence_threshold);
-    elements("stage3_max_live_parameters", config.max_live_parameters, defaults.max_live_parameters);
-    elements("stage3_max_reuse_distance", config.max_reuse_distance, defaults.max_reuse_distance);
-    elements("sub_group_size", config.sub_group_size, defaults.sub_group_size);
+    for (const Stage3Count& count : kStage3Counts) {
+      elements(count.key.data(), config.*count.field, defaults.*count.field);
+    }
     if (!config.zero3_init) add("zero3_init_flag=false");
     if (config.rank != 0) add("rank=" + std::to_string(config.rank));
     return out + options;
