@@ -392,10 +392,6 @@ void FullyShard::reshard(Group& g) {
 
 // --- forward ------------------------------------------------------------------------------
 
-Tensor FullyShard::hook_node(const Tensor& t, std::function<void()> fn, const char* name) {
-  return with_backward_hook(t, std::move(fn), name);
-}
-
 Tensor FullyShard::group_pre_forward(Group& g, const Tensor& input) {
   Tensor in = input;
   // _cast_forward_inputs: MixedPrecisionPolicy(cast_forward_inputs=True) casts floating inputs.
@@ -407,7 +403,7 @@ Tensor FullyShard::group_pre_forward(Group& g, const Tensor& input) {
   wait_for_unshard(g);
   // _register_post_backward_hook: on the inputs that require grad.
   if (grad_enabled() && in.requires_grad()) {
-    in = hook_node(in, [this, &g] { post_backward(g); }, "RegisterPostBackwardFunctionBackward");
+    in = with_backward_hook(in, [this, &g] { post_backward(g); }, "RegisterPostBackwardFunctionBackward");
   }
   return in;
 }
@@ -426,7 +422,7 @@ std::vector<Tensor> FullyShard::group_post_forward(Group& g, std::vector<Tensor>
   // _register_pre_backward_hook: a hook on each output that requires grad.
   for (Tensor& out : outputs) {
     if (grad_enabled() && out.defined() && out.requires_grad()) {
-      out = hook_node(out, [this, &g] { pre_backward(g); }, "RegisterPreBackwardFunctionBackward");
+      out = with_backward_hook(out, [this, &g] { pre_backward(g); }, "RegisterPreBackwardFunctionBackward");
     }
   }
   return outputs;

@@ -89,8 +89,6 @@ class FullyShard final : public ForwardHooks {
   /// what it returned.
   std::vector<Tensor> group_post_forward(Group& group, std::vector<Tensor> outputs);
   void order_parameters(Module& root);
-  /// RegisterPreBackwardFunction / RegisterPostBackwardFunction: an identity node on `t`.
-  Tensor hook_node(const Tensor& t, std::function<void()> fn, const char* name);
   /// The copy kernels' device metadata (split_with_sizes_copy, chunk_cat): a short-lived
   /// int64 tensor, allocated and freed on the current stream.
   void kernel_metadata(std::int64_t int64s);
