@@ -364,6 +364,7 @@ void Planner::search() {
     }
   }
   if (spec_.search.accumulation && info.batch > 1 && !spec_.base.parallels.front().enabled()) {
+    constexpr std::int64_t kMaxMicroBatches = 256;
     std::vector<std::int64_t> steps;  // k: the batch splits into k micro-batches
     std::vector<std::int64_t> large;
     for (std::int64_t k = 2; k * k <= info.batch; ++k) {
@@ -373,7 +374,10 @@ void Planner::search() {
     }
     steps.insert(steps.end(), large.rbegin(), large.rend());
     steps.push_back(info.batch);
-    auto found = smallest_fitting(steps.size(), 1, [&](std::size_t i) {
+    // A dry run of k micro-batches runs k + 2 steps: beyond kMaxMicroBatches the search would
+    // cost minutes (the largest batch of resnet50 at 32 px on 80 GB, 118,688, tried k up to it).
+    std::erase_if(steps, [](std::int64_t k) { return k > kMaxMicroBatches; });
+    auto found = steps.empty() ? std::nullopt : smallest_fitting(steps.size(), 1, [&](std::size_t i) {
       Plan p = base;
       p.change = PlanChange::Accumulation;
       p.accumulation = steps[i - 1];
