@@ -71,16 +71,16 @@ std::size_t BlockPool::largest_size() const noexcept {
 }
 
 Block* BlockPool::before(const Block* b) const noexcept {
-  if (Block* p = BlockTree::prev(b)) return p;
   const StreamClasses* sc = find(b->stream);
+  if (Block* p = sc->tree(b->pool_class).prev(b)) return p;
   const std::size_t c =
       b->pool_class == 0 ? StreamClasses::kNone : sc->prev_nonempty(b->pool_class - 1u);
   return c == StreamClasses::kNone ? nullptr : sc->tree(c).last();
 }
 
 Block* BlockPool::after(const Block* b) const noexcept {
-  if (Block* n = BlockTree::next(b)) return n;
   const StreamClasses* sc = find(b->stream);
+  if (Block* n = sc->tree(b->pool_class).next(b)) return n;
   const std::size_t c = sc->next_nonempty(b->pool_class + 1u);
   return c == StreamClasses::kNone ? nullptr : sc->tree(c).first();
 }
@@ -111,7 +111,7 @@ std::string BlockPool::check() const {
       std::size_t in_tree = 0;
       if (const char* error = tree.check(in_tree)) return error;
       std::size_t walked = 0;
-      for (const Block* b = tree.first(); b != nullptr; b = BlockTree::next(b)) {
+      for (const Block* b = tree.first(); b != nullptr; b = tree.next(b)) {
         if (class_of(b->size) != c || b->pool_class != c) {
           return "a block sits in the wrong size class";
         }

@@ -219,8 +219,9 @@ class BlockPool {
     for (const auto& sc : streams_) {
       for (std::size_t c = sc->next_nonempty(0); c != StreamClasses::kNone;
            c = sc->next_nonempty(c + 1)) {
-        for (Block* b = sc->tree(c).first(); b != nullptr;) {
-          Block* following = BlockTree::next(b);  // erasing b leaves it in place
+        const BlockTree& tree = sc->tree(c);
+        for (Block* b = tree.first(); b != nullptr;) {
+          Block* following = tree.next(b);  // erasing b leaves it in place
           f(b);
           b = following;
         }
@@ -250,11 +251,11 @@ class BlockPool {
                           std::size_t size) noexcept {
     if (tree.alone(b)) return true;
     if (size <= b->size) {
-      const Block* before = BlockTree::prev(b);
+      const Block* before = tree.prev(b);
       if (before != nullptr && !block_less(before->size, before->ptr, size, ptr)) return false;
     }
     if (size >= b->size) {
-      const Block* after = BlockTree::next(b);
+      const Block* after = tree.next(b);
       return after == nullptr || block_less(size, ptr, after->size, after->ptr);
     }
     return true;

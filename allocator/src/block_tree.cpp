@@ -1,8 +1,11 @@
-// block_tree.cpp — the red-black tree's rebalancing and its self-check.
+// block_tree.cpp — the ring's insert, the red-black tree's rebalancing, the
+// changes of shape between them, and the self-check.
 //
-// The textbook algorithms (CLRS), each case written once: `side` names where
-// the case happens, 1 - side its mirror image.
+// The tree's are the textbook algorithms (CLRS), each case written once: `side`
+// names where the case happens, 1 - side its mirror image.
 #include "block_tree.hpp"
+
+#include <bit>
 
 namespace mem::detail {
 namespace {
@@ -48,7 +51,64 @@ void BlockTree::rotate(Block* x, int side) noexcept {
   x->tree_parent = y;
 }
 
-void BlockTree::insert(Block* b) noexcept {
+void BlockTree::ring_insert(Block* b) noexcept {
+  Block* at = first_;  // the first larger block; first_ again when b is the largest
+  do {
+    if (block_less(b, at)) break;
+    at = at->tree_child[kRight];
+  } while (at != first_);
+  Block* before = at->tree_child[kLeft];
+  b->tree_child[kLeft] = before;
+  b->tree_child[kRight] = at;
+  before->tree_child[kRight] = b;
+  at->tree_child[kLeft] = b;
+  if (block_less(b, first_)) first_ = b;
+}
+
+namespace {
+
+/// A balanced tree of sorted[lo, hi) under `parent`: the middle block at the top, so
+/// subtrees differ by one block at most and every path ends at the deepest level or the
+/// one above. Blocks on the deepest level are red, the others black: equal black heights.
+Block* build_balanced(Block* const* sorted, std::uint32_t lo, std::uint32_t hi, Block* parent,
+                      int depth, int red_depth) noexcept {
+  if (lo == hi) return nullptr;
+  const std::uint32_t mid = lo + (hi - lo) / 2;
+  Block* b = sorted[mid];
+  b->tree_parent = parent;
+  b->tree_red = depth == red_depth && depth > 0;
+  b->tree_child[kLeft] = build_balanced(sorted, lo, mid, b, depth + 1, red_depth);
+  b->tree_child[kRight] = build_balanced(sorted, mid + 1, hi, b, depth + 1, red_depth);
+  return b;
+}
+
+}  // namespace
+
+void BlockTree::ring_to_tree() noexcept {
+  Block* sorted[kMaxRing];
+  std::uint32_t n = 0;
+  Block* b = first_;
+  do {
+    sorted[n++] = b;
+    b = b->tree_child[kRight];
+  } while (b != first_);
+  root_ = build_balanced(sorted, 0, n, nullptr, 0, static_cast<int>(std::bit_width(n)) - 1);
+}
+
+void BlockTree::tree_to_ring() noexcept {
+  Block* sorted[kRingAgain];
+  std::uint32_t n = 0;
+  for (Block* b = first_; b != nullptr; b = neighbour(b, kRight)) sorted[n++] = b;
+  for (std::uint32_t i = 0; i < n; ++i) {
+    sorted[i]->tree_child[kRight] = sorted[i + 1 == n ? 0 : i + 1];
+    sorted[i]->tree_child[kLeft] = sorted[i == 0 ? n - 1 : i - 1];
+  }
+  root_ = nullptr;
+}
+
+void BlockTree::tree_insert(Block* b) noexcept {
+  if (root_ == nullptr) ring_to_tree();  // the ring is full
+  ++count_;
   Block* parent = nullptr;
   Block** link = &root_;
   while (*link != nullptr) {
@@ -97,8 +157,8 @@ void BlockTree::insert_fixup(Block* b) noexcept {
   root_->tree_red = false;
 }
 
-void BlockTree::erase(Block* b) noexcept {
-  if (b == first_) first_ = next(b);
+void BlockTree::tree_erase(Block* b) noexcept {
+  if (b == first_) first_ = neighbour(b, kRight);
   Block* x;         // what takes the removed black's place (may be null)
   Block* x_parent;  // its parent
   bool removed_black;
@@ -133,6 +193,7 @@ void BlockTree::erase(Block* b) noexcept {
     s->tree_red = b->tree_red;
   }
   if (removed_black) erase_fixup(x, x_parent);
+  if (--count_ == kRingAgain) tree_to_ring();
 }
 
 void BlockTree::erase_fixup(Block* x, Block* parent) noexcept {
@@ -205,14 +266,31 @@ int check_subtree(const Block* b, const Block* parent, const Block* lo, const Bl
 
 }  // namespace
 
+const char* BlockTree::check_ring(std::size_t& count) const {
+  if (first_ == nullptr) return count_ == 0 ? nullptr : "an empty size class counts blocks";
+  std::size_t walked = 0;
+  const Block* b = first_;
+  do {
+    const Block* after = b->tree_child[kRight];
+    if (after == nullptr || after->tree_child[kLeft] != b) return "a size class's ring links are broken";
+    if (after != first_ && !block_less(b, after)) return "free blocks are out of (size, address) order";
+    if (++walked > kMaxRing) return "a size class's ring is longer than a ring may be";
+    b = after;
+  } while (b != first_);
+  count += walked;
+  return walked == count_ ? nullptr : "a size class's count disagrees with its ring";
+}
+
 const char* BlockTree::check(std::size_t& count) const {
-  if (root_ == nullptr) {
-    return first_ == nullptr ? nullptr : "an empty size class has a first block";
-  }
+  if (root_ == nullptr) return check_ring(count);
   if (root_->tree_red) return "a size class's tree has a red root";
   const char* error = nullptr;
-  if (check_subtree(root_, nullptr, nullptr, nullptr, count, error) < 0) return error;
+  std::size_t in_tree = 0;
+  if (check_subtree(root_, nullptr, nullptr, nullptr, in_tree, error) < 0) return error;
   if (first_ != outermost(root_, kLeft)) return "a size class's first block is stale";
+  if (in_tree != count_) return "a size class's count disagrees with its tree";
+  if (in_tree <= kRingAgain) return "a size class is a tree with blocks few enough for a ring";
+  count += in_tree;
   return nullptr;
 }
 

@@ -1,8 +1,9 @@
-// block_tree_test.cpp — one size class's intrusive red-black tree, white-box:
-// thousands of blocks in one tree (deeper than the pool's classes usually
-// grow), random inserts and erases against a std::set in (size, address)
-// order, with the tree's own check() (order, links, colours, black heights)
-// and every query compared along the way.
+// block_tree_test.cpp — one size class's blocks, white-box: thousands of blocks
+// in one tree (deeper than the pool's classes usually grow), then sets that
+// grow and shrink across the ring/tree line, random inserts and erases against
+// a std::set in (size, address) order, with the set's own check() (order,
+// links, colours, black heights, count, shape) and every query compared along
+// the way.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -36,13 +37,13 @@ class BlockTreeTest : public ::testing::Test {
     ASSERT_EQ(count, ref_.size());
     // Forwards and backwards, the walk is the reference's order.
     auto it = ref_.begin();
-    for (const Block* b = tree_.first(); b != nullptr; b = BlockTree::next(b), ++it) {
+    for (const Block* b = tree_.first(); b != nullptr; b = tree_.next(b), ++it) {
       ASSERT_NE(it, ref_.end());
       ASSERT_EQ(Key(b->size, b->ptr), *it);
     }
     ASSERT_EQ(it, ref_.end());
     auto rit = ref_.rbegin();
-    for (const Block* b = tree_.last(); b != nullptr; b = BlockTree::prev(b), ++rit) {
+    for (const Block* b = tree_.last(); b != nullptr; b = tree_.prev(b), ++rit) {
       ASSERT_NE(rit, ref_.rend());
       ASSERT_EQ(Key(b->size, b->ptr), *rit);
     }
@@ -130,9 +131,79 @@ TEST_F(BlockTreeTest, AloneMeansTheOnlyBlock) {
   EXPECT_EQ(tree_.last(), b);
 }
 
+TEST_F(BlockTreeTest, SmallSetsChangeShapeAcrossTheLine) {
+  // Sizes drift between empty and three times a full ring, so the set turns from a ring
+  // into a tree and back hundreds of times; every step is checked.
+  std::mt19937_64 rng(35);
+  std::vector<Block*> in_set;
+  std::size_t target = 0, shape_changes = 0;
+  bool was_tree = false;
+  for (int step = 0; step < 60000; ++step) {
+    if (step % 100 == 0) target = rng() % (3 * BlockTree::kMaxRing + 1);
+    if (in_set.size() < target || (in_set.size() == target && rng() % 2 == 0)) {
+      Block* b = make(512 * (1 + rng() % 4), 512 * (1 + rng() % (1u << 20)));
+      if (!ref_.emplace(b->size, b->ptr).second) continue;
+      tree_.insert(b);
+      in_set.push_back(b);
+    } else if (!in_set.empty()) {
+      const std::size_t k = rng() % in_set.size();
+      tree_.erase(in_set[k]);
+      ref_.erase(Key(in_set[k]->size, in_set[k]->ptr));
+      in_set[k] = in_set.back();
+      in_set.pop_back();
+    }
+    ASSERT_NO_FATAL_FAILURE(expect_matches_reference());
+    ASSERT_EQ(tree_.size(), ref_.size());
+    // A ring up to kMaxRing blocks, a tree above it; between kRingAgain and kMaxRing either.
+    if (ref_.size() > BlockTree::kMaxRing) {
+      ASSERT_TRUE(tree_.is_tree());
+    }
+    if (ref_.size() <= BlockTree::kRingAgain) {
+      ASSERT_FALSE(tree_.is_tree());
+    }
+    shape_changes += tree_.is_tree() != was_tree;
+    was_tree = tree_.is_tree();
+    const std::size_t want = 512 * (rng() % 6);
+    const auto lb = ref_.lower_bound(Key(want, 0));
+    const Block* found = tree_.lower_bound(want);
+    ASSERT_EQ(found == nullptr, lb == ref_.end());
+    if (found != nullptr) {
+      ASSERT_EQ(Key(found->size, found->ptr), *lb);
+    }
+    if (!in_set.empty()) {
+      const Block* b = in_set[rng() % in_set.size()];
+      ASSERT_EQ(tree_.find(b->size, b->ptr), b);
+      ASSERT_TRUE(tree_.alone(b) == (ref_.size() == 1));
+    }
+  }
+  EXPECT_GT(shape_changes, 100u);  // 60,000 steps in 600 targets
+}
+
+TEST_F(BlockTreeTest, CheckFindsABrokenRing) {
+  std::vector<Block*> blocks;
+  for (std::uintptr_t i = 1; i <= 5; ++i) {
+    blocks.push_back(make(4096, i << 20));
+    tree_.insert(blocks.back());
+  }
+  std::size_t count = 0;
+  ASSERT_EQ(tree_.check(count), nullptr);
+  EXPECT_FALSE(tree_.is_tree());
+  EXPECT_EQ(count, 5u);
+  std::swap(blocks[1]->ptr, blocks[2]->ptr);
+  count = 0;
+  EXPECT_STREQ(tree_.check(count), "free blocks are out of (size, address) order");
+  std::swap(blocks[1]->ptr, blocks[2]->ptr);
+  blocks[3]->tree_child[kLeft] = blocks[1];
+  count = 0;
+  EXPECT_STREQ(tree_.check(count), "a size class's ring links are broken");
+  blocks[3]->tree_child[kLeft] = blocks[2];
+  count = 0;
+  EXPECT_EQ(tree_.check(count), nullptr);
+}
+
 TEST_F(BlockTreeTest, CheckFindsABrokenColourAndLink) {
   std::vector<Block*> blocks;
-  for (std::uintptr_t i = 1; i <= 7; ++i) {
+  for (std::uintptr_t i = 1; i <= 2 * BlockTree::kMaxRing; ++i) {
     blocks.push_back(make(4096, i << 20));
     tree_.insert(blocks.back());
   }
