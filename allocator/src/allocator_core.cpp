@@ -308,8 +308,10 @@ inline void AllocatorCore::hand_out(Block* block, std::size_t requested, std::si
   const auto bytes = static_cast<std::int64_t>(block->size);
   pool_stats_.allocation.increase(pi, 1);
   pool_stats_.allocated_bytes.increase(pi, bytes);
-  pool_stats_.active.increase(pi, 1);
-  pool_stats_.active_bytes.increase(pi, bytes);
+  if (pool_stats_.active_tracked) [[unlikely]] {
+    pool_stats_.active.increase(pi, 1);
+    pool_stats_.active_bytes.increase(pi, bytes);
+  }
   pool_stats_.requested_bytes.increase(pi, static_cast<std::int64_t>(requested));
   if (block->size >= config_.max_split_size) stats_.oversize_allocations.increase(1);
   if (instrumented_) [[unlikely]] {
@@ -667,6 +669,8 @@ void AllocatorCore::free_used_on_streams(Block** found) {
   // nothing else changed.
   const std::vector<std::pair<StreamId, EventId>> events = record_use_events(*block);
   block->stream_uses.clear();
+  // The block stays active while its events are pending: from now on active differs from allocation.
+  if (!events.empty() && !pool_stats_.active_tracked) pool_stats_.track_active();
   release_allocation(block, /*completed=*/events.empty());
   if (events.empty()) {  // every use-stream was destroyed and waited for
     active_.erase_found(found);
@@ -750,8 +754,10 @@ void AllocatorCore::free_block(Block* block, bool report, bool in_map) {
     if (net_bytes > 0) pool_stats_.inactive_split_bytes.increase(pi, net_bytes);
     if (net_bytes < 0) pool_stats_.inactive_split_bytes.decrease(pi, -net_bytes);
   }
-  pool_stats_.active.decrease(pi, 1);
-  pool_stats_.active_bytes.decrease(pi, static_cast<std::int64_t>(original_size));
+  if (pool_stats_.active_tracked) [[unlikely]] {
+    pool_stats_.active.decrease(pi, 1);
+    pool_stats_.active_bytes.decrease(pi, static_cast<std::int64_t>(original_size));
+  }
   pool_stats_.requested_bytes.decrease(pi, static_cast<std::int64_t>(requested));
 }
 

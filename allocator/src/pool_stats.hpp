@@ -87,11 +87,30 @@ struct PoolStats {
   VRAMSCOPE_STAT_ARRAYS(VRAMSCOPE_DECLARE_POOL_STAT)
 #undef VRAMSCOPE_DECLARE_POOL_STAT
 
+  /// Whether `active` and `active_bytes` are kept apart. A block is active from its
+  /// allocation until its free completes, which is the moment of its free() unless it
+  /// waits for stream events (record_stream). Until a block first waits, active equals
+  /// allocation in every figure (current, peaks, counters), and active_bytes equals
+  /// allocated_bytes: only those are updated, two statistics fewer on every allocation
+  /// and free. From then on all four are (track_active).
+  bool active_tracked = false;
+  /// Called before the first block waits: active takes allocation's figures, which it
+  /// has equalled so far.
+  void track_active() noexcept {
+    active = allocation;
+    active_bytes = allocated_bytes;
+    active_tracked = true;
+  }
+
   /// Fills the arrays of `out` (its other fields are left as they are).
   void read_into(DeviceStats& out) const noexcept {
 #define VRAMSCOPE_READ_POOL_STAT(name) out.name = name.read();
     VRAMSCOPE_STAT_ARRAYS(VRAMSCOPE_READ_POOL_STAT)
 #undef VRAMSCOPE_READ_POOL_STAT
+    if (!active_tracked) {
+      out.active = out.allocation;
+      out.active_bytes = out.allocated_bytes;
+    }
   }
   void reset_peaks() noexcept {
 #define VRAMSCOPE_RESET_POOL_STAT(name) name.reset_peak();

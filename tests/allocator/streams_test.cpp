@@ -53,6 +53,60 @@ TEST(Streams, RecordStreamDefersReuseUntilTheEventCompletes) {
   a.validate();
 }
 
+// Until a block waits for events, active is allocation in every figure (the allocator
+// updates only allocation then); from the first wait on, active is kept apart.
+TEST(Streams, ActiveFollowsAllocationUntilABlockWaitsThenHasItsOwnPeaks) {
+  auto dev = small_device();
+  CachingAllocator a{dev};
+  const StreamId side = dev->create_stream();
+  const auto same = [](const StatArray& x, const StatArray& y) {
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      if (x[i].current != y[i].current || x[i].peak != y[i].peak || x[i].allocated != y[i].allocated ||
+          x[i].freed != y[i].freed) {
+        return false;
+      }
+    }
+    return true;
+  };
+  void* big = a.allocate(3 * MiB);  // large pool
+  void* p = a.allocate(64 * KiB);
+  a.deallocate(big);
+  a.reset_peak_stats();
+  void* q = a.allocate(32 * KiB);
+  DeviceStats s = a.stats();
+  EXPECT_TRUE(same(s.active, s.allocation));
+  EXPECT_TRUE(same(s.active_bytes, s.allocated_bytes));
+  EXPECT_EQ(s.active_bytes[0].peak, static_cast<std::int64_t>(96 * KiB));
+
+  dev->hold_events(true);
+  a.record_stream(p, side);
+  a.deallocate(p);  // waits: allocated 32 KiB, active 96 KiB
+  void* r = a.allocate(64 * KiB);
+  s = a.stats();
+  EXPECT_EQ(s.allocated_bytes[0].current, static_cast<std::int64_t>(96 * KiB));
+  EXPECT_EQ(s.allocated_bytes[0].peak, static_cast<std::int64_t>(96 * KiB));
+  EXPECT_EQ(s.active_bytes[0].current, static_cast<std::int64_t>(160 * KiB));
+  EXPECT_EQ(s.active_bytes[0].peak, static_cast<std::int64_t>(160 * KiB));
+  EXPECT_EQ(s.active[0].current, 3);
+  EXPECT_EQ(s.allocation[0].current, 2);
+  EXPECT_EQ(s.active[0].allocated, s.allocation[0].allocated);  // both count every allocation: 4
+  EXPECT_EQ(s.active[0].allocated, 4);
+  EXPECT_EQ(s.active[0].freed, 1);      // big's free; p's has not completed
+  EXPECT_EQ(s.allocation[0].freed, 2);  // big and p
+  a.validate();
+  dev->release_events();
+  a.deallocate(q);
+  a.deallocate(r);
+  void* t = a.allocate(KiB);  // processes p's event: its free completes
+  a.deallocate(t);
+  s = a.stats();
+  EXPECT_EQ(s.active_bytes[0].current, 0);
+  EXPECT_EQ(s.active[0].freed, s.allocation[0].freed);
+  EXPECT_EQ(s.active_bytes[0].peak, static_cast<std::int64_t>(160 * KiB));
+  EXPECT_EQ(s.allocated_bytes[0].peak, static_cast<std::int64_t>(96 * KiB));
+  a.validate();
+}
+
 TEST(Streams, RecordingTheOwnStreamIsANoOp) {
   auto dev = small_device();
   CachingAllocator a{dev};
