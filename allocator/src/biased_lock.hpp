@@ -32,30 +32,15 @@ class BiasedLock {
  public:
   BiasedLock() noexcept : bias_enabled_(membarrier_available()) {}
 
-  void lock() noexcept {
-    if (bias_enabled_ && !revoked_.load(std::memory_order_relaxed)) [[likely]] {
-      const std::uintptr_t me = this_thread_tag();
-      std::uintptr_t owner = owner_.load(std::memory_order_relaxed);
-      if (owner == 0 && owner_.compare_exchange_strong(owner, me, std::memory_order_relaxed)) {
-        owner = me;  // the first thread to lock owns the bias
-      }
-      if (owner == me) {
-        owner_active_.store(true, std::memory_order_relaxed);
-        std::atomic_signal_fence(std::memory_order_seq_cst);  // compiler barrier only
-        if (!revoked_.load(std::memory_order_relaxed)) [[likely]] {
-          std::atomic_thread_fence(std::memory_order_acquire);  // free on x86
-          biased_ = true;
-          return;
-        }
-        owner_active_.store(false, std::memory_order_release);
-      }
+  // The owner's entry inline, everything else (the first lock, other threads,
+  // the spin lock) out of line: inlined whole, the entry cost the allocation's
+  // and the free's callers a call with six register saves each (issue 35).
+  [[gnu::always_inline]] void lock() noexcept {
+    if (bias_enabled_ && !revoked_.load(std::memory_order_relaxed) &&
+        owner_.load(std::memory_order_relaxed) == this_thread_tag()) [[likely]] {
+      if (enter_biased()) [[likely]] return;
     }
-    spin_.lock();
-    // The first spin-lock holder revokes the bias before touching anything, and
-    // finishes the handshake while later holders wait on spin_: a thread that
-    // merely saw revoked_ set must not enter while the owner may still be inside.
-    if (bias_enabled_ && !revocation_done_) [[unlikely]] revoke();
-    biased_ = false;
+    lock_slow();
   }
 
   void unlock() noexcept {
@@ -77,6 +62,38 @@ class BiasedLock {
     static thread_local char tag;
     return reinterpret_cast<std::uintptr_t>(&tag);
 #endif
+  }
+
+  /// The owner announces itself and enters unless the bias was revoked meanwhile.
+  [[gnu::always_inline]] bool enter_biased() noexcept {
+    owner_active_.store(true, std::memory_order_relaxed);
+    std::atomic_signal_fence(std::memory_order_seq_cst);  // compiler barrier only
+    if (!revoked_.load(std::memory_order_relaxed)) [[likely]] {
+      std::atomic_thread_fence(std::memory_order_acquire);  // free on x86
+      biased_ = true;
+      return true;
+    }
+    owner_active_.store(false, std::memory_order_release);
+    return false;
+  }
+
+  /// The first lock (which takes the bias), any other thread's, and every lock after
+  /// the revocation.
+  [[gnu::noinline]] void lock_slow() noexcept {
+    if (bias_enabled_ && !revoked_.load(std::memory_order_relaxed)) {
+      const std::uintptr_t me = this_thread_tag();
+      std::uintptr_t owner = owner_.load(std::memory_order_relaxed);
+      if (owner == 0 && owner_.compare_exchange_strong(owner, me, std::memory_order_relaxed)) {
+        owner = me;  // the first thread to lock owns the bias
+      }
+      if (owner == me && enter_biased()) return;
+    }
+    spin_.lock();
+    // The first spin-lock holder revokes the bias before touching anything, and
+    // finishes the handshake while later holders wait on spin_: a thread that
+    // merely saw revoked_ set must not enter while the owner may still be inside.
+    if (bias_enabled_ && !revocation_done_) [[unlikely]] revoke();
+    biased_ = false;
   }
 
   // Called with spin_ held, once.
