@@ -319,7 +319,8 @@ inline void AllocatorCore::hand_out(Block* block, std::size_t requested, std::si
   }
 }
 
-Block* AllocatorCore::alloc_found_block(AllocParams& p) {
+// Inlined into malloc, its one caller, as get_free_block is.
+[[gnu::always_inline]] inline Block* AllocatorCore::alloc_found_block(AllocParams& p) {
   Block* block = p.block;
   BlockPool& pool = *p.pool;
   const std::size_t pi = pool_index(pool);
@@ -649,7 +650,7 @@ void AllocatorCore::free(void* ptr) {
   }
   release_allocation(block, /*completed=*/true);
   active_.erase_found(found);  // no second probe in free_block
-  free_block(block, /*report=*/false, /*in_map=*/false);
+  pool_freed_block(block);
 }
 
 void AllocatorCore::release_allocation(Block* block, bool completed) noexcept {
@@ -688,11 +689,15 @@ void AllocatorCore::free_block(Block* block, bool report, bool in_map) {
   if (report && instrumented_) [[unlikely]] {
     emit(TraceAction::FreeCompleted, block, block->size, block->requested_size);
   }
+  if (in_map) active_.erase(block->ptr);
+  pool_freed_block(block);
+}
+
+[[gnu::always_inline]] inline void AllocatorCore::pool_freed_block(Block* block) {
   const std::size_t original_size = block->size;
   const std::size_t requested = block->requested_size;
   BlockPool& pool = *block->pool;
   const StreamId stream = block->stream;  // the segment's, hence the neighbours'
-  if (in_map) active_.erase(block->ptr);
 
   // Coalesce with free neighbours. PyTorch keeps `block` and deletes the
   // neighbours; we keep a neighbour that is already in the pool so it can

@@ -122,6 +122,9 @@ class AllocatorCore {
   /// Returns a block to its pool; `report` emits FreeCompleted (deferred frees).
   /// `in_map`: the block is still in active_ (false when free() already removed it).
   void free_block(Block* block, bool report = true, bool in_map = true);
+  /// free_block's part after the accounting and the address map: coalesces the block
+  /// with its free neighbours and pools the result. Inline in free().
+  void pool_freed_block(Block* block);
   /// The accounting of a free: the block stops being allocated (FreeRequested).
   void release_allocation(Block* block, bool completed) noexcept;
   /// free() of a block that record_stream marked: defers its reuse behind events.
