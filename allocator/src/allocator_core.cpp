@@ -78,7 +78,9 @@ AllocatorCore::~AllocatorCore() {
   }
   Block* fit = pool.best_fit(p.stream, p.size);
   if (fit == nullptr) return false;
-  if (fit->expandable()) [[unlikely]] {
+  // No expandable segment made, no expandable block: the test then leaves the fit's
+  // second cache line unread.
+  if (!expandable_.empty() && fit->expandable()) [[unlikely]] {
     if (config_.expandable_segments) {
       // PyTorch: "for the purposes of 'best fit' we consider its size to be the size it can
       // expand to": a free block before unmapped space counts that space too, so a block
@@ -333,7 +335,7 @@ inline void AllocatorCore::hand_out(Block* block, std::size_t requested, std::si
     block->size = p.size;
     block->stream = p.stream;
     block->pool = &pool;
-    block->segment = remaining->segment;
+    block->segment = expandable_.empty() ? 0 : remaining->segment;  // as above: one line of `remaining`
     block->mapped = true;
     block->prev = remaining->prev;
     if (block->prev) block->prev->next = block;
