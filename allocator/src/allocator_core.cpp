@@ -301,7 +301,7 @@ bool AllocatorCore::should_split(const BlockPool& pool, const Block* block,
   return size < config_.max_split_size && remaining > kSmallSize;
 }
 
-inline void AllocatorCore::hand_out(Block* block, std::size_t requested, std::size_t pi) {
+[[gnu::always_inline]] inline void AllocatorCore::hand_out(Block* block, std::size_t requested, std::size_t pi) {
   block->allocated = true;
   block->requested_size = requested;
   block->context = context_source_ ? context_source_() : 0;
