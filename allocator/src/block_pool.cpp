@@ -31,29 +31,6 @@ StreamClasses& BlockPool::add(StreamId stream) {
   return *sc;
 }
 
-void BlockPool::rekey_slow(StreamClasses& sc, Block* b, std::uintptr_t ptr,
-                           std::size_t size) noexcept {
-  const std::size_t from = b->pool_class;
-  const std::size_t to = class_of(size);
-  BlockTree& tree = sc.tree(from);
-  // The new key can be set first: erase only relinks, it compares no keys.
-  b->ptr = ptr;
-  b->size = size;
-  b->pool_class = static_cast<std::uint16_t>(to);
-  if (from != to && tree.alone(b) && !sc.has(to)) {
-    // Alone in its class and moving to an empty one (a segment's one free
-    // block after a split or merge): the tree moves with it, O(1).
-    sc.tree(to) = tree;
-    sc.mark(to);  // first, so a shrinking block's class becomes the lowest without a search
-    sc.unmark(from);
-    return;
-  }
-  tree.erase(b);
-  if (tree.empty()) sc.unmark(from);
-  sc.tree_for_insert(to).insert(b);
-  sc.mark(to);
-}
-
 Block* BlockPool::largest(StreamId stream) const noexcept {
   const StreamClasses* sc = find(stream);
   if (sc == nullptr) return nullptr;

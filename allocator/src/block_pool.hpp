@@ -154,7 +154,7 @@ class BlockPool {
     return c == StreamClasses::kNone ? nullptr : sc->tree(c).first();
   }
 
-  void insert(Block* b) {
+  [[gnu::always_inline]] void insert(Block* b) {
     if (tracks_age) b->gc_count_base = get_free_blocks_call_count;
     StreamClasses& sc = find_or_add(b->stream);
     const std::size_t c = class_of(b->size);
@@ -275,5 +275,30 @@ class BlockPool {
   mutable StreamClasses* cached_ = nullptr;
   std::size_t size_ = 0;
 };
+
+// Inline at each re-key (nine in ten splits and merges move their block to another
+// class): out of line it was a call with six register saves each time.
+[[gnu::always_inline]] inline void BlockPool::rekey_slow(StreamClasses& sc, Block* b, std::uintptr_t ptr,
+                           std::size_t size) noexcept {
+  const std::size_t from = b->pool_class;
+  const std::size_t to = class_of(size);
+  BlockTree& tree = sc.tree(from);
+  // The new key can be set first: erase only relinks, it compares no keys.
+  b->ptr = ptr;
+  b->size = size;
+  b->pool_class = static_cast<std::uint16_t>(to);
+  if (from != to && tree.alone(b) && !sc.has(to)) {
+    // Alone in its class and moving to an empty one (a segment's one free
+    // block after a split or merge): the tree moves with it, O(1).
+    sc.tree(to) = tree;
+    sc.mark(to);  // first, so a shrinking block's class becomes the lowest without a search
+    sc.unmark(from);
+    return;
+  }
+  tree.erase(b);
+  if (tree.empty()) sc.unmark(from);
+  sc.tree_for_insert(to).insert(b);
+  sc.mark(to);
+}
 
 }  // namespace mem::detail
