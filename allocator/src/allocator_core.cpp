@@ -350,12 +350,11 @@ bool AllocatorCore::should_split(const BlockPool& pool, const Block* block,
     }
     // inactive_split leaves expandable segments out: their free pages can always be released.
     if (!block->expandable()) {
-      if (already_split) {
-        pool_stats_.inactive_split_bytes.decrease(pi, static_cast<std::int64_t>(block->size));
-      } else {
-        pool_stats_.inactive_split_bytes.increase(pi, static_cast<std::int64_t>(remaining->size));
-        pool_stats_.inactive_split.increase(pi, 1);
-      }
+      // A split block gives its front away (its remainder stays counted); a whole
+      // segment's block leaves a split remainder behind.
+      pool_stats_.inactive_split_bytes.add(pi, already_split ? -static_cast<std::int64_t>(block->size)
+                                                             : static_cast<std::int64_t>(remaining->size));
+      pool_stats_.inactive_split.add(pi, already_split ? 0 : 1);
     }
   } else {
     if (p.block_in_pool) pool.erase(block, p.stream);
@@ -756,10 +755,8 @@ void AllocatorCore::free_block(Block* block, bool report, bool in_map) {
       (result->is_split() ? static_cast<std::int64_t>(result->size) : 0) - merged_bytes;
   const std::size_t pi = pool_index(pool);
   if (!expandable) {
-    if (net_blocks > 0) pool_stats_.inactive_split.increase(pi, net_blocks);
-    if (net_blocks < 0) pool_stats_.inactive_split.decrease(pi, -net_blocks);
-    if (net_bytes > 0) pool_stats_.inactive_split_bytes.increase(pi, net_bytes);
-    if (net_bytes < 0) pool_stats_.inactive_split_bytes.decrease(pi, -net_bytes);
+    pool_stats_.inactive_split.add(pi, net_blocks);
+    pool_stats_.inactive_split_bytes.add(pi, net_bytes);
   }
   if (pool_stats_.active_tracked) [[unlikely]] {
     pool_stats_.active.decrease(pi, 1);

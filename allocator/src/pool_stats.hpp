@@ -12,6 +12,7 @@
 // are the ones the three-entry update gives, exactly.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -35,6 +36,17 @@ class PoolStat {
     if (all > all_peak_) all_peak_ = all;
   }
   void decrease(std::size_t pool, std::int64_t amount) noexcept { pools_[pool].current -= amount; }
+  /// increase(delta) or decrease(-delta), whichever `delta`'s sign says, without a branch
+  /// on it: where the sign is the data's (a free's net change in split blocks), the
+  /// branch is a coin toss on a random workload. A decrease cannot raise a peak, and adds
+  /// nothing to `allocated`.
+  void add(std::size_t pool, std::int64_t delta) noexcept {
+    Entry& e = pools_[pool];
+    e.current += delta;
+    e.peak = std::max(e.peak, e.current);
+    e.allocated += std::max(delta, std::int64_t{0});
+    all_peak_ = std::max(all_peak_, pools_[0].current + pools_[1].current);
+  }
 
   /// "all"'s current value.
   std::int64_t current() const noexcept { return pools_[0].current + pools_[1].current; }

@@ -1,5 +1,6 @@
 // pool_stats_test.cpp — the allocator's per-pool statistics, white-box: 100,000 random
-// increases, decreases and resets give, read back, exactly the three-entry figures
+// increases, decreases (half of them through the signed add) and resets give, read
+// back, exactly the three-entry figures
 // PyTorch's update_stat_array gives (the "all" entry and the pool's updated together).
 #include <gtest/gtest.h>
 
@@ -34,17 +35,22 @@ TEST(PoolStat, ReadsBackExactlyWhatTheThreeEntryUpdateGives) {
   for (int step = 0; step < 100000; ++step) {
     const std::size_t pool = rng() % 2;
     const int op = static_cast<int>(rng() % 100);
-    if (op < 48) {
+    // Half the changes through add(), whose sign is the delta's (and a zero delta now and
+    // then, which changes nothing).
+    const bool signed_add = rng() % 2 == 0;
+    if (op < 47) {
       const auto amount = static_cast<std::int64_t>(rng() % 4096) + 1;
-      stat.increase(pool, amount);
+      signed_add ? stat.add(pool, amount) : stat.increase(pool, amount);
       ref.increase(pool, amount);
       current[pool] += amount;
-    } else if (op < 96) {
+    } else if (op < 94) {
       if (current[pool] == 0) continue;
       const auto amount = static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(current[pool])) + 1;
-      stat.decrease(pool, amount);
+      signed_add ? stat.add(pool, -amount) : stat.decrease(pool, amount);
       ref.decrease(pool, amount);
       current[pool] -= amount;
+    } else if (op < 96) {
+      stat.add(pool, 0);
     } else if (op < 98) {
       stat.reset_peak();
       for (Stat& s : ref.a) s.reset_peak();
