@@ -133,6 +133,38 @@ def allocator_tables(files):
                       *(f"BM_RandomWorkload<{p}>{suffix}" for p in PEERS[:3]))
             print(f"| {n // 1000}k, {label} | {' | '.join(cells)} | {r} |")
 
+    print()
+    random_live_table(files)
+
+
+# Issue 35's rows: (live, max KiB) -> the ratio vramscope / cub-growth2 it asks for.
+RANDOM_LIVE_TARGETS = {(10000, 65536): 0.16, (1000, 1024): 0.17, (1000, 65536): 0.33}
+
+
+def random_live_table(files):
+    """The random live set against cub-growth2: ns per operation, and vramscope's time over
+    cub-growth2's taken within each file, median and range (issue 35 states its targets so)."""
+    runs = median_of(files)
+    print("| live, sizes | vramscope | cub-growth2 | vramscope / cub-growth2 | target | "
+          "peak reserved / requested |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for (live, max_kib), target in RANDOM_LIVE_TARGETS.items():
+        suffix = f"/live:{live}/max_KiB:{max_kib}"
+        v, g = (runs.get(f"BM_RandomLive<{p}>{suffix}") for p in ("Vramscope", "CubGrowth2"))
+        if v is None or g is None:
+            continue
+        ratios = []
+        for one in files:
+            a, b = (one.get(f"BM_RandomLive<{p}>{suffix}") for p in ("Vramscope", "CubGrowth2"))
+            if a is not None and b is not None:
+                ratios.append(a["ns_per_op"] / b["ns_per_op"])
+        text = f"{statistics.median(ratios):.3f}"
+        if len(ratios) > 1:
+            text += f" ({min(ratios):.3f}-{max(ratios):.3f})"
+        size = f"512 B..{max_kib // 1024} MiB"
+        print(f"| {live:,}, {size} | {fmt_ns(ns(v, 'ns_per_op'))} | {fmt_ns(ns(g, 'ns_per_op'))} | "
+              f"{text} | {target:.2f} | {v['reserved_per_requested']:.2f} |")
+
 
 def replay_tables(files):
     runs = median_of(files)
