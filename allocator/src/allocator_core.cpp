@@ -114,7 +114,10 @@ AllocatorCore::~AllocatorCore() {
   return true;
 }
 
-void* AllocatorCore::malloc(std::size_t orig_size, StreamId stream) {
+// Cache-line aligned, as free() is: the same code runs from the executable's copy and from
+// libvramscope.so's, and its timing followed where each copy happened to start (the C API
+// pair 8.8 -> 6.6 ns over the C++ pair, issue 35).
+[[gnu::aligned(64)]] void* AllocatorCore::malloc(std::size_t orig_size, StreamId stream) {
   if (orig_size == 0) {
     throw Error("allocate(0): a zero-byte request is not allowed (nothing was allocated)");
   }
@@ -636,7 +639,7 @@ void AllocatorCore::release_expandable_segment(Block* block) {
 // ---------------------------------------------------------------------------
 // free
 
-void AllocatorCore::free(void* ptr) {
+[[gnu::aligned(64)]] void AllocatorCore::free(void* ptr) {
   if (ptr == nullptr) [[unlikely]] return;  // as PyTorch's free(): nothing to do
   std::lock_guard guard(lock_);
   const auto key = reinterpret_cast<std::uintptr_t>(ptr);
