@@ -331,11 +331,27 @@ vramscope_status vramscope_init(const char* device_spec, const char* alloc_conf)
   });
 }
 
+namespace {
+
+// vramscope_malloc's other cases: the device's first allocation, or a stream other than 0.
+[[gnu::noinline]] void* malloc_slow(size_t size, int device, vramscope_stream stream) {
+  mem::CachingAllocator& allocator = *slot_for(device).allocator;
+  if (stream != 0) check_stream(allocator, stream, device);
+  return allocator.allocate(size, stream);
+}
+
+}  // namespace
+
 void* vramscope_malloc(size_t size, int device, vramscope_stream stream) {
   try {
-    mem::CachingAllocator& allocator = *slot_for(device).allocator;
-    if (stream != 0) [[unlikely]] check_stream(allocator, stream, device);  // 0 costs nothing
-    return allocator.allocate(size, stream);
+    // The common case holds nothing across its one call, so it saves no registers
+    // (with the slow cases inline it saved four: a tenth of the C boundary's cost).
+    if (static_cast<unsigned>(device) < static_cast<unsigned>(kMaxDevices) && stream == 0) [[likely]] {
+      if (DeviceSlot* slot = slots[device].load(std::memory_order_acquire)) [[likely]] {
+        return slot->allocator->allocate(size, 0);
+      }
+    }
+    return malloc_slow(size, device, stream);
   } catch (...) {
     fail_current("vramscope_malloc");
     return nullptr;
