@@ -50,8 +50,8 @@ inline constexpr int kRight = 1;
 /// does not flip back and forth).
 class BlockTree {
  public:
-  static constexpr std::uint32_t kMaxRing = 16;
-  static constexpr std::uint32_t kRingAgain = 8;
+  static constexpr std::uint32_t kMaxRing = 32;
+  static constexpr std::uint32_t kRingAgain = 16;
 
   void reset() noexcept {
     root_ = first_ = nullptr;
