@@ -331,7 +331,7 @@ void Planner::search() {
   result_.given_needs = needs_of(result_.given);
   const std::int64_t short_of = shortfall(*result_.given_needs);
   const Plan base = plain();
-  const bool fsdp = spec_.base.parallels.front().hooks_modules();  // FSDP2 or ZeRO-3: no segments
+  const bool no_segments = spec_.base.parallels.front().hooks_modules();  // FSDP2 or ZeRO-3
 
   // Checkpointing alone, the arithmetic untouched: the module sets, c of the blocks evenly
   // spaced, and every block (what gradient_checkpointing_enable() does) for comparison.
@@ -345,7 +345,7 @@ void Planner::search() {
     if (auto found = search_blocks(base, short_of, &every)) keep(std::move(*found));
     if (every && (by_layer_ || every->fits())) keep(std::move(*every));
   }
-  if (info.sequential_checkpointing && info.checkpointed_modules == 0 && !fsdp) {
+  if (info.sequential_checkpointing && info.checkpointed_modules == 0 && !no_segments) {
     if (auto found = search_segments(base)) keep(std::move(*found));
   }
   const bool fits_without_change = std::any_of(result_.plans.begin(), result_.plans.end(), [](const Plan& p) {

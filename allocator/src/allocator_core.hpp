@@ -123,7 +123,7 @@ class AllocatorCore {
   /// `in_map`: the block is still in active_ (false when free() already removed it).
   void free_block(Block* block, bool report = true, bool in_map = true);
   /// free_block's part after the accounting and the address map: coalesces the block
-  /// with its free neighbours and pools the result. Inline in free().
+  /// with its free neighbours and pools the result. Inline in free() and free_block().
   void pool_freed_block(Block* block);
   /// The accounting of a free: the block stops being allocated (FreeRequested).
   void release_allocation(Block* block, bool completed) noexcept;

@@ -44,7 +44,7 @@ inline constexpr int kRight = 1;
 /// tree's descents and rebalancing are mostly unpredictable branches; there
 /// the blocks form a sorted ring, doubly linked through tree_child (kLeft: the
 /// previous block, kRight: the next; the last links back to the first), which
-/// inserts after a short walk and erases without a branch. A ring that would
+/// inserts after a short walk and erases by relinking two neighbours. A ring that would
 /// pass kMaxRing blocks becomes a balanced red-black tree, and a tree that
 /// falls to kRingAgain blocks a ring again (far apart, so a class on the line
 /// does not flip back and forth).

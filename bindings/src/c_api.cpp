@@ -200,10 +200,14 @@ void check_index(int device) {
   return *published;
 }
 
+// The device's slot if it was made already, else null (a device number out of range too).
+inline DeviceSlot* made_slot(int device) noexcept {
+  if (static_cast<unsigned>(device) >= static_cast<unsigned>(kMaxDevices)) [[unlikely]] return nullptr;
+  return slots[device].load(std::memory_order_acquire);
+}
+
 inline DeviceSlot& slot_for(int device) {
-  if (static_cast<unsigned>(device) < static_cast<unsigned>(kMaxDevices)) [[likely]] {
-    if (DeviceSlot* slot = slots[device].load(std::memory_order_acquire)) [[likely]] return *slot;
-  }
+  if (DeviceSlot* slot = made_slot(device)) [[likely]] return *slot;
   return create_slot(device);
 }
 
@@ -344,12 +348,10 @@ namespace {
 
 void* vramscope_malloc(size_t size, int device, vramscope_stream stream) {
   try {
-    // The common case holds nothing across its one call, so it saves no registers
-    // (with the slow cases inline it saved four: a tenth of the C boundary's cost).
-    if (static_cast<unsigned>(device) < static_cast<unsigned>(kMaxDevices) && stream == 0) [[likely]] {
-      if (DeviceSlot* slot = slots[device].load(std::memory_order_acquire)) [[likely]] {
-        return slot->allocator->allocate(size, 0);
-      }
+    // The common case holds nothing across its one call, so it saves no registers (with
+    // the slow cases inline it saved four on every call).
+    if (stream == 0) [[likely]] {
+      if (DeviceSlot* slot = made_slot(device)) [[likely]] return slot->allocator->allocate(size, 0);
     }
     return malloc_slow(size, device, stream);
   } catch (...) {
