@@ -192,7 +192,7 @@ std::optional<std::vector<std::string>> parse_checkpoint_modules(const std::stri
     throw UsageError("--checkpoint-modules: checkpoints the modules named; leave out --segments (or give 0)");
   }
   const auto built = as_usage("--checkpoint-modules", [&] { return model.build(options); });
-  if (!built->info().sequential_checkpointing && !options.checkpoint) options.checkpoint = "non-reentrant";
+  if (built->info().checkpoints_by_layer && !options.checkpoint) options.checkpoint = "non-reentrant";
   as_usage("--checkpoint-modules", [&] {
     nn::mark_checkpointed(built->body(), paths, nn::CheckpointMode::NonReentrant);
     return 0;

@@ -315,7 +315,7 @@ class Planner {
 
 void Planner::search() {
   const nn::ModelInfo& info = result_.model;
-  by_layer_ = !info.sequential_checkpointing;
+  by_layer_ = info.checkpoints_by_layer;
   capacity_ = static_cast<std::int64_t>(result_.device.total_bytes) - static_cast<std::int64_t>(spec_.headroom);
   result_.given = measure(plain());
   if (!result_.given.refused.empty()) throw UsageError(result_.given.refused);

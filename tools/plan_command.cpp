@@ -56,7 +56,7 @@ std::int64_t largest_checkpointed_batch(const SweepSpec& base, std::string& how)
   for (const nn::Module* m : nn::repeated_blocks(model->body())) blocks.push_back(m->path());
   if (!blocks.empty()) {
     spec.checkpoint_modules = blocks;
-    if (!info.sequential_checkpointing) spec.model_options.checkpoint = "non-reentrant";
+    if (info.checkpoints_by_layer) spec.model_options.checkpoint = "non-reentrant";
     how = fmt::format("every one of the {} repeated blocks checkpointed", blocks.size());
   } else if (info.sequential_checkpointing && info.checkpointed_modules == 0 && info.sequence_length > 1 &&
              !row.parallel.enabled()) {

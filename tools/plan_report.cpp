@@ -191,7 +191,7 @@ std::string plan_report(const PlanResult& r, std::size_t top, bool how_to_read) 
 
 std::string plan_code(const PlanResult& r, const Plan& p) {
   std::string out;
-  const bool decoder = !r.model.sequential_checkpointing;
+  const bool decoder = r.model.checkpoints_by_layer;
   out += fmt::format("# vramscope plan: {} on {} -> {}\n", model_title(r.model, r.spec.base.model_options), r.device.name,
                      p.label());
   out += fmt::format("# predicted: max allocated {}, {} in nvidia-smi's view, {} of the step recomputed\n",

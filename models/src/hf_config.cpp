@@ -418,6 +418,7 @@ HfConfig::Built HfConfig::make(const nn::ModelOptions& o) const {
   b.info.target_classes = c.vocab;
   b.info.input_high = c.vocab;
   b.info.sequential_checkpointing = false;
+  b.info.checkpoints_by_layer = true;
   return b;
 }
 

@@ -7,6 +7,7 @@
 #include "vramscope/runtime/checkpoint.hpp"
 #include "vramscope/runtime/encoder.hpp"
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -22,6 +23,7 @@
 
 #include "expression.hpp"
 #include "json_kind.hpp"
+#include "op_model.hpp"
 #include "vramscope/allocator/errors.hpp"
 #include "vramscope/instrumentation/files.hpp"
 #include "vramscope/runtime/modules.hpp"
@@ -220,6 +222,20 @@ class Builder {
     }
     std::vector<std::int64_t> dims;
     for (std::size_t i = 0; i < v.size(); ++i) dims.push_back(positive(v[i], index(path, i)));
+    return make_shape(dims, path);
+  }
+
+  /// A recorded tensor's shape: 0 to kMaxDims sizes (a scalar is []), each 0 or more.
+  nn::Shape graph_shape(const json& v, const std::string& path) const {
+    if (!v.is_array() || v.size() > nn::kMaxDims) {
+      fail(path, "expected a shape: a list of at most " + std::to_string(nn::kMaxDims) + " sizes, got " + kind_of(v));
+    }
+    std::vector<std::int64_t> dims;
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      const std::int64_t n = integer(v[i], index(path, i));
+      if (n < 0) fail(index(path, i), "expected a size >= 0, got " + std::to_string(n));
+      dims.push_back(n);
+    }
     return make_shape(dims, path);
   }
 
@@ -1106,12 +1122,16 @@ class Builder {
     }
     Flow flow{info.input_shape, tokens, "the input"};
 
-    // The layers.
+    // The layers, or the operators.
     auto body = std::make_unique<nn::Sequential>();
-    Children children;
-    sequence(list_at(root, "", "layers"), "layers", "", flow, 0, children);
-    if (children.list.empty()) fail("layers", "expected at least one module");
-    for (auto& [name, child] : children.list) body->append(name, std::move(child));
+    if (root.contains("graph")) {
+      graph_body(*body, info, flow);
+    } else {
+      Children children;
+      sequence(list_at(root, "", "layers"), "layers", "", flow, 0, children);
+      if (children.list.empty()) fail("layers", "expected at least one module");
+      for (auto& [name, child] : children.list) body->append(name, std::move(child));
+    }
     if (doc_.checkpoint_modules) {
       // apply_activation_checkpointing by name, over the marks the layers carry.
       body->set_path("");
@@ -1166,11 +1186,40 @@ class Builder {
   }
 
  private:
+  /// An operator graph (op_model.hpp): one module per recorded module call under an inline
+  /// root; checkpointed by module path, never split by checkpoint_sequential.
+  void graph_body(nn::Sequential& body, nn::ModelInfo& info, Flow& flow) {
+    std::shared_ptr<const nn::OpGraph> graph;
+    try {
+      graph = detail::read_op_graph(doc_.root.at("graph"),
+                                    [this](const json& v, const std::string& p) { return graph_shape(v, p); });
+      body.append("", nn::op_graph_module(graph));
+    } catch (const Error& e) {
+      throw Error(doc_.origin + ": " + e.what());
+    }
+    const auto& first = graph->tensors[static_cast<std::size_t>(graph->inputs.front())];
+    const bool tokens = info.input_dtype == nn::DType::I64;
+    if (!(first.shape == info.input_shape) || (tokens != (!first.follows_run_dtype && first.dtype == nn::DType::I64))) {
+      const std::string_view kind = first.follows_run_dtype ? "floating" : nn::dtype_name(first.dtype);
+      fail("input", fmt::format("the graph's first input is {} {}; \"input\" says {} {}", first.shape.str(), kind,
+                                info.input_shape.str(), tokens ? "int64" : "floating"));
+    }
+    const auto& out = graph->tensors[static_cast<std::size_t>(graph->output)];
+    flow.shape = out.shape;
+    flow.integer = !out.follows_run_dtype && !nn::is_floating(out.dtype);
+    flow.from = "the graph's output";
+    info.sequential_checkpointing = false;
+  }
+
   const ModelFile::Doc& doc_;
   const nn::ModelOptions& given_;
   std::size_t modules_ = 0;
   std::unordered_map<std::string, bool> paths_;  ///< module path -> it has parameters
 };
+
+constexpr const char* kLayersOrGraph =
+    "a model has either \"layers\" (modules) or \"graph\" (operators, what vramscope.export records), not both, "
+    "and not neither";
 
 /// The document's head: format, version, name, description, options.
 std::unique_ptr<ModelFile::Doc> read_head(json root, std::string origin) {
@@ -1181,12 +1230,12 @@ std::unique_ptr<ModelFile::Doc> read_head(json root, std::string origin) {
   };
   if (!root.is_object()) fail("", "expected a model (a JSON object), got " + kind_of(root));
   for (const auto& [key, value] : root.items()) {
-    static const char* const kKeys[] = {"format", "version", "name",   "description", "source",
-                                        "options", "input",  "loss",   "layers",      "checkpoint_modules",
-                                        "comment"};
+    static const char* const kKeys[] = {"format",  "version", "name", "description", "source",
+                                        "options", "input",   "loss", "layers",      "graph",
+                                        "checkpoint_modules", "comment"};
     if (std::find(std::begin(kKeys), std::end(kKeys), key) == std::end(kKeys)) {
-      fail("", "unknown key '" + key + "'; valid keys: format, version, name, description, source, options, input, "
-               "loss, layers, checkpoint_modules, comment");
+      fail("", "unknown key '" + key + "'; valid keys: format, version, name, description, source, options, "
+               "input, loss, layers, graph, checkpoint_modules, comment");
     }
   }
   if (root.value("format", json()) != "vramscope-model") {
@@ -1223,6 +1272,7 @@ std::unique_ptr<ModelFile::Doc> read_head(json root, std::string origin) {
   // as \xNN, never sent to the terminal.
   doc->name = printable(root.at("name").get_ref<const std::string&>());
   doc->description = printable(root.value("description", std::string()));
+  if (root.contains("layers") == root.contains("graph")) fail("", kLayersOrGraph);
   for (const char* key : {"input", "loss"}) {
     if (!root.contains(key) || !root.at(key).is_object()) {
       fail(key, root.contains(key) ? "expected an object, got " + kind_of(root.at(key)) : "is required");
@@ -1242,7 +1292,7 @@ std::unique_ptr<ModelFile::Doc> read_head(json root, std::string origin) {
     std::string v;
     if (key == "inplace") {
       if (!value.is_boolean()) fail("options.inplace", "expected true or false, got " + kind_of(value));
-      v = value.get<bool>() ? "1" : "0";
+      v.assign(1, value.get<bool>() ? '1' : '0');  // not `= "1"`: GCC 12's false -Wrestrict (bug 105329)
     } else if (key == "dropout") {
       if (!value.is_number()) fail("options.dropout", "expected a probability in [0, 1), got " + kind_of(value));
       std::ostringstream os;

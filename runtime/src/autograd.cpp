@@ -134,6 +134,7 @@ std::string InplaceModifiedError::torch_type(DType dtype) {
     case DType::I64: name = "Long"; break;
     case DType::U8: name = "Byte"; break;
     case DType::Bool: name = "Bool"; break;
+    case DType::I32: name = "Int"; break;
   }
   return std::string("torch.cuda.") + name + "Tensor";
 }

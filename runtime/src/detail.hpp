@@ -27,6 +27,7 @@ inline double load(const void* base, DType dtype, std::int64_t i) noexcept {
     case DType::F16: return half_to_float(static_cast<const std::uint16_t*>(base)[i]);
     case DType::BF16: return bf16_to_float(static_cast<const std::uint16_t*>(base)[i]);
     case DType::I64: return static_cast<double>(static_cast<const std::int64_t*>(base)[i]);
+    case DType::I32: return static_cast<const std::int32_t*>(base)[i];
     case DType::U8: case DType::Bool: return static_cast<const std::uint8_t*>(base)[i];
   }
   return 0;
@@ -39,6 +40,7 @@ inline void store(void* base, DType dtype, std::int64_t i, double v) noexcept {
     case DType::F16: static_cast<std::uint16_t*>(base)[i] = float_to_half(static_cast<float>(v)); break;
     case DType::BF16: static_cast<std::uint16_t*>(base)[i] = float_to_bf16(static_cast<float>(v)); break;
     case DType::I64: static_cast<std::int64_t*>(base)[i] = static_cast<std::int64_t>(v); break;
+    case DType::I32: static_cast<std::int32_t*>(base)[i] = static_cast<std::int32_t>(v); break;
     case DType::U8: case DType::Bool: static_cast<std::uint8_t*>(base)[i] = static_cast<std::uint8_t>(v); break;
   }
 }

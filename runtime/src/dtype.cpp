@@ -18,6 +18,7 @@ std::string_view dtype_name(DType dtype) noexcept {
     case DType::I64: return "i64";
     case DType::U8: return "u8";
     case DType::Bool: return "bool";
+    case DType::I32: return "i32";
   }
   return "unknown";
 }
@@ -30,7 +31,8 @@ DType parse_dtype(std::string_view name) {
   if (name == "i64" || name == "int64" || name == "long") return DType::I64;
   if (name == "u8" || name == "uint8") return DType::U8;
   if (name == "bool") return DType::Bool;
-  throw Error("unknown dtype '" + std::string(name) + "'; expected one of f32, f16, bf16, f64, i64, u8, bool");
+  if (name == "i32" || name == "int32" || name == "int") return DType::I32;
+  throw Error("unknown dtype '" + std::string(name) + "'; expected one of f32, f16, bf16, f64, i64, u8, bool, i32");
 }
 
 std::uint16_t float_to_half(float value) noexcept {

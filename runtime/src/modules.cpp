@@ -211,6 +211,15 @@ std::size_t Module::add_buffer(std::string name, Shape shape, double fill, bool 
   return slots_.size() - 1;
 }
 
+void Module::configure_slot(std::size_t slot, bool fixed_dtype, DType dtype, bool frozen) {
+  ParamSlot& s = slots_.at(slot);
+  if (fixed_dtype) {
+    s.keeps_dtype = true;
+    s.fixed_dtype = dtype;
+  }
+  s.frozen = s.frozen || frozen;
+}
+
 std::size_t Module::add_typed_buffer(std::string name, Shape shape, DType dtype) {
   slots_.push_back(ParamSlot{std::move(name), shape, true, dtype, true, 0, 0, {}});
   return slots_.size() - 1;

@@ -21,24 +21,175 @@ from __future__ import annotations
 
 import copy
 import math
+import warnings
 from typing import List, Optional, Sequence
 
-from ._errors import ExportError
+from ._errors import ExportError, one_line
 from ._graph import Graph
 from ._layers import leaves
 from ._model import build_model, load_factory, meta_device
 from ._structure import Structure, finish
 from ._trace import propagate_shapes, trace
 
-__all__ = ["ExportError", "LOSSES", "build_model", "export", "load_factory", "meta_device"]
+__all__ = ["ExportError", "LOSSES", "LEVELS", "build_model", "export", "export_hf_config", "export_ops", "load_factory",
+           "meta_device"]
+
+LEVELS = ("auto", "layers", "ops")  # auto: the layer form where it maps, else the operator graph
 
 LOSSES = ("cross_entropy", "mse", "bce_with_logits", "sum", "none")
 MAX_SIZE = 2 ** 40  # per dimension: far beyond any GPU, and far from int64's overflow
 
 
 def export(model, input_shape: Sequence[int], *, name: str = "model", input_dtype: str = "float",
-           loss: Optional[str] = None, description: str = "", source: str = "") -> dict:
-    """The model file (a dict) of `model` for an input of `input_shape` (batch first)."""
+           loss: Optional[str] = None, description: str = "", source: str = "", level: str = "auto") -> dict:
+    """The model file (a dict) of `model` for an input of `input_shape` (batch first).
+    `level`: "layers" maps the model onto the model file's layers (torch.fx), "ops" records its
+    operators (the "graph" form), "auto" tries layers and records operators where they fail."""
+    if level not in LEVELS:
+        raise ExportError([f"--level {level!r}: expected one of {', '.join(LEVELS)}"], "bad option")
+    _check_shape(input_shape)
+    if level == "ops":
+        return export_ops(model, [InputSpec(list(input_shape), input_dtype)], name=name, loss=loss,
+                          description=description, source=source)
+    try:
+        return _export_layers(model, input_shape, name=name, input_dtype=input_dtype, loss=loss,
+                              description=description, source=source)
+    except ExportError as layer_error:
+        if level == "layers" or layer_error.headline in ("bad input", "bad loss", "no loss"):
+            raise
+        try:
+            return export_ops(model, [InputSpec(list(input_shape), input_dtype)], name=name, loss=loss,
+                              description=description, source=source)
+        except ExportError as op_error:
+            raise ExportError(op_error.problems, op_error.headline + " (operators; the layer form failed too: "
+                              + layer_error.headline + ")") from None
+
+
+def _check_shape(input_shape: Sequence[int]) -> None:
+    shape = [int(s) for s in input_shape]
+    if not shape or any(s <= 0 for s in shape):
+        raise ExportError([f"--input {input_shape}: expected positive sizes, the batch first"], "bad input")
+    if any(s > MAX_SIZE for s in shape) or math.prod([shape[0] + 2] + shape[1:]) >= 2 ** 63:
+        raise ExportError([f"--input {input_shape}: sizes too large (at most 2**40 per dimension, fewer than "
+                           "2**63 elements in all)"], "bad input")
+
+
+class InputSpec:
+    """One input of the forward: its shape (batch first), dtype (float or int64) and keyword
+    (None: positional)."""
+
+    def __init__(self, shape: List[int], dtype: str = "float", keyword: Optional[str] = None):
+        if dtype not in ("float", "int64"):
+            raise ExportError([f"input dtype {dtype!r}: expected float or int64"], "bad input")
+        self.shape, self.dtype, self.keyword = shape, dtype, keyword
+
+
+def export_ops(model, inputs: Sequence["InputSpec"], *, name: str = "model", loss: Optional[str] = None,
+               description: str = "", source: str = "", seq: bool = False, output_key: Optional[str] = None,
+               loss_inside: bool = False) -> dict:
+    """The operator-level model file of `model` (docs/EXPORT.md, "Operator graphs").
+    `seq`: the inputs' second dimension is a sequence length that becomes the file's `seq`."""
+    import torch
+    from ._opfile import export_graph
+    model = _on_meta(model)
+    high = None
+    if any(i.dtype == "int64" for i in inputs):
+        high = _embedding_size(model)
+    batch = inputs[0].shape[0]
+    seq_len = inputs[0].shape[1] if seq else None
+
+    def make_inputs(b: int, s: int):
+        args, kwargs = [], {}
+        for spec in inputs:
+            shape = [b] + list(spec.shape[1:])
+            if seq and len(shape) > 1:
+                shape[1] = s
+            if spec.dtype == "int64":
+                t = torch.empty(shape, dtype=torch.int64, device="meta")
+            else:
+                t = torch.empty(shape, dtype=torch.bfloat16, device="meta")
+            if spec.keyword:
+                kwargs[spec.keyword] = t
+            else:
+                args.append(t)
+        return tuple(args), kwargs
+
+    def loss_of(shape_written, shape_now):
+        if loss_inside:
+            return {"type": "none"}
+        return _loss(loss, list(shape_now), batch)
+
+    note = None
+    first = inputs[0]
+    dims = ["batch"] + (["seq"] if seq and len(first.shape) > 1 else []) + list(first.shape[2 if seq else 1:])
+    note = {"shape": dims}
+    if first.dtype == "int64":
+        note.update({"dtype": "int64", "high": high})
+    return export_graph(model, make_inputs, name=name, batch=batch, seq=seq_len, loss_of=loss_of,
+                        output_key=output_key, description=description, source=source, input_note=note)
+
+
+def export_hf_config(config_path: str, *, batch: int = 1, seq: int = 128, name: Optional[str] = None,
+                     attn: str = "sdpa") -> dict:
+    """The operator-level model file of a transformers causal LM built from `config_path`
+    (AutoModelForCausalLM.from_config on the meta device; nothing is downloaded). The loss is
+    transformers' own (labels given), so the file's output is that loss."""
+    import json as _json
+    from pathlib import Path as _Path
+    import torch
+    try:
+        import transformers
+    except ImportError:
+        raise ExportError(["--hf-config needs transformers in this Python (pip install transformers)"],
+                          "cannot export the model") from None
+    try:
+        text = _Path(config_path).read_text()
+        values = _json.loads(text)
+    except (OSError, ValueError) as e:
+        raise ExportError([f"{config_path}: {e}"], "cannot read the config") from None
+    if not isinstance(values, dict) or not isinstance(values.get("model_type"), str):
+        raise ExportError([f"{config_path}: expected a config.json object with a model_type"], "cannot read the config")
+    model_type = values.pop("model_type")
+    try:
+        config = transformers.AutoConfig.for_model(model_type, **values)
+    except (ValueError, KeyError, TypeError) as e:
+        raise ExportError([f"{config_path}: {one_line(e)}"], "transformers refuses the config") from None
+    config._attn_implementation = attn
+    try:
+        with warnings.catch_warnings(), torch.device("meta"):
+            warnings.simplefilter("ignore")
+            model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attn)
+    except (ValueError, KeyError, TypeError, AttributeError, NotImplementedError) as e:
+        raise ExportError([f"{config_path}: {one_line(e)}"], "transformers cannot build the model") from None
+    model = model.to(torch.bfloat16).train()
+    vocab = model.get_input_embeddings().num_embeddings
+
+    def make_inputs(b: int, s: int):
+        ids = torch.empty((b, s), dtype=torch.int64, device="meta")
+        return (), {"input_ids": ids, "labels": ids, "use_cache": False}
+
+    from ._opfile import export_graph
+    label = name or _Path(config_path).stem
+    return export_graph(model, make_inputs, name=label, batch=batch, seq=seq,
+                        loss_of=lambda written, now: {"type": "none"},
+                        output_key="loss", description=f"{type(model).__name__} ({model_type}) from {config_path}",
+                        source=f"exported by vramscope.export --hf-config with transformers {transformers.__version__}, "
+                               f"attn_implementation={attn}",
+                        input_note={"shape": ["batch", "seq"], "dtype": "int64", "high": vocab})
+
+
+def _on_meta(model):
+    """A copy of `model` on the meta device in bfloat16 (the recording's stand-in for the run's
+    floating dtype, _ops.py): never the user's weights, and the user's model left as it was."""
+    import torch
+    model = copy.deepcopy(model).to("meta").to(torch.bfloat16)
+    model.train()
+    return model
+
+
+def _export_layers(model, input_shape: Sequence[int], *, name: str = "model", input_dtype: str = "float",
+                   loss: Optional[str] = None, description: str = "", source: str = "") -> dict:
+    """The layer form (torch.fx onto the model file's layers)."""
     import torch
     shape = [int(s) for s in input_shape]
     if not shape or any(s <= 0 for s in shape):

@@ -11,6 +11,7 @@ class ExportError(Exception):
 
     def __init__(self, problems: Sequence[str], headline: str = "cannot export the model"):
         self.problems = list(problems)
+        self.headline = headline
         super().__init__(headline + ":\n" + "\n".join("  - " + p for p in self.problems))
 
 

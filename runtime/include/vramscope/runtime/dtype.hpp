@@ -12,12 +12,13 @@
 
 namespace mem::nn {
 
-enum class DType : std::uint8_t { F32, F16, BF16, F64, I64, U8, Bool };
+/// I32 is what an operator-level model records (int32 indices, cumulative sequence lengths).
+enum class DType : std::uint8_t { F32, F16, BF16, F64, I64, U8, Bool, I32 };
 
-/// Bytes per element: 4, 2, 2, 8, 8, 1, 1.
+/// Bytes per element: 4, 2, 2, 8, 8, 1, 1, 4.
 constexpr std::size_t dtype_size(DType dtype) noexcept {
   switch (dtype) {
-    case DType::F32: return 4;
+    case DType::F32: case DType::I32: return 4;
     case DType::F16: case DType::BF16: return 2;
     case DType::F64: case DType::I64: return 8;
     case DType::U8: case DType::Bool: return 1;
@@ -31,7 +32,7 @@ constexpr bool is_floating(DType dtype) noexcept {
 /// True for the 16-bit float types.
 constexpr bool is_half(DType dtype) noexcept { return dtype == DType::F16 || dtype == DType::BF16; }
 
-/// "f32", "f16", "bf16", "f64", "i64", "u8", "bool".
+/// "f32", "f16", "bf16", "f64", "i64", "u8", "bool", "i32".
 std::string_view dtype_name(DType dtype) noexcept;
 /// torch.finfo(dtype).min: the value Hugging Face's causal masks fill with.
 double finfo_min(DType dtype) noexcept;

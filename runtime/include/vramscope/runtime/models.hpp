@@ -103,6 +103,10 @@ struct ModelInfo {
   /// Whether checkpoint_sequential may split the body (false for the Hugging Face
   /// decoders, whose layers take more than one tensor; they checkpoint per layer).
   bool sequential_checkpointing = true;
+  /// Whether checkpointing goes through the model's `checkpoint` option, layer by layer (the
+  /// Hugging Face decoders: gradient_checkpointing_enable and its layers' flags), rather than
+  /// through marks on any module (model files, operator graphs).
+  bool checkpoints_by_layer = false;
   std::size_t parameter_bytes(DType dtype) const noexcept {
     return static_cast<std::size_t>(parameters) * dtype_size(dtype);
   }

@@ -158,6 +158,9 @@ class Module {
   std::size_t add_typed_buffer(std::string name, Shape shape, DType dtype);
   /// A frozen parameter stored packed in `bytes` u8 that counts as `elements` parameters.
   std::size_t add_packed_parameter(std::string name, std::int64_t bytes, std::int64_t elements);
+  /// Gives a declared slot a dtype of its own (materialize's `dtype` does not apply to it) and /
+  /// or freezes it (requires_grad_(False)): a recorded model's parameters as they were recorded.
+  void configure_slot(std::size_t slot, bool fixed_dtype, DType dtype, bool frozen);
   /// Called by materialize() once this module's slots are allocated in `dtype`.
   virtual void materialized(Runtime& runtime, DType dtype) { (void)runtime, (void)dtype; }
   /// True during the first, checkpointed forward of a marked module (not its recompute):

@@ -1,0 +1,568 @@
+"""The operator-level recorder: one training forward at the level of PyTorch's operators.
+
+The model runs on meta tensors under a TorchDispatchMode, so Python that branches on shapes
+simply runs (proxy-style tracing, not torch.fx's symbolic tracing) and every ATen operator below
+autograd is seen with its inputs, outputs and aliasing (the schema's `Tensor(a)` views and
+`Tensor(a!)` writes). Global module hooks give each operator its module call (path and class),
+and the frame that called it gives the user's source line. After the forward, the autograd graph
+is walked: what each node keeps for backward (its `_saved_*` fields, PyTorch's SavedVariables) is
+matched to the recorded tensors by storage, so the file says exactly what PyTorch's autograd
+keeps for this model, op by op.
+
+The model runs in bfloat16, which stands for the run's floating dtype: the file calls those
+tensors "float", and keeps "f32" for what the model holds in f32 at any dtype (upcasts).
+
+Where the CUDA kernels keep something else than the meta (CPU) path, the CUDA path is recorded
+instead, each with its source:
+- `F.dropout` (not in place) on CUDA is `native_dropout`: the output and a bool mask, which
+  NativeDropoutBackward0 keeps (ATen Dropout.cpp, `is_fused_kernel_acceptable` true for CUDA
+  inputs); on the CPU it is a float noise tensor and a multiply. In-place dropout takes the
+  noise path on CUDA too (`_dropout<true>`), so it is recorded as it runs.
+- `F.scaled_dot_product_attention` on CUDA runs a fused kernel (`sdp_utils.cpp`), not the
+  CPU's math path: see `_sdpa`.
+
+Sizes that follow the batch (and the sequence, for token inputs) are found by recording again
+at batch + 1 (and sequence + 1): each size is written as `a*batch*seq + b*batch + c*seq + d`.
+"""
+from __future__ import annotations
+
+import math
+import sys
+import weakref
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from ._errors import ExportError, one_line
+
+FORMAT_OPS = 1  # the "graph" form's own version, inside model-file version 1
+
+# The recording runs the model in bfloat16: a bfloat16 tensor is one that follows the run's
+# dtype ("float" in the file); float32 tensors there are ones the model keeps in f32 whatever
+# the run's dtype (RMSNorm's upcast, rotary tables, the loss's logits.float()).
+RUN_DTYPE_NAME = "bfloat16"
+DTYPES = {
+    "float32": "f32", "float16": "f16", "bfloat16": "float", "float64": "f64",
+    "int64": "i64", "int32": "i32", "uint8": "u8", "int8": "u8", "bool": "bool",
+}
+
+# Backward of views whose gradient is a view of the output's gradient (no allocation):
+# derivatives.yaml gives `grad.reshape_symint(self.sym_sizes())` / `permute_backwards` /
+# `grad.t()` / `unsqueeze_to` / `grad.squeeze(dim)`. The other views (select, slice, expand,
+# as_strided, split, unbind, diagonal) allocate an input-sized gradient (select_backward,
+# slice_backward, sum_to, as_strided_backward, cat, stack).
+VIEW_GRAD = {
+    "view", "_unsafe_view", "reshape", "_reshape_alias", "permute", "transpose", "t", "unsqueeze",
+    "squeeze", "alias", "view_as", "unflatten", "flatten", "movedim", "swapaxes", "mT", "detach",
+    "lift_fresh", "_to_copy_view",
+}
+# Ops whose gradient for some inputs is the incoming gradient itself (AddBackward0's
+# `self: grad`, `other: maybe_multiply(grad, alpha)` at alpha 1; CloneBackward0; ToCopyBackward0
+# at the same dtype): passed through, allocated only when a broadcast input needs a sum.
+PASS_GRAD = {"add", "add_", "clone", "contiguous", "_to_copy", "sub", "sub_", "copy_"}
+# The inputs of PASS_GRAD ops that get the gradient passed (sub's other gets -grad).
+PASS_INPUTS = {"sub": (0,), "sub_": (0,), "copy_": (1,)}
+
+MAX_OPS = 2_000_000  # a recording larger than this is not one training step of a real model
+
+
+@dataclass
+class TensorRec:
+    id: int
+    shape: List[int]
+    dtype: str
+    kind: str                      # input, param, buffer, const, op
+    base: Optional[int] = None     # the tensor whose storage this one views
+    name: str = ""
+    requires_grad: bool = False
+    storage_bytes: int = 0
+
+
+@dataclass
+class OpRec:
+    name: str                      # "aten.convolution.default"
+    inputs: List[int]
+    outputs: List[int]
+    call: int                      # the innermost module call
+    line: str
+    alias: List[int] = field(default_factory=list)  # per output: the input it views or writes, -1 for new
+    inplace: bool = False
+    saves: List[int] = field(default_factory=list)
+    frees: List[int] = field(default_factory=list)  # tensors whose last reference went after this op
+    frees_after: List[List[int]] = field(default_factory=list)  # [call, tensor]: went once back in that call
+    node: str = ""                 # the autograd node PyTorch made ("ConvolutionBackward0")
+    args: Dict[str, Any] = field(default_factory=dict)  # the scalars the runtime reads
+
+
+@dataclass
+class CallRec:
+    path: str
+    cls: str
+    parent: int
+    checkpoint: bool = False
+
+
+class Recording:
+    """One forward at one size: tensors, operators and module calls, in execution order."""
+
+    def __init__(self):
+        self.tensors: List[TensorRec] = []
+        self.ops: List[OpRec] = []
+        self.calls: List[CallRec] = []
+        self.inputs: List[int] = []
+        self.output: Optional[int] = None
+        self.assumed: List[str] = []  # values read from tensors, which meta tensors do not have
+
+
+def _short_op(name: str) -> str:
+    """aten.transpose.int -> transpose."""
+    parts = name.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def _user_line(skip: Sequence[str]) -> str:
+    """file:line (function) of the innermost frame outside torch and this package."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not any(s in filename for s in skip) and not filename.startswith("<"):
+            return f"{Path(filename).name}:{frame.f_lineno} ({frame.f_code.co_name})"
+        frame = frame.f_back
+    return "?"
+
+
+class _Recorder:
+    """The dispatch mode, the module hooks and the CUDA substitutions of one recording."""
+
+    def __init__(self, torch, model, names: Dict[int, str], params: Dict[int, Tuple[str, Any]],
+                 buffers: Dict[int, Tuple[str, Any]]):
+        self.torch = torch
+        self.rec = Recording()
+        self.model = model
+        self.names = names
+        self.params = params
+        self.buffers = buffers
+        # id(tensor) -> tensor record, for live tensors only: a finalizer drops the entry when the
+        # tensor dies (and notes when), so an id the interpreter reuses is never mistaken.
+        self.by_obj: Dict[int, int] = {}
+        # (ops recorded when it died, the module call running then, tensor record)
+        self.deaths: List[Tuple[int, int, int]] = []
+        self.storage_owner: Dict[int, int] = {}  # StorageImpl address -> the record that made it
+        self.stack: List[int] = []
+        self.pending: List[Tuple[int, List[Any]]] = []  # (op index, output tensors) awaiting grad_fn
+        self.node_op: Dict[Any, int] = {}
+        self.nodes: List[Any] = []
+        self.problems: List[str] = []
+        self.finished = False
+        self.markers: Dict[int, Tuple[int, Any]] = {}  # marker storage -> (record, marker kept alive)
+        self.packed: List[int] = []  # saved tensors, by record, in the order autograd packed them
+        torch_dir = str(Path(torch.__file__).parent) + "/"
+        self.skip = (torch_dir, str(Path(__file__).parent), "/contextlib.py", "/functools.py")
+
+    # --- tensors ---------------------------------------------------------------------------
+    def _storage_key(self, t) -> int:
+        return t.untyped_storage()._cdata
+
+    def tensor_id(self, t, kind_hint: str = "const") -> int:
+        key = id(t)
+        found = self.by_obj.get(key)
+        if found is not None:
+            return found
+        if key in self.params:
+            name, _ = self.params[key]
+            kind, rg = "param", bool(t.requires_grad)
+        elif key in self.buffers:
+            name, _ = self.buffers[key]
+            kind, rg = "buffer", False
+        else:
+            name, kind, rg = "", kind_hint, bool(t.requires_grad)
+        return self._add(t, kind, name, rg)
+
+    def _add(self, t, kind: str, name: str = "", requires_grad: bool = False, base: Optional[int] = None) -> int:
+        dtype = DTYPES.get(str(t.dtype).replace("torch.", ""))
+        if dtype is None:
+            self.problems.append(f"a tensor of dtype {t.dtype} ({self._where()}): vramscope models "
+                                 f"{', '.join(sorted(DTYPES))}")
+            dtype = "f32"
+        if len(t.shape) > 6:
+            self.problems.append(f"a tensor of {len(t.shape)} dimensions {list(t.shape)} ({self._where()}): "
+                                 "vramscope's tensors have at most 6")
+        rid = len(self.rec.tensors)
+        storage = self._storage_key(t)
+        if base is None and kind == "op":
+            owner = self.storage_owner.get(storage)
+            base = owner if owner is not None and owner != rid else None
+        rec = TensorRec(rid, [int(s) for s in t.shape], dtype, kind, base, name, requires_grad,
+                        int(t.untyped_storage().nbytes()))
+        self.rec.tensors.append(rec)
+        self.by_obj[id(t)] = rid
+        weakref.finalize(t, self._died, id(t), rid)
+        self.storage_owner.setdefault(storage, rid)
+        return rid
+
+    def _died(self, key: int, rid: int) -> None:
+        """The last reference to a tensor went away: where the program frees it (its storage, once
+        no view of it is left). Autograd keeps no reference while recording: its saved tensors
+        are packed as record numbers (_saved_hooks)."""
+        if self.by_obj.get(key) == rid:
+            del self.by_obj[key]
+        if not self.finished:
+            self.deaths.append((len(self.rec.ops), self.stack[-1] if self.stack else -1, rid))
+
+    def _where(self) -> str:
+        call = self.stack[-1] if self.stack else None
+        path = self.rec.calls[call].path if call is not None else ""
+        return f"in {path or 'the model'}, {_user_line(self.skip)}"
+
+    def assume(self, t):
+        """A value read from a tensor (`.item()`, `if tensor:`): meta tensors have none. The
+        recording takes the answer of an ordinary training batch (a boolean check holds, a count
+        is 1) and lists it in the file, with its place, for the reader to judge."""
+        value = True if t.dtype == self.torch.bool else (1 if not t.is_floating_point() else 1.0)
+        place = f"{self._where()}: read a {str(t.dtype).replace('torch.', '')} value, assumed {value}"
+        if place not in self.rec.assumed:
+            self.rec.assumed.append(place)
+        return value
+
+    # --- module calls ----------------------------------------------------------------------
+    def pre_hook(self, module, args):
+        name = self.names.get(id(module))
+        if name is None:
+            self.stack.append(self.stack[-1] if self.stack else -1)
+            return
+        parent = self.stack[-1] if self.stack else -1
+        self.rec.calls.append(CallRec(name, type(module).__name__, parent))
+        self.stack.append(len(self.rec.calls) - 1)
+
+    def post_hook(self, module, args, output):
+        if self.stack:
+            self.stack.pop()
+
+    # --- operators -------------------------------------------------------------------------
+    def resolve_pending(self):
+        for op_index, outs in self.pending:
+            for t in outs:
+                fn = getattr(t, "grad_fn", None)
+                if fn is not None and fn not in self.node_op:
+                    self.node_op[fn] = op_index
+                    self.nodes.append(fn)
+        self.pending = []
+
+    def record(self, func, args, kwargs, out, name: Optional[str] = None, attrs: Optional[dict] = None):
+        torch = self.torch
+        self.resolve_pending()
+        if len(self.rec.ops) >= MAX_OPS:
+            raise ExportError([f"more than {MAX_OPS:,} operators in one forward"], "cannot export the model")
+        flat_in, _ = torch.utils._pytree.tree_flatten((args, kwargs or {}))
+        in_tensors = [a for a in flat_in if isinstance(a, torch.Tensor)]
+        inputs = [self.tensor_id(a) for a in in_tensors]
+        flat_out, _ = torch.utils._pytree.tree_flatten(out)
+        out_tensors = [o for o in flat_out if isinstance(o, torch.Tensor)]
+        opname = name or str(func)
+        alias_of = self._aliases(func, args, kwargs, in_tensors, len(out_tensors)) if name is None else \
+            [-1] * len(out_tensors)
+        outputs, inplace = [], False
+        for t, a in zip(out_tensors, alias_of):
+            if a >= 0 and id(t) == id(in_tensors[a]):
+                inplace = True  # the op wrote into its input and returned it: the same tensor
+                outputs.append(inputs[a])
+                continue
+            base = None
+            if a >= 0:
+                src = self.rec.tensors[inputs[a]]
+                base = src.base if src.base is not None else src.id
+            outputs.append(self._add(t, "op", base=base))
+        if not out_tensors and not in_tensors:
+            return
+        call = self.stack[-1] if self.stack else -1
+        op = OpRec(opname, inputs, outputs, call, _user_line(self.skip), alias_of, inplace, args=attrs or {})
+        self.rec.ops.append(op)
+        self.pending.append((len(self.rec.ops) - 1, out_tensors))
+
+    def _aliases(self, func, args, kwargs, in_tensors, n_out) -> List[int]:
+        """Per output, the index among the op's tensor inputs that it aliases, or -1."""
+        result = [-1] * n_out
+        schema = getattr(func, "_schema", None)
+        if schema is None:
+            return result
+        sets: Dict[str, int] = {}
+        position = 0
+        bound = list(args) + [kwargs.get(a.name) for a in schema.arguments[len(args):]] if kwargs else list(args)
+        for arg, value in zip(schema.arguments, bound):
+            count = self._count_tensors(value)
+            info = arg.alias_info
+            if info is not None and count == 1:
+                for s in info.before_set:
+                    sets.setdefault(s, position)
+            position += count
+        out_index = 0
+        for ret in schema.returns:
+            info = ret.alias_info
+            if out_index >= n_out:
+                break
+            if info is not None:
+                for s in info.before_set:
+                    if s in sets:
+                        result[out_index] = sets[s]
+                        break
+            out_index += 1
+        return result
+
+    def _count_tensors(self, value) -> int:
+        torch = self.torch
+        if isinstance(value, torch.Tensor):
+            return 1
+        if isinstance(value, (list, tuple)):
+            return sum(self._count_tensors(v) for v in value)
+        return 0
+
+
+def _make_mode(recorder: _Recorder):
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Mode(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func in _NO_RECORD:
+                return func(*args, **kwargs)
+            if func is _ITEM:
+                return recorder.assume(args[0])
+            try:
+                out = func(*args, **kwargs)
+            except NotImplementedError as e:
+                raise _OpFailure(f"{func} has no meta kernel ({one_line(e, 120)})") from None
+            except RuntimeError as e:
+                raise _OpFailure(f"{func}: {one_line(e, 200)}") from None
+            attrs = _scalar_args(func, args, kwargs) if func in _WITH_ARGS else None
+            recorder.record(func, args, kwargs, out, attrs=attrs)
+            return out
+
+    _NO_RECORD = {torch.ops.prim.device.default} if hasattr(torch.ops, "prim") else set()
+    _ITEM = torch.ops.aten._local_scalar_dense.default
+    # The operators the runtime runs with its own ops (op_kernels.cpp) read their scalars.
+    _WITH_ARGS = {torch.ops.aten._scaled_dot_product_efficient_attention.default, torch.ops.aten.convolution.default,
+                  torch.ops.aten.native_batch_norm.default}
+    return Mode()
+
+
+def _scalar_args(func, args, kwargs) -> dict:
+    """The numbers among an operator's arguments, by the schema's names; a list of equal ints
+    (a square convolution's stride) as one number, other lists left out."""
+    out = {}
+    for arg, value in zip(func._schema.arguments, list(args) + [None] * len(func._schema.arguments)):
+        value = kwargs.get(arg.name, value)
+        if isinstance(value, bool):
+            out[arg.name] = value
+        elif isinstance(value, (int, float)):
+            out[arg.name] = value
+        elif isinstance(value, (list, tuple)) and value and all(isinstance(v, int) for v in value) \
+                and len(set(value)) == 1:
+            out[arg.name] = value[0]
+    return out
+
+
+class _OpFailure(Exception):
+    """An operator that cannot run on meta tensors (data-dependent: .item(), nonzero)."""
+
+
+def _make_function_mode():
+    """The CUDA substitutions (module docstring): dropout and scaled_dot_product_attention.
+    Inside __torch_function__ this mode is off, so the calls below dispatch (and record)."""
+    import torch
+    import torch.nn.functional as F
+    from torch.overrides import TorchFunctionMode
+
+    sdpa = getattr(F, "scaled_dot_product_attention", None)
+
+    class Mode(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = dict(kwargs or {})
+            if func is F.dropout or func is torch.dropout:
+                bound = dict(zip(("input", "p", "training", "inplace"), args))
+                bound.update(kwargs)
+                x, p = bound["input"], bound.get("p", 0.5)
+                if bound.get("training", True) and 0 < p < 1 and not bound.get("inplace", False) and x.numel() > 0:
+                    # ATen Dropout.cpp: a CUDA input takes the fused kernel (native_dropout).
+                    return torch.native_dropout(x, p, True)[0]
+            if sdpa is not None and func is sdpa:
+                return _sdpa(torch, args, kwargs)
+            return func(*args, **kwargs)
+
+    return Mode()
+
+
+def _sdpa(torch, args, kwargs):
+    """F.scaled_dot_product_attention as one fused CUDA kernel: recorded as the memory-efficient
+    kernel's operator (it takes every dtype and a mask), which keeps q, k, v, the mask
+    (attn_bias), the output and its f32 logsumexp (derivatives.yaml,
+    _scaled_dot_product_efficient_attention). The runtime runs it without a mask as its own
+    attention op, flash or memory-efficient as sdp_utils.cpp picks for the run's dtype. The
+    efficient kernel has no grouped-query path: with enable_gqa, k and v are repeated to q's
+    heads first (sdpa's `repeat_interleave`)."""
+    names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+    bound = dict(zip(names, args))
+    bound.update(kwargs)
+    q, k, v = bound["query"], bound["key"], bound["value"]
+    mask = bound.get("attn_mask")
+    if mask is not None and mask.dtype == torch.bool:
+        # A boolean mask becomes an additive float bias first (sdpa's convert_boolean_attn_mask).
+        mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(mask.logical_not(), float("-inf"))
+    if bound.get("enable_gqa", False) and k.shape[-3] != q.shape[-3]:
+        k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)
+        v = v.repeat_interleave(q.shape[-3] // v.shape[-3], dim=-3)
+    if mask is not None:
+        mask = mask.expand(q.shape[:-1] + (k.shape[-2],)) if mask.dim() == q.dim() else mask
+    needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, mask))
+    out = torch.ops.aten._scaled_dot_product_efficient_attention(
+        q, k, v, mask, needs_grad, float(bound.get("dropout_p", 0.0) or 0.0), bool(bound.get("is_causal", False)),
+        scale=bound.get("scale"))
+    return out[0]
+
+
+# --- one recording ----------------------------------------------------------------------------
+
+def record(model, args: tuple, kwargs: dict, pick_output: Callable[[Any], Any]) -> Recording:
+    """Runs `model(*args, **kwargs)` on meta tensors once and records it (module docstring).
+    `pick_output` chooses the tensor the loss starts from among the model's outputs."""
+    import torch
+    names = {id(m): n for n, m in model.named_modules()}
+    params = {id(p): (n, p) for n, p in model.named_parameters()}
+    buffers = {id(b): (n, b) for n, b in model.named_buffers()}
+    recorder = _Recorder(torch, model, names, params, buffers)
+    flat, _ = torch.utils._pytree.tree_flatten((args, kwargs))
+    for t in flat:
+        if isinstance(t, torch.Tensor):
+            recorder.rec.inputs.append(recorder._add(t, "input", requires_grad=bool(t.requires_grad)))
+    # Parameters and buffers in registration order (what the file declares), used or not.
+    for n, p in model.named_parameters():
+        recorder.tensor_id(p)
+    for n, b in model.named_buffers():
+        recorder.tensor_id(b)
+    def pack(t):
+        rid = recorder.by_obj.get(id(t))
+        if rid is None:  # an output saved as a new tensor on its storage
+            rid = recorder.storage_owner.get(t.untyped_storage()._cdata, -1)
+        return rid
+
+    def unpack(rid):
+        # Reading a node's saved tensor (the graph walk below) gets a marker whose storage names
+        # the record (autograd hands back a new Python object on the same storage).
+        marker = torch.empty(0, device="meta")
+        recorder.markers[marker.untyped_storage()._cdata] = (rid, marker)
+        return marker
+
+    pre = torch.nn.modules.module.register_module_forward_pre_hook(recorder.pre_hook)
+    post = torch.nn.modules.module.register_module_forward_hook(recorder.post_hook, always_call=True)
+    marks = _CheckpointMarks(recorder)
+    try:
+        with marks, torch.autograd.graph.saved_tensors_hooks(pack, unpack), _make_function_mode(), \
+                _make_mode(recorder):
+            out = model(*args, **kwargs)
+            chosen = pick_output(out)
+        recorder.resolve_pending()
+    except _OpFailure as e:
+        raise ExportError([f"{e} ({recorder._where()})"], "cannot record the model's operators") from None
+    finally:
+        pre.remove()
+        post.remove()
+    if recorder.problems:
+        raise ExportError(sorted(set(recorder.problems)), "cannot record the model's operators")
+    if not isinstance(chosen, torch.Tensor):
+        raise ExportError([f"the chosen output is {type(chosen).__name__}, not a tensor"], "cannot export the model")
+    recorder.rec.output = recorder.by_obj.get(id(chosen))
+    if recorder.rec.output is None:
+        recorder.rec.output = recorder.tensor_id(chosen)
+    recorder.finished = True
+    for after, call, rid in recorder.deaths:
+        if after <= 0:
+            continue
+        op = recorder.rec.ops[after - 1]
+        # Died once the op's call had returned to an enclosing call (a local of that call going
+        # at its return, `identity` in a residual block): freed there, after the child returns.
+        ancestor = op.call
+        while ancestor >= 0 and ancestor != call:
+            ancestor = recorder.rec.calls[ancestor].parent
+        if call >= 0 and ancestor == call and call != op.call:
+            op.frees_after.append([call, rid])
+        else:
+            op.frees.append(rid)
+    _find_saved(recorder, chosen)
+    return recorder.rec
+
+
+class _CheckpointMarks:
+    """torch.utils.checkpoint inside forward: the checkpointed module call is marked (the file's
+    "checkpoint") and traced as any other call; the runtime checkpoints it as PyTorch would."""
+
+    def __init__(self, recorder: _Recorder):
+        self.recorder = recorder
+        self.saved = None
+
+    def __enter__(self):
+        import torch.utils.checkpoint as cp
+        self.saved = cp.checkpoint
+        recorder = self.recorder
+        original = cp.checkpoint
+
+        def checkpoint(function, *args, use_reentrant=None, **kwargs):
+            module = function if hasattr(function, "named_modules") else getattr(function, "__self__", None)
+            before = len(recorder.rec.calls)
+            kwargs.pop("preserve_rng_state", None)
+            kwargs.pop("determinism_check", None)
+            kwargs.pop("debug", None)
+            kwargs.pop("context_fn", None)
+            result = function(*args, **kwargs)
+            if module is not None and id(module) in recorder.names:
+                for call in recorder.rec.calls[before:]:
+                    if call.path == recorder.names[id(module)]:
+                        call.checkpoint = "reentrant" if use_reentrant is not False else "non-reentrant"
+                        break
+            return result
+
+        cp.checkpoint = checkpoint
+        self.original = original
+        return self
+
+    def __exit__(self, *exc):
+        import torch.utils.checkpoint as cp
+        cp.checkpoint = self.saved
+        return False
+
+
+def _saved_tensors(torch, node) -> List[Any]:
+    """What an autograd node keeps: its SavedVariables (`_saved_*`), tensors and lists of them."""
+    found = []
+    for attr in dir(node):
+        if not attr.startswith("_saved_"):
+            continue
+        try:
+            value = getattr(node, attr)
+        except Exception:  # noqa: BLE001 (a saved tensor already freed, or an undefined one)
+            continue
+        for v in (value if isinstance(value, (list, tuple)) else (value,)):
+            if isinstance(v, torch.Tensor):
+                found.append(v)
+    return found
+
+
+def _find_saved(recorder: _Recorder, root) -> None:
+    """Walks the autograd graph from `root`; each node's saved tensors become its op's `saves`."""
+    torch = recorder.torch
+    seen = set()
+    todo = [root.grad_fn] if root.grad_fn is not None else []
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        todo.extend(fn for fn, _ in node.next_functions)
+        op_index = recorder.node_op.get(node)
+        if op_index is None:
+            continue
+        op = recorder.rec.ops[op_index]
+        op.node = type(node).__name__
+        for t in _saved_tensors(torch, node):
+            rid = recorder.markers.get(t.untyped_storage()._cdata, (-1, None))[0]
+            if rid >= 0 and rid not in op.saves:
+                op.saves.append(rid)

@@ -1,0 +1,37 @@
+// op_rules.hpp — what the recording of an operator does not say and the runtime must know:
+// how its backward treats the incoming gradient, which outputs the CUDA kernel keeps on the
+// host, and which output sizes the CUDA kernel decides. One row per operator, each with its
+// source in op_rules.cpp; every other operator takes the defaults.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include "vramscope/runtime/tensor.hpp"
+
+namespace mem::nn::detail {
+
+struct OpRule {
+  /// Inputs (bit i: input i) whose gradient is the incoming gradient itself when it has the
+  /// input's size and dtype (a view of it: nothing allocated); every other input that needs a
+  /// gradient gets a new one of its shape (derivatives.yaml's formulas compute new tensors).
+  std::uint32_t passes = 0;
+  /// Outputs (bit k) the CUDA kernel returns on the host (the philox seed and offset of the
+  /// fused attention kernels): no device allocation.
+  std::uint32_t host_outputs = 0;
+  /// Output 1 is the fused attention's f32 logsumexp, whose rows the kernel chooses.
+  bool attention_logsumexp = false;
+  /// A dtype conversion: when the run's dtype makes it one to the same dtype it is `x.to(dtype)`
+  /// returning x itself (PyTorch's to() aliases then, to_will_alias): no copy, no node.
+  bool conversion = false;
+};
+
+/// The rule of "aten.<name>.<overload>" (the overload does not matter).
+const OpRule& op_rule(std::string_view op);
+
+/// The logsumexp of CUDA's fused attention for q [B, H, S, d] at the run's dtype: flash (f16 /
+/// bf16, no mask, a head dimension flash takes) keeps [B, H, S] rows, the memory-efficient
+/// kernel [B, H, S rounded up to 32]; f32 either way.
+Shape attention_logsumexp_shape(const Shape& q, DType dtype, bool masked);
+
+}  // namespace mem::nn::detail
