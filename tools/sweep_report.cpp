@@ -270,8 +270,11 @@ std::string sweep_report(const SweepResult& result, const ReportOptions& options
   const nn::ModelInfo& m = result.model;
   const SweepSpec& spec = result.spec;
   std::string out;
-  out += fmt::format("vramscope sweep: {}, {} sequential modules{}, {} parameters ({} in f32)\n",
-                     model_title(m, spec.model_options, spec.batches, spec.seqs, spec.checkpoints), m.sequence_length,
+  out += fmt::format("vramscope sweep: {}, {}{}, {} parameters ({} in f32)\n",
+                     model_title(m, spec.model_options, spec.batches, spec.seqs, spec.checkpoints),
+                     m.operators > 0 ? fmt::format("{} operators in {} module calls (recorded with {})", m.operators,
+                                                   m.module_calls, m.recorded_with)
+                                     : fmt::format("{} sequential modules", m.sequence_length),
                      m.checkpointed_modules > 0 && spec.checkpoints.empty()
                          ? fmt::format(" ({} checkpointed {})", m.checkpointed_modules,
                                        m.sequential_checkpointing ? "by the file's marks" : "per decoder layer")

@@ -1209,6 +1209,9 @@ class Builder {
     flow.integer = !out.follows_run_dtype && !nn::is_floating(out.dtype);
     flow.from = "the graph's output";
     info.sequential_checkpointing = false;
+    info.operators = graph->ops.size();
+    info.module_calls = graph->calls.size();
+    info.recorded_with = graph->recorded_with;
   }
 
   const ModelFile::Doc& doc_;

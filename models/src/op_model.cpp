@@ -83,7 +83,8 @@ nn::OpGraph::Kind kind(const json& t, const std::string& path) {
   if (k == "buffer") return nn::OpGraph::Kind::Buffer;
   if (k == "const") return nn::OpGraph::Kind::Const;
   if (k == "op") return nn::OpGraph::Kind::Activation;
-  fail(at(path, "kind"), "expected input, param, buffer, const or op, got \"" + k + "\"");
+  if (k == "host") return nn::OpGraph::Kind::Host;
+  fail(at(path, "kind"), "expected input, param, buffer, const, op or host, got \"" + k + "\"");
 }
 
 }  // namespace

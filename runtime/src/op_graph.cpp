@@ -23,8 +23,8 @@ using Kind = OpGraph::Kind;
 
 /// What a saved tensor is to its op: input k, output k, or a parameter or buffer.
 struct SaveRef {
-  enum class From : std::uint8_t { Input, Output, Persistent } from = From::Input;
-  std::int32_t index = 0;  ///< input or output index, or the graph index of a persistent tensor
+  enum class From : std::uint8_t { Input, Output, Value } from = From::Input;
+  std::int32_t index = 0;  ///< input or output index, or the graph index of another value
 };
 
 class OpCall;
@@ -172,6 +172,7 @@ class OpCall final : public Module {
 
  private:
   Tensor value(std::int32_t t) const {
+    if (state_->graph->tensors[static_cast<std::size_t>(t)].kind == Kind::Host) return Tensor{};
     const auto& owner = state_->owners[static_cast<std::size_t>(t)];
     if (owner.first != nullptr) return owner.first->persistent(owner.second);
     return (*state_->env)[static_cast<std::size_t>(t)];
@@ -280,7 +281,7 @@ void OpCall::run_op(const Item& item) const {
       } else {
         out[k] = view_on(src, t.shape, dtype);
       }
-    } else if (k < 32 && ((rule.host_outputs >> k) & 1u) != 0) {
+    } else if ((k < 32 && ((rule.host_outputs >> k) & 1u) != 0) || t.kind == Kind::Host) {
       // On the host: nothing on the device.
     } else if (rule.attention_logsumexp && k == 1 && !in.empty() && in[0].defined()) {
       out[k] = empty(rt, detail::attention_logsumexp_shape(in[0].shape(), in[0].dtype(), in.size() > 3), DType::F32);
@@ -339,7 +340,7 @@ void check(const OpGraph& g) {
   std::vector<char> defined(g.tensors.size(), 0);
   for (std::size_t t = 0; t < g.tensors.size(); ++t) {
     const auto& spec = g.tensors[t];
-    if (spec.kind != Kind::Activation && spec.kind != Kind::Input) defined[t] = 1;
+    if (spec.kind != Kind::Activation && spec.kind != Kind::Input) defined[t] = 1;  // persistent, host
     if (spec.base >= static_cast<std::int32_t>(t) || spec.base < -1) {
       bad("tensors[" + std::to_string(t) + "].base must name an earlier tensor");
     }
@@ -362,7 +363,8 @@ void check(const OpGraph& g) {
       const std::int32_t a = op.alias.empty() ? -1 : op.alias[k];
       if (a < -1 || a >= static_cast<std::int32_t>(op.in.size())) bad(where + ": alias names no input");
       const bool rewrite = op.inplace && a >= 0 && op.in[static_cast<std::size_t>(a)] == t;
-      if (!rewrite && (defined[static_cast<std::size_t>(t)] || g.tensors[static_cast<std::size_t>(t)].kind != Kind::Activation)) {
+      const Kind kind = g.tensors[static_cast<std::size_t>(t)].kind;
+      if (kind != Kind::Host && !rewrite && (defined[static_cast<std::size_t>(t)] || kind != Kind::Activation)) {
         bad(where + ": tensor " + std::to_string(t) + " is made twice");
       }
       defined[static_cast<std::size_t>(t)] = 1;
@@ -463,7 +465,7 @@ class Planner {
   }
   bool persistent(std::int32_t t) const {
     const Kind k = g_.tensors[static_cast<std::size_t>(t)].kind;
-    return k == Kind::Param || k == Kind::Buffer || k == Kind::Const;
+    return k == Kind::Param || k == Kind::Buffer || k == Kind::Const || k == Kind::Host;
   }
   /// Tensor t, made in call `from`, read in call `to`: every call below their common
   /// ancestor takes it in (reader's side) or hands it out (maker's side).
@@ -504,7 +506,7 @@ class Planner {
     for (std::size_t k = 0; k < op.in.size(); ++k) {
       if (op.in[k] == t) return SaveRef{SaveRef::From::Input, static_cast<std::int32_t>(k)};
     }
-    if (persistent(t)) return SaveRef{SaveRef::From::Persistent, t};
+    if (persistent(t)) return SaveRef{SaveRef::From::Value, t};
     // A view of one of the op's tensors (the recording names a saved view by its storage):
     // keeping that tensor keeps the same storage.
     const std::int32_t root = root_of(t);
@@ -514,7 +516,9 @@ class Planner {
     for (std::size_t k = 0; k < op.out.size(); ++k) {
       if (root_of(op.out[k]) == root) return SaveRef{SaveRef::From::Output, static_cast<std::int32_t>(k)};
     }
-    bad(op.op + " (" + op.line + ") saves tensor " + std::to_string(t) + ", which it neither reads nor makes");
+    // A tensor an earlier op made for this one to keep (an in-place op's copy of its input,
+    // made by autograd before the op: hardswish_'s original self).
+    return SaveRef{SaveRef::From::Value, t};
   }
   std::int32_t root_of(std::int32_t t) const {
     while (g_.tensors[static_cast<std::size_t>(t)].base >= 0) t = g_.tensors[static_cast<std::size_t>(t)].base;

@@ -7,14 +7,23 @@ from pathlib import Path
 
 
 @contextlib.contextmanager
-def torch_saved_per_module(model, names=None, owner=lambda path: path):
+def torch_saved_per_module(model, names=None, owner=lambda path: path, device_scalars=False):
     """Within it, every tensor PyTorch saves for backward is counted, each storage once, in
     the dict it yields, under owner(the innermost module running when it is first saved);
     parameters, buffers and 0-dim tensors (wrapped Python numbers: host scalars on CUDA) are
-    left out. `names`: module -> path (default: model.named_modules())."""
+    left out. `names`: module -> path (default: model.named_modules()). `device_scalars`: on
+    the meta device, where a host scalar is a CPU tensor, 0-dim meta tensors count (nll_loss's
+    total_weight is a device tensor on CUDA)."""
     import torch
     names = names or {m: n for n, m in model.named_modules()}
-    owned = {p.data_ptr() for p in model.parameters()} | {b.data_ptr() for b in model.buffers()}
+
+    def key_of(t):
+        # The storage itself, not its address: on the meta device every address is 0. Saved
+        # storages stay alive (the pack hook returns the tensor), so no key is reused.
+        storage = t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()  # 1.13: storage()
+        return getattr(storage, "_cdata", None) or storage.data_ptr()
+
+    owned = {key_of(p) for p in model.parameters()} | {key_of(b) for b in model.buffers()}
     stack, saved, seen, hooks = [], {}, set(), []
 
     def enter(m, _):
@@ -29,8 +38,12 @@ def torch_saved_per_module(model, names=None, owner=lambda path: path):
 
     def pack(t):
         storage = t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()  # 1.13: storage()
-        ptr = storage.data_ptr()
-        if t.dim() > 0 and ptr not in owned and ptr not in seen:
+        ptr = key_of(t)
+        # On CUDA the fused attention kernels' philox seed and offset (0-dim int64) are host
+        # tensors (attention.cu); on meta they are meta tensors like any other.
+        counted = (t.device.type != "cpu" and not (t.dim() == 0 and t.dtype == torch.int64)) if device_scalars \
+            else t.dim() > 0
+        if counted and ptr not in owned and ptr not in seen:
             seen.add(ptr)
             key = owner(stack[-1] if stack else "")
             saved[key] = saved.get(key, 0) + storage.nbytes()

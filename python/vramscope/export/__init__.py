@@ -93,8 +93,13 @@ def export_ops(model, inputs: Sequence["InputSpec"], *, name: str = "model", los
     from ._opfile import export_graph
     model = _on_meta(model)
     high = None
-    if any(i.dtype == "int64" for i in inputs):
-        high = _embedding_size(model)
+    if inputs[0].dtype == "int64":
+        # Token ids are drawn below the embedding's size; other int64 inputs (a diffusion
+        # timestep, labels) only take memory.
+        try:
+            high = _embedding_size(model)
+        except ExportError:
+            high = 2
     batch = inputs[0].shape[0]
     seq_len = inputs[0].shape[1] if seq else None
 

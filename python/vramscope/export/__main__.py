@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import List, Optional, Sequence
 
-from . import LOSSES, ExportError, build_model, export, load_factory
+from . import LEVELS, LOSSES, ExportError, InputSpec, build_model, export, export_hf_config, export_ops, load_factory
 from ._errors import debugging, one_line
 from ._model import refuse_transformers
 
@@ -15,37 +16,89 @@ from ._model import refuse_transformers
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python3 -m vramscope.export",
-        description="Write a vramscope model file from a PyTorch nn.Module: built on the meta device (no "
-                    "weights, no GPU, nothing downloaded), traced with torch.fx, your module names kept.",
+        description="Write a vramscope model file from a PyTorch nn.Module, or from a Hugging Face config.json: "
+                    "built on the meta device (no weights, no GPU, nothing downloaded), your module names kept. "
+                    "The layer form maps the model onto the model file's layers (torch.fx); the operator form "
+                    "records PyTorch's operators as one training forward runs them, with what autograd keeps "
+                    "for backward (any model PyTorch runs).",
         epilog="examples:\n"
                "  python3 -m vramscope.export my_model.py:make_model --input 8,3,224,224 -o net.json\n"
                "  python3 -m vramscope.export torchvision.models:resnet50 --input 32,3,224,224 -o resnet50.json\n"
+               "  python3 -m vramscope.export timm:create_model --arg convnext_tiny --input 32,3,224,224 -o c.json\n"
                "  python3 -m vramscope.export lm.py:TinyLM --input 4,128 --input-dtype int64 -o lm.json\n"
-               "then: vramscope sweep --model-file net.json --segments auto --dtype f32,amp\n"
+               "  python3 -m vramscope.export --hf-config config.json --batch 4 --seq 2048 -o qwen3.json\n"
+               "  python3 -m vramscope.export unet.py:make --input 2,4,64,64 --input t=2 --input ctx=2,77,768 "
+               "--output-key sample --loss mse -o unet.json\n"
+               "then: vramscope sweep --model-file net.json --dtype f32,bf16\n"
                "errors are one line each; VRAMSCOPE_EXPORT_DEBUG=1 shows the traceback behind one",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("model", help="FILE.py:FUNCTION or module:FUNCTION returning the nn.Module (a class works)")
-    parser.add_argument("--input", required=True, metavar="N,D,...",
-                        help="the input's shape, batch first (the batch stays an option of the file)")
+    parser.add_argument("model", nargs="?", help="FILE.py:FUNCTION or module:FUNCTION returning the nn.Module "
+                                                 "(a class works)")
+    parser.add_argument("--arg", action="append", default=[], metavar="VALUE",
+                        help="a positional argument for FUNCTION (repeat for more; numbers stay numbers)")
+    parser.add_argument("--input", action="append", metavar="[NAME=]N,D,...[:int64]",
+                        help="an input's shape, batch first; repeat for several inputs; NAME= passes it as a "
+                             "keyword argument; :int64 for token ids (the batch stays an option of the file)")
     parser.add_argument("--input-dtype", default="float", choices=("float", "int64"),
-                        help="float (the run's precision) or int64 token ids for an nn.Embedding")
+                        help="the first input's dtype: float (the run's precision) or int64 token ids")
     parser.add_argument("--loss", choices=LOSSES,
-                        help="the loss (default: cross_entropy over the output's last dimension)")
+                        help="the loss (default: cross_entropy over the output's last dimension; none when the "
+                             "model returns its loss)")
+    parser.add_argument("--output-key", metavar="KEY", help="the output the loss starts from, when the model returns "
+                                                       "several (a dict key, attribute or index)")
+    parser.add_argument("--level", choices=LEVELS, default="auto",
+                        help="layers (torch.fx onto the model file's layers), ops (PyTorch's operators), or auto: "
+                             "layers where they map, else ops (default)")
+    parser.add_argument("--hf-config", metavar="CONFIG.json",
+                        help="a transformers config.json: AutoModelForCausalLM.from_config, its loss on labels")
+    parser.add_argument("--batch", type=int, default=1, help="--hf-config: the batch recorded (default 1)")
+    parser.add_argument("--seq", type=int, default=128, help="--hf-config: the sequence length recorded (default "
+                                                             "128); both stay options of the file")
+    parser.add_argument("--attn", default="sdpa", choices=("sdpa", "eager"),
+                        help="--hf-config: transformers' attn_implementation (default sdpa)")
     parser.add_argument("--name", help="the model's name in tables (default: the function's name)")
-    parser.add_argument("-o", "--output", metavar="FILE.json", help="where to write (default: standard output)")
-    args = parser.parse_args(argv)
+    parser.add_argument("-o", "--output", dest="out", metavar="FILE.json",
+                        help="where to write (default: standard output)")
     try:
-        try:
-            shape = [int(s) for s in args.input.split(",")]
-        except ValueError:
-            raise ExportError([f"--input {args.input!r}: expected sizes separated by commas, such as 8,3,224,224"],
-                              "bad input") from None
-        factory, fname = load_factory(args.model)
-        model = build_model(factory, args.model)
-        refuse_transformers(model, args.output)
-        doc = export(model, shape, name=args.name or fname, input_dtype=args.input_dtype, loss=args.loss,
-                     source=f"exported by `python3 -m vramscope.export {args.model} --input {args.input}` "
-                            f"from {type(model).__module__}.{type(model).__name__}")
+        args = parser.parse_args(argv)
+    except SystemExit as e:
+        return 2 if e.code not in (0, None) else 0
+    try:
+        _check_output(args)
+        if args.hf_config:
+            if args.model:
+                raise ExportError(["give a model or --hf-config, not both"], "bad arguments")
+            if args.batch <= 0 or args.seq <= 0:
+                raise ExportError(["--batch and --seq must be positive"], "bad arguments")
+            doc = export_hf_config(args.hf_config, batch=args.batch, seq=args.seq, name=_name(args.name), attn=args.attn)
+            params = None
+        else:
+            if not args.model:
+                raise ExportError(["give FILE.py:FUNCTION (or module:FUNCTION), or --hf-config CONFIG.json"],
+                                  "bad arguments")
+            if not args.input:
+                raise ExportError(["--input N,D,... is required: the shape of the model's input, batch first"],
+                                  "bad arguments")
+            inputs = [_input_spec(text, args.input_dtype if i == 0 else None) for i, text in enumerate(args.input)]
+            factory, fname = load_factory(args.model)
+            if args.arg:
+                base = factory
+                factory = lambda: base(*[_value(a) for a in args.arg])  # noqa: E731
+            model = build_model(factory, args.model)
+            # timm:create_model --arg convnext_tiny is convnext_tiny.
+            named_by_arg = args.arg and isinstance(_value(args.arg[0]), str)
+            name = _name(args.name) or (args.arg[0] if named_by_arg else fname)
+            source = f"exported by `python3 -m vramscope.export {args.model}` from " \
+                     f"{type(model).__module__}.{type(model).__name__}"
+            simple = len(inputs) == 1 and inputs[0].keyword is None and args.output_key is None
+            if args.level == "layers" or (simple and args.level == "auto" and not _is_transformers(model)):
+                if args.level == "layers":
+                    refuse_transformers(model, args.out)
+                doc = export(model, inputs[0].shape, name=name, input_dtype=inputs[0].dtype, loss=args.loss,
+                             source=source, level=args.level)
+            else:
+                doc = export_ops(model, inputs, name=name, loss=args.loss, source=source, output_key=args.output_key)
+            params = sum(p.numel() for p in model.parameters())
     except ExportError as e:
         print(f"vramscope.export: {e}", file=sys.stderr)
         return 2
@@ -56,21 +109,39 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               "please report it)", file=sys.stderr)
         return 2
     text = json.dumps(doc, indent=1) + "\n"
-    if not args.output:
+    if not args.out:
         sys.stdout.write(text)
         return 0
     try:
-        Path(args.output).write_text(text)
+        Path(args.out).write_text(text)
     except OSError as e:
-        print(f"vramscope.export: cannot write {args.output}: {e.strerror}", file=sys.stderr)
+        print(f"vramscope.export: cannot write {args.out}: {e.strerror}", file=sys.stderr)
         return 2
-    params = sum(p.numel() for p in model.parameters())
-    loss = doc["loss"]
-    n = top_level(doc["layers"])
-    print(f"{args.output}: {doc['name']}, {params:,} parameters, {n} top-level module{'s' if n != 1 else ''}, "
-          f"input [{', '.join(str(d) for d in doc['input']['shape'])}] with batch {shape[0]}, {loss['type']}"
-          + (f" over {loss['classes']} classes" if "classes" in loss else ""), file=sys.stderr)
+    print(summary(doc, args.out, params), file=sys.stderr)
     return 0
+
+
+def summary(doc: dict, out: str, params: Optional[int]) -> str:
+    loss = doc["loss"]
+    shape = ", ".join(str(d) for d in doc["input"]["shape"])
+    what = (f"{len(doc['graph']['ops'])} operators in {len(doc['graph']['calls'])} module calls"
+            if "graph" in doc else
+            f"{top_level(doc['layers'])} top-level module{'s' if top_level(doc['layers']) != 1 else ''}")
+    counted = params if params is not None else sum(
+        _numel(t["shape"], doc["options"]) for t in doc["graph"]["tensors"] if t["kind"] == "param")
+    line = (f"{out}: {doc['name']}, {counted:,} parameters, {what}, input [{shape}] with batch "
+            f"{doc['options']['batch']}, {loss['type']}" + (f" over {loss['classes']} classes" if "classes" in loss else ""))
+    for note in doc.get("graph", {}).get("assumed", []):
+        line += f"\n  assumed: {note}"
+    return line
+
+
+def _numel(shape, options) -> int:
+    """A parameter's elements (its sizes never follow the batch)."""
+    n = 1
+    for d in shape:
+        n *= d if isinstance(d, int) else 0
+    return n
 
 
 def top_level(layers) -> int:
@@ -78,6 +149,59 @@ def top_level(layers) -> int:
     return sum(top_level(it["layers"]) if it.get("expand") else 1 for it in layers)
 
 
+def _check_output(args) -> None:
+    """Never write over an input: the model's file or the config (the command refuses it too)."""
+    if not args.out:
+        return
+    out = Path(args.out)
+    sources = [args.hf_config] if args.hf_config else []
+    if args.model and ":" in args.model:
+        sources.append(args.model.rsplit(":", 1)[0])
+    for source in sources:
+        try:
+            if out.exists() and Path(source).exists() and os.path.samefile(out, source):
+                raise ExportError([f"-o {args.out} is the model's own source; give another file"], "bad arguments")
+        except OSError:
+            continue
+
+
+def _name(name: Optional[str]) -> Optional[str]:
+    if name is None:
+        return None
+    if not name or len(name) > 200 or any(not c.isprintable() for c in name):
+        raise ExportError([f"--name {name!r}: expected 1 to 200 printable characters"], "bad arguments")
+    return name
+
+
+def _value(text: str):
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _input_spec(text: str, dtype: Optional[str]) -> InputSpec:
+    keyword = None
+    if "=" in text:
+        keyword, text = text.split("=", 1)
+        if not keyword.isidentifier():
+            raise ExportError([f"--input {keyword}=...: {keyword!r} is not an argument name"], "bad input")
+    if text.endswith(":int64"):
+        text, dtype = text[:-6], "int64"
+    try:
+        shape = [int(s) for s in text.split(",")]
+    except ValueError:
+        raise ExportError([f"--input {text!r}: expected sizes separated by commas, such as 8,3,224,224"],
+                          "bad input") from None
+    if not shape or any(s <= 0 for s in shape):
+        raise ExportError([f"--input {text!r}: expected positive sizes, the batch first"], "bad input")
+    return InputSpec(shape, dtype or "float", keyword)
+
+
+def _is_transformers(model) -> bool:
+    return any(c.__name__ == "PreTrainedModel" for c in type(model).__mro__)
 
 
 if __name__ == "__main__":

@@ -168,7 +168,10 @@ class _Recorder:
         found = self.by_obj.get(key)
         if found is not None:
             return found
-        if key in self.params:
+        if t.device.type == "cpu":
+            # A wrapped Python number or a CPU tensor: on the host, never on the device.
+            name, kind, rg = "", "host", False
+        elif key in self.params:
             name, _ = self.params[key]
             kind, rg = "param", bool(t.requires_grad)
         elif key in self.buffers:
@@ -189,15 +192,15 @@ class _Recorder:
                                  "vramscope's tensors have at most 6")
         rid = len(self.rec.tensors)
         storage = self._storage_key(t)
-        if base is None and kind == "op":
-            owner = self.storage_owner.get(storage)
-            base = owner if owner is not None and owner != rid else None
         rec = TensorRec(rid, [int(s) for s in t.shape], dtype, kind, base, name, requires_grad,
                         int(t.untyped_storage().nbytes()))
         self.rec.tensors.append(rec)
         self.by_obj[id(t)] = rid
         weakref.finalize(t, self._died, id(t), rid)
-        self.storage_owner.setdefault(storage, rid)
+        if base is None:
+            # The newest tensor made on this address: storages die and their addresses come
+            # back, so an older entry is a dead storage's.
+            self.storage_owner[storage] = rid
         return rid
 
     def _died(self, key: int, rid: int) -> None:
@@ -261,6 +264,15 @@ class _Recorder:
         opname = name or str(func)
         alias_of = self._aliases(func, args, kwargs, in_tensors, len(out_tensors)) if name is None else \
             [-1] * len(out_tensors)
+        # An output on an input's storage that the schema does not annotate (_unsafe_view):
+        # both alive now, so the same storage address is the same storage.
+        in_storage = {}
+        for i, a in enumerate(in_tensors):
+            if a.device.type == "meta":
+                in_storage.setdefault(self._storage_key(a), i)
+        for k, t in enumerate(out_tensors):
+            if alias_of[k] < 0 and t.device.type == "meta":
+                alias_of[k] = in_storage.get(self._storage_key(t), -1)
         outputs, inplace = [], False
         for t, a in zip(out_tensors, alias_of):
             if a >= 0 and id(t) == id(in_tensors[a]):
@@ -271,7 +283,7 @@ class _Recorder:
             if a >= 0:
                 src = self.rec.tensors[inputs[a]]
                 base = src.base if src.base is not None else src.id
-            outputs.append(self._add(t, "op", base=base))
+            outputs.append(self._add(t, "host" if t.device.type == "cpu" else "op", base=base))
         if not out_tensors and not in_tensors:
             return
         call = self.stack[-1] if self.stack else -1
@@ -286,6 +298,7 @@ class _Recorder:
         if schema is None:
             return result
         sets: Dict[str, int] = {}
+        wildcard = -1  # the argument a list return views (split's `Tensor(a -> *) self`)
         position = 0
         bound = list(args) + [kwargs.get(a.name) for a in schema.arguments[len(args):]] if kwargs else list(args)
         for arg, value in zip(schema.arguments, bound):
@@ -294,18 +307,30 @@ class _Recorder:
             if info is not None and count == 1:
                 for s in info.before_set:
                     sets.setdefault(s, position)
+                if "*" in info.after_set and wildcard < 0:
+                    wildcard = position
             position += count
         out_index = 0
-        for ret in schema.returns:
-            info = ret.alias_info
+        for i, ret in enumerate(schema.returns):
             if out_index >= n_out:
                 break
+            # A list return (split's `Tensor(a)[]`) stands for every output left.
+            is_list = str(ret.type).startswith("List") or str(ret.type).endswith("[]")
+            count = n_out - out_index if is_list and i == len(schema.returns) - 1 else 1
+            info = ret.alias_info
+            source = -1
             if info is not None:
                 for s in info.before_set:
                     if s in sets:
-                        result[out_index] = sets[s]
+                        source = sets[s]
                         break
-            out_index += 1
+                # The schema's Python binding leaves a list's element alias out: `Tensor(a)[]`
+                # reads as a list with no set; its elements view the wildcard argument.
+                if source < 0 and not info.before_set and str(ret.type).startswith("List"):
+                    source = wildcard
+            for k in range(out_index, out_index + count):
+                result[k] = source
+            out_index += count
         return result
 
     def _count_tensors(self, value) -> int:
@@ -360,6 +385,31 @@ def _scalar_args(func, args, kwargs) -> dict:
                 and len(set(value)) == 1:
             out[arg.name] = value[0]
     return out
+
+
+class assumed_values:
+    """A context in which reading a value from a meta tensor (`.item()`, `if tensor:`) gets the
+    recorder's assumption (a check holds, a count is 1) instead of an error: what a plain
+    PyTorch run on meta tensors needs to follow the recording's path."""
+
+    def __enter__(self):
+        import torch
+        from torch.utils._python_dispatch import TorchDispatchMode
+        item = torch.ops.aten._local_scalar_dense.default
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                if func is item:
+                    t = args[0]
+                    return True if t.dtype == torch.bool else (1 if not t.is_floating_point() else 1.0)
+                return func(*args, **(kwargs or {}))
+
+        self.mode = Mode()
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self.mode.__exit__(*exc)
 
 
 class _OpFailure(Exception):

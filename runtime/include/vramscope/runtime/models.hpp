@@ -107,6 +107,11 @@ struct ModelInfo {
   /// Hugging Face decoders: gradient_checkpointing_enable and its layers' flags), rather than
   /// through marks on any module (model files, operator graphs).
   bool checkpoints_by_layer = false;
+  /// An operator-level model (op_graph.hpp): its recorded operators and module calls (0: a
+  /// model of modules), and the PyTorch it was recorded with.
+  std::size_t operators = 0;
+  std::size_t module_calls = 0;
+  std::string recorded_with;
   std::size_t parameter_bytes(DType dtype) const noexcept {
     return static_cast<std::size_t>(parameters) * dtype_size(dtype);
   }

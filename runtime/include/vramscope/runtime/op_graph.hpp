@@ -40,7 +40,8 @@ namespace mem::nn {
 /// activation is the output of exactly one op (an in-place op's output is its input's
 /// index); a call's parent comes before it; a base comes before the tensor viewing it.
 struct OpGraph {
-  enum class Kind : std::uint8_t { Input, Param, Buffer, Const, Activation };
+  /// Host: a CPU tensor or wrapped Python number the ops read or make, on no device.
+  enum class Kind : std::uint8_t { Input, Param, Buffer, Const, Activation, Host };
   struct TensorSpec {
     Kind kind = Kind::Activation;
     Shape shape;
