@@ -11,9 +11,9 @@ namespace mem::tools {
 
 namespace {
 
-void add_slots(const nn::Module& m, std::unordered_set<const nn::Storage*>& out) {
+void add_slots(const nn::Module& m, std::set<std::weak_ptr<const nn::Storage>, std::owner_less<>>& out) {
   for (const nn::ParamSlot& slot : m.slots()) {
-    if (slot.tensor.defined()) out.insert(slot.tensor.storage().get());
+    if (slot.tensor.defined()) out.insert(slot.tensor.storage());
   }
   for (const auto& [name, child] : m.children()) add_slots(*child, out);
 }
@@ -29,7 +29,7 @@ nn::SavedTensorsObserver::Fn SavedTensorLog::observer() {
 void SavedTensorLog::saved(const nn::Tensor& tensor) {
   // The forward only: a checkpoint's rerun in backward saves again what it frees again.
   if (nn::current_phase() != Phase::Forward || !tensor.storage()) return;
-  if (!seen_.insert(tensor.storage().get()).second) return;
+  if (!seen_.insert(tensor.storage()).second) return;
   const std::string& module = context_info(current_context()).path;
   const auto [at, fresh] = row_of_.emplace(module, rows_.size());
   if (fresh) rows_.push_back({module, 0, 0});

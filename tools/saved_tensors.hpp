@@ -5,6 +5,8 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -37,7 +39,9 @@ class SavedTensorLog {
  private:
   void saved(const nn::Tensor& tensor);
 
-  std::unordered_set<const nn::Storage*> seen_;  // live during the forward: no address reuse
+  // By owner, not address: a node whose output nothing reads dies in the forward with what it
+  // saved, and a later storage may take the same address (a weak_ptr keeps its control block).
+  std::set<std::weak_ptr<const nn::Storage>, std::owner_less<>> seen_;
   std::vector<SavedByModule> rows_;
   std::unordered_map<std::string, std::size_t> row_of_;
 };

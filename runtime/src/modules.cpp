@@ -31,7 +31,14 @@ Tensor Module::call(const Tensor& input) {
       explicit Flag(bool& f) : on(f) { on = true; }
       ~Flag() { on = false; }
     } first_forward(checkpointed_call_);
-    return checkpoint([this](const TensorList& in) { return TensorList{run_in_scope(in[0])}; }, {input}, options)[0];
+    TensorList inputs = checkpoint_inputs();
+    inputs.insert(inputs.begin(), input);
+    return checkpoint(
+        [this](const TensorList& in) {
+          take_checkpoint_inputs(std::span<const Tensor>(in).subspan(1));
+          return TensorList{run_in_scope(in[0])};
+        },
+        inputs, options)[0];
   }
   return run_in_scope(input);
 }

@@ -156,6 +156,13 @@ class OpCall final : public Module {
     return slot;
   }
   Tensor persistent(std::size_t slot) noexcept { return param(slot); }
+  /// Under checkpoint(): the other tensors it reads from outside are checkpoint()'s inputs too.
+  std::vector<Tensor> checkpoint_inputs() const override {
+    std::vector<Tensor> extra;
+    for (std::size_t i = 1; i < ins.size(); ++i) extra.push_back(value(ins[i]));
+    return extra;
+  }
+  void take_checkpoint_inputs(std::span<const Tensor> inputs) override { kept_.assign(inputs.begin(), inputs.end()); }
 
   std::vector<Item> items;
   /// The tensors it reads from outside (the first is the one it is called with) and the ones
@@ -183,7 +190,7 @@ class OpCall final : public Module {
 
   std::shared_ptr<GraphState> state_;
   std::int32_t call_;
-  TensorList kept_;  ///< under checkpoint(): the inputs the recompute reads again
+  TensorList kept_;  ///< under checkpoint(): its other inputs, for the recompute
 };
 
 Tensor OpCall::forward(const Tensor& input) {
@@ -205,13 +212,7 @@ Tensor OpCall::forward(const Tensor& input) {
   }
   if (called) {
     called = false;
-    // A checkpointed call keeps every tensor it reads from outside for its recompute, as
-    // checkpoint() keeps every tensor argument of what it wraps (_NoopSaveInputs).
-    if (checkpointed_call()) {
-      kept_.clear();
-      for (const std::int32_t t : ins) kept_.push_back(value(t));
-      if (!kept_.empty()) kept_.front() = input;
-    }
+    kept_.clear();
     // The input as hooks handed it on, for this call only: the caller's variable keeps the
     // tensor it passed.
     const Tensor passed = ins.empty() ? Tensor{} : value(ins.front());
@@ -221,14 +222,14 @@ Tensor OpCall::forward(const Tensor& input) {
     return outs.empty() ? Tensor{} : value(outs.front());
   }
   // The recompute of a checkpointed call, in backward: in an environment of its own, from the
-  // inputs it kept.
+  // inputs checkpoint() kept.
   std::vector<Tensor> env(g.tensors.size());
   EnvGuard guard(st, env);
   TensorList kept = std::move(kept_);
   kept_.clear();
-  if (kept.size() != ins.size()) throw Error("internal: " + path() + " recomputed without its inputs");
-  for (std::size_t i = 0; i < ins.size(); ++i) env[static_cast<std::size_t>(ins[i])] = std::move(kept[i]);
-  if (!ins.empty()) env[static_cast<std::size_t>(ins.front())] = input;
+  if (ins.empty() || kept.size() + 1 != ins.size()) throw Error("internal: " + path() + " recomputed without its inputs");
+  env[static_cast<std::size_t>(ins.front())] = input;
+  for (std::size_t i = 1; i < ins.size(); ++i) env[static_cast<std::size_t>(ins[i])] = std::move(kept[i - 1]);
   run_items();
   return outs.empty() ? Tensor{} : value(outs.front());
 }

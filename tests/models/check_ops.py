@@ -112,7 +112,8 @@ MOE = {"qwen3_moe", "mixtral", "qwen2_moe", "olmoe", "granitemoe", "deepseek_v3"
 COMMON = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
           "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 512, "max_position_embeddings": 512,
           "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
-EAGER = {"gpt_oss"}  # transformers refuses sdpa for these
+EAGER = {"gpt_oss", "gemma2"}  # transformers refuses sdpa for these
+NOT_KEYS = {"falcon": ("head_dim",)}  # keys these configs compute themselves
 EXTRA = {
     "gpt2": {"n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 512},
     "falcon": {"num_kv_heads": 2, "new_decoder_architecture": True},
@@ -157,7 +158,8 @@ def hf_encoder(kind):
         if kind == "whisper":
             return t.WhisperForConditionalGeneration(t.WhisperConfig(
                 d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
-                encoder_ffn_dim=128, decoder_ffn_dim=128, vocab_size=512, num_mel_bins=16, max_source_positions=50))
+                encoder_ffn_dim=128, decoder_ffn_dim=128, vocab_size=512, num_mel_bins=16, max_source_positions=50,
+                pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1))
         raise ValueError(kind)
     return build
 
@@ -232,6 +234,8 @@ def cases():
 
 def hf_config_file(model_type: str, where: Path) -> Path:
     values = {"model_type": model_type, **COMMON, **EXTRA.get(model_type, {})}
+    for key in NOT_KEYS.get(model_type, ()):
+        values.pop(key)
     path = where / f"{model_type}.json"
     path.write_text(json.dumps(values))
     return path

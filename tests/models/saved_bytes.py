@@ -24,7 +24,9 @@ def torch_saved_per_module(model, names=None, owner=lambda path: path, device_sc
         return getattr(storage, "_cdata", None) or storage.data_ptr()
 
     owned = {key_of(p) for p in model.parameters()} | {key_of(b) for b in model.buffers()}
-    stack, saved, seen, hooks = [], {}, set(), []
+    # Every saved tensor stays referenced here: a node that nothing reads dies in the forward
+    # with its saved tensors, and a later storage could take the freed address.
+    stack, saved, seen, hooks, kept = [], {}, set(), [], []
 
     def enter(m, _):
         stack.append(names[m])
@@ -41,6 +43,7 @@ def torch_saved_per_module(model, names=None, owner=lambda path: path, device_sc
         ptr = key_of(t)
         # On CUDA the fused attention kernels' philox seed and offset (0-dim int64) are host
         # tensors (attention.cu); on meta they are meta tensors like any other.
+        kept.append(t)
         counted = (t.device.type != "cpu" and not (t.dim() == 0 and t.dtype == torch.int64)) if device_scalars \
             else t.dim() > 0
         if counted and ptr not in owned and ptr not in seen:

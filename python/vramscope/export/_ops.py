@@ -155,7 +155,8 @@ class _Recorder:
         self.problems: List[str] = []
         self.finished = False
         self.markers: Dict[int, Tuple[int, Any]] = {}  # marker storage -> (record, marker kept alive)
-        self.packed: List[int] = []  # saved tensors, by record, in the order autograd packed them
+        # (ops recorded when it was packed, tensor record): every tensor autograd saved, in order
+        self.packed: List[Tuple[int, int]] = []
         torch_dir = str(Path(torch.__file__).parent) + "/"
         self.skip = (torch_dir, str(Path(__file__).parent), "/contextlib.py", "/functools.py")
 
@@ -249,6 +250,10 @@ class _Recorder:
                 if fn is not None and fn not in self.node_op:
                     self.node_op[fn] = op_index
                     self.nodes.append(fn)
+                    # Named now: a later in-place op on a view replaces this node in the graph
+                    # (CopySlices), where the walk below would not find it.
+                    op = self.rec.ops[op_index]
+                    op.node = op.node or type(fn).__name__
         self.pending = []
 
     def record(self, func, args, kwargs, out, name: Optional[str] = None, attrs: Optional[dict] = None):
@@ -493,6 +498,7 @@ def record(model, args: tuple, kwargs: dict, pick_output: Callable[[Any], Any]) 
         rid = recorder.by_obj.get(id(t))
         if rid is None:  # an output saved as a new tensor on its storage
             rid = recorder.storage_owner.get(t.untyped_storage()._cdata, -1)
+        recorder.packed.append((len(recorder.rec.ops), rid))
         return rid
 
     def unpack(rid):
@@ -523,6 +529,8 @@ def record(model, args: tuple, kwargs: dict, pick_output: Callable[[Any], Any]) 
     recorder.rec.output = recorder.by_obj.get(id(chosen))
     if recorder.rec.output is None:
         recorder.rec.output = recorder.tensor_id(chosen)
+    # What every output keeps (googlenet's auxiliary logits too: alive while the output is).
+    roots = [t for t in torch.utils._pytree.tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
     recorder.finished = True
     for after, call, rid in recorder.deaths:
         if after <= 0:
@@ -537,7 +545,8 @@ def record(model, args: tuple, kwargs: dict, pick_output: Callable[[Any], Any]) 
             op.frees_after.append([call, rid])
         else:
             op.frees.append(rid)
-    _find_saved(recorder, chosen)
+    _find_saved(recorder, [chosen] + roots)
+    _claim_unwalked(recorder)
     return recorder.rec
 
 
@@ -596,11 +605,36 @@ def _saved_tensors(torch, node) -> List[Any]:
     return found
 
 
-def _find_saved(recorder: _Recorder, root) -> None:
-    """Walks the autograd graph from `root`; each node's saved tensors become its op's `saves`."""
+def _claim_unwalked(recorder: _Recorder) -> None:
+    """Saved tensors of nodes the graph walk cannot read: an in-place op on a view is wrapped in a
+    CopySlices node, which keeps the op's own node (and its saved tensors) out of sight. Such a
+    tensor was packed right before its op ran (an input) or right after (an output): it goes to
+    that op, whose node keeps it until its backward as CopySlices does."""
+    claimed = {rid for op in recorder.rec.ops for rid in op.saves}
+    ops = recorder.rec.ops
+    for position, rid in recorder.packed:
+        if rid < 0 or rid in claimed:
+            continue
+        claimed.add(rid)
+        after = ops[position] if position < len(ops) else None
+        before = ops[position - 1] if position > 0 else None
+        if after is not None and rid in after.inputs:
+            op = after
+        elif before is not None and (rid in before.outputs or rid in before.inputs):
+            op = before
+        else:
+            op = after or before
+        if op is None:
+            continue
+        op.saves.append(rid)
+        op.node = op.node or "CopySlices"
+
+
+def _find_saved(recorder: _Recorder, roots) -> None:
+    """Walks the autograd graph from `roots`; each node's saved tensors become its op's `saves`."""
     torch = recorder.torch
     seen = set()
-    todo = [root.grad_fn] if root.grad_fn is not None else []
+    todo = [r.grad_fn for r in roots if r.grad_fn is not None]
     while todo:
         node = todo.pop()
         if node is None or node in seen:

@@ -16,6 +16,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -163,6 +164,12 @@ class Module {
   void configure_slot(std::size_t slot, bool fixed_dtype, DType dtype, bool frozen);
   /// Called by materialize() once this module's slots are allocated in `dtype`.
   virtual void materialized(Runtime& runtime, DType dtype) { (void)runtime, (void)dtype; }
+  /// The tensors besides its input that a marked module's forward reads (a recorded call's
+  /// masks and position tables): checkpoint() keeps them as inputs too, as PyTorch's keeps every
+  /// tensor argument, and hands them back through take_checkpoint_inputs() before each run of
+  /// forward (the first and the recompute).
+  virtual std::vector<Tensor> checkpoint_inputs() const { return {}; }
+  virtual void take_checkpoint_inputs(std::span<const Tensor> inputs) { (void)inputs; }
   /// True during the first, checkpointed forward of a marked module (not its recompute):
   /// what a module whose forward takes more than its input must keep for the recompute.
   bool checkpointed_call() const noexcept { return checkpointed_call_; }
