@@ -32,6 +32,14 @@ Tensor Module::call(const Tensor& input) {
       ~Flag() { on = false; }
     } first_forward(checkpointed_call_);
     TensorList inputs = checkpoint_inputs();
+    if (!checkpoint_saves_input()) {
+      return checkpoint(
+          [this, input](const TensorList& in) {
+            take_checkpoint_inputs(in);
+            return TensorList{run_in_scope(input)};
+          },
+          inputs, options)[0];
+    }
     inputs.insert(inputs.begin(), input);
     return checkpoint(
         [this](const TensorList& in) {

@@ -159,15 +159,23 @@ class OpCall final : public Module {
   /// Under checkpoint(): the other tensors it reads from outside are checkpoint()'s inputs too.
   std::vector<Tensor> checkpoint_inputs() const override {
     std::vector<Tensor> extra;
-    for (std::size_t i = 1; i < ins.size(); ++i) extra.push_back(value(ins[i]));
+    for (const std::int32_t t : saved_ins) extra.push_back(value(t));
     return extra;
   }
   void take_checkpoint_inputs(std::span<const Tensor> inputs) override { kept_.assign(inputs.begin(), inputs.end()); }
+  /// A call with keyword arguments only still has checkpoint() keep its first input: the
+  /// runtime's checkpoint() needs one (PyTorch's keeps none then; the same memory, which the
+  /// caller holds anyway, reported as saved).
+  bool checkpoint_saves_input() const override { return input_positional || saved_ins.empty(); }
 
   std::vector<Item> items;
   /// The tensors it reads from outside (the first is the one it is called with) and the ones
   /// its caller reads after it (the first is the one it returns), as graph indices.
   std::vector<std::int32_t> ins, outs;
+  /// Under checkpoint(): the inputs after the first that it keeps as its inputs (passed
+  /// positionally), and those it holds as its closure does (keyword arguments).
+  std::vector<std::int32_t> saved_ins, closure_ins;
+  bool input_positional = true;  ///< its first input was passed positionally
   /// Set by the parent right before each call (a recompute runs without it).
   bool called = false;
 
@@ -190,7 +198,8 @@ class OpCall final : public Module {
 
   std::shared_ptr<GraphState> state_;
   std::int32_t call_;
-  TensorList kept_;  ///< under checkpoint(): its other inputs, for the recompute
+  TensorList kept_;     ///< under checkpoint(): its saved_ins, for the recompute
+  TensorList closure_;  ///< and its closure_ins
 };
 
 Tensor OpCall::forward(const Tensor& input) {
@@ -213,6 +222,10 @@ Tensor OpCall::forward(const Tensor& input) {
   if (called) {
     called = false;
     kept_.clear();
+    closure_.clear();
+    if (checkpointed_call()) {
+      for (const std::int32_t t : closure_ins) closure_.push_back(value(t));
+    }
     // The input as hooks handed it on, for this call only: the caller's variable keeps the
     // tensor it passed.
     const Tensor passed = ins.empty() ? Tensor{} : value(ins.front());
@@ -225,11 +238,15 @@ Tensor OpCall::forward(const Tensor& input) {
   // inputs checkpoint() kept.
   std::vector<Tensor> env(g.tensors.size());
   EnvGuard guard(st, env);
-  TensorList kept = std::move(kept_);
+  TensorList kept = std::move(kept_), closure = std::move(closure_);
   kept_.clear();
-  if (ins.empty() || kept.size() + 1 != ins.size()) throw Error("internal: " + path() + " recomputed without its inputs");
+  closure_.clear();
+  if (ins.empty() || kept.size() != saved_ins.size() || closure.size() != closure_ins.size()) {
+    throw Error("internal: " + path() + " recomputed without its inputs");
+  }
   env[static_cast<std::size_t>(ins.front())] = input;
-  for (std::size_t i = 1; i < ins.size(); ++i) env[static_cast<std::size_t>(ins[i])] = std::move(kept[i - 1]);
+  for (std::size_t i = 0; i < saved_ins.size(); ++i) env[static_cast<std::size_t>(saved_ins[i])] = std::move(kept[i]);
+  for (std::size_t i = 0; i < closure_ins.size(); ++i) env[static_cast<std::size_t>(closure_ins[i])] = std::move(closure[i]);
   run_items();
   return outs.empty() ? Tensor{} : value(outs.front());
 }
@@ -434,6 +451,13 @@ class Planner {
     for (std::size_t c = 0; c < nc; ++c) {
       calls_[c]->ins = ins_[c];
       calls_[c]->outs = outs_[c];
+      const auto& positional = g_.calls[c].args;
+      calls_[c]->input_positional =
+          ins_[c].empty() || std::find(positional.begin(), positional.end(), ins_[c][0]) != positional.end();
+      for (std::size_t i = 1; i < ins_[c].size(); ++i) {
+        const bool kept = std::find(positional.begin(), positional.end(), ins_[c][i]) != positional.end();
+        (kept ? calls_[c]->saved_ins : calls_[c]->closure_ins).push_back(ins_[c][i]);
+      }
       for (Item& item : calls_[c]->items) {
         if (item.child != nullptr) continue;
         const auto& op = g_.ops[static_cast<std::size_t>(item.op)];

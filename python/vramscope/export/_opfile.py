@@ -138,7 +138,7 @@ def graph_document(rec: Recording, shapes: Dict[int, List[Any]]) -> dict:
         if op.frees_after:
             entry["frees_after"] = op.frees_after
         ops.append(entry)
-    calls = [{"module": c.path, "class": c.cls, "parent": c.parent} for c in rec.calls]
+    calls = [{"module": c.path, "class": c.cls, "parent": c.parent, "args": c.positional} for c in rec.calls]
     for c, out in zip(rec.calls, calls):
         if c.checkpoint:
             out["checkpoint"] = c.checkpoint

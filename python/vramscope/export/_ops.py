@@ -100,6 +100,7 @@ class CallRec:
     cls: str
     parent: int
     checkpoint: bool = False
+    positional: List[int] = field(default_factory=list)  # tensors passed positionally (checkpoint saves those)
 
 
 class Recording:
@@ -235,7 +236,9 @@ class _Recorder:
             self.stack.append(self.stack[-1] if self.stack else -1)
             return
         parent = self.stack[-1] if self.stack else -1
-        self.rec.calls.append(CallRec(name, type(module).__name__, parent))
+        positional = [self.by_obj[id(a)] for a in self.torch.utils._pytree.tree_flatten(args)[0]
+                      if isinstance(a, self.torch.Tensor) and id(a) in self.by_obj]
+        self.rec.calls.append(CallRec(name, type(module).__name__, parent, positional=positional))
         self.stack.append(len(self.rec.calls) - 1)
 
     def post_hook(self, module, args, output):
@@ -263,8 +266,19 @@ class _Recorder:
             raise ExportError([f"more than {MAX_OPS:,} operators in one forward"], "cannot export the model")
         flat_in, _ = torch.utils._pytree.tree_flatten((args, kwargs or {}))
         in_tensors = [a for a in flat_in if isinstance(a, torch.Tensor)]
+        known = len(self.rec.tensors)
         inputs = [self.tensor_id(a) for a in in_tensors]
         flat_out, _ = torch.utils._pytree.tree_flatten(out)
+        if name is None and func is torch.ops.aten.lift_fresh.default and inputs and inputs[0] >= known \
+                and self.rec.tensors[inputs[0]].kind == "const":
+            # torch.tensor(data) in forward: a tensor made there, not a constant of the model
+            # (on CUDA, a new block at this point). Recorded as this op's output.
+            self.rec.tensors[inputs[0]].kind = "op"
+            op = OpRec("aten.lift_fresh.default", [], [inputs[0]], self.stack[-1] if self.stack else -1,
+                       _user_line(self.skip), [-1], False)
+            self.rec.ops.append(op)
+            self.pending.append((len(self.rec.ops) - 1, [in_tensors[0]]))
+            return
         out_tensors = [o for o in flat_out if isinstance(o, torch.Tensor)]
         opname = name or str(func)
         alias_of = self._aliases(func, args, kwargs, in_tensors, len(out_tensors)) if name is None else \
@@ -590,10 +604,11 @@ class _CheckpointMarks:
 
 
 def _saved_tensors(torch, node) -> List[Any]:
-    """What an autograd node keeps: its SavedVariables (`_saved_*`), tensors and lists of them."""
+    """What an autograd node keeps: its SavedVariables (`_saved_*`), tensors and lists of them; a
+    custom autograd.Function's node keeps what its forward gave ctx.save_for_backward."""
     found = []
     for attr in dir(node):
-        if not attr.startswith("_saved_"):
+        if not attr.startswith("_saved_") and attr != "saved_tensors":
             continue
         try:
             value = getattr(node, attr)

@@ -169,6 +169,9 @@ class Module {
   /// tensor argument, and hands them back through take_checkpoint_inputs() before each run of
   /// forward (the first and the recompute).
   virtual std::vector<Tensor> checkpoint_inputs() const { return {}; }
+  /// Whether checkpoint() keeps the input forward is called with as one of its inputs (false:
+  /// the checkpoint's closure holds it, as PyTorch's holds keyword arguments).
+  virtual bool checkpoint_saves_input() const { return true; }
   virtual void take_checkpoint_inputs(std::span<const Tensor> inputs) { (void)inputs; }
   /// True during the first, checkpointed forward of a marked module (not its recompute):
   /// what a module whose forward takes more than its input must keep for the recompute.

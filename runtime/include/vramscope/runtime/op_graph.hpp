@@ -81,6 +81,9 @@ struct OpGraph {
     std::string cls;
     std::int32_t parent = -1;
     CheckpointMark checkpoint = CheckpointMark::None;
+    /// The tensors passed to it positionally: what checkpoint() keeps as its inputs (its
+    /// _NoopSaveInputs takes *args; keyword arguments stay with the checkpoint's closure).
+    std::vector<std::int32_t> args;
   };
   std::vector<TensorSpec> tensors;
   std::vector<OpSpec> ops;

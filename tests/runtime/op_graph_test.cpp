@@ -1,0 +1,210 @@
+// op_graph_test.cpp — operator graphs (op_graph.hpp) run through the allocator: outputs
+// allocated and views not, tensors dropped where the recording saw them go, exactly the
+// recorded tensors kept for backward, checkpointing a module call by its path, and graphs
+// that break an invariant refused with the reason.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "test_util.hpp"
+#include "vramscope/runtime/checkpoint.hpp"
+#include "vramscope/runtime/op_graph.hpp"
+
+namespace mem::nn {
+namespace {
+
+using Kind = OpGraph::Kind;
+
+// Sizes: x [64, 1024] f32 = 256 KiB; w [1024, 1024] = 4 MiB; h = x @ w^T [64, 1024] = 256 KiB.
+constexpr std::int64_t kAct = 64 * 1024 * 4;
+constexpr std::int64_t kWeight = 1024 * 1024 * 4;
+
+OpGraph::TensorSpec tensor(Kind kind, Shape shape, std::string name = {}, std::int32_t base = -1) {
+  OpGraph::TensorSpec t;
+  t.kind = kind;
+  t.shape = shape;
+  t.follows_run_dtype = true;
+  t.name = std::move(name);
+  t.base = base;
+  t.requires_grad = kind == Kind::Param;
+  return t;
+}
+
+OpGraph::OpSpec op(std::string name, std::vector<std::int32_t> in, std::vector<std::int32_t> out, std::int32_t call,
+                   std::string node = {}, std::vector<std::int32_t> saves = {}) {
+  OpGraph::OpSpec o;
+  o.op = std::move(name);
+  o.in = std::move(in);
+  o.out = std::move(out);
+  o.alias.assign(o.out.size(), -1);
+  o.call = call;
+  o.node = std::move(node);
+  o.saves = std::move(saves);
+  return o;
+}
+
+/// x -> block { fc: h = x @ w.t(); relu: r = relu(h) } -> r, as the exporter records
+/// `nn.Sequential(nn.Linear(1024, 1024, bias=False), nn.ReLU())` under the name "block".
+/// Tensors: 0 x, 1 w, 2 w.t() (a view), 3 h, 4 r.
+OpGraph mlp_block() {
+  OpGraph g;
+  g.calls = {{"", "Model", -1, CheckpointMark::None, {0}}, {"block", "Sequential", 0, CheckpointMark::None, {0}},
+             {"block.0", "Linear", 1, CheckpointMark::None, {0}}, {"block.1", "ReLU", 1, CheckpointMark::None, {3}}};
+  g.tensors = {tensor(Kind::Input, {64, 1024}), tensor(Kind::Param, {1024, 1024}, "block.0.weight"),
+               tensor(Kind::Activation, {1024, 1024}, {}, 1), tensor(Kind::Activation, {64, 1024}),
+               tensor(Kind::Activation, {64, 1024})};
+  g.ops.push_back(op("aten.t.default", {1}, {2}, 2, "TBackward0"));
+  g.ops.back().alias = {0};
+  g.ops.push_back(op("aten.mm.default", {0, 2}, {3}, 2, "MmBackward0", {0, 2}));
+  g.ops.back().frees = {2};
+  g.ops.push_back(op("aten.relu.default", {3}, {4}, 3, "ReluBackward0", {4}));
+  // `x = self.1(x)` rebinds the Sequential's variable: h goes after the ReLU returned.
+  g.ops.back().frees_after = {{1, 3}};
+  g.inputs = {0};
+  g.output = 4;
+  g.recorded_with = "test";
+  return g;
+}
+
+class OpGraphTest : public ::testing::Test {
+ protected:
+  OpGraphTest() { env_.rt.gemm_workspace(/*lt=*/true); }  // taken once, so only tensors count below
+  std::unique_ptr<Module> build(const OpGraph& g) {
+    auto root = op_graph_module(std::make_shared<const OpGraph>(g));
+    root->set_path("");
+    root->materialize(env_.rt, DType::F32);
+    return root;
+  }
+  test::Env env_{ExecMode::DryRun};
+};
+
+TEST_F(OpGraphTest, OutputsAllocateViewsDoNotAndModulesAreTheRecordedCalls) {
+  auto root = build(mlp_block());
+  std::vector<std::string> paths;
+  for (Module* m : named_modules(*root)) paths.push_back(m->path() + " (" + m->type_name() + ")");
+  EXPECT_EQ(paths, (std::vector<std::string>{"block (Sequential)", "block.0 (Linear)", "block.1 (ReLU)"}));
+  const std::int64_t weights = env_.allocated();
+  Tensor x = empty(env_.rt, {64, 1024});
+  Tensor r = (*root)(x);
+  // x, and r; h is kept by nobody but ReluBackward0? No: relu saves its output, mm keeps x
+  // and w: h is freed after the block rebinds its variable.
+  EXPECT_EQ(env_.allocated() - weights, 2 * kAct);
+  EXPECT_EQ(env_.peak() - weights, 3 * kAct);  // x, h and r while the ReLU ran
+  EXPECT_EQ(r.grad_fn()->name(), "ReluBackward0");
+}
+
+TEST_F(OpGraphTest, NodesKeepExactlyTheRecordedTensors) {
+  auto root = build(mlp_block());
+  Tensor x = empty(env_.rt, {64, 1024});
+  std::vector<std::int64_t> saved;
+  {
+    SavedTensorsObserver observe([&](const Tensor& t) { saved.push_back(static_cast<std::int64_t>(t.storage()->nbytes())); });
+    Tensor r = (*root)(x);
+  }
+  // MmBackward0 keeps x and the weight (through its transposed view), ReluBackward0 its output.
+  EXPECT_EQ(saved, (std::vector<std::int64_t>{kAct, kWeight, kAct}));
+}
+
+TEST_F(OpGraphTest, BackwardAllocatesEachInputsGradientAndFreesWhatNodesKept) {
+  auto root = build(mlp_block());
+  const std::int64_t weights = env_.allocated();
+  Tensor x = empty(env_.rt, {64, 1024});
+  Tensor r = (*root)(x);
+  backward(r, empty(env_.rt, {64, 1024}));
+  r = Tensor{};
+  // Left: x and the weight's gradient ([1024, 1024], the transpose's view of mm's [K, N] grad).
+  EXPECT_EQ(env_.allocated() - weights, kAct + kWeight);
+  const Tensor w = root->parameters().at(0);
+  ASSERT_TRUE(w.grad().defined());
+  EXPECT_EQ(w.grad().shape(), (Shape{1024, 1024}));
+}
+
+/// The block with GELU, which keeps its input h (GeluBackward0 saves self).
+OpGraph gelu_block() {
+  OpGraph g = mlp_block();
+  g.calls[3].cls = "GELU";
+  g.ops[2] = op("aten.gelu.default", {3}, {4}, 3, "GeluBackward0", {3});
+  g.ops[2].frees_after = {{1, 3}};
+  return g;
+}
+
+TEST_F(OpGraphTest, ACheckpointedCallKeepsOnlyItsInputsAndRecomputesInBackward) {
+  auto plain = build(gelu_block());
+  const std::int64_t weights = env_.allocated();
+  Tensor x = empty(env_.rt, {64, 1024});
+  Tensor r = (*plain)(x);
+  const std::int64_t kept_plain = env_.allocated() - weights;
+  r = Tensor{};
+
+  OpGraph g = gelu_block();
+  g.calls[1].checkpoint = CheckpointMark::NonReentrant;
+  auto marked = build(g);
+  const std::int64_t before = env_.allocated();  // the weights and x
+  {
+    Tensor r2 = (*marked)(x);
+    // Only the block's output is new: its input (x) is the caller's and h, which GELU keeps
+    // without the mark, is a placeholder now.
+    EXPECT_EQ(env_.allocated() - before, kAct);
+    EXPECT_EQ(kept_plain, 3 * kAct);  // x, h (GELU's saved input) and r
+    // The recompute reallocates h and r for the ReLU's and the product's nodes: a peak of
+    // x, r, the gradient, and the rebuilt h and r.
+    backward(r2, empty(env_.rt, {64, 1024}));
+  }
+  EXPECT_TRUE(marked->parameters().at(0).grad().defined());
+}
+
+TEST_F(OpGraphTest, MarkingByPathUsesTheRecordedCalls) {
+  auto root = build(mlp_block());
+  mark_checkpointed(*root, {"block.0"}, CheckpointMode::NonReentrant);
+  EXPECT_EQ(root->checkpoint_marks(), 1u);
+  EXPECT_THROW(mark_checkpointed(*root, {"block.7"}, CheckpointMode::NonReentrant), Error);
+}
+
+TEST_F(OpGraphTest, InPlaceOpsWriteTheirInput) {
+  OpGraph g = mlp_block();
+  g.ops[2] = op("aten.relu_.default", {3}, {3}, 3, "ReluBackward0", {3});
+  g.ops[2].alias = {0};
+  g.ops[2].inplace = true;
+  g.output = 3;
+  auto root = build(g);
+  const std::int64_t weights = env_.allocated();
+  Tensor x = empty(env_.rt, {64, 1024});
+  Tensor r = (*root)(x);
+  EXPECT_EQ(env_.peak() - weights, 2 * kAct);  // x and h, written in place
+  EXPECT_EQ(r.version(), 1u);
+}
+
+TEST_F(OpGraphTest, AGraphThatBreaksAnInvariantIsRefusedWithTheReason) {
+  const auto refused = [](OpGraph g, const std::string& expected) {
+    try {
+      (void)op_graph_module(std::make_shared<const OpGraph>(std::move(g)));
+      ADD_FAILURE() << "accepted; expected: " << expected;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
+    }
+  };
+  OpGraph reads_later = mlp_block();
+  reads_later.ops[1].in = {0, 4};
+  refused(reads_later, "reads a tensor no earlier op made");
+  OpGraph twice = mlp_block();
+  twice.ops[2].out = {3};
+  refused(twice, "is made twice");
+  OpGraph saves = mlp_block();
+  saves.ops[1].saves = {99};
+  refused(saves, "saves a tensor no op made");
+  OpGraph parent = mlp_block();
+  parent.calls[1].parent = 3;
+  refused(parent, "must name an earlier call");
+  OpGraph alias = mlp_block();
+  alias.ops[0].alias = {5};
+  refused(alias, "alias names no input");
+  OpGraph output = mlp_block();
+  output.output = 17;
+  refused(output, "output names no tensor");
+  OpGraph enclose = mlp_block();
+  enclose.ops[2].frees_after = {{2, 3}};
+  refused(enclose, "does not enclose the op");
+}
+
+}  // namespace
+}  // namespace mem::nn
