@@ -1,5 +1,7 @@
 // model_args.cpp — model, size and device options shared by `sweep` and `trace`.
 #include "model_args.hpp"
+
+#include "hf_record.hpp"
 #include "vramscope/runtime/checkpoint.hpp"
 
 #include <fmt/format.h>
@@ -166,6 +168,7 @@ std::shared_ptr<const nn::ModelSource> resolve_model(const ModelArgs& args, cons
   }
   if (!args.hf_config.empty()) {
     return as_usage("--hf-config", [&]() -> std::shared_ptr<const nn::ModelSource> {
+      if (!builtin_hf_type(args.hf_config)) return record_hf_config(args.hf_config);
       return models::load_hf_config(args.hf_config);
     });
   }

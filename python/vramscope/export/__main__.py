@@ -51,7 +51,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                              "layers where they map, else ops (default)")
     parser.add_argument("--hf-config", metavar="CONFIG.json",
                         help="a transformers config.json: AutoModelForCausalLM.from_config, its loss on labels")
-    parser.add_argument("--batch", type=int, default=1, help="--hf-config: the batch recorded (default 1)")
+    parser.add_argument("--batch", type=int, default=2, help="--hf-config: the batch recorded (default 2: a batch of "
+                                                             "1 takes other paths in some models)")
     parser.add_argument("--seq", type=int, default=128, help="--hf-config: the sequence length recorded (default "
                                                              "128); both stay options of the file")
     parser.add_argument("--attn", default="sdpa", choices=("sdpa", "eager"),

@@ -1,0 +1,126 @@
+// hf_record.cpp — recording a transformers config through the Python exporter (hf_record.hpp).
+#include "hf_record.hpp"
+
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string_view>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "vramscope/allocator/errors.hpp"
+#include "vramscope/models/hf_config.hpp"
+#include "vramscope/models/model_file.hpp"
+
+extern char** environ;
+
+namespace mem::tools {
+
+namespace {
+
+std::string read_text(const std::filesystem::path& path, std::size_t limit) {
+  std::ifstream in(path, std::ios::binary);
+  std::string text(limit, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(limit));
+  text.resize(static_cast<std::size_t>(in.gcount()));
+  return text;
+}
+
+/// A private scratch folder, removed with everything in it when this goes.
+class Scratch {
+ public:
+  Scratch() {
+    std::string pattern = (std::filesystem::temp_directory_path() / "vramscope-hf-XXXXXX").string();
+    if (mkdtemp(pattern.data()) == nullptr) throw Error("--hf-config: cannot make a temporary folder to record in");
+    path_ = pattern;
+  }
+  ~Scratch() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path_, ignored);
+  }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  const std::filesystem::path& path() const noexcept { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+/// Runs `argv` (no shell) with stdout and stderr into `log`, PYTHONPATH extended; its exit status.
+int run(const std::vector<std::string>& argv, const std::filesystem::path& log) {
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  posix_spawn_file_actions_adddup2(&actions, 1, 2);
+  std::vector<std::string> env_text;
+  for (char** e = environ; *e != nullptr; ++e) {
+    if (!std::string_view(*e).starts_with("PYTHONPATH=")) env_text.emplace_back(*e);
+  }
+  std::string pythonpath = VRAMSCOPE_PYTHON_SOURCE_DIR;
+  if (const char* given = std::getenv("PYTHONPATH"); given != nullptr && *given != '\0') {
+    pythonpath = std::string(given) + ":" + pythonpath;
+  }
+  env_text.push_back("PYTHONPATH=" + pythonpath);
+  std::vector<char*> args, env;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  for (std::string& e : env_text) env.push_back(e.data());
+  env.push_back(nullptr);
+  pid_t pid = 0;
+  const int spawned = posix_spawnp(&pid, args[0], &actions, nullptr, args.data(), env.data());
+  posix_spawn_file_actions_destroy(&actions);
+  if (spawned != 0) return -1;
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0) {
+    if (errno != EINTR) return -1;
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+}  // namespace
+
+bool builtin_hf_type(const std::string& path) {
+  try {
+    const auto root = nlohmann::json::parse(read_text(path, models::kMaxHfConfigBytes + 1));
+    if (!root.is_object() || !root.contains("model_type") || !root.at("model_type").is_string()) return true;
+    const std::string type = root.at("model_type").get<std::string>();
+    return type == "llama" || type == "mistral" || type == "qwen2" || type == "gpt2";
+  } catch (const std::exception&) {
+    return true;  // the built-in reader says what is wrong with the file
+  }
+}
+
+std::shared_ptr<const nn::ModelSource> record_hf_config(const std::string& path) {
+  const char* chosen = std::getenv("VRAMSCOPE_PYTHON");
+  const std::string python = chosen != nullptr && *chosen != '\0' ? chosen : "python3";
+  Scratch scratch;
+  const std::filesystem::path out = scratch.path() / "model.json", log = scratch.path() / "export.log";
+  std::string stem = std::filesystem::path(path).stem().string();
+  if (stem == "config") stem = std::filesystem::path(path).parent_path().filename().string();
+  fmt::print(stderr, "vramscope: {}: recording its operators with {} -m vramscope.export (a few seconds)\n", path,
+             python);
+  const int status = run({python, "-m", "vramscope.export", "--hf-config", path, "--batch", "2", "--seq", "128",
+                          "--name", stem.empty() ? "config" : stem, "-o", out.string()},
+                         log);
+  if (status != 0) {
+    std::string said = read_text(log, 4000);
+    if (status < 0 || said.find("No module named") != std::string::npos) {
+      throw Error(fmt::format("this model_type is not one of the built-in decoders (llama, mistral, qwen2, gpt2), and "
+                              "recording it needs a Python with torch, transformers and vramscope ({} could not run "
+                              "it); pip install torch transformers, or set VRAMSCOPE_PYTHON", python));
+    }
+    while (!said.empty() && (said.back() == '\n' || said.back() == ' ')) said.pop_back();
+    throw Error("the exporter could not record it: " + said);
+  }
+  return models::ModelFile::load(out.string());
+}
+
+}  // namespace mem::tools

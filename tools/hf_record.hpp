@@ -1,0 +1,24 @@
+// hf_record.hpp — `--hf-config` for the decoders the built-in C++ families do not model: the
+// config is recorded at the operator level by the Python exporter (OPERATORS.md) and read back
+// as a model file. The built-in families (llama, mistral, qwen2, gpt2) stay the fast path.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "vramscope/runtime/models.hpp"
+
+namespace mem::tools {
+
+/// Whether the built-in readers model this config.json's model_type (or cannot tell: a file that
+/// does not parse is theirs to report).
+bool builtin_hf_type(const std::string& path);
+
+/// Records `path` with `python3 -m vramscope.export --hf-config` ($VRAMSCOPE_PYTHON, else python3,
+/// with this build's python/ on its path) at batch 2 (a batch of 1 takes other paths) and
+/// sequence 128, whose sizes become the file's formulas, and reads the file. Throws mem::Error with the exporter's message, or saying
+/// what to install when no Python with torch and transformers is found. Prints a line to stderr:
+/// recording takes seconds.
+std::shared_ptr<const nn::ModelSource> record_hf_config(const std::string& path);
+
+}  // namespace mem::tools
