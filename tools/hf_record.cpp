@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -88,6 +89,9 @@ int run(const std::vector<std::string>& argv, const std::filesystem::path& log) 
 }  // namespace
 
 bool builtin_hf_type(const std::string& path) {
+  // A FIFO, a device or a folder is the built-in reader's to refuse (reading would block).
+  std::error_code error;
+  if (!std::filesystem::is_regular_file(path, error)) return true;
   try {
     const auto root = nlohmann::json::parse(read_text(path, models::kMaxHfConfigBytes + 1));
     if (!root.is_object() || !root.contains("model_type") || !root.at("model_type").is_string()) return true;
@@ -105,8 +109,10 @@ std::shared_ptr<const nn::ModelSource> record_hf_config(const std::string& path)
   const std::filesystem::path out = scratch.path() / "model.json", log = scratch.path() / "export.log";
   std::string stem = std::filesystem::path(path).stem().string();
   if (stem == "config") stem = std::filesystem::path(path).parent_path().filename().string();
-  fmt::print(stderr, "vramscope: {}: recording its operators with {} -m vramscope.export (a few seconds)\n", path,
-             python);
+  if (isatty(2) != 0) {  // why it takes seconds, for whoever watches; logs keep one line per error
+    fmt::print(stderr, "vramscope: {}: recording its operators with {} -m vramscope.export (a few seconds)\n", path,
+               python);
+  }
   const int status = run({python, "-m", "vramscope.export", "--hf-config", path, "--batch", "2", "--seq", "128",
                           "--name", stem.empty() ? "config" : stem, "-o", out.string()},
                          log);
@@ -118,7 +124,9 @@ std::shared_ptr<const nn::ModelSource> record_hf_config(const std::string& path)
                               "it); pip install torch transformers, or set VRAMSCOPE_PYTHON", python));
     }
     while (!said.empty() && (said.back() == '\n' || said.back() == ' ')) said.pop_back();
-    throw Error("the exporter could not record it: " + said);
+    std::replace(said.begin(), said.end(), '\n', ' ');
+    throw Error("not one of the built-in decoders (llama, mistral, qwen2, gpt2), and the exporter could not record "
+                "it: " + said);
   }
   return models::ModelFile::load(out.string());
 }

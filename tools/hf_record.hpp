@@ -17,8 +17,8 @@ bool builtin_hf_type(const std::string& path);
 /// Records `path` with `python3 -m vramscope.export --hf-config` ($VRAMSCOPE_PYTHON, else python3,
 /// with this build's python/ on its path) at batch 2 (a batch of 1 takes other paths) and
 /// sequence 128, whose sizes become the file's formulas, and reads the file. Throws mem::Error with the exporter's message, or saying
-/// what to install when no Python with torch and transformers is found. Prints a line to stderr:
-/// recording takes seconds.
+/// what to install when no Python with torch and transformers is found. Says on a terminal that
+/// it is recording (it takes seconds).
 std::shared_ptr<const nn::ModelSource> record_hf_config(const std::string& path);
 
 }  // namespace mem::tools

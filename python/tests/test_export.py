@@ -461,7 +461,8 @@ def _refused(capsys, args, tmp_path):
     (tmp_path / "raises_at_import.py").write_text("import torch\nraise RuntimeError('no GPU here')\n")
     (tmp_path / "bad_syntax.py").write_text("import torch\n\ndef make(:\n    pass\n")
     (tmp_path / "exits_at_import.py").write_text("import sys\nsys.exit(5)\n")
-    code = main([a.replace("{dir}", str(tmp_path)) for a in args])
+    # The layer form's messages (the default, --level auto, records operators where it can).
+    code = main([a.replace("{dir}", str(tmp_path)) for a in args] + ["--level", "layers"])
     err = capsys.readouterr().err
     assert code == 2, err
     assert err.startswith("vramscope.export: ") and len(err.strip().splitlines()) <= 2, err

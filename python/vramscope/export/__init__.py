@@ -41,10 +41,11 @@ MAX_SIZE = 2 ** 40  # per dimension: far beyond any GPU, and far from int64's ov
 
 
 def export(model, input_shape: Sequence[int], *, name: str = "model", input_dtype: str = "float",
-           loss: Optional[str] = None, description: str = "", source: str = "", level: str = "auto") -> dict:
+           loss: Optional[str] = None, description: str = "", source: str = "", level: str = "layers") -> dict:
     """The model file (a dict) of `model` for an input of `input_shape` (batch first).
     `level`: "layers" maps the model onto the model file's layers (torch.fx), "ops" records its
-    operators (the "graph" form), "auto" tries layers and records operators where they fail."""
+    operators (the "graph" form), "auto" (the command's default) tries layers and records
+    operators where they cannot hold the model."""
     if level not in LEVELS:
         raise ExportError([f"--level {level!r}: expected one of {', '.join(LEVELS)}"], "bad option")
     _check_shape(input_shape)
@@ -61,8 +62,12 @@ def export(model, input_shape: Sequence[int], *, name: str = "model", input_dtyp
             return export_ops(model, [InputSpec(list(input_shape), input_dtype)], name=name, loss=loss,
                               description=description, source=source)
         except ExportError as op_error:
-            raise ExportError(op_error.problems, op_error.headline + " (operators; the layer form failed too: "
-                              + layer_error.headline + ")") from None
+            # What the layer form could not hold, the operators' reason says more; an error of the
+            # model itself (its forward raising, an input it does not take) the layer form's does.
+            if "cannot be mapped" in layer_error.headline or "torch.fx cannot trace" in layer_error.headline:
+                raise ExportError(op_error.problems, op_error.headline + " (as operators; the layer form: "
+                                  + layer_error.headline + ")") from None
+            raise layer_error from None
 
 
 def _check_shape(input_shape: Sequence[int]) -> None:
