@@ -3,6 +3,7 @@ saved bytes are tests/models/check_export.py): what each construct becomes, and 
 refuses, all of it in one error."""
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -529,6 +530,46 @@ def test_a_zero_dimension_is_named_where_it_first_appears():
     with pytest.raises(ExportError) as e:
         export(Net(), [2, 8], loss="sum")
     assert e.value.problems == [e.value.problems[0]] and "returns a tensor of shape [2, 0]" in e.value.problems[0]
+
+
+def test_the_output_is_never_the_models_own_source(tmp_path, capsys):
+    from vramscope.export.__main__ import main
+    victim = tmp_path / "victim.py"
+    text = "import torch.nn as nn\n\ndef net():\n    return nn.Sequential(nn.Linear(8, 8))\n"
+    victim.write_text(text)
+    assert main([f"{victim}:net", "--input", "4,8", "-o", str(victim)]) == 2
+    assert "is the model's own source" in capsys.readouterr().err
+    assert victim.read_text() == text
+
+
+@pytest.mark.parametrize("args, wanted", [
+    (["--input", "-1,8"], "expected positive sizes"),
+    (["--input", "4,8", "--name", "a\x1b[31mb"], "expected 1 to 200 printable characters"),
+])
+def test_bad_options_are_one_line(tmp_path, capsys, args, wanted):
+    from vramscope.export.__main__ import main
+    (tmp_path / "m.py").write_text("import torch.nn as nn\n\ndef net():\n    return nn.Sequential(nn.Linear(8, 8))\n")
+    assert main([f"{tmp_path / 'm.py'}:net", *args, "-o", str(tmp_path / "out.json")]) == 2
+    err = capsys.readouterr().err
+    assert wanted in err and len(err.strip().splitlines()) <= 2 and "usage:" not in err, err
+
+
+def test_a_model_the_layers_cannot_hold_is_recorded_as_operators(tmp_path, capsys):
+    from vramscope.export.__main__ import main
+    (tmp_path / "m.py").write_text(
+        "import torch\nimport torch.nn as nn\n\n"
+        "class Gate(nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n        self.fc = nn.Linear(8, 8)\n"
+        "        self.scale = nn.Parameter(torch.ones(8))\n\n"
+        "    def forward(self, x):\n        return torch.sin(self.fc(x)) * self.scale\n")
+    out = tmp_path / "gate.json"
+    assert main([f"{tmp_path / 'm.py'}:Gate", "--input", "4,8", "--loss", "sum", "-o", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    ops = [op["op"] for op in doc["graph"]["ops"]]
+    assert "aten.sin.default" in ops and doc["options"] == {"batch": 4}
+    assert doc["graph"]["tensors"][doc["graph"]["inputs"][0]]["shape"] == ["batch", 8]
+    sin = next(op for op in doc["graph"]["ops"] if op["op"] == "aten.sin.default")
+    assert sin["node"] == "SinBackward0" and sin["saves"] == sin["in"]  # sin keeps its input
 
 
 def test_sys_exit_in_the_model_file_is_exit_2_not_its_status(tmp_path):

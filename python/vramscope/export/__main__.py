@@ -60,6 +60,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--name", help="the model's name in tables (default: the function's name)")
     parser.add_argument("-o", "--output", dest="out", metavar="FILE.json",
                         help="where to write (default: standard output)")
+    given, argv = list(sys.argv[1:] if argv is None else argv), []
+    # `--input -1,8`: a value that starts with '-' is argparse's option otherwise (its usage text
+    # instead of our one line saying what is wrong with the sizes).
+    while given:
+        a = given.pop(0)
+        if a in ("--input", "--arg") and given and given[0].startswith("-"):
+            a = f"{a}={given.pop(0)}"
+        argv.append(a)
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:
