@@ -124,25 +124,25 @@ void BM_ComputeStepForumCnn(benchmark::State& state) {
 }
 BENCHMARK(BM_ComputeStepForumCnn)->Unit(benchmark::kMillisecond);
 
-/// One dry-run step of llama-3.1-70b in bf16 (sdpa, batch 1, sequence 4096) in steady
-/// state, on a simulated device large enough to hold it (1 TiB: nothing runs out).
-void BM_DryRunStepLlama70B(benchmark::State& state) {
+/// Dry-run steps of a decoder in bf16 (sdpa, batch 1, sequence 4096) in steady state, on a
+/// simulated device large enough to hold it (1 TiB: nothing runs out).
+TrainConfig decoder_step(std::shared_ptr<const mem::nn::ModelSource> model) {
   TrainConfig cfg;
-  cfg.model = mem::models::find("llama-3.1-70b");
+  cfg.model = std::move(model);
   cfg.model_options = mem::nn::ModelOptions::parse("batch=1,seq=4096");
   cfg.precision = mem::nn::Precision::BF16;
-  dry_run_steps(state, cfg, "sim:capacity=1TiB");
+  return cfg;
+}
+
+void BM_DryRunStepLlama70B(benchmark::State& state) {
+  dry_run_steps(state, decoder_step(mem::models::find("llama-3.1-70b")), "sim:capacity=1TiB");
 }
 BENCHMARK(BM_DryRunStepLlama70B)->Unit(benchmark::kMillisecond);
 
-/// One dry-run step of llama-3.1-8b in bf16 (batch 1, sequence 4096): the built-in decoder, and
-/// the same model recorded at the operator level (issue 46: within 2x of the built-in).
+/// llama-3.1-8b: the built-in decoder, and the same model recorded at the operator level
+/// (issue 46: within 2x of the built-in).
 void BM_DryRunStepLlama8B(benchmark::State& state) {
-  TrainConfig cfg;
-  cfg.model = mem::models::find("llama-3.1-8b");
-  cfg.model_options = mem::nn::ModelOptions::parse("batch=1,seq=4096");
-  cfg.precision = mem::nn::Precision::BF16;
-  dry_run_steps(state, cfg, "sim:capacity=1TiB");
+  dry_run_steps(state, decoder_step(mem::models::find("llama-3.1-8b")), "sim:capacity=1TiB");
 }
 BENCHMARK(BM_DryRunStepLlama8B)->Unit(benchmark::kMillisecond);
 
@@ -154,10 +154,7 @@ void BM_DryRunStepLlama8BOps(benchmark::State& state) {
     }
     return;
   }
-  TrainConfig cfg;
-  cfg.model = mem::models::ModelFile::load(file);
-  cfg.model_options = mem::nn::ModelOptions::parse("batch=1,seq=4096");
-  cfg.precision = mem::nn::Precision::BF16;
+  const TrainConfig cfg = decoder_step(mem::models::ModelFile::load(file));
   dry_run_steps(state, cfg, "sim:capacity=1TiB");
   state.counters["operators"] = static_cast<double>(cfg.model->describe(cfg.model_options).operators);
 }
