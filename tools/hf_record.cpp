@@ -15,7 +15,6 @@
 #include <vector>
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include "vramscope/allocator/errors.hpp"
 #include "vramscope/models/hf_config.hpp"
@@ -93,11 +92,9 @@ bool builtin_hf_type(const std::string& path) {
   std::error_code error;
   if (!std::filesystem::is_regular_file(path, error)) return true;
   try {
-    const auto root = nlohmann::json::parse(read_text(path, models::kMaxHfConfigBytes + 1));
-    if (!root.is_object() || !root.contains("model_type") || !root.at("model_type").is_string()) return true;
-    const std::string type = root.at("model_type").get<std::string>();
-    return type == "llama" || type == "mistral" || type == "qwen2" || type == "gpt2";
-  } catch (const std::exception&) {
+    const std::string type = models::hf_model_type(path);
+    return type.empty() || type == "llama" || type == "mistral" || type == "qwen2" || type == "gpt2";
+  } catch (const Error&) {
     return true;  // the built-in reader says what is wrong with the file
   }
 }

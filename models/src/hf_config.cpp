@@ -121,7 +121,7 @@ json read_json(std::string_view text, const std::string& origin) {
   }
   json root;
   try {
-    root = json::parse(text);
+    root = detail::parse_bounded(text, origin, kMaxHfConfigDepth);
   } catch (const json::parse_error& e) {
     throw Error(origin + ": not JSON (" + std::string(e.what()) + ")");
   }
@@ -316,6 +316,12 @@ std::string model_name(const std::string& path, const json& root) {
 }
 
 }  // namespace
+
+std::string hf_model_type(const std::string& path) {
+  const json root = read_json(read_file(path), path);
+  return root.contains("model_type") && root.at("model_type").is_string() ? root.at("model_type").get<std::string>()
+                                                                           : std::string();
+}
 
 std::shared_ptr<const nn::ModelSource> load_hf_config(const std::string& path) {
   const json root = read_json(read_file(path), path);  // parsed once: the name and the model

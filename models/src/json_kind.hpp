@@ -4,10 +4,27 @@
 
 #include <nlohmann/json.hpp>
 
+#include "vramscope/allocator/errors.hpp"
+
 #include <sstream>
 #include <string>
+#include <string_view>
 
 namespace mem::models::detail {
+
+/// Parses `text` as JSON nested at most `max_depth` levels, so that what a file costs (the
+/// parser's and every later walk's stack) stays bounded by what a real file says: a value
+/// nested 100,000 deep is refused here, by name of its file, before anything reads it. Other
+/// syntax errors come from nlohmann's parser (json::parse_error).
+inline nlohmann::json parse_bounded(std::string_view text, const std::string& origin, int max_depth) {
+  return nlohmann::json::parse(text, [&](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
+    if (depth > max_depth) {
+      throw Error(origin + ": nested deeper than " + std::to_string(max_depth) +
+                  " levels; no model file or config.json is (check the file)");
+    }
+    return true;
+  });
+}
 
 inline std::string kind_of(const nlohmann::json& v) {
   using json = nlohmann::json;

@@ -1348,7 +1348,9 @@ std::shared_ptr<const ModelFile> ModelFile::parse(std::string_view json_text, st
   }
   json root;
   try {
-    root = json::parse(json_text);
+    // Bounded far above kMaxNesting's containers (two JSON levels each), which the reader then
+    // refuses by name: this bound only keeps a hostile file from costing more than its size.
+    root = detail::parse_bounded(json_text, origin, kMaxJsonDepth);
   } catch (const json::parse_error& e) {
     // "[json.exception.parse_error.101] parse error at line 3, column 5: ..." -> from "parse error".
     std::string what = e.what();

@@ -107,6 +107,14 @@ TEST(HfConfig, MalformedAndUnmodelledConfigsAreRefusedByKey) {
   }
 }
 
+TEST(HfConfig, AValueNestedDeeperThanAnyConfigIsRefusedBeforeAnythingReadsIt) {
+  // Issue 47: a layer_types nested 100,000 deep crashed the command (its message dumped the value).
+  std::string deep = base().dump();
+  deep.pop_back();
+  deep += ", \"layer_types\": " + std::string(100'000, '[') + std::string(100'000, ']') + "}";
+  EXPECT_NE(refusal(deep).find("nested deeper than 32 levels"), std::string::npos);
+}
+
 TEST(HfConfig, OptionsThatDoNotApplyOrOverreachAreErrors) {
   const auto model = HfConfig::parse(base().dump(), "tiny", "config.json");
   const auto fails = [&](const char* options, const char* message) {

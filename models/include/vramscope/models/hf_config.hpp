@@ -26,12 +26,19 @@ namespace mem::models {
 
 /// The largest config.json read.
 inline constexpr std::size_t kMaxHfConfigBytes = 1u << 20;
+/// The deepest nesting read in a config.json (transformers' deepest, a sub-config's rope
+/// parameters, is 3).
+inline constexpr int kMaxHfConfigDepth = 32;
+/// The model_type a config.json names ("" when it names none). Throws mem::Error for a file
+/// that cannot be read or is not a bounded JSON object.
+std::string hf_model_type(const std::string& path);
 
 /// Any supported config.json: gpt2, llama, mistral or qwen2. Throws mem::Error naming the key
 /// of the first problem.
 std::shared_ptr<const nn::ModelSource> parse_hf_config(std::string_view json_text, std::string name,
                                                        std::string origin);
 std::shared_ptr<const nn::ModelSource> load_hf_config(const std::string& path);
+
 
 /// A llama-layout config (llama, mistral, qwen2).
 class HfConfig final : public nn::ModelSource {

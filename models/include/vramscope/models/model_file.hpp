@@ -32,6 +32,8 @@ inline constexpr int kModelFileVersion = 1;
 inline constexpr std::size_t kMaxModelFileBytes = 16u << 20;
 inline constexpr std::size_t kMaxModules = 1'000'000;
 inline constexpr int kMaxNesting = 64;
+/// The deepest JSON read at all (anything deeper is refused while parsing).
+inline constexpr int kMaxJsonDepth = 1024;
 
 class ModelFile final : public nn::ModelSource {
  public:
