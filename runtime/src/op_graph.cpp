@@ -350,9 +350,17 @@ void check(const OpGraph& g) {
   const auto n = static_cast<std::int64_t>(g.tensors.size());
   const auto in_range = [&](std::int64_t i) { return i >= 0 && i < n; };
   if (g.calls.empty() || g.calls[0].parent != -1) bad("calls[0] must be the root call (parent -1)");
+  // Module calls nest as modules do; the module tree is walked recursively (paths, materialize),
+  // so a hostile depth is refused rather than run out of stack.
+  constexpr std::size_t kMaxCallDepth = 256;
+  std::vector<std::size_t> depth(g.calls.size(), 0);
   for (std::size_t c = 1; c < g.calls.size(); ++c) {
     if (g.calls[c].parent < 0 || static_cast<std::size_t>(g.calls[c].parent) >= c) {
       bad("calls[" + std::to_string(c) + "].parent must name an earlier call");
+    }
+    depth[c] = depth[static_cast<std::size_t>(g.calls[c].parent)] + 1;
+    if (depth[c] > kMaxCallDepth) {
+      bad("calls[" + std::to_string(c) + "]: module calls nest deeper than " + std::to_string(kMaxCallDepth));
     }
   }
   std::vector<char> defined(g.tensors.size(), 0);

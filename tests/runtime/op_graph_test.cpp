@@ -201,6 +201,11 @@ TEST_F(OpGraphTest, AGraphThatBreaksAnInvariantIsRefusedWithTheReason) {
   OpGraph output = mlp_block();
   output.output = 17;
   refused(output, "output names no tensor");
+  OpGraph deep = mlp_block();
+  for (std::int32_t i = 0; i < 300; ++i) {
+    deep.calls.push_back({"c", "Deep", static_cast<std::int32_t>(deep.calls.size()) - 1, CheckpointMark::None, {}});
+  }
+  refused(deep, "module calls nest deeper than 256");
   OpGraph enclose = mlp_block();
   enclose.ops[2].frees_after = {{2, 3}};
   refused(enclose, "does not enclose the op");
