@@ -100,12 +100,16 @@ std::shared_ptr<const nn::OpGraph> read_op_graph(const json& g, const ShapeReade
   graph->calls.reserve(calls.size());
   for (std::size_t i = 0; i < calls.size(); ++i) {
     const std::string p = at(at(path, "calls"), i);
-    only_keys(calls[i], p, {"module", "class", "parent", "checkpoint", "args"});
+    only_keys(calls[i], p, {"module", "class", "parent", "checkpoint", "args", "inline"});
     nn::OpGraph::CallSpec c;
     c.module = text(calls[i], p, "module", true);
     c.cls = text(calls[i], p, "class", true);
     c.parent = index_value(object_at(calls[i], p, "parent"), at(p, "parent"), -1);
     c.args = indices(calls[i], p, "args", false);
+    if (calls[i].contains("inline")) {
+      if (!calls[i].at("inline").is_boolean()) fail(at(p, "inline"), "expected true or false");
+      c.inline_code = calls[i].at("inline").get<bool>();
+    }
     if (calls[i].contains("checkpoint")) {
       const json& mark = calls[i].at("checkpoint");
       if (mark == "non-reentrant") {

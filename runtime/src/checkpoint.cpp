@@ -280,8 +280,10 @@ void collect_named(Module& module, std::vector<Module*>& out) {
   }
 }
 
+/// Clears the marks of modules (the wrappers apply_activation_checkpointing adds); inline code's
+/// are torch.utils.checkpoint calls written in a forward, which wrapping modules leaves as they are.
 void clear_marks(Module& module) {
-  module.set_checkpoint(CheckpointMark::None);
+  if (!module.is_inline()) module.set_checkpoint(CheckpointMark::None);
   for (const auto& [name, child] : module.children()) clear_marks(*child);
 }
 

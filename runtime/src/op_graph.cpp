@@ -593,11 +593,14 @@ std::unique_ptr<Module> op_graph_module(std::shared_ptr<const OpGraph> graph) {
     owned.push_back(std::make_unique<OpCall>(state, static_cast<std::int32_t>(c), g.calls[c].cls));
     calls.push_back(owned.back().get());
     owned.back()->set_checkpoint(g.calls[c].checkpoint);
+    if (g.calls[c].inline_code) owned.back()->set_inline(true);
   }
   // Parameters, buffers and constants live in the first call of their module (or of its
   // nearest called ancestor); constants of no module in the root.
   std::unordered_map<std::string, std::size_t> first_call;
-  for (std::size_t c = 0; c < g.calls.size(); ++c) first_call.try_emplace(g.calls[c].module, c);
+  for (std::size_t c = 0; c < g.calls.size(); ++c) {
+    if (!g.calls[c].inline_code) first_call.try_emplace(g.calls[c].module, c);
+  }
   std::size_t constants = 0;
   for (std::size_t t = 0; t < g.tensors.size(); ++t) {
     const auto& spec = g.tensors[t];
@@ -624,7 +627,8 @@ std::unique_ptr<Module> op_graph_module(std::shared_ptr<const OpGraph> graph) {
   // The tree: children in the order of their calls.
   for (std::size_t c = 1; c < g.calls.size(); ++c) {
     const std::size_t parent = static_cast<std::size_t>(g.calls[c].parent);
-    calls[parent]->add_child(relative(g.calls[c].module, g.calls[parent].module), std::move(owned[c]));
+    const std::string name = g.calls[c].inline_code ? "" : relative(g.calls[c].module, g.calls[parent].module);
+    calls[parent]->add_child(name, std::move(owned[c]));
   }
   calls[0]->set_inline(true);
   return std::move(owned[0]);

@@ -100,6 +100,8 @@ TORCHVISION = [
     "regnet_y_800mf", "densenet201", "convnext_base", "swin_b", "swin_v2_s", "resnext101_64x4d", "wide_resnet101_2",
     "vgg13_bn", "vgg19_bn", "efficientnet_b4", "regnet_x_3_2gf", "regnet_y_3_2gf", "shufflenet_v2_x1_5",
 ]
+# torchvision's memory-efficient DenseNet: bn_function under torch.utils.checkpoint in forward.
+MEMORY_EFFICIENT = ["densenet121"]
 TORCHVISION_SEG = ["fcn_resnet50", "deeplabv3_resnet50", "deeplabv3_mobilenet_v3_large", "lraspp_mobilenet_v3_large",
                    "fcn_resnet101", "deeplabv3_resnet101"]
 TIMM = [
@@ -205,6 +207,12 @@ def cases():
         shape = [2, 3, 299, 299] if n == "inception_v3" else [2, 3, 224, 224]
         out.append(dict(name=n, family="torchvision", ci=n in ci_tv, build=tv(n),
                         inputs=[(shape, "float", None)], output=None, loss=None))
+    for n in MEMORY_EFFICIENT:
+        def build(n=n):
+            import torchvision
+            return torchvision.models.get_model(n, weights=None, memory_efficient=True)
+        out.append(dict(name=f"{n}(memory_efficient=True)", family="torchvision", ci=True, build=build,
+                        inputs=[([2, 3, 224, 224], "float", None)], output=None, loss=None))
     for n in TORCHVISION_SEG:
         out.append(dict(name=n, family="torchvision segmentation", ci=n == "lraspp_mobilenet_v3_large",
                         build=tv_seg(n), inputs=[([2, 3, 128, 128], "float", None)], output="out", loss="mse"))

@@ -142,6 +142,8 @@ def graph_document(rec: Recording, shapes: Dict[int, List[Any]]) -> dict:
     for c, out in zip(rec.calls, calls):
         if c.checkpoint:
             out["checkpoint"] = c.checkpoint
+        if c.inline:
+            out["inline"] = True
     return {"format": FORMAT_OPS, "recorded_with": f"torch {torch.__version__}",
             "calls": calls, "tensors": tensors, "inputs": rec.inputs, "output": rec.output, "ops": ops}
 

@@ -101,6 +101,7 @@ class CallRec:
     parent: int
     checkpoint: bool = False
     positional: List[int] = field(default_factory=list)  # tensors passed positionally (checkpoint saves those)
+    inline: bool = False  # code of the enclosing module (a checkpointed function), no path of its own
 
 
 class Recording:
@@ -566,7 +567,10 @@ def record(model, args: tuple, kwargs: dict, pick_output: Callable[[Any], Any]) 
 
 class _CheckpointMarks:
     """torch.utils.checkpoint inside forward: the checkpointed module call is marked (the file's
-    "checkpoint") and traced as any other call; the runtime checkpoints it as PyTorch would."""
+    "checkpoint") and traced as any other call; the runtime checkpoints it as PyTorch would. A
+    function that is not a module's (torchvision's memory-efficient DenseNet checkpoints a
+    closure, `bn_function`) becomes an inline call of its own: code of the enclosing module,
+    with no name, run under one checkpoint."""
 
     def __init__(self, recorder: _Recorder):
         self.recorder = recorder
@@ -585,11 +589,23 @@ class _CheckpointMarks:
             kwargs.pop("determinism_check", None)
             kwargs.pop("debug", None)
             kwargs.pop("context_fn", None)
+            mode = "reentrant" if use_reentrant is not False else "non-reentrant"
+            if module is None or id(module) not in recorder.names:
+                parent = recorder.stack[-1] if recorder.stack else -1
+                path = recorder.rec.calls[parent].path if parent >= 0 else ""
+                positional = [recorder.by_obj[id(a)] for a in args if id(a) in recorder.by_obj]
+                recorder.rec.calls.append(CallRec(path, "checkpoint", parent, checkpoint=mode, positional=positional,
+                                                  inline=True))
+                recorder.stack.append(len(recorder.rec.calls) - 1)
+                try:
+                    return function(*args, **kwargs)
+                finally:
+                    recorder.stack.pop()
             result = function(*args, **kwargs)
             if module is not None and id(module) in recorder.names:
                 for call in recorder.rec.calls[before:]:
                     if call.path == recorder.names[id(module)]:
-                        call.checkpoint = "reentrant" if use_reentrant is not False else "non-reentrant"
+                        call.checkpoint = mode
                         break
             return result
 

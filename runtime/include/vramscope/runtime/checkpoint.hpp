@@ -71,7 +71,8 @@ Tensor checkpoint_sequential(std::span<Module* const> modules, std::size_t segme
 
 /// apply_activation_checkpointing with a check function naming modules by path: exactly the
 /// modules at `paths` ("layer3.0", "model.layers.7") run checkpointed in `mode`; every other
-/// mark under `root` (a model file's, gradient_checkpointing_enable's) is cleared. Throws
+/// module's mark under `root` (a model file's, gradient_checkpointing_enable's) is cleared, and
+/// inline code's (torch.utils.checkpoint written in a forward) kept. Throws
 /// mem::Error, changing nothing, for an unknown path (naming the modules at its level), the
 /// root, a path given twice, or one inside another.
 void mark_checkpointed(Module& root, const std::vector<std::string>& paths, CheckpointMode mode);

@@ -84,6 +84,9 @@ struct OpGraph {
     /// The tensors passed to it positionally: what checkpoint() keeps as its inputs (its
     /// _NoopSaveInputs takes *args; keyword arguments stay with the checkpoint's closure).
     std::vector<std::int32_t> args;
+    /// Code of the enclosing call rather than a module of its own (a function forward ran under
+    /// torch.utils.checkpoint): no path segment, its memory the enclosing module's.
+    bool inline_code = false;
   };
   std::vector<TensorSpec> tensors;
   std::vector<OpSpec> ops;
