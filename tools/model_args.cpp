@@ -63,7 +63,9 @@ void add_model_options(CLI::App& app, ModelArgs& args, const std::string& defaul
                  "your own model as a model file (JSON; docs/MODEL_FILES.md) instead of --model")
       ->type_name("PATH");
   app.add_option("--hf-config", args.hf_config,
-                 "a Hugging Face config.json (llama, mistral, qwen2; docs/TRANSFORMERS.md) instead of --model")
+                 "a Hugging Face config.json instead of --model: llama, mistral, qwen2 and gpt2 built in "
+                 "(docs/TRANSFORMERS.md); any other decoder recorded as operators by python3 -m vramscope.export "
+                 "(torch and transformers needed; $VRAMSCOPE_PYTHON picks the Python; docs/OPERATORS.md)")
       ->type_name("PATH");
   // The sizes: each a whole number from 1 to the runtime's bound for it.
   const struct {
