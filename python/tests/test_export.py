@@ -572,6 +572,19 @@ def test_a_model_the_layers_cannot_hold_is_recorded_as_operators(tmp_path, capsy
     assert sin["node"] == "SinBackward0" and sin["saves"] == sin["in"]  # sin keeps its input
 
 
+def test_a_model_that_reads_values_while_built_is_built_on_the_cpu(tmp_path, capsys):
+    from vramscope.export.__main__ import main
+    (tmp_path / "m.py").write_text(
+        "import torch\nimport torch.nn as nn\n\n"
+        "class NeedsValues(nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n"
+        "        widths = torch.tensor([8, 16]).tolist()  # regnet does this: no values on meta\n"
+        "        self.a = nn.Linear(widths[0], widths[1])\n\n"
+        "    def forward(self, x):\n        return self.a(x)\n")
+    assert main([f"{tmp_path / 'm.py'}:NeedsValues", "--input", "4,8", "-o", str(tmp_path / "nv.json")]) == 0
+    assert "144 parameters" in capsys.readouterr().err
+
+
 def test_sys_exit_in_the_model_file_is_exit_2_not_its_status(tmp_path):
     import subprocess
     import sys

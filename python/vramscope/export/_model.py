@@ -122,7 +122,16 @@ def build_model(factory: Callable[[], Any], label: str = "the factory"):
         with warnings.catch_warnings(), meta_device():
             # torch's note on a zero-size layer: the exporter refuses that layer by name instead.
             warnings.filterwarnings("ignore", "Initializing zero-element tensors")
-            return factory()
+            try:
+                return factory()
+            except (RuntimeError, NotImplementedError) as e:
+                if "meta" not in str(e):
+                    raise
+        # A constructor that reads values (regnet's .tolist()) cannot run on the meta device:
+        # built on the CPU (its weights allocated there once), then moved to meta.
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "Initializing zero-element tensors")
+            return factory().to("meta")
 
     model = _run_user_code(build, "building the model failed", f"{label} called {{exit}} while building the model")
     if not isinstance(model, torch.nn.Module):
