@@ -207,6 +207,11 @@ Tensor OpCall::forward(const Tensor& input) {
   if (st.runtime == nullptr) throw Error("internal: an operator graph ran before materialize()");
   const OpGraph& g = *st.graph;
   if (call_ == 0) {
+    if (st.runtime->autocast()) {
+      // Autocast's casts are operators the recording would have to contain (it ran in one dtype).
+      throw Error("an operator-level model runs in the dtype it is given (f32, f16, bf16); autocast (amp) is not "
+                  "modelled for it yet");
+    }
     // The step's forward. The batch's other tensors (labels, masks) come as the data loader's
     // copy to the device made them, before the forward.
     std::vector<Tensor> env(g.tensors.size());
