@@ -42,7 +42,14 @@ std::optional<TensorList> run_mapped(const OpGraph::OpSpec& op, const TensorList
                                  op.arg("eps")),
                       Tensor{}, Tensor{}};
   }
-  if (name == "_scaled_dot_product_efficient_attention" && in.size() == 3 && in[0].dim() == 4) {
+  const auto attention_shapes = [&] {
+    // What the runtime's op takes: q [B, H, S, d], k and v alike [B, H_kv, S_kv, d], H a multiple
+    // of H_kv. DeepSeek's MLA (v's head dim below q's and k's) takes the generic path.
+    return in.size() == 3 && in[0].dim() == 4 && in[1].dim() == 4 && in[1].shape() == in[2].shape() &&
+           in[0].size(0) == in[1].size(0) && in[0].size(3) == in[1].size(3) && in[1].size(1) > 0 &&
+           in[0].size(1) % in[1].size(1) == 0;
+  };
+  if (name == "_scaled_dot_product_efficient_attention" && attention_shapes()) {
     // Without a mask, the runtime's own attention op: flash or memory-efficient as
     // sdp_utils.cpp picks for the run's dtype, with its saved tensors and backward workspaces.
     const SdpaBackend backend = flash_supports(in[0].dtype(), in[0].size(3)) ? SdpaBackend::Flash : SdpaBackend::Efficient;
