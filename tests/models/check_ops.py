@@ -200,7 +200,6 @@ def diffusers_model(kind):
 
 def cases():
     """Every case: name, family, in CI's part, builder, inputs, output key, loss."""
-    image = [(2, 3, 224, 224), "float", None]
     out = []
     ci_tv = {"resnet18", "mobilenet_v3_small", "vit_b_32", "densenet121", "convnext_tiny", "efficientnet_b0"}
     for n in TORCHVISION:
@@ -322,10 +321,6 @@ def vramscope_side(binary, model_file: Path, batch: int, work: Path, names, chec
     run = subprocess.run(command, capture_output=True, text=True, timeout=600)
     if run.returncode != 0:
         raise RuntimeError(f"vramscope trace failed: {run.stderr.strip().splitlines()[-1] if run.stderr else run.returncode}")
-    params = None
-    for line in run.stdout.splitlines():
-        if "parameters" in line and "vramscope trace" in line:
-            break
     return vramscope_saved_per_module(csv, names), run.stdout
 
 
@@ -435,11 +430,11 @@ def main() -> int:
     parser.add_argument("--write", action="store_true", help="with --doc: write the table into it")
     args = parser.parse_args()
     try:
+        import diffusers  # noqa: F401
+        import timm  # noqa: F401
         import torch  # noqa: F401
         import torchvision  # noqa: F401
-        import timm  # noqa: F401
         import transformers  # noqa: F401
-        import diffusers  # noqa: F401
     except ImportError as e:
         skip(f"no {e.name} (python=$(scripts/stack_env.sh) makes the current stack)")
     chosen = [c for c in cases() if (args.all or c["ci"]) and (not args.only or c["name"] in args.only)]

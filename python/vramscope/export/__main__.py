@@ -6,7 +6,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import Optional, Sequence
 
 from . import LEVELS, LOSSES, ExportError, InputSpec, build_model, export, export_hf_config, export_ops, load_factory
 from ._errors import debugging, one_line

@@ -9,7 +9,7 @@ up to 32 rows: ops.hpp).
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ._errors import ExportError
 from ._ops import FORMAT_OPS, Recording, record

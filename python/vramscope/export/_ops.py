@@ -26,7 +26,7 @@ at batch + 1 (and sequence + 1): each size is written as `a*batch*seq + b*batch 
 """
 from __future__ import annotations
 
-import math
+import os
 import sys
 import weakref
 from dataclasses import dataclass, field
@@ -122,13 +122,21 @@ def _short_op(name: str) -> str:
     return parts[1] if len(parts) > 1 else parts[0]
 
 
+_SKIPPED: Dict[Tuple[str, Tuple[str, ...]], bool] = {}  # (file, skip) -> not the user's (asked per op)
+
+
 def _user_line(skip: Sequence[str]) -> str:
     """file:line (function) of the innermost frame outside torch and this package."""
     frame = sys._getframe(2)
+    key_skip = tuple(skip)
     while frame is not None:
         filename = frame.f_code.co_filename
-        if not any(s in filename for s in skip) and not filename.startswith("<"):
-            return f"{Path(filename).name}:{frame.f_lineno} ({frame.f_code.co_name})"
+        skipped = _SKIPPED.get((filename, key_skip))
+        if skipped is None:
+            skipped = any(s in filename for s in skip) or filename.startswith("<")
+            _SKIPPED[(filename, key_skip)] = skipped
+        if not skipped:
+            return f"{os.path.basename(filename)}:{frame.f_lineno} ({frame.f_code.co_name})"
         frame = frame.f_back
     return "?"
 
