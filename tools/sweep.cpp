@@ -145,6 +145,13 @@ nn::ModelInfo validate_sweep(const SweepSpec& spec) {
   if (spec.steps < 1) throw UsageError("--steps: must be at least 1");
   if (spec.segments.empty()) throw UsageError("--segments: empty; give counts like 0,2,4,8 or auto");
   for (const std::size_t k : spec.segments) {
+    if (k > 1 && info.operators > 0) {
+      throw UsageError(fmt::format(
+          "--segments: {} is an operator graph, not a chain of modules checkpoint_sequential could split; "
+          "checkpoint its module calls by path (--checkpoint-modules, e.g. the first of `vramscope trace`'s "
+          "blocks), or let `vramscope plan` choose them, and give --segments 0",
+          info.name));
+    }
     if (k > 1 && !info.sequential_checkpointing) {
       throw UsageError(fmt::format(
           "--segments: {} checkpoints per decoder layer, as gradient_checkpointing_enable() does; give "

@@ -77,6 +77,11 @@ nn::TrainConfig make_config(const TraceArgs& args) {
   cfg.precision = precisions.front();
   check_alloc_conf(args.alloc_conf);
   cfg.alloc_conf = args.alloc_conf;
+  if (args.segments > 1 && info.operators > 0) {
+    throw UsageError(fmt::format("--segments: {} is an operator graph, not a chain of modules checkpoint_sequential "
+                                 "could split; checkpoint its module calls by path (--checkpoint-modules) instead",
+                                 info.name));
+  }
   if (args.segments > 1 && !info.sequential_checkpointing) {
     throw UsageError(fmt::format("--segments: {} checkpoints per decoder layer, as gradient_checkpointing_enable() "
                                  "does; give --gradient-checkpointing reentrant (or non-reentrant) instead",
