@@ -226,6 +226,8 @@ Tensor OpCall::forward(const Tensor& input) {
   }
   if (called) {
     called = false;
+    // The first run reads the caller's environment; checkpoint() hands the positional inputs
+    // back (take_checkpoint_inputs) before a recompute, and the closure is captured here.
     kept_.clear();
     closure_.clear();
     if (checkpointed_call()) {
