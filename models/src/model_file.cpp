@@ -1212,6 +1212,7 @@ class Builder {
     info.operators = graph->ops.size();
     info.module_calls = graph->calls.size();
     info.recorded_with = graph->recorded_with;
+    info.assumed = graph->assumed;
   }
 
   const ModelFile::Doc& doc_;

@@ -95,6 +95,13 @@ std::shared_ptr<const nn::OpGraph> read_op_graph(const json& g, const ShapeReade
   if (g.value("format", json()) != 1) fail(at(path, "format"), "expected 1 (this build reads graph format 1)");
   auto graph = std::make_shared<nn::OpGraph>();
   graph->recorded_with = text(g, path, "recorded_with", false);
+  const json& assumed = list(g, path, "assumed", false);
+  for (std::size_t i = 0; i < assumed.size() && i < 64; ++i) {
+    if (!assumed[i].is_string() || assumed[i].get_ref<const std::string&>().size() > 1000) {
+      fail(at(at(path, "assumed"), i), "expected a string of at most 1000 characters, got " + kind_of(assumed[i]));
+    }
+    graph->assumed.push_back(printable(assumed[i].get_ref<const std::string&>()));
+  }
 
   const json& calls = list(g, path, "calls");
   graph->calls.reserve(calls.size());

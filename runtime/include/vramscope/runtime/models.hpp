@@ -112,6 +112,8 @@ struct ModelInfo {
   std::size_t operators = 0;
   std::size_t module_calls = 0;
   std::string recorded_with;
+  /// What the recording assumed where the program read a value (meta tensors have none).
+  std::vector<std::string> assumed;
   std::size_t parameter_bytes(DType dtype) const noexcept {
     return static_cast<std::size_t>(parameters) * dtype_size(dtype);
   }

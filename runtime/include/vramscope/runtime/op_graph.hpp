@@ -94,6 +94,8 @@ struct OpGraph {
   std::vector<std::int32_t> inputs;  ///< the forward's tensor arguments, in order
   std::int32_t output = -1;         ///< what the loss starts from
   std::string recorded_with;        ///< "torch 2.15.0"
+  /// Where the program read a value from a tensor, and what the recording took (its "assumed").
+  std::vector<std::string> assumed;
 };
 
 /// The modules that run `graph`: the root call, inline (its children are named by their
