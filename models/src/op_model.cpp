@@ -67,7 +67,8 @@ std::string text(const json& o, const std::string& path, const char* key, bool r
 
 void only_keys(const json& o, const std::string& path, std::initializer_list<const char*> keys) {
   if (!o.is_object()) fail(path, "expected an object, got " + kind_of(o));
-  for (const auto& [key, value] : o.items()) {
+  for (const auto& item : o.items()) {
+    const std::string& key = item.key();  // not a structured binding: clang 14 cannot capture one
     if (std::find_if(keys.begin(), keys.end(), [&](const char* k) { return key == k; }) == keys.end()) {
       std::string valid;
       for (const char* k : keys) valid += (valid.empty() ? "" : ", ") + std::string(k);
