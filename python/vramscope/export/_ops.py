@@ -40,28 +40,12 @@ FORMAT_OPS = 1  # the "graph" form's own version, inside model-file version 1
 # The recording runs the model in bfloat16: a bfloat16 tensor is one that follows the run's
 # dtype ("float" in the file); float32 tensors there are ones the model keeps in f32 whatever
 # the run's dtype (RMSNorm's upcast, rotary tables, the loss's logits.float()).
-RUN_DTYPE_NAME = "bfloat16"
 DTYPES = {
     "float32": "f32", "float16": "f16", "bfloat16": "float", "float64": "f64",
     "int64": "i64", "int32": "i32", "uint8": "u8", "int8": "u8", "bool": "bool",
 }
 
-# Backward of views whose gradient is a view of the output's gradient (no allocation):
-# derivatives.yaml gives `grad.reshape_symint(self.sym_sizes())` / `permute_backwards` /
-# `grad.t()` / `unsqueeze_to` / `grad.squeeze(dim)`. The other views (select, slice, expand,
-# as_strided, split, unbind, diagonal) allocate an input-sized gradient (select_backward,
-# slice_backward, sum_to, as_strided_backward, cat, stack).
-VIEW_GRAD = {
-    "view", "_unsafe_view", "reshape", "_reshape_alias", "permute", "transpose", "t", "unsqueeze",
-    "squeeze", "alias", "view_as", "unflatten", "flatten", "movedim", "swapaxes", "mT", "detach",
-    "lift_fresh", "_to_copy_view",
-}
-# Ops whose gradient for some inputs is the incoming gradient itself (AddBackward0's
-# `self: grad`, `other: maybe_multiply(grad, alpha)` at alpha 1; CloneBackward0; ToCopyBackward0
-# at the same dtype): passed through, allocated only when a broadcast input needs a sum.
-PASS_GRAD = {"add", "add_", "clone", "contiguous", "_to_copy", "sub", "sub_", "copy_"}
-# The inputs of PASS_GRAD ops that get the gradient passed (sub's other gets -grad).
-PASS_INPUTS = {"sub": (0,), "sub_": (0,), "copy_": (1,)}
+# How each operator's backward treats the gradient is the runtime's to know (runtime/src/op_rules.cpp).
 
 MAX_OPS = 2_000_000  # a recording larger than this is not one training step of a real model
 
