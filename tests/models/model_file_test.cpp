@@ -224,6 +224,31 @@ TEST(ModelFilePeaks, AResidualBlockPeaksAsDerivedByHand) {
   EXPECT_EQ(r.peak_reserved, 20 * MiB + 2 * MiB);  // 5 A fill one 20 MiB segment exactly
 }
 
+TEST(ModelFilePeaks, TheSameResidualBlockAsAnOperatorGraphPeaksTheSame) {
+  // The block above as the exporter records it (docs/MODEL_FILES.md, Operator graphs): sigmoid
+  // in block.act, the add in block, tanh in out; s goes when block returns, out when the root
+  // rebinds its variable. The generic backward (TanhBackward0 and SigmoidBackward0 allocate
+  // their input's gradient, AddBackward0 hands it on) gives the hand-derived peak.
+  const nn::TrainReport r = one_step(R"({
+    "format": "vramscope-model", "version": 1, "name": "res-ops", "options": {"batch": 1024},
+    "input": {"shape": ["batch", 1024], "requires_grad": true}, "loss": {"type": "sum"},
+    "graph": {"format": 1,
+      "calls": [{"module": "", "class": "Net", "parent": -1}, {"module": "block", "class": "Block", "parent": 0},
+                {"module": "block.act", "class": "Sigmoid", "parent": 1}, {"module": "out", "class": "Tanh", "parent": 0}],
+      "tensors": [{"kind": "input", "shape": ["batch", 1024], "dtype": "float", "requires_grad": true},
+                  {"kind": "op", "shape": ["batch", 1024], "dtype": "float"},
+                  {"kind": "op", "shape": ["batch", 1024], "dtype": "float"},
+                  {"kind": "op", "shape": ["batch", 1024], "dtype": "float"}],
+      "inputs": [0], "output": 3,
+      "ops": [{"op": "aten.sigmoid.default", "in": [0], "out": [1], "call": 2, "node": "SigmoidBackward0", "saves": [1]},
+              {"op": "aten.add.Tensor", "in": [1, 0], "out": [2], "call": 1, "node": "AddBackward0", "saves": [],
+               "frees_after": [[0, 1]]},
+              {"op": "aten.tanh.default", "in": [2], "out": [3], "call": 3, "node": "TanhBackward0", "saves": [3],
+               "frees_after": [[0, 2]]}]}})");
+  EXPECT_EQ(r.peak_allocated, 5 * A + kScalars);
+  EXPECT_EQ(r.peak_reserved, 20 * MiB + 2 * MiB);
+}
+
 TEST(ModelFileLosses, NoneTrainsOnTheModelsOwnScalarOutput) {
   // A model that computes its loss itself: the output, a scalar, is what backward starts
   // from. Linear(1024 -> 1) on a [1, 1024] input: no target is made.
