@@ -148,6 +148,7 @@ class _Recorder:
         self.nodes: List[Any] = []
         self.problems: List[str] = []
         self.finished = False
+        self.paused = 0
         self.markers: Dict[int, Tuple[int, Any]] = {}  # marker storage -> (record, marker kept alive)
         # (ops recorded when it was packed, tensor record): every tensor autograd saved, in order
         self.packed: List[Tuple[int, int]] = []
@@ -211,6 +212,20 @@ class _Recorder:
         call = self.stack[-1] if self.stack else None
         path = self.rec.calls[call].path if call is not None else ""
         return f"in {path or 'the model'}, {_user_line(self.skip)}"
+
+    def pause(self):
+        """A context in which operators run unrecorded (a substitution records its own)."""
+        recorder = self
+
+        class Paused:
+            def __enter__(self):
+                recorder.paused += 1
+
+            def __exit__(self, *exc):
+                recorder.paused -= 1
+                return False
+
+        return Paused()
 
     def assume(self, t):
         """A value read from a tensor (`.item()`, `if tensor:`): meta tensors have none. The
@@ -361,7 +376,7 @@ def _make_mode(recorder: _Recorder):
     class Mode(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
-            if func in _NO_RECORD:
+            if func in _NO_RECORD or recorder.paused:
                 return func(*args, **kwargs)
             if func is _ITEM:
                 return recorder.assume(args[0])
@@ -428,7 +443,7 @@ class _OpFailure(Exception):
     """An operator that cannot run on meta tensors (data-dependent: .item(), nonzero)."""
 
 
-def _make_function_mode():
+def _make_function_mode(recorder: Optional[_Recorder] = None):
     """The CUDA substitutions (module docstring): dropout and scaled_dot_product_attention.
     Inside __torch_function__ this mode is off, so the calls below dispatch (and record)."""
     import torch
@@ -448,13 +463,40 @@ def _make_function_mode():
                     # ATen Dropout.cpp: a CUDA input takes the fused kernel (native_dropout).
                     return torch.native_dropout(x, p, True)[0]
             if sdpa is not None and func is sdpa:
-                return _sdpa(torch, args, kwargs)
+                return _sdpa(torch, args, kwargs, recorder)
             return func(*args, **kwargs)
 
     return Mode()
 
 
-def _sdpa(torch, args, kwargs):
+_GROUPED = []  # the autograd.Function below, made once torch is imported
+
+
+def _grouped_attention(torch):
+    """Attention over grouped k and v (enable_gqa) as the fused CUDA kernels run it: flash takes
+    k and v with fewer heads as they are (sdp_utils.cpp, check_grouped_query_attention), so its
+    node keeps q, k, v, the output and the logsumexp, not copies of k and v repeated to q's heads.
+    On meta tensors the memory-efficient kernel computes the shapes on repeated k and v."""
+    if not _GROUPED:
+        class GroupedAttention(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, q, k, v, dropout, causal, scale):
+                n = q.shape[-3] // k.shape[-3]
+                out, lse = torch.ops.aten._scaled_dot_product_efficient_attention(
+                    q, k.repeat_interleave(n, dim=-3), v.repeat_interleave(n, dim=-3), None, True, dropout, causal,
+                    scale=scale)[:2]
+                ctx.save_for_backward(q, k, v, out, lse)
+                return out
+
+            @staticmethod
+            def backward(ctx, grad):  # never run: the recording stops at the forward
+                raise NotImplementedError
+
+        _GROUPED.append(GroupedAttention)
+    return _GROUPED[0]
+
+
+def _sdpa(torch, args, kwargs, recorder: Optional[_Recorder] = None):
     """F.scaled_dot_product_attention as one fused CUDA kernel: recorded as the memory-efficient
     kernel's operator (it takes every dtype and a mask), which keeps q, k, v, the mask
     (attn_bias), the output and its f32 logsumexp (derivatives.yaml,
@@ -470,6 +512,19 @@ def _sdpa(torch, args, kwargs):
     if mask is not None and mask.dtype == torch.bool:
         # A boolean mask becomes an additive float bias first (sdpa's convert_boolean_attn_mask).
         mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(mask.logical_not(), float("-inf"))
+    dropout, causal = float(bound.get("dropout_p", 0.0) or 0.0), bool(bound.get("is_causal", False))
+    if bound.get("enable_gqa", False) and k.shape[-3] != q.shape[-3] and mask is None and q.dim() == 4 \
+            and torch.is_grad_enabled():
+        # One operator over q, k and v as given; the runtime runs it as its own attention op,
+        # which takes grouped k and v (op_kernels.cpp).
+        fn = _grouped_attention(torch)
+        if recorder is None:
+            return fn.apply(q, k, v, dropout, causal, bound.get("scale"))
+        with recorder.pause():
+            out = fn.apply(q, k, v, dropout, causal, bound.get("scale"))
+        recorder.record(None, (q, k, v), {}, out, name="aten._scaled_dot_product_efficient_attention.default",
+                        attrs={"dropout_p": dropout, "is_causal": causal, "enable_gqa": True})
+        return out
     if bound.get("enable_gqa", False) and k.shape[-3] != q.shape[-3]:
         k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)
         v = v.repeat_interleave(q.shape[-3] // v.shape[-3], dim=-3)
@@ -477,8 +532,7 @@ def _sdpa(torch, args, kwargs):
         mask = mask.expand(q.shape[:-1] + (k.shape[-2],)) if mask.dim() == q.dim() else mask
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, mask))
     out = torch.ops.aten._scaled_dot_product_efficient_attention(
-        q, k, v, mask, needs_grad, float(bound.get("dropout_p", 0.0) or 0.0), bool(bound.get("is_causal", False)),
-        scale=bound.get("scale"))
+        q, k, v, mask, needs_grad, dropout, causal, scale=bound.get("scale"))
     return out[0]
 
 
@@ -519,7 +573,7 @@ def record(model, args: tuple, kwargs: dict, pick_output: Callable[[Any], Any]) 
     post = torch.nn.modules.module.register_module_forward_hook(recorder.post_hook, always_call=True)
     marks = _CheckpointMarks(recorder)
     try:
-        with marks, torch.autograd.graph.saved_tensors_hooks(pack, unpack), _make_function_mode(), \
+        with marks, torch.autograd.graph.saved_tensors_hooks(pack, unpack), _make_function_mode(recorder), \
                 _make_mode(recorder):
             out = model(*args, **kwargs)
             chosen = pick_output(out)
