@@ -53,16 +53,26 @@ std::vector<std::int32_t> indices(const json& o, const std::string& path, const 
   return out;
 }
 
+std::string string_value(const json& v, const std::string& path) {
+  if (!v.is_string() || v.get_ref<const std::string&>().size() > 1000) {
+    fail(path, "expected a string of at most 1000 characters, got " + kind_of(v));
+  }
+  return printable(v.get_ref<const std::string&>());
+}
+
 std::string text(const json& o, const std::string& path, const char* key, bool required) {
   if (!o.contains(key)) {
     if (required) fail(at(path, key), "is required (a string)");
     return {};
   }
-  const json& v = o.at(key);
-  if (!v.is_string() || v.get_ref<const std::string&>().size() > 1000) {
-    fail(at(path, key), "expected a string of at most 1000 characters, got " + kind_of(v));
-  }
-  return printable(v.get_ref<const std::string&>());
+  return string_value(o.at(key), at(path, key));
+}
+
+/// An optional true / false; false when absent.
+bool flag(const json& o, const std::string& path, const char* key) {
+  if (!o.contains(key)) return false;
+  if (!o.at(key).is_boolean()) fail(at(path, key), "expected true or false");
+  return o.at(key).get<bool>();
 }
 
 void only_keys(const json& o, const std::string& path, std::initializer_list<const char*> keys) {
@@ -98,10 +108,7 @@ std::shared_ptr<const nn::OpGraph> read_op_graph(const json& g, const ShapeReade
   graph->recorded_with = text(g, path, "recorded_with", false);
   const json& assumed = list(g, path, "assumed", false);
   for (std::size_t i = 0; i < assumed.size() && i < 64; ++i) {
-    if (!assumed[i].is_string() || assumed[i].get_ref<const std::string&>().size() > 1000) {
-      fail(at(at(path, "assumed"), i), "expected a string of at most 1000 characters, got " + kind_of(assumed[i]));
-    }
-    graph->assumed.push_back(printable(assumed[i].get_ref<const std::string&>()));
+    graph->assumed.push_back(string_value(assumed[i], at(at(path, "assumed"), i)));
   }
 
   const json& calls = list(g, path, "calls");
@@ -114,10 +121,7 @@ std::shared_ptr<const nn::OpGraph> read_op_graph(const json& g, const ShapeReade
     c.cls = text(calls[i], p, "class", true);
     c.parent = index_value(object_at(calls[i], p, "parent"), at(p, "parent"), -1);
     c.args = indices(calls[i], p, "args", false);
-    if (calls[i].contains("inline")) {
-      if (!calls[i].at("inline").is_boolean()) fail(at(p, "inline"), "expected true or false");
-      c.inline_code = calls[i].at("inline").get<bool>();
-    }
+    c.inline_code = flag(calls[i], p, "inline");
     if (calls[i].contains("checkpoint")) {
       const json& mark = calls[i].at("checkpoint");
       if (mark == "non-reentrant") {
@@ -151,10 +155,7 @@ std::shared_ptr<const nn::OpGraph> read_op_graph(const json& g, const ShapeReade
     }
     if (tensors[i].contains("base")) t.base = index_value(tensors[i].at("base"), at(p, "base"));
     t.name = text(tensors[i], p, "name", false);
-    if (tensors[i].contains("requires_grad")) {
-      if (!tensors[i].at("requires_grad").is_boolean()) fail(at(p, "requires_grad"), "expected true or false");
-      t.requires_grad = tensors[i].at("requires_grad").get<bool>();
-    }
+    t.requires_grad = flag(tensors[i], p, "requires_grad");
     if (t.kind == nn::OpGraph::Kind::Param && t.name.empty()) fail(at(p, "name"), "a parameter needs its name");
     graph->tensors.push_back(std::move(t));
   }
@@ -183,10 +184,7 @@ std::shared_ptr<const nn::OpGraph> read_op_graph(const json& g, const ShapeReade
     op.call = index_value(object_at(ops[i], p, "call"), at(p, "call"));
     op.line = text(ops[i], p, "line", false);
     op.node = text(ops[i], p, "node", false);
-    if (ops[i].contains("inplace")) {
-      if (!ops[i].at("inplace").is_boolean()) fail(at(p, "inplace"), "expected true or false");
-      op.inplace = ops[i].at("inplace").get<bool>();
-    }
+    op.inplace = flag(ops[i], p, "inplace");
     if (ops[i].contains("args")) {
       const json& args = ops[i].at("args");
       if (!args.is_object() || args.size() > 16) fail(at(p, "args"), "expected an object of at most 16 numbers");

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <initializer_list>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "vramscope/allocator/errors.hpp"
@@ -235,6 +236,19 @@ void store_logical(const Tensor& t, const std::vector<T>& values) {
 /// those set to 1 (mean_last, the 1x1 adaptive average pool). Saves nothing (MeanBackward1);
 /// backward allocates the input's shape.
 Tensor mean_trailing(const Tensor& x, const Shape& out_shape);
+
+/// A tensor on `base`'s storage with its own layout (no allocation, no history): a view, or the
+/// result of an in-place op. `dtype` defaults to base's (an undefined optional).
+inline Tensor alias_of(const Tensor& base, const Shape& shape, const Shape& strides, std::int64_t offset,
+                       std::optional<DType> dtype = std::nullopt) {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = base.storage();
+  impl->shape = shape;
+  impl->strides = strides;
+  impl->offset = offset;
+  impl->dtype = dtype.value_or(base.dtype());
+  return Tensor(std::move(impl));
+}
 
 /// A new uninitialised tensor in the same runtime.
 inline Tensor new_empty(const Tensor& like, const Shape& shape, DType dtype) {

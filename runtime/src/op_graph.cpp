@@ -33,6 +33,7 @@ class OpCall;
 struct Item {
   std::int32_t op = -1;  ///< the operator, or -1 for a child call
   OpCall* child = nullptr;
+  const detail::OpRule* rule = nullptr;  ///< the operator's, looked up once
   std::vector<SaveRef> saves;
   std::vector<std::int32_t> frees;  ///< dropped after this step (OpSpec::frees and frees_after)
 };
@@ -70,18 +71,12 @@ class EnvGuard {
 /// A tensor on `base`'s storage with `shape` (a view, an in-place result under another
 /// shape): contiguous when it fits the storage, else a broadcast (stride 0), as expand makes.
 Tensor view_on(const Tensor& base, const Shape& shape, DType dtype) {
-  auto impl = std::make_shared<detail::TensorImpl>();
-  impl->storage = base.storage();
-  impl->shape = shape;
-  impl->dtype = dtype;
   const std::size_t need = static_cast<std::size_t>(shape.numel()) * dtype_size(dtype);
-  if (need <= base.storage()->nbytes()) {
-    impl->strides = contiguous_strides(shape);
-  } else {
-    impl->strides = shape;
-    for (std::size_t d = 0; d < shape.size(); ++d) impl->strides[d] = 0;
+  Shape strides = contiguous_strides(shape);
+  if (need > base.storage()->nbytes()) {
+    for (std::size_t d = 0; d < shape.size(); ++d) strides[d] = 0;
   }
-  return Tensor(std::move(impl));
+  return detail::alias_of(base, shape, strides, 0, dtype);
 }
 
 /// The node of a recorded operator: keeps the recorded tensors; backward hands each input
@@ -117,7 +112,7 @@ class OpNode final : public Node {
         result[i] = empty(runtime_, shapes_[i], dtypes_[i]);
       }
     }
-    detail::backward_effects(runtime_, spec_, forward_flops_, result);
+    detail::backward_effects(runtime_, rule_, forward_flops_, result);
     return result;
   }
   void release_variables() noexcept override { saved_.clear(); }
@@ -277,13 +272,13 @@ void OpCall::run_items() {
 void OpCall::run_op(const Item& item) const {
   const GraphState& st = *state_;
   const OpGraph::OpSpec& spec = st.graph->ops[static_cast<std::size_t>(item.op)];
-  const detail::OpRule& rule = detail::op_rule(spec.op);
+  const detail::OpRule& rule = *item.rule;
   Runtime& rt = *st.runtime;
   TensorList in;
   in.reserve(spec.in.size());
   for (const std::int32_t t : spec.in) in.push_back(value(t));
 
-  if (auto mapped = detail::run_mapped(spec, in)) {
+  if (auto mapped = detail::run_mapped(rule, spec, in)) {
     for (std::size_t k = 0; k < mapped->size() && k < spec.out.size(); ++k) set(spec.out[k], std::move((*mapped)[k]));
     return;
   }
@@ -315,7 +310,7 @@ void OpCall::run_op(const Item& item) const {
     }
   }
 
-  const double flops = detail::device_effects(rt, spec, in, out);
+  const double flops = detail::device_effects(rt, rule, in, out);
 
   bool records = !spec.node.empty() && grad_enabled();
   if (records) {
@@ -476,6 +471,7 @@ class Planner {
       for (Item& item : calls_[c]->items) {
         if (item.child != nullptr) continue;
         const auto& op = g_.ops[static_cast<std::size_t>(item.op)];
+        item.rule = &detail::op_rule(op.op);
         for (const std::int32_t t : op.saves) item.saves.push_back(save_ref(op, t));
         item.frees.insert(item.frees.end(), op.frees.begin(), op.frees.end());
       }

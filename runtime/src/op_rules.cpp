@@ -35,31 +35,39 @@ std::unordered_map<std::string, OpRule> make_rules() {
   for (const char* same : {"clone", "contiguous", "_to_copy", "to", "_copy_from_and_resize"}) rules[same].passes = kAll;
   rules["copy_"].passes = 2;
   rules["_to_copy"].conversion = true;
+  // Run by the runtime's own ops (op_kernels.cpp): their saved tensors, workspaces and backward
+  // are the built-in layers'.
+  rules["convolution"].kernel = OpKernel::Convolution;
+  rules["native_batch_norm"].kernel = OpKernel::BatchNorm;
+  // Matrix products: addmm with a bias runs through cublasLt (ops_linear.cpp: linear).
+  rules["mm"].product = OpProduct::Mm;
+  rules["addmm"].product = OpProduct::Addmm;
+  rules["bmm"].product = OpProduct::Bmm;
+  rules["baddbmm"].product = OpProduct::Baddbmm;
   // The fused attention kernels return their philox seed and offset as CPU tensors
   // (attention.cu, _efficient_attention_forward: at::empty({}, at::dtype(at::kLong));
   // _flash_attention_forward likewise), and the logsumexp rows are the kernel's choice.
   OpRule& efficient = rules["_scaled_dot_product_efficient_attention"];
   efficient.host_outputs = (1u << 2) | (1u << 3);
   efficient.attention_logsumexp = true;
+  efficient.kernel = OpKernel::Attention;
   OpRule& flash = rules["_scaled_dot_product_flash_attention"];
   flash.host_outputs = (1u << 6) | (1u << 7);
   flash.attention_logsumexp = true;
   return rules;
 }
 
-/// "aten.transpose.int" -> "transpose".
-std::string base_name(std::string_view op) {
-  if (op.starts_with("aten.")) op.remove_prefix(5);
-  if (const auto dot = op.find('.'); dot != std::string_view::npos) op = op.substr(0, dot);
-  return std::string(op);
-}
-
 }  // namespace
+
+std::string_view op_base_name(std::string_view op) noexcept {
+  if (op.starts_with("aten.")) op.remove_prefix(5);
+  return op.substr(0, op.find('.'));
+}
 
 const OpRule& op_rule(std::string_view op) {
   static const std::unordered_map<std::string, OpRule> rules = make_rules();
   static const OpRule none{};
-  const auto it = rules.find(base_name(op));
+  const auto it = rules.find(std::string(op_base_name(op)));
   return it == rules.end() ? none : it->second;
 }
 

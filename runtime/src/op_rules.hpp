@@ -1,7 +1,8 @@
 // op_rules.hpp — what the recording of an operator does not say and the runtime must know:
 // how its backward treats the incoming gradient, which outputs the CUDA kernel keeps on the
-// host, and which output sizes the CUDA kernel decides. One row per operator, each with its
-// source in op_rules.cpp; every other operator takes the defaults.
+// host, which output sizes the CUDA kernel decides, and which of the runtime's own ops runs it
+// (op_kernels.hpp). One row per operator, each with its source in op_rules.cpp; every other
+// operator takes the defaults. A graph's operators are looked up once, when it is built.
 #pragma once
 
 #include <cstdint>
@@ -11,7 +12,14 @@
 
 namespace mem::nn::detail {
 
+/// The runtime's own op that runs an operator (op_kernels.cpp), when its arguments allow.
+enum class OpKernel : std::uint8_t { None, Convolution, BatchNorm, Attention };
+/// A matrix product: which (cuBLAS's workspace, its FLOPs).
+enum class OpProduct : std::uint8_t { None, Mm, Addmm, Bmm, Baddbmm };
+
 struct OpRule {
+  OpKernel kernel = OpKernel::None;
+  OpProduct product = OpProduct::None;
   /// Inputs (bit i: input i) whose gradient is the incoming gradient itself when it has the
   /// input's size and dtype (a view of it: nothing allocated); every other input that needs a
   /// gradient gets a new one of its shape (derivatives.yaml's formulas compute new tensors).
@@ -26,6 +34,8 @@ struct OpRule {
   bool conversion = false;
 };
 
+/// "aten.transpose.int" -> "transpose".
+std::string_view op_base_name(std::string_view op) noexcept;
 /// The rule of "aten.<name>.<overload>" (the overload does not matter).
 const OpRule& op_rule(std::string_view op);
 

@@ -150,15 +150,7 @@ Tensor activation_saving_input(const Tensor& x, double flops, F f, Args... node_
 }
 
 /// An alias of x's storage: the result of an in-place op on x.
-Tensor alias_of(const Tensor& x) {
-  auto impl = std::make_shared<detail::TensorImpl>();
-  impl->storage = x.storage();
-  impl->shape = x.shape();
-  impl->strides = x.strides();
-  impl->offset = x.offset();
-  impl->dtype = x.dtype();
-  return Tensor(std::move(impl));
-}
+Tensor alias_of(const Tensor& x) { return detail::alias_of(x, x.shape(), x.strides(), x.offset()); }
 
 /// What an in-place elementwise op's node keeps: its output (ReLU, LeakyReLU: derivatives.yaml
 /// formulas over `result`), or a copy of the input taken before the write, where the formula

@@ -8,15 +8,7 @@ namespace {
 using detail::HostIn;
 using detail::HostOut;
 
-Tensor alias_of(const Tensor& base, const Shape& shape, const Shape& strides, std::int64_t offset) {
-  auto impl = std::make_shared<detail::TensorImpl>();
-  impl->storage = base.storage();
-  impl->shape = shape;
-  impl->strides = strides;
-  impl->offset = offset;
-  impl->dtype = base.dtype();
-  return Tensor(std::move(impl));
-}
+using detail::alias_of;
 
 /// out[i] = a[i] + b[i] computed into `out` (which may alias a).
 void add_into(const Tensor& out, const Tensor& a, const Tensor& b) {
