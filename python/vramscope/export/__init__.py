@@ -48,19 +48,17 @@ def export(model, input_shape: Sequence[int], *, name: str = "model", input_dtyp
     operators where they cannot hold the model."""
     if level not in LEVELS:
         raise ExportError([f"--level {level!r}: expected one of {', '.join(LEVELS)}"], "bad option")
-    _check_shape(input_shape)
+    spec = InputSpec(list(input_shape), input_dtype)  # checks the sizes and the dtype, for both forms
     if level == "ops":
-        return export_ops(model, [InputSpec(list(input_shape), input_dtype)], name=name, loss=loss,
-                          description=description, source=source)
+        return export_ops(model, [spec], name=name, loss=loss, description=description, source=source)
     try:
-        return _export_layers(model, input_shape, name=name, input_dtype=input_dtype, loss=loss,
+        return _export_layers(model, spec.shape, name=name, input_dtype=spec.dtype, loss=loss,
                               description=description, source=source)
     except ExportError as layer_error:
         if level == "layers" or layer_error.headline in ("bad input", "bad loss", "no loss"):
             raise
         try:
-            return export_ops(model, [InputSpec(list(input_shape), input_dtype)], name=name, loss=loss,
-                              description=description, source=source)
+            return export_ops(model, [spec], name=name, loss=loss, description=description, source=source)
         except ExportError as op_error:
             # What the layer form could not hold, the operators' reason says more; an error of the
             # model itself (its forward raising, an input it does not take) the layer form's does.
@@ -71,6 +69,8 @@ def export(model, input_shape: Sequence[int], *, name: str = "model", input_dtyp
 
 
 def _check_shape(input_shape: Sequence[int]) -> None:
+    """Positive sizes, batch first, that torch holds in int64 with room for the batch + 2 the
+    last recording (and the layer form's second pass, batch + 1) runs."""
     shape = [int(s) for s in input_shape]
     if not shape or any(s <= 0 for s in shape):
         raise ExportError([f"--input {input_shape}: expected positive sizes, the batch first"], "bad input")
@@ -85,8 +85,9 @@ class InputSpec:
 
     def __init__(self, shape: List[int], dtype: str = "float", keyword: Optional[str] = None):
         if dtype not in ("float", "int64"):
-            raise ExportError([f"input dtype {dtype!r}: expected float or int64"], "bad input")
-        self.shape, self.dtype, self.keyword = shape, dtype, keyword
+            raise ExportError([f"--input-dtype {dtype!r}: expected float or int64"], "bad input")
+        _check_shape(shape)
+        self.shape, self.dtype, self.keyword = [int(s) for s in shape], dtype, keyword
 
 
 def export_ops(model, inputs: Sequence["InputSpec"], *, name: str = "model", loss: Optional[str] = None,
@@ -201,15 +202,7 @@ def _export_layers(model, input_shape: Sequence[int], *, name: str = "model", in
                    loss: Optional[str] = None, description: str = "", source: str = "") -> dict:
     """The layer form (torch.fx onto the model file's layers)."""
     import torch
-    shape = [int(s) for s in input_shape]
-    if not shape or any(s <= 0 for s in shape):
-        raise ExportError([f"--input {input_shape}: expected positive sizes, the batch first"], "bad input")
-    # Sizes torch holds in int64, with room for the batch + 1 the second pass runs.
-    if any(s > MAX_SIZE for s in shape) or math.prod([shape[0] + 1] + shape[1:]) >= 2 ** 63:
-        raise ExportError([f"--input {input_shape}: sizes too large (at most 2**40 per dimension, fewer than "
-                           "2**63 elements in all)"], "bad input")
-    if input_dtype not in ("float", "int64"):
-        raise ExportError([f"--input-dtype {input_dtype!r}: expected float or int64"], "bad input")
+    shape = list(input_shape)  # checked by export() (InputSpec)
     dtype = torch.int64 if input_dtype == "int64" else torch.float32
     high = _embedding_size(model) if input_dtype == "int64" else 0
     tensors = list(model.parameters()) + list(model.buffers())

@@ -204,9 +204,7 @@ def _input_spec(text: str, dtype: Optional[str]) -> InputSpec:
     except ValueError:
         raise ExportError([f"--input {text!r}: expected sizes separated by commas, such as 8,3,224,224"],
                           "bad input") from None
-    if not shape or any(s <= 0 for s in shape):
-        raise ExportError([f"--input {text!r}: expected positive sizes, the batch first"], "bad input")
-    return InputSpec(shape, dtype or "float", keyword)
+    return InputSpec(shape, dtype or "float", keyword)  # checks the sizes
 
 
 def _is_transformers(model) -> bool:
