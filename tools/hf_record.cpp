@@ -99,7 +99,7 @@ bool builtin_hf_type(const std::string& path) {
   }
 }
 
-std::shared_ptr<const nn::ModelSource> record_hf_config(const std::string& path) {
+std::shared_ptr<const nn::ModelSource> record_hf_config(const std::string& path, const std::string& autocast) {
   const char* chosen = std::getenv("VRAMSCOPE_PYTHON");
   const std::string python = chosen != nullptr && *chosen != '\0' ? chosen : "python3";
   Scratch scratch;
@@ -110,9 +110,10 @@ std::shared_ptr<const nn::ModelSource> record_hf_config(const std::string& path)
     fmt::print(stderr, "vramscope: {}: recording its operators with {} -m vramscope.export (a few seconds)\n", path,
                python);
   }
-  const int status = run({python, "-m", "vramscope.export", "--hf-config", path, "--batch", "2", "--seq", "128",
-                          "--name", stem.empty() ? "config" : stem, "-o", out.string()},
-                         log);
+  std::vector<std::string> argv = {python, "-m", "vramscope.export", "--hf-config", path, "--batch", "2", "--seq", "128",
+                                   "--name", stem.empty() ? "config" : stem, "-o", out.string()};
+  if (!autocast.empty()) argv.insert(argv.end(), {"--amp", autocast});
+  const int status = run(argv, log);
   if (status != 0) {
     std::string said = read_text(log, 4000);
     if (status < 0 || said.find("No module named") != std::string::npos) {

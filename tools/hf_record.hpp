@@ -19,6 +19,7 @@ bool builtin_hf_type(const std::string& path);
 /// sequence 128, whose sizes become the file's formulas, and reads the file. Throws mem::Error with the exporter's message, or saying
 /// what to install when no Python with torch and transformers is found. Says on a terminal that
 /// it is recording (it takes seconds).
-std::shared_ptr<const nn::ModelSource> record_hf_config(const std::string& path);
+/// `autocast` ("bf16", "f16", ""): recorded under CUDA's autocast (--amp), for amp runs.
+std::shared_ptr<const nn::ModelSource> record_hf_config(const std::string& path, const std::string& autocast = "");
 
 }  // namespace mem::tools

@@ -163,6 +163,21 @@ nn::ModelOptions to_model_options(const ModelArgs& args, bool lists_allowed) {
   return o;
 }
 
+std::string hf_autocast(const std::vector<nn::Precision>& precisions) {
+  std::string first;
+  for (std::size_t i = 0; i < precisions.size(); ++i) {
+    const nn::Precision p = precisions[i];
+    const std::string autocast = p == nn::Precision::AmpBF16 ? "bf16" : p == nn::Precision::Amp ? "f16" : "";
+    if (i == 0) {
+      first = autocast;
+    } else if (autocast != first) {
+      throw UsageError("--dtype: an --hf-config that the exporter records runs under one autocast (its casts are "
+                       "recorded operators): give amp-bf16, amp, or plain precisions, in separate runs");
+    }
+  }
+  return first;
+}
+
 std::shared_ptr<const nn::ModelSource> resolve_model(const ModelArgs& args, const std::string& fallback) {
   if (static_cast<int>(!args.model.empty()) + static_cast<int>(!args.model_file.empty()) +
           static_cast<int>(!args.hf_config.empty()) > 1) {
@@ -170,7 +185,7 @@ std::shared_ptr<const nn::ModelSource> resolve_model(const ModelArgs& args, cons
   }
   if (!args.hf_config.empty()) {
     return as_usage("--hf-config", [&]() -> std::shared_ptr<const nn::ModelSource> {
-      if (!builtin_hf_type(args.hf_config)) return record_hf_config(args.hf_config);
+      if (!builtin_hf_type(args.hf_config)) return record_hf_config(args.hf_config, args.autocast);
       return models::load_hf_config(args.hf_config);
     });
   }

@@ -33,7 +33,14 @@ struct ModelArgs {
   std::string lora_targets;   ///< --lora-targets
   std::string quant;          ///< --quant
   std::string stack;          ///< --stack "torch=2.11,transformers=5.17,peft=0.21"
+  /// Set by the command from --dtype: an --hf-config recorded by the exporter is recorded under
+  /// this autocast ("bf16", "f16"; "": none), since its casts are operators of the recording.
+  std::string autocast;
 };
+
+/// The autocast an --hf-config recording needs for these precisions ("bf16", "f16" or "");
+/// a UsageError when they mix autocast and plain precisions (one recording serves one).
+std::string hf_autocast(const std::vector<nn::Precision>& precisions);
 
 /// A CLI11 check for an integer option: a whole number in [min, max], written in full.
 /// Without it CLI11 clamps "99999999999999999999", and "-1" wraps in an unsigned option.

@@ -98,7 +98,9 @@ void run(const PlanArgs& args) {
   if (args.model.checkpoint.find(',') != std::string::npos) {
     throw UsageError("--gradient-checkpointing: plan takes one mode (the as-given row); it chooses the layers itself");
   }
-  base.model = resolve_model(args.model, "");
+  ModelArgs model_args = args.model;
+  if (!model_args.hf_config.empty()) model_args.autocast = hf_autocast(parse_precisions("--dtype", args.dtype));
+  base.model = resolve_model(model_args, "");
   base.model_options = to_model_options(args.model);
   base.stack = parse_stack(args.model);
   resolve_checkpoint_default(base.model_options, base.stack);

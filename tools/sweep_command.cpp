@@ -83,6 +83,7 @@ SweepSpec make_spec(const SweepArgs& args) {
     if (model.width == 0) model.width = kDemoWidth;
     if (model.batch.empty() && !args.max_batch) model.batch = std::to_string(kDemoBatch);
   }
+  if (!model.hf_config.empty()) model.autocast = hf_autocast(parse_precisions("--dtype", args.dtypes));
   spec.model = resolve_model(model, "mlp");
   // --gradient-checkpointing none,non-reentrant: a group of rows per mode (each checked as
   // the model option it is); the model is described with the first.

@@ -64,7 +64,9 @@ struct TraceArgs {
 
 nn::TrainConfig make_config(const TraceArgs& args) {
   nn::TrainConfig cfg;
-  cfg.model = resolve_model(args.model, "resnet18");
+  ModelArgs model_args = args.model;
+  if (!model_args.hf_config.empty()) model_args.autocast = hf_autocast(parse_precisions("--dtype", args.dtype));
+  cfg.model = resolve_model(model_args, "resnet18");
   cfg.model_options = to_model_options(args.model);
   cfg.stack = parse_stack(args.model);
   resolve_checkpoint_default(cfg.model_options, cfg.stack);

@@ -102,10 +102,18 @@ nn::OpGraph::Kind kind(const json& t, const std::string& path) {
 
 std::shared_ptr<const nn::OpGraph> read_op_graph(const json& g, const ShapeReader& shape) {
   const std::string path = "graph";
-  only_keys(g, path, {"format", "recorded_with", "calls", "tensors", "inputs", "output", "ops", "assumed"});
+  only_keys(g, path, {"format", "recorded_with", "autocast", "calls", "tensors", "inputs", "output", "ops", "assumed"});
   if (g.value("format", json()) != 1) fail(at(path, "format"), "expected 1 (this build reads graph format 1)");
   auto graph = std::make_shared<nn::OpGraph>();
   graph->recorded_with = text(g, path, "recorded_with", false);
+  const std::string autocast = text(g, path, "autocast", false);
+  if (autocast == "bf16") {
+    graph->autocast = nn::DType::BF16;
+  } else if (autocast == "f16") {
+    graph->autocast = nn::DType::F16;
+  } else if (!autocast.empty()) {
+    fail(at(path, "autocast"), "expected \"bf16\" or \"f16\" (the half type autocast ran in)");
+  }
   const json& assumed = list(g, path, "assumed", false);
   for (std::size_t i = 0; i < assumed.size() && i < 64; ++i) {
     graph->assumed.push_back(string_value(assumed[i], at(at(path, "assumed"), i)));

@@ -572,6 +572,32 @@ def test_a_model_the_layers_cannot_hold_is_recorded_as_operators(tmp_path, capsy
     assert sin["node"] == "SinBackward0" and sin["saves"] == sin["in"]  # sin keeps its input
 
 
+def test_amp_records_autocasts_casts_and_dtypes(tmp_path, capsys):
+    from vramscope.export.__main__ import main
+    (tmp_path / "m.py").write_text(
+        "import torch\nimport torch.nn as nn\n\n"
+        "def net():\n    return nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), nn.Linear(16, 4))\n")
+    out = tmp_path / "amp.json"
+    assert main([f"{tmp_path / 'm.py'}:net", "--input", "4,8", "--amp", "bf16", "-o", str(out)]) == 0
+    graph = json.loads(out.read_text())["graph"]
+    assert graph["autocast"] == "bf16"
+    tensors, ops = graph["tensors"], graph["ops"]
+    # The weights stay in the run's dtype (f32 under amp); autocast casts them, once, into its cache.
+    assert {t["dtype"] for t in tensors if t["kind"] == "param"} == {"float"}
+    casts = [op for op in ops if op.get("args", {}).get("autocast_cache")]
+    assert sorted(tensors[op["in"][0]]["name"] for op in casts) == ["0.bias", "0.weight", "2.bias", "2.weight"]
+    assert all(tensors[op["out"][0]]["dtype"] == "bf16" for op in casts)
+    # The cache holds them: the recording never frees them.
+    freed = {t for op in ops for t in op.get("frees", [])} | {t for op in ops for _, t in op.get("frees_after", [])}
+    assert not freed & {op["out"][0] for op in casts}
+    # CUDA autocast's lists: addmm in bf16, layer_norm in f32 (autocast_mode.cpp).
+    dtype_of = {op["op"]: tensors[op["out"][0]]["dtype"] for op in ops}
+    assert dtype_of["aten.addmm.default"] == "bf16" and dtype_of["aten.native_layer_norm.default"] == "float"
+    # The layer form runs under any --dtype: --amp there is refused, not ignored.
+    assert main([f"{tmp_path / 'm.py'}:net", "--input", "4,8", "--amp", "bf16", "--level", "layers"]) == 2
+    assert "--amp records operators" in capsys.readouterr().err
+
+
 def test_a_model_that_reads_values_while_built_is_built_on_the_cpu(tmp_path, capsys):
     from vramscope.export.__main__ import main
     (tmp_path / "m.py").write_text(

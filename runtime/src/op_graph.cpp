@@ -202,10 +202,22 @@ Tensor OpCall::forward(const Tensor& input) {
   if (st.runtime == nullptr) throw Error("internal: an operator graph ran before materialize()");
   const OpGraph& g = *st.graph;
   if (call_ == 0) {
-    if (st.runtime->autocast()) {
-      // Autocast's casts are operators the recording would have to contain (it ran in one dtype).
-      throw Error("an operator-level model runs in the dtype it is given (f32, f16, bf16); autocast (amp) is not "
-                  "modelled for it yet");
+    // Autocast's casts are operators of the recording: a graph runs under the autocast it was
+    // recorded in, and only under it.
+    const std::optional<DType> autocast = st.runtime->autocast();
+    if (autocast != g.autocast) {
+      const auto precision = [](std::optional<DType> a) {
+        return !a ? std::string("f32, f16 or bf16") : *a == DType::BF16 ? std::string("amp-bf16") : std::string("amp");
+      };
+      const auto again = [](std::optional<DType> a) {
+        return !a ? std::string("without --amp")
+                  : "with --amp " + std::string(*a == DType::BF16 ? "bf16" : "f16") + " (python -m vramscope.export ... --amp " +
+                        (*a == DType::BF16 ? "bf16" : "f16") + ")";
+      };
+      throw Error("this operator-level model was recorded " +
+                  std::string(g.autocast ? "under autocast (" + std::string(dtype_name(*g.autocast)) + ")" : "without autocast") +
+                  ", so it runs with --dtype " + precision(g.autocast) + "; for --dtype " + precision(autocast) +
+                  ", export it again " + again(autocast));
     }
     // The step's forward. The batch's other tensors (labels, masks) come as the data loader's
     // copy to the device made them, before the forward.
@@ -278,6 +290,13 @@ void OpCall::run_op(const Item& item) const {
   in.reserve(spec.in.size());
   for (const std::int32_t t : spec.in) in.push_back(value(t));
 
+  if (st.runtime->autocast() && spec.arg("autocast_cache") != 0 && spec.out.size() == 1 && in.size() == 1 &&
+      in[0].defined()) {
+    // Autocast's cast of a parameter: one per autocast region, held by its cache (rerun in
+    // backward, a checkpointed call casts again in the rerun's own region).
+    set(spec.out[0], rt.cached_cast(in[0], st.dtype_of(st.graph->tensors[static_cast<std::size_t>(spec.out[0])])));
+    return;
+  }
   if (auto mapped = detail::run_mapped(rule, spec, in)) {
     for (std::size_t k = 0; k < mapped->size() && k < spec.out.size(); ++k) set(spec.out[k], std::move((*mapped)[k]));
     return;

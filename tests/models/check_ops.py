@@ -17,7 +17,11 @@ encoder-decoders, diffusers), built on the meta device:
 PyTorch runs on meta tensors here, whose kernels are the CPU's where CUDA differs; both sides
 take CUDA's path for the two that matter, named in the exporter (vramscope/export/_ops.py):
 F.dropout as native_dropout (a bool mask), F.scaled_dot_product_attention as the memory-efficient
-kernel (its padded f32 logsumexp). Those are the "CUDA rule" of the comparison.
+kernel (its padded f32 logsumexp), or under autocast as the flash kernel where sdp_utils.cpp picks
+it (half inputs, no mask: an unpadded logsumexp). Those are the "CUDA rule" of the comparison.
+
+The autocast variants run PyTorch's own CUDA autocast on fake CUDA tensors (meta storage that
+says it is on CUDA), on both sides: the exporter's recording and PyTorch's saved tensors.
 
 By default a representative part runs (what CI runs; a few minutes); --all runs the whole table
 (ctest -L coverage). --doc FILE compares the table of results with FILE's (docs/OPERATORS.md),
@@ -48,6 +52,8 @@ KNOWN = {
     "transformers/t5": ({"checkpointing encoder: PyTorch saves 577,280 B less, vramscope 576,768 B"},
                         "the encoder is called with keyword arguments only: the runtime's checkpoint() keeps its "
                         "first input (the 512 B input ids), PyTorch's none; the caller holds them either way"),
+    "transformers/t5 (autocast bf16)": ({"checkpointing encoder: PyTorch saves 577,280 B less, vramscope 576,768 B"},
+                                        "as transformers/t5"),
     "phimoe": ({"saved by model.layers.0.mlp.router: PyTorch 21,504 B, vramscope 20,480 B",
                 "saved by model.layers.1.mlp.router: PyTorch 21,504 B, vramscope 20,480 B"},
                "1 KiB less per router (PhiMoE's sparsemixer, a custom autograd Function over in-place writes): "
@@ -198,6 +204,16 @@ def diffusers_model(kind):
     return build
 
 
+AUTOCAST_CASES = {
+    "resnet18": "bf16", "vit_b_32": "bf16", "convnext_tiny": "f16", "mobilenet_v3_small": "f16",
+    "densenet121(memory_efficient=True)": "bf16", "lraspp_mobilenet_v3_large": "bf16",
+    "timm/swin_tiny_patch4_window7_224": "bf16", "timm/caformer_s18": "bf16",
+    "llama": "bf16", "qwen3": "bf16", "gemma3_text": "bf16", "phi3": "f16", "qwen3_moe": "bf16", "gpt_oss": "bf16",
+    "transformers/bert": "f16", "transformers/t5": "bf16", "diffusers/unet": "f16",
+}
+AUTOCAST_CI = {"resnet18", "qwen3", "qwen3_moe"}
+
+
 def cases():
     """Every case: name, family, in CI's part, builder, inputs, output key, loss."""
     out = []
@@ -246,6 +262,12 @@ def cases():
     for kind, inputs, key, loss in dif:
         out.append(dict(name=f"diffusers/{kind}", family="diffusers", ci=kind == "unet", build=diffusers_model(kind),
                         inputs=inputs, output=key, loss=loss))
+    # Under CUDA's autocast (--dtype amp-bf16 / amp): a part of every family.
+    for case in list(out):
+        if case["name"] in AUTOCAST_CASES:
+            amp = AUTOCAST_CASES[case["name"]]
+            out.append(dict(case, name=f"{case['name']} (autocast {amp})", amp=amp,
+                            ci=case["name"] in AUTOCAST_CI, family=case["family"] + ", autocast"))
     return out
 
 
@@ -287,12 +309,25 @@ def meta_inputs(inputs, dtype):
     return args, kwargs
 
 
-def torch_side(model, args, kwargs, output, checkpoint_path=None):
-    """PyTorch's saved bytes per module in one f32 forward (under CUDA's dropout and attention)."""
+def torch_side(model, args, kwargs, output, checkpoint_path=None, amp=None):
+    """PyTorch's saved bytes per module in one f32 forward (under CUDA's dropout and attention),
+    or under CUDA's autocast (`amp`), on fake CUDA tensors: PyTorch's own autocast kernels."""
+    import torch
+    from vramscope.export._ops import _FakeCuda, _make_function_mode, assumed_values
+    from vramscope.export._opfile import _pick
+    model = model.float()
+    if amp:
+        with _FakeCuda(model, amp) as fake:
+            args, kwargs = fake.inputs(tuple(args), kwargs)
+            with fake.autocast():
+                return _saved(model, args, kwargs, output, checkpoint_path, flash=True)
+    return _saved(model, args, kwargs, output, checkpoint_path)
+
+
+def _saved(model, args, kwargs, output, checkpoint_path, flash=False):
     import torch
     from vramscope.export._ops import _make_function_mode, assumed_values
     from vramscope.export._opfile import _pick
-    model = model.float()
     restore = None
     if checkpoint_path:
         block = model.get_submodule(checkpoint_path)
@@ -303,7 +338,7 @@ def torch_side(model, args, kwargs, output, checkpoint_path=None):
         block.forward = wrapped
         restore = (block, original)
     try:
-        with torch_saved_per_module(model, device_scalars=True) as saved, _make_function_mode(), assumed_values():
+        with torch_saved_per_module(model, device_scalars=True) as saved, _make_function_mode(flash=flash), assumed_values():
             out = model(*args, **kwargs)
             _pick(output)(out)
     finally:
@@ -312,9 +347,10 @@ def torch_side(model, args, kwargs, output, checkpoint_path=None):
     return saved
 
 
-def vramscope_side(binary, model_file: Path, batch: int, work: Path, names, checkpoint_path=None):
+def vramscope_side(binary, model_file: Path, batch: int, work: Path, names, checkpoint_path=None, amp=None):
     csv = work / f"saved{'-ckpt' if checkpoint_path else ''}.csv"
-    command = [binary, "trace", "--model-file", str(model_file), "--batch", str(batch), "--dtype", "f32",
+    dtype = {None: "f32", "bf16": "amp-bf16", "f16": "amp"}[amp]
+    command = [binary, "trace", "--model-file", str(model_file), "--batch", str(batch), "--dtype", dtype,
                "--saved", str(csv), "--device", "sim:capacity=1TiB,context=0"]
     if checkpoint_path:
         command += ["--checkpoint-modules", checkpoint_path]
@@ -347,10 +383,11 @@ def run_case(case, binary, work: Path) -> dict:
     import torch
     from vramscope.export import InputSpec, export_hf_config, export_ops
     start = time.time()
+    amp = case.get("amp")
     if case.get("hf"):
         config = hf_config_file(case["hf"], work)
         attn = "eager" if case["hf"] in EAGER else "sdpa"
-        doc = export_hf_config(str(config), batch=2, seq=32, name=case["name"], attn=attn)
+        doc = export_hf_config(str(config), batch=2, seq=32, name=case["name"], attn=attn, amp=amp)
         import transformers
         cfg = json.loads(config.read_text())
         model_type = cfg.pop("model_type")
@@ -364,15 +401,15 @@ def run_case(case, binary, work: Path) -> dict:
         model = build_meta(case)
         specs = [InputSpec(list(s), k, kw) for s, k, kw in case["inputs"]]
         doc = export_ops(model, specs, name=case["name"], loss=case["loss"], output_key=case["output"],
-                         loss_inside=case["loss"] == "none")
+                         loss_inside=case["loss"] == "none", amp=amp)
         args, kwargs = meta_inputs(case["inputs"], torch.float32)
         batch = case["inputs"][0][0][0]
     seconds = time.time() - start
     path = work / "model.json"
     path.write_text(json.dumps(doc))
     names = {n for n, _ in model.named_modules()}
-    theirs = torch_side(model, args, kwargs, case["output"])
-    ours, stdout = vramscope_side(binary, path, batch, work, names)
+    theirs = torch_side(model, args, kwargs, case["output"], amp=amp)
+    ours, stdout = vramscope_side(binary, path, batch, work, names, amp=amp)
     params = sum(p.numel() for p in model.parameters())
     problems = []
     file_params = sum(_numel(t["shape"]) for t in doc["graph"]["tensors"] if t["kind"] == "param")
@@ -385,8 +422,8 @@ def run_case(case, binary, work: Path) -> dict:
     block = repeated_block(doc)
     saving = None
     if block and not problems:
-        theirs_ckpt = torch_side(model, args, kwargs, case["output"], block)
-        ours_ckpt, _ = vramscope_side(binary, path, batch, work, names, block)
+        theirs_ckpt = torch_side(model, args, kwargs, case["output"], block, amp=amp)
+        ours_ckpt, _ = vramscope_side(binary, path, batch, work, names, block, amp=amp)
         torch_saving = sum(theirs.values()) - sum(theirs_ckpt.values())
         our_saving = sum(ours.values()) - sum(ours_ckpt.values())
         if torch_saving != our_saving:

@@ -44,8 +44,10 @@ def torch_saved_per_module(model, names=None, owner=lambda path: path, device_sc
         # On CUDA the fused attention kernels' philox seed and offset (0-dim int64) are host
         # tensors (attention.cu); on meta they are meta tensors like any other.
         kept.append(t)
-        counted = (t.device.type != "cpu" and not (t.dim() == 0 and t.dtype == torch.int64)) if device_scalars \
-            else t.dim() > 0
+        # Flash's philox seed and offset are uint64 tensors in its meta kernel; the runtime keeps
+        # them on the host as the efficient kernel's (ops_attention.cpp): not counted either.
+        philox = (t.dim() == 0 and t.dtype == torch.int64) or t.dtype == getattr(torch, "uint64", None)
+        counted = (t.device.type != "cpu" and not philox) if device_scalars else t.dim() > 0
         if counted and ptr not in owned and ptr not in seen:
             seen.add(ptr)
             key = owner(stack[-1] if stack else "")

@@ -9,6 +9,7 @@
 #include "test_util.hpp"
 #include "vramscope/runtime/checkpoint.hpp"
 #include "vramscope/runtime/op_graph.hpp"
+#include "vramscope/runtime/runtime.hpp"
 
 namespace mem::nn {
 namespace {
@@ -209,6 +210,77 @@ TEST_F(OpGraphTest, AGraphThatBreaksAnInvariantIsRefusedWithTheReason) {
   OpGraph enclose = mlp_block();
   enclose.ops[2].frees_after = {{2, 3}};
   refused(enclose, "does not enclose the op");
+}
+
+/// The block recorded under autocast bf16, as `python -m vramscope.export --amp bf16` writes
+/// it: the weight stays f32 (the run's dtype), autocast casts it (cached) and the input to
+/// bf16, and the product runs in bf16. Tensors: 0 x, 1 w, 2 w16 = w.to(bf16) (autocast's
+/// cache), 3 x16, 4 w16.t(), 5 h, 6 r.
+OpGraph autocast_block() {
+  OpGraph g;
+  g.autocast = DType::BF16;
+  g.calls = {{"", "Model", -1, CheckpointMark::None, {0}}, {"block", "Sequential", 0, CheckpointMark::None, {0}},
+             {"block.0", "Linear", 1, CheckpointMark::None, {0}}, {"block.1", "ReLU", 1, CheckpointMark::None, {5}}};
+  const auto half = [](Kind kind, Shape shape, std::int32_t base = -1) {
+    OpGraph::TensorSpec t = tensor(kind, std::move(shape), {}, base);
+    t.follows_run_dtype = false;
+    t.dtype = DType::BF16;
+    return t;
+  };
+  g.tensors = {tensor(Kind::Input, {64, 1024}), tensor(Kind::Param, {1024, 1024}, "block.0.weight"),
+               half(Kind::Activation, {1024, 1024}), half(Kind::Activation, {64, 1024}),
+               half(Kind::Activation, {1024, 1024}, 2), half(Kind::Activation, {64, 1024}),
+               half(Kind::Activation, {64, 1024})};
+  g.ops.push_back(op("aten._to_copy.default", {1}, {2}, 2, "ToCopyBackward0"));
+  g.ops.back().args = {{"autocast_cache", 1}};
+  g.ops.push_back(op("aten._to_copy.default", {0}, {3}, 2, "ToCopyBackward0"));
+  g.ops.push_back(op("aten.t.default", {2}, {4}, 2, "TBackward0"));
+  g.ops.back().alias = {0};
+  g.ops.push_back(op("aten.mm.default", {3, 4}, {5}, 2, "MmBackward0", {3, 4}));
+  g.ops.back().frees = {4, 3};
+  g.ops.push_back(op("aten.relu.default", {5}, {6}, 3, "ReluBackward0", {6}));
+  g.ops.back().frees_after = {{1, 5}};
+  g.inputs = {0};
+  g.output = 6;
+  g.recorded_with = "test";
+  return g;
+}
+
+TEST_F(OpGraphTest, AnAutocastRecordingRunsUnderItsAutocastAndItsCacheHoldsTheWeightsCast) {
+  auto root = build(autocast_block());
+  const std::int64_t weights = env_.allocated();
+  EXPECT_EQ(root->parameters().at(0).dtype(), DType::F32);  // the weight stays f32 under amp
+  Tensor x = empty(env_.rt, {64, 1024});
+  {
+    AutocastRegion region(env_.rt, DType::BF16);
+    Tensor r = (*root)(x);
+    // x (f32), its bf16 copy (kept by MmBackward0), r, and the weight's bf16 cast: kept by the
+    // node and by autocast's cache until the region ends.
+    EXPECT_EQ(env_.allocated() - weights, kAct + kAct / 2 + kAct / 2 + kWeight / 2);
+    // A second forward in the same region takes the cached cast: no new weight copy.
+    Tensor r2 = (*root)(x);
+    EXPECT_EQ(env_.allocated() - weights, kAct + 2 * (kAct / 2 + kAct / 2) + kWeight / 2);
+  }
+  // Outside autocast, the recording is refused with what to do.
+  try {
+    (void)(*root)(x);
+    ADD_FAILURE() << "ran without autocast";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("recorded under autocast (bf16), so it runs with --dtype amp-bf16"),
+              std::string::npos) << e.what();
+  }
+}
+
+TEST_F(OpGraphTest, APlainRecordingIsRefusedUnderAutocast) {
+  auto root = build(mlp_block());
+  Tensor x = empty(env_.rt, {64, 1024});
+  AutocastRegion region(env_.rt, DType::F16);
+  try {
+    (void)(*root)(x);
+    ADD_FAILURE() << "ran under autocast";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("export it again with --amp f16"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

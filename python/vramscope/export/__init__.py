@@ -92,12 +92,13 @@ class InputSpec:
 
 def export_ops(model, inputs: Sequence["InputSpec"], *, name: str = "model", loss: Optional[str] = None,
                description: str = "", source: str = "", seq: bool = False, output_key: Optional[str] = None,
-               loss_inside: bool = False) -> dict:
+               loss_inside: bool = False, amp: Optional[str] = None) -> dict:
     """The operator-level model file of `model` (docs/EXPORT.md, "Operator graphs").
-    `seq`: the inputs' second dimension is a sequence length that becomes the file's `seq`."""
+    `seq`: the inputs' second dimension is a sequence length that becomes the file's `seq`.
+    `amp` ("bf16", "f16"): recorded under CUDA's autocast, for --dtype amp-bf16 / amp."""
     import torch
     from ._opfile import export_graph
-    model = _on_meta(model)
+    model = _on_meta(model, amp)
     high = None
     if inputs[0].dtype == "int64":
         # Token ids are drawn below the embedding's size; other int64 inputs (a diffusion
@@ -118,7 +119,7 @@ def export_ops(model, inputs: Sequence["InputSpec"], *, name: str = "model", los
             if spec.dtype == "int64":
                 t = torch.empty(shape, dtype=torch.int64, device="meta")
             else:
-                t = torch.empty(shape, dtype=torch.bfloat16, device="meta")
+                t = torch.empty(shape, dtype=torch.float32 if amp else torch.bfloat16, device="meta")
             if spec.keyword:
                 kwargs[spec.keyword] = t
             else:
@@ -137,11 +138,12 @@ def export_ops(model, inputs: Sequence["InputSpec"], *, name: str = "model", los
     if first.dtype == "int64":
         note.update({"dtype": "int64", "high": high})
     return export_graph(model, make_inputs, name=name, batch=batch, seq=seq_len, loss_of=loss_of,
-                        output_key=output_key, description=description, source=source, input_note=note)
+                        output_key=output_key, description=description, source=source, input_note=note,
+                        autocast=amp)
 
 
 def export_hf_config(config_path: str, *, batch: int = 1, seq: int = 128, name: Optional[str] = None,
-                     attn: str = "sdpa") -> dict:
+                     attn: str = "sdpa", amp: Optional[str] = None) -> dict:
     """The operator-level model file of a transformers causal LM built from `config_path`
     (AutoModelForCausalLM.from_config on the meta device; nothing is downloaded). The loss is
     transformers' own (labels given), so the file's output is that loss."""
@@ -172,7 +174,7 @@ def export_hf_config(config_path: str, *, batch: int = 1, seq: int = 128, name: 
             model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attn)
     except (ValueError, KeyError, TypeError, AttributeError, NotImplementedError) as e:
         raise ExportError([f"{config_path}: {one_line(e)}"], "transformers cannot build the model") from None
-    model = model.to(torch.bfloat16).train()
+    model = (model if amp else model.to(torch.bfloat16)).train()  # amp: f32 weights, as trained
     vocab = model.get_input_embeddings().num_embeddings
 
     def make_inputs(b: int, s: int):
@@ -185,15 +187,17 @@ def export_hf_config(config_path: str, *, batch: int = 1, seq: int = 128, name: 
                         loss_of=lambda written, now: {"type": "none"},
                         output_key="loss", description=f"{type(model).__name__} ({model_type}) from {config_path}",
                         source=f"exported by vramscope.export --hf-config with transformers {transformers.__version__}, "
-                               f"attn_implementation={attn}",
-                        input_note={"shape": ["batch", "seq"], "dtype": "int64", "high": vocab})
+                               f"attn_implementation={attn}" + (f", autocast {amp}" if amp else ""),
+                        input_note={"shape": ["batch", "seq"], "dtype": "int64", "high": vocab}, autocast=amp)
 
 
-def _on_meta(model):
+def _on_meta(model, amp: Optional[str] = None):
     """A copy of `model` on the meta device in bfloat16 (the recording's stand-in for the run's
-    floating dtype, _ops.py): never the user's weights, and the user's model left as it was."""
+    floating dtype, _ops.py), or in f32 for autocast: never the user's weights, and the user's
+    model left as it was."""
     import torch
-    model = copy.deepcopy(model).to("meta").to(torch.bfloat16)
+    model = copy.deepcopy(model).to("meta")
+    model = model.to(torch.float32 if amp else torch.bfloat16)
     model.train()
     return model
 

@@ -57,6 +57,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                                              "128); both stay options of the file")
     parser.add_argument("--attn", default="sdpa", choices=("sdpa", "eager"),
                         help="--hf-config: transformers' attn_implementation (default sdpa)")
+    parser.add_argument("--amp", choices=("bf16", "f16"),
+                        help="record the operators under CUDA's autocast in this half type, with f32 weights (the "
+                             "file then runs with --dtype amp-bf16 or amp; the layer form runs under any --dtype "
+                             "and needs no --amp)")
     parser.add_argument("--name", help="the model's name in tables (default: the function's name)")
     parser.add_argument("-o", "--output", dest="out", metavar="FILE.json",
                         help="where to write (default: standard output)")
@@ -79,7 +83,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 raise ExportError(["give a model or --hf-config, not both"], "bad arguments")
             if args.batch <= 0 or args.seq <= 0:
                 raise ExportError(["--batch and --seq must be positive"], "bad arguments")
-            doc = export_hf_config(args.hf_config, batch=args.batch, seq=args.seq, name=_name(args.name), attn=args.attn)
+            doc = export_hf_config(args.hf_config, batch=args.batch, seq=args.seq, name=_name(args.name), attn=args.attn,
+                                   amp=args.amp)
             params = None
         else:
             if not args.model:
@@ -99,14 +104,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             name = _name(args.name) or (args.arg[0] if named_by_arg else fname)
             source = f"exported by `python3 -m vramscope.export {args.model}` from " \
                      f"{type(model).__module__}.{type(model).__name__}"
-            simple = len(inputs) == 1 and inputs[0].keyword is None and args.output_key is None
+            simple = len(inputs) == 1 and inputs[0].keyword is None and args.output_key is None and not args.amp
+            if args.level == "layers" and args.amp:
+                raise ExportError(["--amp records operators; the layer form runs under any --dtype (drop --amp, "
+                                   "or use --level ops)"], "bad arguments")
             if args.level == "layers" or (simple and args.level == "auto" and not _is_transformers(model)):
                 if args.level == "layers":
                     refuse_transformers(model, args.out)
                 doc = export(model, inputs[0].shape, name=name, input_dtype=inputs[0].dtype, loss=args.loss,
                              source=source, level=args.level)
             else:
-                doc = export_ops(model, inputs, name=name, loss=args.loss, source=source, output_key=args.output_key)
+                doc = export_ops(model, inputs, name=name, loss=args.loss, source=source, output_key=args.output_key,
+                                 amp=args.amp)
             params = sum(p.numel() for p in model.parameters())
     except ExportError as e:
         print(f"vramscope.export: {e}", file=sys.stderr)

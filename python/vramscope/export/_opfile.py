@@ -73,13 +73,13 @@ def _points(batch: int, seq: Optional[int]) -> List[Tuple[int, int]]:
 
 
 def record_sizes(model, make_inputs: MakeInputs, pick_output, batch: int,
-                 seq: Optional[int]) -> Tuple[Recording, Dict[int, List[Any]], Dict[int, List[Any]]]:
+                 seq: Optional[int], autocast: Optional[str] = None) -> Tuple[Recording, Dict[int, List[Any]], Dict[int, List[Any]]]:
     """Records at every point and turns each tensor's sizes into formulas. Returns the first
     recording, the tensors' shapes as written, and the shapes that no formula gives."""
     recordings = {}
     for point in _points(batch, seq):
         args, kwargs = make_inputs(point[0], point[1] if seq is not None else 0)
-        recordings[point] = record(model, args, kwargs, pick_output)
+        recordings[point] = record(model, args, kwargs, pick_output, autocast)
     first = recordings[_points(batch, seq)[0]]
     for point, rec in recordings.items():
         if [op.name for op in rec.ops] != [op.name for op in first.ops] or len(rec.tensors) != len(first.tensors):
@@ -108,7 +108,7 @@ def record_sizes(model, make_inputs: MakeInputs, pick_output, batch: int,
     return first, shapes, unfit
 
 
-def graph_document(rec: Recording, shapes: Dict[int, List[Any]]) -> dict:
+def graph_document(rec: Recording, shapes: Dict[int, List[Any]], autocast: Optional[str] = None) -> dict:
     """The "graph" object of the model file."""
     import torch
     tensors = []
@@ -144,8 +144,11 @@ def graph_document(rec: Recording, shapes: Dict[int, List[Any]]) -> dict:
             out["checkpoint"] = c.checkpoint
         if c.inline:
             out["inline"] = True
-    return {"format": FORMAT_OPS, "recorded_with": f"torch {torch.__version__}",
-            "calls": calls, "tensors": tensors, "inputs": rec.inputs, "output": rec.output, "ops": ops}
+    doc = {"format": FORMAT_OPS, "recorded_with": f"torch {torch.__version__}"}
+    if autocast:
+        doc["autocast"] = autocast
+    doc.update({"calls": calls, "tensors": tensors, "inputs": rec.inputs, "output": rec.output, "ops": ops})
+    return doc
 
 
 def _pick(output_key: Optional[str]):
@@ -177,10 +180,11 @@ def _pick(output_key: Optional[str]):
 
 def export_graph(model, make_inputs: MakeInputs, *, name: str, batch: int, seq: Optional[int], loss_of,
                  output_key: Optional[str] = None, description: str = "", source: str = "",
-                 input_note: Optional[dict] = None) -> dict:
+                 input_note: Optional[dict] = None, autocast: Optional[str] = None) -> dict:
     """The model file of `model` at the operator level. `make_inputs(batch, seq)` gives the
-    forward's arguments (meta tensors); `loss_of(output shape)` the file's "loss"."""
-    rec, shapes, unfit = record_sizes(model, make_inputs, _pick(output_key), batch, seq)
+    forward's arguments (meta tensors); `loss_of(output shape)` the file's "loss"; `autocast`
+    ("bf16", "f16"): recorded under CUDA's autocast, for runs with --dtype amp-bf16 / amp."""
+    rec, shapes, unfit = record_sizes(model, make_inputs, _pick(output_key), batch, seq, autocast)
     if unfit:
         where = []
         for op in rec.ops:
@@ -200,7 +204,7 @@ def export_graph(model, make_inputs: MakeInputs, *, name: str, batch: int, seq: 
     doc["input"] = input_note or {"shape": shapes[first_input.id] if first_input else ["batch"]}
     out_shape = shapes[rec.output]
     doc["loss"] = loss_of(out_shape, rec.tensors[rec.output].shape)
-    doc["graph"] = graph_document(rec, shapes)
+    doc["graph"] = graph_document(rec, shapes, autocast)
     assumed = list(rec.assumed)
     if any(op.name.startswith("aten._grouped_mm") for op in rec.ops):
         # Mixtures of experts: transformers 5's grouped experts multiply tokens x top-k rows

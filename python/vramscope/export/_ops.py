@@ -12,6 +12,11 @@ keeps for this model, op by op.
 The model runs in bfloat16, which stands for the run's floating dtype: the file calls those
 tensors "float", and keeps "f32" for what the model holds in f32 at any dtype (upcasts).
 
+Under autocast (`amp`), the model keeps its f32 parameters ("float": an amp run's dtype is f32)
+and runs on fake CUDA tensors (FakeTensorMode: meta storage with a CUDA device) with CUDA's
+autocast switched on, so PyTorch's own autocast kernels pick each operator's dtype and insert
+the casts (autocast_mode.cpp's lists, as on a GPU); the half tensors keep their own dtype.
+
 Where the CUDA kernels keep something else than the meta (CPU) path, the CUDA path is recorded
 instead, each with its source:
 - `F.dropout` (not in place) on CUDA is `native_dropout`: the output and a bool mask, which
@@ -44,6 +49,9 @@ DTYPES = {
     "float32": "f32", "float16": "f16", "bfloat16": "float", "float64": "f64",
     "int64": "i64", "int32": "i32", "uint8": "u8", "int8": "u8", "bool": "bool",
 }
+# Under autocast the model holds f32 (the run's dtype) and autocast's half type is itself.
+DTYPES_AUTOCAST = dict(DTYPES, float32="float", bfloat16="bf16")
+AUTOCAST = {"bf16": "bfloat16", "f16": "float16"}  # the file's "autocast" -> torch's dtype
 
 # How each operator's backward treats the gradient is the runtime's to know (runtime/src/op_rules.cpp).
 
@@ -125,12 +133,21 @@ def _user_line(skip: Sequence[str]) -> str:
     return "?"
 
 
+def _user_line_of_caller() -> str:
+    """The user's line that called into torch (for what a fake GPU answered)."""
+    import torch
+    return _user_line((str(Path(torch.__file__).parent) + "/", str(Path(__file__).parent)))
+
+
 class _Recorder:
     """The dispatch mode, the module hooks and the CUDA substitutions of one recording."""
 
     def __init__(self, torch, model, names: Dict[int, str], params: Dict[int, Tuple[str, Any]],
-                 buffers: Dict[int, Tuple[str, Any]]):
+                 buffers: Dict[int, Tuple[str, Any]], autocast: Optional[str] = None):
         self.torch = torch
+        self.dtypes = DTYPES_AUTOCAST if autocast else DTYPES
+        self.autocast = autocast
+        self.cache_casts: set = set()  # records of autocast's cached casts of parameters
         self.rec = Recording()
         self.model = model
         self.names = names
@@ -178,10 +195,10 @@ class _Recorder:
         return self._add(t, kind, name, rg)
 
     def _add(self, t, kind: str, name: str = "", requires_grad: bool = False, base: Optional[int] = None) -> int:
-        dtype = DTYPES.get(str(t.dtype).replace("torch.", ""))
+        dtype = self.dtypes.get(str(t.dtype).replace("torch.", ""))
         if dtype is None:
             self.problems.append(f"a tensor of dtype {t.dtype} ({self._where()}): vramscope models "
-                                 f"{', '.join(sorted(DTYPES))}")
+                                 f"{', '.join(sorted(self.dtypes))}")
             dtype = "f32"
         if len(t.shape) > 6:
             self.problems.append(f"a tensor of {len(t.shape)} dimensions {list(t.shape)} ({self._where()}): "
@@ -295,10 +312,10 @@ class _Recorder:
         # both alive now, so the same storage address is the same storage.
         in_storage = {}
         for i, a in enumerate(in_tensors):
-            if a.device.type == "meta":
+            if a.device.type != "cpu":
                 in_storage.setdefault(self._storage_key(a), i)
         for k, t in enumerate(out_tensors):
-            if alias_of[k] < 0 and t.device.type == "meta":
+            if alias_of[k] < 0 and t.device.type != "cpu":
                 alias_of[k] = in_storage.get(self._storage_key(t), -1)
         outputs, inplace = [], False
         for t, a in zip(out_tensors, alias_of):
@@ -387,11 +404,22 @@ def _make_mode(recorder: _Recorder):
             except RuntimeError as e:
                 raise _OpFailure(f"{func}: {one_line(e, 200)}") from None
             attrs = _scalar_args(func, args, kwargs) if func in _WITH_ARGS else None
+            cache = recorder.autocast and func is _TO_COPY and id(args[0]) in recorder.params \
+                and args[0].requires_grad and out.dtype != args[0].dtype
+            if cache:
+                # Autocast's cast of a parameter: kept in its cache until the autocast region
+                # ends (autocast_mode.cpp, cached_cast: leaves that require grad), not freed
+                # where the program drops it. A parameter cast the model writes itself (rare
+                # inside autocast) is taken for one too.
+                attrs = {"autocast_cache": True}
             recorder.record(func, args, kwargs, out, attrs=attrs)
+            if cache:
+                recorder.cache_casts.add(recorder.by_obj[id(out)])
             return out
 
     _NO_RECORD = {torch.ops.prim.device.default} if hasattr(torch.ops, "prim") else set()
     _ITEM = torch.ops.aten._local_scalar_dense.default
+    _TO_COPY = torch.ops.aten._to_copy.default
     # The operators the runtime runs with its own ops (op_kernels.cpp) read their scalars.
     _WITH_ARGS = {torch.ops.aten._scaled_dot_product_efficient_attention.default, torch.ops.aten.convolution.default,
                   torch.ops.aten.native_batch_norm.default}
@@ -443,9 +471,12 @@ class _OpFailure(Exception):
     """An operator that cannot run on meta tensors (data-dependent: .item(), nonzero)."""
 
 
-def _make_function_mode(recorder: Optional[_Recorder] = None):
+def _make_function_mode(recorder: Optional[_Recorder] = None, flash: bool = False):
     """The CUDA substitutions (module docstring): dropout and scaled_dot_product_attention.
-    Inside __torch_function__ this mode is off, so the calls below dispatch (and record)."""
+    Inside __torch_function__ this mode is off, so the calls below dispatch (and record).
+    `flash`: half inputs without a mask run the flash kernel, as sdp_utils.cpp picks it (a
+    measurement of PyTorch's saved tensors under autocast; the recording leaves that choice to
+    the runtime, which makes it by the run's dtype)."""
     import torch
     import torch.nn.functional as F
     from torch.overrides import TorchFunctionMode
@@ -463,7 +494,7 @@ def _make_function_mode(recorder: Optional[_Recorder] = None):
                     # ATen Dropout.cpp: a CUDA input takes the fused kernel (native_dropout).
                     return torch.native_dropout(x, p, True)[0]
             if sdpa is not None and func is sdpa:
-                return _sdpa(torch, args, kwargs, recorder)
+                return _sdpa(torch, args, kwargs, recorder, flash)
             return func(*args, **kwargs)
 
     return Mode()
@@ -496,7 +527,7 @@ def _grouped_attention(torch):
     return _GROUPED[0]
 
 
-def _sdpa(torch, args, kwargs, recorder: Optional[_Recorder] = None):
+def _sdpa(torch, args, kwargs, recorder: Optional[_Recorder] = None, flash: bool = False):
     """F.scaled_dot_product_attention as one fused CUDA kernel: recorded as the memory-efficient
     kernel's operator (it takes every dtype and a mask), which keeps q, k, v, the mask
     (attn_bias), the output and its f32 logsumexp (derivatives.yaml,
@@ -528,6 +559,11 @@ def _sdpa(torch, args, kwargs, recorder: Optional[_Recorder] = None):
     if bound.get("enable_gqa", False) and k.shape[-3] != q.shape[-3]:
         k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)
         v = v.repeat_interleave(q.shape[-3] // v.shape[-3], dim=-3)
+    if flash and mask is None and q.dtype in (torch.float16, torch.bfloat16) and q.shape[-1] % 8 == 0 \
+            and q.shape[-1] <= 256 and q.dim() == 4:
+        # sdp_utils.cpp: check_flash_attention_datatype, check_head_dim_size_flash (the
+        # runtime's flash_supports, ops_attention.cpp). Flash keeps an unpadded logsumexp.
+        return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, dropout, causal, scale=bound.get("scale"))[0]
     if mask is not None:
         mask = mask.expand(q.shape[:-1] + (k.shape[-2],)) if mask.dim() == q.dim() else mask
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, mask))
@@ -538,14 +574,122 @@ def _sdpa(torch, args, kwargs, recorder: Optional[_Recorder] = None):
 
 # --- one recording ----------------------------------------------------------------------------
 
-def record(model, args: tuple, kwargs: dict, pick_output: Callable[[Any], Any]) -> Recording:
+def record(model, args: tuple, kwargs: dict, pick_output: Callable[[Any], Any],
+           autocast: Optional[str] = None) -> Recording:
     """Runs `model(*args, **kwargs)` on meta tensors once and records it (module docstring).
-    `pick_output` chooses the tensor the loss starts from among the model's outputs."""
+    `pick_output` chooses the tensor the loss starts from among the model's outputs.
+    `autocast` ("bf16", "f16"): under CUDA's autocast, on fake CUDA tensors."""
+    if autocast is None:
+        return _record(model, args, kwargs, pick_output)
+    with _FakeCuda(model, autocast) as fake:
+        args, kwargs = fake.inputs(args, kwargs)
+        with fake.autocast():
+            rec = _record(model, args, kwargs, pick_output, autocast)
+    rec.assumed.extend(a for a in fake.asked if a not in rec.assumed)
+    return rec
+
+
+class _FakeCuda:
+    """The model's parameters and buffers swapped for fake CUDA tensors of the same shapes (and
+    put back after), so that CUDA's autocast runs: it only acts on CUDA tensors. No GPU is
+    touched: a fake tensor is a meta tensor that says it is on CUDA."""
+
+    def __init__(self, model, autocast: str):
+        import torch
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        if autocast not in AUTOCAST:
+            raise ExportError([f"--amp {autocast!r}: expected one of {', '.join(AUTOCAST)}"], "bad option")
+        self.torch, self.model, self.dtype = torch, model, getattr(torch, AUTOCAST[autocast])
+        self.mode = FakeTensorMode(allow_non_fake_inputs=True)
+        self.swapped: List[Tuple[Any, str, str, Any]] = []  # (module, dict, name, original)
+        self.asked: List[str] = []  # what the model asked of the GPU, and the answer it got
+        self.patched: List[Tuple[Any, str, Any]] = []
+
+    # A model may ask which GPU it runs on (transformers' grouped experts need compute
+    # capability 8.0): it gets an H100's answer, listed in the file's "assumed".
+    CAPABILITY = (9, 0)
+
+    def _capability(self, device=None):
+        place = f"{_user_line_of_caller()}: asked the GPU's compute capability, assumed " \
+                f"{self.CAPABILITY[0]}.{self.CAPABILITY[1]} (an H100)"
+        if place not in self.asked:
+            self.asked.append(place)
+        return self.CAPABILITY
+
+    def fake(self, t, cache: Dict[int, Any]):
+        torch = self.torch
+        found = cache.get(id(t))
+        if found is None:
+            with self.mode:
+                found = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cuda")
+            if isinstance(t, torch.nn.Parameter):
+                found = torch.nn.Parameter(found, requires_grad=t.requires_grad)
+            elif t.requires_grad:
+                found.requires_grad_(True)
+            cache[id(t)] = found
+        return found
+
+    def __enter__(self):
+        cache: Dict[int, Any] = {}  # tied weights stay one tensor
+        for module in self.model.modules():
+            for kind in ("_parameters", "_buffers"):
+                table = getattr(module, kind)
+                for name, t in list(table.items()):
+                    if t is not None:
+                        self.swapped.append((module, kind, name, t))
+                        table[name] = self.fake(t, cache)
+        self.cache = cache
+        cuda = self.torch.cuda
+        self.patched.append((cuda, "get_device_capability", cuda.get_device_capability))
+        cuda.get_device_capability = self._capability
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.mode.__exit__(*exc)
+        for owner, name, value in self.patched:
+            setattr(owner, name, value)
+        for module, kind, name, t in reversed(self.swapped):
+            getattr(module, kind)[name] = t
+        return False
+
+    def inputs(self, args, kwargs):
+        torch = self.torch
+        to_fake = lambda t: self.fake(t, self.cache) if isinstance(t, torch.Tensor) and t.device.type == "meta" else t
+        return torch.utils._pytree.tree_map(to_fake, (args, kwargs))
+
+    def autocast(self):
+        """`torch.autocast("cuda", dtype)` without its check for a GPU (it turns itself off
+        without one): the same switches, set directly."""
+        torch, dtype = self.torch, self.dtype
+
+        class Region:
+            def __enter__(self):
+                self.previous = (torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda"),
+                                 torch.is_autocast_cache_enabled())
+                torch.set_autocast_enabled("cuda", True)
+                torch.set_autocast_dtype("cuda", dtype)
+                torch.set_autocast_cache_enabled(True)
+                torch.autocast_increment_nesting()
+
+            def __exit__(self, *exc):
+                if torch.autocast_decrement_nesting() == 0:
+                    torch.clear_autocast_cache()
+                torch.set_autocast_enabled("cuda", self.previous[0])
+                torch.set_autocast_dtype("cuda", self.previous[1])
+                torch.set_autocast_cache_enabled(self.previous[2])
+                return False
+
+        return Region()
+
+
+def _record(model, args: tuple, kwargs: dict, pick_output: Callable[[Any], Any],
+            autocast: Optional[str] = None) -> Recording:
     import torch
     names = {id(m): n for n, m in model.named_modules()}
     params = {id(p): (n, p) for n, p in model.named_parameters()}
     buffers = {id(b): (n, b) for n, b in model.named_buffers()}
-    recorder = _Recorder(torch, model, names, params, buffers)
+    recorder = _Recorder(torch, model, names, params, buffers, autocast)
     flat, _ = torch.utils._pytree.tree_flatten((args, kwargs))
     for t in flat:
         if isinstance(t, torch.Tensor):
@@ -594,7 +738,7 @@ def record(model, args: tuple, kwargs: dict, pick_output: Callable[[Any], Any]) 
     roots = [t for t in torch.utils._pytree.tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
     recorder.finished = True
     for after, call, rid in recorder.deaths:
-        if after <= 0:
+        if after <= 0 or rid in recorder.cache_casts:
             continue
         op = recorder.rec.ops[after - 1]
         # Died once the op's call had returned to an enclosing call (a local of that call going

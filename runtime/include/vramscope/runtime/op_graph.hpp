@@ -24,6 +24,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -67,7 +68,8 @@ struct OpGraph {
     bool inplace = false;
     std::string node;                 ///< PyTorch's node ("ConvolutionBackward0"); "": none
     std::string line;                 ///< the user's source line
-    /// The scalar arguments the runtime reads (attention's is_causal and dropout_p).
+    /// The scalar arguments the runtime reads (attention's is_causal and dropout_p;
+    /// autocast_cache: autocast's cast of a parameter, kept in its cache).
     std::vector<std::pair<std::string, double>> args;
     double arg(std::string_view key) const noexcept {
       for (const auto& [k, v] : args) {
@@ -94,6 +96,9 @@ struct OpGraph {
   std::vector<std::int32_t> inputs;  ///< the forward's tensor arguments, in order
   std::int32_t output = -1;         ///< what the loss starts from
   std::string recorded_with;        ///< "torch 2.15.0"
+  /// Recorded under CUDA's autocast in this half type (its casts are ops of the graph; the
+  /// run's dtype is f32): it runs only under the same autocast (--dtype amp / amp-bf16).
+  std::optional<DType> autocast;
   /// Where the program read a value from a tensor, and what the recording took (its "assumed").
   std::vector<std::string> assumed;
 };
