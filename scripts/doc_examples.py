@@ -7,7 +7,14 @@ block stands for output left out; every other line must equal the command's outp
 for line, in order, and a run of lines between two `...` must be consecutive in the output.
 
     python3 scripts/doc_examples.py check VRAMSCOPE [FILE.md ...]    # CTest runs this
+    python3 scripts/doc_examples.py check-torch VRAMSCOPE [FILE.md ...]
     python3 scripts/doc_examples.py update VRAMSCOPE [FILE.md ...]   # rewrite the blocks
+
+An example needs PyTorch when it runs the exporter or reads a file an earlier exporter example
+of its document wrote (`-o net.json`, then `--model-file net.json`). `check` leaves those out
+and says how many; `check-torch` checks only those, on a Python with torch (the current-stack
+environment, VRAMSCOPE_STACK_PYTHON), and exits 77 (skipped) without one, unless
+VRAMSCOPE_REQUIRE_STACK=1 (CI), where a missing stack fails.
 
 `update` replaces each shown line by the output line at its place (the same rows stay
 shown), so the documents follow the program. A document's commands run in order in one scratch
@@ -68,14 +75,31 @@ def saved_files(text: str) -> dict[str, str]:
 EXPORT = "<export>"  # `python3 -m vramscope.export ...`: the exporter of python/, on a python3 with torch
 
 
-def python_with_torch() -> str:
+_TORCH: list = []  # the answer of python_with_torch(), asked once
+
+
+def python_with_torch() -> str | None:
     """The current-stack environment's python (VRAMSCOPE_STACK_PYTHON, scripts/stack_env.sh),
-    else this one or Debian's, whichever has torch."""
+    else this one or Debian's, whichever has torch; None when none has."""
     import os
-    for python in (os.environ.get("VRAMSCOPE_STACK_PYTHON") or sys.executable, sys.executable, "/usr/bin/python3"):
-        if Path(python).exists() and subprocess.run([python, "-c", "import torch"], capture_output=True).returncode == 0:
-            return python
-    return sys.executable  # the example then fails, saying torch is missing
+    if not _TORCH:
+        found = None
+        for python in (os.environ.get("VRAMSCOPE_STACK_PYTHON") or sys.executable, sys.executable, "/usr/bin/python3"):
+            if Path(python).exists() and subprocess.run([python, "-c", "import torch"], capture_output=True).returncode == 0:
+                found = python
+                break
+        _TORCH.append(found)
+    return _TORCH[0]
+
+
+def needs_torch(args: list[str], written: set) -> bool:
+    """Whether an example runs the exporter or reads what one wrote (and notes what it writes)."""
+    if args[:1] == [EXPORT]:
+        for flag, value in zip(args, args[1:]):
+            if flag in ("-o", "--output"):
+                written.add(value)
+        return True
+    return any(a in written or a.split("=", 1)[-1] in written for a in args)
 
 
 def run(exe: str, args: list[str], scratch: Path) -> list[str]:
@@ -85,7 +109,7 @@ def run(exe: str, args: list[str], scratch: Path) -> list[str]:
     env = None
     if args and args[0] == EXPORT:
         env = dict(os.environ, PYTHONPATH=str(ROOT / "python"))
-        command = [python_with_torch(), "-m", "vramscope.export", *args[1:]]
+        command = [python_with_torch() or sys.executable, "-m", "vramscope.export", *args[1:]]
     else:
         command = [exe, *args]
     p = subprocess.run(command, capture_output=True, text=True, cwd=scratch, timeout=300, env=env)
@@ -153,10 +177,19 @@ def update_block(shown: list[str], output: list[str]) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) < 3 or argv[1] not in ("check", "update"):
+    if len(argv) < 3 or argv[1] not in ("check", "check-torch", "update"):
         print(__doc__, file=sys.stderr)
         return 2
     mode, exe = argv[1], str(Path(argv[2]).resolve())
+    if mode == "check-torch" and python_with_torch() is None:
+        import os
+        why = "no Python with torch for the exporter's examples (python=$(scripts/stack_env.sh) makes one)"
+        if os.environ.get("VRAMSCOPE_REQUIRE_STACK") == "1":
+            print(f"FAIL doc_examples: {why}")
+            return 1
+        print(f"doc_examples: skipped, {why}")
+        return 77
+    left_out = 0
     files = [Path(f) for f in argv[3:]] or [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
     failures = checked = 0
     for path in files:
@@ -167,10 +200,17 @@ def main(argv: list[str]) -> int:
         scratch = Path(scratch_dir.name)
         for name, content in saved_files(text).items():
             (scratch / name).write_text(content)
+        written: set = set()
         for prompt, args, shown, end in examples(text):
+            torch_part = needs_torch(args, written)
+            if mode == "check" and torch_part:
+                left_out += 1  # check-torch's (a later example reading its file is too)
+                continue
             output = run(exe, args, scratch)
+            if mode == "check-torch" and not torch_part:
+                continue  # run for what it leaves in the scratch folder, checked by `check`
             checked += 1
-            if mode == "check":
+            if mode in ("check", "check-torch"):
                 problem = check_block(shown, output)
                 if problem:
                     failures += 1
@@ -183,7 +223,8 @@ def main(argv: list[str]) -> int:
             for start, end, new in reversed(replacements):
                 lines[start:end] = new
             path.write_text("\n".join(lines))
-    print(f"doc_examples: {checked} examples, {failures} differ from the program")
+    print(f"doc_examples: {checked} examples, {failures} differ from the program"
+          + (f"; {left_out} that need PyTorch are check-torch's (ctest docs.examples_torch)" if left_out else ""))
     return 1 if failures else 0
 
 

@@ -10,7 +10,7 @@ same configurations with PyTorch's own caching allocator, so the prediction can 
         --segments 0,2,4,8,16 --dtype f32,f16 --device sim:h100-80g --format csv > vs.csv
     python3 scripts/pytorch_sweep.py --compare vs.csv torch.csv
 
-The models are written the way vramscope's built-in ones are (runtime/src/models.cpp and
+The models are written the way vramscope's built-in ones are (runtime/src/nn/models.cpp and
 blocks.cpp): the same modules in the same Sequential order, so checkpoint_sequential splits
 them alike. The step is vramscope's too: zero_grad(set_to_none=True), a fresh batch and
 target, forward (+ checkpoint_sequential, non-reentrant unless --checkpoint reentrant), loss,

@@ -126,7 +126,8 @@ std::shared_ptr<const nn::ModelSource> record_hf_config(const std::string& path,
     throw Error("not one of the built-in decoders (llama, mistral, qwen2, gpt2), and the exporter could not record "
                 "it: " + said);
   }
-  return models::ModelFile::load(out.string());
+  // Named by the config it came from ("hf:config.json"): messages about it say --hf-config.
+  return models::ModelFile::parse(read_text(out, models::kMaxModelFileBytes), "hf:" + path);
 }
 
 }  // namespace mem::tools

@@ -8,6 +8,7 @@
 #include <exception>
 #include <iostream>
 #include <new>
+#include <string>
 
 #include "commands.hpp"
 #include "usage_error.hpp"
@@ -21,6 +22,17 @@ int fail(int code, const std::string& message) {
   // Command-line text can hold control characters too: never sent raw to the terminal.
   std::fprintf(stderr, "vramscope: error: %s\n", mem::printable(mem::tools::one_line(message)).c_str());
   return code;
+}
+
+/// CLI11's words for an option given more than once ("--batch: At Most 1 required but received
+/// 2"), in ours; its other messages already name the option and what was wrong.
+std::string in_our_words(const std::string& message) {
+  const std::string marker = ": At Most 1 required but received ";
+  const std::size_t at = message.find(marker);
+  if (at == std::string::npos) return message;
+  const std::string option = message.substr(0, at), times = message.substr(at + marker.size());
+  return fmt::format("{} given {} times; give it once (options that take several values take a comma list: {} 8,16)",
+                     option, times, option);
 }
 
 }  // namespace
@@ -65,8 +77,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     std::string where;
     for (const CLI::App* sub : app.get_subcommands()) where = " " + sub->get_name();
-    return fail(mem::tools::kExitUsage,
-                fmt::format("{} (see `vramscope{} --help`)", e.what(), where));
+    return fail(mem::tools::kExitUsage, fmt::format("{} (see `vramscope{} --help`)", in_our_words(e.what()), where));
   } catch (const mem::tools::UsageError& e) {
     return fail(mem::tools::kExitUsage, e.what());
   } catch (const mem::tools::CommandFailed& e) {

@@ -2,7 +2,7 @@
 #include "model_args.hpp"
 
 #include "hf_record.hpp"
-#include "vramscope/runtime/checkpoint.hpp"
+#include "vramscope/runtime/checkpoint_modules.hpp"
 
 #include <fmt/format.h>
 
@@ -163,6 +163,27 @@ nn::ModelOptions to_model_options(const ModelArgs& args, bool lists_allowed) {
   return o;
 }
 
+void check_parallel_combination(const std::vector<nn::ParallelConfig>& parallels, nn::ExecMode mode,
+                                const nn::OptimizerConfig& optimizer) {
+  for (const nn::ParallelConfig& c : parallels) {
+    if (!c.enabled() || c.engine == nn::ParallelEngine::Ddp) continue;
+    const std::string label = nn::parallel_label(c);
+    if (mode == nn::ExecMode::Compute) {
+      throw UsageError("--compute with --parallel " + label + ": sharded engines run as a dry run only (their "
+                       "collectives on one simulated rank bring no data from the others); drop --compute, or use ddp");
+    }
+    const bool zero = c.engine != nn::ParallelEngine::Fsdp;
+    if (zero && optimizer.kind == nn::OptimizerKind::Adam8bit) {
+      throw UsageError("--optimizer adam8bit with --parallel " + label + ": DeepSpeed's ZeRO runs its own FusedAdam, "
+                       "bitsandbytes' 8-bit Adam is not modelled under it; give adam, sgd or sgd-momentum");
+    }
+    if (zero && optimizer.kind == nn::OptimizerKind::None) {
+      throw UsageError("--optimizer none with --parallel " + label + ": ZeRO partitions an optimizer's state, and "
+                       "there is none; give adam, sgd or sgd-momentum");
+    }
+  }
+}
+
 std::string hf_autocast(const std::vector<nn::Precision>& precisions) {
   std::string first;
   for (std::size_t i = 0; i < precisions.size(); ++i) {
@@ -185,7 +206,7 @@ std::shared_ptr<const nn::ModelSource> resolve_model(const ModelArgs& args, cons
   }
   if (!args.hf_config.empty()) {
     return as_usage("--hf-config", [&]() -> std::shared_ptr<const nn::ModelSource> {
-      if (!builtin_hf_type(args.hf_config)) return record_hf_config(args.hf_config, args.autocast);
+      if (!builtin_hf_type(args.hf_config)) return record_hf_config(args.hf_config, hf_autocast(args.precisions));
       return models::load_hf_config(args.hf_config);
     });
   }
@@ -200,7 +221,10 @@ std::shared_ptr<const nn::ModelSource> resolve_model(const ModelArgs& args, cons
 nn::ModelInfo describe(const nn::ModelSource& model, const nn::ModelOptions& options) {
   // Name the option the model came from: a user's file is --model-file, not --model.
   const auto* file = dynamic_cast<const models::ModelFile*>(&model);
-  const char* option = file != nullptr && !file->origin().starts_with("zoo:") ? "--model-file" : "--model";
+  const char* option = dynamic_cast<const models::HfConfig*>(&model) != nullptr ? "--hf-config"
+                       : file == nullptr || file->origin().starts_with("zoo:") ? "--model"
+                       : file->origin().starts_with("hf:")                     ? "--hf-config"
+                                                                               : "--model-file";
   return as_usage(option, [&] { return model.describe(options); });
 }
 

@@ -34,9 +34,16 @@ struct ModelArgs {
   std::string quant;          ///< --quant
   std::string stack;          ///< --stack "torch=2.11,transformers=5.17,peft=0.21"
   /// Set by the command from --dtype: an --hf-config recorded by the exporter is recorded under
-  /// this autocast ("bf16", "f16"; "": none), since its casts are operators of the recording.
-  std::string autocast;
+  /// their autocast (hf_autocast), since autocast's casts are operators of the recording.
+  std::vector<nn::Precision> precisions;
 };
+
+/// What the command line alone decides about --parallel with --compute and --optimizer (exit 2,
+/// before anything runs): the sharding engines run dry (one simulated rank's collectives bring no
+/// data), and ZeRO takes no bitsandbytes 8-bit Adam (DeepSpeed runs its own FusedAdam). The
+/// engines refuse the same at run time, for the library's callers.
+void check_parallel_combination(const std::vector<nn::ParallelConfig>& parallels, nn::ExecMode mode,
+                                const nn::OptimizerConfig& optimizer);
 
 /// The autocast an --hf-config recording needs for these precisions ("bf16", "f16" or "");
 /// a UsageError when they mix autocast and plain precisions (one recording serves one).

@@ -99,7 +99,7 @@ void run(const PlanArgs& args) {
     throw UsageError("--gradient-checkpointing: plan takes one mode (the as-given row); it chooses the layers itself");
   }
   ModelArgs model_args = args.model;
-  if (!model_args.hf_config.empty()) model_args.autocast = hf_autocast(parse_precisions("--dtype", args.dtype));
+  if (!model_args.hf_config.empty()) model_args.precisions = parse_precisions("--dtype", args.dtype);
   base.model = resolve_model(model_args, "");
   base.model_options = to_model_options(args.model);
   base.stack = parse_stack(args.model);
@@ -110,6 +110,7 @@ void run(const PlanArgs& args) {
   base.alloc_confs = {args.alloc_conf};
   base.optimizer = as_usage("--optimizer", [&] { return nn::parse_optimizer_config(args.optimizer); });
   base.parallels = parse_parallel_args(args.parallel);
+  check_parallel_combination(base.parallels, nn::ExecMode::DryRun, base.optimizer);
   base.segments = {0};
   spec.search = parse_search(args.search);
   spec.headroom = as_usage("--headroom", [&] { return parse_bytes(args.headroom, /*allow_zero=*/true); });
@@ -201,7 +202,7 @@ void add_plan_command(CLI::App& app) {
       "allocator setting, gradient accumulation, precision and optimizer. Every plan shown is a full dry "
       "run through the caching allocator; --code writes the PyTorch code of the best.");
   add_model_options(*cmd, args->model, "required");
-  cmd->add_option("-d,--device", args->device, "the GPU to fit: sim:<preset> (see `vramscope devices`), cuda:0, auto")
+  cmd->add_option("-d,--device", args->device, "the GPU to fit: sim:<preset> (see `vramscope devices`), sim (sim:a100-80g), cuda:0, auto")
       ->capture_default_str()
       ->type_name("SPEC");
   cmd->add_option("-t,--dtype", args->dtype, "the precision you train in: f32, f16, bf16, amp, amp-bf16")
@@ -213,6 +214,7 @@ void add_plan_command(CLI::App& app) {
                   "what else the plan may change besides checkpointing: allocator (expandable_segments, max_split_size_mb), "
                   "accumulation (micro-batches), precision, optimizer; none for checkpointing alone")
       ->capture_default_str()
+      ->check(non_empty())
       ->type_name("LIST");
   cmd->add_option("--headroom", args->headroom,
                   "what a plan must leave free in nvidia-smi's view, e.g. 1GiB (a data loader, a second process)")

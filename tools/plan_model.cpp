@@ -7,7 +7,7 @@
 
 #include "saved_tensors.hpp"
 #include "sweep.hpp"
-#include "vramscope/runtime/checkpoint.hpp"
+#include "vramscope/runtime/checkpoint_modules.hpp"
 #include "vramscope/runtime/data_parallel.hpp"
 
 namespace mem::tools {

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "commands.hpp"
+#include "model_args.hpp"  // integer_in
 #include "replay_compare.hpp"
 #include "sweep_export.hpp"  // csv_field
 #include "table.hpp"
@@ -379,6 +380,10 @@ void run(const ReplayArgs& args) {
     // A trace that cannot be read is bad input, as a malformed model file is: exit 2.
     throw UsageError(one_line(e.what()));
   }
+  if (args.trace_device >= 0 && (trace.format == TraceFormat::HistoryCsv || trace.format == TraceFormat::RmmCsv)) {
+    throw UsageError("--trace-device: chooses a GPU of a PyTorch snapshot, which records each GPU's trace; " +
+                     args.file + " is a " + std::string(trace_format_name(trace.format)) + " (one allocator's log)");
+  }
 
   // The recorded setting is the baseline: replayed first when not asked for.
   // A snapshot without allocator_settings (PyTorch before 2.1) was recorded with the defaults
@@ -447,7 +452,7 @@ void add_replay_command(CLI::App& app) {
   cmd->add_option("--format", args->format, "table, csv or json")->capture_default_str();
   cmd->add_option("--trace-device", args->trace_device,
                   "which GPU's trace of a multi-GPU snapshot, 0 or more (default: the busiest)")
-      ->check(CLI::Range(0, 1 << 20))
+      ->check(integer_in(0, 1 << 20))  // written in full: 0x1 is refused as --batch's hex is
       ->type_name("N");
   cmd->add_flag("--stop-at-oom", args->stop_at_oom, "stop at the first allocation that does not fit");
   cmd->add_option("--memory-fraction", args->memory_fraction,

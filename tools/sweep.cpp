@@ -455,8 +455,9 @@ SweepResult run_sweep(const SweepSpec& spec_in, const SweepProgress& progress) {
   }
   const bool refused = std::any_of(result.rows.begin(), result.rows.end(),
                                    [](const SweepRow& r) { return r.error.has_value(); });
-  if (refused) {
-    // Which counts would run: a dry run per count, only when one was refused.
+  if (refused && !(spec.checkpoint_modules && !spec.checkpoint_modules->empty())) {
+    // Which counts would run: a dry run per count, only when one was refused (segment counts
+    // say nothing about the modules --checkpoint-modules names).
     SweepRow first;
     first.precision = spec.precisions.front();
     first.alloc_conf = spec.alloc_confs.front();

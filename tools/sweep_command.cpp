@@ -83,7 +83,7 @@ SweepSpec make_spec(const SweepArgs& args) {
     if (model.width == 0) model.width = kDemoWidth;
     if (model.batch.empty() && !args.max_batch) model.batch = std::to_string(kDemoBatch);
   }
-  if (!model.hf_config.empty()) model.autocast = hf_autocast(parse_precisions("--dtype", args.dtypes));
+  if (!model.hf_config.empty()) model.precisions = parse_precisions("--dtype", args.dtypes);
   spec.model = resolve_model(model, "mlp");
   // --gradient-checkpointing none,non-reentrant: a group of rows per mode (each checked as
   // the model option it is); the model is described with the first.
@@ -123,6 +123,7 @@ SweepSpec make_spec(const SweepArgs& args) {
       as_usage("--checkpoint", [&] { return nn::parse_checkpoint_mode(args.checkpoint_mode); });
   spec.input_requires_grad = args.input_requires_grad;
   spec.parallels = parse_parallel_args(args.parallel);
+  check_parallel_combination(spec.parallels, spec.mode, spec.optimizer);
   if (args.format != "table" && args.format != "csv" && args.format != "json") {
     throw UsageError("--format: \"" + args.format + "\" is not a format; valid: table, csv, json");
   }
@@ -249,7 +250,7 @@ void add_sweep_command(CLI::App& app) {
                     fmt::format("default: the demo, mlp depth={} width={} batch={}", kDemoDepth,
                                 kDemoWidth, kDemoBatch));
   cmd->add_option("-d,--device", args->device,
-                  "GPU: sim:<preset> (see `vramscope devices`), sim:capacity=8GiB,context=400MiB, "
+                  "GPU: sim:<preset> (see `vramscope devices`), sim (sim:a100-80g), sim:capacity=8GiB,context=400MiB, "
                   "cuda:0, auto (cuda:0 if present, else sim:a100-80g); the default is trace's too")
       ->capture_default_str()
       ->type_name("SPEC");

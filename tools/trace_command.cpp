@@ -65,7 +65,7 @@ struct TraceArgs {
 nn::TrainConfig make_config(const TraceArgs& args) {
   nn::TrainConfig cfg;
   ModelArgs model_args = args.model;
-  if (!model_args.hf_config.empty()) model_args.autocast = hf_autocast(parse_precisions("--dtype", args.dtype));
+  if (!model_args.hf_config.empty()) model_args.precisions = parse_precisions("--dtype", args.dtype);
   cfg.model = resolve_model(model_args, "resnet18");
   cfg.model_options = to_model_options(args.model);
   cfg.stack = parse_stack(args.model);
@@ -107,6 +107,7 @@ nn::TrainConfig make_config(const TraceArgs& args) {
   const auto parallels = parse_parallel_args(args.parallel);
   if (parallels.size() != 1) throw UsageError("--parallel: trace runs one configuration; give one of " + args.parallel.spec);
   cfg.parallel = parallels.front();
+  check_parallel_combination(parallels, cfg.mode, cfg.optimizer);
   cfg.checkpoint_mode =
       as_usage("--checkpoint", [&] { return nn::parse_checkpoint_mode(args.checkpoint_mode); });
   cfg.input_requires_grad = args.input_requires_grad;
@@ -357,6 +358,12 @@ void run(const TraceArgs& args) {
     const std::string& m = refused->message;
     throw CommandFailed("backward failed as it does on PyTorch: " + m.substr(0, m.find('\n')));
   }
+  if (refused && cfg.checkpoint_modules && !cfg.checkpoint_modules->empty()) {
+    // Not a segment count: a module named in --checkpoint-modules writes its own input.
+    throw CommandFailed("backward failed as it does on PyTorch: a module under --checkpoint-modules modified its own "
+                        "input in place, which checkpoint() saved (see above); checkpoint the module that contains "
+                        "it instead, or make the op out of place (inplace=False)");
+  }
   if (refused) {
     throw CommandFailed(fmt::format(
         "backward failed as it does on PyTorch: a tensor saved for backward was modified by an in-place op "
@@ -377,7 +384,7 @@ void add_trace_command(CLI::App& app) {
       "SVG plot.");
   add_model_options(*cmd, args->model, "default: resnet18");
   cmd->add_option("-d,--device", args->device,
-                  "GPU: sim:<preset> (see `vramscope devices`), sim:capacity=8GiB,context=400MiB, cuda:N, "
+                  "GPU: sim:<preset> (see `vramscope devices`), sim (sim:a100-80g), sim:capacity=8GiB,context=400MiB, cuda:N, "
                   "auto (cuda:0 if present, else sim:a100-80g); the default is sweep's too")
       ->capture_default_str()
       ->type_name("SPEC");

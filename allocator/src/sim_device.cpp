@@ -458,10 +458,12 @@ SimDevice::SimDevice(SimDeviceConfig config)
                       format_us(config_.free_latency_us) + " on a virtual clock, backing " +
                       (config_.backing == SimBacking::Host ? "host" : "none");
   // Room for fragmentation of the offset space: a sequence of segments never
-  // spans more than a few times the capacity. Both backings share the bound.
+  // spans more than a few times the capacity. Both backings share the bound. At most a third
+  // of the address space, so that three devices of the largest capacity (1 PiB: still 2.5
+  // times its capacity each) are alive at once: a sweep's device and its unlimited twin.
   const std::size_t pages = pages_of(config_.capacity);
   host_span_ = std::min<std::size_t>(4 * pages * config_.granularity + (std::size_t{1} << 30),
-                                     kSimAddressLimit - kSimAddressBase);
+                                     (kSimAddressLimit - kSimAddressBase) / 3 / config_.granularity * config_.granularity);
   // Host-backed devices get distinct addresses from mmap; their offsets need no window.
   address_base_ = config_.backing == SimBacking::None ? claim_address_window(host_span_)
                                                        : kSimAddressBase;

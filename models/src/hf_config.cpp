@@ -50,7 +50,7 @@ class Reader {
     }
     const json& v = root_.at(key);
     if (!v.is_number_integer() || v.get<std::int64_t>() <= 0 || v.get<std::int64_t>() > max) {
-      fail(key, "expected a positive integer up to " + std::to_string(max) + ", got " + v.dump());
+      fail(key, "expected a positive integer up to " + std::to_string(max) + ", got " + kind_of(v));
     }
     return v.get<std::int64_t>();
   }
@@ -65,7 +65,7 @@ class Reader {
     if (!has(key)) return fallback;
     const json& v = root_.at(key);
     if (!v.is_number() || !(v.get<double>() >= lo && v.get<double>() < hi)) {
-      fail(key, "expected a number in [" + std::to_string(lo) + ", " + std::to_string(hi) + "), got " + v.dump());
+      fail(key, "expected a number in [" + std::to_string(lo) + ", " + std::to_string(hi) + "), got " + kind_of(v));
     }
     return v.get<double>();
   }
@@ -80,7 +80,9 @@ class Reader {
   /// Every key neither read nor ignored is one this reader cannot account for.
   void check_all_used() const {
     for (const auto& [key, value] : root_.items()) {
-      if (used_.count(key) != 0 || kIgnored.count(key) != 0 || key.starts_with("_")) continue;
+      // A null is the key's default, as transformers reads it (GPT2Config's n_inner=None:
+      // 4 * n_embd; save_pretrained writes every key, null ones too).
+      if (used_.count(key) != 0 || kIgnored.count(key) != 0 || key.starts_with("_") || value.is_null()) continue;
       fail(key, "not modelled by vramscope, and it may change memory; remove it if it does not, or ask for it");
     }
   }
@@ -156,6 +158,11 @@ std::shared_ptr<const nn::ModelSource> parse_gpt2(const json& root, std::string 
     r.fail("scale_attn_by_inverse_layer_idx", "true is not modelled (one more scaled copy of the scores)");
   }
   if (r.flag("reorder_and_upcast_attn", false)) r.fail("reorder_and_upcast_attn", "true is not modelled");
+  // GPT2LMHeadModel ties lm_head to wte (_tied_weights_keys); transformers 5's save_pretrained
+  // writes the flag, true by default.
+  if (!r.flag("tie_word_embeddings", true)) {
+    r.fail("tie_word_embeddings", "false (a head of its own beside wte) is not modelled; GPT-2 ties its head");
+  }
   if (r.has("add_cross_attention") && r.flag("add_cross_attention", false)) {
     r.fail("add_cross_attention", "true is not modelled (decoder-only models)");
   }
@@ -221,7 +228,7 @@ std::shared_ptr<const HfConfig> parse_llama(const json& root, std::string name, 
     if (rope.contains("rope_theta")) {
       const json& theta = rope.at("rope_theta");
       if (!theta.is_number() || !(theta.get<double>() >= 1.0 && theta.get<double>() < 1e12)) {
-        r.fail("rope_parameters.rope_theta", "expected a number in [1, 1e12), got " + theta.dump());
+        r.fail("rope_parameters.rope_theta", "expected a number in [1, 1e12), got " + kind_of(theta));
       }
       c.rope_theta = theta.get<double>();
     }
@@ -230,8 +237,14 @@ std::shared_ptr<const HfConfig> parse_llama(const json& root, std::string name, 
     // transformers 5: one entry per layer; sliding layers would take a mask SDPA keeps.
     const json& types = root.at("layer_types");
     if (!types.is_array()) r.fail("layer_types", "expected a list, got " + kind_of(types));
+    // transformers refuses a list of another length (configuration_utils.py,
+    // layer_type_validation: "num_hidden_layers ... must be equal to the number of layer types").
+    if (types.size() != static_cast<std::size_t>(c.layers)) {
+      r.fail("layer_types", std::to_string(types.size()) + " entries for num_hidden_layers " + std::to_string(c.layers) +
+                                "; transformers needs one per layer");
+    }
     for (const json& t : types) {
-      if (t != "full_attention") r.fail("layer_types", t.dump() + " is not modelled; only full_attention layers are");
+      if (t != "full_attention") r.fail("layer_types", kind_of(t) + " is not modelled; only full_attention layers are");
     }
     r.ignore("layer_types");
   }

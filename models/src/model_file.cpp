@@ -4,7 +4,7 @@
 // anything runs. The format is docs/MODEL_FILES.md; the layers' arguments are
 // torch.nn's constructor arguments, with the same defaults.
 #include "vramscope/models/model_file.hpp"
-#include "vramscope/runtime/checkpoint.hpp"
+#include "vramscope/runtime/checkpoint_modules.hpp"
 #include "vramscope/runtime/encoder.hpp"
 
 #include <fmt/format.h>

@@ -141,6 +141,47 @@ def test_everything_unmappable_is_listed_once_with_its_line():
         assert what in text
 
 
+class _Wavy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return torch.sin(self.fc(x))  # the line a problem inside a submodule names
+
+
+class _TwoWavy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = _Wavy(), _Wavy()
+
+    def forward(self, x):
+        return self.a(x) + self.b(x)
+
+
+def test_a_problem_inside_a_submodule_names_the_submodules_line_not_the_callers():
+    import inspect
+    line = inspect.getsourcelines(_Wavy.forward)[1] + 1
+    with pytest.raises(ExportError) as e:
+        export(_TwoWavy(), [2, 8], name="two")
+    text = str(e.value)
+    assert "in 'a' (" in text and f"test_export.py:{line})" in text, text
+    assert f"test_export.py:{line + 9})" not in text  # _TwoWavy.forward's line
+
+
+def test_an_operator_that_needs_values_is_named_with_its_place(tmp_path, capsys):
+    from vramscope.export.__main__ import main
+    (tmp_path / "m.py").write_text(
+        "import torch\nimport torch.nn as nn\n\n"
+        "class Pick(nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n        self.fc = nn.Linear(8, 8)\n\n"
+        "    def forward(self, x):\n        y = self.fc(x)\n        return y[torch.nonzero(y > 0)[:, 0]]\n")
+    assert main([f"{tmp_path / 'm.py'}:Pick", "--input", "4,8", "--level", "ops"]) == 2
+    err = capsys.readouterr().err
+    assert "nonzero (in the model, m.py:11 (forward)): its output's size depends on the tensor's values" in err, err
+    assert "Traceback" not in err
+
+
 def test_a_graph_that_is_not_series_parallel_is_refused():
     class Dense(nn.Module):
         def __init__(self):

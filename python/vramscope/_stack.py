@@ -1,6 +1,6 @@
 """The installed PyTorch, transformers and PEFT as a `vramscope --stack` spec: what a layer
 keeps for backward changes between releases, so the command should model the versions the
-user runs (runtime/src/stack.cpp lists those it knows)."""
+user runs (runtime/src/engine/stack.cpp lists those it knows)."""
 from __future__ import annotations
 
 import importlib

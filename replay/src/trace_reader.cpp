@@ -24,6 +24,9 @@ namespace mem {
 
 namespace {
 
+/// GPUs a snapshot may name: CUDA device indices, well past any node's count.
+constexpr std::int64_t kMaxRecordedDevices = 4096;
+
 constexpr std::array<std::string_view, 9> kActionNames = {
     "alloc",       "free_requested", "free_completed", "segment_alloc", "segment_free",
     "segment_map", "segment_unmap",  "oom",            "snapshot"};
@@ -71,7 +74,15 @@ RecordedSegment read_segment(const PickleValue& seg, const std::string& path,
     RecordedSegment s;
     s.address = seg.at("address").as_size();
     s.total_size = seg.at("total_size").as_size();
-    if (const PickleValue* v = seg.find("device")) s.device = static_cast<int>(v->as_int());
+    if (const PickleValue* v = seg.find("device")) {
+      // A CUDA device index: PyTorch writes the segment's GPU, 0 and up.
+      const std::int64_t d = v->as_int();
+      if (d < 0 || d >= kMaxRecordedDevices) {
+        throw Error("device " + std::to_string(d) + " is not a GPU index (0 to " +
+                    std::to_string(kMaxRecordedDevices - 1) + ")");
+      }
+      s.device = static_cast<int>(d);
+    }
     if (const PickleValue* v = seg.find("stream")) s.stream = static_cast<std::uint64_t>(v->as_int());
     if (const PickleValue* v = seg.find("segment_type")) {
       s.small_pool = v->as_string() == "small";
@@ -402,8 +413,11 @@ AllocationTrace read_snapshot(const PickleValue& root, int device, const std::st
   // both together (a GPU with every segment and one trace entry beats one with one entry and
   // nothing else); a GPU asked for that holds nothing is an error naming those that do (below).
   std::map<int, std::pair<std::size_t, std::size_t>> held;  // device -> (segments, trace entries)
-  for (const PickleValue& seg : *segments)
-    if (const PickleValue* d = seg.find("device"); d && d->is_int()) ++held[static_cast<int>(d->as_int())].first;
+  for (const PickleValue& seg : *segments) {
+    if (const PickleValue* d = seg.find("device"); d && d->is_int() && d->as_int() >= 0 && d->as_int() < kMaxRecordedDevices) {
+      ++held[static_cast<int>(d->as_int())].first;
+    }
+  }
   if (traces) {
     for (std::size_t d = 0; d < traces->size(); ++d) {
       if (const std::size_t n = trace_size(*traces, d, scanned); n > 0) held[static_cast<int>(d)].second += n;

@@ -166,6 +166,24 @@ TEST(TraceReader, MalformedSnapshotNamesTheElement) {
   EXPECT_NE(msg.find("not a memory snapshot"), std::string::npos) << msg;
 }
 
+TEST(TraceReader, ASegmentOnANegativeDeviceIsRefusedNotReplayed) {
+  // A hostile snapshot's only segment claims device -1: an error naming it, not a replay of it.
+  for (const std::int64_t device : {std::int64_t{-1}, std::int64_t{1} << 40}) {
+    PickleValue root = snapshot_with({});
+    PickleValue seg = PickleValue::dict();
+    seg.mutable_dict().emplace_back(PickleValue::string("device"), PickleValue::integer(device));
+    seg.mutable_dict().emplace_back(PickleValue::string("address"), PickleValue::integer(1 << 30));
+    seg.mutable_dict().emplace_back(PickleValue::string("total_size"), PickleValue::integer(2 * MiB));
+    seg.mutable_dict().emplace_back(PickleValue::string("blocks"), PickleValue::sequence(PickleValue::Kind::List));
+    for (auto& [key, value] : root.mutable_dict()) {
+      if (key.as_string() == "segments") value.mutable_list().push_back(seg);
+    }
+    const std::string message = error_of([&] { (void)read_pytorch_snapshot(root, -1, "hostile.pickle"); });
+    EXPECT_NE(message.find("hostile.pickle: segments[0]"), std::string::npos) << message;
+    EXPECT_NE(message.find("is not a GPU index"), std::string::npos) << message;
+  }
+}
+
 TEST(TraceReader, ExpandableSegmentsAreFlagged) {
   const AllocationTrace t = read_pytorch_snapshot(snapshot_with({event("segment_map", 0, 2 * MiB)}));
   EXPECT_TRUE(t.expandable_segments);

@@ -138,6 +138,43 @@ TEST(Checkpoint, SplitFollowsPyTorch) {
   EXPECT_THROW(plan_segments(10, 0), Error);
 }
 
+/// Two stages a model file flattens into the top-level list ("stage.0", "stage.1", "head.0",
+/// "head.1"), as the zoo's resnets keep layer1..4 for checkpoint_sequential.
+std::shared_ptr<const ModelSource> staged_model() {
+  return models::ModelFile::parse(R"({
+    "format": "vramscope-model", "version": 1, "name": "staged",
+    "options": {"batch": 4096, "width": 256}, "input": {"shape": ["batch", "width"]}, "loss": {"type": "mse"},
+    "layers": [
+      {"name": "stage", "type": "Sequential", "expand": true, "layers": [
+        {"type": "Linear", "in_features": "width", "out_features": "width"}, {"type": "GELU"}]},
+      {"name": "head", "type": "Sequential", "expand": true, "layers": [
+        {"type": "Linear", "in_features": "width", "out_features": "width"}, {"type": "GELU"}]}]})",
+                                  "staged.json");
+}
+
+TEST(CheckpointMarks, AFlattenedContainerIsCheckpointedWholeAsCheckpointOfItWouldBe) {
+  // --checkpoint-modules stage: checkpoint(self.stage, x) over its two flattened children,
+  // which is checkpoint_sequential's first segment of two here: the same memory and results.
+  TrainConfig marked;
+  marked.model = staged_model();
+  marked.steps = 2;
+  marked.checkpoint_modules = std::vector<std::string>{"stage"};
+  TrainConfig sequential = marked;
+  sequential.checkpoint_modules.reset();
+  sequential.segments = 2;
+  TrainConfig plain = sequential;
+  plain.segments = 1;
+  const RunResult a = run(marked), b = run(sequential), c = run(plain);
+  EXPECT_EQ(a.losses, c.losses);
+  EXPECT_EQ(a.grads, c.grads);
+  EXPECT_EQ(a.report.peak_allocated, b.report.peak_allocated);
+  EXPECT_LT(a.report.peak_allocated, c.report.peak_allocated);
+  EXPECT_DOUBLE_EQ(a.report.recompute_ratio, b.report.recompute_ratio);
+  // A block inside it and the container together are refused, as two nested modules are.
+  marked.checkpoint_modules = std::vector<std::string>{"stage", "stage.0"};
+  EXPECT_THROW(run(marked), Error);
+}
+
 }  // namespace
 }  // namespace mem::nn
 

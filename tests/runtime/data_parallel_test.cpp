@@ -7,7 +7,7 @@
 #include <functional>
 #include <string>
 
-#include "../../runtime/src/data_parallel.hpp"
+#include "../../runtime/src/parallel/data_parallel.hpp"
 #include "test_util.hpp"
 #include "vramscope/allocator/units.hpp"
 #include "vramscope/models/zoo.hpp"

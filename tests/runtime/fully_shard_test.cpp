@@ -8,7 +8,7 @@
 #include <functional>
 #include <string>
 
-#include "../../runtime/src/fully_shard.hpp"
+#include "../../runtime/src/parallel/fully_shard.hpp"
 #include "test_util.hpp"
 #include "vramscope/allocator/units.hpp"
 #include "vramscope/models/zoo.hpp"

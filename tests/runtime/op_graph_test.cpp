@@ -7,7 +7,7 @@
 #include <string>
 
 #include "test_util.hpp"
-#include "vramscope/runtime/checkpoint.hpp"
+#include "vramscope/runtime/checkpoint_modules.hpp"
 #include "vramscope/runtime/op_graph.hpp"
 #include "vramscope/runtime/runtime.hpp"
 

@@ -183,6 +183,12 @@ def check_oom(exe, work):
         small = [r for r in out["rows"] if r["batch"] == 8][0]
         check(small["fits"] and not big["fits"] and big["oom_requested"] > (1 << 50), big)
         check(big["oom_allocated"] > 0 and "larger than 1 PiB" in big["oom_message"], big)
+    # A transposed key at sequence 65536 has strides that multiply past 2^63 (its shape does not):
+    # the eager attention's 256 GiB scores are the OOM row, not an element-count error (issue 47).
+    out = json.loads(run(exe, "sweep", "--model", "llama-3.2-1b", "--seq", "65536", "--attn", "eager", "--dtype", "bf16",
+                         "--segments", "0", "--device", "sim:b200", "--format", "json").stdout)
+    row = out["rows"][0]
+    check(not row["fits"] and row["oom_requested"] == 256 << 30 and row["oom_module"] == "model.layers.0.self_attn", row)
     p = run(exe, "trace", "--model", "resnet50", "--batch", "1099511627776", expect=1)
     check("input, forward: asked for 588.00 PiB, more than any GPU holds" in p.stdout, p.stdout)
     out = json.loads(oom_sweep(exe, "json").stdout)
@@ -270,6 +276,13 @@ BAD = [
     (["trace", "--model", "mlp", "--depth", "2", "--snapshot", "same.out", "--timeline",
       "./same.out"], ["--timeline", "also the file of --snapshot"]),
     (["sweep", "--model", "mlp", "--depth", "2", "--plot", "/"], ["--plot", "is a directory"]),
+    # What the command line alone decides is exit 2 (issue 47).
+    (["sweep", "--model", "mlp", "--compute", "--parallel", "fsdp:8"], ["--compute with --parallel fsdp:8", "dry run"]),
+    (["trace", "--model", "mlp", "--parallel", "zero3:8", "--optimizer", "adam8bit"],
+     ["--optimizer adam8bit with --parallel zero3:8", "FusedAdam"]),
+    (["sweep", "--model", "mlp", "--batch", "4", "--batch", "5"], ["--batch given 2 times; give it once", "--batch 8,16"]),
+    (["plan", "--model", "mlp", "--search", ""], ["--search", "empty value"]),
+    (["replay", "--trace-device", "0x1", "x.pickle"], ["--trace-device", "not a whole number"]),
 ]
 
 
@@ -879,11 +892,22 @@ def check_hf_config(exe, work):
                          # Not a built-in decoder: recorded through the exporter, which needs
                          # a Python with torch (none here: the message says what to install).
                          ({"model_type": "t5"}, ["not one of the built-in decoders"]),
-                         ({"moe_experts": 4}, ["moe_experts", "not modelled"])]:
+                         ({"moe_experts": 4}, ["moe_experts", "not modelled"]),
+                         # transformers refuses layer_types of another length (issue 47).
+                         ({"layer_types": ["full_attention"] * 3},
+                          ["--hf-config", "layer_types: 3 entries for num_hidden_layers", "one per layer"])]:
         bad.write_text(json.dumps({**TINY_LLAMA, **patch}))
         p = run(exe, "sweep", "--hf-config", str(bad), expect=2)
         err = p.stderr.strip()
         check(err.count("\n") == 0 and all(w in err for w in words), f"{patch}: {err!r}")
+    # A number no double holds is named by its key, not by the JSON library's words (issue 47).
+    bad.write_text(json.dumps(TINY_LLAMA)[:-1] + ', "rope_theta": 1e400}')
+    err = run(exe, "sweep", "--hf-config", str(bad), expect=2).stderr
+    check('"rope_theta": a number too large' in err and "json.exception" not in err, err)
+    # A recorded model_type runs under one autocast: mixing amp and plain is refused before recording.
+    bad.write_text(json.dumps({**TINY_LLAMA, "model_type": "qwen3"}))
+    err = run(exe, "sweep", "--hf-config", str(bad), "--dtype", "bf16,amp-bf16", expect=2).stderr
+    check("--dtype: an --hf-config that the exporter records runs under one autocast" in err, err)
     for args, words in [(["--seq", "1024"], ["exceeds max_position_embeddings 512"]),
                         (["--segments", "4"], ["checkpoints per decoder layer"]),
                         (["--model", "mlp"], ["give one"]),
@@ -1033,6 +1057,10 @@ def check_plan(exe, work):
                           ",".join(f"layer{s}.{b}" for s in range(1, 5) for b in range(2)),
                           "--format", "json").stdout)["rows"][0]
     check(not over["fits"], over)
+    # The largest device there is: the plan's device and the sweep's unlimited twin both get
+    # addresses (issue 47: "no room for another simulated device's addresses").
+    p = run(exe, "plan", "--model", "mlp", "--max-batch", "--device", "sim:capacity=1PiB,context=0")
+    check("The largest batch that fits" in p.stdout and "least recompute" in p.stdout, p.stdout[-400:])
     # Bad input: exit 2, one line naming the option.
     for args, words in ((["plan"], "name a model"), (["plan", "--model", "mlp", "--max-batch", "--batch", "8"], "--max-batch"), (["plan", "--model", "mlp", "--search", "x"], "--search"),
                         (["plan", "--model", "gpt2", "--model-out", planned], "--model-out"),

@@ -15,7 +15,7 @@
 #include "vramscope/models/hf_config.hpp"
 #include "vramscope/models/model_file.hpp"
 #include "vramscope/models/zoo.hpp"
-#include "vramscope/runtime/checkpoint.hpp"
+#include "vramscope/runtime/checkpoint_modules.hpp"
 
 namespace mem::tools {
 namespace {

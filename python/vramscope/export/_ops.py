@@ -53,7 +53,7 @@ DTYPES = {
 DTYPES_AUTOCAST = dict(DTYPES, float32="float", bfloat16="bf16")
 AUTOCAST = {"bf16": "bfloat16", "f16": "float16"}  # the file's "autocast" -> torch's dtype
 
-# How each operator's backward treats the gradient is the runtime's to know (runtime/src/op_rules.cpp).
+# How each operator's backward treats the gradient is the runtime's to know (runtime/src/graph/op_rules.cpp).
 
 MAX_OPS = 2_000_000  # a recording larger than this is not one training step of a real model
 
@@ -399,10 +399,8 @@ def _make_mode(recorder: _Recorder):
                 return recorder.assume(args[0])
             try:
                 out = func(*args, **kwargs)
-            except NotImplementedError as e:
-                raise _OpFailure(f"{func} has no meta kernel ({one_line(e, 120)})") from None
-            except RuntimeError as e:
-                raise _OpFailure(f"{func}: {one_line(e, 200)}") from None
+            except Exception as e:  # noqa: BLE001 (named with its place, while the user's frame is on the stack)
+                raise _OpFailure(_failure(func, e, recorder._where())) from None
             attrs = _scalar_args(func, args, kwargs) if func in _WITH_ARGS else None
             cache = recorder.autocast and func is _TO_COPY and id(args[0]) in recorder.params \
                 and args[0].requires_grad and out.dtype != args[0].dtype
@@ -465,6 +463,16 @@ class assumed_values:
 
     def __exit__(self, *exc):
         return self.mode.__exit__(*exc)
+
+
+def _failure(func, e: Exception, where: str) -> str:
+    """One line for an operator that cannot run without values: what it is, where, what to do."""
+    name = _short_op(str(func))
+    if isinstance(e, NotImplementedError) or "data-dependent" in str(e) or "meta" in str(e):
+        return (f"{name} ({where}): its output's size depends on the tensor's values, which a recording "
+                f"on meta tensors does not have (nonzero, masked_select, unique, boolean indexing); "
+                f"vramscope cannot know that size ahead of a run")
+    return f"{name} ({where}): {one_line(e, 200)}"
 
 
 class _OpFailure(Exception):
@@ -723,7 +731,7 @@ def _record(model, args: tuple, kwargs: dict, pick_output: Callable[[Any], Any],
             chosen = pick_output(out)
         recorder.resolve_pending()
     except _OpFailure as e:
-        raise ExportError([f"{e} ({recorder._where()})"], "cannot record the model's operators") from None
+        raise ExportError([str(e)] + sorted(set(recorder.problems)), "cannot record the model's operators") from None
     finally:
         pre.remove()
         post.remove()

@@ -33,10 +33,15 @@ def _users(filename: str) -> bool:
 
 def node_location(node) -> str:
     """file:line of the user's code that made an fx node, from its recorded stack."""
-    for m in re.finditer(r'File "([^"]+)", line (\d+)', node.stack_trace or ""):
-        if not m.group(1).startswith("<") and _users(m.group(1)):
-            return f"{m.group(1)}:{m.group(2)}"  # fx lists the innermost frame first: the line that did it
-    return ""
+    frames = re.findall(r'File "([^"]+)", line (\d+)', node.stack_trace or "")
+    # The line that did it is the user's frame next to fx's own (proxy.py, where the node was
+    # made): torch 2.15 lists frames outermost first as Python's tracebacks do, so it is the
+    # last user frame before fx's; an fx that lists the innermost first has it after them.
+    fx = next((i for i, (f, _) in enumerate(frames) if "/torch/fx/" in f), len(frames))
+    users = [i for i, (f, _) in enumerate(frames) if not f.startswith("<") and _users(f)]
+    before = [i for i in users if i < fx]
+    chosen = before[-1] if before else next((i for i in users if i > fx), None)
+    return "" if chosen is None else f"{frames[chosen][0]}:{frames[chosen][1]}"
 
 
 def _no_forward(m) -> bool:

@@ -2,7 +2,7 @@
 #pragma once
 
 #include "vramscope/runtime/autograd.hpp"
-#include "vramscope/runtime/checkpoint.hpp"
+#include "vramscope/runtime/checkpoint_modules.hpp"
 #include "vramscope/runtime/decoder.hpp"
 #include "vramscope/runtime/dtype.hpp"
 #include "vramscope/runtime/encoder.hpp"

@@ -216,11 +216,22 @@ class Sequential : public Module {
   Module& at(std::size_t i) const { return *children().at(i).second; }
   /// The children in order (what checkpoint_sequential takes).
   std::vector<Module*> modules() const;
+  /// The containers flattened into this list, in order ("layer1" for "layer1.0", "layer1.1").
+  std::vector<std::string> groups() const;
+  /// Runs a flattened container's children under one checkpoint() as checkpoint(layer1, x)
+  /// would (None: no more); false when `group` is not one of groups().
+  bool set_group_checkpoint(std::string_view group, CheckpointMark mark);
+  void clear_group_checkpoints() noexcept { group_marks_.clear(); }
 
  private:
   /// The container a flattened child name belongs to ("layer1" for "layer1.0"),
   /// or "" when it has none or the prefix names a child module itself.
   std::string_view group_of(std::string_view name) const;
+  /// Runs children [first, last) of group `group`, its scope open, under checkpoint().
+  Tensor run_group_checkpointed(std::size_t first, std::size_t last, std::string_view group, CheckpointMark mark,
+                                const Tensor& input);
+
+  std::vector<std::pair<std::string, CheckpointMark>> group_marks_;
 };
 
 /// A residual block as PyTorch code writes one: out = body(x); identity = shortcut(x)

@@ -51,6 +51,10 @@ class Shape {
   const std::int64_t* begin() const noexcept { return d_.data(); }
   const std::int64_t* end() const noexcept { return d_.data() + n_; }
   void push_back(std::int64_t v);
+  /// Appends to a stride vector (a Shape serves as one): strides multiply to no element count,
+  /// so only the number of dimensions is checked (a transposed key's strides may
+  /// multiply past 2^63 where its shape does not).
+  void push_stride(std::int64_t v);
   /// Product of the extents (1 for a scalar).
   std::int64_t numel() const noexcept;
   /// "[256, 3, 224, 224]".

@@ -32,7 +32,7 @@
 
 #include "vramscope/allocator/caching_allocator.hpp"
 #include "vramscope/instrumentation/peak_composition.hpp"
-#include "vramscope/runtime/checkpoint.hpp"
+#include "vramscope/runtime/checkpoint_modules.hpp"
 #include "vramscope/runtime/data_parallel.hpp"
 #include "vramscope/runtime/models.hpp"
 #include "vramscope/runtime/optim.hpp"

@@ -1,0 +1,240 @@
+// checkpoint.cpp — non-reentrant checkpointing (saved-tensor placeholders and one
+// rerun in backward, stopping early) and reentrant checkpointing (a node that reruns
+// the segment and backpropagates through it), of any function of tensors. Modules are
+// checkpointed over these in nn/checkpoint_modules.cpp.
+#include "vramscope/runtime/checkpoint.hpp"
+
+#include <algorithm>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/checkpoint_frame.hpp"
+#include "engine/detail.hpp"
+
+namespace mem::nn {
+namespace detail {
+
+/// Saves a checkpoint's inputs as ctx.save_for_backward does: plain saved tensors,
+/// whatever saved-tensor hook is active, version-checked at unpack.
+static std::vector<SavedTensor> save_inputs(const TensorList& inputs) {
+  SaveHookGuard normal(SaveMode::Normal, nullptr);
+  std::vector<SavedTensor> saved(inputs.size());
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    saved[i].save(inputs[i]);
+    saved[i].mark_checkpoint_input();
+  }
+  return saved;
+}
+
+/// ctx.saved_tensors: unpacks (and so checks) every saved input.
+static TensorList unpack_inputs(const std::vector<SavedTensor>& saved) {
+  TensorList inputs;
+  inputs.reserve(saved.size());
+  for (const SavedTensor& s : saved) inputs.push_back(s.unpack());
+  return inputs;
+}
+
+/// The segment's inputs as new leaves for the rerun: same storage, no history,
+/// requiring grad where the originals did (both checkpoint modes rerun on these).
+static TensorList detach_for_rerun(const TensorList& inputs) {
+  TensorList detached;
+  detached.reserve(inputs.size());
+  for (const Tensor& in : inputs) {
+    if (!in.defined()) {
+      detached.push_back(in);
+      continue;
+    }
+    Tensor d = in.detach();
+    if (in.requires_grad()) d.set_requires_grad(true);
+    detached.push_back(d);
+  }
+  return detached;
+}
+
+/// The generator state of the original forward for the rerun (preserve_rng_state),
+/// and the current one back afterwards, also when the rerun throws.
+class RngForRerun {
+ public:
+  RngForRerun(Runtime& runtime, bool preserve, RngState forward_state) noexcept
+      : runtime_(runtime), preserve_(preserve), current_(runtime.rng_state()) {
+    if (preserve_) runtime_.set_rng_state(forward_state);
+  }
+  ~RngForRerun() {
+    if (preserve_) runtime_.set_rng_state(current_);
+  }
+  RngForRerun(const RngForRerun&) = delete;
+  RngForRerun& operator=(const RngForRerun&) = delete;
+
+ private:
+  Runtime& runtime_;
+  bool preserve_;
+  RngState current_;
+};
+
+CheckpointFrame::CheckpointFrame(SegmentFunction fn, TensorList inputs, Runtime& runtime, bool preserve_rng)
+    : fn_(std::move(fn)),
+      inputs_(save_inputs(inputs)),
+      runtime_(&runtime),
+      rng_(runtime.rng_state()),
+      preserve_rng_(preserve_rng),
+      autocast_(runtime.autocast()) {}
+
+Tensor CheckpointFrame::unpack(std::uint32_t index) {
+  if (!recomputed_) recompute();
+  if (index >= rebuilt_.size() || !rebuilt_[index].defined()) {
+    throw Error("checkpoint: a saved tensor was unpacked twice or never recomputed "
+                "(the segment's rerun did not save the same tensors as its forward)");
+  }
+  Tensor t = std::move(rebuilt_[index]);
+  rebuilt_[index] = Tensor{};
+  return t;
+}
+
+void CheckpointFrame::store_recomputed(const Tensor& tensor) {
+  if (stored_ < rebuilt_.size()) rebuilt_[stored_] = tensor.detach();
+  ++stored_;
+  if (stored_ >= placeholders_) throw StopRecompute{};  // early stop: everything is rebuilt
+}
+
+void CheckpointFrame::recompute() {
+  // ctx.saved_tensors of _NoopSaveInputs: throws InplaceModifiedError when the segment
+  // (or anything after it) changed an input in place since the forward saved it.
+  const TensorList detached = detach_for_rerun(unpack_inputs(inputs_));
+  recomputed_ = true;
+  rebuilt_.assign(placeholders_, Tensor{});
+  Runtime& rt = *runtime_;
+  {
+    RngForRerun rng(rt, preserve_rng_, rng_);
+    AutocastRegion autocast(rt, autocast_);  // the rerun's own region
+    PhaseGuard phase(Phase::Recompute);
+    EnableGradGuard grad;
+    SaveHookGuard hook(SaveMode::Recompute, this);
+    try {
+      (void)fn_(detached);
+    } catch (const StopRecompute&) {
+      // Everything the backward needs is rebuilt; the rest of the rerun is skipped.
+    }
+  }
+  if (stored_ < placeholders_) {
+    throw Error("checkpoint: the rerun saved " + std::to_string(stored_) + " tensors, the forward " +
+                std::to_string(placeholders_) + "; the segment must be deterministic in what it saves");
+  }
+}
+
+}  // namespace detail
+
+namespace {
+
+Runtime* runtime_of(const TensorList& inputs) {
+  for (const Tensor& t : inputs) {
+    if (t.defined()) return &t.runtime();
+  }
+  return nullptr;
+}
+
+/// CheckpointFunctionBackward: keeps the inputs; in backward reruns the segment with
+/// grad and backpropagates through it (a nested backward), returning input grads.
+class CheckpointReentrantBackward final : public Node {
+ public:
+  CheckpointReentrantBackward(SegmentFunction fn, const TensorList& inputs, Runtime& rt, bool preserve,
+                              RngState rng, std::optional<DType> autocast)
+      : fn_(std::move(fn)), inputs_(detail::save_inputs(inputs)), runtime_(&rt), rng_(rng),
+        preserve_rng_(preserve), autocast_(autocast) {}
+
+  TensorList apply(TensorList& grads) override {
+    Runtime& rt = *runtime_;
+    // ctx.saved_tensors (version-checked), then detach_variable.
+    const TensorList detached = detail::detach_for_rerun(detail::unpack_inputs(inputs_));
+    TensorList outputs;
+    {
+      detail::RngForRerun rng(rt, preserve_rng_, rng_);
+      AutocastRegion autocast(rt, autocast_);
+      PhaseGuard phase(Phase::Recompute);
+      EnableGradGuard grad;
+      outputs = fn_(detached);
+    }
+    TensorList roots, root_grads;
+    for (std::size_t i = 0; i < outputs.size(); ++i) {
+      if (outputs[i].defined() && outputs[i].requires_grad() && i < grads.size() && grads[i].defined()) {
+        roots.push_back(outputs[i]);
+        root_grads.push_back(grads[i]);
+      }
+    }
+    outputs.clear();
+    if (!roots.empty()) backward(roots, root_grads);
+    roots.clear();
+    root_grads.clear();
+    TensorList result;
+    for (std::size_t i = 0; i < detached.size(); ++i) {
+      result.push_back(needs_input_grad(i) ? detached[i].grad() : Tensor{});
+    }
+    return result;
+  }
+  void release_variables() noexcept override { inputs_.clear(); }
+  std::string_view name() const noexcept override { return "CheckpointFunctionBackward"; }
+
+ private:
+  SegmentFunction fn_;
+  std::vector<SavedTensor> inputs_;
+  Runtime* runtime_;
+  RngState rng_;
+  bool preserve_rng_;
+  std::optional<DType> autocast_;
+};
+
+TensorList checkpoint_reentrant(const SegmentFunction& fn, const TensorList& inputs, const CheckpointOptions& options) {
+  Runtime* rt = runtime_of(inputs);
+  bool any = false;
+  for (const Tensor& in : inputs) any = any || (in.defined() && in.requires_grad());
+  const RngState rng = rt->rng_state();
+  const std::optional<DType> autocast = rt->autocast();
+  TensorList outputs;
+  {
+    NoGradGuard no_grad;
+    outputs = fn(inputs);
+  }
+  if (!grad_enabled()) return outputs;
+  if (!any) {
+    // PyTorch's pitfall: the outputs have no history, so the segment's parameters get
+    // no gradient. Reproduced on purpose; callers report it as missing gradients.
+    rt->warn("None of the inputs have requires_grad=True. Gradients will be None");
+    return outputs;
+  }
+  // CheckpointFunction saves its inputs with ctx.save_for_backward, but PyTorch builds the
+  // SavedVariables only once forward() returned (_save_variables): the versions recorded
+  // are those after the segment ran, so an in-place op of the segment on its own input
+  // passes this check. The rerun then fails instead: its detached inputs are leaves
+  // requiring grad, and the in-place op on one throws AutogradError, as in PyTorch.
+  auto node = std::make_shared<CheckpointReentrantBackward>(fn, inputs, *rt, options.preserve_rng_state, rng, autocast);
+  init_node(*node);
+  for (const Tensor& in : inputs) node->add_input(in);
+  node->set_num_outputs(static_cast<std::uint32_t>(outputs.size()));
+  for (std::size_t i = 0; i < outputs.size(); ++i) {
+    if (outputs[i].defined() && is_floating(outputs[i].dtype())) set_history(outputs[i], node, static_cast<std::uint32_t>(i));
+  }
+  return outputs;
+}
+
+}  // namespace
+
+std::string_view checkpoint_mode_name(CheckpointMode mode) noexcept {
+  return mode == CheckpointMode::Reentrant ? "reentrant" : "non-reentrant";
+}
+
+CheckpointMode parse_checkpoint_mode(std::string_view name) {
+  if (name == "non-reentrant" || name == "nonreentrant") return CheckpointMode::NonReentrant;
+  if (name == "reentrant") return CheckpointMode::Reentrant;
+  throw Error("unknown checkpoint mode '" + std::string(name) + "'; expected non-reentrant or reentrant");
+}
+
+TensorList checkpoint(const SegmentFunction& fn, const TensorList& inputs, const CheckpointOptions& options) {
+  Runtime* rt = runtime_of(inputs);
+  if (rt == nullptr) throw Error("checkpoint: at least one defined input tensor is required");
+  if (options.mode == CheckpointMode::Reentrant) return checkpoint_reentrant(fn, inputs, options);
+  auto frame = std::make_shared<detail::CheckpointFrame>(fn, inputs, *rt, options.preserve_rng_state);
+  detail::SaveHookGuard hook(detail::SaveMode::Pack, frame.get());
+  return fn(inputs);
+}
+
+}  // namespace mem::nn

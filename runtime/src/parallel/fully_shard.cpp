@@ -1,0 +1,576 @@
+// fully_shard.cpp — what FSDP2 allocates on each rank, in PyTorch 2.11's order, read in
+// torch/distributed/fsdp/_fully_shard/ (_fsdp_state.py, _fsdp_param_group.py,
+// _fsdp_param.py, _fsdp_collectives.py) and checked against rank 0's memory snapshots
+// recorded on an H100 (tests/data/h100-parallel-2026-11-26). The collectives move no
+// memory through the caching allocator (NCCL's buffers are its own).
+#include "parallel/fully_shard.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <unordered_set>
+
+#include "engine/detail.hpp"
+#include "engine/hook_node.hpp"
+#include "parallel/nccl_memory.hpp"
+#include "vramscope/allocator/errors.hpp"
+
+namespace mem::nn::detail {
+namespace {
+
+/// The copy kernels' launch metadata (aten/src/ATen/native/cuda/TensorShape.cu): blocks of
+/// 128 threads moving 16 B each.
+constexpr std::int64_t kBytesPerBlock = 128 * 16;
+
+std::int64_t div_up(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+
+bool has_parameters(const Module& m) { return m.parameter_count() > 0 || m.parameter_tensors() > 0; }
+
+/// A block: children and parameters, and a sibling of its type that has them too. Inline code
+/// of a parent's forward (ViT's residuals inside an EncoderBlock) is no module to wrap.
+bool is_block(const Module& parent, const Module& m) {
+  if (m.is_inline() || m.children().empty() || !has_parameters(m)) return false;
+  std::size_t alike = 0;
+  for (const auto& [name, sibling] : parent.children()) {
+    if (!sibling->is_inline() && sibling->type_name() == m.type_name() && !sibling->children().empty() &&
+        has_parameters(*sibling)) {
+      ++alike;
+    }
+  }
+  return alike >= 2;
+}
+
+bool contains_block(const Module& m) {
+  for (const auto& [name, child] : m.children()) {
+    if (is_block(m, *child) || contains_block(*child)) return true;
+  }
+  return false;
+}
+
+void collect_blocks(Module& m, std::vector<Module*>& out) {
+  for (const auto& [name, child] : m.children()) {
+    if (is_block(m, *child) && !(child->type_name() == "Sequential" && contains_block(*child))) {
+      out.push_back(child.get());
+    } else {
+      collect_blocks(*child, out);
+    }
+  }
+}
+
+/// Slot indices of a module's own parameters (not buffers), in registration order.
+std::vector<std::size_t> parameter_slots(const Module& m) {
+  std::vector<std::size_t> out;
+  for (std::size_t i = 0; i < m.slots().size(); ++i) {
+    if (!m.slots()[i].is_buffer && m.slots()[i].tensor.defined()) out.push_back(i);
+  }
+  return out;
+}
+
+/// The module's parameters that no block below it owns: (module, slot) in named_parameters
+/// order (a module's own, then its children's, depth first).
+void own_parameters(Module& m, const std::unordered_map<const Module*, std::size_t>& blocks, bool top,
+                    std::vector<std::pair<Module*, std::size_t>>& out) {
+  if (!top && blocks.count(&m) != 0) return;
+  for (std::size_t slot : parameter_slots(m)) out.emplace_back(&m, slot);
+  for (const auto& [name, child] : m.children()) own_parameters(*child, blocks, false, out);
+}
+
+/// A leaf over `storage` with the shape given, contiguous, carrying `like`'s autograd
+/// identity (name, requires_grad, the contexts of its gradient).
+Tensor leaf_over(const std::shared_ptr<Storage>& storage, const Shape& shape, DType dtype, const Tensor& like) {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = storage;
+  impl->shape = shape;
+  impl->strides = contiguous_strides(shape);
+  impl->dtype = dtype;
+  impl->requires_grad = like.requires_grad();
+  impl->name = like.impl()->name;
+  impl->grad_context = like.impl()->grad_context;
+  impl->grad_label = like.impl()->grad_label;
+  return Tensor(std::move(impl));
+}
+
+}  // namespace
+
+}  // namespace mem::nn::detail
+
+namespace mem::nn {
+
+bool fsdp_ranks_alike(const Module& root, std::size_t world_size) {
+  for (const ParamSlot& slot : root.slots()) {
+    if (slot.is_buffer) continue;
+    const std::int64_t rows = slot.shape.size() == 0 ? 1 : slot.shape[0];
+    if (rows % static_cast<std::int64_t>(world_size) != 0) return false;
+  }
+  for (const auto& [name, child] : root.children()) {
+    if (!fsdp_ranks_alike(*child, world_size)) return false;
+  }
+  return true;
+}
+
+std::vector<Module*> repeated_blocks(Module& root) {
+  std::vector<Module*> out;
+  detail::collect_blocks(root, out);
+  return out;
+}
+
+}  // namespace mem::nn
+
+namespace mem::nn::detail {
+
+FullyShard::FullyShard(const ParallelConfig& config, Module& root, Runtime& runtime)
+    : config_(config), runtime_(runtime), context_(intern_context("FullyShardedDataParallel", Phase::Forward)) {
+  if (runtime.computing()) {
+    throw Error("fsdp runs as a dry run only: its all-gathers on one simulated rank bring no data from the others");
+  }
+  // FSDPCommContext.lazy_init's streams (never destroyed, as PyTorch keeps them). The
+  // all-gather stream allocates nothing (the output is made on the copy-in stream), nor does
+  // HSDP's all-reduce stream here.
+  Device& device = runtime.allocator().device();
+  copy_in_stream_ = device.create_stream();
+  reduce_scatter_stream_ = device.create_stream();
+  const std::size_t world = config.world_size;
+  std::vector<Module*> modules = repeated_blocks(root);
+  modules.push_back(&root);
+  for (std::size_t i = 0; i < modules.size(); ++i) group_index_[modules[i]] = i;
+  std::unordered_map<const Module*, std::size_t> blocks(group_index_);
+  blocks.erase(&root);
+
+  // fully_shard(block) for each block, then fully_shard(model): each FSDPParam's
+  // _init_sharded_param allocates its padded shard (new_zeros of chunk rows, _fsdp_param.py),
+  // and the group's original parameters are freed once the call returns.
+  groups_.reserve(modules.size());
+  for (Module* module : modules) {
+    Group group;
+    group.module = module;
+    group.path = module->path();
+    const bool is_root = module == &root;
+    // reshard_after_forward=None: True, except for the root (_fully_shard.py).
+    group.reshard_after_forward = config.reshard_after_forward.value_or(!is_root);
+    // An int applies to every group it is given to, the root included (fully_shard(model, ...)).
+    group.post_forward_ranks = config.reshard_after_forward_to;
+    std::vector<std::pair<Module*, std::size_t>> owned;
+    own_parameters(*module, blocks, true, owned);
+    std::vector<Tensor> originals;
+    for (auto& [owner, slot] : owned) {
+      const Tensor original = owner->slots()[slot].tensor;
+      Param p;
+      p.module = owner;
+      p.slot = slot;
+      const Shape& shape = original.shape();
+      const std::int64_t rows = shape.size() == 0 ? 1 : shape[0];
+      p.row_numel = rows == 0 ? 0 : original.numel() / rows;
+      p.chunk_rows = div_up(rows, static_cast<std::int64_t>(world));  // _chunk_with_empty
+      const std::int64_t local_rows =
+          std::clamp<std::int64_t>(rows - static_cast<std::int64_t>(config.rank) * p.chunk_rows, 0, p.chunk_rows);
+      // MixedPrecisionPolicy applies to floating parameters (a packed 4-bit weight keeps its bytes).
+      p.unsharded_dtype = config.param_dtype && is_floating(original.dtype()) ? *config.param_dtype : original.dtype();
+      // One context per group: its unsharded parameters are weights, as the shards are.
+      p.weight_context = intern_context(label(group) + " unsharded parameters", Phase::None);
+      {
+        ModuleScope scope(owner->context(Phase::None));  // the shard: its module's weights
+        Shape padded = shape.size() == 0 ? Shape{1} : shape;
+        padded[0] = p.chunk_rows;
+        Tensor shard = empty(runtime, padded, original.dtype());
+        Shape local = padded;
+        local[0] = local_rows;
+        p.sharded = leaf_over(shard.storage(), local, original.dtype(), original);
+        // The unsharded parameter: a view of its all-gather output (chunk rows x N), no block yet.
+        Shape unsharded = padded;
+        unsharded[0] = p.chunk_rows * static_cast<std::int64_t>(world);
+        std::shared_ptr<Storage> storage;
+        {
+          MetaDevice meta;
+          storage = empty(runtime, unsharded, p.unsharded_dtype).storage();
+        }
+        p.unsharded = leaf_over(storage, shape, p.unsharded_dtype, original);
+      }
+      originals.push_back(original);
+      group.params.push_back(std::move(p));
+    }
+    std::size_t shard_bytes = 0;
+    for (const Param& p : group.params) shard_bytes += p.sharded.storage()->nbytes();
+    if (!group.params.empty()) log_.push_back({label(group) + " shards", shard_bytes, "default", stage(), ""});
+    for (Param& p : group.params) p.module->replace_parameter(p.slot, p.unsharded);
+    originals.clear();  // the full parameters go back to the cache, in order
+    if (!is_root) module->set_forward_hooks(this);
+    groups_.push_back(std::move(group));
+  }
+  order_parameters(root);
+  if (config.meta_init) {
+    // model.to_empty(device="cuda") after fully_shard: the buffers get their blocks now.
+    for (Tensor& b : root.buffers()) b.storage()->allocate();
+  }
+}
+
+FullyShard::~FullyShard() {
+  for (Group& g : groups_) {
+    if (g.module != nullptr) g.module->set_forward_hooks(nullptr);
+  }
+}
+
+void FullyShard::order_parameters(Module& root) {
+  // named_parameters order: the module tree's, which the groups split; a tied one once.
+  std::unordered_map<const TensorImpl*, Tensor> sharded_of;
+  for (const Group& g : groups_) {
+    for (const Param& p : g.params) sharded_of.emplace(p.unsharded.impl(), p.sharded);
+  }
+  std::unordered_set<const TensorImpl*> seen;
+  for (const Tensor& t : root.parameters()) {
+    const auto it = sharded_of.find(t.impl());
+    if (it != sharded_of.end() && it->second.requires_grad() && seen.insert(it->second.impl()).second) {
+      parameters_.push_back(it->second);
+    }
+  }
+}
+
+std::string FullyShard::label(const Group& g) { return g.path.empty() ? "root" : g.path; }
+
+std::string FullyShard::stage() const {
+  if (steps_ == 0) return "construction";
+  return "step " + std::to_string(steps_) + (in_backward_ ? " backward" : " forward");
+}
+
+Tensor FullyShard::make(const std::string& what, std::size_t bytes, const std::string& stream, std::size_t& entry) {
+  ModuleScope scope(context_);
+  Tensor t = empty(runtime_, Shape{static_cast<std::int64_t>(bytes)}, DType::U8);
+  entry = log_.size();
+  log_.push_back({what, bytes, stream, stage(), ""});
+  return t;
+}
+
+void FullyShard::release(Tensor& tensor, std::size_t entry) {
+  tensor = Tensor{};
+  if (entry < log_.size()) log_[entry].freed = stage();
+}
+
+void FullyShard::kernel_metadata(std::int64_t int64s) {
+  // pack_vecs: the vectors in one pinned host tensor copied to the device, freed on return.
+  ModuleScope scope(context_);
+  Tensor t = empty(runtime_, Shape{int64s}, DType::I64);
+}
+
+FullyShard::Group& FullyShard::group_of(Module& module) { return groups_.at(group_index_.at(&module)); }
+
+// --- unshard / reshard -----------------------------------------------------------------
+
+void FullyShard::unshard(Group& g) {
+  // FSDPParamGroup.unshard: a no-op while an all-gather waits or when unsharded.
+  if (g.all_gather_output.defined() || g.unsharded || g.params.empty()) return;
+  if (config_.world_size == 1) {
+    wait_for_unshard(g);  // no collective: the copy-out copies the shard
+    return;
+  }
+  first_collective(runtime_, config_);  // the first all-gather connects NCCL
+  // get_all_gather_streams: FSDP's copy-in stream in forward and pre-backward.
+  const bool implicit = g.state == State::Forward || g.state == State::PreBackward;
+  const StreamId stream = implicit ? copy_in_stream_ : runtime_.stream();
+  const std::string stream_name = implicit ? "all-gather copy-in" : "default";
+  StreamGuard on(runtime_, stream);
+  std::size_t input_bytes = 0, cast = 0;
+  std::size_t ranks = config_.world_size;
+  if (g.sharded_post_forward) {
+    // The backward all-gather of reshard_after_forward=k: the k-rank group, from the 1/k
+    // slices kept after forward (already in param_dtype: nothing to cast).
+    ranks = g.post_forward_ranks;
+    for (const Param& p : g.params) input_bytes += p.post_forward.nbytes();
+  } else {
+    for (const Param& p : g.params) {
+      input_bytes += static_cast<std::size_t>(p.chunk_rows * p.row_numel) * dtype_size(p.unsharded_dtype);
+      cast += p.unsharded_dtype != p.sharded.dtype() ? 1 : 0;
+    }
+  }
+  // foreach_all_gather (_fsdp_collectives.py): with a param_dtype the shards are cast into
+  // one flat copy-in buffer (_get_param_all_gather_inputs), freed once the output exists;
+  // else each rank's input is its slice of the output.
+  Tensor copy_in;
+  std::size_t copy_in_log = SIZE_MAX;
+  if (cast != 0) copy_in = make(label(g) + " all-gather input (param_dtype)", input_bytes, stream_name, copy_in_log);
+  g.all_gather_output = make(label(g) + " all-gather output", input_bytes * ranks, stream_name, g.all_gather_log);
+  if (copy_in.defined()) release(copy_in, copy_in_log);
+}
+
+void FullyShard::wait_for_unshard(Group& g) {
+  if (g.unsharded || g.params.empty()) return;
+  if (!g.all_gather_output.defined() && config_.world_size > 1) return;  // no preceding unshard
+  const bool forward = g.state == State::Forward;
+  // PyTorch 2.15 releases the previous group's all-gather output before this copy-out
+  // (release_all_gather_state_for_comm_reuse); 2.11 holds it in a local until the copy-out
+  // is done (`if prev_all_gather_state := ...`), as its snapshots show.
+  const bool release_first = runtime_.stack().torch >= Version{2, 15};
+  if (forward && release_first) release_all_gather_state();
+  // foreach_all_gather_copy_out: each parameter's all_gather_outputs gets its block on the
+  // current stream (init_all_gather_outputs the first time, alloc_storage after), then
+  // split_with_sizes_copy fills them; the unsharded parameters are views of them.
+  std::size_t bytes = 0;
+  for (const Param& p : g.params) {
+    ModuleScope scope(p.weight_context);
+    p.unsharded.storage()->allocate();
+    bytes += p.unsharded.storage()->nbytes();
+  }
+  g.unsharded_log = log_.size();
+  log_.push_back({label(g) + " unsharded parameters", bytes, "default", stage(), ""});
+  if (config_.world_size > 1) {
+    const bool one_dtype = std::all_of(g.params.begin(), g.params.end(), [&](const Param& p) {
+      return p.unsharded_dtype == g.params.front().unsharded_dtype;
+    });
+    if (one_dtype) {
+      // split_with_sizes_copy_out_cuda_contiguous_no_cast: dst and src addresses and chunk
+      // sizes per split, block_idx_to_split_idx (a block per 2 KiB of a split's chunk,
+      // times iters_per_chunk) and blocks_cumsums, as int64s. The grid is capped at
+      // 2 x SMs x threads per SM / 128 blocks (unknown SMs: no cap).
+      const auto& info = runtime_.allocator().device().info();
+      const std::int64_t splits = static_cast<std::int64_t>(g.params.size());
+      const auto chunks = static_cast<std::int64_t>(g.sharded_post_forward ? g.post_forward_ranks : config_.world_size);
+      // Each split is a parameter's share of one rank's input: its padded shard, or its 1/k slice.
+      const auto split_bytes = [&](const Param& p) {
+        return g.sharded_post_forward ? static_cast<std::int64_t>(p.post_forward.nbytes())
+                                      : p.chunk_rows * p.row_numel * static_cast<std::int64_t>(dtype_size(p.unsharded_dtype));
+      };
+      std::int64_t first = 0;
+      for (const Param& p : g.params) first += div_up(split_bytes(p), kBytesPerBlock);
+      std::int64_t iters_per_chunk = 1;
+      if (info.multiprocessors > 0 && info.max_threads_per_multiprocessor > 0) {
+        const std::int64_t max_blocks =
+            static_cast<std::int64_t>(info.multiprocessors) * info.max_threads_per_multiprocessor / 128 * 2;
+        const std::int64_t iter_factor = div_up(first * chunks, max_blocks);
+        const std::int64_t chunks_per_block =
+            std::min(static_cast<std::int64_t>(std::ceil(std::sqrt(static_cast<double>(iter_factor)))), chunks);
+        iters_per_chunk = div_up(iter_factor, chunks_per_block);
+      }
+      std::int64_t blocks = 0;
+      for (const Param& p : g.params) blocks += div_up(split_bytes(p), kBytesPerBlock * iters_per_chunk);
+      kernel_metadata(4 * splits + 1 + blocks);
+    }
+  }
+  g.unsharded = true;
+  if (g.sharded_post_forward) {
+    // to_unsharded: the post-forward slices go once the copy-out is done.
+    for (Param& p : g.params) p.post_forward = Tensor{};
+    g.sharded_post_forward = false;
+  }
+  if (forward && !release_first) release_all_gather_state();
+  if (forward && config_.world_size > 1) {
+    // Kept for the overlap of this copy-out with the next all-gather: freed at the next
+    // group's copy-out, or at the root's post-forward.
+    all_gather_state_ = std::move(g.all_gather_output);
+    all_gather_state_log_ = g.all_gather_log;
+  } else if (g.all_gather_output.defined()) {
+    release(g.all_gather_output, g.all_gather_log);  // backward: freed right after its copy-out
+  }
+  g.all_gather_output = Tensor{};
+}
+
+void FullyShard::release_all_gather_state() {
+  if (all_gather_state_.defined()) release(all_gather_state_, all_gather_state_log_);
+}
+
+void FullyShard::reshard_post_forward(Group& g) {
+  // to_sharded_post_forward (_fsdp_param.py): per parameter, a clone of its rank's 1/k of the
+  // all-gather output on the current stream, then its unsharded storage freed.
+  for (Param& p : g.params) {
+    ModuleScope scope(p.weight_context);
+    const auto bytes = static_cast<std::int64_t>(p.unsharded.storage()->nbytes() / g.post_forward_ranks);
+    p.post_forward = empty(runtime_, Shape{bytes}, DType::U8);
+    p.unsharded.storage()->free();
+  }
+  if (g.unsharded_log < log_.size()) log_[g.unsharded_log].freed = stage();
+  g.unsharded = false;
+  g.sharded_post_forward = true;
+}
+
+void FullyShard::reshard(Group& g) {
+  if (g.sharded_post_forward) {  // _to_sharded from the post-forward state: the slices go
+    for (Param& p : g.params) p.post_forward = Tensor{};
+    g.sharded_post_forward = false;
+  }
+  if (!g.unsharded) return;
+  // to_sharded -> free_unsharded_param: storage.resize_(0), parameter by parameter.
+  for (Param& p : g.params) p.unsharded.storage()->free();
+  if (g.unsharded_log < log_.size()) log_[g.unsharded_log].freed = stage();
+  g.unsharded = false;
+}
+
+// --- forward ------------------------------------------------------------------------------
+
+Tensor FullyShard::group_pre_forward(Group& g, const Tensor& input) {
+  Tensor in = input;
+  // _cast_forward_inputs: MixedPrecisionPolicy(cast_forward_inputs=True) casts floating inputs.
+  if (config_.param_dtype && is_floating(in.dtype()) && in.dtype() != *config_.param_dtype) {
+    in = to_dtype(in, *config_.param_dtype);
+  }
+  g.state = State::Forward;
+  unshard(g);
+  wait_for_unshard(g);
+  // _register_post_backward_hook: on the inputs that require grad.
+  if (grad_enabled() && in.requires_grad()) {
+    in = with_backward_hook(in, [this, &g] { post_backward(g); }, "RegisterPostBackwardFunctionBackward");
+  }
+  return in;
+}
+
+std::vector<Tensor> FullyShard::group_post_forward(Group& g, std::vector<Tensor> outputs) {
+  // FSDPParamGroup.post_forward: reshard (unless reshard_after_forward=False; to the k-rank
+  // group with an int), then the post-forward order backward prefetching follows.
+  if (g.reshard_after_forward && g.post_forward_ranks > 1 && g.unsharded) {
+    reshard_post_forward(g);
+  } else if (g.reshard_after_forward) {
+    reshard(g);
+  }
+  g.post_forward_indices.push_back(post_forward_order_.size());
+  post_forward_order_.push_back(static_cast<std::size_t>(&g - groups_.data()));
+  g.state = State::Idle;
+  // _register_pre_backward_hook: a hook on each output that requires grad.
+  for (Tensor& out : outputs) {
+    if (grad_enabled() && out.defined() && out.requires_grad()) {
+      out = with_backward_hook(out, [this, &g] { pre_backward(g); }, "RegisterPreBackwardFunctionBackward");
+    }
+  }
+  return outputs;
+}
+
+Tensor FullyShard::root_pre_forward(const Tensor& input) {
+  ++steps_;
+  in_backward_ = false;
+  return group_pre_forward(groups_.back(), input);
+}
+
+std::vector<Tensor> FullyShard::root_post_forward(std::vector<Tensor> outputs) {
+  outputs = group_post_forward(groups_.back(), std::move(outputs));
+  // The root's _post_forward frees the last all-gather output kept for overlap.
+  release_all_gather_state();
+  return outputs;
+}
+
+Tensor FullyShard::pre_forward(Module& module, const Tensor& input) { return group_pre_forward(group_of(module), input); }
+
+Tensor FullyShard::post_forward(Module& module, const Tensor& output) {
+  return group_post_forward(group_of(module), {output}).front();
+}
+
+// --- backward -----------------------------------------------------------------------------
+
+void FullyShard::pre_backward(Group& g) {
+  in_backward_ = true;
+  if (!callback_queued_) {
+    // _register_root_post_backward_final_callback, once per backward.
+    callback_queued_ = true;
+    runtime_.queue_backward_callback([this] { root_post_backward_final_callback(); });
+  }
+  if (g.state == State::PreBackward) return;
+  g.state = State::PreBackward;
+  unshard(g);  // a no-op if prefetched
+  wait_for_unshard(g);
+  // _backward_prefetch: the group whose post-forward ran just before this one's.
+  if (g.post_forward_indices.empty()) return;
+  const std::size_t index = g.post_forward_indices.back();
+  g.post_forward_indices.pop_back();
+  if (index == 0) return;
+  Group& target = groups_[post_forward_order_[index - 1]];
+  const State saved = target.state;
+  target.state = State::PreBackward;  // use_training_state(PRE_BACKWARD)
+  unshard(target);
+  target.state = saved;
+}
+
+void FullyShard::post_backward(Group& g) {
+  g.state = State::PostBackward;
+  // The unsharded gradients, in parameter order, taken from the parameters.
+  std::vector<std::pair<Param*, Tensor>> grads;
+  for (Param& p : g.params) {
+    Tensor grad = p.unsharded.grad();
+    if (!grad.defined()) continue;
+    p.unsharded.reset_grad();
+    grads.emplace_back(&p, std::move(grad));
+  }
+  reshard(g);
+  // The previous group's reduce-scatter input goes once this one's post-backward waits on it.
+  if (reduce_scatter_state_.defined()) release(reduce_scatter_state_, reduce_scatter_state_log_);
+  if (grads.empty()) return;
+  foreach_reduce(g, grads);
+}
+
+void FullyShard::foreach_reduce(Group& g, std::vector<std::pair<Param*, Tensor>>& grads) {
+  const auto world = static_cast<std::int64_t>(config_.world_size);
+  // The reduce dtype: MixedPrecisionPolicy's reduce_dtype, else the gradients' own.
+  const DType grad_dtype = grads.front().second.dtype();
+  const DType reduce_dtype = config_.reduce_dtype.value_or(grad_dtype);
+  const auto elem = static_cast<std::int64_t>(dtype_size(reduce_dtype));
+  std::int64_t input_numel = 0;
+  for (auto& [p, grad] : grads) input_numel += p->padded_unsharded_numel(config_.world_size);
+  const std::int64_t output_numel = input_numel / world;
+  // reduce_scatter_input on the current stream; chunk_cat copies (and casts) the gradients in.
+  std::size_t input_log = SIZE_MAX;
+  Tensor input = make(label(g) + " reduce-scatter input", static_cast<std::size_t>(input_numel * elem), "default",
+                      input_log);
+  {
+    // _chunk_cat_out_cuda_contiguous's metadata: per tensor its source, start byte, start
+    // block, size, padded chunk size and blocks (6T + 2), and a block index per 2 KiB of
+    // each padded chunk, in the reduce dtype.
+    const auto tensors = static_cast<std::int64_t>(grads.size());
+    std::int64_t blocks = 0;
+    for (auto& [p, grad] : grads) blocks += div_up(p->chunk_rows * p->row_numel * elem, kBytesPerBlock);
+    kernel_metadata(6 * tensors + 2 + blocks);
+  }
+  // unsharded_grads.clear(): CPython drops a list's items last to first; the last gradient
+  // is still held by a local until foreach_reduce returns.
+  Tensor held = grads.back().second;
+  for (std::size_t i = grads.size(); i-- > 0;) grads[i].second = Tensor{};
+  Tensor output;
+  std::size_t output_log = SIZE_MAX;
+  {
+    StreamGuard on(runtime_, reduce_scatter_stream_);
+    ModuleScope scope(intern_context((g.path.empty() ? std::string("root") : g.path) + ".sharded_grads.grad",
+                                     Phase::Backward));
+    output = empty(runtime_, Shape{output_numel}, reduce_dtype);
+    output_log = log_.size();
+    log_.push_back({label(g) + " reduce-scatter output (sharded gradients)", output.nbytes(), "reduce-scatter",
+                    stage(), ""});
+    const DType orig = grads.front().first->sharded.dtype();
+    if (orig != reduce_dtype) {
+      // _to_dtype_if_needed: the sharded gradients in the parameters' dtype, on the same stream.
+      Tensor cast = empty(runtime_, Shape{output_numel}, orig);
+      log_[output_log].freed = stage();
+      output_log = log_.size();
+      log_.push_back({label(g) + " sharded gradients (cast to the parameters' dtype)", cast.nbytes(),
+                      "reduce-scatter", stage(), ""});
+      output = std::move(cast);
+    }
+  }
+  // _cast_and_view_sharded_grads: each sharded gradient is a view of the output.
+  std::int64_t offset = 0;
+  for (auto& [p, grad] : grads) {
+    Tensor view = leaf_over(output.storage(), p->sharded.shape(), output.dtype(), p->sharded);
+    view.impl()->requires_grad = false;
+    view.impl()->offset = offset;
+    offset += p->chunk_rows * p->row_numel;
+    Tensor existing = p->sharded.grad();
+    if (existing.defined()) {
+      add_(existing, view);  // gradient accumulation adds into the existing gradient
+    } else {
+      p->sharded.set_grad(view);
+    }
+  }
+  output = Tensor{};
+  held = Tensor{};
+  reduce_scatter_state_ = std::move(input);
+  reduce_scatter_state_log_ = input_log;
+}
+
+void FullyShard::root_post_backward_final_callback() {
+  // _root_post_backward_final_callback: the groups whose post-backward did not run (their
+  // inputs needed no gradient: the root's, usually), in module order, the root first.
+  callback_queued_ = false;
+  const std::size_t root = groups_.size() - 1;
+  for (std::size_t k = 0; k < groups_.size(); ++k) {
+    Group& g = groups_[k == 0 ? root : k - 1];
+    if (g.state != State::PostBackward) post_backward(g);
+    g.state = State::Idle;
+  }
+  // wait_for_gradient_reduction: the last reduce-scatter input, and any all-gather output kept.
+  if (reduce_scatter_state_.defined()) release(reduce_scatter_state_, reduce_scatter_state_log_);
+  release_all_gather_state();
+  post_forward_order_.clear();
+  for (Group& g : groups_) g.post_forward_indices.clear();
+}
+
+}  // namespace mem::nn::detail

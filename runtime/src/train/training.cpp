@@ -1,0 +1,403 @@
+// training.cpp — the training step (zero_grad, upload, forward + loss, backward,
+// optimizer) with per-phase allocator statistics, and train() for sweeps.
+#include "vramscope/runtime/training.hpp"
+
+#include <chrono>
+#include <cmath>
+#include <limits>
+
+#include "parallel/data_parallel.hpp"
+#include "parallel/fully_shard.hpp"
+#include "parallel/zero_redundancy.hpp"
+#include "parallel/zero_stage3.hpp"
+#include "engine/detail.hpp"
+#include "vramscope/allocator/config.hpp"
+#include "vramscope/allocator/sim_device.hpp"
+#include "vramscope/instrumentation/peaks.hpp"
+
+namespace mem::nn {
+namespace {
+
+constexpr std::size_t kAll = static_cast<std::size_t>(StatType::All);
+
+}  // namespace
+
+namespace detail {
+/// Per-phase peaks from the allocator's event totals (an observer), instead of
+/// resetting the allocator's peak statistics at every phase boundary.
+class PhasePeaks final : public AllocatorObserver {
+ public:
+  void on_event(const TraceEvent& e) noexcept override { (void)totals.update(e); }
+  PeakTotals totals;
+};
+}  // namespace detail
+
+namespace {
+
+PhaseStats begin_phase(CachingAllocator& alloc, detail::PhasePeaks& peaks) {
+  const DeviceStats s = alloc.stats();
+  peaks.totals.start(s);
+  PhaseStats p;
+  p.allocated_begin = s.allocated_bytes[kAll].current;
+  p.allocations = s.allocation[kAll].allocated;
+  return p;
+}
+
+void end_phase(CachingAllocator& alloc, const detail::PhasePeaks& peaks, PhaseStats& p) {
+  const DeviceStats s = alloc.stats();
+  p.allocated_end = s.allocated_bytes[kAll].current;
+  p.peak_allocated = peaks.totals.allocated;
+  p.reserved_end = s.reserved_bytes[kAll].current;
+  p.peak_reserved = peaks.totals.reserved;
+  p.device_used_end = s.device_used_bytes.current;
+  p.peak_device_used = peaks.totals.device_used;
+  p.allocations = s.allocation[kAll].allocated - p.allocations;
+}
+
+std::optional<DType> autocast_dtype(Precision p) noexcept {
+  if (p == Precision::Amp) return DType::F16;
+  if (p == Precision::AmpBF16) return DType::BF16;
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::string_view precision_name(Precision precision) noexcept {
+  switch (precision) {
+    case Precision::F32: return "f32";
+    case Precision::F16: return "f16";
+    case Precision::BF16: return "bf16";
+    case Precision::Amp: return "amp";
+    case Precision::AmpBF16: return "amp-bf16";
+  }
+  return "unknown";
+}
+
+Precision parse_precision(std::string_view name) {
+  if (name == "f32" || name == "fp32" || name == "float32") return Precision::F32;
+  if (name == "f16" || name == "fp16" || name == "half") return Precision::F16;
+  if (name == "bf16" || name == "bfloat16") return Precision::BF16;
+  if (name == "amp" || name == "amp-f16") return Precision::Amp;
+  if (name == "amp-bf16") return Precision::AmpBF16;
+  throw Error("unknown precision '" + std::string(name) + "'; expected f32, f16, bf16, amp or amp-bf16");
+}
+
+DType parameter_dtype(Precision precision) noexcept {
+  switch (precision) {
+    case Precision::F16: return DType::F16;
+    case Precision::BF16: return DType::BF16;
+    default: return DType::F32;
+  }
+}
+
+std::string device_spec_for(const TrainConfig& config) {
+  std::string spec = config.device;
+  if (config.mode != ExecMode::Compute || spec.rfind("sim", 0) != 0 || spec.find("backing=") != std::string::npos) {
+    return spec;
+  }
+  if (spec == "sim" || spec == "sim:") return "sim:" + default_sim_preset() + ",backing=host";
+  return spec + ",backing=host";
+}
+
+Trainer::Trainer(const TrainConfig& config, CachingAllocator& allocator)
+    : config_(config), allocator_(&allocator) {
+  runtime_ = std::make_unique<Runtime>(allocator, config.mode, config.seed);
+  runtime_->set_stack(config.stack);
+  if (!config.model) throw Error("TrainConfig.model is not set: give one, e.g. mem::models::find(\"mlp\")");
+  model_ = config.model->build(config.model_options);
+  if (config.accumulation > 1 && config.parallel.enabled()) {
+    throw Error("gradient accumulation is modelled on one GPU only (DDP's no_sync, FSDP's and ZeRO's "
+                "accumulation keep other buffers); give accumulation 1 with --parallel");
+  }
+  if (config.checkpoint_modules) {
+    if (config.segments > 1) {
+      throw Error("checkpoint modules and checkpoint_sequential's segments both given: the segments would "
+                  "checkpoint the named modules again; give one of them");
+    }
+    mark_checkpointed(model_->body(), *config.checkpoint_modules, config.checkpoint_mode);
+  }
+  if (config.segments > 1 && !config.checkpoint_modules && model_->info().checkpointed_modules > 0) {
+    throw Error(model_->info().name + " checkpoints " + std::to_string(model_->info().checkpointed_modules) +
+                " of its modules itself (checkpoint marks); checkpoint_sequential's segments do not apply to it: "
+                "give 0 segments, or remove the marks");
+  }
+  plan_ = plan_segments(model_->info().sequence_length, config.segments);
+  // Blocks carry their module and phase (what the peak's composition is read from); the
+  // observer follows them from the first parameter on.
+  attach(allocator);
+  composition_ = std::make_unique<PeakComposition>();
+  allocator.add_observer(composition_.get());
+  try {
+    if (config.parallel.enabled() && config.parallel.stray_contexts && config.parallel.rank == 0) {
+      // Every other rank of the node made its CUDA context on GPU 0 before (or without)
+      // torch.cuda.set_device: each holds about a context there (pytorch/pytorch#49481, #135279).
+      const std::size_t others = std::min<std::size_t>(config.parallel.world_size, 8) - 1;
+      if (others > 0) {
+        allocator.load_module("the other ranks' CUDA contexts", others * allocator.device().info().context_bytes);
+      }
+    }
+    const bool fsdp = config.parallel.engine == ParallelEngine::Fsdp;
+    const bool zero3 = config.parallel.engine == ParallelEngine::Zero3;
+    // Before the model is built (on the meta device for fsdp): FullyShard and ZeroRedundancy
+    // refuse compute mode too, with the same words.
+    if (config.mode == ExecMode::Compute && config.parallel.enabled() && config.parallel.engine != ParallelEngine::Ddp) {
+      throw Error(std::string(fsdp    ? "fsdp runs as a dry run only: its all-gathers"
+                              : zero3 ? "zero3 runs as a dry run only: its all-gathers"
+                                      : "zero runs as a dry run only: its collectives") +
+                  " on one simulated rank bring no data from the others");
+    }
+    if (zero3 && plan_.checkpointed.size() > 0) {
+      throw Error("zero3 does not combine with checkpoint_sequential's segments (its hooks gather each module's "
+                  "parameters as it runs); checkpoint modules instead (checkpoint marks, --gradient-checkpointing)");
+    }
+    if (fsdp && plan_.checkpointed.size() > 0) {
+      throw Error("fsdp does not combine with checkpoint_sequential's segments (its hooks wrap the blocks); "
+                  "checkpoint the blocks themselves instead (checkpoint marks, --gradient-checkpointing)");
+    }
+    {
+      // FSDP2 at scale: the model is built on the meta device and fully_shard materializes
+      // only the shards (init=cuda builds it whole on the GPU first).
+      std::optional<MetaParameters> meta;
+      if ((fsdp && config.parallel.meta_init) || (zero3 && config.parallel.zero3_init)) meta.emplace();
+      model_->materialize(*runtime_, parameter_dtype(config.precision));
+    }
+    model_->body().train(true);
+    if (config.parallel.engine == ParallelEngine::Ddp) {
+      // model = DistributedDataParallel(model) before the optimizer is made, as scripts do.
+      ddp_ = std::make_unique<detail::DataParallel>(config.parallel, model_->body(), *runtime_);
+      runtime_->set_grad_ready_hook([ddp = ddp_.get()](detail::TensorImpl& leaf) { ddp->grad_ready(leaf); });
+    } else if (fsdp) {
+      fsdp_ = std::make_unique<detail::FullyShard>(config.parallel, model_->body(), *runtime_);
+    } else if (config.parallel.enabled()) {
+      // deepspeed.initialize: ZeRO's optimizer wraps the one the config names.
+      if (zero3) {
+        zero_ = std::make_unique<detail::ZeroStage3>(config.parallel, config.optimizer, model_->body(), *runtime_);
+      } else {
+        zero_ = std::make_unique<detail::ZeroRedundancy>(config.parallel, config.optimizer, model_->body(), *runtime_);
+      }
+      runtime_->set_post_accumulate_grad_hook([zero = zero_.get()](detail::TensorImpl& leaf) { zero->grad_ready(leaf); });
+    }
+    // After fully_shard, model.parameters() are the shards.
+    if (!zero_) optimizer_ = make_optimizer(config.optimizer, fsdp_ ? fsdp_->parameters() : model_->parameters());
+  } catch (...) {
+    allocator.remove_observer(composition_.get());  // the destructor will not run
+    runtime_->set_grad_ready_hook(nullptr);
+    runtime_->set_post_accumulate_grad_hook(nullptr);
+    ddp_.reset();
+    fsdp_.reset();
+    zero_.reset();
+    throw;
+  }
+  peaks_ = std::make_unique<detail::PhasePeaks>();
+  allocator.add_observer(peaks_.get());
+}
+
+Trainer::~Trainer() {
+  allocator_->remove_observer(peaks_.get());
+  allocator_->remove_observer(composition_.get());
+  runtime_->set_grad_ready_hook(nullptr);
+  runtime_->set_post_accumulate_grad_hook(nullptr);
+  optimizer_.reset();
+  ddp_.reset();
+  fsdp_.reset();
+  zero_.reset();
+  if (model_) model_->body().release();
+}
+
+const ModelInfo& Trainer::info() const noexcept { return model_->info(); }
+
+Tensor Trainer::run_forward(const Tensor& input) {
+  if (plan_.checkpointed.empty()) return model_->body()(input);
+  CheckpointOptions options;
+  options.mode = config_.checkpoint_mode;
+  const auto modules = model_->body().modules();
+  return checkpoint_sequential(modules, config_.segments, input, options);
+}
+
+Tensor Trainer::forward(bool with_grad) {
+  std::optional<NoGradGuard> no_grad;
+  if (!with_grad) no_grad.emplace();
+  PhaseGuard phase(Phase::Forward);
+  const DType in_dtype = is_half(parameter_dtype(config_.precision)) ? parameter_dtype(config_.precision) : DType::F32;
+  const Tensor input = model_->make_input(*runtime_, in_dtype, steps_.size() + 1);
+  const Tensor target = model_->make_target(*runtime_, in_dtype, steps_.size() + 1);
+  AutocastRegion autocast(*runtime_, autocast_dtype(config_.precision));
+  Tensor out = model_->body()(input);
+  ModuleScope scope("loss", Phase::Forward);
+  return model_->loss(out, target);
+}
+
+StepStats Trainer::step() {
+  const auto start = std::chrono::steady_clock::now();
+  Runtime& rt = *runtime_;
+  CachingAllocator& alloc = *allocator_;
+  StepStats s;
+  s.step = steps_.size() + 1;
+  rt.reset_flops();
+  static const ContextId input_ctx = intern_context("input", Phase::Forward);
+  static const ContextId loss_fwd = intern_context("loss", Phase::Forward);
+  static const ContextId loss_bwd = intern_context("loss", Phase::Backward);
+
+  // Accumulating, only the first micro-batch of an optimizer step zeroes the gradients, and
+  // only the last one steps: `(loss / k).backward()` k times, then `opt.step(); opt.zero_grad()`.
+  const std::size_t k = std::max<std::size_t>(config_.accumulation, 1);
+  const bool first_micro = steps_.size() % k == 0, last_micro = (steps_.size() + 1) % k == 0;
+  // optimizer.zero_grad(set_to_none=True): last step's gradients go back to the cache.
+  if (first_micro && optimizer_) {
+    optimizer_->zero_grad(true);
+  } else if (first_micro) {
+    for (Tensor& p : model_->parameters()) p.reset_grad();
+  }
+
+  // The batch, target and output live until the end of the step, as the Python
+  // variables of `out = model(x); loss = crit(out, y); loss.backward(); opt.step()` do.
+  const DType param_dtype = parameter_dtype(config_.precision);
+  const DType data_dtype = is_half(param_dtype) ? param_dtype : DType::F32;
+  Tensor input, target, output, loss;
+
+  composition_->restart();
+  s.forward = begin_phase(alloc, *peaks_);
+  {
+    PhaseGuard phase(Phase::Forward);
+    {
+      ModuleScope scope(input_ctx);
+      input = model_->make_input(rt, data_dtype, s.step);
+      if ((config_.input_requires_grad || model_->info().input_requires_grad) && is_floating(input.dtype())) {
+        input.set_requires_grad(true);
+      }
+      target = model_->make_target(rt, data_dtype, s.step);
+    }
+    if (ddp_) ddp_->pre_forward();  // DDP's forward: the buckets' rebuild, the buffers' broadcast
+    AutocastRegion autocast(rt, autocast_dtype(config_.precision));
+    output = run_forward(fsdp_ ? fsdp_->root_pre_forward(input) : input);
+    const bool own_loss = model_->info().loss == LossKind::CausalLM;
+    // The root's post-forward hook sees what the model returns, as DDP's sink does.
+    if (fsdp_ && !own_loss) output = fsdp_->root_post_forward({std::move(output)}).front();
+    // DDP's forward ends with the model's output: before the training loop's loss, or, for
+    // a model that computes its own, after it (the output object holds the loss and logits).
+    if (ddp_ && !own_loss) output = ddp_->post_forward({std::move(output)}).front();
+    ModuleScope scope(loss_fwd);
+    BackwardContextGuard backward_scope(loss_bwd);
+    loss = model_->loss(output, target);
+    if (fsdp_ && own_loss) {
+      auto hooked = fsdp_->root_post_forward({std::move(loss), std::move(output)});
+      loss = std::move(hooked[0]);
+      output = std::move(hooked[1]);
+    }
+    if (ddp_ && own_loss) {
+      auto sunk = ddp_->post_forward({std::move(loss), std::move(output)});
+      loss = std::move(sunk[0]);
+      output = std::move(sunk[1]);
+    }
+    // A model that computes its own loss returns it in an output object the training loop
+    // drops at once: `loss = model(input_ids=x, labels=x).loss`, and Trainer.compute_loss
+    // (transformers/trainer.py) returns only the loss. The logits are gone before backward.
+    if (own_loss) output = Tensor{};
+  }
+  end_phase(alloc, *peaks_, s.forward);
+
+  s.backward = begin_phase(alloc, *peaks_);
+  {
+    PhaseGuard phase(Phase::Backward);
+    ModuleScope scope(loss_bwd);
+    if (zero_) zero_->pre_backward();  // engine.backward(loss)
+    backward(loss);
+    if (ddp_) ddp_->finalize_backward();
+    if (zero_) zero_->finalize_backward();
+  }
+  end_phase(alloc, *peaks_, s.backward);
+  // (ZeRO has taken every gradient into its partition by now: .grad is None by design.)
+  if (!zero_) {
+    for (const Tensor& p : fsdp_ ? fsdp_->parameters() : model_->parameters()) {
+      s.params_without_grad += p.grad().defined() ? 0 : 1;
+    }
+  }
+
+  s.optimizer = begin_phase(alloc, *peaks_);
+  if (last_micro && optimizer_) {
+    PhaseGuard phase(Phase::Optimizer);
+    optimizer_->step();
+  } else if (last_micro && zero_) {
+    PhaseGuard phase(Phase::Optimizer);
+    zero_->step();  // engine.step()
+  }
+  end_phase(alloc, *peaks_, s.optimizer);
+
+  s.loss = rt.computing() ? to_values(loss)[0] : std::numeric_limits<double>::quiet_NaN();
+  input = target = output = loss = Tensor{};
+
+  const DeviceStats end = alloc.stats();
+  s.stats = end;
+  s.peak_allocated = std::max({s.forward.peak_allocated, s.backward.peak_allocated, s.optimizer.peak_allocated});
+  s.peak_reserved = std::max({s.forward.peak_reserved, s.backward.peak_reserved, s.optimizer.peak_reserved});
+  s.peak_device_used =
+      std::max({s.forward.peak_device_used, s.backward.peak_device_used, s.optimizer.peak_device_used});
+  s.peak_composition = composition_->at_peak();
+  s.allocated_end = end.allocated_bytes[kAll].current;
+  s.reserved_end = end.reserved_bytes[kAll].current;
+  s.device_used_end = end.device_used_bytes.current;
+  s.flops = rt.flops();
+  s.recompute_ratio = s.flops.forward > 0 ? s.flops.recompute / s.flops.forward : 0.0;
+  s.wall_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  steps_.push_back(s);
+  return s;
+}
+
+TrainReport Trainer::report() const {
+  TrainReport r;
+  r.model = model_->info();
+  r.config = config_;
+  r.plan = plan_;
+  r.steps = steps_;
+  for (const StepStats& s : steps_) {
+    if (s.peak_allocated > r.peak_allocated) r.peak_composition = s.peak_composition;
+    r.peak_allocated = std::max(r.peak_allocated, s.peak_allocated);
+    r.peak_reserved = std::max(r.peak_reserved, s.peak_reserved);
+    r.peak_device_used = std::max(r.peak_device_used, s.peak_device_used);
+    r.params_without_grad = std::max(r.params_without_grad, s.params_without_grad);
+  }
+  r.gradients_missing = r.params_without_grad > 0;
+  // Each rank's: the shards under fsdp (their padded storage).
+  if (fsdp_) {
+    for (const Tensor& p : fsdp_->parameters()) r.parameter_bytes += static_cast<std::int64_t>(p.storage()->nbytes());
+  } else if (zero_ && zero_->parameter_bytes() >= 0) {
+    r.parameter_bytes = zero_->parameter_bytes();
+  } else {
+    for (const Tensor& p : model_->parameters()) r.parameter_bytes += static_cast<std::int64_t>(p.nbytes());
+  }
+  r.optimizer_state_bytes = optimizer_ ? static_cast<std::int64_t>(optimizer_->state_bytes())
+                             : zero_    ? static_cast<std::int64_t>(zero_->state_bytes())
+                                        : 0;
+  r.warnings = runtime_->warnings();
+  if (r.gradients_missing) {
+    r.warnings.push_back(std::to_string(r.params_without_grad) +
+                         " parameters received no gradient: the lower memory is missing work, not a saving");
+  }
+  const DeviceInfo& info = allocator_->device().info();
+  r.device_name = info.name;
+  r.device_assumptions = info.assumptions;
+  r.recompute_ratio = steps_.empty() ? 0.0 : steps_.back().recompute_ratio;
+  return r;
+}
+
+std::vector<CommunicationBuffer> Trainer::communication_buffers() const {
+  if (fsdp_) return fsdp_->buffers();
+  if (zero_) return zero_->buffers();
+  return ddp_ ? ddp_->buffers() : std::vector<CommunicationBuffer>{};
+}
+
+std::vector<std::size_t> Trainer::ddp_bucket_bytes() const { return ddp_ ? ddp_->bucket_bytes() : std::vector<std::size_t>{}; }
+
+TrainReport train(const TrainConfig& config, CachingAllocator& allocator) {
+  Trainer trainer(config, allocator);
+  for (std::size_t i = 0; i < config.steps; ++i) trainer.step();
+  return trainer.report();
+}
+
+TrainReport train(const TrainConfig& config) {
+  auto device = make_device(device_spec_for(config));
+  CachingAllocator allocator(device, AllocatorConfig::parse(config.alloc_conf));
+  return train(config, allocator);
+}
+
+}  // namespace mem::nn
