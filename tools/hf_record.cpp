@@ -99,7 +99,7 @@ bool builtin_hf_type(const std::string& path) {
   }
 }
 
-std::shared_ptr<const nn::ModelSource> record_hf_config(const std::string& path, const std::string& autocast) {
+std::shared_ptr<const nn::ModelSource> record_hf_config(const std::string& path, const HfRecording& how) {
   const char* chosen = std::getenv("VRAMSCOPE_PYTHON");
   const std::string python = chosen != nullptr && *chosen != '\0' ? chosen : "python3";
   Scratch scratch;
@@ -112,7 +112,10 @@ std::shared_ptr<const nn::ModelSource> record_hf_config(const std::string& path,
   }
   std::vector<std::string> argv = {python, "-m", "vramscope.export", "--hf-config", path, "--batch", "2", "--seq", "128",
                                    "--name", stem.empty() ? "config" : stem, "-o", out.string()};
-  if (!autocast.empty()) argv.insert(argv.end(), {"--amp", autocast});
+  if (!how.autocast.empty()) argv.insert(argv.end(), {"--amp", how.autocast});
+  if (!how.attention.empty()) argv.insert(argv.end(), {"--attn", how.attention});
+  if (how.lora > 0) argv.insert(argv.end(), {"--lora", std::to_string(how.lora)});
+  if (!how.lora_targets.empty()) argv.insert(argv.end(), {"--lora-targets", how.lora_targets});
   const int status = run(argv, log);
   if (status != 0) {
     std::string said = read_text(log, 4000);

@@ -3,6 +3,7 @@
 // as a model file. The built-in families (llama, mistral, qwen2, gpt2) stay the fast path.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -19,7 +20,13 @@ bool builtin_hf_type(const std::string& path);
 /// sequence 128, whose sizes become the file's formulas, and reads the file. Throws mem::Error with the exporter's message, or saying
 /// what to install when no Python with torch and transformers is found. Says on a terminal that
 /// it is recording (it takes seconds).
-/// `autocast` ("bf16", "f16", ""): recorded under CUDA's autocast (--amp), for amp runs.
-std::shared_ptr<const nn::ModelSource> record_hf_config(const std::string& path, const std::string& autocast = "");
+/// How the exporter records: each is its option of the same name (empty, 0: its default).
+struct HfRecording {
+  std::string autocast;      ///< --amp: "bf16", "f16" (recorded under CUDA's autocast)
+  std::string attention;     ///< --attn: sdpa, eager
+  std::int64_t lora = 0;     ///< --lora RANK: PEFT's adapters, base frozen
+  std::string lora_targets;  ///< --lora-targets
+};
+std::shared_ptr<const nn::ModelSource> record_hf_config(const std::string& path, const HfRecording& how = {});
 
 }  // namespace mem::tools

@@ -155,10 +155,15 @@ nn::ModelOptions to_model_options(const ModelArgs& args, bool lists_allowed) {
   set("--seq", first("--seq", args.seq, nn::kMaxSeq), o.seq);
   set("--image", args.image, o.image);
   set("--classes", args.classes, o.classes);
-  set("--lora", args.lora, o.lora);
-  if (!args.attention.empty()) o.attention = args.attention;
+  // An --hf-config the exporter records takes --attn and --lora there (recorded_hf_options):
+  // the file it writes has them in its operators, not as options.
+  const bool recorded = !args.hf_config.empty() && !builtin_hf_type(args.hf_config);
+  if (!recorded) {
+    set("--lora", args.lora, o.lora);
+    if (!args.attention.empty()) o.attention = args.attention;
+    if (!args.lora_targets.empty()) o.lora_targets = args.lora_targets;
+  }
   if (!args.checkpoint.empty()) o.checkpoint = args.checkpoint;
-  if (!args.lora_targets.empty()) o.lora_targets = args.lora_targets;
   if (!args.quant.empty()) o.quant = args.quant;
   return o;
 }
@@ -206,14 +211,30 @@ std::shared_ptr<const nn::ModelSource> resolve_model(const ModelArgs& args, cons
   }
   if (!args.hf_config.empty()) {
     return as_usage("--hf-config", [&]() -> std::shared_ptr<const nn::ModelSource> {
-      if (!builtin_hf_type(args.hf_config)) return record_hf_config(args.hf_config, hf_autocast(args.precisions));
+      if (!builtin_hf_type(args.hf_config)) {
+        HfRecording how;
+        how.autocast = hf_autocast(args.precisions);
+        if (!args.attention.empty() && args.attention != "sdpa" && args.attention != "eager") {
+          throw UsageError("--attn " + args.attention + ": a model_type the exporter records runs sdpa or eager (as "
+                           "transformers' attn_implementation)");
+        }
+        how.attention = args.attention;
+        how.lora = args.lora;
+        how.lora_targets = args.lora_targets;
+        return record_hf_config(args.hf_config, how);
+      }
       return models::load_hf_config(args.hf_config);
     });
   }
   if (!args.model_file.empty()) {
-    return as_usage("--model-file", [&]() -> std::shared_ptr<const nn::ModelSource> {
+    auto file = as_usage("--model-file", [&]() -> std::shared_ptr<const nn::ModelSource> {
       return models::ModelFile::load(args.model_file);
     });
+    if (args.lora > 0 && file->describe().operators > 0) {
+      throw UsageError("--lora: an operator-level model has its adapters in its operators: record it with PEFT applied "
+                       "(get_peft_model in your factory, or python -m vramscope.export --hf-config ... --lora RANK)");
+    }
+    return file;
   }
   return as_usage("--model", [&] { return models::find(args.model.empty() ? fallback : args.model); });
 }

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <map>
 
+#include "commands.hpp"  // CommandFailed
 #include "max_batch.hpp"
 #include "usage_error.hpp"
 #include "vramscope/allocator/units.hpp"
@@ -509,6 +510,22 @@ PlanResult run_plan(const PlanSpec& spec_in, const PlanProgress& progress) {
     throw UsageError(fmt::format("--headroom: {} leaves nothing of the {} {} has after its CUDA context",
                                  format_bytes(result.spec.headroom),
                                  format_bytes(result.device.total_bytes - result.device.context_bytes), result.device.name));
+  }
+
+  // The weights alone, in the smallest precision the search may take and sharded as the
+  // engine shards them, outgrow the device: no plan can fit, and none is searched (a search
+  // walks the model, however large).
+  const nn::ParallelConfig& parallel = base.parallels.front();
+  const bool sharded = parallel.engine == nn::ParallelEngine::Fsdp || parallel.engine == nn::ParallelEngine::Zero3;
+  const nn::DType smallest = result.spec.search.precision ? nn::DType::BF16 : nn::parameter_dtype(base.precisions.front());
+  const std::size_t weights =
+      result.model.parameter_bytes(smallest) / (sharded ? std::max<std::size_t>(parallel.world_size, 1) : 1);
+  if (weights > result.device.total_bytes) {
+    throw CommandFailed(fmt::format(
+        "no plan fits: the weights alone are {} in {}{}, more than the {} of {} (then gradients and optimizer "
+        "state); a smaller model, or more GPUs to shard it over (--parallel fsdp:N)",
+        format_bytes(weights), nn::dtype_name(smallest), sharded ? " on each rank" : "",
+        format_bytes(result.device.total_bytes), result.device.name));
   }
 
   Planner planner{result.spec, progress, result};

@@ -30,6 +30,10 @@ namespace {
 /// The device used for the runs when the user's is out of memory: a simulated
 /// GPU with the same context and driver granularity, and 1 PiB of capacity.
 constexpr std::size_t kUnlimitedCapacity = std::size_t{1} << 50;
+// A row whose weights alone outgrow the device gets its run without the capacity limit (what it
+// would need) only for models up to this many parameter tensors: beyond, that run would walk a
+// model of millions of modules (a model file's `repeat`) for a figure the weights already decide.
+constexpr std::size_t kMaxTensorsForUnlimitedRun = 100'000;
 
 /// Watches one allocator: the peaks over the whole run, the slack at the
 /// moment live tensors peaked, and the module scope active at an OOM.
@@ -349,7 +353,13 @@ SweepResult run_sweep(const SweepSpec& spec_in, const SweepProgress& progress) {
     } else {
       row.figures = run_config(cfg, make_run_device(spec), row.oom, row.error);
     }
-    if (row.oom) {
+    const std::size_t weights = result.model.parameter_bytes(nn::parameter_dtype(row.precision));
+    const bool sharded = row.parallel.engine == nn::ParallelEngine::Fsdp || row.parallel.engine == nn::ParallelEngine::Zero3;
+    if (row.oom && row.oom->step == 0 && !sharded && weights > result.device.total_bytes) {
+      // The weights alone outgrow the device: that is the answer, said at once.
+      row.weights_alone = static_cast<std::int64_t>(weights);
+    }
+    if (row.oom && (row.weights_alone == 0 || static_cast<std::size_t>(result.model.parameter_tensors) <= kMaxTensorsForUnlimitedRun)) {
       // What it would have needed: the same run without the capacity limit. Dry run
       // (the runtime guarantees identical statistics to compute mode), so it is cheap.
       nn::TrainConfig dry = cfg;

@@ -168,6 +168,11 @@ std::string describe_oom(const SweepRow& row) {
                        human_bytes(row.unlimited->peak_allocated),
                        human_bytes(row.unlimited->peak_device_used));
   }
+  if (row.weights_alone > 0 && !row.unlimited) {
+    out += fmt::format(". The weights alone are {} in {}, more than the whole device (then gradients and "
+                       "optimizer state): a smaller model, or sharding it over GPUs (--parallel fsdp:N)",
+                       human_bytes(row.weights_alone), nn::precision_name(row.precision));
+  }
   out += ".";
   if (row.error) {
     out += fmt::format(" Without the capacity limit PyTorch refuses it anyway, {}: {}", where(*row.error),

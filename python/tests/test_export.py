@@ -685,3 +685,44 @@ def test_a_bug_of_the_exporter_is_one_line_too(tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err
     assert err == "vramscope.export: internal error: KeyError: 'layers' (VRAMSCOPE_EXPORT_DEBUG=1 shows the " \
                   "traceback; please report it)\n"
+
+
+TINY_LLAMA = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 256}
+
+
+def _hf_config(tmp_path):
+    pytest.importorskip("transformers")
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(TINY_LLAMA))
+    return str(path)
+
+
+def test_an_hf_config_under_autocast_runs_attention_in_the_half_type_without_a_mask(tmp_path):
+    from vramscope.export import export_hf_config
+    graph = export_hf_config(_hf_config(tmp_path), batch=2, seq=16, amp="bf16")["graph"]
+    tensors = graph["tensors"]
+    attention = [op for op in graph["ops"] if "scaled_dot_product" in op["op"]]
+    assert len(attention) == 2
+    for op in attention:
+        # q, k, v cast to bf16 by autocast's rule; no mask: a CUDA run takes is_causal (transformers
+        # would build one for what it takes for tracing).
+        assert [tensors[t]["dtype"] for t in op["in"]] == ["bf16"] * 3, op
+        assert op["args"].get("is_causal") is True
+    assert {tensors[t]["dtype"] for t in graph["inputs"]} == {"i64"}
+    assert {t["dtype"] for t in tensors if t["kind"] == "param"} == {"float"}  # f32 weights under amp
+
+
+def test_lora_freezes_the_base_and_adds_f32_adapters_on_the_targets(tmp_path, capsys):
+    pytest.importorskip("peft")
+    from vramscope.export import export_hf_config
+    from vramscope.export.__main__ import main
+    graph = export_hf_config(_hf_config(tmp_path), batch=2, seq=16, lora=4)["graph"]
+    trained = [t["name"] for t in graph["tensors"] if t["kind"] == "param" and t.get("requires_grad")]
+    assert len(trained) == 2 * 2 * 2 and all(".lora_A." in n or ".lora_B." in n for n in trained), trained
+    assert all(n.split(".lora_")[0].endswith(("q_proj", "v_proj")) for n in trained)  # PEFT's default for llama
+    assert {t["dtype"] for t in graph["tensors"] if t.get("name") in trained} == {"f32"}  # beside bf16 ("float") weights
+    # --lora belongs to --hf-config: a model of one's own takes PEFT in its factory.
+    (tmp_path / "m.py").write_text("import torch.nn as nn\n\ndef net():\n    return nn.Linear(8, 8)\n")
+    assert main([f"{tmp_path / 'm.py'}:net", "--input", "4,8", "--lora", "4"]) == 2
+    assert "--lora applies to --hf-config" in capsys.readouterr().err

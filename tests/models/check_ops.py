@@ -10,8 +10,9 @@ encoder-decoders, diffusers), built on the meta device:
 3. the bytes each module saves for backward in one f32 training forward are equal, module by
    module, byte for byte: PyTorch measured with saved_tensors_hooks (saved_bytes.py) against
    `vramscope trace --saved` on the file;
-4. a checkpointed variant (the model's first repeated block under non-reentrant checkpoint)
-   saves the same on both sides: PyTorch with the block's forward under
+4. a checkpointed variant saves the same on both sides: the block a user checkpoints (the
+   first call of the repeated module class that runs the most operators: a decoder layer, a
+   ResNet stage) under non-reentrant checkpoint, PyTorch with the block's forward under
    torch.utils.checkpoint.checkpoint, vramscope with --checkpoint-modules.
 
 PyTorch runs on meta tensors here, whose kernels are the CPU's where CUDA differs; both sides
@@ -49,11 +50,6 @@ from saved_bytes import torch_saved_per_module, vramscope_saved_per_module  # no
 # Differences understood and not yet closed: the exact lines, and why. Any other difference,
 # or one of these changing, fails the run.
 KNOWN = {
-    "transformers/t5": ({"checkpointing encoder: PyTorch saves 577,280 B less, vramscope 576,768 B"},
-                        "the encoder is called with keyword arguments only: the runtime's checkpoint() keeps its "
-                        "first input (the 512 B input ids), PyTorch's none; the caller holds them either way"),
-    "transformers/t5 (autocast bf16)": ({"checkpointing encoder: PyTorch saves 577,280 B less, vramscope 576,768 B"},
-                                        "as transformers/t5"),
     "phimoe": ({"saved by model.layers.0.mlp.router: PyTorch 21,504 B, vramscope 20,480 B",
                 "saved by model.layers.1.mlp.router: PyTorch 21,504 B, vramscope 20,480 B"},
                "1 KiB less per router (PhiMoE's sparsemixer, a custom autograd Function over in-place writes): "
@@ -212,6 +208,10 @@ AUTOCAST_CASES = {
     "transformers/bert": "f16", "transformers/t5": "bf16", "diffusers/unet": "f16",
 }
 AUTOCAST_CI = {"resnet18", "qwen3", "qwen3_moe"}
+# rank and targets (None: PEFT's default for the model type; "all": PEFT's all-linear).
+LORA_CASES = {"llama": (8, None), "qwen3": (16, None), "gemma3_text": (8, None), "phi3": (8, "qkv_proj+o_proj"),
+              "mistral": (4, None), "qwen3_moe": (8, "all"), "olmo2": (8, "q_proj+k_proj+v_proj+o_proj")}
+LORA_CI = {"qwen3"}
 
 
 def cases():
@@ -268,6 +268,12 @@ def cases():
             amp = AUTOCAST_CASES[case["name"]]
             out.append(dict(case, name=f"{case['name']} (autocast {amp})", amp=amp,
                             ci=case["name"] in AUTOCAST_CI, family=case["family"] + ", autocast"))
+    # PEFT's LoRA (get_peft_model, the base frozen): decoders of several families.
+    for case in list(out):
+        if case["name"] in LORA_CASES:
+            rank, targets = LORA_CASES[case["name"]]
+            out.append(dict(case, name=f"{case['name']} (LoRA r={rank}{', ' + targets if targets else ''})", lora=rank,
+                            lora_targets=targets, ci=case["name"] in LORA_CI, family=case["family"] + ", LoRA"))
     return out
 
 
@@ -326,7 +332,7 @@ def torch_side(model, args, kwargs, output, checkpoint_path=None, amp=None):
 
 def _saved(model, args, kwargs, output, checkpoint_path, flash=False):
     import torch
-    from vramscope.export._ops import _make_function_mode, assumed_values
+    from vramscope.export._ops import _make_function_mode, _meta_autocast, assumed_values
     from vramscope.export._opfile import _pick
     restore = None
     if checkpoint_path:
@@ -338,7 +344,8 @@ def _saved(model, args, kwargs, output, checkpoint_path, flash=False):
         block.forward = wrapped
         restore = (block, original)
     try:
-        with torch_saved_per_module(model, device_scalars=True) as saved, _make_function_mode(flash=flash), assumed_values():
+        with torch_saved_per_module(model, device_scalars=True) as saved, _make_function_mode(flash=flash), assumed_values(), \
+                _meta_autocast():
             out = model(*args, **kwargs)
             _pick(output)(out)
     finally:
@@ -361,21 +368,24 @@ def vramscope_side(binary, model_file: Path, batch: int, work: Path, names, chec
 
 
 def repeated_block(doc) -> str:
-    """The path of the first module call that a later call of the same class repeats, whose
-    subtree runs operators: the block a user checkpoints."""
-    calls = doc["graph"]["calls"]
+    """The block a user checkpoints: among module calls whose class a later call repeats (a
+    decoder layer, a ResNet stage or block), the first call of the class whose calls run the
+    most operators in their subtree."""
+    calls, ops = doc["graph"]["calls"], doc["graph"]["ops"]
     counts = {}
     for c in calls[1:]:
         counts[c["class"]] = counts.get(c["class"], 0) + 1
-    depth = {0: 0}
-    for i, c in enumerate(calls[1:], start=1):
-        depth[i] = depth[c["parent"]] + 1
+    subtree = [0] * len(calls)
+    for op in ops:
+        c = op["call"]
+        while c > 0:
+            subtree[c] += 1
+            c = calls[c]["parent"]
     best = None
     for i, c in enumerate(calls[1:], start=1):
-        if counts[c["class"]] > 1 and c["module"] and (best is None or depth[i] < depth[best]):
-            if sum(1 for op in doc["graph"]["ops"] if op["call"] == i) + sum(
-                    1 for j, d in enumerate(calls) if d["parent"] == i) > 2:
-                best = i
+        if counts[c["class"]] > 1 and c["module"] and not c.get("inline") and subtree[i] > 2 and \
+                (best is None or subtree[i] > subtree[best]):
+            best = i
     return calls[best]["module"] if best is not None else ""
 
 
@@ -387,13 +397,17 @@ def run_case(case, binary, work: Path) -> dict:
     if case.get("hf"):
         config = hf_config_file(case["hf"], work)
         attn = "eager" if case["hf"] in EAGER else "sdpa"
-        doc = export_hf_config(str(config), batch=2, seq=32, name=case["name"], attn=attn, amp=amp)
+        doc = export_hf_config(str(config), batch=2, seq=32, name=case["name"], attn=attn, amp=amp,
+                               lora=case.get("lora", 0), lora_targets=case.get("lora_targets"))
         import transformers
         cfg = json.loads(config.read_text())
         model_type = cfg.pop("model_type")
         with torch.device("meta"):
             model = transformers.AutoModelForCausalLM.from_config(
                 transformers.AutoConfig.for_model(model_type, **cfg), attn_implementation=attn).train()
+        if case.get("lora"):
+            from vramscope.export import with_lora
+            model = with_lora(model, case["lora"], case.get("lora_targets"))
         ids = torch.zeros((2, 32), dtype=torch.int64, device="meta")
         args, kwargs = [], {"input_ids": ids, "labels": ids, "use_cache": False}
         batch = 2

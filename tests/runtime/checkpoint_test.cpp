@@ -175,6 +175,40 @@ TEST(CheckpointMarks, AFlattenedContainerIsCheckpointedWholeAsCheckpointOfItWoul
   EXPECT_THROW(run(marked), Error);
 }
 
+TEST(CheckpointMarks, ACheckpointInsideACheckpointedModuleRebuildsThroughTheOuterOne) {
+  // checkpoint() inside a checkpointed module (torchvision's memory-efficient DenseNet under
+  // apply_activation_checkpointing): the inner inputs are the outer's placeholders, rebuilt by
+  // the outer's rerun, and the gradients are the plain run's.
+  const auto nested = [](bool outer, bool inner) {
+    const std::string mark = outer ? R"("checkpoint": true, )" : "";
+    const std::string inner_mark = inner ? R"("checkpoint": true, )" : "";
+    return models::ModelFile::parse(R"({
+      "format": "vramscope-model", "version": 1, "name": "nested",
+      "options": {"batch": 64, "width": 32}, "input": {"shape": ["batch", "width"]}, "loss": {"type": "mse"},
+      "layers": [
+        {"name": "block", "type": "Sequential", )" + mark + R"("layers": [
+          {"name": "fc1", "type": "Linear", "in_features": "width", "out_features": "width"},
+          {"type": "Sequential", "inline": true, )" + inner_mark + R"("layers": [
+            {"name": "act", "type": "GELU"},
+            {"name": "fc2", "type": "Linear", "in_features": "width", "out_features": "width"}]},
+          {"name": "act2", "type": "GELU"}]},
+        {"name": "head", "type": "Linear", "in_features": "width", "out_features": "width"}]})",
+                                    "nested.json");
+  };
+  TrainConfig cfg;
+  cfg.steps = 2;
+  cfg.model = nested(false, false);
+  const RunResult plain = run(cfg);
+  cfg.model = nested(true, true);
+  const RunResult both = run(cfg);
+  cfg.model = nested(true, false);
+  const RunResult outer = run(cfg);
+  EXPECT_EQ(both.losses, plain.losses);
+  EXPECT_EQ(both.grads, plain.grads);
+  EXPECT_EQ(outer.grads, plain.grads);
+  EXPECT_FALSE(both.report.gradients_missing);
+}
+
 }  // namespace
 }  // namespace mem::nn
 

@@ -4,6 +4,7 @@
 // that break an invariant refused with the reason.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 
 #include "test_util.hpp"
@@ -152,6 +153,28 @@ TEST_F(OpGraphTest, ACheckpointedCallKeepsOnlyItsInputsAndRecomputesInBackward) 
     backward(r2, empty(env_.rt, {64, 1024}));
   }
   EXPECT_TRUE(marked->parameters().at(0).grad().defined());
+}
+
+TEST_F(OpGraphTest, ACheckpointedCallWithKeywordArgumentsOnlyKeepsNoInput) {
+  // `self.block(x=x)` under a non-reentrant checkpoint: PyTorch's _NoopSaveInputs saves the
+  // positional arguments only; the keyword ones stay with the closure, unsaved (T5's stacks).
+  for (const bool positional : {true, false}) {
+    OpGraph g = gelu_block();
+    g.calls[1].checkpoint = CheckpointMark::NonReentrant;
+    if (!positional) g.calls[1].args.clear();
+    auto marked = build(g);
+    Tensor x = empty(env_.rt, {64, 1024});
+    std::vector<std::int64_t> saved;
+    Tensor r;
+    {
+      SavedTensorsObserver observe([&](const Tensor& t) { saved.push_back(static_cast<std::int64_t>(t.storage()->nbytes())); });
+      r = (*marked)(x);
+    }
+    backward(r, empty(env_.rt, {64, 1024}));
+    EXPECT_TRUE(marked->parameters().at(0).grad().defined());
+    // The forward's saves: checkpoint()'s input x when positional, then nothing but placeholders.
+    EXPECT_EQ(std::count(saved.begin(), saved.end(), kAct) > 0, positional) << (positional ? "positional" : "keyword");
+  }
 }
 
 TEST_F(OpGraphTest, MarkingByPathUsesTheRecordedCalls) {

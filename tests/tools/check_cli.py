@@ -172,8 +172,27 @@ def check_model_states_oom(exe):
     check("can fit" not in fits and "No f32 row" not in fits, fits)
 
 
+def check_weights_alone(exe, work):
+    """Issue 47: a 1 KB model file that repeats a 4096-wide Linear 100,000 times (1.7 T
+    parameters) is answered from its size: the weights alone outgrow the device, said at once,
+    with no run of the whole model without the capacity limit (sweep) and no search (plan)."""
+    os.makedirs(work, exist_ok=True)
+    huge = Path(work) / "huge.json"
+    huge.write_text(json.dumps({
+        "format": "vramscope-model", "version": 1, "name": "huge", "options": {"batch": 8},
+        "input": {"shape": ["batch", 4096]}, "loss": {"type": "mse"},
+        "layers": [{"repeat": 100000, "layers": [{"type": "Linear", "in_features": 4096, "out_features": 4096}]}]}))
+    out = run(exe, "sweep", "--model-file", str(huge), "--segments", "0", "--dtype", "f32").stdout
+    text = " ".join(out.split())
+    check("The weights alone are 6.11 TiB in f32, more than the whole device" in text, out[-600:])
+    check("Without the capacity limit" not in text, out[-600:])
+    p = run(exe, "plan", "--model-file", str(huge), expect=1)
+    check("no plan fits: the weights alone are 3.05 TiB in bf16" in p.stderr and p.stderr.count("\n") == 1, p.stderr)
+
+
 def check_oom(exe, work):
     check_model_states_oom(exe)
+    check_weights_alone(exe, work)
     # A batch whose first activation is over 1 PiB is an OOM row, as PyTorch's cudaMalloc failure
     # is, with the module that asked, never the end of the sweep (issue 36); the other batch runs.
     for model in ("resnet50", "mlp"):

@@ -143,7 +143,8 @@ def export_ops(model, inputs: Sequence["InputSpec"], *, name: str = "model", los
 
 
 def export_hf_config(config_path: str, *, batch: int = 1, seq: int = 128, name: Optional[str] = None,
-                     attn: str = "sdpa", amp: Optional[str] = None) -> dict:
+                     attn: str = "sdpa", amp: Optional[str] = None, lora: int = 0,
+                     lora_targets: Optional[str] = None) -> dict:
     """The operator-level model file of a transformers causal LM built from `config_path`
     (AutoModelForCausalLM.from_config on the meta device; nothing is downloaded). The loss is
     transformers' own (labels given), so the file's output is that loss."""
@@ -174,7 +175,10 @@ def export_hf_config(config_path: str, *, batch: int = 1, seq: int = 128, name: 
             model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attn)
     except (ValueError, KeyError, TypeError, AttributeError, NotImplementedError) as e:
         raise ExportError([f"{config_path}: {one_line(e)}"], "transformers cannot build the model") from None
-    model = (model if amp else model.to(torch.bfloat16)).train()  # amp: f32 weights, as trained
+    # amp: f32 weights, as trained under autocast (a config's torch_dtype builds bf16 ones).
+    model = model.to(torch.float32 if amp else torch.bfloat16).train()
+    if lora:
+        model = with_lora(model, lora, lora_targets)
     vocab = model.get_input_embeddings().num_embeddings
 
     def make_inputs(b: int, s: int):
@@ -187,8 +191,33 @@ def export_hf_config(config_path: str, *, batch: int = 1, seq: int = 128, name: 
                         loss_of=lambda written, now: {"type": "none"},
                         output_key="loss", description=f"{type(model).__name__} ({model_type}) from {config_path}",
                         source=f"exported by vramscope.export --hf-config with transformers {transformers.__version__}, "
-                               f"attn_implementation={attn}" + (f", autocast {amp}" if amp else ""),
+                               f"attn_implementation={attn}" + (f", autocast {amp}" if amp else "") +
+                               (f", PEFT LoRA r={lora} on {lora_targets or 'its default targets'}" if lora else ""),
                         input_note={"shape": ["batch", "seq"], "dtype": "int64", "high": vocab}, autocast=amp)
+
+
+def with_lora(model, rank: int, targets: Optional[str] = None):
+    """PEFT's LoRA on `model`, as a fine-tuning script applies it: get_peft_model with
+    LoraConfig(r=rank, lora_alpha=8, lora_dropout=0.0) (PEFT's defaults but r), the base
+    weights frozen and the adapters on `targets` ("q_proj+v_proj"; "all" is PEFT's
+    "all-linear"; None: PEFT's default for the model type). The adapters are made on the meta
+    device, and PEFT keeps them in f32 beside half base weights (autocast_adapter_dtype)."""
+    import torch
+    try:
+        import peft
+    except ImportError:
+        raise ExportError(["--lora needs peft in this Python (pip install peft)"], "cannot export the model") from None
+    if rank <= 0 or rank > 65536:
+        raise ExportError([f"--lora {rank}: expected a rank from 1 to 65536"], "bad arguments")
+    chosen = None if not targets else "all-linear" if targets == "all" else targets.split("+")
+    config = peft.LoraConfig(r=rank, lora_alpha=8, lora_dropout=0.0, target_modules=chosen)
+    try:
+        with warnings.catch_warnings(), torch.device("meta"):
+            warnings.simplefilter("ignore")
+            return peft.get_peft_model(model, config).train()
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        hint = [] if targets else ["give --lora-targets, for example q_proj+v_proj (PEFT has no default for this model)"]
+        raise ExportError([f"--lora: {one_line(e)}"] + hint, "PEFT cannot adapt the model") from None
 
 
 def _on_meta(model, amp: Optional[str] = None):

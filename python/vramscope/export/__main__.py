@@ -61,6 +61,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="record the operators under CUDA's autocast in this half type, with f32 weights (the "
                              "file then runs with --dtype amp-bf16 or amp; the layer form runs under any --dtype "
                              "and needs no --amp)")
+    parser.add_argument("--lora", type=int, default=0, metavar="RANK",
+                        help="--hf-config: PEFT's LoRA adapters of this rank (get_peft_model), base weights frozen")
+    parser.add_argument("--lora-targets", metavar="P+P...",
+                        help="--hf-config with --lora: the adapted modules, q_proj+v_proj, or all (PEFT's all-linear); "
+                             "default: PEFT's for the model type")
     parser.add_argument("--name", help="the model's name in tables (default: the function's name)")
     parser.add_argument("-o", "--output", dest="out", metavar="FILE.json",
                         help="where to write (default: standard output)")
@@ -84,12 +89,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if args.batch <= 0 or args.seq <= 0:
                 raise ExportError(["--batch and --seq must be positive"], "bad arguments")
             doc = export_hf_config(args.hf_config, batch=args.batch, seq=args.seq, name=_name(args.name), attn=args.attn,
-                                   amp=args.amp)
+                                   amp=args.amp, lora=args.lora, lora_targets=args.lora_targets)
             params = None
         else:
             if not args.model:
                 raise ExportError(["give FILE.py:FUNCTION (or module:FUNCTION), or --hf-config CONFIG.json"],
                                   "bad arguments")
+            if args.lora or args.lora_targets:
+                raise ExportError(["--lora applies to --hf-config; apply PEFT in your factory for other models "
+                                   "(get_peft_model(model, LoraConfig(...)) before returning it)"], "bad arguments")
             if not args.input:
                 raise ExportError(["--input N,D,... is required: the shape of the model's input, batch first"],
                                   "bad arguments")

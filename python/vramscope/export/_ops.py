@@ -548,6 +548,15 @@ def _sdpa(torch, args, kwargs, recorder: Optional[_Recorder] = None, flash: bool
     bound.update(kwargs)
     q, k, v = bound["query"], bound["key"], bound["value"]
     mask = bound.get("attn_mask")
+    if q.device.type == "cuda" and torch.is_autocast_enabled("cuda"):
+        # Autocast casts scaled_dot_product_attention's floating inputs to its half type
+        # (autocast_mode.cpp: lower_precision_fp), which this substitution, made before the
+        # autocast kernel, does itself: q and k in f32 after llama's rotary (cos and sin
+        # follow the f32 residual) are cast, and the kernel keeps the half copies.
+        half = torch.get_autocast_dtype("cuda")
+        q, k, v = (t.to(half) if t.is_floating_point() else t for t in (q, k, v))
+        if mask is not None and mask.is_floating_point():
+            mask = mask.to(half)
     if mask is not None and mask.dtype == torch.bool:
         # A boolean mask becomes an additive float bias first (sdpa's convert_boolean_attn_mask).
         mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(mask.logical_not(), float("-inf"))
@@ -650,6 +659,13 @@ class _FakeCuda:
         cuda = self.torch.cuda
         self.patched.append((cuda, "get_device_capability", cuda.get_device_capability))
         cuda.get_device_capability = self._capability
+        # transformers takes a fake tensor for tracing (import_utils.is_tracing) and then builds
+        # the attention masks a GPU run skips (masking_utils: is_causal instead of a mask): these
+        # stand for CUDA tensors, so it is told they are not fake.
+        utils = sys.modules.get("transformers.utils.import_utils")
+        if utils is not None and hasattr(utils, "is_fake_tensor"):
+            self.patched.append((utils, "is_fake_tensor", utils.is_fake_tensor))
+            utils.is_fake_tensor = lambda tensor: False
         self.mode.__enter__()
         return self
 
@@ -725,8 +741,8 @@ def _record(model, args: tuple, kwargs: dict, pick_output: Callable[[Any], Any],
     post = torch.nn.modules.module.register_module_forward_hook(recorder.post_hook, always_call=True)
     marks = _CheckpointMarks(recorder)
     try:
-        with marks, torch.autograd.graph.saved_tensors_hooks(pack, unpack), _make_function_mode(recorder), \
-                _make_mode(recorder):
+        with marks, _meta_autocast(), torch.autograd.graph.saved_tensors_hooks(pack, unpack), \
+                _make_function_mode(recorder), _make_mode(recorder):
             out = model(*args, **kwargs)
             chosen = pick_output(out)
         recorder.resolve_pending()
@@ -761,6 +777,28 @@ def _record(model, args: tuple, kwargs: dict, pick_output: Callable[[Any], Any],
     _find_saved(recorder, [chosen] + roots)
     _claim_unwalked(recorder)
     return recorder.rec
+
+
+class _meta_autocast:
+    """`torch.autocast(device_type=tensor.device.type, ...)` on meta tensors (PEFT's LoRA on
+    experts turns autocast off around its product): the meta device has no autocast, so it is
+    the CPU's there, which does nothing to meta tensors. On a GPU it is CUDA's."""
+
+    def __enter__(self):
+        import torch
+        self.torch, self.original = torch, torch.autocast
+        original = self.original
+
+        class autocast(original):  # noqa: N801 (torch's name)
+            def __init__(self, device_type, *args, **kwargs):
+                super().__init__("cpu" if device_type == "meta" else device_type, *args, **kwargs)
+
+        torch.autocast = autocast
+        return self
+
+    def __exit__(self, *exc):
+        self.torch.autocast = self.original
+        return False
 
 
 class _CheckpointMarks:

@@ -15,10 +15,12 @@
 namespace mem::nn {
 namespace detail {
 
-/// Saves a checkpoint's inputs as ctx.save_for_backward does: plain saved tensors,
-/// whatever saved-tensor hook is active, version-checked at unpack.
+/// Saves a checkpoint's inputs as ctx.save_for_backward does (_NoopSaveInputs), version-checked
+/// at unpack. Inside an enclosing non-reentrant checkpoint they go through its hooks as any save
+/// does (torch/utils/checkpoint.py saves them before entering the inner checkpoint's hooks): a
+/// placeholder of the outer frame in its forward, the outer's rebuilt tensor in its rerun. So a
+/// checkpoint nested in another keeps nothing past the outer's forward but the outer's inputs.
 static std::vector<SavedTensor> save_inputs(const TensorList& inputs) {
-  SaveHookGuard normal(SaveMode::Normal, nullptr);
   std::vector<SavedTensor> saved(inputs.size());
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     saved[i].save(inputs[i]);
@@ -92,7 +94,12 @@ Tensor CheckpointFrame::unpack(std::uint32_t index) {
 }
 
 void CheckpointFrame::store_recomputed(const Tensor& tensor) {
-  if (stored_ < rebuilt_.size()) rebuilt_[stored_] = tensor.detach();
+  if (stored_ < rebuilt_.size()) {
+    // Unpacked as SavedVariable does: a history-free alias that keeps requires_grad (a
+    // checkpoint nested in this one reruns on it and must build its graph).
+    rebuilt_[stored_] = tensor.detach();
+    rebuilt_[stored_].impl()->requires_grad = tensor.requires_grad();
+  }
   ++stored_;
   if (stored_ >= placeholders_) throw StopRecompute{};  // early stop: everything is rebuilt
 }
@@ -230,6 +237,7 @@ CheckpointMode parse_checkpoint_mode(std::string_view name) {
 
 TensorList checkpoint(const SegmentFunction& fn, const TensorList& inputs, const CheckpointOptions& options) {
   Runtime* rt = runtime_of(inputs);
+  if (rt == nullptr && options.mode == CheckpointMode::NonReentrant) rt = options.runtime;
   if (rt == nullptr) throw Error("checkpoint: at least one defined input tensor is required");
   if (options.mode == CheckpointMode::Reentrant) return checkpoint_reentrant(fn, inputs, options);
   auto frame = std::make_shared<detail::CheckpointFrame>(fn, inputs, *rt, options.preserve_rng_state);

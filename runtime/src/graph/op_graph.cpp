@@ -161,7 +161,11 @@ class OpCall final : public Module {
   /// A call with keyword arguments only still has checkpoint() keep its first input: the
   /// runtime's checkpoint() needs one (PyTorch's keeps none then; the same memory, which the
   /// caller holds anyway, reported as saved).
-  bool checkpoint_saves_input() const override { return input_positional || saved_ins.empty(); }
+  // A call with keyword arguments only keeps no input under a non-reentrant checkpoint; the
+  // reentrant one needs a tensor to hang its node on (PyTorch warns without one).
+  bool checkpoint_saves_input() const override {
+    return input_positional || (saved_ins.empty() && checkpoint_mark() == CheckpointMark::Reentrant);
+  }
 
   std::vector<Item> items;
   /// The tensors it reads from outside (the first is the one it is called with) and the ones

@@ -34,6 +34,7 @@ Tensor Module::call(const Tensor& input) {
     } first_forward(checkpointed_call_);
     TensorList inputs = checkpoint_inputs();
     if (!checkpoint_saves_input()) {
+      if (input.defined()) options.runtime = &input.runtime();
       return checkpoint(
           [this, input](const TensorList& in) {
             take_checkpoint_inputs(in);

@@ -47,6 +47,9 @@ CheckpointMode parse_checkpoint_mode(std::string_view name);
 struct CheckpointOptions {
   CheckpointMode mode = CheckpointMode::NonReentrant;
   bool preserve_rng_state = true;
+  /// The runtime when no input names one: a non-reentrant checkpoint of a call with keyword
+  /// arguments only keeps no input (its closure holds them, as PyTorch's does).
+  Runtime* runtime = nullptr;
 };
 
 using SegmentFunction = std::function<TensorList(const TensorList&)>;
