@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string_view>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "engine/detail.hpp"
@@ -25,33 +27,39 @@ std::int64_t div_up(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 
 bool has_parameters(const Module& m) { return m.parameter_count() > 0 || m.parameter_tensors() > 0; }
 
-/// A block: children and parameters, and a sibling of its type that has them too. Inline code
-/// of a parent's forward (ViT's residuals inside an EncoderBlock) is no module to wrap.
-bool is_block(const Module& parent, const Module& m) {
-  if (m.is_inline() || m.children().empty() || !has_parameters(m)) return false;
-  std::size_t alike = 0;
-  for (const auto& [name, sibling] : parent.children()) {
-    if (!sibling->is_inline() && sibling->type_name() == m.type_name() && !sibling->children().empty() &&
-        has_parameters(*sibling)) {
-      ++alike;
-    }
+/// Which children of `m` are blocks: children and parameters of their own, and a sibling of
+/// their type that has them too. Inline code of a parent's forward (ViT's residuals inside an
+/// EncoderBlock) is no module to wrap. One pass over the children (their types counted once):
+/// a decoder of 10,000 layers is not asked 10,000 times about each sibling.
+std::vector<bool> block_children(const Module& m) {
+  const auto& kids = m.children();
+  std::vector<bool> block(kids.size(), false);
+  std::unordered_map<std::string_view, std::size_t> alike;
+  for (std::size_t i = 0; i < kids.size(); ++i) {
+    const Module& c = *kids[i].second;
+    block[i] = !c.is_inline() && !c.children().empty() && has_parameters(c);
+    if (block[i]) ++alike[c.type_name()];
   }
-  return alike >= 2;
+  for (std::size_t i = 0; i < kids.size(); ++i) block[i] = block[i] && alike[kids[i].second->type_name()] >= 2;
+  return block;
 }
 
 bool contains_block(const Module& m) {
-  for (const auto& [name, child] : m.children()) {
-    if (is_block(m, *child) || contains_block(*child)) return true;
+  const std::vector<bool> block = block_children(m);
+  for (std::size_t i = 0; i < block.size(); ++i) {
+    if (block[i] || contains_block(*m.children()[i].second)) return true;
   }
   return false;
 }
 
 void collect_blocks(Module& m, std::vector<Module*>& out) {
-  for (const auto& [name, child] : m.children()) {
-    if (is_block(m, *child) && !(child->type_name() == "Sequential" && contains_block(*child))) {
-      out.push_back(child.get());
+  const std::vector<bool> block = block_children(m);
+  for (std::size_t i = 0; i < block.size(); ++i) {
+    Module& child = *m.children()[i].second;
+    if (block[i] && !(child.type_name() == "Sequential" && contains_block(child))) {
+      out.push_back(&child);
     } else {
-      collect_blocks(*child, out);
+      collect_blocks(child, out);
     }
   }
 }
