@@ -116,6 +116,7 @@ std::shared_ptr<const nn::ModelSource> record_hf_config(const std::string& path,
   if (!how.attention.empty()) argv.insert(argv.end(), {"--attn", how.attention});
   if (how.lora > 0) argv.insert(argv.end(), {"--lora", std::to_string(how.lora)});
   if (!how.lora_targets.empty()) argv.insert(argv.end(), {"--lora-targets", how.lora_targets});
+  if (!how.checkpoint.empty()) argv.insert(argv.end(), {"--gradient-checkpointing", how.checkpoint});
   const int status = run(argv, log);
   if (status != 0) {
     std::string said = read_text(log, 4000);

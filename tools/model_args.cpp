@@ -162,8 +162,8 @@ nn::ModelOptions to_model_options(const ModelArgs& args, bool lists_allowed) {
     set("--lora", args.lora, o.lora);
     if (!args.attention.empty()) o.attention = args.attention;
     if (!args.lora_targets.empty()) o.lora_targets = args.lora_targets;
+    if (!args.checkpoint.empty()) o.checkpoint = args.checkpoint;
   }
-  if (!args.checkpoint.empty()) o.checkpoint = args.checkpoint;
   if (!args.quant.empty()) o.quant = args.quant;
   return o;
 }
@@ -219,6 +219,11 @@ std::shared_ptr<const nn::ModelSource> resolve_model(const ModelArgs& args, cons
                            "transformers' attn_implementation)");
         }
         how.attention = args.attention;
+        if (args.checkpoint.find(',') != std::string::npos) {
+          throw UsageError("--gradient-checkpointing: a model_type the exporter records takes one mode per run (its "
+                           "checkpoints are recorded); give none, on, reentrant or non-reentrant");
+        }
+        if (!args.checkpoint.empty() && args.checkpoint != "none") how.checkpoint = args.checkpoint;
         how.lora = args.lora;
         how.lora_targets = args.lora_targets;
         return record_hf_config(args.hf_config, how);

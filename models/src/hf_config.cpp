@@ -125,7 +125,10 @@ json read_json(std::string_view text, const std::string& origin) {
   try {
     root = detail::parse_bounded(text, origin, kMaxHfConfigDepth);
   } catch (const json::parse_error& e) {
-    throw Error(origin + ": not JSON (" + std::string(e.what()) + ")");
+    // "[json.exception.parse_error.101] parse error at line 3, column 5: ..." -> from "parse error".
+    std::string what = e.what();
+    if (const auto at = what.find("parse error"); at != std::string::npos) what = what.substr(at);
+    throw Error(origin + ": not valid JSON: " + what);
   }
   if (!root.is_object()) throw Error(origin + ": expected a JSON object (a config.json), got " + kind_of(root));
   return root;

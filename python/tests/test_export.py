@@ -726,3 +726,13 @@ def test_lora_freezes_the_base_and_adds_f32_adapters_on_the_targets(tmp_path, ca
     (tmp_path / "m.py").write_text("import torch.nn as nn\n\ndef net():\n    return nn.Linear(8, 8)\n")
     assert main([f"{tmp_path / 'm.py'}:net", "--input", "4,8", "--lora", "4"]) == 2
     assert "--lora applies to --hf-config" in capsys.readouterr().err
+
+
+def test_gradient_checkpointing_marks_every_decoder_layer_with_its_positional_input(tmp_path):
+    from vramscope.export import export_hf_config
+    graph = export_hf_config(_hf_config(tmp_path), batch=2, seq=16, gradient_checkpointing="reentrant")["graph"]
+    marked = [c for c in graph["calls"] if c.get("checkpoint")]
+    assert [c["module"] for c in marked] == ["model.layers.0", "model.layers.1"]
+    assert all(c["checkpoint"] == "reentrant" and len(c["args"]) == 1 for c in marked)  # hidden_states only
+    with pytest.raises(ExportError):
+        export_hf_config(_hf_config(tmp_path), gradient_checkpointing="sideways")

@@ -212,6 +212,9 @@ AUTOCAST_CI = {"resnet18", "qwen3", "qwen3_moe"}
 LORA_CASES = {"llama": (8, None), "qwen3": (16, None), "gemma3_text": (8, None), "phi3": (8, "qkv_proj+o_proj"),
               "mistral": (4, None), "qwen3_moe": (8, "all"), "olmo2": (8, "q_proj+k_proj+v_proj+o_proj")}
 LORA_CI = {"qwen3"}
+# model.gradient_checkpointing_enable(): each decoder layer under torch.utils.checkpoint.
+GC_CASES = {"llama": "non-reentrant", "qwen3": "on", "gemma3_text": "reentrant", "qwen3_moe": "on"}
+GC_CI = {"qwen3"}
 
 
 def cases():
@@ -274,6 +277,11 @@ def cases():
             rank, targets = LORA_CASES[case["name"]]
             out.append(dict(case, name=f"{case['name']} (LoRA r={rank}{', ' + targets if targets else ''})", lora=rank,
                             lora_targets=targets, ci=case["name"] in LORA_CI, family=case["family"] + ", LoRA"))
+    for case in list(out):
+        if case["name"] in GC_CASES and case.get("hf") and not case.get("lora") and not case.get("amp"):
+            mode = GC_CASES[case["name"]]
+            out.append(dict(case, name=f"{case['name']} (gradient checkpointing {mode})", gc=mode,
+                            ci=case["name"] in GC_CI, family=case["family"] + ", checkpointed"))
     return out
 
 
@@ -398,7 +406,8 @@ def run_case(case, binary, work: Path) -> dict:
         config = hf_config_file(case["hf"], work)
         attn = "eager" if case["hf"] in EAGER else "sdpa"
         doc = export_hf_config(str(config), batch=2, seq=32, name=case["name"], attn=attn, amp=amp,
-                               lora=case.get("lora", 0), lora_targets=case.get("lora_targets"))
+                               lora=case.get("lora", 0), lora_targets=case.get("lora_targets"),
+                               gradient_checkpointing=case.get("gc"))
         import transformers
         cfg = json.loads(config.read_text())
         model_type = cfg.pop("model_type")
@@ -408,6 +417,9 @@ def run_case(case, binary, work: Path) -> dict:
         if case.get("lora"):
             from vramscope.export import with_lora
             model = with_lora(model, case["lora"], case.get("lora_targets"))
+        if case.get("gc"):
+            from vramscope.export import enable_gradient_checkpointing
+            enable_gradient_checkpointing(model, case["gc"])
         ids = torch.zeros((2, 32), dtype=torch.int64, device="meta")
         args, kwargs = [], {"input_ids": ids, "labels": ids, "use_cache": False}
         batch = 2
@@ -433,7 +445,7 @@ def run_case(case, binary, work: Path) -> dict:
         if theirs.get(key, 0) != ours.get(key, 0):
             problems.append(f"saved by {key or '(top level)'}: PyTorch {theirs.get(key, 0):,} B, vramscope "
                             f"{ours.get(key, 0):,} B")
-    block = repeated_block(doc)
+    block = "" if case.get("gc") else repeated_block(doc)  # every layer is checkpointed already
     saving = None
     if block and not problems:
         theirs_ckpt = torch_side(model, args, kwargs, case["output"], block, amp=amp)

@@ -83,7 +83,9 @@ TEST(HfConfig, MalformedAndUnmodelledConfigsAreRefusedByKey) {
   };
   const json gone = json::value_t::discarded;
   const std::pair<std::string, std::string> cases[] = {
-      {"{", "config.json: not JSON"},
+      {"{", "config.json: not valid JSON: parse error at line 1"},
+      // A number no double holds is named by its key, in our words (issue 47).
+      {R"({"model_type": "llama", "rope_theta": 1e400})", "config.json: \"rope_theta\": a number too large"},
       {"[1, 2]", "expected a JSON object"},
       {with("model_type", "bert"), "model_type: 'bert' is not modelled"},
       {with("model_type", gone), "model_type: missing"},

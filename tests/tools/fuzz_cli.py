@@ -3,15 +3,24 @@
 
 Usage: fuzz_cli.py VRAMSCOPE [--runs N] [--seed S] [--jobs J]
 
-Each vector mixes valid and invalid options, names and extreme numbers. Every run must:
+Each vector mixes valid and invalid options, names and extreme numbers, and hostile files the
+run writes first (hostile_files): model files and Hugging Face configs nested 100,000 deep,
+repeating a layer a million times, with numbers past any double, NaN, nulls and lists of the
+wrong length; snapshots that claim device -1 or nest without end; and outputs that name an input.
+Every run must:
 - finish within a time limit (no hang, no unbounded work),
 - stay under an address-space limit (setrlimit: no unbounded memory),
 - exit 0, 1 or 2 (never a signal, an abort or another code),
-- print exactly one line on stderr when it exits 1 or 2.
+- print exactly one line on stderr when it exits 1 or 2,
+and every hostile input must be unchanged at the end (no output ever replaces an input).
 A failure prints the vector, so it can be rerun by hand. The seed makes a run repeatable.
 """
 import argparse
+import hashlib
+import json
 import os
+import pickle
+import tempfile
 import concurrent.futures
 import random
 import resource
@@ -43,6 +52,67 @@ NUMBERS = ["0", "1", "2", "3", "4", "7", "16", "64", "256", "1024", "-1", "-3", 
            "99999999999999999999", "", "abc", " 8", "10001", "100000", "1099511627776"]
 
 
+def hostile_files(folder):
+    """{kind: [paths]} of hostile inputs written into `folder`."""
+    def deep(n):
+        text = "0"
+        for _ in range(n):
+            text = "[" + text + "]"
+        return text
+    layer = {"type": "Linear", "in_features": 64, "out_features": 64}
+    base = {"format": "vramscope-model", "version": 1, "name": "h", "options": {"batch": 4},
+            "input": {"shape": ["batch", 64]}, "loss": {"type": "mse"}, "layers": [layer]}
+    model_texts = {
+        "deep": json.dumps(base)[:-1] + ', "description": ' + deep(100_000) + "}",
+        # 100,000 times (issue 47 had a million: 28 s here, past this run's time limit).
+        "repeat": json.dumps({**base, "input": {"shape": ["batch", 4096]}, "layers": [{"repeat": 100_000, "layers": [
+            {"type": "Linear", "in_features": 4096, "out_features": 4096}]}]}),
+        "overflow": json.dumps(base).replace('"in_features": 64', '"in_features": 1e400', 1),
+        "nan": json.dumps(base).replace('"in_features": 64', '"in_features": NaN', 1),
+        "null": json.dumps({**base, "layers": [{**layer, "out_features": None}]}),
+        "wrong_list": json.dumps({**base, "input": {"shape": []}}),
+        "huge_width": json.dumps({**base, "layers": [{**layer, "out_features": 9223372036854775807}]}),
+        "empty": "",
+    }
+    config = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "vocab_size": 256, "max_position_embeddings": 512}
+    config_texts = {
+        "deep": json.dumps(config)[:-1] + ', "rope_parameters": ' + deep(100_000) + "}",
+        "layer_types": json.dumps({**config, "layer_types": ["full_attention"] * 5}),
+        "overflow": json.dumps(config)[:-1] + ', "rope_theta": 1e400}',
+        "nan": json.dumps(config)[:-1] + ', "rms_norm_eps": NaN}',
+        "null": json.dumps({**config, "num_key_value_heads": None, "head_dim": None, "sliding_window": None}),
+        "layers": json.dumps({**config, "num_hidden_layers": 1_000_000_000}),
+        "recorded": json.dumps({**config, "model_type": "qwen3"}),  # the exporter: no Python here (fast)
+        "tied_gpt2": json.dumps({"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 256,
+                                 "n_positions": 128, "n_inner": None, "tie_word_embeddings": True}),
+    }
+    segment = {"device": -1, "address": 1 << 30, "total_size": 2 << 20, "stream": 0, "segment_type": "large",
+               "blocks": [{"address": 1 << 30, "size": 2 << 20, "state": "active_allocated", "frames": []}]}
+    snapshots = {
+        "device_minus_1": pickle.dumps({"segments": [segment], "device_traces": [[]]}, protocol=4),
+        # 100,000 lists each in the next: EMPTY_LIST pushed, then APPEND folds each into the one below.
+        "deep": b"\x80\x04" + b"]" * 100_000 + b"a" * 99_999 + b".",
+        "truncated": pickle.dumps({"segments": [segment], "device_traces": [[]]}, protocol=4)[:40],
+    }
+    files = {"model": [], "config": [], "snapshot": []}
+    for kind, texts, suffix in (("model", model_texts, ".json"), ("config", config_texts, ".json")):
+        for name, text in texts.items():
+            path = os.path.join(folder, f"{kind}-{name}{suffix}")
+            with open(path, "w") as f:
+                f.write(text)
+            files[kind].append(path)
+    for name, data in snapshots.items():
+        path = os.path.join(folder, f"snapshot-{name}.pickle")
+        with open(path, "wb") as f:
+            f.write(data)
+        files["snapshot"].append(path)
+    return files
+
+
+HOSTILE = {}  # set by main(): the hostile files by kind
+
+
 def number(rng):
     if rng.random() < 0.5:
         return rng.choice(NUMBERS)
@@ -55,6 +125,13 @@ def small_size(rng):
 
 
 def model_options(rng, args):
+    if HOSTILE and rng.random() < 0.15:
+        kind = rng.choice(["model", "config"])
+        path = rng.choice(HOSTILE[kind])
+        args += ["--model-file" if kind == "model" else "--hf-config", path]
+        if rng.random() < 0.3:  # an output that names this run's input: refused, the input untouched
+            args += [rng.choice(["--plot", "--plot", "--snapshot", "--model-out"]), path]
+        return
     model = rng.choice(MODELS)
     args += ["--model", model]
     if rng.random() < 0.6:
@@ -134,7 +211,7 @@ def vector(rng):
         if rng.random() < 0.1:
             args += ["--plot", rng.choice(["/nonexistent/x.svg", "/", ""])]
     if command == "replay":
-        args += [rng.choice(["/nonexistent.pickle", "/etc/hostname", "/dev/null", ""])]
+        args += [rng.choice(["/nonexistent.pickle", "/etc/hostname", "/dev/null", ""] + HOSTILE.get("snapshot", []))]
         if rng.random() < 0.5:
             args += ["-a", rng.choice(CONFS)]
     if rng.random() < 0.05:
@@ -150,8 +227,10 @@ def limit_resources():
 def run_one(exe, args):
     """(exit code, problem or None)."""
     try:
+        # No Python for --hf-config's exporter: a model_type it would record fails at once.
+        env = dict(os.environ, VRAMSCOPE_PYTHON="/nonexistent/python3")
         p = subprocess.run([exe, *args], capture_output=True, text=True, timeout=TIME_LIMIT_S,
-                           preexec_fn=limit_resources, cwd="/tmp")
+                           preexec_fn=limit_resources, cwd="/tmp", env=env)
     except subprocess.TimeoutExpired:
         return None, f"did not finish within {TIME_LIMIT_S} s"
     if p.returncode not in (0, 1, 2):
@@ -174,6 +253,10 @@ def main():
     opts.exe = os.path.abspath(opts.exe)
     seed = opts.seed if opts.seed is not None else random.randrange(1 << 30)
     rng = random.Random(seed)
+    scratch = tempfile.TemporaryDirectory()
+    HOSTILE.update(hostile_files(scratch.name))
+    digest = lambda path: hashlib.sha256(open(path, "rb").read()).hexdigest()  # noqa: E731
+    before = {path: digest(path) for paths in HOSTILE.values() for path in paths}
     vectors = [vector(rng) for _ in range(opts.runs)]
     failures = 0
     codes = {0: 0, 1: 0, 2: 0}
@@ -184,6 +267,11 @@ def main():
             if problem:
                 failures += 1
                 print(f"FAIL {problem}\n  vramscope {' '.join(repr(a) if (not a or ' ' in a) else a for a in args)}")
+    for path, hashed in before.items():
+        if not os.path.exists(path) or digest(path) != hashed:
+            failures += 1
+            print(f"FAIL an input was changed: {path}")
+    scratch.cleanup()
     print(f"fuzz_cli: {opts.runs} vectors, seed {seed}: exit 0 {codes[0]}, exit 1 {codes[1]}, "
           f"exit 2 {codes[2]}; {failures} failures")
     return 1 if failures else 0

@@ -144,7 +144,7 @@ def export_ops(model, inputs: Sequence["InputSpec"], *, name: str = "model", los
 
 def export_hf_config(config_path: str, *, batch: int = 1, seq: int = 128, name: Optional[str] = None,
                      attn: str = "sdpa", amp: Optional[str] = None, lora: int = 0,
-                     lora_targets: Optional[str] = None) -> dict:
+                     lora_targets: Optional[str] = None, gradient_checkpointing: Optional[str] = None) -> dict:
     """The operator-level model file of a transformers causal LM built from `config_path`
     (AutoModelForCausalLM.from_config on the meta device; nothing is downloaded). The loss is
     transformers' own (labels given), so the file's output is that loss."""
@@ -179,6 +179,8 @@ def export_hf_config(config_path: str, *, batch: int = 1, seq: int = 128, name: 
     model = model.to(torch.float32 if amp else torch.bfloat16).train()
     if lora:
         model = with_lora(model, lora, lora_targets)
+    if gradient_checkpointing:
+        enable_gradient_checkpointing(model, gradient_checkpointing)
     vocab = model.get_input_embeddings().num_embeddings
 
     def make_inputs(b: int, s: int):
@@ -192,8 +194,24 @@ def export_hf_config(config_path: str, *, batch: int = 1, seq: int = 128, name: 
                         output_key="loss", description=f"{type(model).__name__} ({model_type}) from {config_path}",
                         source=f"exported by vramscope.export --hf-config with transformers {transformers.__version__}, "
                                f"attn_implementation={attn}" + (f", autocast {amp}" if amp else "") +
-                               (f", PEFT LoRA r={lora} on {lora_targets or 'its default targets'}" if lora else ""),
+                               (f", PEFT LoRA r={lora} on {lora_targets or 'its default targets'}" if lora else "") +
+                               (f", gradient checkpointing {gradient_checkpointing}" if gradient_checkpointing else ""),
                         input_note={"shape": ["batch", "seq"], "dtype": "int64", "high": vocab}, autocast=amp)
+
+
+def enable_gradient_checkpointing(model, mode: str) -> None:
+    """model.gradient_checkpointing_enable() as a training script calls it: "on" takes the
+    installed transformers' default (non-reentrant in 5.x), "reentrant" and "non-reentrant" say
+    use_reentrant. Each decoder layer is then recorded as a checkpointed call."""
+    if mode not in ("on", "reentrant", "non-reentrant"):
+        raise ExportError([f"--gradient-checkpointing {mode!r}: expected on, reentrant or non-reentrant"], "bad arguments")
+    kwargs = None if mode == "on" else {"use_reentrant": mode == "reentrant"}
+    target = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if not getattr(target, "supports_gradient_checkpointing", False):
+        raise ExportError([f"--gradient-checkpointing: {type(target).__name__} does not support it"], "bad arguments")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # 5.24 names it activation_checkpointing_enable too
+        target.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 def with_lora(model, rank: int, targets: Optional[str] = None):

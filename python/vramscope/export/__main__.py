@@ -66,6 +66,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--lora-targets", metavar="P+P...",
                         help="--hf-config with --lora: the adapted modules, q_proj+v_proj, or all (PEFT's all-linear); "
                              "default: PEFT's for the model type")
+    parser.add_argument("--gradient-checkpointing", metavar="MODE", choices=("on", "reentrant", "non-reentrant"),
+                        help="--hf-config: model.gradient_checkpointing_enable() (on: transformers' default), "
+                             "every decoder layer recorded as a checkpointed call")
     parser.add_argument("--name", help="the model's name in tables (default: the function's name)")
     parser.add_argument("-o", "--output", dest="out", metavar="FILE.json",
                         help="where to write (default: standard output)")
@@ -89,7 +92,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if args.batch <= 0 or args.seq <= 0:
                 raise ExportError(["--batch and --seq must be positive"], "bad arguments")
             doc = export_hf_config(args.hf_config, batch=args.batch, seq=args.seq, name=_name(args.name), attn=args.attn,
-                                   amp=args.amp, lora=args.lora, lora_targets=args.lora_targets)
+                                   amp=args.amp, lora=args.lora, lora_targets=args.lora_targets,
+                                   gradient_checkpointing=args.gradient_checkpointing)
             params = None
         else:
             if not args.model:

@@ -31,6 +31,7 @@ at batch + 1 (and sequence + 1): each size is written as `a*batch*seq + b*batch 
 """
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import weakref
@@ -819,7 +820,10 @@ class _CheckpointMarks:
         original = cp.checkpoint
 
         def checkpoint(function, *args, use_reentrant=None, **kwargs):
-            module = function if hasattr(function, "named_modules") else getattr(function, "__self__", None)
+            # transformers' GradientCheckpointingLayer checkpoints partial(super().__call__, **kwargs):
+            # the layer's own call, its keyword arguments in the closure.
+            target = function.func if isinstance(function, functools.partial) else function
+            module = target if hasattr(target, "named_modules") else getattr(target, "__self__", None)
             before = len(recorder.rec.calls)
             kwargs.pop("preserve_rng_state", None)
             kwargs.pop("determinism_check", None)
@@ -847,11 +851,22 @@ class _CheckpointMarks:
 
         cp.checkpoint = checkpoint
         self.original = original
+        # gradient_checkpointing_enable() bound torch's checkpoint into each layer
+        # (_gradient_checkpointing_func, with its use_reentrant): the same, through the one above.
+        self.bound = []
+        for m in recorder.model.modules():
+            f = m.__dict__.get("_gradient_checkpointing_func")
+            if f is not None:
+                keywords = dict(f.keywords) if isinstance(f, functools.partial) else {}
+                self.bound.append((m, f))
+                m._gradient_checkpointing_func = functools.partial(checkpoint, **keywords)
         return self
 
     def __exit__(self, *exc):
         import torch.utils.checkpoint as cp
         cp.checkpoint = self.saved
+        for m, f in self.bound:
+            m._gradient_checkpointing_func = f
         return False
 
 
