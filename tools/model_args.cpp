@@ -224,6 +224,10 @@ std::shared_ptr<const nn::ModelSource> resolve_model(const ModelArgs& args, cons
                            "checkpoints are recorded); give none, on, reentrant or non-reentrant");
         }
         if (!args.checkpoint.empty() && args.checkpoint != "none") how.checkpoint = args.checkpoint;
+        if (!args.quant.empty()) {
+          throw UsageError("--quant: bitsandbytes' 4-bit layers run on a GPU only, so a model_type the exporter records "
+                           "cannot have them; the built-in llama, mistral and qwen2 model QLoRA");
+        }
         how.lora = args.lora;
         how.lora_targets = args.lora_targets;
         return record_hf_config(args.hf_config, how);

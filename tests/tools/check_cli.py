@@ -927,6 +927,10 @@ def check_hf_config(exe, work):
     bad.write_text(json.dumps({**TINY_LLAMA, "model_type": "qwen3"}))
     err = run(exe, "sweep", "--hf-config", str(bad), "--dtype", "bf16,amp-bf16", expect=2).stderr
     check("--dtype: an --hf-config that the exporter records runs under one autocast" in err, err)
+    err = run(exe, "sweep", "--hf-config", str(bad), "--quant", "nf4", "--lora", "8", expect=2).stderr
+    check("--quant: bitsandbytes' 4-bit layers run on a GPU only" in err, err)
+    err = run(exe, "sweep", "--hf-config", str(bad), "--gradient-checkpointing", "none,on", expect=2).stderr
+    check("takes one mode per run" in err, err)
     for args, words in [(["--seq", "1024"], ["exceeds max_position_embeddings 512"]),
                         (["--segments", "4"], ["checkpoints per decoder layer"]),
                         (["--model", "mlp"], ["give one"]),
