@@ -38,6 +38,7 @@ AddressRange ExpandableSegment::map(std::uintptr_t ptr, std::size_t bytes) {
   const std::size_t begin = page_left(ptr);
   const std::size_t end = std::min(page_right(ptr + bytes), pages_);
   if (begin >= end) return {ptr, 0};
+  if (device_.fails_mapping_pages(end - begin, page_)) return {base_ + begin * page_, 0};  // as the loop below would
   if (mapped_.size() < end) mapped_.resize(end, false);
   for (std::size_t i = begin; i < end; ++i) {
     // One physical allocation per page, as PyTorch creates one handle per page. Out of

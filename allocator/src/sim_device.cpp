@@ -693,6 +693,23 @@ bool SimDevice::map_memory(void* address, std::size_t bytes) {
   return true;
 }
 
+bool SimDevice::fails_mapping_pages(std::size_t count, std::size_t bytes) {
+  std::lock_guard lock(mutex_);
+  // Injected failures decide call by call: then every call is made.
+  if (fail_countdown_ != 0 || fail_probability_ > 0 || bytes == 0) return false;
+  const std::size_t free_pages = (config_.capacity - config_.context_bytes - used_rounded_) / config_.granularity;
+  const std::size_t fit = free_pages / pages_of(bytes);
+  if (count <= fit) return false;
+  // `fit` calls succeed, the next fails, and the `fit` are unmapped again: their clock and
+  // counters, without a call per page (a batch of millions asks for terabytes, page by page).
+  driver_time_us_ += static_cast<double>(fit + 1) * config_.malloc_latency_us +
+                     static_cast<double>(fit) * config_.free_latency_us;
+  allocs_ += fit;
+  frees_ += fit;
+  ++failures_;
+  return true;
+}
+
 void SimDevice::unmap_memory(void* address, std::size_t bytes) noexcept {
   std::lock_guard lock(mutex_);
   auto it = mapped_.find(reinterpret_cast<std::uintptr_t>(address));

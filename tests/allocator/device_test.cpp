@@ -816,6 +816,31 @@ TEST(MakeDevice, UnknownSpecsListTheValidForms) {
 
 // --- virtual memory (expandable segments) ---------------------------------------------
 
+TEST(SimVirtualMemory, AMapCertainToFailIsAccountedAsItsCallsWouldBe) {
+  // Mapping 10 pages of 2 MiB on 12 MiB free: 6 calls map, the 7th fails, the 6 are unmapped.
+  // fails_mapping_pages() says so at once, with the same clock and counters as those calls.
+  SimDeviceConfig cfg;
+  cfg.name = "vm";
+  cfg.capacity = 12 * MiB;
+  cfg.context_bytes = 0;
+  SimDevice calls{cfg}, at_once{cfg};
+  char* base = static_cast<char*>(calls.reserve_address_range(64 * MiB));
+  std::size_t mapped = 0;
+  while (calls.map_memory(base + mapped * 2 * MiB, 2 * MiB)) ++mapped;
+  for (std::size_t i = 0; i < mapped; ++i) calls.unmap_memory(base + i * 2 * MiB, 2 * MiB);
+  EXPECT_EQ(mapped, 6u);
+  EXPECT_FALSE(at_once.fails_mapping_pages(6, 2 * MiB));  // fits: mapped page by page
+  EXPECT_TRUE(at_once.fails_mapping_pages(10, 2 * MiB));
+  EXPECT_EQ(at_once.used_bytes(), 0u);
+  EXPECT_DOUBLE_EQ(at_once.driver_time_us(), calls.driver_time_us());
+  EXPECT_EQ(at_once.segment_allocs(), calls.segment_allocs());
+  EXPECT_EQ(at_once.segment_frees(), calls.segment_frees());
+  EXPECT_EQ(at_once.failed_allocs(), calls.failed_allocs());
+  // Injected failures decide call by call: then every call is made.
+  at_once.fail_nth_allocation(3);
+  EXPECT_FALSE(at_once.fails_mapping_pages(10, 2 * MiB));
+}
+
 void check_virtual_memory(SimBacking backing) {
   SimDeviceConfig cfg;
   cfg.name = "vm";

@@ -66,6 +66,11 @@ class Device {
   virtual bool map_memory(void* /*address*/, std::size_t /*bytes*/) { return false; }
   /// Unmaps and releases what one map_memory call mapped at `address`, with its size.
   virtual void unmap_memory(void* /*address*/, std::size_t /*bytes*/) noexcept {}
+  /// Whether mapping `count` pages of `bytes`, one map_memory call each, is certain to run out
+  /// of memory part way. If so, the device accounts for those calls as they would have gone (the
+  /// pages that fit mapped and unmapped again, the failing call) and returns true, so that a
+  /// caller undoing a partial map skips them; false: map page by page. Default: false.
+  virtual bool fails_mapping_pages(std::size_t /*count*/, std::size_t /*bytes*/) { return false; }
 
   /// Device memory a library's kernels take when it first runs (CUDA's lazy module
   /// loading: cuBLAS's and cuDNN's kernels), outside any allocator: nvidia-smi shows it

@@ -72,6 +72,7 @@ class SimDevice final : public Device {
   void* reserve_address_range(std::size_t bytes) override;
   void release_address_range(void* base, std::size_t bytes) noexcept override;
   bool map_memory(void* address, std::size_t bytes) override;
+  bool fails_mapping_pages(std::size_t count, std::size_t bytes) override;
   void unmap_memory(void* address, std::size_t bytes) noexcept override;
   std::optional<std::size_t> load_module(std::string_view name, std::size_t bytes) override;
   std::size_t module_bytes() const override;
