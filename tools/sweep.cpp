@@ -359,7 +359,11 @@ SweepResult run_sweep(const SweepSpec& spec_in, const SweepProgress& progress) {
       // The weights alone outgrow the device: that is the answer, said at once.
       row.weights_alone = static_cast<std::int64_t>(weights);
     }
-    if (row.oom && (row.weights_alone == 0 || static_cast<std::size_t>(result.model.parameter_tensors) <= kMaxTensorsForUnlimitedRun)) {
+    // A single tensor larger than the whole device is its own answer (the report says so); the
+    // run without the limit would map its terabytes page by page under expandable segments.
+    const bool one_tensor_too_large = row.oom && row.oom->figures.requested > result.device.total_bytes;
+    if (row.oom && !one_tensor_too_large &&
+        (row.weights_alone == 0 || static_cast<std::size_t>(result.model.parameter_tensors) <= kMaxTensorsForUnlimitedRun)) {
       // What it would have needed: the same run without the capacity limit. Dry run
       // (the runtime guarantees identical statistics to compute mode), so it is cheap.
       nn::TrainConfig dry = cfg;
