@@ -192,8 +192,8 @@ void check_parallel_combination(const std::vector<nn::ParallelConfig>& parallels
 std::string hf_autocast(const std::vector<nn::Precision>& precisions) {
   std::string first;
   for (std::size_t i = 0; i < precisions.size(); ++i) {
-    const nn::Precision p = precisions[i];
-    const std::string autocast = p == nn::Precision::AmpBF16 ? "bf16" : p == nn::Precision::Amp ? "f16" : "";
+    const std::optional<nn::DType> half = nn::autocast_dtype(precisions[i]);
+    const std::string autocast = half ? std::string(nn::dtype_name(*half)) : "";
     if (i == 0) {
       first = autocast;
     } else if (autocast != first) {

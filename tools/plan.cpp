@@ -516,7 +516,7 @@ PlanResult run_plan(const PlanSpec& spec_in, const PlanProgress& progress) {
   // engine shards them, outgrow the device: no plan can fit, and none is searched (a search
   // walks the model, however large).
   const nn::ParallelConfig& parallel = base.parallels.front();
-  const bool sharded = parallel.engine == nn::ParallelEngine::Fsdp || parallel.engine == nn::ParallelEngine::Zero3;
+  const bool sharded = parallel.shards_parameters();
   const nn::DType smallest = result.spec.search.precision ? nn::DType::BF16 : nn::parameter_dtype(base.precisions.front());
   const std::size_t weights =
       result.model.parameter_bytes(smallest) / (sharded ? std::max<std::size_t>(parallel.world_size, 1) : 1);

@@ -354,8 +354,7 @@ SweepResult run_sweep(const SweepSpec& spec_in, const SweepProgress& progress) {
       row.figures = run_config(cfg, make_run_device(spec), row.oom, row.error);
     }
     const std::size_t weights = result.model.parameter_bytes(nn::parameter_dtype(row.precision));
-    const bool sharded = row.parallel.engine == nn::ParallelEngine::Fsdp || row.parallel.engine == nn::ParallelEngine::Zero3;
-    if (row.oom && row.oom->step == 0 && !sharded && weights > result.device.total_bytes) {
+    if (row.oom && row.oom->step == 0 && !row.parallel.shards_parameters() && weights > result.device.total_bytes) {
       // The weights alone outgrow the device: that is the answer, said at once.
       row.weights_alone = static_cast<std::int64_t>(weights);
     }

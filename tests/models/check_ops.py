@@ -266,22 +266,21 @@ def cases():
         out.append(dict(name=f"diffusers/{kind}", family="diffusers", ci=kind == "unet", build=diffusers_model(kind),
                         inputs=inputs, output=key, loss=loss))
     # Under CUDA's autocast (--dtype amp-bf16 / amp): a part of every family.
+    # Variants of a base case: autocast, PEFT's LoRA (the base frozen), gradient checkpointing.
     for case in list(out):
-        if case["name"] in AUTOCAST_CASES:
-            amp = AUTOCAST_CASES[case["name"]]
-            out.append(dict(case, name=f"{case['name']} (autocast {amp})", amp=amp,
-                            ci=case["name"] in AUTOCAST_CI, family=case["family"] + ", autocast"))
-    # PEFT's LoRA (get_peft_model, the base frozen): decoders of several families.
-    for case in list(out):
-        if case["name"] in LORA_CASES:
-            rank, targets = LORA_CASES[case["name"]]
-            out.append(dict(case, name=f"{case['name']} (LoRA r={rank}{', ' + targets if targets else ''})", lora=rank,
-                            lora_targets=targets, ci=case["name"] in LORA_CI, family=case["family"] + ", LoRA"))
-    for case in list(out):
-        if case["name"] in GC_CASES and case.get("hf") and not case.get("lora") and not case.get("amp"):
-            mode = GC_CASES[case["name"]]
-            out.append(dict(case, name=f"{case['name']} (gradient checkpointing {mode})", gc=mode,
-                            ci=case["name"] in GC_CI, family=case["family"] + ", checkpointed"))
+        name = case["name"]
+        if name in AUTOCAST_CASES:
+            amp = AUTOCAST_CASES[name]
+            out.append(dict(case, name=f"{name} (autocast {amp})", amp=amp, ci=name in AUTOCAST_CI,
+                            family=case["family"] + ", autocast"))
+        if name in LORA_CASES:
+            rank, targets = LORA_CASES[name]
+            out.append(dict(case, name=f"{name} (LoRA r={rank}{', ' + targets if targets else ''})", lora=rank,
+                            lora_targets=targets, ci=name in LORA_CI, family=case["family"] + ", LoRA"))
+        if name in GC_CASES:
+            mode = GC_CASES[name]
+            out.append(dict(case, name=f"{name} (gradient checkpointing {mode})", gc=mode, ci=name in GC_CI,
+                            family=case["family"] + ", checkpointed"))
     return out
 
 

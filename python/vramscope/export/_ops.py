@@ -134,10 +134,15 @@ def _user_line(skip: Sequence[str]) -> str:
     return "?"
 
 
+def _not_users(torch) -> Tuple[str, ...]:
+    """Where a frame is not the user's code: torch, this package, the standard wrappers."""
+    return (str(Path(torch.__file__).parent) + "/", str(Path(__file__).parent), "/contextlib.py", "/functools.py")
+
+
 def _user_line_of_caller() -> str:
     """The user's line that called into torch (for what a fake GPU answered)."""
     import torch
-    return _user_line((str(Path(torch.__file__).parent) + "/", str(Path(__file__).parent)))
+    return _user_line(_not_users(torch))
 
 
 class _Recorder:
@@ -170,8 +175,7 @@ class _Recorder:
         self.markers: Dict[int, Tuple[int, Any]] = {}  # marker storage -> (record, marker kept alive)
         # (ops recorded when it was packed, tensor record): every tensor autograd saved, in order
         self.packed: List[Tuple[int, int]] = []
-        torch_dir = str(Path(torch.__file__).parent) + "/"
-        self.skip = (torch_dir, str(Path(__file__).parent), "/contextlib.py", "/functools.py")
+        self.skip = _not_users(torch)
 
     # --- tensors ---------------------------------------------------------------------------
     def _storage_key(self, t) -> int:

@@ -158,9 +158,6 @@ class OpCall final : public Module {
     return extra;
   }
   void take_checkpoint_inputs(std::span<const Tensor> inputs) override { kept_.assign(inputs.begin(), inputs.end()); }
-  /// A call with keyword arguments only still has checkpoint() keep its first input: the
-  /// runtime's checkpoint() needs one (PyTorch's keeps none then; the same memory, which the
-  /// caller holds anyway, reported as saved).
   // A call with keyword arguments only keeps no input under a non-reentrant checkpoint; the
   // reentrant one needs a tensor to hang its node on (PyTorch warns without one).
   bool checkpoint_saves_input() const override {
@@ -214,9 +211,9 @@ Tensor OpCall::forward(const Tensor& input) {
         return !a ? std::string("f32, f16 or bf16") : *a == DType::BF16 ? std::string("amp-bf16") : std::string("amp");
       };
       const auto again = [](std::optional<DType> a) {
-        return !a ? std::string("without --amp")
-                  : "with --amp " + std::string(*a == DType::BF16 ? "bf16" : "f16") + " (python -m vramscope.export ... --amp " +
-                        (*a == DType::BF16 ? "bf16" : "f16") + ")";
+        if (!a) return std::string("without --amp");
+        const std::string amp = "--amp " + std::string(dtype_name(*a));
+        return "with " + amp + " (python -m vramscope.export ... " + amp + ")";
       };
       throw Error("this operator-level model was recorded " +
                   std::string(g.autocast ? "under autocast (" + std::string(dtype_name(*g.autocast)) + ")" : "without autocast") +

@@ -12,6 +12,17 @@
 
 namespace mem::nn {
 
+namespace {
+
+/// checkpoint()'s options for a module's mark (checkpoint_wrapper's use_reentrant).
+CheckpointOptions options_for(CheckpointMark mark) {
+  CheckpointOptions options;
+  options.mode = mark == CheckpointMark::Reentrant ? CheckpointMode::Reentrant : CheckpointMode::NonReentrant;
+  return options;
+}
+
+}  // namespace
+
 Module::Module(std::string type_name) : type_name_(std::move(type_name)) {}
 Module::~Module() = default;
 
@@ -25,8 +36,7 @@ Tensor Module::call(const Tensor& input) {
   if (checkpoint_ != CheckpointMark::None && grad_enabled()) {
     // checkpoint_wrapper: the wrapped forward, rerun in backward (in the module's own
     // scopes then, too), keeps only its input.
-    CheckpointOptions options;
-    options.mode = checkpoint_ == CheckpointMark::Reentrant ? CheckpointMode::Reentrant : CheckpointMode::NonReentrant;
+    CheckpointOptions options = options_for(checkpoint_);
     struct Flag {
       bool& on;
       explicit Flag(bool& f) : on(f) { on = true; }
@@ -293,9 +303,7 @@ Tensor Sequential::run_group_checkpointed(std::size_t first, std::size_t last, s
                                           CheckpointMark mark, const Tensor& input) {
   // checkpoint(self.layer1, x): the stretch keeps only its input and reruns in backward, in
   // its scope (the rerun's phase) as the first run.
-  CheckpointOptions options;
-  options.mode = mark == CheckpointMark::Reentrant ? CheckpointMode::Reentrant : CheckpointMode::NonReentrant;
-  const std::string scope_path = path().empty() ? std::string(group) : path() + "." + std::string(group);
+  const std::string scope_path = group_path(group);
   return checkpoint(
       [this, first, last, scope_path](const TensorList& in) {
         const Phase phase = current_phase() == Phase::Backward ? Phase::Recompute : current_phase();
@@ -304,7 +312,11 @@ Tensor Sequential::run_group_checkpointed(std::size_t first, std::size_t last, s
         for (std::size_t i = first; i < last; ++i) y = at(i)(y);
         return TensorList{y};
       },
-      {input}, options)[0];
+      {input}, options_for(mark))[0];
+}
+
+std::string Sequential::group_path(std::string_view group) const {
+  return path().empty() ? std::string(group) : path() + "." + std::string(group);
 }
 
 Tensor Sequential::forward(const Tensor& input) {
@@ -332,7 +344,7 @@ Tensor Sequential::forward(const Tensor& input) {
         group_name = {};
         continue;
       }
-      if (!g.empty()) group.emplace(path().empty() ? std::string(g) : path() + "." + std::string(g), phase);
+      if (!g.empty()) group.emplace(group_path(g), phase);
     }
     x = (*list[i].second)(x);
   }

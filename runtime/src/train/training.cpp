@@ -54,13 +54,13 @@ void end_phase(CachingAllocator& alloc, const detail::PhasePeaks& peaks, PhaseSt
   p.allocations = s.allocation[kAll].allocated - p.allocations;
 }
 
+}  // namespace
+
 std::optional<DType> autocast_dtype(Precision p) noexcept {
   if (p == Precision::Amp) return DType::F16;
   if (p == Precision::AmpBF16) return DType::BF16;
   return std::nullopt;
 }
-
-}  // namespace
 
 std::string_view precision_name(Precision precision) noexcept {
   switch (precision) {

@@ -98,10 +98,13 @@ struct ParallelConfig {
   bool stray_contexts = false;
 
   bool enabled() const noexcept { return engine != ParallelEngine::None; }
+  /// Whether the engine shards the parameters over the ranks (FSDP2, ZeRO-3): each rank holds
+  /// its shard of the weights, not all of them.
+  bool shards_parameters() const noexcept { return engine == ParallelEngine::Fsdp || engine == ParallelEngine::Zero3; }
   /// Whether the engine hooks modules as they run (FSDP2 wraps the blocks, ZeRO-3 gathers
-  /// each module's parameters): checkpoint_sequential's segments would cut across them, so
-  /// such a step runs without segments (checkpoint marks on modules work).
-  bool hooks_modules() const noexcept { return engine == ParallelEngine::Fsdp || engine == ParallelEngine::Zero3; }
+  /// each module's parameters): the engines that shard them. checkpoint_sequential's segments
+  /// would cut across them, so such a step runs without segments (marks on modules work).
+  bool hooks_modules() const noexcept { return shards_parameters(); }
   friend bool operator==(const ParallelConfig&, const ParallelConfig&) = default;
 };
 

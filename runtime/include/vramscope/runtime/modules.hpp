@@ -227,6 +227,8 @@ class Sequential : public Module {
   /// The container a flattened child name belongs to ("layer1" for "layer1.0"),
   /// or "" when it has none or the prefix names a child module itself.
   std::string_view group_of(std::string_view name) const;
+  /// A flattened container's path, as its scope names it ("layer1", "model.layer1").
+  std::string group_path(std::string_view group) const;
   /// Runs children [first, last) of group `group`, its scope open, under checkpoint().
   Tensor run_group_checkpointed(std::size_t first, std::size_t last, std::string_view group, CheckpointMark mark,
                                 const Tensor& input);

@@ -53,6 +53,8 @@ std::string_view precision_name(Precision precision) noexcept;
 Precision parse_precision(std::string_view name);
 /// dtype of parameters for a precision (f32 for the amp modes).
 DType parameter_dtype(Precision precision) noexcept;
+/// The half type autocast runs in for `precision` (f16 for amp, bf16 for amp-bf16); none otherwise.
+std::optional<DType> autocast_dtype(Precision precision) noexcept;
 
 struct TrainConfig {
   /// The model (mem::models::find(name), mem::models::ModelFile::load(path)); required.
