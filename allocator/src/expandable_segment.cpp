@@ -28,8 +28,13 @@ ExpandableSegment::ExpandableSegment(Device& device, StreamId stream, std::size_
 }
 
 ExpandableSegment::~ExpandableSegment() {
-  for (std::size_t i = 0; i < mapped_.size(); ++i) {
-    if (mapped_[i]) device_.unmap_memory(reinterpret_cast<void*>(base_ + i * page_), page_);
+  // Each run of mapped pages at once: the pages were mapped one call each, and are unmapped so.
+  std::size_t i = 0;
+  while (i < mapped_.size()) {
+    const std::size_t begin = i;
+    while (i < mapped_.size() && mapped_[i]) ++i;
+    if (i > begin) device_.unmap_pages(reinterpret_cast<void*>(base_ + begin * page_), i - begin, page_);
+    while (i < mapped_.size() && !mapped_[i]) ++i;
   }
   device_.release_address_range(reinterpret_cast<void*>(base_), size());
 }
@@ -38,26 +43,14 @@ AddressRange ExpandableSegment::map(std::uintptr_t ptr, std::size_t bytes) {
   const std::size_t begin = page_left(ptr);
   const std::size_t end = std::min(page_right(ptr + bytes), pages_);
   if (begin >= end) return {ptr, 0};
-  if (device_.fails_mapping_pages(end - begin, page_)) return {base_ + begin * page_, 0};  // as the loop below would
-  if (mapped_.size() < end) mapped_.resize(end, false);
-  for (std::size_t i = begin; i < end; ++i) {
-    // One physical allocation per page, as PyTorch creates one handle per page. Out of
-    // memory, or a driver error (thrown), leaves nothing of this call mapped.
-    bool ok = false;
-    try {
-      ok = device_.map_memory(reinterpret_cast<void*>(base_ + i * page_), page_);
-    } catch (...) {
-      unmap_pages(begin, i);
-      trim();
-      throw;
-    }
-    if (!ok) {
-      unmap_pages(begin, i);
-      trim();
-      return {base_ + begin * page_, 0};
-    }
-    mapped_[i] = true;
+  // One physical allocation per page, as PyTorch creates one handle per page. Out of memory,
+  // or a driver error (thrown), leaves nothing of this call mapped.
+  if (!device_.map_pages(reinterpret_cast<void*>(base_ + begin * page_), end - begin, page_)) {
+    return {base_ + begin * page_, 0};
   }
+  if (mapped_.size() < end) mapped_.resize(end, false);
+  std::fill(mapped_.begin() + static_cast<std::ptrdiff_t>(begin), mapped_.begin() + static_cast<std::ptrdiff_t>(end),
+            true);
   return {base_ + begin * page_, (end - begin) * page_};
 }
 
@@ -80,10 +73,9 @@ bool ExpandableSegment::pages_are(std::uintptr_t ptr, std::size_t bytes, bool wa
 }
 
 void ExpandableSegment::unmap_pages(std::size_t begin, std::size_t end) noexcept {
-  for (std::size_t i = begin; i < end; ++i) {
-    device_.unmap_memory(reinterpret_cast<void*>(base_ + i * page_), page_);
-    mapped_[i] = false;
-  }
+  device_.unmap_pages(reinterpret_cast<void*>(base_ + begin * page_), end - begin, page_);
+  std::fill(mapped_.begin() + static_cast<std::ptrdiff_t>(begin), mapped_.begin() + static_cast<std::ptrdiff_t>(end),
+            false);
 }
 
 void ExpandableSegment::trim() noexcept {

@@ -10,6 +10,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <set>
 #include <string_view>
 #include <utility>
@@ -655,10 +656,7 @@ void SimDevice::release_address_range(void* base, std::size_t bytes) noexcept {
   if (it == reserved_.end()) return;
   assert(it->second == pages_of(bytes) * config_.granularity && "release_address_range: size differs");
   (void)bytes;
-  auto inside = mapped_.lower_bound(key);
-  assert((inside == mapped_.end() || inside->first >= key + it->second) &&
-         "SimDevice::release_address_range: pages are still mapped");
-  (void)inside;
+  assert(!mapped_overlaps_locked(key, it->second) && "SimDevice::release_address_range: pages are still mapped");
   if (config_.backing == SimBacking::None) {
     release_address_window(key);
   } else {
@@ -667,62 +665,137 @@ void SimDevice::release_address_range(void* base, std::size_t bytes) noexcept {
   reserved_.erase(it);
 }
 
-bool SimDevice::map_memory(void* address, std::size_t bytes) {
+void SimDevice::check_mappable_locked(std::uintptr_t at, std::size_t bytes) const {
+  auto range = reserved_.upper_bound(at);
+  const bool inside = range != reserved_.begin() && (--range, at >= range->first) &&
+                      at - range->first <= range->second && bytes <= range->second - (at - range->first);
+  if (!inside || mapped_overlaps_locked(at, bytes)) {
+    throw Error("SimDevice::map_memory: [" + format_address(at) + ", +" + format_bytes(bytes) + ") is " +
+                (inside ? "already mapped in part" : "outside every reserved range"));
+  }
+}
+
+bool SimDevice::mapped_overlaps_locked(std::uintptr_t at, std::size_t bytes) const noexcept {
+  auto next = mapped_.lower_bound(at);
+  return (next != mapped_.end() && next->first - at < bytes) ||
+         (next != mapped_.begin() && std::prev(next)->first + std::prev(next)->second > at);
+}
+
+void SimDevice::add_mapping_locked(std::uintptr_t at, std::size_t bytes) {
+  // Kept as maximal runs: a batch of millions maps terabytes, and a run is one entry.
+  std::uintptr_t start = at;
+  std::uintptr_t end = at + bytes;
+  auto next = mapped_.lower_bound(at);
+  if (next != mapped_.end() && next->first == end) {
+    end += next->second;
+    next = mapped_.erase(next);
+  }
+  if (next != mapped_.begin() && std::prev(next)->first + std::prev(next)->second == at) {
+    start = std::prev(next)->first;
+    mapped_.erase(std::prev(next));
+  }
+  mapped_.emplace(start, end - start);
+}
+
+bool SimDevice::remove_mapping_locked(std::uintptr_t at, std::size_t bytes) {
+  auto it = mapped_.upper_bound(at);
+  if (it == mapped_.begin()) return false;
+  --it;
+  const std::uintptr_t start = it->first;
+  const std::uintptr_t end = start + it->second;
+  if (end <= at || end - at < bytes) return false;  // not wholly mapped
+  mapped_.erase(it);
+  if (start < at) mapped_.emplace(start, at - start);
+  if (at + bytes < end) mapped_.emplace(at + bytes, end - (at + bytes));
+  return true;
+}
+
+void SimDevice::check_page_locked(std::size_t bytes) const {
   if (bytes == 0 || bytes % config_.granularity != 0) {
     throw Error("SimDevice::map_memory: " + std::to_string(bytes) + " B is not a positive multiple of the " +
                 format_bytes(config_.granularity) + " granularity");
   }
+}
+
+bool SimDevice::map_memory(void* address, std::size_t bytes) {
   std::lock_guard lock(mutex_);
+  check_page_locked(bytes);
   const auto at = reinterpret_cast<std::uintptr_t>(address);
-  auto range = reserved_.upper_bound(at);
-  const bool inside = range != reserved_.begin() && (--range, at >= range->first) &&
-                      at - range->first <= range->second && bytes <= range->second - (at - range->first);
-  auto next = mapped_.lower_bound(at);
-  const bool overlaps = (next != mapped_.end() && next->first < at + bytes) ||
-                        (next != mapped_.begin() && std::prev(next)->first + std::prev(next)->second > at);
-  if (!inside || overlaps) {
-    throw Error("SimDevice::map_memory: [" + format_address(at) + ", +" + format_bytes(bytes) + ") is " +
-                (inside ? "already mapped in part" : "outside every reserved range"));
-  }
+  check_mappable_locked(at, bytes);
   if (!take_memory_locked(bytes)) return false;
   if (config_.backing == SimBacking::Host && ::mprotect(address, bytes, PROT_READ | PROT_WRITE) != 0) {
     refuse_taken_locked(bytes);
     return false;
   }
-  mapped_.emplace(at, bytes);
+  add_mapping_locked(at, bytes);
   return true;
 }
 
-bool SimDevice::fails_mapping_pages(std::size_t count, std::size_t bytes) {
-  std::lock_guard lock(mutex_);
-  // Injected failures decide call by call: then every call is made.
-  if (fail_countdown_ != 0 || fail_probability_ > 0 || bytes == 0) return false;
+bool SimDevice::map_pages(void* address, std::size_t count, std::size_t page) {
+  {
+    std::lock_guard lock(mutex_);
+    // Injected failures decide call by call, and host pages are made accessible one call
+    // at a time: then every call is made.
+    const bool call_by_call = fail_countdown_ != 0 || fail_probability_ > 0 || config_.backing == SimBacking::Host;
+    if (!call_by_call) return map_pages_at_once_locked(reinterpret_cast<std::uintptr_t>(address), count, page);
+  }
+  return Device::map_pages(address, count, page);
+}
+
+bool SimDevice::map_pages_at_once_locked(std::uintptr_t at, std::size_t count, std::size_t page) {
+  check_page_locked(page);
+  if (count == 0) return true;
+  if (count > std::numeric_limits<std::size_t>::max() / page) {
+    throw Error("SimDevice::map_pages: " + std::to_string(count) + " pages of " + format_bytes(page) +
+                " overflow the address space");
+  }
+  const std::size_t bytes = count * page;
+  check_mappable_locked(at, bytes);
   const std::size_t free_pages = (config_.capacity - config_.context_bytes - used_rounded_) / config_.granularity;
-  const std::size_t fit = free_pages / pages_of(bytes);
-  if (count <= fit) return false;
-  // `fit` calls succeed, the next fails, and the `fit` are unmapped again: their clock and
-  // counters, without a call per page (a batch of millions asks for terabytes, page by page).
-  driver_time_us_ += static_cast<double>(fit + 1) * config_.malloc_latency_us +
-                     static_cast<double>(fit) * config_.free_latency_us;
+  const std::size_t fit = std::min(count, free_pages / pages_of(page));
+  // The clock and counters of the calls as they go: `fit` succeed; if that is not all, the
+  // next fails and the `fit` are unmapped again.
+  driver_time_us_ += static_cast<double>(fit) * config_.malloc_latency_us;
   allocs_ += fit;
-  frees_ += fit;
-  ++failures_;
+  if (fit < count) {
+    driver_time_us_ += config_.malloc_latency_us + static_cast<double>(fit) * config_.free_latency_us;
+    frees_ += fit;
+    ++failures_;
+    return false;
+  }
+  used_ += bytes;
+  used_rounded_ += count * pages_of(page) * config_.granularity;
+  add_mapping_locked(at, bytes);
   return true;
 }
 
 void SimDevice::unmap_memory(void* address, std::size_t bytes) noexcept {
   std::lock_guard lock(mutex_);
-  auto it = mapped_.find(reinterpret_cast<std::uintptr_t>(address));
-  assert(it != mapped_.end() && it->second == bytes && "SimDevice::unmap_memory: not one mapping");
-  if (it == mapped_.end()) return;
-  (void)bytes;
-  const std::size_t size = it->second;
+  const bool mapped = remove_mapping_locked(reinterpret_cast<std::uintptr_t>(address), bytes);
+  assert(mapped && "SimDevice::unmap_memory: not mapped");
+  if (!mapped) return;
   if (config_.backing == SimBacking::Host) {
     // Drop the pages and make the range inaccessible again, as after cuMemUnmap.
-    ::mmap(address, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+    ::mmap(address, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
   }
-  mapped_.erase(it);
-  give_back_memory_locked(size);
+  give_back_memory_locked(bytes);
+}
+
+void SimDevice::unmap_pages(void* address, std::size_t count, std::size_t page) noexcept {
+  std::lock_guard lock(mutex_);
+  if (count == 0) return;
+  const std::size_t bytes = count * page;
+  const bool mapped = remove_mapping_locked(reinterpret_cast<std::uintptr_t>(address), bytes);
+  assert(mapped && "SimDevice::unmap_pages: not mapped");
+  if (!mapped) return;
+  if (config_.backing == SimBacking::Host) {
+    ::mmap(address, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+  }
+  // As `count` unmap calls: their clock and counters.
+  used_ -= bytes;
+  used_rounded_ -= count * pages_of(page) * config_.granularity;
+  frees_ += count;
+  driver_time_us_ += static_cast<double>(count) * config_.free_latency_us;
 }
 
 std::optional<std::size_t> SimDevice::load_module(std::string_view name, std::size_t bytes) {

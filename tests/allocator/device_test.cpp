@@ -816,29 +816,54 @@ TEST(MakeDevice, UnknownSpecsListTheValidForms) {
 
 // --- virtual memory (expandable segments) ---------------------------------------------
 
-TEST(SimVirtualMemory, AMapCertainToFailIsAccountedAsItsCallsWouldBe) {
-  // Mapping 10 pages of 2 MiB on 12 MiB free: 6 calls map, the 7th fails, the 6 are unmapped.
-  // fails_mapping_pages() says so at once, with the same clock and counters as those calls.
+TEST(SimVirtualMemory, ARunOfPagesIsAccountedAsItsCallsWouldBe) {
+  // map_pages() on a simulated device accounts for a run at once; Device::map_pages() makes
+  // one map_memory call per page. Both leave the same memory, clock and counters.
   SimDeviceConfig cfg;
   cfg.name = "vm";
   cfg.capacity = 12 * MiB;
   cfg.context_bytes = 0;
   SimDevice calls{cfg}, at_once{cfg};
-  char* base = static_cast<char*>(calls.reserve_address_range(64 * MiB));
-  std::size_t mapped = 0;
-  while (calls.map_memory(base + mapped * 2 * MiB, 2 * MiB)) ++mapped;
-  for (std::size_t i = 0; i < mapped; ++i) calls.unmap_memory(base + i * 2 * MiB, 2 * MiB);
-  EXPECT_EQ(mapped, 6u);
-  EXPECT_FALSE(at_once.fails_mapping_pages(6, 2 * MiB));  // fits: mapped page by page
-  EXPECT_TRUE(at_once.fails_mapping_pages(10, 2 * MiB));
+  char* calls_base = static_cast<char*>(calls.reserve_address_range(64 * MiB));
+  char* base = static_cast<char*>(at_once.reserve_address_range(64 * MiB));
+  const auto expect_same = [&] {
+    EXPECT_EQ(at_once.used_bytes(), calls.used_bytes());
+    EXPECT_EQ(at_once.mem_get_info().free_bytes, calls.mem_get_info().free_bytes);
+    EXPECT_DOUBLE_EQ(at_once.driver_time_us(), calls.driver_time_us());
+    EXPECT_EQ(at_once.segment_allocs(), calls.segment_allocs());
+    EXPECT_EQ(at_once.segment_frees(), calls.segment_frees());
+    EXPECT_EQ(at_once.failed_allocs(), calls.failed_allocs());
+  };
+  // 10 pages of 2 MiB on 12 MiB free: 6 calls map, the 7th fails, the 6 are unmapped again.
+  EXPECT_FALSE(calls.Device::map_pages(calls_base, 10, 2 * MiB));
+  EXPECT_FALSE(at_once.map_pages(base, 10, 2 * MiB));
   EXPECT_EQ(at_once.used_bytes(), 0u);
-  EXPECT_DOUBLE_EQ(at_once.driver_time_us(), calls.driver_time_us());
-  EXPECT_EQ(at_once.segment_allocs(), calls.segment_allocs());
-  EXPECT_EQ(at_once.segment_frees(), calls.segment_frees());
-  EXPECT_EQ(at_once.failed_allocs(), calls.failed_allocs());
-  // Injected failures decide call by call: then every call is made.
-  at_once.fail_nth_allocation(3);
-  EXPECT_FALSE(at_once.fails_mapping_pages(10, 2 * MiB));
+  EXPECT_EQ(at_once.segment_allocs(), 6u);
+  expect_same();
+  // 4 pages fit; then 2 more beside them, and a page out of the middle unmapped alone.
+  ASSERT_TRUE(calls.Device::map_pages(calls_base, 4, 2 * MiB));
+  ASSERT_TRUE(at_once.map_pages(base, 4, 2 * MiB));
+  ASSERT_TRUE(calls.Device::map_pages(calls_base + 8 * MiB, 2, 2 * MiB));
+  ASSERT_TRUE(at_once.map_pages(base + 8 * MiB, 2, 2 * MiB));
+  EXPECT_EQ(at_once.used_bytes(), 12 * MiB);
+  expect_same();
+  EXPECT_THROW((void)at_once.map_pages(base + 10 * MiB - 2 * MiB, 2, 2 * MiB), Error);  // already mapped
+  calls.Device::unmap_pages(calls_base + 2 * MiB, 1, 2 * MiB);
+  at_once.unmap_pages(base + 2 * MiB, 1, 2 * MiB);
+  expect_same();
+  EXPECT_TRUE(at_once.map_memory(base + 2 * MiB, 2 * MiB));  // the hole maps again, one call
+  at_once.unmap_pages(base, 6, 2 * MiB);  // the six pages, mapped by three runs and one call
+  EXPECT_EQ(at_once.used_bytes(), 0u);
+  at_once.release_address_range(base, 64 * MiB);
+  EXPECT_EQ(at_once.address_ranges(), 0u);
+  // Injected failures decide call by call: the third call fails, the two before it are undone.
+  SimDevice injected{cfg};
+  char* injected_base = static_cast<char*>(injected.reserve_address_range(64 * MiB));
+  injected.fail_nth_allocation(3);
+  EXPECT_FALSE(injected.map_pages(injected_base, 4, 2 * MiB));
+  EXPECT_EQ(injected.segment_allocs(), 2u);
+  EXPECT_EQ(injected.segment_frees(), 2u);
+  EXPECT_EQ(injected.used_bytes(), 0u);
 }
 
 void check_virtual_memory(SimBacking backing) {

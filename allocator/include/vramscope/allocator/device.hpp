@@ -66,11 +66,14 @@ class Device {
   virtual bool map_memory(void* /*address*/, std::size_t /*bytes*/) { return false; }
   /// Unmaps and releases what one map_memory call mapped at `address`, with its size.
   virtual void unmap_memory(void* /*address*/, std::size_t /*bytes*/) noexcept {}
-  /// Whether mapping `count` pages of `bytes`, one map_memory call each, is certain to run out
-  /// of memory part way. If so, the device accounts for those calls as they would have gone (the
-  /// pages that fit mapped and unmapped again, the failing call) and returns true, so that a
-  /// caller undoing a partial map skips them; false: map page by page. Default: false.
-  virtual bool fails_mapping_pages(std::size_t /*count*/, std::size_t /*bytes*/) { return false; }
+  /// Maps `count` consecutive pages of `page` bytes from `address`, one map_memory call per
+  /// page (PyTorch's expandable segments create one handle per page): true when all are
+  /// mapped; false when the device ran out part way, with the pages mapped so far unmapped
+  /// again. A driver error (thrown) also leaves nothing of the call mapped. A simulated
+  /// device may account for the calls at once, with the same clock and counters.
+  virtual bool map_pages(void* address, std::size_t count, std::size_t page);
+  /// Unmaps `count` pages of `page` bytes from `address`, each mapped by its own call.
+  virtual void unmap_pages(void* address, std::size_t count, std::size_t page) noexcept;
 
   /// Device memory a library's kernels take when it first runs (CUDA's lazy module
   /// loading: cuBLAS's and cuDNN's kernels), outside any allocator: nvidia-smi shows it

@@ -72,8 +72,9 @@ class SimDevice final : public Device {
   void* reserve_address_range(std::size_t bytes) override;
   void release_address_range(void* base, std::size_t bytes) noexcept override;
   bool map_memory(void* address, std::size_t bytes) override;
-  bool fails_mapping_pages(std::size_t count, std::size_t bytes) override;
   void unmap_memory(void* address, std::size_t bytes) noexcept override;
+  bool map_pages(void* address, std::size_t count, std::size_t page) override;
+  void unmap_pages(void* address, std::size_t count, std::size_t page) noexcept override;
   std::optional<std::size_t> load_module(std::string_view name, std::size_t bytes) override;
   std::size_t module_bytes() const override;
   DeviceMemInfo mem_get_info() const override;
@@ -119,6 +120,14 @@ class SimDevice final : public Device {
   void refuse_taken_locked(std::size_t bytes) noexcept;
   void give_back_memory_locked(std::size_t bytes) noexcept;
   void* map_segment_locked(std::size_t bytes);
+  /// Virtual memory: the checks of one map call (throw mem::Error on misuse), the mapped
+  /// runs kept coalesced, and a run of pages accounted as its calls would be.
+  void check_page_locked(std::size_t bytes) const;
+  void check_mappable_locked(std::uintptr_t at, std::size_t bytes) const;
+  bool mapped_overlaps_locked(std::uintptr_t at, std::size_t bytes) const noexcept;
+  void add_mapping_locked(std::uintptr_t at, std::size_t bytes);
+  bool remove_mapping_locked(std::uintptr_t at, std::size_t bytes);
+  bool map_pages_at_once_locked(std::uintptr_t at, std::size_t count, std::size_t page);
   void unmap_segment_locked(std::uintptr_t address, std::size_t bytes) noexcept;
 
   SimDeviceConfig config_;
@@ -146,7 +155,7 @@ class SimDevice final : public Device {
   /// Virtual memory: reserved ranges (start -> bytes; address-only ranges are windows of
   /// their own, host ones PROT_NONE mappings) and the mappings inside them.
   std::map<std::uintptr_t, std::size_t> reserved_;
-  std::map<std::uintptr_t, std::size_t> mapped_;
+  std::map<std::uintptr_t, std::size_t> mapped_;  ///< maximal mapped runs: start -> bytes
   std::uint64_t allocs_ = 0, frees_ = 0, failures_ = 0;
   std::uint64_t fail_countdown_ = 0;
   bool fail_sticky_ = false;  ///< once the countdown hits, keep failing
