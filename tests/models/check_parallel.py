@@ -53,7 +53,8 @@ def check_fsdp(config, got, rows, failures):
     groups = got["fsdp_groups"]  # the root first, then the blocks, as FSDPState lists them
     torch_shards = [g["padded_shard_bytes"] for g in groups]
     torch_gathered = [g["all_gather_output_bytes"] for g in groups]
-    shards = {r["buffer"][:-len(" shards")]: r["bytes"] for r in rows if r["buffer"].endswith(" shards")}
+    shards = {r["buffer"][:-len(" shards")]: r["bytes"] for r in rows if r["buffer"].endswith(" shards")
+              and not r["buffer"].endswith("post-forward shards")}
     ours_shards = [shards.get(g["module"].replace("<root>", "root")) for g in groups]
     ours_gathered = [r["bytes"] for r in rows
                      if r["buffer"].endswith("all-gather output") and r["allocated"] == "step 1 forward"]

@@ -151,6 +151,18 @@ TEST(FullyShard, ReshardingToFewerRanksKeepsASliceAfterForward) {
   }
   ASSERT_EQ(forward.size(), 1u);
   EXPECT_EQ(backward, forward);
+  // The slice is a quarter of the gathered parameters, kept from forward to backward, where
+  // the copy-out frees it; --buffers lists it.
+  std::size_t slices = 0;
+  for (const auto& b : four.buffers) {
+    if (b.what != "model.layers.3 post-forward shards") continue;
+    ++slices;
+    EXPECT_EQ(static_cast<std::int64_t>(b.bytes) * 4, bytes_of(four.buffers, "model.layers.3 unsharded parameters") / 2)
+        << "gathered in forward and in backward";
+    EXPECT_EQ(b.allocated, "step 1 forward");
+    EXPECT_EQ(b.freed, "step 1 backward");
+  }
+  EXPECT_EQ(slices, 1u);
   EXPECT_GT(four.steps[0].forward.peak_allocated, full.steps[0].forward.peak_allocated);
   EXPECT_LT(four.steps[0].forward.peak_allocated, keep.steps[0].forward.peak_allocated);
   EXPECT_EQ(parallel_label(parse_parallel("fsdp:8", "reshard_after_forward=4")), "fsdp:8 reshard_after_forward=4");

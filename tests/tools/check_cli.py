@@ -1052,6 +1052,11 @@ def check_fsdp(exe, work):
                       for g in ("root", "blocks.0", "blocks.1", "blocks.2")}, gathers)
     outputs = {r["stream"] for r in rows if "reduce-scatter output" in r["buffer"]}
     check(outputs == {"reduce-scatter"}, outputs)
+    # The sharded gradients view the reduce-scatter outputs: freed when zero_grad sets them to
+    # None before the next forward; the last step's live on (issue 47).
+    freed = {(r["allocated"], r["freed"]) for r in rows if "reduce-scatter output" in r["buffer"]}
+    check(freed == {("step 1 backward", "step 2 forward"), ("step 2 backward", "step 3 forward"),
+                    ("step 3 backward", None)}, freed)
 
 
 def check_plan(exe, work):

@@ -274,25 +274,28 @@ void FullyShard::unshard(Group& g) {
   const StreamId stream = implicit ? copy_in_stream_ : runtime_.stream();
   const std::string stream_name = implicit ? "all-gather copy-in" : "default";
   StreamGuard on(runtime_, stream);
-  std::size_t input_bytes = 0, cast = 0;
+  // foreach_all_gather (_fsdp_collectives.py): _get_param_all_gather_inputs copies every
+  // parameter with a param_dtype (_init_dtype_attrs leaves it None for a parameter already in
+  // it) into one new flat buffer of that dtype, freed once the output exists: cast from the
+  // shards, or copied from the post-forward slices, which are in param_dtype already. The
+  // other parameters' inputs are their shards (or slices) themselves.
+  std::size_t input_bytes = 0, copy_in_bytes = 0;
   std::size_t ranks = config_.world_size;
-  if (g.sharded_post_forward) {
-    // The backward all-gather of reshard_after_forward=k: the k-rank group, from the 1/k
-    // slices kept after forward (already in param_dtype: nothing to cast).
-    ranks = g.post_forward_ranks;
-    for (const Param& p : g.params) input_bytes += p.post_forward.nbytes();
-  } else {
-    for (const Param& p : g.params) {
-      input_bytes += static_cast<std::size_t>(p.chunk_rows * p.row_numel) * dtype_size(p.unsharded_dtype);
-      cast += p.unsharded_dtype != p.sharded.dtype() ? 1 : 0;
-    }
+  for (const Param& p : g.params) {
+    // The backward all-gather of reshard_after_forward=k gathers over k ranks from the 1/k
+    // slices kept after forward.
+    const std::size_t bytes =
+        g.sharded_post_forward ? p.post_forward.nbytes()
+                               : static_cast<std::size_t>(p.chunk_rows * p.row_numel) * dtype_size(p.unsharded_dtype);
+    input_bytes += bytes;
+    if (p.unsharded_dtype != p.sharded.dtype()) copy_in_bytes += bytes;
   }
-  // foreach_all_gather (_fsdp_collectives.py): with a param_dtype the shards are cast into
-  // one flat copy-in buffer (_get_param_all_gather_inputs), freed once the output exists;
-  // else each rank's input is its slice of the output.
+  if (g.sharded_post_forward) ranks = g.post_forward_ranks;
   Tensor copy_in;
   std::size_t copy_in_log = SIZE_MAX;
-  if (cast != 0) copy_in = make(label(g) + " all-gather input (param_dtype)", input_bytes, stream_name, copy_in_log);
+  if (copy_in_bytes != 0) {
+    copy_in = make(label(g) + " all-gather input (param_dtype)", copy_in_bytes, stream_name, copy_in_log);
+  }
   g.all_gather_output = make(label(g) + " all-gather output", input_bytes * ranks, stream_name, g.all_gather_log);
   if (copy_in.defined()) release(copy_in, copy_in_log);
 }
@@ -353,8 +356,7 @@ void FullyShard::wait_for_unshard(Group& g) {
   g.unsharded = true;
   if (g.sharded_post_forward) {
     // to_unsharded: the post-forward slices go once the copy-out is done.
-    for (Param& p : g.params) p.post_forward = Tensor{};
-    g.sharded_post_forward = false;
+    drop_post_forward(g);
   }
   if (forward && !release_first) release_all_gather_state();
   if (forward && config_.world_size > 1) {
@@ -375,22 +377,29 @@ void FullyShard::release_all_gather_state() {
 void FullyShard::reshard_post_forward(Group& g) {
   // to_sharded_post_forward (_fsdp_param.py): per parameter, a clone of its rank's 1/k of the
   // all-gather output on the current stream, then its unsharded storage freed.
+  std::size_t total = 0;
   for (Param& p : g.params) {
     ModuleScope scope(p.weight_context);
     const auto bytes = static_cast<std::int64_t>(p.unsharded.storage()->nbytes() / g.post_forward_ranks);
     p.post_forward = empty(runtime_, Shape{bytes}, DType::U8);
     p.unsharded.storage()->free();
+    total += static_cast<std::size_t>(bytes);
   }
+  g.post_forward_log = log_.size();
+  log_.push_back({label(g) + " post-forward shards", total, "default", stage(), ""});
   if (g.unsharded_log < log_.size()) log_[g.unsharded_log].freed = stage();
   g.unsharded = false;
   g.sharded_post_forward = true;
 }
 
+void FullyShard::drop_post_forward(Group& g) {
+  for (Param& p : g.params) p.post_forward = Tensor{};
+  if (g.post_forward_log < log_.size()) log_[g.post_forward_log].freed = stage();
+  g.sharded_post_forward = false;
+}
+
 void FullyShard::reshard(Group& g) {
-  if (g.sharded_post_forward) {  // _to_sharded from the post-forward state: the slices go
-    for (Param& p : g.params) p.post_forward = Tensor{};
-    g.sharded_post_forward = false;
-  }
+  if (g.sharded_post_forward) drop_post_forward(g);  // _to_sharded from the post-forward state
   if (!g.unsharded) return;
   // to_sharded -> free_unsharded_param: storage.resize_(0), parameter by parameter.
   for (Param& p : g.params) p.unsharded.storage()->free();
@@ -439,6 +448,12 @@ std::vector<Tensor> FullyShard::group_post_forward(Group& g, std::vector<Tensor>
 Tensor FullyShard::root_pre_forward(const Tensor& input) {
   ++steps_;
   in_backward_ = false;
+  // The gradients the last step's reduce-scatter outputs held were set to None since.
+  std::erase_if(gradient_outputs_, [&](const auto& output) {
+    if (!output.first.expired()) return false;
+    log_[output.second].freed = stage();
+    return true;
+  });
   return group_pre_forward(groups_.back(), input);
 }
 
@@ -558,7 +573,15 @@ void FullyShard::foreach_reduce(Group& g, std::vector<std::pair<Param*, Tensor>>
       p->sharded.set_grad(view);
     }
   }
+  // The output lives while the sharded gradients view it: until zero_grad(set_to_none), or
+  // now when they were added into existing gradients.
+  std::weak_ptr<Storage> watched = output.storage();
   output = Tensor{};
+  if (watched.expired()) {
+    log_[output_log].freed = stage();
+  } else {
+    gradient_outputs_.emplace_back(std::move(watched), output_log);
+  }
   held = Tensor{};
   reduce_scatter_state_ = std::move(input);
   reduce_scatter_state_log_ = input_log;

@@ -7,8 +7,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "vramscope/runtime/data_parallel.hpp"
@@ -70,6 +72,7 @@ class FullyShard final : public ForwardHooks {
     Tensor all_gather_output;      // an unshard waiting for its copy-out
     std::size_t all_gather_log = SIZE_MAX;
     std::size_t unsharded_log = SIZE_MAX;
+    std::size_t post_forward_log = SIZE_MAX;
     std::vector<std::size_t> post_forward_indices;
   };
 
@@ -78,6 +81,8 @@ class FullyShard final : public ForwardHooks {
   void wait_for_unshard(Group& group);
   void reshard(Group& group);
   void reshard_post_forward(Group& group);
+  /// The post-forward slices go (to_unsharded or _to_sharded), their log entry marked freed.
+  void drop_post_forward(Group& group);
   void pre_backward(Group& group);
   void post_backward(Group& group);
   void foreach_reduce(Group& group, std::vector<std::pair<Param*, Tensor>>& grads);
@@ -108,6 +113,9 @@ class FullyShard final : public ForwardHooks {
   std::size_t all_gather_state_log_ = SIZE_MAX;
   Tensor reduce_scatter_state_;          // comm_ctx.reduce_scatter_state: the last RS input
   std::size_t reduce_scatter_state_log_ = SIZE_MAX;
+  /// Reduce-scatter outputs the sharded gradients still view: their log entry is marked freed
+  /// when the gradients go (zero_grad(set_to_none)), seen at the next forward.
+  std::vector<std::pair<std::weak_ptr<Storage>, std::size_t>> gradient_outputs_;
   std::vector<std::size_t> post_forward_order_;  // groups, as their post-forwards ran
   bool callback_queued_ = false;
   std::size_t steps_ = 0;
