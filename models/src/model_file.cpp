@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <fstream>
 #include <initializer_list>
@@ -21,6 +22,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "expert_routing.hpp"
 #include "expression.hpp"
 #include "json_kind.hpp"
 #include "op_model.hpp"
@@ -87,7 +89,42 @@ class Builder {
 
   std::optional<std::int64_t> size_value(std::string_view name) const {
     if (const auto v = given_.size(name)) return v;
+    if (routing_ && name.starts_with(kExpertRows)) {
+      // An expert's rows in a recorded per-expert loop: expert_rows_<e>, from the routing.
+      const std::string_view digits = name.substr(kExpertRows.size());
+      std::int64_t e = -1;
+      const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), e);
+      if (ec != std::errc() || end != digits.data() + digits.size() || e < 0 || e >= routing_->experts) {
+        return std::nullopt;
+      }
+      return routing_->rows(e);
+    }
     return doc_.defaults.size(name);
+  }
+
+  /// The graph's "routing" (a recorded per-expert loop): experts, top_k and the tokens' formula.
+  void read_routing(const json& graph) {
+    if (!graph.is_object() || !graph.contains("routing")) return;
+    const std::string path = "graph.routing";
+    const json& r = graph.at("routing");
+    if (!r.is_object()) fail(path, "expected {\"experts\": E, \"top_k\": K, \"tokens\": \"batch*seq\"}, got " + kind_of(r));
+    for (const auto& [key, value] : r.items()) {
+      if (key != "experts" && key != "top_k" && key != "tokens") {
+        fail(path, "unknown key '" + printable(key) + "'; valid keys: experts, top_k, tokens");
+      }
+    }
+    detail::ExpertRouting routing;
+    routing.experts = positive_at(r, path, "experts");
+    routing.top_k = positive_at(r, path, "top_k");
+    routing.tokens = positive_at(r, path, "tokens");
+    if (routing.experts > kMaxExperts) fail(field(path, "experts"), "at most " + std::to_string(kMaxExperts));
+    if (routing.top_k > routing.experts) fail(field(path, "top_k"), "more than the experts");
+    if (routing.tokens > INT64_MAX / routing.top_k) fail(field(path, "tokens"), "times top_k overflows 64 bits");
+    if (!doc_.defaults.size("expert_skew")) {
+      fail("options", "a model with \"routing\" declares the option expert_skew (its default, 1: even)");
+    }
+    routing.skew = size_value("expert_skew").value_or(1);
+    routing_ = routing;
   }
 
   /// An integer: a JSON integer or a formula over the size options.
@@ -1190,6 +1227,7 @@ class Builder {
   /// root; checkpointed by module path, never split by checkpoint_sequential.
   void graph_body(nn::Sequential& body, nn::ModelInfo& info, Flow& flow) {
     std::shared_ptr<const nn::OpGraph> graph;
+    read_routing(doc_.root.at("graph"));
     try {
       graph = detail::read_op_graph(doc_.root.at("graph"),
                                     [this](const json& v, const std::string& p) { return graph_shape(v, p); });
@@ -1213,10 +1251,15 @@ class Builder {
     info.module_calls = graph->calls.size();
     info.recorded_with = graph->recorded_with;
     info.assumed = graph->assumed;
+    if (routing_) info.assumed.push_back(routing_->describe());
   }
+
+  static constexpr std::string_view kExpertRows = "expert_rows_";
+  static constexpr std::int64_t kMaxExperts = 1 << 16;
 
   const ModelFile::Doc& doc_;
   const nn::ModelOptions& given_;
+  std::optional<detail::ExpertRouting> routing_;
   std::size_t modules_ = 0;
   std::unordered_map<std::string, bool> paths_;  ///< module path -> it has parameters
 };

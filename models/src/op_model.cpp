@@ -102,7 +102,8 @@ nn::OpGraph::Kind kind(const json& t, const std::string& path) {
 
 std::shared_ptr<const nn::OpGraph> read_op_graph(const json& g, const ShapeReader& shape) {
   const std::string path = "graph";
-  only_keys(g, path, {"format", "recorded_with", "autocast", "calls", "tensors", "inputs", "output", "ops", "assumed"});
+  only_keys(g, path,
+            {"format", "recorded_with", "autocast", "calls", "tensors", "inputs", "output", "ops", "assumed", "routing"});
   if (g.value("format", json()) != 1) fail(at(path, "format"), "expected 1 (this build reads graph format 1)");
   auto graph = std::make_shared<nn::OpGraph>();
   graph->recorded_with = text(g, path, "recorded_with", false);

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "expert_routing.hpp"
 #include "vramscope/allocator/errors.hpp"
 #include "vramscope/models/model_file.hpp"
 #include "vramscope/models/zoo.hpp"
@@ -247,6 +248,87 @@ TEST(ModelFilePeaks, TheSameResidualBlockAsAnOperatorGraphPeaksTheSame) {
                "frees_after": [[0, 2]]}]}})");
   EXPECT_EQ(r.peak_allocated, 5 * A + kScalars);
   EXPECT_EQ(r.peak_reserved, 20 * MiB + 2 * MiB);
+}
+
+// A mixture of experts recorded with its per-expert loop: each expert's rows are the name
+// expert_rows_<e>, computed from "routing" and the option expert_skew (expert_routing.hpp).
+// Here one op gathers expert 7's rows ([rows, 1024] f32, 4 KiB a row) from a [batch, 1024] input.
+std::string routed_file(const std::string& routing, const std::string& options = R"("batch": 16, "expert_skew": 1)",
+                        const std::string& rows = "expert_rows_7") {
+  return R"({"format": "vramscope-model", "version": 1, "name": "moe-ops", "options": {)" + options + R"(},
+    "input": {"shape": ["batch", 1024], "requires_grad": true}, "loss": {"type": "sum"},
+    "graph": {"format": 1, "routing": )" + routing + R"(,
+      "calls": [{"module": "", "class": "Net", "parent": -1}, {"module": "experts", "class": "Experts", "parent": 0}],
+      "tensors": [{"kind": "input", "shape": ["batch", 1024], "dtype": "float", "requires_grad": true},
+                  {"kind": "op", "shape": [")" + rows + R"(", 1024], "dtype": "float"}],
+      "inputs": [0], "output": 1,
+      "ops": [{"op": "aten.index.Tensor", "in": [0], "out": [1], "call": 1, "node": "IndexBackward0", "saves": []}]}})";
+}
+
+TEST(ModelFileRouting, EachExpertsRowsFollowTheRoutingAndTheSkew) {
+  // 16 x 4 = 64 tokens, top-2 over 8 experts: 128 assignments, 16 rows each. expert_skew=3
+  // gives the busiest (the last) ceil(3 x 128 / 8) = 48, the other seven share 80: 12, 12,
+  // 12, 11, 11, 11, 11. expert_skew=100 is capped at every token, 64.
+  detail::ExpertRouting routing{8, 2, 64, 1};
+  for (std::int64_t e = 0; e < 8; ++e) EXPECT_EQ(routing.rows(e), 16);
+  routing.skew = 3;
+  std::int64_t total = 0;
+  for (std::int64_t e = 0; e < 8; ++e) total += routing.rows(e);
+  EXPECT_EQ(total, 128);
+  EXPECT_EQ(routing.rows(0), 12);
+  EXPECT_EQ(routing.rows(6), 11);
+  EXPECT_EQ(routing.rows(7), 48);
+  routing.skew = 100;
+  EXPECT_EQ(routing.rows(7), 64);
+  EXPECT_NE(routing.describe().find("the busiest expert gets 64 rows"), std::string::npos) << routing.describe();
+  EXPECT_EQ((detail::ExpertRouting{1, 1, 64, 5}.rows(0)), 64);
+  EXPECT_EQ((detail::ExpertRouting{4, 4, 10, 1}.rows(3)), 10);  // top_k = experts: every expert sees every token
+
+  const std::string routing_json = R"({"experts": 8, "top_k": 2, "tokens": "batch * 4"})";
+  const auto model = ModelFile::parse(routed_file(routing_json), "moe.json");
+  const nn::ModelInfo even = model->describe(nn::ModelOptions{});
+  ASSERT_FALSE(even.assumed.empty());
+  EXPECT_NE(even.assumed.back().find("64 tokens x top-2 over 8 experts, spread evenly"), std::string::npos)
+      << even.assumed.back();
+  const nn::ModelInfo skewed = model->describe(nn::ModelOptions::parse("expert_skew=3"));
+  EXPECT_NE(skewed.assumed.back().find("the busiest expert gets 48 rows"), std::string::npos) << skewed.assumed.back();
+  // The gathered rows are the step's output: 32 rows more are 128 KiB more at the peak.
+  nn::TrainConfig cfg;
+  cfg.model = model;
+  cfg.device = "sim:a100-80g";
+  cfg.steps = 1;
+  cfg.optimizer.kind = nn::OptimizerKind::None;
+  const std::int64_t plain = nn::train(cfg).peak_allocated;
+  cfg.model_options = nn::ModelOptions::parse("expert_skew=3");
+  EXPECT_EQ(nn::train(cfg).peak_allocated - plain, (48 - 16) * 1024 * 4);
+}
+
+TEST(ModelFileRouting, AMalformedRoutingIsRefusedByName) {
+  const auto error = [](const std::string& text) {
+    try {
+      (void)ModelFile::parse(text, "moe.json")->describe(nn::ModelOptions{});
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  EXPECT_NE(error(routed_file(R"({"experts": 2, "top_k": 3, "tokens": 8})")).find("top_k: more than the experts"),
+            std::string::npos);
+  EXPECT_NE(error(routed_file(R"({"experts": 2, "top_k": 1, "tokens": 8, "capacity": 2})")).find("unknown key 'capacity'"),
+            std::string::npos);
+  EXPECT_NE(error(routed_file(R"([2, 1])")).find("graph.routing: expected {"), std::string::npos);
+  EXPECT_NE(error(routed_file(R"({"experts": 8, "top_k": 2, "tokens": 8})", R"("batch": 16)")).find("expert_skew"),
+            std::string::npos);
+  EXPECT_NE(error(routed_file(R"({"experts": 8, "top_k": 2, "tokens": 9223372036854775807})")).find("overflows"),
+            std::string::npos);
+  // An expert past the routing's is not a size option.
+  EXPECT_NE(error(routed_file(R"({"experts": 8, "top_k": 2, "tokens": 8})", R"("batch": 16, "expert_skew": 1)",
+                              "expert_rows_8")).find("expert_rows_8"),
+            std::string::npos);
+  // Without a routing the name means nothing either.
+  std::string plain = routed_file(R"({"experts": 8, "top_k": 2, "tokens": 8})");
+  plain.erase(plain.find(R"("routing": )"), std::string(R"("routing": {"experts": 8, "top_k": 2, "tokens": 8},)").size());
+  EXPECT_NE(error(plain).find("expert_rows_7"), std::string::npos) << error(plain);
 }
 
 TEST(ModelFileLosses, NoneTrainsOnTheModelsOwnScalarOutput) {

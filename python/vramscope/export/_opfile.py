@@ -13,6 +13,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ._errors import ExportError
 from ._ops import FORMAT_OPS, Recording, record
+from ._routing import ROWS, expert_of, routing_document
 
 # Outputs whose sizes the runtime derives itself (not from the file's formulas): op -> outputs.
 RUNTIME_SIZED = {"aten._scaled_dot_product_efficient_attention.default": (1, 2, 3)}
@@ -99,12 +100,18 @@ def record_sizes(model, make_inputs: MakeInputs, pick_output, batch: int,
         for d in range(len(t.shape)):
             values = {p: r.tensors[t.id].shape[d] for p, r in recordings.items()}
             size = _size(values, batch, seq)
+            if isinstance(size, int) and size >= ROWS:
+                # An expert's rows in the eager loop (_routing.py): named, computed by the runtime.
+                expert = expert_of(size)
+                size = f"expert_rows_{expert}" if expert is not None else None
             if size is None:
                 unfit.setdefault(t.id, []).append(d)
                 size = t.shape[d]
             dims.append(size)
         shapes[t.id] = dims
     unfit = {tid: dims for tid, dims in unfit.items() if tid not in runtime_sized}
+    first.routing = routing_document({p: r.experts_loops for p, r in recordings.items()},
+                                     lambda values: _size(values, batch, seq))
     return first, shapes, unfit
 
 
@@ -200,6 +207,11 @@ def export_graph(model, make_inputs: MakeInputs, *, name: str, batch: int, seq: 
         doc["description"] = description
     doc["source"] = source or f"exported by vramscope.export from {type(model).__name__}"
     doc["options"] = {"batch": batch} if seq is None else {"batch": batch, "seq": seq}
+    routing = getattr(rec, "routing", None)
+    if routing and "error" in routing:
+        raise ExportError([routing["error"]], "cannot export the model")
+    if routing:
+        doc["options"]["expert_skew"] = 1
     first_input = rec.tensors[rec.inputs[0]] if rec.inputs else None
     doc["input"] = input_note or {"shape": shapes[first_input.id] if first_input else ["batch"]}
     out_shape = shapes[rec.output]
@@ -211,6 +223,11 @@ def export_graph(model, make_inputs: MakeInputs, *, name: str, batch: int, seq: 
         # sorted by expert, whatever the routing; the eager per-expert loop would depend on it.
         assumed.append("experts run grouped (grouped_mm over tokens x top-k rows): the buffers do not depend on "
                        "how the router spreads the tokens")
+    if routing:
+        # The eager per-expert loop: each expert's rows are the routing's (the runtime prints it).
+        doc["graph"]["routing"] = routing
+        assumed.append("experts run their per-expert loop (eager): every expert gets tokens, each its share of "
+                       "tokens x top_k as \"routing\" and the option expert_skew say")
     if assumed:
         doc["graph"]["assumed"] = assumed
     return doc

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ._errors import ExportError, one_line
+from ._routing import AssumedRouting
 
 FORMAT_OPS = 1  # the "graph" form's own version, inside model-file version 1
 
@@ -107,6 +108,7 @@ class Recording:
         self.inputs: List[int] = []
         self.output: Optional[int] = None
         self.assumed: List[str] = []  # values read from tensors, which meta tensors do not have
+        self.experts_loops: List[Tuple[int, int, int]] = []  # (experts, top_k, tokens) of each eager loop
 
 
 def _short_op(name: str) -> str:
@@ -176,6 +178,8 @@ class _Recorder:
         # (ops recorded when it was packed, tensor record): every tensor autograd saved, in order
         self.packed: List[Tuple[int, int]] = []
         self.skip = _not_users(torch)
+        self.routing = AssumedRouting(torch)
+        self.rec.experts_loops = self.routing.seen
 
     # --- tensors ---------------------------------------------------------------------------
     def _storage_key(self, t) -> int:
@@ -261,6 +265,7 @@ class _Recorder:
 
     # --- module calls ----------------------------------------------------------------------
     def pre_hook(self, module, args):
+        self.routing.enter(module, args)
         name = self.names.get(id(module))
         if name is None:
             self.stack.append(self.stack[-1] if self.stack else -1)
@@ -272,6 +277,7 @@ class _Recorder:
         self.stack.append(len(self.rec.calls) - 1)
 
     def post_hook(self, module, args, output):
+        self.routing.leave(module)
         if self.stack:
             self.stack.pop()
 
@@ -400,6 +406,11 @@ def _make_mode(recorder: _Recorder):
             kwargs = kwargs or {}
             if func in _NO_RECORD or recorder.paused:
                 return func(*args, **kwargs)
+            answered, out = recorder.routing.answer(func, args, kwargs)
+            if answered:  # the experts loop's nonzero and expert ids, under the assumed routing
+                if func is not _ITEM:
+                    recorder.record(func, args, kwargs, out)
+                return out
             if func is _ITEM:
                 return recorder.assume(args[0])
             try:

@@ -25,7 +25,8 @@ constexpr SizeKey kSizeKeys[] = {{"batch", &ModelOptions::batch, kMaxBatch},
                                  {"seq", &ModelOptions::seq, kMaxSeq},
                                  {"image", &ModelOptions::image, kMaxImage},
                                  {"classes", &ModelOptions::classes, kMaxClasses},
-                                 {"lora", &ModelOptions::lora, kMaxLoraRank}};
+                                 {"lora", &ModelOptions::lora, kMaxLoraRank},
+                                 {"expert_skew", &ModelOptions::expert_skew, kMaxExpertSkew}};
 
 // The word-valued keys and what each takes (checked where it applies: the model).
 struct WordKey {
@@ -104,7 +105,7 @@ ModelOptions ModelOptions::parse(std::string_view text) {
       o.inplace_relu = value == "1" || value == "true";
     } else {
       throw Error("unknown model option '" + std::string(key) +
-                  "'; valid keys: batch, depth, width, seq, image, classes, lora, dropout, inplace, attn, "
+                  "'; valid keys: batch, depth, width, seq, image, classes, lora, expert_skew, dropout, inplace, attn, "
                   "checkpoint, lora_targets, quant, built_on, lora_dropout");
     }
   }

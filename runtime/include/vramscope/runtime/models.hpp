@@ -35,6 +35,7 @@ inline constexpr std::int64_t kMaxSeq = std::int64_t{1} << 24;
 inline constexpr std::int64_t kMaxImage = std::int64_t{1} << 20;
 inline constexpr std::int64_t kMaxClasses = std::int64_t{1} << 31;
 inline constexpr std::int64_t kMaxLoraRank = 65536;
+inline constexpr std::int64_t kMaxExpertSkew = 1 << 16;
 
 struct ModelOptions {
   std::int64_t batch = 0;
@@ -49,6 +50,9 @@ struct ModelOptions {
   std::optional<std::string> attention;   ///< attn: eager, sdpa (flash), sdpa-efficient
   std::optional<std::string> checkpoint;  ///< checkpoint: none, reentrant, non-reentrant (per layer)
   std::int64_t lora = 0;                  ///< lora: adapter rank (0: full fine-tune)
+  /// expert_skew: a mixture of experts' busiest expert gets this many times its even share of
+  /// the routed tokens (at most every token); 1, the default, spreads them evenly
+  std::int64_t expert_skew = 0;
   std::optional<std::string> lora_targets;  ///< lora_targets: q_proj+v_proj, ... or all
   std::optional<double> lora_dropout;     ///< lora_dropout in [0, 1)
   std::optional<std::string> quant;       ///< quant: none, nf4 (double quantization), nf4-single
@@ -63,7 +67,7 @@ struct ModelOptions {
   static ModelOptions parse(std::string_view text);
   /// The size option `key` ("batch", "depth", ...) when set; nullopt when not set.
   std::optional<std::int64_t> size(std::string_view key) const;
-  /// Every option key: batch, depth, width, seq, image, classes, lora, dropout, inplace, attn,
+  /// Every option key: batch, depth, width, seq, image, classes, lora, expert_skew, dropout, inplace, attn,
   /// checkpoint, lora_targets, quant, built_on, lora_dropout.
   static const std::vector<std::string>& keys();
   /// The keys set here, in keys() order.
