@@ -189,7 +189,10 @@ def export_hf_config(config_path: str, *, batch: int = 1, seq: int = 128, name: 
 
     from ._opfile import export_graph
     label = name or _Path(config_path).stem
-    return export_graph(model, make_inputs, name=label, batch=batch, seq=seq,
+    # At batch 1 transformers also looks for packed sequences in the position ids
+    # (masking_utils.py, _preprocess_mask_arguments -> find_packed_sequence_indices), a branch
+    # on the size: one graph for every batch is recorded from batch 2 up.
+    doc = export_graph(model, make_inputs, name=label, batch=max(batch, 2), seq=seq,
                         loss_of=lambda written, now: {"type": "none"},
                         output_key="loss", description=f"{type(model).__name__} ({model_type}) from {config_path}",
                         source=f"exported by vramscope.export --hf-config with transformers {transformers.__version__}, "
@@ -197,6 +200,12 @@ def export_hf_config(config_path: str, *, batch: int = 1, seq: int = 128, name: 
                                (f", PEFT LoRA r={lora} on {lora_targets or 'its default targets'}" if lora else "") +
                                (f", gradient checkpointing {gradient_checkpointing}" if gradient_checkpointing else ""),
                         input_note={"shape": ["batch", "seq"], "dtype": "int64", "high": vocab}, autocast=amp)
+    if batch == 1:
+        doc["options"]["batch"] = 1
+        doc["graph"].setdefault("assumed", []).append(
+            "recorded at batch 2 and up: at batch 1 transformers' packed-sequence check (masking_utils.py, "
+            "find_packed_sequence_indices) runs other small operators on [1, seq] tensors, left out")
+    return doc
 
 
 def enable_gradient_checkpointing(model, mode: str) -> None:
