@@ -52,8 +52,10 @@ from saved_bytes import torch_saved_per_module, vramscope_saved_per_module  # no
 KNOWN = {
     "phimoe": ({"saved by model.layers.0.mlp.router: PyTorch 21,504 B, vramscope 20,480 B",
                 "saved by model.layers.1.mlp.router: PyTorch 21,504 B, vramscope 20,480 B"},
-               "1 KiB less per router (PhiMoE's sparsemixer, a custom autograd Function over in-place writes): "
-               "not found yet"),
+               "1 KiB less per router, a counting difference: PyTorch's count includes max's saved indices "
+               "([tokens, 1] i64, 512 B per top-k pick) for a MaxBackward0 node off the loss's path (sparsemixer's "
+               "max_scores), which dies inside the router; vramscope frees them with the indices' last use, a few "
+               "operators earlier: equal when the router returns"),
 }
 
 DOC_BEGIN = "<!-- check_ops.py: begin -->"
