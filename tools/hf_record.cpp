@@ -104,8 +104,7 @@ std::shared_ptr<const nn::ModelSource> record_hf_config(const std::string& path,
   const std::string python = chosen != nullptr && *chosen != '\0' ? chosen : "python3";
   Scratch scratch;
   const std::filesystem::path out = scratch.path() / "model.json", log = scratch.path() / "export.log";
-  std::string stem = std::filesystem::path(path).stem().string();
-  if (stem == "config") stem = std::filesystem::path(path).parent_path().filename().string();
+  const std::string stem = models::hf_name_from_path(path);
   if (isatty(2) != 0) {  // why it takes seconds, for whoever watches; logs keep one line per error
     fmt::print(stderr, "vramscope: {}: recording its operators with {} -m vramscope.export (a few seconds)\n", path,
                python);

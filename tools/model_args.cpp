@@ -1,6 +1,7 @@
 // model_args.cpp — model, size and device options shared by `sweep` and `trace`.
 #include "model_args.hpp"
 
+#include "hf_model.hpp"
 #include "hf_record.hpp"
 #include "vramscope/runtime/checkpoint_modules.hpp"
 
@@ -67,6 +68,24 @@ void add_model_options(CLI::App& app, ModelArgs& args, const std::string& defaul
                  "(docs/TRANSFORMERS.md); any other decoder recorded as operators by python3 -m vramscope.export "
                  "(torch and transformers needed; $VRAMSCOPE_PYTHON picks the Python; docs/OPERATORS.md)")
       ->type_name("PATH");
+  // --hf-model: the config.json of a folder or of a Hub model in the local cache, as --hf-config.
+  app.add_option("--hf-model", args.hf_config,
+                 "a Hugging Face model by name (org/name, from the local Hugging Face cache: $HF_HUB_CACHE, "
+                 "$HF_HOME/hub or ~/.cache/huggingface/hub; nothing is downloaded) or a folder with its config.json, "
+                 "as --hf-config")
+      ->transform(CLI::Validator(
+          [](std::string& name) -> std::string {
+            try {
+              name = find_hf_config(name);
+              return {};
+            } catch (const UsageError& e) {
+              const std::string what = e.what();  // "--hf-model NAME: why": CLI11 names the option
+              return what.starts_with("--hf-model ") ? what.substr(std::string_view("--hf-model ").size()) : what;
+            }
+          },
+          "NAME"))
+      ->excludes("--hf-config")
+      ->type_name("NAME");
   // The sizes: each a whole number from 1 to the runtime's bound for it.
   const struct {
     const char* name;
@@ -108,7 +127,7 @@ void add_model_options(CLI::App& app, ModelArgs& args, const std::string& defaul
                  "more model options as key=value,... (dropout=0,inplace=1; expert_skew=S for a mixture of experts recorded with its per-expert loop; see `vramscope models`)")
       ->type_name("K=V,...");
   // An empty value would silently mean the default (`--batch ''` from an unset shell variable).
-  for (const char* name : {"--model-file", "--hf-config", "--batch", "--seq", "--attn", "--gradient-checkpointing",
+  for (const char* name : {"--model-file", "--hf-config", "--hf-model", "--batch", "--seq", "--attn", "--gradient-checkpointing",
                            "--lora-targets", "--quant", "--stack", "--model-options"}) {
     app.get_option(name)->check(non_empty());
   }

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <filesystem>
 #include <cmath>
 #include <fstream>
 #include <iterator>
@@ -190,11 +191,6 @@ std::string read_file(const std::string& path) {
   return text;
 }
 
-std::string file_name(const std::string& path) {
-  const auto slash = path.find_last_of('/');
-  return slash == std::string::npos ? path : path.substr(slash + 1);
-}
-
 /// LlamaConfig, MistralConfig, Qwen2Config.
 std::shared_ptr<const HfConfig> parse_llama(const json& root, std::string name, const std::string& origin) {
   Reader r(root, origin);
@@ -321,17 +317,35 @@ std::string model_name(const std::string& path, const json& root) {
     const std::string named = clean(last_part(root["_name_or_path"].get<std::string>()));
     if (!named.empty()) return named;
   }
-  std::string file = file_name(path);
-  if (file == "config.json") {
-    const std::string folder = clean(last_part(path.substr(0, path.size() - file.size())));
-    if (!folder.empty() && folder != "." && folder != "..") return folder;
-  }
-  if (file.size() > 5 && file.ends_with(".json")) file.resize(file.size() - 5);
-  const std::string named = clean(file);
+  const std::string named = hf_name_from_path(path);
   return named.empty() ? "config" : named;
 }
 
 }  // namespace
+
+std::string hf_name_from_path(const std::string& path) {
+  const auto clean = [](const std::string& s) {
+    std::string out;
+    for (const char c : s) {
+      if (c > ' ' && c < 127 && out.size() < 64) out += c;
+    }
+    return out == "." || out == ".." ? std::string() : out;
+  };
+  const std::filesystem::path p(path);
+  if (p.filename() == "config.json") {
+    // The Hub cache: <cache>/models--org--name/snapshots/<commit>/config.json.
+    const std::filesystem::path snapshot = p.parent_path();
+    const std::string repo = snapshot.parent_path().parent_path().filename().string();
+    if (snapshot.parent_path().filename() == "snapshots" && repo.starts_with("models--")) {
+      const auto sep = repo.rfind("--");
+      if (const std::string name = clean(repo.substr(sep + 2)); sep >= 8 && !name.empty()) return name;
+    }
+    if (const std::string folder = clean(snapshot.filename().string()); !folder.empty()) return folder;
+  }
+  std::string file = p.filename().string();
+  if (file.size() > 5 && file.ends_with(".json")) file.resize(file.size() - 5);
+  return clean(file);
+}
 
 std::string hf_model_type(const std::string& path) {
   const json root = read_json(read_file(path), path);

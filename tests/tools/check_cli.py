@@ -880,6 +880,39 @@ TINY_LLAMA = {
 
 
 
+def check_hf_model(exe, work, expected):
+    """--hf-model NAME reads config.json from the local Hugging Face cache (huggingface_hub's
+    layout: models--org--name/refs/main naming the snapshot), never downloading (issue 48):
+    the same rows as --hf-config on that file, and one line saying what to do when it is missing."""
+    home = Path(work) / "hf-home"
+    snapshot = home / "hub" / "models--acme--tiny-llama" / "snapshots" / "0123abcd"
+    snapshot.mkdir(parents=True, exist_ok=True)
+    (snapshot / "config.json").write_text(json.dumps(TINY_LLAMA))
+    (snapshot.parents[1] / "refs").mkdir(exist_ok=True)
+    (snapshot.parents[1] / "refs" / "main").write_text("0123abcd")
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE")}
+    env["HF_HOME"] = str(home)
+
+    def sweep(*args, expect=0):
+        p = subprocess.run([exe, "sweep", *args], capture_output=True, text=True, timeout=110, env=env)
+        check(p.returncode == expect, f"{args}: exit {p.returncode}\n{p.stdout}{p.stderr}")
+        return p
+    common = ["--dtype", "bf16,amp-bf16", "--seq", "128,512", "--attn", "eager", "--format", "json"]
+    for name in ("acme/tiny-llama", str(snapshot)):
+        doc = json.loads(sweep("--hf-model", name, *common).stdout)
+        check([r["max_allocated"] for r in doc["rows"]] == [r["max_allocated"] for r in expected["rows"]], doc["rows"])
+        check(doc["model"]["name"] == "tiny-llama", doc["model"]["name"])  # the cache names it, not the commit
+    err = sweep("--hf-model", "acme/missing", expect=2).stderr
+    check("not in the Hugging Face cache" in err and "huggingface-cli download acme/missing config.json" in err
+          and err.count("\n") == 1, err)
+    for bad, says in (("a/b/c", "not a Hub model name"), (str(home), "the folder has no config.json"),
+                      (str(snapshot / "config.json"), "give its folder")):
+        err = sweep("--hf-model", bad, expect=2).stderr
+        check(says in err and err.count("\n") == 1, err)
+    err = sweep("--hf-model", str(snapshot), "--hf-config", str(snapshot / "config.json"), expect=2).stderr
+    check("--hf-config" in err and err.count("\n") == 1, err)
+
+
 def check_hf_config(exe, work):
     Path(work).mkdir(parents=True, exist_ok=True)
     cfg = Path(work) / "config.json"
@@ -901,6 +934,7 @@ def check_hf_config(exe, work):
     alone = json.loads(run(exe, "sweep", "--hf-config", str(cfg), "--dtype", "bf16", "--seq", "512",
                            "--gradient-checkpointing", "non-reentrant", "--format", "json").stdout)["rows"]
     check(alone[0]["saving"] == modes[1]["saving"], (alone, modes))
+    check_hf_model(exe, work, doc)
     err = run(exe, "sweep", "--hf-config", str(cfg), "--gradient-checkpointing", "none,sideways", expect=2).stderr
     check("--gradient-checkpointing" in err and "sideways" in err, err)
     rows = doc["rows"]

@@ -21,6 +21,7 @@ import json
 import os
 import pickle
 import tempfile
+import time
 import concurrent.futures
 import random
 import resource
@@ -225,7 +226,13 @@ def limit_resources():
 
 
 def run_one(exe, args):
-    """(exit code, problem or None)."""
+    """(exit code, problem or None, seconds)."""
+    start = time.monotonic()
+    code, problem = _run_one(exe, args)
+    return code, problem, time.monotonic() - start
+
+
+def _run_one(exe, args):
     try:
         # No Python for --hf-config's exporter: a model_type it would record fails at once.
         env = dict(os.environ, VRAMSCOPE_PYTHON="/nonexistent/python3")
@@ -260,8 +267,10 @@ def main():
     vectors = [vector(rng) for _ in range(opts.runs)]
     failures = 0
     codes = {0: 0, 1: 0, 2: 0}
+    slowest = []  # (seconds, args): what comes nearest the time limit, to see it coming
     with concurrent.futures.ThreadPoolExecutor(opts.jobs) as pool:
-        for args, (code, problem) in zip(vectors, pool.map(lambda a: run_one(opts.exe, a), vectors)):
+        for args, (code, problem, seconds) in zip(vectors, pool.map(lambda a: run_one(opts.exe, a), vectors)):
+            slowest = sorted(slowest + [(seconds, args)], key=lambda s: -s[0])[:3]
             if code in codes:
                 codes[code] += 1
             if problem:
@@ -274,6 +283,8 @@ def main():
     scratch.cleanup()
     print(f"fuzz_cli: {opts.runs} vectors, seed {seed}: exit 0 {codes[0]}, exit 1 {codes[1]}, "
           f"exit 2 {codes[2]}; {failures} failures")
+    for seconds, args in slowest:
+        print(f"  {seconds:.1f} s: vramscope {' '.join(repr(a) if (not a or ' ' in a) else a for a in args)}")
     return 1 if failures else 0
 
 

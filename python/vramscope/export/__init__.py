@@ -24,6 +24,7 @@ import math
 import warnings
 from typing import List, Optional, Sequence
 
+from .._hub import find_hf_config, name_from_path
 from ._errors import ExportError, one_line
 from ._graph import Graph
 from ._layers import leaves
@@ -188,7 +189,7 @@ def export_hf_config(config_path: str, *, batch: int = 1, seq: int = 128, name: 
         return (), {"input_ids": ids, "labels": ids, "use_cache": False}
 
     from ._opfile import export_graph
-    label = name or _Path(config_path).stem
+    label = name or name_from_path(config_path)
     # At batch 1 transformers also looks for packed sequences in the position ids
     # (masking_utils.py, _preprocess_mask_arguments -> find_packed_sequence_indices), a branch
     # on the size: one graph for every batch is recorded from batch 2 up.

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
+from .._hub import find_hf_config
 from . import LEVELS, LOSSES, ExportError, InputSpec, build_model, export, export_hf_config, export_ops, load_factory
 from ._errors import debugging, one_line
 from ._model import refuse_transformers
@@ -51,6 +52,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                              "layers where they map, else ops (default)")
     parser.add_argument("--hf-config", metavar="CONFIG.json",
                         help="a transformers config.json: AutoModelForCausalLM.from_config, its loss on labels")
+    parser.add_argument("--hf-model", metavar="NAME",
+                        help="a Hugging Face model by name (org/name) from the local cache ($HF_HUB_CACHE, $HF_HOME/hub "
+                             "or ~/.cache/huggingface/hub; nothing is downloaded) or a folder with its config.json, as "
+                             "--hf-config")
     parser.add_argument("--batch", type=int, default=2, help="--hf-config: the batch recorded (default 2: a batch of "
                                                              "1 takes other paths in some models)")
     parser.add_argument("--seq", type=int, default=128, help="--hf-config: the sequence length recorded (default "
@@ -86,6 +91,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2 if e.code not in (0, None) else 0
     try:
         _check_output(args)
+        if args.hf_model:
+            if args.hf_config:
+                raise ExportError(["--hf-model and --hf-config each name a config; give one"], "bad arguments")
+            try:
+                args.hf_config = str(find_hf_config(args.hf_model))
+            except ValueError as e:
+                raise ExportError([f"--hf-model {e}"], "cannot find the config") from None
         if args.hf_config:
             if args.model:
                 raise ExportError(["give a model or --hf-config, not both"], "bad arguments")

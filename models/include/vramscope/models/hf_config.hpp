@@ -33,6 +33,11 @@ inline constexpr int kMaxHfConfigDepth = 32;
 /// that cannot be read or is not a bounded JSON object.
 std::string hf_model_type(const std::string& path);
 
+/// The name a config.json's place gives its model: the model's name for a file in the Hugging
+/// Face cache (models--org--name/snapshots/<commit>/config.json: "name"), else the folder of a
+/// file called config.json, else the file's name without ".json"; "" when none is printable.
+std::string hf_name_from_path(const std::string& path);
+
 /// Any supported config.json: gpt2, llama, mistral or qwen2. Throws mem::Error naming the key
 /// of the first problem.
 std::shared_ptr<const nn::ModelSource> parse_hf_config(std::string_view json_text, std::string name,
