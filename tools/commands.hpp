@@ -4,6 +4,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json_fwd.hpp>
 
 #include <stdexcept>
 
@@ -16,9 +17,11 @@ class CommandFailed : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-void add_sweep_command(CLI::App& app);
+/// sweep and plan print their answer; with `capture`, the command library's callers
+/// (command_json.hpp) get its JSON document there instead, and nothing is printed.
+void add_sweep_command(CLI::App& app, nlohmann::json* capture = nullptr);
 void add_trace_command(CLI::App& app);
-void add_plan_command(CLI::App& app);
+void add_plan_command(CLI::App& app, nlohmann::json* capture = nullptr);
 void add_devices_command(CLI::App& app);
 void add_models_command(CLI::App& app);
 

@@ -86,7 +86,7 @@ PlanSearch parse_search(const std::string& text) {
   return s;
 }
 
-void run(const PlanArgs& args) {
+void run(const PlanArgs& args, nlohmann::json* capture) {
   PlanSpec spec;
   SweepSpec& base = spec.base;
   if (args.model.model.empty() && args.model.model_file.empty() && args.model.hf_config.empty()) {
@@ -125,18 +125,21 @@ void run(const PlanArgs& args) {
   check_output_paths({{"--code", args.code}, {"--model-out", args.model_out}},
                      {{"--model-file", args.model.model_file}, {"--hf-config", args.model.hf_config}});
 
+  std::int64_t largest = -1;  // --max-batch: the largest batch that fits (0: none)
+  std::string largest_note;
   if (args.max_batch) {
     if (!args.model.batch.empty()) throw UsageError("--max-batch: finds the batch; leave out --batch");
     std::string how;
-    const std::int64_t largest = largest_checkpointed_batch(base, how);
-    if (largest == 0) {
+    largest = largest_checkpointed_batch(base, how);
+    if (capture != nullptr) {
+      largest_note = how;
+    } else if (largest == 0) {
       std::cout << "No batch fits, even batch 1 with " << how << "; the plan at batch 1 says why:\n\n";
-      base.model_options.batch = 1;
     } else {
       std::cout << fmt::format("The largest batch that fits with {}: {}. The least recompute that fits it:\n\n", how,
                                largest);
-      base.model_options.batch = largest;
     }
+    base.model_options.batch = std::max<std::int64_t>(largest, 1);
   }
 
   std::unique_ptr<ProgressBar> bar;
@@ -146,10 +149,15 @@ void run(const PlanArgs& args) {
     if (!bar) bar = std::make_unique<ProgressBar>(kTypicalRuns);
     bar->update(std::min(done, kTypicalRuns - 1), item);
   };
-  const PlanResult result = run_plan(spec, progress);
+  const PlanResult result = run_plan(spec, capture != nullptr ? PlanProgress{} : progress);
   if (bar) bar->finish();
 
-  if (args.format == "json") {
+  if (capture != nullptr) {
+    *capture = plan_json(result);
+    if (largest >= 0) (*capture)["max_batch"] = {{"largest", largest}, {"with", largest_note}};
+    // The best plan's PyTorch code (what --code writes), for the library's callers.
+    if (const Plan* best = result.best(); best != nullptr) (*capture)["code"] = plan_code(result, *best);
+  } else if (args.format == "json") {
     std::cout << plan_json(result).dump(2) << "\n";
   } else {
     std::cout << plan_report(result, args.top, !args.brief);
@@ -162,7 +170,7 @@ void run(const PlanArgs& args) {
     } catch (const mem::Error& e) {
       throw CommandFailed(std::string("--code: ") + e.what());
     }
-    (args.format == "table" ? std::cout : std::cerr) << "code: " << args.code << "\n";
+    if (capture == nullptr) (args.format == "table" ? std::cout : std::cerr) << "code: " << args.code << "\n";
   }
   if (!args.model_out.empty()) {
     const Plan* best = result.best();
@@ -183,7 +191,7 @@ void run(const PlanArgs& args) {
     }
     const bool more = best != &result.given && (best->precision_changed || best->change == PlanChange::Optimizer ||
                                                 best->change == PlanChange::Allocator || best->accumulation > 1);
-    (args.format == "table" ? std::cout : std::cerr)
+    if (capture == nullptr) (args.format == "table" ? std::cout : std::cerr)
         << "model file: " << args.model_out
         << (more ? " (its checkpointing; the plan's other changes are settings of the run: --code writes them)" : "")
         << "\n";
@@ -193,7 +201,7 @@ void run(const PlanArgs& args) {
 
 }  // namespace
 
-void add_plan_command(CLI::App& app) {
+void add_plan_command(CLI::App& app, nlohmann::json* capture) {
   auto args = std::make_shared<PlanArgs>();
   CLI::App* cmd = app.add_subcommand(
       "plan",
@@ -241,7 +249,7 @@ void add_plan_command(CLI::App& app) {
       "  vramscope plan --model-file model.json --device sim:t4 --format json\n"
       "Plans keep your training's arithmetic first (checkpointing, the allocator setting), then change\n"
       "the micro-batch, the precision, the optimizer; each is measured, never estimated.");
-  cmd->callback([args] { run(*args); });
+  cmd->callback([args, capture] { run(*args, capture); });
 }
 
 }  // namespace mem::tools

@@ -182,7 +182,11 @@ SweepSpec make_spec(const SweepArgs& args) {
   return spec;
 }
 
-void print_max_batches(const SweepSpec& spec, const SweepArgs& args) {
+void print_max_batches(const SweepSpec& spec, const SweepArgs& args, nlohmann::json* capture) {
+  if (capture != nullptr) {
+    *capture = max_batch_json(find_max_batches(spec, {}));
+    return;
+  }
   std::unique_ptr<ProgressBar> bar;
   const SweepProgress progress = [&](std::size_t done, std::size_t total, const std::string& item) {
     if (!bar) bar = std::make_unique<ProgressBar>(total);
@@ -202,11 +206,17 @@ void print_max_batches(const SweepSpec& spec, const SweepArgs& args) {
   std::cout.flush();
 }
 
-void run(const SweepArgs& args) {
+void run(const SweepArgs& args, nlohmann::json* capture) {
   const SweepSpec spec = make_spec(args);
-  if (args.max_batch) return print_max_batches(spec, args);
+  if (args.max_batch) return print_max_batches(spec, args, capture);
   check_output_paths({{"--plot", args.plot}},
                      {{"--model-file", args.model.model_file}, {"--hf-config", args.model.hf_config}});
+  if (capture != nullptr) {
+    const SweepResult result = run_sweep(spec, {});
+    *capture = sweep_json(result);
+    if (!args.plot.empty()) write_output_file(args.plot, sweep_plot_svg(result), "the sweep plot");
+    return;
+  }
 
   std::unique_ptr<ProgressBar> bar;
   const SweepProgress progress = [&](std::size_t done, std::size_t total, const std::string& item) {
@@ -239,7 +249,7 @@ void run(const SweepArgs& args) {
 
 }  // namespace
 
-void add_sweep_command(CLI::App& app) {
+void add_sweep_command(CLI::App& app, nlohmann::json* capture) {
   auto args = std::make_shared<SweepArgs>();
   CLI::App* cmd = app.add_subcommand(
       "sweep",
@@ -314,7 +324,7 @@ void add_sweep_command(CLI::App& app) {
       "  vramscope sweep --plot sweep.svg\n"
       "Every figure is read from the caching allocator after real (dry-run or --compute) steps;\n"
       "the simulated device's assumptions are printed under the table.");
-  cmd->callback([args] { run(*args); });
+  cmd->callback([args, capture] { run(*args, capture); });
 }
 
 }  // namespace mem::tools

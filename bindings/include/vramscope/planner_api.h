@@ -1,0 +1,36 @@
+/* planner_api.h — vramscope's sweep, max batch and planner as a C library
+ * (libvramscope_planner.so), for the Python API (vramscope.estimate, sweep, max_batch, plan)
+ * and any other caller: the command's options in, its JSON document out, in this process.
+ * The figures are the command's `--format json` ones bit for bit (the same code from the
+ * parsed options to the document: tools/command_json.hpp).
+ *
+ *   const char* argv[] = {"sweep", "--model", "resnet50", "--batch", "64", "--segments", "0"};
+ *   char* out = NULL;
+ *   int status = vramscope_planner_run(7, argv, &out);   // 0: out is the JSON document
+ *   ...
+ *   vramscope_planner_free(out);
+ */
+#ifndef VRAMSCOPE_PLANNER_API_H
+#define VRAMSCOPE_PLANNER_API_H
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define VRAMSCOPE_PLANNER_API_VERSION 1
+
+__attribute__((visibility("default"))) int vramscope_planner_api_version(void);
+
+/* Runs `vramscope ARGV...`: "sweep" (with --max-batch too) or "plan", and their options.
+ * Returns 0 with *out the JSON document; 2 when the options are refused (the command's exit 2),
+ * 1 when the run failed (exit 1): then *out is the one-line message. *out is always set and is
+ * freed with vramscope_planner_free. Runs from several threads take turns. */
+__attribute__((visibility("default"))) int vramscope_planner_run(int argc, const char* const* argv, char** out);
+
+__attribute__((visibility("default"))) void vramscope_planner_free(char* text);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* VRAMSCOPE_PLANNER_API_H */

@@ -1,0 +1,301 @@
+"""_estimate.py: vramscope on the model in your notebook: estimate, sweep, max_batch and plan.
+
+    import vramscope, torchvision
+    r = vramscope.estimate(torchvision.models.resnet50(), (64, 3, 224, 224), device="sim:h100-80g", dtype="amp")
+    r.max_allocated, r.max_reserved, r.nvidia_smi, r.fits, r.peak     # bytes, from the allocator
+    p = vramscope.plan("meta-llama/Llama-3.1-8B", device="sim:rtx4090", dtype="bf16", batch=4, seq=2048, lora=16)
+    p.best.code                                                       # what `vramscope plan --code` writes
+
+A model is an nn.Module with example `inputs` (tensors, meta ones too, or shapes: exported at
+the operator level by vramscope.export), a Hugging Face name found in the local cache or a
+folder (--hf-model), a config.json (--hf-config), a model file, or a zoo name. Every other
+keyword is the command's option of that name (`lora_targets="all"` is `--lora-targets all`;
+True a flag; a list a comma list), and every figure is the command's `--format json` one, bit
+for bit: the same library runs (libvramscope_planner.so, _planner.py).
+"""
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Optional, Sequence
+
+from . import _planner
+
+PEAK_PARTS = ("weights", "gradients", "optimizer_state", "optimizer_temporaries", "activations", "workspaces",
+              "logits", "communication", "other")
+
+
+def _human(n: Optional[float]) -> str:
+    if n is None:
+        return "-"
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+def _pandas():
+    try:
+        import pandas
+    except ImportError:
+        raise ImportError("to_pandas() needs pandas: pip install pandas") from None
+    return pandas
+
+
+def _options(options: Dict[str, Any]) -> List[str]:
+    """Python keywords as the command's options."""
+    out: List[str] = []
+    for key, value in options.items():
+        if value is None or value is False:
+            continue
+        flag = "--" + key.replace("_", "-")
+        if key == "checkpoint":
+            # Modules by path, a checkpoint_sequential segment count, or transformers' per-layer mode.
+            if isinstance(value, int) and not isinstance(value, bool):
+                out += ["--segments", str(value)]
+            elif isinstance(value, str):
+                out += ["--gradient-checkpointing", value]
+            else:
+                out += ["--checkpoint-modules", ",".join(value)]
+        elif value is True:
+            out.append(flag)
+        elif isinstance(value, (list, tuple)):
+            out += [flag, ",".join(str(v) for v in value)]
+        else:
+            out += [flag, str(value)]
+    return out
+
+
+def _input_specs(inputs):
+    """Example inputs as the exporter's InputSpecs: a tensor (meta too), a shape, a sequence of
+    them (positional), or a dict of them (keywords)."""
+    import torch
+    from .export import InputSpec
+
+    def spec(value, keyword=None):
+        if isinstance(value, torch.Tensor):
+            kind = "float" if value.is_floating_point() else "int64"
+            return InputSpec(list(value.shape), kind, keyword)
+        if isinstance(value, (tuple, list)) and value and all(isinstance(d, int) for d in value):
+            return InputSpec(list(value), "float", keyword)
+        raise _planner.UsageError(f"inputs: expected tensors or shapes (tuples of ints), got {type(value).__name__}")
+
+    if isinstance(inputs, dict):
+        return [spec(v, k) for k, v in inputs.items()]
+    if isinstance(inputs, torch.Tensor) or (isinstance(inputs, (tuple, list)) and inputs
+                                            and all(isinstance(d, int) for d in inputs)):
+        return [spec(inputs)]
+    if isinstance(inputs, (tuple, list)) and inputs:
+        return [spec(v) for v in inputs]
+    raise _planner.UsageError("inputs: give the forward's example inputs (tensors or shapes) for an nn.Module")
+
+
+def _model_options(model, inputs, work: Path, export: Dict[str, Any]) -> List[str]:
+    if isinstance(model, (str, Path)):
+        text = str(model)
+        path = Path(text)
+        if path.is_file() and path.suffix == ".json":
+            try:
+                doc = json.loads(path.read_text())
+            except (OSError, ValueError) as e:
+                raise _planner.UsageError(f"{text}: {e}") from None
+            if isinstance(doc, dict) and doc.get("format") == "vramscope-model":
+                return ["--model-file", text]
+            return ["--hf-config", text]
+        if path.is_dir() or "/" in text:
+            return ["--hf-model", text]
+        return ["--model", text]
+    try:
+        import torch
+    except ImportError:
+        raise _planner.UsageError("a model object needs torch; give a name, a config or a model file") from None
+    if not isinstance(model, torch.nn.Module):
+        raise _planner.UsageError(f"model: expected an nn.Module, a name or a path, got {type(model).__name__}")
+    if inputs is None:
+        raise _planner.UsageError("inputs: an nn.Module needs example inputs (tensors or shapes, batch first)")
+    from .export import export as export_model, export_ops
+    specs = _input_specs(inputs)
+    name = export.get("name") or type(model).__name__
+    # As `python -m vramscope.export` chooses: one plain input maps onto the model file's layers
+    # where they hold the model (the form plan's module search and --segments work on), else
+    # the operators are recorded.
+    transformers = any(c.__name__ == "PreTrainedModel" for c in type(model).__mro__)
+    simple = len(specs) == 1 and specs[0].keyword is None and not export.get("output") and not export.get("amp")
+    if simple and not transformers and not export.get("seq_input"):
+        doc = export_model(model, specs[0].shape, name=name, input_dtype=specs[0].dtype, loss=export.get("loss"),
+                           level="auto")
+    else:
+        doc = export_ops(model, specs, name=name, loss=export.get("loss"), output_key=export.get("output"),
+                         loss_inside=export.get("loss") == "none", seq=bool(export.get("seq_input")),
+                         amp=export.get("amp"))
+    file = work / "model.json"
+    file.write_text(json.dumps(doc))
+    return ["--model-file", str(file)]
+
+
+def _run(command: List[str], model, inputs, options: Dict[str, Any]) -> dict:
+    export = {k: options.pop(k) for k in ("loss", "output", "name", "seq_input", "amp") if k in options}
+    with tempfile.TemporaryDirectory(prefix="vramscope-") as work:
+        args = command + _model_options(model, inputs, Path(work), export) + _options(options)
+        return _planner.run(args)
+
+
+class Row:
+    """One configuration's figures, in bytes, as `vramscope sweep --format json` gives them."""
+
+    def __init__(self, row: Dict[str, Any], document: Optional[Dict[str, Any]] = None):
+        self.row, self.document = row, document or {}
+
+    def __getattr__(self, name):
+        try:
+            return self.__dict__["row"][name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    @property
+    def nvidia_smi(self) -> int:
+        """The most nvidia-smi would have shown for the process (context and driver rounding too)."""
+        return self.row["max_nvidia_smi"]
+
+    @property
+    def peak(self) -> Dict[str, int]:
+        """What the max allocated is made of, in bytes."""
+        return {part: self.row.get(f"peak_{part}", 0) for part in PEAK_PARTS}
+
+    def __repr__(self) -> str:
+        fits = "fits" if self.row.get("fits") else "does not fit"
+        if "max_batch" in self.row:
+            fits = f"max batch {self.row['max_batch']}"
+        label = self.row.get("label") or self.row.get("plan", "")
+        return (f"<{type(self).__name__} {label}: max allocated {_human(self.row.get('max_allocated'))}, "
+                f"max reserved {_human(self.row.get('max_reserved'))}, nvidia-smi {_human(self.row.get('max_nvidia_smi'))}, "
+                f"{fits}>")
+
+
+class Estimate(Row):
+    """estimate(): one configuration's step through the caching allocator."""
+
+    @property
+    def device(self) -> Dict[str, Any]:
+        return self.document.get("device", {})
+
+    def _repr_html_(self) -> str:
+        r = self.row
+        head = "".join(f"<th>{h}</th>" for h in ("max allocated", "max reserved", "nvidia-smi", "fits"))
+        cells = "".join(f"<td>{v}</td>" for v in (_human(r.get("max_allocated")), _human(r.get("max_reserved")),
+                                                   _human(r.get("max_nvidia_smi")), "yes" if r.get("fits") else "no"))
+        peak = "".join(f"<tr><td>{part.replace('_', ' ')}</td><td>{_human(n)}</td></tr>"
+                       for part, n in self.peak.items() if n)
+        model = self.document.get("model", {}).get("name", "")
+        return (f"<div><b>{model}</b> on {self.device.get('name', '')}<table><tr>{head}</tr><tr>{cells}</tr></table>"
+                f"<table><tr><th colspan=2>the peak holds</th></tr>{peak}</table></div>")
+
+
+class Rows:
+    """sweep() and max_batch(): every configuration's row."""
+
+    def __init__(self, document: Dict[str, Any], row=Row):
+        self.document = document
+        self.rows = [row(r, document) for r in document.get("rows", [])]
+
+    def __iter__(self):
+        return iter(self.rows)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i):
+        return self.rows[i]
+
+    def to_pandas(self):
+        """The rows as a pandas DataFrame (pandas needed)."""
+        return _pandas().DataFrame([r.row for r in self.rows])
+
+    def _repr_html_(self) -> str:
+        keys = [k for k in ("label", "batch", "seq", "max_allocated", "max_reserved", "max_nvidia_smi", "fits")
+                if any(k in r.row for r in self.rows)]
+        head = "".join(f"<th>{k.replace('_', ' ')}</th>" for k in keys)
+        body = "".join("<tr>" + "".join(f"<td>{_human(r.row.get(k)) if k.startswith('max') else r.row.get(k)}</td>"
+                                        for k in keys) + "</tr>" for r in self.rows)
+        return f"<table><tr>{head}</tr>{body}</table>"
+
+
+class Plan(Row):
+    """One plan of plan(): its changes and figures; the best one has its code."""
+
+    @property
+    def code(self) -> Optional[str]:
+        """The PyTorch code `vramscope plan --code` writes for the best plan (None for the others)."""
+        return self.__dict__.get("_code")
+
+    def apply(self, model, **names) -> Dict[str, Any]:
+        """Runs the plan's code on `model` in place (the wrapping --code writes: the checkpointed
+        modules, and whatever else the plan changes) and returns what the code defined
+        (`optimizer`, ...). `names` are further variables the code may read."""
+        if self.code is None:
+            raise _planner.UsageError("apply: only the best plan has code (Plans.best)")
+        scope: Dict[str, Any] = {"model": model, **names}
+        exec(compile(self.code, "<vramscope plan>", "exec"), scope)  # noqa: S102 (our own generated code)
+        return {k: v for k, v in scope.items() if k not in ("model", "__builtins__") and k not in names}
+
+
+class Plans:
+    """plan(): the plans tried, ranked; .best is the first that fits (None if none does)."""
+
+    def __init__(self, document: Dict[str, Any]):
+        self.document = document
+        self.plans = [Plan(p, document) for p in document.get("plans", [])]
+        best = document.get("best")
+        self.best = self.plans[best] if isinstance(best, int) and 0 <= best < len(self.plans) else None
+        if self.best is not None:
+            self.best.__dict__["_code"] = document.get("code")
+        self.given = Row(document.get("given", {}), document)
+
+    def __iter__(self):
+        return iter(self.plans)
+
+    def __len__(self) -> int:
+        return len(self.plans)
+
+    def to_pandas(self):
+        """The plans as a pandas DataFrame (pandas needed)."""
+        return _pandas().DataFrame([p.row for p in self.plans])
+
+    def _repr_html_(self) -> str:
+        rows = "".join(f"<tr><td>{'*' if p is self.best else ''}</td><td>{p.row.get('plan', '')}</td>"
+                       f"<td>{_human(p.row.get('max_allocated'))}</td><td>{_human(p.row.get('max_nvidia_smi'))}</td>"
+                       f"<td>{'yes' if p.row.get('fits') else 'no'}</td></tr>" for p in self.plans)
+        return ("<table><tr><th></th><th>plan</th><th>max allocated</th><th>nvidia-smi</th><th>fits</th></tr>"
+                f"{rows}</table>")
+
+
+def estimate(model, inputs=None, **options) -> Estimate:
+    """One configuration's training step on the device: `vramscope sweep` with one row
+    (segments 0 unless `checkpoint` says otherwise)."""
+    options.setdefault("segments", 0 if "checkpoint" not in options else None)
+    options.setdefault("dtype", "f32")
+    for key in ("batch", "seq", "dtype", "segments", "alloc_conf", "parallel"):
+        if isinstance(options.get(key), (list, tuple)):
+            raise _planner.UsageError(f"{key}: estimate takes one; sweep() takes a list")
+    document = _run(["sweep"], model, inputs, options)
+    rows = document.get("rows", [])
+    if len(rows) != 1:
+        raise _planner.RunFailed(f"estimate: the run gave {len(rows)} rows; sweep() takes several configurations")
+    return Estimate(rows[0], document)
+
+
+def sweep(model, inputs=None, **options) -> Rows:
+    """`vramscope sweep`: a row per configuration (lists of batch, seq, dtype, segments, ...)."""
+    return Rows(_run(["sweep"], model, inputs, options))
+
+
+def max_batch(model, inputs=None, **options) -> Rows:
+    """`vramscope sweep --max-batch`: the largest batch that fits, per configuration."""
+    options["max_batch"] = True
+    return Rows(_run(["sweep"], model, inputs, options))
+
+
+def plan(model, inputs=None, **options) -> Plans:
+    """`vramscope plan`: what makes the step fit, ranked; .best.code and .best.apply(model)."""
+    return Plans(_run(["plan"], model, inputs, options))

@@ -1,0 +1,88 @@
+"""_planner.py: libvramscope_planner.so, the command's sweep, max batch and plan as a library
+(bindings/include/vramscope/planner_api.h), through ctypes: options in, the JSON document out.
+
+Found as libvramscope.so is (_native.py): $VRAMSCOPE_PLANNER_LIBRARY, else beside the package
+(a wheel), else beside the loaded allocator library ($VRAMSCOPE_LIBRARY: a build tree).
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import threading
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+from ._native import VramscopeError
+
+API_VERSION = 1
+_lib: Optional[ctypes.CDLL] = None
+_lock = threading.Lock()
+
+
+class UsageError(VramscopeError, ValueError):
+    """The options were refused, as the command refuses them with exit 2: the message says which
+    and why."""
+
+
+class RunFailed(VramscopeError):
+    """The run failed, as the command does with exit 1 (a file it could not write, no plan to
+    write code for)."""
+
+
+def _candidates() -> List[Path]:
+    env = os.environ.get("VRAMSCOPE_PLANNER_LIBRARY")
+    if env:
+        return [Path(env)]
+    here = Path(__file__).resolve().parent
+    paths = sorted(here.glob("libvramscope_planner.so*"))
+    allocator = os.environ.get("VRAMSCOPE_LIBRARY")
+    if allocator:
+        paths += sorted(Path(allocator).resolve().parent.glob("libvramscope_planner.so*"))
+    return paths
+
+
+def library() -> ctypes.CDLL:
+    global _lib
+    if _lib is not None:
+        return _lib
+    tried = []
+    for path in _candidates():
+        if not path.exists():
+            tried.append(f"{path} (missing)")
+            continue
+        try:
+            lib = ctypes.CDLL(str(path))
+        except OSError as e:
+            tried.append(f"{path} ({e})")
+            continue
+        lib.vramscope_planner_api_version.restype = ctypes.c_int
+        lib.vramscope_planner_run.restype = ctypes.c_int
+        lib.vramscope_planner_run.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p),
+                                              ctypes.POINTER(ctypes.c_void_p)]
+        lib.vramscope_planner_free.argtypes = [ctypes.c_void_p]
+        if lib.vramscope_planner_api_version() < API_VERSION:
+            raise VramscopeError(f"{path} has planner API version {lib.vramscope_planner_api_version()}; this "
+                                 f"package needs {API_VERSION}: rebuild and reinstall vramscope")
+        _lib = lib
+        return lib
+    raise VramscopeError("libvramscope_planner.so not found; tried: " + ("; ".join(tried) or "nothing") +
+                         ". Install vramscope with `pip install .`, or set VRAMSCOPE_PLANNER_LIBRARY to "
+                         "build/release/bindings/libvramscope_planner.so")
+
+
+def run(args: Sequence[str]) -> dict:
+    """`vramscope ARGS...` (sweep or plan) in this process: its JSON document."""
+    lib = library()
+    encoded = [a.encode() for a in args]
+    argv = (ctypes.c_char_p * len(encoded))(*encoded)
+    out = ctypes.c_void_p()
+    with _lock:
+        status = lib.vramscope_planner_run(len(encoded), argv, ctypes.byref(out))
+    try:
+        text = ctypes.string_at(out.value).decode() if out.value else ""
+    finally:
+        lib.vramscope_planner_free(out)
+    if status == 0:
+        return json.loads(text)
+    raise (UsageError if status == 2 else RunFailed)(text or f"vramscope {args[0]}: status {status}")

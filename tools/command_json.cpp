@@ -1,0 +1,33 @@
+// command_json.cpp — a command's parse and run, its JSON kept instead of printed.
+#include "command_json.hpp"
+
+#include <CLI/CLI.hpp>
+
+#include "commands.hpp"
+#include "usage_error.hpp"
+
+namespace mem::tools {
+
+nlohmann::json command_json(const std::vector<std::string>& args) {
+  if (args.empty() || (args.front() != "sweep" && args.front() != "plan")) {
+    throw UsageError("give sweep or plan and its options (trace, replay, devices and models answer in tables and "
+                     "files)");
+  }
+  nlohmann::json document;
+  CLI::App app{"vramscope", "vramscope"};
+  app.require_subcommand(1, 1);
+  add_sweep_command(app, &document);
+  add_plan_command(app, &document);
+  // CLI11 takes the arguments last first.
+  std::vector<std::string> reversed(args.rbegin(), args.rend());
+  try {
+    app.parse(reversed);
+  } catch (const CLI::CallForHelp&) {
+    throw UsageError("--help: the command's help is `vramscope " + args.front() + " --help`");
+  } catch (const CLI::ParseError& e) {
+    throw UsageError(e.what());
+  }
+  return document;
+}
+
+}  // namespace mem::tools

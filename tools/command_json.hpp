@@ -1,0 +1,20 @@
+// command_json.hpp — `vramscope sweep|plan ...` as a library call: the same options, the same
+// run, its JSON document returned instead of printed (what bindings' planner API and the
+// Python API reach). Figures equal the command's `--format json` bit for bit: it is the same
+// code from the parsed options to the document.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <string>
+#include <vector>
+
+namespace mem::tools {
+
+/// Runs `args` ("sweep", "--model", "resnet50", ...; "sweep ... --max-batch"; "plan ...") and
+/// returns its JSON document. Throws UsageError for what the command exits 2 on (the options),
+/// CommandFailed or mem::Error for a failed run (exit 1). Not for trace, replay, devices or
+/// models, whose answers are tables and files.
+nlohmann::json command_json(const std::vector<std::string>& args);
+
+}  // namespace mem::tools
