@@ -2,7 +2,9 @@
 """doc_examples.py: every `vramscope` output pasted in README.md and docs/*.md, run and compared.
 
 A fenced block whose first line is `$ vramscope ARGS` (or `$ build/release/tools/vramscope
-ARGS`, or `$ python3 -m vramscope.export ARGS`, run with python/ on the path) is an example: the lines after it are what the command prints. A line `...` in the
+ARGS`, or `$ python3 -m vramscope.export ARGS`, run with python/ on the path, or `$ python3
+NAME.py`, a file the document saved, run so too, with the command's build's libraries) is an
+example: the lines after it are what the command prints. A line `...` in the
 block stands for output left out; every other line must equal the command's output line
 for line, in order, and a run of lines between two `...` must be consecutive in the output.
 
@@ -33,7 +35,8 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PROMPT = re.compile(r"^\$ (?:build/release/tools/)?(?P<cmd>vramscope|python3 -m vramscope\.export)(?P<args>(?: .*)?)$")
+PROMPT = re.compile(r"^\$ (?:build/release/tools/)?(?P<cmd>vramscope|python3 -m vramscope\.export|python3 [A-Za-z0-9_-]+\.py)"
+                    r"(?P<args>(?: .*)?)$")
 FENCE = "```"
 
 
@@ -45,7 +48,9 @@ def examples(text: str):
         if lines[i].startswith(FENCE) and i + 1 < len(lines) and PROMPT.match(lines[i + 1]):
             m = PROMPT.match(lines[i + 1])
             args = shlex.split(m.group("args"))
-            if m.group("cmd") != "vramscope":
+            if m.group("cmd").endswith(".py"):
+                args = [SCRIPT, m.group("cmd").split()[1]] + args
+            elif m.group("cmd") != "vramscope":
                 args = [EXPORT] + args
             j = i + 2
             while j < len(lines) and not lines[j].startswith(FENCE):
@@ -73,6 +78,7 @@ def saved_files(text: str) -> dict[str, str]:
 
 
 EXPORT = "<export>"  # `python3 -m vramscope.export ...`: the exporter of python/, on a python3 with torch
+SCRIPT = "<script>"  # `python3 NAME.py ...`: a file the document saved, on that python, the package of python/
 
 
 _TORCH: list = []  # the answer of python_with_torch(), asked once
@@ -94,6 +100,8 @@ def python_with_torch() -> str | None:
 
 def needs_torch(args: list[str], written: set) -> bool:
     """Whether an example runs the exporter or reads what one wrote (and notes what it writes)."""
+    if args[:1] == [SCRIPT]:
+        return True
     if args[:1] == [EXPORT]:
         for flag, value in zip(args, args[1:]):
             if flag in ("-o", "--output"):
@@ -110,6 +118,12 @@ def run(exe: str, args: list[str], scratch: Path) -> list[str]:
     if args and args[0] == EXPORT:
         env = dict(os.environ, PYTHONPATH=str(ROOT / "python"))
         command = [python_with_torch() or sys.executable, "-m", "vramscope.export", *args[1:]]
+    elif args and args[0] == SCRIPT:
+        # The package of python/ with the libraries of the build the command is from.
+        bindings = Path(exe).resolve().parents[1] / "bindings"
+        env = dict(os.environ, PYTHONPATH=str(ROOT / "python"), VRAMSCOPE_LIBRARY=str(bindings / "libvramscope.so"),
+                   VRAMSCOPE_PLANNER_LIBRARY=str(bindings / "libvramscope_planner.so"))
+        command = [python_with_torch() or sys.executable, *args[1:]]
     else:
         command = [exe, *args]
     p = subprocess.run(command, capture_output=True, text=True, cwd=scratch, timeout=300, env=env)
@@ -214,7 +228,8 @@ def main(argv: list[str]) -> int:
                 problem = check_block(shown, output)
                 if problem:
                     failures += 1
-                    shown_args = ["python3 -m vramscope.export", *args[1:]] if args[:1] == [EXPORT] else ["vramscope", *args]
+                    shown_args = (["python3 -m vramscope.export", *args[1:]] if args[:1] == [EXPORT]
+                                  else ["python3", *args[1:]] if args[:1] == [SCRIPT] else ["vramscope", *args])
                     print(f"{path.name}:{prompt + 1}: {' '.join(shown_args)}\n    {problem}")
             else:
                 replacements.append((prompt + 1, end, update_block(shown, output)))
