@@ -13,6 +13,14 @@ nlohmann::json command_json(const std::vector<std::string>& args) {
     throw UsageError("give sweep or plan and its options (trace, replay, devices and models answer in tables and "
                      "files)");
   }
+  // The document is the answer: options that choose how the command prints have no place here.
+  for (const std::string& a : args) {
+    for (const char* option : {"--format", "-f", "--brief", "--top"}) {
+      if (a == option || a.starts_with(std::string(option) + "=")) {
+        throw UsageError(std::string(option) + ": the library returns the JSON document; there is nothing to format");
+      }
+    }
+  }
   nlohmann::json document;
   CLI::App app{"vramscope", "vramscope"};
   app.require_subcommand(1, 1);

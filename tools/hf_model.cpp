@@ -1,6 +1,7 @@
 // hf_model.cpp — finding a Hub model's config.json in the local Hugging Face cache.
 #include "hf_model.hpp"
 
+#include <algorithm>
 #include <cctype>
 #include <cstdlib>
 #include <filesystem>
@@ -31,16 +32,20 @@ fs::path hub_cache() {
 }
 
 /// A repository id as the Hub spells one: [org/]name of letters, digits, '-', '_' and '.',
-/// no '..' and no leading '.' or '-' (huggingface_hub's validate_repo_id).
+/// no "--" or ".." and no '-' or '.' at either end (huggingface_hub's validate_repo_id).
 bool is_repo_id(std::string_view id) {
-  if (id.empty() || id.size() > 96 || id.find("..") != std::string_view::npos) return false;
+  if (id.empty() || id.size() > 96 || id.find("..") != std::string_view::npos || id.find("--") != std::string_view::npos) {
+    return false;
+  }
   std::size_t slashes = 0;
   for (std::size_t i = 0; i < id.size(); ++i) {
     const char c = id[i];
     const bool first = i == 0 || id[i - 1] == '/';
+    const bool last = i + 1 == id.size() || id[i + 1] == '/';
     if (c == '/') {
       if (++slashes > 1 || first || i + 1 == id.size()) return false;
-    } else if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || (!first && (c == '-' || c == '.')))) {
+    } else if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' ||
+                 (!first && !last && (c == '-' || c == '.')))) {
       return false;
     }
   }
@@ -79,12 +84,23 @@ std::string find_hf_config(const std::string& name) {
     throw UsageError("--hf-model " + name + ": not in the Hugging Face cache (" + cache.string() + "; $HF_HUB_CACHE "
                      "or $HF_HOME set it); " + fetch_hint(name));
   }
-  // refs/main: the commit of the main revision, whose snapshot holds the files.
-  std::string commit;
-  if (std::ifstream ref(repo / "refs" / "main"); ref) std::getline(ref, commit);
-  while (!commit.empty() && (commit.back() == '\n' || commit.back() == '\r' || commit.back() == ' ')) commit.pop_back();
+  // refs/main: the commit of the main revision, whose snapshot holds the files (the first
+  // line of at most 256 bytes, a name of letters, digits, '.', '_' and '-').
+  std::string commit(256, '\0');
+  if (std::ifstream ref(repo / "refs" / "main", std::ios::binary); ref) {
+    ref.read(commit.data(), static_cast<std::streamsize>(commit.size()));
+    commit.resize(static_cast<std::size_t>(ref.gcount()));
+  } else {
+    commit.clear();
+  }
+  commit = commit.substr(0, commit.find_first_of("\r\n"));
+  while (!commit.empty() && commit.back() == ' ') commit.pop_back();
+  const bool named = !commit.empty() && commit.size() <= 128 && commit != "." && commit != ".." &&
+                     std::all_of(commit.begin(), commit.end(), [](char c) {
+                       return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
+                     });
   std::vector<fs::path> found;
-  if (!commit.empty() && commit.find('/') == std::string::npos && commit != "." && commit != "..") {
+  if (named) {
     found.push_back(repo / "snapshots" / commit / "config.json");
   } else if (fs::is_directory(repo / "snapshots", ec)) {
     // No main ref (a download of another revision): the one snapshot there, if only one.

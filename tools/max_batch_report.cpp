@@ -153,7 +153,7 @@ std::string max_batch_report(const MaxBatchResult& result, const ReportOptions& 
     out += "  batch+1 ...     where the run one sample larger ran out of memory: the step, phase and module.\n";
   }
   out += fmt::format("\ndevice: {}\nstack: {} (--stack)\n", result.device.assumptions, result.spec.stack.to_string());
-  for (const std::string& assumed : result.model.assumed) out += fmt::format("recorded assuming: {}\n", assumed);
+  out += assumptions_note(result.model.assumed);
   out += parallel_note(result.spec.parallels, result.device);
   return out;
 }

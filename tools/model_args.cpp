@@ -418,6 +418,12 @@ std::string per_gpu(const std::vector<nn::ParallelConfig>& configs) {
   return configs.size() == 1 && configs[0].enabled() ? ", each GPU of " + nn::parallel_label(configs[0]) : "";
 }
 
+std::string assumptions_note(const std::vector<std::string>& assumed) {
+  std::string out;
+  for (const std::string& line : assumed) out += fmt::format("recorded assuming: {}\n", line);
+  return out;
+}
+
 std::string parallel_note(const std::vector<nn::ParallelConfig>& configs, const DeviceInfo& device) {
   std::string out;
   bool nccl_said = false;

@@ -129,6 +129,9 @@ std::vector<nn::ParallelConfig> parse_parallel_args(const ParallelArgs& args);
 /// What the figures of data-parallel runs are, and what they leave out, a line per engine
 /// for under a table ("" for one GPU).
 std::string parallel_note(const std::vector<nn::ParallelConfig>& configs, const DeviceInfo& device);
+/// What a recorded model assumed (values read from tensors, the experts' routing), a line each,
+/// as every table ends with it.
+std::string assumptions_note(const std::vector<std::string>& assumed);
 /// ", each GPU of ddp:8" for a title, when every row is one rank of that ("" otherwise).
 std::string per_gpu(const std::vector<nn::ParallelConfig>& configs);
 

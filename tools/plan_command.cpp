@@ -131,8 +131,9 @@ void run(const PlanArgs& args, nlohmann::json* capture) {
     if (!args.model.batch.empty()) throw UsageError("--max-batch: finds the batch; leave out --batch");
     std::string how;
     largest = largest_checkpointed_batch(base, how);
-    if (capture != nullptr) {
-      largest_note = how;
+    largest_note = how;
+    if (capture != nullptr || args.format == "json") {
+      // said in the document's "max_batch"
     } else if (largest == 0) {
       std::cout << "No batch fits, even batch 1 with " << how << "; the plan at batch 1 says why:\n\n";
     } else {
@@ -152,13 +153,16 @@ void run(const PlanArgs& args, nlohmann::json* capture) {
   const PlanResult result = run_plan(spec, capture != nullptr ? PlanProgress{} : progress);
   if (bar) bar->finish();
 
-  if (capture != nullptr) {
-    *capture = plan_json(result);
-    if (largest >= 0) (*capture)["max_batch"] = {{"largest", largest}, {"with", largest_note}};
-    // The best plan's PyTorch code (what --code writes), for the library's callers.
-    if (const Plan* best = result.best(); best != nullptr) (*capture)["code"] = plan_code(result, *best);
-  } else if (args.format == "json") {
-    std::cout << plan_json(result).dump(2) << "\n";
+  if (capture != nullptr || args.format == "json") {
+    nlohmann::json document = plan_json(result);
+    if (largest >= 0) document["max_batch"] = {{"largest", largest}, {"with", largest_note}};
+    // The best plan's PyTorch code, what --code writes.
+    if (const Plan* best = result.best(); best != nullptr) document["code"] = plan_code(result, *best);
+    if (capture != nullptr) {
+      *capture = std::move(document);
+    } else {
+      std::cout << document.dump(2) << "\n";
+    }
   } else {
     std::cout << plan_report(result, args.top, !args.brief);
   }

@@ -186,7 +186,7 @@ std::string plan_report(const PlanResult& r, std::size_t top, bool how_to_read) 
                 "", "");
   }
   out += fmt::format("({} dry runs, {:.0f} ms; device: {})\n", r.dry_runs, r.wall_ms, r.device.name);
-  for (const std::string& assumed : r.model.assumed) out += fmt::format("recorded assuming: {}\n", assumed);
+  out += assumptions_note(r.model.assumed);
   return out;
 }
 

@@ -182,6 +182,14 @@ SweepSpec make_spec(const SweepArgs& args) {
   return spec;
 }
 
+void write_plot(const std::string& path, const SweepResult& result) {
+  try {
+    write_output_file(path, sweep_plot_svg(result), "the sweep plot");
+  } catch (const mem::Error& e) {
+    throw CommandFailed(std::string("--plot: ") + e.what());
+  }
+}
+
 void print_max_batches(const SweepSpec& spec, const SweepArgs& args, nlohmann::json* capture) {
   if (capture != nullptr) {
     *capture = max_batch_json(find_max_batches(spec, {}));
@@ -214,7 +222,7 @@ void run(const SweepArgs& args, nlohmann::json* capture) {
   if (capture != nullptr) {
     const SweepResult result = run_sweep(spec, {});
     *capture = sweep_json(result);
-    if (!args.plot.empty()) write_output_file(args.plot, sweep_plot_svg(result), "the sweep plot");
+    if (!args.plot.empty()) write_plot(args.plot, result);
     return;
   }
 
@@ -237,11 +245,7 @@ void run(const SweepArgs& args, nlohmann::json* capture) {
     std::cout << sweep_report(result, options);
   }
   if (!args.plot.empty()) {
-    try {
-      write_output_file(args.plot, sweep_plot_svg(result), "the sweep plot");
-    } catch (const mem::Error& e) {
-      throw CommandFailed(std::string("--plot: ") + e.what());
-    }
+    write_plot(args.plot, result);
     (args.format == "table" ? std::cout : std::cerr) << "plot: " << args.plot << "\n";
   }
   std::cout.flush();

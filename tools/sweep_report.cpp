@@ -390,7 +390,7 @@ std::string sweep_report(const SweepResult& result, const ReportOptions& options
     }
   }
   out += fmt::format("\ndevice: {}\nstack: {} (--stack)\n", result.device.assumptions, result.spec.stack.to_string());
-  for (const std::string& assumed : result.model.assumed) out += fmt::format("recorded assuming: {}\n", assumed);
+  out += assumptions_note(result.model.assumed);
   out += parallel_note(result.spec.parallels, result.device);
   return out;
 }

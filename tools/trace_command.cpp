@@ -349,7 +349,7 @@ void run(const TraceArgs& args) {
     write_file("--plot", args.plot, [&] { write_memory_plot_svg(*timeline, args.plot, po); });
   }
   std::cout << "\ndevice: " << device->info().assumptions << "\nstack: " << cfg.stack.to_string() << " (--stack)\n";
-  for (const std::string& assumed : info.assumed) std::cout << "recorded assuming: " << assumed << "\n";
+  std::cout << assumptions_note(info.assumed);
   std::cout << parallel_note({cfg.parallel}, device->info());
   std::cout.flush();
   trainer.reset();  // frees the model before the allocator goes

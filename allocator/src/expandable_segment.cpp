@@ -44,11 +44,20 @@ AddressRange ExpandableSegment::map(std::uintptr_t ptr, std::size_t bytes) {
   const std::size_t end = std::min(page_right(ptr + bytes), pages_);
   if (begin >= end) return {ptr, 0};
   // One physical allocation per page, as PyTorch creates one handle per page. Out of memory,
-  // or a driver error (thrown), leaves nothing of this call mapped.
-  if (!device_.map_pages(reinterpret_cast<void*>(base_ + begin * page_), end - begin, page_)) {
+  // or a driver error (thrown), leaves nothing of this call mapped. The page flags grow first:
+  // once the device has mapped the pages, nothing may fail before they are recorded.
+  if (mapped_.size() < end) mapped_.resize(end, false);
+  bool ok = false;
+  try {
+    ok = device_.map_pages(reinterpret_cast<void*>(base_ + begin * page_), end - begin, page_);
+  } catch (...) {
+    trim();
+    throw;
+  }
+  if (!ok) {
+    trim();
     return {base_ + begin * page_, 0};
   }
-  if (mapped_.size() < end) mapped_.resize(end, false);
   std::fill(mapped_.begin() + static_cast<std::ptrdiff_t>(begin), mapped_.begin() + static_cast<std::ptrdiff_t>(end),
             true);
   return {base_ + begin * page_, (end - begin) * page_};

@@ -682,19 +682,27 @@ bool SimDevice::mapped_overlaps_locked(std::uintptr_t at, std::size_t bytes) con
 }
 
 void SimDevice::add_mapping_locked(std::uintptr_t at, std::size_t bytes) {
-  // Kept as maximal runs: a batch of millions maps terabytes, and a run is one entry.
-  std::uintptr_t start = at;
-  std::uintptr_t end = at + bytes;
+  // Kept as maximal runs: a batch of millions maps terabytes, and a run is one entry. Runs
+  // grow in place where they can; only a run on its own takes a new entry (which may throw
+  // before anything changed).
   auto next = mapped_.lower_bound(at);
-  if (next != mapped_.end() && next->first == end) {
-    end += next->second;
-    next = mapped_.erase(next);
+  const bool joins_next = next != mapped_.end() && next->first == at + bytes;
+  if (next != mapped_.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first + prev->second == at) {
+      prev->second += bytes + (joins_next ? next->second : 0);
+      if (joins_next) mapped_.erase(next);
+      return;
+    }
   }
-  if (next != mapped_.begin() && std::prev(next)->first + std::prev(next)->second == at) {
-    start = std::prev(next)->first;
-    mapped_.erase(std::prev(next));
+  if (joins_next) {
+    auto node = mapped_.extract(next);
+    node.key() = at;
+    node.mapped() += bytes;
+    mapped_.insert(std::move(node));
+    return;
   }
-  mapped_.emplace(start, end - start);
+  mapped_.emplace_hint(next, at, bytes);
 }
 
 bool SimDevice::remove_mapping_locked(std::uintptr_t at, std::size_t bytes) {
@@ -704,9 +712,18 @@ bool SimDevice::remove_mapping_locked(std::uintptr_t at, std::size_t bytes) {
   const std::uintptr_t start = it->first;
   const std::uintptr_t end = start + it->second;
   if (end <= at || end - at < bytes) return false;  // not wholly mapped
-  mapped_.erase(it);
-  if (start < at) mapped_.emplace(start, at - start);
-  if (at + bytes < end) mapped_.emplace(at + bytes, end - (at + bytes));
+  const bool tail = at + bytes < end;
+  if (start < at) {
+    it->second = at - start;  // the head stays in place
+    if (tail) mapped_.emplace_hint(std::next(it), at + bytes, end - (at + bytes));  // a split: one new entry
+  } else if (tail) {
+    auto node = mapped_.extract(it);  // the tail takes the run's entry
+    node.key() = at + bytes;
+    node.mapped() = end - (at + bytes);
+    mapped_.insert(std::move(node));
+  } else {
+    mapped_.erase(it);
+  }
   return true;
 }
 
@@ -727,7 +744,12 @@ bool SimDevice::map_memory(void* address, std::size_t bytes) {
     refuse_taken_locked(bytes);
     return false;
   }
-  add_mapping_locked(at, bytes);
+  try {
+    add_mapping_locked(at, bytes);
+  } catch (...) {
+    refuse_taken_locked(bytes);
+    throw;
+  }
   return true;
 }
 
@@ -755,23 +777,27 @@ bool SimDevice::map_pages_at_once_locked(std::uintptr_t at, std::size_t count, s
   const std::size_t fit = std::min(count, free_pages / pages_of(page));
   // The clock and counters of the calls as they go: `fit` succeed; if that is not all, the
   // next fails and the `fit` are unmapped again.
-  driver_time_us_ += static_cast<double>(fit) * config_.malloc_latency_us;
-  allocs_ += fit;
   if (fit < count) {
-    driver_time_us_ += config_.malloc_latency_us + static_cast<double>(fit) * config_.free_latency_us;
+    driver_time_us_ += static_cast<double>(fit + 1) * config_.malloc_latency_us +
+                       static_cast<double>(fit) * config_.free_latency_us;
+    allocs_ += fit;
     frees_ += fit;
     ++failures_;
     return false;
   }
+  add_mapping_locked(at, bytes);  // first: it may throw, and then nothing has changed
+  driver_time_us_ += static_cast<double>(count) * config_.malloc_latency_us;
+  allocs_ += count;
   used_ += bytes;
   used_rounded_ += count * pages_of(page) * config_.granularity;
-  add_mapping_locked(at, bytes);
   return true;
 }
 
 void SimDevice::unmap_memory(void* address, std::size_t bytes) noexcept {
   std::lock_guard lock(mutex_);
-  const bool mapped = remove_mapping_locked(reinterpret_cast<std::uintptr_t>(address), bytes);
+  assert(bytes != 0 && bytes % config_.granularity == 0 && "SimDevice::unmap_memory: not whole granules");
+  const bool mapped = bytes != 0 && bytes % config_.granularity == 0 &&
+                      remove_mapping_locked(reinterpret_cast<std::uintptr_t>(address), bytes);
   assert(mapped && "SimDevice::unmap_memory: not mapped");
   if (!mapped) return;
   if (config_.backing == SimBacking::Host) {
@@ -784,8 +810,10 @@ void SimDevice::unmap_memory(void* address, std::size_t bytes) noexcept {
 void SimDevice::unmap_pages(void* address, std::size_t count, std::size_t page) noexcept {
   std::lock_guard lock(mutex_);
   if (count == 0) return;
+  assert(page != 0 && page % config_.granularity == 0 && "SimDevice::unmap_pages: not whole granules");
   const std::size_t bytes = count * page;
-  const bool mapped = remove_mapping_locked(reinterpret_cast<std::uintptr_t>(address), bytes);
+  const bool mapped = page != 0 && page % config_.granularity == 0 &&
+                      remove_mapping_locked(reinterpret_cast<std::uintptr_t>(address), bytes);
   assert(mapped && "SimDevice::unmap_pages: not mapped");
   if (!mapped) return;
   if (config_.backing == SimBacking::Host) {

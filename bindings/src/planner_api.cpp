@@ -29,30 +29,36 @@ int vramscope_planner_api_version(void) { return VRAMSCOPE_PLANNER_API_VERSION; 
 int vramscope_planner_run(int argc, const char* const* argv, char** out) {
   if (out == nullptr) return 2;
   *out = nullptr;
-  if (argc < 0 || argc > 4096 || (argc > 0 && argv == nullptr)) {
-    *out = copy_out("vramscope_planner_run: argc must be 0 to 4096 and argv hold argc strings");
-    return 2;
-  }
-  std::vector<std::string> args;
-  for (int i = 0; i < argc; ++i) {
-    if (argv[i] == nullptr) {
-      *out = copy_out("vramscope_planner_run: argv[" + std::to_string(i) + "] is NULL");
+  // Nothing may leave a C function: every failure, out of memory included, is a status.
+  try {
+    if (argc < 0 || argc > 4096 || (argc > 0 && argv == nullptr)) {
+      *out = copy_out("vramscope_planner_run: argc must be 0 to 4096 and argv hold argc strings");
       return 2;
     }
-    args.emplace_back(argv[i]);
-  }
-  // A run holds process-wide state (the simulated devices' address windows, the models' caches):
-  // one at a time.
-  static std::mutex running;
-  std::lock_guard lock(running);
-  try {
-    *out = copy_out(mem::tools::command_json(args).dump());
-    return 0;
-  } catch (const mem::tools::UsageError& e) {
-    *out = copy_out(mem::tools::one_line(e.what()));
-    return 2;
-  } catch (const std::exception& e) {
-    *out = copy_out(mem::tools::one_line(e.what()));
+    std::vector<std::string> args;
+    for (int i = 0; i < argc; ++i) {
+      if (argv[i] == nullptr) {
+        *out = copy_out("vramscope_planner_run: argv[" + std::to_string(i) + "] is NULL");
+        return 2;
+      }
+      args.emplace_back(argv[i]);
+    }
+    // A run holds process-wide state (the simulated devices' address windows, the models'
+    // caches): one at a time.
+    static std::mutex running;
+    std::lock_guard lock(running);
+    try {
+      *out = copy_out(mem::tools::command_json(args).dump());
+      return 0;
+    } catch (const mem::tools::UsageError& e) {
+      *out = copy_out(mem::tools::one_line(e.what()));
+      return 2;
+    } catch (const std::exception& e) {
+      *out = copy_out(mem::tools::one_line(e.what()));
+      return 1;
+    }
+  } catch (...) {
+    *out = copy_out("vramscope_planner_run: out of memory");  // NULL if even that cannot be had
     return 1;
   }
 }

@@ -32,7 +32,11 @@ std::string ExpertRouting::describe() const {
   const auto span = [](std::int64_t low, std::int64_t high) {
     return low == high ? std::to_string(low) : fmt::format("{} to {}", low, high);
   };
-  const std::string head = fmt::format("routing: {} tokens x top-{} over {} experts", tokens, top_k, experts);
+  // The tokens as the file's formula, and their number at the options described.
+  const std::string head =
+      tokens_formula.empty()
+          ? fmt::format("routing: {} tokens x top-{} over {} experts", tokens, top_k, experts)
+          : fmt::format("routing: {} tokens ({} here) x top-{} over {} experts", tokens_formula, tokens, top_k, experts);
   if (experts == 1) return head + fmt::format(": {} rows", rows(0));
   const std::int64_t fewest = rows(experts - 2), most = rows(0);
   if (skew == 1) {

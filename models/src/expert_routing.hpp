@@ -18,6 +18,7 @@ struct ExpertRouting {
   std::int64_t top_k = 0;
   std::int64_t tokens = 0;  ///< at the run's batch and sequence
   std::int64_t skew = 1;    ///< the model option expert_skew
+  std::string tokens_formula;  ///< the file's "tokens" ("batch*seq"), for the description
 
   /// The rows expert `e` (0-based, < experts) gets.
   std::int64_t rows(std::int64_t e) const;

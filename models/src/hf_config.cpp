@@ -337,8 +337,8 @@ std::string hf_name_from_path(const std::string& path) {
     const std::filesystem::path snapshot = p.parent_path();
     const std::string repo = snapshot.parent_path().parent_path().filename().string();
     if (snapshot.parent_path().filename() == "snapshots" && repo.starts_with("models--")) {
-      const auto sep = repo.rfind("--");
-      if (const std::string name = clean(repo.substr(sep + 2)); sep >= 8 && !name.empty()) return name;
+      // models--name or models--org--name: the model's name follows the last "--".
+      if (const std::string name = clean(repo.substr(repo.rfind("--") + 2)); !name.empty()) return name;
     }
     if (const std::string folder = clean(snapshot.filename().string()); !folder.empty()) return folder;
   }

@@ -117,6 +117,7 @@ class Builder {
     routing.experts = positive_at(r, path, "experts");
     routing.top_k = positive_at(r, path, "top_k");
     routing.tokens = positive_at(r, path, "tokens");
+    if (r.at("tokens").is_string()) routing.tokens_formula = printable(r.at("tokens").get<std::string>());
     if (routing.experts > kMaxExperts) fail(field(path, "experts"), "at most " + std::to_string(kMaxExperts));
     if (routing.top_k > routing.experts) fail(field(path, "top_k"), "more than the experts");
     if (routing.tokens > INT64_MAX / routing.top_k) fail(field(path, "tokens"), "times top_k overflows 64 bits");

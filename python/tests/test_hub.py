@@ -63,6 +63,19 @@ def test_folders_and_bad_names(tmp_path, monkeypatch):
     assert name_from_path(tmp_path / "mine" / "config.json") == "mine"
     with pytest.raises(ValueError, match="a file; give its folder"):
         vramscope.find_hf_config(str(tmp_path / "mine" / "config.json"))
-    for bad in ("a/b/c", "../etc", "-x/y", "", "x" * 200, "a b"):
+    for bad in ("a/b/c", "../etc", "-x/y", "", "x" * 200, "a b", "a--b/c", "org/name-", "org./name"):
         with pytest.raises(ValueError, match="not a Hub model name"):
             vramscope.find_hf_config(bad)
+
+
+def test_a_model_without_an_org_and_a_hostile_main_ref(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    config = make_cache(tmp_path, repo="gpt2")
+    assert vramscope.find_hf_config("gpt2") == config
+    assert name_from_path(config) == "gpt2"  # the repository's name, not the commit's
+    # refs/main naming a path out of the snapshots: not a revision; the one snapshot is taken.
+    for hostile in ("../../../etc", "..", "a/b", "\xff\xfe" * 200, "x" * 300):
+        (config.parents[2] / "refs" / "main").write_bytes(hostile.encode("utf-8", "surrogateescape")
+                                                            if isinstance(hostile, str) else hostile)
+        assert vramscope.find_hf_config("gpt2") == config
+    assert name_from_path(tmp_path / "n\x1b[2Ja" / "config.json") == "n[2Ja"

@@ -72,6 +72,26 @@ def test_bad_options_are_refused_in_the_commands_words():
         vramscope.estimate("resnet18", dtype=["f32", "f16"])
     with pytest.raises(UsageError, match="nosuchnet"):
         vramscope.estimate("nosuchnet")
+    with pytest.raises(UsageError, match="--format: the library returns the JSON document"):
+        vramscope.sweep("resnet18", format="csv")
+    with pytest.raises(UsageError, match="export options, for an nn.Module"):
+        vramscope.estimate("resnet18", loss="mse")
+    # The C boundary itself: only sweep and plan, every failure a status and a message.
+    from vramscope import _planner
+    for args, says in ((["trace", "--model", "mlp"], "give sweep or plan"), ([], "give sweep or plan"),
+                       (["sweep", "--help"], "vramscope sweep --help")):
+        with pytest.raises(UsageError, match=says):
+            _planner.run(args)
+
+
+def test_plan_json_with_max_batch_is_one_document():
+    """`plan --max-batch --format json` is JSON alone (its sentence belongs to the table), with
+    the largest batch and the best plan's code in it, as the library's callers get them."""
+    theirs = command_json("plan", "--model-file", str(CHAIN), "--device", "sim:capacity=640MiB,context=0",
+                          "--search", "none", "--max-batch")
+    ours = vramscope.plan(str(CHAIN), device="sim:capacity=640MiB,context=0", search="none", max_batch=True)
+    assert theirs["max_batch"]["largest"] > 0 and theirs["code"]
+    assert ours.document["max_batch"] == theirs["max_batch"] and ours.best.code == theirs["code"]
 
 
 def make_net():

@@ -16,6 +16,7 @@ for bit: the same library runs (libvramscope_planner.so, _planner.py).
 from __future__ import annotations
 
 import json
+import re
 import tempfile
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence
@@ -96,11 +97,14 @@ def _model_options(model, inputs, work: Path, export: Dict[str, Any]) -> List[st
         text = str(model)
         path = Path(text)
         if path.is_file() and path.suffix == ".json":
+            # A model file says so near its start; anything else is taken for a config.json (the
+            # command then says what is wrong with it). An exported model may be a gigabyte.
             try:
-                doc = json.loads(path.read_text())
-            except (OSError, ValueError) as e:
+                with open(path, "rb") as f:
+                    head = f.read(4096).decode("utf-8", errors="replace")
+            except OSError as e:
                 raise _planner.UsageError(f"{text}: {e}") from None
-            if isinstance(doc, dict) and doc.get("format") == "vramscope-model":
+            if re.search(r'"format"\s*:\s*"vramscope-model"', head):
                 return ["--model-file", text]
             return ["--hf-config", text]
         if path.is_dir() or "/" in text:
@@ -136,6 +140,8 @@ def _model_options(model, inputs, work: Path, export: Dict[str, Any]) -> List[st
 
 def _run(command: List[str], model, inputs, options: Dict[str, Any]) -> dict:
     export = {k: options.pop(k) for k in ("loss", "output", "name", "seq_input", "amp") if k in options}
+    if export and isinstance(model, (str, Path)):
+        raise _planner.UsageError(f"{', '.join(export)}: export options, for an nn.Module; {model} is not one")
     with tempfile.TemporaryDirectory(prefix="vramscope-") as work:
         args = command + _model_options(model, inputs, Path(work), export) + _options(options)
         return _planner.run(args)
@@ -273,7 +279,9 @@ class Plans:
 def estimate(model, inputs=None, **options) -> Estimate:
     """One configuration's training step on the device: `vramscope sweep` with one row
     (segments 0 unless `checkpoint` says otherwise)."""
-    options.setdefault("segments", 0 if "checkpoint" not in options else None)
+    # One row: no checkpoint_sequential segments unless `checkpoint` is a segment count.
+    if not (isinstance(options.get("checkpoint"), int) and not isinstance(options.get("checkpoint"), bool)):
+        options.setdefault("segments", 0)
     options.setdefault("dtype", "f32")
     for key in ("batch", "seq", "dtype", "segments", "alloc_conf", "parallel"):
         if isinstance(options.get(key), (list, tuple)):

@@ -12,7 +12,9 @@ import os
 import re
 from pathlib import Path
 
-_REPO_ID = re.compile(r"^(?:[A-Za-z0-9_][A-Za-z0-9_.-]*/)?[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+# huggingface_hub's validate_repo_id: [org/]name, no "--" or ".." inside, no '-' or '.' at either end.
+_REPO_ID = re.compile(r"^(?:[A-Za-z0-9_](?:[A-Za-z0-9_.-]*[A-Za-z0-9_])?/)?[A-Za-z0-9_](?:[A-Za-z0-9_.-]*[A-Za-z0-9_])?$")
+_COMMIT = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 
 
 def hub_cache() -> Path:
@@ -43,7 +45,7 @@ def find_hf_config(name: str) -> Path:
         return path / "config.json"
     if name and path.is_file():
         raise ValueError(f"{name}: a file; give its folder, or the file itself as the config")
-    if len(name) > 96 or ".." in name or not _REPO_ID.match(name):
+    if len(name) > 96 or ".." in name or "--" in name or not _REPO_ID.match(name):
         raise ValueError(f"{name}: not a folder, and not a Hub model name (org/name of letters, digits, '-', '_' "
                          "and '.')")
     cache = hub_cache()
@@ -52,9 +54,13 @@ def find_hf_config(name: str) -> Path:
         raise ValueError(f"{name}: not in the Hugging Face cache ({cache}; $HF_HUB_CACHE or $HF_HOME set it); "
                          + _fetch_hint(name))
     ref = repo / "refs" / "main"
-    commit = ref.read_text().strip() if ref.is_file() else ""
+    commit = ""
+    if ref.is_file():
+        with open(ref, "rb") as f:  # a commit hash: the first line of at most 256 bytes
+            lines = f.read(256).decode("ascii", errors="replace").splitlines()
+            commit = lines[0].strip() if lines else ""
     found = []
-    if commit and "/" not in commit and commit not in (".", ".."):
+    if _COMMIT.match(commit) and commit not in (".", ".."):
         found = [repo / "snapshots" / commit / "config.json"]
     elif (repo / "snapshots").is_dir():
         # No main ref (a download of another revision): the one snapshot there, if only one.
@@ -70,13 +76,21 @@ def find_hf_config(name: str) -> Path:
 
 def name_from_path(path) -> str:
     """The name a config.json's place gives its model (as the command's hf_name_from_path): the
-    model's name in the cache (models--org--name/snapshots/<commit>/config.json: "name"), else
-    the folder of a file called config.json, else the file's name without ".json"."""
+    model's name in the cache (models--[org--]name/snapshots/<commit>/config.json: "name"), else
+    the folder of a file called config.json, else the file's name without ".json"; printable
+    ASCII only, at most 64 characters."""
+    def clean(text: str) -> str:
+        out = "".join(c for c in text if " " < c < "\x7f")[:64]
+        return "" if out in (".", "..") else out
+
     p = Path(path)
     if p.name == "config.json":
         repo = p.parent.parent.parent.name
-        if p.parent.parent.name == "snapshots" and repo.startswith("models--") and repo.rfind("--") >= 8:
-            return repo[repo.rfind("--") + 2:]
-        if p.parent.name not in ("", ".", ".."):
-            return p.parent.name
-    return p.stem
+        if p.parent.parent.name == "snapshots" and repo.startswith("models--"):
+            name = clean(repo[repo.rfind("--") + 2:])
+            if name:
+                return name
+        if clean(p.parent.name):
+            return clean(p.parent.name)
+    name = p.name[:-5] if p.name.endswith(".json") and len(p.name) > 5 else p.name
+    return clean(name)

@@ -73,14 +73,16 @@ def library() -> ctypes.CDLL:
 
 def run(args: Sequence[str]) -> dict:
     """`vramscope ARGS...` (sweep or plan) in this process: its JSON document."""
+    if not args:
+        raise UsageError("give sweep or plan and its options")
     lib = library()
-    encoded = [a.encode() for a in args]
+    encoded = [os.fsencode(a) for a in args]
     argv = (ctypes.c_char_p * len(encoded))(*encoded)
     out = ctypes.c_void_p()
     with _lock:
         status = lib.vramscope_planner_run(len(encoded), argv, ctypes.byref(out))
     try:
-        text = ctypes.string_at(out.value).decode() if out.value else ""
+        text = ctypes.string_at(out.value).decode(errors="replace") if out.value else ""
     finally:
         lib.vramscope_planner_free(out)
     if status == 0:

@@ -269,7 +269,7 @@ TEST(ModelFileRouting, EachExpertsRowsFollowTheRoutingAndTheSkew) {
   // 16 x 4 = 64 tokens, top-2 over 8 experts: 128 assignments, 16 rows each. expert_skew=3
   // gives the busiest (the last) ceil(3 x 128 / 8) = 48, the other seven share 80: 12, 12,
   // 12, 11, 11, 11, 11. expert_skew=100 is capped at every token, 64.
-  detail::ExpertRouting routing{8, 2, 64, 1};
+  detail::ExpertRouting routing{8, 2, 64, 1, ""};
   for (std::int64_t e = 0; e < 8; ++e) EXPECT_EQ(routing.rows(e), 16);
   routing.skew = 3;
   std::int64_t total = 0;
@@ -281,14 +281,15 @@ TEST(ModelFileRouting, EachExpertsRowsFollowTheRoutingAndTheSkew) {
   routing.skew = 100;
   EXPECT_EQ(routing.rows(7), 64);
   EXPECT_NE(routing.describe().find("the busiest expert gets 64 rows"), std::string::npos) << routing.describe();
-  EXPECT_EQ((detail::ExpertRouting{1, 1, 64, 5}.rows(0)), 64);
-  EXPECT_EQ((detail::ExpertRouting{4, 4, 10, 1}.rows(3)), 10);  // top_k = experts: every expert sees every token
+  EXPECT_EQ((detail::ExpertRouting{1, 1, 64, 5, ""}.rows(0)), 64);
+  EXPECT_EQ((detail::ExpertRouting{4, 4, 10, 1, ""}.rows(3)), 10);  // top_k = experts: every expert sees every token
 
   const std::string routing_json = R"({"experts": 8, "top_k": 2, "tokens": "batch * 4"})";
   const auto model = ModelFile::parse(routed_file(routing_json), "moe.json");
   const nn::ModelInfo even = model->describe(nn::ModelOptions{});
   ASSERT_FALSE(even.assumed.empty());
-  EXPECT_NE(even.assumed.back().find("64 tokens x top-2 over 8 experts, spread evenly"), std::string::npos)
+  EXPECT_NE(even.assumed.back().find("batch * 4 tokens (64 here) x top-2 over 8 experts, spread evenly"),
+            std::string::npos)
       << even.assumed.back();
   const nn::ModelInfo skewed = model->describe(nn::ModelOptions::parse("expert_skew=3"));
   EXPECT_NE(skewed.assumed.back().find("the busiest expert gets 48 rows"), std::string::npos) << skewed.assumed.back();

@@ -23,8 +23,9 @@ __attribute__((visibility("default"))) int vramscope_planner_api_version(void);
 
 /* Runs `vramscope ARGV...`: "sweep" (with --max-batch too) or "plan", and their options.
  * Returns 0 with *out the JSON document; 2 when the options are refused (the command's exit 2),
- * 1 when the run failed (exit 1): then *out is the one-line message. *out is always set and is
- * freed with vramscope_planner_free. Runs from several threads take turns. */
+ * 1 when the run failed (exit 1): then *out is the one-line message (NULL only when not even
+ * that could be allocated). Free *out with vramscope_planner_free. Output options (--format,
+ * --brief, --top) are refused: the document is the answer. Runs from several threads take turns. */
 __attribute__((visibility("default"))) int vramscope_planner_run(int argc, const char* const* argv, char** out);
 
 __attribute__((visibility("default"))) void vramscope_planner_free(char* text);

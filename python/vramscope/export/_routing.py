@@ -78,7 +78,9 @@ class AssumedRouting:
             if self.hit is None:  # expert_hit: every expert (the one_hot's extra class E is never hit)
                 self.hit_ids = list(range(self.module.num_experts))
                 out = self.torch.empty((len(self.hit_ids), t.dim()), dtype=self.torch.int64, device=t.device)
-                self.hit = out.untyped_storage()._cdata
+                # Kept alive while the loop runs: its address cannot go to another storage.
+                self.hit_storage = out.untyped_storage()
+                self.hit = self.hit_storage._cdata
                 return True, out
             expert = self.current if self.current is not None else self.hit_ids[min(self.next, len(self.hit_ids) - 1)]
             self.current, self.next = None, expert + 1
@@ -109,9 +111,11 @@ class AssumedRouting:
 def routing_document(seen_per_point: Dict[Tuple[int, int], List[Tuple[int, int, int]]], fit) -> Optional[Dict[str, Any]]:
     """The file's "routing": {"experts", "top_k", "tokens": formula}, from what each recorded
     point's loops saw; `fit(values)` turns per-point token counts into a formula."""
-    first = next(iter(seen_per_point.values()))
-    if not first:
+    ran = [bool(loops) for loops in seen_per_point.values()]
+    if not any(ran):
         return None
+    if not all(ran):
+        return {"error": "the experts' per-expert loop runs at some recorded sizes and not at others"}
     kinds = {(e, k) for loops in seen_per_point.values() for e, k, _ in loops}
     if len(kinds) != 1:
         return {"error": f"experts of {len(kinds)} kinds (experts, top_k: {sorted(kinds)}); vramscope assumes one "

@@ -451,7 +451,7 @@ Tensor FullyShard::root_pre_forward(const Tensor& input) {
   // The gradients the last step's reduce-scatter outputs held were set to None since.
   std::erase_if(gradient_outputs_, [&](const auto& output) {
     if (!output.first.expired()) return false;
-    log_[output.second].freed = stage();
+    if (output.second < log_.size()) log_[output.second].freed = stage();
     return true;
   });
   return group_pre_forward(groups_.back(), input);
