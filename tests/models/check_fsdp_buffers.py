@@ -24,6 +24,8 @@ from pathlib import Path
 from stack_python import reexec_on_stack
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+from parallel_reference import build_mlp  # noqa: E402
 MODEL = ROOT / "tests" / "data" / "h100-parallel-2026-11-26" / "ref-resmlp.json"
 WORLD = 8
 CASES = [("true", "mp"), ("false", "mp"), ("2", "mp"), ("4", "mp"), ("true", "nomp"), ("2", "nomp")]
@@ -45,28 +47,7 @@ def engine_events(reshard, mixed):
     dist.init_process_group("fake", rank=0, world_size=WORLD, store=FakeStore())
     torch.manual_seed(0)
 
-    class Block(nn.Module):
-        def __init__(self, d):
-            super().__init__()
-            self.fc1, self.act, self.fc2 = nn.Linear(d, d), nn.ReLU(), nn.Linear(d, d)
-
-        def forward(self, x):
-            return x + self.fc2(self.act(self.fc1(x)))
-
-    class ResMLP(nn.Module):  # tests/data/h100-parallel-2026-11-26/ref-resmlp.json
-        def __init__(self, d_in=1000, d=1337, blocks=3, classes=10):
-            super().__init__()
-            self.stem = nn.Linear(d_in, d)
-            self.blocks = nn.ModuleList(Block(d) for _ in range(blocks))
-            self.head = nn.Linear(d, classes)
-
-        def forward(self, x):
-            x = self.stem(x)
-            for block in self.blocks:
-                x = block(x)
-            return self.head(x)
-
-    model = ResMLP()
+    model, blocks, batch, loss_of = build_mlp(torch, nn)  # the model of ref-resmlp.json
     stage = ["construction"]
     names = {}
     events = []
@@ -115,7 +96,7 @@ def engine_events(reshard, mixed):
                else int(reshard)}
     if mixed:
         options["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    for block in model.blocks:
+    for block in blocks:
         fully_shard(block, mesh=mesh, **options)
     fully_shard(model, mesh=mesh, **options)
     for module, name in [(model, "root")] + [(b, f"blocks.{i}") for i, b in enumerate(model.blocks)]:
@@ -125,9 +106,9 @@ def engine_events(reshard, mixed):
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     for step in (1, 2):
         optimizer.zero_grad(set_to_none=True)
-        x, y = torch.randn(64, 1000), torch.randint(0, 10, (64,))
+        example = batch("cpu")
         stage[0] = f"step {step} forward"
-        loss = nn.functional.cross_entropy(model(x), y)
+        loss = loss_of(model, example)
         stage[0] = f"step {step} backward"
         loss.backward()
         optimizer.step()
