@@ -85,12 +85,7 @@ nn::TrainConfig plan_config(const SweepSpec& base, const Plan& p, bool decoder) 
   row.parallel = base.parallels.front();
   nn::TrainConfig cfg = train_config(base, row);
   cfg.optimizer = p.optimizer;
-  if (p.accumulation > 1) {
-    // Micro-batches: the first optimizer step makes the state; the two after it run with the
-    // state and the accumulated gradients live, as every later optimizer step does.
-    cfg.accumulation = static_cast<std::size_t>(p.accumulation);
-    cfg.steps = cfg.accumulation + 2;
-  }
+  if (p.accumulation > 1) accumulate(cfg, static_cast<std::size_t>(p.accumulation), 2);
   if (p.change == PlanChange::None) return cfg;
   if (p.segments > 1) {
     cfg.checkpoint_modules.reset();

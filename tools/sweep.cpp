@@ -96,7 +96,13 @@ nn::TrainConfig train_config(const SweepSpec& spec, const SweepRow& row) {
   cfg.parallel = row.parallel;
   // --checkpoint-modules' rows; their saving is measured against the model without marks.
   cfg.checkpoint_modules = unmarked_baseline ? std::vector<std::string>{} : spec.checkpoint_modules;
+  if (spec.accumulation > 1) accumulate(cfg, spec.accumulation, spec.steps);
   return cfg;
+}
+
+void accumulate(nn::TrainConfig& cfg, std::size_t micro_batches, std::size_t steps_after) {
+  cfg.accumulation = micro_batches;
+  cfg.steps = micro_batches + steps_after;
 }
 
 std::shared_ptr<Device> make_run_device(const SweepSpec& spec) {
@@ -147,6 +153,7 @@ nn::ModelInfo validate_sweep(const SweepSpec& spec) {
   if (spec.precisions.empty()) throw UsageError("--dtype: empty; valid: f32, f16, bf16, amp, amp-bf16");
   for (const std::string& conf : spec.alloc_confs) check_alloc_conf(conf);
   if (spec.steps < 1) throw UsageError("--steps: must be at least 1");
+  if (spec.accumulation < 1) throw UsageError("--accumulation: must be at least 1");
   if (spec.segments.empty()) throw UsageError("--segments: empty; give counts like 0,2,4,8 or auto");
   for (const std::size_t k : spec.segments) {
     if (k > 1 && info.operators > 0) {

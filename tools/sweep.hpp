@@ -40,6 +40,8 @@ struct SweepSpec {
   std::vector<nn::Precision> precisions;
   std::vector<std::string> alloc_confs;    ///< "" = PyTorch's defaults
   std::size_t steps = 2;
+  /// --accumulation: micro-batches per optimizer step (gradient accumulation); 1: none.
+  std::size_t accumulation = 1;
   nn::ExecMode mode = nn::ExecMode::DryRun;
   nn::OptimizerConfig optimizer;
   nn::CheckpointMode checkpoint_mode = nn::CheckpointMode::NonReentrant;
@@ -167,6 +169,10 @@ nn::ModelOptions row_options(const SweepSpec& spec, std::int64_t batch, std::int
 
 /// The training configuration of one row of `spec` (its segments, precision, setting, shape).
 nn::TrainConfig train_config(const SweepSpec& spec, const SweepRow& row);
+/// Gradient accumulation of `micro_batches` on `cfg`: the first optimizer step makes the
+/// state; `steps_after` micro-batches more run with the state and the accumulating gradients
+/// live, as every later step does.
+void accumulate(nn::TrainConfig& cfg, std::size_t micro_batches, std::size_t steps_after);
 
 /// A useful range of segment counts for `modules` sequential modules:
 /// 0, the powers of two up to min(modules, 8 * sqrt(modules)), and round(sqrt(modules)).

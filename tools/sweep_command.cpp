@@ -40,6 +40,7 @@ struct SweepArgs {
   std::string dtypes = kDemoDtypes;
   std::vector<std::string> alloc_confs;
   std::size_t steps = 2;
+  std::size_t accumulation = 1;
   bool compute = false;
   std::string optimizer = "adam";
   std::string checkpoint_mode = "non-reentrant";
@@ -118,6 +119,7 @@ SweepSpec make_spec(const SweepArgs& args) {
   spec.precisions = parse_precisions("--dtype", args.dtypes);
   spec.alloc_confs = args.alloc_confs.empty() ? std::vector<std::string>{""} : args.alloc_confs;
   spec.steps = args.steps;
+  spec.accumulation = args.accumulation;
   spec.optimizer = as_usage("--optimizer", [&] { return nn::parse_optimizer_config(args.optimizer); });
   spec.checkpoint_mode =
       as_usage("--checkpoint", [&] { return nn::parse_checkpoint_mode(args.checkpoint_mode); });
@@ -291,6 +293,12 @@ void add_sweep_command(CLI::App& app, nlohmann::json* capture) {
                                           "appears at step 1, so step 2 shows the steady peak)")
       ->check(integer_in(1, 1000))
       ->capture_default_str()
+      ->type_name("N");
+  cmd->add_option("--accumulation", args->accumulation,
+                  "gradient accumulation: micro-batches per optimizer step (the gradients accumulate across them, "
+                  "alive in every forward after the first; Trainer's gradient_accumulation_steps); the run is that "
+                  "many micro-batches, then --steps more")
+      ->check(integer_in(1, 1024))
       ->type_name("N");
   cmd->add_flag("--compute", args->compute,
                 "real arithmetic on the CPU instead of a dry run (small models); adds a time column (the "

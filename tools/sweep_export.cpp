@@ -185,6 +185,7 @@ nlohmann::json sweep_json(const SweepResult& result) {
   j["optimizer"] = nn::optimizer_label(spec.optimizer);
   j["checkpoint_mode"] = std::string(nn::checkpoint_mode_name(spec.checkpoint_mode));
   j["steps"] = spec.steps;
+  j["accumulation"] = spec.accumulation;
   j["wall_ms"] = result.wall_ms;
   j["rows"] = nlohmann::json::array();
   for (const SweepRow& row : result.rows) j["rows"].push_back(row_json(result, row));

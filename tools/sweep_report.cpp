@@ -285,9 +285,14 @@ std::string sweep_report(const SweepResult& result, const ReportOptions& options
                                        m.sequential_checkpointing ? "by the file's marks" : "per decoder layer")
                          : std::string(),
                      human_count(m.parameters), format_bytes(m.parameter_bytes(nn::DType::F32)));
-  out += fmt::format("on {} ({} total){}, optimizer {}, {} step{} per configuration, {}\n\n",
+  const std::string steps =
+      spec.accumulation > 1
+          ? fmt::format("{} micro-batches per optimizer step (gradient accumulation), then {} more", spec.accumulation,
+                        spec.steps)
+          : fmt::format("{} step{} per configuration", spec.steps, spec.steps == 1 ? "" : "s");
+  out += fmt::format("on {} ({} total){}, optimizer {}, {}, {}\n\n",
                      result.device.name, format_bytes(result.device.total_bytes), per_gpu(spec.parallels),
-                     nn::optimizer_label(spec.optimizer), spec.steps, spec.steps == 1 ? "" : "s",
+                     nn::optimizer_label(spec.optimizer), steps,
                      spec.mode == nn::ExecMode::DryRun
                          ? "dry run (every allocation and free of the step, no arithmetic)"
                          : "compute (real arithmetic on the CPU)");

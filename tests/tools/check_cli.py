@@ -145,6 +145,15 @@ def check_json(exe, work):
             check(r["saving"] == 0 and r["recompute_ratio"] == 0, r)
         else:
             check(r["recompute_ratio"] > 0, r)
+    # --accumulation 4: four micro-batches make the first optimizer step, two more follow with the
+    # accumulating gradients alive in their forward (Trainer's gradient_accumulation_steps).
+    acc = json.loads(run(exe, "sweep", *SMALL, "--segments", "0", "--dtype", "f32", "--accumulation", "4",
+                         "--format", "json").stdout)
+    one = [r for r in out["rows"] if r["segments"] == 0 and r["alloc_conf"] == ""][0]
+    check(acc["accumulation"] == 4 and out["accumulation"] == 1 and acc["rows"][0]["steps"] == 6, acc)
+    check(acc["rows"][0]["max_allocated"] >= one["max_allocated"], (acc["rows"][0], one))
+    err = run(exe, "sweep", *SMALL, "--accumulation", "0", expect=2).stderr
+    check("--accumulation" in err and err.count("\n") == 1, err)
     # The star: least nvidia-smi, then among equals the least recompute (issue 33: gpt2's 14 and
     # 15 segments need the same nvidia-smi; 14 recomputes less and gets the star).
     rows = json.loads(run(exe, "sweep", "--model", "gpt2", "--device", "sim:a100-40g", "--segments", "14,15", "--dtype", "f32",
