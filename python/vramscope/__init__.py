@@ -24,12 +24,13 @@ from ._native import (POOLS, STAT_ARRAYS, STAT_COUNTERS, STAT_FIELDS, OutOfMemor
                       VramscopeError, check, check_last, encode, library, library_path)
 from ._estimate import estimate, max_batch, plan, sweep
 from ._hub import find_hf_config
+from ._training_args import from_training_args
 from ._stack import installed_stack
 from ._torch import ModuleTracker, enable, track_modules
 
 __all__ = [
     "OutOfMemoryError", "VramscopeError", "ModuleTracker", "device_memory", "empty_cache",
-    "enable", "estimate", "find_hf_config", "free", "init", "installed_stack", "library_path", "malloc", "max_memory_allocated",
+    "enable", "estimate", "find_hf_config", "free", "from_training_args", "init", "installed_stack", "library_path", "malloc", "max_memory_allocated",
     "max_batch", "max_memory_reserved", "memory_allocated", "memory_reserved", "memory_stats",
     "memory_summary", "plan", "record_memory_history", "reset_accumulated_memory_stats",
     "reset_peak_memory_stats", "scope", "set_per_process_memory_fraction", "snapshot",

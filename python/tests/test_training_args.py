@@ -1,0 +1,59 @@
+"""vramscope.from_training_args: a transformers TrainingArguments (and its DeepSpeed config) read
+into the command's options, its estimate equal to the equivalent command line's."""
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+
+import vramscope
+from test_planner import command_json, same_rows
+
+LLAMA = {"architectures": ["LlamaForCausalLM"], "hidden_act": "silu", "hidden_size": 256, "intermediate_size": 512,
+         "max_position_embeddings": 512, "model_type": "llama", "num_attention_heads": 8, "num_hidden_layers": 4,
+         "num_key_value_heads": 2, "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "tie_word_embeddings": False,
+         "vocab_size": 1000}
+
+
+def training_args(tmp_path, **kw):
+    transformers = pytest.importorskip("transformers")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        # use_cpu: this machine has no GPU, and transformers refuses bf16 on a CPU without it.
+        return transformers.TrainingArguments(output_dir=str(tmp_path / "out"), report_to=[], use_cpu=True, **kw)
+
+
+def test_lora_gradient_checkpointing_bf16_and_8bit_adam(tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(LLAMA))
+    args = training_args(tmp_path, per_device_train_batch_size=2, gradient_accumulation_steps=2, bf16=True,
+                         gradient_checkpointing=True, gradient_checkpointing_kwargs={"use_reentrant": False},
+                         optim="adamw_bnb_8bit")
+    ours = vramscope.from_training_args(args, str(config), seq=256, lora=16, device="sim:h100-80g")
+    theirs = command_json("sweep", "--hf-config", str(config), "--seq", "256", "--batch", "2", "--accumulation", "2",
+                          "--dtype", "amp-bf16", "--gradient-checkpointing", "non-reentrant", "--optimizer", "adam8bit",
+                          "--lora", "16", "--device", "sim:h100-80g", "--segments", "0")
+    same_rows([ours.row], theirs["rows"])
+    assert ours.options["accumulation"] == 2 and ours.options["checkpoint"] == "non-reentrant"
+    assert any("max_grad_norm" in u for u in ours.unmodelled)
+
+
+def test_a_deepspeed_zero3_config(tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(LLAMA))
+    args = training_args(tmp_path, per_device_train_batch_size=4, bf16=True, optim="adamw_torch", max_grad_norm=0)
+    # Set after construction: TrainingArguments checks that DeepSpeed is installed, and it is not here.
+    args.deepspeed = {"zero_optimization": {"stage": 3, "reduce_bucket_size": 5e8, "stage3_prefetch_bucket_size": 5e7,
+                                            "offload_optimizer": {"device": "cpu"}, "contiguous_gradients": True},
+                      "bf16": {"enabled": True}}
+    ours = vramscope.from_training_args(args, str(config), gpus=8, seq=256, device="sim:h100-80g")
+    theirs = command_json("sweep", "--hf-config", str(config), "--seq", "256", "--batch", "4", "--dtype", "bf16",
+                          "--parallel", "zero3:8", "--parallel-options",
+                          "reduce_bucket_size=500000000,stage3_prefetch_bucket_size=50000000", "--optimizer", "adam",
+                          "--device", "sim:h100-80g", "--segments", "0")
+    same_rows([ours.row], theirs["rows"])
+    assert ours.options["parallel"] == "zero3:8"
+    assert any("offload_optimizer" in u for u in ours.unmodelled)
+    assert any("contiguous_gradients" in u for u in ours.unmodelled)
+    assert not any("max_grad_norm" in u for u in ours.unmodelled)

@@ -1,0 +1,121 @@
+"""_training_args.py: vramscope.from_training_args: the estimate for the Hugging Face Trainer
+setup you already have (a transformers.TrainingArguments, with its DeepSpeed or FSDP config).
+
+What the Trainer does with each argument, and the command option that models it:
+- per_device_train_batch_size: --batch; gradient_accumulation_steps: --accumulation;
+- bf16 / fp16: the step under autocast with f32 weights (--dtype amp-bf16 / amp), or, under
+  DeepSpeed, its bf16 / f16 engine (--dtype bf16 / f16);
+- gradient_checkpointing (+ gradient_checkpointing_kwargs' use_reentrant): each decoder layer
+  checkpointed (--gradient-checkpointing; transformers' default is non-reentrant in 5.x);
+- optim: adamw_* is Adam (--optimizer adam), the 8-bit bitsandbytes ones adam8bit, sgd sgd;
+- deepspeed (a path or a dict): zero_optimization.stage 1/2/3 as --parallel zeroS:N with the
+  bucket and stage3_ settings it models; fsdp with fsdp_config's fsdp_version 2 as fsdp:N.
+What it cannot model is named in `.unmodelled`, never dropped silently.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+from . import _planner
+
+# transformers' OptimizerNames (training_args.py) -> the command's --optimizer.
+_ADAM = {"adamw_torch", "adamw_torch_fused", "adamw_hf", "adamw", "adamw_torch_xla", "adamw_torch_npu_fused",
+         "adamw_apex_fused", "adamw_anyprecision"}
+_ADAM8 = {"adamw_bnb_8bit", "adamw_8bit", "adam_8bit", "paged_adamw_8bit", "paged_adam_8bit", "adamw_bnb_8bit_paged"}
+# DeepSpeed zero_optimization keys the zero engines take (--parallel-options), by stage.
+_ZERO_KEYS = {"reduce_bucket_size", "overlap_comm", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
+              "stage3_model_persistence_threshold", "stage3_max_live_parameters", "stage3_max_reuse_distance",
+              "sub_group_size"}
+
+
+def _value(value):
+    return str(value).lower() if isinstance(value, bool) else str(int(value)) if isinstance(value, float) else str(value)
+
+
+def _deepspeed(config, gpus: int, unmodelled: List[str]) -> Tuple[Dict[str, Any], Optional[str]]:
+    """(--parallel and --parallel-options, --dtype) of a DeepSpeed config."""
+    if isinstance(config, (str, Path)):
+        config = json.loads(Path(config).read_text())
+    if not isinstance(config, dict):
+        raise _planner.UsageError(f"deepspeed: expected a config dict or a JSON file, got {type(config).__name__}")
+    zero = config.get("zero_optimization", {}) or {}
+    stage = int(zero.get("stage", 0))
+    if stage not in (1, 2, 3):
+        unmodelled.append(f"deepspeed zero_optimization.stage {stage}: only stages 1, 2 and 3 are modelled")
+        return {}, None
+    options = []
+    for key, value in zero.items():
+        if key == "stage":
+            continue
+        if key in _ZERO_KEYS and value != "auto" and (stage == 3 or not key.startswith(("stage3_", "sub_group"))):
+            options.append(f"{key}={_value(value)}")
+        elif key.startswith("offload_"):
+            unmodelled.append(f"deepspeed zero_optimization.{key}: offloading is not modelled yet (issue 50)")
+        elif value != "auto":
+            unmodelled.append(f"deepspeed zero_optimization.{key}={value}: not modelled")
+    dtype = "bf16" if (config.get("bf16") or {}).get("enabled") in (True, "auto") else \
+        "f16" if (config.get("fp16") or {}).get("enabled") in (True, "auto") else None
+    parallel = {"parallel": f"zero{stage}:{gpus}"}
+    if options:
+        parallel["parallel_options"] = ",".join(options)
+    return parallel, dtype
+
+
+def from_training_args(args, model, inputs=None, *, gpus: Optional[int] = None, **options):
+    """The estimate of one Trainer step of `model` under `args` (a TrainingArguments, or anything
+    with its attributes): vramscope.estimate with the options the arguments stand for, which
+    `.options` lists, and `.unmodelled` what they ask that is not modelled. `gpus`: the world
+    size for DeepSpeed and FSDP (default: args.world_size). Keywords override or add options."""
+    unmodelled: List[str] = []
+    get = lambda name, default=None: getattr(args, name, default)  # noqa: E731
+    mapped: Dict[str, Any] = {"batch": get("per_device_train_batch_size", 8)}
+    if (get("gradient_accumulation_steps", 1) or 1) > 1:
+        mapped["accumulation"] = get("gradient_accumulation_steps")
+    world = gpus or get("world_size", 1) or 1
+    precision = "amp-bf16" if get("bf16") else "amp" if get("fp16") else "f32"
+    ds = get("deepspeed")
+    if ds:
+        parallel, ds_dtype = _deepspeed(ds, world, unmodelled)
+        mapped.update(parallel)
+        precision = ds_dtype or ("bf16" if get("bf16") else "f16" if get("fp16") else precision)
+    elif get("fsdp"):
+        version = int((get("fsdp_config") or {}).get("fsdp_version", 1))
+        if version == 2:
+            mapped["parallel"] = f"fsdp:{world}"
+            wanted = " ".join(get("fsdp")) if isinstance(get("fsdp"), (list, tuple)) else str(get("fsdp"))
+            if "shard_grad_op" in wanted:
+                mapped["parallel_options"] = "reshard_after_forward=false"
+        else:
+            unmodelled.append("fsdp with fsdp_version 1 (FullyShardedDataParallel): only FSDP2 (fsdp_version 2) "
+                              "is modelled")
+    elif world > 1:
+        mapped["parallel"] = f"ddp:{world}"
+    mapped["dtype"] = precision
+    if get("gradient_checkpointing"):
+        reentrant = (get("gradient_checkpointing_kwargs") or {}).get("use_reentrant")
+        mapped["checkpoint"] = "on" if reentrant is None else "reentrant" if reentrant else "non-reentrant"
+    optim = str(getattr(get("optim", "adamw_torch"), "value", get("optim", "adamw_torch")))
+    if optim in _ADAM:
+        mapped["optimizer"] = "adam"
+    elif optim in _ADAM8:
+        mapped["optimizer"] = "adam8bit"
+        if optim.startswith("paged"):
+            unmodelled.append(f"optim {optim}: paging to the host under memory pressure is not modelled (its state "
+                              "counts as resident)")
+    elif optim == "sgd":
+        mapped["optimizer"] = "sgd"
+    else:
+        unmodelled.append(f"optim {optim}: modelled as Adam")
+        mapped["optimizer"] = "adam"
+    if get("torch_compile"):
+        unmodelled.append("torch_compile: the compiled step's memory is not modelled (issue 49)")
+    if (get("max_grad_norm") or 0) > 0:
+        unmodelled.append(f"max_grad_norm {get('max_grad_norm')}: gradient clipping's temporaries are not modelled")
+    mapped.update(options)
+    from ._estimate import estimate
+    result = estimate(model, inputs, **mapped)
+    result.__dict__["options"] = mapped
+    result.__dict__["unmodelled"] = unmodelled
+    return result
