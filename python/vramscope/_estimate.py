@@ -116,6 +116,12 @@ def _model_options(model, inputs, work: Path, export: Dict[str, Any]) -> List[st
         raise _planner.UsageError("a model object needs torch; give a name, a config or a model file") from None
     if not isinstance(model, torch.nn.Module):
         raise _planner.UsageError(f"model: expected an nn.Module, a name or a path, got {type(model).__name__}")
+    if inputs is None and hasattr(model, "config") and hasattr(model.config, "to_json_file") \
+            and any(c.__name__ == "PreTrainedModel" for c in type(model).__mro__):
+        # A transformers model without example inputs: its config, as --hf-config reads one.
+        file = work / "config.json"
+        model.config.to_json_file(str(file))
+        return ["--hf-config", str(file)]
     if inputs is None:
         raise _planner.UsageError("inputs: an nn.Module needs example inputs (tensors or shapes, batch first)")
     from .export import export as export_model, export_ops
