@@ -8,7 +8,8 @@
 
 namespace mem::tools {
 
-nlohmann::json command_json(const std::vector<std::string>& args) {
+nlohmann::json command_json(const std::vector<std::string>& args,
+                            const std::function<void(std::size_t, std::size_t, const std::string&)>& progress) {
   if (args.empty() || (args.front() != "sweep" && args.front() != "plan")) {
     throw UsageError("give sweep or plan and its options (trace, replay, devices and models answer in tables and "
                      "files)");
@@ -21,11 +22,12 @@ nlohmann::json command_json(const std::vector<std::string>& args) {
       }
     }
   }
-  nlohmann::json document;
+  Capture capture;
+  capture.progress = progress;
   CLI::App app{"vramscope", "vramscope"};
   app.require_subcommand(1, 1);
-  add_sweep_command(app, &document);
-  add_plan_command(app, &document);
+  add_sweep_command(app, &capture);
+  add_plan_command(app, &capture);
   // CLI11 takes the arguments last first.
   std::vector<std::string> reversed(args.rbegin(), args.rend());
   try {
@@ -35,7 +37,7 @@ nlohmann::json command_json(const std::vector<std::string>& args) {
   } catch (const CLI::ParseError& e) {
     throw UsageError(e.what());
   }
-  return document;
+  return std::move(capture.document);
 }
 
 }  // namespace mem::tools

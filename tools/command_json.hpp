@@ -6,6 +6,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cstddef>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -15,6 +17,9 @@ namespace mem::tools {
 /// returns its JSON document. Throws UsageError for what the command exits 2 on (the options),
 /// CommandFailed or mem::Error for a failed run (exit 1). Not for trace, replay, devices or
 /// models, whose answers are tables and files.
-nlohmann::json command_json(const std::vector<std::string>& args);
+/// `progress` (may be empty) is told (runs done, runs expected or 0 when not known ahead, what
+/// runs now) as the runs go.
+nlohmann::json command_json(const std::vector<std::string>& args,
+                            const std::function<void(std::size_t, std::size_t, const std::string&)>& progress = {});
 
 }  // namespace mem::tools

@@ -4,7 +4,11 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
-#include <nlohmann/json_fwd.hpp>
+#include <nlohmann/json.hpp>
+
+#include <cstddef>
+#include <functional>
+#include <string>
 
 #include <stdexcept>
 
@@ -17,11 +21,18 @@ class CommandFailed : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-/// sweep and plan print their answer; with `capture`, the command library's callers
-/// (command_json.hpp) get its JSON document there instead, and nothing is printed.
-void add_sweep_command(CLI::App& app, nlohmann::json* capture = nullptr);
+/// A library caller's side of sweep and plan (command_json.hpp): the JSON document it gets
+/// instead of printed output, and the progress it is told instead of a bar on the terminal.
+struct Capture {
+  nlohmann::json document;
+  /// (runs done, runs expected or 0 when not known ahead, what runs now); may be empty.
+  std::function<void(std::size_t, std::size_t, const std::string&)> progress;
+};
+
+/// sweep and plan print their answer; with `capture`, nothing is printed.
+void add_sweep_command(CLI::App& app, Capture* capture = nullptr);
 void add_trace_command(CLI::App& app);
-void add_plan_command(CLI::App& app, nlohmann::json* capture = nullptr);
+void add_plan_command(CLI::App& app, Capture* capture = nullptr);
 void add_devices_command(CLI::App& app);
 void add_models_command(CLI::App& app);
 

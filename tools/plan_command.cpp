@@ -86,7 +86,7 @@ PlanSearch parse_search(const std::string& text) {
   return s;
 }
 
-void run(const PlanArgs& args, nlohmann::json* capture) {
+void run(const PlanArgs& args, Capture* capture) {
   PlanSpec spec;
   SweepSpec& base = spec.base;
   if (args.model.model.empty() && args.model.model_file.empty() && args.model.hf_config.empty()) {
@@ -150,7 +150,11 @@ void run(const PlanArgs& args, nlohmann::json* capture) {
     if (!bar) bar = std::make_unique<ProgressBar>(kTypicalRuns);
     bar->update(std::min(done, kTypicalRuns - 1), item);
   };
-  const PlanResult result = run_plan(spec, capture != nullptr ? PlanProgress{} : progress);
+  PlanProgress told;  // a library caller's: the runs done, their number not known ahead
+  if (capture != nullptr && capture->progress) {
+    told = [&](std::size_t done, const std::string& item) { capture->progress(done, 0, item); };
+  }
+  const PlanResult result = run_plan(spec, capture != nullptr ? told : progress);
   if (bar) bar->finish();
 
   if (capture != nullptr || args.format == "json") {
@@ -159,7 +163,7 @@ void run(const PlanArgs& args, nlohmann::json* capture) {
     // The best plan's PyTorch code, what --code writes.
     if (const Plan* best = result.best(); best != nullptr) document["code"] = plan_code(result, *best);
     if (capture != nullptr) {
-      *capture = std::move(document);
+      capture->document = std::move(document);
     } else {
       std::cout << document.dump(2) << "\n";
     }
@@ -205,7 +209,7 @@ void run(const PlanArgs& args, nlohmann::json* capture) {
 
 }  // namespace
 
-void add_plan_command(CLI::App& app, nlohmann::json* capture) {
+void add_plan_command(CLI::App& app, Capture* capture) {
   auto args = std::make_shared<PlanArgs>();
   CLI::App* cmd = app.add_subcommand(
       "plan",

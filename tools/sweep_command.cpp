@@ -192,9 +192,9 @@ void write_plot(const std::string& path, const SweepResult& result) {
   }
 }
 
-void print_max_batches(const SweepSpec& spec, const SweepArgs& args, nlohmann::json* capture) {
+void print_max_batches(const SweepSpec& spec, const SweepArgs& args, Capture* capture) {
   if (capture != nullptr) {
-    *capture = max_batch_json(find_max_batches(spec, {}));
+    capture->document = max_batch_json(find_max_batches(spec, capture->progress));
     return;
   }
   std::unique_ptr<ProgressBar> bar;
@@ -216,14 +216,14 @@ void print_max_batches(const SweepSpec& spec, const SweepArgs& args, nlohmann::j
   std::cout.flush();
 }
 
-void run(const SweepArgs& args, nlohmann::json* capture) {
+void run(const SweepArgs& args, Capture* capture) {
   const SweepSpec spec = make_spec(args);
   if (args.max_batch) return print_max_batches(spec, args, capture);
   check_output_paths({{"--plot", args.plot}},
                      {{"--model-file", args.model.model_file}, {"--hf-config", args.model.hf_config}});
   if (capture != nullptr) {
-    const SweepResult result = run_sweep(spec, {});
-    *capture = sweep_json(result);
+    const SweepResult result = run_sweep(spec, capture->progress);
+    capture->document = sweep_json(result);
     if (!args.plot.empty()) write_plot(args.plot, result);
     return;
   }
@@ -255,7 +255,7 @@ void run(const SweepArgs& args, nlohmann::json* capture) {
 
 }  // namespace
 
-void add_sweep_command(CLI::App& app, nlohmann::json* capture) {
+void add_sweep_command(CLI::App& app, Capture* capture) {
   auto args = std::make_shared<SweepArgs>();
   CLI::App* cmd = app.add_subcommand(
       "sweep",

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -27,6 +28,11 @@ extern "C" {
 int vramscope_planner_api_version(void) { return VRAMSCOPE_PLANNER_API_VERSION; }
 
 int vramscope_planner_run(int argc, const char* const* argv, char** out) {
+  return vramscope_planner_run_progress(argc, argv, nullptr, nullptr, out);
+}
+
+int vramscope_planner_run_progress(int argc, const char* const* argv, vramscope_planner_progress progress, void* user,
+                                   char** out) {
   if (out == nullptr) return 2;
   *out = nullptr;
   // Nothing may leave a C function: every failure, out of memory included, is a status.
@@ -48,7 +54,13 @@ int vramscope_planner_run(int argc, const char* const* argv, char** out) {
     static std::mutex running;
     std::lock_guard lock(running);
     try {
-      *out = copy_out(mem::tools::command_json(args).dump());
+      std::function<void(std::size_t, std::size_t, const std::string&)> told;
+      if (progress != nullptr) {
+        told = [&](std::size_t done, std::size_t total, const std::string& item) {
+          progress(done, total, item.c_str(), user);
+        };
+      }
+      *out = copy_out(mem::tools::command_json(args, told).dump());
       return 0;
     } catch (const mem::tools::UsageError& e) {
       *out = copy_out(mem::tools::one_line(e.what()));

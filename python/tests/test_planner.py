@@ -41,7 +41,11 @@ def test_estimate_is_the_commands_row():
 
 
 def test_sweep_and_max_batch_are_the_commands():
-    rows = vramscope.sweep("mlp", depth=8, batch=[256, 512], segments=[0, 2], dtype="f32,f16")
+    told = []
+    rows = vramscope.sweep("mlp", depth=8, batch=[256, 512], segments=[0, 2], dtype="f32,f16",
+                           progress=lambda done, total, item: told.append((done, total, item)))
+    # The runs as they go: 8 rows, each told before it runs, with what runs.
+    assert len(told) >= 8 and all(total >= 8 for _, total, _ in told) and "f32" in told[0][2], told
     same_rows([r.row for r in rows], command_json("sweep", "--model", "mlp", "--depth", "8", "--batch", "256,512",
                                                   "--segments", "0,2", "--dtype", "f32,f16")["rows"])
     assert len(rows) == 8 and "<table>" in rows._repr_html_()

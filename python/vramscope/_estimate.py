@@ -144,13 +144,45 @@ def _model_options(model, inputs, work: Path, export: Dict[str, Any]) -> List[st
     return ["--model-file", str(file)]
 
 
+class _Bar:
+    """progress=True: a tqdm bar where tqdm is installed (nothing otherwise); a callable is told
+    (runs done, runs expected or 0, what runs now) itself."""
+
+    def __init__(self, progress):
+        self.progress, self.bar = progress, None
+
+    def __call__(self, done: int, total: int, item: str) -> None:
+        if callable(self.progress):
+            self.progress(done, total, item)
+            return
+        if self.bar is None:
+            try:
+                from tqdm.auto import tqdm
+            except ImportError:
+                self.progress = None
+                return
+            self.bar = tqdm(total=total or None, unit="run", leave=False)
+        self.bar.set_description(item[:40], refresh=False)
+        self.bar.update(done - self.bar.n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
 def _run(command: List[str], model, inputs, options: Dict[str, Any]) -> dict:
+    progress = options.pop("progress", None)
     export = {k: options.pop(k) for k in ("loss", "output", "name", "seq_input", "amp") if k in options}
     if export and isinstance(model, (str, Path)):
         raise _planner.UsageError(f"{', '.join(export)}: export options, for an nn.Module; {model} is not one")
     with tempfile.TemporaryDirectory(prefix="vramscope-") as work:
         args = command + _model_options(model, inputs, Path(work), export) + _options(options)
-        return _planner.run(args)
+        bar = _Bar(progress) if progress else None
+        try:
+            return _planner.run(args, bar)
+        finally:
+            if bar is not None:
+                bar.close()
 
 
 class Row:
@@ -300,16 +332,21 @@ def estimate(model, inputs=None, **options) -> Estimate:
 
 
 def sweep(model, inputs=None, **options) -> Rows:
-    """`vramscope sweep`: a row per configuration (lists of batch, seq, dtype, segments, ...)."""
+    """`vramscope sweep`: a row per configuration (lists of batch, seq, dtype, segments, ...),
+    with a progress bar where tqdm is installed (progress=False: none; a callable: told itself)."""
+    options.setdefault("progress", True)
     return Rows(_run(["sweep"], model, inputs, options))
 
 
 def max_batch(model, inputs=None, **options) -> Rows:
     """`vramscope sweep --max-batch`: the largest batch that fits, per configuration."""
     options["max_batch"] = True
+    options.setdefault("progress", True)
     return Rows(_run(["sweep"], model, inputs, options))
 
 
 def plan(model, inputs=None, **options) -> Plans:
-    """`vramscope plan`: what makes the step fit, ranked; .best.code and .best.apply(model)."""
+    """`vramscope plan`: what makes the step fit, ranked; .best.code and .best.apply(model);
+    a progress bar as sweep's."""
+    options.setdefault("progress", True)
     return Plans(_run(["plan"], model, inputs, options))

@@ -11,11 +11,13 @@ import json
 import os
 import threading
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 from ._native import VramscopeError
 
-API_VERSION = 1
+API_VERSION = 2
+# void (*)(size_t done, size_t total, const char* item, void* user): planner_api.h's progress
+_PROGRESS = ctypes.CFUNCTYPE(None, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_void_p)
 _lib: Optional[ctypes.CDLL] = None
 _lock = threading.Lock()
 
@@ -58,8 +60,9 @@ def library() -> ctypes.CDLL:
             continue
         lib.vramscope_planner_api_version.restype = ctypes.c_int
         lib.vramscope_planner_run.restype = ctypes.c_int
-        lib.vramscope_planner_run.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p),
-                                              ctypes.POINTER(ctypes.c_void_p)]
+        lib.vramscope_planner_run_progress.restype = ctypes.c_int
+        lib.vramscope_planner_run_progress.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p), _PROGRESS,
+                                                       ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)]
         lib.vramscope_planner_free.argtypes = [ctypes.c_void_p]
         if lib.vramscope_planner_api_version() < API_VERSION:
             raise VramscopeError(f"{path} has planner API version {lib.vramscope_planner_api_version()}; this "
@@ -71,16 +74,19 @@ def library() -> ctypes.CDLL:
                          "build/release/bindings/libvramscope_planner.so")
 
 
-def run(args: Sequence[str]) -> dict:
-    """`vramscope ARGS...` (sweep or plan) in this process: its JSON document."""
+def run(args: Sequence[str], progress: Optional[Callable[[int, int, str], None]] = None) -> dict:
+    """`vramscope ARGS...` (sweep or plan) in this process: its JSON document. `progress(done,
+    total, item)` is called as the runs go (total 0: not known ahead)."""
     if not args:
         raise UsageError("give sweep or plan and its options")
     lib = library()
     encoded = [os.fsencode(a) for a in args]
     argv = (ctypes.c_char_p * len(encoded))(*encoded)
     out = ctypes.c_void_p()
+    told = _PROGRESS(lambda done, total, item, _user: progress(done, total, item.decode(errors="replace"))) \
+        if progress is not None else _PROGRESS()
     with _lock:
-        status = lib.vramscope_planner_run(len(encoded), argv, ctypes.byref(out))
+        status = lib.vramscope_planner_run_progress(len(encoded), argv, told, None, ctypes.byref(out))
     try:
         text = ctypes.string_at(out.value).decode(errors="replace") if out.value else ""
     finally:

@@ -13,11 +13,13 @@
 #ifndef VRAMSCOPE_PLANNER_API_H
 #define VRAMSCOPE_PLANNER_API_H
 
+#include <stddef.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-#define VRAMSCOPE_PLANNER_API_VERSION 1
+#define VRAMSCOPE_PLANNER_API_VERSION 2
 
 __attribute__((visibility("default"))) int vramscope_planner_api_version(void);
 
@@ -27,6 +29,13 @@ __attribute__((visibility("default"))) int vramscope_planner_api_version(void);
  * that could be allocated). Free *out with vramscope_planner_free. Output options (--format,
  * --brief, --top) are refused: the document is the answer. Runs from several threads take turns. */
 __attribute__((visibility("default"))) int vramscope_planner_run(int argc, const char* const* argv, char** out);
+
+/* The same, telling `progress` (when not NULL) as the runs go: the runs done, the runs expected
+ * (0 when not known ahead: plan's search), what runs now; on the calling thread, `user` passed on. */
+typedef void (*vramscope_planner_progress)(size_t done, size_t total, const char* item, void* user);
+__attribute__((visibility("default"))) int vramscope_planner_run_progress(int argc, const char* const* argv,
+                                                                          vramscope_planner_progress progress,
+                                                                          void* user, char** out);
 
 __attribute__((visibility("default"))) void vramscope_planner_free(char* text);
 
