@@ -175,14 +175,16 @@ def _run(command: List[str], model, inputs, options: Dict[str, Any]) -> dict:
     export = {k: options.pop(k) for k in ("loss", "output", "name", "seq_input", "amp") if k in options}
     if export and isinstance(model, (str, Path)):
         raise _planner.UsageError(f"{', '.join(export)}: export options, for an nn.Module; {model} is not one")
-    with tempfile.TemporaryDirectory(prefix="vramscope-") as work:
-        args = command + _model_options(model, inputs, Path(work), export) + _options(options)
-        bar = _Bar(progress) if progress else None
-        try:
+    bar = _Bar(progress) if progress else None
+    try:
+        if isinstance(model, (str, Path)):  # named: no file to write, nothing to clean up
+            return _planner.run(command + _model_options(model, inputs, Path("."), export) + _options(options), bar)
+        with tempfile.TemporaryDirectory(prefix="vramscope-") as work:
+            args = command + _model_options(model, inputs, Path(work), export) + _options(options)
             return _planner.run(args, bar)
-        finally:
-            if bar is not None:
-                bar.close()
+    finally:
+        if bar is not None:
+            bar.close()
 
 
 class Row:
