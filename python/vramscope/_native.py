@@ -11,7 +11,7 @@ import ctypes.util
 import os
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Tuple
 
 API_VERSION = 1  # VRAMSCOPE_C_API_VERSION this package was written against
 
@@ -114,14 +114,13 @@ _lib: Optional[ctypes.CDLL] = None
 _path: Optional[Path] = None
 
 
-def library() -> ctypes.CDLL:
-    """The loaded library (loaded and checked on first use)."""
-    global _lib, _path
-    if _lib is not None:
-        return _lib
+def load_first(candidates, declare, version, need: int, what: str, hint: str) -> Tuple[ctypes.CDLL, str]:
+    """The first of `candidates` (paths, or sonames the loader resolves) that loads, its functions
+    declared by `declare`; `version(lib)` must be at least `need`. Raises VramscopeError naming
+    every path tried and `hint` (how to get the library)."""
     tried = []
-    for path in _candidates():
-        if os.sep in str(path) and not path.exists():
+    for path in candidates:
+        if os.sep in str(path) and not Path(path).exists():
             tried.append(f"{path} (missing)")
             continue
         try:
@@ -129,16 +128,26 @@ def library() -> ctypes.CDLL:
         except OSError as e:
             tried.append(f"{path} ({e})")
             continue
-        _declare(lib)
-        version = lib.vramscope_api_version()
-        if version < API_VERSION:
-            raise VramscopeError(f"{path} has C API version {version}; this package needs "
-                                 f"{API_VERSION} or newer: rebuild and reinstall vramscope")
-        _lib, _path = lib, _loaded_path(str(path))  # PyTorch must dlopen this same file
-        return lib
-    raise VramscopeError("libvramscope.so not found; tried: " + "; ".join(tried) +
-                         ". Build vramscope and set VRAMSCOPE_LIBRARY to the library's path "
-                         "(build/release/bindings/libvramscope.so) or run cmake --install.")
+        declare(lib)
+        if version(lib) < need:
+            raise VramscopeError(f"{path} has {what} version {version(lib)}; this package needs {need} or newer: "
+                                 "rebuild and reinstall vramscope")
+        return lib, str(path)
+    raise VramscopeError(f"{what} not found; tried: " + ("; ".join(tried) or "nothing") +
+                         ". " + hint)
+
+
+def library() -> ctypes.CDLL:
+    """The loaded library (loaded and checked on first use)."""
+    global _lib, _path
+    if _lib is not None:
+        return _lib
+    lib, path = load_first(_candidates(), _declare, lambda lib: lib.vramscope_api_version(), API_VERSION,
+                           "libvramscope.so (C API)",
+                           "Build vramscope and set VRAMSCOPE_LIBRARY to the library's path "
+                           "(build/release/bindings/libvramscope.so) or run cmake --install.")
+    _lib, _path = lib, _loaded_path(path)  # PyTorch must dlopen this same file
+    return lib
 
 
 def library_path() -> Path:

@@ -13,7 +13,7 @@ import threading
 from pathlib import Path
 from typing import Callable, List, Optional, Sequence
 
-from ._native import VramscopeError
+from ._native import VramscopeError, load_first
 
 API_VERSION = 2
 # void (*)(size_t done, size_t total, const char* item, void* user): planner_api.h's progress
@@ -44,34 +44,22 @@ def _candidates() -> List[Path]:
     return paths
 
 
+def _declare(lib: ctypes.CDLL) -> None:
+    lib.vramscope_planner_api_version.restype = ctypes.c_int
+    lib.vramscope_planner_run_progress.restype = ctypes.c_int
+    lib.vramscope_planner_run_progress.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p), _PROGRESS,
+                                                   ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)]
+    lib.vramscope_planner_free.argtypes = [ctypes.c_void_p]
+
+
 def library() -> ctypes.CDLL:
     global _lib
-    if _lib is not None:
-        return _lib
-    tried = []
-    for path in _candidates():
-        if not path.exists():
-            tried.append(f"{path} (missing)")
-            continue
-        try:
-            lib = ctypes.CDLL(str(path))
-        except OSError as e:
-            tried.append(f"{path} ({e})")
-            continue
-        lib.vramscope_planner_api_version.restype = ctypes.c_int
-        lib.vramscope_planner_run.restype = ctypes.c_int
-        lib.vramscope_planner_run_progress.restype = ctypes.c_int
-        lib.vramscope_planner_run_progress.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p), _PROGRESS,
-                                                       ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)]
-        lib.vramscope_planner_free.argtypes = [ctypes.c_void_p]
-        if lib.vramscope_planner_api_version() < API_VERSION:
-            raise VramscopeError(f"{path} has planner API version {lib.vramscope_planner_api_version()}; this "
-                                 f"package needs {API_VERSION}: rebuild and reinstall vramscope")
-        _lib = lib
-        return lib
-    raise VramscopeError("libvramscope_planner.so not found; tried: " + ("; ".join(tried) or "nothing") +
-                         ". Install vramscope with `pip install .`, or set VRAMSCOPE_PLANNER_LIBRARY to "
-                         "build/release/bindings/libvramscope_planner.so")
+    if _lib is None:
+        _lib, _ = load_first(_candidates(), _declare, lambda lib: lib.vramscope_planner_api_version(), API_VERSION,
+                             "libvramscope_planner.so (planner API)",
+                             "Install vramscope with `pip install .`, or set VRAMSCOPE_PLANNER_LIBRARY to "
+                             "build/release/bindings/libvramscope_planner.so")
+    return _lib
 
 
 def run(args: Sequence[str], progress: Optional[Callable[[int, int, str], None]] = None) -> dict:
