@@ -794,9 +794,15 @@ bool SimDevice::map_pages_at_once_locked(std::uintptr_t at, std::size_t count, s
 }
 
 void SimDevice::unmap_memory(void* address, std::size_t bytes) noexcept {
+  unmap_pages(address, 1, bytes);  // one call's run
+}
+
+void SimDevice::unmap_pages(void* address, std::size_t count, std::size_t page) noexcept {
   std::lock_guard lock(mutex_);
-  assert(bytes != 0 && bytes % config_.granularity == 0 && "SimDevice::unmap_memory: not whole granules");
-  const bool mapped = bytes != 0 && bytes % config_.granularity == 0 &&
+  if (count == 0) return;
+  assert(page != 0 && page % config_.granularity == 0 && "SimDevice::unmap_memory: not whole granules");
+  const std::size_t bytes = count * page;
+  const bool mapped = page != 0 && page % config_.granularity == 0 &&
                       remove_mapping_locked(reinterpret_cast<std::uintptr_t>(address), bytes);
   assert(mapped && "SimDevice::unmap_memory: not mapped");
   if (!mapped) return;
@@ -804,22 +810,7 @@ void SimDevice::unmap_memory(void* address, std::size_t bytes) noexcept {
     // Drop the pages and make the range inaccessible again, as after cuMemUnmap.
     ::mmap(address, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
   }
-  give_back_memory_locked(bytes);
-}
-
-void SimDevice::unmap_pages(void* address, std::size_t count, std::size_t page) noexcept {
-  std::lock_guard lock(mutex_);
-  if (count == 0) return;
-  assert(page != 0 && page % config_.granularity == 0 && "SimDevice::unmap_pages: not whole granules");
-  const std::size_t bytes = count * page;
-  const bool mapped = page != 0 && page % config_.granularity == 0 &&
-                      remove_mapping_locked(reinterpret_cast<std::uintptr_t>(address), bytes);
-  assert(mapped && "SimDevice::unmap_pages: not mapped");
-  if (!mapped) return;
-  if (config_.backing == SimBacking::Host) {
-    ::mmap(address, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
-  }
-  // As `count` unmap calls: their clock and counters.
+  // As `count` unmap calls: their clock and counters (give_back_memory_locked's, per call).
   used_ -= bytes;
   used_rounded_ -= count * pages_of(page) * config_.granularity;
   frees_ += count;

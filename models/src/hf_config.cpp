@@ -296,25 +296,28 @@ std::shared_ptr<const nn::ModelSource> parse_hf_config(std::string_view text, st
 
 namespace {
 
+/// Printable ASCII only, at most 64 characters: a hostile file does not reach the terminal
+/// through a model's name.
+std::string printable_name(const std::string& s) {
+  std::string out;
+  for (const char c : s) {
+    if (c > ' ' && c < 127 && out.size() < 64) out += c;
+  }
+  return out;
+}
+
 /// The name people give the model: the config's `_name_or_path` (its last part: a Hub id's
 /// model, a local folder's name), else the folder of a file called config.json, else the
 /// file's name without ".json". Printable ASCII only, at most 64 characters: a hostile file
 /// does not reach the terminal through it.
 std::string model_name(const std::string& path, const json& root) {
-  const auto clean = [](std::string s) {
-    std::string out;
-    for (const char c : s) {
-      if (c > ' ' && c < 127 && out.size() < 64) out += c;
-    }
-    return out;
-  };
   const auto last_part = [](std::string s) {
     while (!s.empty() && s.back() == '/') s.pop_back();
     const auto slash = s.find_last_of('/');
     return slash == std::string::npos ? s : s.substr(slash + 1);
   };
   if (root.contains("_name_or_path") && root["_name_or_path"].is_string()) {
-    const std::string named = clean(last_part(root["_name_or_path"].get<std::string>()));
+    const std::string named = printable_name(last_part(root["_name_or_path"].get<std::string>()));
     if (!named.empty()) return named;
   }
   const std::string named = hf_name_from_path(path);
@@ -325,10 +328,7 @@ std::string model_name(const std::string& path, const json& root) {
 
 std::string hf_name_from_path(const std::string& path) {
   const auto clean = [](const std::string& s) {
-    std::string out;
-    for (const char c : s) {
-      if (c > ' ' && c < 127 && out.size() < 64) out += c;
-    }
+    const std::string out = printable_name(s);
     return out == "." || out == ".." ? std::string() : out;
   };
   const std::filesystem::path p(path);
