@@ -4,13 +4,13 @@
 // Target (issue 18): under 1 s.
 #include <benchmark/benchmark.h>
 
-#include "max_batch.hpp"
+#include "vramscope/planner/max_batch.hpp"
 #include "vramscope/models/zoo.hpp"
 
 namespace {
 
 void BM_MaxBatchResnet50EightConfigs(benchmark::State& state) {
-  mem::tools::SweepSpec spec;
+  mem::planner::SweepSpec spec;
   spec.model = mem::models::find("resnet50");
   spec.device = "sim:a100-80g";
   spec.segments = {0, 2, 4, 6};
@@ -20,7 +20,7 @@ void BM_MaxBatchResnet50EightConfigs(benchmark::State& state) {
   std::size_t probes = 0;
   std::int64_t largest = 0;
   for (auto _ : state) {
-    const mem::tools::MaxBatchResult result = mem::tools::find_max_batches(spec);
+    const mem::planner::MaxBatchResult result = mem::planner::find_max_batches(spec);
     probes = result.probes;
     for (const auto& row : result.rows) largest = std::max(largest, row.max_batch);
     benchmark::DoNotOptimize(largest);

@@ -2,17 +2,17 @@
 // and the ranking. Targets (issue 33): under 2 s for resnet152 and for llama-3.1-70b.
 #include <benchmark/benchmark.h>
 
-#include "plan.hpp"
+#include "vramscope/planner/plan.hpp"
 #include "vramscope/models/zoo.hpp"
 #include "vramscope/runtime/data_parallel.hpp"
 
 namespace {
 
-void run(benchmark::State& state, mem::tools::PlanSpec spec) {
+void run(benchmark::State& state, mem::planner::PlanSpec spec) {
   std::size_t runs = 0;
   double recompute = 0;
   for (auto _ : state) {
-    const mem::tools::PlanResult result = mem::tools::run_plan(spec);
+    const mem::planner::PlanResult result = mem::planner::run_plan(spec);
     runs = result.dry_runs;
     recompute = result.best() != nullptr ? result.best()->recompute_share : -1;
     benchmark::DoNotOptimize(recompute);
@@ -21,8 +21,8 @@ void run(benchmark::State& state, mem::tools::PlanSpec spec) {
   state.counters["best_recompute_pct"] = 100 * recompute;
 }
 
-mem::tools::PlanSpec spec_of(const char* model, const char* options, mem::nn::Precision precision, const char* device) {
-  mem::tools::PlanSpec spec;
+mem::planner::PlanSpec spec_of(const char* model, const char* options, mem::nn::Precision precision, const char* device) {
+  mem::planner::PlanSpec spec;
   spec.base.model = mem::models::find(model);
   spec.base.model_options = mem::nn::ModelOptions::parse(options);
   spec.base.device = device;
@@ -40,7 +40,7 @@ BENCHMARK(BM_PlanResnet152)->Unit(benchmark::kMillisecond);
 /// One rank of llama-3.1-70b under FSDP2 on 64 H100s, batch 1 x 4096 in bf16: which layers
 /// to checkpoint.
 void BM_PlanLlama70BFsdp64(benchmark::State& state) {
-  mem::tools::PlanSpec spec = spec_of("llama-3.1-70b", "batch=1,seq=4096,attn=sdpa", mem::nn::Precision::BF16,
+  mem::planner::PlanSpec spec = spec_of("llama-3.1-70b", "batch=1,seq=4096,attn=sdpa", mem::nn::Precision::BF16,
                                       "sim:h100-80g");
   spec.base.parallels = {mem::nn::parse_parallel("fsdp:64")};
   run(state, spec);

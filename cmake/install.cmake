@@ -5,13 +5,14 @@ include(CMakePackageConfigHelpers)
 set(VRAMSCOPE_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/vramscope)
 
 install(TARGETS vramscope_allocator vramscope_instrumentation vramscope_replay vramscope_runtime vramscope_models
+                vramscope_planner
                 vramscope_c
   EXPORT vramscopeTargets
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(TARGETS vramscope RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
-foreach(module allocator instrumentation replay runtime models bindings)
+foreach(module allocator instrumentation replay runtime models planner bindings)
   install(DIRECTORY ${PROJECT_SOURCE_DIR}/${module}/include/
           DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 endforeach()

@@ -121,8 +121,9 @@ def run(exe: str, args: list[str], scratch: Path) -> list[str]:
     elif args and args[0] == SCRIPT:
         # The package of python/ with the libraries of the build the command is from.
         bindings = Path(exe).resolve().parents[1] / "bindings"
+        # No progress bars in the documents' output (tqdm draws them on stderr, which is shown).
         env = dict(os.environ, PYTHONPATH=str(ROOT / "python"), VRAMSCOPE_LIBRARY=str(bindings / "libvramscope.so"),
-                   VRAMSCOPE_PLANNER_LIBRARY=str(bindings / "libvramscope_planner.so"))
+                   VRAMSCOPE_PLANNER_LIBRARY=str(bindings / "libvramscope_planner.so"), TQDM_DISABLE="1")
         command = [python_with_torch() or sys.executable, *args[1:]]
     else:
         command = [exe, *args]

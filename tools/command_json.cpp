@@ -10,8 +10,8 @@ namespace mem::tools {
 
 nlohmann::json command_json(const std::vector<std::string>& args,
                             const std::function<void(std::size_t, std::size_t, const std::string&)>& progress) {
-  if (args.empty() || (args.front() != "sweep" && args.front() != "plan")) {
-    throw UsageError("give sweep or plan and its options (trace, replay, devices and models answer in tables and "
+  if (args.empty() || (args.front() != "sweep" && args.front() != "plan" && args.front() != "trace")) {
+    throw UsageError("give sweep, trace or plan and its options (replay, devices and models answer in tables and "
                      "files)");
   }
   // The document is the answer: options that choose how the command prints have no place here.
@@ -28,6 +28,7 @@ nlohmann::json command_json(const std::vector<std::string>& args,
   app.require_subcommand(1, 1);
   add_sweep_command(app, &capture);
   add_plan_command(app, &capture);
+  add_trace_command(app, &capture);
   // CLI11 takes the arguments last first.
   std::vector<std::string> reversed(args.rbegin(), args.rend());
   try {

@@ -10,16 +10,14 @@
 #include <functional>
 #include <string>
 
-#include <stdexcept>
+#include "vramscope/planner/errors.hpp"
+
 
 namespace mem::tools {
 
 /// The run itself failed (out of memory in `trace`, an unwritable file): the
 /// output so far stands and the message is printed on one line; exit code 1.
-class CommandFailed : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
+using CommandFailed = planner::RunFailed;
 
 /// A library caller's side of sweep and plan (command_json.hpp): the JSON document it gets
 /// instead of printed output, and the progress it is told instead of a bar on the terminal.
@@ -29,9 +27,9 @@ struct Capture {
   std::function<void(std::size_t, std::size_t, const std::string&)> progress;
 };
 
-/// sweep and plan print their answer; with `capture`, nothing is printed.
+/// sweep, trace and plan print their answer; with `capture`, nothing is printed.
 void add_sweep_command(CLI::App& app, Capture* capture = nullptr);
-void add_trace_command(CLI::App& app);
+void add_trace_command(CLI::App& app, Capture* capture = nullptr);
 void add_plan_command(CLI::App& app, Capture* capture = nullptr);
 void add_devices_command(CLI::App& app);
 void add_models_command(CLI::App& app);

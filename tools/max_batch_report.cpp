@@ -18,10 +18,10 @@ constexpr const char* kNone = "—";
 std::string segments_cell(std::size_t k) { return k <= 1 ? fmt::format("{} (none)", k) : std::to_string(k); }
 
 /// Where the batch after the largest ran out: "step 2, backward of layer4.1".
-std::string runs_out(const MaxBatchRow& row) {
+std::string runs_out(const planner::MaxBatchRow& row) {
   if (row.size_limited) return "sizes overflow";
   if (!row.over) return kNone;
-  const OomFailure& o = *row.over;
+  const planner::OomFailure& o = *row.over;
   std::string out = o.step == 0 ? std::string("parameters") : fmt::format("step {}, {}", o.step, phase_name(o.phase));
   if (!o.module.empty()) out += " of " + o.module;
   return out;
@@ -30,15 +30,15 @@ std::string runs_out(const MaxBatchRow& row) {
 // One list of fields drives the CSV header, the CSV cells and the JSON rows.
 struct Field {
   const char* name;
-  nlohmann::json (*get)(const MaxBatchResult&, const MaxBatchRow&);
+  nlohmann::json (*get)(const planner::MaxBatchResult&, const planner::MaxBatchRow&);
 };
-using R = const MaxBatchResult&;
-using W = const MaxBatchRow&;
-nlohmann::json at_max(const MaxBatchRow& r, std::int64_t v) {
+using R = const planner::MaxBatchResult&;
+using W = const planner::MaxBatchRow&;
+nlohmann::json at_max(const planner::MaxBatchRow& r, std::int64_t v) {
   return r.max_batch > 0 ? nlohmann::json(v) : nlohmann::json(nullptr);
 }
 template <class F>
-nlohmann::json if_over(const MaxBatchRow& r, F f) {
+nlohmann::json if_over(const planner::MaxBatchRow& r, F f) {
   return r.over ? nlohmann::json(f(*r.over)) : nlohmann::json(nullptr);
 }
 const std::array kFields = {
@@ -58,10 +58,10 @@ const std::array kFields = {
     Field{"max_nvidia_smi", [](R, W r) { return at_max(r, r.at_max.peak_device_used); }},
     Field{"recompute_ratio", [](R, W r) -> nlohmann::json { return r.max_batch > 0 ? nlohmann::json(r.at_max.recompute_ratio) : nlohmann::json(nullptr); }},
     Field{"gradients_missing", [](R, W r) -> nlohmann::json { return r.at_max.gradients_missing; }},
-    Field{"next_oom_step", [](R, W r) { return if_over(r, [](const OomFailure& o) { return o.step; }); }},
-    Field{"next_oom_phase", [](R, W r) { return if_over(r, [](const OomFailure& o) { return std::string(phase_name(o.phase)); }); }},
-    Field{"next_oom_module", [](R, W r) { return if_over(r, [](const OomFailure& o) { return o.module; }); }},
-    Field{"next_oom_requested", [](R, W r) { return if_over(r, [](const OomFailure& o) { return o.figures.requested; }); }},
+    Field{"next_oom_step", [](R, W r) { return if_over(r, [](const planner::OomFailure& o) { return o.step; }); }},
+    Field{"next_oom_phase", [](R, W r) { return if_over(r, [](const planner::OomFailure& o) { return std::string(phase_name(o.phase)); }); }},
+    Field{"next_oom_module", [](R, W r) { return if_over(r, [](const planner::OomFailure& o) { return o.module; }); }},
+    Field{"next_oom_requested", [](R, W r) { return if_over(r, [](const planner::OomFailure& o) { return o.figures.requested; }); }},
     Field{"size_limited", [](R, W r) -> nlohmann::json { return r.size_limited; }},
     Field{"error", [](R, W r) -> nlohmann::json { return r.error ? nlohmann::json(r.error->message) : nlohmann::json(nullptr); }},
     Field{"probes", [](R, W r) -> nlohmann::json { return r.probes; }},
@@ -69,9 +69,9 @@ const std::array kFields = {
 
 }  // namespace
 
-std::string max_batch_report(const MaxBatchResult& result, const ReportOptions& options) {
+std::string max_batch_report(const planner::MaxBatchResult& result, const ReportOptions& options) {
   const nn::ModelInfo& m = result.model;
-  const SweepSpec& spec = result.spec;
+  const planner::SweepSpec& spec = result.spec;
   nn::ModelOptions shown = spec.model_options;
   std::string title = model_title(m, shown, {}, spec.seqs);
   // The default batch in the title would read as the one used: the batch is what is searched.
@@ -100,7 +100,7 @@ std::string max_batch_report(const MaxBatchResult& result, const ReportOptions& 
   std::string previous_group;
   std::size_t footnote = 0;
   std::string notes;
-  for (const MaxBatchRow& row : result.rows) {
+  for (const planner::MaxBatchRow& row : result.rows) {
     const std::string group = fmt::format("{}|{}|{}", nn::precision_name(row.precision), row.seq, row.alloc_conf);
     if (!previous_group.empty() && group != previous_group) table.add_separator();
     previous_group = group;
@@ -140,7 +140,7 @@ std::string max_batch_report(const MaxBatchResult& result, const ReportOptions& 
   }
   out += table.render("  ");
   out += notes;
-  if (std::any_of(result.rows.begin(), result.rows.end(), [](const MaxBatchRow& r) { return r.best; })) {
+  if (std::any_of(result.rows.begin(), result.rows.end(), [](const planner::MaxBatchRow& r) { return r.best; })) {
     out += "  * the largest batch of its dtype; among equals, the least recomputation\n";
   }
   if (options.how_to_read) {
@@ -158,14 +158,14 @@ std::string max_batch_report(const MaxBatchResult& result, const ReportOptions& 
   return out;
 }
 
-std::string max_batch_csv(const MaxBatchResult& result) {
+std::string max_batch_csv(const planner::MaxBatchResult& result) {
   std::string out;
   for (const Field& f : kFields) {
     if (!out.empty()) out += ',';
     out += f.name;
   }
   out += "\n";
-  for (const MaxBatchRow& row : result.rows) {
+  for (const planner::MaxBatchRow& row : result.rows) {
     for (std::size_t i = 0; i < kFields.size(); ++i) {
       if (i > 0) out += ',';
       out += csv_cell(kFields[i].get(result, row));
@@ -175,9 +175,9 @@ std::string max_batch_csv(const MaxBatchResult& result) {
   return out;
 }
 
-nlohmann::json max_batch_json(const MaxBatchResult& result) {
+nlohmann::json max_batch_json(const planner::MaxBatchResult& result) {
   const nn::ModelInfo& m = result.model;
-  const SweepSpec& spec = result.spec;
+  const planner::SweepSpec& spec = result.spec;
   nlohmann::json j;
   j["schema_version"] = kMaxBatchSchemaVersion;
   j["model"] = {{"name", m.name},
@@ -194,7 +194,7 @@ nlohmann::json max_batch_json(const MaxBatchResult& result) {
   j["probes"] = result.probes;
   j["wall_ms"] = result.wall_ms;
   j["rows"] = nlohmann::json::array();
-  for (const MaxBatchRow& row : result.rows) {
+  for (const planner::MaxBatchRow& row : result.rows) {
     nlohmann::json r = nlohmann::json::object();
     for (const Field& f : kFields) {
       const std::string name = f.name;

@@ -5,7 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "max_batch.hpp"
+#include "vramscope/planner/max_batch.hpp"
 #include "sweep_report.hpp"
 
 namespace mem::tools {
@@ -13,10 +13,10 @@ namespace mem::tools {
 inline constexpr int kMaxBatchSchemaVersion = 1;
 
 /// Title lines, the table, footnotes, the note and the device's assumptions.
-std::string max_batch_report(const MaxBatchResult& result, const ReportOptions& options = {});
+std::string max_batch_report(const planner::MaxBatchResult& result, const ReportOptions& options = {});
 /// One line per row: model, device, dtype, seq, segments, alloc_conf, max_batch, the
 /// figures at it, and where max_batch + 1 ran out.
-std::string max_batch_csv(const MaxBatchResult& result);
-nlohmann::json max_batch_json(const MaxBatchResult& result);
+std::string max_batch_csv(const planner::MaxBatchResult& result);
+nlohmann::json max_batch_json(const planner::MaxBatchResult& result);
 
 }  // namespace mem::tools

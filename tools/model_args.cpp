@@ -267,16 +267,6 @@ std::shared_ptr<const nn::ModelSource> resolve_model(const ModelArgs& args, cons
   return as_usage("--model", [&] { return models::find(args.model.empty() ? fallback : args.model); });
 }
 
-nn::ModelInfo describe(const nn::ModelSource& model, const nn::ModelOptions& options) {
-  // Name the option the model came from: a user's file is --model-file, not --model.
-  const auto* file = dynamic_cast<const models::ModelFile*>(&model);
-  const char* option = dynamic_cast<const models::HfConfig*>(&model) != nullptr ? "--hf-config"
-                       : file == nullptr || file->origin().starts_with("zoo:") ? "--model"
-                       : file->origin().starts_with("hf:")                     ? "--hf-config"
-                                                                               : "--model-file";
-  return as_usage(option, [&] { return model.describe(options); });
-}
-
 std::optional<std::vector<std::string>> parse_checkpoint_modules(const std::string& text, const nn::ModelSource& model,
                                                                  nn::ModelOptions& options, std::size_t segments) {
   if (text.empty()) return std::nullopt;
@@ -331,22 +321,6 @@ std::string resolve_device(const std::string& spec, nn::ExecMode mode) {
     return "sim:" + default_sim_preset();
   }
   return spec;
-}
-
-void check_device(const std::string& spec, nn::ExecMode mode) {
-  nn::TrainConfig cfg;
-  cfg.device = spec;
-  cfg.mode = mode;
-  const std::string full = nn::device_spec_for(cfg);
-  const auto device = as_usage("--device", [&] { return make_device(full); });
-  if (mode == nn::ExecMode::Compute && !device->info().simulated) {
-    throw UsageError("--compute: runs the arithmetic on the CPU and needs a simulated device "
-                     "(--device sim:<preset>); " + device->info().name + " is a real GPU");
-  }
-}
-
-void check_alloc_conf(const std::string& conf) {
-  as_usage("--alloc-conf", [&] { return AllocatorConfig::parse(conf); });
 }
 
 std::string model_label(const nn::ModelInfo& info, const nn::ModelOptions& options) {

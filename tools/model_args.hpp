@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "vramscope/planner/checks.hpp"
 #include "vramscope/runtime/models.hpp"
 #include "vramscope/runtime/training.hpp"
 
@@ -81,9 +82,6 @@ nn::ModelOptions to_model_options(const ModelArgs& args, bool lists_allowed = fa
 /// bad file (its JSON path and what was expected).
 std::shared_ptr<const nn::ModelSource> resolve_model(const ModelArgs& args, const std::string& fallback);
 
-/// Shapes and sizes of the chosen model; throws UsageError for an option the model
-/// does not take or an impossible size.
-nn::ModelInfo describe(const nn::ModelSource& model, const nn::ModelOptions& options);
 
 /// Comma-separated list ("f32,f16") split and trimmed. An empty item ("f32,,f16", a
 /// trailing comma) is a UsageError naming `option`: it is a typo, not nothing.
@@ -135,12 +133,6 @@ std::string assumptions_note(const std::vector<std::string>& assumed);
 /// ", each GPU of ddp:8" for a title, when every row is one rank of that ("" otherwise).
 std::string per_gpu(const std::vector<nn::ParallelConfig>& configs);
 
-/// Checks a device spec by building it; UsageError with the valid forms otherwise.
-/// Compute mode needs host memory behind the device (a simulated GPU).
-void check_device(const std::string& spec, nn::ExecMode mode);
-
-/// Checks an allocator config string (PYTORCH_CUDA_ALLOC_CONF syntax).
-void check_alloc_conf(const std::string& conf);
 
 /// One line naming the model's size: "mlp depth=256 width=1024 batch=4096".
 std::string model_label(const nn::ModelInfo& info, const nn::ModelOptions& options);

@@ -52,7 +52,7 @@ void run(const ModelArgs& args) {
            {"loss", Align::Left}}};
   std::vector<std::pair<std::string, std::string>> notes;
   for (const auto& source : sources) {
-    const nn::ModelInfo m = describe(*source, options);
+    const nn::ModelInfo m = planner::describe(*source, options);
     t.add_row({m.name, human_count(m.parameters), format_bytes(m.parameter_bytes(nn::DType::F32)),
                format_bytes(m.parameter_bytes(nn::DType::F16)), std::to_string(m.batch),
                m.input_shape.str(), m.sequential_checkpointing ? std::to_string(m.sequence_length) : "—",

@@ -9,8 +9,8 @@
 #include "commands.hpp"
 #include "model_args.hpp"
 #include "output_paths.hpp"
-#include "max_batch.hpp"
-#include "plan.hpp"
+#include "vramscope/planner/max_batch.hpp"
+#include "vramscope/planner/plan.hpp"
 #include "plan_report.hpp"
 #include "progress.hpp"
 #include "usage_error.hpp"
@@ -43,9 +43,9 @@ struct PlanArgs {
 /// --max-batch: the largest batch any checkpointing fits, found with the most saving uniform
 /// one (every repeated block; else checkpoint_sequential at sqrt(n) segments) by --max-batch's
 /// doubling and bisection. Returns it (0: not even batch 1), and says how it was found in `how`.
-std::int64_t largest_checkpointed_batch(const SweepSpec& base, std::string& how) {
-  SweepSpec spec = base;
-  SweepRow row;
+std::int64_t largest_checkpointed_batch(const planner::SweepSpec& base, std::string& how) {
+  planner::SweepSpec spec = base;
+  planner::SweepRow row;
   row.precision = base.precisions.front();
   row.alloc_conf = base.alloc_confs.front();
   row.parallel = base.parallels.front();
@@ -65,11 +65,11 @@ std::int64_t largest_checkpointed_batch(const SweepSpec& base, std::string& how)
   } else {
     how = "no checkpointing (the model has no blocks to checkpoint)";
   }
-  return find_max_batch(spec, row).max_batch;
+  return planner::find_max_batch(spec, row).max_batch;
 }
 
-PlanSearch parse_search(const std::string& text) {
-  PlanSearch s{false, false, false, false};
+planner::PlanSearch parse_search(const std::string& text) {
+  planner::PlanSearch s{false, false, false, false};
   if (text == "none" || text == "checkpointing") return s;
   for (const std::string& item : split_list("--search", text)) {
     if (item == "allocator") s.allocator = true;
@@ -87,8 +87,8 @@ PlanSearch parse_search(const std::string& text) {
 }
 
 void run(const PlanArgs& args, Capture* capture) {
-  PlanSpec spec;
-  SweepSpec& base = spec.base;
+  planner::PlanSpec spec;
+  planner::SweepSpec& base = spec.base;
   if (args.model.model.empty() && args.model.model_file.empty() && args.model.hf_config.empty()) {
     throw UsageError("plan: name a model (--model, --model-file or --hf-config); `vramscope models` lists the zoo");
   }
@@ -146,22 +146,22 @@ void run(const PlanArgs& args, Capture* capture) {
   std::unique_ptr<ProgressBar> bar;
   // The number of runs is not known ahead: the bar counts up to a typical search's.
   constexpr std::size_t kTypicalRuns = 40;
-  const PlanProgress progress = [&](std::size_t done, const std::string& item) {
+  const planner::PlanProgress progress = [&](std::size_t done, const std::string& item) {
     if (!bar) bar = std::make_unique<ProgressBar>(kTypicalRuns);
     bar->update(std::min(done, kTypicalRuns - 1), item);
   };
-  PlanProgress told;  // a library caller's: the runs done, their number not known ahead
+  planner::PlanProgress told;  // a library caller's: the runs done, their number not known ahead
   if (capture != nullptr && capture->progress) {
     told = [&](std::size_t done, const std::string& item) { capture->progress(done, 0, item); };
   }
-  const PlanResult result = run_plan(spec, capture != nullptr ? told : progress);
+  const planner::PlanResult result = planner::run_plan(spec, capture != nullptr ? told : progress);
   if (bar) bar->finish();
 
   if (capture != nullptr || args.format == "json") {
     nlohmann::json document = plan_json(result);
     if (largest >= 0) document["max_batch"] = {{"largest", largest}, {"with", largest_note}};
     // The best plan's PyTorch code, what --code writes.
-    if (const Plan* best = result.best(); best != nullptr) document["code"] = plan_code(result, *best);
+    if (const planner::Plan* best = result.best(); best != nullptr) document["code"] = plan_code(result, *best);
     if (capture != nullptr) {
       capture->document = std::move(document);
     } else {
@@ -171,7 +171,7 @@ void run(const PlanArgs& args, Capture* capture) {
     std::cout << plan_report(result, args.top, !args.brief);
   }
   if (!args.code.empty()) {
-    const Plan* best = result.best();
+    const planner::Plan* best = result.best();
     if (best == nullptr) throw CommandFailed("--code: no plan fits, so there is no code to write");
     try {
       write_output_file(args.code, plan_code(result, *best), "the plan's code");
@@ -181,7 +181,7 @@ void run(const PlanArgs& args, Capture* capture) {
     if (capture == nullptr) (args.format == "table" ? std::cout : std::cerr) << "code: " << args.code << "\n";
   }
   if (!args.model_out.empty()) {
-    const Plan* best = result.best();
+    const planner::Plan* best = result.best();
     if (best == nullptr) throw CommandFailed("--model-out: no plan fits, so there is no model file to write");
     if (best->segments > 1) {
       throw CommandFailed("--model-out: the best plan is checkpoint_sequential's segments, which a model file does "
@@ -197,8 +197,8 @@ void run(const PlanArgs& args, Capture* capture) {
     } catch (const mem::Error& e) {
       throw CommandFailed(std::string("--model-out: ") + e.what());
     }
-    const bool more = best != &result.given && (best->precision_changed || best->change == PlanChange::Optimizer ||
-                                                best->change == PlanChange::Allocator || best->accumulation > 1);
+    const bool more = best != &result.given && (best->precision_changed || best->change == planner::PlanChange::Optimizer ||
+                                                best->change == planner::PlanChange::Allocator || best->accumulation > 1);
     if (capture == nullptr) (args.format == "table" ? std::cout : std::cerr)
         << "model file: " << args.model_out
         << (more ? " (its checkpointing; the plan's other changes are settings of the run: --code writes them)" : "")

@@ -16,7 +16,7 @@ namespace {
 
 std::string percent(double share) { return share == 0 ? "0" : fmt::format("{:.1f}%", 100.0 * share); }
 
-std::string smi_cell(const Plan& p) {
+std::string smi_cell(const planner::Plan& p) {
   if (p.fits()) return human_bytes(p.figures.peak_device_used);
   if (p.over_headroom) return human_bytes(p.figures.peak_device_used) + " (headroom)";
   if (!p.refused.empty()) return "refused";
@@ -24,7 +24,7 @@ std::string smi_cell(const Plan& p) {
   return "OOM";
 }
 
-std::string allocated_cell(const Plan& p) {
+std::string allocated_cell(const planner::Plan& p) {
   if (p.fits() || p.figures.peak_allocated > 0) return human_bytes(p.figures.peak_allocated) + (p.fits() ? "" : "+");
   return "-";
 }
@@ -38,7 +38,7 @@ std::string python_set(const std::vector<std::string>& items) {
 }
 
 /// How the failure of the given configuration reads: "out of memory in step 1, backward of layer3.2".
-std::string given_failure(const Plan& p) {
+std::string given_failure(const planner::Plan& p) {
   if (p.oom) {
     return fmt::format("out of memory in step {}, {} of {} (asked {} with {} allocated)", p.oom->step,
                        phase_name(p.oom->phase), p.oom->module.empty() ? "the model" : p.oom->module,
@@ -55,9 +55,9 @@ std::string given_failure(const Plan& p) {
 
 }  // namespace
 
-std::string plan_report(const PlanResult& r, std::size_t top, bool how_to_read) {
+std::string plan_report(const planner::PlanResult& r, std::size_t top, bool how_to_read) {
   std::string out;
-  const Plan& g = r.given;
+  const planner::Plan& g = r.given;
   out += fmt::format("plan for {} ({}, {}{}) on {}{} ({} total{})\n", model_title(r.model, r.spec.base.model_options),
                      nn::precision_name(g.precision), nn::optimizer_label(g.optimizer),
                      g.alloc_conf.empty() ? "" : ", " + g.alloc_conf, r.device.name, per_gpu(r.spec.base.parallels),
@@ -89,17 +89,17 @@ std::string plan_report(const PlanResult& r, std::size_t top, bool how_to_read) 
            {"recompute", Align::Right},
            {"fits", Align::Left}}};
   t.add_row({"-", "as given", "-", allocated_cell(g), smi_cell(g), "0", "no"});
-  const Plan* best = r.best();
+  const planner::Plan* best = r.best();
   std::size_t shown = 0;
-  for (const Plan& p : r.plans) {
+  for (const planner::Plan& p : r.plans) {
     if (shown == top) break;
     ++shown;
-    t.add_row({std::to_string(shown), p.label(), std::string(plan_change_name(p.change)), allocated_cell(p), smi_cell(p),
+    t.add_row({std::to_string(shown), p.label(), std::string(planner::plan_change_name(p.change)), allocated_cell(p), smi_cell(p),
                percent(p.recompute_share), p.fits() ? (&p == best ? "yes *" : "yes") : "no"});
   }
   out += t.render("  ");
   if (r.plans.size() > shown) out += fmt::format("  ({} more plans; --top {} shows them)\n", r.plans.size() - shown, r.plans.size());
-  const bool segments_fit = std::any_of(r.plans.begin(), r.plans.end(), [](const Plan& p) { return p.segments > 1 && p.fits(); });
+  const bool segments_fit = std::any_of(r.plans.begin(), r.plans.end(), [](const planner::Plan& p) { return p.segments > 1 && p.fits(); });
   if (!r.segments_tried.empty() && !segments_fit) {
     std::string counts;
     for (const std::size_t s : r.segments_tried) counts += (counts.empty() ? "" : ", ") + std::to_string(s);
@@ -107,7 +107,7 @@ std::string plan_report(const PlanResult& r, std::size_t top, bool how_to_read) 
   }
 
   // Why checkpointing alone is not the answer, when no plan that keeps the arithmetic fits.
-  const bool same_math_fits = std::any_of(r.plans.begin(), r.plans.end(), [](const Plan& p) {
+  const bool same_math_fits = std::any_of(r.plans.begin(), r.plans.end(), [](const planner::Plan& p) {
     return p.fits() && p.rank_tier() == 0;
   });
   if (!same_math_fits && r.given_needs && r.given_needs->peak_composition.total() > 0) {
@@ -190,7 +190,7 @@ std::string plan_report(const PlanResult& r, std::size_t top, bool how_to_read) 
   return out;
 }
 
-std::string plan_code(const PlanResult& r, const Plan& p) {
+std::string plan_code(const planner::PlanResult& r, const planner::Plan& p) {
   std::string out;
   const bool decoder = r.model.checkpoints_by_layer;
   out += fmt::format("# vramscope plan: {} on {} -> {}\n", model_title(r.model, r.spec.base.model_options), r.device.name,
@@ -278,11 +278,11 @@ std::string plan_code(const PlanResult& r, const Plan& p) {
   return out;
 }
 
-nlohmann::json plan_json(const PlanResult& r) {
-  const auto plan_of = [&](const Plan& p) {
+nlohmann::json plan_json(const planner::PlanResult& r) {
+  const auto plan_of = [&](const planner::Plan& p) {
     nlohmann::json j;
     j["plan"] = p.label();
-    j["change"] = std::string(plan_change_name(p.change));
+    j["change"] = std::string(planner::plan_change_name(p.change));
     j["checkpointing"] = p.checkpointing;
     j["checkpoint_modules"] = p.checkpoint_modules.value_or(std::vector<std::string>{});
     j["segments"] = p.segments;
@@ -309,8 +309,8 @@ nlohmann::json plan_json(const PlanResult& r) {
   j["device"] = device_json(r.device);
   j["given"] = plan_of(r.given);
   j["plans"] = nlohmann::json::array();
-  for (const Plan& p : r.plans) j["plans"].push_back(plan_of(p));
-  const Plan* best = r.best();
+  for (const planner::Plan& p : r.plans) j["plans"].push_back(plan_of(p));
+  const planner::Plan* best = r.best();
   j["best"] = best == nullptr ? nlohmann::json(nullptr) : nlohmann::json(best == &r.given ? -1 : best - r.plans.data());
   if (r.least_hungry_needs) j["least_hungry_needs"] = r.least_hungry_needs->peak_device_used;
   j["smallest_device"] = r.smallest_device;

@@ -8,11 +8,11 @@
 #include <optional>
 
 #include "commands.hpp"
-#include "max_batch.hpp"
+#include "vramscope/planner/max_batch.hpp"
 #include "max_batch_report.hpp"
 #include "model_args.hpp"
 #include "progress.hpp"
-#include "sweep.hpp"
+#include "vramscope/planner/sweep.hpp"
 #include "sweep_export.hpp"
 #include "sweep_plot.hpp"
 #include "sweep_report.hpp"
@@ -56,7 +56,7 @@ std::vector<std::size_t> parse_segments(const std::string& text, const nn::Model
   // A model that checkpoints its own modules runs as marked: auto is its one configuration.
   if (text == "auto") {
     return info.checkpointed_modules > 0 || !info.sequential_checkpointing ? std::vector<std::size_t>{0}
-                                                                           : auto_segments(info.sequence_length);
+                                                                           : planner::auto_segments(info.sequence_length);
   }
   std::vector<std::size_t> out;
   for (const std::string& item : split_list("--segments", text)) {
@@ -74,8 +74,8 @@ std::vector<std::size_t> parse_segments(const std::string& text, const nn::Model
   return out;
 }
 
-SweepSpec make_spec(const SweepArgs& args) {
-  SweepSpec spec;
+planner::SweepSpec make_spec(const SweepArgs& args) {
+  planner::SweepSpec spec;
   ModelArgs model = args.model;
   if (model.model.empty() && model.model_file.empty() && model.hf_config.empty()) {
     // The demo: only the sizes not given on the command line take its values.
@@ -130,7 +130,7 @@ SweepSpec make_spec(const SweepArgs& args) {
     throw UsageError("--format: \"" + args.format + "\" is not a format; valid: table, csv, json");
   }
   // The model decides what "auto" and the upper bound of --segments mean.
-  const nn::ModelInfo info = describe(*spec.model, spec.model_options);
+  const nn::ModelInfo info = planner::describe(*spec.model, spec.model_options);
   spec.segments = parse_segments(args.segments, info);
   if (!args.checkpoint_modules.empty()) {
     if (args.segments != "auto" && spec.segments != std::vector<std::size_t>{0}) {
@@ -180,11 +180,11 @@ SweepSpec make_spec(const SweepArgs& args) {
     }
     spec.parallels = std::move(ranks);
   }
-  validate_sweep(spec);
+  planner::validate_sweep(spec);
   return spec;
 }
 
-void write_plot(const std::string& path, const SweepResult& result) {
+void write_plot(const std::string& path, const planner::SweepResult& result) {
   try {
     write_output_file(path, sweep_plot_svg(result), "the sweep plot");
   } catch (const mem::Error& e) {
@@ -192,17 +192,17 @@ void write_plot(const std::string& path, const SweepResult& result) {
   }
 }
 
-void print_max_batches(const SweepSpec& spec, const SweepArgs& args, Capture* capture) {
+void print_max_batches(const planner::SweepSpec& spec, const SweepArgs& args, Capture* capture) {
   if (capture != nullptr) {
-    capture->document = max_batch_json(find_max_batches(spec, capture->progress));
+    capture->document = max_batch_json(planner::find_max_batches(spec, capture->progress));
     return;
   }
   std::unique_ptr<ProgressBar> bar;
-  const SweepProgress progress = [&](std::size_t done, std::size_t total, const std::string& item) {
+  const planner::SweepProgress progress = [&](std::size_t done, std::size_t total, const std::string& item) {
     if (!bar) bar = std::make_unique<ProgressBar>(total);
     bar->update(done, item);
   };
-  const MaxBatchResult result = find_max_batches(spec, progress);
+  const planner::MaxBatchResult result = planner::find_max_batches(spec, progress);
   if (bar) bar->finish();
   if (args.format == "csv") {
     std::cout << max_batch_csv(result);
@@ -217,23 +217,23 @@ void print_max_batches(const SweepSpec& spec, const SweepArgs& args, Capture* ca
 }
 
 void run(const SweepArgs& args, Capture* capture) {
-  const SweepSpec spec = make_spec(args);
+  const planner::SweepSpec spec = make_spec(args);
   if (args.max_batch) return print_max_batches(spec, args, capture);
   check_output_paths({{"--plot", args.plot}},
                      {{"--model-file", args.model.model_file}, {"--hf-config", args.model.hf_config}});
   if (capture != nullptr) {
-    const SweepResult result = run_sweep(spec, capture->progress);
+    const planner::SweepResult result = planner::run_sweep(spec, capture->progress);
     capture->document = sweep_json(result);
     if (!args.plot.empty()) write_plot(args.plot, result);
     return;
   }
 
   std::unique_ptr<ProgressBar> bar;
-  const SweepProgress progress = [&](std::size_t done, std::size_t total, const std::string& item) {
+  const planner::SweepProgress progress = [&](std::size_t done, std::size_t total, const std::string& item) {
     if (!bar) bar = std::make_unique<ProgressBar>(total);
     bar->update(done, item);
   };
-  const SweepResult result = run_sweep(spec, progress);
+  const planner::SweepResult result = planner::run_sweep(spec, progress);
   if (bar) bar->finish();
 
   if (args.format == "csv") {

@@ -13,7 +13,7 @@ namespace {
 // One list of the row fields drives the CSV header, the CSV cells and the JSON keys.
 struct Field {
   const char* name;
-  nlohmann::json (*get)(const SweepResult&, const SweepRow&);
+  nlohmann::json (*get)(const planner::SweepResult&, const planner::SweepRow&);
 };
 
 nlohmann::json opt_int(const std::optional<std::int64_t>& v) {
@@ -21,27 +21,27 @@ nlohmann::json opt_int(const std::optional<std::int64_t>& v) {
 }
 
 template <class F>
-nlohmann::json if_oom(const SweepRow& r, F f) {
+nlohmann::json if_oom(const planner::SweepRow& r, F f) {
   return r.oom ? nlohmann::json(f(*r.oom)) : nlohmann::json(nullptr);
 }
 template <class F>
-nlohmann::json if_error(const SweepRow& r, F f) {
+nlohmann::json if_error(const planner::SweepRow& r, F f) {
   return r.error ? nlohmann::json(f(*r.error)) : nlohmann::json(nullptr);
 }
 /// Bytes of `kind` at the peak: of the run, or for an OOM row of the run without the limit.
-nlohmann::json peak_part(const SweepRow& r, MemoryKind kind) {
-  const RunFigures* f = r.fits() ? &r.figures : r.unlimited ? &*r.unlimited : nullptr;
+nlohmann::json peak_part(const planner::SweepRow& r, MemoryKind kind) {
+  const planner::RunFigures* f = r.fits() ? &r.figures : r.unlimited ? &*r.unlimited : nullptr;
   if (f == nullptr || f->peak_composition.total() == 0) return nullptr;
   return f->peak_composition.of(kind);
 }
 
 template <class F>
-nlohmann::json if_fits(const SweepRow& r, F f) {
+nlohmann::json if_fits(const planner::SweepRow& r, F f) {
   return r.fits() ? nlohmann::json(f(r.figures)) : nlohmann::json(nullptr);
 }
 
-using R = const SweepResult&;
-using W = const SweepRow&;
+using R = const planner::SweepResult&;
+using W = const planner::SweepRow&;
 const std::array kFields = {
     Field{"model", [](R s, W) -> nlohmann::json { return s.model.name; }},
     Field{"batch", [](R, W r) -> nlohmann::json { return r.batch; }},
@@ -65,24 +65,24 @@ const std::array kFields = {
     Field{"fits", [](R, W r) -> nlohmann::json { return r.fits(); }},
     Field{"best", [](R, W r) -> nlohmann::json { return r.best; }},
     Field{"steps", [](R, W r) -> nlohmann::json { return r.figures.steps_done; }},
-    Field{"allocated_after_step", [](R, W r) { return if_fits(r, [](const RunFigures& f) { return f.allocated_end; }); }},
+    Field{"allocated_after_step", [](R, W r) { return if_fits(r, [](const planner::RunFigures& f) { return f.allocated_end; }); }},
     Field{"max_allocated", [](R, W r) -> nlohmann::json { return r.figures.peak_allocated; }},
     Field{"max_reserved", [](R, W r) -> nlohmann::json { return r.figures.peak_reserved; }},
     Field{"max_nvidia_smi", [](R, W r) -> nlohmann::json { return r.figures.peak_device_used; }},
     Field{"unallocated_at_peak", [](R, W r) -> nlohmann::json { return r.figures.unallocated_at_peak; }},
     Field{"saving", [](R, W r) { return opt_int(r.saving); }},
     Field{"saving_fraction", [](R, W r) -> nlohmann::json { return r.saving ? nlohmann::json(r.saving_fraction) : nlohmann::json(nullptr); }},
-    Field{"recompute_ratio", [](R, W r) { return if_fits(r, [](const RunFigures& f) { return f.recompute_ratio; }); }},
-    Field{"step_ms", [](R, W r) { return if_fits(r, [](const RunFigures& f) { return f.step_ms; }); }},
+    Field{"recompute_ratio", [](R, W r) { return if_fits(r, [](const planner::RunFigures& f) { return f.recompute_ratio; }); }},
+    Field{"step_ms", [](R, W r) { return if_fits(r, [](const planner::RunFigures& f) { return f.step_ms; }); }},
     Field{"gradients_missing", [](R, W r) -> nlohmann::json { return r.figures.gradients_missing; }},
-    Field{"oom_step", [](R, W r) { return if_oom(r, [](const OomFailure& o) { return o.step; }); }},
-    Field{"oom_phase", [](R, W r) { return if_oom(r, [](const OomFailure& o) { return std::string(phase_name(o.phase)); }); }},
-    Field{"oom_module", [](R, W r) { return if_oom(r, [](const OomFailure& o) { return o.module; }); }},
-    Field{"oom_requested", [](R, W r) { return if_oom(r, [](const OomFailure& o) { return o.figures.requested; }); }},
-    Field{"oom_allocated", [](R, W r) { return if_oom(r, [](const OomFailure& o) { return o.figures.allocated; }); }},
-    Field{"oom_reserved", [](R, W r) { return if_oom(r, [](const OomFailure& o) { return o.figures.reserved; }); }},
-    Field{"oom_nvidia_smi", [](R, W r) { return if_oom(r, [](const OomFailure& o) { return o.figures.process_used; }); }},
-    Field{"oom_device_free", [](R, W r) { return if_oom(r, [](const OomFailure& o) { return o.figures.device_free; }); }},
+    Field{"oom_step", [](R, W r) { return if_oom(r, [](const planner::OomFailure& o) { return o.step; }); }},
+    Field{"oom_phase", [](R, W r) { return if_oom(r, [](const planner::OomFailure& o) { return std::string(phase_name(o.phase)); }); }},
+    Field{"oom_module", [](R, W r) { return if_oom(r, [](const planner::OomFailure& o) { return o.module; }); }},
+    Field{"oom_requested", [](R, W r) { return if_oom(r, [](const planner::OomFailure& o) { return o.figures.requested; }); }},
+    Field{"oom_allocated", [](R, W r) { return if_oom(r, [](const planner::OomFailure& o) { return o.figures.allocated; }); }},
+    Field{"oom_reserved", [](R, W r) { return if_oom(r, [](const planner::OomFailure& o) { return o.figures.reserved; }); }},
+    Field{"oom_nvidia_smi", [](R, W r) { return if_oom(r, [](const planner::OomFailure& o) { return o.figures.process_used; }); }},
+    Field{"oom_device_free", [](R, W r) { return if_oom(r, [](const planner::OomFailure& o) { return o.figures.device_free; }); }},
     // What the peak is made of (of the run without the limit for an OOM row).
     Field{"peak_weights", [](R, W r) { return peak_part(r, MemoryKind::Weights); }},
     Field{"peak_gradients", [](R, W r) { return peak_part(r, MemoryKind::Gradients); }},
@@ -96,13 +96,13 @@ const std::array kFields = {
     Field{"needs_max_allocated", [](R, W r) { return r.unlimited ? nlohmann::json(r.unlimited->peak_allocated) : nlohmann::json(nullptr); }},
     Field{"needs_max_nvidia_smi", [](R, W r) { return r.unlimited ? nlohmann::json(r.unlimited->peak_device_used) : nlohmann::json(nullptr); }},
     // Autograd refused the run, as PyTorch does (e.g. an in-place op on a checkpoint's saved input).
-    Field{"error", [](R, W r) { return if_error(r, [](const AutogradFailure& e) { return e.message; }); }},
-    Field{"error_step", [](R, W r) { return if_error(r, [](const AutogradFailure& e) { return e.step; }); }},
-    Field{"error_phase", [](R, W r) { return if_error(r, [](const AutogradFailure& e) { return std::string(phase_name(e.phase)); }); }},
-    Field{"error_module", [](R, W r) { return if_error(r, [](const AutogradFailure& e) { return e.module; }); }},
+    Field{"error", [](R, W r) { return if_error(r, [](const planner::AutogradFailure& e) { return e.message; }); }},
+    Field{"error_step", [](R, W r) { return if_error(r, [](const planner::AutogradFailure& e) { return e.step; }); }},
+    Field{"error_phase", [](R, W r) { return if_error(r, [](const planner::AutogradFailure& e) { return std::string(phase_name(e.phase)); }); }},
+    Field{"error_module", [](R, W r) { return if_error(r, [](const planner::AutogradFailure& e) { return e.module; }); }},
 };
 
-nlohmann::json row_json(const SweepResult& s, const SweepRow& r) {
+nlohmann::json row_json(const planner::SweepResult& s, const planner::SweepRow& r) {
   nlohmann::json j = nlohmann::json::object();
   for (const Field& f : kFields) {
     const std::string name = f.name;
@@ -153,9 +153,9 @@ std::string sweep_csv_header() {
   return out;
 }
 
-std::string sweep_csv(const SweepResult& result) {
+std::string sweep_csv(const planner::SweepResult& result) {
   std::string out = sweep_csv_header() + "\n";
-  for (const SweepRow& row : result.rows) {
+  for (const planner::SweepRow& row : result.rows) {
     std::string line;
     for (std::size_t i = 0; i < kFields.size(); ++i) {
       if (i > 0) line += ',';
@@ -166,9 +166,9 @@ std::string sweep_csv(const SweepResult& result) {
   return out;
 }
 
-nlohmann::json sweep_json(const SweepResult& result) {
+nlohmann::json sweep_json(const planner::SweepResult& result) {
   const nn::ModelInfo& m = result.model;
-  const SweepSpec& spec = result.spec;
+  const planner::SweepSpec& spec = result.spec;
   nlohmann::json j;
   j["schema_version"] = kSweepSchemaVersion;
   j["model"] = {{"name", m.name},
@@ -188,9 +188,9 @@ nlohmann::json sweep_json(const SweepResult& result) {
   j["accumulation"] = spec.accumulation;
   j["wall_ms"] = result.wall_ms;
   j["rows"] = nlohmann::json::array();
-  for (const SweepRow& row : result.rows) j["rows"].push_back(row_json(result, row));
+  for (const planner::SweepRow& row : result.rows) j["rows"].push_back(row_json(result, row));
   j["baselines"] = nlohmann::json::array();
-  for (const SweepRow& row : result.baselines) j["baselines"].push_back(row_json(result, row));
+  for (const planner::SweepRow& row : result.baselines) j["baselines"].push_back(row_json(result, row));
   // Only when a row was refused: the counts (1 = none) autograd accepts for the model.
   j["accepted_segments"] = result.accepted_segments ? nlohmann::json(*result.accepted_segments) : nlohmann::json(nullptr);
   return j;

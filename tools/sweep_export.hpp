@@ -7,7 +7,7 @@
 
 #include <string>
 
-#include "sweep.hpp"
+#include "vramscope/planner/sweep.hpp"
 
 namespace mem::tools {
 
@@ -16,9 +16,9 @@ inline constexpr int kSweepSchemaVersion = 2;  // 2: rows carry batch and seq
 /// The CSV header, in column order.
 std::string sweep_csv_header();
 /// Header plus one line per row; fields quoted where needed (RFC 4180).
-std::string sweep_csv(const SweepResult& result);
+std::string sweep_csv(const planner::SweepResult& result);
 
-nlohmann::json sweep_json(const SweepResult& result);
+nlohmann::json sweep_json(const planner::SweepResult& result);
 
 /// The device as the JSON exports describe it: name, total and context bytes, granularity,
 /// simulated, assumptions.

@@ -49,28 +49,28 @@ std::string label_number(double v) {
 
 }  // namespace
 
-std::string sweep_plot_svg(const SweepResult& result, int width, int height) {
+std::string sweep_plot_svg(const planner::SweepResult& result, int width, int height) {
   // Segment counts on an even categorical axis: 0, 2, 4, 8, 16, 23, 32 are far from
   // linear and a log axis has no place for 0.
   std::set<std::size_t> counts;
-  for (const SweepRow& r : result.rows) counts.insert(r.segments);
+  for (const planner::SweepRow& r : result.rows) counts.insert(r.segments);
   std::map<std::size_t, std::size_t> slot;
   for (const std::size_t k : counts) slot.emplace(k, slot.size());
 
-  const auto value = [](const SweepRow& r, bool smi) -> std::optional<double> {
+  const auto value = [](const planner::SweepRow& r, bool smi) -> std::optional<double> {
     if (r.fits()) return static_cast<double>(smi ? r.figures.peak_device_used : r.figures.peak_allocated);
     if (r.unlimited) return static_cast<double>(smi ? r.unlimited->peak_device_used : r.unlimited->peak_allocated);
     return std::nullopt;
   };
   double max_bytes = static_cast<double>(result.device.total_bytes);
-  for (const SweepRow& r : result.rows) {
+  for (const planner::SweepRow& r : result.rows) {
     for (const bool smi : {true, false}) {
       if (auto v = value(r, smi)) max_bytes = std::max(max_bytes, *v);
     }
   }
   // Keep the curves readable when the device dwarfs them (an 80 GB card, a small model).
   double data_max = 0;
-  for (const SweepRow& r : result.rows) {
+  for (const planner::SweepRow& r : result.rows) {
     if (auto v = value(r, true)) data_max = std::max(data_max, *v);
   }
   const bool show_capacity = static_cast<double>(result.device.total_bytes) <= 3.0 * data_max;
@@ -130,7 +130,7 @@ std::string sweep_plot_svg(const SweepResult& result, int width, int height) {
 
   // One colour per group (dtype and allocator setting), in row order.
   std::vector<std::string> groups;
-  for (const SweepRow& r : result.rows) {
+  for (const planner::SweepRow& r : result.rows) {
     const std::string g = r.label().substr(0, r.label().find(" seg ")) +
                           (r.alloc_conf.empty() ? "" : " [" + r.alloc_conf + "]");
     if (std::find(groups.begin(), groups.end(), g) == groups.end()) groups.push_back(g);
@@ -138,21 +138,21 @@ std::string sweep_plot_svg(const SweepResult& result, int width, int height) {
   double legend_y = top + 10;
   for (std::size_t gi = 0; gi < groups.size(); ++gi) {
     const char* colour = kColours[gi % kColours.size()];
-    std::vector<const SweepRow*> rows;
-    for (const SweepRow& r : result.rows) {
+    std::vector<const planner::SweepRow*> rows;
+    for (const planner::SweepRow& r : result.rows) {
       const std::string g = r.label().substr(0, r.label().find(" seg ")) +
                             (r.alloc_conf.empty() ? "" : " [" + r.alloc_conf + "]");
       if (g == groups[gi]) rows.push_back(&r);
     }
-    std::sort(rows.begin(), rows.end(), [](const SweepRow* a, const SweepRow* b) { return a->segments < b->segments; });
+    std::sort(rows.begin(), rows.end(), [](const planner::SweepRow* a, const planner::SweepRow* b) { return a->segments < b->segments; });
     for (const bool smi : {true, false}) {
       std::string points;
-      for (const SweepRow* r : rows) {
+      for (const planner::SweepRow* r : rows) {
         if (auto v = value(*r, smi)) points += fmt::format("{:.1f},{:.1f} ", x_of(r->segments), y_of(*v));
       }
       s += fmt::format("<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"2\"{} points=\"{}\"/>\n", colour,
                        smi ? "" : " stroke-dasharray=\"6 4\"", points);
-      for (const SweepRow* r : rows) {
+      for (const planner::SweepRow* r : rows) {
         const auto v = value(*r, smi);
         if (!v) continue;
         const double x = x_of(r->segments), y = y_of(*v);

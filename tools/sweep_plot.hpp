@@ -7,10 +7,10 @@
 
 #include <string>
 
-#include "sweep.hpp"
+#include "vramscope/planner/sweep.hpp"
 
 namespace mem::tools {
 
-std::string sweep_plot_svg(const SweepResult& result, int width = 960, int height = 540);
+std::string sweep_plot_svg(const planner::SweepResult& result, int width = 960, int height = 540);
 
 }  // namespace mem::tools

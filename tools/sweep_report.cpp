@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "accepted_segments.hpp"
+#include "vramscope/planner/accepted_segments.hpp"
 #include "model_args.hpp"
 #include "vramscope/allocator/units.hpp"
 
@@ -80,13 +80,13 @@ namespace {
 /// (its most checkpointed row's), and so what can act. Weights, gradients and optimizer state
 /// alone beyond the device: no checkpointing or batch can fit it. Else the activations are
 /// what to cut.
-std::string out_of_memory_advice(const SweepResult& result) {
+std::string out_of_memory_advice(const planner::SweepResult& result) {
   std::string out;
   const auto capacity = static_cast<std::int64_t>(result.device.total_bytes - result.device.context_bytes);
   for (const nn::Precision precision : result.spec.precisions) {
-    const SweepRow* least = nullptr;  // the OOM row that needed the least
+    const planner::SweepRow* least = nullptr;  // the OOM row that needed the least
     bool any_fits = false, all_known = true;
-    for (const SweepRow& row : result.rows) {
+    for (const planner::SweepRow& row : result.rows) {
       if (row.precision != precision) continue;
       any_fits = any_fits || row.fits();
       if (!row.oom) continue;
@@ -151,9 +151,9 @@ std::string wrap(const std::string& text, const std::string& first, const std::s
   return out + line + "\n";
 }
 
-std::string describe_oom(const SweepRow& row) {
+std::string describe_oom(const planner::SweepRow& row) {
   if (!row.oom) return {};
-  const OomFailure& o = *row.oom;
+  const planner::OomFailure& o = *row.oom;
   const auto& f = o.figures;
   std::string out = fmt::format(
       "{}: out of memory {} asking for {}, with {} allocated, {} reserved, {} in use as nvidia-smi "
@@ -181,20 +181,20 @@ std::string describe_oom(const SweepRow& row) {
   return out;
 }
 
-std::string describe_place(const AutogradFailure& failure) { return where(failure); }
+std::string describe_place(const planner::AutogradFailure& failure) { return where(failure); }
 
-std::string describe_error(const SweepRow& row) {
+std::string describe_error(const planner::SweepRow& row) {
   if (!row.error) return {};
-  const AutogradFailure& e = *row.error;
+  const planner::AutogradFailure& e = *row.error;
   return fmt::format("{}: fails as on PyTorch, {}: {}", row.label(), where(e), e.message);
 }
 
-std::string describe_failure(const SweepRow& row) {
+std::string describe_failure(const planner::SweepRow& row) {
   if (row.oom) return describe_oom(row);
   return describe_error(row);
 }
 
-Table sweep_table(const SweepResult& result, const ReportOptions& options) {
+Table sweep_table(const planner::SweepResult& result, const ReportOptions& options) {
   const bool show_conf = result.spec.alloc_confs.size() > 1 ||
                          (result.spec.alloc_confs.size() == 1 && !result.spec.alloc_confs[0].empty());
   const bool show_batch = result.spec.batches.size() > 1;
@@ -218,7 +218,7 @@ Table sweep_table(const SweepResult& result, const ReportOptions& options) {
 
   std::size_t footnote = 0;
   std::string previous_group;
-  for (const SweepRow& row : result.rows) {
+  for (const planner::SweepRow& row : result.rows) {
     const std::string group = fmt::format("{}|{}|{}|{}|{}|{}", nn::precision_name(row.precision), row.batch,
                                           row.seq, row.alloc_conf, nn::parallel_label(row.parallel), row.checkpoint);
     if (!previous_group.empty() && group != previous_group) table.add_separator();
@@ -234,7 +234,7 @@ Table sweep_table(const SweepResult& result, const ReportOptions& options) {
                         ? fmt::format("{} module{}", modules->size(), modules->size() == 1 ? "" : "s")
                         : segments_cell(row.segments));
     if (show_conf) cells.push_back(row.alloc_conf.empty() ? "default" : row.alloc_conf);
-    const RunFigures& f = row.figures;
+    const planner::RunFigures& f = row.figures;
     if (row.fits()) {
       cells.push_back(human_bytes(f.allocated_end));
       cells.push_back(human_bytes(f.peak_allocated));
@@ -271,9 +271,9 @@ Table sweep_table(const SweepResult& result, const ReportOptions& options) {
   return table;
 }
 
-std::string sweep_report(const SweepResult& result, const ReportOptions& options) {
+std::string sweep_report(const planner::SweepResult& result, const ReportOptions& options) {
   const nn::ModelInfo& m = result.model;
-  const SweepSpec& spec = result.spec;
+  const planner::SweepSpec& spec = result.spec;
   std::string out;
   out += fmt::format("vramscope sweep: {}, {}{}, {} parameters ({} in f32)\n",
                      model_title(m, spec.model_options, spec.batches, spec.seqs, spec.checkpoints),
@@ -302,7 +302,7 @@ std::string sweep_report(const SweepResult& result, const ReportOptions& options
   bool any_best = false;
   bool any_oom_needs = false;
   bool any_error = false;
-  for (const SweepRow& row : result.rows) {
+  for (const planner::SweepRow& row : result.rows) {
     any_best = any_best || row.best;
     if (row.fits()) continue;
     any_oom_needs = any_oom_needs || row.unlimited.has_value();
@@ -310,7 +310,7 @@ std::string sweep_report(const SweepResult& result, const ReportOptions& options
     out += wrap(fmt::format("[{}] {}", ++footnote, describe_failure(row)), "  ", "      ");
   }
   if (std::any_of(result.rows.begin(), result.rows.end(),
-                  [](const SweepRow& r) { return r.fits() && r.figures.gradients_missing; })) {
+                  [](const planner::SweepRow& r) { return r.fits() && r.figures.gradients_missing; })) {
     // What "(grads missing!)" means, under the table as the other marks are.
     out += wrap("(grads missing!) reentrant checkpointing whose input needs no grad: the first segment's "
                 "parameters got no gradient (PyTorch warns \"None of the inputs have requires_grad=True. "
@@ -319,7 +319,7 @@ std::string sweep_report(const SweepResult& result, const ReportOptions& options
                 "  ", "  ");
   }
   out += out_of_memory_advice(result);
-  for (const SweepRow& row : result.baselines) {
+  for (const planner::SweepRow& row : result.baselines) {
     const std::string what = std::string(nn::precision_name(row.precision)) +
                              (row.shape.empty() ? "" : " " + row.shape);
     if (row.fits()) {
@@ -333,7 +333,7 @@ std::string sweep_report(const SweepResult& result, const ReportOptions& options
   }
   if (result.accepted_segments) {
     out += wrap(fmt::format("Segment counts PyTorch accepts for {}: {}.", m.name,
-                            describe_segment_counts(*result.accepted_segments)),
+                            planner::describe_segment_counts(*result.accepted_segments)),
                 "  ", "  ");
   }
   if (any_best) {
@@ -348,7 +348,7 @@ std::string sweep_report(const SweepResult& result, const ReportOptions& options
     out += fmt::format("  * least memory in nvidia-smi's view among the configurations of its {} that fit; among "
                        "equals, the least recomputation\n",
                        group);
-    for (const SweepRow& row : result.rows) {
+    for (const planner::SweepRow& row : result.rows) {
       if (row.best && row.figures.peak_composition.total() > 0) {
         out += wrap(fmt::format("* {} peaks at {}{}: {}.", row.label(), human_bytes(row.figures.peak_allocated),
                                 describe_peak_moment(row.figures.peak_composition),

@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "sweep.hpp"
+#include "vramscope/planner/sweep.hpp"
 #include "table.hpp"
 
 namespace mem::tools {
@@ -16,10 +16,10 @@ struct ReportOptions {
 };
 
 /// The table alone (one row per configuration).
-Table sweep_table(const SweepResult& result, const ReportOptions& options);
+Table sweep_table(const planner::SweepResult& result, const ReportOptions& options);
 
 /// Title lines, the table, OOM footnotes, the note and the assumptions line.
-std::string sweep_report(const SweepResult& result, const ReportOptions& options = {});
+std::string sweep_report(const planner::SweepResult& result, const ReportOptions& options = {});
 
 /// "mlp depth=256 width=512 batch=16384": the model and its sizes; a sweep's --batch
 /// and --seq lists, when given, are written as lists ("batch=8,16,32"), and a
@@ -33,17 +33,17 @@ std::string wrap(const std::string& text, const std::string& first, const std::s
                  std::size_t width = 100);
 
 /// "out of memory in step 1, backward of 17 (asked 64.00 MiB): ..." for an OOM row.
-std::string describe_oom(const SweepRow& row);
+std::string describe_oom(const planner::SweepRow& row);
 
 /// "f32 seg 8: fails as on PyTorch, in step 1, backward of module maxpool: one of the
 /// variables needed ..." for an error row.
-std::string describe_error(const SweepRow& row);
+std::string describe_error(const planner::SweepRow& row);
 
 /// Where autograd refused a step: "in step 1, backward of module maxpool".
-std::string describe_place(const AutogradFailure& failure);
+std::string describe_place(const planner::AutogradFailure& failure);
 
 /// The footnote text of a row that does not fit (OOM or error); "" for one that fits.
-std::string describe_failure(const SweepRow& row);
+std::string describe_failure(const planner::SweepRow& row);
 
 /// "weights 2.30 GiB, optimizer state 4.60 GiB, activations 3.54 GiB, ..." (kinds that hold bytes).
 std::string describe_composition(const MemoryComposition& composition);

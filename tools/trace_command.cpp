@@ -7,18 +7,19 @@
 #include <iostream>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <unordered_map>
 
-#include "accepted_segments.hpp"
+#include "vramscope/planner/accepted_segments.hpp"
 #include "commands.hpp"
 #include "model_args.hpp"
 #include "module_log.hpp"
 #include "sweep_export.hpp"
 #include "sweep_report.hpp"
 #include "table.hpp"
-#include "host_memory.hpp"
+#include "vramscope/planner/host_memory.hpp"
 #include "output_paths.hpp"
-#include "saved_tensors.hpp"
+#include "vramscope/planner/saved_tensors.hpp"
 #include "usage_error.hpp"
 #include "vramscope/allocator/caching_allocator.hpp"
 #include "vramscope/allocator/units.hpp"
@@ -60,6 +61,9 @@ struct TraceArgs {
   std::string buffers;
   bool summary = false;
   ParallelArgs parallel;
+  std::size_t accumulation = 1;
+  /// A library caller's (command_json.hpp): the log, figures and plot as a document, nothing printed.
+  Capture* capture = nullptr;
 };
 
 nn::TrainConfig make_config(const TraceArgs& args) {
@@ -70,14 +74,14 @@ nn::TrainConfig make_config(const TraceArgs& args) {
   cfg.model_options = to_model_options(args.model);
   cfg.stack = parse_stack(args.model);
   resolve_checkpoint_default(cfg.model_options, cfg.stack);
-  const nn::ModelInfo info = describe(*cfg.model, cfg.model_options);
+  const nn::ModelInfo info = planner::describe(*cfg.model, cfg.model_options);
   cfg.mode = args.compute ? nn::ExecMode::Compute : nn::ExecMode::DryRun;
   cfg.device = resolve_device(args.device, cfg.mode);
-  check_device(cfg.device, cfg.mode);
+  planner::check_device(cfg.device, cfg.mode);
   const auto precisions = parse_precisions("--dtype", args.dtype);
   if (precisions.size() != 1) throw UsageError("--dtype: trace runs one precision; give one of f32, f16, bf16, amp, amp-bf16");
   cfg.precision = precisions.front();
-  check_alloc_conf(args.alloc_conf);
+  planner::check_alloc_conf(args.alloc_conf);
   cfg.alloc_conf = args.alloc_conf;
   if (args.segments > 1 && info.operators > 0) {
     throw UsageError(fmt::format("--segments: {} is an operator graph, not a chain of modules checkpoint_sequential "
@@ -103,6 +107,7 @@ nn::TrainConfig make_config(const TraceArgs& args) {
   cfg.checkpoint_modules = parse_checkpoint_modules(args.checkpoint_modules, *cfg.model, cfg.model_options, args.segments);
   if (args.steps < 1) throw UsageError("--steps: must be at least 1");
   cfg.steps = args.steps;
+  if (args.accumulation > 1) planner::accumulate(cfg, args.accumulation, args.steps);
   cfg.optimizer = as_usage("--optimizer", [&] { return nn::parse_optimizer_config(args.optimizer); });
   const auto parallels = parse_parallel_args(args.parallel);
   if (parallels.size() != 1) throw UsageError("--parallel: trace runs one configuration; give one of " + args.parallel.spec);
@@ -162,6 +167,15 @@ void write_file(const char* option, const std::string& path, F&& write) {
   std::cout << fmt::format("{:<10} {}\n", std::string(option).substr(2) + ":", path);
 }
 
+/// --saved: module,type,tensors,bytes, a row per module in the order of its first save.
+std::string saved_csv(const planner::SavedTensorLog& log, const ModuleTypeFn& type_of) {
+  std::string out = "module,type,tensors,bytes\n";
+  for (const planner::SavedByModule& r : log.rows()) {
+    out += fmt::format("{},{},{},{}\n", csv_field(r.module), csv_field(type_of(r.module)), r.tensors, r.bytes);
+  }
+  return out;
+}
+
 /// --buffers: one row per buffer, CSV (or JSON by the extension).
 std::string buffers_text(const std::vector<nn::CommunicationBuffer>& buffers, const std::string& path) {
   if (path.ends_with(".json")) {
@@ -180,6 +194,29 @@ std::string buffers_text(const std::vector<nn::CommunicationBuffer>& buffers, co
   return out;
 }
 
+/// The command's exit 1 for a step that ran out of memory or that autograd refused.
+void raise_failure(const nn::TrainConfig& cfg, const DeviceInfo& device, const std::optional<std::string>& oom,
+                   const std::optional<planner::AutogradFailure>& refused) {
+  if (oom) throw CommandFailed("out of memory (the log above shows where); try --segments, a smaller --batch or --dtype f16");
+  if (refused && !refused->inplace) {
+    // Another refusal (a graph without grad, ...): its own first line, not the in-place advice.
+    const std::string& m = refused->message;
+    throw CommandFailed("backward failed as it does on PyTorch: " + m.substr(0, m.find('\n')));
+  }
+  if (refused && cfg.checkpoint_modules && !cfg.checkpoint_modules->empty()) {
+    // Not a segment count: a module named in --checkpoint-modules writes its own input.
+    throw CommandFailed("backward failed as it does on PyTorch: a module under --checkpoint-modules modified its own "
+                        "input in place, which checkpoint() saved (see above); checkpoint the module that contains "
+                        "it instead, or make the op out of place (inplace=False)");
+  }
+  if (refused) {
+    throw CommandFailed(fmt::format(
+        "backward failed as it does on PyTorch: a tensor saved for backward was modified by an in-place op "
+        "(see above); --segments that {} accepts: {}",
+        cfg.model->name(), planner::describe_segment_counts(planner::accepted_segment_counts(cfg, device))));
+  }
+}
+
 void run(const TraceArgs& args) {
   check_output_paths({{"--snapshot", args.snapshot},
                       {"--timeline", args.timeline},
@@ -191,21 +228,24 @@ void run(const TraceArgs& args) {
   if (!args.log.empty()) ModuleLog::check_path("--log", args.log);
   if (!args.buffers.empty()) ModuleLog::check_path("--buffers", args.buffers);
   const nn::TrainConfig cfg = make_config(args);
+  // A library caller gets what would be printed in its document, not on the terminal.
+  std::ostringstream captured;
+  std::ostream& out = args.capture != nullptr ? captured : std::cout;
   if (!args.buffers.empty() && !cfg.parallel.enabled()) {
     throw UsageError("--buffers: lists a data-parallel engine's communication buffers; give --parallel ddp:N");
   }
   const nn::ModelInfo info = cfg.model->describe(cfg.model_options);
   const auto device = make_device(nn::device_spec_for(cfg));
-  check_host_memory_for_compute(cfg, device->info());
+  planner::check_host_memory_for_compute(cfg, device->info());
   CachingAllocator allocator{device, AllocatorConfig::parse(cfg.alloc_conf)};
   attach(allocator);
 
   std::optional<History> history;
   if (!args.snapshot.empty()) history.emplace(allocator, kHistoryEntries);
   std::optional<Timeline> timeline;
-  if (!args.timeline.empty() || !args.plot.empty()) timeline.emplace(allocator);
+  if (!args.timeline.empty() || !args.plot.empty() || args.capture != nullptr) timeline.emplace(allocator);
 
-  std::cout << fmt::format(
+  out << fmt::format(
       "vramscope trace: {}, {}, {} segment{}, {}, {} step{}, on {}{}\n\n",
       model_title(info, cfg.model_options), nn::precision_name(cfg.precision),
       args.segments, args.segments == 1 ? "" : "s", nn::exec_mode_name(cfg.mode), cfg.steps,
@@ -214,8 +254,8 @@ void run(const TraceArgs& args) {
   std::unique_ptr<nn::Trainer> trainer;
   std::vector<nn::StepStats> steps;
   std::optional<std::string> oom;
-  std::optional<AutogradFailure> refused;  // an nn::AutogradError: PyTorch raises it too
-  std::optional<SavedTensorLog> saved;
+  std::optional<planner::AutogradFailure> refused;  // an nn::AutogradError: PyTorch raises it too
+  std::optional<planner::SavedTensorLog> saved;
   ModuleLog module_log;
   try {
     trainer = std::make_unique<nn::Trainer>(cfg, allocator);  // allocates the parameters
@@ -223,7 +263,7 @@ void run(const TraceArgs& args) {
     oom = one_line(e.what());
   }
   if (trainer) {
-    std::cout << fmt::format("parameters and buffers{} allocated: {} ({} reserved, {} in nvidia-smi's view)\n\n",
+    out << fmt::format("parameters and buffers{} allocated: {} ({} reserved, {} in nvidia-smi's view)\n\n",
                              cfg.parallel.engine == nn::ParallelEngine::Ddp    ? ", and DDP's gradient buckets,"
                              : cfg.parallel.engine == nn::ParallelEngine::Fsdp ? " (FSDP's shards),"
                              : cfg.parallel.engine == nn::ParallelEngine::Zero3
@@ -232,7 +272,7 @@ void run(const TraceArgs& args) {
                                                                                 : "", human_bytes(allocator.stats().allocated_bytes[0].current),
                              human_bytes(allocator.stats().reserved_bytes[0].current),
                              human_bytes(allocator.stats().device_used_bytes.current));
-    MemoryLogger log{allocator, std::cout,
+    MemoryLogger log{allocator, out,
                      {.pre_hooks = !args.no_pre,
                       .max_depth = args.max_depth,
                       .device_line = false,  // printed at the end, after the files
@@ -253,12 +293,12 @@ void run(const TraceArgs& args) {
                         context_info(e.context()).path, phase_name(context_info(e.context()).phase),
                         format_bytes(e.figures().requested));
     } catch (const nn::AutogradError& e) {
-      refused = autograd_failure(e, steps.size() + 1);
+      refused = planner::autograd_failure(e, steps.size() + 1);
     }
     log.finish();
     // Why the optimizer phase lists every module several times (issue 36).
     if (cfg.optimizer.kind == nn::OptimizerKind::Adam && cfg.optimizer.foreach && !steps.empty()) {
-      std::cout << wrap("note: Adam's foreach step (PyTorch's default on a GPU) goes over the parameters in "
+      out << wrap("note: Adam's foreach step (PyTorch's default on a GPU) goes over the parameters in "
                         "passes, so each module appears once per pass: its state at the first step "
                         "(exp_avg, exp_avg_sq), the moments (_foreach_lerp_, _foreach_mul_, "
                         "_foreach_addcmul_), the square roots (_foreach_sqrt: one temporary per parameter, "
@@ -269,38 +309,38 @@ void run(const TraceArgs& args) {
   if (timeline) timeline->stop();
 
   if (!steps.empty()) {
-    std::cout << "\nper phase (peaks within each phase; allocated counts the batch and the output):\n"
+    out << "\nper phase (peaks within each phase; allocated counts the batch and the output):\n"
               << phase_table(steps).render("  ");
     const nn::TrainReport report = trainer->report();
-    std::cout << fmt::format(
+    out << fmt::format(
         "  parameters {}, optimizer state {}; over the run: max allocated {}, max reserved {}, max "
         "nvidia-smi {}\n",
         human_bytes(report.parameter_bytes), human_bytes(report.optimizer_state_bytes),
         human_bytes(report.peak_allocated), human_bytes(report.peak_reserved),
         human_bytes(report.peak_device_used));
     if (report.peak_composition.total() > 0) {
-      std::cout << wrap(fmt::format("The peak of {}{} holds: {}.", human_bytes(report.peak_allocated),
+      out << wrap(fmt::format("The peak of {}{} holds: {}.", human_bytes(report.peak_allocated),
                                     describe_peak_moment(report.peak_composition),
                                     describe_composition(report.peak_composition)),
                         "  ", "    ");
     }
     if (cfg.mode == nn::ExecMode::Compute) {
       for (const nn::StepStats& st : steps) {
-        std::cout << fmt::format("  step {}: {} on the CPU{}, loss {:.6g}\n", st.step, human_ms(st.wall_ms),
+        out << fmt::format("  step {}: {} on the CPU{}, loss {:.6g}\n", st.step, human_ms(st.wall_ms),
                                  st.step == 1 ? " (warm-up included: OpenBLAS's threads, first touches)" : "",
                                  st.loss);
       }
     }
-    for (const std::string& w : report.warnings) std::cout << "  warning: " << w << "\n";
+    for (const std::string& w : report.warnings) out << "  warning: " << w << "\n";
   }
-  if (oom) std::cout << "\nout of memory: " << *oom << "\n";
+  if (oom) out << "\nout of memory: " << *oom << "\n";
   if (refused) {
-    std::cout << "\nautograd error, as PyTorch raises it for this configuration, " << describe_place(*refused)
+    out << "\nautograd error, as PyTorch raises it for this configuration, " << describe_place(*refused)
               << ": " << one_line(refused->message) << "\n";
   }
 
-  if (args.summary) std::cout << "\n" << memory_summary(allocator);
-  if (!args.snapshot.empty() || timeline || saved) std::cout << "\n";
+  if (args.summary) out << "\n" << memory_summary(allocator);
+  if (!args.snapshot.empty() || timeline || saved) out << "\n";
   if (!args.snapshot.empty()) {
     SnapshotOptions so;
     so.segments = true;
@@ -316,17 +356,17 @@ void run(const TraceArgs& args) {
   }
   if (saved) {
     write_file("--saved", args.saved, [&] {
-      write_output_file(args.saved, saved->csv(module_types(trainer->model())), "the saved-tensor CSV");
+      write_output_file(args.saved, saved_csv(*saved, module_types(trainer->model())), "the saved-tensor CSV");
     });
-    std::cout << fmt::format("           {} saved for backward in step 1's forward, in {} modules\n",
+    out << fmt::format("           {} saved for backward in step 1's forward, in {} modules\n",
                              human_bytes(saved->total_bytes()), saved->rows().size());
   }
+  const nlohmann::json about = {{"model", info.name}, {"device", device->info().name},
+                                {"dtype", nn::precision_name(cfg.precision)},
+                                {"segments", cfg.segments <= 1 ? 0 : cfg.segments},
+                                {"optimizer", nn::optimizer_label(cfg.optimizer)},
+                                {"stack", cfg.stack.to_string()}};
   if (!args.log.empty()) {
-    const nlohmann::json about = {{"model", info.name}, {"device", device->info().name},
-                                  {"dtype", nn::precision_name(cfg.precision)},
-                                  {"segments", cfg.segments <= 1 ? 0 : cfg.segments},
-                                  {"optimizer", nn::optimizer_label(cfg.optimizer)},
-                                  {"stack", cfg.stack.to_string()}};
     write_file("--log", args.log, [&] { module_log.write(args.log, about); });
   }
   if (!args.buffers.empty()) {
@@ -334,49 +374,53 @@ void run(const TraceArgs& args) {
                                                                  : std::vector<nn::CommunicationBuffer>{};
     write_file("--buffers", args.buffers, [&] { write_output_file(args.buffers, buffers_text(buffers, args.buffers),
                                                                  "the communication buffers"); });
-    std::cout << fmt::format("           {} communication buffers of {}\n", buffers.size(),
+    out << fmt::format("           {} communication buffers of {}\n", buffers.size(),
                              nn::parallel_label(cfg.parallel));
   }
   if (!args.timeline.empty()) {
     write_file("--timeline", args.timeline, [&] { write_perfetto_trace(*timeline, args.timeline); });
   }
+  PlotOptions plot;
+  plot.title = fmt::format("{} batch {} ({}), {} training step{}, {} segments, on {}", info.name, info.batch,
+                           nn::precision_name(cfg.precision), cfg.steps, cfg.steps == 1 ? "" : "s",
+                           cfg.segments <= 1 ? 0 : cfg.segments, device->info().name);
   if (!args.plot.empty()) {
-    PlotOptions po;
-    po.title = fmt::format("{} batch {} ({}), {} training step{}, {} segments, on {}", info.name,
-                           info.batch, nn::precision_name(cfg.precision), cfg.steps,
-                           cfg.steps == 1 ? "" : "s", cfg.segments <= 1 ? 0 : cfg.segments,
-                           device->info().name);
-    write_file("--plot", args.plot, [&] { write_memory_plot_svg(*timeline, args.plot, po); });
+    write_file("--plot", args.plot, [&] { write_memory_plot_svg(*timeline, args.plot, plot); });
   }
-  std::cout << "\ndevice: " << device->info().assumptions << "\nstack: " << cfg.stack.to_string() << " (--stack)\n";
-  std::cout << assumptions_note(info.assumed);
-  std::cout << parallel_note({cfg.parallel}, device->info());
-  std::cout.flush();
+  out << "\ndevice: " << device->info().assumptions << "\nstack: " << cfg.stack.to_string() << " (--stack)\n";
+  out << assumptions_note(info.assumed);
+  out << parallel_note({cfg.parallel}, device->info());
+  out.flush();
+  if (args.capture != nullptr) {
+    nlohmann::json& doc = args.capture->document;
+    doc = about;
+    doc["device"] = device_json(device->info());
+    doc["modules"] = module_log.json({})["lines"];
+    if (trainer && !steps.empty()) {
+      const nn::TrainReport report = trainer->report();
+      doc["max_allocated"] = report.peak_allocated;
+      doc["max_reserved"] = report.peak_reserved;
+      doc["max_nvidia_smi"] = report.peak_device_used;
+    }
+    doc["plot"] = memory_plot_svg(*timeline, plot);
+    doc["text"] = captured.str();
+    trainer.reset();
+    try {
+      raise_failure(cfg, device->info(), oom, refused);
+    } catch (const CommandFailed& e) {
+      doc["failure"] = e.what();  // the log up to it stands, as the command's does
+    }
+    return;
+  }
   trainer.reset();  // frees the model before the allocator goes
-  if (oom) throw CommandFailed("out of memory (the log above shows where); try --segments, a smaller --batch or --dtype f16");
-  if (refused && !refused->inplace) {
-    // Another refusal (a graph without grad, ...): its own first line, not the in-place advice.
-    const std::string& m = refused->message;
-    throw CommandFailed("backward failed as it does on PyTorch: " + m.substr(0, m.find('\n')));
-  }
-  if (refused && cfg.checkpoint_modules && !cfg.checkpoint_modules->empty()) {
-    // Not a segment count: a module named in --checkpoint-modules writes its own input.
-    throw CommandFailed("backward failed as it does on PyTorch: a module under --checkpoint-modules modified its own "
-                        "input in place, which checkpoint() saved (see above); checkpoint the module that contains "
-                        "it instead, or make the op out of place (inplace=False)");
-  }
-  if (refused) {
-    throw CommandFailed(fmt::format(
-        "backward failed as it does on PyTorch: a tensor saved for backward was modified by an in-place op "
-        "(see above); --segments that {} accepts: {}",
-        cfg.model->name(), describe_segment_counts(accepted_segment_counts(cfg, device->info()))));
-  }
+  raise_failure(cfg, device->info(), oom, refused);
 }
 
 }  // namespace
 
-void add_trace_command(CLI::App& app) {
+void add_trace_command(CLI::App& app, Capture* capture) {
   auto args = std::make_shared<TraceArgs>();
+  args->capture = capture;
   CLI::App* cmd = app.add_subcommand(
       "trace",
       "Run one training step of a model and print the per-module memory log: the module tree "
@@ -414,6 +458,11 @@ void add_trace_command(CLI::App& app) {
                   "warning, when use_reentrant is not given; it needs --input-requires-grad to "
                   "give the first segment's parameters gradients)")
       ->capture_default_str();
+  cmd->add_option("--accumulation", args->accumulation,
+                  "gradient accumulation: micro-batches per optimizer step, as sweep's (the run is that many "
+                  "micro-batches, then --steps more)")
+      ->check(integer_in(1, 1024))
+      ->type_name("N");
   cmd->add_option("--max-depth", args->max_depth, "log modules up to this depth (0 = all)")
       ->check(integer_in(0, 1000))
       ->type_name("N");

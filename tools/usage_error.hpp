@@ -1,11 +1,9 @@
 // usage_error.hpp — bad input on the command line. main() prints the message on
-// one line and exits with code 2; commands throw, they never exit().
+// one line and exits with code 2; commands throw, they never exit(). The error is the
+// planner's (the library refuses a spec with it), so both say the same.
 #pragma once
 
-#include <stdexcept>
-#include <string>
-
-#include "vramscope/allocator/errors.hpp"
+#include "vramscope/planner/errors.hpp"
 
 namespace mem::tools {
 
@@ -14,24 +12,8 @@ inline constexpr int kExitUsage = 2;
 /// Exit code for a run that failed (out of memory in `trace`, an unwritable file).
 inline constexpr int kExitFailure = 1;
 
-/// The user asked for something that cannot be; the message names what is valid.
-class UsageError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-
-/// Flattens a message to one line (the command's errors are one line each).
-std::string one_line(std::string text);
-
-/// Runs `fn`; a mem::Error it throws (the libraries' parsers reject unknown names
-/// and malformed values with one) becomes a UsageError prefixed with `option`.
-template <class F>
-decltype(auto) as_usage(const std::string& option, F&& fn) {
-  try {
-    return fn();
-  } catch (const mem::Error& e) {
-    throw UsageError(option + ": " + one_line(e.what()));
-  }
-}
+using planner::as_usage;
+using planner::one_line;
+using planner::UsageError;
 
 }  // namespace mem::tools

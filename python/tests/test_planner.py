@@ -40,6 +40,35 @@ def test_estimate_is_the_commands_row():
     assert "max allocated" in r._repr_html_() and "activations" in r._repr_html_()
 
 
+def test_modules_are_the_trace_of_the_same_configuration(tmp_path):
+    r = vramscope.estimate("resnet18", batch=32, device="sim:h100-80g", dtype="amp", steps=3)
+    # The same configuration traced: the same peaks, and its log is trace --log's, line for line.
+    assert (r.trace["max_allocated"], r.trace["max_reserved"], r.trace["max_nvidia_smi"]) == \
+        (r.max_allocated, r.max_reserved, r.nvidia_smi)
+    exe = vramscope_command()
+    if exe is None:
+        pytest.skip("no vramscope command to compare with")
+    log = tmp_path / "log.json"
+    done = subprocess.run([exe, "trace", "--model", "resnet18", "--batch", "32", "--device", "sim:h100-80g",
+                           "--dtype", "amp", "--segments", "0", "--steps", "3", "--log", str(log)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert r.modules == json.loads(log.read_text())["lines"]
+    assert {"hook", "module", "type", "allocated", "peak_between"} <= set(r.modules[0])
+    assert any(line["module"] == "layer4.1.conv2" and line["type"] == "Conv2d" for line in r.modules)
+    # The curve is trace --plot's SVG, and the notebook shows it under the figures.
+    assert r.plot.startswith("<svg") or r.plot.startswith("<?xml")
+    assert "<svg" in r._repr_html_()
+    # The printed log is the command's (the files' lines aside).
+    assert r.trace["text"].splitlines()[0] == done.stdout.splitlines()[0]
+
+
+def test_modules_of_a_step_that_runs_out_show_where():
+    r = vramscope.estimate("resnet50", batch=256, device="sim:t4", dtype="f32")
+    assert not r.fits
+    assert "out of memory" in r.trace["failure"] and r.modules  # the log up to the failure
+
+
 def test_sweep_and_max_batch_are_the_commands():
     told = []
     rows = vramscope.sweep("mlp", depth=8, batch=[256, 512], segments=[0, 2], dtype="f32,f16",
@@ -80,9 +109,9 @@ def test_bad_options_are_refused_in_the_commands_words():
         vramscope.sweep("resnet18", format="csv")
     with pytest.raises(UsageError, match="export options, for an nn.Module"):
         vramscope.estimate("resnet18", loss="mse")
-    # The C boundary itself: only sweep and plan, every failure a status and a message.
+    # The C boundary itself: only sweep, plan and trace, every failure a status and a message.
     from vramscope import _planner
-    for args, says in ((["trace", "--model", "mlp"], "give sweep or plan"), ([], "give sweep or plan"),
+    for args, says in ((["replay", "x.pickle"], "give sweep, trace or plan"), ([], "give sweep, plan or trace"),
                        (["sweep", "--help"], "vramscope sweep --help")):
         with pytest.raises(UsageError, match=says):
             _planner.run(args)
@@ -130,6 +159,8 @@ def test_a_module_object_is_exported_and_run_as_the_command_runs_its_file(tmp_pa
     same_rows([vramscope.estimate(model, torch.empty(16384, 64, device="meta"), device="sim:h100-80g").row], [ours.row])
     with pytest.raises(UsageError, match="needs example inputs"):
         vramscope.estimate(model)
+    # The exported file lives as long as the estimate: its modules trace that file.
+    assert any(line["module"].startswith("blocks.3") for line in ours.modules)
 
 
 def test_apply_wraps_the_planned_modules_and_keeps_the_gradients():

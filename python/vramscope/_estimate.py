@@ -170,11 +170,17 @@ class _Bar:
             self.bar.close()
 
 
-def _run(command: List[str], model, inputs, options: Dict[str, Any]) -> dict:
+def _split(options: Dict[str, Any], model):
+    """(progress, the exporter's options) taken out of `options`, which keeps the command's."""
     progress = options.pop("progress", None)
     export = {k: options.pop(k) for k in ("loss", "output", "name", "seq_input", "amp") if k in options}
     if export and isinstance(model, (str, Path)):
         raise _planner.UsageError(f"{', '.join(export)}: export options, for an nn.Module; {model} is not one")
+    return progress, export
+
+
+def _run(command: List[str], model, inputs, options: Dict[str, Any]) -> dict:
+    progress, export = _split(options, model)
     bar = _Bar(progress) if progress else None
     try:
         if isinstance(model, (str, Path)):  # named: no file to write, nothing to clean up
@@ -220,11 +226,41 @@ class Row:
 
 
 class Estimate(Row):
-    """estimate(): one configuration's step through the caching allocator."""
+    """estimate(): one configuration's step through the caching allocator. .modules and .plot
+    come from `vramscope trace` of the same configuration, run when first asked for."""
+
+    def __init__(self, row: Dict[str, Any], document: Dict[str, Any], trace_args: List[str], work=None):
+        super().__init__(row, document)
+        # The model's options and the configuration's, as trace takes them; `work` holds an
+        # exported model file for as long as this estimate lives.
+        self.__dict__["_trace_args"], self.__dict__["_work"], self.__dict__["_trace"] = trace_args, work, None
 
     @property
     def device(self) -> Dict[str, Any]:
         return self.document.get("device", {})
+
+    @property
+    def trace(self) -> Dict[str, Any]:
+        """`vramscope trace`'s document for this configuration: the per-module log ("modules"),
+        its figures, the memory plot ("plot", SVG) and the printed log ("text")."""
+        if self.__dict__["_trace"] is None:
+            self.__dict__["_trace"] = _planner.run(["trace"] + self.__dict__["_trace_args"], None)
+        return self.__dict__["_trace"]
+
+    @property
+    def modules(self) -> List[Dict[str, Any]]:
+        """The per-module log, a dict per line (hook, module, type, depth, allocated, change,
+        peak_between, reserved, nvidia_smi; bytes), as `vramscope trace --log` writes it."""
+        return self.trace["modules"]
+
+    @property
+    def plot(self) -> str:
+        """Memory over the step as an SVG document (`vramscope trace --plot`)."""
+        return self.trace["plot"]
+
+    def to_pandas(self):
+        """The per-module log as a pandas DataFrame (pandas needed)."""
+        return _pandas().DataFrame(self.modules)
 
     def _repr_html_(self) -> str:
         r = self.row
@@ -234,8 +270,12 @@ class Estimate(Row):
         peak = "".join(f"<tr><td>{part.replace('_', ' ')}</td><td>{_human(n)}</td></tr>"
                        for part, n in self.peak.items() if n)
         model = self.document.get("model", {}).get("name", "")
+        try:
+            plot = self.plot
+        except _planner.VramscopeError as e:  # the figures above stand without the curve
+            plot = f"<p>(no plot: {e})</p>"
         return (f"<div><b>{model}</b> on {self.device.get('name', '')}<table><tr>{head}</tr><tr>{cells}</tr></table>"
-                f"<table><tr><th colspan=2>the peak holds</th></tr>{peak}</table></div>")
+                f"<table><tr><th colspan=2>the peak holds</th></tr>{peak}</table>{plot}</div>")
 
 
 class Rows:
@@ -318,7 +358,7 @@ class Plans:
 
 def estimate(model, inputs=None, **options) -> Estimate:
     """One configuration's training step on the device: `vramscope sweep` with one row
-    (segments 0 unless `checkpoint` says otherwise)."""
+    (segments 0 unless `checkpoint` says otherwise); .modules and .plot trace it."""
     # One row: no checkpoint_sequential segments unless `checkpoint` is a segment count.
     if not (isinstance(options.get("checkpoint"), int) and not isinstance(options.get("checkpoint"), bool)):
         options.setdefault("segments", 0)
@@ -326,11 +366,24 @@ def estimate(model, inputs=None, **options) -> Estimate:
     for key in ("batch", "seq", "dtype", "segments", "alloc_conf", "parallel"):
         if isinstance(options.get(key), (list, tuple)):
             raise _planner.UsageError(f"{key}: estimate takes one; sweep() takes a list")
-    document = _run(["sweep"], model, inputs, options)
+    progress, export = _split(options, model)
+    work = None
+    if not isinstance(model, (str, Path)):
+        work = tempfile.TemporaryDirectory(prefix="vramscope-")  # the export, kept for .modules
+    try:
+        model_args = _model_options(model, inputs, Path(work.name) if work else Path("."), export)
+        document = _planner.run(["sweep"] + model_args + _options(options), _Bar(progress) if progress else None)
+    except BaseException:
+        if work is not None:
+            work.cleanup()
+        raise
     rows = document.get("rows", [])
     if len(rows) != 1:
         raise _planner.RunFailed(f"estimate: the run gave {len(rows)} rows; sweep() takes several configurations")
-    return Estimate(rows[0], document)
+    # The same configuration for trace: its steps as the sweep's (2 unless given).
+    trace_options = dict(options)
+    trace_options.setdefault("steps", 2)
+    return Estimate(rows[0], document, model_args + _options(trace_options), work)
 
 
 def sweep(model, inputs=None, **options) -> Rows:

@@ -1,4 +1,4 @@
-"""_planner.py: libvramscope_planner.so, the command's sweep, max batch and plan as a library
+"""_planner.py: libvramscope_planner.so, the planner's sweep, max batch, plan and trace as a library
 (bindings/include/vramscope/planner_api.h), through ctypes: options in, the JSON document out.
 
 Found as libvramscope.so is (_native.py): $VRAMSCOPE_PLANNER_LIBRARY, else beside the package
@@ -15,7 +15,7 @@ from typing import Callable, List, Optional, Sequence
 
 from ._native import VramscopeError, load_first
 
-API_VERSION = 2
+API_VERSION = 3
 # void (*)(size_t done, size_t total, const char* item, void* user): planner_api.h's progress
 _PROGRESS = ctypes.CFUNCTYPE(None, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_void_p)
 _lib: Optional[ctypes.CDLL] = None
@@ -63,10 +63,10 @@ def library() -> ctypes.CDLL:
 
 
 def run(args: Sequence[str], progress: Optional[Callable[[int, int, str], None]] = None) -> dict:
-    """`vramscope ARGS...` (sweep or plan) in this process: its JSON document. `progress(done,
+    """`vramscope ARGS...` (sweep, plan or trace) in this process: its JSON document. `progress(done,
     total, item)` is called as the runs go (total 0: not known ahead)."""
     if not args:
-        raise UsageError("give sweep or plan and its options")
+        raise UsageError("give sweep, plan or trace and its options")
     lib = library()
     encoded = [os.fsencode(a) for a in args]
     argv = (ctypes.c_char_p * len(encoded))(*encoded)

@@ -7,9 +7,9 @@
 #include <bit>
 #include <cmath>
 
-#include "max_batch.hpp"
+#include "vramscope/planner/max_batch.hpp"
 #include "max_batch_report.hpp"
-#include "sweep.hpp"
+#include "vramscope/planner/sweep.hpp"
 #include "usage_error.hpp"
 #include "model_args.hpp"
 #include "vramscope/models/model_file.hpp"
@@ -18,8 +18,8 @@
 namespace mem::tools {
 namespace {
 
-SweepSpec mlp_spec() {
-  SweepSpec spec;
+planner::SweepSpec mlp_spec() {
+  planner::SweepSpec spec;
   spec.model = models::find("mlp");
   spec.model_options = nn::ModelOptions::parse("depth=6,width=512");
   spec.device = "sim:capacity=1GiB,context=128MiB";
@@ -31,29 +31,29 @@ SweepSpec mlp_spec() {
 }
 
 /// The one row of `spec` at one batch and segment count, from a sweep of its own.
-SweepRow single(SweepSpec spec, std::int64_t batch, std::size_t segments, std::int64_t seq = 0) {
+planner::SweepRow single(planner::SweepSpec spec, std::int64_t batch, std::size_t segments, std::int64_t seq = 0) {
   spec.batches.clear();
   spec.seqs.clear();
   spec.model_options.batch = batch;
   if (seq > 0) spec.model_options.seq = seq;
   spec.segments = {segments};
-  const SweepResult r = run_sweep(spec);
+  const planner::SweepResult r = planner::run_sweep(spec);
   EXPECT_EQ(r.rows.size(), 1u);
   return r.rows.front();
 }
 
 TEST(BatchList, EachRowEqualsASweepOfItsOwnBatch) {
-  SweepSpec spec = mlp_spec();
+  planner::SweepSpec spec = mlp_spec();
   spec.batches = {256, 1024, 256, 64};  // the repeat is dropped
-  const SweepResult result = run_sweep(spec);
+  const planner::SweepResult result = planner::run_sweep(spec);
   ASSERT_EQ(result.rows.size(), 6u);  // 3 batches x 2 segment counts
   const std::int64_t expected_batches[] = {256, 256, 1024, 1024, 64, 64};
   for (std::size_t i = 0; i < result.rows.size(); ++i) {
-    const SweepRow& row = result.rows[i];
+    const planner::SweepRow& row = result.rows[i];
     SCOPED_TRACE(row.label());
     EXPECT_EQ(row.batch, expected_batches[i]);
     EXPECT_EQ(row.shape, "batch " + std::to_string(row.batch));
-    const SweepRow ref = single(spec, row.batch, row.segments);
+    const planner::SweepRow ref = single(spec, row.batch, row.segments);
     EXPECT_EQ(row.figures.peak_allocated, ref.figures.peak_allocated);
     EXPECT_EQ(row.figures.peak_reserved, ref.figures.peak_reserved);
     EXPECT_EQ(row.figures.peak_device_used, ref.figures.peak_device_used);
@@ -69,7 +69,7 @@ TEST(BatchList, EachRowEqualsASweepOfItsOwnBatch) {
 }
 
 TEST(SeqList, Gpt2SweepsSequenceLengthsAndAModelWithoutOneRefusesThem) {
-  SweepSpec spec;
+  planner::SweepSpec spec;
   spec.model = models::find("gpt2");
   spec.model_options = nn::ModelOptions::parse("batch=1");
   spec.device = "sim:a100-80g";
@@ -79,36 +79,36 @@ TEST(SeqList, Gpt2SweepsSequenceLengthsAndAModelWithoutOneRefusesThem) {
   spec.steps = 1;
   // Long enough that the activations, not the optimizer step, make the peak.
   spec.seqs = {512, 1024};
-  const SweepResult result = run_sweep(spec);
+  const planner::SweepResult result = planner::run_sweep(spec);
   ASSERT_EQ(result.rows.size(), 2u);
   EXPECT_EQ(result.rows[1].seq, 1024);
   EXPECT_EQ(result.rows[1].shape, "seq 1024");
   EXPECT_EQ(result.rows[1].figures.peak_allocated, single(spec, 1, 0, 1024).figures.peak_allocated);
   EXPECT_LT(result.rows[0].figures.peak_allocated, result.rows[1].figures.peak_allocated);
 
-  SweepSpec mlp = mlp_spec();
+  planner::SweepSpec mlp = mlp_spec();
   mlp.seqs = {128, 256};
-  EXPECT_THROW(validate_sweep(mlp), UsageError);
+  EXPECT_THROW(planner::validate_sweep(mlp), UsageError);
   // Every batch of the list is checked before anything runs: an overflowing one is refused.
-  SweepSpec huge = mlp_spec();
+  planner::SweepSpec huge = mlp_spec();
   huge.model_options.width = std::int64_t{1} << 31;
   huge.batches = {1, std::int64_t{1} << 40};
-  EXPECT_THROW(validate_sweep(huge), UsageError);
+  EXPECT_THROW(planner::validate_sweep(huge), UsageError);
 }
 
 TEST(MaxBatch, TheBatchFoundFitsAndOneMoreSampleDoesNot) {
-  SweepSpec spec = mlp_spec();
+  planner::SweepSpec spec = mlp_spec();
   spec.segments = {0, 3};
   spec.precisions = {nn::Precision::F32, nn::Precision::F16};
-  const MaxBatchResult result = find_max_batches(spec);
+  const planner::MaxBatchResult result = planner::find_max_batches(spec);
   ASSERT_EQ(result.rows.size(), 4u);
-  for (const MaxBatchRow& row : result.rows) {
+  for (const planner::MaxBatchRow& row : result.rows) {
     SCOPED_TRACE(row.label());
     ASSERT_GT(row.max_batch, 1);
-    SweepSpec at = spec;
+    planner::SweepSpec at = spec;
     at.precisions = {row.precision};
-    const SweepRow fits = single(at, row.max_batch, row.segments);
-    const SweepRow over = single(at, row.max_batch + 1, row.segments);
+    const planner::SweepRow fits = single(at, row.max_batch, row.segments);
+    const planner::SweepRow over = single(at, row.max_batch + 1, row.segments);
     EXPECT_TRUE(fits.fits());
     EXPECT_TRUE(over.oom.has_value());
     // The figures shown are those of the run at the batch found, and where batch + 1 ran out.
@@ -135,11 +135,11 @@ TEST(MaxBatch, EnginesThatHookModulesSearchWithoutSegments) {
   // as in sweep, their one row runs without segments, and its batch fits.
   for (const char* engine : {"fsdp:8", "zero3:8"}) {
     SCOPED_TRACE(engine);
-    SweepSpec spec = mlp_spec();
+    planner::SweepSpec spec = mlp_spec();
     spec.device = "sim:capacity=4GiB,context=128MiB";
     spec.precisions = {nn::Precision::BF16};
     spec.parallels = {nn::parse_parallel(engine)};
-    const MaxBatchResult result = find_max_batches(spec);
+    const planner::MaxBatchResult result = planner::find_max_batches(spec);
     ASSERT_EQ(result.rows.size(), 1u);
     EXPECT_EQ(result.rows[0].segments, 0u);
     EXPECT_GT(result.rows[0].max_batch, 1);
@@ -148,10 +148,10 @@ TEST(MaxBatch, EnginesThatHookModulesSearchWithoutSegments) {
 }
 
 TEST(MaxBatch, NothingFitsIsZeroWithTheOutOfMemoryOfBatchOne) {
-  SweepSpec spec = mlp_spec();
+  planner::SweepSpec spec = mlp_spec();
   spec.model_options.width = 8192;  // 6 x 8192^2 x 4 B = 1.5 GiB of weights on a 1 GiB card
   spec.segments = {0};
-  const MaxBatchResult result = find_max_batches(spec);
+  const planner::MaxBatchResult result = planner::find_max_batches(spec);
   ASSERT_EQ(result.rows.size(), 1u);
   EXPECT_EQ(result.rows[0].max_batch, 0);
   EXPECT_EQ(result.rows[0].probes, 1u);
@@ -163,7 +163,7 @@ TEST(MaxBatch, NothingFitsIsZeroWithTheOutOfMemoryOfBatchOne) {
 
 TEST(MaxBatch, AConfigurationPyTorchRefusesHasNoBatch) {
   // resnet18 at 5 segments: a checkpointed segment begins with the stem's in-place ReLU.
-  SweepSpec spec;
+  planner::SweepSpec spec;
   spec.model = models::find("resnet18");
   spec.model_options = nn::ModelOptions::parse("image=32");
   spec.device = "sim:capacity=1GiB,context=128MiB";
@@ -171,7 +171,7 @@ TEST(MaxBatch, AConfigurationPyTorchRefusesHasNoBatch) {
   spec.precisions = {nn::Precision::F32};
   spec.alloc_confs = {""};
   spec.steps = 1;
-  const MaxBatchResult result = find_max_batches(spec);
+  const planner::MaxBatchResult result = planner::find_max_batches(spec);
   ASSERT_EQ(result.rows.size(), 2u);
   EXPECT_GT(result.rows[0].max_batch, 0);
   EXPECT_EQ(result.rows[1].max_batch, 0);
@@ -180,20 +180,20 @@ TEST(MaxBatch, AConfigurationPyTorchRefusesHasNoBatch) {
 }
 
 TEST(MaxBatch, OptionsThatDoNotApplyAreRefused) {
-  SweepSpec given = mlp_spec();
+  planner::SweepSpec given = mlp_spec();
   given.model_options.batch = 32;
-  EXPECT_THROW(find_max_batches(given), UsageError);
-  SweepSpec list = mlp_spec();
+  EXPECT_THROW(planner::find_max_batches(given), UsageError);
+  planner::SweepSpec list = mlp_spec();
   list.batches = {32, 64};
-  EXPECT_THROW(find_max_batches(list), UsageError);
-  SweepSpec compute = mlp_spec();
+  EXPECT_THROW(planner::find_max_batches(list), UsageError);
+  planner::SweepSpec compute = mlp_spec();
   compute.mode = nn::ExecMode::Compute;
-  EXPECT_THROW(find_max_batches(compute), UsageError);
+  EXPECT_THROW(planner::find_max_batches(compute), UsageError);
 }
 
 TEST(MaxBatch, CsvAndJsonCarryEveryRow) {
-  SweepSpec spec = mlp_spec();
-  const MaxBatchResult result = find_max_batches(spec);
+  planner::SweepSpec spec = mlp_spec();
+  const planner::MaxBatchResult result = planner::find_max_batches(spec);
   const std::string csv = max_batch_csv(result);
   EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 3);  // header + 2 rows
   const nlohmann::json j = max_batch_json(result);
@@ -216,7 +216,7 @@ TEST(ModelArgs, AnOptionErrorNamesTheFlagTheModelCameFrom) {
       "tiny.json");
   const auto message = [](const nn::ModelSource& source) {
     try {
-      (void)describe(source, nn::ModelOptions::parse("depth=3"));
+      (void)planner::describe(source, nn::ModelOptions::parse("depth=3"));
     } catch (const UsageError& e) {
       return std::string(e.what());
     }

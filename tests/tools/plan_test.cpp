@@ -9,7 +9,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "plan.hpp"
+#include "vramscope/planner/plan.hpp"
 #include "plan_report.hpp"
 #include "usage_error.hpp"
 #include "vramscope/models/hf_config.hpp"
@@ -26,9 +26,9 @@ const std::string kChain = std::string(VRAMSCOPE_TEST_DATA_DIR) + "/plan-chain.j
 // On 640 MiB (no context) it runs out of memory as given; checkpointing b1 and tail.w0 keeps
 // one wide block's activations at a time and needs 610 MiB in nvidia-smi's view; b1 alone,
 // tail.w0 alone, the whole tail, or any checkpoint_sequential count need 674 MiB.
-PlanSpec spec_of(std::shared_ptr<const nn::ModelSource> model, const char* options, const char* device,
+planner::PlanSpec spec_of(std::shared_ptr<const nn::ModelSource> model, const char* options, const char* device,
                  nn::Precision precision = nn::Precision::F32) {
-  PlanSpec spec;
+  planner::PlanSpec spec;
   spec.base.model = std::move(model);
   spec.base.model_options = nn::ModelOptions::parse(options);
   spec.base.device = device;
@@ -37,19 +37,19 @@ PlanSpec spec_of(std::shared_ptr<const nn::ModelSource> model, const char* optio
   return spec;
 }
 
-PlanSpec chain_spec() {
-  PlanSpec spec = spec_of(models::ModelFile::load(kChain), "", "sim:capacity=640MiB,context=0");
-  spec.search = PlanSearch{false, false, false, false};
+planner::PlanSpec chain_spec() {
+  planner::PlanSpec spec = spec_of(models::ModelFile::load(kChain), "", "sim:capacity=640MiB,context=0");
+  spec.search = planner::PlanSearch{false, false, false, false};
   return spec;
 }
 
 TEST(Plan, FindsTheTwoWideBlocksOfTheChainWhereNoUniformCheckpointingFits) {
-  const PlanResult r = run_plan(chain_spec());
+  const planner::PlanResult r = planner::run_plan(chain_spec());
   ASSERT_FALSE(r.given.fits());
   ASSERT_TRUE(r.given.oom.has_value());
-  const Plan* best = r.best();
+  const planner::Plan* best = r.best();
   ASSERT_NE(best, nullptr);
-  EXPECT_EQ(best->change, PlanChange::Checkpointing);
+  EXPECT_EQ(best->change, planner::PlanChange::Checkpointing);
   ASSERT_TRUE(best->checkpoint_modules.has_value());
   std::vector<std::string> modules = *best->checkpoint_modules;
   std::sort(modules.begin(), modules.end());
@@ -59,7 +59,7 @@ TEST(Plan, FindsTheTwoWideBlocksOfTheChainWhereNoUniformCheckpointingFits) {
   EXPECT_GT(best->recompute_share, 0.0);
   // checkpoint_sequential was tried and no count fits; neither does every block.
   EXPECT_EQ(r.segments_tried, (std::vector<std::size_t>{2, 4}));
-  for (const Plan& p : r.plans) {
+  for (const planner::Plan& p : r.plans) {
     if (p.segments > 1 || p.checkpointing == "blocks") {
       EXPECT_FALSE(p.fits()) << p.label();
     }
@@ -70,14 +70,14 @@ TEST(Plan, FindsTheTwoWideBlocksOfTheChainWhereNoUniformCheckpointingFits) {
 }
 
 TEST(Plan, EveryPlanIsMeasuredAgainAsTheSweepMeasuresIt) {
-  const PlanResult r = run_plan(chain_spec());
-  const Plan* best = r.best();
+  const planner::PlanResult r = planner::run_plan(chain_spec());
+  const planner::Plan* best = r.best();
   ASSERT_NE(best, nullptr);
-  SweepSpec sweep = chain_spec().base;
+  planner::SweepSpec sweep = chain_spec().base;
   sweep.segments = {0};
   sweep.checkpoint_modules = best->checkpoint_modules;
   sweep.device = "sim:capacity=640MiB,context=0";
-  const SweepResult s = run_sweep(sweep);
+  const planner::SweepResult s = planner::run_sweep(sweep);
   ASSERT_EQ(s.rows.size(), 1u);
   EXPECT_EQ(s.rows[0].figures.peak_allocated, best->figures.peak_allocated);
   EXPECT_EQ(s.rows[0].figures.peak_reserved, best->figures.peak_reserved);
@@ -85,11 +85,11 @@ TEST(Plan, EveryPlanIsMeasuredAgainAsTheSweepMeasuresIt) {
 }
 
 TEST(Plan, ForumCnnFullCannotBeFitByCheckpointingAndSaysWhatCan) {
-  const PlanResult r = run_plan(spec_of(models::find("forum-cnn-full"), "", "sim:rtx2080s"));
+  const planner::PlanResult r = planner::run_plan(spec_of(models::find("forum-cnn-full"), "", "sim:rtx2080s"));
   ASSERT_FALSE(r.given.fits());
   ASSERT_TRUE(r.given_needs.has_value());
   // Nothing that keeps the step's arithmetic fits: the states alone exceed the device.
-  for (const Plan& p : r.plans) {
+  for (const planner::Plan& p : r.plans) {
     if (p.rank_tier() == 0) {
       EXPECT_FALSE(p.fits()) << p.label();
     }
@@ -99,7 +99,7 @@ TEST(Plan, ForumCnnFullCannotBeFitByCheckpointingAndSaysWhatCan) {
                               c.of(MemoryKind::OptimizerState) + c.of(MemoryKind::OptimizerTemporaries);
   EXPECT_EQ(c.model_states(), states);
   EXPECT_GT(states, static_cast<std::int64_t>(r.device.total_bytes));
-  const Plan* best = r.best();
+  const planner::Plan* best = r.best();
   ASSERT_NE(best, nullptr);
   EXPECT_EQ(best->label(), "bf16 + sgd");
   EXPECT_EQ(best->precision, nn::Precision::BF16);
@@ -111,7 +111,7 @@ TEST(Plan, ForumCnnFullCannotBeFitByCheckpointingAndSaysWhatCan) {
 }
 
 TEST(Plan, AModelThatFitsAsGivenNeedsNoPlan) {
-  const PlanResult r = run_plan(spec_of(models::find("mlp"), "depth=4,width=256,batch=64", "sim:a100-80g"));
+  const planner::PlanResult r = planner::run_plan(spec_of(models::find("mlp"), "depth=4,width=256,batch=64", "sim:a100-80g"));
   EXPECT_TRUE(r.given.fits());
   EXPECT_TRUE(r.plans.empty());
   EXPECT_EQ(r.best(), &r.given);
@@ -119,12 +119,12 @@ TEST(Plan, AModelThatFitsAsGivenNeedsNoPlan) {
 }
 
 TEST(Plan, RanksFittingPlansByChangeThenRecomputeThenMemory) {
-  const PlanResult r = run_plan(spec_of(models::find("resnet152"), "batch=256", "sim:a100-40g"));
+  const planner::PlanResult r = planner::run_plan(spec_of(models::find("resnet152"), "batch=256", "sim:a100-40g"));
   ASSERT_FALSE(r.given.fits());
   ASSERT_GE(r.plans.size(), 5u);
   bool seen_failing = false;
   for (std::size_t i = 0; i < r.plans.size(); ++i) {
-    const Plan& p = r.plans[i];
+    const planner::Plan& p = r.plans[i];
     if (!p.fits()) {
       seen_failing = true;
       continue;
@@ -132,17 +132,17 @@ TEST(Plan, RanksFittingPlansByChangeThenRecomputeThenMemory) {
     EXPECT_FALSE(seen_failing) << "a plan that fits ranks after one that does not: " << p.label();
     EXPECT_LE(p.figures.peak_device_used, static_cast<std::int64_t>(r.device.total_bytes));
     if (i == 0) continue;
-    const Plan& q = r.plans[i - 1];
+    const planner::Plan& q = r.plans[i - 1];
     EXPECT_LE(q.rank_tier(), p.rank_tier());
     if (q.rank_tier() == p.rank_tier() && q.change == p.change) {
       EXPECT_LE(q.recompute_share, p.recompute_share);
     }
   }
   // The best keeps the arithmetic and recomputes no more than uniform checkpointing that fits.
-  const Plan* best = r.best();
+  const planner::Plan* best = r.best();
   ASSERT_NE(best, nullptr);
   EXPECT_EQ(best->rank_tier(), 0);
-  for (const Plan& p : r.plans) {
+  for (const planner::Plan& p : r.plans) {
     if (p.fits() && (p.segments > 1 || p.checkpointing == "blocks")) {
       EXPECT_LE(best->recompute_share, p.recompute_share);
     }
@@ -150,34 +150,34 @@ TEST(Plan, RanksFittingPlansByChangeThenRecomputeThenMemory) {
 }
 
 TEST(Plan, HeadroomIsLeftFreeByEveryPlanThatFits) {
-  PlanSpec spec = chain_spec();
+  planner::PlanSpec spec = chain_spec();
   spec.headroom = 16u << 20;  // 624 MiB usable: b1 and tail.w0 (610 MiB) still fit
-  const PlanResult loose = run_plan(spec);
+  const planner::PlanResult loose = planner::run_plan(spec);
   ASSERT_NE(loose.best(), nullptr);
   EXPECT_EQ(loose.best()->figures.peak_device_used, 610 * (std::int64_t{1} << 20));
   spec.headroom = 40u << 20;  // 600 MiB: no set of modules brings it that low
-  const PlanResult tight = run_plan(spec);
-  for (const Plan& p : tight.plans) {
+  const planner::PlanResult tight = planner::run_plan(spec);
+  for (const planner::Plan& p : tight.plans) {
     if (p.fits()) {
       EXPECT_LE(p.figures.peak_device_used, 600 * (std::int64_t{1} << 20)) << p.label();
     }
   }
-  const bool over = std::any_of(tight.plans.begin(), tight.plans.end(), [](const Plan& p) { return p.over_headroom; });
+  const bool over = std::any_of(tight.plans.begin(), tight.plans.end(), [](const planner::Plan& p) { return p.over_headroom; });
   EXPECT_TRUE(over);
   spec.headroom = 640u << 20;
-  EXPECT_THROW(run_plan(spec), UsageError);
+  EXPECT_THROW(planner::run_plan(spec), UsageError);
 }
 
 TEST(Plan, RefusesListsAndComputeMode) {
-  PlanSpec spec = chain_spec();
+  planner::PlanSpec spec = chain_spec();
   spec.base.precisions = {nn::Precision::F32, nn::Precision::BF16};
-  EXPECT_THROW(run_plan(spec), UsageError);
+  EXPECT_THROW(planner::run_plan(spec), UsageError);
   spec = chain_spec();
   spec.base.alloc_confs = {"", "expandable_segments:True"};
-  EXPECT_THROW(run_plan(spec), UsageError);
+  EXPECT_THROW(planner::run_plan(spec), UsageError);
   spec = chain_spec();
   spec.base.mode = nn::ExecMode::Compute;
-  EXPECT_THROW(run_plan(spec), UsageError);
+  EXPECT_THROW(planner::run_plan(spec), UsageError);
 }
 
 // --- the cheap model -----------------------------------------------------------------------
@@ -185,18 +185,18 @@ TEST(Plan, RefusesListsAndComputeMode) {
 TEST(PlanModel, TheBackwardReplayKeepsOneWideBlockWhenTheRightTwoAreCheckpointed) {
   // Saves in forward order: a 10-byte module, a 100-byte one (input 1), a 100-byte tail
   // pair under "t" (each input 1). Nothing checkpointed: all 310 live at the backward's start.
-  StepProfile p;
+  planner::StepProfile p;
   p.saves = {{"a", 10}, {"w", 100}, {"t.x", 100}, {"t.y", 100}};
   p.modules = {{"a", 10, 1, 1, 0, 1}, {"w", 100, 1, 1, 1, 2}, {"t", 200, 1, 2, 2, 4},
                {"t.x", 100, 1, 1, 2, 3}, {"t.y", 100, 1, 1, 3, 4}};
-  EXPECT_EQ(estimated_peak(p, {}), 310);
+  EXPECT_EQ(planner::estimated_peak(p, {}), 310);
   // w and t.x: 10 + 100 (t.y) + two inputs at the start; t.x's recompute after t.y's backward.
-  EXPECT_EQ(estimated_peak(p, {1, 3}), 112);
+  EXPECT_EQ(planner::estimated_peak(p, {1, 3}), 112);
   // The last module (t.y) checkpointed saves nothing: it comes back at once.
-  EXPECT_EQ(estimated_peak(p, {4}), 311);
+  EXPECT_EQ(planner::estimated_peak(p, {4}), 311);
   // The whole tail: its two come back together, with w still held.
-  EXPECT_EQ(estimated_peak(p, {2}), 311);
-  const CheckpointSequence seq = checkpoint_sequence(p, 198);
+  EXPECT_EQ(planner::estimated_peak(p, {2}), 311);
+  const planner::CheckpointSequence seq = planner::checkpoint_sequence(p, 198);
   ASSERT_GE(seq.modules.size(), 2u);
   std::vector<std::string> first(seq.modules.begin(), seq.modules.begin() + 2);
   std::sort(first.begin(), first.end());
@@ -208,13 +208,13 @@ TEST(PlanModel, TheProfileCountsEachModulesSavesInputsAndFlops) {
   nn::TrainConfig cfg;
   cfg.model = models::ModelFile::load(kChain);
   cfg.device = "sim:capacity=640MiB,context=0";
-  const StepProfile p = profile_step(cfg);
+  const planner::StepProfile p = planner::profile_step(cfg);
   const auto find = [&](const std::string& path) {
-    const auto it = std::find_if(p.modules.begin(), p.modules.end(), [&](const ModuleCost& m) { return m.path == path; });
+    const auto it = std::find_if(p.modules.begin(), p.modules.end(), [&](const planner::ModuleCost& m) { return m.path == path; });
     EXPECT_NE(it, p.modules.end()) << path;
     return *it;
   };
-  const ModuleCost b1 = find("b1"), w0 = find("tail.w0"), tail = find("tail");
+  const planner::ModuleCost b1 = find("b1"), w0 = find("tail.w0"), tail = find("tail");
   // A wide block at batch 4096: its input (4 MiB), the ReLU's output (64 MiB) kept by ReLU and down.
   EXPECT_EQ(b1.input_bytes, 4u << 20);
   EXPECT_EQ(b1.saved_bytes, (4u << 20) + (64u << 20));
@@ -323,7 +323,7 @@ TEST(CheckpointModules, BadPathsAreRefusedNamingWhatExists) {
 // --- the code ----------------------------------------------------------------------------------
 
 TEST(PlanCode, NamesTheModulesForApplyActivationCheckpointing) {
-  const PlanResult r = run_plan(chain_spec());
+  const planner::PlanResult r = planner::run_plan(chain_spec());
   ASSERT_NE(r.best(), nullptr);
   const std::string code = plan_code(r, *r.best());
   EXPECT_NE(code.find("apply_activation_checkpointing("), std::string::npos) << code;
@@ -369,20 +369,20 @@ std::pair<std::int64_t, std::int64_t> measured(const std::string& which, const s
 }
 
 /// The configuration on sim:h200, as given and with the plan's modules.
-std::pair<RunFigures, RunFigures> predicted(SweepSpec spec, const std::vector<std::string>& modules) {
+std::pair<planner::RunFigures, planner::RunFigures> predicted(planner::SweepSpec spec, const std::vector<std::string>& modules) {
   spec.device = "sim:h200";
   spec.segments = {0};
   spec.alloc_confs = {""};
-  const SweepResult plain = run_sweep(spec);
+  const planner::SweepResult plain = planner::run_sweep(spec);
   spec.checkpoint_modules = modules;
   if (!spec.model->describe(spec.model_options).sequential_checkpointing) spec.model_options.checkpoint = "non-reentrant";
-  const SweepResult planned = run_sweep(spec);
+  const planner::SweepResult planned = planner::run_sweep(spec);
   EXPECT_TRUE(plain.rows.at(0).fits() && planned.rows.at(0).fits());
   return {plain.rows.at(0).figures, planned.rows.at(0).figures};
 }
 
 TEST(PlanReference, Llama8bLoraWithThePlannedLayersMatchesTheH200) {
-  SweepSpec spec;
+  planner::SweepSpec spec;
   spec.model = models::find("llama-3.1-8b");
   spec.model_options = nn::ModelOptions::parse("lora=16,batch=1,seq=2048,attn=sdpa,built_on=gpu");
   spec.precisions = {nn::Precision::BF16};
@@ -399,7 +399,7 @@ TEST(PlanReference, Llama8bLoraWithThePlannedLayersMatchesTheH200) {
 }
 
 TEST(PlanReference, Resnet152SavesWhatTheH200Saved) {
-  SweepSpec spec;
+  planner::SweepSpec spec;
   spec.model = models::find("resnet152");
   spec.model_options = nn::ModelOptions::parse("batch=256");
   spec.precisions = {nn::Precision::F32};
@@ -414,7 +414,7 @@ TEST(PlanReference, Resnet152SavesWhatTheH200Saved) {
 }
 
 TEST(PlanReference, Gpt2XlWithThePlannedAttentionModulesMatchesTheH200) {
-  SweepSpec spec;
+  planner::SweepSpec spec;
   spec.model = models::load_hf_config(std::string(VRAMSCOPE_TEST_DATA_DIR) + "/../../models/zoo/hf/gpt2-xl.json");
   spec.model_options = nn::ModelOptions::parse("batch=4,seq=1024");
   spec.precisions = {nn::Precision::BF16};
@@ -431,11 +431,11 @@ TEST(PlanReference, Gpt2XlWithThePlannedAttentionModulesMatchesTheH200) {
 TEST(PlanCode, ADecoderBeforeTransformers452IsWrappedByName) {
   // transformers 4.50 has no per-layer gradient_checkpointing flag: the layers are wrapped by
   // name, PEFT's prefix taken off.
-  PlanSpec spec = spec_of(models::find("llama-3.2-1b"), "batch=4,seq=2048,lora=16,attn=sdpa",
+  planner::PlanSpec spec = spec_of(models::find("llama-3.2-1b"), "batch=4,seq=2048,lora=16,attn=sdpa",
                           "sim:rtx4090", nn::Precision::BF16);  // 8 of the 16 layers fit
   spec.base.stack = nn::Stack::parse("torch=2.11,transformers=4.50");
-  spec.search = PlanSearch{false, false, false, false};
-  const PlanResult r = run_plan(spec);
+  spec.search = planner::PlanSearch{false, false, false, false};
+  const planner::PlanResult r = planner::run_plan(spec);
   ASSERT_NE(r.best(), nullptr);
   ASSERT_TRUE(r.best()->checkpoint_modules.has_value());
   const std::string code = plan_code(r, *r.best());

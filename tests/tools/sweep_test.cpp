@@ -6,8 +6,8 @@
 
 #include <algorithm>
 
-#include "accepted_segments.hpp"
-#include "sweep.hpp"
+#include "vramscope/planner/accepted_segments.hpp"
+#include "vramscope/planner/sweep.hpp"
 #include "sweep_export.hpp"
 #include "sweep_report.hpp"
 #include "usage_error.hpp"
@@ -18,8 +18,8 @@
 namespace mem::tools {
 namespace {
 
-SweepSpec small_spec() {
-  SweepSpec spec;
+planner::SweepSpec small_spec() {
+  planner::SweepSpec spec;
   spec.model = models::find("mlp");
   spec.model_options = nn::ModelOptions::parse("depth=6,width=512,batch=512");
   spec.device = "sim:capacity=2GiB,context=128MiB";
@@ -30,7 +30,7 @@ SweepSpec small_spec() {
   return spec;
 }
 
-nn::TrainReport reference(const SweepSpec& spec, const SweepRow& row) {
+nn::TrainReport reference(const planner::SweepSpec& spec, const planner::SweepRow& row) {
   nn::TrainConfig cfg;
   cfg.model = spec.model;
   cfg.model_options = spec.model_options;
@@ -43,11 +43,11 @@ nn::TrainReport reference(const SweepSpec& spec, const SweepRow& row) {
 }
 
 TEST(Sweep, FiguresEqualTheRuntimesOwnReport) {
-  const SweepSpec spec = small_spec();
-  const SweepResult result = run_sweep(spec);
+  const planner::SweepSpec spec = small_spec();
+  const planner::SweepResult result = planner::run_sweep(spec);
   ASSERT_EQ(result.rows.size(), 8u);
   EXPECT_TRUE(result.baselines.empty());
-  for (const SweepRow& row : result.rows) {
+  for (const planner::SweepRow& row : result.rows) {
     SCOPED_TRACE(row.label());
     ASSERT_TRUE(row.fits());
     const nn::TrainReport ref = reference(spec, row);
@@ -66,9 +66,9 @@ TEST(Sweep, FiguresEqualTheRuntimesOwnReport) {
 }
 
 TEST(Sweep, SavingIsAgainstTheSameDtypeWithoutCheckpointing) {
-  const SweepResult result = run_sweep(small_spec());
-  for (const SweepRow& row : result.rows) {
-    const auto base = std::find_if(result.rows.begin(), result.rows.end(), [&](const SweepRow& r) {
+  const planner::SweepResult result = planner::run_sweep(small_spec());
+  for (const planner::SweepRow& row : result.rows) {
+    const auto base = std::find_if(result.rows.begin(), result.rows.end(), [&](const planner::SweepRow& r) {
       return r.precision == row.precision && r.segments == 0;
     });
     ASSERT_NE(base, result.rows.end());
@@ -80,14 +80,14 @@ TEST(Sweep, SavingIsAgainstTheSameDtypeWithoutCheckpointing) {
 }
 
 TEST(Sweep, BestIsTheLowestNvidiaSmiPeakOfEachDtype) {
-  const SweepResult result = run_sweep(small_spec());
+  const planner::SweepResult result = planner::run_sweep(small_spec());
   for (const nn::Precision p : {nn::Precision::F32, nn::Precision::F16}) {
     std::int64_t lowest = INT64_MAX;
-    for (const SweepRow& r : result.rows) {
+    for (const planner::SweepRow& r : result.rows) {
       if (r.precision == p) lowest = std::min(lowest, r.figures.peak_device_used);
     }
     int marked = 0;
-    for (const SweepRow& r : result.rows) {
+    for (const planner::SweepRow& r : result.rows) {
       if (r.precision != p || !r.best) continue;
       ++marked;
       EXPECT_EQ(r.figures.peak_device_used, lowest);
@@ -97,14 +97,14 @@ TEST(Sweep, BestIsTheLowestNvidiaSmiPeakOfEachDtype) {
 }
 
 TEST(Sweep, OutOfMemoryIsARowAndTheSweepGoesOn) {
-  SweepSpec spec = small_spec();
+  planner::SweepSpec spec = small_spec();
   spec.model_options = nn::ModelOptions::parse("depth=16,width=1024,batch=4096");
   spec.device = "sim:capacity=824MiB,context=100MiB";
   spec.segments = {0, 4};
   spec.precisions = {nn::Precision::F32};
-  const SweepResult result = run_sweep(spec);
+  const planner::SweepResult result = planner::run_sweep(spec);
   ASSERT_EQ(result.rows.size(), 2u);
-  const SweepRow& oom = result.rows[0];
+  const planner::SweepRow& oom = result.rows[0];
   ASSERT_FALSE(oom.fits());
   const auto& f = oom.oom->figures;
   EXPECT_EQ(f.device_total, 824 * MiB);
@@ -115,13 +115,13 @@ TEST(Sweep, OutOfMemoryIsARowAndTheSweepGoesOn) {
   EXPECT_NE(oom.oom->phase, Phase::None);
   // What it needs, measured without the limit, is what the runtime measures on a big device.
   ASSERT_TRUE(oom.unlimited.has_value());
-  SweepSpec big = spec;
+  planner::SweepSpec big = spec;
   big.device = "sim:capacity=64GiB,context=100MiB";
   const nn::TrainReport ref = reference(big, oom);
   EXPECT_EQ(oom.unlimited->peak_allocated, ref.peak_allocated);
   EXPECT_GT(oom.unlimited->peak_device_used, static_cast<std::int64_t>(824 * MiB));
 
-  const SweepRow& fits = result.rows[1];
+  const planner::SweepRow& fits = result.rows[1];
   EXPECT_TRUE(fits.fits());
   EXPECT_TRUE(fits.best);
   ASSERT_TRUE(fits.saving.has_value());
@@ -129,13 +129,13 @@ TEST(Sweep, OutOfMemoryIsARowAndTheSweepGoesOn) {
 }
 
 TEST(Sweep, BaselineRunWhenZeroSegmentsIsNotAsked) {
-  SweepSpec spec = small_spec();
+  planner::SweepSpec spec = small_spec();
   spec.segments = {2, 3};
   spec.precisions = {nn::Precision::F32};
-  const SweepResult result = run_sweep(spec);
+  const planner::SweepResult result = planner::run_sweep(spec);
   ASSERT_EQ(result.baselines.size(), 1u);
   const std::int64_t base = result.baselines[0].figures.peak_allocated;
-  for (const SweepRow& row : result.rows) {
+  for (const planner::SweepRow& row : result.rows) {
     ASSERT_TRUE(row.saving.has_value());
     EXPECT_EQ(*row.saving, base - row.figures.peak_allocated);
   }
@@ -144,16 +144,16 @@ TEST(Sweep, BaselineRunWhenZeroSegmentsIsNotAsked) {
 TEST(Sweep, AConfigurationPyTorchRefusesIsAnErrorRowNeverBest) {
   // PyTorch 2.11 refuses checkpoint_sequential(resnet50, 8): segment 2 begins with the stem's
   // ReLU(inplace=True), which modifies the input that segment's checkpoint saved.
-  SweepSpec spec;
+  planner::SweepSpec spec;
   spec.model = models::find("resnet50");
   spec.model_options = nn::ModelOptions::parse("batch=2,image=32,classes=10");
   spec.device = "sim:h100-80g";
   spec.segments = {0, 2, 4, 8};
   spec.precisions = {nn::Precision::F32, nn::Precision::F16};
   spec.alloc_confs = {""};
-  const SweepResult result = run_sweep(spec);
+  const planner::SweepResult result = planner::run_sweep(spec);
   ASSERT_EQ(result.rows.size(), 8u);
-  for (const SweepRow& row : result.rows) {
+  for (const planner::SweepRow& row : result.rows) {
     SCOPED_TRACE(row.label());
     EXPECT_FALSE(row.oom.has_value());
     if (row.segments != 8) {
@@ -179,7 +179,7 @@ TEST(Sweep, AConfigurationPyTorchRefusesIsAnErrorRowNeverBest) {
   // One best per dtype, always among the rows that ran.
   for (const nn::Precision p : spec.precisions) {
     const auto best = std::count_if(result.rows.begin(), result.rows.end(),
-                                    [&](const SweepRow& r) { return r.precision == p && r.best; });
+                                    [&](const planner::SweepRow& r) { return r.precision == p && r.best; });
     EXPECT_EQ(best, 1);
   }
 
@@ -215,52 +215,52 @@ TEST(Sweep, AConfigurationPyTorchRefusesIsAnErrorRowNeverBest) {
 
 TEST(Sweep, AcceptedSegmentCountsOnlyWhenARowWasRefused) {
   // The mlp depth 6 with inplace ReLU that PyTorch ran on an H100: 4 and 7 refused.
-  SweepSpec spec = small_spec();
+  planner::SweepSpec spec = small_spec();
   spec.model = models::find("mlp");
   spec.model_options = nn::ModelOptions::parse("depth=6,width=64,batch=4,inplace=1");
   spec.segments = {0, 4};
   spec.precisions = {nn::Precision::F32};
-  const SweepResult refused = run_sweep(spec);
+  const planner::SweepResult refused = planner::run_sweep(spec);
   ASSERT_TRUE(refused.accepted_segments.has_value());
   EXPECT_EQ(*refused.accepted_segments, (std::vector<std::size_t>{1, 2, 3, 5, 6}));
-  EXPECT_EQ(describe_segment_counts(*refused.accepted_segments), "0 (none), 2-3, 5-6");
+  EXPECT_EQ(planner::describe_segment_counts(*refused.accepted_segments), "0 (none), 2-3, 5-6");
   spec.segments = {0, 5};
-  const SweepResult fine = run_sweep(spec);
+  const planner::SweepResult fine = planner::run_sweep(spec);
   EXPECT_FALSE(fine.accepted_segments.has_value());
   EXPECT_TRUE(sweep_json(fine)["accepted_segments"].is_null());
   EXPECT_EQ(sweep_report(fine).find("Segment counts PyTorch accepts"), std::string::npos);
 }
 
 TEST(Sweep, SegmentCountsReadAsTheSweepsOption) {
-  EXPECT_EQ(describe_segment_counts(std::vector<std::size_t>{}), "none");
-  EXPECT_EQ(describe_segment_counts(std::vector<std::size_t>{1}), "0 (none)");
-  EXPECT_EQ(describe_segment_counts(std::vector<std::size_t>{2}), "2");
-  EXPECT_EQ(describe_segment_counts(std::vector<std::size_t>{1, 2, 3, 4, 5}), "0 (none), 2-5");
-  EXPECT_EQ(describe_segment_counts(std::vector<std::size_t>{3, 5, 6, 9}), "3, 5-6, 9");
+  EXPECT_EQ(planner::describe_segment_counts(std::vector<std::size_t>{}), "none");
+  EXPECT_EQ(planner::describe_segment_counts(std::vector<std::size_t>{1}), "0 (none)");
+  EXPECT_EQ(planner::describe_segment_counts(std::vector<std::size_t>{2}), "2");
+  EXPECT_EQ(planner::describe_segment_counts(std::vector<std::size_t>{1, 2, 3, 4, 5}), "0 (none), 2-5");
+  EXPECT_EQ(planner::describe_segment_counts(std::vector<std::size_t>{3, 5, 6, 9}), "3, 5-6, 9");
   // Past the bound the search is not made, and the hint says why (bounded work).
-  EXPECT_NE(describe_segment_counts(std::nullopt).find("not searched beyond 512"), std::string::npos);
+  EXPECT_NE(planner::describe_segment_counts(std::nullopt).find("not searched beyond 512"), std::string::npos);
 }
 
 TEST(Sweep, ValidationNamesWhatIsValid) {
-  SweepSpec spec = small_spec();
+  planner::SweepSpec spec = small_spec();
   spec.segments = {13};  // mlp depth 6 has 12 sequential modules
   try {
-    validate_sweep(spec);
+    planner::validate_sweep(spec);
     FAIL() << "no error";
   } catch (const UsageError& e) {
     EXPECT_NE(std::string(e.what()).find("12"), std::string::npos) << e.what();
   }
   spec.segments = {12};
-  EXPECT_NO_THROW(validate_sweep(spec));
+  EXPECT_NO_THROW(planner::validate_sweep(spec));
   EXPECT_THROW(models::find("nosuchnet"), Error);
   spec.model = nullptr;
-  EXPECT_THROW(validate_sweep(spec), UsageError);
+  EXPECT_THROW(planner::validate_sweep(spec), UsageError);
   spec = small_spec();
   spec.device = "sim:capacity=lots";
-  EXPECT_THROW(validate_sweep(spec), UsageError);
+  EXPECT_THROW(planner::validate_sweep(spec), UsageError);
   spec = small_spec();
   spec.alloc_confs = {"max_split_size_mb:-1"};
-  EXPECT_THROW(validate_sweep(spec), UsageError);
+  EXPECT_THROW(planner::validate_sweep(spec), UsageError);
 }
 
 }  // namespace

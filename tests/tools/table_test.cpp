@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "progress.hpp"
-#include "sweep.hpp"
+#include "vramscope/planner/sweep.hpp"
 #include "sweep_export.hpp"
 #include "sweep_plot.hpp"
 #include "table.hpp"
@@ -134,11 +134,11 @@ TEST(Svg, EscapesText) { EXPECT_EQ(xml_escape("a<b & \"c\""), "a&lt;b &amp; &quo
 
 TEST(Segments, AutoRangeAroundSqrt) {
   // 512 modules: sqrt = 22.6, powers of two up to 8 * sqrt = 181.
-  EXPECT_EQ(auto_segments(512), (std::vector<std::size_t>{0, 2, 4, 8, 16, 23, 32, 64, 128, 512}));
+  EXPECT_EQ(planner::auto_segments(512), (std::vector<std::size_t>{0, 2, 4, 8, 16, 23, 32, 64, 128, 512}));
   // 32 modules: sqrt = 5.66; the powers stop at the module count.
-  EXPECT_EQ(auto_segments(32), (std::vector<std::size_t>{0, 2, 4, 6, 8, 16, 32}));
-  EXPECT_EQ(auto_segments(1), (std::vector<std::size_t>{0}));
-  EXPECT_EQ(auto_segments(4), (std::vector<std::size_t>{0, 2, 4}));
+  EXPECT_EQ(planner::auto_segments(32), (std::vector<std::size_t>{0, 2, 4, 6, 8, 16, 32}));
+  EXPECT_EQ(planner::auto_segments(1), (std::vector<std::size_t>{0}));
+  EXPECT_EQ(planner::auto_segments(4), (std::vector<std::size_t>{0, 2, 4}));
 }
 
 TEST(Args, SplitList) {
@@ -160,9 +160,9 @@ TEST(Args, BadNamesAreUsageErrorsNamingWhatIsValid) {
     EXPECT_NE(m.find("f16"), std::string::npos) << m;
     EXPECT_EQ(m.find('\n'), std::string::npos) << m;
   }
-  EXPECT_THROW(check_alloc_conf("max_split_size_mb:abc"), UsageError);
-  EXPECT_THROW(check_device("sim:nosuchgpu", nn::ExecMode::DryRun), UsageError);
-  EXPECT_NO_THROW(check_device("sim:rtx2080s", nn::ExecMode::DryRun));
+  EXPECT_THROW(planner::check_alloc_conf("max_split_size_mb:abc"), UsageError);
+  EXPECT_THROW(planner::check_device("sim:nosuchgpu", nn::ExecMode::DryRun), UsageError);
+  EXPECT_NO_THROW(planner::check_device("sim:rtx2080s", nn::ExecMode::DryRun));
 }
 
 }  // namespace

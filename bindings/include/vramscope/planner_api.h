@@ -1,4 +1,4 @@
-/* planner_api.h — vramscope's sweep, max batch and planner as a C library
+/* planner_api.h — vramscope's sweep, max batch, planner and trace as a C library
  * (libvramscope_planner.so), for the Python API (vramscope.estimate, sweep, max_batch, plan)
  * and any other caller: the command's options in, its JSON document out, in this process.
  * The figures are the command's `--format json` ones bit for bit (the same code from the
@@ -19,11 +19,12 @@
 extern "C" {
 #endif
 
-#define VRAMSCOPE_PLANNER_API_VERSION 2
+#define VRAMSCOPE_PLANNER_API_VERSION 3  /* 3: trace */
 
 __attribute__((visibility("default"))) int vramscope_planner_api_version(void);
 
-/* Runs `vramscope ARGV...`: "sweep" (with --max-batch too) or "plan", and their options.
+/* Runs `vramscope ARGV...`: "sweep" (with --max-batch too), "plan" or "trace" (its per-module log,
+ * figures, memory plot as SVG text and printed log as the document), and their options.
  * Returns 0 with *out the JSON document; 2 when the options are refused (the command's exit 2),
  * 1 when the run failed (exit 1): then *out is the one-line message (NULL only when not even
  * that could be allocated). Free *out with vramscope_planner_free. Output options (--format,

@@ -1,16 +1,16 @@
 // plan_model.cpp — the profile run and the backward replayed on its figures.
-#include "plan_model.hpp"
+#include "vramscope/planner/plan_model.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <unordered_map>
 
-#include "saved_tensors.hpp"
-#include "sweep.hpp"
+#include "vramscope/planner/saved_tensors.hpp"
+#include "vramscope/planner/sweep.hpp"
 #include "vramscope/runtime/checkpoint_modules.hpp"
 #include "vramscope/runtime/data_parallel.hpp"
 
-namespace mem::tools {
+namespace mem::planner {
 
 namespace {
 
@@ -196,4 +196,4 @@ CheckpointSequence checkpoint_sequence(const StepProfile& profile, std::int64_t 
   return out;
 }
 
-}  // namespace mem::tools
+}  // namespace mem::planner

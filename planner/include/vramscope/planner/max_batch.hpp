@@ -3,8 +3,8 @@
 // doubling from batch 1 until a run fails, then bisection between the last batch
 // that fitted and the first that did not.
 //
-//   mem::tools::SweepSpec spec = ...;          // batches must be empty
-//   mem::tools::MaxBatchResult r = mem::tools::find_max_batches(spec);
+//   mem::planner::SweepSpec spec = ...;          // batches must be empty
+//   mem::planner::MaxBatchResult r = mem::planner::find_max_batches(spec);
 //   for (const auto& row : r.rows) fmt::print("{}: {}\n", row.label(), row.max_batch);
 #pragma once
 
@@ -14,9 +14,9 @@
 #include <string>
 #include <vector>
 
-#include "sweep.hpp"
+#include "vramscope/planner/sweep.hpp"
 
-namespace mem::tools {
+namespace mem::planner {
 
 struct MaxBatchRow {
   std::size_t segments = 0;               ///< as asked; 0 = no checkpointing
@@ -57,4 +57,4 @@ MaxBatchRow find_max_batch(const SweepSpec& spec, const SweepRow& row);
 /// the mode must be the dry run). Throws UsageError for a spec that does not apply.
 MaxBatchResult find_max_batches(const SweepSpec& spec, const SweepProgress& progress = {});
 
-}  // namespace mem::tools
+}  // namespace mem::planner

@@ -3,11 +3,11 @@
 // keeps for backward, its input, its forward FLOPs); the model orders the candidates, and
 // every plan kept is decided and measured by full dry runs through the allocator.
 //
-//   mem::tools::PlanSpec spec;
+//   mem::planner::PlanSpec spec;
 //   spec.base.model = mem::models::find("resnet152");
 //   spec.base.model_options.batch = 256;
 //   spec.base.device = "sim:a100-40g";
-//   mem::tools::PlanResult r = mem::tools::run_plan(spec);
+//   mem::planner::PlanResult r = mem::planner::run_plan(spec);
 //   r.best();   // the first plan that fits: least change, least recompute, least memory
 #pragma once
 
@@ -18,10 +18,10 @@
 #include <string>
 #include <vector>
 
-#include "plan_model.hpp"
-#include "sweep.hpp"
+#include "vramscope/planner/plan_model.hpp"
+#include "vramscope/planner/sweep.hpp"
 
-namespace mem::tools {
+namespace mem::planner {
 
 /// What a plan changes, in the order plans are preferred: the step's arithmetic untouched
 /// (checkpointing reruns the same forward; the allocator setting moves no number), then
@@ -113,4 +113,4 @@ using PlanProgress = std::function<void(std::size_t, const std::string&)>;
 /// Validates the spec (UsageError), then searches. Every plan in the result was run.
 PlanResult run_plan(const PlanSpec& spec, const PlanProgress& progress = {});
 
-}  // namespace mem::tools
+}  // namespace mem::planner

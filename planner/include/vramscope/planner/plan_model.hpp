@@ -11,7 +11,7 @@
 
 #include "vramscope/runtime/training.hpp"
 
-namespace mem::tools {
+namespace mem::planner {
 
 /// One module with a path, its subtree's figures from the profile's first forward.
 struct ModuleCost {
@@ -67,4 +67,4 @@ struct CheckpointSequence {
 CheckpointSequence checkpoint_sequence(const StepProfile& profile, std::int64_t deficit, bool exhaustive = false,
                                        std::size_t candidates = 256);
 
-}  // namespace mem::tools
+}  // namespace mem::planner

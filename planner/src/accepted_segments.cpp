@@ -1,15 +1,15 @@
 // accepted_segments.cpp — a dry run per segment count, on a device without a
 // capacity limit, to find the counts autograd accepts.
-#include "accepted_segments.hpp"
+#include "vramscope/planner/accepted_segments.hpp"
 
 #include <fmt/format.h>
 
-#include "sweep.hpp"
+#include "vramscope/planner/sweep.hpp"
 #include "vramscope/allocator/caching_allocator.hpp"
 #include "vramscope/runtime/autograd.hpp"
 #include "vramscope/runtime/models.hpp"
 
-namespace mem::tools {
+namespace mem::planner {
 
 std::optional<std::vector<std::size_t>> accepted_segment_counts(nn::TrainConfig cfg,
                                                                 const DeviceInfo& device) {
@@ -55,4 +55,4 @@ std::string describe_segment_counts(const std::optional<std::vector<std::size_t>
   return out.empty() ? "none" : out;
 }
 
-}  // namespace mem::tools
+}  // namespace mem::planner

@@ -8,14 +8,14 @@
 #include "vramscope/allocator/device.hpp"
 #include "vramscope/runtime/training.hpp"
 
-namespace mem::tools {
+namespace mem::planner {
 
 /// Host memory available to this process: $VRAMSCOPE_HOST_MEMORY (bytes or "16GiB", for
 /// containers whose limit /proc/meminfo does not show, and for tests), else MemAvailable.
 std::size_t available_host_memory();
 
-/// Throws CommandFailed when `cfg` in compute mode would reserve more host memory (its
+/// Throws RunFailed when `cfg` in compute mode would reserve more host memory (its
 /// device's peak reserved, which a dry run reproduces exactly) than is available.
 void check_host_memory_for_compute(const nn::TrainConfig& cfg, const DeviceInfo& device);
 
-}  // namespace mem::tools
+}  // namespace mem::planner

@@ -16,7 +16,7 @@
 #include "vramscope/runtime/autograd.hpp"
 #include "vramscope/runtime/modules.hpp"
 
-namespace mem::tools {
+namespace mem::planner {
 
 struct SavedByModule {
   std::string module;   ///< full dotted path; "" for code outside any module (the root's)
@@ -33,8 +33,6 @@ class SavedTensorLog {
   /// Modules in the order of their first save.
   const std::vector<SavedByModule>& rows() const noexcept { return rows_; }
   std::size_t total_bytes() const noexcept;
-  /// module,type,tensors,bytes; `type_of` gives each module's class ("" for none).
-  std::string csv(const ModuleTypeFn& type_of) const;
 
  private:
   void saved(const nn::Tensor& tensor);
@@ -46,4 +44,4 @@ class SavedTensorLog {
   std::unordered_map<std::string, std::size_t> row_of_;
 };
 
-}  // namespace mem::tools
+}  // namespace mem::planner

@@ -10,7 +10,7 @@
 #include "vramscope/allocator/device.hpp"
 #include "vramscope/runtime/training.hpp"
 
-namespace mem::tools {
+namespace mem::planner {
 
 /// The segment counts k in 1..n (n = the model's sequential modules; 1 = no
 /// checkpointing) at which one training step of `cfg`'s model runs without an
@@ -28,4 +28,4 @@ std::optional<std::vector<std::size_t>> accepted_segment_counts(nn::TrainConfig 
 /// why.
 std::string describe_segment_counts(const std::optional<std::vector<std::size_t>>& counts);
 
-}  // namespace mem::tools
+}  // namespace mem::planner

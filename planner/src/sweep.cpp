@@ -1,7 +1,7 @@
 // sweep.cpp — runs the configurations of a sweep and measures each one on its
 // own allocator: peaks come from an observer that sees the allocator's totals
 // after every event, so nothing printed is estimated.
-#include "sweep.hpp"
+#include "vramscope/planner/sweep.hpp"
 
 #include <fmt/format.h>
 
@@ -13,17 +13,17 @@
 #include <span>
 #include <tuple>
 
-#include "accepted_segments.hpp"
-#include "host_memory.hpp"
-#include "model_args.hpp"
-#include "usage_error.hpp"
+#include "vramscope/planner/accepted_segments.hpp"
+#include "vramscope/planner/host_memory.hpp"
+#include "vramscope/planner/checks.hpp"
+#include "vramscope/planner/errors.hpp"
 #include "vramscope/allocator/caching_allocator.hpp"
 #include "vramscope/allocator/observer.hpp"
 #include "vramscope/instrumentation/peaks.hpp"
 #include "vramscope/allocator/sim_device.hpp"
 #include "vramscope/allocator/units.hpp"
 
-namespace mem::tools {
+namespace mem::planner {
 
 namespace {
 
@@ -410,7 +410,19 @@ SweepResult run_sweep(const SweepSpec& spec_in, const SweepProgress& progress) {
       planned -= spec.segments.size() - 1;
       rows.push_back(run_row(g, 0));
     } else {
-      for (const std::size_t k : spec.segments) rows.push_back(run_row(g, k));
+      for (const std::size_t k : spec.segments) {
+        if (!rows.empty() && rows.front().weights_alone > 0) {
+          // The parameters are allocated before any segment runs, so every count fails there
+          // the same way: the first row's failure is theirs (a model of 100,000 layers builds
+          // once, not once per count).
+          SweepRow same = rows.front();
+          same.segments = k;
+          rows.push_back(std::move(same));
+          ++done;
+          continue;
+        }
+        rows.push_back(run_row(g, k));
+      }
     }
     if (spec.refine_segments && !whole) refine_around_best(rows, best_of, [&](std::size_t k) {
       ++planned;
@@ -491,4 +503,4 @@ SweepResult run_sweep(const SweepSpec& spec_in, const SweepProgress& progress) {
   return result;
 }
 
-}  // namespace mem::tools
+}  // namespace mem::planner

@@ -1,5 +1,5 @@
 // host_memory.cpp — the host memory a --compute run needs, checked before it starts.
-#include "host_memory.hpp"
+#include "vramscope/planner/host_memory.hpp"
 
 #include <unistd.h>
 
@@ -10,13 +10,12 @@
 
 #include <fmt/format.h>
 
-#include "commands.hpp"
-#include "sweep.hpp"
-#include "usage_error.hpp"
+#include "vramscope/planner/sweep.hpp"
+#include "vramscope/planner/errors.hpp"
 #include "vramscope/allocator/caching_allocator.hpp"
 #include "vramscope/allocator/units.hpp"
 
-namespace mem::tools {
+namespace mem::planner {
 
 std::size_t available_host_memory() {
   if (const char* given = std::getenv("VRAMSCOPE_HOST_MEMORY")) {
@@ -52,7 +51,7 @@ void check_host_memory_for_compute(const nn::TrainConfig& cfg, const DeviceInfo&
   const std::size_t available = available_host_memory();
   // A tenth kept for the process itself (the model, the autograd graph, the libraries).
   if (available != 0 && need > available - available / 10) {
-    throw CommandFailed(fmt::format(
+    throw RunFailed(fmt::format(
         "--compute: this run would hold {} of host memory (its simulated GPU's peak reserved, "
         "backed by host memory) and this machine has {} available; drop --compute (the dry run "
         "gives the same memory figures) or lower --batch",
@@ -60,4 +59,4 @@ void check_host_memory_for_compute(const nn::TrainConfig& cfg, const DeviceInfo&
   }
 }
 
-}  // namespace mem::tools
+}  // namespace mem::planner

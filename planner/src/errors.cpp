@@ -1,7 +1,7 @@
-// usage_error.cpp — one-line error messages for the command.
-#include "usage_error.hpp"
+// errors.cpp — one-line error messages.
+#include "vramscope/planner/errors.hpp"
 
-namespace mem::tools {
+namespace mem::planner {
 
 std::string one_line(std::string text) {
   for (char& ch : text) {
@@ -11,4 +11,4 @@ std::string one_line(std::string text) {
   return text;
 }
 
-}  // namespace mem::tools
+}  // namespace mem::planner

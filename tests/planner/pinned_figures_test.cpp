@@ -7,11 +7,11 @@
 #include <cstdint>
 #include <string>
 
-#include "sweep.hpp"
+#include "vramscope/planner/sweep.hpp"
 #include "vramscope/allocator/sim_device.hpp"
 #include "vramscope/models/zoo.hpp"
 
-namespace mem::tools {
+namespace mem::planner {
 namespace {
 
 struct Pinned {
@@ -56,4 +56,4 @@ TEST(PinnedFigures, ZooModelsGiveTheFiguresOfTheirCppBuilders) {
 }
 
 }  // namespace
-}  // namespace mem::tools
+}  // namespace mem::planner

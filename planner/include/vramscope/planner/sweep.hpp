@@ -1,15 +1,15 @@
 // sweep.hpp — the sweep engine: one training run per configuration (segment
 // count x precision x allocator setting), each on a fresh device and allocator,
-// measured by an observer on that allocator. No printing here: sweep_report,
-// sweep_export and sweep_plot turn a SweepResult into text and files.
+// measured by an observer on that allocator. No printing here: tools/ (sweep_report,
+// sweep_export, sweep_plot) turns a SweepResult into text and files.
 //
-//   mem::tools::SweepSpec spec;
+//   mem::planner::SweepSpec spec;
 //   spec.model = mem::models::find("mlp");
 //   spec.device = "sim:rtx2080s";
 //   spec.segments = {0, 4, 16};
 //   spec.precisions = {mem::nn::Precision::F32};
 //   spec.alloc_confs = {""};
-//   mem::tools::SweepResult r = mem::tools::run_sweep(spec);
+//   mem::planner::SweepResult r = mem::planner::run_sweep(spec);
 #pragma once
 
 #include <cstddef>
@@ -25,7 +25,7 @@
 #include "vramscope/runtime/autograd.hpp"
 #include "vramscope/runtime/training.hpp"
 
-namespace mem::tools {
+namespace mem::planner {
 
 /// What to sweep. Every list must be non-empty (validate_sweep checks).
 struct SweepSpec {
@@ -193,4 +193,4 @@ std::shared_ptr<Device> make_run_device(const SweepSpec& spec);
 /// A simulated device like `info` (context, granularity) without a capacity limit.
 std::shared_ptr<Device> unlimited_twin(const DeviceInfo& info);
 
-}  // namespace mem::tools
+}  // namespace mem::planner

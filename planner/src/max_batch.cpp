@@ -2,7 +2,7 @@
 // Memory grows with the batch, but not strictly (block rounding, the cache's reuse):
 // the answer is a batch that fits whose successor does not, which is what a user
 // trying batches by hand on the GPU would find.
-#include "max_batch.hpp"
+#include "vramscope/planner/max_batch.hpp"
 
 #include <fmt/format.h>
 
@@ -10,11 +10,11 @@
 #include <chrono>
 #include <tuple>
 
-#include "model_args.hpp"
-#include "usage_error.hpp"
+#include "vramscope/planner/checks.hpp"
+#include "vramscope/planner/errors.hpp"
 #include "vramscope/allocator/errors.hpp"
 
-namespace mem::tools {
+namespace mem::planner {
 
 namespace {
 
@@ -154,4 +154,4 @@ MaxBatchResult find_max_batches(const SweepSpec& spec_in, const SweepProgress& p
   return result;
 }
 
-}  // namespace mem::tools
+}  // namespace mem::planner

@@ -1,6 +1,6 @@
 // plan.cpp — the plan search: a profile, then families of plans, each searched with the
 // profile's estimates and decided by dry runs on the device.
-#include "plan.hpp"
+#include "vramscope/planner/plan.hpp"
 
 #include <fmt/format.h>
 
@@ -9,14 +9,13 @@
 #include <cmath>
 #include <map>
 
-#include "commands.hpp"  // CommandFailed
-#include "max_batch.hpp"
-#include "usage_error.hpp"
+#include "vramscope/planner/max_batch.hpp"
+#include "vramscope/planner/errors.hpp"
 #include "vramscope/allocator/units.hpp"
 #include "vramscope/allocator/sim_device.hpp"
 #include "vramscope/runtime/checkpoint.hpp"
 
-namespace mem::tools {
+namespace mem::planner {
 
 std::string_view plan_change_name(PlanChange change) noexcept {
   switch (change) {
@@ -516,7 +515,7 @@ PlanResult run_plan(const PlanSpec& spec_in, const PlanProgress& progress) {
   const std::size_t weights =
       result.model.parameter_bytes(smallest) / (sharded ? std::max<std::size_t>(parallel.world_size, 1) : 1);
   if (weights > result.device.total_bytes) {
-    throw CommandFailed(fmt::format(
+    throw RunFailed(fmt::format(
         "no plan fits: the weights alone are {} in {}{}, more than the {} of {} (then gradients and optimizer "
         "state); a smaller model, or more GPUs to shard it over (--parallel fsdp:N)",
         format_bytes(weights), nn::dtype_name(smallest), sharded ? " on each rank" : "",
@@ -581,4 +580,4 @@ PlanResult run_plan(const PlanSpec& spec_in, const PlanProgress& progress) {
   return result;
 }
 
-}  // namespace mem::tools
+}  // namespace mem::planner

@@ -1,13 +1,12 @@
 // saved_tensors.cpp — per-module saved-for-backward bytes (see saved_tensors.hpp).
-#include "saved_tensors.hpp"
+#include "vramscope/planner/saved_tensors.hpp"
 
 #include <fmt/format.h>
 
-#include "sweep_export.hpp"
 #include "vramscope/instrumentation/module_scope.hpp"
 #include "vramscope/runtime/runtime.hpp"
 
-namespace mem::tools {
+namespace mem::planner {
 
 namespace {
 
@@ -44,12 +43,4 @@ std::size_t SavedTensorLog::total_bytes() const noexcept {
   return total;
 }
 
-std::string SavedTensorLog::csv(const ModuleTypeFn& type_of) const {
-  std::string out = "module,type,tensors,bytes\n";
-  for (const SavedByModule& r : rows_) {
-    out += fmt::format("{},{},{},{}\n", csv_field(r.module), csv_field(type_of(r.module)), r.tensors, r.bytes);
-  }
-  return out;
-}
-
-}  // namespace mem::tools
+}  // namespace mem::planner
