@@ -160,7 +160,9 @@ def place(shown: list[str], output: list[str]):
             if not gap:
                 break  # a run with no gap before it must start right here
         if found is None:
-            found = at if not gap and at < len(output) and output[at].startswith(key) else None
+            # A run with no gap before it is at its place whatever its first line says: check
+            # names the line that differs, update rewrites it.
+            found = at if not gap and at < len(output) else None
         positions.append(found)
         if found is not None:
             at = found + len(lines)

@@ -57,6 +57,7 @@ const std::array kFields = {
     Field{"max_reserved", [](R, W r) { return at_max(r, r.at_max.peak_reserved); }},
     Field{"max_nvidia_smi", [](R, W r) { return at_max(r, r.at_max.peak_device_used); }},
     Field{"recompute_ratio", [](R, W r) -> nlohmann::json { return r.max_batch > 0 ? nlohmann::json(r.at_max.recompute_ratio) : nlohmann::json(nullptr); }},
+    Field{"recompute_share", [](R, W r) -> nlohmann::json { return r.max_batch > 0 ? nlohmann::json(r.at_max.recompute_share) : nlohmann::json(nullptr); }},
     Field{"gradients_missing", [](R, W r) -> nlohmann::json { return r.at_max.gradients_missing; }},
     Field{"next_oom_step", [](R, W r) { return if_over(r, [](const planner::OomFailure& o) { return o.step; }); }},
     Field{"next_oom_phase", [](R, W r) { return if_over(r, [](const planner::OomFailure& o) { return std::string(phase_name(o.phase)); }); }},
@@ -116,7 +117,7 @@ std::string max_batch_report(const planner::MaxBatchResult& result, const Report
       cells.push_back(human_bytes(row.at_max.peak_allocated));
       cells.push_back(human_bytes(row.at_max.peak_reserved));
       cells.push_back(human_bytes(row.at_max.peak_device_used));
-      cells.push_back(human_ratio(row.at_max.recompute_ratio));
+      cells.push_back(human_share(row.at_max.recompute_share));
       cells.push_back(runs_out(row));
     } else {
       const std::string mark = fmt::format("none [{}]", ++footnote);

@@ -2,9 +2,11 @@
 // table or JSON, and the best plan's PyTorch code (--code).
 #include <fmt/format.h>
 
+#include <charconv>
 #include <cmath>
 #include <iostream>
 #include <memory>
+#include <system_error>
 
 #include "commands.hpp"
 #include "model_args.hpp"
@@ -35,16 +37,18 @@ struct PlanArgs {
   std::string format = "table";
   std::string code;
   std::string model_out;
-  std::string headroom = "0";
+  std::string headroom = "5%";
   bool max_batch = false;
   bool brief = false;
 };
 
 /// --max-batch: the largest batch any checkpointing fits, found with the most saving uniform
 /// one (every repeated block; else checkpoint_sequential at sqrt(n) segments) by --max-batch's
-/// doubling and bisection. Returns it (0: not even batch 1), and says how it was found in `how`.
-std::int64_t largest_checkpointed_batch(const planner::SweepSpec& base, std::string& how) {
+/// doubling and bisection, leaving `headroom` free. Returns it (0: not even batch 1), and says how
+/// it was found in `how`.
+std::int64_t largest_checkpointed_batch(const planner::SweepSpec& base, std::size_t headroom, std::string& how) {
   planner::SweepSpec spec = base;
+  spec.device = planner::device_less_headroom(base, headroom);  // the batch leaves the headroom free
   planner::SweepRow row;
   row.precision = base.precisions.front();
   row.alloc_conf = base.alloc_confs.front();
@@ -66,6 +70,24 @@ std::int64_t largest_checkpointed_batch(const planner::SweepSpec& base, std::str
     how = "no checkpointing (the model has no blocks to checkpoint)";
   }
   return planner::find_max_batch(spec, row).max_batch;
+}
+
+/// --headroom: bytes ("1GiB", "0") or a share of the device's memory ("5%", the default: what
+/// cuDNN's benchmark workspaces, NCCL, a second process or the data loader's CUDA tensors take
+/// beside the step, which a plan to the last MiB leaves no room for), in whole MiB.
+std::size_t headroom_bytes(const std::string& text, const planner::SweepSpec& base) {
+  if (!text.empty() && text.back() == '%') {
+    double percent = -1;
+    const std::string number = text.substr(0, text.size() - 1);
+    const auto [end, ec] = std::from_chars(number.data(), number.data() + number.size(), percent);
+    if (ec != std::errc{} || end != number.data() + number.size() || !(percent >= 0 && percent <= 90)) {
+      throw UsageError("--headroom: \"" + text + "\" is not a share of the device; give 0% to 90% or a size (1GiB)");
+    }
+    planner::check_device(base.device, nn::ExecMode::DryRun);
+    const double total = static_cast<double>(planner::make_run_device(base)->info().total_bytes);
+    return static_cast<std::size_t>(total * percent / 100.0) / (std::size_t{1} << 20) * (std::size_t{1} << 20);
+  }
+  return as_usage("--headroom", [&] { return parse_bytes(text, /*allow_zero=*/true); });
 }
 
 planner::PlanSearch parse_search(const std::string& text) {
@@ -113,7 +135,7 @@ void run(const PlanArgs& args, Capture* capture) {
   check_parallel_combination(base.parallels, nn::ExecMode::DryRun, base.optimizer);
   base.segments = {0};
   spec.search = parse_search(args.search);
-  spec.headroom = as_usage("--headroom", [&] { return parse_bytes(args.headroom, /*allow_zero=*/true); });
+  spec.headroom = headroom_bytes(args.headroom, base);
   if (args.format != "table" && args.format != "json") {
     throw UsageError("--format: \"" + args.format + "\" is not a format; valid: table, json");
   }
@@ -130,7 +152,7 @@ void run(const PlanArgs& args, Capture* capture) {
   if (args.max_batch) {
     if (!args.model.batch.empty()) throw UsageError("--max-batch: finds the batch; leave out --batch");
     std::string how;
-    largest = largest_checkpointed_batch(base, how);
+    largest = largest_checkpointed_batch(base, spec.headroom, how);
     largest_note = how;
     if (capture != nullptr || args.format == "json") {
       // said in the document's "max_batch"
@@ -233,7 +255,8 @@ void add_plan_command(CLI::App& app, Capture* capture) {
       ->check(non_empty())
       ->type_name("LIST");
   cmd->add_option("--headroom", args->headroom,
-                  "what a plan must leave free in nvidia-smi's view, e.g. 1GiB (a data loader, a second process)")
+                  "what a plan must leave free in nvidia-smi's view: a size (1GiB, 0 for none) or a share of the "
+                  "device's memory (cuDNN's benchmark workspaces, NCCL, a second process take room beside the step)")
       ->capture_default_str()
       ->type_name("SIZE");
   cmd->add_option("--top", args->top, "plans shown in the table")->check(integer_in(1, 1000))->capture_default_str();

@@ -14,7 +14,7 @@ namespace mem::tools {
 
 namespace {
 
-std::string percent(double share) { return share == 0 ? "0" : fmt::format("{:.1f}%", 100.0 * share); }
+std::string percent(double share) { return human_share(share); }
 
 std::string smi_cell(const planner::Plan& p) {
   if (p.fits()) return human_bytes(p.figures.peak_device_used);
@@ -62,9 +62,9 @@ std::string plan_report(const planner::PlanResult& r, std::size_t top, bool how_
                      nn::precision_name(g.precision), nn::optimizer_label(g.optimizer),
                      g.alloc_conf.empty() ? "" : ", " + g.alloc_conf, r.device.name, per_gpu(r.spec.base.parallels),
                      human_bytes(static_cast<std::int64_t>(r.device.total_bytes)),
-                     r.spec.headroom == 0 ? ""
+                     r.spec.headroom == 0 ? ", none kept free"
                                           : ", " + human_bytes(static_cast<std::int64_t>(r.spec.headroom)) +
-                                                " kept free");
+                                                " kept free: --headroom");
   if (g.fits()) {
     out += fmt::format("\nIt fits as given: max allocated {}, {} in nvidia-smi's view of {}; nothing to change.\n",
                        human_bytes(g.figures.peak_allocated), human_bytes(g.figures.peak_device_used),
@@ -147,6 +147,7 @@ std::string plan_report(const planner::PlanResult& r, std::size_t top, bool how_
       for (const std::string& m : *best->checkpoint_modules) all += (all.empty() ? "" : ", ") + m;
       out += wrap("Checkpointed: " + all + ".", "  ", "  ");
     }
+    for (const std::string& w : best->figures.warnings) out += wrap("Note: " + w + ".", "  ", "    ");
   } else {
     out += "\nNothing tried fits.";
     if (r.least_hungry_needs) {
@@ -198,6 +199,7 @@ std::string plan_code(const planner::PlanResult& r, const planner::Plan& p) {
   out += fmt::format("# predicted: max allocated {}, {} in nvidia-smi's view, {} of the step recomputed\n",
                      human_bytes(p.figures.peak_allocated), human_bytes(p.figures.peak_device_used),
                      percent(p.recompute_share));
+  for (const std::string& w : p.figures.warnings) out += wrap("# note: " + w + ".", "", "#   ");
   out += "# `model` is your model (built); `optimizer` below replaces yours.\n";
   if (p.alloc_conf != r.given.alloc_conf && !p.alloc_conf.empty()) {
     out += "import os\n";
@@ -298,6 +300,7 @@ nlohmann::json plan_json(const planner::PlanResult& r) {
     j["recompute_share"] = p.recompute_share;
     j["recompute_ratio"] = p.figures.recompute_ratio;
     j["over_headroom"] = p.over_headroom;
+    j["warnings"] = p.figures.warnings;
     if (p.oom) j["oom"] = p.oom->message;
     if (p.error) j["error"] = p.error->message;
     if (!p.refused.empty()) j["refused"] = p.refused;

@@ -73,6 +73,7 @@ const std::array kFields = {
     Field{"saving", [](R, W r) { return opt_int(r.saving); }},
     Field{"saving_fraction", [](R, W r) -> nlohmann::json { return r.saving ? nlohmann::json(r.saving_fraction) : nlohmann::json(nullptr); }},
     Field{"recompute_ratio", [](R, W r) { return if_fits(r, [](const planner::RunFigures& f) { return f.recompute_ratio; }); }},
+    Field{"recompute_share", [](R, W r) { return if_fits(r, [](const planner::RunFigures& f) { return f.recompute_share; }); }},
     Field{"step_ms", [](R, W r) { return if_fits(r, [](const planner::RunFigures& f) { return f.step_ms; }); }},
     Field{"gradients_missing", [](R, W r) -> nlohmann::json { return r.figures.gradients_missing; }},
     Field{"oom_step", [](R, W r) { return if_oom(r, [](const planner::OomFailure& o) { return o.step; }); }},

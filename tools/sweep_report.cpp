@@ -242,7 +242,7 @@ Table sweep_table(const planner::SweepResult& result, const ReportOptions& optio
       cells.push_back(human_bytes(f.peak_device_used));
       cells.push_back(human_bytes(f.unallocated_at_peak));
       cells.push_back(row.saving ? human_saving(*row.saving, row.saving_fraction) : kNone);
-      cells.push_back(human_ratio(f.recompute_ratio));
+      cells.push_back(human_share(f.recompute_share));
       if (options.show_time) cells.push_back(human_ms(f.step_ms));
       std::string fits = "yes";
       if (f.gradients_missing) fits += " (grads missing!)";
@@ -331,6 +331,14 @@ std::string sweep_report(const planner::SweepResult& result, const ReportOptions
                          what, human_bytes(row.unlimited->peak_allocated));
     }
   }
+  // What the runs warned of (a checkpointed BatchNorm's statistics), once each.
+  std::vector<std::string> notes;
+  for (const planner::SweepRow& row : result.rows) {
+    for (const std::string& w : row.figures.warnings) {
+      if (std::find(notes.begin(), notes.end(), w) == notes.end()) notes.push_back(w);
+    }
+  }
+  for (const std::string& w : notes) out += wrap("note: " + w + ".", "  ", "    ");
   if (result.accepted_segments) {
     out += wrap(fmt::format("Segment counts PyTorch accepts for {}: {}.", m.name,
                             planner::describe_segment_counts(*result.accepted_segments)),
@@ -378,7 +386,8 @@ std::string sweep_report(const planner::SweepResult& result, const ReportOptions
              "                  is found by a dry run first and never computed.\n";
     }
     out += "  saving          max alloc saved against no checkpointing (0 segments) with the same dtype.\n";
-    out += "  recompute       extra forward FLOPs from checkpointing, as a fraction of one forward.\n";
+    out += "  recompute       the forward FLOPs checkpointing reruns, as a share of the step's work (forward,\n"
+           "                  backward and optimizer), as `plan` reports it.\n";
     out += fmt::format(
         "  segments        checkpoint_sequential(model, k): k-1 segments keep only their input and rerun\n"
         "                  in backward, one at a time. Peak ~ k kept inputs + one segment of n/k modules\n"

@@ -92,9 +92,9 @@ std::string human_saving(std::int64_t saved, double fraction) {
   return fmt::format("{} ({:.0f}%)", human_bytes(saved), percent);
 }
 
-std::string human_ratio(double ratio) {
-  if (ratio == 0.0) return "0";
-  return fmt::format("{:.2f}x", ratio);
+std::string human_share(double share) {
+  if (share == 0.0) return "0";
+  return fmt::format("{:.1f}%", 100.0 * share);
 }
 
 std::string human_ms(double ms) {

@@ -58,8 +58,8 @@ std::string pad(std::string_view text, std::size_t width, Align align);
 std::string human_bytes(std::int64_t bytes);
 /// A saving: "4.12 GiB (61%)"; "—" for none.
 std::string human_saving(std::int64_t saved, double fraction);
-/// A ratio of one forward pass: "0.94x"; "0" when zero.
-std::string human_ratio(double ratio);
+/// A share as a percentage: "12.5%"; "0" for none.
+std::string human_share(double share);
 /// Milliseconds: "12.3 ms", "1.42 s".
 std::string human_ms(double ms);
 /// A count with thousands separators: "11,689,512".

@@ -126,7 +126,7 @@ class Planner {
     } catch (const mem::Error& e) {
       p.refused = e.what();
     }
-    p.recompute_share = p.figures.recompute_ratio * result_.profile.forward_share;
+    p.recompute_share = p.figures.recompute_share;
     p.over_headroom = !p.oom && !p.error && p.refused.empty() && p.figures.peak_device_used > capacity_;
     return p;
   }
@@ -249,18 +249,50 @@ class Planner {
     return best;
   }
 
+  /// No micro-batch fits alone (a decoder whose activations outgrow the device at any batch):
+  /// micro-batches under the checkpointing search, the fewest of them that fit (more
+  /// micro-batches never need more memory): the smallest micro-batch first, then bisection.
+  /// nullopt when even that does not fit with every module checkpointed (the attempt kept).
+  std::optional<Plan> search_accumulation_with_checkpointing(std::size_t count,
+                                                             const std::function<Plan(std::size_t)>& micro) {
+    std::map<std::size_t, std::optional<Plan>> runs;
+    const auto fits = [&](std::size_t i) {
+      auto it = runs.find(i);
+      if (it == runs.end()) it = runs.emplace(i, with_change(micro(i))).first;
+      return it->second && it->second->fits();
+    };
+    if (!fits(count)) {
+      if (runs.at(count)) keep(std::move(*runs.at(count)));  // the attempt, as the other families show theirs
+      return std::nullopt;
+    }
+    std::size_t lo = 0, hi = count;
+    while (hi - lo > 1) {
+      const std::size_t mid = lo + (hi - lo) / 2;
+      if (fits(mid)) hi = mid;
+      else lo = mid;
+    }
+    return runs.at(hi);
+  }
+
   /// A configuration change (precision, optimizer, allocator): as it is, then with the
-  /// greedy checkpointing when it alone does not fit.
+  /// greedy checkpointing when it alone does not fit; the plan found is kept.
   void search_change(Plan base) {
+    if (std::optional<Plan> p = with_change(std::move(base))) keep(std::move(*p));
+  }
+
+  /// `base` as it is, then with the greedy checkpointing when it alone does not fit: the
+  /// plan that fits, else the attempt with the most checkpointing; nullopt when refused.
+  std::optional<Plan> with_change(Plan base) {
     Plan p = measure(base);
     if (p.fits() || !p.refused.empty() || p.error) {
-      if (p.refused.empty()) keep(std::move(p));
-      return;
+      if (p.refused.empty()) return p;
+      return std::nullopt;
     }
     const RunFigures needs = needs_of(p);
     std::int64_t short_of = shortfall(needs);
-    // The profile's bytes are the given precision's: a deficit in bf16 bytes is worth twice as
-    // much of them when the given run is f32. Scaled by the two runs' activations.
+    // The profile's bytes are the given precision's and batch's: a deficit in bf16 bytes is
+    // worth twice as much of them when the given run is f32, and a micro-batch's activations
+    // are a fraction of the batch's. Scaled by the two runs' activations.
     const std::int64_t act = needs.peak_composition.of(MemoryKind::Activations);
     const std::int64_t given_act =
         result_.given_needs ? result_.given_needs->peak_composition.of(MemoryKind::Activations) : 0;
@@ -269,8 +301,8 @@ class Planner {
                                            static_cast<double>(act));
     }
     std::optional<Plan> most;
-    if (auto found = search_checkpointing(base, short_of, &most)) keep(std::move(*found));
-    else if (most) keep(std::move(*most));
+    if (auto found = search_checkpointing(base, short_of, &most)) return found;
+    return most;
   }
 
   /// The checkpointing search of a model: the greedy module sets, or for a decoder (which
@@ -372,13 +404,15 @@ void Planner::search() {
     // A dry run of k micro-batches runs k + 2 steps: beyond kMaxMicroBatches the search would
     // cost minutes (the largest batch of resnet50 at 32 px on 80 GB, 118,688, tried k up to it).
     std::erase_if(steps, [](std::int64_t k) { return k > kMaxMicroBatches; });
-    auto found = steps.empty() ? std::nullopt : smallest_fitting(steps.size(), 1, [&](std::size_t i) {
+    const auto micro = [&](std::size_t i) {  // the i-th split (1-based)
       Plan p = base;
       p.change = PlanChange::Accumulation;
       p.accumulation = steps[i - 1];
       p.batch = info.batch / p.accumulation;
       return p;
-    });
+    };
+    auto found = steps.empty() ? std::nullopt : smallest_fitting(steps.size(), 1, micro);
+    if (!found && !steps.empty()) found = search_accumulation_with_checkpointing(steps.size(), micro);
     if (found) keep(std::move(*found));
   }
   if (spec_.search.precision) {
@@ -469,10 +503,31 @@ void Planner::advise() {
   row.precision = least->precision;
   row.alloc_conf = least->alloc_conf;
   row.parallel = spec_.base.parallels.front();
+  spec.device = device_less_headroom(spec, spec_.headroom);
   const MaxBatchRow m = find_max_batch(spec, row);
   result_.dry_runs += m.probes;
   result_.max_batch = m.max_batch;
 }
+
+}  // namespace
+
+std::string device_less_headroom(const SweepSpec& spec, std::size_t headroom) {
+  if (headroom == 0 || !spec.device.starts_with("sim:")) return spec.device;
+  const std::size_t total = make_run_device(spec)->info().total_bytes;
+  if (headroom >= total) throw UsageError(fmt::format("--headroom: {} B leaves nothing of the device's {} B", headroom, total));
+  // The spec's items with its capacity (if it gives one) replaced: "sim:t4,capacity=N".
+  std::string out = "sim:";
+  std::size_t pos = 4;
+  while (pos <= spec.device.size()) {
+    const std::size_t comma = std::min(spec.device.find(',', pos), spec.device.size());
+    const std::string item = spec.device.substr(pos, comma - pos);
+    if (!item.empty() && !item.starts_with("capacity=")) out += item + ",";
+    pos = comma + 1;
+  }
+  return out + fmt::format("capacity={}", total - headroom);
+}
+
+namespace {
 
 /// Fits first, then the least change, the least recompute, the least memory.
 bool ranks_before(const Plan& a, const Plan& b) {

@@ -80,7 +80,7 @@ nn::TrainConfig train_config(const SweepSpec& spec, const SweepRow& row) {
   nn::TrainConfig cfg;
   cfg.model = spec.model;
   cfg.model_options = row_options(spec, row.batch, row.seq);
-  const bool unmarked_baseline = spec.checkpoint_modules && row.checkpoint == "none";
+  const bool unmarked_baseline = row.unmarked || (spec.checkpoint_modules && row.checkpoint == "none");
   if (!row.checkpoint.empty() && !unmarked_baseline) cfg.model_options.checkpoint = row.checkpoint;
   cfg.mode = spec.mode;
   cfg.device = spec.device;
@@ -243,6 +243,8 @@ RunFigures run_config(const nn::TrainConfig& cfg, std::shared_ptr<Device> device
       if (f.steps_done == 1) first_ms = s.wall_ms;
       else total_ms += s.wall_ms;
       f.recompute_ratio = s.recompute_ratio;
+      const double work = s.flops.forward + s.flops.backward + s.flops.optimizer;
+      f.recompute_share = work > 0 ? s.flops.recompute / work : 0;
       f.allocated_end = s.allocated_end;
       f.reserved_end = s.reserved_end;
     }
@@ -328,6 +330,7 @@ SweepResult run_sweep(const SweepSpec& spec_in, const SweepProgress& progress) {
     std::int64_t seq;
     const nn::ParallelConfig& parallel;
     const std::string& checkpoint;  // a --gradient-checkpointing mode of a list, or ""
+    bool unmarked = false;          // the baseline of a model with its own checkpoint marks: none of them
   };
   const auto run_row = [&](const Group& g, std::size_t segments) {
     SweepRow row;
@@ -340,6 +343,7 @@ SweepResult run_sweep(const SweepSpec& spec_in, const SweepProgress& progress) {
     if (seqs.size() > 1) row.shape += fmt::format("{}seq {}", row.shape.empty() ? "" : " ", row.seq);
     row.parallel = g.parallel;
     row.checkpoint = g.checkpoint;
+    row.unmarked = g.unmarked;
     if (spec.parallels.size() > 1) {
       row.shape += (row.shape.empty() ? "" : " ") + (g.parallel.enabled() ? nn::parallel_label(g.parallel) : "1 GPU");
     }
@@ -393,7 +397,7 @@ SweepResult run_sweep(const SweepSpec& spec_in, const SweepProgress& progress) {
     for (SweepRow& row : group) {
       if (!row.fits() || row.figures.gradients_missing) continue;
       const auto key = [](const SweepRow& r) {
-        return std::tuple(r.figures.peak_device_used, r.figures.recompute_ratio, r.figures.peak_allocated);
+        return std::tuple(r.figures.peak_device_used, r.figures.recompute_share, r.figures.peak_allocated);
       };
       if (best == nullptr || key(row) < key(*best)) best = &row;
     }
@@ -436,8 +440,12 @@ SweepResult run_sweep(const SweepSpec& spec_in, const SweepProgress& progress) {
     // whose layers are checkpointed (--gradient-checkpointing) is measured against the same
     // model without: the "none" group of a list, or one run of it.
     const std::string mode = g.checkpoint.empty() ? spec.model_options.checkpoint.value_or("") : g.checkpoint;
+    // Its own marks too: a model file's "checkpoint" modules are measured against the same file
+    // without them, as --checkpoint-modules naming the same modules is.
+    const bool own_marks = result.model.checkpointed_modules > 0 && !spec.checkpoint_modules;
     const bool marked = (!mode.empty() && mode != "none") ||
-                        (g.checkpoint.empty() && spec.checkpoint_modules && !spec.checkpoint_modules->empty());
+                        (g.checkpoint.empty() && spec.checkpoint_modules && !spec.checkpoint_modules->empty()) ||
+                        (g.checkpoint.empty() && own_marks);
     const std::string key = fmt::format("{}|{}|{}|{}|{}", g.conf, nn::precision_name(g.precision), g.batch, g.seq,
                                         nn::parallel_label(g.parallel));
     std::optional<std::int64_t> base;
@@ -446,7 +454,7 @@ SweepResult run_sweep(const SweepSpec& spec_in, const SweepProgress& progress) {
         base = it->second;
       } else {
         static const std::string none = "none";
-        const Group unmarked{g.conf, g.precision, g.batch, g.seq, g.parallel, none};
+        const Group unmarked{g.conf, g.precision, g.batch, g.seq, g.parallel, none, own_marks};
         ++planned;
         result.baselines.push_back(run_row(unmarked, 0));
         base = baseline_peak(result.baselines.back());

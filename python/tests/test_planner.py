@@ -87,9 +87,9 @@ def test_sweep_and_max_batch_are_the_commands():
 
 def test_plan_gives_the_commands_plans_and_code(tmp_path):
     device = "sim:capacity=640MiB,context=0"
-    plans = vramscope.plan(str(CHAIN), device=device, search="none")
+    plans = vramscope.plan(str(CHAIN), device=device, headroom=0, search="none")
     code = tmp_path / "plan.py"
-    theirs = command_json("plan", "--model-file", str(CHAIN), "--device", device, "--search", "none",
+    theirs = command_json("plan", "--model-file", str(CHAIN), "--device", device, "--headroom", "0", "--search", "none",
                           "--code", str(code))
     assert [p.row for p in plans] == theirs["plans"] and plans.best.row == theirs["plans"][theirs["best"]]
     assert plans.best.checkpoint_modules == ["b1", "tail.w0"]
@@ -121,8 +121,9 @@ def test_plan_json_with_max_batch_is_one_document():
     """`plan --max-batch --format json` is JSON alone (its sentence belongs to the table), with
     the largest batch and the best plan's code in it, as the library's callers get them."""
     theirs = command_json("plan", "--model-file", str(CHAIN), "--device", "sim:capacity=640MiB,context=0",
-                          "--search", "none", "--max-batch")
-    ours = vramscope.plan(str(CHAIN), device="sim:capacity=640MiB,context=0", search="none", max_batch=True)
+                          "--headroom", "0", "--search", "none", "--max-batch")
+    ours = vramscope.plan(str(CHAIN), device="sim:capacity=640MiB,context=0", headroom=0, search="none",
+                          max_batch=True)
     assert theirs["max_batch"]["largest"] > 0 and theirs["code"]
     assert ours.document["max_batch"] == theirs["max_batch"] and ours.best.code == theirs["code"]
 

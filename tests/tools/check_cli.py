@@ -9,6 +9,7 @@ python's own csv, json, pickle and xml.etree modules. Exit status 0 = pass.
 import csv
 import io
 import json
+import shlex
 import os
 import pickle
 import resource
@@ -78,7 +79,7 @@ PEAK = 2 * PARAMS + 5 * MiB + 512 + 2 * W + LT
 EXACT_ROWS = {0: dict(fits=True, max_reserved=28 * MiB, max_nvidia_smi=36 * MiB,
                       allocated_after_step=AFTER, max_allocated=PEAK,
                       unallocated_at_peak=28 * MiB - PEAK, saving=0, recompute_ratio=0.0,
-                      saving_fraction=0.0),
+                      recompute_share=0.0, saving_fraction=0.0),
               # Checkpointing the only Linear saves nothing and costs the rerun's Lt and
               # its output, alive beside the sigmoid's gradient: the saving is negative,
               # and the rerun's blocks take one more 2 MiB segment.
@@ -97,6 +98,9 @@ def check_exact(exe, work):
         for key, value in expected.items():
             ok = abs(r[key] - value) < 1e-12 if isinstance(value, float) else r[key] == value
             check(ok, f"segments {k}: {key} = {r[key]}, expected {value}")
+    # The rerun as a share of the step's work (forward, backward, optimizer): less than the
+    # fraction of one forward it is, as plan reports it.
+    check(0 < rows[2]["recompute_share"] < rows[2]["recompute_ratio"], rows[2])
     # The table prints the same figures in human units.
     text = run(exe, *EXACT_ARGS).stdout
     line = next(l for l in text.splitlines() if l.strip().startswith("f32") and "(none)" in l)
@@ -1111,16 +1115,18 @@ def check_plan(exe, work):
     figures the plan printed."""
     chain = Path(__file__).resolve().parents[1] / "data" / "plan-chain.json"
     device = ["--device", "sim:capacity=640MiB,context=0"]
+    # A device made for the chain: its plans use the last MiB (--headroom 0; 5% by default).
+    room = ["--headroom", "0"]
     Path(work).mkdir(parents=True, exist_ok=True)
     code, planned = os.path.join(work, "plan.py"), os.path.join(work, "planned.json")
-    table = run(exe, "plan", "--model-file", str(chain), *device, "--search", "none", "--code", code,
+    table = run(exe, "plan", "--model-file", str(chain), *device, *room, "--search", "none", "--code", code,
                 "--model-out", planned).stdout
     check("checkpoint 2 modules" in table and "yes *" in table and "Checkpointed: b1, tail.w0." in table, table)
     check("No checkpoint_sequential segment count fits (2, 4 tried)." in table, table)
     check(f"code: {code}" in table and f"model file: {planned}" in table, table)
     check('CHECKPOINTED = {"b1", "tail.w0"}' in Path(code).read_text(), Path(code).read_text())
     check(json.loads(Path(planned).read_text())["checkpoint_modules"] == ["b1", "tail.w0"], planned)
-    best = json.loads(run(exe, "plan", "--model-file", str(chain), *device, "--search", "none",
+    best = json.loads(run(exe, "plan", "--model-file", str(chain), *device, *room, "--search", "none",
                           "--format", "json").stdout)
     plan = best["plans"][best["best"]]
     check(plan["checkpoint_modules"] == ["b1", "tail.w0"] and plan["fits"], plan)
@@ -1132,7 +1138,7 @@ def check_plan(exe, work):
     check(by_path["max_allocated"] == plan["max_allocated"], (by_path, plan))
     # --max-batch: the largest batch every repeated block checkpointed fits, and a plan that fits it.
     out = run(exe, "plan", "--model", "resnet18", "--max-batch", "--device", "sim:t4", "--search", "none",
-              "--brief").stdout
+              *room, "--brief").stdout
     check("The largest batch that fits with every one of the 8 repeated blocks checkpointed:" in out and
           "yes *" in out, out)
     largest = int(out.split("checkpointed: ")[1].split(".")[0])
@@ -1141,6 +1147,21 @@ def check_plan(exe, work):
                           ",".join(f"layer{s}.{b}" for s in range(1, 5) for b in range(2)),
                           "--format", "json").stdout)["rows"][0]
     check(not over["fits"], over)
+    # The default headroom (5% of the T4) is left free by the batch --max-batch finds too.
+    roomy = run(exe, "plan", "--model", "resnet18", "--max-batch", "--device", "sim:t4", "--search", "none",
+                "--format", "json").stdout
+    check(0 < json.loads(roomy)["max_batch"]["largest"] < largest, roomy[:400])
+    # Every example of `plan --help` runs as printed; the one with --code finds a plan to write
+    # (issue 49: it found none and exited 1: no micro-batch fitted without checkpointing, and the
+    # accumulation search never checkpointed).
+    examples = [l.strip() for l in run(exe, "plan", "--help").stdout.splitlines() if l.strip().startswith("vramscope plan")]
+    coded = [e for e in examples if "--code" in e]
+    check(coded, examples)
+    for example in coded:
+        args = shlex.split(example)[1:]
+        args[args.index("--code") + 1] = os.path.join(work, "help.py")
+        out = run(exe, *args).stdout
+        check("yes *" in out and "accumulation steps" in out and Path(work, "help.py").read_text().startswith("# vramscope plan"), out)
     # The largest device there is: the plan's device and the sweep's unlimited twin both get
     # addresses (issue 47: "no room for another simulated device's addresses").
     p = run(exe, "plan", "--model", "mlp", "--max-batch", "--device", "sim:capacity=1PiB,context=0")
@@ -1148,7 +1169,9 @@ def check_plan(exe, work):
     # Bad input: exit 2, one line naming the option.
     for args, words in ((["plan"], "name a model"), (["plan", "--model", "mlp", "--max-batch", "--batch", "8"], "--max-batch"), (["plan", "--model", "mlp", "--search", "x"], "--search"),
                         (["plan", "--model", "gpt2", "--model-out", planned], "--model-out"),
-                        (["plan", "--model", "mlp", "--batch", "8,16"], "one --batch")):
+                        (["plan", "--model", "mlp", "--batch", "8,16"], "one --batch"),
+                        (["plan", "--model", "mlp", "--headroom", "95%"], "--headroom"),
+                        (["plan", "--model", "mlp", "--headroom", "x%"], "--headroom")):
         out = run(exe, *args, expect=2)
         check(words in out.stderr and out.stderr.count("\n") == 1, (args, out.stderr))
 

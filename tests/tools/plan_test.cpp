@@ -118,6 +118,23 @@ TEST(Plan, AModelThatFitsAsGivenNeedsNoPlan) {
   EXPECT_NE(plan_report(r, 8, false).find("It fits as given"), std::string::npos);
 }
 
+// A plan that checkpoints BatchNorm layers says what PyTorch's recompute does to their running
+// statistics (issue 49), in the report, the JSON and the code; a plan without them says nothing.
+TEST(Plan, CheckpointedBatchNormsAreSaidToUpdateTheirStatisticsTwice) {
+  const planner::PlanResult r = planner::run_plan(spec_of(models::find("resnet152"), "batch=256", "sim:a100-40g"));
+  const planner::Plan* best = r.best();
+  ASSERT_NE(best, nullptr);
+  ASSERT_TRUE(best->checkpoint_modules && !best->checkpoint_modules->empty());
+  ASSERT_EQ(best->figures.warnings.size(), 1u);
+  EXPECT_NE(best->figures.warnings[0].find("running statistics a second time"), std::string::npos);
+  EXPECT_NE(plan_report(r, 8, false).find("Note: checkpointed modules contain BatchNorm"), std::string::npos);
+  EXPECT_NE(plan_code(r, *best).find("# note: checkpointed modules contain BatchNorm"), std::string::npos);
+  EXPECT_EQ(plan_json(r)["plans"][0]["warnings"].size(), 1u);
+  const planner::PlanResult chain = planner::run_plan(chain_spec());
+  ASSERT_NE(chain.best(), nullptr);
+  EXPECT_TRUE(chain.best()->figures.warnings.empty());
+}
+
 TEST(Plan, RanksFittingPlansByChangeThenRecomputeThenMemory) {
   const planner::PlanResult r = planner::run_plan(spec_of(models::find("resnet152"), "batch=256", "sim:a100-40g"));
   ASSERT_FALSE(r.given.fits());

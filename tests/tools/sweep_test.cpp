@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <fstream>
+#include <sstream>
 
 #include "vramscope/planner/accepted_segments.hpp"
 #include "vramscope/planner/sweep.hpp"
@@ -13,6 +15,7 @@
 #include "usage_error.hpp"
 #include "vramscope/allocator/units.hpp"
 #include "vramscope/runtime/training.hpp"
+#include "vramscope/models/model_file.hpp"
 #include "vramscope/models/zoo.hpp"
 
 namespace mem::tools {
@@ -261,6 +264,43 @@ TEST(Sweep, ValidationNamesWhatIsValid) {
   spec = small_spec();
   spec.alloc_confs = {"max_split_size_mb:-1"};
   EXPECT_THROW(planner::validate_sweep(spec), UsageError);
+}
+
+// The same checkpointing said two ways, a model file's own "checkpoint" marks and
+// --checkpoint-modules naming the same modules, saves the same bytes against the same
+// model without checkpointing (issue 49: the file's marks showed a saving of 0 B).
+TEST(Sweep, AFilesOwnCheckpointMarksSaveWhatCheckpointModulesSave) {
+  const std::string path = std::string(VRAMSCOPE_TEST_DATA_DIR) + "/plan-chain.json";
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  std::string marked = text.str();
+  const std::string b1 = "\"name\": \"b1\",";
+  ASSERT_NE(marked.find(b1), std::string::npos);
+  marked.replace(marked.find(b1), b1.size(), b1 + " \"checkpoint\": true,");
+
+  planner::SweepSpec named;
+  named.model = models::ModelFile::load(path);
+  named.device = "sim:h100-80g";
+  named.segments = {0};
+  named.precisions = {nn::Precision::F32};
+  named.alloc_confs = {""};
+  named.checkpoint_modules = std::vector<std::string>{"b1"};
+  planner::SweepSpec own = named;
+  own.model = models::ModelFile::parse(marked, "marked.json");
+  own.checkpoint_modules.reset();
+
+  const planner::SweepResult a = planner::run_sweep(named);
+  const planner::SweepResult b = planner::run_sweep(own);
+  ASSERT_EQ(a.rows.size(), 1u);
+  ASSERT_EQ(b.rows.size(), 1u);
+  EXPECT_EQ(b.rows[0].figures.peak_allocated, a.rows[0].figures.peak_allocated);
+  ASSERT_TRUE(a.rows[0].saving && b.rows[0].saving);
+  EXPECT_GT(*a.rows[0].saving, 0);
+  EXPECT_EQ(*b.rows[0].saving, *a.rows[0].saving);
+  // Measured against one run of the model without marks, as for --checkpoint-modules.
+  ASSERT_EQ(b.baselines.size(), 1u);
+  EXPECT_EQ(b.baselines[0].figures.peak_allocated, a.baselines[0].figures.peak_allocated);
 }
 
 }  // namespace

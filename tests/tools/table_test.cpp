@@ -57,8 +57,8 @@ TEST(Units, HumanFormats) {
   EXPECT_EQ(human_saving(-static_cast<std::int64_t>(MiB), -0.0003), "-1.00 MiB (-<1%)");
   EXPECT_EQ(human_saving(static_cast<std::int64_t>(MiB), 0.004), "1.00 MiB (<1%)");
   EXPECT_EQ(human_saving(-static_cast<std::int64_t>(GiB), -0.25), "-1.00 GiB (-25%)");
-  EXPECT_EQ(human_ratio(0), "0");
-  EXPECT_EQ(human_ratio(0.9375), "0.94x");
+  EXPECT_EQ(human_share(0), "0");
+  EXPECT_EQ(human_share(0.125), "12.5%");
   EXPECT_EQ(human_ms(12.34), "12.3 ms");
   EXPECT_EQ(human_ms(250), "250 ms");
   EXPECT_EQ(human_ms(1420), "1.42 s");

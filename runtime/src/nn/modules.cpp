@@ -570,8 +570,9 @@ BatchNorm2d::BatchNorm2d(std::int64_t channels, double eps, double momentum, std
 }
 
 Tensor BatchNorm2d::forward(const Tensor& input) {
-  if (training() && !recomputing()) {
-    // num_batches_tracked.add_(1): in place on a 0-d tensor, no allocation.
+  if (training()) {
+    // num_batches_tracked.add_(1) (torch/nn/modules/batchnorm.py, _BatchNorm.forward): in place on
+    // a 0-d tensor, no allocation; again in a checkpoint's recompute, as PyTorch's rerun does.
     const Tensor& counter = param(batches_);
     counter.bump_version();
     if (counter.runtime().computing()) ++*counter.data<std::int64_t>();

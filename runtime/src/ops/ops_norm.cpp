@@ -163,6 +163,14 @@ Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, con
   }
   rt.add_flops(5.0 * static_cast<double>(x.numel()));
   rt.uses_cudnn();  // cudnn_batch_norm (Normalization.cpp picks it on CUDA with cuDNN enabled)
+  if (training && running_mean.defined() && recomputing()) {
+    // Memory does not move (the statistics update in place), the model's state does: say so
+    // wherever a step's warnings are shown (trace, sweep's JSON, plan and its --code).
+    rt.warn("checkpointed modules contain BatchNorm layers in training mode: the recompute in backward "
+            "updates their running statistics a second time each step, as PyTorch's torch.utils.checkpoint "
+            "does (num_batches_tracked counts 2 a step, the running mean and variance take the momentum "
+            "twice); the loss and gradients are unchanged, evaluation with those statistics is not");
+  }
   if (rt.computing()) {
     detail::dispatch(acc_type(x.dtype()), [&](auto tag) {
       using T = decltype(tag);
@@ -193,8 +201,11 @@ Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, con
           SM[ch] = mean[ch];
           SI[ch] = invstd[ch];
         }
-        // Running statistics move once per step: not again while checkpointing reruns.
-        if (running_mean.defined() && !recomputing()) {
+        // Running statistics move at every training-mode call, the recompute of a checkpointed
+        // module's forward too: torch.utils.checkpoint reruns the forward as it is, and
+        // F.batch_norm updates running_mean / running_var in place each time (so a checkpointed
+        // BatchNorm takes the momentum twice per step, as on PyTorch).
+        if (running_mean.defined()) {
           HostOut<T> RM(running_mean, true), RV(running_var, true);
           const T mom = static_cast<T>(momentum);
           for (std::int64_t ch = 0; ch < c; ++ch) {

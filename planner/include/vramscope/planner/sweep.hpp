@@ -72,6 +72,9 @@ struct RunFigures {
   /// Reserved but unallocated at the moment live tensors peaked (cache + fragmentation).
   std::int64_t unallocated_at_peak = 0;
   double recompute_ratio = 0;            ///< extra forward FLOPs / one forward (last step)
+  /// Extra forward FLOPs over the step's own work (forward + backward + optimizer), last step:
+  /// what checkpointing costs, as `sweep` and `plan` both report it.
+  double recompute_share = 0;
   double step_ms = 0;                    ///< mean host time of a step
   std::size_t steps_done = 0;
   bool gradients_missing = false;        ///< reentrant pitfall: some parameter got no grad
@@ -117,6 +120,9 @@ struct SweepRow {
   std::int64_t seq = 0;                  ///< its --seq; 0 when not given
   nn::ParallelConfig parallel;           ///< one GPU, or one rank of this engine
   std::string checkpoint;                ///< its --gradient-checkpointing from a list; "" otherwise
+  /// A baseline run of a model with its own checkpoint marks (a model file's "checkpoint"):
+  /// the same model with none of them.
+  bool unmarked = false;
   /// "batch 32 seq 512 ddp:8" when the sweep runs several batches, sequence lengths or
   /// parallel configurations, else empty.
   std::string shape;
