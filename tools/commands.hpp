@@ -19,7 +19,7 @@ namespace mem::tools {
 /// output so far stands and the message is printed on one line; exit code 1.
 using CommandFailed = planner::RunFailed;
 
-/// A library caller's side of sweep and plan (command_json.hpp): the JSON document it gets
+/// A library caller's side of sweep, trace and plan (command_json.hpp): the JSON document it gets
 /// instead of printed output, and the progress it is told instead of a bar on the terminal.
 struct Capture {
   nlohmann::json document;
@@ -27,7 +27,8 @@ struct Capture {
   std::function<void(std::size_t, std::size_t, const std::string&)> progress;
 };
 
-/// sweep, trace and plan print their answer; with `capture`, nothing is printed.
+/// sweep, trace and plan print their answer; with `capture`, nothing is printed (the files a
+/// caller asks for are written all the same).
 void add_sweep_command(CLI::App& app, Capture* capture = nullptr);
 void add_trace_command(CLI::App& app, Capture* capture = nullptr);
 void add_plan_command(CLI::App& app, Capture* capture = nullptr);

@@ -32,7 +32,7 @@ struct PlanArgs {
   std::string alloc_conf;
   std::string optimizer = "adam";
   ParallelArgs parallel;
-  std::string search = "allocator,accumulation,precision,optimizer";
+  std::string search = "allocator,loss,accumulation,precision,optimizer";
   std::size_t top = 8;
   std::string format = "table";
   std::string code;
@@ -75,7 +75,16 @@ std::int64_t largest_checkpointed_batch(const planner::SweepSpec& base, std::siz
 /// --headroom: bytes ("1GiB", "0") or a share of the device's memory ("5%", the default: what
 /// cuDNN's benchmark workspaces, NCCL, a second process or the data loader's CUDA tensors take
 /// beside the step, which a plan to the last MiB leaves no room for), in whole MiB.
+std::size_t headroom_as_given(const std::string& text, const planner::SweepSpec& base);
+
 std::size_t headroom_bytes(const std::string& text, const planner::SweepSpec& base) {
+  planner::check_device(base.device, nn::ExecMode::DryRun);
+  const std::size_t bytes = headroom_as_given(text, base);
+  (void)planner::device_less_headroom(base, bytes);  // a UsageError when it leaves nothing
+  return bytes;
+}
+
+std::size_t headroom_as_given(const std::string& text, const planner::SweepSpec& base) {
   if (!text.empty() && text.back() == '%') {
     double percent = -1;
     const std::string number = text.substr(0, text.size() - 1);
@@ -83,7 +92,6 @@ std::size_t headroom_bytes(const std::string& text, const planner::SweepSpec& ba
     if (ec != std::errc{} || end != number.data() + number.size() || !(percent >= 0 && percent <= 90)) {
       throw UsageError("--headroom: \"" + text + "\" is not a share of the device; give 0% to 90% or a size (1GiB)");
     }
-    planner::check_device(base.device, nn::ExecMode::DryRun);
     const double total = static_cast<double>(planner::make_run_device(base)->info().total_bytes);
     return static_cast<std::size_t>(total * percent / 100.0) / (std::size_t{1} << 20) * (std::size_t{1} << 20);
   }
@@ -91,17 +99,18 @@ std::size_t headroom_bytes(const std::string& text, const planner::SweepSpec& ba
 }
 
 planner::PlanSearch parse_search(const std::string& text) {
-  planner::PlanSearch s{false, false, false, false};
+  planner::PlanSearch s{.allocator = false, .accumulation = false, .precision = false, .optimizer = false, .loss = false};
   if (text == "none" || text == "checkpointing") return s;
   for (const std::string& item : split_list("--search", text)) {
     if (item == "allocator") s.allocator = true;
     else if (item == "accumulation") s.accumulation = true;
     else if (item == "precision") s.precision = true;
     else if (item == "optimizer") s.optimizer = true;
+    else if (item == "loss") s.loss = true;
     else if (item == "checkpointing") continue;  // always searched
     else {
       throw UsageError("--search: \"" + item +
-                       "\" is not something the plan changes; valid: allocator, accumulation, precision, optimizer "
+                       "\" is not something the plan changes; valid: allocator, loss, accumulation, precision, optimizer "
                        "(checkpointing is always searched; none for checkpointing alone)");
     }
   }
@@ -250,7 +259,8 @@ void add_plan_command(CLI::App& app, Capture* capture) {
   add_parallel_options(*cmd, args->parallel, /*list=*/false);
   cmd->add_option("--search", args->search,
                   "what else the plan may change besides checkpointing: allocator (expandable_segments, max_split_size_mb), "
-                  "accumulation (micro-batches), precision, optimizer; none for checkpointing alone")
+                  "loss (a decoder's loss by Liger's fused linear cross entropy: no logits), accumulation "
+                  "(micro-batches), precision, optimizer; none for checkpointing alone")
       ->capture_default_str()
       ->check(non_empty())
       ->type_name("LIST");

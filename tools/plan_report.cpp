@@ -75,6 +75,7 @@ std::string plan_report(const planner::PlanResult& r, std::size_t top, bool how_
                               describe_composition(g.figures.peak_composition)),
                   "", "  ");
     }
+    for (const std::string& w : g.figures.warnings) out += wrap("Note: " + w + ".", "  ", "    ");
     out += fmt::format("({} dry runs, {:.0f} ms)\n", r.dry_runs, r.wall_ms);
     return out;
   }
@@ -180,9 +181,10 @@ std::string plan_report(const planner::PlanResult& r, std::size_t top, bool how_
     out += "\n";
     out += wrap("How to read this: every row is a full dry run through the caching allocator on the device "
                 "(two training steps). Plans are ranked by what they change (first those that keep the step's "
-                "arithmetic: checkpointing and the allocator setting; then gradient accumulation, precision, "
-                "the optimizer), then by recompute (the forward FLOPs checkpointing reruns, as a share of the "
-                "plain step's forward, backward and optimizer FLOPs), then by nvidia-smi's peak. OOM rows show "
+                "arithmetic: checkpointing, the allocator setting, a decoder's loss by Liger's fused linear cross "
+                "entropy; then gradient accumulation, precision, the optimizer), then by recompute (the forward "
+                "FLOPs checkpointing reruns, as a share of the step's forward, backward and optimizer FLOPs), then "
+                "by nvidia-smi's peak. OOM rows show "
                 "max allocated up to the failure (+). --code writes the PyTorch code of the * plan.",
                 "", "");
   }
@@ -243,6 +245,17 @@ std::string plan_code(const planner::PlanResult& r, const planner::Plan& p) {
                        r.model.sequence_length);
     out += fmt::format("# output = checkpoint_sequential(model, {}, x, use_reentrant=False)\n", p.segments);
   }
+  if (p.fused_loss) {
+    // liger-kernel transformers/monkey_patch.py: the model's forward replaced by lce_forward,
+    // whose training loss is LigerForCausalLMLoss; the other kernels (RoPE, RMSNorm, SwiGLU)
+    // change what the layers keep, so they stay off.
+    const std::string type = r.model.description.substr(0, r.model.description.find(':'));
+    out += "# the loss without its logits: Liger's fused linear cross entropy (pip install liger-kernel)\n";
+    out += fmt::format("from liger_kernel.transformers import apply_liger_kernel_to_{}\n", type);
+    out += fmt::format("apply_liger_kernel_to_{}(rope=False, rms_norm=False, swiglu=False, cross_entropy=False,\n", type);
+    out += "    fused_linear_cross_entropy=True,\n";
+    out += "    model=model.get_base_model() if hasattr(model, \"get_base_model\") else model)\n";
+  }
   if (p.precision != r.given.precision) {  // the plan changes it
     switch (p.precision) {
       case nn::Precision::BF16: out += "model = model.to(torch.bfloat16)  # bf16 weights, gradients and state\n"; break;
@@ -293,6 +306,7 @@ nlohmann::json plan_json(const planner::PlanResult& r) {
     j["alloc_conf"] = p.alloc_conf;
     j["batch"] = p.batch;
     j["accumulation"] = p.accumulation;
+    j["fused_loss"] = p.fused_loss;
     j["fits"] = p.fits();
     j["max_allocated"] = p.figures.peak_allocated;
     j["max_reserved"] = p.figures.peak_reserved;

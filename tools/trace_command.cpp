@@ -158,13 +158,13 @@ Table phase_table(const std::vector<nn::StepStats>& steps) {
 }
 
 template <class F>
-void write_file(const char* option, const std::string& path, F&& write) {
+void write_file(std::ostream& out, const char* option, const std::string& path, F&& write) {
   try {
     write();
   } catch (const mem::Error& e) {
     throw CommandFailed(std::string(option) + ": " + one_line(e.what()));
   }
-  std::cout << fmt::format("{:<10} {}\n", std::string(option).substr(2) + ":", path);
+  out << fmt::format("{:<10} {}\n", std::string(option).substr(2) + ":", path);
 }
 
 /// --saved: module,type,tensors,bytes, a row per module in the order of its first save.
@@ -352,10 +352,10 @@ void run(const TraceArgs& args) {
     const PickleOptions po{.module_type = trainer ? module_types(trainer->model()) : ModuleTypeFn{},
                            .unscoped = "outside any module",
                            .none_phase = "parameters and buffers"};
-    write_file("--snapshot", args.snapshot, [&] { write_memory_snapshot_pickle(snap, args.snapshot, po); });
+    write_file(out, "--snapshot", args.snapshot, [&] { write_memory_snapshot_pickle(snap, args.snapshot, po); });
   }
   if (saved) {
-    write_file("--saved", args.saved, [&] {
+    write_file(out, "--saved", args.saved, [&] {
       write_output_file(args.saved, saved_csv(*saved, module_types(trainer->model())), "the saved-tensor CSV");
     });
     out << fmt::format("           {} saved for backward in step 1's forward, in {} modules\n",
@@ -367,25 +367,25 @@ void run(const TraceArgs& args) {
                                 {"optimizer", nn::optimizer_label(cfg.optimizer)},
                                 {"stack", cfg.stack.to_string()}};
   if (!args.log.empty()) {
-    write_file("--log", args.log, [&] { module_log.write(args.log, about); });
+    write_file(out, "--log", args.log, [&] { module_log.write(args.log, about); });
   }
   if (!args.buffers.empty()) {
     const std::vector<nn::CommunicationBuffer> buffers = trainer ? trainer->communication_buffers()
                                                                  : std::vector<nn::CommunicationBuffer>{};
-    write_file("--buffers", args.buffers, [&] { write_output_file(args.buffers, buffers_text(buffers, args.buffers),
+    write_file(out, "--buffers", args.buffers, [&] { write_output_file(args.buffers, buffers_text(buffers, args.buffers),
                                                                  "the communication buffers"); });
     out << fmt::format("           {} communication buffers of {}\n", buffers.size(),
                              nn::parallel_label(cfg.parallel));
   }
   if (!args.timeline.empty()) {
-    write_file("--timeline", args.timeline, [&] { write_perfetto_trace(*timeline, args.timeline); });
+    write_file(out, "--timeline", args.timeline, [&] { write_perfetto_trace(*timeline, args.timeline); });
   }
   PlotOptions plot;
   plot.title = fmt::format("{} batch {} ({}), {} training step{}, {} segments, on {}", info.name, info.batch,
                            nn::precision_name(cfg.precision), cfg.steps, cfg.steps == 1 ? "" : "s",
                            cfg.segments <= 1 ? 0 : cfg.segments, device->info().name);
   if (!args.plot.empty()) {
-    write_file("--plot", args.plot, [&] { write_memory_plot_svg(*timeline, args.plot, plot); });
+    write_file(out, "--plot", args.plot, [&] { write_memory_plot_svg(*timeline, args.plot, plot); });
   }
   out << "\ndevice: " << device->info().assumptions << "\nstack: " << cfg.stack.to_string() << " (--stack)\n";
   out << assumptions_note(info.assumed);
@@ -401,6 +401,7 @@ void run(const TraceArgs& args) {
       doc["max_allocated"] = report.peak_allocated;
       doc["max_reserved"] = report.peak_reserved;
       doc["max_nvidia_smi"] = report.peak_device_used;
+      doc["warnings"] = report.warnings;
     }
     doc["plot"] = memory_plot_svg(*timeline, plot);
     doc["text"] = captured.str();

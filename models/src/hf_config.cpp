@@ -369,7 +369,7 @@ HfConfig::HfConfig(std::string name, std::string model_type, nn::DecoderConfig d
 
 const std::vector<std::string>& HfConfig::option_keys() const noexcept {
   static const std::vector<std::string> keys = {"batch", "seq", "attn", "checkpoint", "lora", "lora_targets",
-                                                "lora_dropout", "quant", "built_on"};
+                                                "lora_dropout", "quant", "built_on", "loss"};
   return keys;
 }
 
@@ -402,6 +402,12 @@ nn::DecoderConfig HfConfig::configure(const nn::ModelOptions& o) const {
                 "gpu (constructed on the GPU, as from_config under torch.device(\"cuda\"))");
   }
   c.built_on_gpu = built_on == "gpu";
+  const std::string loss = o.loss.value_or("hf");
+  if (loss != "hf" && loss != "liger-flce") {
+    throw Error("model option loss='" + loss + "'; valid: hf (transformers' ForCausalLMLoss: the logits, upcast, "
+                "then cross entropy), liger-flce (Liger's fused linear cross entropy: the logits never whole)");
+  }
+  c.fused_linear_cross_entropy = loss == "liger-flce";
   if (o.lora > 0) {
     c.lora.rank = o.lora;
     c.lora.alpha = static_cast<double>(o.lora);
@@ -443,7 +449,7 @@ HfConfig::Built HfConfig::make(const nn::ModelOptions& o) const {
       << ", LoRA r=" << c.lora.rank << " on";
     for (const auto& t : c.lora.targets) d << " " << t;
   }
-  d << "; causal LM loss";
+  d << (c.fused_linear_cross_entropy ? "; causal LM loss by Liger's fused linear cross entropy" : "; causal LM loss");
   b.info.description = d.str();
   b.info.batch = batch;
   b.info.input_shape = nn::Shape{batch, seq};
@@ -451,6 +457,7 @@ HfConfig::Built HfConfig::make(const nn::ModelOptions& o) const {
   b.info.target_shape = nn::Shape{batch, seq};
   b.info.target_dtype = nn::DType::I64;
   b.info.loss = nn::LossKind::CausalLM;
+  b.info.fused_linear_loss = c.fused_linear_cross_entropy;
   b.info.target_classes = c.vocab;
   b.info.input_high = c.vocab;
   b.info.sequential_checkpointing = false;

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <map>
@@ -22,6 +23,7 @@ std::string_view plan_change_name(PlanChange change) noexcept {
     case PlanChange::None: return "as given";
     case PlanChange::Checkpointing: return "checkpointing";
     case PlanChange::Allocator: return "allocator";
+    case PlanChange::Loss: return "loss";
     case PlanChange::Accumulation: return "accumulation";
     case PlanChange::Precision: return "precision";
     case PlanChange::Optimizer: return "optimizer";
@@ -42,6 +44,7 @@ std::string Plan::label() const {
   }
   if (segments > 1) parts.push_back(fmt::format("checkpoint_sequential {} segments", segments));
   if (change == PlanChange::Allocator) parts.push_back(alloc_conf);
+  if (fused_loss) parts.emplace_back("liger-flce loss");
   if (accumulation > 1) parts.push_back(fmt::format("batch {} x {} accumulation steps", batch, accumulation));
   if (precision_changed) parts.emplace_back(nn::precision_name(precision));
   if (change == PlanChange::Optimizer) parts.push_back(nn::optimizer_label(optimizer));
@@ -57,7 +60,7 @@ int Plan::rank_tier() const noexcept {
     // Mixed precision keeps f32 master weights: a smaller change than half weights.
     case PlanChange::Precision: return precision == nn::Precision::Amp || precision == nn::Precision::AmpBF16 ? 2 : 3;
     case PlanChange::Optimizer: return 4;
-    default: return 0;  // as given, checkpointing, the allocator: the same arithmetic
+    default: return 0;  // as given, checkpointing, the allocator, the fused loss: the same arithmetic
   }
 }
 
@@ -84,6 +87,7 @@ nn::TrainConfig plan_config(const SweepSpec& base, const Plan& p, bool decoder) 
   row.parallel = base.parallels.front();
   nn::TrainConfig cfg = train_config(base, row);
   cfg.optimizer = p.optimizer;
+  if (p.fused_loss) cfg.model_options.loss = "liger-flce";
   if (p.accumulation > 1) accumulate(cfg, static_cast<std::size_t>(p.accumulation), 2);
   if (p.change == PlanChange::None) return cfg;
   if (p.segments > 1) {
@@ -116,6 +120,17 @@ class Planner {
   }
 
   nn::TrainConfig config_of(const Plan& p) const { return plan_config(spec_.base, p, by_layer_); }
+
+  /// A decoder whose causal LM loss Liger's fused linear cross entropy can take (a model that
+  /// takes the option, not already given it), on one GPU or a data-parallel engine that leaves
+  /// lm_head's weight whole.
+  bool fused_loss_applies() const {
+    const auto& keys = spec_.base.model->option_keys();
+    const nn::ParallelConfig& parallel = spec_.base.parallels.front();
+    return result_.model.loss == nn::LossKind::CausalLM && !result_.model.fused_linear_loss &&
+           std::find(keys.begin(), keys.end(), "loss") != keys.end() &&
+           !parallel.shards_parameters();
+  }
 
   Plan measure(Plan p) {
     if (progress_) progress_(result_.dry_runs, p.label());
@@ -390,6 +405,14 @@ void Planner::search() {
       search_change(std::move(p));
     }
   }
+  if (spec_.search.loss && fused_loss_applies()) {
+    // The causal LM loss without its logits: Liger's fused linear cross entropy, alone and with
+    // checkpointing (what the decoder's loss holds at its peak is often the largest block).
+    Plan p = base;
+    p.change = PlanChange::Loss;
+    p.fused_loss = true;
+    search_change(std::move(p));
+  }
   if (spec_.search.accumulation && info.batch > 1 && !spec_.base.parallels.front().enabled()) {
     constexpr std::int64_t kMaxMicroBatches = 256;
     std::vector<std::int64_t> steps;  // k: the batch splits into k micro-batches
@@ -512,19 +535,31 @@ void Planner::advise() {
 }  // namespace
 
 std::string device_less_headroom(const SweepSpec& spec, std::size_t headroom) {
-  if (headroom == 0 || !spec.device.starts_with("sim:")) return spec.device;
-  const std::size_t total = make_run_device(spec)->info().total_bytes;
-  if (headroom >= total) throw UsageError(fmt::format("--headroom: {} B leaves nothing of the device's {} B", headroom, total));
+  if (headroom == 0) return spec.device;
+  const DeviceInfo info = make_run_device(spec)->info();
+  if (!info.simulated) return spec.device;  // a GPU's memory is what it is
+  if (headroom + info.context_bytes >= info.total_bytes) {
+    throw UsageError(fmt::format("--headroom: {} leaves nothing of {} beside the CUDA context ({})",
+                                 format_bytes(headroom), format_bytes(info.total_bytes), format_bytes(info.context_bytes)));
+  }
+  // "sim" and "auto" without a GPU are the default preset.
+  const std::string device = spec.device.starts_with("sim:") ? spec.device : "sim:" + default_sim_preset();
   // The spec's items with its capacity (if it gives one) replaced: "sim:t4,capacity=N".
   std::string out = "sim:";
   std::size_t pos = 4;
-  while (pos <= spec.device.size()) {
-    const std::size_t comma = std::min(spec.device.find(',', pos), spec.device.size());
-    const std::string item = spec.device.substr(pos, comma - pos);
-    if (!item.empty() && !item.starts_with("capacity=")) out += item + ",";
+  while (pos <= device.size()) {
+    const std::size_t comma = std::min(device.find(',', pos), device.size());
+    std::string item = device.substr(pos, comma - pos);
+    item.erase(0, item.find_first_not_of(" \t"));
+    std::string key = item.substr(0, item.find('='));
+    std::transform(key.begin(), key.end(), key.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    if (!item.empty() && key.find_last_not_of(" \t") != std::string::npos &&
+        key.substr(0, key.find_last_not_of(" \t") + 1) != "capacity") {
+      out += item + ",";
+    }
     pos = comma + 1;
   }
-  return out + fmt::format("capacity={}", total - headroom);
+  return out + fmt::format("capacity={}", info.total_bytes - headroom);
 }
 
 namespace {

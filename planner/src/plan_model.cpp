@@ -61,8 +61,6 @@ StepProfile profile_step(nn::TrainConfig cfg) {
 
   StepProfile profile;
   profile.flops = stats.flops;
-  const double plain = stats.flops.forward + stats.flops.backward + stats.flops.optimizer;
-  profile.forward_share = plain > 0 ? stats.flops.forward / plain : 0;
   std::unordered_map<std::string, std::size_t> index;
   for (nn::Module* m : named) {
     if (index.contains(m->path())) continue;

@@ -415,10 +415,10 @@ SweepResult run_sweep(const SweepSpec& spec_in, const SweepProgress& progress) {
       rows.push_back(run_row(g, 0));
     } else {
       for (const std::size_t k : spec.segments) {
-        if (!rows.empty() && rows.front().weights_alone > 0) {
+        if (!rows.empty() && rows.front().weights_alone > 0 && !rows.front().unlimited) {
           // The parameters are allocated before any segment runs, so every count fails there
           // the same way: the first row's failure is theirs (a model of 100,000 layers builds
-          // once, not once per count).
+          // once, not once per count). A row with a run without the limit differs by count.
           SweepRow same = rows.front();
           same.segments = k;
           rows.push_back(std::move(same));
@@ -442,7 +442,8 @@ SweepResult run_sweep(const SweepSpec& spec_in, const SweepProgress& progress) {
     const std::string mode = g.checkpoint.empty() ? spec.model_options.checkpoint.value_or("") : g.checkpoint;
     // Its own marks too: a model file's "checkpoint" modules are measured against the same file
     // without them, as --checkpoint-modules naming the same modules is.
-    const bool own_marks = result.model.checkpointed_modules > 0 && !spec.checkpoint_modules;
+    const bool own_marks = result.model.checkpointed_modules > 0 && !spec.checkpoint_modules &&
+                           !result.model.checkpoints_by_layer;  // a decoder's marks are its --gradient-checkpointing
     const bool marked = (!mode.empty() && mode != "none") ||
                         (g.checkpoint.empty() && spec.checkpoint_modules && !spec.checkpoint_modules->empty()) ||
                         (g.checkpoint.empty() && own_marks);
@@ -450,12 +451,14 @@ SweepResult run_sweep(const SweepSpec& spec_in, const SweepProgress& progress) {
                                         nn::parallel_label(g.parallel));
     std::optional<std::int64_t> base;
     if (marked) {
+      // `planned` counted a baseline per group when no segment count is 0: this one, or none.
       if (const auto it = unmarked_base.find(key); it != unmarked_base.end()) {
         base = it->second;
+        if (!has_baseline) --planned;
       } else {
         static const std::string none = "none";
         const Group unmarked{g.conf, g.precision, g.batch, g.seq, g.parallel, none, own_marks};
-        ++planned;
+        if (has_baseline) ++planned;
         result.baselines.push_back(run_row(unmarked, 0));
         base = baseline_peak(result.baselines.back());
       }

@@ -57,3 +57,19 @@ def test_a_deepspeed_zero3_config(tmp_path):
     assert any("offload_optimizer" in u for u in ours.unmodelled)
     assert any("contiguous_gradients" in u for u in ours.unmodelled)
     assert not any("max_grad_norm" in u for u in ours.unmodelled)
+
+
+def test_use_liger_kernel_is_the_fused_loss(tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(LLAMA))
+    args = training_args(tmp_path, per_device_train_batch_size=2, bf16=True, max_grad_norm=0)
+    args.use_liger_kernel = True  # set after construction, as liger-kernel is not installed here
+    ours = vramscope.from_training_args(args, str(config), seq=256, device="sim:h100-80g")
+    theirs = command_json("sweep", "--hf-config", str(config), "--seq", "256", "--batch", "2", "--dtype", "amp-bf16",
+                          "--model-options", "loss=liger-flce", "--optimizer", "adam", "--device", "sim:h100-80g",
+                          "--segments", "0")
+    same_rows([ours.row], theirs["rows"])
+    assert any("use_liger_kernel" in u and "RMSNorm" in u for u in ours.unmodelled)
+    args.use_liger_kernel = False
+    plain = vramscope.from_training_args(args, str(config), seq=256, device="sim:h100-80g")
+    assert ours.max_allocated < plain.max_allocated  # no logits, no f32 copy of them

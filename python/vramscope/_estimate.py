@@ -225,6 +225,19 @@ class Row:
                 f"{fits}>")
 
 
+class _Work:
+    """A folder for an exported model file, removed when its owner is collected (or at exit)."""
+
+    def __init__(self):
+        import shutil
+        import weakref
+        self.path = Path(tempfile.mkdtemp(prefix="vramscope-"))
+        self._finalizer = weakref.finalize(self, shutil.rmtree, str(self.path), True)
+
+    def cleanup(self) -> None:
+        self._finalizer()
+
+
 class Estimate(Row):
     """estimate(): one configuration's step through the caching allocator. .modules and .plot
     come from `vramscope trace` of the same configuration, run when first asked for."""
@@ -234,6 +247,15 @@ class Estimate(Row):
         # The model's options and the configuration's, as trace takes them; `work` holds an
         # exported model file for as long as this estimate lives.
         self.__dict__["_trace_args"], self.__dict__["_work"], self.__dict__["_trace"] = trace_args, work, None
+
+    def __getstate__(self):
+        # Pickled, it keeps its figures and the trace if it ran; not the exported file's folder.
+        state = dict(self.__dict__)
+        state["_work"] = None
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
 
     @property
     def device(self) -> Dict[str, Any]:
@@ -369,19 +391,24 @@ def estimate(model, inputs=None, **options) -> Estimate:
     progress, export = _split(options, model)
     work = None
     if not isinstance(model, (str, Path)):
-        work = tempfile.TemporaryDirectory(prefix="vramscope-")  # the export, kept for .modules
+        work = _Work()  # the export, kept for .modules
+    bar = _Bar(progress) if progress else None
     try:
-        model_args = _model_options(model, inputs, Path(work.name) if work else Path("."), export)
-        document = _planner.run(["sweep"] + model_args + _options(options), _Bar(progress) if progress else None)
+        model_args = _model_options(model, inputs, work.path if work else Path("."), export)
+        document = _planner.run(["sweep"] + model_args + _options(options), bar)
+        rows = document.get("rows", [])
+        if len(rows) != 1:
+            raise _planner.RunFailed(f"estimate: the run gave {len(rows)} rows; sweep() takes several configurations")
     except BaseException:
         if work is not None:
             work.cleanup()
         raise
-    rows = document.get("rows", [])
-    if len(rows) != 1:
-        raise _planner.RunFailed(f"estimate: the run gave {len(rows)} rows; sweep() takes several configurations")
-    # The same configuration for trace: its steps as the sweep's (2 unless given).
-    trace_options = dict(options)
+    finally:
+        if bar is not None:
+            bar.close()
+    # The same configuration for trace: its steps as the sweep's (2 unless given); the sweep's
+    # files (plot=) are the sweep's, not written again.
+    trace_options = {k: v for k, v in options.items() if k not in ("plot",)}
     trace_options.setdefault("steps", 2)
     return Estimate(rows[0], document, model_args + _options(trace_options), work)
 

@@ -8,6 +8,8 @@ What the Trainer does with each argument, and the command option that models it:
 - gradient_checkpointing (+ gradient_checkpointing_kwargs' use_reentrant): each decoder layer
   checkpointed (--gradient-checkpointing; transformers' default is non-reentrant in 5.x);
 - optim: adamw_* is Adam (--optimizer adam), the 8-bit bitsandbytes ones adam8bit, sgd sgd;
+- use_liger_kernel: the causal LM loss by Liger's fused linear cross entropy (--model-options
+  loss=liger-flce), for the decoder families vramscope builds;
 - deepspeed (a path or a dict): zero_optimization.stage 1/2/3 as --parallel zeroS:N with the
   bucket and stage3_ settings it models; fsdp with fsdp_config's fsdp_version 2 as fsdp:N.
 What it cannot model is named in `.unmodelled`, never dropped silently.
@@ -113,9 +115,24 @@ def from_training_args(args, model, inputs=None, *, gpus: Optional[int] = None, 
         unmodelled.append("torch_compile: the compiled step's memory is not modelled (issue 49)")
     if (get("max_grad_norm") or 0) > 0:
         unmodelled.append(f"max_grad_norm {get('max_grad_norm')}: gradient clipping's temporaries are not modelled")
+    liger = bool(get("use_liger_kernel"))
+    if liger:
+        # Trainer applies liger-kernel's patch for the model type: the loss by its fused linear
+        # cross entropy (model option loss=liger-flce); its RoPE, RMSNorm and SwiGLU kernels too.
+        mapped["model_options"] = "loss=liger-flce"
+        unmodelled.append("use_liger_kernel: the fused linear cross entropy is modelled; Liger's RoPE, RMSNorm and "
+                          "SwiGLU kernels are not (the layers keep what transformers' keep)")
     mapped.update(options)
     from ._estimate import estimate
-    result = estimate(model, inputs, **mapped)
+    try:
+        result = estimate(model, inputs, **mapped)
+    except _planner.UsageError as e:
+        if not liger or "loss" not in str(e) or mapped.get("model_options") != "loss=liger-flce":
+            raise
+        # A recorded model (not one of the built-in decoder families) takes no loss option.
+        del mapped["model_options"]
+        unmodelled[-1] = "use_liger_kernel: not modelled for this model (its recording computes transformers' loss)"
+        result = estimate(model, inputs, **mapped)
     result.__dict__["options"] = mapped
     result.__dict__["unmodelled"] = unmodelled
     return result

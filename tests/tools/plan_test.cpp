@@ -39,7 +39,7 @@ planner::PlanSpec spec_of(std::shared_ptr<const nn::ModelSource> model, const ch
 
 planner::PlanSpec chain_spec() {
   planner::PlanSpec spec = spec_of(models::ModelFile::load(kChain), "", "sim:capacity=640MiB,context=0");
-  spec.search = planner::PlanSearch{false, false, false, false};
+  spec.search = planner::PlanSearch{false, false, false, false, false};
   return spec;
 }
 
@@ -133,6 +133,25 @@ TEST(Plan, CheckpointedBatchNormsAreSaidToUpdateTheirStatisticsTwice) {
   const planner::PlanResult chain = planner::run_plan(chain_spec());
   ASSERT_NE(chain.best(), nullptr);
   EXPECT_TRUE(chain.best()->figures.warnings.empty());
+}
+
+// A decoder's loss by Liger's fused linear cross entropy is a change plan tries, with its code
+// (issue 49: the logits and loss are the largest block at llama-3.1-8b's peak).
+TEST(Plan, TheDecodersLossIsAPlanChangeWithItsCode) {
+  planner::PlanSpec spec = spec_of(models::find("llama-3.1-8b"), "batch=4,seq=2048,lora=16", "sim:rtx4090",
+                                   nn::Precision::BF16);
+  const planner::PlanResult r = planner::run_plan(spec);
+  const planner::Plan* best = r.best();
+  ASSERT_NE(best, nullptr);
+  EXPECT_TRUE(best->fused_loss) << best->label();
+  EXPECT_EQ(best->change, planner::PlanChange::Loss);
+  EXPECT_EQ(best->accumulation, 1);
+  const std::string code = plan_code(r, *best);
+  EXPECT_NE(code.find("apply_liger_kernel_to_llama(rope=False"), std::string::npos) << code;
+  EXPECT_NE(code.find("fused_linear_cross_entropy=True"), std::string::npos) << code;
+  EXPECT_TRUE(plan_json(r)["plans"][0]["fused_loss"].get<bool>());
+  spec.search.loss = false;
+  for (const planner::Plan& p : planner::run_plan(spec).plans) EXPECT_FALSE(p.fused_loss) << p.label();
 }
 
 TEST(Plan, RanksFittingPlansByChangeThenRecomputeThenMemory) {
@@ -451,7 +470,7 @@ TEST(PlanCode, ADecoderBeforeTransformers452IsWrappedByName) {
   planner::PlanSpec spec = spec_of(models::find("llama-3.2-1b"), "batch=4,seq=2048,lora=16,attn=sdpa",
                           "sim:rtx4090", nn::Precision::BF16);  // 8 of the 16 layers fit
   spec.base.stack = nn::Stack::parse("torch=2.11,transformers=4.50");
-  spec.search = planner::PlanSearch{false, false, false, false};
+  spec.search = planner::PlanSearch{false, false, false, false, false};
   const planner::PlanResult r = planner::run_plan(spec);
   ASSERT_NE(r.best(), nullptr);
   ASSERT_TRUE(r.best()->checkpoint_modules.has_value());

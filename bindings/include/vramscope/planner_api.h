@@ -24,7 +24,9 @@ extern "C" {
 __attribute__((visibility("default"))) int vramscope_planner_api_version(void);
 
 /* Runs `vramscope ARGV...`: "sweep" (with --max-batch too), "plan" or "trace" (its per-module log,
- * figures, memory plot as SVG text and printed log as the document), and their options.
+ * figures, memory plot as SVG text and printed log as the document), and their options. A trace
+ * whose step runs out of memory (or that autograd refuses) returns 0: its document holds the log
+ * up to the failure and the message as "failure".
  * Returns 0 with *out the JSON document; 2 when the options are refused (the command's exit 2),
  * 1 when the run failed (exit 1): then *out is the one-line message (NULL only when not even
  * that could be allocated). Free *out with vramscope_planner_free. Output options (--format,

@@ -531,9 +531,11 @@ std::unique_ptr<Sequential> build_decoder(const DecoderConfig& c) {
   }
   body->append("model.norm", std::make_unique<ModelNorm>(c.hidden, c.rms_eps, state));
   if (c.tie_embeddings) {
-    body->append("lm_head", std::make_unique<TiedLinear>(embed, c.built_on_gpu));
+    auto& head = static_cast<TiedLinear&>(body->append("lm_head", std::make_unique<TiedLinear>(embed, c.built_on_gpu)));
+    if (c.fused_linear_cross_entropy) head.apply_in_loss();
   } else {
-    body->append("lm_head", std::make_unique<Linear>(c.hidden, c.vocab, false));
+    auto& head = static_cast<Linear&>(body->append("lm_head", std::make_unique<Linear>(c.hidden, c.vocab, false)));
+    if (c.fused_linear_cross_entropy) head.apply_in_loss();
   }
   if (c.nf4 && c.double_quant) {
     // Double quantization's code, bitsandbytes' "dynamic" map: 256 f32 shared by every 4-bit

@@ -37,7 +37,8 @@ constexpr WordKey kWordKeys[] = {{"attn", &ModelOptions::attention},
                                  {"checkpoint", &ModelOptions::checkpoint},
                                  {"lora_targets", &ModelOptions::lora_targets},
                                  {"quant", &ModelOptions::quant},
-                                 {"built_on", &ModelOptions::built_on}};
+                                 {"built_on", &ModelOptions::built_on},
+                                 {"loss", &ModelOptions::loss}};
 
 double parse_probability(std::string_view key, std::string_view value) {
   double p = 0;
@@ -204,6 +205,19 @@ Tensor Model::make_target(Runtime& runtime, DType dtype, std::uint64_t step) con
   return uniform(runtime, info_.target_shape, 0.0, 1.0, dtype, seed);
 }
 
+namespace {
+
+/// The weight of a decoder's lm_head (its last module): its own, or the embedding's it is tied to.
+const Tensor& lm_head_weight(const Sequential& body) {
+  const Module& head = body.at(body.size() - 1);
+  if (const auto* linear = dynamic_cast<const Linear*>(&head)) return linear->weight();
+  if (const auto* tied = dynamic_cast<const TiedLinear*>(&head)) return tied->weight();
+  throw Error("the fused linear cross entropy needs the model's lm_head, a Linear; its last module is " +
+              head.type_name());
+}
+
+}  // namespace
+
 Tensor Model::loss(const Tensor& output, const Tensor& target) const {
   if (info_.loss == LossKind::MSE) return mse_loss(output, target);
   if (info_.loss == LossKind::Sum) return sum(output);
@@ -218,6 +232,16 @@ Tensor Model::loss(const Tensor& output, const Tensor& target) const {
     // cross entropy of logits.view(-1, V) (the f32 copy lives until the loss returns).
     // The labels' two i64 copies are allocated as there; compute mode scores each token
     // against its own label (the runtime's cross entropy has no ignore_index).
+    if (info_.fused_linear_loss) {
+      // LigerForCausalLMLoss (liger-kernel transformers/model/loss_utils.py): no upcast; labels
+      // padded and shifted as transformers does (the padded copy lives until it returns), the
+      // hidden states viewed as [BT, H], then the fused linear cross entropy with lm_head's weight.
+      const Tensor padded = empty(target.runtime(), Shape{target.size(0), target.size(1) + 1}, DType::I64);
+      const Tensor shift_labels = empty(target.runtime(), target.shape(), DType::I64);
+      if (target.runtime().computing()) detail::copy_raw(shift_labels, target);
+      return fused_linear_cross_entropy(output.view(Shape{-1, output.size(-1)}), lm_head_weight(*body_),
+                                        shift_labels.view(Shape{-1}));
+    }
     const Tensor logits = to_dtype(output, DType::F32);
     Tensor shift_labels;
     {

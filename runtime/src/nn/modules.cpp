@@ -434,6 +434,7 @@ Linear::Linear(std::int64_t in, std::int64_t out, bool bias, bool kn_layout)
 }
 
 Tensor Linear::forward(const Tensor& input) {
+  if (in_loss_) return input;
   const Tensor b = has_bias_ ? param(bias_) : Tensor{};
   return kn_layout_ ? linear_kn(input, param(weight_), b) : linear(input, param(weight_), b);
 }
@@ -633,7 +634,7 @@ Tensor Embedding::forward(const Tensor& input) {
 }
 const Tensor& Embedding::weight() const noexcept { return slots()[weight_].tensor; }
 
-Tensor TiedLinear::forward(const Tensor& input) { return linear(input, embedding_->weight()); }
+Tensor TiedLinear::forward(const Tensor& input) { return in_loss_ ? input : linear(input, embedding_->weight()); }
 
 void TiedLinear::materialized(Runtime& runtime, DType dtype) {
   // nn.Linear(hidden, vocab) in LlamaForCausalLM.__init__, then tie_weights() in post_init

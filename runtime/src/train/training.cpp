@@ -146,6 +146,12 @@ Trainer::Trainer(const TrainConfig& config, CachingAllocator& allocator)
                                       : "zero runs as a dry run only: its collectives") +
                   " on one simulated rank bring no data from the others");
     }
+    if ((fsdp || zero3) && model_->info().fused_linear_loss) {
+      // lm_head's hooks gather its weight around its forward, which Liger's loss skips.
+      throw Error(std::string(fsdp ? "fsdp" : "zero3") + " with Liger's fused linear cross entropy (loss=liger-flce) "
+                  "is not modelled: the loss reads lm_head's weight outside lm_head's forward, where the engine "
+                  "gathers it");
+    }
     if (zero3 && plan_.checkpointed.size() > 0) {
       throw Error("zero3 does not combine with checkpoint_sequential's segments (its hooks gather each module's "
                   "parameters as it runs); checkpoint modules instead (checkpoint marks, --gradient-checkpointing)");

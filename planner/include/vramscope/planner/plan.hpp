@@ -27,8 +27,8 @@ namespace mem::planner {
 /// (checkpointing reruns the same forward; the allocator setting moves no number), then
 /// the same effective batch in micro-batches (batch norms see smaller batches), then the
 /// numbers' precision, then the optimizer.
-enum class PlanChange : std::uint8_t { None, Checkpointing, Allocator, Accumulation, Precision, Optimizer };
-/// "as given", "checkpointing", "allocator", "accumulation", "precision", "optimizer".
+enum class PlanChange : std::uint8_t { None, Checkpointing, Allocator, Loss, Accumulation, Precision, Optimizer };
+/// "as given", "checkpointing", "allocator", "loss", "accumulation", "precision", "optimizer".
 std::string_view plan_change_name(PlanChange change) noexcept;
 
 /// What the search may change beyond checkpointing (the user's flags).
@@ -37,6 +37,8 @@ struct PlanSearch {
   bool accumulation = true;  ///< micro-batches of batch / k, k accumulation steps
   bool precision = true;     ///< amp-bf16 and bf16 from f32; bf16 from amp
   bool optimizer = true;     ///< adam8bit, sgd-momentum, sgd from adam
+  /// Liger's fused linear cross entropy for a decoder's causal LM loss (the logits never whole)
+  bool loss = true;
 };
 
 struct PlanSpec {
@@ -60,6 +62,7 @@ struct Plan {
   bool precision_changed = false;         ///< precision differs from the given one
   nn::OptimizerConfig optimizer;
   std::string alloc_conf;
+  bool fused_loss = false;                ///< Liger's fused linear cross entropy (model option loss=liger-flce)
   std::int64_t batch = 0;                 ///< the micro-batch each step runs
   std::int64_t accumulation = 1;          ///< steps per optimizer step (batch x accumulation: the effective batch)
   RunFigures figures;
@@ -67,16 +70,18 @@ struct Plan {
   std::optional<AutogradFailure> error;
   std::string refused;                    ///< the runtime refused the configuration (mem::Error)
   bool over_headroom = false;             ///< ran, but its peak leaves less than PlanSpec::headroom
-  /// Recomputed forward FLOPs over the plain step's (forward + backward + optimizer).
+  /// Recomputed forward FLOPs over its step's own work (forward + backward + optimizer), as
+  /// sweep's RunFigures::recompute_share.
   double recompute_share = 0;
 
   bool fits() const noexcept { return !oom && !error && refused.empty() && !over_headroom && !figures.gradients_missing; }
   /// "checkpoint 5 modules", "checkpoint 8 of 50 blocks", "checkpoint_sequential 4 segments",
-  /// "expandable_segments:True", "batch 64 x 4 accumulation steps", "amp-bf16", "adam8bit",
-  /// joined by " + ".
+  /// "expandable_segments:True", "liger-flce loss", "batch 64 x 4 accumulation steps", "amp-bf16",
+  /// "adam8bit", joined by " + ".
   std::string label() const;
-  /// The order of preference of its change: 0 for as given, checkpointing and the allocator
-  /// (the same arithmetic), 1 accumulation, 2 mixed precision, 3 half weights, 4 the optimizer.
+  /// The order of preference of its change: 0 for as given, checkpointing, the allocator and the
+  /// fused loss (the same arithmetic), 1 accumulation, 2 mixed precision, 3 half weights, 4 the
+  /// optimizer.
   int rank_tier() const noexcept;
 };
 

@@ -36,9 +36,6 @@ struct StepProfile {
   std::vector<SavedRun> saves;      ///< forward order
   std::vector<std::string> blocks;  ///< the repeated blocks (decoder layers, Bottlenecks)
   nn::FlopCounts flops;             ///< of the profiled step
-  /// forward / (forward + backward + optimizer): turns a recompute ratio (of one forward)
-  /// into a share of the step's work.
-  double forward_share = 0;
 };
 
 /// The cheap model: one step of `cfg` (checkpointing cleared, one GPU) on an unlimited twin.

@@ -57,6 +57,9 @@ struct DecoderConfig {
   /// after every parameter exists, leaving its block in the cache. Built on the CPU and
   /// moved (or loaded with from_pretrained), only the tied weight reaches the GPU.
   bool built_on_gpu = false;
+  /// Liger's fused linear cross entropy computes the loss from the hidden states and lm_head's
+  /// weight: lm_head's forward passes them through (Model::loss applies it).
+  bool fused_linear_cross_entropy = false;
   double rms_eps = 1e-6;
   double rope_theta = 10000.0;  ///< the rotary base (values only: memory does not depend on it)
   /// How the eager causal mask is built: Llama's (full, triu, times a bool), or Mistral's and

@@ -20,4 +20,11 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target);
 /// one gradient of the input's shape. Under autocast the input is first cast to f32.
 Tensor bce_with_logits(const Tensor& input, const Tensor& target);
 
+/// Liger's fused linear cross entropy (LigerFusedLinearCrossEntropyFunction, mean reduction):
+/// the loss of input [BT, H] @ weight [V, H]^T against i64 target [BT] without the logits. It
+/// walks the tokens in chunks of about BT x H logits (one buffer, or one per chunk under
+/// autocast), computing the gradients in the forward: grad_input [BT, H] (and grad_weight [V, H]
+/// when the weight trains) are allocated there and saved; backward allocates nothing of size.
+Tensor fused_linear_cross_entropy(const Tensor& input, const Tensor& weight, const Tensor& target);
+
 }  // namespace mem::nn

@@ -59,6 +59,9 @@ struct ModelOptions {
   /// built_on: cpu (built on the CPU or loaded by from_pretrained, then moved) or gpu
   /// (constructed on the GPU: from_config under torch.device("cuda"))
   std::optional<std::string> built_on;
+  /// loss: the causal LM loss as transformers computes it ("hf": the logits, then cross
+  /// entropy) or Liger's fused linear cross entropy ("liger-flce": no logits)
+  std::optional<std::string> loss;
 
   /// Parses "depth=200,width=1024,batch=32,seq=512,image=128,classes=10,dropout=0,inplace=1"
   /// and the transformer keys "attn=eager,checkpoint=reentrant,lora=16,lora_targets=q_proj+v_proj,
@@ -68,7 +71,7 @@ struct ModelOptions {
   /// The size option `key` ("batch", "depth", ...) when set; nullopt when not set.
   std::optional<std::int64_t> size(std::string_view key) const;
   /// Every option key: batch, depth, width, seq, image, classes, lora, expert_skew, dropout, inplace, attn,
-  /// checkpoint, lora_targets, quant, built_on, lora_dropout.
+  /// checkpoint, lora_targets, quant, built_on, loss, lora_dropout.
   static const std::vector<std::string>& keys();
   /// The keys set here, in keys() order.
   std::vector<std::string> given() const;
@@ -111,6 +114,9 @@ struct ModelInfo {
   /// Hugging Face decoders: gradient_checkpointing_enable and its layers' flags), rather than
   /// through marks on any module (model files, operator graphs).
   bool checkpoints_by_layer = false;
+  /// The causal LM loss takes the hidden states and lm_head's weight (Liger's fused linear
+  /// cross entropy): lm_head's forward passes its input through.
+  bool fused_linear_loss = false;
   /// An operator-level model (op_graph.hpp): its recorded operators and module calls (0: a
   /// model of modules), and the PyTorch it was recorded with.
   std::size_t operators = 0;

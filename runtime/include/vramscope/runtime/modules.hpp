@@ -291,10 +291,14 @@ class Linear : public Module {
          bool kn_layout = false);
   Tensor forward(const Tensor& input) override;
   const Tensor& weight() const noexcept;
+  /// The loss applies this weight (a decoder's lm_head under Liger's fused linear cross
+  /// entropy): forward passes its input through.
+  void apply_in_loss() noexcept { in_loss_ = true; }
 
  private:
   std::size_t weight_, bias_;
   bool has_bias_, kn_layout_;
+  bool in_loss_ = false;
 };
 
 class Conv2d : public Module {
@@ -587,6 +591,8 @@ class TiedLinear : public Module {
   /// The embedding's weight: in PyTorch the same Parameter is this module's `weight` too
   /// (what DeepSpeed's ZeRO-3 gathers around it).
   const Tensor& weight() const noexcept { return embedding_->weight(); }
+  /// As Linear::apply_in_loss: forward passes its input through.
+  void apply_in_loss() noexcept { in_loss_ = true; }
 
  protected:
   void materialized(Runtime& runtime, DType dtype) override;
@@ -594,6 +600,7 @@ class TiedLinear : public Module {
  private:
   const Embedding* embedding_;
   bool untied_first_;
+  bool in_loss_ = false;
 };
 
 /// GPT-2 eager attention: c_attn (Conv1D to 3C), split, heads as views, q @ k^T

@@ -91,7 +91,8 @@ Tensor avg_pool2d(const Tensor& x, std::int64_t kernel, std::int64_t stride, std
 
 // --- normalisation -----------------------------------------------------------------------------
 /// native_batch_norm. Training: saves input, weight and the per-channel f32 mean and
-/// invstd; updates running stats (not while recomputing). Eval: uses running stats.
+/// invstd; updates running stats (again in a checkpoint's recompute, as PyTorch). Eval: uses
+/// running stats.
 Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias,
                   const Tensor& running_mean, const Tensor& running_var, bool training,
                   double momentum = 0.1, double eps = 1e-5);

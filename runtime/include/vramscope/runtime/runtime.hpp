@@ -247,8 +247,8 @@ class PhaseGuard {
   Phase previous_;
 };
 
-/// True while checkpointing reruns a forward: BatchNorm then leaves its running
-/// statistics alone, so they are updated once per step as without checkpointing.
+/// True while checkpointing reruns a forward (BatchNorm then updates its running statistics a
+/// second time, as PyTorch's recompute does, and says so through Runtime::warn).
 bool recomputing() noexcept;
 
 }  // namespace mem::nn
