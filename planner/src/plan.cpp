@@ -269,11 +269,15 @@ class Planner {
   /// micro-batches never need more memory): the smallest micro-batch first, then bisection.
   /// nullopt when even that does not fit with every module checkpointed (the attempt kept).
   std::optional<Plan> search_accumulation_with_checkpointing(std::size_t count,
-                                                             const std::function<Plan(std::size_t)>& micro) {
+                                                             const std::function<Plan(std::size_t)>& micro,
+                                                             Plan most_measured) {
     std::map<std::size_t, std::optional<Plan>> runs;
     const auto fits = [&](std::size_t i) {
       auto it = runs.find(i);
-      if (it == runs.end()) it = runs.emplace(i, with_change(micro(i))).first;
+      if (it == runs.end()) {
+        // The most micro-batches ran alone already (smallest_fitting): not again.
+        it = runs.emplace(i, i == count ? with_change(micro(i), std::move(most_measured)) : with_change(micro(i))).first;
+      }
       return it->second && it->second->fits();
     };
     if (!fits(count)) {
@@ -297,8 +301,8 @@ class Planner {
 
   /// `base` as it is, then with the greedy checkpointing when it alone does not fit: the
   /// plan that fits, else the attempt with the most checkpointing; nullopt when refused.
-  std::optional<Plan> with_change(Plan base) {
-    Plan p = measure(base);
+  std::optional<Plan> with_change(Plan base, std::optional<Plan> measured = std::nullopt) {
+    Plan p = measured ? std::move(*measured) : measure(base);
     if (p.fits() || !p.refused.empty() || p.error) {
       if (p.refused.empty()) return p;
       return std::nullopt;
@@ -434,8 +438,9 @@ void Planner::search() {
       p.batch = info.batch / p.accumulation;
       return p;
     };
-    auto found = steps.empty() ? std::nullopt : smallest_fitting(steps.size(), 1, micro);
-    if (!found && !steps.empty()) found = search_accumulation_with_checkpointing(steps.size(), micro);
+    std::optional<Plan> most;  // the run of the most micro-batches
+    auto found = steps.empty() ? std::nullopt : smallest_fitting(steps.size(), 1, micro, &most);
+    if (!found && most) found = search_accumulation_with_checkpointing(steps.size(), micro, std::move(*most));
     if (found) keep(std::move(*found));
   }
   if (spec_.search.precision) {
