@@ -60,6 +60,27 @@ TEST(FusedLinearCrossEntropy, ATrainedWeightAddsItsGradientComputedInTheForward)
   EXPECT_EQ(f32.kept, 2 * grad_input + 2 * grad_weight + 512);
 }
 
+TEST(FusedLinearCrossEntropy, UnderAutocastEachChunkHasItsOwnLogits) {
+  // amp-bf16: f32 hidden states and an f32 weight that trains. _can_use_mm_out is false (the
+  // autocast dtype is not the input's), so each chunk's `_input_chunk @ weight.t()` casts the
+  // chunk (freed after the matmul) and allocates its own bf16 logits; the weight's bf16 copy is
+  // autocast's cached cast of a parameter, alive for the region. grad_input's slice is a bf16
+  // product copied in; grad_weight's addmm(out_dtype=float32) casts the f32 chunk to bf16.
+  test::Env env(ExecMode::DryRun);
+  const Tensor x = empty(env.rt, Shape{BT, H}, DType::F32).set_requires_grad(true);
+  Tensor w = empty(env.rt, Shape{V, H}, DType::F32);
+  w.set_requires_grad(true);
+  const Tensor target = empty(env.rt, Shape{BT}, DType::I64);
+  AutocastRegion region(env.rt, DType::BF16);
+  const std::int64_t before = env.allocated();
+  env.alloc.reset_peak_stats();
+  const Tensor loss = fused_linear_cross_entropy(x, w, target);
+  const std::int64_t grad_input = BT * H * 4, grad_weight = V * H * 4, cached = V * H * 2;
+  const std::int64_t logits = kChunk * V * 2, chunk_cast = kChunk * H * 2;
+  EXPECT_EQ(env.peak() - before, grad_input + grad_weight + 512 + 512 + cached + logits + chunk_cast);
+  EXPECT_EQ(env.allocated() - before, grad_input + grad_weight + 512 + cached);
+}
+
 TEST(FusedLinearCrossEntropy, LossAndGradientsEqualTheLinearThenCrossEntropy) {
   constexpr std::int64_t n = 24, h = 8, v = 40;  // chunk_size next_power_of_2(cdiv(24, 5)) = 8: 3 chunks
   const auto run = [&](bool fused, double scale) {
