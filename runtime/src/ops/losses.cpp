@@ -347,7 +347,7 @@ Tensor fused_linear_cross_entropy(const Tensor& input, const Tensor& weight, con
   // _can_use_mm_out: the forward runs without grad mode, so unless autocast changes the dtype the
   // chunks' logits go into one (chunk, V) buffer and grad_input's slices are written by mm(out=).
   const DType logits_dtype = half ? *half : input.dtype();
-  const bool mm_out = !half || input.dtype() == *half;
+  const bool mm_out = input.dtype() == weight.dtype() && (!half || input.dtype() == *half);
   Tensor logits_storage = mm_out ? empty(rt, Shape{chunk, v}, logits_dtype) : Tensor{};
   // Under autocast the weight's half copy is the region's cached cast (a parameter).
   const Tensor w = half ? detail::autocast_half(weight) : weight;
@@ -358,14 +358,15 @@ Tensor fused_linear_cross_entropy(const Tensor& input, const Tensor& weight, con
     const std::int64_t rows = std::min(chunk, bt - start);
     Tensor logits = logits_storage;
     if (!mm_out) {
-      const Tensor cast = empty(rt, Shape{rows, h}, *half);  // autocast's cast of _input_chunk for the matmul
+      // autocast's cast of _input_chunk for the matmul, when it is not the half type already
+      const Tensor cast = input.dtype() != logits_dtype ? empty(rt, Shape{rows, h}, logits_dtype) : Tensor{};
       logits = empty(rt, Shape{rows, v}, logits_dtype);
     }
     rt.add_flops(2.0 * static_cast<double>(rows * h) * static_cast<double>(v) + 5.0 * static_cast<double>(rows * v));
     if (input_grad) {
       // grad_input[start:end] = grad_logits_chunk @ weight: written in place by mm(out=), or
       // under autocast a (rows, H) half result copied into the slice.
-      if (!mm_out) { const Tensor result = empty(rt, Shape{rows, h}, *half); }
+      if (!mm_out) { const Tensor result = empty(rt, Shape{rows, h}, logits_dtype); }
       rt.add_flops(2.0 * static_cast<double>(rows * v) * static_cast<double>(h));
     }
     if (weight_grad) {
