@@ -48,7 +48,7 @@ struct PlanArgs {
 /// it was found in `how`.
 std::int64_t largest_checkpointed_batch(const planner::SweepSpec& base, std::size_t headroom, std::string& how) {
   planner::SweepSpec spec = base;
-  spec.device = planner::device_less_headroom(base, headroom);  // the batch leaves the headroom free
+  spec.headroom = headroom;  // the batch leaves the headroom free
   planner::SweepRow row;
   row.precision = base.precisions.front();
   row.alloc_conf = base.alloc_confs.front();
@@ -72,18 +72,7 @@ std::int64_t largest_checkpointed_batch(const planner::SweepSpec& base, std::siz
   return planner::find_max_batch(spec, row).max_batch;
 }
 
-/// --headroom: bytes ("1GiB", "0") or a share of the device's memory ("5%", the default: what
-/// cuDNN's benchmark workspaces, NCCL, a second process or the data loader's CUDA tensors take
-/// beside the step, which a plan to the last MiB leaves no room for), in whole MiB.
-std::size_t headroom_as_given(const std::string& text, const planner::SweepSpec& base);
-
-std::size_t headroom_bytes(const std::string& text, const planner::SweepSpec& base) {
-  planner::check_device(base.device, nn::ExecMode::DryRun);
-  const std::size_t bytes = headroom_as_given(text, base);
-  (void)planner::device_less_headroom(base, bytes);  // a UsageError when it leaves nothing
-  return bytes;
-}
-
+/// --headroom as typed: bytes ("1GiB", "0") or a share of the device's memory ("5%"), in whole MiB.
 std::size_t headroom_as_given(const std::string& text, const planner::SweepSpec& base) {
   if (!text.empty() && text.back() == '%') {
     double percent = -1;
@@ -96,6 +85,18 @@ std::size_t headroom_as_given(const std::string& text, const planner::SweepSpec&
     return static_cast<std::size_t>(total * percent / 100.0) / (std::size_t{1} << 20) * (std::size_t{1} << 20);
   }
   return as_usage("--headroom", [&] { return parse_bytes(text, /*allow_zero=*/true); });
+}
+
+/// --headroom, checked against the device: bytes ("1GiB", "0") or a share of its memory ("5%",
+/// the default: what cuDNN's benchmark workspaces, NCCL, a second process or the data loader's
+/// CUDA tensors take beside the step, which a plan to the last MiB leaves no room for).
+std::size_t headroom_bytes(const std::string& text, const planner::SweepSpec& base) {
+  planner::check_device(base.device, nn::ExecMode::DryRun);
+  const std::size_t bytes = headroom_as_given(text, base);
+  planner::SweepSpec with_room = base;
+  with_room.headroom = bytes;
+  (void)planner::make_run_device(with_room);  // a UsageError when it leaves nothing
+  return bytes;
 }
 
 planner::PlanSearch parse_search(const std::string& text) {

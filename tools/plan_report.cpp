@@ -249,7 +249,7 @@ std::string plan_code(const planner::PlanResult& r, const planner::Plan& p) {
     // liger-kernel transformers/monkey_patch.py: the model's forward replaced by lce_forward,
     // whose training loss is LigerForCausalLMLoss; the other kernels (RoPE, RMSNorm, SwiGLU)
     // change what the layers keep, so they stay off.
-    const std::string type = r.model.description.substr(0, r.model.description.find(':'));
+    const std::string& type = r.model.model_type;
     out += "# the loss without its logits: Liger's fused linear cross entropy (pip install liger-kernel)\n";
     out += fmt::format("from liger_kernel.transformers import apply_liger_kernel_to_{}\n", type);
     out += fmt::format("apply_liger_kernel_to_{}(rope=False, rms_norm=False, swiglu=False, cross_entropy=False,\n", type);

@@ -458,6 +458,7 @@ HfConfig::Built HfConfig::make(const nn::ModelOptions& o) const {
   b.info.target_dtype = nn::DType::I64;
   b.info.loss = nn::LossKind::CausalLM;
   b.info.fused_linear_loss = c.fused_linear_cross_entropy;
+  b.info.model_type = model_type_;
   b.info.target_classes = c.vocab;
   b.info.input_high = c.vocab;
   b.info.sequential_checkpointing = false;

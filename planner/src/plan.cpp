@@ -5,7 +5,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <map>
@@ -158,12 +157,21 @@ class Planner {
   /// does not fit (then `most` holds its run).
   std::optional<Plan> smallest_fitting(std::size_t count, std::size_t guess, const std::function<Plan(std::size_t)>& plan_of,
                                        std::optional<Plan>* most = nullptr) {
+    return smallest_run_fitting(
+        count, guess, [&](std::size_t n) { return std::optional<Plan>(measure(plan_of(n))); }, most);
+  }
+
+  /// smallest_fitting over runs that may be refused (nullopt: not a fit): `run(n)` gives the
+  /// plan of size n, measured.
+  std::optional<Plan> smallest_run_fitting(std::size_t count, std::size_t guess,
+                                           const std::function<std::optional<Plan>(std::size_t)>& run,
+                                           std::optional<Plan>* most) {
     if (count == 0) return std::nullopt;
-    std::map<std::size_t, Plan> runs;
+    std::map<std::size_t, std::optional<Plan>> runs;
     const auto fits = [&](std::size_t n) {
       auto it = runs.find(n);
-      if (it == runs.end()) it = runs.emplace(n, measure(plan_of(n))).first;
-      return it->second.fits();
+      if (it == runs.end()) it = runs.emplace(n, run(n)).first;
+      return it->second && it->second->fits();
     };
     const bool all_fit = fits(count);
     if (most != nullptr) *most = runs.at(count);  // the run of every module, fitting or not
@@ -271,26 +279,14 @@ class Planner {
   std::optional<Plan> search_accumulation_with_checkpointing(std::size_t count,
                                                              const std::function<Plan(std::size_t)>& micro,
                                                              Plan most_measured) {
-    std::map<std::size_t, std::optional<Plan>> runs;
-    const auto fits = [&](std::size_t i) {
-      auto it = runs.find(i);
-      if (it == runs.end()) {
-        // The most micro-batches ran alone already (smallest_fitting): not again.
-        it = runs.emplace(i, i == count ? with_change(micro(i), std::move(most_measured)) : with_change(micro(i))).first;
-      }
-      return it->second && it->second->fits();
+    std::optional<Plan> attempt;
+    const auto run = [&](std::size_t i) {
+      // The most micro-batches ran alone already (smallest_fitting): not again.
+      return i == count ? with_change(micro(i), std::move(most_measured)) : with_change(micro(i));
     };
-    if (!fits(count)) {
-      if (runs.at(count)) keep(std::move(*runs.at(count)));  // the attempt, as the other families show theirs
-      return std::nullopt;
-    }
-    std::size_t lo = 0, hi = count;
-    while (hi - lo > 1) {
-      const std::size_t mid = lo + (hi - lo) / 2;
-      if (fits(mid)) hi = mid;
-      else lo = mid;
-    }
-    return runs.at(hi);
+    std::optional<Plan> found = smallest_run_fitting(count, count, run, &attempt);
+    if (!found && attempt) keep(std::move(*attempt));  // the attempt, as the other families show theirs
+    return found;
   }
 
   /// A configuration change (precision, optimizer, allocator): as it is, then with the
@@ -531,43 +527,11 @@ void Planner::advise() {
   row.precision = least->precision;
   row.alloc_conf = least->alloc_conf;
   row.parallel = spec_.base.parallels.front();
-  spec.device = device_less_headroom(spec, spec_.headroom);
+  spec.headroom = spec_.headroom;  // the batch leaves the headroom free
   const MaxBatchRow m = find_max_batch(spec, row);
   result_.dry_runs += m.probes;
   result_.max_batch = m.max_batch;
 }
-
-}  // namespace
-
-std::string device_less_headroom(const SweepSpec& spec, std::size_t headroom) {
-  if (headroom == 0) return spec.device;
-  const DeviceInfo info = make_run_device(spec)->info();
-  if (!info.simulated) return spec.device;  // a GPU's memory is what it is
-  if (headroom + info.context_bytes >= info.total_bytes) {
-    throw UsageError(fmt::format("--headroom: {} leaves nothing of {} beside the CUDA context ({})",
-                                 format_bytes(headroom), format_bytes(info.total_bytes), format_bytes(info.context_bytes)));
-  }
-  // "sim" and "auto" without a GPU are the default preset.
-  const std::string device = spec.device.starts_with("sim:") ? spec.device : "sim:" + default_sim_preset();
-  // The spec's items with its capacity (if it gives one) replaced: "sim:t4,capacity=N".
-  std::string out = "sim:";
-  std::size_t pos = 4;
-  while (pos <= device.size()) {
-    const std::size_t comma = std::min(device.find(',', pos), device.size());
-    std::string item = device.substr(pos, comma - pos);
-    item.erase(0, item.find_first_not_of(" \t"));
-    std::string key = item.substr(0, item.find('='));
-    std::transform(key.begin(), key.end(), key.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-    if (!item.empty() && key.find_last_not_of(" \t") != std::string::npos &&
-        key.substr(0, key.find_last_not_of(" \t") + 1) != "capacity") {
-      out += item + ",";
-    }
-    pos = comma + 1;
-  }
-  return out + fmt::format("capacity={}", info.total_bytes - headroom);
-}
-
-namespace {
 
 /// Fits first, then the least change, the least recompute, the least memory.
 bool ranks_before(const Plan& a, const Plan& b) {

@@ -109,7 +109,16 @@ std::shared_ptr<Device> make_run_device(const SweepSpec& spec) {
   nn::TrainConfig cfg;
   cfg.device = spec.device;
   cfg.mode = spec.mode;
-  return make_device(nn::device_spec_for(cfg));
+  std::shared_ptr<Device> device = make_device(nn::device_spec_for(cfg));
+  const auto* sim = dynamic_cast<const SimDevice*>(device.get());
+  if (spec.headroom == 0 || sim == nullptr) return device;
+  SimDeviceConfig c = sim->config();
+  if (spec.headroom + c.context_bytes >= c.capacity) {
+    throw UsageError(fmt::format("--headroom: {} leaves nothing of {} beside the CUDA context ({})",
+                                 format_bytes(spec.headroom), format_bytes(c.capacity), format_bytes(c.context_bytes)));
+  }
+  c.capacity -= spec.headroom;
+  return std::make_shared<SimDevice>(std::move(c));
 }
 
 std::string configuration_label(nn::Precision precision, const std::string& shape, std::size_t segments,

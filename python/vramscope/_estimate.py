@@ -170,6 +170,19 @@ class _Bar:
             self.bar.close()
 
 
+class _Work:
+    """A folder for an exported model file, removed when its owner is collected (or at exit)."""
+
+    def __init__(self):
+        import shutil
+        import weakref
+        self.path = Path(tempfile.mkdtemp(prefix="vramscope-"))
+        self._finalizer = weakref.finalize(self, shutil.rmtree, str(self.path), True)
+
+    def cleanup(self) -> None:
+        self._finalizer()
+
+
 def _split(options: Dict[str, Any], model):
     """(progress, the exporter's options) taken out of `options`, which keeps the command's."""
     progress = options.pop("progress", None)
@@ -179,18 +192,23 @@ def _split(options: Dict[str, Any], model):
     return progress, export
 
 
-def _run(command: List[str], model, inputs, options: Dict[str, Any]) -> dict:
+def _run(command: List[str], model, inputs, options: Dict[str, Any], keep: bool = False):
+    """(the document, the model's options, the folder of its export or None). An nn.Module is
+    exported into a folder removed on return, unless `keep` (then its owner's)."""
     progress, export = _split(options, model)
     bar = _Bar(progress) if progress else None
+    work = None if isinstance(model, (str, Path)) else _Work()  # named: no file to write
+    done = False
     try:
-        if isinstance(model, (str, Path)):  # named: no file to write, nothing to clean up
-            return _planner.run(command + _model_options(model, inputs, Path("."), export) + _options(options), bar)
-        with tempfile.TemporaryDirectory(prefix="vramscope-") as work:
-            args = command + _model_options(model, inputs, Path(work), export) + _options(options)
-            return _planner.run(args, bar)
+        model_args = _model_options(model, inputs, work.path if work else Path("."), export)
+        document = _planner.run(command + model_args + _options(options), bar)
+        done = True
     finally:
         if bar is not None:
             bar.close()
+        if work is not None and not (keep and done):
+            work.cleanup()
+    return document, model_args, work
 
 
 class Row:
@@ -223,19 +241,6 @@ class Row:
         return (f"<{type(self).__name__} {label}: max allocated {_human(self.row.get('max_allocated'))}, "
                 f"max reserved {_human(self.row.get('max_reserved'))}, nvidia-smi {_human(self.row.get('max_nvidia_smi'))}, "
                 f"{fits}>")
-
-
-class _Work:
-    """A folder for an exported model file, removed when its owner is collected (or at exit)."""
-
-    def __init__(self):
-        import shutil
-        import weakref
-        self.path = Path(tempfile.mkdtemp(prefix="vramscope-"))
-        self._finalizer = weakref.finalize(self, shutil.rmtree, str(self.path), True)
-
-    def cleanup(self) -> None:
-        self._finalizer()
 
 
 class Estimate(Row):
@@ -388,24 +393,12 @@ def estimate(model, inputs=None, **options) -> Estimate:
     for key in ("batch", "seq", "dtype", "segments", "alloc_conf", "parallel"):
         if isinstance(options.get(key), (list, tuple)):
             raise _planner.UsageError(f"{key}: estimate takes one; sweep() takes a list")
-    progress, export = _split(options, model)
-    work = None
-    if not isinstance(model, (str, Path)):
-        work = _Work()  # the export, kept for .modules
-    bar = _Bar(progress) if progress else None
-    try:
-        model_args = _model_options(model, inputs, work.path if work else Path("."), export)
-        document = _planner.run(["sweep"] + model_args + _options(options), bar)
-        rows = document.get("rows", [])
-        if len(rows) != 1:
-            raise _planner.RunFailed(f"estimate: the run gave {len(rows)} rows; sweep() takes several configurations")
-    except BaseException:
+    document, model_args, work = _run(["sweep"], model, inputs, options, keep=True)
+    rows = document.get("rows", [])
+    if len(rows) != 1:
         if work is not None:
             work.cleanup()
-        raise
-    finally:
-        if bar is not None:
-            bar.close()
+        raise _planner.RunFailed(f"estimate: the run gave {len(rows)} rows; sweep() takes several configurations")
     # The same configuration for trace: its steps as the sweep's (2 unless given); the sweep's
     # files (plot=) are the sweep's, not written again.
     trace_options = {k: v for k, v in options.items() if k not in ("plot",)}
@@ -417,18 +410,18 @@ def sweep(model, inputs=None, **options) -> Rows:
     """`vramscope sweep`: a row per configuration (lists of batch, seq, dtype, segments, ...),
     with a progress bar where tqdm is installed (progress=False: none; a callable: told itself)."""
     options.setdefault("progress", True)
-    return Rows(_run(["sweep"], model, inputs, options))
+    return Rows(_run(["sweep"], model, inputs, options)[0])
 
 
 def max_batch(model, inputs=None, **options) -> Rows:
     """`vramscope sweep --max-batch`: the largest batch that fits, per configuration."""
     options["max_batch"] = True
     options.setdefault("progress", True)
-    return Rows(_run(["sweep"], model, inputs, options))
+    return Rows(_run(["sweep"], model, inputs, options)[0])
 
 
 def plan(model, inputs=None, **options) -> Plans:
     """`vramscope plan`: what makes the step fit, ranked; .best.code and .best.apply(model);
     a progress bar as sweep's."""
     options.setdefault("progress", True)
-    return Plans(_run(["plan"], model, inputs, options))
+    return Plans(_run(["plan"], model, inputs, options)[0])

@@ -349,8 +349,9 @@ Tensor fused_linear_cross_entropy(const Tensor& input, const Tensor& weight, con
   const DType logits_dtype = half ? *half : input.dtype();
   const bool mm_out = input.dtype() == weight.dtype() && (!half || input.dtype() == *half);
   Tensor logits_storage = mm_out ? empty(rt, Shape{chunk, v}, logits_dtype) : Tensor{};
-  // Under autocast the weight's half copy is the region's cached cast (a parameter).
-  const Tensor w = half ? detail::autocast_half(weight) : weight;
+  // Under autocast the weight's half copy is the region's cached cast (a parameter): made here
+  // if no op of the region made it before, then held by the cache.
+  if (half) (void)detail::autocast_half(weight);
   const int sm = rt.allocator().device().info().compute_capability;  // 0: unknown, taken as Ampere or newer
   const bool addmm_in_place = sm == 0 || sm >= 80;
   double loss_sum = 0;

@@ -115,10 +115,6 @@ struct PlanResult {
 /// Called before each dry run: runs so far, and what runs.
 using PlanProgress = std::function<void(std::size_t, const std::string&)>;
 
-/// The simulated device of `spec` with `headroom` less capacity (a spec string: "sim:t4,capacity=N"),
-/// where a search for the largest batch must leave the headroom free; other devices as they are.
-std::string device_less_headroom(const SweepSpec& spec, std::size_t headroom);
-
 /// Validates the spec (UsageError), then searches. Every plan in the result was run.
 PlanResult run_plan(const PlanSpec& spec, const PlanProgress& progress = {});
 

@@ -59,6 +59,9 @@ struct SweepSpec {
   /// Exactly these modules run checkpointed (nn::TrainConfig::checkpoint_modules); nullopt:
   /// the model's own marks. `plan` sets it for --max-batch of a plan.
   std::optional<std::vector<std::string>> checkpoint_modules;
+  /// A simulated device this much smaller than `device` says (plan's headroom, which the
+  /// largest batch it finds must leave free); a real GPU's memory is what it is. 0: as given.
+  std::size_t headroom = 0;
 };
 
 /// Figures of one run, every one read from the allocator (an observer sees the
@@ -193,7 +196,8 @@ SweepResult run_sweep(const SweepSpec& spec, const SweepProgress& progress = {})
 RunFigures run_config(const nn::TrainConfig& cfg, std::shared_ptr<Device> device,
                       std::optional<OomFailure>& oom, std::optional<AutogradFailure>& error);
 
-/// The device a run of `spec` gets: a fresh one per run, so runs share no cache.
+/// The device a run of `spec` gets: a fresh one per run, so runs share no cache. UsageError when
+/// its headroom leaves nothing beside the CUDA context.
 std::shared_ptr<Device> make_run_device(const SweepSpec& spec);
 
 /// A simulated device like `info` (context, granularity) without a capacity limit.

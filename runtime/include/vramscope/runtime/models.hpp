@@ -117,6 +117,8 @@ struct ModelInfo {
   /// The causal LM loss takes the hidden states and lm_head's weight (Liger's fused linear
   /// cross entropy): lm_head's forward passes its input through.
   bool fused_linear_loss = false;
+  /// A Hugging Face decoder's model_type ("llama", "mistral", "qwen2"); "" for other models.
+  std::string model_type;
   /// An operator-level model (op_graph.hpp): its recorded operators and module calls (0: a
   /// model of modules), and the PyTorch it was recorded with.
   std::size_t operators = 0;
