@@ -283,6 +283,20 @@ std::optional<std::vector<std::string>> parse_checkpoint_modules(const std::stri
   return paths;
 }
 
+std::optional<nn::SelectivePolicy> parse_selective(const std::string& text, const nn::ModelInfo& info, bool checkpointed) {
+  if (text.empty()) return std::nullopt;
+  nn::SelectivePolicy policy = as_usage("--selective", [&] { return nn::SelectivePolicy::parse(text); });
+  if (info.operators == 0) {
+    throw UsageError(fmt::format("--selective: names PyTorch operators, and {} is a model of modules; record it at "
+                                 "the operator level (python3 -m vramscope.export ...) or checkpoint whole modules",
+                                 info.name));
+  }
+  if (!checkpointed) {
+    throw UsageError("--selective: applies inside checkpointed modules; name them with --checkpoint-modules");
+  }
+  return policy;
+}
+
 std::vector<std::string> split_list(const std::string& option, const std::string& text) {
   std::vector<std::string> out;
   if (text.find_first_not_of(" \t") == std::string::npos) return out;  // nothing given

@@ -95,6 +95,12 @@ std::vector<std::string> split_list(const std::string& option, const std::string
 std::optional<std::vector<std::string>> parse_checkpoint_modules(const std::string& text, const nn::ModelSource& model,
                                                                  nn::ModelOptions& options, std::size_t segments);
 
+/// --selective "matmuls,attention" (selective checkpointing: what the checkpointed modules keep):
+/// the policy; UsageError for a bad name, a model of modules (no operators to name), or nothing
+/// checkpointed (`checkpointed`: --checkpoint-modules, --segments or the model's own marks).
+/// Empty text: nullopt.
+std::optional<nn::SelectivePolicy> parse_selective(const std::string& text, const nn::ModelInfo& info, bool checkpointed);
+
 /// Parses each name with nn::parse_precision; UsageError names the valid ones.
 std::vector<nn::Precision> parse_precisions(const std::string& option, const std::string& list);
 

@@ -13,7 +13,11 @@ encoder-decoders, diffusers), built on the meta device:
 4. a checkpointed variant saves the same on both sides: the block a user checkpoints (the
    first call of the repeated module class that runs the most operators: a decoder layer, a
    ResNet stage) under non-reentrant checkpoint, PyTorch with the block's forward under
-   torch.utils.checkpoint.checkpoint, vramscope with --checkpoint-modules.
+   torch.utils.checkpoint.checkpoint, vramscope with --checkpoint-modules;
+5. selective checkpointing of that block keeps the same, module by module: PyTorch under
+   create_selective_checkpoint_contexts with a policy saving the products, the fused attention
+   and convolutions (its cache counted by the same pack hook: respect_saved_tensors_hooks),
+   vramscope with --selective naming the same operators (the bytes beyond plain checkpointing).
 
 PyTorch runs on meta tensors here, whose kernels are the CPU's where CUDA differs; both sides
 take CUDA's path for the two that matter, named in the exporter (vramscope/export/_ops.py):
@@ -324,7 +328,26 @@ def meta_inputs(inputs, dtype):
     return args, kwargs
 
 
-def torch_side(model, args, kwargs, output, checkpoint_path=None, amp=None):
+# Selective checkpointing's comparison: the operators both sides keep inside the checkpointed
+# block (the products, the fused attention kernels, convolutions: what people save).
+SELECTIVE = ["aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm", "aten._scaled_dot_product_efficient_attention",
+             "aten._scaled_dot_product_flash_attention", "aten.convolution"]
+
+
+def sac_policy(names):
+    """A create_selective_checkpoint_contexts policy saving the operators `names` name as
+    vramscope does: "aten.mm" every overload of aten.mm, "aten.mm.default" that one."""
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    def matches(op: str) -> bool:
+        return any(op == n or (n.count(".") == 1 and op.startswith(n + ".") and op.count(".") == 2) for n in names)
+
+    def policy(ctx, func, *args, **kwargs):
+        return CheckpointPolicy.MUST_SAVE if matches(str(func)) else CheckpointPolicy.PREFER_RECOMPUTE
+    return policy
+
+
+def torch_side(model, args, kwargs, output, checkpoint_path=None, amp=None, selective=None):
     """PyTorch's saved bytes per module in one f32 forward (under CUDA's dropout and attention),
     or under CUDA's autocast (`amp`), on fake CUDA tensors: PyTorch's own autocast kernels."""
     import torch
@@ -335,11 +358,11 @@ def torch_side(model, args, kwargs, output, checkpoint_path=None, amp=None):
         with _FakeCuda(model, amp) as fake:
             args, kwargs = fake.inputs(tuple(args), kwargs)
             with fake.autocast():
-                return _saved(model, args, kwargs, output, checkpoint_path, flash=True)
-    return _saved(model, args, kwargs, output, checkpoint_path)
+                return _saved(model, args, kwargs, output, checkpoint_path, flash=True, selective=selective)
+    return _saved(model, args, kwargs, output, checkpoint_path, selective=selective)
 
 
-def _saved(model, args, kwargs, output, checkpoint_path, flash=False):
+def _saved(model, args, kwargs, output, checkpoint_path, flash=False, selective=None):
     import torch
     from vramscope.export._ops import _make_function_mode, _meta_autocast, assumed_values
     from vramscope.export._opfile import _pick
@@ -349,6 +372,14 @@ def _saved(model, args, kwargs, output, checkpoint_path, flash=False):
         original = block.forward
 
         def wrapped(*a, **k):
+            if selective:
+                # What the policy keeps goes through the counting pack hook too
+                # (respect_saved_tensors_hooks: SAC's cache as saved_tensors_hooks see it).
+                from functools import partial
+                from torch.utils.checkpoint import create_selective_checkpoint_contexts
+                return torch.utils.checkpoint.checkpoint(
+                    original, *a, use_reentrant=False, respect_saved_tensors_hooks=True,
+                    context_fn=partial(create_selective_checkpoint_contexts, sac_policy(selective)), **k)
             return torch.utils.checkpoint.checkpoint(original, *a, use_reentrant=False, **k)
         block.forward = wrapped
         restore = (block, original)
@@ -363,13 +394,16 @@ def _saved(model, args, kwargs, output, checkpoint_path, flash=False):
     return saved
 
 
-def vramscope_side(binary, model_file: Path, batch: int, work: Path, names, checkpoint_path=None, amp=None):
-    csv = work / f"saved{'-ckpt' if checkpoint_path else ''}.csv"
+def vramscope_side(binary, model_file: Path, batch: int, work: Path, names, checkpoint_path=None, amp=None,
+                   selective=None):
+    csv = work / f"saved{'-ckpt' if checkpoint_path else ''}{'-sac' if selective else ''}.csv"
     dtype = {None: "f32", "bf16": "amp-bf16", "f16": "amp"}[amp]
     command = [binary, "trace", "--model-file", str(model_file), "--batch", str(batch), "--dtype", dtype,
                "--saved", str(csv), "--device", "sim:capacity=1TiB,context=0"]
     if checkpoint_path:
         command += ["--checkpoint-modules", checkpoint_path]
+    if selective:
+        command += ["--selective", ",".join(selective)]
     run = subprocess.run(command, capture_output=True, text=True, timeout=600)
     if run.returncode != 0:
         raise RuntimeError(f"vramscope trace failed: {run.stderr.strip().splitlines()[-1] if run.stderr else run.returncode}")
@@ -447,7 +481,7 @@ def run_case(case, binary, work: Path) -> dict:
             problems.append(f"saved by {key or '(top level)'}: PyTorch {theirs.get(key, 0):,} B, vramscope "
                             f"{ours.get(key, 0):,} B")
     block = "" if case.get("gc") else repeated_block(doc)  # every layer is checkpointed already
-    saving = None
+    saving = kept = None
     if block and not problems:
         theirs_ckpt = torch_side(model, args, kwargs, case["output"], block, amp=amp)
         ours_ckpt, _ = vramscope_side(binary, path, batch, work, names, block, amp=amp)
@@ -456,11 +490,23 @@ def run_case(case, binary, work: Path) -> dict:
         if torch_saving != our_saving:
             problems.append(f"checkpointing {block}: PyTorch saves {torch_saving:,} B less, vramscope {our_saving:,} B")
         saving = our_saving
+        # Selective checkpointing of the same block: what the policy keeps beyond plain
+        # checkpointing, module by module (the checkpoint's own input is counted where the
+        # checkpoint is called: the block's parent here, the block under PyTorch's wrapped forward).
+        theirs_sac = torch_side(model, args, kwargs, case["output"], block, amp=amp, selective=SELECTIVE)
+        ours_sac, _ = vramscope_side(binary, path, batch, work, names, block, amp=amp, selective=SELECTIVE)
+        for key in sorted(set(theirs_sac) | set(ours_sac) | set(theirs_ckpt) | set(ours_ckpt)):
+            theirs_kept = theirs_sac.get(key, 0) - theirs_ckpt.get(key, 0)
+            ours_kept = ours_sac.get(key, 0) - ours_ckpt.get(key, 0)
+            if theirs_kept != ours_kept:
+                problems.append(f"selective checkpointing of {block}: kept by {key or '(top level)'}: "
+                                f"PyTorch {theirs_kept:,} B, vramscope {ours_kept:,} B")
+        kept = sum(ours_sac.values()) - sum(ours_ckpt.values())
     known = None
     if problems and case["name"] in KNOWN and set(problems) == KNOWN[case["name"]][0]:
         known, problems = KNOWN[case["name"]][1], []
     return dict(name=case["name"], family=case["family"], params=params, ops=len(doc["graph"]["ops"]),
-                saved=sum(ours.values()), block=block, saving=saving, seconds=seconds, problems=problems,
+                saved=sum(ours.values()), block=block, saving=saving, selective_kept=kept, seconds=seconds, problems=problems,
                 assumed=len(doc["graph"].get("assumed", [])), known=known)
 
 
@@ -516,8 +562,9 @@ def main() -> int:
             results.append(r)
             status = "FAIL" if r["problems"] else "KNOWN" if r.get("known") else "ok"
             failed += bool(r["problems"])
+            sac = f", selective keeps {mib(r['selective_kept'])} MiB" if r.get("selective_kept") is not None else ""
             print(f"{status:4} {r['family']:28} {r['name']:38} {r['ops']:6} ops {mib(r['saved']):>10} MiB saved "
-                  f"{r['seconds']:5.1f} s" + ("".join(f"\n       {p}" for p in r["problems"][:6])), flush=True)
+                  f"{r['seconds']:5.1f} s{sac}" + ("".join(f"\n       {p}" for p in r["problems"][:6])), flush=True)
     known = sum(1 for r in results if r.get("known"))
     print(f"check_ops: {len(results) - failed - known} of {len(results)} models equal to PyTorch"
           + (f", {known} with a known difference" if known else ""))

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "test_util.hpp"
+#include "vramscope/runtime/checkpoint.hpp"
 #include "vramscope/runtime/checkpoint_modules.hpp"
 #include "vramscope/runtime/op_graph.hpp"
 #include "vramscope/runtime/runtime.hpp"
@@ -175,6 +176,63 @@ TEST_F(OpGraphTest, ACheckpointedCallWithKeywordArgumentsOnlyKeepsNoInput) {
     // The forward's saves: checkpoint()'s input x when positional, then nothing but placeholders.
     EXPECT_EQ(std::count(saved.begin(), saved.end(), kAct) > 0, positional) << (positional ? "positional" : "keyword");
   }
+}
+
+TEST_F(OpGraphTest, ASelectivePolicyKeepsTheNamedOperatorsOutputsAndTheRecomputeTakesThem) {
+  // create_selective_checkpoint_contexts([torch.ops.aten.mm.default]) around the block: the
+  // product's output h stays from the forward (its storage, once), GELU's output is recomputed.
+  const double mm_flops = 2.0 * 64 * 1024 * 1024, gelu_flops = 64.0 * 1024;
+  for (const bool selective : {false, true}) {
+    OpGraph g = gelu_block();
+    g.calls[1].checkpoint = CheckpointMark::NonReentrant;
+    auto marked = build(g);
+    if (selective) env_.rt.set_selective_policy(std::make_shared<const SelectivePolicy>(SelectivePolicy::parse("mm")));
+    Tensor x = empty(env_.rt, {64, 1024});
+    const std::int64_t before = env_.allocated();
+    std::vector<std::int64_t> saved;
+    Tensor r;
+    {
+      SavedTensorsObserver observe([&](const Tensor& t) { saved.push_back(static_cast<std::int64_t>(t.storage()->nbytes())); });
+      r = (*marked)(x);
+    }
+    // checkpoint()'s input x, then what the policy keeps (h), seen as the pack hook sees it.
+    const std::vector<std::int64_t> expected = selective ? std::vector<std::int64_t>{kAct, kAct} : std::vector<std::int64_t>{kAct};
+    EXPECT_EQ(saved, expected);
+    EXPECT_EQ(env_.allocated() - before, selective ? 2 * kAct : kAct);  // r, and h when kept
+    env_.rt.reset_flops();
+    backward(r, empty(env_.rt, {64, 1024}));
+    // The rerun takes h instead of running the product: only GELU's FLOPs (the rerun stops once
+    // GELU's node has saved h, after its output was made).
+    EXPECT_EQ(env_.rt.flops().recompute, selective ? gelu_flops : mm_flops + gelu_flops);
+    EXPECT_TRUE(marked->parameters().at(0).grad().defined());
+    env_.rt.set_selective_policy(nullptr);
+  }
+}
+
+TEST_F(OpGraphTest, SelectivePoliciesNameOperatorsAsPyTorchDoes) {
+  const SelectivePolicy p = SelectivePolicy::parse("mm, aten.addmm.default,attention");
+  EXPECT_TRUE(p.saves("aten.mm.default"));
+  EXPECT_TRUE(p.saves("aten.mm.out"));
+  EXPECT_FALSE(p.saves("aten.mm_out.default"));
+  EXPECT_TRUE(p.saves("aten.addmm.default"));
+  EXPECT_FALSE(p.saves("aten.addmm.out"));
+  EXPECT_TRUE(p.saves("aten._scaled_dot_product_efficient_attention.default"));
+  EXPECT_FALSE(p.saves("aten.bmm.default"));
+  EXPECT_EQ(SelectivePolicy::parse("matmuls,mm").save.size(), SelectivePolicy::group("matmuls").size());
+  for (const char* bad : {"", "mm,,bmm", "mm,", "aten mm", "aten..mm", ".mm", "a.b.c.d"}) {
+    EXPECT_THROW(SelectivePolicy::parse(bad), Error) << bad;
+  }
+}
+
+TEST_F(OpGraphTest, ASelectivePolicyUnderAReentrantCheckpointIsRefused) {
+  OpGraph g = gelu_block();
+  g.calls[1].checkpoint = CheckpointMark::Reentrant;
+  auto marked = build(g);
+  env_.rt.set_selective_policy(std::make_shared<const SelectivePolicy>(SelectivePolicy::parse("mm")));
+  Tensor x = empty(env_.rt, {64, 1024});
+  x.set_requires_grad(true);
+  EXPECT_THROW((*marked)(x), Error);
+  env_.rt.set_selective_policy(nullptr);
 }
 
 TEST_F(OpGraphTest, MarkingByPathUsesTheRecordedCalls) {

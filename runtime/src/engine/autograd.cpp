@@ -195,6 +195,12 @@ void SavedTensor::save_impl(const Tensor& tensor, bool is_output) {
   if (tls_saved_observer != nullptr) (*tls_saved_observer)(data_);
 }
 
+namespace detail {
+void observe_saved(const Tensor& tensor) {
+  if (tls_saved_observer != nullptr && tensor.defined()) (*tls_saved_observer)(tensor);
+}
+}  // namespace detail
+
 SavedTensorsObserver::SavedTensorsObserver(Fn fn) : fn_(std::move(fn)), previous_(tls_saved_observer) {
   tls_saved_observer = &fn_;
 }

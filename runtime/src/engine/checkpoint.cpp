@@ -11,6 +11,7 @@
 
 #include "engine/checkpoint_frame.hpp"
 #include "engine/detail.hpp"
+#include "vramscope/runtime/runtime.hpp"
 
 namespace mem::nn {
 namespace detail {
@@ -74,13 +75,45 @@ class RngForRerun {
   RngState current_;
 };
 
-CheckpointFrame::CheckpointFrame(SegmentFunction fn, TensorList inputs, Runtime& runtime, bool preserve_rng)
+CheckpointFrame::CheckpointFrame(SegmentFunction fn, TensorList inputs, Runtime& runtime, bool preserve_rng,
+                                 std::shared_ptr<const SelectivePolicy> policy)
     : fn_(std::move(fn)),
       inputs_(save_inputs(inputs)),
       runtime_(&runtime),
       rng_(runtime.rng_state()),
       preserve_rng_(preserve_rng),
-      autocast_(runtime.autocast()) {}
+      autocast_(runtime.autocast()),
+      policy_(std::move(policy)) {}
+
+void CheckpointFrame::keep_outputs(std::string_view op, const TensorList& outputs) {
+  KeptCall call;
+  for (const Tensor& t : outputs) {
+    // _detach_helper: the same storage without history (no reference cycle, and a view's
+    // storage stays whole).
+    call.outputs.push_back(t.defined() ? t.detach() : Tensor{});
+    call.versions.push_back(t.defined() ? t.version() : 0);
+    if (t.defined()) observe_saved(call.outputs.back());
+  }
+  kept_[std::string(op)].calls.push_back(std::move(call));
+}
+
+TensorList CheckpointFrame::reuse_outputs(std::string_view op) {
+  const auto it = kept_.find(std::string(op));
+  if (it == kept_.end() || it->second.next >= it->second.calls.size()) {
+    throw Error("selective checkpoint: " + std::string(op) + " ran in the recompute more often than in the "
+                "forward (PyTorch: \"encountered during backward but not found in storage\"); the region "
+                "must run the same operators both times");
+  }
+  KeptCall call = std::move(it->second.calls[it->second.next++]);
+  for (std::size_t k = 0; k < call.outputs.size(); ++k) {
+    if (call.outputs[k].defined() && call.outputs[k].version() != call.versions[k]) {
+      throw Error("Tensor cached during selective activation checkpoint has been mutated (" + std::string(op) +
+                  "'s output, changed in place after the forward kept it; PyTorch raises the same unless "
+                  "allow_cache_entry_mutation=True)");
+    }
+  }
+  return std::move(call.outputs);
+}
 
 Tensor CheckpointFrame::unpack(std::uint32_t index) {
   if (!recomputed_) recompute();
@@ -239,8 +272,15 @@ TensorList checkpoint(const SegmentFunction& fn, const TensorList& inputs, const
   Runtime* rt = runtime_of(inputs);
   if (rt == nullptr && options.mode == CheckpointMode::NonReentrant) rt = options.runtime;
   if (rt == nullptr) throw Error("checkpoint: at least one defined input tensor is required");
-  if (options.mode == CheckpointMode::Reentrant) return checkpoint_reentrant(fn, inputs, options);
-  auto frame = std::make_shared<detail::CheckpointFrame>(fn, inputs, *rt, options.preserve_rng_state);
+  std::shared_ptr<const SelectivePolicy> policy = options.policy ? options.policy : rt->selective_policy();
+  if (options.mode == CheckpointMode::Reentrant) {
+    if (policy) {
+      throw Error("selective checkpointing runs under non-reentrant checkpoints only (PyTorch: \"Passing "
+                  "`context_fn` or `debug` is only supported when use_reentrant=False\")");
+    }
+    return checkpoint_reentrant(fn, inputs, options);
+  }
+  auto frame = std::make_shared<detail::CheckpointFrame>(fn, inputs, *rt, options.preserve_rng_state, std::move(policy));
   detail::SaveHookGuard hook(detail::SaveMode::Pack, frame.get());
   return fn(inputs);
 }

@@ -7,11 +7,18 @@
 // tensor is then stored at its index, in the same order, and the rerun stops
 // early (an exception) once the last one is rebuilt. unpack() hands a rebuilt
 // tensor over and forgets it, so it is freed when its node releases it.
+//
+// Under a selective policy the frame is also _CachingTorchDispatchMode's storage: the
+// forward hands it the outputs of each call of a kept operator (keep_outputs), the rerun
+// takes them back in the same order (reuse_outputs) instead of running the operator.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "vramscope/runtime/checkpoint.hpp"
@@ -20,7 +27,18 @@ namespace mem::nn::detail {
 
 class CheckpointFrame : public std::enable_shared_from_this<CheckpointFrame> {
  public:
-  CheckpointFrame(SegmentFunction fn, TensorList inputs, Runtime& runtime, bool preserve_rng);
+  CheckpointFrame(SegmentFunction fn, TensorList inputs, Runtime& runtime, bool preserve_rng,
+                  std::shared_ptr<const SelectivePolicy> policy = nullptr);
+
+  /// Selective checkpointing: whether this region keeps the outputs of operator `op`.
+  bool keeps(std::string_view op) const noexcept { return policy_ != nullptr && policy_->saves(op); }
+  /// Forward: keeps one call's outputs of `op` until the rerun takes them (detached aliases,
+  /// reported to the saved-tensor observer as saved_tensors_hooks' pack hook sees them with
+  /// respect_saved_tensors_hooks=True).
+  void keep_outputs(std::string_view op, const TensorList& outputs);
+  /// Rerun: the outputs the forward kept for the next call of `op`. Throws mem::Error when
+  /// there are none left, or when one was changed in place since (PyTorch's _VersionWrapper).
+  TensorList reuse_outputs(std::string_view op);
 
   /// Forward: reserves the next placeholder index.
   std::uint32_t add_placeholder() noexcept { return placeholders_++; }
@@ -44,7 +62,21 @@ class CheckpointFrame : public std::enable_shared_from_this<CheckpointFrame> {
   std::uint32_t stored_ = 0;
   bool recomputed_ = false;
   std::vector<Tensor> rebuilt_;
+
+  struct KeptCall {
+    TensorList outputs;
+    std::vector<std::uint32_t> versions;
+  };
+  struct KeptOp {
+    std::vector<KeptCall> calls;  ///< in the forward's order; taken ones are emptied
+    std::size_t next = 0;         ///< the rerun's next call
+  };
+  std::shared_ptr<const SelectivePolicy> policy_;
+  std::unordered_map<std::string, KeptOp> kept_;
 };
+
+/// Reports `tensor` to the thread's SavedTensorsObserver, if any (autograd.cpp).
+void observe_saved(const Tensor& tensor);
 
 /// Thrown by store_recomputed() to end a rerun early; caught by recompute().
 struct StopRecompute {};

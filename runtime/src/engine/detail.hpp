@@ -255,4 +255,46 @@ inline Tensor new_empty(const Tensor& like, const Shape& shape, DType dtype) {
   return empty(like.runtime(), shape, dtype);
 }
 
+/// Selective checkpointing's seam into the runtime's own ops that an operator graph runs
+/// (graph/op_kernels.cpp: convolution, batch norm, attention), which allocate their outputs
+/// themselves. Installed on the thread for one call (OutputCacheGuard); the op takes it at its
+/// start (take_output_cache), so the ops it calls do not see it. Its outputs are then those a
+/// selective checkpoint kept (`reuse`: the rerun takes them, and the op neither allocates nor
+/// computes: no FLOPs, no workspace), or are handed to `kept` as they are made (the forward).
+struct OutputCache {
+  const TensorList* reuse = nullptr;
+  TensorList* kept = nullptr;
+  bool reused() const noexcept { return reuse != nullptr; }
+  /// Output k: the kept one in a rerun, else make()'s.
+  template <class Make>
+  Tensor output(std::size_t k, Make&& make) {
+    if (reuse != nullptr) return k < reuse->size() ? (*reuse)[k] : Tensor{};
+    Tensor t = make();
+    if (kept != nullptr) {
+      if (kept->size() <= k) kept->resize(k + 1);
+      (*kept)[k] = t;
+    }
+    return t;
+  }
+};
+OutputCache*& output_cache_slot() noexcept;
+/// The cache installed for the op that calls it (empty when none), uninstalled.
+inline OutputCache take_output_cache() noexcept {
+  OutputCache*& slot = output_cache_slot();
+  if (slot == nullptr) return {};
+  OutputCache cache = *slot;
+  slot = nullptr;
+  return cache;
+}
+class OutputCacheGuard {
+ public:
+  explicit OutputCacheGuard(OutputCache& cache) noexcept : previous_(output_cache_slot()) { output_cache_slot() = &cache; }
+  ~OutputCacheGuard() { output_cache_slot() = previous_; }
+  OutputCacheGuard(const OutputCacheGuard&) = delete;
+  OutputCacheGuard& operator=(const OutputCacheGuard&) = delete;
+
+ private:
+  OutputCache* previous_;
+};
+
 }  // namespace mem::nn::detail

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "engine/detail.hpp"
 #include "vramscope/allocator/errors.hpp"
 #include "vramscope/allocator/sim_device.hpp"
 #include "vramscope/runtime/ops.hpp"
@@ -130,5 +131,12 @@ Phase current_phase() noexcept { return tls_phase; }
 PhaseGuard::PhaseGuard(Phase phase) noexcept : previous_(tls_phase) { tls_phase = phase; }
 PhaseGuard::~PhaseGuard() { tls_phase = previous_; }
 bool recomputing() noexcept { return tls_phase == Phase::Recompute; }
+
+namespace detail {
+OutputCache*& output_cache_slot() noexcept {
+  thread_local OutputCache* slot = nullptr;
+  return slot;
+}
+}  // namespace detail
 
 }  // namespace mem::nn

@@ -4,10 +4,12 @@
 #include "vramscope/runtime/op_graph.hpp"
 
 #include <algorithm>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <utility>
 
+#include "engine/checkpoint_frame.hpp"
 #include "engine/detail.hpp"
 #include "graph/op_kernels.hpp"
 #include "graph/op_rules.hpp"
@@ -298,13 +300,30 @@ void OpCall::run_op(const Item& item) const {
     set(spec.out[0], rt.cached_cast(in[0], st.dtype_of(st.graph->tensors[static_cast<std::size_t>(spec.out[0])])));
     return;
   }
-  if (auto mapped = detail::run_mapped(rule, spec, in)) {
-    for (std::size_t k = 0; k < mapped->size() && k < spec.out.size(); ++k) set(spec.out[k], std::move((*mapped)[k]));
-    return;
-  }
   if (rule.conversion && spec.out.size() == 1 && in.size() == 1 && in[0].defined() &&
       in[0].dtype() == st.dtype_of(st.graph->tensors[static_cast<std::size_t>(spec.out[0])])) {
-    set(spec.out[0], in[0]);
+    set(spec.out[0], in[0]);  // to() returns self without dispatching: nothing for a selective policy
+    return;
+  }
+  // Selective checkpointing: a kept operator's outputs stay with the region's frame from the
+  // forward, and its rerun takes them instead of running the operator (checkpoint.hpp).
+  const detail::SaveHook hook = detail::save_hook();
+  detail::CheckpointFrame* keeper =
+      hook.mode != detail::SaveMode::Normal && hook.frame != nullptr && hook.frame->keeps(spec.op) ? hook.frame : nullptr;
+  std::optional<TensorList> reused;
+  if (keeper != nullptr && hook.mode == detail::SaveMode::Recompute) reused = keeper->reuse_outputs(spec.op);
+  const bool keeping = keeper != nullptr && hook.mode == detail::SaveMode::Pack;
+
+  TensorList kept;
+  detail::OutputCache cache{reused ? &*reused : nullptr, keeping ? &kept : nullptr};
+  std::optional<TensorList> mapped;
+  {
+    detail::OutputCacheGuard guard(cache);
+    mapped = detail::run_mapped(rule, spec, in);
+  }
+  if (mapped) {
+    if (keeping) keeper->keep_outputs(spec.op, kept);
+    for (std::size_t k = 0; k < mapped->size() && k < spec.out.size(); ++k) set(spec.out[k], std::move((*mapped)[k]));
     return;
   }
 
@@ -313,7 +332,9 @@ void OpCall::run_op(const Item& item) const {
     const auto& t = st.graph->tensors[static_cast<std::size_t>(spec.out[k])];
     const DType dtype = st.dtype_of(t);
     const std::int32_t a = k < spec.alias.size() ? spec.alias[k] : -1;
-    if (a >= 0 && in[static_cast<std::size_t>(a)].defined()) {
+    if (reused) {
+      if (k < reused->size()) out[k] = (*reused)[k];
+    } else if (a >= 0 && in[static_cast<std::size_t>(a)].defined()) {
       const Tensor& src = in[static_cast<std::size_t>(a)];
       if (spec.inplace && spec.out[k] == spec.in[static_cast<std::size_t>(a)]) {
         out[k] = src;
@@ -330,7 +351,7 @@ void OpCall::run_op(const Item& item) const {
     }
   }
 
-  const double flops = detail::device_effects(rt, rule, in, out);
+  const double flops = detail::device_effects(rt, rule, in, out, !reused);
 
   bool records = !spec.node.empty() && grad_enabled();
   if (records) {
@@ -361,6 +382,7 @@ void OpCall::run_op(const Item& item) const {
       }
     }
   }
+  if (keeping) keeper->keep_outputs(spec.op, out);
   for (std::size_t k = 0; k < out.size(); ++k) set(spec.out[k], std::move(out[k]));
 }
 

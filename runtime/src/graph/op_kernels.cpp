@@ -1,6 +1,7 @@
 // op_kernels.cpp — recorded operators onto the runtime's own ops (op_kernels.hpp).
 #include "graph/op_kernels.hpp"
 
+#include <algorithm>
 #include <optional>
 #include <string_view>
 
@@ -78,26 +79,32 @@ void backward_effects(Runtime& runtime, const OpRule& rule, double forward_flops
   runtime.add_flops(elements);
 }
 
-double device_effects(Runtime& runtime, const OpRule& rule, const TensorList& in, const TensorList& out) {
+double device_effects(Runtime& runtime, const OpRule& rule, const TensorList& in, const TensorList& out, bool runs) {
   const auto dims = [&](std::size_t i) { return i < in.size() && in[i].defined() ? in[i].shape() : Shape{}; };
   const bool biased = rule.product == OpProduct::Addmm || rule.product == OpProduct::Baddbmm;
   if (rule.product != OpProduct::None && !out.empty() && out[0].defined()) {
     // The left matrix is input 0, or input 1 after addmm's and baddbmm's bias; addmm with a
     // bias runs through cublasLt (ops_linear.cpp: linear).
     const Shape a = dims(biased ? 1 : 0);
-    runtime.gemm_workspace(rule.product == OpProduct::Addmm);
+    if (runs) runtime.gemm_workspace(rule.product == OpProduct::Addmm);
     const bool batched = rule.product == OpProduct::Bmm || rule.product == OpProduct::Baddbmm;
     double flops = 0;
     if (!batched && a.size() == 2) flops = linear_flops(a[0], out[0].shape().back(), a[1]);
     if (batched && a.size() == 3) flops = static_cast<double>(a[0]) * linear_flops(a[1], out[0].shape().back(), a[2]);
-    runtime.add_flops(flops);
+    if (runs) runtime.add_flops(flops);
     return flops;
   }
+  // One FLOP per element made; a view or an in-place write's output is its input's storage (a
+  // transpose computes nothing; an in-place op's own elements are counted once).
   double elements = 0;
   for (const Tensor& t : out) {
-    if (t.defined() && is_floating(t.dtype())) elements += static_cast<double>(t.numel());
+    if (!t.defined() || !is_floating(t.dtype())) continue;
+    const bool aliases = std::any_of(in.begin(), in.end(), [&](const Tensor& i) {
+      return i.defined() && i.storage() == t.storage() && !(i.shape() == t.shape() && i.is_same(t));
+    });
+    if (!aliases) elements += static_cast<double>(t.numel());
   }
-  runtime.add_flops(elements);
+  if (runs) runtime.add_flops(elements);
   return elements;
 }
 

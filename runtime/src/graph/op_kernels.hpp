@@ -21,8 +21,10 @@ std::optional<TensorList> run_mapped(const OpRule& rule, const OpGraph::OpSpec& 
 /// What the device does besides allocating outputs, for the operators the generic path runs:
 /// a matrix product takes cuBLAS's workspace (and loads cuBLAS) as the built-in ops do, and
 /// every op counts its FLOPs (a multiply-add is 2; elementwise ops one per element). Returns
-/// the FLOPs it counted.
-double device_effects(Runtime& runtime, const OpRule& rule, const TensorList& in, const TensorList& out);
+/// the FLOPs it counted. `runs` false: the op is not run (a selective checkpoint's rerun takes
+/// its kept outputs): nothing happens, and the FLOPs it would count are returned.
+double device_effects(Runtime& runtime, const OpRule& rule, const TensorList& in, const TensorList& out,
+                      bool runs = true);
 /// The same in the op's backward (its node's apply): a matrix product's gradients are two
 /// more products on cuBLAS (the backward's own workspace, as the built-in Linear takes), and
 /// `grads` elements for the others.

@@ -189,6 +189,7 @@ std::string_view sdpa_backend_name(SdpaBackend backend) noexcept {
 
 Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, SdpaBackend backend,
                                     bool causal, double dropout, bool training) {
+  detail::OutputCache cache = detail::take_output_cache();  // a selective checkpoint's kept outputs
   // Autocast runs it in the half type (autocast_mode.cpp: lower-precision list): f32 inputs
   // are cast first, one copy each.
   const Tensor q = detail::autocast_half(q_in), k = detail::autocast_half(k_in), v = detail::autocast_half(v_in);
@@ -214,16 +215,17 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
   const std::int64_t b = q.size(0), h = q.size(1), s = q.size(2), d = q.size(3);
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
   const bool grad = needs_grad({&q, &k, &v});
-  Tensor out = backend == SdpaBackend::Flash ? like(q) : bshd(rt, b, h, s, d, q.dtype());
+  Tensor out = cache.output(0, [&] { return backend == SdpaBackend::Flash ? like(q) : bshd(rt, b, h, s, d, q.dtype()); });
   // Flash always writes softmax_lse; the efficient kernel only when a gradient will need it
   // (compute_logsumexp: logsumexp_dim is 0 otherwise).
-  Tensor lse;
-  if (backend == SdpaBackend::Flash || grad) lse = empty(rt, lse_shape(backend, b, h, s), DType::F32);
+  Tensor lse = cache.output(1, [&] {
+    return backend == SdpaBackend::Flash || grad ? empty(rt, lse_shape(backend, b, h, s), DType::F32) : Tensor{};
+  });
   // The philox seed and offset that regenerate the dropout mask in backward are 0-dim i64
   // tensors on the host in PyTorch 2.5 (flash_api.cpp and attention.cu, `at::empty({},
   // at::dtype(at::kLong))` outside CUDA-graph capture): no device memory.
-  rt.add_flops(4.0 * static_cast<double>(b * h * s * k.size(2) * d));
-  if (rt.computing()) {
+  if (!cache.reused()) rt.add_flops(4.0 * static_cast<double>(b * h * s * k.size(2) * d));
+  if (rt.computing() && !cache.reused()) {
     detail::dispatch(q.dtype(), [&](auto tag) {
       attention_forward<decltype(tag)>(q, k, v, causal, scale, out, lse);
     });

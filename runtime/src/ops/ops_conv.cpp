@@ -405,18 +405,21 @@ double conv2d_flops(const Shape& input, const Shape& weight, std::int64_t stride
 namespace {
 
 Tensor convolution(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, const ConvParams& p) {
+  detail::OutputCache cache = detail::take_output_cache();  // a selective checkpoint's kept output
   const Tensor x = detail::autocast_half(x_in);
   const Tensor w = detail::autocast_half(w_in);
   const Tensor b = detail::autocast_half(b_in);
   const ConvGeom g = conv_geom(x.shape(), w.shape(), p);
   Runtime& rt = x.runtime();
-  Tensor out = empty(rt, Shape{g.n, g.o, g.ho, g.wo}, x.dtype());
+  Tensor out = cache.output(0, [&] { return empty(rt, Shape{g.n, g.o, g.ho, g.wo}, x.dtype()); });
   rt.uses_cudnn();
   Tensor cols;
-  if (!g.direct()) cols = empty(rt, Shape{g.ckk(), g.hw_out()}, x.dtype());  // workspace
-  rt.add_flops(linear_flops(g.o, g.hw_out(), g.group_ckk()) * static_cast<double>(g.n) +
-               (b.defined() ? static_cast<double>(out.numel()) : 0.0));
-  if (rt.computing()) {
+  if (!g.direct() && !cache.reused()) cols = empty(rt, Shape{g.ckk(), g.hw_out()}, x.dtype());  // workspace
+  if (!cache.reused()) {
+    rt.add_flops(linear_flops(g.o, g.hw_out(), g.group_ckk()) * static_cast<double>(g.n) +
+                 (b.defined() ? static_cast<double>(out.numel()) : 0.0));
+  }
+  if (rt.computing() && !cache.reused()) {
     detail::dispatch(x.dtype(), [&](auto tag) {
       using T = decltype(tag);
       HostIn<T> X(x), W(w), B(b);

@@ -152,18 +152,19 @@ class LayerNormBackward final : public Node {
 
 Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
                   const Tensor& running_var, bool training, double momentum, double eps) {
+  detail::OutputCache cache = detail::take_output_cache();  // a selective checkpoint's kept outputs
   if (x.dim() < 2) throw Error("batch_norm: input must be [N, C, ...], got " + x.shape().str());
   Runtime& rt = x.runtime();
   const std::int64_t n = x.size(0), c = x.size(1), hw = x.numel() / (n * c);
-  Tensor out = empty(rt, x.shape(), x.dtype());
-  Tensor save_mean, save_invstd;
-  if (training) {
-    save_mean = empty(rt, Shape{c}, acc_type(x.dtype()));
-    save_invstd = empty(rt, Shape{c}, acc_type(x.dtype()));
-  }
-  rt.add_flops(5.0 * static_cast<double>(x.numel()));
+  Tensor out = cache.output(0, [&] { return empty(rt, x.shape(), x.dtype()); });
+  // native_batch_norm's save_mean and save_invstd: its outputs 1 and 2.
+  const auto stat = [&] { return training ? empty(rt, Shape{c}, acc_type(x.dtype())) : Tensor{}; };
+  Tensor save_mean = cache.output(1, stat);
+  Tensor save_invstd = cache.output(2, stat);
+  if (!cache.reused()) rt.add_flops(5.0 * static_cast<double>(x.numel()));
   rt.uses_cudnn();  // cudnn_batch_norm (Normalization.cpp picks it on CUDA with cuDNN enabled)
-  if (training && running_mean.defined() && recomputing()) {
+  // A kept call is not run again: its running statistics move once.
+  if (training && running_mean.defined() && recomputing() && !cache.reused()) {
     // Memory does not move (the statistics update in place), the model's state does: say so
     // wherever a step's warnings are shown (trace, sweep's JSON, plan and its --code).
     rt.warn("checkpointed modules contain BatchNorm layers in training mode: the recompute in backward "
@@ -171,7 +172,7 @@ Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, con
             "does (num_batches_tracked counts 2 a step, the running mean and variance take the momentum "
             "twice); the loss and gradients are unchanged, evaluation with those statistics is not");
   }
-  if (rt.computing()) {
+  if (rt.computing() && !cache.reused()) {
     detail::dispatch(acc_type(x.dtype()), [&](auto tag) {
       using T = decltype(tag);
       HostIn<T> X(x), W(weight), B(bias);

@@ -25,10 +25,17 @@
 // custom Function's tensors when forward() returns), so an in-place op on the
 // segment's input passes the version check; the rerun then applies it to a
 // detached leaf that requires grad and throws AutogradError, as PyTorch does.
+//
+// Selective (a SelectivePolicy, non-reentrant only): the operators the policy names keep
+// their outputs from the forward to the rerun, which takes them instead of running those
+// operators again (torch.utils.checkpoint.create_selective_checkpoint_contexts with a list
+// of ops). Only an operator-level model's operators (op_graph.hpp) are named by PyTorch's
+// names; a model of modules has no such operators and is refused by the Trainer.
 #pragma once
 
 #include <cstddef>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -50,6 +57,30 @@ struct CheckpointOptions {
   /// The runtime when no input names one: a non-reentrant checkpoint of a call with keyword
   /// arguments only keeps no input (its closure holds them, as PyTorch's does).
   Runtime* runtime = nullptr;
+  /// Selective checkpointing; null: the runtime's policy (Runtime::selective_policy), if any.
+  std::shared_ptr<const SelectivePolicy> policy;
+};
+
+/// Which operators' outputs a checkpointed region keeps: create_selective_checkpoint_contexts
+/// given a list of operators (MUST_SAVE for them, PREFER_RECOMPUTE for the rest). PyTorch's
+/// _CachingTorchDispatchMode keeps every output of each call of those operators (a detached
+/// alias: the storage stays) from the forward until the recompute takes it, whether or not
+/// backward needs it; a rerun that stops early leaves the later ones until the region's
+/// graph is freed (torch/utils/checkpoint.py, PyTorch 2.4 to 2.15).
+struct SelectivePolicy {
+  /// Operators as the recording names them: "aten.mm.default" (that overload), "aten.mm" or
+  /// "mm" (every overload of aten.mm).
+  std::vector<std::string> save;
+  bool saves(std::string_view op) const noexcept;
+  /// The names given, comma-separated.
+  std::string str() const;
+  /// "mm,aten._scaled_dot_product_efficient_attention" or the groups "matmuls", "attention",
+  /// "convolutions", "norms" (each expanded to its operators). Throws mem::Error for an empty
+  /// list, an empty name or one with characters no operator has.
+  static SelectivePolicy parse(std::string_view text);
+  /// The operators a group stands for ("matmuls": aten.mm, aten.addmm, ...); empty when `name`
+  /// is no group.
+  static std::vector<std::string> group(std::string_view name);
 };
 
 using SegmentFunction = std::function<TensorList(const TensorList&)>;

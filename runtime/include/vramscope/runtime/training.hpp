@@ -73,6 +73,9 @@ struct TrainConfig {
   /// module paths run checkpointed in checkpoint_mode, every other mark (a model file's,
   /// --gradient-checkpointing's) cleared (mark_checkpointed). nullopt: the model's own marks.
   std::optional<std::vector<std::string>> checkpoint_modules;
+  /// Selective checkpointing: every checkpointed region keeps these operators' outputs for its
+  /// recompute (checkpoint.hpp). An operator-level model's, non-reentrant; nullopt: plain.
+  std::optional<SelectivePolicy> selective;
   Precision precision = Precision::F32;
   /// Gradient accumulation: each step() is one micro-batch; the gradients are zeroed before
   /// the first of every `accumulation` steps and the optimizer steps after the last, so the
