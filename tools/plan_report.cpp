@@ -2,6 +2,7 @@
 #include "plan_report.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 
@@ -233,9 +234,31 @@ std::string plan_code(const planner::PlanResult& r, const planner::Plan& p) {
       out += fmt::format("CHECKPOINTED = {}\n", python_set(*p.checkpoint_modules));
       out += decoder ? "names = {module: name.removeprefix(\"base_model.model.\") for name, module in model.named_modules()}\n"
                      : "names = {module: name for name, module in model.named_modules()}\n";
+      if (!p.selective.empty()) {
+        // Selective checkpointing: checkpoint_wrapper hands context_fn on to checkpoint(). The
+        // policy names operators by packet (every overload), the groups' whole lists: the
+        // attention kernel a GPU picks (flash, cuDNN) need not be the one recorded.
+        std::vector<std::string> ops;
+        for (const std::string& g : p.selective_groups) {
+          for (const std::string& op : nn::SelectivePolicy::group(g)) ops.push_back(fmt::format("\"{}\"", op));
+        }
+        out += "from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts\n\n";
+        out += fmt::format("# the checkpointed modules keep these operators' outputs ({}) and recompute the rest\n",
+                           fmt::join(p.selective_groups, ", "));
+        out += wrap(fmt::format("OPS_TO_SAVE = {{{}}}", fmt::join(ops, ", ")), "", "    ") + "\n";
+        out += "def keep_costly(ctx, op, *args, **kwargs):\n";
+        out += "    saved = str(getattr(op, \"overloadpacket\", op)) in OPS_TO_SAVE\n";
+        out += "    return CheckpointPolicy.MUST_SAVE if saved else CheckpointPolicy.PREFER_RECOMPUTE\n\n";
+      }
       out += "apply_activation_checkpointing(\n";
       out += "    model,\n";
-      out += "    checkpoint_wrapper_fn=functools.partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT),\n";
+      if (p.selective.empty()) {
+        out += "    checkpoint_wrapper_fn=functools.partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT),\n";
+      } else {
+        out += "    checkpoint_wrapper_fn=functools.partial(\n";
+        out += "        checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT,\n";
+        out += "        context_fn=functools.partial(create_selective_checkpoint_contexts, keep_costly)),\n";
+      }
       out += "    check_fn=lambda module: names.get(module) in CHECKPOINTED)\n";
     }
   } else if (p.segments > 1) {
@@ -307,6 +330,8 @@ nlohmann::json plan_json(const planner::PlanResult& r) {
     j["batch"] = p.batch;
     j["accumulation"] = p.accumulation;
     j["fused_loss"] = p.fused_loss;
+    j["selective"] = p.selective;
+    j["selective_groups"] = p.selective_groups;
     j["fits"] = p.fits();
     j["max_allocated"] = p.figures.peak_allocated;
     j["max_reserved"] = p.figures.peak_reserved;

@@ -94,6 +94,8 @@ std::string human_saving(std::int64_t saved, double fraction) {
 
 std::string human_share(double share) {
   if (share == 0.0) return "0";
+  // Below 0.1% two significant digits (a selective plan's pointwise recompute is not nothing).
+  if (share < 0.001) return fmt::format("{:.2g}%", 100.0 * share);
   return fmt::format("{:.1f}%", 100.0 * share);
 }
 

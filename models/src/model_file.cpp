@@ -1250,6 +1250,10 @@ class Builder {
     info.sequential_checkpointing = false;
     info.operators = graph->ops.size();
     info.module_calls = graph->calls.size();
+    for (const auto& op : graph->ops) info.operator_names.push_back(op.op);
+    std::sort(info.operator_names.begin(), info.operator_names.end());
+    info.operator_names.erase(std::unique(info.operator_names.begin(), info.operator_names.end()),
+                              info.operator_names.end());
     info.recorded_with = graph->recorded_with;
     info.assumed = graph->assumed;
     if (routing_) info.assumed.push_back(routing_->describe());

@@ -3,6 +3,7 @@
 #include "vramscope/planner/plan.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <chrono>
@@ -40,6 +41,7 @@ std::string Plan::label() const {
     } else {
       parts.push_back(n == 1 ? "checkpoint " + checkpoint_modules->front() : fmt::format("checkpoint {} modules", n));
     }
+    if (!selective.empty()) parts.back() += fmt::format(" keeping {}", fmt::join(selective_groups, ", "));
   }
   if (segments > 1) parts.push_back(fmt::format("checkpoint_sequential {} segments", segments));
   if (change == PlanChange::Allocator) parts.push_back(alloc_conf);
@@ -73,6 +75,41 @@ const Plan* PlanResult::best() const noexcept {
 
 namespace {
 
+/// A selective checkpointing policy the plan tries: the operators it keeps, and what they are.
+struct SelectiveCandidate {
+  std::vector<std::string> ops;
+  std::vector<std::string> groups;
+};
+
+/// The policies worth trying on an operator-level model, least recompute first: keep every
+/// costly operator (products, attention, convolutions: only the cheap ones are recomputed),
+/// then attention and convolutions alone (the products recomputed too). Each names the
+/// overloads the model runs; a policy that keeps nothing, or the same as the one before, is
+/// not tried.
+std::vector<SelectiveCandidate> selective_candidates(const nn::ModelInfo& info) {
+  std::vector<SelectiveCandidate> out;
+  if (info.operators == 0) return out;
+  const auto present = [&](const std::vector<std::string>& groups) {
+    SelectiveCandidate c;
+    const nn::SelectivePolicy policy = nn::SelectivePolicy::parse(fmt::format("{}", fmt::join(groups, ",")));
+    for (const std::string& op : info.operator_names) {
+      if (policy.saves(op)) c.ops.push_back(op);
+    }
+    for (const std::string& g : groups) {
+      const nn::SelectivePolicy one = nn::SelectivePolicy::parse(g);
+      if (std::any_of(c.ops.begin(), c.ops.end(), [&](const std::string& op) { return one.saves(op); })) c.groups.push_back(g);
+    }
+    return c;
+  };
+  for (const auto& groups : {std::vector<std::string>{"matmuls", "attention", "convolutions"},
+                             std::vector<std::string>{"attention", "convolutions"}}) {
+    SelectiveCandidate c = present(groups);
+    if (c.ops.empty() || (!out.empty() && out.back().ops == c.ops)) continue;
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
 /// The training configuration of plan `p` of `base`. The given configuration keeps the
 /// model's own marks; every other plan checkpoints exactly its modules (none: no marks).
 /// A decoder checkpoints through gradient_checkpointing_enable() (which also makes a PEFT
@@ -94,6 +131,7 @@ nn::TrainConfig plan_config(const SweepSpec& base, const Plan& p, bool decoder) 
     return cfg;
   }
   cfg.checkpoint_modules = p.checkpoint_modules.value_or(std::vector<std::string>{});
+  if (!p.selective.empty() && !cfg.checkpoint_modules->empty()) cfg.selective = nn::SelectivePolicy{p.selective};
   if (decoder) cfg.model_options.checkpoint = cfg.checkpoint_modules->empty() ? "none" : "non-reentrant";
   return cfg;
 }
@@ -390,6 +428,16 @@ void Planner::search() {
   if (info.sequential_checkpointing && info.checkpointed_modules == 0 && !no_segments) {
     if (auto found = search_segments(base)) keep(std::move(*found));
   }
+  // Operator by operator (an operator-level model): more modules checkpointed, each keeping
+  // its costly operators' outputs, recompute only the cheap ones.
+  for (const SelectiveCandidate& c : selective_candidates(info)) {
+    Plan selective = base;
+    selective.selective = c.ops;
+    selective.selective_groups = c.groups;
+    std::optional<Plan> attempt;
+    if (auto found = search_modules(selective, short_of, &attempt)) keep(std::move(*found));
+    if (auto found = search_blocks(selective, short_of, &attempt)) keep(std::move(*found));
+  }
   const bool fits_without_change = std::any_of(result_.plans.begin(), result_.plans.end(), [](const Plan& p) {
     return p.fits() && p.recompute_share == 0;
   });
@@ -589,8 +637,9 @@ PlanResult run_plan(const PlanSpec& spec_in, const PlanProgress& progress) {
   const auto key = [](const Plan& p) {
     std::vector<std::string> modules = p.checkpoint_modules.value_or(std::vector<std::string>{});
     std::sort(modules.begin(), modules.end());
-    std::string k = fmt::format("{}|{}|{}|{}|{}|{}|", p.segments, nn::precision_name(p.precision),
-                                nn::optimizer_label(p.optimizer), p.alloc_conf, p.batch, p.accumulation);
+    std::string k = fmt::format("{}|{}|{}|{}|{}|{}|{}|", p.segments, nn::precision_name(p.precision),
+                                nn::optimizer_label(p.optimizer), p.alloc_conf, p.batch, p.accumulation,
+                                fmt::join(p.selective, ","));
     for (const std::string& m : modules) k += m + ",";
     return k;
   };

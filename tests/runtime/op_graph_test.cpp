@@ -186,7 +186,7 @@ TEST_F(OpGraphTest, ASelectivePolicyKeepsTheNamedOperatorsOutputsAndTheRecompute
     OpGraph g = gelu_block();
     g.calls[1].checkpoint = CheckpointMark::NonReentrant;
     auto marked = build(g);
-    if (selective) env_.rt.set_selective_policy(std::make_shared<const SelectivePolicy>(SelectivePolicy::parse("mm")));
+    if (selective) named_modules(*marked).front()->set_selective_policy(std::make_shared<const SelectivePolicy>(SelectivePolicy::parse("mm")));
     Tensor x = empty(env_.rt, {64, 1024});
     const std::int64_t before = env_.allocated();
     std::vector<std::int64_t> saved;
@@ -205,7 +205,6 @@ TEST_F(OpGraphTest, ASelectivePolicyKeepsTheNamedOperatorsOutputsAndTheRecompute
     // GELU's node has saved h, after its output was made).
     EXPECT_EQ(env_.rt.flops().recompute, selective ? gelu_flops : mm_flops + gelu_flops);
     EXPECT_TRUE(marked->parameters().at(0).grad().defined());
-    env_.rt.set_selective_policy(nullptr);
   }
 }
 
@@ -228,11 +227,10 @@ TEST_F(OpGraphTest, ASelectivePolicyUnderAReentrantCheckpointIsRefused) {
   OpGraph g = gelu_block();
   g.calls[1].checkpoint = CheckpointMark::Reentrant;
   auto marked = build(g);
-  env_.rt.set_selective_policy(std::make_shared<const SelectivePolicy>(SelectivePolicy::parse("mm")));
+  named_modules(*marked).front()->set_selective_policy(std::make_shared<const SelectivePolicy>(SelectivePolicy::parse("mm")));
   Tensor x = empty(env_.rt, {64, 1024});
   x.set_requires_grad(true);
   EXPECT_THROW((*marked)(x), Error);
-  env_.rt.set_selective_policy(nullptr);
 }
 
 TEST_F(OpGraphTest, MarkingByPathUsesTheRecordedCalls) {

@@ -11,7 +11,6 @@
 
 #include "engine/checkpoint_frame.hpp"
 #include "engine/detail.hpp"
-#include "vramscope/runtime/runtime.hpp"
 
 namespace mem::nn {
 namespace detail {
@@ -84,6 +83,16 @@ CheckpointFrame::CheckpointFrame(SegmentFunction fn, TensorList inputs, Runtime&
       preserve_rng_(preserve_rng),
       autocast_(runtime.autocast()),
       policy_(std::move(policy)) {}
+
+SaveHook selective_keeper(std::string_view op) noexcept {
+  SaveHook hook = save_hook();
+  while (hook.frame != nullptr && hook.mode != SaveMode::Normal) {
+    if (hook.frame->keeps(op)) return hook;
+    if (hook.mode != SaveMode::Pack) break;
+    hook = hook.frame->enclosing();
+  }
+  return {};
+}
 
 void CheckpointFrame::keep_outputs(std::string_view op, const TensorList& outputs) {
   KeptCall call;
@@ -272,15 +281,15 @@ TensorList checkpoint(const SegmentFunction& fn, const TensorList& inputs, const
   Runtime* rt = runtime_of(inputs);
   if (rt == nullptr && options.mode == CheckpointMode::NonReentrant) rt = options.runtime;
   if (rt == nullptr) throw Error("checkpoint: at least one defined input tensor is required");
-  std::shared_ptr<const SelectivePolicy> policy = options.policy ? options.policy : rt->selective_policy();
   if (options.mode == CheckpointMode::Reentrant) {
-    if (policy) {
+    if (options.policy) {
       throw Error("selective checkpointing runs under non-reentrant checkpoints only (PyTorch: \"Passing "
                   "`context_fn` or `debug` is only supported when use_reentrant=False\")");
     }
     return checkpoint_reentrant(fn, inputs, options);
   }
-  auto frame = std::make_shared<detail::CheckpointFrame>(fn, inputs, *rt, options.preserve_rng_state, std::move(policy));
+  auto frame = std::make_shared<detail::CheckpointFrame>(fn, inputs, *rt, options.preserve_rng_state, options.policy);
+  frame->set_enclosing(detail::save_hook());
   detail::SaveHookGuard hook(detail::SaveMode::Pack, frame.get());
   return fn(inputs);
 }

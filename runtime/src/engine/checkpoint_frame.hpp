@@ -25,6 +25,14 @@
 
 namespace mem::nn::detail {
 
+/// How SavedTensor::save() behaves on this thread.
+enum class SaveMode : std::uint8_t { Normal, Pack, Recompute };
+class CheckpointFrame;
+struct SaveHook {
+  SaveMode mode = SaveMode::Normal;
+  CheckpointFrame* frame = nullptr;
+};
+
 class CheckpointFrame : public std::enable_shared_from_this<CheckpointFrame> {
  public:
   CheckpointFrame(SegmentFunction fn, TensorList inputs, Runtime& runtime, bool preserve_rng,
@@ -39,6 +47,10 @@ class CheckpointFrame : public std::enable_shared_from_this<CheckpointFrame> {
   /// Rerun: the outputs the forward kept for the next call of `op`. Throws mem::Error when
   /// there are none left, or when one was changed in place since (PyTorch's _VersionWrapper).
   TensorList reuse_outputs(std::string_view op);
+  /// The region this one's forward runs in (a checkpoint nested in another's forward or rerun):
+  /// its policy's dispatch mode stays in force for the nested forward, as PyTorch's modes stack.
+  void set_enclosing(const SaveHook& hook) noexcept { enclosing_ = hook; }
+  const SaveHook& enclosing() const noexcept { return enclosing_; }
 
   /// Forward: reserves the next placeholder index.
   std::uint32_t add_placeholder() noexcept { return placeholders_++; }
@@ -72,21 +84,22 @@ class CheckpointFrame : public std::enable_shared_from_this<CheckpointFrame> {
     std::size_t next = 0;         ///< the rerun's next call
   };
   std::shared_ptr<const SelectivePolicy> policy_;
+  SaveHook enclosing_;
   std::unordered_map<std::string, KeptOp> kept_;
 };
 
 /// Reports `tensor` to the thread's SavedTensorsObserver, if any (autograd.cpp).
 void observe_saved(const Tensor& tensor);
 
+/// The region whose selective policy keeps operator `op` here, with the way it runs now (Pack:
+/// its forward keeps; Recompute: its rerun takes), or {Normal, null}. The innermost region
+/// first, then those its forward runs in: a nested checkpoint's forward runs under every
+/// enclosing policy; a rerun runs under its own only (backward is outside every forward).
+SaveHook selective_keeper(std::string_view op) noexcept;
+
 /// Thrown by store_recomputed() to end a rerun early; caught by recompute().
 struct StopRecompute {};
 
-/// How SavedTensor::save() behaves on this thread.
-enum class SaveMode : std::uint8_t { Normal, Pack, Recompute };
-struct SaveHook {
-  SaveMode mode = SaveMode::Normal;
-  CheckpointFrame* frame = nullptr;
-};
 SaveHook& save_hook() noexcept;
 
 /// Sets the save hook for a scope.

@@ -307,9 +307,8 @@ void OpCall::run_op(const Item& item) const {
   }
   // Selective checkpointing: a kept operator's outputs stay with the region's frame from the
   // forward, and its rerun takes them instead of running the operator (checkpoint.hpp).
-  const detail::SaveHook hook = detail::save_hook();
-  detail::CheckpointFrame* keeper =
-      hook.mode != detail::SaveMode::Normal && hook.frame != nullptr && hook.frame->keeps(spec.op) ? hook.frame : nullptr;
+  const detail::SaveHook hook = detail::selective_keeper(spec.op);
+  detail::CheckpointFrame* keeper = hook.frame;
   std::optional<TensorList> reused;
   if (keeper != nullptr && hook.mode == detail::SaveMode::Recompute) reused = keeper->reuse_outputs(spec.op);
   const bool keeping = keeper != nullptr && hook.mode == detail::SaveMode::Pack;

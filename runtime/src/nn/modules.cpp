@@ -37,6 +37,7 @@ Tensor Module::call(const Tensor& input) {
     // checkpoint_wrapper: the wrapped forward, rerun in backward (in the module's own
     // scopes then, too), keeps only its input.
     CheckpointOptions options = options_for(checkpoint_);
+    options.policy = selective_;
     struct Flag {
       bool& on;
       explicit Flag(bool& f) : on(f) { on = true; }

@@ -55,24 +55,33 @@ void end_phase(CachingAllocator& alloc, const detail::PhasePeaks& peaks, PhaseSt
 }
 
 /// Selective checkpointing names PyTorch's operators: it needs a model that runs them (an
-/// operator-level one), checkpointed regions to apply to, and non-reentrant checkpoints.
-void check_selective(const TrainConfig& config, Model& model, std::size_t segments_checkpointed) {
+/// operator-level model) and non-reentrant checkpointed modules, whose checkpoints it is given
+/// to (apply_activation_checkpointing's checkpoint_wrapper with a context_fn). A checkpoint
+/// written in the model's own forward (inline code) stays as the model has it.
+void apply_selective(const TrainConfig& config, Model& model) {
   const ModelInfo& info = model.info();
   if (info.operators == 0) {
     throw Error("selective checkpointing keeps PyTorch operators' outputs, and " + info.name +
                 " is a model of modules, not of operators; record it at the operator level first "
                 "(python3 -m vramscope.export ... writes one) or checkpoint whole modules");
   }
-  const bool checkpointed = model.body().checkpoint_marks() > 0 || segments_checkpointed > 0;
-  if (!checkpointed) {
+  if (config.selective->save.empty()) throw Error("selective checkpointing: the policy keeps no operator");
+  const auto policy = std::make_shared<const SelectivePolicy>(*config.selective);
+  std::size_t given = 0;
+  for (Module* m : named_modules(model.body())) {
+    if (m->checkpoint_mark() == CheckpointMark::None || m->is_inline()) continue;
+    if (m->checkpoint_mark() == CheckpointMark::Reentrant) {
+      throw Error("selective checkpointing runs under non-reentrant checkpoints only, and " + m->path() +
+                  " is checkpointed reentrant (PyTorch: \"Passing `context_fn` or `debug` is only supported when "
+                  "use_reentrant=False\")");
+    }
+    m->set_selective_policy(policy);
+    ++given;
+  }
+  if (given == 0) {
     throw Error("selective checkpointing applies inside checkpointed modules, and " + info.name +
                 " checkpoints none here; name them (--checkpoint-modules, TrainConfig::checkpoint_modules)");
   }
-  if (config.checkpoint_mode == CheckpointMode::Reentrant) {
-    throw Error("selective checkpointing runs under non-reentrant checkpoints only (PyTorch: \"Passing "
-                "`context_fn` or `debug` is only supported when use_reentrant=False\")");
-  }
-  if (config.selective->save.empty()) throw Error("selective checkpointing: the policy keeps no operator");
 }
 
 }  // namespace
@@ -143,10 +152,7 @@ Trainer::Trainer(const TrainConfig& config, CachingAllocator& allocator)
                 "give 0 segments, or remove the marks");
   }
   plan_ = plan_segments(model_->info().sequence_length, config.segments);
-  if (config.selective) {
-    check_selective(config, *model_, plan_.checkpointed.size());
-    runtime_->set_selective_policy(std::make_shared<const SelectivePolicy>(*config.selective));
-  }
+  if (config.selective) apply_selective(config, *model_);
   // Blocks carry their module and phase (what the peak's composition is read from); the
   // observer follows them from the first parameter on.
   attach(allocator);

@@ -58,6 +58,10 @@ struct Plan {
   std::optional<std::vector<std::string>> checkpoint_modules;  ///< exactly these, when set
   std::size_t blocks_of = 0;              ///< "blocks": how many repeated blocks the model has
   std::size_t segments = 0;               ///< checkpoint_sequential; 0: none
+  /// Selective checkpointing: the operators (overloads, "aten.mm.default") whose outputs the
+  /// checkpointed modules keep; empty: they keep nothing but their inputs.
+  std::vector<std::string> selective;
+  std::vector<std::string> selective_groups;  ///< what those are: the groups ("matmuls", "attention")
   nn::Precision precision = nn::Precision::F32;
   bool precision_changed = false;         ///< precision differs from the given one
   nn::OptimizerConfig optimizer;
@@ -75,7 +79,8 @@ struct Plan {
   double recompute_share = 0;
 
   bool fits() const noexcept { return !oom && !error && refused.empty() && !over_headroom && !figures.gradients_missing; }
-  /// "checkpoint 5 modules", "checkpoint 8 of 50 blocks", "checkpoint_sequential 4 segments",
+  /// "checkpoint 5 modules", "checkpoint 8 of 50 blocks" (", keeping matmuls, attention" when
+  /// selective), "checkpoint_sequential 4 segments",
   /// "expandable_segments:True", "liger-flce loss", "batch 64 x 4 accumulation steps", "amp-bf16",
   /// "adam8bit", joined by " + ".
   std::string label() const;

@@ -51,13 +51,15 @@ enum class CheckpointMode : std::uint8_t { NonReentrant, Reentrant };
 std::string_view checkpoint_mode_name(CheckpointMode mode) noexcept;
 CheckpointMode parse_checkpoint_mode(std::string_view name);
 
+struct SelectivePolicy;
+
 struct CheckpointOptions {
   CheckpointMode mode = CheckpointMode::NonReentrant;
   bool preserve_rng_state = true;
   /// The runtime when no input names one: a non-reentrant checkpoint of a call with keyword
   /// arguments only keeps no input (its closure holds them, as PyTorch's does).
   Runtime* runtime = nullptr;
-  /// Selective checkpointing; null: the runtime's policy (Runtime::selective_policy), if any.
+  /// Selective checkpointing (non-reentrant only); null: plain.
   std::shared_ptr<const SelectivePolicy> policy;
 };
 

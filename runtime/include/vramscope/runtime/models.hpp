@@ -123,6 +123,9 @@ struct ModelInfo {
   /// model of modules), and the PyTorch it was recorded with.
   std::size_t operators = 0;
   std::size_t module_calls = 0;
+  /// The operators it runs, each overload once, sorted ("aten.mm.default"): what a selective
+  /// checkpointing policy can name.
+  std::vector<std::string> operator_names;
   std::string recorded_with;
   /// What the recording assumed where the program read a value (meta tensors have none).
   std::vector<std::string> assumed;

@@ -44,6 +44,7 @@ struct ParamSlot {
 };
 
 class Module;
+struct SelectivePolicy;
 
 /// Forward hooks of a module (register_forward_pre_hook / register_forward_hook), what
 /// FSDP's fully_shard installs: around the module's call, outside any checkpoint of it.
@@ -128,6 +129,9 @@ class Module {
   /// Marks this module to run checkpointed (see CheckpointMark).
   void set_checkpoint(CheckpointMark mark) noexcept { checkpoint_ = mark; }
   CheckpointMark checkpoint_mark() const noexcept { return checkpoint_; }
+  /// Selective checkpointing of this module's checkpointed forward (checkpoint_wrapper's
+  /// context_fn): the operators whose outputs its checkpoint keeps; null: plain.
+  void set_selective_policy(std::shared_ptr<const SelectivePolicy> policy) noexcept { selective_ = std::move(policy); }
   /// Marks this module as code in its parent's forward rather than a module of its own
   /// (the `x + self.mlp(self.ln_2(x))` of a block): it has no path segment and no scope,
   /// so its children are named, and their memory attributed, as the parent's. Call
@@ -193,6 +197,7 @@ class Module {
   std::array<ContextId, kNumPhases> contexts_{};
   bool contexts_ready_ = false;
   CheckpointMark checkpoint_ = CheckpointMark::None;
+  std::shared_ptr<const SelectivePolicy> selective_;
   bool inline_ = false;
   bool checkpointed_call_ = false;
   ForwardHooks* hooks_ = nullptr;

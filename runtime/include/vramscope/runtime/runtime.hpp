@@ -30,7 +30,6 @@
 namespace mem::nn {
 
 class Tensor;
-struct SelectivePolicy;
 namespace detail {
 struct TensorImpl;
 }
@@ -137,12 +136,6 @@ class Runtime {
   const Stack& stack() const noexcept { return stack_; }
   void set_stack(const Stack& stack) noexcept { stack_ = stack; }
 
-  // --- selective checkpointing ----------------------------------------------------------
-  /// The policy every non-reentrant checkpoint() of the step runs under when its options give
-  /// none (checkpoint.hpp: SelectivePolicy); null: plain checkpointing.
-  const std::shared_ptr<const SelectivePolicy>& selective_policy() const noexcept { return selective_; }
-  void set_selective_policy(std::shared_ptr<const SelectivePolicy> policy) noexcept { selective_ = std::move(policy); }
-
   // --- hooks ----------------------------------------------------------------------
   /// Runs after a leaf's AccumulateGrad, once its .grad is set (PyTorch's post hooks on
   /// the grad accumulator, where DDP's Reducer copies the gradient into its bucket).
@@ -190,7 +183,6 @@ class Runtime {
   GradReadyHook post_accumulate_grad_hook_;
   std::vector<std::function<void()>> backward_callbacks_;
   Stack stack_;
-  std::shared_ptr<const SelectivePolicy> selective_;
   bool cublas_loaded_ = false, cudnn_loaded_ = false;
   bool zero3_linear_ = false;
   std::shared_ptr<detail::TensorImpl> blas_workspace_[2], lt_workspace_[2];  // [forward, backward thread]
