@@ -344,7 +344,11 @@ BAD += [(["sweep", "--stack", "torch=3.0"], ["--stack", "torch 3.0 is not a vers
         (["sweep", "--model", "mlp", "--plot", ""], ["--plot", "an empty value"]),
         (["trace", "--model", "mlp", "--segments", ""], ["--segments", "an empty value"]),
         (["sweep", "--model", "mlp", "--max-batch", "--device", "sim:capacity=4096PiB"],
-         ["capacity", "more than a simulated device models"])]
+         ["capacity", "more than a simulated device models"]),
+        (["trace", "--model", "mlp", "--checkpoint-modules", "0", "--selective", "matmuls"],
+         ["--selective", "mlp is a model of modules", "python3 -m vramscope.export"]),
+        (["trace", "--model", "mlp", "--selective", "aten mm"], ["--selective", "'aten mm' is no operator name"]),
+        (["trace", "--model", "mlp", "--selective", "mm,,bmm"], ["--selective", "an empty operator name"])]
 
 
 def check_bad_input(exe, work):
