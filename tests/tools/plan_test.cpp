@@ -69,6 +69,48 @@ TEST(Plan, FindsTheTwoWideBlocksOfTheChainWhereNoUniformCheckpointingFits) {
   EXPECT_NE(report.find("No checkpoint_sequential segment count fits (2, 4 tried)."), std::string::npos) << report;
 }
 
+// docs/PLAN.md's eight pre-norm MLP blocks (blocks.py), recorded at the operator level by
+// `python3 -m vramscope.export blocks.py:make --input 4096,256 --loss mse --level ops`.
+const std::string kSelectiveBlocks = std::string(VRAMSCOPE_TEST_DATA_DIR) + "/selective-blocks.json";
+
+TEST(Plan, OnAnOperatorLevelModelTheBlocksKeepTheirProductsWhereThatRecomputesLeast) {
+  planner::PlanSpec spec = spec_of(models::ModelFile::load(kSelectiveBlocks), "", "sim:capacity=600MiB,context=0");
+  spec.search = planner::PlanSearch{false, false, false, false, false};
+  const planner::PlanResult r = planner::run_plan(spec);
+  const planner::Plan* best = r.best();
+  ASSERT_NE(best, nullptr);
+  // Four of the eight blocks, each keeping its two products' outputs (nn.Linear with a bias:
+  // addmm), recompute only the norms, GELUs and additions: a few millionths of the step.
+  EXPECT_EQ(best->label(), "checkpoint 4 of 8 blocks keeping matmuls");
+  EXPECT_EQ(best->selective, (std::vector<std::string>{"aten.addmm.default"}));
+  EXPECT_EQ(*best->checkpoint_modules, (std::vector<std::string>{"1", "3", "5", "7"}));
+  EXPECT_EQ(best->figures.peak_device_used, 600 * (std::int64_t{1} << 20));
+  EXPECT_GT(best->recompute_share, 0.0);
+  EXPECT_LT(best->recompute_share, 0.001);
+  // Every block checkpointed plainly stays, for its memory, at a third of the step recomputed.
+  const auto every = std::find_if(r.plans.begin(), r.plans.end(), [](const planner::Plan& p) {
+    return p.selective.empty() && p.checkpoint_modules && p.checkpoint_modules->size() == 8;
+  });
+  ASSERT_NE(every, r.plans.end());
+  EXPECT_GT(every->recompute_share, 0.3);
+  EXPECT_LT(every->figures.peak_device_used, best->figures.peak_device_used);
+  // The code: checkpoint_wrapper's context_fn, a policy over operator packets.
+  const std::string code = plan_code(r, *best);
+  EXPECT_NE(code.find("context_fn=functools.partial(create_selective_checkpoint_contexts, keep_costly)"),
+            std::string::npos) << code;
+  EXPECT_NE(code.find("OPS_TO_SAVE = {\"aten.mm\", \"aten.addmm\""), std::string::npos) << code;
+  EXPECT_NE(code.find("CHECKPOINTED = {\"1\", \"3\", \"5\", \"7\"}"), std::string::npos) << code;
+}
+
+TEST(Plan, ASelectivePolicyIsRefusedOnAModelOfModules) {
+  nn::TrainConfig cfg;
+  cfg.model = models::ModelFile::load(kChain);
+  cfg.device = "sim:capacity=1GiB,context=0";
+  cfg.checkpoint_modules = std::vector<std::string>{"b1"};
+  cfg.selective = nn::SelectivePolicy::parse("matmuls");
+  EXPECT_THROW((void)nn::train(cfg), Error);
+}
+
 TEST(Plan, EveryPlanIsMeasuredAgainAsTheSweepMeasuresIt) {
   const planner::PlanResult r = planner::run_plan(chain_spec());
   const planner::Plan* best = r.best();
