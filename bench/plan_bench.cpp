@@ -2,7 +2,10 @@
 // and the ranking. Targets (issue 33): under 2 s for resnet152 and for llama-3.1-70b.
 #include <benchmark/benchmark.h>
 
+#include <cstdlib>
+
 #include "vramscope/planner/plan.hpp"
+#include "vramscope/models/model_file.hpp"
 #include "vramscope/models/zoo.hpp"
 #include "vramscope/runtime/data_parallel.hpp"
 
@@ -52,6 +55,26 @@ void BM_PlanLlama70BLoraB200(benchmark::State& state) {
   run(state, spec_of("llama-3.1-70b", "batch=1,seq=8192,attn=sdpa,lora=16", mem::nn::Precision::BF16, "sim:b200"));
 }
 BENCHMARK(BM_PlanLlama70BLoraB200)->Unit(benchmark::kMillisecond);
+
+/// An operator-level recording (issue 49: under 2 s with the operator-level families), from
+/// VRAMSCOPE_BENCH_OPS_MODEL: `python3 -m vramscope.export --hf-config models/zoo/hf/llama-3.1-8b.json
+/// --batch 4 --seq 4096 --lora 16 --level ops -o llama8b-lora.json` (the exporter needs PyTorch,
+/// so the file is made outside the build), planned in bf16 on an H100. Skipped without it.
+void BM_PlanOperatorLevelFile(benchmark::State& state) {
+  const char* path = std::getenv("VRAMSCOPE_BENCH_OPS_MODEL");
+  if (path == nullptr || *path == '\0') {
+    state.SkipWithError("set VRAMSCOPE_BENCH_OPS_MODEL to an operator-level model file");
+    return;
+  }
+  mem::planner::PlanSpec spec;
+  spec.base.model = mem::models::ModelFile::load(path);
+  spec.base.device = "sim:h100-80g";
+  spec.base.precisions = {mem::nn::Precision::BF16};
+  spec.base.alloc_confs = {""};
+  spec.search = mem::planner::PlanSearch{false, false, false, false, false};
+  run(state, spec);
+}
+BENCHMARK(BM_PlanOperatorLevelFile)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 
