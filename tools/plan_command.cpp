@@ -32,7 +32,7 @@ struct PlanArgs {
   std::string alloc_conf;
   std::string optimizer = "adam";
   ParallelArgs parallel;
-  std::string search = "allocator,loss,accumulation,precision,optimizer";
+  std::string search = "selective,allocator,loss,accumulation,precision,optimizer";
   std::size_t top = 8;
   std::string format = "table";
   std::string code;
@@ -100,7 +100,8 @@ std::size_t headroom_bytes(const std::string& text, const planner::SweepSpec& ba
 }
 
 planner::PlanSearch parse_search(const std::string& text) {
-  planner::PlanSearch s{.allocator = false, .accumulation = false, .precision = false, .optimizer = false, .loss = false};
+  planner::PlanSearch s{.allocator = false, .accumulation = false, .precision = false, .optimizer = false, .loss = false,
+                        .selective = false};
   if (text == "none" || text == "checkpointing") return s;
   for (const std::string& item : split_list("--search", text)) {
     if (item == "allocator") s.allocator = true;
@@ -108,11 +109,12 @@ planner::PlanSearch parse_search(const std::string& text) {
     else if (item == "precision") s.precision = true;
     else if (item == "optimizer") s.optimizer = true;
     else if (item == "loss") s.loss = true;
+    else if (item == "selective") s.selective = true;
     else if (item == "checkpointing") continue;  // always searched
     else {
       throw UsageError("--search: \"" + item +
-                       "\" is not something the plan changes; valid: allocator, loss, accumulation, precision, optimizer "
-                       "(checkpointing is always searched; none for checkpointing alone)");
+                       "\" is not something the plan changes; valid: selective, allocator, loss, accumulation, precision, "
+                       "optimizer (checkpointing is always searched; none for checkpointing of whole modules alone)");
     }
   }
   return s;
@@ -259,9 +261,11 @@ void add_plan_command(CLI::App& app, Capture* capture) {
   cmd->add_option("--optimizer", args->optimizer, kOptimizerHelp)->capture_default_str();
   add_parallel_options(*cmd, args->parallel, /*list=*/false);
   cmd->add_option("--search", args->search,
-                  "what else the plan may change besides checkpointing: allocator (expandable_segments, max_split_size_mb), "
+                  "what else the plan may change besides checkpointing whole modules: selective (an operator-level model's "
+                  "checkpointed modules keep their products', attention's and convolutions' outputs), allocator "
+                  "(expandable_segments, max_split_size_mb), "
                   "loss (a decoder's loss by Liger's fused linear cross entropy: no logits), accumulation "
-                  "(micro-batches), precision, optimizer; none for checkpointing alone")
+                  "(micro-batches), precision, optimizer; none for checkpointing whole modules alone")
       ->capture_default_str()
       ->check(non_empty())
       ->type_name("LIST");

@@ -430,7 +430,7 @@ void Planner::search() {
   }
   // Operator by operator (an operator-level model): more modules checkpointed, each keeping
   // its costly operators' outputs, recompute only the cheap ones.
-  for (const SelectiveCandidate& c : selective_candidates(info)) {
+  for (const SelectiveCandidate& c : spec_.search.selective ? selective_candidates(info) : std::vector<SelectiveCandidate>{}) {
     Plan selective = base;
     selective.selective = c.ops;
     selective.selective_groups = c.groups;

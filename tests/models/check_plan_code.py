@@ -203,7 +203,7 @@ def check_selective(vramscope, tmp, failures):
     found = None
     for mib in range(680, 400, -8):  # from the step's need down: the first device where it is selective
         out = subprocess.run([vramscope, "plan", "--model-file", str(path), "--device", f"sim:capacity={mib}MiB,context=0",
-                              "--search", "none", "--headroom", "0", "--format", "json", "--code", str(tmp / "sac.py")],
+                              "--search", "selective", "--headroom", "0", "--format", "json", "--code", str(tmp / "sac.py")],
                              capture_output=True, text=True)
         if out.returncode != 0:
             continue

@@ -39,6 +39,9 @@ struct PlanSearch {
   bool optimizer = true;     ///< adam8bit, sgd-momentum, sgd from adam
   /// Liger's fused linear cross entropy for a decoder's causal LM loss (the logits never whole)
   bool loss = true;
+  /// Selective checkpointing of an operator-level model: the checkpointed modules keep their
+  /// costly operators' outputs (the same arithmetic: ranked with checkpointing)
+  bool selective = true;
 };
 
 struct PlanSpec {
