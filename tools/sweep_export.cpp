@@ -187,6 +187,8 @@ nlohmann::json sweep_json(const planner::SweepResult& result) {
   j["checkpoint_mode"] = std::string(nn::checkpoint_mode_name(spec.checkpoint_mode));
   j["steps"] = spec.steps;
   j["accumulation"] = spec.accumulation;
+  // Selective checkpointing: the operators the checkpointed modules keep ([] for none).
+  j["selective"] = spec.selective ? spec.selective->save : std::vector<std::string>{};
   j["wall_ms"] = result.wall_ms;
   j["rows"] = nlohmann::json::array();
   for (const planner::SweepRow& row : result.rows) j["rows"].push_back(row_json(result, row));

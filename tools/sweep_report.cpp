@@ -230,9 +230,11 @@ Table sweep_table(const planner::SweepResult& result, const ReportOptions& optio
     if (show_parallel) cells.push_back(row.parallel.enabled() ? nn::parallel_label(row.parallel) : "1 GPU");
     if (show_checkpoint) cells.push_back(row.checkpoint);
     const auto& modules = result.spec.checkpoint_modules;
-    cells.push_back(modules && !modules->empty()
-                        ? fmt::format("{} module{}", modules->size(), modules->size() == 1 ? "" : "s")
-                        : segments_cell(row.segments));
+    std::string checkpointed = modules && !modules->empty()
+                                   ? fmt::format("{} module{}", modules->size(), modules->size() == 1 ? "" : "s")
+                                   : segments_cell(row.segments);
+    if (result.spec.selective && row.segments <= 1 && !row.unmarked) checkpointed += ", selective";
+    cells.push_back(checkpointed);
     if (show_conf) cells.push_back(row.alloc_conf.empty() ? "default" : row.alloc_conf);
     const planner::RunFigures& f = row.figures;
     if (row.fits()) {

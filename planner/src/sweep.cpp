@@ -96,6 +96,7 @@ nn::TrainConfig train_config(const SweepSpec& spec, const SweepRow& row) {
   cfg.parallel = row.parallel;
   // --checkpoint-modules' rows; their saving is measured against the model without marks.
   cfg.checkpoint_modules = unmarked_baseline ? std::vector<std::string>{} : spec.checkpoint_modules;
+  if (!unmarked_baseline && row.segments <= 1) cfg.selective = spec.selective;
   if (spec.accumulation > 1) accumulate(cfg, spec.accumulation, spec.steps);
   return cfg;
 }

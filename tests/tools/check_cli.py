@@ -1180,6 +1180,37 @@ def check_plan(exe, work):
         check(words in out.stderr and out.stderr.count("\n") == 1, (args, out.stderr))
 
 
+def check_selective(exe, work):
+    """--selective on an operator-level model (tests/data/selective-blocks.json: eight blocks of
+    LayerNorm, Linear(256, 1024), GELU, Linear(1024, 256) at batch 4096, f32): with blocks 1, 3,
+    5 and 7 checkpointed, keeping the products (addmm) keeps each block's two Linear outputs
+    (16 MiB and 4 MiB) from the forward, seen by --saved under their modules, and the recompute
+    runs none of the products."""
+    os.makedirs(work, exist_ok=True)
+    blocks = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "selective-blocks.json")
+    out = os.path.join(work, "saved.csv")
+    common = ["--model-file", blocks, "--device", "sim:capacity=1GiB,context=0", "--checkpoint-modules", "1,3,5,7"]
+
+    def saved(*extra):
+        run(exe, "trace", *common, "--saved", out, "--no-pre", *extra)
+        with open(out, newline="") as f:
+            return {r["module"]: int(r["bytes"]) for r in csv.DictReader(f)}
+
+    plain, kept = saved(), saved("--selective", "matmuls")
+    check(sum(kept.values()) - sum(plain.values()) == 4 * 20 * MiB, (plain, kept))
+    for b in "1357":
+        check(kept.get(f"{b}.up") == 16 * MiB and kept.get(f"{b}.down") == 4 * MiB and f"{b}.up" not in plain,
+              (b, kept))
+    sweep = ["sweep", *common, "--dtype", "f32", "--format", "json"]
+    p, s = json.loads(run(exe, *sweep).stdout), json.loads(run(exe, *sweep, "--selective", "aten.addmm.default").stdout)
+    check(p["selective"] == [] and s["selective"] == ["aten.addmm.default"], (p["selective"], s["selective"]))
+    pr, sr = p["rows"][0], s["rows"][0]
+    check(0 < sr["recompute_share"] < 0.001 < 0.15 < pr["recompute_share"], (pr["recompute_share"], sr["recompute_share"]))
+    check(sr["max_allocated"] > pr["max_allocated"], (pr["max_allocated"], sr["max_allocated"]))
+    text = run(exe, "sweep", *common, "--dtype", "f32", "--selective", "matmuls").stdout
+    check("4 modules, selective" in text, text[-800:])
+
+
 CHECKS = {
     "plan": check_plan,
     "fsdp": check_fsdp,
@@ -1190,7 +1221,7 @@ CHECKS = {
     "plot": check_plot, "inplace": check_inplace, "replay": check_replay,
     "reentrant": check_reentrant, "auto-segments": check_auto_segments,
     "compute-host-memory": check_compute_host_memory, "batch-lists": check_batch_lists,
-    "max-batch": check_max_batch, "hf-config": check_hf_config, "trace-saved": check_trace_saved,
+    "max-batch": check_max_batch, "hf-config": check_hf_config, "trace-saved": check_trace_saved, "selective": check_selective,
     "files": check_files, "trace-log": check_trace_log,
 }
 

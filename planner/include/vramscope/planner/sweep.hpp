@@ -59,6 +59,9 @@ struct SweepSpec {
   /// Exactly these modules run checkpointed (nn::TrainConfig::checkpoint_modules); nullopt:
   /// the model's own marks. `plan` sets it for --max-batch of a plan.
   std::optional<std::vector<std::string>> checkpoint_modules;
+  /// Selective checkpointing of the checkpointed modules (nn::TrainConfig::selective); the
+  /// baselines without checkpointing run without it.
+  std::optional<nn::SelectivePolicy> selective;
   /// A simulated device this much smaller than `device` says (plan's headroom, which the
   /// largest batch it finds must leave free); a real GPU's memory is what it is. 0: as given.
   std::size_t headroom = 0;
