@@ -94,9 +94,12 @@ class OpNode final : public Node {
     }
   }
   TensorList apply(TensorList& grads) override {
-    // Unpacking rebuilds a checkpointed segment's tensors, as PyTorch's backward does when it
-    // first reads them.
-    for (const SavedTensor& s : saved_) (void)s.unpack();
+    // Unpacking rebuilds a checkpointed segment's tensors (or brings offloaded ones back), as
+    // PyTorch's backward does when it first reads them; the formula's locals hold them until it
+    // returns, after the gradients are made.
+    TensorList unpacked;
+    unpacked.reserve(saved_.size());
+    for (const SavedTensor& s : saved_) unpacked.push_back(s.unpack());
     Tensor grad;
     for (const Tensor& g : grads) {
       if (g.defined()) {
