@@ -297,6 +297,14 @@ std::optional<nn::SelectivePolicy> parse_selective(const std::string& text, cons
   return policy;
 }
 
+bool parse_offload(const std::string& text) {
+  if (text.empty()) return false;
+  if (text == "activations") return true;
+  throw UsageError(fmt::format("--offload: \"{}\" is not modelled; valid: activations (save_on_cpu; DeepSpeed's "
+                               "offload_optimizer and offload_param are not modelled yet)",
+                               text));
+}
+
 std::vector<std::string> split_list(const std::string& option, const std::string& text) {
   std::vector<std::string> out;
   if (text.find_first_not_of(" \t") == std::string::npos) return out;  // nothing given

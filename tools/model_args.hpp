@@ -101,6 +101,13 @@ std::optional<std::vector<std::string>> parse_checkpoint_modules(const std::stri
 /// Empty text: nullopt.
 std::optional<nn::SelectivePolicy> parse_selective(const std::string& text, const nn::ModelInfo& info, bool checkpointed);
 
+/// --offload: "activations" (save_on_cpu(pin_memory=True) around the forward) is true; empty
+/// text is false; anything else a UsageError naming what is modelled.
+bool parse_offload(const std::string& text);
+inline constexpr const char* kOffloadHelp =
+    "activations: the forward under torch.autograd.graph.save_on_cpu(pin_memory=True): what autograd saves "
+    "waits in pinned host memory (the pinned bytes are shown beside nvidia-smi's) and is copied back in backward";
+
 /// Parses each name with nn::parse_precision; UsageError names the valid ones.
 std::vector<nn::Precision> parse_precisions(const std::string& option, const std::string& list);
 

@@ -38,6 +38,7 @@ struct SweepArgs {
   std::string segments = "auto";
   std::string checkpoint_modules;
   std::string selective;
+  std::string offload;
   std::string dtypes = kDemoDtypes;
   std::vector<std::string> alloc_confs;
   std::size_t steps = 2;
@@ -143,6 +144,7 @@ planner::SweepSpec make_spec(const SweepArgs& args) {
     spec.segments = {0};
     spec.checkpoint_modules = parse_checkpoint_modules(args.checkpoint_modules, *spec.model, spec.model_options, 0);
   }
+  spec.offload_activations = parse_offload(args.offload);
   spec.selective = parse_selective(args.selective, info,
                                    spec.checkpoint_modules ? !spec.checkpoint_modules->empty() : info.checkpointed_modules > 0);
   spec.refine_segments = args.segments == "auto" && info.checkpointed_modules == 0 && info.sequential_checkpointing;
@@ -285,6 +287,7 @@ void add_sweep_command(CLI::App& app, Capture* capture) {
                   "`vramscope trace` prints them; what `vramscope plan` chooses); no segments then")
       ->check(non_empty())
       ->type_name("LIST");
+  cmd->add_option("--offload", args->offload, kOffloadHelp)->check(non_empty())->type_name("WHAT");
   cmd->add_option("--selective", args->selective,
                   "selective checkpointing of an operator-level model: the checkpointed modules keep these operators' "
                   "outputs and recompute the rest, e.g. matmuls,attention (groups: matmuls, attention, convolutions; or "

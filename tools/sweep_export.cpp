@@ -111,6 +111,8 @@ nlohmann::json row_json(const planner::SweepResult& s, const planner::SweepRow& 
     j[name] = f.get(s, r);
   }
   j["label"] = r.label();
+  // Activation offloading's pinned host memory (0 without it): beside nvidia-smi's figure.
+  j["pinned_host"] = r.figures.pinned_host_bytes;
   if (r.oom) j["oom_message"] = r.oom->message;
   if (r.fits()) j["warnings"] = r.figures.warnings;
   return j;
@@ -189,6 +191,7 @@ nlohmann::json sweep_json(const planner::SweepResult& result) {
   j["accumulation"] = spec.accumulation;
   // Selective checkpointing: the operators the checkpointed modules keep ([] for none).
   j["selective"] = spec.selective ? spec.selective->save : std::vector<std::string>{};
+  j["offload"] = spec.offload_activations ? "activations" : "";
   j["wall_ms"] = result.wall_ms;
   j["rows"] = nlohmann::json::array();
   for (const planner::SweepRow& row : result.rows) j["rows"].push_back(row_json(result, row));

@@ -405,6 +405,15 @@ std::string sweep_report(const planner::SweepResult& result, const ReportOptions
              "                  (a tensor saved for backward was modified in place): it fails at any size.\n";
     }
   }
+  if (result.spec.offload_activations) {
+    std::int64_t pinned = 0;
+    for (const planner::SweepRow& row : result.rows) pinned = std::max(pinned, row.figures.pinned_host_bytes);
+    out += wrap(fmt::format("Activations offloaded (--offload activations: save_on_cpu, pin_memory=True): up to {} of "
+                            "pinned host memory per row, beside the device's figures (PyTorch's caching host "
+                            "allocator: power-of-two blocks, kept for reuse).",
+                            human_bytes(pinned)),
+                "", "  ");
+  }
   out += fmt::format("\ndevice: {}\nstack: {} (--stack)\n", result.device.assumptions, result.spec.stack.to_string());
   out += assumptions_note(result.model.assumed);
   out += parallel_note(result.spec.parallels, result.device);

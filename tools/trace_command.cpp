@@ -46,6 +46,7 @@ struct TraceArgs {
   std::size_t segments = 0;
   std::string checkpoint_modules;
   std::string selective;
+  std::string offload;
   std::string alloc_conf;
   std::size_t steps = 1;
   bool compute = false;
@@ -106,6 +107,7 @@ nn::TrainConfig make_config(const TraceArgs& args) {
   }
   cfg.segments = std::max<std::size_t>(args.segments, 1);
   cfg.checkpoint_modules = parse_checkpoint_modules(args.checkpoint_modules, *cfg.model, cfg.model_options, args.segments);
+  cfg.offload_activations = parse_offload(args.offload);
   cfg.selective = parse_selective(args.selective, info,
                                   cfg.checkpoint_modules ? !cfg.checkpoint_modules->empty()
                                                          : args.segments > 1 || info.checkpointed_modules > 0);
@@ -322,6 +324,12 @@ void run(const TraceArgs& args) {
         human_bytes(report.parameter_bytes), human_bytes(report.optimizer_state_bytes),
         human_bytes(report.peak_allocated), human_bytes(report.peak_reserved),
         human_bytes(report.peak_device_used));
+    if (cfg.offload_activations) {
+      out << wrap(fmt::format("Activations offloaded (save_on_cpu, pin_memory=True): {} of pinned host memory, in "
+                              "PyTorch's caching host allocator's power-of-two blocks, kept for reuse.",
+                              human_bytes(report.pinned_host_bytes)),
+                  "  ", "    ");
+    }
     if (report.peak_composition.total() > 0) {
       out << wrap(fmt::format("The peak of {}{} holds: {}.", human_bytes(report.peak_allocated),
                                     describe_peak_moment(report.peak_composition),
@@ -444,6 +452,7 @@ void add_trace_command(CLI::App& app, Capture* capture) {
                   "log prints them; what `vramscope plan` chooses)")
       ->check(non_empty())
       ->type_name("LIST");
+  cmd->add_option("--offload", args->offload, kOffloadHelp)->check(non_empty())->type_name("WHAT");
   cmd->add_option("--selective", args->selective,
                   "selective checkpointing of an operator-level model: the checkpointed modules keep these operators' "
                   "outputs for backward and recompute the rest, e.g. matmuls,attention or aten.mm,aten.convolution "

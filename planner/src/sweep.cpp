@@ -97,6 +97,7 @@ nn::TrainConfig train_config(const SweepSpec& spec, const SweepRow& row) {
   // --checkpoint-modules' rows; their saving is measured against the model without marks.
   cfg.checkpoint_modules = unmarked_baseline ? std::vector<std::string>{} : spec.checkpoint_modules;
   if (!unmarked_baseline && row.segments <= 1) cfg.selective = spec.selective;
+  cfg.offload_activations = spec.offload_activations;
   if (spec.accumulation > 1) accumulate(cfg, spec.accumulation, spec.steps);
   return cfg;
 }
@@ -262,6 +263,7 @@ RunFigures run_config(const nn::TrainConfig& cfg, std::shared_ptr<Device> device
     f.gradients_missing = report.gradients_missing;
     f.peak_composition = report.peak_composition;
     f.warnings = report.warnings;
+    f.pinned_host_bytes = report.pinned_host_bytes;
   } catch (const OutOfMemoryError& e) {
     oom = oom_failure(built ? f.steps_done + 1 : 0, watcher.oom_context_, e.figures(), e.what());
   } catch (const RequestTooLargeError& e) {

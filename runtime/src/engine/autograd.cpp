@@ -1,7 +1,10 @@
 // autograd.cpp — graph nodes, saved tensors, grad mode and AccumulateGrad.
 #include "vramscope/runtime/autograd.hpp"
 
+#include <cstddef>
+#include <cstring>
 #include <limits>
+#include <vector>
 
 #include "engine/checkpoint_frame.hpp"
 #include "engine/detail.hpp"
@@ -13,6 +16,7 @@ thread_local bool tls_grad_enabled = true;
 thread_local ContextId tls_backward_context = kNoContext;
 thread_local std::uint64_t tls_sequence_nr = 0;
 thread_local const SavedTensorsObserver::Fn* tls_saved_observer = nullptr;
+thread_local bool tls_save_on_cpu = false;  ///< a SaveOnCpu is alive on this thread
 
 /// AccumulateGrad: the sink of a leaf's gradient. Keeps the leaf alive, as
 /// PyTorch's does; the leaf only holds a weak reference back.
@@ -167,6 +171,59 @@ std::string inplace_message(const InplaceModifiedError::Details& d) {
 InplaceModifiedError::InplaceModifiedError(Details details)
     : AutogradError(inplace_message(details)), details_(std::move(details)) {}
 
+namespace detail {
+
+/// save_on_cpu's packed tensor: the elements in a pinned host block (their bytes too in compute
+/// mode), the block given back to the runtime's host cache when the last saver lets go.
+struct HostCopy {
+  Runtime* runtime = nullptr;
+  Shape shape;
+  DType dtype = DType::F32;
+  bool requires_grad = false;
+  std::size_t block = 0;
+  std::vector<std::byte> bytes;  ///< compute mode: the values, contiguous
+
+  HostCopy() = default;
+  HostCopy(const HostCopy&) = delete;
+  HostCopy& operator=(const HostCopy&) = delete;
+  ~HostCopy() {
+    if (runtime != nullptr && block > 0) runtime->unpin_host(block);
+  }
+
+  /// pack_to_cpu: torch.empty(tensor.size(), pin_memory=True).copy_(tensor).
+  static std::shared_ptr<const HostCopy> of(const Tensor& t) {
+    auto copy = std::make_shared<HostCopy>();
+    copy->shape = t.shape();
+    copy->dtype = t.dtype();
+    copy->requires_grad = t.requires_grad();
+    copy->block = t.runtime().pin_host(t.nbytes());
+    copy->runtime = &t.runtime();
+    if (t.runtime().computing() && t.numel() > 0) {
+      const std::size_t es = dtype_size(t.dtype());
+      copy->bytes.resize(t.nbytes());
+      const auto* base = static_cast<const std::byte*>(t.storage()->data());
+      std::byte* dst = copy->bytes.data();
+      for_each_offset(t.shape(), t.strides(), t.offset(), [&](std::int64_t i, std::int64_t off) {
+        std::memcpy(dst + static_cast<std::size_t>(i) * es, base + static_cast<std::size_t>(off) * es, es);
+      });
+    }
+    return copy;
+  }
+
+  /// unpack_from_cpu: tensor.to(device): a new device tensor each time.
+  Tensor to_device() const {
+    Tensor t = empty(*runtime, shape, dtype);
+    if (runtime->computing() && !bytes.empty()) std::memcpy(t.raw_data(), bytes.data(), bytes.size());
+    t.impl()->requires_grad = requires_grad;
+    return t;
+  }
+};
+
+}  // namespace detail
+
+SaveOnCpu::SaveOnCpu() noexcept : previous_(tls_save_on_cpu) { tls_save_on_cpu = true; }
+SaveOnCpu::~SaveOnCpu() { tls_save_on_cpu = previous_; }
+
 void SavedTensor::save(const Tensor& tensor) { save_impl(tensor, false); }
 void SavedTensor::save_output(const Tensor& tensor) { save_impl(tensor, true); }
 
@@ -182,6 +239,12 @@ void SavedTensor::save_impl(const Tensor& tensor, bool is_output) {
     // The rerun's own graph keeps nothing: the frame holds the rebuilt tensor
     // for the original node.
     hook.frame->store_recomputed(tensor);
+    return;
+  }
+  if (tls_save_on_cpu) {
+    // save_on_cpu's pack hook: the device tensor is not kept (it goes when nothing else holds it).
+    host_ = detail::HostCopy::of(tensor);
+    if (tls_saved_observer != nullptr) (*tls_saved_observer)(tensor.detach());
     return;
   }
   // A history-free alias: same storage (so no extra memory), no reference cycle
@@ -208,6 +271,7 @@ SavedTensorsObserver::~SavedTensorsObserver() { tls_saved_observer = previous_; 
 
 Tensor SavedTensor::unpack() const {
   if (frame_) return frame_->unpack(index_);
+  if (host_) return host_->to_device();
   if (data_.defined() && data_.version() != saved_version_) {
     // SavedVariable::unpack: an output names the node that saved it; any other tensor
     // its grad_fn now, which an in-place op recorded since the save has replaced.
@@ -230,6 +294,7 @@ Tensor SavedTensor::unpack() const {
 void SavedTensor::reset() noexcept {
   data_ = Tensor{};
   frame_.reset();
+  host_.reset();
   grad_fn_.reset();
 }
 

@@ -132,6 +132,25 @@ PhaseGuard::PhaseGuard(Phase phase) noexcept : previous_(tls_phase) { tls_phase 
 PhaseGuard::~PhaseGuard() { tls_phase = previous_; }
 bool recomputing() noexcept { return tls_phase == Phase::Recompute; }
 
+std::size_t Runtime::pin_host(std::size_t bytes) {
+  std::size_t block = 1;
+  while (block < bytes) block <<= 1;  // PowerOf2Ceil
+  if (auto it = pinned_free_.find(block); it != pinned_free_.end() && it->second > 0) {
+    --it->second;
+  } else {
+    pinned_total_ += block;
+  }
+  return block;
+}
+
+void Runtime::unpin_host(std::size_t block) noexcept {
+  try {
+    ++pinned_free_[block];
+  } catch (...) {
+    // The map could not grow: the block stays counted as pinned, never reused.
+  }
+}
+
 namespace detail {
 OutputCache*& output_cache_slot() noexcept {
   thread_local OutputCache* slot = nullptr;

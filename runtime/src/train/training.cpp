@@ -259,6 +259,9 @@ Tensor Trainer::forward(bool with_grad) {
   const Tensor input = model_->make_input(*runtime_, in_dtype, steps_.size() + 1);
   const Tensor target = model_->make_target(*runtime_, in_dtype, steps_.size() + 1);
   AutocastRegion autocast(*runtime_, autocast_dtype(config_.precision));
+  // `with torch.autograd.graph.save_on_cpu(pin_memory=True): loss = loss_fn(model(x), y)`.
+  std::optional<SaveOnCpu> offload;
+  if (config_.offload_activations && with_grad) offload.emplace();
   Tensor out = model_->body()(input);
   ModuleScope scope("loss", Phase::Forward);
   return model_->loss(out, target);
@@ -306,6 +309,9 @@ StepStats Trainer::step() {
     }
     if (ddp_) ddp_->pre_forward();  // DDP's forward: the buckets' rebuild, the buffers' broadcast
     AutocastRegion autocast(rt, autocast_dtype(config_.precision));
+    // `with torch.autograd.graph.save_on_cpu(pin_memory=True):` around the forward and the loss.
+    std::optional<SaveOnCpu> offload;
+    if (config_.offload_activations) offload.emplace();
     output = run_forward(fsdp_ ? fsdp_->root_pre_forward(input) : input);
     const bool own_loss = model_->info().loss == LossKind::CausalLM;
     // The root's post-forward hook sees what the model returns, as DDP's sink does.
@@ -414,6 +420,7 @@ TrainReport Trainer::report() const {
   r.device_name = info.name;
   r.device_assumptions = info.assumptions;
   r.recompute_ratio = steps_.empty() ? 0.0 : steps_.back().recompute_ratio;
+  r.pinned_host_bytes = static_cast<std::int64_t>(runtime_->pinned_host_bytes());
   return r;
 }
 

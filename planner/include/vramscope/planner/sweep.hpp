@@ -62,6 +62,8 @@ struct SweepSpec {
   /// Selective checkpointing of the checkpointed modules (nn::TrainConfig::selective); the
   /// baselines without checkpointing run without it.
   std::optional<nn::SelectivePolicy> selective;
+  /// Activation offloading (nn::TrainConfig::offload_activations), every row.
+  bool offload_activations = false;
   /// A simulated device this much smaller than `device` says (plan's headroom, which the
   /// largest batch it finds must leave free); a real GPU's memory is what it is. 0: as given.
   std::size_t headroom = 0;
@@ -88,6 +90,8 @@ struct RunFigures {
   /// zero unless every step ran.
   MemoryComposition peak_composition;
   std::vector<std::string> warnings;
+  /// Pinned host memory at the end (activation offloading's copies, cached): 0 without it.
+  std::int64_t pinned_host_bytes = 0;
 };
 
 /// Where and how a run ran out of memory.

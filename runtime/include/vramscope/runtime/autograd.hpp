@@ -34,6 +34,7 @@ namespace mem::nn {
 class Node;
 namespace detail {
 class CheckpointFrame;
+struct HostCopy;
 }
 
 using TensorList = std::vector<Tensor>;
@@ -147,7 +148,7 @@ class SavedTensor {
   /// Throws InplaceModifiedError if an in-place op changed it since it was saved.
   Tensor unpack() const;
   void reset() noexcept;
-  bool defined() const noexcept { return data_.defined() || frame_ != nullptr; }
+  bool defined() const noexcept { return data_.defined() || frame_ != nullptr || host_ != nullptr; }
   /// Marks this as a checkpoint's saved input (its error message gets a hint saying so).
   void mark_checkpoint_input() noexcept { checkpoint_input_ = true; }
 
@@ -156,6 +157,7 @@ class SavedTensor {
 
   Tensor data_;
   std::shared_ptr<detail::CheckpointFrame> frame_;
+  std::shared_ptr<const detail::HostCopy> host_;  ///< save_on_cpu's copy (SaveOnCpu)
   std::uint32_t index_ = 0;
   std::uint32_t saved_version_ = 0;
   std::uint32_t output_nr_ = 0;     ///< outputs only (PyTorch prints 0 for the others)
@@ -165,6 +167,23 @@ class SavedTensor {
   /// tensor's grad_fn when saved (a later in-place op on the storage takes over, as
   /// PyTorch's rebase_history does). Weak: an output's node owns this SavedTensor.
   std::weak_ptr<Node> grad_fn_;
+};
+
+/// torch.autograd.graph.save_on_cpu(pin_memory=True) while alive, on this thread: every tensor
+/// a node saves (outside a checkpoint's own hooks, which come first) is copied into pinned host
+/// memory (Runtime::pin_host: the tensor's elements, a parameter's too) and autograd keeps only
+/// that copy; each unpack in backward copies it back into a new device tensor, which its node
+/// holds while it runs (torch/autograd/graph.py: pack_to_cpu, unpack_from_cpu). As with any
+/// saved-tensor hooks, no version check.
+class SaveOnCpu {
+ public:
+  SaveOnCpu() noexcept;
+  ~SaveOnCpu();
+  SaveOnCpu(const SaveOnCpu&) = delete;
+  SaveOnCpu& operator=(const SaveOnCpu&) = delete;
+
+ private:
+  bool previous_;
 };
 
 /// Observes what autograd keeps: while alive, every tensor a node saves for backward

@@ -131,6 +131,17 @@ class Runtime {
   /// matrix product loads cuBLAS's the same way (gemm_workspace).
   void uses_cudnn();
 
+  // --- pinned host memory -------------------------------------------------------------
+  /// Pinned host memory as PyTorch's CachingHostAllocator keeps it (what save_on_cpu copies
+  /// saved tensors into): a request takes a cached block of its size rounded up to a power of
+  /// two, or pins a new one; a freed block stays cached for the next request of its size
+  /// (aten/src/ATen/core/CachingHostAllocator.h: c10::llvm::PowerOf2Ceil, free lists by size).
+  /// Returns the block's size.
+  std::size_t pin_host(std::size_t bytes);
+  void unpin_host(std::size_t block) noexcept;
+  /// Bytes of every block pinned so far, in use or cached: what the process holds on the host.
+  std::size_t pinned_host_bytes() const noexcept { return pinned_total_; }
+
   // --- the modelled stack -------------------------------------------------------------
   /// Which PyTorch, transformers and PEFT the ops and modules behave as (stack.hpp).
   const Stack& stack() const noexcept { return stack_; }
@@ -183,6 +194,8 @@ class Runtime {
   GradReadyHook post_accumulate_grad_hook_;
   std::vector<std::function<void()>> backward_callbacks_;
   Stack stack_;
+  std::unordered_map<std::size_t, std::size_t> pinned_free_;  ///< cached blocks by size
+  std::size_t pinned_total_ = 0;
   bool cublas_loaded_ = false, cudnn_loaded_ = false;
   bool zero3_linear_ = false;
   std::shared_ptr<detail::TensorImpl> blas_workspace_[2], lt_workspace_[2];  // [forward, backward thread]

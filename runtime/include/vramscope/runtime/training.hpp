@@ -76,6 +76,9 @@ struct TrainConfig {
   /// Selective checkpointing: every checkpointed region keeps these operators' outputs for its
   /// recompute (checkpoint.hpp). An operator-level model's, non-reentrant; nullopt: plain.
   std::optional<SelectivePolicy> selective;
+  /// Activation offloading: the forward (and the loss) under save_on_cpu(pin_memory=True), so
+  /// what autograd saves waits in pinned host memory and comes back in backward (SaveOnCpu).
+  bool offload_activations = false;
   Precision precision = Precision::F32;
   /// Gradient accumulation: each step() is one micro-batch; the gradients are zeroed before
   /// the first of every `accumulation` steps and the optimizer steps after the last, so the
@@ -145,6 +148,9 @@ struct TrainReport {
   std::string device_assumptions;    ///< print beside any figure
   double recompute_ratio = 0;        ///< of the last step
   MemoryComposition peak_composition;  ///< at the highest step peak
+  /// Pinned host memory the run holds at its end (blocks are cached, never given back): what
+  /// offloading put on the host (TrainConfig::offload_activations); 0 without it.
+  std::int64_t pinned_host_bytes = 0;
 };
 
 /// The device spec train() uses for `config` (adds host backing in compute mode).
