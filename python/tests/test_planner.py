@@ -40,6 +40,14 @@ def test_estimate_is_the_commands_row():
     assert "max allocated" in r._repr_html_() and "activations" in r._repr_html_()
 
 
+def test_offloading_activations_moves_them_to_pinned_host_memory():
+    # offload="activations" is the command's --offload: save_on_cpu around the forward.
+    plain = vramscope.estimate("resnet18", batch=32, device="sim:h100-80g")
+    offloaded = vramscope.estimate("resnet18", batch=32, device="sim:h100-80g", offload="activations")
+    assert plain.pinned_host == 0 < offloaded.pinned_host
+    assert offloaded.max_allocated < plain.max_allocated
+
+
 def test_modules_are_the_trace_of_the_same_configuration(tmp_path):
     r = vramscope.estimate("resnet18", batch=32, device="sim:h100-80g", dtype="amp", steps=3)
     # The same configuration traced: the same peaks, and its log is trace --log's, line for line.
