@@ -283,7 +283,8 @@ std::optional<std::vector<std::string>> parse_checkpoint_modules(const std::stri
   return paths;
 }
 
-std::optional<nn::SelectivePolicy> parse_selective(const std::string& text, const nn::ModelInfo& info, bool checkpointed) {
+std::optional<nn::SelectivePolicy> parse_selective(const std::string& text, const nn::ModelInfo& info,
+                                                   const std::optional<std::vector<std::string>>& checkpoint_modules) {
   if (text.empty()) return std::nullopt;
   nn::SelectivePolicy policy = as_usage("--selective", [&] { return nn::SelectivePolicy::parse(text); });
   if (info.operators == 0) {
@@ -291,6 +292,8 @@ std::optional<nn::SelectivePolicy> parse_selective(const std::string& text, cons
                                  "the operator level (python3 -m vramscope.export ...) or checkpoint whole modules",
                                  info.name));
   }
+  // An operator-level model takes no checkpoint_sequential segments: its marks or the modules named.
+  const bool checkpointed = checkpoint_modules ? !checkpoint_modules->empty() : info.checkpointed_modules > 0;
   if (!checkpointed) {
     throw UsageError("--selective: applies inside checkpointed modules; name them with --checkpoint-modules");
   }

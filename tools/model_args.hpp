@@ -97,9 +97,14 @@ std::optional<std::vector<std::string>> parse_checkpoint_modules(const std::stri
 
 /// --selective "matmuls,attention" (selective checkpointing: what the checkpointed modules keep):
 /// the policy; UsageError for a bad name, a model of modules (no operators to name), or nothing
-/// checkpointed (`checkpointed`: --checkpoint-modules, --segments or the model's own marks).
-/// Empty text: nullopt.
-std::optional<nn::SelectivePolicy> parse_selective(const std::string& text, const nn::ModelInfo& info, bool checkpointed);
+/// checkpointed (the modules --checkpoint-modules gave, parse_checkpoint_modules' result, else
+/// the model's own marks). Empty text: nullopt.
+std::optional<nn::SelectivePolicy> parse_selective(const std::string& text, const nn::ModelInfo& info,
+                                                   const std::optional<std::vector<std::string>>& checkpoint_modules);
+inline constexpr const char* kSelectiveHelp =
+    "selective checkpointing of an operator-level model: the checkpointed modules keep these operators' outputs for "
+    "backward and recompute the rest, e.g. matmuls,attention (groups: matmuls, attention, convolutions; or "
+    "operators as PyTorch names them: aten.mm for every overload, aten.mm.default for one)";
 
 /// --offload: "activations" (save_on_cpu(pin_memory=True) around the forward) is true; empty
 /// text is false; anything else a UsageError naming what is modelled.

@@ -145,8 +145,7 @@ planner::SweepSpec make_spec(const SweepArgs& args) {
     spec.checkpoint_modules = parse_checkpoint_modules(args.checkpoint_modules, *spec.model, spec.model_options, 0);
   }
   spec.offload_activations = parse_offload(args.offload);
-  spec.selective = parse_selective(args.selective, info,
-                                   spec.checkpoint_modules ? !spec.checkpoint_modules->empty() : info.checkpointed_modules > 0);
+  spec.selective = parse_selective(args.selective, info, spec.checkpoint_modules);
   spec.refine_segments = args.segments == "auto" && info.checkpointed_modules == 0 && info.sequential_checkpointing;
   if (args.max_batch) {
     if (!args.model.batch.empty()) {
@@ -288,12 +287,7 @@ void add_sweep_command(CLI::App& app, Capture* capture) {
       ->check(non_empty())
       ->type_name("LIST");
   cmd->add_option("--offload", args->offload, kOffloadHelp)->check(non_empty())->type_name("WHAT");
-  cmd->add_option("--selective", args->selective,
-                  "selective checkpointing of an operator-level model: the checkpointed modules keep these operators' "
-                  "outputs and recompute the rest, e.g. matmuls,attention (groups: matmuls, attention, convolutions; or "
-                  "aten.mm, aten.mm.default)")
-      ->check(non_empty())
-      ->type_name("OPS");
+  cmd->add_option("--selective", args->selective, kSelectiveHelp)->check(non_empty())->type_name("OPS");
   cmd->add_option("-t,--dtype", args->dtypes, "precisions: f32, f16, bf16, amp, amp-bf16 (comma list)")
       ->capture_default_str()
       ->type_name("LIST");

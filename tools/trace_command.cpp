@@ -108,9 +108,7 @@ nn::TrainConfig make_config(const TraceArgs& args) {
   cfg.segments = std::max<std::size_t>(args.segments, 1);
   cfg.checkpoint_modules = parse_checkpoint_modules(args.checkpoint_modules, *cfg.model, cfg.model_options, args.segments);
   cfg.offload_activations = parse_offload(args.offload);
-  cfg.selective = parse_selective(args.selective, info,
-                                  cfg.checkpoint_modules ? !cfg.checkpoint_modules->empty()
-                                                         : args.segments > 1 || info.checkpointed_modules > 0);
+  cfg.selective = parse_selective(args.selective, info, cfg.checkpoint_modules);
   if (args.steps < 1) throw UsageError("--steps: must be at least 1");
   cfg.steps = args.steps;
   if (args.accumulation > 1) planner::accumulate(cfg, args.accumulation, args.steps);
@@ -453,12 +451,7 @@ void add_trace_command(CLI::App& app, Capture* capture) {
       ->check(non_empty())
       ->type_name("LIST");
   cmd->add_option("--offload", args->offload, kOffloadHelp)->check(non_empty())->type_name("WHAT");
-  cmd->add_option("--selective", args->selective,
-                  "selective checkpointing of an operator-level model: the checkpointed modules keep these operators' "
-                  "outputs for backward and recompute the rest, e.g. matmuls,attention or aten.mm,aten.convolution "
-                  "(groups: matmuls, attention, convolutions)")
-      ->check(non_empty())
-      ->type_name("OPS");
+  cmd->add_option("--selective", args->selective, kSelectiveHelp)->check(non_empty())->type_name("OPS");
   cmd->add_option("-s,--segments", args->segments, "checkpoint_sequential segments (0 = none)")
       ->capture_default_str()
       ->type_name("N");

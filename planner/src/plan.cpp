@@ -89,15 +89,21 @@ struct SelectiveCandidate {
 std::vector<SelectiveCandidate> selective_candidates(const nn::ModelInfo& info) {
   std::vector<SelectiveCandidate> out;
   if (info.operators == 0) return out;
+  // Each group's operators the model runs, in the model's order; the groups that have any.
   const auto present = [&](const std::vector<std::string>& groups) {
     SelectiveCandidate c;
-    const nn::SelectivePolicy policy = nn::SelectivePolicy::parse(fmt::format("{}", fmt::join(groups, ",")));
+    std::vector<nn::SelectivePolicy> policies;
+    for (const std::string& g : groups) policies.push_back(nn::SelectivePolicy{nn::SelectivePolicy::group(g)});
+    std::vector<bool> used(groups.size(), false);
     for (const std::string& op : info.operator_names) {
-      if (policy.saves(op)) c.ops.push_back(op);
+      bool kept = false;
+      for (std::size_t i = 0; i < groups.size(); ++i) {
+        if (policies[i].saves(op)) kept = used[i] = true;
+      }
+      if (kept) c.ops.push_back(op);
     }
-    for (const std::string& g : groups) {
-      const nn::SelectivePolicy one = nn::SelectivePolicy::parse(g);
-      if (std::any_of(c.ops.begin(), c.ops.end(), [&](const std::string& op) { return one.saves(op); })) c.groups.push_back(g);
+    for (std::size_t i = 0; i < groups.size(); ++i) {
+      if (used[i]) c.groups.push_back(groups[i]);
     }
     return c;
   };
@@ -430,13 +436,14 @@ void Planner::search() {
   }
   // Operator by operator (an operator-level model): more modules checkpointed, each keeping
   // its costly operators' outputs, recompute only the cheap ones.
-  for (const SelectiveCandidate& c : spec_.search.selective ? selective_candidates(info) : std::vector<SelectiveCandidate>{}) {
+  const std::vector<SelectiveCandidate> policies = spec_.search.selective ? selective_candidates(info)
+                                                                          : std::vector<SelectiveCandidate>{};
+  for (const SelectiveCandidate& c : policies) {
     Plan selective = base;
     selective.selective = c.ops;
     selective.selective_groups = c.groups;
-    std::optional<Plan> attempt;
-    if (auto found = search_modules(selective, short_of, &attempt)) keep(std::move(*found));
-    if (auto found = search_blocks(selective, short_of, &attempt)) keep(std::move(*found));
+    if (auto found = search_modules(selective, short_of, nullptr)) keep(std::move(*found));
+    if (auto found = search_blocks(selective, short_of, nullptr)) keep(std::move(*found));
   }
   const bool fits_without_change = std::any_of(result_.plans.begin(), result_.plans.end(), [](const Plan& p) {
     return p.fits() && p.recompute_share == 0;

@@ -85,6 +85,18 @@ def step(model, x, target):
     return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
+def same_step(label, plain, planned, x, target, failures):
+    """One training step of each gives the same loss and gradients, bit for bit."""
+    import torch
+    loss_a, grads_a = step(plain, x, target)
+    loss_b, grads_b = step(planned, x, target)
+    # The wrapper adds a level to parameter names: compare in order.
+    same = loss_a == loss_b and all(torch.equal(a, b) for a, b in zip(grads_a.values(), grads_b.values()))
+    print(f"  {label}: loss {loss_a:.6f} / {loss_b:.6f}, gradients {'identical' if same else 'DIFFER'}")
+    if not same or len(grads_a) != len(grads_b):
+        failures.append(f"{label}: gradients")
+
+
 def check_chain(vramscope, tmp, failures):
     import copy
     import torch
@@ -99,14 +111,7 @@ def check_chain(vramscope, tmp, failures):
     print(f"  chain: plan {sorted(want)}, wrapped {sorted(got)}")
     if got != want or want != {"b1", "tail.w0"}:
         failures.append("chain: wrapped modules")
-    x, target = torch.randn(64, 256, requires_grad=False), torch.randn(64, 256)
-    loss_a, grads_a = step(plain, x, target)
-    loss_b, grads_b = step(planned, x, target)
-    # The wrapper adds a level to parameter names: compare in order.
-    same = loss_a == loss_b and all(torch.equal(a, b) for a, b in zip(grads_a.values(), grads_b.values()))
-    print(f"  chain: loss {loss_a:.6f} / {loss_b:.6f}, gradients {'identical' if same else 'DIFFER'}")
-    if not same or len(grads_a) != len(grads_b):
-        failures.append("chain: gradients")
+    same_step("chain", plain, planned, torch.randn(64, 256), torch.randn(64, 256), failures)
 
 
 def check_torchvision(vramscope, tmp, failures, name, args, image):
@@ -225,13 +230,7 @@ def check_selective(vramscope, tmp, failures):
     print(f"  selective: {mib} MiB: {best['plan']} ({best['recompute_share']:.2%} recomputed), wrapped {sorted(got)}")
     if got != want or "keep_costly" not in scope:
         failures.append("selective: wrapped modules")
-    x, target = torch.randn(4096, 256), torch.randn(4096, 256)
-    loss_a, grads_a = step(plain, x, target)
-    loss_b, grads_b = step(planned, x, target)
-    same = loss_a == loss_b and all(torch.equal(a, b) for a, b in zip(grads_a.values(), grads_b.values()))
-    print(f"  selective: loss {loss_a:.6f} / {loss_b:.6f}, gradients {'identical' if same else 'DIFFER'}")
-    if not same or len(grads_a) != len(grads_b):
-        failures.append("selective: gradients")
+    same_step("selective", plain, planned, torch.randn(4096, 256), torch.randn(4096, 256), failures)
 
 
 def main():

@@ -10,46 +10,12 @@
 namespace mem::nn {
 namespace {
 
-struct RunResult {
-  std::vector<double> losses;
-  std::vector<std::vector<double>> grads;
-  std::vector<std::vector<double>> params;
-  std::vector<std::vector<double>> buffers;
-  StepStats last;
-  TrainReport report;
-};
-
-RunResult run(TrainConfig cfg) {
-  cfg.mode = ExecMode::Compute;
-  auto device = make_device("sim:capacity=16GiB,context=0,backing=host");
-  CachingAllocator alloc(device);
-  Trainer trainer(cfg, alloc);
-  RunResult r;
-  for (std::size_t i = 0; i < cfg.steps; ++i) {
-    r.last = trainer.step();
-    r.losses.push_back(r.last.loss);
-  }
-  for (const Tensor& p : trainer.model().parameters()) {
-    r.grads.push_back(p.grad().defined() ? to_values(p.grad()) : std::vector<double>{});
-    r.params.push_back(to_values(p));
-  }
-  std::function<void(const Module&)> collect = [&](const Module& m) {
-    for (const auto& slot : m.slots()) {
-      if (slot.is_buffer) r.buffers.push_back(to_values(slot.tensor));
-    }
-    for (const auto& [name, child] : m.children()) collect(*child);
-  };
-  collect(trainer.model().body());
-  r.report = trainer.report();
-  return r;
-}
-
 TEST(Checkpoint, MlpGivesIdenticalLossesAndGradientsForEverySegmentCount) {
   TrainConfig cfg;
   cfg.model = models::find("mlp");
   cfg.model_options = ModelOptions::parse("depth=6,width=16,batch=4");
   cfg.steps = 3;
-  const RunResult base = run(cfg);
+  const test::TrainedRun base = test::train_computed(cfg);
   ASSERT_GT(base.losses[0], 0);
   EXPECT_NE(base.losses[0], base.losses[2]);  // training moves
   for (std::size_t k : {2u, 3u, 4u, 5u, 12u}) {
@@ -57,7 +23,7 @@ TEST(Checkpoint, MlpGivesIdenticalLossesAndGradientsForEverySegmentCount) {
       cfg.segments = k;
       cfg.checkpoint_mode = mode;
       cfg.input_requires_grad = mode == CheckpointMode::Reentrant;  // avoid the pitfall here
-      const RunResult r = run(cfg);
+      const test::TrainedRun r = test::train_computed(cfg);
       EXPECT_EQ(r.losses, base.losses) << "segments " << k << " " << checkpoint_mode_name(mode);
       EXPECT_EQ(r.grads, base.grads) << "segments " << k << " " << checkpoint_mode_name(mode);
       EXPECT_GT(r.last.recompute_ratio, 0.0);
@@ -76,9 +42,9 @@ TEST(Checkpoint, ResnetBatchNormStatisticsMoveAgainInTheRecomputeAndGradientsMat
   cfg.model_options = ModelOptions::parse("batch=2,image=32,classes=10");
   cfg.optimizer.kind = OptimizerKind::SGD;
   cfg.steps = 2;
-  const RunResult base = run(cfg);
+  const test::TrainedRun base = test::train_computed(cfg);
   cfg.segments = 4;
-  const RunResult ckpt = run(cfg);
+  const test::TrainedRun ckpt = test::train_computed(cfg);
   EXPECT_EQ(ckpt.losses, base.losses);
   EXPECT_EQ(ckpt.grads, base.grads);
   ASSERT_EQ(ckpt.buffers.size(), base.buffers.size());
@@ -124,7 +90,7 @@ TEST(Checkpoint, ReentrantWithoutInputGradLosesParameterGradientsAndSaysSo) {
   cfg.segments = 2;
   cfg.checkpoint_mode = CheckpointMode::Reentrant;
   cfg.steps = 1;
-  const RunResult r = run(cfg);
+  const test::TrainedRun r = test::train_computed(cfg);
   // The first segment (Linear, ReLU, Linear, ReLU) runs under no_grad: 4 tensors lose grads.
   EXPECT_EQ(r.last.params_without_grad, 4u);
   EXPECT_TRUE(r.report.gradients_missing);
@@ -133,7 +99,7 @@ TEST(Checkpoint, ReentrantWithoutInputGradLosesParameterGradientsAndSaysSo) {
   EXPECT_EQ(r.last.flops.recompute, 0.0);  // nothing to rerun: no backward reaches the segment
 
   cfg.checkpoint_mode = CheckpointMode::NonReentrant;
-  const RunResult ok = run(cfg);
+  const test::TrainedRun ok = test::train_computed(cfg);
   EXPECT_EQ(ok.last.params_without_grad, 0u);
   EXPECT_FALSE(ok.report.gradients_missing);
 }
@@ -175,7 +141,7 @@ TEST(CheckpointMarks, AFlattenedContainerIsCheckpointedWholeAsCheckpointOfItWoul
   sequential.segments = 2;
   TrainConfig plain = sequential;
   plain.segments = 1;
-  const RunResult a = run(marked), b = run(sequential), c = run(plain);
+  const test::TrainedRun a = test::train_computed(marked), b = test::train_computed(sequential), c = test::train_computed(plain);
   EXPECT_EQ(a.losses, c.losses);
   EXPECT_EQ(a.grads, c.grads);
   EXPECT_EQ(a.report.peak_allocated, b.report.peak_allocated);
@@ -183,7 +149,7 @@ TEST(CheckpointMarks, AFlattenedContainerIsCheckpointedWholeAsCheckpointOfItWoul
   EXPECT_DOUBLE_EQ(a.report.recompute_ratio, b.report.recompute_ratio);
   // A block inside it and the container together are refused, as two nested modules are.
   marked.checkpoint_modules = std::vector<std::string>{"stage", "stage.0"};
-  EXPECT_THROW(run(marked), Error);
+  EXPECT_THROW(test::train_computed(marked), Error);
 }
 
 TEST(CheckpointMarks, ACheckpointInsideACheckpointedModuleRebuildsThroughTheOuterOne) {
@@ -209,11 +175,11 @@ TEST(CheckpointMarks, ACheckpointInsideACheckpointedModuleRebuildsThroughTheOute
   TrainConfig cfg;
   cfg.steps = 2;
   cfg.model = nested(false, false);
-  const RunResult plain = run(cfg);
+  const test::TrainedRun plain = test::train_computed(cfg);
   cfg.model = nested(true, true);
-  const RunResult both = run(cfg);
+  const test::TrainedRun both = test::train_computed(cfg);
   cfg.model = nested(true, false);
-  const RunResult outer = run(cfg);
+  const test::TrainedRun outer = test::train_computed(cfg);
   EXPECT_EQ(both.losses, plain.losses);
   EXPECT_EQ(both.grads, plain.grads);
   EXPECT_EQ(outer.grads, plain.grads);
@@ -267,7 +233,7 @@ TEST(CheckpointMarks, MarkedBlocksEqualCheckpointSequentialOfTheSameModules) {
     plain.segments = 1;
 
     ASSERT_EQ(marked.model->describe().checkpointed_modules, 4u);
-    const RunResult a = run(marked), b = run(sequential), c = run(plain);
+    const test::TrainedRun a = test::train_computed(marked), b = test::train_computed(sequential), c = test::train_computed(plain);
     EXPECT_EQ(a.losses, b.losses);
     EXPECT_EQ(a.grads, b.grads);
     EXPECT_EQ(a.losses, c.losses);  // checkpointing changes memory, never results
@@ -284,7 +250,7 @@ TEST(CheckpointMarks, SegmentsDoNotApplyToAModelThatCheckpointsItself) {
   cfg.model = marked_model("true");
   cfg.segments = 2;
   try {
-    run(cfg);
+    test::train_computed(cfg);
     FAIL() << "segments on a marked model ran";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("checkpoints 4 of its modules itself"), std::string::npos) << e.what();

@@ -3,8 +3,6 @@
 // allocator (powers of two, reused once freed), comes back in backward, and changes no number.
 #include <gtest/gtest.h>
 
-#include <functional>
-
 #include "test_util.hpp"
 #include "vramscope/models/zoo.hpp"
 
@@ -17,35 +15,19 @@ std::size_t power_of_two_ceil(std::size_t n) {
   return p;
 }
 
-struct Outcome {
-  std::vector<double> losses;
-  std::vector<std::vector<double>> grads;
-};
-
-Outcome compute(TrainConfig cfg) {
-  cfg.mode = ExecMode::Compute;
-  auto device = make_device("sim:capacity=16GiB,context=0,backing=host");
-  CachingAllocator alloc(device);
-  Trainer trainer(cfg, alloc);
-  Outcome r;
-  for (std::size_t i = 0; i < cfg.steps; ++i) r.losses.push_back(trainer.step().loss);
-  for (const Tensor& p : trainer.model().parameters()) r.grads.push_back(to_values(p.grad()));
-  return r;
-}
-
 TEST(Offload, LossesAndGradientsAreThoseWithoutIt) {
   for (const char* model : {"mlp", "forum-cnn"}) {
     TrainConfig cfg;
     cfg.model = models::find(model);
     cfg.model_options = ModelOptions::parse(std::string(model) == "mlp" ? "depth=4,width=16,batch=4" : "batch=2");
     cfg.steps = 2;
-    const Outcome plain = compute(cfg);
+    const test::TrainedRun plain = test::train_computed(cfg);
     cfg.offload_activations = true;
-    const Outcome offloaded = compute(cfg);
+    const test::TrainedRun offloaded = test::train_computed(cfg);
     EXPECT_EQ(offloaded.losses, plain.losses) << model;
     EXPECT_EQ(offloaded.grads, plain.grads) << model;
     cfg.segments = 2;  // under checkpointing too: the checkpoint's hooks come first
-    const Outcome both = compute(cfg);
+    const test::TrainedRun both = test::train_computed(cfg);
     EXPECT_EQ(both.grads, plain.grads) << model;
   }
 }

@@ -1,7 +1,9 @@
 // test_util.hpp — devices and runtimes for the runtime tests.
 #pragma once
 
+#include <functional>
 #include <memory>
+#include <vector>
 
 #include "vramscope/allocator/caching_allocator.hpp"
 #include "vramscope/allocator/device.hpp"
@@ -22,5 +24,42 @@ struct Env {
   CachingAllocator alloc;
   Runtime rt;
 };
+
+/// A training run in compute mode on a host-backed simulated GPU: each step's loss, then every
+/// parameter's gradient (empty where it got none) and value, every buffer, the last step's
+/// figures and the report. Runs compared by these give the same numbers or not.
+struct TrainedRun {
+  std::vector<double> losses;
+  std::vector<std::vector<double>> grads;
+  std::vector<std::vector<double>> params;
+  std::vector<std::vector<double>> buffers;
+  StepStats last;
+  TrainReport report;
+};
+
+inline TrainedRun train_computed(TrainConfig cfg) {
+  cfg.mode = ExecMode::Compute;
+  auto device = make_device("sim:capacity=16GiB,context=0,backing=host");
+  CachingAllocator alloc(device);
+  Trainer trainer(cfg, alloc);
+  TrainedRun r;
+  for (std::size_t i = 0; i < cfg.steps; ++i) {
+    r.last = trainer.step();
+    r.losses.push_back(r.last.loss);
+  }
+  for (const Tensor& p : trainer.model().parameters()) {
+    r.grads.push_back(p.grad().defined() ? to_values(p.grad()) : std::vector<double>{});
+    r.params.push_back(to_values(p));
+  }
+  std::function<void(const Module&)> collect = [&](const Module& m) {
+    for (const auto& slot : m.slots()) {
+      if (slot.is_buffer) r.buffers.push_back(to_values(slot.tensor));
+    }
+    for (const auto& [name, child] : m.children()) collect(*child);
+  };
+  collect(trainer.model().body());
+  r.report = trainer.report();
+  return r;
+}
 
 }  // namespace mem::nn::test

@@ -244,7 +244,7 @@ void SavedTensor::save_impl(const Tensor& tensor, bool is_output) {
   if (tls_save_on_cpu) {
     // save_on_cpu's pack hook: the device tensor is not kept (it goes when nothing else holds it).
     host_ = detail::HostCopy::of(tensor);
-    if (tls_saved_observer != nullptr) (*tls_saved_observer)(tensor.detach());
+    detail::observe_saved(tensor);
     return;
   }
   // A history-free alias: same storage (so no extra memory), no reference cycle
@@ -255,7 +255,7 @@ void SavedTensor::save_impl(const Tensor& tensor, bool is_output) {
   is_output_ = is_output;
   output_nr_ = is_output ? tensor.output_nr() : 0;
   grad_fn_ = tensor.grad_fn();
-  if (tls_saved_observer != nullptr) (*tls_saved_observer)(data_);
+  detail::observe_saved(data_);
 }
 
 namespace detail {
