@@ -196,7 +196,13 @@ void check_parallel_combination(const std::vector<nn::ParallelConfig>& parallels
       throw UsageError("--compute with --parallel " + label + ": sharded engines run as a dry run only (their "
                        "collectives on one simulated rank bring no data from the others); drop --compute, or use ddp");
     }
-    const bool zero = c.engine != nn::ParallelEngine::Fsdp;
+    if (c.engine == nn::ParallelEngine::Tp && optimizer.kind != nn::OptimizerKind::Adam &&
+        optimizer.kind != nn::OptimizerKind::None) {
+      throw UsageError("--optimizer " + std::string(nn::optimizer_name(optimizer.kind)) + " with --parallel " + label +
+                       ": tensor parallel is modelled with adam (what it copies out of the embedding's whole-table "
+                       "gradient) or none; give adam, adamw or none");
+    }
+    const bool zero = c.engine != nn::ParallelEngine::Fsdp && c.engine != nn::ParallelEngine::Tp;
     if (zero && optimizer.kind == nn::OptimizerKind::Adam8bit) {
       throw UsageError("--optimizer adam8bit with --parallel " + label + ": DeepSpeed's ZeRO runs its own FusedAdam, "
                        "bitsandbytes' 8-bit Adam is not modelled under it; give adam, sgd or sgd-momentum");
@@ -458,6 +464,13 @@ std::string parallel_note(const std::vector<nn::ParallelConfig>& configs, const 
         : config.engine == nn::ParallelEngine::Ddp
             ? "each rank alike (DistributedDataParallel runs the whole step on each GPU and adds its gradient "
               "buckets and broadcasts)"
+        : config.engine == nn::ParallelEngine::Tp
+            ? "rank " + std::to_string(config.rank) +
+                  "'s (torchtitan's tensor + sequence parallel plan through DTensor: 1/N of each projection, of the "
+                  "embedding's rows and of lm_head's, the norms and residuals on 1/N of the sequence, all-gathers "
+                  "before the attention, the MLP and lm_head and reduce-scatters after o_proj, down_proj and the "
+                  "embedding; the embedding's gradient is the whole table (DTensor's Replicate), copied out row by "
+                  "row by each optimizer op that reads it; position_ids passed by the caller)"
             : "rank " + std::to_string(config.rank) +
                   "'s (FSDP2 keeps a padded 1/N shard of each parameter, all-gathers each block's before it runs "
                   "and reduce-scatters its gradients, on streams of its own; ranks differ only in the rows of "

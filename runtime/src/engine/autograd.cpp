@@ -60,7 +60,7 @@ class AccumulateGrad final : public Node {
       // Steal the gradient when nothing else references it and its layout matches
       // the parameter's (accumulateGrad's use_count / layout-contract test).
       if (new_grad.use_count() == 1 && new_grad.is_contiguous() && new_grad.dtype() == variable.dtype() &&
-          new_grad.shape() == variable.shape()) {
+          (new_grad.shape() == variable.shape() || variable_->redistributed_grad)) {
         variable_->grad = new_grad.detach().impl_ptr();
       } else {
         Tensor copy = empty(variable.runtime(), variable.shape(), variable.dtype());

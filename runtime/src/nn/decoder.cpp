@@ -26,6 +26,7 @@ using State = std::shared_ptr<DecoderState>;
 /// LlamaRotaryEmbedding's cos and sin [1, S, head_dim] in the hidden states' dtype.
 class DecoderInputs final : public Module {
  public:
+  void set_sequence_shards(std::int64_t shards) noexcept { shards_ = shards; }
   DecoderInputs(const DecoderConfig& c, State state, double theta)
       : Module("LlamaRotaryEmbedding"), eager_(c.attention == AttentionImpl::Eager), mistral_mask_(c.mistral_mask),
         window_(c.sliding_window), dim_(c.head_dim),
@@ -53,8 +54,10 @@ class DecoderInputs final : public Module {
 
   Tensor forward(const Tensor& x) override {
     Runtime& rt = x.runtime();
-    const std::int64_t s = x.size(1), half = dim_ / 2;
-    state_->cache_position = arange(rt, s);
+    const std::int64_t s = x.size(1) * shards_, half = dim_ / 2;
+    state_->cache_position = arange(rt, x.size(1));
+    // Sequence parallel: the caller's position_ids, arange(S) of the whole sequence.
+    if (shards_ > 1) state_->position_ids = arange(rt, s);
     if (eager_) state_->mask = causal_mask(rt, s, x.dtype(), mistral_mask_, window_);
     // rotary_emb(hidden_states, position_ids), under autocast disabled: position_ids
     // .float() [1, 1, S], freqs = inv_freq @ positions [1, half, S], emb = cat((freqs,
@@ -120,6 +123,7 @@ class DecoderInputs final : public Module {
   }
 
   std::size_t inv_freq_ = 0;
+  std::int64_t shards_ = 1;
   bool eager_, mistral_mask_;
   std::int64_t window_;
   std::int64_t dim_;
@@ -255,6 +259,7 @@ class Attention final : public Module {
   std::int64_t heads_, kv_heads_, dim_;
   double dropout_;
   AttentionImpl impl_;
+  friend AttentionHeads mem::nn::attention_heads(const Module&);
   Module *q_, *k_, *v_, *o_;
   const DecoderState* args_ = nullptr;
   Tensor weights_;
@@ -496,6 +501,18 @@ std::int64_t checked_add(std::int64_t a, std::int64_t b, const char* what) {
 }
 
 }  // namespace
+
+AttentionHeads attention_heads(const Module& attention) {
+  const auto* a = dynamic_cast<const Attention*>(&attention);
+  if (a == nullptr) throw Error(attention.path() + " is not a decoder's attention");
+  return {a->heads_, a->kv_heads_, a->impl_ == AttentionImpl::Eager};
+}
+
+void set_sequence_shards(Module& rotary, std::int64_t shards) {
+  auto* inputs = dynamic_cast<DecoderInputs*>(&rotary);
+  if (inputs == nullptr) throw Error(rotary.path() + " is not a decoder's rotary embedding");
+  inputs->set_sequence_shards(shards);
+}
 
 std::unique_ptr<Sequential> build_decoder(const DecoderConfig& c) {
   const auto positive = [](const char* key, std::int64_t v) {

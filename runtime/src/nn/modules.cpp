@@ -8,6 +8,7 @@
 #include <string_view>
 
 #include "engine/detail.hpp"
+#include "parallel/tensor_parallel.hpp"
 #include "vramscope/runtime/checkpoint.hpp"
 
 namespace mem::nn {
@@ -442,6 +443,30 @@ Tensor Linear::forward(const Tensor& input) {
 
 const Tensor& Linear::weight() const noexcept { return slots()[weight_].tensor; }
 
+namespace {
+/// torch.chunk's piece of `n` for `rank` of `ranks`: ceil(n / ranks), the last ones fewer.
+std::int64_t chunk_of(std::int64_t n, std::size_t ranks, std::size_t rank) {
+  const auto t = static_cast<std::int64_t>(ranks);
+  const std::int64_t chunk = (n + t - 1) / t;
+  return std::clamp<std::int64_t>(n - static_cast<std::int64_t>(rank) * chunk, 0, chunk);
+}
+}  // namespace
+
+void Linear::shard_columns(std::size_t ranks, std::size_t rank) {
+  if (kn_layout_) throw Error("tensor parallel of a Conv1D (k x n) projection is not modelled");
+  Shape w = slots()[weight_].shape;
+  w[0] = chunk_of(w[0], ranks, rank);
+  set_slot_shape(weight_, w);
+  if (has_bias_) set_slot_shape(bias_, Shape{w[0]});
+}
+
+void Linear::shard_inputs(std::size_t ranks, std::size_t rank) {
+  if (kn_layout_) throw Error("tensor parallel of a Conv1D (k x n) projection is not modelled");
+  Shape w = slots()[weight_].shape;
+  w[1] = chunk_of(w[1], ranks, rank);
+  set_slot_shape(weight_, w);
+}
+
 Conv2d::Conv2d(std::int64_t in, std::int64_t out, std::int64_t kernel, std::int64_t stride, std::int64_t padding,
                bool bias, std::int64_t dilation, std::int64_t groups)
     : Module("Conv2d"), stride_(stride), padding_(padding), dilation_(dilation), groups_(groups), has_bias_(bias) {
@@ -628,8 +653,14 @@ Tensor Dropout::forward(const Tensor& input) { return dropout(input, p_, trainin
 Embedding::Embedding(std::int64_t num_embeddings, std::int64_t dim, double init_bound) : Module("Embedding") {
   weight_ = add_parameter("weight", Shape{num_embeddings, dim}, -init_bound, init_bound);
 }
+void Embedding::shard_vocab(std::int64_t rows) {
+  full_rows_ = weight_rows();
+  set_slot_shape(weight_, Shape{rows, slots()[weight_].shape[1]});
+}
+
 Tensor Embedding::forward(const Tensor& input) {
-  Tensor out = embedding(param(weight_), input);
+  Tensor out = full_rows_ > 0 ? detail::vocab_parallel_embedding(param(weight_), input, full_rows_)
+                              : embedding(param(weight_), input);
   if (output_requires_grad_ && !out.requires_grad()) out.set_requires_grad(true);  // output.requires_grad_(True)
   return out;
 }

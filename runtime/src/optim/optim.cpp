@@ -160,16 +160,34 @@ void Adam::step() {
       state_[i] = {std::move(exp_avg), std::move(exp_avg_sq)};
     }
   }
-  auto moments = [&](std::size_t i) {
-    const Tensor g = params_[i].grad();
+  // lerp_(grad, 1 - beta1) and mul_(beta2).addcmul_(grad, grad, 1 - beta2) on `g`.
+  const auto first_moment = [&](std::size_t i, const Tensor& g) {
     update(state_[i][0], g, Tensor{}, 3, [b1](auto m, auto gv, auto) {
       using T = decltype(m);
-      return m + (gv - m) * static_cast<T>(1.0 - b1);  // lerp_(grad, 1 - beta1)
+      return m + (gv - m) * static_cast<T>(1.0 - b1);
     });
+  };
+  const auto second_moment = [&](std::size_t i, const Tensor& g) {
     update(state_[i][1], g, Tensor{}, 4, [b2](auto v, auto gv, auto) {
       using T = decltype(v);
       return v * static_cast<T>(b2) + static_cast<T>(1.0 - b2) * gv * gv;
     });
+  };
+  // A DTensor whose gradient's placement differs from its own (TensorImpl::redistributed_grad):
+  // each op reading the gradient first redistributes it to the parameter's placement (the
+  // rank's rows of a Replicate gradient, the all-reduce of a Partial one), a copy of the
+  // parameter's size per operand: one for lerp_, two for addcmul_(grad, grad) (torch 2.15,
+  // measured by tests/models/check_tensor_parallel.py).
+  const auto moments = [&](std::size_t i) {
+    const Tensor g = params_[i].grad();
+    const bool copied = params_[i].impl()->redistributed_grad;
+    const auto copy = [&] {
+      ModuleScope scope(temporaries_[i]);
+      return copied ? empty(g.runtime(), params_[i].shape(), g.dtype()) : g;
+    };
+    first_moment(i, copy());
+    const Tensor a = copy(), b = copy();
+    second_moment(i, a);
   };
   auto apply = [&](std::size_t i, const Tensor& denom) {
     update(params_[i], state_[i][0], denom, 3, [step_size](auto w, auto m, auto d) {
@@ -184,9 +202,31 @@ void Adam::step() {
   };
 
   if (config_.foreach) {
-    for (std::size_t i : active) {
-      ModuleScope scope(contexts_[i]);
-      moments(i);
+    // _foreach_lerp_(exp_avgs, grads), then _foreach_addcmul_(exp_avg_sqs, grads, grads): a
+    // redistributed gradient's copies are made per list and live until the op returns.
+    const auto copies = [&](std::vector<Tensor>& out) {
+      for (std::size_t i : active) {
+        if (!params_[i].impl()->redistributed_grad) continue;
+        ModuleScope scope(temporaries_[i]);
+        out.push_back(empty(params_[i].runtime(), params_[i].shape(), params_[i].grad().dtype()));
+      }
+    };
+    {
+      std::vector<Tensor> lerp_copies;
+      copies(lerp_copies);
+      for (std::size_t i : active) {
+        ModuleScope scope(contexts_[i]);
+        first_moment(i, params_[i].grad());
+      }
+    }
+    {
+      std::vector<Tensor> addcmul_copies;
+      copies(addcmul_copies);
+      copies(addcmul_copies);
+      for (std::size_t i : active) {
+        ModuleScope scope(contexts_[i]);
+        second_moment(i, params_[i].grad());
+      }
     }
     // exp_avg_sq_sqrt = torch._foreach_sqrt(exp_avg_sqs): one temporary per parameter,
     // all alive until the update finished.

@@ -28,6 +28,7 @@ constexpr std::string_view kDdpOptions =
     "bucket_cap_mb, gradient_as_bucket_view, broadcast_buffers, init_sync, static_graph, find_unused_parameters";
 constexpr std::string_view kFsdpOptions = "reshard_after_forward, param_dtype, reduce_dtype, init, rank";
 constexpr std::string_view kZeroOptions = "reduce_bucket_size, overlap_comm, rank";
+constexpr std::string_view kTpOptions = "sequence_parallel, rank";
 constexpr std::string_view kZero3Options =
     "reduce_bucket_size, overlap_comm, stage3_prefetch_bucket_size, stage3_param_persistence_threshold, "
     "stage3_model_persistence_threshold, stage3_max_live_parameters, stage3_max_reuse_distance, sub_group_size, "
@@ -111,20 +112,38 @@ ParallelConfig parse_parallel(std::string_view spec, std::string_view options) {
     throw Error("fsdp1 is not modelled yet; fsdp:N (FSDP2's fully_shard) shards parameters, gradients and "
                 "optimizer state alike, and zero3:N is DeepSpeed's stage 3, which does too");
   }
-  if (engine != "ddp" && engine != "fsdp" && engine != "zero1" && engine != "zero2" && engine != "zero3") {
+  const auto mesh = [&] {
+    for (std::size_t i = 1; i < spec.size(); ++i) {
+      if (spec[i] == 'x' && spec[i - 1] >= '0' && spec[i - 1] <= '9') return true;
+    }
+    return false;
+  };
+  if (mesh()) {
+    throw Error("'" + std::string(spec) + "': meshes (fsdp:8xtp:8) are not modelled yet; give one engine, "
+                "e.g. tp:8 or fsdp:8");
+  }
+  if (engine != "ddp" && engine != "fsdp" && engine != "zero1" && engine != "zero2" && engine != "zero3" &&
+      engine != "tp") {
     throw Error("unknown engine '" + std::string(engine) +
                 "'; expected ddp:N (DistributedDataParallel on N GPUs), fsdp:N (FSDP2's fully_shard "
-                "on N GPUs), zero1:N, zero2:N or zero3:N (DeepSpeed's ZeRO stage 1, 2 or 3) or none");
+                "on N GPUs), zero1:N, zero2:N or zero3:N (DeepSpeed's ZeRO stage 1, 2 or 3), tp:N (tensor "
+                "and sequence parallel over N GPUs) or none");
   }
   config.engine = engine == "ddp"     ? ParallelEngine::Ddp
                   : engine == "fsdp"  ? ParallelEngine::Fsdp
                   : engine == "zero1" ? ParallelEngine::Zero1
                   : engine == "zero2" ? ParallelEngine::Zero2
-                                      : ParallelEngine::Zero3;
+                  : engine == "zero3" ? ParallelEngine::Zero3
+                                      : ParallelEngine::Tp;
   const bool ddp = config.engine == ParallelEngine::Ddp;
   const bool stage3 = config.engine == ParallelEngine::Zero3;
   const bool zero = config.engine == ParallelEngine::Zero1 || config.engine == ParallelEngine::Zero2 || stage3;
-  const std::string_view keys = ddp ? kDdpOptions : stage3 ? kZero3Options : zero ? kZeroOptions : kFsdpOptions;
+  const bool tp = config.engine == ParallelEngine::Tp;
+  const std::string_view keys = ddp      ? kDdpOptions
+                                : stage3 ? kZero3Options
+                                : zero   ? kZeroOptions
+                                : tp     ? kTpOptions
+                                         : kFsdpOptions;
   const std::string_view count = colon == std::string_view::npos ? std::string_view{} : spec.substr(colon + 1);
   std::size_t n = 0;
   const auto [end, ec] = std::from_chars(count.data(), count.data() + count.size(), n);
@@ -152,6 +171,17 @@ ParallelConfig parse_parallel(std::string_view spec, std::string_view options) {
     seen.push_back(key);
     if (!ddp && key == "rank") {
       config.rank = parse_count(key, value, config.world_size);
+    } else if (tp) {
+      if (key != "sequence_parallel") {
+        throw Error("'" + std::string(key) + "' is not an option of tp (keys: " + std::string(kTpOptions) + ")");
+      }
+      if (!parse_bool(key, value)) {
+        // torchtitan's plan without SequenceParallel leaves the norms plain tensors beside
+        // DTensor projections, and the foreach optimizers (the CUDA default) then raise
+        // "got mixed torch.Tensor and DTensor" (torch 2.15).
+        throw Error("sequence_parallel=false is not modelled: without it the norms stay plain tensors beside the "
+                    "DTensor projections, which PyTorch's foreach optimizers refuse (mixed torch.Tensor and DTensor)");
+      }
     } else if (zero) {
       if (key == "reduce_bucket_size") {
         // DeepSpeed takes a number of elements (5e8 by default): decimal or scientific.
@@ -226,7 +256,7 @@ ParallelConfig parse_parallel(std::string_view spec, std::string_view options) {
 std::string parallel_label(const ParallelConfig& config) {
   if (!config.enabled()) return "none";
   const bool ddp = config.engine == ParallelEngine::Ddp;
-  const char* names[] = {"none:", "ddp:", "fsdp:", "zero1:", "zero2:", "zero3:"};
+  const char* names[] = {"none:", "ddp:", "fsdp:", "zero1:", "zero2:", "zero3:", "tp:"};
   std::string out = names[static_cast<int>(config.engine)] + std::to_string(config.world_size);
   std::string options;
   const auto add = [&](const std::string& item) { options += (options.empty() ? " " : ",") + item; };
@@ -245,6 +275,7 @@ std::string parallel_label(const ParallelConfig& config) {
     if (config.rank != 0) add("rank=" + std::to_string(config.rank));
     return out + options;
   }
+  if (config.engine == ParallelEngine::Tp) return out + (config.rank != 0 ? " rank=" + std::to_string(config.rank) : "");
   if (!ddp) {
     if (config.reshard_after_forward_to != 0) {
       add("reshard_after_forward=" + std::to_string(config.reshard_after_forward_to));

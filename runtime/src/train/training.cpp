@@ -8,6 +8,7 @@
 
 #include "parallel/data_parallel.hpp"
 #include "parallel/fully_shard.hpp"
+#include "parallel/tensor_parallel.hpp"
 #include "parallel/zero_redundancy.hpp"
 #include "parallel/zero_stage3.hpp"
 #include "engine/detail.hpp"
@@ -169,13 +170,38 @@ Trainer::Trainer(const TrainConfig& config, CachingAllocator& allocator)
     }
     const bool fsdp = config.parallel.engine == ParallelEngine::Fsdp;
     const bool zero3 = config.parallel.engine == ParallelEngine::Zero3;
+    const bool tp = config.parallel.engine == ParallelEngine::Tp;
     // Before the model is built (on the meta device for fsdp): FullyShard and ZeroRedundancy
     // refuse compute mode too, with the same words.
     if (config.mode == ExecMode::Compute && config.parallel.enabled() && config.parallel.engine != ParallelEngine::Ddp) {
       throw Error(std::string(fsdp    ? "fsdp runs as a dry run only: its all-gathers"
                               : zero3 ? "zero3 runs as a dry run only: its all-gathers"
+                              : tp    ? "tp runs as a dry run only: its all-gathers"
                                       : "zero runs as a dry run only: its collectives") +
                   " on one simulated rank bring no data from the others");
+    }
+    if (tp) {
+      if (model_->info().fused_linear_loss) {
+        throw Error("tp with Liger's fused linear cross entropy (loss=liger-flce) is not modelled: the loss reads "
+                    "lm_head's vocabulary-sharded weight outside lm_head's forward");
+      }
+      if (plan_.checkpointed.size() > 0) {
+        throw Error("tp does not combine with checkpoint_sequential's segments (its plan hooks the modules); "
+                    "checkpoint the decoder layers instead (--gradient-checkpointing, --checkpoint-modules)");
+      }
+      if (config.optimizer.kind != OptimizerKind::Adam && config.optimizer.kind != OptimizerKind::None) {
+        throw Error("tp is modelled with adam and adamw (what the optimizer copies out of the embedding's "
+                    "whole-table gradient) or none; " + std::string(optimizer_name(config.optimizer.kind)) +
+                    " is not yet");
+      }
+      // parallelize_module before the parameters exist: each is declared as this rank's shard.
+      tp_ = std::make_unique<detail::TensorParallel>(config.parallel, model_->body());
+      const Shape& in = model_->info().input_shape;
+      const auto ranks = static_cast<std::int64_t>(config.parallel.world_size);
+      if (in.size() < 2 || in[1] % ranks != 0) {
+        throw Error("tp:" + std::to_string(ranks) + ": sequence parallel splits the sequence over the ranks; give "
+                    "a sequence length that is a multiple of " + std::to_string(ranks));
+      }
     }
     if ((fsdp || zero3) && model_->info().fused_linear_loss) {
       // lm_head's hooks gather its weight around its forward, which Liger's loss skips.
@@ -198,6 +224,7 @@ Trainer::Trainer(const TrainConfig& config, CachingAllocator& allocator)
       if ((fsdp && config.parallel.meta_init) || (zero3 && config.parallel.zero3_init)) meta.emplace();
       model_->materialize(*runtime_, parameter_dtype(config.precision));
     }
+    if (tp_) tp_->materialized();
     model_->body().train(true);
     if (config.parallel.engine == ParallelEngine::Ddp) {
       // model = DistributedDataParallel(model) before the optimizer is made, as scripts do.
@@ -205,7 +232,7 @@ Trainer::Trainer(const TrainConfig& config, CachingAllocator& allocator)
       runtime_->set_grad_ready_hook([ddp = ddp_.get()](detail::TensorImpl& leaf) { ddp->grad_ready(leaf); });
     } else if (fsdp) {
       fsdp_ = std::make_unique<detail::FullyShard>(config.parallel, model_->body(), *runtime_);
-    } else if (config.parallel.enabled()) {
+    } else if (config.parallel.enabled() && !tp) {
       // deepspeed.initialize: ZeRO's optimizer wraps the one the config names.
       if (zero3) {
         zero_ = std::make_unique<detail::ZeroStage3>(config.parallel, config.optimizer, model_->body(), *runtime_);
@@ -223,6 +250,7 @@ Trainer::Trainer(const TrainConfig& config, CachingAllocator& allocator)
     ddp_.reset();
     fsdp_.reset();
     zero_.reset();
+    tp_.reset();
     throw;
   }
   peaks_ = std::make_unique<detail::PhasePeaks>();
@@ -238,6 +266,7 @@ Trainer::~Trainer() {
   ddp_.reset();
   fsdp_.reset();
   zero_.reset();
+  tp_.reset();
   if (model_) model_->body().release();
 }
 
@@ -307,6 +336,7 @@ StepStats Trainer::step() {
       }
       target = model_->make_target(rt, data_dtype, s.step);
     }
+    if (tp_) tp_->begin_step();
     if (ddp_) ddp_->pre_forward();  // DDP's forward: the buckets' rebuild, the buffers' broadcast
     AutocastRegion autocast(rt, autocast_dtype(config_.precision));
     // `with torch.autograd.graph.save_on_cpu(pin_memory=True):` around the forward and the loss.
@@ -427,6 +457,7 @@ TrainReport Trainer::report() const {
 std::vector<CommunicationBuffer> Trainer::communication_buffers() const {
   if (fsdp_) return fsdp_->buffers();
   if (zero_) return zero_->buffers();
+  if (tp_) return tp_->buffers();
   return ddp_ ? ddp_->buffers() : std::vector<CommunicationBuffer>{};
 }
 

@@ -41,6 +41,7 @@ enum class ParallelEngine : std::uint8_t {
   Zero1, ///< DeepSpeed ZeRO stage 1: the optimizer's state partitioned
   Zero2, ///< DeepSpeed ZeRO stage 2: the gradients partitioned too
   Zero3, ///< DeepSpeed ZeRO stage 3: the parameters partitioned too, gathered around each module
+  Tp,    ///< tensor + sequence parallel: torchtitan's Llama plan through DTensor's parallelize_module
 };
 
 /// How a node's GPUs talk, which decides NCCL's own memory on each (nccl_memory below).
@@ -100,7 +101,9 @@ struct ParallelConfig {
   bool enabled() const noexcept { return engine != ParallelEngine::None; }
   /// Whether the engine shards the parameters over the ranks (FSDP2, ZeRO-3): each rank holds
   /// its shard of the weights, not all of them.
-  bool shards_parameters() const noexcept { return engine == ParallelEngine::Fsdp || engine == ParallelEngine::Zero3; }
+  bool shards_parameters() const noexcept {
+    return engine == ParallelEngine::Fsdp || engine == ParallelEngine::Zero3 || engine == ParallelEngine::Tp;
+  }
   /// Whether the engine hooks modules as they run (FSDP2 wraps the blocks, ZeRO-3 gathers
   /// each module's parameters): the engines that shard them. checkpoint_sequential's segments
   /// would cut across them, so such a step runs without segments (marks on modules work).
@@ -122,13 +125,14 @@ struct CommunicationBuffer {
 /// The most GPUs a job may name (a bound for hostile input; the largest jobs are 10^5).
 inline constexpr std::size_t kMaxWorldSize = std::size_t{1} << 20;
 
-/// "ddp:8", "fsdp:8" (or "none"), and "key=value,..." in the engine's own names: for ddp
+/// "ddp:8", "fsdp:8", "tp:8" (or "none"), and "key=value,..." in the engine's own names: for ddp
 /// bucket_cap_mb, gradient_as_bucket_view, broadcast_buffers, init_sync, static_graph,
 /// find_unused_parameters; for fsdp reshard_after_forward, param_dtype, reduce_dtype, and
 /// init (meta or cuda) and rank; for zero1 / zero2 (DeepSpeed) reduce_bucket_size,
 /// overlap_comm and rank; for zero3 those and stage3_prefetch_bucket_size,
 /// stage3_param_persistence_threshold, stage3_model_persistence_threshold,
-/// stage3_max_live_parameters, stage3_max_reuse_distance, sub_group_size and zero3_init_flag. Throws mem::Error naming what is wrong and what is valid; an
+/// stage3_max_live_parameters, stage3_max_reuse_distance, sub_group_size and zero3_init_flag;
+/// for tp sequence_parallel (true: the only plan modelled) and rank. Throws mem::Error naming what is wrong and what is valid; an
 /// option of another engine, or options without an engine, is an error too.
 ParallelConfig parse_parallel(std::string_view spec, std::string_view options = {});
 /// "ddp:8", then the options that differ from the defaults ("ddp:8 bucket_cap_mb=50").

@@ -86,8 +86,8 @@ struct DecoderConfig {
 /// sin, the eager causal mask. Set by DecoderInputs, dropped by the final norm (the end of
 /// LlamaModel.forward); autograd keeps what it saved.
 struct DecoderState {
-  Tensor cos, sin, mask, cache_position;
-  void clear() noexcept { cos = sin = mask = cache_position = Tensor{}; }
+  Tensor cos, sin, mask, cache_position, position_ids;
+  void clear() noexcept { cos = sin = mask = cache_position = position_ids = Tensor{}; }
 };
 
 /// LlamaRMSNorm: x.to(f32); variance = x.pow(2).mean(-1, keepdim=True); x * rsqrt(variance
@@ -148,5 +148,19 @@ std::unique_ptr<Sequential> build_decoder(const DecoderConfig& config);
 /// Parameters of the model a config describes, computed from its numbers (what the built
 /// tree's parameter_count() must equal; the zoo's tests compare both with the published).
 std::int64_t decoder_parameter_count(const DecoderConfig& config);
+
+/// A decoder's attention heads, what tensor parallel splits over ranks. Throws mem::Error
+/// when `attention` is not a decoder layer's self_attn.
+struct AttentionHeads {
+  std::int64_t heads = 0;
+  std::int64_t kv_heads = 0;
+  bool eager = false;  ///< eager attention, whose causal mask is built from the local sequence
+};
+AttentionHeads attention_heads(const Module& attention);
+/// Sequence parallel: the hidden states reaching model.rotary_emb hold 1/`shards` of the
+/// sequence, so the caller passes position_ids = arange(S) (transformers would derive the
+/// positions from the local length) and cos and sin cover the whole sequence. Throws
+/// mem::Error when `rotary` is not a decoder's.
+void set_sequence_shards(Module& rotary, std::int64_t shards);
 
 }  // namespace mem::nn

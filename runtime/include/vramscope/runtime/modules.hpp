@@ -163,6 +163,8 @@ class Module {
   std::size_t add_typed_buffer(std::string name, Shape shape, DType dtype);
   /// A frozen parameter stored packed in `bytes` u8 that counts as `elements` parameters.
   std::size_t add_packed_parameter(std::string name, std::int64_t bytes, std::int64_t elements);
+  /// A rank's shard of a declared parameter (DTensor's local shape): call before materialize().
+  void set_slot_shape(std::size_t slot, Shape shape) { slots_.at(slot).shape = std::move(shape); }
   /// Gives a declared slot a dtype of its own (materialize's `dtype` does not apply to it) and /
   /// or freezes it (requires_grad_(False)): a recorded model's parameters as they were recorded.
   void configure_slot(std::size_t slot, bool fixed_dtype, DType dtype, bool frozen);
@@ -299,6 +301,12 @@ class Linear : public Module {
   /// The loss applies this weight (a decoder's lm_head under Liger's fused linear cross
   /// entropy): forward passes its input through.
   void apply_in_loss() noexcept { in_loss_ = true; }
+  bool has_bias() const noexcept { return has_bias_; }
+  /// Tensor parallel, before materialize(): ColwiseParallel keeps `rank`'s chunk of the
+  /// output features (weight and bias Shard(0)), RowwiseParallel's of the input features
+  /// (weight Shard(1)), as torch.chunk splits them over `ranks`.
+  void shard_columns(std::size_t ranks, std::size_t rank);
+  void shard_inputs(std::size_t ranks, std::size_t rank);
 
  private:
   std::size_t weight_, bias_;
@@ -579,10 +587,16 @@ class Embedding : public Module {
   /// output require grad even when the weight is frozen, so that checkpointed layers of a
   /// PEFT model see an input that does.
   void set_output_requires_grad(bool on = true) noexcept { output_requires_grad_ = on; }
+  /// Rows of the table as declared (the vocabulary).
+  std::int64_t weight_rows() const noexcept { return slots()[weight_].shape[0]; }
+  /// RowwiseParallel on an embedding, before materialize(): this rank keeps `rows` of the
+  /// table and looks up only the ids that fall in them; its gradient is the whole table's.
+  void shard_vocab(std::int64_t rows);
 
  private:
   std::size_t weight_;
   bool output_requires_grad_ = false;
+  std::int64_t full_rows_ = 0;  ///< vocabulary-sharded: the table's rows; 0: whole
 };
 
 /// lm_head tied to the input embeddings (tie_word_embeddings): a bias-free Linear on the

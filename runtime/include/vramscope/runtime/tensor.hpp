@@ -155,6 +155,11 @@ struct TensorImpl {
   /// Leaves: the owner context of their .grad ("fc.weight.grad", backward), which
   /// AccumulateGrad gives the gradient's block when it becomes the .grad (0: none).
   std::uint32_t grad_label = 0;
+  /// Leaves: a DTensor whose gradient's placement differs from its own (a vocabulary-sharded
+  /// embedding's whole-table Replicate gradient, a sequence-parallel norm's Partial one):
+  /// .grad keeps the shape it arrives in, and each optimizer op that reads it redistributes
+  /// it first, a copy of the parameter's size.
+  bool redistributed_grad = false;
 };
 }  // namespace detail
 

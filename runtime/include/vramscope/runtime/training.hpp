@@ -162,6 +162,7 @@ namespace detail {
 class PhasePeaks;
 class DataParallel;
 class FullyShard;
+class TensorParallel;
 class ZeroOptimizer;
 }
 
@@ -213,6 +214,7 @@ class Trainer {
   std::unique_ptr<detail::DataParallel> ddp_;
   std::unique_ptr<detail::FullyShard> fsdp_;
   std::unique_ptr<detail::ZeroOptimizer> zero_;  // DeepSpeed: any stage
+  std::unique_ptr<detail::TensorParallel> tp_;
 };
 
 /// Creates the device (device_spec_for) and allocator, runs config.steps steps.

@@ -1,0 +1,288 @@
+// tensor_parallel.cpp — torchtitan's tensor + sequence parallel plan on a transformers
+// decoder, one rank (see tensor_parallel.hpp for the plan and the sources of each buffer).
+#include "parallel/tensor_parallel.hpp"
+
+#include <algorithm>
+#include <string>
+#include <utility>
+
+#include "engine/detail.hpp"
+#include "vramscope/allocator/errors.hpp"
+#include "vramscope/runtime/autograd.hpp"
+#include "vramscope/runtime/decoder.hpp"
+#include "vramscope/runtime/ops.hpp"
+
+namespace mem::nn::detail {
+namespace {
+
+std::size_t axis(const Tensor& x, int dim) {
+  return static_cast<std::size_t>(dim < 0 ? static_cast<int>(x.dim()) + dim : dim);
+}
+
+/// Shard(d) -> Replicate: all_gather_into_tensor stacks the ranks' pieces on dim 0; for
+/// d != 0, torch.cat(chunk(gathered, t), dim=d) makes the tensor and the stack dies.
+Tensor gather_raw(TensorParallel& tp, const Tensor& x, int dim, std::size_t t, const std::string& what) {
+  Runtime& rt = x.runtime();
+  const std::size_t d = axis(x, dim);
+  Shape stacked = x.shape(), full = x.shape();
+  stacked[0] *= static_cast<std::int64_t>(t);
+  full[d] *= static_cast<std::int64_t>(t);
+  Tensor gathered = empty(rt, stacked, x.dtype());
+  const std::size_t entry = tp.record(what + " all-gather output", gathered.nbytes());
+  if (d == 0) return gathered;
+  Tensor out = empty(rt, full, x.dtype());
+  tp.record(what + " all-gather cat", out.nbytes());
+  gathered = Tensor{};
+  tp.record_free(entry);
+  return out;
+}
+
+/// Partial -> Shard(d): for d != 0 the input's chunks on d catted on dim 0 (a full copy), then
+/// reduce_scatter_tensor's 1/t output; the copy dies.
+Tensor reduce_scatter_raw(TensorParallel& tp, const Tensor& x, int dim, std::size_t t, const std::string& what) {
+  Runtime& rt = x.runtime();
+  const std::size_t d = axis(x, dim);
+  Shape local = x.shape();
+  local[d] /= static_cast<std::int64_t>(t);
+  Tensor staged;
+  std::size_t entry = 0;
+  if (d != 0) {
+    staged = empty(rt, x.shape(), x.dtype());
+    entry = tp.record(what + " reduce-scatter input", staged.nbytes());
+  }
+  Tensor out = empty(rt, local, x.dtype());
+  tp.record(what + " reduce-scatter output", out.nbytes());
+  if (d != 0) {
+    staged = Tensor{};
+    tp.record_free(entry);
+  }
+  return out;
+}
+
+/// RedistributeBackward of a gather: a Partial gradient (the column-wise products') is
+/// reduce-scattered; a Replicate one (the loss's, on lm_head's logits) is chunked and the
+/// rank's piece cloned contiguous.
+class GatherBackward final : public Node {
+ public:
+  GatherBackward(TensorParallel& tp, int dim, std::size_t t, bool partial, std::string what)
+      : tp_(&tp), dim_(dim), t_(t), partial_(partial), what_(std::move(what)) {}
+  TensorList apply(TensorList& grads) override {
+    const Tensor& g = grads[0];
+    if (partial_) return {reduce_scatter_raw(*tp_, g, dim_, t_, what_)};
+    Shape local = g.shape();
+    local[axis(g, dim_)] /= static_cast<std::int64_t>(t_);
+    Tensor out = empty(g.runtime(), local, g.dtype());
+    tp_->record(what_ + " chunk", out.nbytes());
+    return {out};
+  }
+  std::string_view name() const noexcept override { return "RedistributeBackward"; }
+
+ private:
+  TensorParallel* tp_;
+  int dim_;
+  std::size_t t_;
+  bool partial_;
+  std::string what_;
+};
+
+/// RedistributeBackward of a reduce-scatter: the Shard(d) gradient gathered (Replicate).
+class ReduceScatterBackward final : public Node {
+ public:
+  ReduceScatterBackward(TensorParallel& tp, int dim, std::size_t t, std::string what)
+      : tp_(&tp), dim_(dim), t_(t), what_(std::move(what)) {}
+  TensorList apply(TensorList& grads) override { return {gather_raw(*tp_, grads[0], dim_, t_, what_)}; }
+  std::string_view name() const noexcept override { return "RedistributeBackward"; }
+
+ private:
+  TensorParallel* tp_;
+  int dim_;
+  std::size_t t_;
+  std::string what_;
+};
+
+Tensor gather(TensorParallel& tp, const Tensor& x, int dim, std::size_t t, bool partial_grad, const std::string& what) {
+  Tensor out = gather_raw(tp, x, dim, t, what);
+  if (needs_grad({&x})) set_history(out, make_node<GatherBackward>({&x}, tp, dim, t, partial_grad, what + " (backward)"));
+  return out;
+}
+
+Tensor reduce_scatter(TensorParallel& tp, const Tensor& x, int dim, std::size_t t, const std::string& what) {
+  Tensor out = reduce_scatter_raw(tp, x, dim, t, what);
+  if (needs_grad({&x})) set_history(out, make_node<ReduceScatterBackward>({&x}, tp, dim, t, what + " (backward)"));
+  return out;
+}
+
+/// EmbeddingBackward0 of the vocabulary-sharded lookup: embedding_dense_backward over the
+/// whole table (its sharding strategy is Replicate), zeros then the sums.
+class VocabEmbeddingBackward final : public Node {
+ public:
+  VocabEmbeddingBackward(Shape full, DType dtype) : full_(std::move(full)), dtype_(dtype) {}
+  SavedTensor ids;
+  TensorList apply(TensorList& grads) override {
+    Tensor gw = empty(grads[0].runtime(), full_, dtype_);
+    grads[0].runtime().add_flops(static_cast<double>(grads[0].numel()));
+    return {gw, Tensor{}};
+  }
+  void release_variables() noexcept override { ids.reset(); }
+  std::string_view name() const noexcept override { return "EmbeddingBackward0"; }
+
+ private:
+  Shape full_;
+  DType dtype_;
+};
+
+Module* child(Module& parent, std::string_view name) {
+  for (auto& [n, m] : parent.children()) {
+    if (n == name) return m.get();
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+Tensor vocab_parallel_embedding(const Tensor& weight, const Tensor& ids, std::int64_t full_rows) {
+  Runtime& rt = ids.runtime();
+  // _MaskPartial._partition_value: input_mask = (ids < offset) | (ids >= offset + rows) (the
+  // two comparisons die with the or), masked = ids.clone() - offset, masked[input_mask] = 0
+  // (a masked fill: nothing allocated); the offsets are host scalars.
+  Tensor mask;
+  {
+    const Tensor below = empty(rt, ids.shape(), DType::Bool);
+    const Tensor above = empty(rt, ids.shape(), DType::Bool);
+    mask = empty(rt, ids.shape(), DType::Bool);
+  }
+  Tensor masked;
+  {
+    const Tensor copy = empty(rt, ids.shape(), DType::I64);
+    masked = empty(rt, ids.shape(), DType::I64);
+  }
+  Shape out_shape = ids.shape();
+  out_shape.push_back(weight.size(1));
+  Tensor out = empty(rt, out_shape, weight.dtype());  // index_select of the rank's rows
+  masked = Tensor{};
+  // _reduce_shard_value: output[mask] = 0 in place, then the mask buffer is released.
+  mask = Tensor{};
+  if (needs_grad({&weight})) {
+    auto node = make_node<VocabEmbeddingBackward>({&weight, &ids}, Shape{full_rows, weight.size(1)}, weight.dtype());
+    node->ids.save(ids);
+    set_history(out, node);
+  }
+  return out;
+}
+
+TensorParallel::TensorParallel(const ParallelConfig& config, Module& root) : config_(config) {
+  const std::size_t t = config.world_size;
+  const auto fail = [](const std::string& why) {
+    throw Error("tp: " + why + "; tensor parallel applies torchtitan's Llama plan to a transformers decoder "
+                "(--hf-config of the llama, mistral or qwen2 families) with plain projections");
+  };
+  auto* embed = dynamic_cast<Embedding*>(child(root, "model.embed_tokens"));
+  auto* head = dynamic_cast<Linear*>(child(root, "lm_head"));
+  if (embed == nullptr) fail("the model has no model.embed_tokens embedding");
+  if (head == nullptr) fail("the model has no lm_head of its own (tied embeddings are not modelled)");
+  const auto divides = [&](std::int64_t n, const char* what) {
+    if (n % static_cast<std::int64_t>(t) != 0) {
+      throw Error("tp:" + std::to_string(t) + ": " + what + " " + std::to_string(n) + " is not a multiple of " +
+                  std::to_string(t) + " (DTensor pads uneven shards of a gathered dimension, not modelled)");
+    }
+  };
+  const std::int64_t vocab = embed->weight_rows();
+  divides(vocab, "vocab_size");
+  embed->shard_vocab(vocab / static_cast<std::int64_t>(t));
+  redistributed_.push_back(embed);
+  hooked_.emplace_back(embed, Style::ReduceScatterOutput);
+  head->shard_columns(t, 0);
+  hooked_.emplace_back(head, Style::Head);
+
+  const auto linear = [&](Module& parent, const char* name) -> Linear& {
+    auto* l = dynamic_cast<Linear*>(child(parent, name));
+    if (l == nullptr) fail(parent.path() + "." + name + " is not a plain nn.Linear (LoRA and 4-bit layers are not modelled)");
+    return *l;
+  };
+  std::size_t layers = 0;
+  for (auto& [name, layer] : root.children()) {
+    if (layer->type_name() != "LlamaDecoderLayer") continue;
+    ++layers;
+    Module* attn = child(*layer, "self_attn");
+    Module* mlp = child(*layer, "mlp");
+    if (attn == nullptr || mlp == nullptr) fail(layer->path() + " has no self_attn and mlp");
+    const AttentionHeads heads = attention_heads(*attn);
+    if (heads.eager) fail("eager attention builds its causal mask from the local sequence under sequence parallel");
+    divides(heads.heads, "num_attention_heads");
+    divides(heads.kv_heads, "num_key_value_heads");
+    for (const char* p : {"q_proj", "k_proj", "v_proj"}) linear(*attn, p).shard_columns(t, config.rank);
+    for (const char* p : {"gate_proj", "up_proj"}) linear(*mlp, p).shard_columns(t, config.rank);
+    for (Linear* row : {&linear(*attn, "o_proj"), &linear(*mlp, "down_proj")}) {
+      if (row->has_bias()) fail(row->path() + " has a bias (a row-wise bias is Replicate, not modelled)");
+      row->shard_inputs(t, config.rank);
+      hooked_.emplace_back(row, Style::ReduceScatterOutput);
+    }
+    hooked_.emplace_back(attn, Style::GatherInput);
+    hooked_.emplace_back(mlp, Style::GatherInput);
+    for (const char* norm : {"input_layernorm", "post_attention_layernorm"}) {
+      if (Module* m = child(*layer, norm)) redistributed_.push_back(m);
+    }
+  }
+  if (layers == 0) fail("the model has no LlamaDecoderLayer");
+  Module* rotary = child(root, "model.rotary_emb");
+  if (rotary == nullptr) fail("the model has no model.rotary_emb");
+  set_sequence_shards(*rotary, static_cast<std::int64_t>(t));
+  if (Module* norm = child(root, "model.norm")) redistributed_.push_back(norm);
+  for (auto& [module, style] : hooked_) module->set_forward_hooks(this);
+}
+
+void TensorParallel::materialized() {
+  for (Module* m : redistributed_) {
+    for (const ParamSlot& slot : m->slots()) {
+      if (!slot.is_buffer && slot.tensor.defined()) slot.tensor.impl()->redistributed_grad = true;
+    }
+  }
+}
+
+TensorParallel::~TensorParallel() {
+  for (auto& [module, style] : hooked_) module->set_forward_hooks(nullptr);
+}
+
+std::string TensorParallel::stage() const {
+  if (steps_ == 0) return "construction";
+  const Phase phase = current_phase();
+  return "step " + std::to_string(steps_) + (phase == Phase::Backward ? " backward"
+                                             : phase == Phase::Recompute ? " recompute"
+                                             : phase == Phase::Optimizer ? " optimizer"
+                                                                         : " forward");
+}
+
+std::size_t TensorParallel::record(const std::string& what, std::size_t bytes) {
+  log_.push_back({what, bytes, "default", stage(), ""});
+  return log_.size() - 1;
+}
+
+void TensorParallel::record_free(std::size_t entry) {
+  if (entry < log_.size()) log_[entry].freed = stage();
+}
+
+Tensor TensorParallel::pre_forward(Module& module, const Tensor& input) {
+  const auto it = std::find_if(hooked_.begin(), hooked_.end(), [&](const auto& h) { return h.first == &module; });
+  if (it == hooked_.end() || it->second == Style::ReduceScatterOutput) return input;
+  // PrepareModuleInput / ColwiseParallel(input_layouts=Shard(1)): the sequence gathered; its
+  // gradient comes back Partial from the column-wise products and is reduce-scattered.
+  return gather(*this, input, 1, config_.world_size, true, module.path() + " input");
+}
+
+Tensor TensorParallel::post_forward(Module& module, const Tensor& output) {
+  const auto it = std::find_if(hooked_.begin(), hooked_.end(), [&](const auto& h) { return h.first == &module; });
+  if (it == hooked_.end() || it->second == Style::GatherInput) return output;
+  if (it->second == Style::Head) {
+    // output_layouts=Replicate(): the vocabulary-sharded logits gathered on the last dim; the
+    // loss's gradient is Replicate, so backward keeps the rank's chunk.
+    return gather(*this, output, -1, config_.world_size, false, module.path() + " output");
+  }
+  if (output.dim() < 2 || output.size(1) % static_cast<std::int64_t>(config_.world_size) != 0) {
+    throw Error("tp:" + std::to_string(config_.world_size) + ": sequence parallel splits the sequence (dim 1 of " +
+                module.path() + "'s output) over the ranks; give a sequence length that is a multiple of " +
+                std::to_string(config_.world_size));
+  }
+  return reduce_scatter(*this, output, 1, config_.world_size, module.path() + " output");
+}
+
+}  // namespace mem::nn::detail
