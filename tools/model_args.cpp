@@ -365,7 +365,8 @@ void add_parallel_options(CLI::App& app, ParallelArgs& args, bool list) {
   app.add_option("--parallel", args.spec,
                  std::string("the step on several GPUs, each rank's memory: ddp:N (DistributedDataParallel, one "
                              "process per GPU), fsdp:N (FSDP2: fully_shard on each block, then the root), zero1:N, zero2:N "
-                             "or zero3:N (DeepSpeed's ZeRO stage 1, 2 or 3, bf16 or f16 with its FusedAdam) or none") +
+                             "or zero3:N (DeepSpeed's ZeRO stage 1, 2 or 3, bf16 or f16 with its FusedAdam), tp:N (tensor + "
+                             "sequence parallel: torchtitan's Llama plan through DTensor, on a --hf-config decoder) or none") +
                      (list ? "; a list (none,ddp:8,fsdp:8,zero2:8) gives each its rows" : ""))
       ->check(non_empty())
       ->capture_default_str();
@@ -379,7 +380,8 @@ void add_parallel_options(CLI::App& app, ParallelArgs& args, bool list) {
                  "reduce_bucket_size (elements), overlap_comm, rank=R; zero3: those and the stage3_ keys "
                  "(elements) stage3_prefetch_bucket_size, stage3_param_persistence_threshold, "
                  "stage3_model_persistence_threshold, stage3_max_live_parameters, stage3_max_reuse_distance, and "
-                 "sub_group_size, zero3_init_flag=false (the model built whole on the GPU, not under zero.Init))")
+                 "sub_group_size, zero3_init_flag=false (the model built whole on the GPU, not under zero.Init); "
+                 "tp: sequence_parallel=true (the plan modelled), rank=R)")
       ->check(non_empty());
   app.add_option("--topology", args.topology,
                  "with --parallel: how the node's GPUs talk, which decides NCCL's buffers on each GPU (outside "

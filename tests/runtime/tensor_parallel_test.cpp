@@ -1,0 +1,116 @@
+// tensor_parallel_test.cpp — one rank of tensor + sequence parallel (torchtitan's Llama plan):
+// the option and its refusals, the rank's shards and every redistribution's buffer exactly,
+// the embedding's whole-table gradient and the optimizer's copies of redistributed gradients.
+// Their order against PyTorch itself is tests/models/check_tensor_parallel.py's.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <string>
+
+#include "vramscope/models/hf_config.hpp"
+#include "vramscope/models/zoo.hpp"
+#include "vramscope/runtime/training.hpp"
+
+namespace mem::nn {
+namespace {
+
+// tests/data/h100-parallel-2026-11-26/ref-llama-2layer.json: a two-layer Llama of odd sizes.
+constexpr const char* kLlama = R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+  "hidden_size": 512, "intermediate_size": 1376, "num_attention_heads": 8, "num_key_value_heads": 4,
+  "head_dim": 64, "num_hidden_layers": 2, "vocab_size": 32000, "max_position_embeddings": 1024,
+  "rms_norm_eps": 1e-06, "tie_word_embeddings": false})";
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TrainConfig llama(const std::string& parallel, const std::string& options = "batch=2,seq=256,attn=sdpa") {
+  TrainConfig cfg;
+  cfg.model = models::HfConfig::parse(kLlama, "ref-llama", "test");
+  cfg.model_options = ModelOptions::parse(options);
+  cfg.precision = Precision::BF16;
+  cfg.device = "sim:h100-80g";
+  cfg.steps = 1;
+  cfg.parallel = parse_parallel(parallel);
+  return cfg;
+}
+
+TEST(TensorParallel, OptionsAndRefusals) {
+  EXPECT_EQ(parallel_label(parse_parallel("tp:8")), "tp:8");
+  EXPECT_EQ(parallel_label(parse_parallel("tp:8", "sequence_parallel=true,rank=3")), "tp:8 rank=3");
+  EXPECT_NE(error_of([] { parse_parallel("tp:8", "sequence_parallel=false"); }).find("foreach optimizers refuse"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { parse_parallel("tp:8", "bucket_cap_mb=5"); }).find("not an option of tp"), std::string::npos);
+  EXPECT_NE(error_of([] { parse_parallel("fsdp:8xtp:8"); }).find("meshes"), std::string::npos);
+
+  const auto refused = [](TrainConfig cfg) {
+    return error_of([&] { (void)train(cfg); });
+  };
+  EXPECT_NE(refused(llama("tp:2", "batch=2,seq=255,attn=sdpa")).find("multiple of 2"), std::string::npos);
+  EXPECT_NE(refused(llama("tp:16")).find("num_attention_heads 8 is not a multiple of 16"), std::string::npos);
+  EXPECT_NE(refused(llama("tp:2", "batch=2,seq=256,attn=eager")).find("eager attention"), std::string::npos);
+  EXPECT_NE(refused(llama("tp:2", "batch=2,seq=256,attn=sdpa,lora=8")).find("not a plain nn.Linear"), std::string::npos);
+  TrainConfig sgd = llama("tp:2");
+  sgd.optimizer.kind = OptimizerKind::SGD;
+  EXPECT_NE(refused(sgd).find("adam"), std::string::npos);
+  TrainConfig gpt2 = llama("tp:2");
+  gpt2.model = models::find("gpt2");
+  gpt2.model_options = ModelOptions::parse("batch=2,seq=256");
+  EXPECT_NE(refused(gpt2).find("no model.embed_tokens"), std::string::npos);
+  TrainConfig compute = llama("tp:2");
+  compute.mode = ExecMode::Compute;
+  EXPECT_NE(refused(compute).find("dry run only"), std::string::npos);
+}
+
+TEST(TensorParallel, ShardsAndBuffersExactly) {
+  const TrainConfig cfg = llama("tp:2");
+  auto device = make_device(device_spec_for(cfg));
+  CachingAllocator alloc(device, {});
+  Trainer trainer(cfg, alloc);
+  trainer.step();
+  const TrainReport r = trainer.report();
+  // bf16 shards: embedding and lm_head 16000 x 512 each; per layer q 256 x 512, k and v
+  // 128 x 512, o 512 x 256, gate and up 688 x 512, down 512 x 688, two norms of 512; the
+  // final norm.
+  const std::int64_t layer = 2 * (256 * 512 + 2 * 128 * 512 + 512 * 256 + 3 * 688 * 512 + 2 * 512);
+  const std::int64_t params = 2 * (2 * 16000 * 512) + 2 * layer + 2 * 512;
+  EXPECT_EQ(r.parameter_bytes, params);
+  EXPECT_EQ(r.parameter_bytes, 38'573'056);
+  EXPECT_EQ(r.optimizer_state_bytes, 2 * params);
+  // The embedding's .grad is the whole table (DTensor's Replicate).
+  EXPECT_EQ(trainer.model().parameters().front().grad().nbytes(), 32000u * 512 * 2);
+
+  const auto buffers = trainer.communication_buffers();
+  ASSERT_EQ(buffers.size(), 43u);  // 22 forward, 21 backward
+  const std::size_t full = 2 * 256 * 512 * 2, local = full / 2, logits = 2 * 256 * 16000 * 2;
+  EXPECT_EQ(buffers[0].what, "model.embed_tokens output reduce-scatter input");
+  EXPECT_EQ(buffers[0].bytes, full);
+  EXPECT_EQ(buffers[0].freed, "step 1 forward");
+  EXPECT_EQ(buffers[1].what, "model.embed_tokens output reduce-scatter output");
+  EXPECT_EQ(buffers[1].bytes, local);
+  EXPECT_EQ(buffers[2].what, "model.layers.0.self_attn input all-gather output");
+  EXPECT_EQ(buffers[3].what, "model.layers.0.self_attn input all-gather cat");
+  EXPECT_EQ(buffers[20].what, "lm_head output all-gather output");
+  EXPECT_EQ(buffers[20].bytes, 2 * logits);  // the ranks' pieces stacked on dim 0
+  EXPECT_EQ(buffers[21].bytes, 2 * logits);  // then catted on the vocabulary
+  EXPECT_EQ(buffers[22].what, "lm_head output (backward) chunk");
+  EXPECT_EQ(buffers[22].bytes, logits);
+  EXPECT_EQ(buffers[22].allocated, "step 1 backward");
+  EXPECT_EQ(buffers.back().what, "model.embed_tokens output (backward) all-gather cat");
+  std::size_t total = 0;
+  for (const auto& b : buffers) total += b.bytes;
+  // 22 forward: 2 x (embedding: full + local) ... counted by kind: 5 reduce-scatters (2 per
+  // layer + the embedding) of full + local, 5 all-gathers (2 per layer + lm_head's input) of
+  // full + full, lm_head's output 2 x 2 logits; backward the reverse of each plus the chunk.
+  const std::size_t forward = 5 * (full + local) + 5 * (2 * full) + 4 * logits;
+  const std::size_t backward = logits + 5 * (full + local) + 5 * (2 * full);
+  EXPECT_EQ(total, forward + backward);
+}
+
+}  // namespace
+}  // namespace mem::nn
