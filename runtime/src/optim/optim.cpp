@@ -182,8 +182,9 @@ void Adam::step() {
     const Tensor g = params_[i].grad();
     const bool copied = params_[i].impl()->redistributed_grad;
     const auto copy = [&] {
+      if (!copied) return g;
       ModuleScope scope(temporaries_[i]);
-      return copied ? empty(g.runtime(), params_[i].shape(), g.dtype()) : g;
+      return empty(g.runtime(), params_[i].shape(), g.dtype());
     };
     first_moment(i, copy());
     const Tensor a = copy(), b = copy();
@@ -203,7 +204,8 @@ void Adam::step() {
 
   if (config_.foreach) {
     // _foreach_lerp_(exp_avgs, grads), then _foreach_addcmul_(exp_avg_sqs, grads, grads): a
-    // redistributed gradient's copies are made per list and live until the op returns.
+    // redistributed gradient's copies are made per list and live until the op returns (the
+    // updates themselves allocate nothing, so they run in one pass after).
     const auto copies = [&](std::vector<Tensor>& out) {
       for (std::size_t i : active) {
         if (!params_[i].impl()->redistributed_grad) continue;
@@ -211,22 +213,14 @@ void Adam::step() {
         out.push_back(empty(params_[i].runtime(), params_[i].shape(), params_[i].grad().dtype()));
       }
     };
-    {
-      std::vector<Tensor> lerp_copies;
-      copies(lerp_copies);
-      for (std::size_t i : active) {
-        ModuleScope scope(contexts_[i]);
-        first_moment(i, params_[i].grad());
-      }
+    for (const int operands : {1, 2}) {
+      std::vector<Tensor> list;
+      for (int k = 0; k < operands; ++k) copies(list);
     }
-    {
-      std::vector<Tensor> addcmul_copies;
-      copies(addcmul_copies);
-      copies(addcmul_copies);
-      for (std::size_t i : active) {
-        ModuleScope scope(contexts_[i]);
-        second_moment(i, params_[i].grad());
-      }
+    for (std::size_t i : active) {
+      ModuleScope scope(contexts_[i]);
+      first_moment(i, params_[i].grad());
+      second_moment(i, params_[i].grad());
     }
     // exp_avg_sq_sqrt = torch._foreach_sqrt(exp_avg_sqs): one temporary per parameter,
     // all alive until the update finished.

@@ -114,7 +114,11 @@ ParallelConfig parse_parallel(std::string_view spec, std::string_view options) {
   }
   const auto mesh = [&] {
     for (std::size_t i = 1; i < spec.size(); ++i) {
-      if (spec[i] == 'x' && spec[i - 1] >= '0' && spec[i - 1] <= '9') return true;
+      // "fsdp:8xtp:8": a count, then x and the next engine's name.
+      if (spec[i] == 'x' && spec[i - 1] >= '0' && spec[i - 1] <= '9' && i + 1 < spec.size() && spec[i + 1] >= 'a' &&
+          spec[i + 1] <= 'z') {
+        return true;
+      }
     }
     return false;
   };
