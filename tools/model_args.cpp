@@ -196,13 +196,13 @@ void check_parallel_combination(const std::vector<nn::ParallelConfig>& parallels
       throw UsageError("--compute with --parallel " + label + ": sharded engines run as a dry run only (their "
                        "collectives on one simulated rank bring no data from the others); drop --compute, or use ddp");
     }
-    if (c.engine == nn::ParallelEngine::Tp && optimizer.kind != nn::OptimizerKind::Adam &&
+    if (c.tensor_parallel > 1 && optimizer.kind != nn::OptimizerKind::Adam &&
         optimizer.kind != nn::OptimizerKind::None) {
       throw UsageError("--optimizer " + std::string(nn::optimizer_name(optimizer.kind)) + " with --parallel " + label +
                        ": tensor parallel is modelled with adam (what it copies out of the embedding's whole-table "
                        "gradient) or none; give adam, adamw or none");
     }
-    const bool zero = c.engine != nn::ParallelEngine::Fsdp && c.engine != nn::ParallelEngine::Tp;
+    const bool zero = c.engine != nn::ParallelEngine::Fsdp && c.engine != nn::ParallelEngine::None;
     if (zero && optimizer.kind == nn::OptimizerKind::Adam8bit) {
       throw UsageError("--optimizer adam8bit with --parallel " + label + ": DeepSpeed's ZeRO runs its own FusedAdam, "
                        "bitsandbytes' 8-bit Adam is not modelled under it; give adam, sgd or sgd-momentum");
@@ -442,7 +442,7 @@ std::string parallel_note(const std::vector<nn::ParallelConfig>& configs, const 
       if (!nccl.assumptions.empty()) out += "parallel: " + nccl.assumptions + ", in the nvidia-smi view\n";
       if (config.stray_contexts) {
         out += "parallel: rank 0's GPU also holds the other " +
-               std::to_string(std::min<std::size_t>(config.world_size, 8) - 1) + " ranks' CUDA contexts (" +
+               std::to_string(std::min<std::size_t>(config.gpus(), 8) - 1) + " ranks' CUDA contexts (" +
                format_bytes(device.context_bytes) + " each, as its own; users measured 871 MiB to 1 GB: "
                "pytorch/pytorch#49481, #135279): call torch.cuda.set_device(local_rank) before any CUDA work\n";
       }
@@ -466,19 +466,24 @@ std::string parallel_note(const std::vector<nn::ParallelConfig>& configs, const 
         : config.engine == nn::ParallelEngine::Ddp
             ? "each rank alike (DistributedDataParallel runs the whole step on each GPU and adds its gradient "
               "buckets and broadcasts)"
-        : config.engine == nn::ParallelEngine::Tp
-            ? "rank " + std::to_string(config.rank) +
-                  "'s (torchtitan's tensor + sequence parallel plan through DTensor: 1/N of each projection, of the "
-                  "embedding's rows and of lm_head's, the norms and residuals on 1/N of the sequence, all-gathers "
-                  "before the attention, the MLP and lm_head and reduce-scatters after o_proj, down_proj and the "
-                  "embedding; the embedding's gradient is the whole table (DTensor's Replicate), copied out row by "
-                  "row by each optimizer op that reads it; position_ids passed by the caller)"
+        : config.engine == nn::ParallelEngine::None
+            ? "rank " + std::to_string(config.rank) + "'s of the tensor-parallel group"
             : "rank " + std::to_string(config.rank) +
                   "'s (FSDP2 keeps a padded 1/N shard of each parameter, all-gathers each block's before it runs "
                   "and reduce-scatters its gradients, on streams of its own; ranks differ only in the rows of "
                   "shards that do not split evenly; its rows run without checkpoint_sequential's segments, which would cut "
                   "across the blocks it wraps: checkpoint the blocks instead)";
-    out += "parallel: " + nn::parallel_label(config) + ": every figure is one GPU's, " + engine +
+    const std::string tensor_parallel =
+        config.tensor_parallel < 2
+            ? ""
+            : "; tp:" + std::to_string(config.tensor_parallel) +
+                  " inside it: torchtitan's tensor + sequence parallel plan through DTensor (1/N of each projection, "
+                  "of the embedding's rows and of lm_head's, the norms and residuals on 1/N of the sequence, "
+                  "all-gathers before the attention, the MLP and lm_head and reduce-scatters after o_proj, down_proj "
+                  "and the embedding; the embedding's gradient is the whole table and the norms' Partial, redistributed "
+                  "before " + (config.engine == nn::ParallelEngine::Fsdp ? "FSDP's reduce-scatter" : "each optimizer op that reads them") +
+                  "; position_ids passed by the caller)";
+    out += "parallel: " + nn::parallel_label(config) + ": every figure is one GPU's, " + engine + tensor_parallel +
            "\n";
   }
   return out;

@@ -166,7 +166,7 @@ planner::SweepSpec make_spec(const SweepArgs& args) {
     for (const nn::ParallelConfig& p : spec.parallels) {
       ranks.push_back(p);
       if (p.world_size < 2) continue;
-      if (p.engine == nn::ParallelEngine::Fsdp) {
+      if (p.engine == nn::ParallelEngine::Fsdp && p.tensor_parallel < 2) {
         const auto model = spec.model->build(spec.model_options);
         if (nn::fsdp_ranks_alike(model->body(), p.world_size)) continue;
         nn::ParallelConfig last = p;

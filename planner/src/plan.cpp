@@ -627,7 +627,7 @@ PlanResult run_plan(const PlanSpec& spec_in, const PlanProgress& progress) {
   const bool sharded = parallel.shards_parameters();
   const nn::DType smallest = result.spec.search.precision ? nn::DType::BF16 : nn::parameter_dtype(base.precisions.front());
   const std::size_t weights =
-      result.model.parameter_bytes(smallest) / (sharded ? std::max<std::size_t>(parallel.world_size, 1) : 1);
+      result.model.parameter_bytes(smallest) / (sharded ? std::max<std::size_t>(parallel.gpus(), 1) : 1);
   if (weights > result.device.total_bytes) {
     throw RunFailed(fmt::format(
         "no plan fits: the weights alone are {} in {}{}, more than the {} of {} (then gradients and optimizer "

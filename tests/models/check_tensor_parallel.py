@@ -23,6 +23,7 @@ Exit 77 (skipped) without torch and transformers, unless VRAMSCOPE_REQUIRE_STACK
 """
 import json
 import pickle
+import re
 import subprocess
 import sys
 import tempfile
@@ -33,11 +34,15 @@ from stack_python import reexec_on_stack
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "tests" / "data" / "h100-parallel-2026-11-26" / "ref-llama-2layer.json"
 BATCH, SEQ = 2, 256
-WORLDS = (2, 4)
+# (fsdp, tp): tensor parallel alone, and FSDP2 over it (torchtitan's 2-D mesh, tp innermost).
+MESHES = ((1, 2), (1, 4), (2, 2))
 
 
 def kind_of(chain):
-    """The buffer a profiled allocation inside a redistribution is, or None."""
+    """The buffer a profiled allocation inside a redistribution is, or None (FSDP's own are
+    fsdp_kind_of's)."""
+    if "FSDP::" in chain:
+        return None
     if "all_gather_into_tensor" in chain:
         return "all-gather output"
     if "reduce_scatter_tensor" in chain:
@@ -49,7 +54,21 @@ def kind_of(chain):
     return None
 
 
-def torch_side(world):
+def fsdp_kind_of(chain, last):
+    """FSDP2's buffer a profiled allocation is, or None: the all-gather output, the
+    reduce-scatter input and output (post_backward_reduce makes them in that order), and a
+    gradient redistributed to the tensor-parallel placement before it (post_backward_reshard)."""
+    ops = [op.split(" (")[0] for op in chain.split(" > ")]
+    if "FSDP::all_gather" in ops:
+        return "all-gather output"
+    if "FSDP::post_backward_reduce" in ops and ops[-1].endswith("empty"):
+        return "reduce-scatter output" if last == "reduce-scatter input" else "reduce-scatter input"
+    if "FSDP::post_backward_reshard" in ops and ("clone" in chain or "all_reduce" in chain):
+        return "gradient redistributed"
+    return None
+
+
+def torch_side(dp, world):
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -60,8 +79,9 @@ def torch_side(world):
     from torch.testing._internal.distributed.fake_pg import FakeStore
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
-    mesh = init_device_mesh("cpu", (world,))
+    dist.init_process_group("fake", rank=0, world_size=dp * world, store=FakeStore())
+    mesh2d = init_device_mesh("cpu", (dp, world), mesh_dim_names=("dp", "tp"))
+    mesh = mesh2d["tp"]
     cfg = LlamaConfig.from_dict({**json.loads(CONFIG.read_text()), "use_cache": False})
     cfg._attn_implementation = "sdpa"
     torch.manual_seed(0)
@@ -83,6 +103,12 @@ def torch_side(world):
             "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
             "mlp.down_proj": RowwiseParallel(output_layouts=Shard(1))})
 
+    if dp > 1:
+        from torch.distributed.fsdp import fully_shard
+        for layer in model.model.layers:
+            fully_shard(layer, mesh=mesh2d["dp"])
+        fully_shard(model, mesh=mesh2d["dp"])
+
     def local(t):
         return t.to_local() if hasattr(t, "to_local") else t
 
@@ -91,7 +117,6 @@ def torch_side(world):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         model(input_ids=ids, labels=ids, position_ids=positions).loss.backward()
-        grads = {n: local(p.grad).untyped_storage().nbytes() for n, p in model.named_parameters()}
         opt.step()
     with tempfile.TemporaryDirectory() as tmp:
         trace = Path(tmp) / "trace.json"
@@ -106,7 +131,7 @@ def torch_side(world):
                         key=lambda o: -o["dur"])
         return " > ".join(o["name"] for o in around)
 
-    buffers, optimizer_copies = [], []
+    buffers, optimizer_copies, fsdp, whole_table = [], [], [], 0
     for e in sorted((e for e in events if e.get("name") == "[memory]"), key=lambda e: e["ts"]):
         size = e["args"]["Bytes"]
         if size <= 0:
@@ -117,20 +142,36 @@ def torch_side(world):
             if copies or "_foreach_sqrt" in where:
                 optimizer_copies.append(size)
             continue
+        if "embedding_dense_backward" in where:
+            whole_table = max(whole_table, size)
         kind = kind_of(where)
         if kind:
             buffers.append([kind, size])
-    return {"buffers": buffers, "embedding_grad": grads["model.embed_tokens.weight"],
+        kind = fsdp_kind_of(where, fsdp[-1][0] if fsdp else None)
+        if kind:
+            fsdp.append([kind, size])
+    return {"buffers": buffers, "fsdp": fsdp, "embedding_grad": whole_table,
             "optimizer_copies": optimizer_copies}
 
 
-def ours(exe, world, tmp):
+def ours(exe, dp, world, tmp):
+    mesh = f"fsdp:{dp}xtp:{world}" if dp > 1 else f"tp:{world}"
     common = ["--hf-config", str(CONFIG), "--batch", str(BATCH), "--seq", str(SEQ), "--attn", "sdpa",
-              "--dtype", "bf16", "--device", "sim:h100-80g", "--steps", "1", "--parallel", f"tp:{world}"]
-    out = Path(tmp) / f"tp{world}.json"
+              "--dtype", "bf16", "--device", "sim:h100-80g", "--steps", "1", "--parallel", mesh]
+    out = Path(tmp) / f"{mesh}.json"
     subprocess.run([exe, "trace", *common, "--buffers", str(out)], check=True, capture_output=True, text=True)
-    rows = json.loads(out.read_text())
-
+    everything = json.loads(out.read_text())
+    # Tensor parallel's buffers name the module's input or output they redistribute; FSDP's
+    # name the group (its shards and unsharded parameters are not collectives' buffers).
+    tensor_parallel = re.compile(r" (input|output)( \(backward\))? (all-gather|reduce-scatter|chunk)")
+    rows = [r for r in everything if tensor_parallel.search(r["buffer"])]
+    fsdp = []
+    for r in everything:
+        if tensor_parallel.search(r["buffer"]):
+            continue
+        for k in ("all-gather output", "reduce-scatter input", "reduce-scatter output", "gradient redistributed"):
+            if r["buffer"].endswith(k) or r["buffer"].endswith(k + " (sharded gradients)"):
+                fsdp.append([k, r["bytes"]])
     def kind(name):
         for suffix, k in (("all-gather output", "all-gather output"), ("reduce-scatter output", "reduce-scatter output"),
                           ("all-gather cat", "cat"), ("reduce-scatter input", "cat"), ("chunk", "chunk")):
@@ -148,42 +189,45 @@ def ours(exe, world, tmp):
                    and e["frames"][0]["filename"].endswith("(optimizer temporaries)")]
     embedding_grad = max(e["size"] for e in events if e["action"] == "alloc" and e["frames"]
                          and e["frames"][0]["filename"] == "model.embed_tokens.weight.grad")
-    return [[kind(r["buffer"]), r["bytes"]] for r in rows], temporaries, embedding_grad
+    return [[kind(r["buffer"]), r["bytes"]] for r in rows], fsdp, temporaries, embedding_grad
 
 
 def main() -> int:
-    if len(sys.argv) == 3 and sys.argv[1] == "--world":
-        print(json.dumps(torch_side(int(sys.argv[2]))))
+    if len(sys.argv) == 4 and sys.argv[1] == "--mesh":
+        print(json.dumps(torch_side(int(sys.argv[2]), int(sys.argv[3]))))
         return 0
     reexec_on_stack("check_tensor_parallel")
     import torch
     exe = sys.argv[1]
     failures = []
     with tempfile.TemporaryDirectory() as tmp:
-        for world in WORLDS:
-            run = subprocess.run([sys.executable, __file__, "--world", str(world)], capture_output=True, text=True,
-                                 timeout=600)
+        for dp, world in MESHES:
+            mesh = f"fsdp:{dp}xtp:{world}" if dp > 1 else f"tp:{world}"
+            run = subprocess.run([sys.executable, __file__, "--mesh", str(dp), str(world)], capture_output=True,
+                                 text=True, timeout=600)
             if run.returncode != 0:
-                failures.append(f"tp:{world}: PyTorch's run failed: {run.stderr.strip().splitlines()[-1:]}")
+                failures.append(f"{mesh}: PyTorch's run failed: {run.stderr.strip().splitlines()[-1:]}")
                 continue
             theirs = json.loads(run.stdout.strip().splitlines()[-1])
-            buffers, temporaries, embedding_grad = ours(exe, world, tmp)
-            same = buffers == theirs["buffers"]
-            print(f"  tp:{world}: {len(theirs['buffers'])} redistribution buffers in PyTorch, {len(buffers)} in "
-                  f"vramscope: {'equal, in order' if same else 'DIFFER'}")
-            if not same:
-                for i, (a, b) in enumerate(zip(theirs["buffers"] + [None] * len(buffers), buffers + [None] * len(theirs["buffers"]))):
-                    if a != b:
-                        print(f"    first difference at {i}: PyTorch {a}, vramscope {b}")
-                        break
-                failures.append(f"tp:{world} buffers")
+            buffers, fsdp, temporaries, embedding_grad = ours(exe, dp, world, tmp)
+            for what, a, b in (("redistribution buffers", theirs["buffers"], buffers),
+                               ("FSDP buffers", theirs["fsdp"], fsdp)):
+                same = a == b
+                print(f"  {mesh}: {len(a)} {what} in PyTorch, {len(b)} in vramscope: "
+                      f"{'equal, in order' if same else 'DIFFER'}")
+                if not same:
+                    for i, (x, y) in enumerate(zip(a + [None] * len(b), b + [None] * len(a))):
+                        if x != y:
+                            print(f"    first difference at {i}: PyTorch {x}, vramscope {y}")
+                            break
+                    failures.append(f"{mesh} {what}")
             checks = [("embedding gradient (the whole table)", theirs["embedding_grad"], embedding_grad),
                       ("optimizer's temporaries (copies of redistributed gradients, then sqrt's)",
                        theirs["optimizer_copies"], temporaries)]
             for what, a, b in checks:
-                print(f"  tp:{world} {what}: PyTorch {a}, vramscope {b}: {'ok' if a == b else 'DIFFERS'}")
+                print(f"  {mesh} {what}: PyTorch {a}, vramscope {b}: {'ok' if a == b else 'DIFFERS'}")
                 if a != b:
-                    failures.append(f"tp:{world} {what}")
+                    failures.append(f"{mesh} {what}")
     print(f"check_tensor_parallel: torch {torch.__version__}: "
           f"{'every buffer equal' if not failures else 'differ: ' + ', '.join(failures)}")
     return 1 if failures else 0

@@ -46,7 +46,17 @@ TEST(TensorParallel, OptionsAndRefusals) {
   EXPECT_NE(error_of([] { parse_parallel("tp:8", "sequence_parallel=false"); }).find("foreach optimizers refuse"),
             std::string::npos);
   EXPECT_NE(error_of([] { parse_parallel("tp:8", "bucket_cap_mb=5"); }).find("not an option of tp"), std::string::npos);
-  EXPECT_NE(error_of([] { parse_parallel("fsdp:8xtp:8"); }).find("meshes"), std::string::npos);
+  EXPECT_EQ(parallel_label(parse_parallel("fsdp:8xtp:8")), "fsdp:8xtp:8");
+  EXPECT_EQ(parallel_label(parse_parallel("fsdp:8xtp:8", "sequence_parallel=true,reshard_after_forward=false")),
+            "fsdp:8xtp:8 reshard_after_forward=false");
+  EXPECT_EQ(parse_parallel("fsdp:4xtp:8").gpus(), 32u);
+  EXPECT_NE(error_of([] { parse_parallel("ddp:2xtp:2"); }).find("ddp with tensor parallel is not modelled"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { parse_parallel("tp:2xfsdp:2"); }).find("tp innermost"), std::string::npos);
+  EXPECT_NE(error_of([] { parse_parallel("pp:4xfsdp:2xtp:8"); }).find("pipeline"), std::string::npos);
+  EXPECT_NE(error_of([] { parse_parallel("tp:8", "reshard_after_forward=true"); }).find("not an option of tp"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { parse_parallel("fsdp:2xtp:0"); }).find("whole number from 1"), std::string::npos);
 
   const auto refused = [](TrainConfig cfg) {
     return error_of([&] { (void)train(cfg); });
@@ -110,6 +120,41 @@ TEST(TensorParallel, ShardsAndBuffersExactly) {
   const std::size_t forward = 5 * (full + local) + 5 * (2 * full) + 4 * logits;
   const std::size_t backward = logits + 5 * (full + local) + 5 * (2 * full);
   EXPECT_EQ(total, forward + backward);
+}
+
+// FSDP2 over tensor parallel (torchtitan's 2-D mesh): FSDP shards the rank's tensor-parallel
+// shards, and the gradients of another placement (the embedding's whole table, the norms'
+// Partial ones) are redistributed before its reduce-scatter, so the optimizer copies nothing.
+TEST(TensorParallel, FsdpShardsTheTensorParallelShards) {
+  const TrainConfig cfg = llama("fsdp:2xtp:2");
+  auto device = make_device(device_spec_for(cfg));
+  CachingAllocator alloc(device, {});
+  Trainer trainer(cfg, alloc);
+  trainer.step();
+  const TrainReport r = trainer.report();
+  const std::int64_t layer = 2 * (256 * 512 + 2 * 128 * 512 + 512 * 256 + 3 * 688 * 512 + 2 * 512);
+  EXPECT_EQ(r.parameter_bytes, (2 * (2 * 16000 * 512) + 2 * layer + 2 * 512) / 2);  // every row splits evenly
+  const auto buffers = trainer.communication_buffers();
+  const auto find = [&](const std::string& what) -> const CommunicationBuffer* {
+    for (const auto& b : buffers) {
+      if (b.what == what) return &b;
+    }
+    return nullptr;
+  };
+  // The root group: the embedding's and lm_head's 16000 rows and the final norm, gathered.
+  const CommunicationBuffer* root = find("root all-gather output");
+  ASSERT_NE(root, nullptr);
+  EXPECT_EQ(root->bytes, 2u * 16000 * 512 * 2 + 512 * 2);
+  const CommunicationBuffer* layer0 = find("model.layers.0 all-gather output");
+  ASSERT_NE(layer0, nullptr);
+  EXPECT_EQ(layer0->bytes, static_cast<std::size_t>(layer));
+  const CommunicationBuffer* table = find("model.embed_tokens gradient redistributed");
+  ASSERT_NE(table, nullptr);
+  EXPECT_EQ(table->bytes, 16000u * 512 * 2);  // the rank's rows of the whole-table gradient
+  const CommunicationBuffer* norm = find("model.layers.0.input_layernorm gradient redistributed");
+  ASSERT_NE(norm, nullptr);
+  EXPECT_EQ(norm->bytes, 512u * 2);
+  EXPECT_NE(find("model.layers.0.self_attn input all-gather output"), nullptr);  // tensor parallel's, after
 }
 
 }  // namespace

@@ -191,6 +191,8 @@ FullyShard::FullyShard(const ParallelConfig& config, Module& root, Runtime& runt
           storage = empty(runtime, unsharded, p.unsharded_dtype).storage();
         }
         p.unsharded = leaf_over(storage, shape, p.unsharded_dtype, original);
+        // Tensor parallel inside: a gradient of another placement than the parameter's stays so.
+        p.unsharded.impl()->redistributed_grad = original.impl()->redistributed_grad;
       }
       originals.push_back(original);
       group.params.push_back(std::move(p));
@@ -503,6 +505,16 @@ void FullyShard::post_backward(Group& g) {
     Tensor grad = p.unsharded.grad();
     if (!grad.defined()) continue;
     p.unsharded.reset_grad();
+    if (p.unsharded.impl()->redistributed_grad) {
+      // FSDPParam._get_grad_inner_tensor: a DTensor gradient of another placement than the
+      // tensor-parallel spec's is redistributed first (the rank's rows of the embedding's
+      // whole-table gradient, the all-reduce of a norm's Partial one): a copy of the local
+      // parameter's size, then the gradient it came from is freed (torch 2.15, measured).
+      ModuleScope scope(p.module->context(Phase::Backward));
+      grad = empty(runtime_, p.unsharded.shape(), grad.dtype());
+      log_.push_back({p.module->path() + " gradient redistributed", grad.nbytes(), "default",
+                      stage(), ""});
+    }
     grads.emplace_back(&p, std::move(grad));
   }
   reshard(g);

@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "vramscope/allocator/errors.hpp"
 #include "vramscope/allocator/units.hpp"
@@ -63,27 +65,26 @@ std::string_view topology_name(Topology topology) noexcept {
   return "?";
 }
 
-NcclMemory nccl_memory(const ParallelConfig& config, std::string_view device_name, int compute_capability) {
+namespace {
+
+/// One communicator of `size` ranks, `per_node` of them on each node (8 for a flat job; 8 / N
+/// for the data-parallel group of a mesh whose N tensor-parallel ranks fill a node's GPUs).
+NcclMemory communicator(std::size_t size, std::size_t per_node, Topology topology, int compute_capability) {
   NcclMemory out;
-  if (!config.enabled() || config.world_size < 2 || config.topology == Topology::None) return out;
-  const Topology topology = config.topology != Topology::Auto ? config.topology
-                            : data_center(device_name)         ? Topology::NvSwitch
-                                                               : Topology::Pcie;
-  const std::size_t local = std::min<std::size_t>(config.world_size, 8);  // GPUs of this node
+  const std::size_t local = std::min(size, per_node);  // GPUs of this node in the communicator
   const std::size_t channels = topology == Topology::NvSwitch ? 16 : 2;
   out.bytes = channels * kRingChannelBytes;
-  std::string what = "NCCL, one communicator, at the first collective: " + std::to_string(channels) +
-                     " ring channels x " + format_bytes(kRingChannelBytes) +
+  std::string what = std::to_string(channels) + " ring channels x " + format_bytes(kRingChannelBytes) +
                      " (a 10 MiB receive buffer and a 2 MiB send header each, transport/p2p.cc)";
   // NVLS (NCCL_NVLS_ENABLE=2, auto): NVSwitch systems of Hopper or newer.
-  if (topology == Topology::NvSwitch && compute_capability >= 90) {
+  if (topology == Topology::NvSwitch && compute_capability >= 90 && local > 1) {
     out.bytes += local * kNvlsHeadBytes;
     what += " + NVLS " + std::to_string(local) + " heads x " + format_bytes(kNvlsHeadBytes);
   }
-  const std::size_t nodes = (config.world_size + kGpusPerNode - 1) / kGpusPerNode;
+  const std::size_t nodes = (size + per_node - 1) / per_node;
   if (nodes > 1) {
-    // Several nodes of 8 (net.cc, transport/generic.cc, graph/trees.cc). Per ring channel each
-    // node has one link in from the network and one out, replacing one of its 8 P2P links:
+    // Several nodes (net.cc, transport/generic.cc, graph/trees.cc). Per ring channel each
+    // node has one link in from the network and one out, replacing one of its P2P links:
     // per GPU, channels / 8 x (a receive and a send side - a P2P receive and send header).
     // The double binary tree (all-reduces) links each node to 4(N-1)/N others on average,
     // each both ways, on half the channels per tree: channels x 4(N-1)/N x a side / 8 per GPU.
@@ -94,7 +95,8 @@ NcclMemory nccl_memory(const ParallelConfig& config, std::string_view device_nam
     const double ring = c / g * (2 * side - static_cast<double>(kRingChannelBytes));
     const double tree = c * 4 * (n - 1) / n * side / g;
     out.bytes = static_cast<std::size_t>(std::llround(static_cast<double>(out.bytes) + ring + tree));
-    what += std::string(", and across ") + std::to_string(nodes) + " nodes of 8 (" +
+    what += std::string(", and across ") + std::to_string(nodes) + " nodes" +
+            (per_node == kGpusPerNode ? std::string(" of 8") : " of " + std::to_string(per_node) + " in the group") + " (" +
             (gdr ? "GPUDirect RDMA: 10 MiB a side of each network link, transport/net.cc"
                  : "no GPUDirect RDMA: the network links' buffers in host memory") +
             ") the ring's links in and out of the node " + (ring < 0 ? "- " : "+ ") +
@@ -108,6 +110,37 @@ NcclMemory nccl_memory(const ParallelConfig& config, std::string_view device_nam
             "for an all-reduce, and the tree's links back along the node";
   }
   out.assumptions = what + ")";
+  return out;
+}
+
+}  // namespace
+
+NcclMemory nccl_memory(const ParallelConfig& config, std::string_view device_name, int compute_capability) {
+  NcclMemory out;
+  if (!config.enabled() || config.gpus() < 2 || config.topology == Topology::None) return out;
+  const Topology topology = config.topology != Topology::Auto ? config.topology
+                            : data_center(device_name)         ? Topology::NvSwitch
+                                                               : Topology::Pcie;
+  // A communicator per process group: the engine's, and the tensor-parallel group's inside a
+  // node (DeviceMesh's groups, the innermost dimension on neighbouring GPUs).
+  const std::size_t tp = config.tensor_parallel;
+  std::vector<std::pair<std::string, NcclMemory>> groups;
+  if (config.engine != ParallelEngine::None && config.world_size > 1) {
+    groups.emplace_back("the data-parallel group's",
+                        communicator(config.world_size, std::max<std::size_t>(kGpusPerNode / tp, 1), topology,
+                                     compute_capability));
+  }
+  if (tp > 1) {
+    groups.emplace_back("the tensor-parallel group's",
+                        communicator(tp, kGpusPerNode, topology, compute_capability));
+  }
+  std::string what = groups.size() == 1 ? "NCCL, one communicator, at the first collective: " : "NCCL, at the first collective: ";
+  for (std::size_t i = 0; i < groups.size(); ++i) {
+    out.bytes += groups[i].second.bytes;
+    what += (i > 0 ? "; " : "") + (groups.size() == 1 ? "" : groups[i].first + ": ") + groups[i].second.assumptions;
+  }
+  if (groups.size() > 1) what += "; " + format_bytes(out.bytes) + " in all";
+  out.assumptions = what;
   return out;
 }
 

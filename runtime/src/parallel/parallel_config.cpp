@@ -105,57 +105,72 @@ ParallelConfig parse_parallel(std::string_view spec, std::string_view options) {
     }
     return config;
   }
-  const std::size_t colon = spec.find(':');
-  const std::string_view engine = spec.substr(0, colon);
+  // A mesh, outer to inner: "fsdp:8xtp:8" (a count, then x and the next engine's name).
+  std::vector<std::string_view> dims;
+  for (std::size_t start = 0, i = 1; i <= spec.size(); ++i) {
+    if (i == spec.size() || (spec[i] == 'x' && spec[i - 1] >= '0' && spec[i - 1] <= '9' && i + 1 < spec.size() &&
+                             spec[i + 1] >= 'a' && spec[i + 1] <= 'z')) {
+      dims.push_back(spec.substr(start, i - start));
+      start = i + 1;
+    }
+  }
+  // Each dimension's "name:N", its count checked.
+  const auto count_of = [](std::string_view dim, std::string_view name) {
+    const std::size_t colon = dim.find(':');
+    const std::string_view count = colon == std::string_view::npos ? std::string_view{} : dim.substr(colon + 1);
+    std::size_t n = 0;
+    const auto [end, ec] = std::from_chars(count.data(), count.data() + count.size(), n);
+    if (count.empty() || ec != std::errc{} || end != count.data() + count.size() || n < 1 || n > kMaxWorldSize) {
+      throw Error("'" + std::string(dim) + "': the number of GPUs must be a whole number from 1 to " +
+                  std::to_string(kMaxWorldSize) + ", e.g. " + std::string(name) + ":8");
+    }
+    return n;
+  };
+  const auto name_of = [](std::string_view dim) { return dim.substr(0, dim.find(':')); };
+  if (name_of(dims.back()) == "tp") {
+    config.tensor_parallel = count_of(dims.back(), "tp");
+    dims.pop_back();
+  }
+  if (dims.size() > 1 || (!dims.empty() && name_of(dims.front()) == "tp")) {
+    throw Error("'" + std::string(spec) + "': the meshes modelled are tp:N and fsdp:MxTP:N (FSDP2 over tensor "
+                "parallel, torchtitan's 2-D layout, tp innermost); pipeline, context and expert parallel are not yet");
+  }
+  const std::string_view dim = dims.empty() ? std::string_view{} : dims.front();
+  const std::string_view engine = name_of(dim);
   if (engine == "fsdp1") {
     // Named by users, not simulated yet: say so rather than "unknown".
     throw Error("fsdp1 is not modelled yet; fsdp:N (FSDP2's fully_shard) shards parameters, gradients and "
                 "optimizer state alike, and zero3:N is DeepSpeed's stage 3, which does too");
   }
-  const auto mesh = [&] {
-    for (std::size_t i = 1; i < spec.size(); ++i) {
-      // "fsdp:8xtp:8": a count, then x and the next engine's name.
-      if (spec[i] == 'x' && spec[i - 1] >= '0' && spec[i - 1] <= '9' && i + 1 < spec.size() && spec[i + 1] >= 'a' &&
-          spec[i + 1] <= 'z') {
-        return true;
-      }
-    }
-    return false;
-  };
-  if (mesh()) {
-    throw Error("'" + std::string(spec) + "': meshes (fsdp:8xtp:8) are not modelled yet; give one engine, "
-                "e.g. tp:8 or fsdp:8");
-  }
-  if (engine != "ddp" && engine != "fsdp" && engine != "zero1" && engine != "zero2" && engine != "zero3" &&
-      engine != "tp") {
+  if (!dim.empty() && engine != "ddp" && engine != "fsdp" && engine != "zero1" && engine != "zero2" &&
+      engine != "zero3") {
     throw Error("unknown engine '" + std::string(engine) +
                 "'; expected ddp:N (DistributedDataParallel on N GPUs), fsdp:N (FSDP2's fully_shard "
                 "on N GPUs), zero1:N, zero2:N or zero3:N (DeepSpeed's ZeRO stage 1, 2 or 3), tp:N (tensor "
-                "and sequence parallel over N GPUs) or none");
+                "and sequence parallel over N GPUs), fsdp:MxTP:N, or none");
   }
-  config.engine = engine == "ddp"     ? ParallelEngine::Ddp
+  if (!dim.empty() && config.tensor_parallel > 1 && engine != "fsdp") {
+    throw Error("'" + std::string(spec) + "': " + std::string(engine) + " with tensor parallel is not modelled; "
+                "fsdp:MxTP:N is (FSDP2 shards the tensor-parallel shards, torchtitan's 2-D layout)");
+  }
+  config.engine = dim.empty()         ? ParallelEngine::None
+                  : engine == "ddp"   ? ParallelEngine::Ddp
                   : engine == "fsdp"  ? ParallelEngine::Fsdp
                   : engine == "zero1" ? ParallelEngine::Zero1
                   : engine == "zero2" ? ParallelEngine::Zero2
-                  : engine == "zero3" ? ParallelEngine::Zero3
-                                      : ParallelEngine::Tp;
+                                      : ParallelEngine::Zero3;
   const bool ddp = config.engine == ParallelEngine::Ddp;
   const bool stage3 = config.engine == ParallelEngine::Zero3;
   const bool zero = config.engine == ParallelEngine::Zero1 || config.engine == ParallelEngine::Zero2 || stage3;
-  const bool tp = config.engine == ParallelEngine::Tp;
-  const std::string_view keys = ddp      ? kDdpOptions
-                                : stage3 ? kZero3Options
-                                : zero   ? kZeroOptions
-                                : tp     ? kTpOptions
-                                         : kFsdpOptions;
-  const std::string_view count = colon == std::string_view::npos ? std::string_view{} : spec.substr(colon + 1);
-  std::size_t n = 0;
-  const auto [end, ec] = std::from_chars(count.data(), count.data() + count.size(), n);
-  if (count.empty() || ec != std::errc{} || end != count.data() + count.size() || n < 1 || n > kMaxWorldSize) {
-    throw Error("'" + std::string(spec) + "': the number of GPUs must be a whole number from 1 to " +
-                std::to_string(kMaxWorldSize) + ", e.g. " + std::string(engine) + ":8");
-  }
-  config.world_size = n;
+  const bool tp = config.tensor_parallel > 1;
+  const bool tp_only = dim.empty();
+  const std::string keys = std::string(ddp      ? kDdpOptions
+                                       : stage3 ? kZero3Options
+                                       : zero   ? kZeroOptions
+                                       : tp_only ? kTpOptions
+                                                 : kFsdpOptions) +
+                           (tp && !tp_only ? ", sequence_parallel" : "");
+  if (!dim.empty()) config.world_size = count_of(dim, engine);
   if (no_options) return config;
 
   std::vector<std::string_view> seen;
@@ -174,11 +189,11 @@ ParallelConfig parse_parallel(std::string_view spec, std::string_view options) {
     }
     seen.push_back(key);
     if (!ddp && key == "rank") {
-      config.rank = parse_count(key, value, config.world_size);
-    } else if (tp) {
-      if (key != "sequence_parallel") {
-        throw Error("'" + std::string(key) + "' is not an option of tp (keys: " + std::string(kTpOptions) + ")");
-      }
+      // The rank of the outer engine; of the tensor-parallel group when it is alone.
+      config.rank = parse_count(key, value, tp_only ? config.tensor_parallel : config.world_size);
+    } else if (tp_only && key != "sequence_parallel") {
+      throw Error("'" + std::string(key) + "' is not an option of tp (keys: " + std::string(kTpOptions) + ")");
+    } else if (tp && key == "sequence_parallel") {
       if (!parse_bool(key, value)) {
         // torchtitan's plan without SequenceParallel leaves the norms plain tensors beside
         // DTensor projections, and the foreach optimizers (the CUDA default) then raise
@@ -260,8 +275,11 @@ ParallelConfig parse_parallel(std::string_view spec, std::string_view options) {
 std::string parallel_label(const ParallelConfig& config) {
   if (!config.enabled()) return "none";
   const bool ddp = config.engine == ParallelEngine::Ddp;
-  const char* names[] = {"none:", "ddp:", "fsdp:", "zero1:", "zero2:", "zero3:", "tp:"};
-  std::string out = names[static_cast<int>(config.engine)] + std::to_string(config.world_size);
+  const char* names[] = {"none:", "ddp:", "fsdp:", "zero1:", "zero2:", "zero3:"};
+  std::string out = config.engine == ParallelEngine::None
+                        ? std::string{}
+                        : names[static_cast<int>(config.engine)] + std::to_string(config.world_size);
+  if (config.tensor_parallel > 1) out += (out.empty() ? "tp:" : "xtp:") + std::to_string(config.tensor_parallel);
   std::string options;
   const auto add = [&](const std::string& item) { options += (options.empty() ? " " : ",") + item; };
   if (config.engine == ParallelEngine::Zero1 || config.engine == ParallelEngine::Zero2 ||
@@ -279,7 +297,7 @@ std::string parallel_label(const ParallelConfig& config) {
     if (config.rank != 0) add("rank=" + std::to_string(config.rank));
     return out + options;
   }
-  if (config.engine == ParallelEngine::Tp) return out + (config.rank != 0 ? " rank=" + std::to_string(config.rank) : "");
+  if (config.engine == ParallelEngine::None) return out + (config.rank != 0 ? " rank=" + std::to_string(config.rank) : "");
   if (!ddp) {
     if (config.reshard_after_forward_to != 0) {
       add("reshard_after_forward=" + std::to_string(config.reshard_after_forward_to));

@@ -171,7 +171,9 @@ Tensor vocab_parallel_embedding(const Tensor& weight, const Tensor& ids, std::in
 }
 
 TensorParallel::TensorParallel(const ParallelConfig& config, Module& root) : config_(config) {
-  const std::size_t t = config.world_size;
+  const std::size_t t = config.tensor_parallel;
+  // The rank within the tensor-parallel group: the job's when tp is alone, else rank 0's.
+  const std::size_t tp_rank = config.engine == ParallelEngine::None ? config.rank : 0;
   const auto fail = [](const std::string& why) {
     throw Error("tp: " + why + "; tensor parallel applies torchtitan's Llama plan to a transformers decoder "
                 "(--hf-config of the llama, mistral or qwen2 families) with plain projections");
@@ -210,11 +212,11 @@ TensorParallel::TensorParallel(const ParallelConfig& config, Module& root) : con
     if (heads.eager) fail("eager attention builds its causal mask from the local sequence under sequence parallel");
     divides(heads.heads, "num_attention_heads");
     divides(heads.kv_heads, "num_key_value_heads");
-    for (const char* p : {"q_proj", "k_proj", "v_proj"}) linear(*attn, p).shard_columns(t, config.rank);
-    for (const char* p : {"gate_proj", "up_proj"}) linear(*mlp, p).shard_columns(t, config.rank);
+    for (const char* p : {"q_proj", "k_proj", "v_proj"}) linear(*attn, p).shard_columns(t, tp_rank);
+    for (const char* p : {"gate_proj", "up_proj"}) linear(*mlp, p).shard_columns(t, tp_rank);
     for (Linear* row : {&linear(*attn, "o_proj"), &linear(*mlp, "down_proj")}) {
       if (row->has_bias()) fail(row->path() + " has a bias (a row-wise bias is Replicate, not modelled)");
-      row->shard_inputs(t, config.rank);
+      row->shard_inputs(t, tp_rank);
       hooked_.emplace_back(row, Style::ReduceScatterOutput);
     }
     hooked_.emplace_back(attn, Style::GatherInput);
@@ -266,7 +268,7 @@ Tensor TensorParallel::pre_forward(Module& module, const Tensor& input) {
   if (it == hooked_.end() || it->second == Style::ReduceScatterOutput) return input;
   // PrepareModuleInput / ColwiseParallel(input_layouts=Shard(1)): the sequence gathered; its
   // gradient comes back Partial from the column-wise products and is reduce-scattered.
-  return gather(*this, input, 1, config_.world_size, true, module.path() + " input");
+  return gather(*this, input, 1, config_.tensor_parallel, true, module.path() + " input");
 }
 
 Tensor TensorParallel::post_forward(Module& module, const Tensor& output) {
@@ -275,14 +277,14 @@ Tensor TensorParallel::post_forward(Module& module, const Tensor& output) {
   if (it->second == Style::Head) {
     // output_layouts=Replicate(): the vocabulary-sharded logits gathered on the last dim; the
     // loss's gradient is Replicate, so backward keeps the rank's chunk.
-    return gather(*this, output, -1, config_.world_size, false, module.path() + " output");
+    return gather(*this, output, -1, config_.tensor_parallel, false, module.path() + " output");
   }
-  if (output.dim() < 2 || output.size(1) % static_cast<std::int64_t>(config_.world_size) != 0) {
-    throw Error("tp:" + std::to_string(config_.world_size) + ": sequence parallel splits the sequence (dim 1 of " +
+  if (output.dim() < 2 || output.size(1) % static_cast<std::int64_t>(config_.tensor_parallel) != 0) {
+    throw Error("tp:" + std::to_string(config_.tensor_parallel) + ": sequence parallel splits the sequence (dim 1 of " +
                 module.path() + "'s output) over the ranks; give a sequence length that is a multiple of " +
-                std::to_string(config_.world_size));
+                std::to_string(config_.tensor_parallel));
   }
-  return reduce_scatter(*this, output, 1, config_.world_size, module.path() + " output");
+  return reduce_scatter(*this, output, 1, config_.tensor_parallel, module.path() + " output");
 }
 
 }  // namespace mem::nn::detail

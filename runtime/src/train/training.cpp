@@ -163,20 +163,20 @@ Trainer::Trainer(const TrainConfig& config, CachingAllocator& allocator)
     if (config.parallel.enabled() && config.parallel.stray_contexts && config.parallel.rank == 0) {
       // Every other rank of the node made its CUDA context on GPU 0 before (or without)
       // torch.cuda.set_device: each holds about a context there (pytorch/pytorch#49481, #135279).
-      const std::size_t others = std::min<std::size_t>(config.parallel.world_size, 8) - 1;
+      const std::size_t others = std::min<std::size_t>(config.parallel.gpus(), 8) - 1;
       if (others > 0) {
         allocator.load_module("the other ranks' CUDA contexts", others * allocator.device().info().context_bytes);
       }
     }
     const bool fsdp = config.parallel.engine == ParallelEngine::Fsdp;
     const bool zero3 = config.parallel.engine == ParallelEngine::Zero3;
-    const bool tp = config.parallel.engine == ParallelEngine::Tp;
+    const bool tp = config.parallel.tensor_parallel > 1;
     // Before the model is built (on the meta device for fsdp): FullyShard and ZeroRedundancy
     // refuse compute mode too, with the same words.
     if (config.mode == ExecMode::Compute && config.parallel.enabled() && config.parallel.engine != ParallelEngine::Ddp) {
-      throw Error(std::string(fsdp    ? "fsdp runs as a dry run only: its all-gathers"
+      throw Error(std::string(tp      ? "tp runs as a dry run only: its all-gathers"
+                              : fsdp  ? "fsdp runs as a dry run only: its all-gathers"
                               : zero3 ? "zero3 runs as a dry run only: its all-gathers"
-                              : tp    ? "tp runs as a dry run only: its all-gathers"
                                       : "zero runs as a dry run only: its collectives") +
                   " on one simulated rank bring no data from the others");
     }
@@ -197,7 +197,7 @@ Trainer::Trainer(const TrainConfig& config, CachingAllocator& allocator)
       // parallelize_module before the parameters exist: each is declared as this rank's shard.
       tp_ = std::make_unique<detail::TensorParallel>(config.parallel, model_->body());
       const Shape& in = model_->info().input_shape;
-      const auto ranks = static_cast<std::int64_t>(config.parallel.world_size);
+      const auto ranks = static_cast<std::int64_t>(config.parallel.tensor_parallel);
       if (in.size() < 2 || in[1] % ranks != 0) {
         throw Error("tp:" + std::to_string(ranks) + ": sequence parallel splits the sequence over the ranks; give "
                     "a sequence length that is a multiple of " + std::to_string(ranks));
@@ -232,7 +232,7 @@ Trainer::Trainer(const TrainConfig& config, CachingAllocator& allocator)
       runtime_->set_grad_ready_hook([ddp = ddp_.get()](detail::TensorImpl& leaf) { ddp->grad_ready(leaf); });
     } else if (fsdp) {
       fsdp_ = std::make_unique<detail::FullyShard>(config.parallel, model_->body(), *runtime_);
-    } else if (config.parallel.enabled() && !tp) {
+    } else if (config.parallel.engine != ParallelEngine::None) {
       // deepspeed.initialize: ZeRO's optimizer wraps the one the config names.
       if (zero3) {
         zero_ = std::make_unique<detail::ZeroStage3>(config.parallel, config.optimizer, model_->body(), *runtime_);
@@ -455,6 +455,12 @@ TrainReport Trainer::report() const {
 }
 
 std::vector<CommunicationBuffer> Trainer::communication_buffers() const {
+  if (fsdp_ && tp_) {
+    // A mesh: FSDP's buffers, then tensor parallel's (each list in its own order).
+    std::vector<CommunicationBuffer> both = fsdp_->buffers();
+    both.insert(both.end(), tp_->buffers().begin(), tp_->buffers().end());
+    return both;
+  }
   if (fsdp_) return fsdp_->buffers();
   if (zero_) return zero_->buffers();
   if (tp_) return tp_->buffers();

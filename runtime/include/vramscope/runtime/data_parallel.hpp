@@ -41,7 +41,6 @@ enum class ParallelEngine : std::uint8_t {
   Zero1, ///< DeepSpeed ZeRO stage 1: the optimizer's state partitioned
   Zero2, ///< DeepSpeed ZeRO stage 2: the gradients partitioned too
   Zero3, ///< DeepSpeed ZeRO stage 3: the parameters partitioned too, gathered around each module
-  Tp,    ///< tensor + sequence parallel: torchtitan's Llama plan through DTensor's parallelize_module
 };
 
 /// How a node's GPUs talk, which decides NCCL's own memory on each (nccl_memory below).
@@ -55,7 +54,10 @@ enum class Topology : std::uint8_t {
 /// How the step is spread over GPUs, with the engine's own argument names.
 struct ParallelConfig {
   ParallelEngine engine = ParallelEngine::None;
-  std::size_t world_size = 1;
+  std::size_t world_size = 1;  ///< the engine's ranks (the data-parallel dimension of a mesh)
+  /// Tensor + sequence parallel, the mesh's innermost dimension (tp:N, fsdp:MxTP:N):
+  /// torchtitan's Llama plan through DTensor's parallelize_module over N GPUs; 1: none.
+  std::size_t tensor_parallel = 1;
   // DistributedDataParallel(...)'s arguments, at PyTorch's defaults.
   std::optional<double> bucket_cap_mb;  ///< unset: 25 MiB buckets after a 1 MiB first one
   bool gradient_as_bucket_view = false;
@@ -98,11 +100,13 @@ struct ParallelConfig {
   /// torch.cuda.set_device): rank 0's GPU holds them too, the classic "rank 0 uses more".
   bool stray_contexts = false;
 
-  bool enabled() const noexcept { return engine != ParallelEngine::None; }
+  bool enabled() const noexcept { return engine != ParallelEngine::None || tensor_parallel > 1; }
+  /// Every GPU of the job (the mesh's product).
+  std::size_t gpus() const noexcept { return world_size * tensor_parallel; }
   /// Whether the engine shards the parameters over the ranks (FSDP2, ZeRO-3): each rank holds
   /// its shard of the weights, not all of them.
   bool shards_parameters() const noexcept {
-    return engine == ParallelEngine::Fsdp || engine == ParallelEngine::Zero3 || engine == ParallelEngine::Tp;
+    return engine == ParallelEngine::Fsdp || engine == ParallelEngine::Zero3 || tensor_parallel > 1;
   }
   /// Whether the engine hooks modules as they run (FSDP2 wraps the blocks, ZeRO-3 gathers
   /// each module's parameters): the engines that shard them. checkpoint_sequential's segments
@@ -125,7 +129,7 @@ struct CommunicationBuffer {
 /// The most GPUs a job may name (a bound for hostile input; the largest jobs are 10^5).
 inline constexpr std::size_t kMaxWorldSize = std::size_t{1} << 20;
 
-/// "ddp:8", "fsdp:8", "tp:8" (or "none"), and "key=value,..." in the engine's own names: for ddp
+/// "ddp:8", "fsdp:8", "tp:8", "fsdp:8xtp:8" (or "none"), and "key=value,..." in the engine's own names: for ddp
 /// bucket_cap_mb, gradient_as_bucket_view, broadcast_buffers, init_sync, static_graph,
 /// find_unused_parameters; for fsdp reshard_after_forward, param_dtype, reduce_dtype, and
 /// init (meta or cuda) and rank; for zero1 / zero2 (DeepSpeed) reduce_bucket_size,
