@@ -381,7 +381,8 @@ void add_parallel_options(CLI::App& app, ParallelArgs& args, bool list) {
                  "(elements) stage3_prefetch_bucket_size, stage3_param_persistence_threshold, "
                  "stage3_model_persistence_threshold, stage3_max_live_parameters, stage3_max_reuse_distance, and "
                  "sub_group_size, zero3_init_flag=false (the model built whole on the GPU, not under zero.Init); "
-                 "tp: sequence_parallel=true (the plan modelled), rank=R)")
+                 "tp: sequence_parallel=true (the plan modelled), loss_parallel=true|false (torchtitan's default "
+                 "true: the logits stay sharded on the vocabulary and the loss is computed on the shards), rank=R)")
       ->check(non_empty());
   app.add_option("--topology", args.topology,
                  "with --parallel: how the node's GPUs talk, which decides NCCL's buffers on each GPU (outside "
@@ -480,7 +481,11 @@ std::string parallel_note(const std::vector<nn::ParallelConfig>& configs, const 
                   " inside it: torchtitan's tensor + sequence parallel plan through DTensor (1/N of each projection, "
                   "of the embedding's rows and of lm_head's, the norms and residuals on 1/N of the sequence, "
                   "all-gathers before the attention, the MLP and lm_head and reduce-scatters after o_proj, down_proj "
-                  "and the embedding; the embedding's gradient is the whole table and the norms' Partial, redistributed "
+                  "and the embedding; " +
+                  (config.loss_parallel ? std::string("loss_parallel: the logits stay sharded on the vocabulary, the loss "
+                                                      "all-reduces per token; ")
+                                        : std::string("the logits gathered whole on every GPU; ")) +
+                  "the embedding's gradient is the whole table and the norms' Partial, redistributed "
                   "before " + (config.engine == nn::ParallelEngine::Fsdp ? "FSDP's reduce-scatter" : "each optimizer op that reads them") +
                   "; position_ids passed by the caller)";
     out += "parallel: " + nn::parallel_label(config) + ": every figure is one GPU's, " + engine + tensor_parallel +

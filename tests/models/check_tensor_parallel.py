@@ -21,6 +21,7 @@ must be those, in order.
 Each world size runs in a process of its own (`--world N` prints PyTorch's side as JSON).
 Exit 77 (skipped) without torch and transformers, unless VRAMSCOPE_REQUIRE_STACK=1 (CI).
 """
+import contextlib
 import json
 import pickle
 import re
@@ -34,8 +35,9 @@ from stack_python import reexec_on_stack
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "tests" / "data" / "h100-parallel-2026-11-26" / "ref-llama-2layer.json"
 BATCH, SEQ = 2, 256
-# (fsdp, tp): tensor parallel alone, and FSDP2 over it (torchtitan's 2-D mesh, tp innermost).
-MESHES = ((1, 2), (1, 4), (2, 2))
+# (fsdp, tp, loss_parallel): tensor parallel alone, with torchtitan's default loss_parallel and
+# with the logits gathered, and FSDP2 over it (torchtitan's 2-D mesh, tp innermost).
+MESHES = ((1, 2, True), (1, 4, True), (1, 2, False), (2, 2, True))
 
 
 def kind_of(chain):
@@ -68,13 +70,13 @@ def fsdp_kind_of(chain, last):
     return None
 
 
-def torch_side(dp, world):
+def torch_side(dp, world, parallel_loss):
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
-                                                   SequenceParallel, parallelize_module)
+                                                   SequenceParallel, loss_parallel, parallelize_module)
     from torch.profiler import ProfilerActivity, profile
     from torch.testing._internal.distributed.fake_pg import FakeStore
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -91,7 +93,9 @@ def torch_side(dp, world):
     parallelize_module(model.model, mesh, {
         "embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
         "norm": SequenceParallel()})
-    parallelize_module(model, mesh, {"lm_head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate())})
+    head = (ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False) if parallel_loss
+            else ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()))
+    parallelize_module(model, mesh, {"lm_head": head})
     for layer in model.model.layers:
         parallelize_module(layer, mesh, {
             "input_layernorm": SequenceParallel(), "post_attention_layernorm": SequenceParallel(),
@@ -116,7 +120,8 @@ def torch_side(dp, world):
     positions = torch.arange(SEQ)[None]
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        model(input_ids=ids, labels=ids, position_ids=positions).loss.backward()
+        with loss_parallel() if parallel_loss else contextlib.nullcontext():
+            model(input_ids=ids, labels=ids, position_ids=positions).loss.backward()
         opt.step()
     with tempfile.TemporaryDirectory() as tmp:
         trace = Path(tmp) / "trace.json"
@@ -131,7 +136,8 @@ def torch_side(dp, world):
                         key=lambda o: -o["dur"])
         return " > ".join(o["name"] for o in around)
 
-    buffers, optimizer_copies, fsdp, whole_table = [], [], [], 0
+    buffers, optimizer_copies, fsdp, whole_table, loss = [], [], [], 0, []
+    loss_size = BATCH * SEQ * (cfg.vocab_size // world) * 4  # the loss's f32 [tokens, V / N] tensors
     for e in sorted((e for e in events if e.get("name") == "[memory]"), key=lambda e: e["ts"]):
         size = e["args"]["Bytes"]
         if size <= 0:
@@ -142,6 +148,8 @@ def torch_side(dp, world):
             if copies or "_foreach_sqrt" in where:
                 optimizer_copies.append(size)
             continue
+        if size == loss_size:
+            loss.append(size)
         if "embedding_dense_backward" in where:
             whole_table = max(whole_table, size)
         kind = kind_of(where)
@@ -150,15 +158,16 @@ def torch_side(dp, world):
         kind = fsdp_kind_of(where, fsdp[-1][0] if fsdp else None)
         if kind:
             fsdp.append([kind, size])
-    return {"buffers": buffers, "fsdp": fsdp, "embedding_grad": whole_table,
+    return {"buffers": buffers, "fsdp": fsdp, "embedding_grad": whole_table, "loss": loss,
             "optimizer_copies": optimizer_copies}
 
 
-def ours(exe, dp, world, tmp):
+def ours(exe, dp, world, parallel_loss, tmp):
     mesh = f"fsdp:{dp}xtp:{world}" if dp > 1 else f"tp:{world}"
     common = ["--hf-config", str(CONFIG), "--batch", str(BATCH), "--seq", str(SEQ), "--attn", "sdpa",
-              "--dtype", "bf16", "--device", "sim:h100-80g", "--steps", "1", "--parallel", mesh]
-    out = Path(tmp) / f"{mesh}.json"
+              "--dtype", "bf16", "--device", "sim:h100-80g", "--steps", "1", "--parallel", mesh,
+              "--parallel-options", f"loss_parallel={str(parallel_loss).lower()}"]
+    out = Path(tmp) / f"{mesh}-{parallel_loss}.json"
     subprocess.run([exe, "trace", *common, "--buffers", str(out)], check=True, capture_output=True, text=True)
     everything = json.loads(out.read_text())
     # Tensor parallel's buffers name the module's input or output they redistribute; FSDP's
@@ -181,7 +190,7 @@ def ours(exe, dp, world, tmp):
 
     # The optimizer's temporaries, as the snapshot names them: the redistributed gradients'
     # copies, then _foreach_sqrt's outputs.
-    snapshot = Path(tmp) / f"tp{world}.pickle"
+    snapshot = Path(tmp) / f"{mesh}-{parallel_loss}.pickle"
     subprocess.run([exe, "trace", *common, "--snapshot", str(snapshot)], check=True, capture_output=True, text=True)
     with snapshot.open("rb") as f:
         events = pickle.load(f)["device_traces"][0]
@@ -189,27 +198,29 @@ def ours(exe, dp, world, tmp):
                    and e["frames"][0]["filename"].endswith("(optimizer temporaries)")]
     embedding_grad = max(e["size"] for e in events if e["action"] == "alloc" and e["frames"]
                          and e["frames"][0]["filename"] == "model.embed_tokens.weight.grad")
-    return [[kind(r["buffer"]), r["bytes"]] for r in rows], fsdp, temporaries, embedding_grad
+    loss_size = BATCH * SEQ * (json.loads(CONFIG.read_text())["vocab_size"] // world) * 4
+    loss = [e["size"] for e in events if e["action"] == "alloc" and e["size"] == loss_size]
+    return [[kind(r["buffer"]), r["bytes"]] for r in rows], fsdp, temporaries, embedding_grad, loss
 
 
 def main() -> int:
-    if len(sys.argv) == 4 and sys.argv[1] == "--mesh":
-        print(json.dumps(torch_side(int(sys.argv[2]), int(sys.argv[3]))))
+    if len(sys.argv) == 5 and sys.argv[1] == "--mesh":
+        print(json.dumps(torch_side(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "True")))
         return 0
     reexec_on_stack("check_tensor_parallel")
     import torch
     exe = sys.argv[1]
     failures = []
     with tempfile.TemporaryDirectory() as tmp:
-        for dp, world in MESHES:
-            mesh = f"fsdp:{dp}xtp:{world}" if dp > 1 else f"tp:{world}"
-            run = subprocess.run([sys.executable, __file__, "--mesh", str(dp), str(world)], capture_output=True,
-                                 text=True, timeout=600)
+        for dp, world, parallel_loss in MESHES:
+            mesh = (f"fsdp:{dp}xtp:{world}" if dp > 1 else f"tp:{world}") + ("" if parallel_loss else " loss_parallel=false")
+            run = subprocess.run([sys.executable, __file__, "--mesh", str(dp), str(world), str(parallel_loss)],
+                                 capture_output=True, text=True, timeout=600)
             if run.returncode != 0:
                 failures.append(f"{mesh}: PyTorch's run failed: {run.stderr.strip().splitlines()[-1:]}")
                 continue
             theirs = json.loads(run.stdout.strip().splitlines()[-1])
-            buffers, fsdp, temporaries, embedding_grad = ours(exe, dp, world, tmp)
+            buffers, fsdp, temporaries, embedding_grad, loss = ours(exe, dp, world, parallel_loss, tmp)
             for what, a, b in (("redistribution buffers", theirs["buffers"], buffers),
                                ("FSDP buffers", theirs["fsdp"], fsdp)):
                 same = a == b
@@ -222,6 +233,7 @@ def main() -> int:
                             break
                     failures.append(f"{mesh} {what}")
             checks = [("embedding gradient (the whole table)", theirs["embedding_grad"], embedding_grad),
+                      ("the loss's f32 [tokens x V/N] tensors", theirs["loss"], loss),
                       ("optimizer's temporaries (copies of redistributed gradients, then sqrt's)",
                        theirs["optimizer_copies"], temporaries)]
             for what, a, b in checks:

@@ -29,19 +29,23 @@ std::string error_of(const std::function<void()>& f) {
   return "(no error)";
 }
 
-TrainConfig llama(const std::string& parallel, const std::string& options = "batch=2,seq=256,attn=sdpa") {
+TrainConfig llama(const std::string& parallel, const std::string& options = "batch=2,seq=256,attn=sdpa",
+                  const std::string& parallel_options = "") {
   TrainConfig cfg;
   cfg.model = models::HfConfig::parse(kLlama, "ref-llama", "test");
   cfg.model_options = ModelOptions::parse(options);
   cfg.precision = Precision::BF16;
   cfg.device = "sim:h100-80g";
   cfg.steps = 1;
-  cfg.parallel = parse_parallel(parallel);
+  cfg.parallel = parse_parallel(parallel, parallel_options);
   return cfg;
 }
 
 TEST(TensorParallel, OptionsAndRefusals) {
   EXPECT_EQ(parallel_label(parse_parallel("tp:8")), "tp:8");
+  EXPECT_EQ(parallel_label(parse_parallel("tp:8", "loss_parallel=false")), "tp:8 loss_parallel=false");
+  EXPECT_NE(error_of([] { parse_parallel("fsdp:8", "loss_parallel=false"); }).find("not an option of fsdp"),
+            std::string::npos);
   EXPECT_EQ(parallel_label(parse_parallel("tp:8", "sequence_parallel=true,rank=3")), "tp:8 rank=3");
   EXPECT_NE(error_of([] { parse_parallel("tp:8", "sequence_parallel=false"); }).find("foreach optimizers refuse"),
             std::string::npos);
@@ -78,7 +82,7 @@ TEST(TensorParallel, OptionsAndRefusals) {
 }
 
 TEST(TensorParallel, ShardsAndBuffersExactly) {
-  const TrainConfig cfg = llama("tp:2");
+  const TrainConfig cfg = llama("tp:2", "batch=2,seq=256,attn=sdpa", "loss_parallel=false");
   auto device = make_device(device_spec_for(cfg));
   CachingAllocator alloc(device, {});
   Trainer trainer(cfg, alloc);
@@ -120,6 +124,26 @@ TEST(TensorParallel, ShardsAndBuffersExactly) {
   const std::size_t forward = 5 * (full + local) + 5 * (2 * full) + 4 * logits;
   const std::size_t backward = logits + 5 * (full + local) + 5 * (2 * full);
   EXPECT_EQ(total, forward + backward);
+}
+
+// loss_parallel (torchtitan's default): lm_head's logits stay the rank's vocabulary, so the
+// gather of its output and its backward chunk are gone, and the loss's [tokens, V / N] f32
+// tensors are the only ones of the vocabulary's width: the f32 logits, x - max, exp, the
+// log-probabilities in forward; zeros, exp, the sum and the product in backward.
+TEST(TensorParallel, LossParallelKeepsTheLogitsSharded) {
+  const TrainConfig cfg = llama("tp:4");
+  auto device = make_device(device_spec_for(cfg));
+  CachingAllocator alloc(device, {});
+  Trainer trainer(cfg, alloc);
+  const StepStats with = trainer.step();
+  EXPECT_EQ(trainer.communication_buffers().size(), 40u);
+  for (const auto& b : trainer.communication_buffers()) EXPECT_EQ(b.what.find("lm_head output"), std::string::npos);
+  // Gathered, every GPU holds the whole logits: in the loss's backward the bf16 logits, the
+  // f32 log-probabilities and their gradient of all 32000 entries; sharded over 4 ranks, four
+  // f32 tensors of 8000. The peak falls by more than the whole bf16 logits.
+  const TrainReport gathered = train(llama("tp:4", "batch=2,seq=256,attn=sdpa", "loss_parallel=false"));
+  const std::int64_t whole = 2 * 256 * 32000;
+  EXPECT_GT(gathered.peak_allocated - with.peak_allocated, whole * 2);
 }
 
 // FSDP2 over tensor parallel (torchtitan's 2-D mesh): FSDP shards the rank's tensor-parallel

@@ -28,7 +28,7 @@ constexpr std::string_view kDdpOptions =
     "bucket_cap_mb, gradient_as_bucket_view, broadcast_buffers, init_sync, static_graph, find_unused_parameters";
 constexpr std::string_view kFsdpOptions = "reshard_after_forward, param_dtype, reduce_dtype, init, rank";
 constexpr std::string_view kZeroOptions = "reduce_bucket_size, overlap_comm, rank";
-constexpr std::string_view kTpOptions = "sequence_parallel, rank";
+constexpr std::string_view kTpOptions = "sequence_parallel, loss_parallel, rank";
 constexpr std::string_view kZero3Options =
     "reduce_bucket_size, overlap_comm, stage3_prefetch_bucket_size, stage3_param_persistence_threshold, "
     "stage3_model_persistence_threshold, stage3_max_live_parameters, stage3_max_reuse_distance, sub_group_size, "
@@ -169,7 +169,7 @@ ParallelConfig parse_parallel(std::string_view spec, std::string_view options) {
                                        : zero   ? kZeroOptions
                                        : tp_only ? kTpOptions
                                                  : kFsdpOptions) +
-                           (tp && !tp_only ? ", sequence_parallel" : "");
+                           (tp && !tp_only ? ", sequence_parallel, loss_parallel" : "");
   if (!dim.empty()) config.world_size = count_of(dim, engine);
   if (no_options) return config;
 
@@ -191,6 +191,8 @@ ParallelConfig parse_parallel(std::string_view spec, std::string_view options) {
     if (!ddp && key == "rank") {
       // The rank of the outer engine; of the tensor-parallel group when it is alone.
       config.rank = parse_count(key, value, tp_only ? config.tensor_parallel : config.world_size);
+    } else if (tp && key == "loss_parallel") {
+      config.loss_parallel = parse_bool(key, value);
     } else if (tp_only && key != "sequence_parallel") {
       throw Error("'" + std::string(key) + "' is not an option of tp (keys: " + std::string(kTpOptions) + ")");
     } else if (tp && key == "sequence_parallel") {
@@ -297,7 +299,11 @@ std::string parallel_label(const ParallelConfig& config) {
     if (config.rank != 0) add("rank=" + std::to_string(config.rank));
     return out + options;
   }
-  if (config.engine == ParallelEngine::None) return out + (config.rank != 0 ? " rank=" + std::to_string(config.rank) : "");
+  if (config.tensor_parallel > 1 && !config.loss_parallel) add("loss_parallel=false");
+  if (config.engine == ParallelEngine::None) {
+    if (config.rank != 0) add("rank=" + std::to_string(config.rank));
+    return out + options;
+  }
   if (!ddp) {
     if (config.reshard_after_forward_to != 0) {
       add("reshard_after_forward=" + std::to_string(config.reshard_after_forward_to));

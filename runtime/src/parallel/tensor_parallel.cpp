@@ -138,7 +138,138 @@ Module* child(Module& parent, std::string_view name) {
   return nullptr;
 }
 
+/// The backward of loss parallel's log_softmax + nll_loss (torch/distributed/tensor/parallel/
+/// loss.py, _nll_loss_and_log_softmax_backward): the gradient is built from zeros, the targets'
+/// -1 put in place and exp(log-probabilities) added, times the upstream gradient; then
+/// LogSoftmaxBackward0 passes it on and the saved log-probabilities go.
+class VocabParallelLossBackward final : public Node {
+ public:
+  SavedTensor log_probs;
+  TensorList apply(TensorList& grads) override {
+    const Tensor x = log_probs.unpack();
+    Runtime& rt = x.runtime();
+    const std::int64_t n = x.size(0);
+    const Tensor scale = empty(grads[0].runtime(), Shape{}, DType::F32);  // grad_output / total_weight
+    Tensor safe_target;
+    {
+      const Tensor kept = empty(rt, Shape{n}, DType::Bool);  // target != ignore_index
+      safe_target = empty(rt, Shape{n}, DType::I64);
+    }
+    Tensor grad = empty(rt, x.shape(), DType::F32);  // zeros_like(x)
+    Tensor mask;
+    {
+      const Tensor below = empty(rt, Shape{n}, DType::Bool), above = empty(rt, Shape{n}, DType::Bool);
+      mask = empty(rt, Shape{n}, DType::Bool);
+    }
+    Tensor masked;
+    {
+      const Tensor copy = empty(rt, Shape{n}, DType::I64);
+      masked = empty(rt, Shape{n}, DType::I64);
+    }
+    {
+      const Tensor ones = empty(rt, Shape{n}, DType::F32);  // the -1 to put at each target
+      const Tensor shifted = empty(rt, Shape{n}, DType::F32);
+    }
+    const Tensor rows = arange(rt, n);
+    Tensor weights;
+    {
+      const Tensor kept = empty(rt, Shape{n}, DType::Bool);
+      weights = empty(rt, Shape{n}, DType::F32);  // the upstream gradient where the target counts
+    }
+    Tensor out;
+    {
+      Tensor sum;
+      {
+        const Tensor softmax = empty(rt, x.shape(), DType::F32);  // exp(x)
+        sum = empty(rt, x.shape(), DType::F32);                    // grad_input + exp(x)
+      }
+      out = empty(rt, x.shape(), DType::F32);  // * grad_output
+    }
+    rt.add_flops(3.0 * static_cast<double>(x.numel()));
+    return {out};
+  }
+  void release_variables() noexcept override { log_probs.reset(); }
+  std::string_view name() const noexcept override { return "NllLossBackward0"; }
+};
+
 }  // namespace
+
+Tensor TensorParallel::causal_lm_loss(const Tensor& logits, const Tensor& labels) {
+  Runtime& rt = logits.runtime();
+  // ForCausalLMLoss on the vocabulary-sharded logits under loss_parallel(): logits.float(), the
+  // labels padded and shifted (the padded copy lives until the loss returns), then
+  // F.cross_entropy, which loss_parallel turns into _log_softmax and _nll_loss_forward over the
+  // local vocabulary, with all-reduces of [tokens, 1] and [tokens] tensors.
+  const Tensor local = to_dtype(logits, DType::F32);
+  const Tensor x_in = local.view(Shape{-1, local.size(-1)});
+  const std::int64_t n = x_in.size(0);
+  const Tensor padded = empty(rt, Shape{labels.size(0), labels.size(1) + 1}, DType::I64);
+  const Tensor shift_labels = empty(rt, labels.shape(), DType::I64);
+  // _log_softmax: max, all-reduced (MAX); x - max; exp and its sum, all-reduced; log; the result.
+  Tensor x;
+  {
+    Tensor max;
+    {
+      const Tensor local_max = empty(rt, Shape{n, 1}, DType::F32);
+      max = empty(rt, Shape{n, 1}, DType::F32);
+    }
+    const Tensor shifted = empty(rt, x_in.shape(), DType::F32);
+    Tensor sum;
+    {
+      Tensor local_sum;
+      {
+        const Tensor e = empty(rt, x_in.shape(), DType::F32);
+        local_sum = empty(rt, Shape{n, 1}, DType::F32);
+      }
+      sum = empty(rt, Shape{n, 1}, DType::F32);
+    }
+    const Tensor log = empty(rt, Shape{n, 1}, DType::F32);
+    x = empty(rt, x_in.shape(), DType::F32);
+    rt.add_flops(4.0 * static_cast<double>(x_in.numel()));
+  }
+  // _nll_loss_forward: the targets out of this rank's vocabulary masked (_MaskPartial), the
+  // log-probability at each target gathered and all-reduced, negated, the ignored ones zeroed,
+  // summed and divided by the count.
+  Tensor safe_target;
+  {
+    const Tensor kept = empty(rt, Shape{n}, DType::Bool);
+    safe_target = empty(rt, Shape{n}, DType::I64);
+  }
+  Tensor mask;
+  {
+    const Tensor below = empty(rt, Shape{n}, DType::Bool), above = empty(rt, Shape{n}, DType::Bool);
+    mask = empty(rt, Shape{n}, DType::Bool);
+  }
+  Tensor masked;
+  {
+    const Tensor copy = empty(rt, Shape{n}, DType::I64);
+    masked = empty(rt, Shape{n}, DType::I64);
+  }
+  Tensor gathered = empty(rt, Shape{n}, DType::F32);
+  mask = Tensor{};  // released when the partial value is reduced
+  const Tensor reduced = empty(rt, Shape{n}, DType::F32);
+  Tensor per_token;
+  {
+    const Tensor negated = empty(rt, Shape{n}, DType::F32);
+    const Tensor kept = empty(rt, Shape{n}, DType::Bool);
+    per_token = empty(rt, Shape{n}, DType::F32);
+  }
+  Tensor total;
+  {
+    const Tensor kept = empty(rt, Shape{n}, DType::Bool);
+    {
+      const Tensor counted = empty(rt, Shape{n}, DType::I64);  // the mask summed as integers
+      total = empty(rt, Shape{}, DType::I64);
+    }
+  }
+  Tensor loss = empty(rt, Shape{}, DType::F32);
+  if (needs_grad({&x_in})) {
+    auto node = make_node<VocabParallelLossBackward>({&x_in});
+    node->log_probs.save(x);
+    set_history(loss, node);
+  }
+  return loss;
+}
 
 Tensor vocab_parallel_embedding(const Tensor& weight, const Tensor& ids, std::int64_t full_rows) {
   Runtime& rt = ids.runtime();
@@ -275,6 +406,8 @@ Tensor TensorParallel::post_forward(Module& module, const Tensor& output) {
   const auto it = std::find_if(hooked_.begin(), hooked_.end(), [&](const auto& h) { return h.first == &module; });
   if (it == hooked_.end() || it->second == Style::GatherInput) return output;
   if (it->second == Style::Head) {
+    // loss_parallel: output_layouts=Shard(-1), the logits stay the rank's vocabulary.
+    if (config_.loss_parallel) return output;
     // output_layouts=Replicate(): the vocabulary-sharded logits gathered on the last dim; the
     // loss's gradient is Replicate, so backward keeps the rank's chunk.
     return gather(*this, output, -1, config_.tensor_parallel, false, module.path() + " output");

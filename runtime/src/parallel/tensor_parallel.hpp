@@ -54,6 +54,12 @@ class TensorParallel final : public ForwardHooks {
   /// Replicate) and the sequence-parallel norms' (whose gradients stay Partial, torch 2.15)
   /// get gradients of another placement than their own (TensorImpl::redistributed_grad).
   void materialized();
+  /// loss_parallel: lm_head's logits stay sharded on the vocabulary (its output is not
+  /// gathered) and the causal LM loss is computed on them.
+  bool loss_parallel() const noexcept { return config_.loss_parallel; }
+  /// ForCausalLMLoss of the rank's vocabulary-sharded logits [B, S, V / N] under
+  /// loss_parallel() (torch/distributed/tensor/parallel/loss.py, torch 2.15).
+  Tensor causal_lm_loss(const Tensor& logits, const Tensor& labels);
   /// A step begins (names the buffers of its forward and backward).
   void begin_step() noexcept { ++steps_; }
   Tensor pre_forward(Module& module, const Tensor& input) override;

@@ -293,7 +293,7 @@ Tensor Trainer::forward(bool with_grad) {
   if (config_.offload_activations && with_grad) offload.emplace();
   Tensor out = model_->body()(input);
   ModuleScope scope("loss", Phase::Forward);
-  return model_->loss(out, target);
+  return tp_ && tp_->loss_parallel() ? tp_->causal_lm_loss(out, target) : model_->loss(out, target);
 }
 
 StepStats Trainer::step() {
@@ -351,7 +351,7 @@ StepStats Trainer::step() {
     if (ddp_ && !own_loss) output = ddp_->post_forward({std::move(output)}).front();
     ModuleScope scope(loss_fwd);
     BackwardContextGuard backward_scope(loss_bwd);
-    loss = model_->loss(output, target);
+    loss = tp_ && tp_->loss_parallel() ? tp_->causal_lm_loss(output, target) : model_->loss(output, target);
     if (fsdp_ && own_loss) {
       auto hooked = fsdp_->root_post_forward({std::move(loss), std::move(output)});
       loss = std::move(hooked[0]);

@@ -58,6 +58,9 @@ struct ParallelConfig {
   /// Tensor + sequence parallel, the mesh's innermost dimension (tp:N, fsdp:MxTP:N):
   /// torchtitan's Llama plan through DTensor's parallelize_module over N GPUs; 1: none.
   std::size_t tensor_parallel = 1;
+  /// torchtitan's loss_parallel (its default): lm_head's output stays sharded on the
+  /// vocabulary and the loss is computed on the shards; false: the logits are gathered whole.
+  bool loss_parallel = true;
   // DistributedDataParallel(...)'s arguments, at PyTorch's defaults.
   std::optional<double> bucket_cap_mb;  ///< unset: 25 MiB buckets after a 1 MiB first one
   bool gradient_as_bucket_view = false;
@@ -136,7 +139,7 @@ inline constexpr std::size_t kMaxWorldSize = std::size_t{1} << 20;
 /// overlap_comm and rank; for zero3 those and stage3_prefetch_bucket_size,
 /// stage3_param_persistence_threshold, stage3_model_persistence_threshold,
 /// stage3_max_live_parameters, stage3_max_reuse_distance, sub_group_size and zero3_init_flag;
-/// for tp sequence_parallel (true: the only plan modelled) and rank. Throws mem::Error naming what is wrong and what is valid; an
+/// for tp sequence_parallel (true: the only plan modelled), loss_parallel and rank. Throws mem::Error naming what is wrong and what is valid; an
 /// option of another engine, or options without an engine, is an error too.
 ParallelConfig parse_parallel(std::string_view spec, std::string_view options = {});
 /// "ddp:8", then the options that differ from the defaults ("ddp:8 bucket_cap_mb=50").
