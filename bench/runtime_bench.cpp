@@ -4,7 +4,8 @@
 // 256, a sweep of 32 checkpoint segment counts of a 200-layer mlp (target < 1 s), and
 // a compute-mode training step of forum-cnn at batch 100 on the CPU; and the transformers
 // of issue 19: a dry-run step of llama-3.1-70b at batch 1, sequence 4096 (target < 50 ms),
-// also as one rank of ddp:64 (issue 32), and a 40-configuration sweep of llama-3.1-8b
+// also as one rank of ddp:64 (issue 32), one rank of llama-3.1-405b as fsdp:8xtp:8 (issue 50,
+// target < 1 s), and a 40-configuration sweep of llama-3.1-8b
 // (target < 2 s); and issue 46's operator-level llama-3.1-8b against the built-in decoder
 // (target: within 2x), read from $VRAMSCOPE_BENCH_OPS_LLAMA8B (a file `python3 -m
 // vramscope.export --hf-config models/zoo/hf/llama-3.1-8b.json` wrote; skipped without it).
@@ -184,6 +185,20 @@ void BM_DryRunStepLlama70BFsdp64(benchmark::State& state) {
   dry_run_steps(state, cfg, "sim:capacity=1TiB");
 }
 BENCHMARK(BM_DryRunStepLlama70BFsdp64)->Unit(benchmark::kMillisecond);
+
+/// One rank of llama-3.1-405b as fsdp:8xtp:8 (issue 50's target for pp:16xfsdp:8xtp:8: a dry
+/// run under 1 s; without pipeline stages this rank runs all 126 layers, 16 times a stage's),
+/// batch 1 x 4096 in bf16, every layer checkpointed: FSDP2's gathers of the tensor-parallel
+/// shards, the sequence's all-gathers and reduce-scatters, loss parallel.
+void BM_DryRunStepLlama405BFsdp8Tp8(benchmark::State& state) {
+  TrainConfig cfg;
+  cfg.model = mem::models::find("llama-3.1-405b");
+  cfg.model_options = mem::nn::ModelOptions::parse("batch=1,seq=4096,checkpoint=non-reentrant");
+  cfg.precision = mem::nn::Precision::BF16;
+  cfg.parallel = mem::nn::parse_parallel("fsdp:8xtp:8");
+  dry_run_steps(state, cfg, "sim:h100-80g");
+}
+BENCHMARK(BM_DryRunStepLlama405BFsdp8Tp8)->Unit(benchmark::kMillisecond);
 
 /// The same rank under DeepSpeed's ZeRO-3 on 64 GPUs: the parameter coordinator's fetch and
 /// release around each of the model's modules, the trace's prefetch in steady state, each

@@ -63,7 +63,7 @@ TEST(HfConfig, QwenHasQueryKeyValueBiases) {
 }
 
 TEST(HfConfig, EveryZooConfigIsReadAndItsOptionsApply) {
-  for (const char* name : {"llama-3.2-1b", "llama-3.2-3b", "llama-3.1-8b", "llama-3.1-70b", "mistral-7b",
+  for (const char* name : {"llama-3.2-1b", "llama-3.2-3b", "llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b", "mistral-7b",
                            "qwen2.5-0.5b", "qwen2.5-7b"}) {
     const auto model = find(name);
     EXPECT_NO_THROW((void)model->describe(nn::ModelOptions::parse("seq=1024,attn=eager,lora=8,lora_targets=all")))

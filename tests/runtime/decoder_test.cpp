@@ -257,7 +257,7 @@ TEST(DecoderLayerKeeps, CheckpointedLayersKeepOnlyTheirInput) {
 TEST(HfZoo, ParameterCountsAreThePublishedOnes) {
   const std::pair<const char*, std::int64_t> published[] = {
       {"llama-3.2-1b", 1'235'814'400},  {"llama-3.2-3b", 3'212'749'824}, {"llama-3.1-8b", 8'030'261'248},
-      {"llama-3.1-70b", 70'553'706'496}, {"mistral-7b", 7'241'732'096},  {"qwen2.5-0.5b", 494'032'768},
+      {"llama-3.1-70b", 70'553'706'496}, {"llama-3.1-405b", 405'853'388'800}, {"mistral-7b", 7'241'732'096},  {"qwen2.5-0.5b", 494'032'768},
       {"qwen2.5-7b", 7'615'616'512}};
   for (const auto& [name, count] : published) {
     const auto source = models::find(name);

@@ -16,7 +16,7 @@ TEST(Models, RegistryListsEveryModel) {
                                              "vgg11",     "vgg11_bn",  "vgg16",          "vgg16_bn",
                                              "mobilenet_v2", "vit_b_16", "vit_l_16", "gpt2",   "gpt2-medium",    "gpt2-large",
                                              "gpt2-xl", "llama-3.2-1b", "llama-3.2-3b", "llama-3.1-8b",
-                                             "llama-3.1-70b", "mistral-7b", "qwen2.5-0.5b", "qwen2.5-7b"};
+                                             "llama-3.1-70b", "llama-3.1-405b", "mistral-7b", "qwen2.5-0.5b", "qwen2.5-7b"};
   EXPECT_EQ(names, expected);
 }
 
