@@ -7,7 +7,9 @@
 //   self_attn, mlp            PrepareModuleInput(Shard(1) -> Replicate())
 //   q_proj k_proj v_proj gate_proj up_proj              ColwiseParallel()
 //   o_proj down_proj          RowwiseParallel(output_layouts=Shard(1))
-//   lm_head                   ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate())
+//   lm_head                   ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1)),
+//                             the loss under loss_parallel() (torchtitan's default); without
+//                             it output_layouts=Replicate(), the logits gathered whole
 //
 // Each rank holds 1/t of every projection, of the embedding's rows and of lm_head's; the
 // residual stream and the norms run on 1/t of the sequence. DTensor's redistributions make
@@ -24,7 +26,10 @@
 // The vocabulary-sharded embedding (_MaskPartial, tensor/_ops/_embedding_ops.py) masks the
 // ids out of the rank's rows and, in backward, computes the gradient of the whole table
 // (embedding_dense_backward's output is Replicate): its .grad is the full table on every rank,
-// and each foreach op of the optimizer that reads it copies the rank's rows out first.
+// and each foreach op of the optimizer that reads it copies the rank's rows out first (under
+// FSDP2, its reduce-scatter takes them instead). Under loss_parallel() the causal LM loss runs
+// on the vocabulary shards (tensor/parallel/loss.py): log-softmax with the max and the sum
+// all-reduced per token, the targets masked to the rank's vocabulary, a fused backward.
 #pragma once
 
 #include <cstddef>
@@ -77,7 +82,7 @@ class TensorParallel final : public ForwardHooks {
   enum class Style : std::uint8_t {
     GatherInput,          ///< PrepareModuleInput(Shard(1) -> Replicate()): self_attn, mlp
     ReduceScatterOutput,  ///< RowwiseParallel(output_layouts=Shard(1)): o_proj, down_proj, embed_tokens
-    Head,                 ///< lm_head: its input gathered, its vocabulary-sharded logits gathered
+    Head,                 ///< lm_head: its input gathered, and its logits unless loss_parallel
   };
   std::string stage() const;
 
