@@ -313,14 +313,14 @@ TensorParallel::TensorParallel(const ParallelConfig& config, Module& root) : con
   auto* head = dynamic_cast<Linear*>(child(root, "lm_head"));
   if (embed == nullptr) fail("the model has no model.embed_tokens embedding");
   if (head == nullptr) fail("the model has no lm_head of its own (tied embeddings are not modelled)");
-  const auto divides = [&](std::int64_t n, const char* what) {
+  const auto divides = [&](std::int64_t n, const char* what, const char* why) {
     if (n % static_cast<std::int64_t>(t) != 0) {
       throw Error("tp:" + std::to_string(t) + ": " + what + " " + std::to_string(n) + " is not a multiple of " +
-                  std::to_string(t) + " (DTensor pads uneven shards of a gathered dimension, not modelled)");
+                  std::to_string(t) + " (" + why + ")");
     }
   };
   const std::int64_t vocab = embed->weight_rows();
-  divides(vocab, "vocab_size");
+  divides(vocab, "vocab_size", "DTensor pads uneven shards of the gathered vocabulary, not modelled");
   embed->shard_vocab(vocab / static_cast<std::int64_t>(t));
   redistributed_.push_back(embed);
   hooked_.emplace_back(embed, Style::ReduceScatterOutput);
@@ -341,8 +341,8 @@ TensorParallel::TensorParallel(const ParallelConfig& config, Module& root) : con
     if (attn == nullptr || mlp == nullptr) fail(layer->path() + " has no self_attn and mlp");
     const AttentionHeads heads = attention_heads(*attn);
     if (heads.eager) fail("eager attention builds its causal mask from the local sequence under sequence parallel");
-    divides(heads.heads, "num_attention_heads");
-    divides(heads.kv_heads, "num_key_value_heads");
+    divides(heads.heads, "num_attention_heads", "each rank's q must hold whole heads, or its view into heads fails");
+    divides(heads.kv_heads, "num_key_value_heads", "each rank's k and v must hold whole heads, or their view into heads fails");
     for (const char* p : {"q_proj", "k_proj", "v_proj"}) linear(*attn, p).shard_columns(t, tp_rank);
     for (const char* p : {"gate_proj", "up_proj"}) linear(*mlp, p).shard_columns(t, tp_rank);
     for (Linear* row : {&linear(*attn, "o_proj"), &linear(*mlp, "down_proj")}) {
