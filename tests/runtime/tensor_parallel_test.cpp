@@ -29,7 +29,8 @@ std::string error_of(const std::function<void()>& f) {
   return "(no error)";
 }
 
-TrainConfig llama(const std::string& parallel, const std::string& options = "batch=2,seq=256,attn=sdpa",
+TrainConfig llama(const std::string& parallel,
+                  const std::string& options = "batch=2,seq=256,attn=sdpa",
                   const std::string& parallel_options = "") {
   TrainConfig cfg;
   cfg.model = models::HfConfig::parse(kLlama, "ref-llama", "test");
@@ -43,32 +44,49 @@ TrainConfig llama(const std::string& parallel, const std::string& options = "bat
 
 TEST(TensorParallel, OptionsAndRefusals) {
   EXPECT_EQ(parallel_label(parse_parallel("tp:8")), "tp:8");
-  EXPECT_EQ(parallel_label(parse_parallel("tp:8", "loss_parallel=false")), "tp:8 loss_parallel=false");
-  EXPECT_NE(error_of([] { parse_parallel("fsdp:8", "loss_parallel=false"); }).find("not an option of fsdp"),
+  EXPECT_EQ(parallel_label(parse_parallel("tp:8", "loss_parallel=false")),
+            "tp:8 loss_parallel=false");
+  EXPECT_NE(error_of([] {
+              parse_parallel("fsdp:8", "loss_parallel=false");
+            }).find("not an option of fsdp"),
             std::string::npos);
   EXPECT_EQ(parallel_label(parse_parallel("tp:8", "sequence_parallel=true,rank=3")), "tp:8 rank=3");
-  EXPECT_NE(error_of([] { parse_parallel("tp:8", "sequence_parallel=false"); }).find("foreach optimizers refuse"),
+  EXPECT_NE(error_of([] {
+              parse_parallel("tp:8", "sequence_parallel=false");
+            }).find("foreach optimizers refuse"),
             std::string::npos);
-  EXPECT_NE(error_of([] { parse_parallel("tp:8", "bucket_cap_mb=5"); }).find("not an option of tp"), std::string::npos);
+  EXPECT_NE(error_of([] { parse_parallel("tp:8", "bucket_cap_mb=5"); }).find("not an option of tp"),
+            std::string::npos);
   EXPECT_EQ(parallel_label(parse_parallel("fsdp:8xtp:8")), "fsdp:8xtp:8");
-  EXPECT_EQ(parallel_label(parse_parallel("fsdp:8xtp:8", "sequence_parallel=true,reshard_after_forward=false")),
+  EXPECT_EQ(parallel_label(parse_parallel("fsdp:8xtp:8",
+                                          "sequence_parallel=true,reshard_after_forward=false")),
             "fsdp:8xtp:8 reshard_after_forward=false");
   EXPECT_EQ(parse_parallel("fsdp:4xtp:8").gpus(), 32u);
-  EXPECT_NE(error_of([] { parse_parallel("ddp:2xtp:2"); }).find("ddp with tensor parallel is not modelled"),
+  EXPECT_NE(error_of([] {
+              parse_parallel("ddp:2xtp:2");
+            }).find("ddp with tensor parallel is not modelled"),
             std::string::npos);
-  EXPECT_NE(error_of([] { parse_parallel("tp:2xfsdp:2"); }).find("tp innermost"), std::string::npos);
-  EXPECT_NE(error_of([] { parse_parallel("pp:4xfsdp:2xtp:8"); }).find("pipeline"), std::string::npos);
-  EXPECT_NE(error_of([] { parse_parallel("tp:8", "reshard_after_forward=true"); }).find("not an option of tp"),
+  EXPECT_NE(error_of([] { parse_parallel("tp:2xfsdp:2"); }).find("tp innermost"),
             std::string::npos);
-  EXPECT_NE(error_of([] { parse_parallel("fsdp:2xtp:0"); }).find("whole number from 1"), std::string::npos);
+  EXPECT_NE(error_of([] { parse_parallel("pp:4xfsdp:2xtp:8"); }).find("pipeline"),
+            std::string::npos);
+  EXPECT_NE(error_of([] {
+              parse_parallel("tp:8", "reshard_after_forward=true");
+            }).find("not an option of tp"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { parse_parallel("fsdp:2xtp:0"); }).find("whole number from 1"),
+            std::string::npos);
 
-  const auto refused = [](TrainConfig cfg) {
-    return error_of([&] { (void)train(cfg); });
-  };
-  EXPECT_NE(refused(llama("tp:2", "batch=2,seq=255,attn=sdpa")).find("multiple of 2"), std::string::npos);
-  EXPECT_NE(refused(llama("tp:16")).find("num_attention_heads 8 is not a multiple of 16"), std::string::npos);
-  EXPECT_NE(refused(llama("tp:2", "batch=2,seq=256,attn=eager")).find("eager attention"), std::string::npos);
-  EXPECT_NE(refused(llama("tp:2", "batch=2,seq=256,attn=sdpa,lora=8")).find("not a plain nn.Linear"), std::string::npos);
+  const auto refused = [](TrainConfig cfg) { return error_of([&] { (void)train(cfg); }); };
+  EXPECT_NE(refused(llama("tp:2", "batch=2,seq=255,attn=sdpa")).find("multiple of 2"),
+            std::string::npos);
+  EXPECT_NE(refused(llama("tp:16")).find("num_attention_heads 8 is not a multiple of 16"),
+            std::string::npos);
+  EXPECT_NE(refused(llama("tp:2", "batch=2,seq=256,attn=eager")).find("eager attention"),
+            std::string::npos);
+  EXPECT_NE(
+      refused(llama("tp:2", "batch=2,seq=256,attn=sdpa,lora=8")).find("not a plain nn.Linear"),
+      std::string::npos);
   TrainConfig sgd = llama("tp:2");
   sgd.optimizer.kind = OptimizerKind::SGD;
   EXPECT_NE(refused(sgd).find("adam"), std::string::npos);
@@ -137,11 +155,13 @@ TEST(TensorParallel, LossParallelKeepsTheLogitsSharded) {
   Trainer trainer(cfg, alloc);
   const StepStats with = trainer.step();
   EXPECT_EQ(trainer.communication_buffers().size(), 40u);
-  for (const auto& b : trainer.communication_buffers()) EXPECT_EQ(b.what.find("lm_head output"), std::string::npos);
+  for (const auto& b : trainer.communication_buffers())
+    EXPECT_EQ(b.what.find("lm_head output"), std::string::npos);
   // Gathered, every GPU holds the whole logits: in the loss's backward the bf16 logits, the
   // f32 log-probabilities and their gradient of all 32000 entries; sharded over 4 ranks, four
   // f32 tensors of 8000. The peak falls by more than the whole bf16 logits.
-  const TrainReport gathered = train(llama("tp:4", "batch=2,seq=256,attn=sdpa", "loss_parallel=false"));
+  const TrainReport gathered =
+      train(llama("tp:4", "batch=2,seq=256,attn=sdpa", "loss_parallel=false"));
   const std::int64_t whole = 2 * 256 * 32000;
   EXPECT_GT(gathered.peak_allocated - with.peak_allocated, whole * 2);
 }
@@ -157,7 +177,8 @@ TEST(TensorParallel, FsdpShardsTheTensorParallelShards) {
   trainer.step();
   const TrainReport r = trainer.report();
   const std::int64_t layer = 2 * (256 * 512 + 2 * 128 * 512 + 512 * 256 + 3 * 688 * 512 + 2 * 512);
-  EXPECT_EQ(r.parameter_bytes, (2 * (2 * 16000 * 512) + 2 * layer + 2 * 512) / 2);  // every row splits evenly
+  EXPECT_EQ(r.parameter_bytes,
+            (2 * (2 * 16000 * 512) + 2 * layer + 2 * 512) / 2);  // every row splits evenly
   const auto buffers = trainer.communication_buffers();
   const auto find = [&](const std::string& what) -> const CommunicationBuffer* {
     for (const auto& b : buffers) {
@@ -178,7 +199,8 @@ TEST(TensorParallel, FsdpShardsTheTensorParallelShards) {
   const CommunicationBuffer* norm = find("model.layers.0.input_layernorm gradient redistributed");
   ASSERT_NE(norm, nullptr);
   EXPECT_EQ(norm->bytes, 512u * 2);
-  EXPECT_NE(find("model.layers.0.self_attn input all-gather output"), nullptr);  // tensor parallel's, after
+  EXPECT_NE(find("model.layers.0.self_attn input all-gather output"),
+            nullptr);  // tensor parallel's, after
 }
 
 }  // namespace

@@ -21,7 +21,8 @@ std::size_t axis(const Tensor& x, int dim) {
 
 /// Shard(d) -> Replicate: all_gather_into_tensor stacks the ranks' pieces on dim 0; for
 /// d != 0, torch.cat(chunk(gathered, t), dim=d) makes the tensor and the stack dies.
-Tensor gather_raw(TensorParallel& tp, const Tensor& x, int dim, std::size_t t, const std::string& what) {
+Tensor gather_raw(TensorParallel& tp, const Tensor& x, int dim, std::size_t t,
+                  const std::string& what) {
   Runtime& rt = x.runtime();
   const std::size_t d = axis(x, dim);
   Shape stacked = x.shape(), full = x.shape();
@@ -39,7 +40,8 @@ Tensor gather_raw(TensorParallel& tp, const Tensor& x, int dim, std::size_t t, c
 
 /// Partial -> Shard(d): for d != 0 the input's chunks on d catted on dim 0 (a full copy), then
 /// reduce_scatter_tensor's 1/t output; the copy dies.
-Tensor reduce_scatter_raw(TensorParallel& tp, const Tensor& x, int dim, std::size_t t, const std::string& what) {
+Tensor reduce_scatter_raw(TensorParallel& tp, const Tensor& x, int dim, std::size_t t,
+                          const std::string& what) {
   Runtime& rt = x.runtime();
   const std::size_t d = axis(x, dim);
   Shape local = x.shape();
@@ -90,7 +92,9 @@ class ReduceScatterBackward final : public Node {
  public:
   ReduceScatterBackward(TensorParallel& tp, int dim, std::size_t t, std::string what)
       : tp_(&tp), dim_(dim), t_(t), what_(std::move(what)) {}
-  TensorList apply(TensorList& grads) override { return {gather_raw(*tp_, grads[0], dim_, t_, what_)}; }
+  TensorList apply(TensorList& grads) override {
+    return {gather_raw(*tp_, grads[0], dim_, t_, what_)};
+  }
   std::string_view name() const noexcept override { return "RedistributeBackward"; }
 
  private:
@@ -100,15 +104,20 @@ class ReduceScatterBackward final : public Node {
   std::string what_;
 };
 
-Tensor gather(TensorParallel& tp, const Tensor& x, int dim, std::size_t t, bool partial_grad, const std::string& what) {
+Tensor gather(TensorParallel& tp, const Tensor& x, int dim, std::size_t t, bool partial_grad,
+              const std::string& what) {
   Tensor out = gather_raw(tp, x, dim, t, what);
-  if (needs_grad({&x})) set_history(out, make_node<GatherBackward>({&x}, tp, dim, t, partial_grad, what + " (backward)"));
+  if (needs_grad({&x}))
+    set_history(out,
+                make_node<GatherBackward>({&x}, tp, dim, t, partial_grad, what + " (backward)"));
   return out;
 }
 
-Tensor reduce_scatter(TensorParallel& tp, const Tensor& x, int dim, std::size_t t, const std::string& what) {
+Tensor reduce_scatter(TensorParallel& tp, const Tensor& x, int dim, std::size_t t,
+                      const std::string& what) {
   Tensor out = reduce_scatter_raw(tp, x, dim, t, what);
-  if (needs_grad({&x})) set_history(out, make_node<ReduceScatterBackward>({&x}, tp, dim, t, what + " (backward)"));
+  if (needs_grad({&x}))
+    set_history(out, make_node<ReduceScatterBackward>({&x}, tp, dim, t, what + " (backward)"));
   return out;
 }
 
@@ -149,7 +158,8 @@ class VocabParallelLossBackward final : public Node {
     const Tensor x = log_probs.unpack();
     Runtime& rt = x.runtime();
     const std::int64_t n = x.size(0);
-    const Tensor scale = empty(grads[0].runtime(), Shape{}, DType::F32);  // grad_output / total_weight
+    const Tensor scale =
+        empty(grads[0].runtime(), Shape{}, DType::F32);  // grad_output / total_weight
     Tensor safe_target;
     {
       const Tensor kept = empty(rt, Shape{n}, DType::Bool);  // target != ignore_index
@@ -158,7 +168,8 @@ class VocabParallelLossBackward final : public Node {
     Tensor grad = empty(rt, x.shape(), DType::F32);  // zeros_like(x)
     Tensor mask;
     {
-      const Tensor below = empty(rt, Shape{n}, DType::Bool), above = empty(rt, Shape{n}, DType::Bool);
+      const Tensor below = empty(rt, Shape{n}, DType::Bool),
+                   above = empty(rt, Shape{n}, DType::Bool);
       mask = empty(rt, Shape{n}, DType::Bool);
     }
     Tensor masked;
@@ -181,7 +192,7 @@ class VocabParallelLossBackward final : public Node {
       Tensor sum;
       {
         const Tensor softmax = empty(rt, x.shape(), DType::F32);  // exp(x)
-        sum = empty(rt, x.shape(), DType::F32);                    // grad_input + exp(x)
+        sum = empty(rt, x.shape(), DType::F32);                   // grad_input + exp(x)
       }
       out = empty(rt, x.shape(), DType::F32);  // * grad_output
     }
@@ -294,7 +305,8 @@ Tensor vocab_parallel_embedding(const Tensor& weight, const Tensor& ids, std::in
   // _reduce_shard_value: output[mask] = 0 in place, then the mask buffer is released.
   mask = Tensor{};
   if (needs_grad({&weight})) {
-    auto node = make_node<VocabEmbeddingBackward>({&weight, &ids}, Shape{full_rows, weight.size(1)}, weight.dtype());
+    auto node = make_node<VocabEmbeddingBackward>({&weight, &ids}, Shape{full_rows, weight.size(1)},
+                                                  weight.dtype());
     node->ids.save(ids);
     set_history(out, node);
   }
@@ -306,21 +318,24 @@ TensorParallel::TensorParallel(const ParallelConfig& config, Module& root) : con
   // The rank within the tensor-parallel group: the job's when tp is alone, else rank 0's.
   const std::size_t tp_rank = config.engine == ParallelEngine::None ? config.rank : 0;
   const auto fail = [](const std::string& why) {
-    throw Error("tp: " + why + "; tensor parallel applies torchtitan's Llama plan to a transformers decoder "
+    throw Error("tp: " + why +
+                "; tensor parallel applies torchtitan's Llama plan to a transformers decoder "
                 "(--hf-config of the llama, mistral or qwen2 families) with plain projections");
   };
   auto* embed = dynamic_cast<Embedding*>(child(root, "model.embed_tokens"));
   auto* head = dynamic_cast<Linear*>(child(root, "lm_head"));
   if (embed == nullptr) fail("the model has no model.embed_tokens embedding");
-  if (head == nullptr) fail("the model has no lm_head of its own (tied embeddings are not modelled)");
+  if (head == nullptr)
+    fail("the model has no lm_head of its own (tied embeddings are not modelled)");
   const auto divides = [&](std::int64_t n, const char* what, const char* why) {
     if (n % static_cast<std::int64_t>(t) != 0) {
-      throw Error("tp:" + std::to_string(t) + ": " + what + " " + std::to_string(n) + " is not a multiple of " +
-                  std::to_string(t) + " (" + why + ")");
+      throw Error("tp:" + std::to_string(t) + ": " + what + " " + std::to_string(n) +
+                  " is not a multiple of " + std::to_string(t) + " (" + why + ")");
     }
   };
   const std::int64_t vocab = embed->weight_rows();
-  divides(vocab, "vocab_size", "DTensor pads uneven shards of the gathered vocabulary, not modelled");
+  divides(vocab, "vocab_size",
+          "DTensor pads uneven shards of the gathered vocabulary, not modelled");
   embed->shard_vocab(vocab / static_cast<std::int64_t>(t));
   redistributed_.push_back(embed);
   hooked_.emplace_back(embed, Style::ReduceScatterOutput);
@@ -329,7 +344,9 @@ TensorParallel::TensorParallel(const ParallelConfig& config, Module& root) : con
 
   const auto linear = [&](Module& parent, const char* name) -> Linear& {
     auto* l = dynamic_cast<Linear*>(child(parent, name));
-    if (l == nullptr) fail(parent.path() + "." + name + " is not a plain nn.Linear (LoRA and 4-bit layers are not modelled)");
+    if (l == nullptr)
+      fail(parent.path() + "." + name +
+           " is not a plain nn.Linear (LoRA and 4-bit layers are not modelled)");
     return *l;
   };
   std::size_t layers = 0;
@@ -340,13 +357,18 @@ TensorParallel::TensorParallel(const ParallelConfig& config, Module& root) : con
     Module* mlp = child(*layer, "mlp");
     if (attn == nullptr || mlp == nullptr) fail(layer->path() + " has no self_attn and mlp");
     const AttentionHeads heads = attention_heads(*attn);
-    if (heads.eager) fail("eager attention builds its causal mask from the local sequence under sequence parallel");
-    divides(heads.heads, "num_attention_heads", "each rank's q must hold whole heads, or its view into heads fails");
-    divides(heads.kv_heads, "num_key_value_heads", "each rank's k and v must hold whole heads, or their view into heads fails");
+    if (heads.eager)
+      fail(
+          "eager attention builds its causal mask from the local sequence under sequence parallel");
+    divides(heads.heads, "num_attention_heads",
+            "each rank's q must hold whole heads, or its view into heads fails");
+    divides(heads.kv_heads, "num_key_value_heads",
+            "each rank's k and v must hold whole heads, or their view into heads fails");
     for (const char* p : {"q_proj", "k_proj", "v_proj"}) linear(*attn, p).shard_columns(t, tp_rank);
     for (const char* p : {"gate_proj", "up_proj"}) linear(*mlp, p).shard_columns(t, tp_rank);
     for (Linear* row : {&linear(*attn, "o_proj"), &linear(*mlp, "down_proj")}) {
-      if (row->has_bias()) fail(row->path() + " has a bias (a row-wise bias is Replicate, not modelled)");
+      if (row->has_bias())
+        fail(row->path() + " has a bias (a row-wise bias is Replicate, not modelled)");
       row->shard_inputs(t, tp_rank);
       hooked_.emplace_back(row, Style::ReduceScatterOutput);
     }
@@ -379,10 +401,11 @@ TensorParallel::~TensorParallel() {
 std::string TensorParallel::stage() const {
   if (steps_ == 0) return "construction";
   const Phase phase = current_phase();
-  return "step " + std::to_string(steps_) + (phase == Phase::Backward ? " backward"
-                                             : phase == Phase::Recompute ? " recompute"
-                                             : phase == Phase::Optimizer ? " optimizer"
-                                                                         : " forward");
+  return "step " + std::to_string(steps_) +
+         (phase == Phase::Backward    ? " backward"
+          : phase == Phase::Recompute ? " recompute"
+          : phase == Phase::Optimizer ? " optimizer"
+                                      : " forward");
 }
 
 std::size_t TensorParallel::record(const std::string& what, std::size_t bytes) {
@@ -395,7 +418,8 @@ void TensorParallel::record_free(std::size_t entry) {
 }
 
 Tensor TensorParallel::pre_forward(Module& module, const Tensor& input) {
-  const auto it = std::find_if(hooked_.begin(), hooked_.end(), [&](const auto& h) { return h.first == &module; });
+  const auto it = std::find_if(hooked_.begin(), hooked_.end(),
+                               [&](const auto& h) { return h.first == &module; });
   if (it == hooked_.end() || it->second == Style::ReduceScatterOutput) return input;
   // PrepareModuleInput / ColwiseParallel(input_layouts=Shard(1)): the sequence gathered; its
   // gradient comes back Partial from the column-wise products and is reduce-scattered.
@@ -403,7 +427,8 @@ Tensor TensorParallel::pre_forward(Module& module, const Tensor& input) {
 }
 
 Tensor TensorParallel::post_forward(Module& module, const Tensor& output) {
-  const auto it = std::find_if(hooked_.begin(), hooked_.end(), [&](const auto& h) { return h.first == &module; });
+  const auto it = std::find_if(hooked_.begin(), hooked_.end(),
+                               [&](const auto& h) { return h.first == &module; });
   if (it == hooked_.end() || it->second == Style::GatherInput) return output;
   if (it->second == Style::Head) {
     // loss_parallel: output_layouts=Shard(-1), the logits stay the rank's vocabulary.
@@ -412,9 +437,11 @@ Tensor TensorParallel::post_forward(Module& module, const Tensor& output) {
     // loss's gradient is Replicate, so backward keeps the rank's chunk.
     return gather(*this, output, -1, config_.tensor_parallel, false, module.path() + " output");
   }
-  if (output.dim() < 2 || output.size(1) % static_cast<std::int64_t>(config_.tensor_parallel) != 0) {
-    throw Error("tp:" + std::to_string(config_.tensor_parallel) + ": sequence parallel splits the sequence (dim 1 of " +
-                module.path() + "'s output) over the ranks; give a sequence length that is a multiple of " +
+  if (output.dim() < 2 ||
+      output.size(1) % static_cast<std::int64_t>(config_.tensor_parallel) != 0) {
+    throw Error("tp:" + std::to_string(config_.tensor_parallel) +
+                ": sequence parallel splits the sequence (dim 1 of " + module.path() +
+                "'s output) over the ranks; give a sequence length that is a multiple of " +
                 std::to_string(config_.tensor_parallel));
   }
   return reduce_scatter(*this, output, 1, config_.tensor_parallel, module.path() + " output");

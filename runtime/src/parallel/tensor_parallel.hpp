@@ -81,7 +81,8 @@ class TensorParallel final : public ForwardHooks {
   /// What the plan does around a module's call.
   enum class Style : std::uint8_t {
     GatherInput,          ///< PrepareModuleInput(Shard(1) -> Replicate()): self_attn, mlp
-    ReduceScatterOutput,  ///< RowwiseParallel(output_layouts=Shard(1)): o_proj, down_proj, embed_tokens
+    ReduceScatterOutput,  ///< RowwiseParallel(output_layouts=Shard(1)): o_proj, down_proj,
+                          ///< embed_tokens
     Head,                 ///< lm_head: its input gathered, and its logits unless loss_parallel
   };
   std::string stage() const;
