@@ -7,6 +7,7 @@
 #include <functional>
 #include <string>
 
+#include "vramscope/instrumentation/peak_composition.hpp"
 #include "vramscope/models/hf_config.hpp"
 #include "vramscope/models/zoo.hpp"
 #include "vramscope/runtime/training.hpp"
@@ -97,6 +98,16 @@ TEST(TensorParallel, OptionsAndRefusals) {
   TrainConfig compute = llama("tp:2");
   compute.mode = ExecMode::Compute;
   EXPECT_NE(refused(compute).find("dry run only"), std::string::npos);
+}
+
+// A redistribution's transient buffers (the stacked all-gather, the reduce-scatter's staged
+// input) are communication buffers at a peak; what it hands the module is its activation.
+TEST(TensorParallel, TransientBuffersAreCommunication) {
+  EXPECT_EQ(memory_kind(intern_context("DTensor model.layers.0.mlp input all-gather output",
+                                       Phase::Forward)),
+            MemoryKind::Communication);
+  EXPECT_EQ(memory_kind(intern_context("model.layers.0.mlp", Phase::Forward)),
+            MemoryKind::Activations);
 }
 
 TEST(TensorParallel, ShardsAndBuffersExactly) {

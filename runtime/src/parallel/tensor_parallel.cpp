@@ -19,6 +19,13 @@ std::size_t axis(const Tensor& x, int dim) {
   return static_cast<std::size_t>(dim < 0 ? static_cast<int>(x.dim()) + dim : dim);
 }
 
+/// A collective's transient buffer: allocated under "DTensor <what>", which the peak's
+/// composition counts as a communication buffer (its output is the module's activation).
+Tensor transient(Runtime& rt, const Shape& shape, DType dtype, const std::string& what) {
+  ModuleScope scope(intern_context("DTensor " + what, current_phase()));
+  return empty(rt, shape, dtype);
+}
+
 /// Shard(d) -> Replicate: all_gather_into_tensor stacks the ranks' pieces on dim 0; for
 /// d != 0, torch.cat(chunk(gathered, t), dim=d) makes the tensor and the stack dies.
 Tensor gather_raw(TensorParallel& tp, const Tensor& x, int dim, std::size_t t,
@@ -28,9 +35,13 @@ Tensor gather_raw(TensorParallel& tp, const Tensor& x, int dim, std::size_t t,
   Shape stacked = x.shape(), full = x.shape();
   stacked[0] *= static_cast<std::int64_t>(t);
   full[d] *= static_cast<std::int64_t>(t);
-  Tensor gathered = empty(rt, stacked, x.dtype());
+  if (d == 0) {
+    Tensor gathered = empty(rt, stacked, x.dtype());
+    tp.record(what + " all-gather output", gathered.nbytes());
+    return gathered;
+  }
+  Tensor gathered = transient(rt, stacked, x.dtype(), what + " all-gather output");
   const std::size_t entry = tp.record(what + " all-gather output", gathered.nbytes());
-  if (d == 0) return gathered;
   Tensor out = empty(rt, full, x.dtype());
   tp.record(what + " all-gather cat", out.nbytes());
   gathered = Tensor{};
@@ -49,7 +60,7 @@ Tensor reduce_scatter_raw(TensorParallel& tp, const Tensor& x, int dim, std::siz
   Tensor staged;
   std::size_t entry = 0;
   if (d != 0) {
-    staged = empty(rt, x.shape(), x.dtype());
+    staged = transient(rt, x.shape(), x.dtype(), what + " reduce-scatter input");
     entry = tp.record(what + " reduce-scatter input", staged.nbytes());
   }
   Tensor out = empty(rt, local, x.dtype());
