@@ -95,6 +95,9 @@ TEST(TensorParallel, OptionsAndRefusals) {
   gpt2.model = models::find("gpt2");
   gpt2.model_options = ModelOptions::parse("batch=2,seq=256");
   EXPECT_NE(refused(gpt2).find("no model.embed_tokens"), std::string::npos);
+  TrainConfig offload = llama("tp:2");
+  offload.offload_activations = true;
+  EXPECT_NE(refused(offload).find("--offload activations is not modelled"), std::string::npos);
   TrainConfig compute = llama("tp:2");
   compute.mode = ExecMode::Compute;
   EXPECT_NE(refused(compute).find("dry run only"), std::string::npos);

@@ -185,6 +185,12 @@ Trainer::Trainer(const TrainConfig& config, CachingAllocator& allocator)
         throw Error("tp with Liger's fused linear cross entropy (loss=liger-flce) is not modelled: the loss reads "
                     "lm_head's vocabulary-sharded weight outside lm_head's forward");
       }
+      if (config.offload_activations) {
+        // save_on_cpu packs what autograd saves by its size and dtype: a DTensor's are the
+        // global tensor's, and its pinned copies under tensor parallel are not measured yet.
+        throw Error("tp with --offload activations is not modelled yet (save_on_cpu of DTensor activations); "
+                    "give one of them");
+      }
       if (plan_.checkpointed.size() > 0) {
         throw Error("tp does not combine with checkpoint_sequential's segments (its plan hooks the modules); "
                     "checkpoint the decoder layers instead (--gradient-checkpointing, --checkpoint-modules)");
