@@ -435,12 +435,20 @@ std::string assumptions_note(const std::vector<std::string>& assumed) {
 std::string parallel_note(const std::vector<nn::ParallelConfig>& configs, const DeviceInfo& device) {
   std::string out;
   bool nccl_said = false;
+  std::vector<std::string> communicators;  // NCCL's notes said so far
   for (const nn::ParallelConfig& config : configs) {
     if (!config.enabled()) continue;
-    // NCCL's buffers and stray contexts: in the nvidia-smi view, once per run of notes.
+    // NCCL's buffers: in the nvidia-smi view, once per kind of job (a mesh holds a communicator
+    // per dimension, a job across nodes its network links); the first without its label.
+    const nn::NcclMemory nccl = nn::nccl_memory(config, device.name, device.compute_capability);
+    if (!nccl.assumptions.empty() &&
+        std::find(communicators.begin(), communicators.end(), nccl.assumptions) == communicators.end()) {
+      out += "parallel: " + (communicators.empty() ? std::string{} : nn::parallel_label(config) + ": ") +
+             nccl.assumptions + ", in the nvidia-smi view\n";
+      communicators.push_back(nccl.assumptions);
+    }
+    // The stray contexts: once per run of notes.
     if (!nccl_said) {
-      const nn::NcclMemory nccl = nn::nccl_memory(config, device.name, device.compute_capability);
-      if (!nccl.assumptions.empty()) out += "parallel: " + nccl.assumptions + ", in the nvidia-smi view\n";
       if (config.stray_contexts) {
         out += "parallel: rank 0's GPU also holds the other " +
                std::to_string(std::min<std::size_t>(config.gpus(), 8) - 1) + " ranks' CUDA contexts (" +
