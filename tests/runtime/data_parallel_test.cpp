@@ -4,7 +4,6 @@
 // training results identical to one GPU's (DDP moves memory, never numbers).
 #include <gtest/gtest.h>
 
-#include <functional>
 #include <string>
 
 #include "../../runtime/src/parallel/data_parallel.hpp"
@@ -15,14 +14,7 @@
 namespace mem::nn {
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using test::error_of;
 
 TEST(DataParallel, OptionsAreTheEnginesOwnNamesAndBadOnesAreRefused) {
   const ParallelConfig none = parse_parallel("none");

@@ -4,9 +4,10 @@
 // Their order against PyTorch itself is tests/models/check_tensor_parallel.py's.
 #include <gtest/gtest.h>
 
-#include <functional>
+#include <memory>
 #include <string>
 
+#include "test_util.hpp"
 #include "vramscope/instrumentation/peak_composition.hpp"
 #include "vramscope/models/hf_config.hpp"
 #include "vramscope/models/zoo.hpp"
@@ -21,14 +22,7 @@ constexpr const char* kLlama = R"({"architectures": ["LlamaForCausalLM"], "model
   "head_dim": 64, "num_hidden_layers": 2, "vocab_size": 32000, "max_position_embeddings": 1024,
   "rms_norm_eps": 1e-06, "tie_word_embeddings": false})";
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using test::error_of;
 
 TrainConfig llama(const std::string& parallel,
                   const std::string& options = "batch=2,seq=256,attn=sdpa",
@@ -42,6 +36,26 @@ TrainConfig llama(const std::string& parallel,
   cfg.parallel = parse_parallel(parallel, parallel_options);
   return cfg;
 }
+
+/// One training step of `cfg` on its own allocator, kept for the trainer's figures after it.
+struct OneStep {
+  explicit OneStep(const TrainConfig& cfg)
+      : device(make_device(device_spec_for(cfg))),
+        alloc(device, {}),
+        trainer(cfg, alloc),
+        stats(trainer.step()) {}
+  std::shared_ptr<Device> device;
+  CachingAllocator alloc;
+  Trainer trainer;
+  StepStats stats;
+};
+
+// Rank 0's bf16 shards at tp:2: embedding and lm_head 16000 x 512 each; per layer q 256 x 512,
+// k and v 128 x 512, o 512 x 256, gate and up 688 x 512, down 512 x 688, two norms of 512; the
+// final norm.
+constexpr std::int64_t kLayerBytes =
+    2 * (256 * 512 + 2 * 128 * 512 + 512 * 256 + 3 * 688 * 512 + 2 * 512);
+constexpr std::int64_t kRankBytes = 2 * (2 * 16000 * 512) + 2 * kLayerBytes + 2 * 512;
 
 TEST(TensorParallel, OptionsAndRefusals) {
   EXPECT_EQ(parallel_label(parse_parallel("tp:8")), "tp:8");
@@ -115,19 +129,12 @@ TEST(TensorParallel, TransientBuffersAreCommunication) {
 
 TEST(TensorParallel, ShardsAndBuffersExactly) {
   const TrainConfig cfg = llama("tp:2", "batch=2,seq=256,attn=sdpa", "loss_parallel=false");
-  auto device = make_device(device_spec_for(cfg));
-  CachingAllocator alloc(device, {});
-  Trainer trainer(cfg, alloc);
-  trainer.step();
+  OneStep run(cfg);
+  Trainer& trainer = run.trainer;
   const TrainReport r = trainer.report();
-  // bf16 shards: embedding and lm_head 16000 x 512 each; per layer q 256 x 512, k and v
-  // 128 x 512, o 512 x 256, gate and up 688 x 512, down 512 x 688, two norms of 512; the
-  // final norm.
-  const std::int64_t layer = 2 * (256 * 512 + 2 * 128 * 512 + 512 * 256 + 3 * 688 * 512 + 2 * 512);
-  const std::int64_t params = 2 * (2 * 16000 * 512) + 2 * layer + 2 * 512;
-  EXPECT_EQ(r.parameter_bytes, params);
+  EXPECT_EQ(r.parameter_bytes, kRankBytes);
   EXPECT_EQ(r.parameter_bytes, 38'573'056);
-  EXPECT_EQ(r.optimizer_state_bytes, 2 * params);
+  EXPECT_EQ(r.optimizer_state_bytes, 2 * kRankBytes);
   // The embedding's .grad is the whole table (DTensor's Replicate).
   EXPECT_EQ(trainer.model().parameters().front().grad().nbytes(), 32000u * 512 * 2);
 
@@ -164,10 +171,9 @@ TEST(TensorParallel, ShardsAndBuffersExactly) {
 // log-probabilities in forward; zeros, exp, the sum and the product in backward.
 TEST(TensorParallel, LossParallelKeepsTheLogitsSharded) {
   const TrainConfig cfg = llama("tp:4");
-  auto device = make_device(device_spec_for(cfg));
-  CachingAllocator alloc(device, {});
-  Trainer trainer(cfg, alloc);
-  const StepStats with = trainer.step();
+  OneStep run(cfg);
+  Trainer& trainer = run.trainer;
+  const StepStats& with = run.stats;
   EXPECT_EQ(trainer.communication_buffers().size(), 40u);
   for (const auto& b : trainer.communication_buffers())
     EXPECT_EQ(b.what.find("lm_head output"), std::string::npos);
@@ -185,14 +191,9 @@ TEST(TensorParallel, LossParallelKeepsTheLogitsSharded) {
 // Partial ones) are redistributed before its reduce-scatter, so the optimizer copies nothing.
 TEST(TensorParallel, FsdpShardsTheTensorParallelShards) {
   const TrainConfig cfg = llama("fsdp:2xtp:2");
-  auto device = make_device(device_spec_for(cfg));
-  CachingAllocator alloc(device, {});
-  Trainer trainer(cfg, alloc);
-  trainer.step();
-  const TrainReport r = trainer.report();
-  const std::int64_t layer = 2 * (256 * 512 + 2 * 128 * 512 + 512 * 256 + 3 * 688 * 512 + 2 * 512);
-  EXPECT_EQ(r.parameter_bytes,
-            (2 * (2 * 16000 * 512) + 2 * layer + 2 * 512) / 2);  // every row splits evenly
+  OneStep run(cfg);
+  Trainer& trainer = run.trainer;
+  EXPECT_EQ(trainer.report().parameter_bytes, kRankBytes / 2);  // every row splits evenly
   const auto buffers = trainer.communication_buffers();
   const auto find = [&](const std::string& what) -> const CommunicationBuffer* {
     for (const auto& b : buffers) {
@@ -206,7 +207,7 @@ TEST(TensorParallel, FsdpShardsTheTensorParallelShards) {
   EXPECT_EQ(root->bytes, 2u * 16000 * 512 * 2 + 512 * 2);
   const CommunicationBuffer* layer0 = find("model.layers.0 all-gather output");
   ASSERT_NE(layer0, nullptr);
-  EXPECT_EQ(layer0->bytes, static_cast<std::size_t>(layer));
+  EXPECT_EQ(layer0->bytes, static_cast<std::size_t>(kLayerBytes));
   const CommunicationBuffer* table = find("model.embed_tokens gradient redistributed");
   ASSERT_NE(table, nullptr);
   EXPECT_EQ(table->bytes, 16000u * 512 * 2);  // the rank's rows of the whole-table gradient

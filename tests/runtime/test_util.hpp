@@ -1,8 +1,10 @@
 // test_util.hpp — devices and runtimes for the runtime tests.
 #pragma once
 
+#include <exception>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "vramscope/allocator/caching_allocator.hpp"
@@ -10,6 +12,16 @@
 #include "vramscope/runtime/all.hpp"
 
 namespace mem::nn::test {
+
+/// What `f` throws, or "(no error)": for asserting on an error's words.
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
 
 /// An allocator on a simulated 80 GiB GPU, host-backed for compute mode.
 struct Env {

@@ -10,6 +10,7 @@
 #include "engine/detail.hpp"
 #include "parallel/tensor_parallel.hpp"
 #include "vramscope/runtime/checkpoint.hpp"
+#include "vramscope/runtime/data_parallel.hpp"
 
 namespace mem::nn {
 
@@ -443,19 +444,10 @@ Tensor Linear::forward(const Tensor& input) {
 
 const Tensor& Linear::weight() const noexcept { return slots()[weight_].tensor; }
 
-namespace {
-/// torch.chunk's piece of `n` for `rank` of `ranks`: ceil(n / ranks), the last ones fewer.
-std::int64_t chunk_of(std::int64_t n, std::size_t ranks, std::size_t rank) {
-  const auto t = static_cast<std::int64_t>(ranks);
-  const std::int64_t chunk = (n + t - 1) / t;
-  return std::clamp<std::int64_t>(n - static_cast<std::int64_t>(rank) * chunk, 0, chunk);
-}
-}  // namespace
-
 void Linear::shard_columns(std::size_t ranks, std::size_t rank) {
   if (kn_layout_) throw Error("tensor parallel of a Conv1D (k x n) projection is not modelled");
   Shape w = slots()[weight_].shape;
-  w[0] = chunk_of(w[0], ranks, rank);
+  w[0] = chunk_size(w[0], ranks, rank);
   set_slot_shape(weight_, w);
   if (has_bias_) set_slot_shape(bias_, Shape{w[0]});
 }
@@ -463,7 +455,7 @@ void Linear::shard_columns(std::size_t ranks, std::size_t rank) {
 void Linear::shard_inputs(std::size_t ranks, std::size_t rank) {
   if (kn_layout_) throw Error("tensor parallel of a Conv1D (k x n) projection is not modelled");
   Shape w = slots()[weight_].shape;
-  w[1] = chunk_of(w[1], ranks, rank);
+  w[1] = chunk_size(w[1], ranks, rank);
   set_slot_shape(weight_, w);
 }
 

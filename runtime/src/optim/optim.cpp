@@ -178,16 +178,16 @@ void Adam::step() {
   // rank's rows of a Replicate gradient, the all-reduce of a Partial one), a copy of the
   // parameter's size per operand: one for lerp_, two for addcmul_(grad, grad) (torch 2.15,
   // measured by tests/models/check_tensor_parallel.py).
+  const auto redistributed = [&](std::size_t i) { return params_[i].impl()->redistributed_grad; };
+  const auto redistributed_copy = [&](std::size_t i) {
+    ModuleScope scope(temporaries_[i]);
+    return empty(params_[i].runtime(), params_[i].shape(), params_[i].grad().dtype());
+  };
   const auto moments = [&](std::size_t i) {
     const Tensor g = params_[i].grad();
-    const bool copied = params_[i].impl()->redistributed_grad;
-    const auto copy = [&] {
-      if (!copied) return g;
-      ModuleScope scope(temporaries_[i]);
-      return empty(g.runtime(), params_[i].shape(), g.dtype());
-    };
-    first_moment(i, copy());
-    const Tensor a = copy(), b = copy();
+    const auto operand = [&] { return redistributed(i) ? redistributed_copy(i) : g; };
+    first_moment(i, operand());
+    const Tensor a = operand(), b = operand();
     second_moment(i, a);
   };
   auto apply = [&](std::size_t i, const Tensor& denom) {
@@ -208,9 +208,7 @@ void Adam::step() {
     // updates themselves allocate nothing, so they run in one pass after).
     const auto copies = [&](std::vector<Tensor>& out) {
       for (std::size_t i : active) {
-        if (!params_[i].impl()->redistributed_grad) continue;
-        ModuleScope scope(temporaries_[i]);
-        out.push_back(empty(params_[i].runtime(), params_[i].shape(), params_[i].grad().dtype()));
+        if (redistributed(i)) out.push_back(redistributed_copy(i));
       }
     };
     for (const int operands : {1, 2}) {

@@ -168,8 +168,7 @@ FullyShard::FullyShard(const ParallelConfig& config, Module& root, Runtime& runt
       const std::int64_t rows = shape.size() == 0 ? 1 : shape[0];
       p.row_numel = rows == 0 ? 0 : original.numel() / rows;
       p.chunk_rows = div_up(rows, static_cast<std::int64_t>(world));  // _chunk_with_empty
-      const std::int64_t local_rows =
-          std::clamp<std::int64_t>(rows - static_cast<std::int64_t>(config.rank) * p.chunk_rows, 0, p.chunk_rows);
+      const std::int64_t local_rows = chunk_size(rows, world, config.rank);
       // MixedPrecisionPolicy applies to floating parameters (a packed 4-bit weight keeps its bytes).
       p.unsharded_dtype = config.param_dtype && is_floating(original.dtype()) ? *config.param_dtype : original.dtype();
       // One context per group: its unsharded parameters are weights, as the shards are.

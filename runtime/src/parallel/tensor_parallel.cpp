@@ -158,6 +158,35 @@ Module* child(Module& parent, std::string_view name) {
   return nullptr;
 }
 
+/// _MaskPartial._partition_value over the ids (tensor/_ops/_embedding_ops.py), for the
+/// embedding's lookup and loss parallel's targets alike: input_mask = (ids < offset) | (ids >=
+/// offset + rows), the two comparisons dying with the or; masked = ids.clone() - offset, the
+/// clone dying with the subtraction; masked[input_mask] = 0 is a masked fill (nothing
+/// allocated); the offsets are host scalars.
+struct PartitionedIds {
+  Tensor mask;
+  Tensor masked;
+};
+PartitionedIds partition_ids(Runtime& rt, const Shape& shape) {
+  PartitionedIds out;
+  {
+    const Tensor below = empty(rt, shape, DType::Bool), above = empty(rt, shape, DType::Bool);
+    out.mask = empty(rt, shape, DType::Bool);
+  }
+  {
+    const Tensor copy = empty(rt, shape, DType::I64);
+    out.masked = empty(rt, shape, DType::I64);
+  }
+  return out;
+}
+
+/// _nll_loss_forward's and its backward's safe target: torch.where(target != ignore_index,
+/// target, 0), the comparison dying with it.
+Tensor safe_targets(Runtime& rt, std::int64_t n) {
+  const Tensor kept = empty(rt, Shape{n}, DType::Bool);
+  return empty(rt, Shape{n}, DType::I64);
+}
+
 /// The backward of loss parallel's log_softmax + nll_loss (torch/distributed/tensor/parallel/
 /// loss.py, _nll_loss_and_log_softmax_backward): the gradient is built from zeros, the targets'
 /// -1 put in place and exp(log-probabilities) added, times the upstream gradient; then
@@ -171,23 +200,9 @@ class VocabParallelLossBackward final : public Node {
     const std::int64_t n = x.size(0);
     const Tensor scale =
         empty(grads[0].runtime(), Shape{}, DType::F32);  // grad_output / total_weight
-    Tensor safe_target;
-    {
-      const Tensor kept = empty(rt, Shape{n}, DType::Bool);  // target != ignore_index
-      safe_target = empty(rt, Shape{n}, DType::I64);
-    }
+    const Tensor safe_target = safe_targets(rt, n);
     Tensor grad = empty(rt, x.shape(), DType::F32);  // zeros_like(x)
-    Tensor mask;
-    {
-      const Tensor below = empty(rt, Shape{n}, DType::Bool),
-                   above = empty(rt, Shape{n}, DType::Bool);
-      mask = empty(rt, Shape{n}, DType::Bool);
-    }
-    Tensor masked;
-    {
-      const Tensor copy = empty(rt, Shape{n}, DType::I64);
-      masked = empty(rt, Shape{n}, DType::I64);
-    }
+    const PartitionedIds targets = partition_ids(rt, Shape{n});
     {
       const Tensor ones = empty(rt, Shape{n}, DType::F32);  // the -1 to put at each target
       const Tensor shifted = empty(rt, Shape{n}, DType::F32);
@@ -252,23 +267,10 @@ Tensor TensorParallel::causal_lm_loss(const Tensor& logits, const Tensor& labels
   // _nll_loss_forward: the targets out of this rank's vocabulary masked (_MaskPartial), the
   // log-probability at each target gathered and all-reduced, negated, the ignored ones zeroed,
   // summed and divided by the count.
-  Tensor safe_target;
-  {
-    const Tensor kept = empty(rt, Shape{n}, DType::Bool);
-    safe_target = empty(rt, Shape{n}, DType::I64);
-  }
-  Tensor mask;
-  {
-    const Tensor below = empty(rt, Shape{n}, DType::Bool), above = empty(rt, Shape{n}, DType::Bool);
-    mask = empty(rt, Shape{n}, DType::Bool);
-  }
-  Tensor masked;
-  {
-    const Tensor copy = empty(rt, Shape{n}, DType::I64);
-    masked = empty(rt, Shape{n}, DType::I64);
-  }
+  const Tensor safe_target = safe_targets(rt, n);
+  PartitionedIds targets = partition_ids(rt, Shape{n});
   Tensor gathered = empty(rt, Shape{n}, DType::F32);
-  mask = Tensor{};  // released when the partial value is reduced
+  targets.mask = Tensor{};  // released when the partial value is reduced
   const Tensor reduced = empty(rt, Shape{n}, DType::F32);
   Tensor per_token;
   {
@@ -295,26 +297,13 @@ Tensor TensorParallel::causal_lm_loss(const Tensor& logits, const Tensor& labels
 
 Tensor vocab_parallel_embedding(const Tensor& weight, const Tensor& ids, std::int64_t full_rows) {
   Runtime& rt = ids.runtime();
-  // _MaskPartial._partition_value: input_mask = (ids < offset) | (ids >= offset + rows) (the
-  // two comparisons die with the or), masked = ids.clone() - offset, masked[input_mask] = 0
-  // (a masked fill: nothing allocated); the offsets are host scalars.
-  Tensor mask;
-  {
-    const Tensor below = empty(rt, ids.shape(), DType::Bool);
-    const Tensor above = empty(rt, ids.shape(), DType::Bool);
-    mask = empty(rt, ids.shape(), DType::Bool);
-  }
-  Tensor masked;
-  {
-    const Tensor copy = empty(rt, ids.shape(), DType::I64);
-    masked = empty(rt, ids.shape(), DType::I64);
-  }
+  PartitionedIds part = partition_ids(rt, ids.shape());
   Shape out_shape = ids.shape();
   out_shape.push_back(weight.size(1));
   Tensor out = empty(rt, out_shape, weight.dtype());  // index_select of the rank's rows
-  masked = Tensor{};
+  part.masked = Tensor{};
   // _reduce_shard_value: output[mask] = 0 in place, then the mask buffer is released.
-  mask = Tensor{};
+  part.mask = Tensor{};
   if (needs_grad({&weight})) {
     auto node = make_node<VocabEmbeddingBackward>({&weight, &ids}, Shape{full_rows, weight.size(1)},
                                                   weight.dtype());
@@ -448,13 +437,7 @@ Tensor TensorParallel::post_forward(Module& module, const Tensor& output) {
     // loss's gradient is Replicate, so backward keeps the rank's chunk.
     return gather(*this, output, -1, config_.tensor_parallel, false, module.path() + " output");
   }
-  if (output.dim() < 2 ||
-      output.size(1) % static_cast<std::int64_t>(config_.tensor_parallel) != 0) {
-    throw Error("tp:" + std::to_string(config_.tensor_parallel) +
-                ": sequence parallel splits the sequence (dim 1 of " + module.path() +
-                "'s output) over the ranks; give a sequence length that is a multiple of " +
-                std::to_string(config_.tensor_parallel));
-  }
+  // The Trainer refuses a sequence that does not split over the ranks before any step.
   return reduce_scatter(*this, output, 1, config_.tensor_parallel, module.path() + " output");
 }
 

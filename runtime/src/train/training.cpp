@@ -286,6 +286,11 @@ Tensor Trainer::run_forward(const Tensor& input) {
   return checkpoint_sequential(modules, config_.segments, input, options);
 }
 
+Tensor Trainer::loss_of(const Tensor& output, const Tensor& target) {
+  // Under loss_parallel the logits are the rank's vocabulary: the loss is tensor parallel's.
+  return tp_ && tp_->loss_parallel() ? tp_->causal_lm_loss(output, target) : model_->loss(output, target);
+}
+
 Tensor Trainer::forward(bool with_grad) {
   std::optional<NoGradGuard> no_grad;
   if (!with_grad) no_grad.emplace();
@@ -299,7 +304,7 @@ Tensor Trainer::forward(bool with_grad) {
   if (config_.offload_activations && with_grad) offload.emplace();
   Tensor out = model_->body()(input);
   ModuleScope scope("loss", Phase::Forward);
-  return tp_ && tp_->loss_parallel() ? tp_->causal_lm_loss(out, target) : model_->loss(out, target);
+  return loss_of(out, target);
 }
 
 StepStats Trainer::step() {
@@ -357,7 +362,7 @@ StepStats Trainer::step() {
     if (ddp_ && !own_loss) output = ddp_->post_forward({std::move(output)}).front();
     ModuleScope scope(loss_fwd);
     BackwardContextGuard backward_scope(loss_bwd);
-    loss = tp_ && tp_->loss_parallel() ? tp_->causal_lm_loss(output, target) : model_->loss(output, target);
+    loss = loss_of(output, target);
     if (fsdp_ && own_loss) {
       auto hooked = fsdp_->root_post_forward({std::move(loss), std::move(output)});
       loss = std::move(hooked[0]);

@@ -129,6 +129,15 @@ struct CommunicationBuffer {
   std::string freed;
 };
 
+/// torch.chunk's piece of `n` rows for `index` of `parts`: ceil(n / parts) rows, the last
+/// pieces fewer and empty past the end (FSDP2's _chunk_with_empty, a DTensor Shard's local size).
+inline std::int64_t chunk_size(std::int64_t n, std::size_t parts, std::size_t index) noexcept {
+  const auto p = static_cast<std::int64_t>(parts);
+  const std::int64_t chunk = (n + p - 1) / p;
+  const std::int64_t left = n - static_cast<std::int64_t>(index) * chunk;
+  return left < 0 ? 0 : left < chunk ? left : chunk;
+}
+
 /// The most GPUs a job may name (a bound for hostile input; the largest jobs are 10^5).
 inline constexpr std::size_t kMaxWorldSize = std::size_t{1} << 20;
 

@@ -197,6 +197,8 @@ class Trainer {
 
  private:
   Tensor run_forward(const Tensor& input);
+  /// The model's loss of its output, or tensor parallel's on vocabulary-sharded logits.
+  Tensor loss_of(const Tensor& output, const Tensor& target);
 
   TrainConfig config_;
   CachingAllocator* allocator_;
