@@ -475,6 +475,20 @@ std::string parallel_note(const std::vector<nn::ParallelConfig>& configs, const 
         : config.engine == nn::ParallelEngine::Ddp
             ? "each rank alike (DistributedDataParallel runs the whole step on each GPU and adds its gradient "
               "buckets and broadcasts)"
+        : config.pipeline_parallel > 1
+            ? "stage " + std::to_string(config.stage) + "'s of " + std::to_string(config.pipeline_parallel) +
+                  " (torchtitan's split: the embedding and the final norm with lm_head count as a layer each, stage 0 "
+                  "holds the embedding, the last stage the norm and lm_head; torch.distributed.pipelining's " +
+                  (config.schedule == nn::PipelineSchedule::GPipe
+                       ? std::string("ScheduleGPipe: every micro-batch's activations in flight before the first backward")
+                       : std::string("Schedule1F1B: stage s keeps min(M, P - s) micro-batches' activations in flight, "
+                                     "stage 0 the most")) +
+                  "; a stage after the first receives each micro-batch's hidden states and, before the last, its "
+                  "gradient into fresh buffers" +
+                  (config.return_outputs ? "; the last stage keeps every micro-batch's output (the logits) until the "
+                                           "next step and returns them concatenated (step()'s return_outputs=True)"
+                                         : "") +
+                  ")"
         : config.engine == nn::ParallelEngine::None
             ? "rank " + std::to_string(config.rank) + "'s of the tensor-parallel group"
             : "rank " + std::to_string(config.rank) +

@@ -36,7 +36,7 @@ MemoryKind memory_kind(ContextId context) noexcept {
   if (path.empty() || path == "input") return MemoryKind::Other;
   if (path.ends_with(".grad")) return MemoryKind::Gradients;
   if (path.starts_with("DistributedDataParallel") || path.starts_with("FullyShardedDataParallel") ||
-      path.starts_with("DeepSpeed") || path.starts_with("DTensor ")) {
+      path.starts_with("DeepSpeed") || path.starts_with("DTensor ") || path.starts_with("PipelineStage ")) {
     return MemoryKind::Communication;
   }
   if (path.ends_with("(cuBLAS workspace)") || path.ends_with("(cublasLt workspace)")) return MemoryKind::Workspaces;

@@ -27,6 +27,7 @@ using State = std::shared_ptr<DecoderState>;
 class DecoderInputs final : public Module {
  public:
   void set_sequence_shards(std::int64_t shards) noexcept { shards_ = shards; }
+  void release() noexcept { state_->clear(); }
   DecoderInputs(const DecoderConfig& c, State state, double theta)
       : Module("LlamaRotaryEmbedding"), eager_(c.attention == AttentionImpl::Eager), mistral_mask_(c.mistral_mask),
         window_(c.sliding_window), dim_(c.head_dim),
@@ -512,6 +513,12 @@ void set_sequence_shards(Module& rotary, std::int64_t shards) {
   auto* inputs = dynamic_cast<DecoderInputs*>(&rotary);
   if (inputs == nullptr) throw Error(rotary.path() + " is not a decoder's rotary embedding");
   inputs->set_sequence_shards(shards);
+}
+
+void release_decoder_inputs(Module& rotary) {
+  auto* inputs = dynamic_cast<DecoderInputs*>(&rotary);
+  if (inputs == nullptr) throw Error(rotary.path() + " is not a decoder's rotary embedding");
+  inputs->release();
 }
 
 std::unique_ptr<Sequential> build_decoder(const DecoderConfig& c) {

@@ -267,6 +267,14 @@ std::size_t Module::add_packed_parameter(std::string name, std::int64_t bytes, s
 
 Sequential::Sequential() : Module("Sequential") {}
 
+void Sequential::retain(const std::vector<std::string>& names) { remove_children_except(names); }
+
+void Module::remove_children_except(const std::vector<std::string>& keep) {
+  std::erase_if(children_, [&](const auto& child) {
+    return std::find(keep.begin(), keep.end(), child.first) == keep.end();
+  });
+}
+
 Module& Sequential::append(std::string name, std::unique_ptr<Module> module) {
   return add_module(std::move(name), std::move(module));
 }

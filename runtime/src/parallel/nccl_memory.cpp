@@ -134,6 +134,15 @@ NcclMemory nccl_memory(const ParallelConfig& config, std::string_view device_nam
     groups.emplace_back("the tensor-parallel group's",
                         communicator(tp, kGpusPerNode, topology, compute_capability));
   }
+  if (config.pipeline_parallel > 1 && groups.empty()) {
+    // Point-to-point: NCCL connects each pair of neighbouring stages on first send; per channel
+    // and peer its P2P transport holds a receive buffer (LL + LL128 + SIMPLE, about 10 MiB) and a
+    // send header (2 MiB) (transport/p2p.cc); how many channels a pair gets is not known here.
+    out.assumptions = "NCCL's point-to-point connections between neighbouring stages left out (per channel and peer "
+                      "about 10 MiB to receive and 2 MiB to send, transport/p2p.cc; the channels per peer are not "
+                      "modelled)";
+    return out;
+  }
   std::string what = groups.size() == 1 ? "NCCL, one communicator, at the first collective: " : "NCCL, at the first collective: ";
   for (std::size_t i = 0; i < groups.size(); ++i) {
     out.bytes += groups[i].second.bytes;

@@ -1,6 +1,7 @@
 // parallel_config.cpp — --parallel and --parallel-options: an engine and its arguments,
 // by the engine's own names, checked.
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <string>
@@ -29,6 +30,7 @@ constexpr std::string_view kDdpOptions =
 constexpr std::string_view kFsdpOptions = "reshard_after_forward, param_dtype, reduce_dtype, init, rank";
 constexpr std::string_view kZeroOptions = "reduce_bucket_size, overlap_comm, rank";
 constexpr std::string_view kTpOptions = "sequence_parallel, loss_parallel, rank";
+constexpr std::string_view kPpOptions = "schedule, microbatches, return_outputs, stage";
 constexpr std::string_view kZero3Options =
     "reduce_bucket_size, overlap_comm, stage3_prefetch_bucket_size, stage3_param_persistence_threshold, "
     "stage3_model_persistence_threshold, stage3_max_live_parameters, stage3_max_reuse_distance, sub_group_size, "
@@ -93,6 +95,51 @@ std::size_t parse_count(std::string_view key, std::string_view value, std::size_
   return n;
 }
 
+/// pp:N's options, by torch.distributed.pipelining's names: the schedule class (as torchtitan's
+/// pipeline_parallel_schedule names it), n_microbatches, step()'s return_outputs, and the stage.
+ParallelConfig parse_pipeline_options(ParallelConfig config, std::string_view options) {
+  std::vector<std::string_view> seen;
+  for (std::size_t start = 0; start <= options.size() && !trim(options).empty();) {
+    const std::size_t comma = std::min(options.find(',', start), options.size());
+    const std::string_view item = trim(options.substr(start, comma - start));
+    start = comma + 1;
+    const std::size_t eq = item.find('=');
+    if (item.empty() || eq == std::string_view::npos) {
+      throw Error("'" + std::string(item) + "' is not key=value (keys: " + std::string(kPpOptions) + ")");
+    }
+    const std::string_view key = trim(item.substr(0, eq));
+    const std::string_view value = trim(item.substr(eq + 1));
+    if (std::find(seen.begin(), seen.end(), key) != seen.end()) throw Error("'" + std::string(key) + "' is given twice");
+    seen.push_back(key);
+    if (key == "schedule") {
+      std::string name(value);
+      std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
+      if (name == "gpipe") {
+        config.schedule = PipelineSchedule::GPipe;
+      } else if (name == "1f1b") {
+        config.schedule = PipelineSchedule::OneF1B;
+      } else if (name == "interleaved1f1b" || name == "interleavedzerobubble" || name == "zbvzerobubble" ||
+                 name == "loopedbfs" || name == "dualpipev") {
+        throw Error("schedule=" + std::string(value) + " is not modelled yet: its runtime keeps each stage's output "
+                    "until its own backward and every gradient sent until the step ends; gpipe and 1f1b are");
+      } else {
+        throw Error("schedule=" + std::string(value) + ": expected gpipe or 1f1b (ScheduleGPipe, Schedule1F1B)");
+      }
+    } else if (key == "microbatches") {
+      config.microbatches = parse_count(key, value, std::size_t{1} << 20);
+      if (config.microbatches == 0) throw Error("microbatches=0: a schedule runs at least one micro-batch");
+    } else if (key == "return_outputs") {
+      config.return_outputs = parse_bool(key, value);
+    } else if (key == "stage" || key == "rank") {
+      config.stage = parse_count(key, value, config.pipeline_parallel);
+    } else {
+      throw Error("'" + std::string(key) + "' is not an option of pp (keys: " + std::string(kPpOptions) + ")");
+    }
+    if (comma == options.size()) break;
+  }
+  return config;
+}
+
 }  // namespace
 
 ParallelConfig parse_parallel(std::string_view spec, std::string_view options) {
@@ -127,13 +174,22 @@ ParallelConfig parse_parallel(std::string_view spec, std::string_view options) {
     return n;
   };
   const auto name_of = [](std::string_view dim) { return dim.substr(0, dim.find(':')); };
+  if (name_of(dims.front()) == "pp") {
+    config.pipeline_parallel = count_of(dims.front(), "pp");
+    if (dims.size() > 1) {
+      throw Error("'" + std::string(spec) + "': pipeline parallel is modelled alone (pp:N) so far; meshes with "
+                  "it (pp:4xfsdp:8, pp:4xtp:8) are not yet");
+    }
+    return parse_pipeline_options(config, options);
+  }
   if (name_of(dims.back()) == "tp") {
     config.tensor_parallel = count_of(dims.back(), "tp");
     dims.pop_back();
   }
   if (dims.size() > 1 || (!dims.empty() && name_of(dims.front()) == "tp")) {
     throw Error("'" + std::string(spec) + "': the meshes modelled are tp:N and fsdp:MxTP:N (FSDP2 over tensor "
-                "parallel, torchtitan's 2-D layout, tp innermost); pipeline, context and expert parallel are not yet");
+                "parallel, torchtitan's 2-D layout, tp innermost), and pp:N alone; context and expert parallel are "
+                "not yet");
   }
   const std::string_view dim = dims.empty() ? std::string_view{} : dims.front();
   const std::string_view engine = name_of(dim);
@@ -147,7 +203,7 @@ ParallelConfig parse_parallel(std::string_view spec, std::string_view options) {
     throw Error("unknown engine '" + std::string(engine) +
                 "'; expected ddp:N (DistributedDataParallel on N GPUs), fsdp:N (FSDP2's fully_shard "
                 "on N GPUs), zero1:N, zero2:N or zero3:N (DeepSpeed's ZeRO stage 1, 2 or 3), tp:N (tensor "
-                "and sequence parallel over N GPUs), fsdp:MxTP:N, or none");
+                "and sequence parallel over N GPUs), fsdp:MxTP:N, pp:N (pipeline stages on N GPUs), or none");
   }
   if (!dim.empty() && config.tensor_parallel > 1 && engine != "fsdp") {
     throw Error("'" + std::string(spec) + "': " + std::string(engine) + " with tensor parallel is not modelled; "
@@ -274,8 +330,22 @@ ParallelConfig parse_parallel(std::string_view spec, std::string_view options) {
   return config;
 }
 
+std::string_view schedule_name(PipelineSchedule schedule) noexcept {
+  return schedule == PipelineSchedule::GPipe ? "gpipe" : "1f1b";
+}
+
 std::string parallel_label(const ParallelConfig& config) {
   if (!config.enabled()) return "none";
+  if (config.pipeline_parallel > 1) {
+    std::string out = "pp:" + std::to_string(config.pipeline_parallel);
+    std::string options;
+    const auto add = [&](const std::string& item) { options += (options.empty() ? " " : ",") + item; };
+    if (config.schedule != PipelineSchedule::OneF1B) add("schedule=" + std::string(schedule_name(config.schedule)));
+    if (config.microbatches != 0) add("microbatches=" + std::to_string(config.microbatches));
+    if (!config.return_outputs) add("return_outputs=false");
+    if (config.stage != 0) add("stage=" + std::to_string(config.stage));
+    return out + options;
+  }
   const bool ddp = config.engine == ParallelEngine::Ddp;
   const char* names[] = {"none:", "ddp:", "fsdp:", "zero1:", "zero2:", "zero3:"};
   std::string out = config.engine == ParallelEngine::None

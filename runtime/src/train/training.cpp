@@ -8,6 +8,7 @@
 
 #include "parallel/data_parallel.hpp"
 #include "parallel/fully_shard.hpp"
+#include "parallel/pipeline_parallel.hpp"
 #include "parallel/tensor_parallel.hpp"
 #include "parallel/zero_redundancy.hpp"
 #include "parallel/zero_stage3.hpp"
@@ -174,7 +175,8 @@ Trainer::Trainer(const TrainConfig& config, CachingAllocator& allocator)
     // Before the model is built (on the meta device for fsdp): FullyShard and ZeroRedundancy
     // refuse compute mode too, with the same words.
     if (config.mode == ExecMode::Compute && config.parallel.enabled() && config.parallel.engine != ParallelEngine::Ddp) {
-      throw Error(std::string(tp      ? "tp runs as a dry run only: its all-gathers"
+      throw Error(std::string(config.parallel.pipeline_parallel > 1 ? "pp runs as a dry run only: its receives"
+                              : tp      ? "tp runs as a dry run only: its all-gathers"
                               : fsdp  ? "fsdp runs as a dry run only: its all-gathers"
                               : zero3 ? "zero3 runs as a dry run only: its all-gathers"
                                       : "zero runs as a dry run only: its collectives") +
@@ -208,6 +210,19 @@ Trainer::Trainer(const TrainConfig& config, CachingAllocator& allocator)
         throw Error("tp:" + std::to_string(ranks) + ": sequence parallel splits the sequence over the ranks; give "
                     "a sequence length that is a multiple of " + std::to_string(ranks));
       }
+    }
+    if (config.parallel.pipeline_parallel > 1) {
+      if (model_->info().checkpointed_modules > 0 || (config.checkpoint_modules && !config.checkpoint_modules->empty())) {
+        throw Error("pp with activation checkpointing is not modelled yet: each checkpointed layer would keep one "
+                    "micro-batch's rotary inputs for its recompute where PyTorch keeps one per micro-batch in flight; "
+                    "give checkpoint=none");
+      }
+      if (config.offload_activations) throw Error("pp with --offload activations is not modelled yet; give one of them");
+      if (config.optimizer.kind == OptimizerKind::Adam8bit) {
+        throw Error("pp with adam8bit is not modelled yet (its state is made for the stage's parameters only); give adam");
+      }
+      // torchtitan's pipeline_module_split: the stage's modules only, before they are made.
+      pp_ = std::make_unique<detail::PipelineParallel>(config.parallel, model_->body(), model_->info().input_shape);
     }
     if ((fsdp || zero3) && model_->info().fused_linear_loss) {
       // lm_head's hooks gather its weight around its forward, which Liger's loss skips.
@@ -257,6 +272,7 @@ Trainer::Trainer(const TrainConfig& config, CachingAllocator& allocator)
     fsdp_.reset();
     zero_.reset();
     tp_.reset();
+    pp_.reset();
     throw;
   }
   peaks_ = std::make_unique<detail::PhasePeaks>();
@@ -273,6 +289,7 @@ Trainer::~Trainer() {
   fsdp_.reset();
   zero_.reset();
   tp_.reset();
+  pp_.reset();
   if (model_) model_->body().release();
 }
 
@@ -337,7 +354,23 @@ StepStats Trainer::step() {
 
   composition_->restart();
   s.forward = begin_phase(alloc, *peaks_);
-  {
+  if (pp_) {
+    {
+      // torchtitan's train_step moves the batch and the labels to every rank's GPU; stage 0
+      // reads the one, the last stage the other.
+      PhaseGuard phase(Phase::Forward);
+      ModuleScope scope(input_ctx);
+      input = model_->make_input(rt, data_dtype, s.step);
+      target = model_->make_target(rt, data_dtype, s.step);
+    }
+    AutocastRegion autocast(rt, autocast_dtype(config_.precision));
+    pp_->step(rt, model_->body(), input, target, param_dtype,
+              [this](const Tensor& out, const Tensor& tgt) { return loss_of(out, tgt); },
+              [&] {
+                end_phase(alloc, *peaks_, s.forward);
+                s.backward = begin_phase(alloc, *peaks_);
+              });
+  } else {
     PhaseGuard phase(Phase::Forward);
     {
       ModuleScope scope(input_ctx);
@@ -378,10 +411,11 @@ StepStats Trainer::step() {
     // (transformers/trainer.py) returns only the loss. The logits are gone before backward.
     if (own_loss) output = Tensor{};
   }
-  end_phase(alloc, *peaks_, s.forward);
-
-  s.backward = begin_phase(alloc, *peaks_);
-  {
+  if (!pp_) {
+    end_phase(alloc, *peaks_, s.forward);
+    s.backward = begin_phase(alloc, *peaks_);
+  }
+  if (!pp_) {
     PhaseGuard phase(Phase::Backward);
     ModuleScope scope(loss_bwd);
     if (zero_) zero_->pre_backward();  // engine.backward(loss)
@@ -475,6 +509,7 @@ std::vector<CommunicationBuffer> Trainer::communication_buffers() const {
   if (fsdp_) return fsdp_->buffers();
   if (zero_) return zero_->buffers();
   if (tp_) return tp_->buffers();
+  if (pp_) return pp_->buffers();
   return ddp_ ? ddp_->buffers() : std::vector<CommunicationBuffer>{};
 }
 

@@ -28,6 +28,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "vramscope/runtime/dtype.hpp"
@@ -43,6 +44,14 @@ enum class ParallelEngine : std::uint8_t {
   Zero3, ///< DeepSpeed ZeRO stage 3: the parameters partitioned too, gathered around each module
 };
 
+/// torch.distributed.pipelining's schedules (PyTorch 2.15, schedules.py): which forward and
+/// backward of which micro-batch each rank runs when.
+enum class PipelineSchedule : std::uint8_t {
+  GPipe,  ///< ScheduleGPipe: every micro-batch's forward, then every backward
+  OneF1B, ///< Schedule1F1B (torchtitan's default): P - s forwards, then one backward, one forward
+};
+std::string_view schedule_name(PipelineSchedule schedule) noexcept;
+
 /// How a node's GPUs talk, which decides NCCL's own memory on each (nccl_memory below).
 enum class Topology : std::uint8_t {
   Auto,     ///< NVSwitch for data-center GPUs (A100, H100, H200, B200, V100), else PCIe
@@ -55,6 +64,18 @@ enum class Topology : std::uint8_t {
 struct ParallelConfig {
   ParallelEngine engine = ParallelEngine::None;
   std::size_t world_size = 1;  ///< the engine's ranks (the data-parallel dimension of a mesh)
+  /// Pipeline parallel, the mesh's outermost dimension (pp:N): the decoder's layers split into N
+  /// stages as torchtitan splits them, one per GPU, micro-batches through a schedule; 1: none.
+  std::size_t pipeline_parallel = 1;
+  PipelineSchedule schedule = PipelineSchedule::OneF1B;
+  /// n_microbatches of the schedule; 0: the batch, one sample each (torchtitan's default
+  /// pipeline_parallel_microbatch_size = 1).
+  std::size_t microbatches = 0;
+  /// schedule.step(..., return_outputs=True), PyTorch's default: the last stage keeps every
+  /// micro-batch's output (the logits) until the next step and returns them concatenated.
+  bool return_outputs = true;
+  /// The pipeline rank simulated (its stage); the others' layers are not on this GPU.
+  std::size_t stage = 0;
   /// Tensor + sequence parallel, the mesh's innermost dimension (tp:N, fsdp:MxTP:N):
   /// torchtitan's Llama plan through DTensor's parallelize_module over N GPUs; 1: none.
   std::size_t tensor_parallel = 1;
@@ -103,9 +124,11 @@ struct ParallelConfig {
   /// torch.cuda.set_device): rank 0's GPU holds them too, the classic "rank 0 uses more".
   bool stray_contexts = false;
 
-  bool enabled() const noexcept { return engine != ParallelEngine::None || tensor_parallel > 1; }
+  bool enabled() const noexcept {
+    return engine != ParallelEngine::None || tensor_parallel > 1 || pipeline_parallel > 1;
+  }
   /// Every GPU of the job (the mesh's product).
-  std::size_t gpus() const noexcept { return world_size * tensor_parallel; }
+  std::size_t gpus() const noexcept { return pipeline_parallel * world_size * tensor_parallel; }
   /// Whether the engine shards the parameters over the ranks (FSDP2, ZeRO-3): each rank holds
   /// its shard of the weights, not all of them.
   bool shards_parameters() const noexcept {
@@ -141,14 +164,15 @@ inline std::int64_t chunk_size(std::int64_t n, std::size_t parts, std::size_t in
 /// The most GPUs a job may name (a bound for hostile input; the largest jobs are 10^5).
 inline constexpr std::size_t kMaxWorldSize = std::size_t{1} << 20;
 
-/// "ddp:8", "fsdp:8", "tp:8", "fsdp:8xtp:8" (or "none"), and "key=value,..." in the engine's own names: for ddp
+/// "ddp:8", "fsdp:8", "tp:8", "fsdp:8xtp:8", "pp:4" (or "none"), and "key=value,..." in the engine's own names: for ddp
 /// bucket_cap_mb, gradient_as_bucket_view, broadcast_buffers, init_sync, static_graph,
 /// find_unused_parameters; for fsdp reshard_after_forward, param_dtype, reduce_dtype, and
 /// init (meta or cuda) and rank; for zero1 / zero2 (DeepSpeed) reduce_bucket_size,
 /// overlap_comm and rank; for zero3 those and stage3_prefetch_bucket_size,
 /// stage3_param_persistence_threshold, stage3_model_persistence_threshold,
 /// stage3_max_live_parameters, stage3_max_reuse_distance, sub_group_size and zero3_init_flag;
-/// for tp sequence_parallel (true: the only plan modelled), loss_parallel and rank. Throws mem::Error naming what is wrong and what is valid; an
+/// for tp sequence_parallel (true: the only plan modelled), loss_parallel and rank; for pp
+/// schedule (gpipe, 1f1b), microbatches, return_outputs and stage. Throws mem::Error naming what is wrong and what is valid; an
 /// option of another engine, or options without an engine, is an error too.
 ParallelConfig parse_parallel(std::string_view spec, std::string_view options = {});
 /// "ddp:8", then the options that differ from the defaults ("ddp:8 bucket_cap_mb=50").
@@ -168,6 +192,22 @@ NcclMemory nccl_memory(const ParallelConfig& config, std::string_view device_nam
 /// "auto", "nvswitch", "pcie", "none". Throws mem::Error naming them.
 Topology parse_topology(std::string_view name);
 std::string_view topology_name(Topology topology) noexcept;
+
+/// One compute action of a pipeline rank's schedule: the forward or the backward of a micro-batch.
+struct PipelineAction {
+  bool forward = true;
+  std::size_t microbatch = 0;
+  friend bool operator==(const PipelineAction&, const PipelineAction&) = default;
+};
+/// The order `schedule` runs micro-batches on `stage` of `stages` (schedules.py, torch 2.15):
+/// GPipe's forwards then backwards; 1F1B's min(M, P - s) warm-up forwards, then a backward and a
+/// forward in turn.
+std::vector<PipelineAction> pipeline_actions(PipelineSchedule schedule, std::size_t stages, std::size_t stage,
+                                             std::size_t microbatches);
+/// torchtitan's split of `layers` decoder layers over `stages` (generate_llm_fqn_per_model_part
+/// with input_weight = output_weight = 1): each stage's [first, last) layers. Throws mem::Error
+/// when a stage would be empty.
+std::vector<std::pair<std::size_t, std::size_t>> pipeline_split(std::size_t layers, std::size_t stages);
 
 class Module;
 /// Whether every parameter of the model splits evenly on dim 0 over `world_size` ranks: then

@@ -162,5 +162,9 @@ AttentionHeads attention_heads(const Module& attention);
 /// positions from the local length) and cos and sin cover the whole sequence. Throws
 /// mem::Error when `rotary` is not a decoder's.
 void set_sequence_shards(Module& rotary, std::int64_t shards);
+/// The end of a pipeline stage's forward that stops before model.norm: LlamaModel.forward's
+/// locals (cache_position, cos, sin, the mask) die with the stage's return; autograd keeps
+/// what it saved of them. Throws mem::Error when `rotary` is not a decoder's.
+void release_decoder_inputs(Module& rotary);
 
 }  // namespace mem::nn

@@ -183,6 +183,8 @@ class Module {
   /// what a module whose forward takes more than its input must keep for the recompute.
   bool checkpointed_call() const noexcept { return checkpointed_call_; }
   Tensor& param(std::size_t slot) noexcept { return slots_[slot].tensor; }
+  /// Removes the children `keep` refuses (their parameters were never materialized).
+  void remove_children_except(const std::vector<std::string>& keep);
   template <class M>
   M& add_module(std::string name, std::unique_ptr<M> module) {
     M& ref = *module;
@@ -221,6 +223,9 @@ class Sequential : public Module {
   Tensor forward(const Tensor& input) override;
   std::size_t size() const noexcept { return children().size(); }
   Module& at(std::size_t i) const { return *children().at(i).second; }
+  /// Keeps only the children named in `names` (in their order here): a pipeline stage's part
+  /// of the model, torchtitan's split deleting what other stages hold. Before materialize().
+  void retain(const std::vector<std::string>& names);
   /// The children in order (what checkpoint_sequential takes).
   std::vector<Module*> modules() const;
   /// The containers flattened into this list, in order ("layer1" for "layer1.0", "layer1.1").

@@ -162,6 +162,7 @@ namespace detail {
 class PhasePeaks;
 class DataParallel;
 class FullyShard;
+class PipelineParallel;
 class TensorParallel;
 class ZeroOptimizer;
 }
@@ -217,6 +218,7 @@ class Trainer {
   std::unique_ptr<detail::FullyShard> fsdp_;
   std::unique_ptr<detail::ZeroOptimizer> zero_;  // DeepSpeed: any stage
   std::unique_ptr<detail::TensorParallel> tp_;
+  std::unique_ptr<detail::PipelineParallel> pp_;  // the rank's stage and its schedule
 };
 
 /// Creates the device (device_spec_for) and allocator, runs config.steps steps.

@@ -1,0 +1,89 @@
+// pipeline_parallel.hpp — one rank of pipeline parallel (internal): a transformers decoder
+// split into stages as torchtitan splits it, run through torch.distributed.pipelining's
+// schedules (PyTorch 2.15, read in pipelining/schedules.py and stage.py, measured with the CPU
+// profiler on the fake process group: tests/models/check_pipeline_parallel.py).
+//
+// The split (torchtitan/distributed/pipeline_parallel.py, generate_llm_fqn_per_model_part with
+// input_weight = output_weight = 1): the embedding and the final norm + lm_head each count as a
+// layer, the L + 2 "layers" are dealt evenly (the first stages one more when they do not
+// divide); stage 0 holds embed_tokens, the last norm and lm_head, every stage the rotary
+// embedding (each stage's forward computes its cos and sin, as LlamaModel.forward does).
+//
+// What the schedule holds on a rank, per micro-batch (PipelineStage, stage.py):
+//   - the input: on stage 0 a view of the batch (torch.tensor_split, no copy); elsewhere a
+//     receive buffer [b, S, H] made just before the forward (_recv_buffers.py, a fresh
+//     torch.empty each micro-batch and step), which becomes the stage's leaf requiring grad
+//     and lives until the micro-batch's backward;
+//   - the output: sent (its detach()), then dropped once the send is waited
+//     (release_fwd_send_outputs): backward starts from its GradientEdge. ScheduleGPipe waits
+//     for every send after the last forward; Schedule1F1B after the next forward in warm-up,
+//     before each backward in the steady state;
+//   - on the last stage the output stays in output_chunks (return_outputs=True, step()'s
+//     default) until the next step() begins, and step() returns torch.cat of them (freed at
+//     once by a loop that drops it); the loss of each micro-batch until the step ends;
+//   - in backward a receive buffer for the output's gradient (not on the last stage), made just
+//     before the backward and dropped after it; the input's gradient is sent: ScheduleGPipe
+//     drops it when the next backward's receive is prepared, Schedule1F1B after the next
+//     backward.
+// Activations in flight: every micro-batch's under GPipe; min(M, P - s) on stage s under 1F1B
+// (stage 0 keeps the most). The gradients are scaled by 1 / M in place at the end
+// (perform_reduce_grad: div_, no allocation).
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "vramscope/runtime/data_parallel.hpp"
+#include "vramscope/runtime/modules.hpp"
+#include "vramscope/runtime/runtime.hpp"
+
+namespace mem::nn::detail {
+
+class PipelineParallel {
+ public:
+  /// The stage's part of the model, before it is materialized: `body` keeps only the stage's
+  /// modules. Throws mem::Error for a model that is not a transformers decoder, a batch the
+  /// micro-batches do not divide, or a schedule the stages and micro-batches do not allow.
+  PipelineParallel(const ParallelConfig& config, Sequential& body, const Shape& input_shape);
+
+  bool first() const noexcept { return config_.stage == 0; }
+  bool last() const noexcept { return config_.stage + 1 == config_.pipeline_parallel; }
+  std::size_t microbatches() const noexcept { return microbatches_; }
+  /// The stage's layers, [first, last) of the decoder's.
+  std::pair<std::size_t, std::size_t> layers() const noexcept { return layers_; }
+
+  using LossFn = std::function<Tensor(const Tensor& output, const Tensor& target)>;
+  /// schedule.step(): what the last step left (its output chunks) goes, then every micro-batch
+  /// runs in the schedule's order; `input` on stage 0 and `target` on the last are the whole
+  /// batch. `activation` is the hidden states' dtype; `backward_begins` is called before the
+  /// first backward (where the step's forward phase ends).
+  void step(Runtime& rt, Sequential& body, const Tensor& input, const Tensor& target, DType activation, const LossFn& loss_fn,
+            const std::function<void()>& backward_begins);
+  /// What the schedule held so far, in order: the receive buffers, the outputs sent and the
+  /// gradients sent (until their send is waited), the last stage's outputs; each with the
+  /// action ("step 1 forward 0") begun last when it was made and when it was dropped.
+  const std::vector<CommunicationBuffer>& buffers() const noexcept { return log_; }
+
+ private:
+  struct MicroBatch;
+  /// Logs `tensor` made now, watched until its storage goes.
+  std::size_t record(const std::string& what, std::size_t microbatch, const Tensor& tensor);
+  /// Marks the watched storages gone by now as freed in the action begun last.
+  void sweep();
+
+  ParallelConfig config_;
+  std::size_t microbatches_ = 1;
+  std::int64_t batch_ = 0, seq_ = 0, hidden_ = 0;
+  std::pair<std::size_t, std::size_t> layers_{0, 0};
+  Module* rotary_ = nullptr;
+  std::vector<Tensor> output_chunks_;  ///< the last stage's outputs of the last step
+  std::vector<std::pair<std::size_t, std::weak_ptr<Storage>>> watched_;  ///< log entries not freed yet
+  std::string now_ = "construction";  ///< the action begun last
+  std::vector<CommunicationBuffer> log_;
+  std::size_t steps_ = 0;
+};
+
+}  // namespace mem::nn::detail

@@ -1,0 +1,228 @@
+#!/usr/bin/env python3
+"""check_pipeline_parallel.py VRAMSCOPE: pipeline parallel under today's PyTorch against
+`vramscope trace --parallel pp:N --buffers`, what each stage holds and when.
+
+PyTorch runs on the CPU, one rank of world size N on its fake process group: a four-layer bf16
+Llama (tests/data/h100-parallel-2026-11-26's, transformers' LlamaForCausalLM, SDPA) split as
+torchtitan splits it (generate_llm_fqn_per_model_part: the embedding and the final norm with
+lm_head count as a layer each), each stage a PipelineStage with static metadata, run by
+ScheduleGPipe or Schedule1F1B with transformers' ForCausalLMLoss as loss_fn, two steps of
+AdamW (foreach). The stage's forward is LlamaModel.forward's for its layers: cache_position
+and position_ids, the rotary embedding's cos and sin, then the layers (the last stage also
+the norm and lm_head).
+
+What the schedule holds is followed with weak references, each event labelled with the action
+(forward_one_chunk or backward_one_chunk of a micro-batch) begun last: every receive buffer
+(_RecvInfo.allocate_buffer, activations before a forward, gradients before a backward), each
+output (sent on until release_fwd_send_outputs; on the last stage the output chunk kept for
+step()'s return), each input gradient sent back (stage.bwd_cache), and the merged output step()
+returns. Each must equal vramscope's buffer log: what, micro-batch, bytes, and the actions it was
+made and dropped in. Equal logs mean the same actions in the same order on the rank, the same
+micro-batches in flight, and the same buffers for as long.
+
+Each configuration runs in a process of its own (`--rank ...` prints PyTorch's side as JSON).
+Exit 77 (skipped) without torch and transformers, unless VRAMSCOPE_REQUIRE_STACK=1 (CI).
+"""
+import json
+import subprocess
+import sys
+import tempfile
+import weakref
+from pathlib import Path
+
+from stack_python import reexec_on_stack
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = ROOT / "tests" / "data" / "h100-parallel-2026-11-26" / "ref-llama-2layer.json"
+LAYERS, BATCH, SEQ, STEPS = 4, 4, 128, 2
+# (stages, schedule, micro-batches, return_outputs): each stage of each is checked.
+RUNS = (
+    (2, "1f1b", 4, True),
+    (2, "gpipe", 4, True),
+    (4, "1f1b", 4, True),
+    (4, "gpipe", 2, False),
+    (3, "1f1b", 4, True),  # stages of 1 + embedding, 2, and 1 + norm and lm_head
+)
+
+
+def split(stages, layers):
+    """torchtitan's generate_llm_fqn_per_model_part(stages, layers, 1, 1), as layer ranges
+    (torchtitan/distributed/pipeline_parallel.py)."""
+    effective = layers + 2
+    per, extra = divmod(effective, stages)
+    out, current = [], 0
+    for s in range(stages):
+        count = per + (1 if s < extra else 0) - (1 if s in (0, stages - 1) else 0)
+        out.append((current, min(layers, current + count)))
+        current = min(layers, current + count)
+    return out
+
+
+def torch_side(stages, schedule, microbatches, return_outputs, rank):
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+    from torch.distributed.pipelining import _recv_buffers
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    dist.init_process_group("fake", rank=rank, world_size=stages, store=FakeStore())
+    cfg = LlamaConfig.from_dict({**json.loads(CONFIG.read_text()), "use_cache": False, "num_hidden_layers": LAYERS})
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    torch.set_default_dtype(torch.bfloat16)
+    full = LlamaForCausalLM(cfg)
+    torch.set_default_dtype(torch.float32)
+    first, last = rank == 0, rank == stages - 1
+    lo, hi = split(stages, LAYERS)[rank]
+
+    class Stage(nn.Module):
+        """LlamaModel.forward for the stage's layers (and the embedding, or norm and lm_head)."""
+
+        def __init__(self):
+            super().__init__()
+            self.embed_tokens = full.model.embed_tokens if first else None
+            self.rotary_emb = full.model.rotary_emb
+            self.layers = nn.ModuleList(full.model.layers[lo:hi])
+            self.norm = full.model.norm if last else None
+            self.lm_head = full.lm_head if last else None
+
+        def forward(self, x):
+            h = self.embed_tokens(x) if first else x
+            cache_position = torch.arange(h.shape[1])
+            position_ids = cache_position.unsqueeze(0)
+            position_embeddings = self.rotary_emb(h, position_ids)
+            for layer in self.layers:
+                h = layer(h, position_embeddings=position_embeddings, position_ids=position_ids)
+            return self.lm_head(self.norm(h)) if last else h
+
+    module = Stage()
+    del full
+    rows = BATCH // microbatches
+    hidden = (rows, SEQ, cfg.hidden_size)
+    inputs = (torch.empty(rows, SEQ, dtype=torch.long, device="meta") if first
+              else torch.empty(hidden, dtype=torch.bfloat16, device="meta", requires_grad=True))
+    outputs = torch.empty((rows, SEQ, cfg.vocab_size) if last else hidden, dtype=torch.bfloat16, device="meta",
+                          requires_grad=True)
+    stage = PipelineStage(module, rank, stages, torch.device("cpu"), input_args=inputs, output_args=outputs)
+
+    def loss_fn(logits, labels):
+        return ForCausalLMLoss(logits, labels, cfg.vocab_size)
+
+    kind = ScheduleGPipe if schedule == "gpipe" else Schedule1F1B
+    pipe = kind(stage, microbatches, loss_fn=loss_fn)
+    opt = torch.optim.AdamW(module.parameters(), lr=1e-3, foreach=True)
+
+    log, now, recv_kind = [], ["construction"], []
+
+    def track(tensor, what, mb):
+        entry = {"buffer": f"{what} (micro-batch {mb})", "bytes": tensor.untyped_storage().nbytes(),
+                 "allocated": now[0], "freed": ""}
+        log.append(entry)
+        weakref.finalize(tensor, lambda: entry.__setitem__("freed", now[0]))
+
+    allocate = _recv_buffers._RecvInfo.allocate_buffer
+
+    def allocate_buffer(self, device):
+        buffer = allocate(self, device)
+        track(buffer, *recv_kind[-1])
+        return buffer
+
+    _recv_buffers._RecvInfo.allocate_buffer = allocate_buffer
+    for name, what in (("get_fwd_recv_ops", "receive activations"), ("get_bwd_recv_ops", "receive gradients")):
+        original = getattr(stage, name)
+
+        def recv_ops(mb, *a, _original=original, _what=what, **k):
+            recv_kind.append((_what, mb))
+            return _original(mb, *a, **k)
+
+        setattr(stage, name, recv_ops)
+    step_no = [0]
+    forward_one_chunk, backward_one_chunk = stage.forward_one_chunk, stage.backward_one_chunk
+
+    def forward(mb, *a, **k):
+        now[0] = f"step {step_no[0]} forward {mb}"
+        out = forward_one_chunk(mb, *a, **k)
+        what = ("output chunk" if return_outputs else "output") if last else "send activations"
+        track(out, what, mb)
+        return out
+
+    def backward(mb, *a, **k):
+        now[0] = f"step {step_no[0]} backward {mb}"
+        result = backward_one_chunk(mb, *a, **k)
+        for grad in stage.bwd_cache.get(mb, ()):
+            if grad is not None and not first:
+                track(grad, "send gradients", mb)
+        return result
+
+    stage.forward_one_chunk, stage.backward_one_chunk = forward, backward
+    ids = torch.randint(0, cfg.vocab_size, (BATCH, SEQ))
+    for step in range(1, STEPS + 1):
+        step_no[0] = step
+        opt.zero_grad(set_to_none=True)
+        args = (ids,) if first else ()
+        merged = pipe.step(*args, target=ids if last else None, return_outputs=return_outputs)
+        if merged is not None and last:
+            log.append({"buffer": "merged output", "bytes": merged.untyped_storage().nbytes(), "allocated": now[0],
+                        "freed": now[0]})
+        del merged
+        opt.step()
+    return log
+
+
+def ours(exe, stages, schedule, microbatches, return_outputs, rank, tmp):
+    out = Path(tmp) / f"pp{stages}-{schedule}-{microbatches}-{rank}.json"
+    options = f"schedule={schedule},microbatches={microbatches},stage={rank},return_outputs={str(return_outputs).lower()}"
+    config = Path(tmp) / "llama-4layer.json"
+    config.write_text(json.dumps({**json.loads(CONFIG.read_text()), "num_hidden_layers": LAYERS}))
+    subprocess.run([exe, "trace", "--hf-config", str(config), "--batch", str(BATCH), "--seq", str(SEQ), "--attn", "sdpa",
+                    "--dtype", "bf16", "--device", "sim:h100-80g", "--steps", str(STEPS),
+                    "--parallel", f"pp:{stages}", "--parallel-options", options, "--buffers", str(out)],
+                   check=True, capture_output=True, text=True)
+    return [{k: r[k] for k in ("buffer", "bytes", "allocated", "freed")} for r in json.loads(out.read_text())]
+
+
+def comparable(log):
+    """Buffers still alive when the run ends ("" freed) are the last step's output chunks in
+    both; the order is the order they were made in."""
+    return [(r["buffer"], r["bytes"], r["allocated"], r["freed"] or "") for r in log]
+
+
+def main() -> int:
+    if len(sys.argv) == 7 and sys.argv[1] == "--rank":
+        stages, schedule, mbs, ret, rank = int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5] == "True", int(sys.argv[6])
+        print(json.dumps(torch_side(stages, schedule, mbs, ret, rank)))
+        return 0
+    reexec_on_stack("check_pipeline_parallel")
+    import torch
+    exe = sys.argv[1]
+    failures = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for stages, schedule, mbs, ret in RUNS:
+            for rank in range(stages):
+                label = f"pp:{stages} {schedule} M={mbs}{'' if ret else ' return_outputs=False'} stage {rank}"
+                run = subprocess.run([sys.executable, __file__, "--rank", str(stages), schedule, str(mbs), str(ret),
+                                      str(rank)], capture_output=True, text=True, timeout=600)
+                if run.returncode != 0:
+                    failures.append(f"{label}: PyTorch's run failed: {run.stderr.strip().splitlines()[-1:]}")
+                    continue
+                theirs = comparable(json.loads(run.stdout.strip().splitlines()[-1]))
+                mine = comparable(ours(exe, stages, schedule, mbs, ret, rank, tmp))
+                same = theirs == mine
+                print(f"  {label}: {len(theirs)} buffers in PyTorch, {len(mine)} in vramscope: "
+                      f"{'equal, in order, made and dropped in the same actions' if same else 'DIFFER'}")
+                if not same:
+                    for i, (a, b) in enumerate(zip(theirs + [None] * len(mine), mine + [None] * len(theirs))):
+                        if a != b:
+                            print(f"    first difference at {i}: PyTorch {a}, vramscope {b}")
+                            break
+                    failures.append(label)
+    print(f"check_pipeline_parallel: torch {torch.__version__}: "
+          f"{'every buffer equal' if not failures else 'differ: ' + ', '.join(failures)}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,183 @@
+// pipeline_parallel_test.cpp — one rank of pipeline parallel (torch.distributed.pipelining's
+// GPipe and 1F1B over torchtitan's split of a decoder): the option and its refusals, the split
+// and the schedules' orders as PyTorch runs them, the stage's parameters, and the micro-batches
+// in flight exactly. Their buffers, in order, against PyTorch itself are
+// tests/models/check_pipeline_parallel.py's.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "test_util.hpp"
+#include "vramscope/models/hf_config.hpp"
+#include "vramscope/models/zoo.hpp"
+#include "vramscope/runtime/training.hpp"
+
+namespace mem::nn {
+namespace {
+
+// The two-layer Llama of tests/data/h100-parallel-2026-11-26 with four layers.
+constexpr const char* kLlama = R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+  "hidden_size": 512, "intermediate_size": 1376, "num_attention_heads": 8, "num_key_value_heads": 4,
+  "head_dim": 64, "num_hidden_layers": 4, "vocab_size": 32000, "max_position_embeddings": 1024,
+  "rms_norm_eps": 1e-06, "tie_word_embeddings": false})";
+
+using test::error_of;
+
+TrainConfig llama(const std::string& parallel_options, const std::string& options = "batch=4,seq=128,attn=sdpa",
+                  const std::string& parallel = "pp:2") {
+  TrainConfig cfg;
+  cfg.model = models::HfConfig::parse(kLlama, "ref-llama", "test");
+  cfg.model_options = ModelOptions::parse(options);
+  cfg.precision = Precision::BF16;
+  cfg.device = "sim:h100-80g";
+  cfg.steps = 1;
+  cfg.parallel = parse_parallel(parallel, parallel_options);
+  return cfg;
+}
+
+struct OneStep {
+  explicit OneStep(const TrainConfig& cfg)
+      : device(make_device(device_spec_for(cfg))), alloc(device, {}), trainer(cfg, alloc), stats(trainer.step()) {}
+  std::shared_ptr<Device> device;
+  CachingAllocator alloc;
+  Trainer trainer;
+  StepStats stats;
+};
+
+std::string order(const std::vector<PipelineAction>& actions) {
+  std::string out;
+  for (const PipelineAction& a : actions) out += (out.empty() ? "" : " ") + std::string(a.forward ? "F" : "B") + std::to_string(a.microbatch);
+  return out;
+}
+
+TEST(PipelineParallel, OptionsAndRefusals) {
+  EXPECT_EQ(parallel_label(parse_parallel("pp:4")), "pp:4");
+  EXPECT_EQ(parallel_label(parse_parallel("pp:4", "schedule=GPipe,microbatches=8,stage=3,return_outputs=false")),
+            "pp:4 schedule=gpipe,microbatches=8,return_outputs=false,stage=3");
+  EXPECT_EQ(parse_parallel("pp:4").gpus(), 4u);
+  EXPECT_NE(error_of([] { parse_parallel("pp:4", "schedule=Interleaved1F1B"); }).find("not modelled yet"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { parse_parallel("pp:4", "schedule=2f2b"); }).find("expected gpipe or 1f1b"), std::string::npos);
+  EXPECT_NE(error_of([] { parse_parallel("pp:4", "microbatches=0"); }).find("at least one"), std::string::npos);
+  EXPECT_NE(error_of([] { parse_parallel("pp:4", "stage=4"); }).find("below 4"), std::string::npos);
+  EXPECT_NE(error_of([] { parse_parallel("pp:4", "bucket_cap_mb=5"); }).find("not an option of pp"), std::string::npos);
+  EXPECT_NE(error_of([] { parse_parallel("pp:4xfsdp:8"); }).find("alone"), std::string::npos);
+  EXPECT_NE(error_of([] { parse_parallel("pp:4", "stage=1,stage=2"); }).find("twice"), std::string::npos);
+
+  // What the schedules and PipelineStage refuse, and what is not modelled, before anything is made.
+  const auto refused = [](const TrainConfig& cfg) {
+    return error_of([&] {
+      auto device = make_device(device_spec_for(cfg));
+      CachingAllocator alloc(device, {});
+      Trainer trainer(cfg, alloc);
+    });
+  };
+  EXPECT_NE(refused(llama("microbatches=1")).find("must be at least the number of stages"), std::string::npos);
+  EXPECT_NE(refused(llama("microbatches=3")).find("do not divide the batch"), std::string::npos);
+  EXPECT_NE(refused(llama("microbatches=8")).find("at least one sample each"), std::string::npos);
+  EXPECT_NE(refused(llama("", "batch=4,seq=128,attn=sdpa,checkpoint=non-reentrant")).find("checkpointing"),
+            std::string::npos);
+  TrainConfig mlp;
+  mlp.model = models::find("mlp");
+  mlp.parallel = parse_parallel("pp:2");
+  EXPECT_NE(refused(mlp).find("transformers decoder"), std::string::npos);
+  TrainConfig computing = llama("");
+  computing.mode = ExecMode::Compute;
+  EXPECT_NE(refused(computing).find("dry run only"), std::string::npos);
+}
+
+TEST(PipelineParallel, TorchtitansSplit) {
+  // generate_llm_fqn_per_model_part(8, 32): 34 effective layers, 4 per stage and 2 more for the
+  // first two; the embedding and norm + lm_head take one each.
+  const auto split = pipeline_split(32, 8);
+  ASSERT_EQ(split.size(), 8u);
+  EXPECT_EQ(split[0], (std::pair<std::size_t, std::size_t>{0, 4}));
+  EXPECT_EQ(split[1], (std::pair<std::size_t, std::size_t>{4, 9}));
+  EXPECT_EQ(split[2], (std::pair<std::size_t, std::size_t>{9, 13}));
+  EXPECT_EQ(split[7], (std::pair<std::size_t, std::size_t>{29, 32}));
+  // Four layers over four stages: 2 + 2 + 1 + 1 effective; the last stage is norm and lm_head alone.
+  EXPECT_EQ(pipeline_split(4, 4),
+            (std::vector<std::pair<std::size_t, std::size_t>>{{0, 1}, {1, 3}, {3, 4}, {4, 4}}));
+  EXPECT_NE(error_of([] { pipeline_split(1, 4); }).find("leave a stage empty"), std::string::npos);
+}
+
+TEST(PipelineParallel, SchedulesRunInPyTorchsOrder) {
+  // As torch 2.15 executed them, P = 4, M = 8 (forward_one_chunk / backward_one_chunk calls).
+  EXPECT_EQ(order(pipeline_actions(PipelineSchedule::OneF1B, 4, 0, 8)),
+            "F0 F1 F2 F3 B0 F4 B1 F5 B2 F6 B3 F7 B4 B5 B6 B7");
+  EXPECT_EQ(order(pipeline_actions(PipelineSchedule::OneF1B, 4, 1, 8)),
+            "F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 F6 B4 F7 B5 B6 B7");
+  EXPECT_EQ(order(pipeline_actions(PipelineSchedule::OneF1B, 4, 3, 8)),
+            "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 F6 B6 F7 B7");
+  EXPECT_EQ(order(pipeline_actions(PipelineSchedule::GPipe, 4, 2, 3)), "F0 F1 F2 B0 B1 B2");
+}
+
+TEST(PipelineParallel, StageHoldsItsLayersOnly) {
+  // pp:2 of four layers: stage 0 the embedding and layers 0-1, stage 1 layers 2-3, the norm and lm_head.
+  constexpr std::int64_t kLayer = 2 * (512 * 512 + 2 * 256 * 512 + 512 * 512 + 3 * 1376 * 512 + 2 * 512);
+  constexpr std::int64_t kTable = 2 * 32000 * 512;
+  OneStep first(llama("microbatches=2"));
+  OneStep last(llama("microbatches=2,stage=1"));
+  EXPECT_EQ(first.trainer.report().parameter_bytes, kTable + 2 * kLayer);
+  EXPECT_EQ(last.trainer.report().parameter_bytes, 2 * kLayer + 2 * 512 + kTable);
+  EXPECT_EQ(first.trainer.model().body().size(), 4u);  // embed_tokens, rotary_emb, 2 layers
+  EXPECT_EQ(last.trainer.model().body().size(), 5u);   // rotary_emb, 2 layers, norm, lm_head
+}
+
+// The forward phase (until the first backward) of a middle stage grows, past the batch, by what is made once (the
+// cuBLAS workspace) and by each micro-batch in flight: its receive buffer and what its layers
+// save. GPipe keeps all M; 1F1B P - s of them, however many there are, and the last one's output,
+// not released before the first backward.
+TEST(PipelineParallel, MicroBatchesInFlightExactly) {
+  const auto growth = [](const std::string& options, int batch) {
+    const OneStep run(llama(options, "batch=" + std::to_string(batch) + ",seq=128,attn=sdpa", "pp:4"));
+    // Less the batch and the labels every rank uploads ([B, S] i64 each).
+    return run.stats.forward.allocated_end - run.stats.forward.allocated_begin - 2 * batch * 128 * 8;
+  };
+  const std::int64_t gpipe4 = growth("schedule=gpipe,microbatches=4,stage=1", 4);
+  const std::int64_t gpipe2 = growth("schedule=gpipe,microbatches=2,stage=1", 2);
+  const std::int64_t unit = (gpipe4 - gpipe2) / 2;  // one micro-batch of one sample
+  const std::int64_t once = gpipe2 - 2 * unit;
+  const std::int64_t output = 1 * 128 * 512 * 2;  // its [1, S, H] bf16 hidden states
+  ASSERT_GT(unit, output);
+  ASSERT_EQ((gpipe4 - gpipe2) % 2, 0);
+  EXPECT_EQ(growth("schedule=gpipe,microbatches=8,stage=1", 8), once + 8 * unit);
+  // Stage 1 of 4 under 1F1B: 3 micro-batches in flight, whether there are 4 or 8.
+  EXPECT_EQ(growth("microbatches=4,stage=1", 4), once + 3 * unit + output);
+  EXPECT_EQ(growth("microbatches=8,stage=1", 8), once + 3 * unit + output);
+  // Every buffer received is accounted: stage 1 received 4 micro-batches' activations and
+  // gradients, [1, 128, 512] bf16 each.
+  const OneStep run(llama("microbatches=4,stage=1", "batch=4,seq=128,attn=sdpa", "pp:4"));
+  const auto buffers = run.trainer.communication_buffers();
+  const auto count = [&](const std::string& what) {
+    return std::count_if(buffers.begin(), buffers.end(), [&](const CommunicationBuffer& b) {
+      return b.what.starts_with(what) && b.bytes == static_cast<std::size_t>(output);
+    });
+  };
+  EXPECT_EQ(count("receive activations"), 4);
+  EXPECT_EQ(count("receive gradients"), 4);
+  EXPECT_EQ(count("send activations"), 4);
+  EXPECT_EQ(count("send gradients"), 4);
+}
+
+// The last stage keeps every micro-batch's logits until the next step (return_outputs=True) and
+// makes torch.cat of them: the optimizer's phase holds them; without return_outputs it does not.
+TEST(PipelineParallel, LastStageKeepsItsOutputs) {
+  const std::int64_t logits = 4 * 128 * 32000 * 2;  // the batch's bf16 logits
+  const OneStep keeping(llama("microbatches=4,stage=1"));
+  const OneStep dropping(llama("microbatches=4,stage=1,return_outputs=false"));
+  // Each chunk's 8,192,000 B block may carry a remainder under 1 MiB that the caching allocator
+  // does not split off (kLargeBuffer's rule): allocated counts blocks.
+  const std::int64_t kept = keeping.stats.optimizer.allocated_begin - dropping.stats.optimizer.allocated_begin;
+  EXPECT_GE(kept, logits);
+  EXPECT_LT(kept, logits + 4 * (std::int64_t{1} << 20));
+  const auto buffers = keeping.trainer.communication_buffers();
+  EXPECT_EQ(buffers.back().what, "merged output");
+  EXPECT_EQ(buffers.back().bytes, static_cast<std::size_t>(logits));
+}
+
+}  // namespace
+}  // namespace mem::nn
