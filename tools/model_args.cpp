@@ -366,7 +366,9 @@ void add_parallel_options(CLI::App& app, ParallelArgs& args, bool list) {
                  std::string("the step on several GPUs, each rank's memory: ddp:N (DistributedDataParallel, one "
                              "process per GPU), fsdp:N (FSDP2: fully_shard on each block, then the root), zero1:N, zero2:N "
                              "or zero3:N (DeepSpeed's ZeRO stage 1, 2 or 3, bf16 or f16 with its FusedAdam), tp:N (tensor + "
-                             "sequence parallel: torchtitan's Llama plan through DTensor, on a --hf-config decoder) or none") +
+                             "sequence parallel: torchtitan's Llama plan through DTensor, on a --hf-config decoder), "
+                             "fsdp:MxTP:N (FSDP2 over tensor parallel), pp:N (pipeline stages: torchtitan's split of a "
+                             "--hf-config decoder through torch.distributed.pipelining's schedules) or none") +
                      (list ? "; a list (none,ddp:8,fsdp:8,zero2:8) gives each its rows" : ""))
       ->check(non_empty())
       ->capture_default_str();
@@ -382,7 +384,11 @@ void add_parallel_options(CLI::App& app, ParallelArgs& args, bool list) {
                  "stage3_model_persistence_threshold, stage3_max_live_parameters, stage3_max_reuse_distance, and "
                  "sub_group_size, zero3_init_flag=false (the model built whole on the GPU, not under zero.Init); "
                  "tp: sequence_parallel=true (the plan modelled), loss_parallel=true|false (torchtitan's default "
-                 "true: the logits stay sharded on the vocabulary and the loss is computed on the shards), rank=R)")
+                 "true: the logits stay sharded on the vocabulary and the loss is computed on the shards), rank=R; "
+                 "pp: schedule=1f1b|gpipe (Schedule1F1B, torchtitan's default, or ScheduleGPipe), microbatches=M "
+                 "(n_microbatches, dividing the batch; default: the batch, one sample each), return_outputs=true|false "
+                 "(step()'s: the last stage keeps the logits until the next step), stage=S (the stage shown; 0 keeps "
+                 "the most activations))")
       ->check(non_empty());
   app.add_option("--topology", args.topology,
                  "with --parallel: how the node's GPUs talk, which decides NCCL's buffers on each GPU (outside "
@@ -434,7 +440,7 @@ std::string assumptions_note(const std::vector<std::string>& assumed) {
 
 std::string parallel_note(const std::vector<nn::ParallelConfig>& configs, const DeviceInfo& device) {
   std::string out;
-  bool nccl_said = false;
+  bool nccl_said = false, pipeline_said = false;
   std::vector<std::string> communicators;  // NCCL's notes said so far
   for (const nn::ParallelConfig& config : configs) {
     if (!config.enabled()) continue;
@@ -475,6 +481,8 @@ std::string parallel_note(const std::vector<nn::ParallelConfig>& configs, const 
         : config.engine == nn::ParallelEngine::Ddp
             ? "each rank alike (DistributedDataParallel runs the whole step on each GPU and adds its gradient "
               "buckets and broadcasts)"
+        : config.pipeline_parallel > 1 && pipeline_said
+            ? "stage " + std::to_string(config.stage) + "'s of " + std::to_string(config.pipeline_parallel) + " (as above)"
         : config.pipeline_parallel > 1
             ? "stage " + std::to_string(config.stage) + "'s of " + std::to_string(config.pipeline_parallel) +
                   " (torchtitan's split: the embedding and the final norm with lm_head count as a layer each, stage 0 "
@@ -512,6 +520,7 @@ std::string parallel_note(const std::vector<nn::ParallelConfig>& configs, const 
                   "; position_ids passed by the caller)";
     out += "parallel: " + nn::parallel_label(config) + ": every figure is one GPU's, " + engine + tensor_parallel +
            "\n";
+    pipeline_said = pipeline_said || config.pipeline_parallel > 1;
   }
   return out;
 }

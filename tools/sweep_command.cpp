@@ -160,11 +160,21 @@ planner::SweepSpec make_spec(const SweepArgs& args) {
   }
   // FSDP's ranks differ where dim 0 does not split evenly: rank 0 holds the most rows, the
   // last rank the fewest; ZeRO's by the gradients their partitions touch. Unless a rank was
-  // asked for, rank 0 and the other that differs most get their rows.
+  // asked for, rank 0 and the other that differs most get their rows; pipeline stages all do.
   if (args.parallel.options.find("rank=") == std::string::npos) {
     std::vector<nn::ParallelConfig> ranks;
     for (const nn::ParallelConfig& p : spec.parallels) {
       ranks.push_back(p);
+      // Pipeline stages hold different layers and micro-batches in flight: a row each, unless
+      // one was asked for.
+      if (p.pipeline_parallel > 1 && args.parallel.options.find("stage=") == std::string::npos) {
+        for (std::size_t stage = 1; stage < p.pipeline_parallel; ++stage) {
+          nn::ParallelConfig other = p;
+          other.stage = stage;
+          ranks.push_back(other);
+        }
+        continue;
+      }
       if (p.world_size < 2) continue;
       if (p.engine == nn::ParallelEngine::Fsdp && p.tensor_parallel < 2) {
         const auto model = spec.model->build(spec.model_options);
