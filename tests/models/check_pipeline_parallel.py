@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""check_pipeline_parallel.py VRAMSCOPE: pipeline parallel under today's PyTorch against
+"""check_pipeline_parallel.py VRAMSCOPE [--all]: pipeline parallel under today's PyTorch against
 `vramscope trace --parallel pp:N --buffers`, what each stage holds and when.
 
 PyTorch runs on the CPU, one rank of world size N on its fake process group: a four-layer bf16
@@ -35,13 +35,15 @@ from stack_python import reexec_on_stack
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "tests" / "data" / "h100-parallel-2026-11-26" / "ref-llama-2layer.json"
 LAYERS, BATCH, SEQ, STEPS = 4, 4, 128, 2
-# (stages, schedule, micro-batches, return_outputs): each stage of each is checked.
+# (stages, schedule, micro-batches, return_outputs): each stage of each is checked. CI runs the
+# first two (every kind of stage under both schedules); `--all` (ctest models.pipeline_parallel_all,
+# label coverage) the rest too.
 RUNS = (
+    (3, "1f1b", 4, True),  # stages of 1 + embedding, 2, and 1 + norm and lm_head
+    (4, "gpipe", 2, False),
     (2, "1f1b", 4, True),
     (2, "gpipe", 4, True),
     (4, "1f1b", 4, True),
-    (4, "gpipe", 2, False),
-    (3, "1f1b", 4, True),  # stages of 1 + embedding, 2, and 1 + norm and lm_head
 )
 
 
@@ -198,9 +200,10 @@ def main() -> int:
     reexec_on_stack("check_pipeline_parallel")
     import torch
     exe = sys.argv[1]
+    runs = RUNS if "--all" in sys.argv[2:] else RUNS[:2]
     failures = []
     with tempfile.TemporaryDirectory() as tmp:
-        for stages, schedule, mbs, ret in RUNS:
+        for stages, schedule, mbs, ret in runs:
             for rank in range(stages):
                 label = f"pp:{stages} {schedule} M={mbs}{'' if ret else ' return_outputs=False'} stage {rank}"
                 run = subprocess.run([sys.executable, __file__, "--rank", str(stages), schedule, str(mbs), str(ret),
