@@ -7,7 +7,8 @@ Llama (tests/data/h100-parallel-2026-11-26's, transformers' LlamaForCausalLM, SD
 torchtitan splits it (generate_llm_fqn_per_model_part: the embedding and the final norm with
 lm_head count as a layer each), each stage a PipelineStage with static metadata, run by
 ScheduleGPipe or Schedule1F1B with transformers' ForCausalLMLoss as loss_fn, two steps of
-AdamW (foreach). The stage's forward is LlamaModel.forward's for its layers: cache_position
+AdamW (foreach), plain or with every decoder layer checkpointed (gradient_checkpointing_enable,
+non-reentrant). The stage's forward is LlamaModel.forward's for its layers: cache_position
 and position_ids, the rotary embedding's cos and sin, then the layers (the last stage also
 the norm and lm_head).
 
@@ -35,15 +36,16 @@ from stack_python import reexec_on_stack
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "tests" / "data" / "h100-parallel-2026-11-26" / "ref-llama-2layer.json"
 LAYERS, BATCH, SEQ, STEPS = 4, 4, 128, 2
-# (stages, schedule, micro-batches, return_outputs): each stage of each is checked. CI runs the
-# first two (every kind of stage under both schedules); `--all` (ctest models.pipeline_parallel_all,
-# label coverage) the rest too.
+# (stages, schedule, micro-batches, return_outputs, checkpointed): each stage of each is checked. CI runs the
+# first two (every kind of stage under both schedules); `--all` (ctest
+# models.pipeline_parallel_all, label coverage) the rest too.
 RUNS = (
-    (3, "1f1b", 4, True),  # stages of 1 + embedding, 2, and 1 + norm and lm_head
-    (4, "gpipe", 2, False),
-    (2, "1f1b", 4, True),
-    (2, "gpipe", 4, True),
-    (4, "1f1b", 4, True),
+    (3, "1f1b", 4, True, False),  # stages of 1 + embedding, 2, and 1 + norm and lm_head
+    (4, "gpipe", 2, False, True),  # every decoder layer checkpointed (non-reentrant)
+    (2, "1f1b", 4, True, False),
+    (2, "gpipe", 4, True, False),
+    (4, "1f1b", 4, True, False),
+    (4, "1f1b", 4, True, True),
 )
 
 
@@ -60,7 +62,7 @@ def split(stages, layers):
     return out
 
 
-def torch_side(stages, schedule, microbatches, return_outputs, rank):
+def torch_side(stages, schedule, microbatches, return_outputs, checkpointed, rank):
     import torch
     import torch.distributed as dist
     from torch import nn
@@ -77,6 +79,9 @@ def torch_side(stages, schedule, microbatches, return_outputs, rank):
     torch.set_default_dtype(torch.bfloat16)
     full = LlamaForCausalLM(cfg)
     torch.set_default_dtype(torch.float32)
+    if checkpointed:
+        full.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    full.train()
     first, last = rank == 0, rank == stages - 1
     lo, hi = split(stages, LAYERS)[rank]
 
@@ -174,14 +179,15 @@ def torch_side(stages, schedule, microbatches, return_outputs, rank):
     return log
 
 
-def ours(exe, stages, schedule, microbatches, return_outputs, rank, tmp):
-    out = Path(tmp) / f"pp{stages}-{schedule}-{microbatches}-{rank}.json"
+def ours(exe, stages, schedule, microbatches, return_outputs, checkpointed, rank, tmp):
+    out = Path(tmp) / f"pp{stages}-{schedule}-{microbatches}-{checkpointed}-{rank}.json"
     options = f"schedule={schedule},microbatches={microbatches},stage={rank},return_outputs={str(return_outputs).lower()}"
     config = Path(tmp) / "llama-4layer.json"
     config.write_text(json.dumps({**json.loads(CONFIG.read_text()), "num_hidden_layers": LAYERS}))
     subprocess.run([exe, "trace", "--hf-config", str(config), "--batch", str(BATCH), "--seq", str(SEQ), "--attn", "sdpa",
                     "--dtype", "bf16", "--device", "sim:h100-80g", "--steps", str(STEPS),
-                    "--parallel", f"pp:{stages}", "--parallel-options", options, "--buffers", str(out)],
+                    "--parallel", f"pp:{stages}", "--parallel-options", options, "--buffers", str(out),
+                    *(["--gradient-checkpointing", "non-reentrant"] if checkpointed else [])],
                    check=True, capture_output=True, text=True)
     return [{k: r[k] for k in ("buffer", "bytes", "allocated", "freed")} for r in json.loads(out.read_text())]
 
@@ -193,9 +199,9 @@ def comparable(log):
 
 
 def main() -> int:
-    if len(sys.argv) == 7 and sys.argv[1] == "--rank":
-        stages, schedule, mbs, ret, rank = int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5] == "True", int(sys.argv[6])
-        print(json.dumps(torch_side(stages, schedule, mbs, ret, rank)))
+    if len(sys.argv) == 8 and sys.argv[1] == "--rank":
+        stages, schedule, mbs, rank = int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), int(sys.argv[7])
+        print(json.dumps(torch_side(stages, schedule, mbs, sys.argv[5] == "True", sys.argv[6] == "True", rank)))
         return 0
     reexec_on_stack("check_pipeline_parallel")
     import torch
@@ -203,16 +209,17 @@ def main() -> int:
     runs = RUNS if "--all" in sys.argv[2:] else RUNS[:2]
     failures = []
     with tempfile.TemporaryDirectory() as tmp:
-        for stages, schedule, mbs, ret in runs:
+        for stages, schedule, mbs, ret, ckpt in runs:
             for rank in range(stages):
-                label = f"pp:{stages} {schedule} M={mbs}{'' if ret else ' return_outputs=False'} stage {rank}"
+                label = (f"pp:{stages} {schedule} M={mbs}{'' if ret else ' return_outputs=False'}"
+                         f"{' checkpointed' if ckpt else ''} stage {rank}")
                 run = subprocess.run([sys.executable, __file__, "--rank", str(stages), schedule, str(mbs), str(ret),
-                                      str(rank)], capture_output=True, text=True, timeout=600)
+                                      str(ckpt), str(rank)], capture_output=True, text=True, timeout=600)
                 if run.returncode != 0:
                     failures.append(f"{label}: PyTorch's run failed: {run.stderr.strip().splitlines()[-1:]}")
                     continue
                 theirs = comparable(json.loads(run.stdout.strip().splitlines()[-1]))
-                mine = comparable(ours(exe, stages, schedule, mbs, ret, rank, tmp))
+                mine = comparable(ours(exe, stages, schedule, mbs, ret, ckpt, rank, tmp))
                 same = theirs == mine
                 print(f"  {label}: {len(theirs)} buffers in PyTorch, {len(mine)} in vramscope: "
                       f"{'equal, in order, made and dropped in the same actions' if same else 'DIFFER'}")

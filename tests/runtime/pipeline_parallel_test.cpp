@@ -78,8 +78,9 @@ TEST(PipelineParallel, OptionsAndRefusals) {
   EXPECT_NE(refused(llama("microbatches=1")).find("must be at least the number of stages"), std::string::npos);
   EXPECT_NE(refused(llama("microbatches=3")).find("do not divide the batch"), std::string::npos);
   EXPECT_NE(refused(llama("microbatches=8")).find("at least one sample each"), std::string::npos);
-  EXPECT_NE(refused(llama("", "batch=4,seq=128,attn=sdpa,checkpoint=non-reentrant")).find("checkpointing"),
-            std::string::npos);
+  TrainConfig offloading = llama("");
+  offloading.offload_activations = true;
+  EXPECT_NE(refused(offloading).find("--offload activations"), std::string::npos);
   TrainConfig mlp;
   mlp.model = models::find("mlp");
   mlp.parallel = parse_parallel("pp:2");
@@ -161,6 +162,32 @@ TEST(PipelineParallel, MicroBatchesInFlightExactly) {
   EXPECT_EQ(count("receive gradients"), 4);
   EXPECT_EQ(count("send activations"), 4);
   EXPECT_EQ(count("send gradients"), 4);
+}
+
+// With every layer checkpointed, each micro-batch in flight keeps its layers' inputs (and its
+// own rotary cos and sin for the recompute, as transformers' checkpointed calls hold them), and
+// each backward recomputes its own micro-batch: the same in-flight arithmetic, a smaller unit.
+TEST(PipelineParallel, CheckpointedMicroBatchesInFlight) {
+  const auto run = [](const std::string& options, int batch) {
+    return std::make_unique<OneStep>(
+        llama(options, "batch=" + std::to_string(batch) + ",seq=128,attn=sdpa,checkpoint=non-reentrant", "pp:4"));
+  };
+  const auto growth = [](const OneStep& r, int batch) {
+    return r.stats.forward.allocated_end - r.stats.forward.allocated_begin - 2 * batch * 128 * 8;
+  };
+  const auto gpipe4 = run("schedule=gpipe,microbatches=4,stage=1", 4);
+  const auto gpipe2 = run("schedule=gpipe,microbatches=2,stage=1", 2);
+  const std::int64_t unit = (growth(*gpipe4, 4) - growth(*gpipe2, 2)) / 2;
+  const std::int64_t once = growth(*gpipe2, 2) - 2 * unit;
+  const std::int64_t output = 1 * 128 * 512 * 2;
+  const auto plain = std::make_unique<OneStep>(llama("schedule=gpipe,microbatches=4,stage=1", "batch=4,seq=128,attn=sdpa", "pp:4"));
+  EXPECT_LT(growth(*gpipe4, 4), growth(*plain, 4));  // checkpointing keeps less per micro-batch
+  EXPECT_GT(unit, output);
+  EXPECT_EQ(growth(*run("microbatches=8,stage=1", 8), 8), once + 3 * unit + output);
+  // Every recompute found its own call's inputs: each layer reran once per micro-batch, all of
+  // the forward but the rotary embedding's cos and sin (computed outside the layers).
+  EXPECT_LT(gpipe4->stats.flops.recompute, gpipe4->stats.flops.forward);
+  EXPECT_GT(gpipe4->stats.flops.recompute, 0.999 * gpipe4->stats.flops.forward);
 }
 
 // The last stage keeps every micro-batch's logits until the next step (return_outputs=True) and

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <deque>
 #include <functional>
 #include <limits>
 #include <tuple>
@@ -28,6 +29,10 @@ class DecoderInputs final : public Module {
  public:
   void set_sequence_shards(std::int64_t shards) noexcept { shards_ = shards; }
   void release() noexcept { state_->clear(); }
+  void hold_per_call(std::uint64_t step) noexcept {
+    state_->per_call = true;
+    state_->step = step;
+  }
   DecoderInputs(const DecoderConfig& c, State state, double theta)
       : Module("LlamaRotaryEmbedding"), eager_(c.attention == AttentionImpl::Eager), mistral_mask_(c.mistral_mask),
         window_(c.sliding_window), dim_(c.head_dim),
@@ -325,12 +330,17 @@ class DecoderLayer final : public Module {
       args = *state_;
       // Under checkpoint(), the layer's arguments (mask, cos and sin) stay with the checkpoint
       // until it recomputes in backward, after LlamaModel.forward returned. One forward's
-      // worth: a second forward before the backward replaces them.
-      if (checkpointed_call()) held_ = args;
+      // worth: a second forward before the backward replaces them; under pipeline parallel
+      // each micro-batch's call keeps its own, recomputed in the order they ran.
+      if (checkpointed_call()) {
+        if (!state_->per_call) held_.clear();
+        held_.emplace_back(state_->step, args);
+      }
     } else {
-      if (!held_.cos.defined()) throw Error("internal: " + path() + " ran without LlamaModel's inputs");
-      args = std::move(held_);
-      held_.clear();
+      while (!held_.empty() && held_.front().first != state_->step) held_.pop_front();  // a step's leftovers
+      if (held_.empty()) throw Error("internal: " + path() + " ran without LlamaModel's inputs");
+      args = std::move(held_.front().second);
+      held_.pop_front();
     }
     AttentionCall call(static_cast<Attention&>(*attn_), args);
     Tensor h;
@@ -351,7 +361,7 @@ class DecoderLayer final : public Module {
 
  private:
   State state_;
-  DecoderState held_;
+  std::deque<std::pair<std::uint64_t, DecoderState>> held_;  ///< (step, inputs) of calls not recomputed yet
   Module *attn_, *mlp_, *ln1_, *ln2_;
 };
 
@@ -513,6 +523,12 @@ void set_sequence_shards(Module& rotary, std::int64_t shards) {
   auto* inputs = dynamic_cast<DecoderInputs*>(&rotary);
   if (inputs == nullptr) throw Error(rotary.path() + " is not a decoder's rotary embedding");
   inputs->set_sequence_shards(shards);
+}
+
+void hold_inputs_per_call(Module& rotary, std::uint64_t step) {
+  auto* inputs = dynamic_cast<DecoderInputs*>(&rotary);
+  if (inputs == nullptr) throw Error(rotary.path() + " is not a decoder's rotary embedding");
+  inputs->hold_per_call(step);
 }
 
 void release_decoder_inputs(Module& rotary) {

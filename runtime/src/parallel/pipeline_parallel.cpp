@@ -170,6 +170,7 @@ void PipelineParallel::sweep() {
 void PipelineParallel::step(Runtime& rt, Sequential& body, const Tensor& input, const Tensor& target, DType activation,
                             const LossFn& loss_fn, const std::function<void()>& backward_begins) {
   ++steps_;
+  hold_inputs_per_call(*rotary_, steps_);
   // step() begins with clear_runtime_states: the last step's output chunks go.
   output_chunks_.clear();
   sweep();

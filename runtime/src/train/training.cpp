@@ -212,11 +212,6 @@ Trainer::Trainer(const TrainConfig& config, CachingAllocator& allocator)
       }
     }
     if (config.parallel.pipeline_parallel > 1) {
-      if (model_->info().checkpointed_modules > 0 || (config.checkpoint_modules && !config.checkpoint_modules->empty())) {
-        throw Error("pp with activation checkpointing is not modelled yet: each checkpointed layer would keep one "
-                    "micro-batch's rotary inputs for its recompute where PyTorch keeps one per micro-batch in flight; "
-                    "give checkpoint=none");
-      }
       if (config.offload_activations) throw Error("pp with --offload activations is not modelled yet; give one of them");
       if (config.optimizer.kind == OptimizerKind::Adam8bit) {
         throw Error("pp with adam8bit is not modelled yet (its state is made for the stage's parameters only); give adam");

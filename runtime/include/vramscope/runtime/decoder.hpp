@@ -87,6 +87,10 @@ struct DecoderConfig {
 /// LlamaModel.forward); autograd keeps what it saved.
 struct DecoderState {
   Tensor cos, sin, mask, cache_position, position_ids;
+  /// Pipeline parallel: checkpointed layers keep each call's inputs until its recompute (several
+  /// micro-batches' forwards run before their backwards); `step` is the schedule's step.
+  bool per_call = false;
+  std::uint64_t step = 0;
   void clear() noexcept { cos = sin = mask = cache_position = position_ids = Tensor{}; }
 };
 
@@ -166,5 +170,11 @@ void set_sequence_shards(Module& rotary, std::int64_t shards);
 /// locals (cache_position, cos, sin, the mask) die with the stage's return; autograd keeps
 /// what it saved of them. Throws mem::Error when `rotary` is not a decoder's.
 void release_decoder_inputs(Module& rotary);
+/// Pipeline parallel: several micro-batches' forwards run before their backwards, so each
+/// checkpointed layer keeps every call's inputs (cos, sin, the mask) for its recompute, in
+/// order, as the closures of transformers' checkpointed calls hold them; a schedule's `step`
+/// begins (what a call never recomputed left goes). Throws mem::Error when `rotary` is not a
+/// decoder's.
+void hold_inputs_per_call(Module& rotary, std::uint64_t step);
 
 }  // namespace mem::nn
