@@ -24,6 +24,7 @@ micro-batches in flight, and the same buffers for as long.
 Each configuration runs in a process of its own (`--rank ...` prints PyTorch's side as JSON).
 Exit 77 (skipped) without torch and transformers, unless VRAMSCOPE_REQUIRE_STACK=1 (CI).
 """
+import contextlib
 import json
 import subprocess
 import sys
@@ -36,16 +37,19 @@ from stack_python import reexec_on_stack
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "tests" / "data" / "h100-parallel-2026-11-26" / "ref-llama-2layer.json"
 LAYERS, BATCH, SEQ, STEPS = 4, 4, 128, 2
-# (stages, schedule, micro-batches, return_outputs, checkpointed): each stage of each is checked. CI runs the
-# first two (every kind of stage under both schedules); `--all` (ctest
+# (stages, tensor parallel, schedule, micro-batches, return_outputs, checkpointed): each stage of
+# each is checked. CI runs the first three (every kind of stage under both schedules, and tensor
+# parallel inside the stages); `--all` (ctest
 # models.pipeline_parallel_all, label coverage) the rest too.
 RUNS = (
-    (3, "1f1b", 4, True, False),  # stages of 1 + embedding, 2, and 1 + norm and lm_head
-    (4, "gpipe", 2, False, True),  # every decoder layer checkpointed (non-reentrant)
-    (2, "1f1b", 4, True, False),
-    (2, "gpipe", 4, True, False),
-    (4, "1f1b", 4, True, False),
-    (4, "1f1b", 4, True, True),
+    (3, 1, "1f1b", 4, True, False),  # stages of 1 + embedding, 2, and 1 + norm and lm_head
+    (4, 1, "gpipe", 2, False, True),  # every decoder layer checkpointed (non-reentrant)
+    (2, 2, "1f1b", 4, True, False),  # pp:2xtp:2, loss parallel: each stage's tensor-parallel rank 0
+    (2, 1, "1f1b", 4, True, False),
+    (2, 1, "gpipe", 4, True, False),
+    (4, 1, "1f1b", 4, True, False),
+    (4, 1, "1f1b", 4, True, True),
+    (2, 2, "gpipe", 2, True, True),
 )
 
 
@@ -62,7 +66,7 @@ def split(stages, layers):
     return out
 
 
-def torch_side(stages, schedule, microbatches, return_outputs, checkpointed, rank):
+def torch_side(stages, tp, schedule, microbatches, return_outputs, checkpointed, rank):
     import torch
     import torch.distributed as dist
     from torch import nn
@@ -72,7 +76,14 @@ def torch_side(stages, schedule, microbatches, return_outputs, checkpointed, ran
     from transformers import LlamaConfig, LlamaForCausalLM
     from transformers.loss.loss_utils import ForCausalLMLoss
 
-    dist.init_process_group("fake", rank=rank, world_size=stages, store=FakeStore())
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
+                                                   SequenceParallel, loss_parallel, parallelize_module)
+
+    # The mesh (pp, tp): this process is the stage's tensor-parallel rank 0.
+    dist.init_process_group("fake", rank=rank * tp, world_size=stages * tp, store=FakeStore())
+    mesh = init_device_mesh("cpu", (stages, tp), mesh_dim_names=("pp", "tp"))
     cfg = LlamaConfig.from_dict({**json.loads(CONFIG.read_text()), "use_cache": False, "num_hidden_layers": LAYERS})
     cfg._attn_implementation = "sdpa"
     torch.manual_seed(0)
@@ -99,7 +110,8 @@ def torch_side(stages, schedule, microbatches, return_outputs, checkpointed, ran
         def forward(self, x):
             h = self.embed_tokens(x) if first else x
             cache_position = torch.arange(h.shape[1])
-            position_ids = cache_position.unsqueeze(0)
+            # Sequence parallel: the caller's position_ids of the whole sequence.
+            position_ids = cache_position.unsqueeze(0) if tp == 1 else torch.arange(SEQ)[None]
             position_embeddings = self.rotary_emb(h, position_ids)
             for layer in self.layers:
                 h = layer(h, position_embeddings=position_embeddings, position_ids=position_ids)
@@ -108,12 +120,45 @@ def torch_side(stages, schedule, microbatches, return_outputs, checkpointed, ran
     module = Stage()
     del full
     rows = BATCH // microbatches
-    hidden = (rows, SEQ, cfg.hidden_size)
+    hidden = (rows, SEQ // tp, cfg.hidden_size)
     inputs = (torch.empty(rows, SEQ, dtype=torch.long, device="meta") if first
               else torch.empty(hidden, dtype=torch.bfloat16, device="meta", requires_grad=True))
     outputs = torch.empty((rows, SEQ, cfg.vocab_size) if last else hidden, dtype=torch.bfloat16, device="meta",
                           requires_grad=True)
-    stage = PipelineStage(module, rank, stages, torch.device("cpu"), input_args=inputs, output_args=outputs)
+    grads = {}
+    if tp > 1:
+        # torchtitan's plan on the stage's modules (as check_tensor_parallel.py applies it whole),
+        # with loss_parallel: lm_head's logits stay a vocabulary-sharded DTensor.
+        group = mesh["tp"]
+        plan = {}
+        if first:
+            plan["embed_tokens"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))
+        if last:
+            plan["norm"] = SequenceParallel()
+            plan["lm_head"] = ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False)
+        if plan:
+            parallelize_module(module, group, plan)
+        for layer in module.layers:
+            parallelize_module(layer, group, {
+                "input_layernorm": SequenceParallel(), "post_attention_layernorm": SequenceParallel(),
+                "self_attn": PrepareModuleInput(input_kwarg_layouts={"hidden_states": Shard(1)},
+                                                desired_input_kwarg_layouts={"hidden_states": Replicate()}),
+                "self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
+                "self_attn.v_proj": ColwiseParallel(), "self_attn.o_proj": RowwiseParallel(output_layouts=Shard(1)),
+                "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+                "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
+                "mlp.down_proj": RowwiseParallel(output_layouts=Shard(1))})
+        if last:
+            # A DTensor stage output needs its gradient's metadata too (static metadata on the fake group).
+            def logits(grad):
+                local = torch.empty(rows, SEQ, cfg.vocab_size // tp, dtype=torch.bfloat16, device="meta",
+                                    requires_grad=grad)
+                return DTensor.from_local(local, group, [Shard(2)], run_check=False)
+            outputs = logits(True)
+            grads = {"output_grads": logits(False),
+                     "input_grads": torch.empty(hidden, dtype=torch.bfloat16, device="meta")}
+    stage = PipelineStage(module, rank, stages, torch.device("cpu"), input_args=inputs, output_args=outputs,
+                          group=mesh["pp"].get_group(), **grads)
 
     def loss_fn(logits, labels):
         return ForCausalLMLoss(logits, labels, cfg.vocab_size)
@@ -125,6 +170,7 @@ def torch_side(stages, schedule, microbatches, return_outputs, checkpointed, ran
     log, now, recv_kind = [], ["construction"], []
 
     def track(tensor, what, mb):
+        tensor = getattr(tensor, "_local_tensor", tensor)  # a DTensor's local shard, which it holds
         entry = {"buffer": f"{what} (micro-batch {mb})", "bytes": tensor.untyped_storage().nbytes(),
                  "allocated": now[0], "freed": ""}
         log.append(entry)
@@ -170,8 +216,10 @@ def torch_side(stages, schedule, microbatches, return_outputs, checkpointed, ran
         step_no[0] = step
         opt.zero_grad(set_to_none=True)
         args = (ids,) if first else ()
-        merged = pipe.step(*args, target=ids if last else None, return_outputs=return_outputs)
+        with loss_parallel() if tp > 1 else contextlib.nullcontext():
+            merged = pipe.step(*args, target=ids if last else None, return_outputs=return_outputs)
         if merged is not None and last:
+            merged = merged.to_local() if hasattr(merged, "to_local") else merged
             log.append({"buffer": "merged output", "bytes": merged.untyped_storage().nbytes(), "allocated": now[0],
                         "freed": now[0]})
         del merged
@@ -179,47 +227,49 @@ def torch_side(stages, schedule, microbatches, return_outputs, checkpointed, ran
     return log
 
 
-def ours(exe, stages, schedule, microbatches, return_outputs, checkpointed, rank, tmp):
-    out = Path(tmp) / f"pp{stages}-{schedule}-{microbatches}-{checkpointed}-{rank}.json"
+def ours(exe, stages, tp, schedule, microbatches, return_outputs, checkpointed, rank, tmp):
+    out = Path(tmp) / f"pp{stages}x{tp}-{schedule}-{microbatches}-{checkpointed}-{rank}.json"
     options = f"schedule={schedule},microbatches={microbatches},stage={rank},return_outputs={str(return_outputs).lower()}"
     config = Path(tmp) / "llama-4layer.json"
     config.write_text(json.dumps({**json.loads(CONFIG.read_text()), "num_hidden_layers": LAYERS}))
     subprocess.run([exe, "trace", "--hf-config", str(config), "--batch", str(BATCH), "--seq", str(SEQ), "--attn", "sdpa",
                     "--dtype", "bf16", "--device", "sim:h100-80g", "--steps", str(STEPS),
-                    "--parallel", f"pp:{stages}", "--parallel-options", options, "--buffers", str(out),
+                    "--parallel", f"pp:{stages}" + (f"xtp:{tp}" if tp > 1 else ""), "--parallel-options", options, "--buffers", str(out),
                     *(["--gradient-checkpointing", "non-reentrant"] if checkpointed else [])],
                    check=True, capture_output=True, text=True)
     return [{k: r[k] for k in ("buffer", "bytes", "allocated", "freed")} for r in json.loads(out.read_text())]
 
 
 def comparable(log):
-    """Buffers still alive when the run ends ("" freed) are the last step's output chunks in
-    both; the order is the order they were made in."""
-    return [(r["buffer"], r["bytes"], r["allocated"], r["freed"] or "") for r in log]
+    """The pipeline's buffers (tensor parallel's, listed after them, are check_tensor_parallel.py's),
+    in the order they were made in; those alive when the run ends ("" freed) are the last step's
+    output chunks in both."""
+    return [(r["buffer"], r["bytes"], r["allocated"], r["freed"] or "") for r in log
+            if "(micro-batch " in r["buffer"] or r["buffer"] == "merged output"]
 
 
 def main() -> int:
-    if len(sys.argv) == 8 and sys.argv[1] == "--rank":
-        stages, schedule, mbs, rank = int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), int(sys.argv[7])
-        print(json.dumps(torch_side(stages, schedule, mbs, sys.argv[5] == "True", sys.argv[6] == "True", rank)))
+    if len(sys.argv) == 9 and sys.argv[1] == "--rank":
+        stages, tp, schedule, mbs, rank = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], int(sys.argv[5]), int(sys.argv[8])
+        print(json.dumps(torch_side(stages, tp, schedule, mbs, sys.argv[6] == "True", sys.argv[7] == "True", rank)))
         return 0
     reexec_on_stack("check_pipeline_parallel")
     import torch
     exe = sys.argv[1]
-    runs = RUNS if "--all" in sys.argv[2:] else RUNS[:2]
+    runs = RUNS if "--all" in sys.argv[2:] else RUNS[:3]
     failures = []
     with tempfile.TemporaryDirectory() as tmp:
-        for stages, schedule, mbs, ret, ckpt in runs:
+        for stages, tp, schedule, mbs, ret, ckpt in runs:
             for rank in range(stages):
-                label = (f"pp:{stages} {schedule} M={mbs}{'' if ret else ' return_outputs=False'}"
-                         f"{' checkpointed' if ckpt else ''} stage {rank}")
-                run = subprocess.run([sys.executable, __file__, "--rank", str(stages), schedule, str(mbs), str(ret),
-                                      str(ckpt), str(rank)], capture_output=True, text=True, timeout=600)
+                label = (f"pp:{stages}{f'xtp:{tp}' if tp > 1 else ''} {schedule} M={mbs}"
+                         f"{'' if ret else ' return_outputs=False'}{' checkpointed' if ckpt else ''} stage {rank}")
+                run = subprocess.run([sys.executable, __file__, "--rank", str(stages), str(tp), schedule, str(mbs),
+                                      str(ret), str(ckpt), str(rank)], capture_output=True, text=True, timeout=600)
                 if run.returncode != 0:
                     failures.append(f"{label}: PyTorch's run failed: {run.stderr.strip().splitlines()[-1:]}")
                     continue
                 theirs = comparable(json.loads(run.stdout.strip().splitlines()[-1]))
-                mine = comparable(ours(exe, stages, schedule, mbs, ret, ckpt, rank, tmp))
+                mine = comparable(ours(exe, stages, tp, schedule, mbs, ret, ckpt, rank, tmp))
                 same = theirs == mine
                 print(f"  {label}: {len(theirs)} buffers in PyTorch, {len(mine)} in vramscope: "
                       f"{'equal, in order, made and dropped in the same actions' if same else 'DIFFER'}")

@@ -64,7 +64,13 @@ TEST(PipelineParallel, OptionsAndRefusals) {
   EXPECT_NE(error_of([] { parse_parallel("pp:4", "microbatches=0"); }).find("at least one"), std::string::npos);
   EXPECT_NE(error_of([] { parse_parallel("pp:4", "stage=4"); }).find("below 4"), std::string::npos);
   EXPECT_NE(error_of([] { parse_parallel("pp:4", "bucket_cap_mb=5"); }).find("not an option of pp"), std::string::npos);
-  EXPECT_NE(error_of([] { parse_parallel("pp:4xfsdp:8"); }).find("alone"), std::string::npos);
+  EXPECT_NE(error_of([] { parse_parallel("pp:4xfsdp:8"); }).find("not yet"), std::string::npos);
+  EXPECT_EQ(parallel_label(parse_parallel("pp:4xtp:8", "loss_parallel=false,stage=2,rank=5")),
+            "pp:4xtp:8 loss_parallel=false,stage=2,rank=5");
+  EXPECT_EQ(parse_parallel("pp:4xtp:8").gpus(), 32u);
+  EXPECT_NE(error_of([] { parse_parallel("pp:4", "loss_parallel=false"); }).find("not an option of pp"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { parse_parallel("pp:4xtp:2", "rank=2"); }).find("below 2"), std::string::npos);
   EXPECT_NE(error_of([] { parse_parallel("pp:4", "stage=1,stage=2"); }).find("twice"), std::string::npos);
 
   // What the schedules and PipelineStage refuse, and what is not modelled, before anything is made.
@@ -126,6 +132,27 @@ TEST(PipelineParallel, StageHoldsItsLayersOnly) {
   EXPECT_EQ(last.trainer.report().parameter_bytes, 2 * kLayer + 2 * 512 + kTable);
   EXPECT_EQ(first.trainer.model().body().size(), 4u);  // embed_tokens, rotary_emb, 2 layers
   EXPECT_EQ(last.trainer.model().body().size(), 5u);   // rotary_emb, 2 layers, norm, lm_head
+}
+
+// Tensor parallel inside each stage (pp:2xtp:2): the stage's part sharded as torchtitan's plan
+// shards it (the first stage's embedding rows, the last stage's lm_head columns), the hidden
+// states between stages the rank's half of the sequence, the logits kept its half of the vocabulary.
+TEST(PipelineParallel, TensorParallelInsideTheStages) {
+  constexpr std::int64_t kLayer = 2 * ((256 + 2 * 128) * 512 + 512 * 256 + 3 * 688 * 512 + 2 * 512);
+  constexpr std::int64_t kHalfTable = 2 * 16000 * 512;
+  OneStep first(llama("microbatches=4", "batch=4,seq=128,attn=sdpa", "pp:2xtp:2"));
+  OneStep last(llama("microbatches=4,stage=1", "batch=4,seq=128,attn=sdpa", "pp:2xtp:2"));
+  EXPECT_EQ(first.trainer.report().parameter_bytes, kHalfTable + 2 * kLayer);
+  EXPECT_EQ(last.trainer.report().parameter_bytes, 2 * kLayer + 2 * 512 + kHalfTable);
+  const auto buffers = last.trainer.communication_buffers();
+  const auto bytes_of = [&](const std::string& what) {
+    const auto it = std::find_if(buffers.begin(), buffers.end(),
+                                 [&](const CommunicationBuffer& b) { return b.what.starts_with(what); });
+    return it == buffers.end() ? std::size_t{0} : it->bytes;
+  };
+  EXPECT_EQ(bytes_of("receive activations"), 1u * 64 * 512 * 2);
+  EXPECT_EQ(bytes_of("output chunk"), 1u * 128 * 16000 * 2);  // loss_parallel: [b, S, V / 2]
+  EXPECT_GT(bytes_of("model.layers.2.self_attn input all-gather"), 0u);  // tensor parallel's own, after
 }
 
 // The forward phase (until the first backward) of a middle stage grows, past the batch, by what is made once (the

@@ -149,6 +149,7 @@ NcclMemory nccl_memory(const ParallelConfig& config, std::string_view device_nam
     what += (i > 0 ? "; " : "") + (groups.size() == 1 ? "" : groups[i].first + ": ") + groups[i].second.assumptions;
   }
   if (groups.size() > 1) what += "; " + format_bytes(out.bytes) + " in all";
+  if (config.pipeline_parallel > 1) what += "; the point-to-point connections between pipeline stages left out";
   out.assumptions = what;
   return out;
 }

@@ -130,10 +130,22 @@ ParallelConfig parse_pipeline_options(ParallelConfig config, std::string_view op
       if (config.microbatches == 0) throw Error("microbatches=0: a schedule runs at least one micro-batch");
     } else if (key == "return_outputs") {
       config.return_outputs = parse_bool(key, value);
-    } else if (key == "stage" || key == "rank") {
+    } else if (key == "stage") {
       config.stage = parse_count(key, value, config.pipeline_parallel);
+    } else if (config.tensor_parallel > 1 && key == "rank") {
+      config.rank = parse_count(key, value, config.tensor_parallel);  // within the stage's tensor-parallel group
+    } else if (config.tensor_parallel > 1 && key == "loss_parallel") {
+      config.loss_parallel = parse_bool(key, value);
+    } else if (config.tensor_parallel > 1 && key == "sequence_parallel") {
+      if (!parse_bool(key, value)) {
+        throw Error("sequence_parallel=false is not modelled: without it the norms stay plain tensors beside the "
+                    "DTensor projections, which PyTorch's foreach optimizers refuse (mixed torch.Tensor and DTensor)");
+      }
     } else {
-      throw Error("'" + std::string(key) + "' is not an option of pp (keys: " + std::string(kPpOptions) + ")");
+      throw Error("'" + std::string(key) + "' is not an option of " +
+                  (config.tensor_parallel > 1 ? "pp with tp (keys: " + std::string(kPpOptions) + ", " +
+                                                    std::string(kTpOptions) + ")"
+                                              : "pp (keys: " + std::string(kPpOptions) + ")"));
     }
     if (comma == options.size()) break;
   }
@@ -176,9 +188,11 @@ ParallelConfig parse_parallel(std::string_view spec, std::string_view options) {
   const auto name_of = [](std::string_view dim) { return dim.substr(0, dim.find(':')); };
   if (name_of(dims.front()) == "pp") {
     config.pipeline_parallel = count_of(dims.front(), "pp");
-    if (dims.size() > 1) {
-      throw Error("'" + std::string(spec) + "': pipeline parallel is modelled alone (pp:N) so far; meshes with "
-                  "it (pp:4xfsdp:8, pp:4xtp:8) are not yet");
+    if (dims.size() == 2 && name_of(dims.back()) == "tp") {
+      config.tensor_parallel = count_of(dims.back(), "tp");
+    } else if (dims.size() > 1) {
+      throw Error("'" + std::string(spec) + "': the pipeline meshes modelled are pp:N and pp:NxTP:K (tensor "
+                  "parallel inside each stage); with fsdp or ddp (pp:4xfsdp:8) not yet");
     }
     return parse_pipeline_options(config, options);
   }
@@ -338,12 +352,15 @@ std::string parallel_label(const ParallelConfig& config) {
   if (!config.enabled()) return "none";
   if (config.pipeline_parallel > 1) {
     std::string out = "pp:" + std::to_string(config.pipeline_parallel);
+    if (config.tensor_parallel > 1) out += "xtp:" + std::to_string(config.tensor_parallel);
     std::string options;
     const auto add = [&](const std::string& item) { options += (options.empty() ? " " : ",") + item; };
     if (config.schedule != PipelineSchedule::OneF1B) add("schedule=" + std::string(schedule_name(config.schedule)));
     if (config.microbatches != 0) add("microbatches=" + std::to_string(config.microbatches));
     if (!config.return_outputs) add("return_outputs=false");
+    if (config.tensor_parallel > 1 && !config.loss_parallel) add("loss_parallel=false");
     if (config.stage != 0) add("stage=" + std::to_string(config.stage));
+    if (config.rank != 0) add("rank=" + std::to_string(config.rank));
     return out + options;
   }
   const bool ddp = config.engine == ParallelEngine::Ddp;

@@ -188,7 +188,9 @@ void PipelineParallel::step(Runtime& rt, Sequential& body, const Tensor& input, 
   // A receive buffer: a fresh torch.empty each micro-batch (_RecvInfo.allocate_buffer).
   const auto receive = [&](std::size_t m, const char* what, Phase phase) {
     ModuleScope scope(intern_context(std::string("PipelineStage ") + what, phase));
-    Tensor buffer = empty(rt, Shape{rows(m), seq_, hidden_}, activation);
+    // Under tensor + sequence parallel the residual stream is the rank's 1/t of the sequence.
+    Tensor buffer = empty(rt, Shape{rows(m), seq_ / static_cast<std::int64_t>(config_.tensor_parallel), hidden_},
+                          activation);
     record(what, m, buffer);
     return buffer;
   };

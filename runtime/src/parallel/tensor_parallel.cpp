@@ -322,10 +322,14 @@ TensorParallel::TensorParallel(const ParallelConfig& config, Module& root) : con
                 "; tensor parallel applies torchtitan's Llama plan to a transformers decoder "
                 "(--hf-config of the llama, mistral or qwen2 families) with plain projections");
   };
+  // A pipeline stage holds the embedding only on the first stage, lm_head only on the last
+  // (torchtitan applies the plan to each model part).
+  const bool staged = config.pipeline_parallel > 1;
   auto* embed = dynamic_cast<Embedding*>(child(root, "model.embed_tokens"));
-  auto* head = dynamic_cast<Linear*>(child(root, "lm_head"));
-  if (embed == nullptr) fail("the model has no model.embed_tokens embedding");
-  if (head == nullptr)
+  Module* head_module = child(root, "lm_head");
+  auto* head = dynamic_cast<Linear*>(head_module);
+  if (embed == nullptr && !staged) fail("the model has no model.embed_tokens embedding");
+  if (head == nullptr && (!staged || head_module != nullptr))
     fail("the model has no lm_head of its own (tied embeddings are not modelled)");
   const auto divides = [&](std::int64_t n, const char* what, const char* why) {
     if (n % static_cast<std::int64_t>(t) != 0) {
@@ -333,14 +337,20 @@ TensorParallel::TensorParallel(const ParallelConfig& config, Module& root) : con
                   " is not a multiple of " + std::to_string(t) + " (" + why + ")");
     }
   };
-  const std::int64_t vocab = embed->weight_rows();
-  divides(vocab, "vocab_size",
-          "DTensor pads uneven shards of the gathered vocabulary, not modelled");
-  embed->shard_vocab(vocab / static_cast<std::int64_t>(t));
-  redistributed_.push_back(embed);
-  hooked_.emplace_back(embed, Style::ReduceScatterOutput);
-  head->shard_columns(t, 0);
-  hooked_.emplace_back(head, Style::Head);
+  if (embed != nullptr) {
+    const std::int64_t vocab = embed->weight_rows();
+    divides(vocab, "vocab_size",
+            "DTensor pads uneven shards of the gathered vocabulary, not modelled");
+    embed->shard_vocab(vocab / static_cast<std::int64_t>(t));
+    redistributed_.push_back(embed);
+    hooked_.emplace_back(embed, Style::ReduceScatterOutput);
+  }
+  if (head != nullptr) {
+    divides(head->slots().front().shape[0], "vocab_size",
+            "DTensor pads uneven shards of the gathered vocabulary, not modelled");
+    head->shard_columns(t, 0);
+    hooked_.emplace_back(head, Style::Head);
+  }
 
   const auto linear = [&](Module& parent, const char* name) -> Linear& {
     auto* l = dynamic_cast<Linear*>(child(parent, name));
@@ -378,7 +388,7 @@ TensorParallel::TensorParallel(const ParallelConfig& config, Module& root) : con
       if (Module* m = child(*layer, norm)) redistributed_.push_back(m);
     }
   }
-  if (layers == 0) fail("the model has no LlamaDecoderLayer");
+  if (layers == 0 && !staged) fail("the model has no LlamaDecoderLayer");
   Module* rotary = child(root, "model.rotary_emb");
   if (rotary == nullptr) fail("the model has no model.rotary_emb");
   set_sequence_shards(*rotary, static_cast<std::int64_t>(t));

@@ -182,6 +182,14 @@ Trainer::Trainer(const TrainConfig& config, CachingAllocator& allocator)
                                       : "zero runs as a dry run only: its collectives") +
                   " on one simulated rank bring no data from the others");
     }
+    if (config.parallel.pipeline_parallel > 1) {
+      if (config.offload_activations) throw Error("pp with --offload activations is not modelled yet; give one of them");
+      if (config.optimizer.kind == OptimizerKind::Adam8bit) {
+        throw Error("pp with adam8bit is not modelled yet (its state is made for the stage's parameters only); give adam");
+      }
+      // torchtitan's pipeline_module_split: the stage's modules only, before they are made.
+      pp_ = std::make_unique<detail::PipelineParallel>(config.parallel, model_->body(), model_->info().input_shape);
+    }
     if (tp) {
       if (model_->info().fused_linear_loss) {
         throw Error("tp with Liger's fused linear cross entropy (loss=liger-flce) is not modelled: the loss reads "
@@ -210,14 +218,6 @@ Trainer::Trainer(const TrainConfig& config, CachingAllocator& allocator)
         throw Error("tp:" + std::to_string(ranks) + ": sequence parallel splits the sequence over the ranks; give "
                     "a sequence length that is a multiple of " + std::to_string(ranks));
       }
-    }
-    if (config.parallel.pipeline_parallel > 1) {
-      if (config.offload_activations) throw Error("pp with --offload activations is not modelled yet; give one of them");
-      if (config.optimizer.kind == OptimizerKind::Adam8bit) {
-        throw Error("pp with adam8bit is not modelled yet (its state is made for the stage's parameters only); give adam");
-      }
-      // torchtitan's pipeline_module_split: the stage's modules only, before they are made.
-      pp_ = std::make_unique<detail::PipelineParallel>(config.parallel, model_->body(), model_->info().input_shape);
     }
     if ((fsdp || zero3) && model_->info().fused_linear_loss) {
       // lm_head's hooks gather its weight around its forward, which Liger's loss skips.
@@ -350,6 +350,7 @@ StepStats Trainer::step() {
   composition_->restart();
   s.forward = begin_phase(alloc, *peaks_);
   if (pp_) {
+    if (tp_) tp_->begin_step();
     {
       // torchtitan's train_step moves the batch and the labels to every rank's GPU; stage 0
       // reads the one, the last stage the other.
@@ -495,9 +496,9 @@ TrainReport Trainer::report() const {
 }
 
 std::vector<CommunicationBuffer> Trainer::communication_buffers() const {
-  if (fsdp_ && tp_) {
-    // A mesh: FSDP's buffers, then tensor parallel's (each list in its own order).
-    std::vector<CommunicationBuffer> both = fsdp_->buffers();
+  if ((fsdp_ || pp_) && tp_) {
+    // A mesh: FSDP's or the pipeline's buffers, then tensor parallel's (each list in its own order).
+    std::vector<CommunicationBuffer> both = fsdp_ ? fsdp_->buffers() : pp_->buffers();
     both.insert(both.end(), tp_->buffers().begin(), tp_->buffers().end());
     return both;
   }
