@@ -156,6 +156,9 @@ planner::SweepSpec make_spec(const SweepArgs& args) {
     if (!spec.checkpoints.empty()) {
       throw UsageError("--max-batch: searches one --gradient-checkpointing mode; give one");
     }
+    // A pipeline's batch fits when every stage's does, unless one stage was asked for.
+    spec.every_stage = spec.parallels.front().pipeline_parallel > 1 &&
+                       args.parallel.options.find("stage=") == std::string::npos;
     return spec;  // find_max_batches validates the rest
   }
   // FSDP's ranks differ where dim 0 does not split evenly: rank 0 holds the most rows, the

@@ -26,15 +26,22 @@ struct Probe {
   bool fits() const noexcept { return !oom && !error && !too_big; }
 };
 
-Probe probe(const SweepSpec& spec, SweepRow row, std::int64_t batch) {
+Probe probe(const SweepSpec& spec, SweepRow row, std::int64_t batch, std::int64_t lowest) {
   row.batch = batch;
   Probe p;
   try {
-    p.figures = run_config(train_config(spec, row), make_run_device(spec), p.oom, p.error);
+    // A pipeline's batch fits when every stage's does: the figures of the fullest stage, or
+    // where the first that does not fit ran out.
+    const std::size_t stages = spec.every_stage ? row.parallel.pipeline_parallel : 1;
+    for (std::size_t stage = 0; stage < stages && p.fits(); ++stage) {
+      if (spec.every_stage) row.parallel.stage = stage;
+      RunFigures figures = run_config(train_config(spec, row), make_run_device(spec), p.oom, p.error);
+      if (stage == 0 || figures.peak_device_used > p.figures.peak_device_used) p.figures = std::move(figures);
+    }
   } catch (const mem::Error&) {
-    // Batch 1 was validated; past it, the only thing the batch can break is a size that
-    // overflows, and a tensor larger than any device does not fit.
-    if (batch == 1) throw;
+    // The lowest batch was validated; past it, the only thing the batch can break is a size
+    // that overflows, and a tensor larger than any device does not fit.
+    if (batch == lowest) throw;
     p.too_big = true;
   }
   return p;
@@ -60,9 +67,18 @@ MaxBatchRow find_max_batch(const SweepSpec& spec, const SweepRow& row) {
   };
   std::int64_t lo = 0;  // fits (0: nothing known to fit)
   std::int64_t hi = 0;  // does not fit (0: not found yet)
+  // Pipeline parallel runs whole micro-batches: batches of a multiple of the micro-batches
+  // given, or (one sample each, torchtitan's default) at least the stages under 1F1B.
+  std::int64_t lowest = 1, quantum = 1;
+  const nn::ParallelConfig& parallel = row.parallel;
+  if (parallel.pipeline_parallel > 1 && parallel.microbatches != 0) {
+    lowest = quantum = static_cast<std::int64_t>(parallel.microbatches);
+  } else if (parallel.pipeline_parallel > 1 && parallel.schedule == nn::PipelineSchedule::OneF1B) {
+    lowest = static_cast<std::int64_t>(parallel.pipeline_parallel);
+  }
   const auto try_batch = [&](std::int64_t batch) {
     ++out.probes;
-    Probe p = probe(spec, row, batch);
+    Probe p = probe(spec, row, batch, lowest);
     if (p.fits()) {
       lo = batch;
       out.at_max = std::move(p.figures);
@@ -72,11 +88,11 @@ MaxBatchRow find_max_batch(const SweepSpec& spec, const SweepRow& row) {
     }
   };
 
-  try_batch(1);
+  try_batch(lowest);
   while (hi == 0 && lo > 0 && !out.error && lo < nn::kMaxBatch) {
-    try_batch(std::min(lo * 2, nn::kMaxBatch));
+    try_batch(std::min(lo * 2, nn::kMaxBatch / quantum * quantum));
   }
-  while (hi - lo > 1 && lo > 0 && !out.error) try_batch(lo + (hi - lo) / 2);
+  while (hi - lo > quantum && lo > 0 && !out.error) try_batch(lo + (hi - lo) / 2 / quantum * quantum);
   // An autograd refusal does not depend on the batch: no batch runs.
   out.max_batch = out.error ? 0 : lo;
   if (out.max_batch == 0) out.at_max = {};

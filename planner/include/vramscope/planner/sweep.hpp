@@ -64,6 +64,9 @@ struct SweepSpec {
   std::optional<nn::SelectivePolicy> selective;
   /// Activation offloading (nn::TrainConfig::offload_activations), every row.
   bool offload_activations = false;
+  /// Pipeline parallel without a stage asked for: --max-batch's batch fits when every stage's
+  /// step does (its figures are the fullest stage's).
+  bool every_stage = false;
   /// A simulated device this much smaller than `device` says (plan's headroom, which the
   /// largest batch it finds must leave free); a real GPU's memory is what it is. 0: as given.
   std::size_t headroom = 0;
