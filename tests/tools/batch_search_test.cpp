@@ -12,6 +12,7 @@
 #include "vramscope/planner/sweep.hpp"
 #include "usage_error.hpp"
 #include "model_args.hpp"
+#include "vramscope/models/hf_config.hpp"
 #include "vramscope/models/model_file.hpp"
 #include "vramscope/models/zoo.hpp"
 
@@ -224,6 +225,46 @@ TEST(ModelArgs, AnOptionErrorNamesTheFlagTheModelCameFrom) {
   };
   EXPECT_EQ(message(*file).rfind("--model-file: tiny has no depth option", 0), 0u) << message(*file);
   EXPECT_EQ(message(*models::find("resnet18")).rfind("--model: resnet18 has no depth option", 0), 0u);
+}
+
+}  // namespace
+}  // namespace mem::tools
+
+namespace mem::tools {
+namespace {
+
+// Pipeline parallel: the batches searched are multiples of the micro-batches, and a batch fits
+// when every stage's step does; the answer's stages fit, and the next multiple runs out on one.
+TEST(MaxBatch, PipelineStagesAllFitAndTheNextMultipleDoesNot) {
+  planner::SweepSpec spec;
+  spec.model = models::HfConfig::parse(
+      R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 512,
+          "intermediate_size": 1376, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 64,
+          "num_hidden_layers": 4, "vocab_size": 32000, "max_position_embeddings": 1024,
+          "tie_word_embeddings": false})",
+      "ref-llama", "test");
+  spec.model_options = nn::ModelOptions::parse("seq=128,attn=sdpa");
+  spec.device = "sim:capacity=1GiB,context=128MiB";
+  spec.segments = {0};
+  spec.precisions = {nn::Precision::BF16};
+  spec.alloc_confs = {""};
+  spec.parallels = {nn::parse_parallel("pp:2", "microbatches=2")};
+  spec.every_stage = true;
+  const planner::MaxBatchResult result = planner::find_max_batches(spec);
+  ASSERT_EQ(result.rows.size(), 1u);
+  const std::int64_t best = result.rows.front().max_batch;
+  ASSERT_GT(best, 0);
+  EXPECT_EQ(best % 2, 0);
+  const auto fits = [&](std::int64_t batch, std::size_t stage) {
+    planner::SweepSpec one = spec;
+    one.every_stage = false;
+    one.model_options.batch = batch;
+    one.parallels.front().stage = stage;
+    return planner::run_sweep(one).rows.front().fits();
+  };
+  EXPECT_TRUE(fits(best, 0));
+  EXPECT_TRUE(fits(best, 1));
+  EXPECT_FALSE(fits(best + 2, 0) && fits(best + 2, 1));
 }
 
 }  // namespace
