@@ -130,7 +130,7 @@ std::string max_batch_report(const planner::MaxBatchResult& result, const Report
                       "  ", "      ");
       } else if (row.over) {
         const auto& f = row.over->figures;
-        notes += wrap(fmt::format("[{}] {}: batch 1 does not fit: out of memory asking for {}, with {} "
+        notes += wrap(fmt::format("[{}] {}: the smallest batch does not fit: out of memory asking for {}, with {} "
                                   "allocated and {} in nvidia-smi's view of {}.",
                                   footnote, row.label(), format_bytes(f.requested), format_bytes(f.allocated),
                                   format_bytes(f.process_used), format_bytes(f.device_total)),

@@ -196,6 +196,10 @@ void check_parallel_combination(const std::vector<nn::ParallelConfig>& parallels
       throw UsageError("--compute with --parallel " + label + ": sharded engines run as a dry run only (their "
                        "collectives on one simulated rank bring no data from the others); drop --compute, or use ddp");
     }
+    if (c.pipeline_parallel > 1 && optimizer.kind == nn::OptimizerKind::Adam8bit) {
+      throw UsageError("--optimizer adam8bit with --parallel " + label +
+                       ": pipeline parallel is modelled with adam, sgd or none (its 8-bit state is not yet)");
+    }
     if (c.tensor_parallel > 1 && optimizer.kind != nn::OptimizerKind::Adam &&
         optimizer.kind != nn::OptimizerKind::None) {
       throw UsageError("--optimizer " + std::string(nn::optimizer_name(optimizer.kind)) + " with --parallel " + label +
@@ -368,7 +372,8 @@ void add_parallel_options(CLI::App& app, ParallelArgs& args, bool list) {
                              "or zero3:N (DeepSpeed's ZeRO stage 1, 2 or 3, bf16 or f16 with its FusedAdam), tp:N (tensor + "
                              "sequence parallel: torchtitan's Llama plan through DTensor, on a --hf-config decoder), "
                              "fsdp:MxTP:N (FSDP2 over tensor parallel), pp:N (pipeline stages: torchtitan's split of a "
-                             "--hf-config decoder through torch.distributed.pipelining's schedules) or none") +
+                             "--hf-config decoder through torch.distributed.pipelining's schedules), pp:NxTP:K (tensor "
+                             "parallel inside each stage) or none") +
                      (list ? "; a list (none,ddp:8,fsdp:8,zero2:8) gives each its rows" : ""))
       ->check(non_empty())
       ->capture_default_str();
@@ -387,8 +392,9 @@ void add_parallel_options(CLI::App& app, ParallelArgs& args, bool list) {
                  "true: the logits stay sharded on the vocabulary and the loss is computed on the shards), rank=R; "
                  "pp: schedule=1f1b|gpipe (Schedule1F1B, torchtitan's default, or ScheduleGPipe), microbatches=M "
                  "(n_microbatches, dividing the batch; default: the batch, one sample each), return_outputs=true|false "
-                 "(step()'s: the last stage keeps the logits until the next step), stage=S (the stage shown; 0 keeps "
-                 "the most activations))")
+                 "(step()'s: the last stage keeps the logits until the next step), stage=S (the one stage shown; "
+                 "without it sweep gives each stage a row; under 1f1b stage 0 keeps the most activations, under "
+                 "gpipe every stage all of them); with tp inside (pp:NxTP:K) tp's loss_parallel and rank too)")
       ->check(non_empty());
   app.add_option("--topology", args.topology,
                  "with --parallel: how the node's GPUs talk, which decides NCCL's buffers on each GPU (outside "
@@ -438,6 +444,18 @@ std::string assumptions_note(const std::vector<std::string>& assumed) {
   return out;
 }
 
+namespace {
+
+/// Whose figures a pipeline row shows: its stage's, or (--max-batch over every stage) the fullest's.
+std::string stage_of(const nn::ParallelConfig& config) {
+  const std::string of = " of " + std::to_string(config.pipeline_parallel);
+  return config.stage_chosen || config.stage != 0
+             ? "stage " + std::to_string(config.stage) + "'s" + of
+             : "the fullest stage's" + of + ", every stage run (a batch fits when each stage's step does)";
+}
+
+}  // namespace
+
 std::string parallel_note(const std::vector<nn::ParallelConfig>& configs, const DeviceInfo& device) {
   std::string out;
   bool nccl_said = false, pipeline_said = false;
@@ -482,9 +500,9 @@ std::string parallel_note(const std::vector<nn::ParallelConfig>& configs, const 
             ? "each rank alike (DistributedDataParallel runs the whole step on each GPU and adds its gradient "
               "buckets and broadcasts)"
         : config.pipeline_parallel > 1 && pipeline_said
-            ? "stage " + std::to_string(config.stage) + "'s of " + std::to_string(config.pipeline_parallel) + " (as above)"
+            ? stage_of(config) + " (as above)"
         : config.pipeline_parallel > 1
-            ? "stage " + std::to_string(config.stage) + "'s of " + std::to_string(config.pipeline_parallel) +
+            ? stage_of(config) +
                   " (torchtitan's split: the embedding and the final norm with lm_head count as a layer each, stage 0 "
                   "holds the embedding, the last stage the norm and lm_head; torch.distributed.pipelining's " +
                   (config.schedule == nn::PipelineSchedule::GPipe

@@ -145,6 +145,13 @@ void run(const PlanArgs& args, Capture* capture) {
   base.optimizer = as_usage("--optimizer", [&] { return nn::parse_optimizer_config(args.optimizer); });
   base.parallels = parse_parallel_args(args.parallel);
   check_parallel_combination(base.parallels, nn::ExecMode::DryRun, base.optimizer);
+  if (base.parallels.front().pipeline_parallel > 1) {
+    // Its stages differ (stage 0 keeps the most activations under 1F1B, the last stage every
+    // micro-batch's logits, GPipe's last the most): a plan would have to fit each.
+    throw UsageError("--parallel " + nn::parallel_label(base.parallels.front()) +
+                     ": plan does not search pipeline layouts yet; `vramscope sweep --parallel pp:N` shows every "
+                     "stage, and `sweep --max-batch` the largest batch all of them fit");
+  }
   base.segments = {0};
   spec.search = parse_search(args.search);
   spec.headroom = headroom_bytes(args.headroom, base);

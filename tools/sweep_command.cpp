@@ -157,27 +157,28 @@ planner::SweepSpec make_spec(const SweepArgs& args) {
       throw UsageError("--max-batch: searches one --gradient-checkpointing mode; give one");
     }
     // A pipeline's batch fits when every stage's does, unless one stage was asked for.
-    spec.every_stage = spec.parallels.front().pipeline_parallel > 1 &&
-                       args.parallel.options.find("stage=") == std::string::npos;
+    spec.every_stage = spec.parallels.front().pipeline_parallel > 1 && !spec.parallels.front().stage_chosen;
     return spec;  // find_max_batches validates the rest
   }
   // FSDP's ranks differ where dim 0 does not split evenly: rank 0 holds the most rows, the
   // last rank the fewest; ZeRO's by the gradients their partitions touch. Unless a rank was
   // asked for, rank 0 and the other that differs most get their rows; pipeline stages all do.
-  if (args.parallel.options.find("rank=") == std::string::npos) {
+  {
     std::vector<nn::ParallelConfig> ranks;
     for (const nn::ParallelConfig& p : spec.parallels) {
-      ranks.push_back(p);
       // Pipeline stages hold different layers and micro-batches in flight: a row each, unless
       // one was asked for.
-      if (p.pipeline_parallel > 1 && args.parallel.options.find("stage=") == std::string::npos) {
-        for (std::size_t stage = 1; stage < p.pipeline_parallel; ++stage) {
+      if (p.pipeline_parallel > 1 && !p.stage_chosen) {
+        for (std::size_t stage = 0; stage < p.pipeline_parallel; ++stage) {
           nn::ParallelConfig other = p;
           other.stage = stage;
+          other.stage_chosen = true;
           ranks.push_back(other);
         }
         continue;
       }
+      ranks.push_back(p);
+      if (args.parallel.options.find("rank=") != std::string::npos) continue;
       if (p.world_size < 2) continue;
       if (p.engine == nn::ParallelEngine::Fsdp && p.tensor_parallel < 2) {
         const auto model = spec.model->build(spec.model_options);

@@ -89,9 +89,8 @@ MaxBatchRow find_max_batch(const SweepSpec& spec, const SweepRow& row) {
   };
 
   try_batch(lowest);
-  while (hi == 0 && lo > 0 && !out.error && lo < nn::kMaxBatch) {
-    try_batch(std::min(lo * 2, nn::kMaxBatch / quantum * quantum));
-  }
+  const std::int64_t cap = nn::kMaxBatch / quantum * quantum;
+  while (hi == 0 && lo > 0 && !out.error && lo < cap) try_batch(std::min(lo * 2, cap));
   while (hi - lo > quantum && lo > 0 && !out.error) try_batch(lo + (hi - lo) / 2 / quantum * quantum);
   // An autograd refusal does not depend on the batch: no batch runs.
   out.max_batch = out.error ? 0 : lo;

@@ -62,7 +62,11 @@ TEST(PipelineParallel, OptionsAndRefusals) {
             std::string::npos);
   EXPECT_NE(error_of([] { parse_parallel("pp:4", "schedule=2f2b"); }).find("expected gpipe or 1f1b"), std::string::npos);
   EXPECT_NE(error_of([] { parse_parallel("pp:4", "microbatches=0"); }).find("at least one"), std::string::npos);
-  EXPECT_NE(error_of([] { parse_parallel("pp:4", "stage=4"); }).find("below 4"), std::string::npos);
+  EXPECT_NE(error_of([] { parse_parallel("pp:4", "stage=4"); }).find("has stages 0 to 3"), std::string::npos);
+  EXPECT_NE(error_of([] { parse_parallel("pp:1"); }).find("single stage"), std::string::npos);
+  EXPECT_NE(error_of([] { parse_parallel("pp:4", "microbatches=1025"); }).find("below 1025"), std::string::npos);
+  EXPECT_TRUE(parse_parallel("pp:4", "stage = 0").stage_chosen);
+  EXPECT_FALSE(parse_parallel("pp:4").stage_chosen);
   EXPECT_NE(error_of([] { parse_parallel("pp:4", "bucket_cap_mb=5"); }).find("not an option of pp"), std::string::npos);
   EXPECT_NE(error_of([] { parse_parallel("pp:4xfsdp:8"); }).find("not yet"), std::string::npos);
   EXPECT_EQ(parallel_label(parse_parallel("pp:4xtp:8", "loss_parallel=false,stage=2,rank=5")),
@@ -87,6 +91,18 @@ TEST(PipelineParallel, OptionsAndRefusals) {
   TrainConfig offloading = llama("");
   offloading.offload_activations = true;
   EXPECT_NE(refused(offloading).find("--offload activations"), std::string::npos);
+  // The batch as micro-batches of one sample each: bounded by what a schedule is modelled with.
+  EXPECT_NE(refused(llama("", "batch=2048,seq=128,attn=sdpa")).find("give microbatches=M"), std::string::npos);
+  // Tied embeddings would put one weight on the first and the last stage.
+  TrainConfig tied = llama("");
+  std::string tied_json = kLlama;
+  const std::string untied = "\"tie_word_embeddings\": false";
+  tied_json.replace(tied_json.find(untied), untied.size(), "\"tie_word_embeddings\": true");
+  tied.model = models::HfConfig::parse(tied_json, "ref-llama-tied", "test");
+  EXPECT_NE(refused(tied).find("tied embeddings"), std::string::npos);
+  TrainConfig beyond = llama("");
+  beyond.parallel.stage = 2;  // set directly, past what the parser checks
+  EXPECT_NE(refused(beyond).find("has stages 0 to 1"), std::string::npos);
   TrainConfig mlp;
   mlp.model = models::find("mlp");
   mlp.parallel = parse_parallel("pp:2");

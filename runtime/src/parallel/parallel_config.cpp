@@ -95,22 +95,43 @@ std::size_t parse_count(std::string_view key, std::string_view value, std::size_
   return n;
 }
 
+/// Each "key=value" of `options` (comma-separated, trimmed) handed to `take` in turn; a key at
+/// most once. `keys` names the valid ones for the error of an item without "=".
+template <class Take>
+void for_each_option(std::string_view options, std::string_view keys, Take take) {
+  std::vector<std::string_view> seen;
+  for (std::size_t begin = 0; begin <= options.size();) {
+    const std::size_t comma = std::min(options.find(',', begin), options.size());
+    const std::string_view item = trim(options.substr(begin, comma - begin));
+    begin = comma + 1;
+    const std::size_t eq = item.find('=');
+    if (item.empty() || eq == std::string_view::npos) {
+      throw Error("'" + std::string(item) + "' is not key=value (keys: " + std::string(keys) + ")");
+    }
+    const std::string_view key = trim(item.substr(0, eq));
+    if (std::find(seen.begin(), seen.end(), key) != seen.end()) throw Error("'" + std::string(key) + "' is given twice");
+    seen.push_back(key);
+    take(key, trim(item.substr(eq + 1)));
+    if (comma == options.size()) break;
+  }
+}
+
+/// sequence_parallel=false: torchtitan's plan without SequenceParallel leaves the norms plain
+/// tensors beside DTensor projections, and the foreach optimizers (the CUDA default) then raise
+/// "got mixed torch.Tensor and DTensor" (torch 2.15).
+void require_sequence_parallel(std::string_view key, std::string_view value) {
+  if (!parse_bool(key, value)) {
+    throw Error("sequence_parallel=false is not modelled: without it the norms stay plain tensors beside the "
+                "DTensor projections, which PyTorch's foreach optimizers refuse (mixed torch.Tensor and DTensor)");
+  }
+}
+
 /// pp:N's options, by torch.distributed.pipelining's names: the schedule class (as torchtitan's
 /// pipeline_parallel_schedule names it), n_microbatches, step()'s return_outputs, and the stage.
 ParallelConfig parse_pipeline_options(ParallelConfig config, std::string_view options) {
-  std::vector<std::string_view> seen;
-  for (std::size_t start = 0; start <= options.size() && !trim(options).empty();) {
-    const std::size_t comma = std::min(options.find(',', start), options.size());
-    const std::string_view item = trim(options.substr(start, comma - start));
-    start = comma + 1;
-    const std::size_t eq = item.find('=');
-    if (item.empty() || eq == std::string_view::npos) {
-      throw Error("'" + std::string(item) + "' is not key=value (keys: " + std::string(kPpOptions) + ")");
-    }
-    const std::string_view key = trim(item.substr(0, eq));
-    const std::string_view value = trim(item.substr(eq + 1));
-    if (std::find(seen.begin(), seen.end(), key) != seen.end()) throw Error("'" + std::string(key) + "' is given twice");
-    seen.push_back(key);
+  if (trim(options).empty()) return config;
+  const std::string keys = std::string(kPpOptions) + (config.tensor_parallel > 1 ? ", " + std::string(kTpOptions) : "");
+  for_each_option(options, keys, [&](std::string_view key, std::string_view value) {
     if (key == "schedule") {
       std::string name(value);
       std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
@@ -126,29 +147,30 @@ ParallelConfig parse_pipeline_options(ParallelConfig config, std::string_view op
         throw Error("schedule=" + std::string(value) + ": expected gpipe or 1f1b (ScheduleGPipe, Schedule1F1B)");
       }
     } else if (key == "microbatches") {
-      config.microbatches = parse_count(key, value, std::size_t{1} << 20);
+      config.microbatches = parse_count(key, value, kMaxMicrobatches + 1);
       if (config.microbatches == 0) throw Error("microbatches=0: a schedule runs at least one micro-batch");
     } else if (key == "return_outputs") {
       config.return_outputs = parse_bool(key, value);
     } else if (key == "stage") {
-      config.stage = parse_count(key, value, config.pipeline_parallel);
+      std::size_t stage = 0;
+      const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), stage);
+      if (value.empty() || ec != std::errc{} || end != value.data() + value.size() || stage >= config.pipeline_parallel) {
+        throw Error("stage=" + std::string(value) + ": pp:" + std::to_string(config.pipeline_parallel) +
+                    " has stages 0 to " + std::to_string(config.pipeline_parallel - 1));
+      }
+      config.stage = stage;
+      config.stage_chosen = true;
     } else if (config.tensor_parallel > 1 && key == "rank") {
       config.rank = parse_count(key, value, config.tensor_parallel);  // within the stage's tensor-parallel group
     } else if (config.tensor_parallel > 1 && key == "loss_parallel") {
       config.loss_parallel = parse_bool(key, value);
     } else if (config.tensor_parallel > 1 && key == "sequence_parallel") {
-      if (!parse_bool(key, value)) {
-        throw Error("sequence_parallel=false is not modelled: without it the norms stay plain tensors beside the "
-                    "DTensor projections, which PyTorch's foreach optimizers refuse (mixed torch.Tensor and DTensor)");
-      }
+      require_sequence_parallel(key, value);
     } else {
       throw Error("'" + std::string(key) + "' is not an option of " +
-                  (config.tensor_parallel > 1 ? "pp with tp (keys: " + std::string(kPpOptions) + ", " +
-                                                    std::string(kTpOptions) + ")"
-                                              : "pp (keys: " + std::string(kPpOptions) + ")"));
+                  (config.tensor_parallel > 1 ? "pp with tp" : "pp") + " (keys: " + keys + ")");
     }
-    if (comma == options.size()) break;
-  }
+  });
   return config;
 }
 
@@ -188,6 +210,9 @@ ParallelConfig parse_parallel(std::string_view spec, std::string_view options) {
   const auto name_of = [](std::string_view dim) { return dim.substr(0, dim.find(':')); };
   if (name_of(dims.front()) == "pp") {
     config.pipeline_parallel = count_of(dims.front(), "pp");
+    if (config.pipeline_parallel == 1) {
+      throw Error("'" + std::string(spec) + "': pp:1 is a single stage; give pp:2 or more (or leave pp out)");
+    }
     if (dims.size() == 2 && name_of(dims.back()) == "tp") {
       config.tensor_parallel = count_of(dims.back(), "tp");
     } else if (dims.size() > 1) {
@@ -202,8 +227,8 @@ ParallelConfig parse_parallel(std::string_view spec, std::string_view options) {
   }
   if (dims.size() > 1 || (!dims.empty() && name_of(dims.front()) == "tp")) {
     throw Error("'" + std::string(spec) + "': the meshes modelled are tp:N and fsdp:MxTP:N (FSDP2 over tensor "
-                "parallel, torchtitan's 2-D layout, tp innermost), and pp:N alone; context and expert parallel are "
-                "not yet");
+                "parallel, torchtitan's 2-D layout, tp innermost), pp:N and pp:NxTP:K (pipeline stages outermost); "
+                "context and expert parallel are not yet");
   }
   const std::string_view dim = dims.empty() ? std::string_view{} : dims.front();
   const std::string_view engine = name_of(dim);
@@ -243,21 +268,7 @@ ParallelConfig parse_parallel(std::string_view spec, std::string_view options) {
   if (!dim.empty()) config.world_size = count_of(dim, engine);
   if (no_options) return config;
 
-  std::vector<std::string_view> seen;
-  for (std::size_t start = 0; start <= options.size();) {
-    const std::size_t comma = std::min(options.find(',', start), options.size());
-    const std::string_view item = trim(options.substr(start, comma - start));
-    start = comma + 1;
-    const std::size_t eq = item.find('=');
-    if (item.empty() || eq == std::string_view::npos) {
-      throw Error("'" + std::string(item) + "' is not key=value (keys: " + std::string(keys) + ")");
-    }
-    const std::string_view key = trim(item.substr(0, eq));
-    const std::string_view value = trim(item.substr(eq + 1));
-    if (std::find(seen.begin(), seen.end(), key) != seen.end()) {
-      throw Error("'" + std::string(key) + "' is given twice");
-    }
-    seen.push_back(key);
+  for_each_option(options, keys, [&](std::string_view key, std::string_view value) {
     if (!ddp && key == "rank") {
       // The rank of the outer engine; of the tensor-parallel group when it is alone.
       config.rank = parse_count(key, value, tp_only ? config.tensor_parallel : config.world_size);
@@ -266,13 +277,7 @@ ParallelConfig parse_parallel(std::string_view spec, std::string_view options) {
     } else if (tp_only && key != "sequence_parallel") {
       throw Error("'" + std::string(key) + "' is not an option of tp (keys: " + std::string(kTpOptions) + ")");
     } else if (tp && key == "sequence_parallel") {
-      if (!parse_bool(key, value)) {
-        // torchtitan's plan without SequenceParallel leaves the norms plain tensors beside
-        // DTensor projections, and the foreach optimizers (the CUDA default) then raise
-        // "got mixed torch.Tensor and DTensor" (torch 2.15).
-        throw Error("sequence_parallel=false is not modelled: without it the norms stay plain tensors beside the "
-                    "DTensor projections, which PyTorch's foreach optimizers refuse (mixed torch.Tensor and DTensor)");
-      }
+      require_sequence_parallel(key, value);
     } else if (zero) {
       if (key == "reduce_bucket_size") {
         // DeepSpeed takes a number of elements (5e8 by default): decimal or scientific.
@@ -339,8 +344,7 @@ ParallelConfig parse_parallel(std::string_view spec, std::string_view options) {
     } else {
       throw Error("'" + std::string(key) + "' is not an option of ddp (keys: " + std::string(kDdpOptions) + ")");
     }
-    if (comma == options.size()) break;
-  }
+  });
   return config;
 }
 

@@ -113,10 +113,28 @@ PipelineParallel::PipelineParallel(const ParallelConfig& config, Sequential& bod
   if (embed->slots().empty() || embed->slots().front().shape.size() != 2) {
     throw Error("pp: the embedding's weight is not [vocab, hidden]");
   }
+  if (config.stage >= stages) {
+    throw Error("pp:" + std::to_string(stages) + " has stages 0 to " + std::to_string(stages - 1) + "; stage " +
+                std::to_string(config.stage) + " is not one");
+  }
+  for (const auto& [name, child] : body.children()) {
+    if (name == "lm_head" && dynamic_cast<const TiedLinear*>(child.get()) != nullptr) {
+      // The tied weight would be the first stage's embedding and the last stage's lm_head
+      // (torchtitan's split keeps it on both; its gradient would need a sum across them).
+      throw Error("pp with tied embeddings (tie_word_embeddings) is not modelled: the one weight would sit on the "
+                  "first and the last stage");
+    }
+  }
   hidden_ = embed->slots().front().shape[1];
   const auto split = pipeline_split(layers, stages);
   layers_ = split.at(config.stage);
   microbatches_ = config.microbatches != 0 ? config.microbatches : static_cast<std::size_t>(batch);
+  if (microbatches_ > kMaxMicrobatches) {
+    // Each micro-batch is a forward and a backward of the stage: bound the work by what was typed.
+    throw Error("pp: " + std::to_string(microbatches_) + " micro-batches (" +
+                (config.microbatches != 0 ? "given" : "the batch, one sample each, when microbatches is not given") +
+                "): at most " + std::to_string(kMaxMicrobatches) + " are modelled; give microbatches=M");
+  }
   if (static_cast<std::int64_t>(microbatches_) <= batch && batch % static_cast<std::int64_t>(microbatches_) != 0) {
     // torch.tensor_split would make micro-batches of two sizes, and a stage's receive buffers
     // and metadata are micro-batch 0's: the smaller ones fail PipelineStage's shape checks.
@@ -148,6 +166,7 @@ PipelineParallel::PipelineParallel(const ParallelConfig& config, Sequential& bod
   for (const auto& [name, child] : body.children()) {
     if (name == "model.rotary_emb") rotary_ = child.get();
   }
+  hold_inputs_per_call(*rotary_, 0);  // a decoder's rotary embedding, or mem::Error now
 }
 
 std::size_t PipelineParallel::record(const std::string& what, std::size_t microbatch, const Tensor& tensor) {

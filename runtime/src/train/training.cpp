@@ -184,6 +184,10 @@ Trainer::Trainer(const TrainConfig& config, CachingAllocator& allocator)
     }
     if (config.parallel.pipeline_parallel > 1) {
       if (config.offload_activations) throw Error("pp with --offload activations is not modelled yet; give one of them");
+      if (plan_.checkpointed.size() > 0) {
+        throw Error("pp does not combine with checkpoint_sequential's segments (each stage runs its own layers); "
+                    "checkpoint the decoder layers instead (--gradient-checkpointing, --checkpoint-modules)");
+      }
       if (config.optimizer.kind == OptimizerKind::Adam8bit) {
         throw Error("pp with adam8bit is not modelled yet (its state is made for the stage's parameters only); give adam");
       }

@@ -24,8 +24,9 @@ struct MaxBatchRow {
   std::string alloc_conf;
   std::int64_t seq = 0;                   ///< the row's --seq; 0 when not given
   std::string shape;                      ///< "seq 512" when several were asked, else empty
-  /// The largest batch found: it fits and max_batch + 1 does not. 0 when batch 1
-  /// does not fit or autograd refuses the configuration at any batch.
+  /// The largest batch found: it fits and max_batch + 1 does not (under pipeline parallel the
+  /// next batch the micro-batches divide). 0 when the smallest batch (1; a pipeline's
+  /// micro-batches) does not fit or autograd refuses the configuration at any batch.
   std::int64_t max_batch = 0;
   RunFigures at_max;                      ///< the run at max_batch (when max_batch > 0)
   /// The run at max_batch + 1 (at 1 when nothing fits): where it ran out of memory.

@@ -76,6 +76,8 @@ struct ParallelConfig {
   bool return_outputs = true;
   /// The pipeline rank simulated (its stage); the others' layers are not on this GPU.
   std::size_t stage = 0;
+  /// Whether `stage` was asked for (stage=S); otherwise sweeps show every stage.
+  bool stage_chosen = false;
   /// Tensor + sequence parallel, the mesh's innermost dimension (tp:N, fsdp:MxTP:N):
   /// torchtitan's Llama plan through DTensor's parallelize_module over N GPUs; 1: none.
   std::size_t tensor_parallel = 1;
@@ -161,10 +163,14 @@ inline std::int64_t chunk_size(std::int64_t n, std::size_t parts, std::size_t in
   return left < 0 ? 0 : left < chunk ? left : chunk;
 }
 
+/// The most micro-batches a pipeline schedule is modelled with (each a forward and a backward
+/// of the stage: a bound on the work a batch can ask for).
+inline constexpr std::size_t kMaxMicrobatches = 1024;
+
 /// The most GPUs a job may name (a bound for hostile input; the largest jobs are 10^5).
 inline constexpr std::size_t kMaxWorldSize = std::size_t{1} << 20;
 
-/// "ddp:8", "fsdp:8", "tp:8", "fsdp:8xtp:8", "pp:4" (or "none"), and "key=value,..." in the engine's own names: for ddp
+/// "ddp:8", "fsdp:8", "tp:8", "fsdp:8xtp:8", "pp:4", "pp:4xtp:8" (or "none"), and "key=value,..." in the engine's own names: for ddp
 /// bucket_cap_mb, gradient_as_bucket_view, broadcast_buffers, init_sync, static_graph,
 /// find_unused_parameters; for fsdp reshard_after_forward, param_dtype, reduce_dtype, and
 /// init (meta or cuda) and rank; for zero1 / zero2 (DeepSpeed) reduce_bucket_size,
