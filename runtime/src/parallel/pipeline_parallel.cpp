@@ -287,41 +287,34 @@ void PipelineParallel::step(Runtime& rt, Sequential& body, const Tensor& input, 
     record("send gradients", m, sending);
   };
 
-  if (config_.schedule == PipelineSchedule::GPipe) {
-    // ScheduleGPipe._step_microbatches: every forward, every send waited, every backward; a
-    // gradient sent goes when the next backward's receive is made.
-    for (std::size_t m = 0; m < m_count; ++m) forward(m);
-    for (std::size_t m = 0; m < m_count; ++m) release(m);
-    for (std::size_t m = 0; m < m_count; ++m) {
-      receive_grad(m);
+  // The schedule's order (pipeline_actions), with where each loop waits for its sends:
+  // ScheduleGPipe._step_microbatches waits for every forward's send before the first backward
+  // and drops a gradient sent when the next backward's receive is made; Schedule1F1B's waits
+  // for a forward's send after the next forward in warm-up, then after each backward's receive,
+  // and drops a gradient sent when the next backward's is taken.
+  const bool gpipe = config_.schedule == PipelineSchedule::GPipe;
+  bool warming_up = true;
+  std::size_t last_forward = 0;
+  for (const PipelineAction& action : pipeline_actions(config_.schedule, config_.pipeline_parallel, config_.stage, m_count)) {
+    const std::size_t m = action.microbatch;
+    if (action.forward) {
+      forward(m);
+      if (!gpipe && warming_up && m > 0) release(m - 1);
+      last_forward = m;
+      continue;
+    }
+    if (gpipe && warming_up) {
+      for (std::size_t f = 0; f < m_count; ++f) release(f);
+    }
+    warming_up = false;
+    receive_grad(m);
+    if (gpipe) {
       sent();
-      Tensor grad = run_backward(m);
-      send_back(std::move(grad), m);
+    } else {
+      release(last_forward);  // a no-op once released (the cool-down)
     }
-  } else {
-    // Schedule1F1B._step_microbatches: warm-up forwards (each releasing the previous send),
-    // then the backward's receive, the last send released, a backward and a forward in turn;
-    // a gradient sent goes when the next backward's is taken.
-    const std::size_t warmup = std::min(m_count, config_.pipeline_parallel - config_.stage);
-    std::size_t f = 0, b = 0;
-    for (; f < warmup; ++f) {
-      forward(f);
-      if (f > 0) release(f - 1);
-    }
-    while (true) {
-      receive_grad(b);
-      release(f - 1);
-      Tensor grad = run_backward(b);
-      send_back(std::move(grad), b);
-      ++b;
-      if (f == m_count) break;
-      forward(f++);
-    }
-    for (; b < m_count; ++b) {
-      receive_grad(b);
-      Tensor grad = run_backward(b);
-      send_back(std::move(grad), b);
-    }
+    Tensor grad = run_backward(m);
+    send_back(std::move(grad), m);
   }
   sent();
   // perform_reduce_grad: p.grad.div_(M), in place. The losses go (_update_losses), and the
