@@ -96,7 +96,10 @@ std::string max_batch_report(const planner::MaxBatchResult& result, const Report
   for (const char* h : {"max batch", "max alloc", "max reserved", "max nvidia-smi", "recompute"}) {
     cols.push_back({h, Align::Right});
   }
-  cols.push_back({"batch+1 runs out in", Align::Left});
+  // Under pipeline parallel the next batch tried is the next multiple of the micro-batches.
+  const std::int64_t step = planner::batch_grid(spec.parallels.front()).step;
+  const std::string next = "batch+" + std::to_string(step);
+  cols.push_back({next + " runs out in", Align::Left});
   Table table{cols};
   std::string previous_group;
   std::size_t footnote = 0;
@@ -146,12 +149,19 @@ std::string max_batch_report(const planner::MaxBatchResult& result, const Report
   }
   if (options.how_to_read) {
     out += "\nHow to read this:\n";
-    out += "  max batch       the batch found by doubling from 1 and then bisecting: it runs every step\n"
-           "                  within the device's memory, and one more sample runs out. Memory grows with\n"
-           "                  the batch almost, not strictly, monotonically (blocks are rounded and cached),\n"
+    out += step == 1 && planner::batch_grid(spec.parallels.front()).lowest == 1
+               ? "  max batch       the batch found by doubling from 1 and then bisecting: it runs every step\n"
+                 "                  within the device's memory, and one more sample runs out. Memory grows with\n"
+               : "  max batch       the batch found by doubling from the smallest the pipeline runs and then\n"
+                 "                  bisecting on its batches: it runs every step (of every stage, unless one\n"
+                 "                  is chosen) within the device's memory, and the next batch runs out. Memory grows with\n";
+    out += "                  the batch almost, not strictly, monotonically (blocks are rounded and cached),\n"
            "                  so a few larger batches may fit again; none of the tried ones did.\n";
     out += "  max alloc ...   the peaks of the run at that batch, as in `vramscope sweep`.\n";
-    out += "  batch+1 ...     where the run one sample larger ran out of memory: the step, phase and module.\n";
+    out += step == 1 ? "  batch+1 ...     where the run one sample larger ran out of memory: the step, phase and module.\n"
+                     : fmt::format("  {:<15} where the run {} samples larger (the next batch the micro-batches divide)\n"
+                                   "                  ran out of memory: the step, phase and module.\n",
+                                   next + " ...", step);
   }
   out += fmt::format("\ndevice: {}\nstack: {} (--stack)\n", result.device.assumptions, result.spec.stack.to_string());
   out += assumptions_note(result.model.assumed);

@@ -49,6 +49,16 @@ Probe probe(const SweepSpec& spec, SweepRow row, std::int64_t batch, std::int64_
 
 }  // namespace
 
+BatchGrid batch_grid(const nn::ParallelConfig& parallel) noexcept {
+  BatchGrid grid;
+  if (parallel.pipeline_parallel > 1 && parallel.microbatches != 0) {
+    grid.lowest = grid.step = static_cast<std::int64_t>(parallel.microbatches);
+  } else if (parallel.pipeline_parallel > 1 && parallel.schedule == nn::PipelineSchedule::OneF1B) {
+    grid.lowest = static_cast<std::int64_t>(parallel.pipeline_parallel);
+  }
+  return grid;
+}
+
 std::string MaxBatchRow::label() const { return configuration_label(precision, shape, segments, alloc_conf); }
 
 MaxBatchRow find_max_batch(const SweepSpec& spec, const SweepRow& row) {
@@ -67,15 +77,8 @@ MaxBatchRow find_max_batch(const SweepSpec& spec, const SweepRow& row) {
   };
   std::int64_t lo = 0;  // fits (0: nothing known to fit)
   std::int64_t hi = 0;  // does not fit (0: not found yet)
-  // Pipeline parallel runs whole micro-batches: batches of a multiple of the micro-batches
-  // given, or (one sample each, torchtitan's default) at least the stages under 1F1B.
-  std::int64_t lowest = 1, quantum = 1;
-  const nn::ParallelConfig& parallel = row.parallel;
-  if (parallel.pipeline_parallel > 1 && parallel.microbatches != 0) {
-    lowest = quantum = static_cast<std::int64_t>(parallel.microbatches);
-  } else if (parallel.pipeline_parallel > 1 && parallel.schedule == nn::PipelineSchedule::OneF1B) {
-    lowest = static_cast<std::int64_t>(parallel.pipeline_parallel);
-  }
+  const BatchGrid grid = batch_grid(row.parallel);
+  const std::int64_t lowest = grid.lowest, quantum = grid.step;
   const auto try_batch = [&](std::int64_t batch) {
     ++out.probes;
     Probe p = probe(spec, row, batch, lowest);

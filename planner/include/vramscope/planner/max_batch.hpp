@@ -18,6 +18,15 @@
 
 namespace mem::planner {
 
+/// The batches --max-batch tries under `parallel`: `lowest`, then multiples of `step`. A
+/// pipeline runs whole micro-batches: multiples of the micro-batches given, or (one sample
+/// each, torchtitan's default) at least its stages under 1F1B; otherwise 1 and every batch.
+struct BatchGrid {
+  std::int64_t lowest = 1;
+  std::int64_t step = 1;
+};
+BatchGrid batch_grid(const nn::ParallelConfig& parallel) noexcept;
+
 struct MaxBatchRow {
   std::size_t segments = 0;               ///< as asked; 0 = no checkpointing
   nn::Precision precision = nn::Precision::F32;
