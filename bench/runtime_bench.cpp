@@ -13,6 +13,7 @@
 
 #include <cstdlib>
 #include <memory>
+#include <string_view>
 
 #include "vramscope/allocator/caching_allocator.hpp"
 #include "vramscope/allocator/errors.hpp"
@@ -127,11 +128,14 @@ BENCHMARK(BM_ComputeStepForumCnn)->Unit(benchmark::kMillisecond);
 
 /// Dry-run steps of a decoder in bf16 (sdpa, batch 1, sequence 4096) in steady state, on a
 /// simulated device large enough to hold it (1 TiB: nothing runs out).
-TrainConfig decoder_step(std::shared_ptr<const mem::nn::ModelSource> model) {
+TrainConfig decoder_step(std::shared_ptr<const mem::nn::ModelSource> model,
+                         std::string_view options = "batch=1,seq=4096",
+                         mem::nn::ParallelConfig parallel = {}) {
   TrainConfig cfg;
   cfg.model = std::move(model);
-  cfg.model_options = mem::nn::ModelOptions::parse("batch=1,seq=4096");
+  cfg.model_options = mem::nn::ModelOptions::parse(options);
   cfg.precision = mem::nn::Precision::BF16;
+  cfg.parallel = std::move(parallel);
   return cfg;
 }
 
@@ -165,11 +169,8 @@ BENCHMARK(BM_DryRunStepLlama8BOps)->Unit(benchmark::kMillisecond);
 /// gradient copied into its bucket as each becomes ready, the rebuilt buckets in place (the
 /// steady state after the second step). Against BM_DryRunStepLlama70B: what DDP costs a step.
 void BM_DryRunStepLlama70BDdp64(benchmark::State& state) {
-  TrainConfig cfg;
-  cfg.model = mem::models::find("llama-3.1-70b");
-  cfg.model_options = mem::nn::ModelOptions::parse("batch=1,seq=4096");
-  cfg.precision = mem::nn::Precision::BF16;
-  cfg.parallel = mem::nn::parse_parallel("ddp:64");
+  const TrainConfig cfg =
+      decoder_step(mem::models::find("llama-3.1-70b"), "batch=1,seq=4096", mem::nn::parse_parallel("ddp:64"));
   dry_run_steps(state, cfg, "sim:capacity=1TiB", 2);  // the buckets are rebuilt in the second
 }
 BENCHMARK(BM_DryRunStepLlama70BDdp64)->Unit(benchmark::kMillisecond);
@@ -177,11 +178,8 @@ BENCHMARK(BM_DryRunStepLlama70BDdp64)->Unit(benchmark::kMillisecond);
 /// One rank of llama-3.1-70b under FSDP2 on 64 GPUs (issue 32's target: under 100 ms): every
 /// decoder layer all-gathered, resharded, gathered again in backward and reduce-scattered.
 void BM_DryRunStepLlama70BFsdp64(benchmark::State& state) {
-  TrainConfig cfg;
-  cfg.model = mem::models::find("llama-3.1-70b");
-  cfg.model_options = mem::nn::ModelOptions::parse("batch=1,seq=4096");
-  cfg.precision = mem::nn::Precision::BF16;
-  cfg.parallel = mem::nn::parse_parallel("fsdp:64");
+  const TrainConfig cfg =
+      decoder_step(mem::models::find("llama-3.1-70b"), "batch=1,seq=4096", mem::nn::parse_parallel("fsdp:64"));
   dry_run_steps(state, cfg, "sim:capacity=1TiB");
 }
 BENCHMARK(BM_DryRunStepLlama70BFsdp64)->Unit(benchmark::kMillisecond);
@@ -191,11 +189,8 @@ BENCHMARK(BM_DryRunStepLlama70BFsdp64)->Unit(benchmark::kMillisecond);
 /// batch 1 x 4096 in bf16, every layer checkpointed: FSDP2's gathers of the tensor-parallel
 /// shards, the sequence's all-gathers and reduce-scatters, loss parallel.
 void BM_DryRunStepLlama405BFsdp8Tp8(benchmark::State& state) {
-  TrainConfig cfg;
-  cfg.model = mem::models::find("llama-3.1-405b");
-  cfg.model_options = mem::nn::ModelOptions::parse("batch=1,seq=4096,checkpoint=non-reentrant");
-  cfg.precision = mem::nn::Precision::BF16;
-  cfg.parallel = mem::nn::parse_parallel("fsdp:8xtp:8");
+  const TrainConfig cfg = decoder_step(mem::models::find("llama-3.1-405b"), "batch=1,seq=4096,checkpoint=non-reentrant",
+                                       mem::nn::parse_parallel("fsdp:8xtp:8"));
   dry_run_steps(state, cfg, "sim:h100-80g");
 }
 BENCHMARK(BM_DryRunStepLlama405BFsdp8Tp8)->Unit(benchmark::kMillisecond);
@@ -205,11 +200,8 @@ BENCHMARK(BM_DryRunStepLlama405BFsdp8Tp8)->Unit(benchmark::kMillisecond);
 /// embedding, 16 micro-batches of 1 x 4096 through Schedule1F1B, every layer checkpointed,
 /// tensor + sequence parallel inside the stage.
 void BM_DryRunStepLlama405BPp16Tp8(benchmark::State& state) {
-  TrainConfig cfg;
-  cfg.model = mem::models::find("llama-3.1-405b");
-  cfg.model_options = mem::nn::ModelOptions::parse("batch=16,seq=4096,checkpoint=non-reentrant");
-  cfg.precision = mem::nn::Precision::BF16;
-  cfg.parallel = mem::nn::parse_parallel("pp:16xtp:8", "microbatches=16");
+  const TrainConfig cfg = decoder_step(mem::models::find("llama-3.1-405b"), "batch=16,seq=4096,checkpoint=non-reentrant",
+                                       mem::nn::parse_parallel("pp:16xtp:8", "microbatches=16"));
   dry_run_steps(state, cfg, "sim:h100-80g");
 }
 BENCHMARK(BM_DryRunStepLlama405BPp16Tp8)->Unit(benchmark::kMillisecond);
@@ -218,11 +210,8 @@ BENCHMARK(BM_DryRunStepLlama405BPp16Tp8)->Unit(benchmark::kMillisecond);
 /// release around each of the model's modules, the trace's prefetch in steady state, each
 /// full bucket's reduce-scatter, the step per sub group.
 void BM_DryRunStepLlama70BZero3x64(benchmark::State& state) {
-  TrainConfig cfg;
-  cfg.model = mem::models::find("llama-3.1-70b");
-  cfg.model_options = mem::nn::ModelOptions::parse("batch=1,seq=4096");
-  cfg.precision = mem::nn::Precision::BF16;
-  cfg.parallel = mem::nn::parse_parallel("zero3:64");
+  const TrainConfig cfg =
+      decoder_step(mem::models::find("llama-3.1-70b"), "batch=1,seq=4096", mem::nn::parse_parallel("zero3:64"));
   dry_run_steps(state, cfg, "sim:capacity=1TiB", 2);  // the trace is recorded in the first
 }
 BENCHMARK(BM_DryRunStepLlama70BZero3x64)->Unit(benchmark::kMillisecond);

@@ -32,6 +32,7 @@ import tempfile
 import weakref
 from pathlib import Path
 
+from check_tensor_parallel import layer_plan
 from stack_python import reexec_on_stack
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,8 +79,8 @@ def torch_side(stages, tp, schedule, microbatches, return_outputs, checkpointed,
 
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Replicate, Shard
-    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
-                                                   SequenceParallel, loss_parallel, parallelize_module)
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel, SequenceParallel, loss_parallel,
+                                                   parallelize_module)
 
     # The mesh (pp, tp): this process is the stage's tensor-parallel rank 0.
     dist.init_process_group("fake", rank=rank * tp, world_size=stages * tp, store=FakeStore())
@@ -127,7 +128,7 @@ def torch_side(stages, tp, schedule, microbatches, return_outputs, checkpointed,
                           requires_grad=True)
     grads = {}
     if tp > 1:
-        # torchtitan's plan on the stage's modules (as check_tensor_parallel.py applies it whole),
+        # torchtitan's plan on the stage's modules (check_tensor_parallel.py's, applied to a part),
         # with loss_parallel: lm_head's logits stay a vocabulary-sharded DTensor.
         group = mesh["tp"]
         plan = {}
@@ -139,15 +140,7 @@ def torch_side(stages, tp, schedule, microbatches, return_outputs, checkpointed,
         if plan:
             parallelize_module(module, group, plan)
         for layer in module.layers:
-            parallelize_module(layer, group, {
-                "input_layernorm": SequenceParallel(), "post_attention_layernorm": SequenceParallel(),
-                "self_attn": PrepareModuleInput(input_kwarg_layouts={"hidden_states": Shard(1)},
-                                                desired_input_kwarg_layouts={"hidden_states": Replicate()}),
-                "self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
-                "self_attn.v_proj": ColwiseParallel(), "self_attn.o_proj": RowwiseParallel(output_layouts=Shard(1)),
-                "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-                "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
-                "mlp.down_proj": RowwiseParallel(output_layouts=Shard(1))})
+            parallelize_module(layer, group, layer_plan())
         if last:
             # A DTensor stage output needs its gradient's metadata too (static metadata on the fake group).
             def logits(grad):

@@ -70,13 +70,30 @@ def fsdp_kind_of(chain, last):
     return None
 
 
+def layer_plan():
+    """torchtitan's plan for one decoder layer: sequence-parallel norms, the sequence gathered
+    before the attention and the MLP, q/k/v/gate/up column-wise, o/down row-wise to Shard(1)."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
+                                                   SequenceParallel)
+    return {
+        "input_layernorm": SequenceParallel(), "post_attention_layernorm": SequenceParallel(),
+        "self_attn": PrepareModuleInput(input_kwarg_layouts={"hidden_states": Shard(1)},
+                                        desired_input_kwarg_layouts={"hidden_states": Replicate()}),
+        "self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
+        "self_attn.v_proj": ColwiseParallel(), "self_attn.o_proj": RowwiseParallel(output_layouts=Shard(1)),
+        "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+        "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
+        "mlp.down_proj": RowwiseParallel(output_layouts=Shard(1))}
+
+
 def torch_side(dp, world, parallel_loss):
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
-                                                   SequenceParallel, loss_parallel, parallelize_module)
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel, SequenceParallel, loss_parallel,
+                                                   parallelize_module)
     from torch.profiler import ProfilerActivity, profile
     from torch.testing._internal.distributed.fake_pg import FakeStore
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -97,15 +114,7 @@ def torch_side(dp, world, parallel_loss):
             else ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()))
     parallelize_module(model, mesh, {"lm_head": head})
     for layer in model.model.layers:
-        parallelize_module(layer, mesh, {
-            "input_layernorm": SequenceParallel(), "post_attention_layernorm": SequenceParallel(),
-            "self_attn": PrepareModuleInput(input_kwarg_layouts={"hidden_states": Shard(1)},
-                                            desired_input_kwarg_layouts={"hidden_states": Replicate()}),
-            "self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
-            "self_attn.v_proj": ColwiseParallel(), "self_attn.o_proj": RowwiseParallel(output_layouts=Shard(1)),
-            "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-            "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
-            "mlp.down_proj": RowwiseParallel(output_layouts=Shard(1))})
+        parallelize_module(layer, mesh, layer_plan())
 
     if dp > 1:
         from torch.distributed.fsdp import fully_shard

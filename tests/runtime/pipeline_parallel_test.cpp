@@ -25,6 +25,7 @@ constexpr const char* kLlama = R"({"architectures": ["LlamaForCausalLM"], "model
   "rms_norm_eps": 1e-06, "tie_word_embeddings": false})";
 
 using test::error_of;
+using test::OneStep;
 
 TrainConfig llama(const std::string& parallel_options, const std::string& options = "batch=4,seq=128,attn=sdpa",
                   const std::string& parallel = "pp:2") {
@@ -38,18 +39,13 @@ TrainConfig llama(const std::string& parallel_options, const std::string& option
   return cfg;
 }
 
-struct OneStep {
-  explicit OneStep(const TrainConfig& cfg)
-      : device(make_device(device_spec_for(cfg))), alloc(device, {}), trainer(cfg, alloc), stats(trainer.step()) {}
-  std::shared_ptr<Device> device;
-  CachingAllocator alloc;
-  Trainer trainer;
-  StepStats stats;
-};
-
 std::string order(const std::vector<PipelineAction>& actions) {
   std::string out;
-  for (const PipelineAction& a : actions) out += (out.empty() ? "" : " ") + std::string(a.forward ? "F" : "B") + std::to_string(a.microbatch);
+  for (const PipelineAction& a : actions) {
+    if (!out.empty()) out += ' ';
+    out += a.forward ? 'F' : 'B';
+    out += std::to_string(a.microbatch);
+  }
   return out;
 }
 
@@ -78,13 +74,7 @@ TEST(PipelineParallel, OptionsAndRefusals) {
   EXPECT_NE(error_of([] { parse_parallel("pp:4", "stage=1,stage=2"); }).find("twice"), std::string::npos);
 
   // What the schedules and PipelineStage refuse, and what is not modelled, before anything is made.
-  const auto refused = [](const TrainConfig& cfg) {
-    return error_of([&] {
-      auto device = make_device(device_spec_for(cfg));
-      CachingAllocator alloc(device, {});
-      Trainer trainer(cfg, alloc);
-    });
-  };
+  const auto refused = [](const TrainConfig& cfg) { return error_of([&] { (void)train(cfg); }); };
   EXPECT_NE(refused(llama("microbatches=1")).find("must be at least the number of stages"), std::string::npos);
   EXPECT_NE(refused(llama("microbatches=3")).find("do not divide the batch"), std::string::npos);
   EXPECT_NE(refused(llama("microbatches=8")).find("at least one sample each"), std::string::npos);

@@ -23,6 +23,7 @@ constexpr const char* kLlama = R"({"architectures": ["LlamaForCausalLM"], "model
   "rms_norm_eps": 1e-06, "tie_word_embeddings": false})";
 
 using test::error_of;
+using test::OneStep;
 
 TrainConfig llama(const std::string& parallel,
                   const std::string& options = "batch=2,seq=256,attn=sdpa",
@@ -37,18 +38,6 @@ TrainConfig llama(const std::string& parallel,
   return cfg;
 }
 
-/// One training step of `cfg` on its own allocator, kept for the trainer's figures after it.
-struct OneStep {
-  explicit OneStep(const TrainConfig& cfg)
-      : device(make_device(device_spec_for(cfg))),
-        alloc(device, {}),
-        trainer(cfg, alloc),
-        stats(trainer.step()) {}
-  std::shared_ptr<Device> device;
-  CachingAllocator alloc;
-  Trainer trainer;
-  StepStats stats;
-};
 
 // Rank 0's bf16 shards at tp:2: embedding and lm_head 16000 x 512 each; per layer q 256 x 512,
 // k and v 128 x 512, o 512 x 256, gate and up 688 x 512, down 512 x 688, two norms of 512; the

@@ -23,6 +23,17 @@ inline std::string error_of(const std::function<void()>& f) {
   return "(no error)";
 }
 
+/// One training step of `cfg` on its own allocator (its config's device), kept for the
+/// trainer's figures after it.
+struct OneStep {
+  explicit OneStep(const TrainConfig& cfg)
+      : device(make_device(device_spec_for(cfg))), alloc(device, {}), trainer(cfg, alloc), stats(trainer.step()) {}
+  std::shared_ptr<Device> device;
+  CachingAllocator alloc;
+  Trainer trainer;
+  StepStats stats;
+};
+
 /// An allocator on a simulated 80 GiB GPU, host-backed for compute mode.
 struct Env {
   explicit Env(ExecMode mode, std::uint64_t seed = 0)

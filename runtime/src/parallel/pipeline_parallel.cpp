@@ -98,13 +98,14 @@ PipelineParallel::PipelineParallel(const ParallelConfig& config, Sequential& bod
   const std::size_t stages = config.pipeline_parallel;
   std::size_t layers = 0;
   Module* embed = nullptr;
-  bool norm = false, head = false;
+  bool norm = false, head = false, tied = false;
   for (const auto& [name, child] : body.children()) {
     if (name.starts_with(kLayerPrefix)) ++layers;
     if (name == "model.embed_tokens") embed = child.get();
-    if (name == "model.rotary_emb") rotary_ = child.get();
+    if (name == "model.rotary_emb") rotary_ = child.get();  // every stage keeps it
     norm = norm || name == "model.norm";
     head = head || name == "lm_head";
+    tied = tied || (name == "lm_head" && dynamic_cast<const TiedLinear*>(child.get()) != nullptr);
   }
   if (embed == nullptr || rotary_ == nullptr || !norm || !head || layers == 0) {
     throw Error("pp splits a transformers decoder's layers into stages (torchtitan's split); this model is not one: "
@@ -117,17 +118,14 @@ PipelineParallel::PipelineParallel(const ParallelConfig& config, Sequential& bod
     throw Error("pp:" + std::to_string(stages) + " has stages 0 to " + std::to_string(stages - 1) + "; stage " +
                 std::to_string(config.stage) + " is not one");
   }
-  for (const auto& [name, child] : body.children()) {
-    if (name == "lm_head" && dynamic_cast<const TiedLinear*>(child.get()) != nullptr) {
-      // The tied weight would be the first stage's embedding and the last stage's lm_head
-      // (torchtitan's split keeps it on both; its gradient would need a sum across them).
-      throw Error("pp with tied embeddings (tie_word_embeddings) is not modelled: the one weight would sit on the "
-                  "first and the last stage");
-    }
+  if (tied) {
+    // The tied weight would be the first stage's embedding and the last stage's lm_head
+    // (torchtitan's split keeps it on both; its gradient would need a sum across them).
+    throw Error("pp with tied embeddings (tie_word_embeddings) is not modelled: the one weight would sit on the "
+                "first and the last stage");
   }
   hidden_ = embed->slots().front().shape[1];
-  const auto split = pipeline_split(layers, stages);
-  layers_ = split.at(config.stage);
+  const auto [first_layer, end_layer] = pipeline_split(layers, stages).at(config.stage);
   microbatches_ = config.microbatches != 0 ? config.microbatches : static_cast<std::size_t>(batch);
   if (microbatches_ > kMaxMicrobatches) {
     // Each micro-batch is a forward and a backward of the stage: bound the work by what was typed.
@@ -156,24 +154,19 @@ PipelineParallel::PipelineParallel(const ParallelConfig& config, Sequential& bod
   }
   std::vector<std::string> keep{"model.rotary_emb"};
   if (first()) keep.emplace_back("model.embed_tokens");
-  for (std::size_t l = layers_.first; l < layers_.second; ++l) keep.push_back(std::string(kLayerPrefix) + std::to_string(l));
+  for (std::size_t l = first_layer; l < end_layer; ++l) keep.push_back(std::string(kLayerPrefix) + std::to_string(l));
   if (last()) {
     keep.emplace_back("model.norm");
     keep.emplace_back("lm_head");
   }
-  rotary_ = nullptr;
-  body.retain(keep);
-  for (const auto& [name, child] : body.children()) {
-    if (name == "model.rotary_emb") rotary_ = child.get();
-  }
+  body.retain(keep);  // the modules kept stay where they are: rotary_ still points at one
   hold_inputs_per_call(*rotary_, 0);  // a decoder's rotary embedding, or mem::Error now
 }
 
-std::size_t PipelineParallel::record(const std::string& what, std::size_t microbatch, const Tensor& tensor) {
+void PipelineParallel::record(const std::string& what, std::size_t microbatch, const Tensor& tensor) {
   log_.push_back(CommunicationBuffer{what + " (micro-batch " + std::to_string(microbatch) + ")", tensor.nbytes(),
                                      "default", now_, ""});
   watched_.emplace_back(log_.size() - 1, tensor.storage());
-  return log_.size() - 1;
 }
 
 void PipelineParallel::sweep() {
@@ -195,8 +188,7 @@ void PipelineParallel::step(Runtime& rt, Sequential& body, const Tensor& input, 
   sweep();
   const std::size_t m_count = microbatches_;
   // torch.tensor_split on dim 0: views of B / M samples each.
-  const auto rows = [&](std::size_t) { return batch_ / static_cast<std::int64_t>(m_count); };
-  const auto offset = [&](std::size_t m) { return static_cast<std::int64_t>(m) * rows(m); };
+  const std::int64_t rows = batch_ / static_cast<std::int64_t>(m_count);
   const auto begin = [&](const char* action, std::size_t m) {
     sweep();
     now_ = "step " + std::to_string(steps_) + " " + action + " " + std::to_string(m);
@@ -208,7 +200,7 @@ void PipelineParallel::step(Runtime& rt, Sequential& body, const Tensor& input, 
   const auto receive = [&](std::size_t m, const char* what, Phase phase) {
     ModuleScope scope(intern_context(std::string("PipelineStage ") + what, phase));
     // Under tensor + sequence parallel the residual stream is the rank's 1/t of the sequence.
-    Tensor buffer = empty(rt, Shape{rows(m), seq_ / static_cast<std::int64_t>(config_.tensor_parallel), hidden_},
+    Tensor buffer = empty(rt, Shape{rows, seq_ / static_cast<std::int64_t>(config_.tensor_parallel), hidden_},
                           activation);
     record(what, m, buffer);
     return buffer;
@@ -217,7 +209,7 @@ void PipelineParallel::step(Runtime& rt, Sequential& body, const Tensor& input, 
     PhaseGuard phase(Phase::Forward);
     MicroBatch& mb = mbs[m];
     if (first()) {
-      mb.input = input.narrow(0, offset(m), rows(m));
+      mb.input = input.narrow(0, static_cast<std::int64_t>(m) * rows, rows);
     } else {
       // get_fwd_recv_ops, then forward_one_chunk: the buffer becomes the stage's leaf.
       mb.input = receive(m, "receive activations", Phase::Forward);
@@ -226,7 +218,7 @@ void PipelineParallel::step(Runtime& rt, Sequential& body, const Tensor& input, 
     begin("forward", m);
     mb.output = body(mb.input);
     if (last()) {
-      const Tensor target_mb = target.narrow(0, offset(m), rows(m));
+      const Tensor target_mb = target.narrow(0, static_cast<std::int64_t>(m) * rows, rows);
       {
         ModuleScope scope("loss", Phase::Forward);
         BackwardContextGuard backward_scope(intern_context("loss", Phase::Backward));

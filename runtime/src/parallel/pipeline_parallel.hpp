@@ -51,9 +51,6 @@ class PipelineParallel {
 
   bool first() const noexcept { return config_.stage == 0; }
   bool last() const noexcept { return config_.stage + 1 == config_.pipeline_parallel; }
-  std::size_t microbatches() const noexcept { return microbatches_; }
-  /// The stage's layers, [first, last) of the decoder's.
-  std::pair<std::size_t, std::size_t> layers() const noexcept { return layers_; }
 
   using LossFn = std::function<Tensor(const Tensor& output, const Tensor& target)>;
   /// schedule.step(): what the last step left (its output chunks) goes, then every micro-batch
@@ -70,14 +67,13 @@ class PipelineParallel {
  private:
   struct MicroBatch;
   /// Logs `tensor` made now, watched until its storage goes.
-  std::size_t record(const std::string& what, std::size_t microbatch, const Tensor& tensor);
+  void record(const std::string& what, std::size_t microbatch, const Tensor& tensor);
   /// Marks the watched storages gone by now as freed in the action begun last.
   void sweep();
 
   ParallelConfig config_;
   std::size_t microbatches_ = 1;
   std::int64_t batch_ = 0, seq_ = 0, hidden_ = 0;
-  std::pair<std::size_t, std::size_t> layers_{0, 0};
   Module* rotary_ = nullptr;
   std::vector<Tensor> output_chunks_;  ///< the last stage's outputs of the last step
   std::vector<std::pair<std::size_t, std::weak_ptr<Storage>>> watched_;  ///< log entries not freed yet
