@@ -372,8 +372,9 @@ void add_parallel_options(CLI::App& app, ParallelArgs& args, bool list) {
                              "or zero3:N (DeepSpeed's ZeRO stage 1, 2 or 3, bf16 or f16 with its FusedAdam), tp:N (tensor + "
                              "sequence parallel: torchtitan's Llama plan through DTensor, on a --hf-config decoder), "
                              "fsdp:MxTP:N (FSDP2 over tensor parallel), pp:N (pipeline stages: torchtitan's split of a "
-                             "--hf-config decoder through torch.distributed.pipelining's schedules), pp:NxTP:K (tensor "
-                             "parallel inside each stage) or none") +
+                             "--hf-config decoder through torch.distributed.pipelining's schedules), pp:NxTP:K, pp:NxFSDP:M "
+                             "or pp:NxFSDP:MxTP:K (tensor parallel, FSDP2, or both inside each stage: torchtitan's "
+                             "3-D layout) or none") +
                      (list ? "; a list (none,ddp:8,fsdp:8,zero2:8) gives each its rows" : ""))
       ->check(non_empty())
       ->capture_default_str();
@@ -394,7 +395,8 @@ void add_parallel_options(CLI::App& app, ParallelArgs& args, bool list) {
                  "(n_microbatches, dividing the batch; default: the batch, one sample each), return_outputs=true|false "
                  "(step()'s: the last stage keeps the logits until the next step), stage=S (the one stage shown; "
                  "without it sweep gives each stage a row; under 1f1b stage 0 keeps the most activations, under "
-                 "gpipe every stage all of them); with tp inside (pp:NxTP:K) tp's loss_parallel and rank too)")
+                 "gpipe every stage all of them); with fsdp or tp inside, their options too (fsdp's rank, or tp's when "
+                 "it is alone; reshard_after_forward defaults to false there, as torchtitan sets it under pp))")
       ->check(non_empty());
   app.add_option("--topology", args.topology,
                  "with --parallel: how the node's GPUs talk, which decides NCCL's buffers on each GPU (outside "
@@ -536,8 +538,21 @@ std::string parallel_note(const std::vector<nn::ParallelConfig>& configs, const 
                   "the embedding's gradient is the whole table and the norms' Partial, redistributed "
                   "before " + (config.engine == nn::ParallelEngine::Fsdp ? "FSDP's reduce-scatter" : "each optimizer op that reads them") +
                   "; position_ids passed by the caller)";
-    out += "parallel: " + nn::parallel_label(config) + ": every figure is one GPU's, " + engine + tensor_parallel +
-           "\n";
+    // FSDP2 inside a pipeline stage, as torchtitan applies it there.
+    const std::string sharded_stage =
+        config.pipeline_parallel < 2 || config.engine != nn::ParallelEngine::Fsdp
+            ? ""
+            : "; fsdp:" + std::to_string(config.world_size) + " inside each stage, rank " + std::to_string(config.rank) +
+                  "'s shards (torchtitan's apply_fsdp under pp: each decoder layer and the stage fully_shard'ed, " +
+                  (config.reshard_after_forward.value_or(false)
+                       ? std::string("reshard_after_forward=true: a forward gathers a layer again once an earlier one resharded it")
+                       : std::string("reshard_after_forward=False: the first micro-batch gathers the parameters and they "
+                                     "stay gathered until the step's end")) +
+                  "; each micro-batch's backward adds into the unsharded gradients (set_requires_gradient_sync(False)), "
+                  "reduce-scattered once after the last backward, as torch 2.15's PipelineStage finalizes it "
+                  "(perform_reduce_grad), whatever --stack says)";
+    out += "parallel: " + nn::parallel_label(config) + ": every figure is one GPU's, " + engine + sharded_stage +
+           tensor_parallel + "\n";
     pipeline_said = pipeline_said || config.pipeline_parallel > 1;
   }
   return out;

@@ -21,11 +21,20 @@ returns. Each must equal vramscope's buffer log: what, micro-batch, bytes, and t
 made and dropped in. Equal logs mean the same actions in the same order on the rank, the same
 micro-batches in flight, and the same buffers for as long.
 
+With fsdp in the mesh (pp:3xfsdp:2, pp:2xfsdp:2xtp:2) each stage is fully_shard'ed as
+torchtitan's apply_fsdp does under pp (each decoder layer, then the stage, reshard_after_forward
+False) and FSDP2's buffers are followed too: each all-gather output, each group's unsharded
+parameters (_to_unsharded to _to_sharded), the gradients kept on them across micro-batches
+(set_requires_gradient_sync(False)), and the reduce-scatter input and output of
+perform_reduce_grad's finalization after the last backward. vramscope runs with --stack at the
+installed torch (FSDP2 in a stage is modelled as torch 2.15's PipelineStage finalizes it).
+
 Each configuration runs in a process of its own (`--rank ...` prints PyTorch's side as JSON).
 Exit 77 (skipped) without torch and transformers, unless VRAMSCOPE_REQUIRE_STACK=1 (CI).
 """
 import contextlib
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -38,20 +47,30 @@ from stack_python import reexec_on_stack
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "tests" / "data" / "h100-parallel-2026-11-26" / "ref-llama-2layer.json"
 LAYERS, BATCH, SEQ, STEPS = 4, 4, 128, 2
-# (stages, tensor parallel, schedule, micro-batches, return_outputs, checkpointed): each stage of
-# each is checked. CI runs the first three (every kind of stage under both schedules, and tensor
-# parallel inside the stages); `--all` (ctest
-# models.pipeline_parallel_all, label coverage) the rest too.
+# (stages, fsdp, tensor parallel, schedule, micro-batches, return_outputs, checkpointed): each
+# stage of each is checked. CI runs the first four (every kind of stage under both schedules,
+# tensor parallel and FSDP2 inside the stages); `--all` (ctest models.pipeline_parallel_all,
+# label coverage) the rest too.
 RUNS = (
-    (3, 1, "1f1b", 4, True, False),  # stages of 1 + embedding, 2, and 1 + norm and lm_head
-    (4, 1, "gpipe", 2, False, True),  # every decoder layer checkpointed (non-reentrant)
-    (2, 2, "1f1b", 4, True, False),  # pp:2xtp:2, loss parallel: each stage's tensor-parallel rank 0
-    (2, 1, "1f1b", 4, True, False),
-    (2, 1, "gpipe", 4, True, False),
-    (4, 1, "1f1b", 4, True, False),
-    (4, 1, "1f1b", 4, True, True),
-    (2, 2, "gpipe", 2, True, True),
+    (3, 1, 1, "1f1b", 4, True, False, False),  # stages of 1 + embedding, 2, and 1 + norm and lm_head
+    (4, 1, 1, "gpipe", 2, False, True, False),  # every decoder layer checkpointed (non-reentrant)
+    (2, 1, 2, "1f1b", 4, True, False, False),  # pp:2xtp:2, loss parallel: each stage's tensor-parallel rank 0
+    # pp:3xfsdp:2, FSDP2 inside each stage as torchtitan applies it, with its mixed precision (f32
+    # parameters, bf16 compute, f32 reduction: the gradients accumulate in f32)
+    (3, 2, 1, "1f1b", 4, True, False, True),
+    (2, 1, 1, "1f1b", 4, True, False, False),
+    (2, 1, 1, "gpipe", 4, True, False, False),
+    (4, 1, 1, "1f1b", 4, True, False, False),
+    (4, 1, 1, "1f1b", 4, True, True, False),
+    (2, 1, 2, "gpipe", 2, True, True, False),
+    (3, 2, 1, "1f1b", 4, True, False, False),  # FSDP2 on bf16 parameters
+    (2, 2, 1, "gpipe", 4, False, False, False),
+    (2, 2, 1, "1f1b", 2, True, True, True),
+    (2, 2, 2, "1f1b", 2, True, False, True),  # pp:2xfsdp:2xtp:2, torchtitan's 3-D layout
 )
+# FSDP2's buffers in a stage, as vramscope's --buffers names them.
+FSDP_KINDS = ("all-gather output", "unsharded parameters", "unsharded gradients (accumulated)",
+              "reduce-scatter input", "reduce-scatter output (sharded gradients)")
 
 
 def split(stages, layers):
@@ -67,7 +86,99 @@ def split(stages, layers):
     return out
 
 
-def torch_side(stages, tp, schedule, microbatches, return_outputs, checkpointed, rank):
+def fsdp_events(module, mesh, first_layer, log, now, mixed):
+    """fully_shard on each decoder layer, then on the stage (torchtitan's apply_fsdp under pp:
+    reshard_after_forward=False), with FSDP2's buffers followed into `log`: each all-gather
+    output, each group's unsharded parameters (from _to_unsharded to _to_sharded), its gradients
+    kept on the unsharded parameters between micro-batches, its reduce-scatter input and output
+    (the sharded gradients view it), each labelled with the action begun last."""
+    import weakref
+    import torch
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    import torch.distributed.fsdp._fully_shard._fsdp_param_group as param_group
+
+    def local(t):
+        return getattr(t, "_local_tensor", t)
+
+    def nbytes(t):
+        return local(t).untyped_storage().nbytes()
+
+    def entry(what, size):
+        log.append({"buffer": what, "bytes": size, "allocated": now[0], "freed": ""})
+        return log[-1]
+
+    def freed_with(e, tensors):
+        left = [len(tensors)]
+
+        def gone():
+            left[0] -= 1
+            if left[0] == 0:
+                e["freed"] = now[0]
+        for t in tensors:
+            weakref.finalize(t, gone)
+
+    names, unsharded, gradients = {}, {}, {}
+    group_class = param_group.FSDPParamGroup
+    gather, reduce = param_group.foreach_all_gather, param_group.foreach_reduce
+    to_unsharded, to_sharded, post_backward = group_class._to_unsharded, group_class._to_sharded, group_class.post_backward
+
+    def all_gather(fsdp_params, *a, **k):
+        result = gather(fsdp_params, *a, **k)
+        freed_with(entry(f"{names[id(fsdp_params[0])]} all-gather output", nbytes(result.all_gather_output)),
+                   [result.all_gather_output])
+        return result
+
+    def unshard(self):
+        if not self.is_unsharded:
+            size = sum(t.untyped_storage().nbytes() for p in self.fsdp_params for t in p.all_gather_outputs)
+            unsharded[id(self)] = entry(f"{names[id(self.fsdp_params[0])]} unsharded parameters", size)
+        to_unsharded(self)
+
+    def reshard(self):
+        if self.is_unsharded and id(self) in unsharded:
+            unsharded.pop(id(self))["freed"] = now[0]
+        to_sharded(self)
+
+    def after_backward(self, *a):
+        post_backward(self, *a)
+        if self.reduce_grads or id(self) in gradients:
+            return
+        grads = [local(p.unsharded_param.grad) for p in self.fsdp_params
+                 if hasattr(p, "_unsharded_param") and p.unsharded_param.grad is not None]
+        if grads:
+            e = gradients[id(self)] = entry(f"{names[id(self.fsdp_params[0])]} unsharded gradients (accumulated)",
+                                            sum(map(nbytes, grads)))
+            freed_with(e, grads)
+
+    def reduce_scatter(fsdp_params, *a, **k):
+        result = reduce(fsdp_params, *a, **k)
+        name = names[id(fsdp_params[0])]
+        gradients.pop(id(fsdp_params[0]._group), None)
+        freed_with(entry(f"{name} reduce-scatter input", nbytes(result[0])), [result[0]])
+        sharded = [local(p.sharded_param.grad) for p in fsdp_params if p.sharded_param.grad is not None]
+        freed_with(entry(f"{name} reduce-scatter output (sharded gradients)", nbytes(sharded[0])), sharded)
+        return result
+
+    param_group.foreach_all_gather, param_group.foreach_reduce = all_gather, reduce_scatter
+    group_class._to_unsharded, group_class._to_sharded, group_class.post_backward = unshard, reshard, after_backward
+    options = {"reshard_after_forward": False}
+    if mixed:
+        options["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for layer in module.layers:
+        fully_shard(layer, mesh=mesh, **options)
+    fully_shard(module, mesh=mesh, **options)
+    for i, layer in enumerate(module.layers):
+        for group in layer._get_fsdp_state()._fsdp_param_groups:
+            names[id(group.fsdp_params[0])] = f"model.layers.{first_layer + i}"
+            for p in group.fsdp_params:
+                p._group = group
+    for group in module._get_fsdp_state()._fsdp_param_groups:
+        names[id(group.fsdp_params[0])] = "root"
+        for p in group.fsdp_params:
+            p._group = group
+
+
+def torch_side(stages, fsdp, tp, schedule, microbatches, return_outputs, checkpointed, mixed, rank):
     import torch
     import torch.distributed as dist
     from torch import nn
@@ -82,13 +193,13 @@ def torch_side(stages, tp, schedule, microbatches, return_outputs, checkpointed,
     from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel, SequenceParallel, loss_parallel,
                                                    parallelize_module)
 
-    # The mesh (pp, tp): this process is the stage's tensor-parallel rank 0.
-    dist.init_process_group("fake", rank=rank * tp, world_size=stages * tp, store=FakeStore())
-    mesh = init_device_mesh("cpu", (stages, tp), mesh_dim_names=("pp", "tp"))
+    # The mesh (pp, dp, tp): this process is the stage's data- and tensor-parallel rank 0.
+    dist.init_process_group("fake", rank=rank * fsdp * tp, world_size=stages * fsdp * tp, store=FakeStore())
+    mesh = init_device_mesh("cpu", (stages, fsdp, tp), mesh_dim_names=("pp", "dp", "tp"))
     cfg = LlamaConfig.from_dict({**json.loads(CONFIG.read_text()), "use_cache": False, "num_hidden_layers": LAYERS})
     cfg._attn_implementation = "sdpa"
     torch.manual_seed(0)
-    torch.set_default_dtype(torch.bfloat16)
+    torch.set_default_dtype(torch.float32 if mixed else torch.bfloat16)
     full = LlamaForCausalLM(cfg)
     torch.set_default_dtype(torch.float32)
     if checkpointed:
@@ -150,6 +261,9 @@ def torch_side(stages, tp, schedule, microbatches, return_outputs, checkpointed,
             outputs = logits(True)
             grads = {"output_grads": logits(False),
                      "input_grads": torch.empty(hidden, dtype=torch.bfloat16, device="meta")}
+    log, now, recv_kind = [], ["construction"], []
+    if fsdp > 1:
+        fsdp_events(module, mesh["dp"], lo, log, now, mixed)
     stage = PipelineStage(module, rank, stages, torch.device("cpu"), input_args=inputs, output_args=outputs,
                           group=mesh["pp"].get_group(), **grads)
 
@@ -159,8 +273,6 @@ def torch_side(stages, tp, schedule, microbatches, return_outputs, checkpointed,
     kind = ScheduleGPipe if schedule == "gpipe" else Schedule1F1B
     pipe = kind(stage, microbatches, loss_fn=loss_fn)
     opt = torch.optim.AdamW(module.parameters(), lr=1e-3, foreach=True)
-
-    log, now, recv_kind = [], ["construction"], []
 
     def track(tensor, what, mb):
         tensor = getattr(tensor, "_local_tensor", tensor)  # a DTensor's local shard, which it holds
@@ -220,49 +332,64 @@ def torch_side(stages, tp, schedule, microbatches, return_outputs, checkpointed,
     return log
 
 
-def ours(exe, stages, tp, schedule, microbatches, return_outputs, checkpointed, rank, tmp):
-    out = Path(tmp) / f"pp{stages}x{tp}-{schedule}-{microbatches}-{checkpointed}-{rank}.json"
+def mesh_of(stages, fsdp, tp):
+    return f"pp:{stages}" + (f"xfsdp:{fsdp}" if fsdp > 1 else "") + (f"xtp:{tp}" if tp > 1 else "")
+
+
+def ours(exe, stages, fsdp, tp, schedule, microbatches, return_outputs, checkpointed, mixed, rank, tmp, stack):
+    out = Path(tmp) / f"pp{stages}x{fsdp}x{tp}-{schedule}-{microbatches}-{checkpointed}-{mixed}-{rank}.json"
     options = f"schedule={schedule},microbatches={microbatches},stage={rank},return_outputs={str(return_outputs).lower()}"
+    if mixed:
+        options += ",param_dtype=bf16,reduce_dtype=f32"
     config = Path(tmp) / "llama-4layer.json"
     config.write_text(json.dumps({**json.loads(CONFIG.read_text()), "num_hidden_layers": LAYERS}))
     subprocess.run([exe, "trace", "--hf-config", str(config), "--batch", str(BATCH), "--seq", str(SEQ), "--attn", "sdpa",
-                    "--dtype", "bf16", "--device", "sim:h100-80g", "--steps", str(STEPS),
-                    "--parallel", f"pp:{stages}" + (f"xtp:{tp}" if tp > 1 else ""), "--parallel-options", options, "--buffers", str(out),
+                    "--dtype", "f32" if mixed else "bf16", "--device", "sim:h100-80g", "--steps", str(STEPS),
+                    "--stack", stack, "--parallel", mesh_of(stages, fsdp, tp), "--parallel-options", options,
+                    "--buffers", str(out),
                     *(["--gradient-checkpointing", "non-reentrant"] if checkpointed else [])],
                    check=True, capture_output=True, text=True)
     return [{k: r[k] for k in ("buffer", "bytes", "allocated", "freed")} for r in json.loads(out.read_text())]
 
 
 def comparable(log):
-    """The pipeline's buffers (tensor parallel's, listed after them, are check_tensor_parallel.py's),
+    """The pipeline's buffers, then FSDP's (tensor parallel's are check_tensor_parallel.py's), each
     in the order they were made in; those alive when the run ends ("" freed) are the last step's
-    output chunks in both."""
-    return [(r["buffer"], r["bytes"], r["allocated"], r["freed"] or "") for r in log
-            if "(micro-batch " in r["buffer"] or r["buffer"] == "merged output"]
+    output chunks and sharded gradients in both."""
+    def row(r):
+        return (r["buffer"], r["bytes"], r["allocated"], r["freed"] or "")
+    pipeline = [row(r) for r in log if "(micro-batch " in r["buffer"] or r["buffer"] == "merged output"]
+    group = re.compile(r"^(root|model\.layers\.\d+) (" + "|".join(map(re.escape, FSDP_KINDS)) + ")$")
+    return pipeline + [row(r) for r in log if group.match(r["buffer"])]
 
 
 def main() -> int:
-    if len(sys.argv) == 9 and sys.argv[1] == "--rank":
-        stages, tp, schedule, mbs, rank = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], int(sys.argv[5]), int(sys.argv[8])
-        print(json.dumps(torch_side(stages, tp, schedule, mbs, sys.argv[6] == "True", sys.argv[7] == "True", rank)))
+    if len(sys.argv) == 11 and sys.argv[1] == "--rank":
+        stages, fsdp, tp, schedule, mbs = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], int(sys.argv[6])
+        flags = [a == "True" for a in sys.argv[7:10]]
+        print(json.dumps(torch_side(stages, fsdp, tp, schedule, mbs, *flags, int(sys.argv[10]))))
         return 0
     reexec_on_stack("check_pipeline_parallel")
     import torch
     exe = sys.argv[1]
-    runs = RUNS if "--all" in sys.argv[2:] else RUNS[:3]
+    runs = RUNS if "--all" in sys.argv[2:] else RUNS[:4]
+    # FSDP2 in a stage is modelled as torch 2.15's PipelineStage finalizes it: the stack checked.
+    stack = f"torch={'.'.join(torch.__version__.split('+')[0].split('.')[:2])},transformers=5.24"
     failures = []
     with tempfile.TemporaryDirectory() as tmp:
-        for stages, tp, schedule, mbs, ret, ckpt in runs:
+        for stages, fsdp, tp, schedule, mbs, ret, ckpt, mixed in runs:
             for rank in range(stages):
-                label = (f"pp:{stages}{f'xtp:{tp}' if tp > 1 else ''} {schedule} M={mbs}"
-                         f"{'' if ret else ' return_outputs=False'}{' checkpointed' if ckpt else ''} stage {rank}")
-                run = subprocess.run([sys.executable, __file__, "--rank", str(stages), str(tp), schedule, str(mbs),
-                                      str(ret), str(ckpt), str(rank)], capture_output=True, text=True, timeout=600)
+                label = (f"{mesh_of(stages, fsdp, tp)} {schedule} M={mbs}"
+                         f"{'' if ret else ' return_outputs=False'}{' checkpointed' if ckpt else ''}"
+                         f"{' param_dtype=bf16' if mixed else ''} stage {rank}")
+                run = subprocess.run([sys.executable, __file__, "--rank", str(stages), str(fsdp), str(tp), schedule,
+                                      str(mbs), str(ret), str(ckpt), str(mixed), str(rank)], capture_output=True,
+                                     text=True, timeout=600)
                 if run.returncode != 0:
                     failures.append(f"{label}: PyTorch's run failed: {run.stderr.strip().splitlines()[-1:]}")
                     continue
                 theirs = comparable(json.loads(run.stdout.strip().splitlines()[-1]))
-                mine = comparable(ours(exe, stages, tp, schedule, mbs, ret, ckpt, rank, tmp))
+                mine = comparable(ours(exe, stages, fsdp, tp, schedule, mbs, ret, ckpt, mixed, rank, tmp, stack))
                 same = theirs == mine
                 print(f"  {label}: {len(theirs)} buffers in PyTorch, {len(mine)} in vramscope: "
                       f"{'equal, in order, made and dropped in the same actions' if same else 'DIFFER'}")

@@ -64,9 +64,11 @@ TEST(PipelineParallel, OptionsAndRefusals) {
   EXPECT_TRUE(parse_parallel("pp:4", "stage = 0").stage_chosen);
   EXPECT_FALSE(parse_parallel("pp:4").stage_chosen);
   EXPECT_NE(error_of([] { parse_parallel("pp:4", "bucket_cap_mb=5"); }).find("not an option of pp"), std::string::npos);
-  EXPECT_NE(error_of([] { parse_parallel("pp:4xfsdp:8"); }).find("not yet"), std::string::npos);
+  EXPECT_NE(error_of([] { parse_parallel("pp:4xddp:8"); }).find("inside pipeline stages"), std::string::npos);
+  EXPECT_NE(error_of([] { parse_parallel("pp:4xzero3:8"); }).find("inside pipeline stages"), std::string::npos);
+  // The stage's mesh reads as it does alone, the pipeline's options after its own.
   EXPECT_EQ(parallel_label(parse_parallel("pp:4xtp:8", "loss_parallel=false,stage=2,rank=5")),
-            "pp:4xtp:8 loss_parallel=false,stage=2,rank=5");
+            "pp:4xtp:8 loss_parallel=false,rank=5,stage=2");
   EXPECT_EQ(parse_parallel("pp:4xtp:8").gpus(), 32u);
   EXPECT_NE(error_of([] { parse_parallel("pp:4", "loss_parallel=false"); }).find("not an option of pp"),
             std::string::npos);
@@ -237,6 +239,79 @@ TEST(PipelineParallel, LastStageKeepsItsOutputs) {
   const auto buffers = keeping.trainer.communication_buffers();
   EXPECT_EQ(buffers.back().what, "merged output");
   EXPECT_EQ(buffers.back().bytes, static_cast<std::size_t>(logits));
+}
+
+// FSDP2 inside each stage (pp:2xfsdp:2), as torchtitan applies it under pp: the parameters
+// gathered once per step (reshard_after_forward=False), every micro-batch's gradients added into
+// the unsharded ones, reduce-scattered once after the last backward; with torchtitan's mixed
+// precision (f32 parameters, bf16 compute, f32 reduction) those gradients accumulate in f32.
+TEST(PipelineParallel, FullyShardInsideTheStages) {
+  const ParallelConfig mesh = parse_parallel("pp:4xfsdp:2xtp:8", "microbatches=8,reshard_after_forward=true,stage=1,rank=1");
+  EXPECT_EQ(mesh.pipeline_parallel, 4u);
+  EXPECT_EQ(mesh.engine, ParallelEngine::Fsdp);
+  EXPECT_EQ(mesh.world_size, 2u);
+  EXPECT_EQ(mesh.tensor_parallel, 8u);
+  EXPECT_EQ(mesh.gpus(), 64u);
+  EXPECT_EQ(mesh.rank, 1u);  // FSDP's rank, as in fsdp:MxTP:N
+  EXPECT_EQ(parallel_label(mesh), "pp:4xfsdp:2xtp:8 reshard_after_forward=true,rank=1,microbatches=8,stage=1");
+  const std::string unknown = error_of([] { parse_parallel("pp:2xfsdp:2", "bucket_cap_mb=5"); });
+  EXPECT_NE(unknown.find("not an option of fsdp"), std::string::npos);
+  EXPECT_NE(unknown.find("pp's: schedule"), std::string::npos);
+
+  // Stage 0 of a four-layer Llama over two stages: the embedding and layers 0 and 1.
+  constexpr std::size_t kLayer = 2 * ((512 + 2 * 256) * 512 + 512 * 512 + 3 * 1376 * 512 + 2 * 512);
+  constexpr std::size_t kTable = 2 * 32000 * 512;
+  const OneStep plain(llama("microbatches=4", "batch=4,seq=128,attn=sdpa", "pp:2xfsdp:2"));
+  EXPECT_EQ(plain.trainer.report().parameter_bytes, static_cast<std::int64_t>((kTable + 2 * kLayer) / 2));
+  const auto buffers = plain.trainer.communication_buffers();
+  const auto all = [&](const std::string& what) {
+    std::vector<std::size_t> out;
+    for (const CommunicationBuffer& b : buffers) {
+      if (b.what == what) out.push_back(b.bytes);
+    }
+    return out;
+  };
+  EXPECT_EQ(all("model.layers.0 all-gather output"), std::vector<std::size_t>{kLayer});  // once, not per micro-batch
+  EXPECT_EQ(all("root all-gather output"), std::vector<std::size_t>{kTable});
+  EXPECT_EQ(all("model.layers.0 unsharded gradients (accumulated)"), std::vector<std::size_t>{kLayer});
+  EXPECT_EQ(all("model.layers.0 reduce-scatter input"), std::vector<std::size_t>{kLayer});
+  EXPECT_EQ(all("model.layers.0 reduce-scatter output (sharded gradients)"), std::vector<std::size_t>{kLayer / 2});
+  for (const CommunicationBuffer& b : buffers) {
+    if (b.what.ends_with("reduce-scatter input")) {
+      EXPECT_EQ(b.allocated, "step 1 backward 3") << b.what;
+    }
+  }
+  // reshard_after_forward=True: a micro-batch's forward gathers a layer again once an earlier
+  // forward resharded it; a backward, once its parameters stay gathered, does not reshard.
+  const OneStep resharding(llama("microbatches=4,reshard_after_forward=true", "batch=4,seq=128,attn=sdpa", "pp:2xfsdp:2"));
+  std::size_t gathers = 0;
+  for (const CommunicationBuffer& b : resharding.trainer.communication_buffers()) {
+    gathers += b.what == "model.layers.0 all-gather output" ? 1 : 0;
+  }
+  EXPECT_GT(gathers, 1u);
+  EXPECT_GT(plain.stats.peak_allocated, 0);
+
+  // Mixed precision: the unsharded parameters in bf16, their gradients kept in f32.
+  TrainConfig mixed = llama("microbatches=4,param_dtype=bf16,reduce_dtype=f32", "batch=4,seq=128,attn=sdpa",
+                            "pp:2xfsdp:2");
+  mixed.precision = Precision::F32;
+  const OneStep wide(mixed);
+  const auto log = wide.trainer.communication_buffers();
+  const auto bytes_of = [&](const std::string& what) {
+    const auto it = std::find_if(log.begin(), log.end(), [&](const CommunicationBuffer& b) { return b.what == what; });
+    return it == log.end() ? std::size_t{0} : it->bytes;
+  };
+  EXPECT_EQ(bytes_of("model.layers.0 unsharded parameters"), kLayer);
+  EXPECT_EQ(bytes_of("model.layers.0 unsharded gradients (accumulated)"), 2 * kLayer);
+  EXPECT_EQ(bytes_of("receive activations (micro-batch 0)"), 0u);  // stage 0 receives none
+  TrainConfig mixed_last = mixed;
+  mixed_last.parallel.stage = 1;
+  const OneStep wide_last(mixed_last);
+  for (const CommunicationBuffer& b : wide_last.trainer.communication_buffers()) {
+    if (b.what == "receive activations (micro-batch 0)") {
+      EXPECT_EQ(b.bytes, 1u * 128 * 512 * 2);  // bf16 hidden states
+    }
+  }
 }
 
 }  // namespace

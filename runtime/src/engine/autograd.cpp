@@ -58,12 +58,14 @@ class AccumulateGrad final : public Node {
     Tensor variable(variable_);
     if (!variable_->grad) {
       // Steal the gradient when nothing else references it and its layout matches
-      // the parameter's (accumulateGrad's use_count / layout-contract test).
-      if (new_grad.use_count() == 1 && new_grad.is_contiguous() && new_grad.dtype() == variable.dtype() &&
+      // the parameter's (accumulateGrad's use_count / layout-contract test), in the dtype the
+      // gradient is kept in (grad_dtype: a cast copy otherwise).
+      const DType kept = variable_->grad_dtype.value_or(variable.dtype());
+      if (new_grad.use_count() == 1 && new_grad.is_contiguous() && new_grad.dtype() == kept &&
           (new_grad.shape() == variable.shape() || variable_->redistributed_grad)) {
         variable_->grad = new_grad.detach().impl_ptr();
       } else {
-        Tensor copy = empty(variable.runtime(), variable.shape(), variable.dtype());
+        Tensor copy = empty(variable.runtime(), variable.shape(), kept);
         detail::copy_raw(copy, new_grad);
         variable_->grad = copy.impl_ptr();
       }

@@ -31,7 +31,7 @@ bool has_parameters(const Module& m) { return m.parameter_count() > 0 || m.param
 /// their type that has them too. Inline code of a parent's forward (ViT's residuals inside an
 /// EncoderBlock) is no module to wrap. One pass over the children (their types counted once):
 /// a decoder of 10,000 layers is not asked 10,000 times about each sibling.
-std::vector<bool> block_children(const Module& m) {
+std::vector<bool> block_children(const Module& m, std::size_t min_alike = 2) {
   const auto& kids = m.children();
   std::vector<bool> block(kids.size(), false);
   std::unordered_map<std::string_view, std::size_t> alike;
@@ -40,26 +40,28 @@ std::vector<bool> block_children(const Module& m) {
     block[i] = !c.is_inline() && !c.children().empty() && has_parameters(c);
     if (block[i]) ++alike[c.type_name()];
   }
-  for (std::size_t i = 0; i < kids.size(); ++i) block[i] = block[i] && alike[kids[i].second->type_name()] >= 2;
+  for (std::size_t i = 0; i < kids.size(); ++i) block[i] = block[i] && alike[kids[i].second->type_name()] >= min_alike;
   return block;
 }
 
-bool contains_block(const Module& m) {
-  const std::vector<bool> block = block_children(m);
+bool contains_block(const Module& m, std::size_t min_alike) {
+  const std::vector<bool> block = block_children(m, min_alike);
   for (std::size_t i = 0; i < block.size(); ++i) {
-    if (block[i] || contains_block(*m.children()[i].second)) return true;
+    if (block[i] || contains_block(*m.children()[i].second, min_alike)) return true;
   }
   return false;
 }
 
-void collect_blocks(Module& m, std::vector<Module*>& out) {
-  const std::vector<bool> block = block_children(m);
+/// The blocks under `m`. `min_alike` 1 takes a lone block too: a pipeline stage may hold one
+/// decoder layer, which torchtitan wraps as it wraps every layer.
+void collect_blocks(Module& m, std::vector<Module*>& out, std::size_t min_alike = 2) {
+  const std::vector<bool> block = block_children(m, min_alike);
   for (std::size_t i = 0; i < block.size(); ++i) {
     Module& child = *m.children()[i].second;
-    if (block[i] && !(child.type_name() == "Sequential" && contains_block(child))) {
+    if (block[i] && !(child.type_name() == "Sequential" && contains_block(child, min_alike))) {
       out.push_back(&child);
     } else {
-      collect_blocks(child, out);
+      collect_blocks(child, out, min_alike);
     }
   }
 }
@@ -126,7 +128,10 @@ std::vector<Module*> repeated_blocks(Module& root) {
 namespace mem::nn::detail {
 
 FullyShard::FullyShard(const ParallelConfig& config, Module& root, Runtime& runtime)
-    : config_(config), runtime_(runtime), context_(intern_context("FullyShardedDataParallel", Phase::Forward)) {
+    : config_(config),
+      runtime_(runtime),
+      context_(intern_context("FullyShardedDataParallel", Phase::Forward)),
+      pipelined_(config.pipeline_parallel > 1) {
   if (runtime.computing()) {
     throw Error("fsdp runs as a dry run only: its all-gathers on one simulated rank bring no data from the others");
   }
@@ -137,7 +142,8 @@ FullyShard::FullyShard(const ParallelConfig& config, Module& root, Runtime& runt
   copy_in_stream_ = device.create_stream();
   reduce_scatter_stream_ = device.create_stream();
   const std::size_t world = config.world_size;
-  std::vector<Module*> modules = repeated_blocks(root);
+  std::vector<Module*> modules;
+  collect_blocks(root, modules, pipelined_ ? 1 : 2);
   modules.push_back(&root);
   for (std::size_t i = 0; i < modules.size(); ++i) group_index_[modules[i]] = i;
   std::unordered_map<const Module*, std::size_t> blocks(group_index_);
@@ -152,8 +158,10 @@ FullyShard::FullyShard(const ParallelConfig& config, Module& root, Runtime& runt
     group.module = module;
     group.path = module->path();
     const bool is_root = module == &root;
-    // reshard_after_forward=None: True, except for the root (_fully_shard.py).
-    group.reshard_after_forward = config.reshard_after_forward.value_or(!is_root);
+    // reshard_after_forward=None: True, except for the root (_fully_shard.py). In a pipeline
+    // torchtitan passes False, "to avoid per-microbatch all-gathers" (apply_fsdp's default
+    // policy: reshard_after_forward = not pp_enabled).
+    group.reshard_after_forward = config.reshard_after_forward.value_or(!is_root && !pipelined_);
     // An int applies to every group it is given to, the root included (fully_shard(model, ...)).
     group.post_forward_ranks = config.reshard_after_forward_to;
     std::vector<std::pair<Module*, std::size_t>> owned;
@@ -171,6 +179,10 @@ FullyShard::FullyShard(const ParallelConfig& config, Module& root, Runtime& runt
       const std::int64_t local_rows = chunk_size(rows, world, config.rank);
       // MixedPrecisionPolicy applies to floating parameters (a packed 4-bit weight keeps its bytes).
       p.unsharded_dtype = config.param_dtype && is_floating(original.dtype()) ? *config.param_dtype : original.dtype();
+      // _fsdp_params_with_wider_grad_dtype (torch 2.15 _fsdp_param_group.py): the gradient's
+      // dtype (reduce_dtype, else the parameter's own) holds more than the compute dtype's.
+      p.wider_grad = is_floating(original.dtype()) && dtype_size(config.reduce_dtype.value_or(original.dtype())) >
+                                                          dtype_size(p.unsharded_dtype);
       // One context per group: its unsharded parameters are weights, as the shards are.
       p.weight_context = intern_context(label(group) + " unsharded parameters", Phase::None);
       {
@@ -192,6 +204,8 @@ FullyShard::FullyShard(const ParallelConfig& config, Module& root, Runtime& runt
         p.unsharded = leaf_over(storage, shape, p.unsharded_dtype, original);
         // Tensor parallel inside: a gradient of another placement than the parameter's stays so.
         p.unsharded.impl()->redistributed_grad = original.impl()->redistributed_grad;
+        // init_unsharded_param: unsharded_param.grad_dtype = unsharded_grad_dtype.
+        if (p.wider_grad) p.unsharded.impl()->grad_dtype = config.reduce_dtype.value_or(original.dtype());
       }
       originals.push_back(original);
       group.params.push_back(std::move(p));
@@ -235,6 +249,7 @@ void FullyShard::order_parameters(Module& root) {
 std::string FullyShard::label(const Group& g) { return g.path.empty() ? "root" : g.path; }
 
 std::string FullyShard::stage() const {
+  if (action_ != nullptr) return *action_;
   if (steps_ == 0) return "construction";
   return "step " + std::to_string(steps_) + (in_backward_ ? " backward" : " forward");
 }
@@ -446,15 +461,19 @@ std::vector<Tensor> FullyShard::group_post_forward(Group& g, std::vector<Tensor>
   return outputs;
 }
 
-Tensor FullyShard::root_pre_forward(const Tensor& input) {
+void FullyShard::begin_step() {
   ++steps_;
-  in_backward_ = false;
   // The gradients the last step's reduce-scatter outputs held were set to None since.
   std::erase_if(gradient_outputs_, [&](const auto& output) {
     if (!output.first.expired()) return false;
     if (output.second < log_.size()) log_[output.second].freed = stage();
     return true;
   });
+}
+
+Tensor FullyShard::root_pre_forward(const Tensor& input) {
+  if (!pipelined_) begin_step();  // a pipeline runs the root's forward once per micro-batch
+  in_backward_ = false;
   return group_pre_forward(groups_.back(), input);
 }
 
@@ -484,6 +503,7 @@ void FullyShard::pre_backward(Group& g) {
   g.state = State::PreBackward;
   unshard(g);  // a no-op if prefetched
   wait_for_unshard(g);
+  set_unsharded_grad_dtypes(g, true);
   // _backward_prefetch: the group whose post-forward ran just before this one's.
   if (g.post_forward_indices.empty()) return;
   const std::size_t index = g.post_forward_indices.back();
@@ -496,8 +516,48 @@ void FullyShard::pre_backward(Group& g) {
   target.state = saved;
 }
 
+void FullyShard::set_unsharded_grad_dtypes(Group& g, bool defer) {
+  const bool reduce_grads = !pipelined_ || finalizing_;
+  for (Param& p : g.params) {
+    if (!p.wider_grad || !p.unsharded.requires_grad()) continue;
+    const DType wide = config_.reduce_dtype.value_or(p.sharded.dtype());
+    Tensor grad = p.unsharded.grad();
+    if (defer) {
+      // Left in the dtype autograd makes it in (the reduce-scatter's copy-in casts it), or
+      // added in place to the wider one an earlier micro-batch left.
+      if (grad.defined() || reduce_grads) p.unsharded.impl()->grad_dtype.reset();
+      continue;
+    }
+    if (grad.defined() && grad.dtype() != wide) {
+      // param.grad = grad.to(dtype): made while deferred, kept to accumulate.
+      ModuleScope scope(p.module->context(Phase::Backward));
+      Tensor cast = empty(runtime_, grad.shape(), wide);
+      grad = Tensor{};
+      p.unsharded.set_grad(cast);
+    }
+    p.unsharded.impl()->grad_dtype = wide;
+  }
+}
+
 void FullyShard::post_backward(Group& g) {
   g.state = State::PostBackward;
+  if (pipelined_ && !finalizing_) {
+    // reduce_grads is False (set_requires_gradient_sync(False)): the gradients stay on the
+    // unsharded parameters for perform_reduce_grad, and with reshard_after_backward False the
+    // parameters stay gathered for the next micro-batch.
+    g.post_backward_pending = true;
+    set_unsharded_grad_dtypes(g, false);
+    if (g.gradients_log == SIZE_MAX) {
+      std::size_t bytes = 0;
+      for (const Param& p : g.params) bytes += p.unsharded.grad().defined() ? p.unsharded.grad().nbytes() : 0;
+      if (bytes != 0) {
+        g.gradients_log = log_.size();
+        log_.push_back({label(g) + " unsharded gradients (accumulated)", bytes, "default", stage(), ""});
+      }
+    }
+    return;
+  }
+  g.post_backward_pending = false;
   // The unsharded gradients, in parameter order, taken from the parameters.
   std::vector<std::pair<Param*, Tensor>> grads;
   for (Param& p : g.params) {
@@ -516,11 +576,13 @@ void FullyShard::post_backward(Group& g) {
     }
     grads.emplace_back(&p, std::move(grad));
   }
+  set_unsharded_grad_dtypes(g, false);
   reshard(g);
   // The previous group's reduce-scatter input goes once this one's post-backward waits on it.
   if (reduce_scatter_state_.defined()) release(reduce_scatter_state_, reduce_scatter_state_log_);
-  if (grads.empty()) return;
-  foreach_reduce(g, grads);
+  if (!grads.empty()) foreach_reduce(g, grads);
+  if (g.gradients_log < log_.size()) log_[g.gradients_log].freed = stage();
+  g.gradients_log = SIZE_MAX;
 }
 
 void FullyShard::foreach_reduce(Group& g, std::vector<std::pair<Param*, Tensor>>& grads) {
@@ -602,6 +664,19 @@ void FullyShard::root_post_backward_final_callback() {
   // _root_post_backward_final_callback: the groups whose post-backward did not run (their
   // inputs needed no gradient: the root's, usually), in module order, the root first.
   callback_queued_ = false;
+  if (pipelined_) {
+    // Manual finalization: a micro-batch's backward ends with its gradients kept; the
+    // all-gather output kept for overlap goes (release_all_gather_state_on_current_stream),
+    // and the post-forward order waits for finalize_backward.
+    const std::size_t root = groups_.size() - 1;
+    for (std::size_t k = 0; k < groups_.size(); ++k) {
+      Group& g = groups_[k == 0 ? root : k - 1];
+      if (g.state != State::PostBackward) post_backward(g);
+      g.state = State::Idle;
+    }
+    release_all_gather_state();
+    return;
+  }
   const std::size_t root = groups_.size() - 1;
   for (std::size_t k = 0; k < groups_.size(); ++k) {
     Group& g = groups_[k == 0 ? root : k - 1];
@@ -613,6 +688,36 @@ void FullyShard::root_post_backward_final_callback() {
   release_all_gather_state();
   post_forward_order_.clear();
   for (Group& g : groups_) g.post_forward_indices.clear();
+}
+
+}  // namespace mem::nn::detail
+
+namespace mem::nn::detail {
+
+void FullyShard::finalize_backward() {
+  // perform_reduce_grad (torch 2.15 stage.py): set_requires_gradient_sync(True),
+  // set_reshard_after_backward(True), then FSDPState.finalize_backward over the states in
+  // reverse (the last block first, the root last): a group with gradients pending runs its
+  // post-backward now (take, reshard, reduce-scatter), any other reshards.
+  finalizing_ = true;
+  in_backward_ = true;
+  const auto finalize = [&](Group& g) {
+    if (g.post_backward_pending) {
+      post_backward(g);
+    } else {
+      reshard(g);
+    }
+    g.state = State::Idle;
+  };
+  for (std::size_t i = groups_.size() - 1; i-- > 0;) finalize(groups_[i]);
+  finalize(groups_.back());
+  // wait_for_gradient_reduction (_end_backward_iteration): the last reduce-scatter input and
+  // any all-gather output kept go; then the stage scales the sharded gradients in place.
+  if (reduce_scatter_state_.defined()) release(reduce_scatter_state_, reduce_scatter_state_log_);
+  release_all_gather_state();
+  post_forward_order_.clear();
+  for (Group& g : groups_) g.post_forward_indices.clear();
+  finalizing_ = false;
 }
 
 }  // namespace mem::nn::detail

@@ -32,6 +32,9 @@ class FullyShard final : public ForwardHooks {
   /// model.parameters() after fully_shard: the local shards, what the optimizer gets
   /// (those that require grad).
   const std::vector<Tensor>& parameters() const noexcept { return parameters_; }
+  /// A training step begins (the root's first forward of it): the gradients the last step's
+  /// reduce-scatters left were set to None since. root_pre_forward calls it outside a pipeline.
+  void begin_step();
   /// The root's pre-forward hook (the model's input, cast to param_dtype if one is set).
   Tensor root_pre_forward(const Tensor& input);
   /// The root's post-forward hook on what its forward returned (a causal LM's loss and
@@ -44,6 +47,15 @@ class FullyShard final : public ForwardHooks {
   /// Every buffer it allocated so far, in order, with its lifetime.
   const std::vector<CommunicationBuffer>& buffers() const noexcept { return log_; }
 
+  // In a pipeline stage (torch.distributed.pipelining's PipelineStage on an FSDPModule, torch
+  // 2.15 stage.py): every micro-batch's backward runs with set_requires_gradient_sync(False)
+  // and set_reshard_after_backward(False), so the parameters stay gathered and the gradients
+  // accumulate on the unsharded parameters; perform_reduce_grad finalizes once per step.
+  /// perform_reduce_grad: FSDPState.finalize_backward, then wait_for_gradient_reduction.
+  void finalize_backward();
+  /// Log entries name the pipeline's action begun last ("step 1 backward 3") instead of the phase.
+  void label_with(const std::string* action) noexcept { action_ = action; }
+
  private:
   enum class State : std::uint8_t { Idle, Forward, PreBackward, PostBackward };
   struct Param {
@@ -52,6 +64,7 @@ class FullyShard final : public ForwardHooks {
     std::int64_t chunk_rows = 0;   // ceil(dim0 / N): every rank's padded shard
     std::int64_t row_numel = 1;    // elements per dim-0 row
     DType unsharded_dtype = DType::F32;  // param_dtype, or the parameter's own
+    bool wider_grad = false;       // its gradients accumulate in a wider dtype than it computes in
     Tensor sharded;                // leaf: this rank's rows of the padded shard
     Tensor unsharded;              // leaf in the module's slot; its block lives while unsharded
     Tensor post_forward;           // reshard_after_forward=k: its 1/k slice, from forward to backward
@@ -69,6 +82,8 @@ class FullyShard final : public ForwardHooks {
     bool sharded_post_forward = false;
     State state = State::Idle;
     bool unsharded = false;
+    bool post_backward_pending = false;  // _post_backward_pending: gradients kept to reduce later
+    std::size_t gradients_log = SIZE_MAX; // a pipeline's accumulated unsharded gradients
     Tensor all_gather_output;      // an unshard waiting for its copy-out
     std::size_t all_gather_log = SIZE_MAX;
     std::size_t unsharded_log = SIZE_MAX;
@@ -85,6 +100,9 @@ class FullyShard final : public ForwardHooks {
   void drop_post_forward(Group& group);
   void pre_backward(Group& group);
   void post_backward(Group& group);
+  /// _set_unsharded_grad_dtypes: before a backward (`defer`) a gradient kept from an earlier
+  /// micro-batch takes the next ones in place; after it, one made narrower is cast up.
+  void set_unsharded_grad_dtypes(Group& group, bool defer);
   void foreach_reduce(Group& group, std::vector<std::pair<Param*, Tensor>>& grads);
   void root_post_backward_final_callback();
   void release_all_gather_state();
@@ -120,6 +138,9 @@ class FullyShard final : public ForwardHooks {
   bool callback_queued_ = false;
   std::size_t steps_ = 0;
   bool in_backward_ = false;
+  bool pipelined_ = false;                // a pipeline stage's root: manual backward finalization
+  bool finalizing_ = false;               // inside finalize_backward: gradients sync now
+  const std::string* action_ = nullptr;   // the pipeline's action begun last, for log_
   std::vector<Tensor> parameters_;       // the shards in named_parameters order
   std::vector<CommunicationBuffer> log_;
 };

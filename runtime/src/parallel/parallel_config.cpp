@@ -130,8 +130,7 @@ void require_sequence_parallel(std::string_view key, std::string_view value) {
 /// pipeline_parallel_schedule names it), n_microbatches, step()'s return_outputs, and the stage.
 ParallelConfig parse_pipeline_options(ParallelConfig config, std::string_view options) {
   if (trim(options).empty()) return config;
-  const std::string keys = std::string(kPpOptions) + (config.tensor_parallel > 1 ? ", " + std::string(kTpOptions) : "");
-  for_each_option(options, keys, [&](std::string_view key, std::string_view value) {
+  for_each_option(options, kPpOptions, [&](std::string_view key, std::string_view value) {
     if (key == "schedule") {
       std::string name(value);
       std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
@@ -151,7 +150,8 @@ ParallelConfig parse_pipeline_options(ParallelConfig config, std::string_view op
       if (config.microbatches == 0) throw Error("microbatches=0: a schedule runs at least one micro-batch");
     } else if (key == "return_outputs") {
       config.return_outputs = parse_bool(key, value);
-    } else if (key == "stage") {
+    } else {
+      // stage=S: checked against the stage count.
       std::size_t stage = 0;
       const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), stage);
       if (value.empty() || ec != std::errc{} || end != value.data() + value.size() || stage >= config.pipeline_parallel) {
@@ -160,18 +160,14 @@ ParallelConfig parse_pipeline_options(ParallelConfig config, std::string_view op
       }
       config.stage = stage;
       config.stage_chosen = true;
-    } else if (config.tensor_parallel > 1 && key == "rank") {
-      config.rank = parse_count(key, value, config.tensor_parallel);  // within the stage's tensor-parallel group
-    } else if (config.tensor_parallel > 1 && key == "loss_parallel") {
-      config.loss_parallel = parse_bool(key, value);
-    } else if (config.tensor_parallel > 1 && key == "sequence_parallel") {
-      require_sequence_parallel(key, value);
-    } else {
-      throw Error("'" + std::string(key) + "' is not an option of " +
-                  (config.tensor_parallel > 1 ? "pp with tp" : "pp") + " (keys: " + keys + ")");
     }
   });
   return config;
+}
+
+bool is_pipeline_option(std::string_view item) {
+  const std::string_view key = trim(item.substr(0, item.find('=')));
+  return key == "schedule" || key == "microbatches" || key == "return_outputs" || key == "stage";
 }
 
 }  // namespace
@@ -209,17 +205,41 @@ ParallelConfig parse_parallel(std::string_view spec, std::string_view options) {
   };
   const auto name_of = [](std::string_view dim) { return dim.substr(0, dim.find(':')); };
   if (name_of(dims.front()) == "pp") {
-    config.pipeline_parallel = count_of(dims.front(), "pp");
-    if (config.pipeline_parallel == 1) {
+    // Pipeline stages outermost; inside each stage the rest of the mesh (fsdp:M, tp:K,
+    // fsdp:MxTP:K) as it is parsed alone, the pipeline's options taken out of the list first.
+    const std::size_t stages = count_of(dims.front(), "pp");
+    if (stages == 1) {
       throw Error("'" + std::string(spec) + "': pp:1 is a single stage; give pp:2 or more (or leave pp out)");
     }
-    if (dims.size() == 2 && name_of(dims.back()) == "tp") {
-      config.tensor_parallel = count_of(dims.back(), "tp");
-    } else if (dims.size() > 1) {
-      throw Error("'" + std::string(spec) + "': the pipeline meshes modelled are pp:N and pp:NxTP:K (tensor "
-                  "parallel inside each stage); with fsdp or ddp (pp:4xfsdp:8) not yet");
+    std::string pipeline_options, inner_options;
+    for (std::size_t begin = 0; begin < options.size();) {
+      const std::size_t comma = std::min(options.find(',', begin), options.size());
+      const std::string_view item = options.substr(begin, comma - begin);
+      std::string& to = is_pipeline_option(item) ? pipeline_options : inner_options;
+      if (!to.empty()) to += ',';
+      to += item;
+      begin = comma + 1;
     }
-    return parse_pipeline_options(config, options);
+    const std::string_view inner = dims.size() > 1 ? spec.substr(dims[1].data() - spec.data()) : std::string_view{};
+    if (inner.empty() && !trim(inner_options).empty()) {
+      for_each_option(inner_options, kPpOptions, [&](std::string_view key, std::string_view) {
+        throw Error("'" + std::string(key) + "' is not an option of pp (keys: " + std::string(kPpOptions) + ")");
+      });
+    }
+    ParallelConfig config;
+    try {
+      if (!inner.empty()) config = parse_parallel(inner, inner_options);
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      if (what.find("is not an option of") == std::string::npos) throw;
+      throw Error(what.substr(0, what.size() - 1) + "; pp's: " + std::string(kPpOptions) + ")");
+    }
+    if (config.engine != ParallelEngine::None && config.engine != ParallelEngine::Fsdp) {
+      throw Error("'" + std::string(spec) + "': inside pipeline stages the meshes modelled are tp:K, fsdp:M and "
+                  "fsdp:MxTP:K (torchtitan's layouts); " + std::string(name_of(dims[1])) + " is not yet");
+    }
+    config.pipeline_parallel = stages;
+    return parse_pipeline_options(config, pipeline_options);
   }
   if (name_of(dims.back()) == "tp") {
     config.tensor_parallel = count_of(dims.back(), "tp");
@@ -227,7 +247,8 @@ ParallelConfig parse_parallel(std::string_view spec, std::string_view options) {
   }
   if (dims.size() > 1 || (!dims.empty() && name_of(dims.front()) == "tp")) {
     throw Error("'" + std::string(spec) + "': the meshes modelled are tp:N and fsdp:MxTP:N (FSDP2 over tensor "
-                "parallel, torchtitan's 2-D layout, tp innermost), pp:N and pp:NxTP:K (pipeline stages outermost); "
+                "parallel, torchtitan's 2-D layout, tp innermost), pp:N, pp:NxTP:K, pp:NxFSDP:M and pp:NxFSDP:MxTP:K "
+                "(pipeline stages outermost); "
                 "context and expert parallel are not yet");
   }
   const std::string_view dim = dims.empty() ? std::string_view{} : dims.front();
@@ -355,16 +376,18 @@ std::string_view schedule_name(PipelineSchedule schedule) noexcept {
 std::string parallel_label(const ParallelConfig& config) {
   if (!config.enabled()) return "none";
   if (config.pipeline_parallel > 1) {
-    std::string out = "pp:" + std::to_string(config.pipeline_parallel);
-    if (config.tensor_parallel > 1) out += "xtp:" + std::to_string(config.tensor_parallel);
-    std::string options;
+    // "pp:N", then the stage's mesh and its options as they read alone, then the pipeline's.
+    ParallelConfig inner = config;
+    inner.pipeline_parallel = 1;
+    const std::string within = inner.enabled() ? parallel_label(inner) : std::string{};
+    const std::size_t space = within.find(' ');
+    std::string out = "pp:" + std::to_string(config.pipeline_parallel) + (within.empty() ? "" : "x" + within.substr(0, space));
+    std::string options = space == std::string::npos ? std::string{} : within.substr(space);
     const auto add = [&](const std::string& item) { options += (options.empty() ? " " : ",") + item; };
     if (config.schedule != PipelineSchedule::OneF1B) add("schedule=" + std::string(schedule_name(config.schedule)));
     if (config.microbatches != 0) add("microbatches=" + std::to_string(config.microbatches));
     if (!config.return_outputs) add("return_outputs=false");
-    if (config.tensor_parallel > 1 && !config.loss_parallel) add("loss_parallel=false");
     if (config.stage != 0) add("stage=" + std::to_string(config.stage));
-    if (config.rank != 0) add("rank=" + std::to_string(config.rank));
     return out + options;
   }
   const bool ddp = config.engine == ParallelEngine::Ddp;

@@ -179,8 +179,7 @@ void PipelineParallel::sweep() {
   });
 }
 
-void PipelineParallel::step(Runtime& rt, Sequential& body, const Tensor& input, const Tensor& target, DType activation,
-                            const LossFn& loss_fn, const std::function<void()>& backward_begins) {
+void PipelineParallel::step(Runtime& rt, const Tensor& input, const Tensor& target, DType activation, const Calls& calls) {
   ++steps_;
   hold_inputs_per_call(*rotary_, steps_);
   // step() begins with clear_runtime_states: the last step's output chunks go.
@@ -216,13 +215,13 @@ void PipelineParallel::step(Runtime& rt, Sequential& body, const Tensor& input, 
       mb.input.set_requires_grad(true);
     }
     begin("forward", m);
-    mb.output = body(mb.input);
+    mb.output = calls.forward(mb.input);
     if (last()) {
       const Tensor target_mb = target.narrow(0, static_cast<std::int64_t>(m) * rows, rows);
       {
         ModuleScope scope("loss", Phase::Forward);
         BackwardContextGuard backward_scope(intern_context("loss", Phase::Backward));
-        mb.loss = loss_fn(mb.output, target_mb);
+        mb.loss = calls.loss(mb.output, target_mb);
       }
       record(config_.return_outputs ? "output chunk" : "output", m, mb.output);
       if (config_.return_outputs) output_chunks_.push_back(mb.output);
@@ -240,7 +239,7 @@ void PipelineParallel::step(Runtime& rt, Sequential& body, const Tensor& input, 
   const auto receive_grad = [&](std::size_t m) {
     if (!backward_started) {
       backward_started = true;
-      backward_begins();
+      calls.backward_begins();
     }
     if (last()) return;
     received_grad = receive(m, "receive gradients", Phase::Backward);
@@ -309,9 +308,11 @@ void PipelineParallel::step(Runtime& rt, Sequential& body, const Tensor& input, 
     send_back(std::move(grad), m);
   }
   sent();
-  // perform_reduce_grad: p.grad.div_(M), in place. The losses go (_update_losses), and the
-  // last stage returns torch.cat of its outputs, which the training loop drops.
+  // The losses go (_update_losses); perform_reduce_grad finalizes FSDP's gradient reduction,
+  // then p.grad.div_(M), in place. The last stage returns torch.cat of its outputs, which the
+  // training loop drops.
   for (MicroBatch& mb : mbs) mb.loss = Tensor{};
+  if (calls.reduce_grads) calls.reduce_grads();
   if (last() && config_.return_outputs) {
     ModuleScope scope("lm_head", Phase::Backward);
     Shape merged = output_chunks_.front().shape();

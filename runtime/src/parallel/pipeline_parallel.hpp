@@ -52,13 +52,23 @@ class PipelineParallel {
   bool first() const noexcept { return config_.stage == 0; }
   bool last() const noexcept { return config_.stage + 1 == config_.pipeline_parallel; }
 
-  using LossFn = std::function<Tensor(const Tensor& output, const Tensor& target)>;
+  /// What the schedule calls on the stage.
+  struct Calls {
+    /// The stage module's forward on one micro-batch (FSDP's root hooks around the layers).
+    std::function<Tensor(const Tensor& input)> forward;
+    /// The schedule's loss_fn (the last stage).
+    std::function<Tensor(const Tensor& output, const Tensor& target)> loss;
+    /// Before the first backward: where the step's forward phase ends.
+    std::function<void()> backward_begins;
+    /// perform_reduce_grad's FSDP finalization, after the last backward; empty without FSDP.
+    std::function<void()> reduce_grads;
+  };
   /// schedule.step(): what the last step left (its output chunks) goes, then every micro-batch
   /// runs in the schedule's order; `input` on stage 0 and `target` on the last are the whole
-  /// batch. `activation` is the hidden states' dtype; `backward_begins` is called before the
-  /// first backward (where the step's forward phase ends).
-  void step(Runtime& rt, Sequential& body, const Tensor& input, const Tensor& target, DType activation, const LossFn& loss_fn,
-            const std::function<void()>& backward_begins);
+  /// batch. `activation` is the hidden states' dtype.
+  void step(Runtime& rt, const Tensor& input, const Tensor& target, DType activation, const Calls& calls);
+  /// The action begun last ("step 1 backward 3"; "construction" before the first step).
+  const std::string& action() const noexcept { return now_; }
   /// What the schedule held so far, in order: the receive buffers, the outputs sent and the
   /// gradients sent (until their send is waited), the last stage's outputs; each with the
   /// action ("step 1 forward 0") begun last when it was made and when it was dropped.

@@ -252,6 +252,7 @@ Trainer::Trainer(const TrainConfig& config, CachingAllocator& allocator)
       runtime_->set_grad_ready_hook([ddp = ddp_.get()](detail::TensorImpl& leaf) { ddp->grad_ready(leaf); });
     } else if (fsdp) {
       fsdp_ = std::make_unique<detail::FullyShard>(config.parallel, model_->body(), *runtime_);
+      if (pp_) fsdp_->label_with(&pp_->action());
     } else if (config.parallel.engine != ParallelEngine::None) {
       // deepspeed.initialize: ZeRO's optimizer wraps the one the config names.
       if (zero3) {
@@ -364,12 +365,27 @@ StepStats Trainer::step() {
       target = model_->make_target(rt, data_dtype, s.step);
     }
     AutocastRegion autocast(rt, autocast_dtype(config_.precision));
-    pp_->step(rt, model_->body(), input, target, param_dtype,
-              [this](const Tensor& out, const Tensor& tgt) { return loss_of(out, tgt); },
-              [&] {
-                end_phase(alloc, *peaks_, s.forward);
-                s.backward = begin_phase(alloc, *peaks_);
-              });
+    detail::PipelineParallel::Calls calls;
+    // The stage module is FSDP's root when fsdp shards inside the stage: its hooks run around
+    // each micro-batch's forward, and perform_reduce_grad finalizes the step's gradients.
+    calls.forward = [this](const Tensor& x) {
+      if (!fsdp_) return model_->body()(x);
+      return fsdp_->root_post_forward({model_->body()(fsdp_->root_pre_forward(x))}).front();
+    };
+    calls.loss = [this](const Tensor& out, const Tensor& tgt) { return loss_of(out, tgt); };
+    calls.backward_begins = [&] {
+      end_phase(alloc, *peaks_, s.forward);
+      s.backward = begin_phase(alloc, *peaks_);
+    };
+    if (fsdp_) {
+      fsdp_->begin_step();
+      calls.reduce_grads = [this] { fsdp_->finalize_backward(); };
+    }
+    // The hidden states between stages: FSDP's param_dtype when it casts the parameters (the
+    // embedding's output is in it), else the parameters' dtype (autocast keeps the residual
+    // stream in it).
+    const DType hidden = fsdp_ && config_.parallel.param_dtype ? *config_.parallel.param_dtype : param_dtype;
+    pp_->step(rt, input, target, hidden, calls);
   } else {
     PhaseGuard phase(Phase::Forward);
     {
@@ -500,17 +516,15 @@ TrainReport Trainer::report() const {
 }
 
 std::vector<CommunicationBuffer> Trainer::communication_buffers() const {
-  if ((fsdp_ || pp_) && tp_) {
-    // A mesh: FSDP's or the pipeline's buffers, then tensor parallel's (each list in its own order).
-    std::vector<CommunicationBuffer> both = fsdp_ ? fsdp_->buffers() : pp_->buffers();
-    both.insert(both.end(), tp_->buffers().begin(), tp_->buffers().end());
-    return both;
-  }
-  if (fsdp_) return fsdp_->buffers();
-  if (zero_) return zero_->buffers();
-  if (tp_) return tp_->buffers();
-  if (pp_) return pp_->buffers();
-  return ddp_ ? ddp_->buffers() : std::vector<CommunicationBuffer>{};
+  // A mesh: the pipeline's buffers, then FSDP's, then tensor parallel's (each list in its own order).
+  std::vector<CommunicationBuffer> all;
+  const auto add = [&](const std::vector<CommunicationBuffer>& log) { all.insert(all.end(), log.begin(), log.end()); };
+  if (pp_) add(pp_->buffers());
+  if (fsdp_) add(fsdp_->buffers());
+  if (zero_) add(zero_->buffers());
+  if (tp_) add(tp_->buffers());
+  if (ddp_) add(ddp_->buffers());
+  return all;
 }
 
 std::vector<std::size_t> Trainer::ddp_bucket_bytes() const { return ddp_ ? ddp_->bucket_bytes() : std::vector<std::size_t>{}; }

@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -160,6 +161,9 @@ struct TensorImpl {
   /// .grad keeps the shape it arrives in, and each optimizer op that reads it redistributes
   /// it first, a copy of the parameter's size.
   bool redistributed_grad = false;
+  /// Leaves: Tensor.grad_dtype (PyTorch 2.10+): AccumulateGrad makes a new .grad in this dtype
+  /// (FSDP2's unsharded parameters, whose gradients accumulate wider than they compute).
+  std::optional<DType> grad_dtype;
 };
 }  // namespace detail
 
