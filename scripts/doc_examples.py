@@ -20,7 +20,8 @@ VRAMSCOPE_REQUIRE_STACK=1 (CI), where a missing stack fails.
 
 `update` replaces each shown line by the output line at its place (the same rows stay
 shown), so the documents follow the program. A document's commands run in order in one scratch
-folder (a file one writes is there for the next); it is thrown away after. A fenced block right after a line `<!-- file: NAME -->` is a file
+folder (a file one writes is there for the next); it is thrown away after. A block right after a line `<!-- unsanitized: WHY -->` is checked by the unsanitized build
+only (a search of hundreds of dry runs). A fenced block right after a line `<!-- file: NAME -->` is a file
 the document asks the reader to save: it is written into the scratch folder as NAME before
 the document's commands run, so an example such as `vramscope sweep --model-file
 net.json` runs on exactly the text the document shows.
@@ -62,6 +63,9 @@ def examples(text: str):
 
 
 FILE_MARK = re.compile(r"^<!-- file: (?P<name>[A-Za-z0-9_.-]+) -->$")
+# A block right after `<!-- unsanitized: WHY -->` is a search of hundreds of dry runs: the
+# sanitized builds leave it to the plain build (their unit tests run the same code on small models).
+UNSANITIZED_MARK = re.compile(r"^<!-- unsanitized: .+ -->$")
 
 
 def saved_files(text: str) -> dict[str, str]:
@@ -211,7 +215,7 @@ def main(argv: list[str]) -> int:
     # runtime must come first in the process): its `python3 NAME.py` examples are the plain
     # build's to check.
     sanitized = bool(os.environ.get("VRAMSCOPE_SANITIZE"))
-    left_out = not_loadable = 0
+    left_out = not_loadable = long_runs = 0
     files = [Path(f) for f in argv[3:]] or [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
     failures = checked = 0
     for path in files:
@@ -230,6 +234,9 @@ def main(argv: list[str]) -> int:
                 continue
             if sanitized and args[:1] == [SCRIPT]:
                 not_loadable += 1
+                continue
+            if sanitized and prompt >= 2 and UNSANITIZED_MARK.match(lines[prompt - 2]):
+                long_runs += 1
                 continue
             output = run(exe, args, scratch)
             if mode == "check-torch" and not torch_part:
@@ -252,7 +259,8 @@ def main(argv: list[str]) -> int:
     print(f"doc_examples: {checked} examples, {failures} differ from the program"
           + (f"; {left_out} that need PyTorch are check-torch's (ctest docs.examples_torch)" if left_out else "")
           + (f"; {not_loadable} Python scripts left to the unsanitized build (a sanitized library "
-             "cannot be loaded through ctypes)" if not_loadable else ""))
+             "cannot be loaded through ctypes)" if not_loadable else "")
+          + (f"; {long_runs} long searches left to the unsanitized build" if long_runs else ""))
     return 1 if failures else 0
 
 

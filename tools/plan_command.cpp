@@ -9,8 +9,10 @@
 #include <system_error>
 
 #include "commands.hpp"
+#include "layout_report.hpp"
 #include "model_args.hpp"
 #include "output_paths.hpp"
+#include "vramscope/planner/layout_search.hpp"
 #include "vramscope/planner/max_batch.hpp"
 #include "vramscope/planner/plan.hpp"
 #include "plan_report.hpp"
@@ -40,6 +42,7 @@ struct PlanArgs {
   std::string headroom = "5%";
   bool max_batch = false;
   bool brief = false;
+  std::size_t gpus = 0;  ///< --gpus, with --parallel auto
 };
 
 /// --max-batch: the largest batch any checkpointing fits, found with the most saving uniform
@@ -120,6 +123,45 @@ planner::PlanSearch parse_search(const std::string& text) {
   return s;
 }
 
+/// `plan --parallel auto --gpus N`: the layouts of N GPUs at the global batch, ranked.
+void run_layouts(const PlanArgs& args, planner::SweepSpec base, Capture* capture) {
+  if (args.max_batch || !args.code.empty() || !args.model_out.empty() || !args.parallel.options.empty() ||
+      args.search != PlanArgs{}.search) {
+    throw UsageError("--parallel auto searches the layouts (the mesh and whether every layer is checkpointed); "
+                     "--max-batch, --code, --model-out, --search and --parallel-options apply to one layout: give it "
+                     "as --parallel");
+  }
+  if (args.gpus == 0) throw UsageError("--parallel auto: give --gpus N, the GPUs to spread the step over");
+  if (args.model.batch.empty()) {
+    throw UsageError("--parallel auto: give --batch, the global batch (sequences per optimizer step over all GPUs)");
+  }
+  planner::LayoutSearchSpec spec;
+  spec.gpus = args.gpus;
+  spec.global_batch = base.model_options.batch;
+  base.segments = {0};
+  base.headroom = headroom_bytes(args.headroom, base);  // a layout fits leaving it free
+  spec.base = std::move(base);
+  std::unique_ptr<ProgressBar> bar;
+  const planner::SweepProgress progress = [&](std::size_t done, std::size_t planned, const std::string& item) {
+    if (!bar) bar = std::make_unique<ProgressBar>(planned);
+    bar->update(done, item);
+  };
+  planner::SweepProgress told;
+  if (capture != nullptr && capture->progress) {
+    told = [&](std::size_t done, std::size_t planned, const std::string& item) { capture->progress(done, planned, item); };
+  }
+  const planner::LayoutSearchResult result = planner::search_layouts(spec, capture != nullptr ? told : progress);
+  if (bar) bar->finish();
+  if (capture != nullptr) {
+    capture->document = layout_json(result);
+  } else if (args.format == "json") {
+    std::cout << layout_json(result).dump(2) << "\n";
+  } else {
+    std::cout << layout_report(result, args.top, !args.brief);
+  }
+  std::cout.flush();
+}
+
 void run(const PlanArgs& args, Capture* capture) {
   planner::PlanSpec spec;
   planner::SweepSpec& base = spec.base;
@@ -143,6 +185,11 @@ void run(const PlanArgs& args, Capture* capture) {
   if (base.precisions.size() != 1) throw UsageError("--dtype: plan takes one (it tries the others itself)");
   base.alloc_confs = {args.alloc_conf};
   base.optimizer = as_usage("--optimizer", [&] { return nn::parse_optimizer_config(args.optimizer); });
+  if (args.format != "table" && args.format != "json") {
+    throw UsageError("--format: \"" + args.format + "\" is not a format; valid: table, json");
+  }
+  if (args.parallel.spec == "auto") return run_layouts(args, base, capture);
+  if (args.gpus != 0) throw UsageError("--gpus: the GPUs of --parallel auto's search; a layout given names its own");
   base.parallels = parse_parallel_args(args.parallel);
   check_parallel_combination(base.parallels, nn::ExecMode::DryRun, base.optimizer);
   if (base.parallels.front().pipeline_parallel > 1) {
@@ -155,9 +202,6 @@ void run(const PlanArgs& args, Capture* capture) {
   base.segments = {0};
   spec.search = parse_search(args.search);
   spec.headroom = headroom_bytes(args.headroom, base);
-  if (args.format != "table" && args.format != "json") {
-    throw UsageError("--format: \"" + args.format + "\" is not a format; valid: table, json");
-  }
   const auto* file = dynamic_cast<const models::ModelFile*>(base.model.get());
   if (!args.model_out.empty() && file == nullptr) {
     throw UsageError("--model-out: " + base.model->name() +
@@ -267,6 +311,13 @@ void add_plan_command(CLI::App& app, Capture* capture) {
   cmd->add_option("-a,--alloc-conf", args->alloc_conf, "your PYTORCH_CUDA_ALLOC_CONF, if any")->type_name("CONF");
   cmd->add_option("--optimizer", args->optimizer, kOptimizerHelp)->capture_default_str();
   add_parallel_options(*cmd, args->parallel, /*list=*/false);
+  cmd->add_option("--gpus", args->gpus,
+                  "with --parallel auto: the job's GPUs; the search tries every mesh of them (DDP or FSDP2, tensor "
+                  "parallel inside a node, pipeline stages), each with and without every layer checkpointed, at "
+                  "--batch sequences per step over all of them, and ranks those that fit by recompute, then by the "
+                  "bytes each GPU sends per step")
+      ->check(integer_in(1, 1 << 20))
+      ->type_name("N");
   cmd->add_option("--search", args->search,
                   "what else the plan may change besides checkpointing whole modules: selective (an operator-level model's "
                   "checkpointed modules keep their products', attention's and convolutions' outputs), allocator "
@@ -300,6 +351,7 @@ void add_plan_command(CLI::App& app, Capture* capture) {
       "  vramscope plan --model gpt2-xl --batch 8 --dtype bf16 --device sim:rtx4090 --search none\n"
       "  vramscope plan --model llama-3.1-8b --lora 16 --batch 4 --seq 2048 --dtype bf16 --device sim:rtx4090 --code plan.py\n"
       "  vramscope plan --model-file model.json --device sim:t4 --format json\n"
+      "  vramscope plan --model llama-3.1-70b --dtype bf16 --seq 4096 --batch 256 --device sim:h100-80g --parallel auto --gpus 64\n"
       "Plans keep your training's arithmetic first (checkpointing, the allocator setting), then change\n"
       "the micro-batch, the precision, the optimizer; each is measured, never estimated.");
   cmd->callback([args, capture] { run(*args, capture); });

@@ -258,6 +258,7 @@ RunFigures run_config(const nn::TrainConfig& cfg, std::shared_ptr<Device> device
       f.recompute_share = work > 0 ? s.flops.recompute / work : 0;
       f.allocated_end = s.allocated_end;
       f.reserved_end = s.reserved_end;
+      f.communication_bytes = s.communication_bytes;
     }
     const nn::TrainReport report = trainer.report();
     f.gradients_missing = report.gradients_missing;

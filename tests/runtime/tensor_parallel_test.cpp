@@ -72,7 +72,7 @@ TEST(TensorParallel, OptionsAndRefusals) {
             std::string::npos);
   EXPECT_NE(error_of([] { parse_parallel("tp:2xfsdp:2"); }).find("tp innermost"),
             std::string::npos);
-  EXPECT_NE(error_of([] { parse_parallel("pp:4xfsdp:2xtp:8"); }).find("pipeline"),
+  EXPECT_NE(error_of([] { parse_parallel("fsdp:2xpp:4xtp:8"); }).find("pipeline stages outermost"),
             std::string::npos);
   EXPECT_NE(error_of([] {
               parse_parallel("tp:8", "reshard_after_forward=true");

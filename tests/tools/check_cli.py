@@ -1211,8 +1211,37 @@ def check_selective(exe, work):
     check("4 modules, selective" in text, text[-800:])
 
 
+def check_plan_auto(exe, work):
+    """plan --parallel auto --gpus 2: the two-layer Llama's layouts of two GPUs, every one run (a
+    pipeline's both stages), the pick first and fitting; the text and the JSON agree; the options
+    that apply to one layout, a missing --gpus or --batch, and --gpus without the search refused."""
+    data = Path(__file__).resolve().parents[1] / "data" / "h100-parallel-2026-11-26"
+    model = ["--hf-config", str(data / "ref-llama-2layer.json"), "--seq", "128", "--attn", "sdpa", "--dtype", "bf16",
+             "--device", "sim:h100-80g"]
+    doc = json.loads(run(exe, "plan", *model, "--batch", "4", "--parallel", "auto", "--gpus", "2", "--format",
+                         "json").stdout)
+    layouts = {(x["parallel"], x["checkpoint"]): x for x in doc["layouts"]}
+    check({p for p, _ in layouts} == {"fsdp:2", "ddp:2", "tp:2", "pp:2 microbatches=4"}, sorted(layouts))
+    check(doc["best"] is not None and doc["layouts"][0]["fits"], doc["best"])
+    check(layouts[("pp:2 microbatches=4", "none")]["runs"] == 2, layouts[("pp:2 microbatches=4", "none")])
+    check(layouts[("pp:2 microbatches=4", "none")]["bubble_share"] == 0.2, layouts)
+    check(all(x["communication_bytes_per_step"] > 0 for x in doc["layouts"] if "not_run" not in x), doc["layouts"])
+    text = run(exe, "plan", *model, "--batch", "4", "--parallel", "auto", "--gpus", "2").stdout
+    check(f"picks: {doc['best']}:" in text and "How to read this" in text, text)
+    for extra, says in ((["--max-batch"], "apply to one layout"), (["--batch", "4", "--code", "x.py"], "apply to one layout"),
+                        (["--batch", "4", "--parallel-options", "rank=1"], "apply to one layout"),
+                        (["--batch", "4"], "give --gpus"), (["--gpus", "2"], "give --batch")):
+        args = [a for a in extra if a != "--gpus"] if says == "give --gpus" else extra
+        gpus = [] if says == "give --gpus" else (["--gpus", "2"] if "--gpus" not in extra else [])
+        err = run(exe, "plan", *model, "--parallel", "auto", *gpus, *args, expect=2).stderr
+        check(says in err, (extra, err))
+    err = run(exe, "plan", *model, "--batch", "4", "--parallel", "fsdp:2", "--gpus", "2", expect=2).stderr
+    check("--parallel auto" in err, err)
+
+
 CHECKS = {
     "plan": check_plan,
+    "plan-auto": check_plan_auto,
     "fsdp": check_fsdp,
     "parallel": check_parallel,
     "exact": check_exact, "csv": check_csv, "json": check_json, "oom": check_oom,

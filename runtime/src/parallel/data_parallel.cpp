@@ -335,7 +335,10 @@ void DataParallel::finalize_backward() {
   // finalize_backward then waits on each bucket's future and copies its result back into the
   // gradients (copy_bucket_to_grad: grad.copy_(bucket_view), or the view itself): nothing
   // allocated, and the values unchanged, since every rank holds the same gradients here;
-  // parameters without a gradient were unused on every rank and keep none.
+  // parameters without a gradient were unused on every rank and keep none. Every bucket was
+  // all-reduced (a ring: reduce-scatter, then all-gather, 2 (n - 1) / n of it sent).
+  const double n = static_cast<double>(config_.world_size);
+  for (const Bucket& b : buckets_) sent_ += 2 * (n - 1) / n * static_cast<double>(b.flat.nbytes());
   ++backwards_;
 }
 

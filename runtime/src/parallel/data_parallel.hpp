@@ -50,6 +50,8 @@ class DataParallel {
   std::vector<std::size_t> bucket_bytes() const;
   /// Every buffer it allocated so far, in order, with its lifetime.
   const std::vector<CommunicationBuffer>& buffers() const noexcept { return log_; }
+  /// Bytes sent in the buckets' all-reduces so far (a ring: 2 (n - 1) / n of each bucket).
+  double sent() const noexcept { return sent_; }
 
  private:
   struct Bucket {
@@ -91,6 +93,7 @@ class DataParallel {
   std::size_t local_used_log_ = SIZE_MAX;
   std::vector<CommunicationBuffer> log_;
   std::string stage_ = "construction";      // where the step is, for log_
+  double sent_ = 0;                         // bytes sent in all-reduces
 };
 
 }  // namespace mem::nn::detail

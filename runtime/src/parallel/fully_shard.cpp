@@ -313,6 +313,7 @@ void FullyShard::unshard(Group& g) {
     copy_in = make(label(g) + " all-gather input (param_dtype)", copy_in_bytes, stream_name, copy_in_log);
   }
   g.all_gather_output = make(label(g) + " all-gather output", input_bytes * ranks, stream_name, g.all_gather_log);
+  sent_ += static_cast<double>(input_bytes) * static_cast<double>(ranks - 1);  // a ring: its input to each other rank
   if (copy_in.defined()) release(copy_in, copy_in_log);
 }
 
@@ -463,6 +464,7 @@ std::vector<Tensor> FullyShard::group_post_forward(Group& g, std::vector<Tensor>
 
 void FullyShard::begin_step() {
   ++steps_;
+  in_backward_ = false;
   // The gradients the last step's reduce-scatter outputs held were set to None since.
   std::erase_if(gradient_outputs_, [&](const auto& output) {
     if (!output.first.expired()) return false;
@@ -598,6 +600,7 @@ void FullyShard::foreach_reduce(Group& g, std::vector<std::pair<Param*, Tensor>>
   std::size_t input_log = SIZE_MAX;
   Tensor input = make(label(g) + " reduce-scatter input", static_cast<std::size_t>(input_numel * elem), "default",
                       input_log);
+  sent_ += static_cast<double>(output_numel * elem) * static_cast<double>(world - 1);  // every other rank's chunk
   {
     // _chunk_cat_out_cuda_contiguous's metadata: per tensor its source, start byte, start
     // block, size, padded chunk size and blocks (6T + 2), and a block index per 2 KiB of

@@ -55,6 +55,8 @@ class FullyShard final : public ForwardHooks {
   void finalize_backward();
   /// Log entries name the pipeline's action begun last ("step 1 backward 3") instead of the phase.
   void label_with(const std::string* action) noexcept { action_ = action; }
+  /// Bytes sent in its all-gathers and reduce-scatters so far ((n - 1) / n of each gathered tensor).
+  double sent() const noexcept { return sent_; }
 
  private:
   enum class State : std::uint8_t { Idle, Forward, PreBackward, PostBackward };
@@ -141,6 +143,7 @@ class FullyShard final : public ForwardHooks {
   bool pipelined_ = false;                // a pipeline stage's root: manual backward finalization
   bool finalizing_ = false;               // inside finalize_backward: gradients sync now
   const std::string* action_ = nullptr;   // the pipeline's action begun last, for log_
+  double sent_ = 0;                       // bytes sent over collectives
   std::vector<Tensor> parameters_;       // the shards in named_parameters order
   std::vector<CommunicationBuffer> log_;
 };

@@ -229,6 +229,7 @@ void PipelineParallel::step(Runtime& rt, const Tensor& input, const Tensor& targ
       release_decoder_inputs(*rotary_);
       mb.edge = gradient_edge(mb.output);
       record("send activations", m, mb.output);
+      sent_ += static_cast<double>(mb.output.nbytes());
     }
   };
   // The send waited (_wait_and_release_fwd_send): the stage drops the output it sent.
@@ -276,6 +277,7 @@ void PipelineParallel::step(Runtime& rt, const Tensor& input, const Tensor& targ
     if (!grad.defined()) return;
     sending = std::move(grad);
     record("send gradients", m, sending);
+    sent_ += static_cast<double>(sending.nbytes());
   };
 
   // The schedule's order (pipeline_actions), with where each loop waits for its sends:

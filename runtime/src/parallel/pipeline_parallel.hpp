@@ -69,6 +69,8 @@ class PipelineParallel {
   void step(Runtime& rt, const Tensor& input, const Tensor& target, DType activation, const Calls& calls);
   /// The action begun last ("step 1 backward 3"; "construction" before the first step).
   const std::string& action() const noexcept { return now_; }
+  /// Bytes sent to the neighbouring stages so far (hidden states on, their gradients back).
+  double sent() const noexcept { return sent_; }
   /// What the schedule held so far, in order: the receive buffers, the outputs sent and the
   /// gradients sent (until their send is waited), the last stage's outputs; each with the
   /// action ("step 1 forward 0") begun last when it was made and when it was dropped.
@@ -90,6 +92,7 @@ class PipelineParallel {
   std::string now_ = "construction";  ///< the action begun last
   std::vector<CommunicationBuffer> log_;
   std::size_t steps_ = 0;
+  double sent_ = 0;
 };
 
 }  // namespace mem::nn::detail

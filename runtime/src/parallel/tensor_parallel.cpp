@@ -35,6 +35,7 @@ Tensor gather_raw(TensorParallel& tp, const Tensor& x, int dim, std::size_t t,
   Shape stacked = x.shape(), full = x.shape();
   stacked[0] *= static_cast<std::int64_t>(t);
   full[d] *= static_cast<std::int64_t>(t);
+  tp.count_sent(static_cast<double>(x.nbytes()) * static_cast<double>(t - 1));  // a ring: its shard to each other rank
   if (d == 0) {
     Tensor gathered = empty(rt, stacked, x.dtype());
     tp.record(what + " all-gather output", gathered.nbytes());
@@ -57,6 +58,8 @@ Tensor reduce_scatter_raw(TensorParallel& tp, const Tensor& x, int dim, std::siz
   const std::size_t d = axis(x, dim);
   Shape local = x.shape();
   local[d] /= static_cast<std::int64_t>(t);
+  // A ring: every other rank's chunk of the partial sums.
+  tp.count_sent(static_cast<double>(x.nbytes()) * static_cast<double>(t - 1) / static_cast<double>(t));
   Tensor staged;
   std::size_t entry = 0;
   if (d != 0) {

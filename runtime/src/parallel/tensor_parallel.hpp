@@ -76,6 +76,9 @@ class TensorParallel final : public ForwardHooks {
   /// Records a buffer made now ("step 1 forward", ...); returns its entry.
   std::size_t record(const std::string& what, std::size_t bytes);
   void record_free(std::size_t entry);
+  /// A collective sent `bytes` from this rank; sent() is the sum so far.
+  void count_sent(double bytes) noexcept { sent_ += bytes; }
+  double sent() const noexcept { return sent_; }
 
  private:
   /// What the plan does around a module's call.
@@ -92,6 +95,7 @@ class TensorParallel final : public ForwardHooks {
   std::vector<Module*> redistributed_;  ///< modules whose weight's gradient is of another placement
   std::vector<CommunicationBuffer> log_;
   std::size_t steps_ = 0;
+  double sent_ = 0;
 };
 
 /// The vocabulary-sharded lookup of RowwiseParallel on an nn.Embedding: `weight` holds this

@@ -353,6 +353,7 @@ StepStats Trainer::step() {
   Tensor input, target, output, loss;
 
   composition_->restart();
+  const double sent_before = communication_sent();
   s.forward = begin_phase(alloc, *peaks_);
   if (pp_) {
     if (tp_) tp_->begin_step();
@@ -471,6 +472,7 @@ StepStats Trainer::step() {
   s.reserved_end = end.reserved_bytes[kAll].current;
   s.device_used_end = end.device_used_bytes.current;
   s.flops = rt.flops();
+  s.communication_bytes = communication_sent() - sent_before;
   s.recompute_ratio = s.flops.forward > 0 ? s.flops.recompute / s.flops.forward : 0.0;
   s.wall_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   steps_.push_back(s);
@@ -525,6 +527,10 @@ std::vector<CommunicationBuffer> Trainer::communication_buffers() const {
   if (tp_) add(tp_->buffers());
   if (ddp_) add(ddp_->buffers());
   return all;
+}
+
+double Trainer::communication_sent() const {
+  return (pp_ ? pp_->sent() : 0) + (fsdp_ ? fsdp_->sent() : 0) + (tp_ ? tp_->sent() : 0) + (ddp_ ? ddp_->sent() : 0);
 }
 
 std::vector<std::size_t> Trainer::ddp_bucket_bytes() const { return ddp_ ? ddp_->bucket_bytes() : std::vector<std::size_t>{}; }

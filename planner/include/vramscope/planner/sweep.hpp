@@ -95,6 +95,8 @@ struct RunFigures {
   std::vector<std::string> warnings;
   /// Pinned host memory at the end (activation offloading's copies, cached): 0 without it.
   std::int64_t pinned_host_bytes = 0;
+  /// Bytes this GPU sent over collectives in the last step (nn::StepStats::communication_bytes).
+  double communication_bytes = 0;
 };
 
 /// Where and how a run ran out of memory.

@@ -122,6 +122,10 @@ struct StepStats {
   /// checkpointing; about 1 when everything but the tail is checkpointed).
   double recompute_ratio = 0;
   std::size_t params_without_grad = 0;  ///< parameters whose grad stayed undefined
+  /// Bytes this GPU sent over collectives in the step, as its engines issued them: a ring
+  /// all-gather or reduce-scatter (n - 1) / n of the gathered tensor, an all-reduce twice that,
+  /// a pipeline's send whole (tensor parallel's per-token loss all-reduces left out). 0 on one GPU.
+  double communication_bytes = 0;
   double wall_ms = 0;                ///< host time of the step
   DeviceStats stats;                 ///< full allocator statistics after the step
   /// The live bytes at the step's peak by kind: weights, gradients, optimizer state,
@@ -195,6 +199,8 @@ class Trainer {
   /// Every buffer the data-parallel engine allocated so far, with its lifetime (empty
   /// on one GPU).
   std::vector<CommunicationBuffer> communication_buffers() const;
+  /// Bytes sent over collectives since the trainer was made (StepStats has each step's).
+  double communication_sent() const;
 
  private:
   Tensor run_forward(const Tensor& input);

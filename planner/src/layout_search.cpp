@@ -1,0 +1,178 @@
+// layout_search.cpp — the meshes of N GPUs, each rank run as a dry run, ranked (see
+// layout_search.hpp).
+#include "vramscope/planner/layout_search.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <fmt/format.h>
+
+#include "vramscope/planner/errors.hpp"
+#include "vramscope/runtime/data_parallel.hpp"
+
+namespace mem::planner {
+namespace {
+
+/// Pipeline stages tried: powers of two up to this (Megatron's and torchtitan's recipes for
+/// 405B use 8 to 16); each stage is a dry run of its own.
+constexpr std::size_t kMaxStages = 16;
+
+bool is_decoder(const nn::ModelInfo& model) { return model.checkpoints_by_layer && !model.model_type.empty(); }
+
+/// The mesh outer to inner, as --parallel reads it: "pp:4xfsdp:2xtp:8".
+std::string mesh_text(std::size_t pp, const char* engine, std::size_t dp, std::size_t tp) {
+  std::string out;
+  const auto add = [&](const std::string& dim) { out += (out.empty() ? "" : "x") + dim; };
+  if (pp > 1) add("pp:" + std::to_string(pp));
+  if (engine != nullptr) add(std::string(engine) + ":" + std::to_string(dp));
+  if (tp > 1) add("tp:" + std::to_string(tp));
+  return out.empty() ? "none" : out;
+}
+
+/// Fitting first, by recompute, communication and peak; then the nearest misses; refused last.
+bool ranks_before(const LayoutCandidate& a, const LayoutCandidate& b) {
+  if (a.dominated != b.dominated) return !a.dominated;
+  if (a.refused.has_value() != b.refused.has_value()) return !a.refused.has_value();
+  if (a.fits != b.fits) return a.fits;
+  if (!a.fits) return a.fullest.peak_device_used < b.fullest.peak_device_used;
+  if (a.lost_share() != b.lost_share()) return a.lost_share() < b.lost_share();
+  if (a.communication_bytes != b.communication_bytes) return a.communication_bytes < b.communication_bytes;
+  return a.fullest.peak_device_used < b.fullest.peak_device_used;
+}
+
+}  // namespace
+
+std::string LayoutCandidate::label() const {
+  std::string out = nn::parallel_label(parallel);
+  if (checkpoint == "none") out += ", no checkpointing";
+  if (checkpoint == "non-reentrant") out += ", every layer checkpointed";
+  return out;
+}
+
+const LayoutCandidate* LayoutSearchResult::best() const noexcept {
+  return !layouts.empty() && layouts.front().fits ? &layouts.front() : nullptr;
+}
+
+std::vector<LayoutCandidate> layout_candidates(const LayoutSearchSpec& spec, const nn::ModelInfo& model) {
+  if (spec.gpus < 1 || spec.gpus > nn::kMaxWorldSize) {
+    throw UsageError(fmt::format("--gpus: {} GPUs; give 1 to {}", spec.gpus, nn::kMaxWorldSize));
+  }
+  if (spec.global_batch < 1) {
+    throw UsageError("--parallel auto: give --batch, the global batch (sequences per step over all GPUs)");
+  }
+  const bool decoder = is_decoder(model);
+  const std::vector<std::string> checkpoints = decoder ? std::vector<std::string>{"none", "non-reentrant"}
+                                                       : std::vector<std::string>{""};
+  std::vector<LayoutCandidate> out;
+  for (std::size_t tp = 1; tp <= std::min(spec.gpus_per_node, spec.gpus); tp *= 2) {
+    if (spec.gpus % tp != 0 || (tp > 1 && !decoder)) continue;
+    for (std::size_t pp = 1; pp <= std::min(kMaxStages, spec.gpus / tp); pp *= 2) {
+      if ((spec.gpus / tp) % pp != 0 || (pp > 1 && !decoder)) continue;
+      const std::size_t dp = spec.gpus / (tp * pp);
+      if (spec.global_batch % static_cast<std::int64_t>(dp) != 0) continue;
+      const std::int64_t batch = spec.global_batch / static_cast<std::int64_t>(dp);
+      // One sample per micro-batch (torchtitan's default); 1F1B needs one per stage at least.
+      if (pp > 1 && (batch < static_cast<std::int64_t>(pp) || batch > static_cast<std::int64_t>(nn::kMaxMicrobatches))) {
+        continue;
+      }
+      std::vector<const char*> engines;
+      if (dp == 1) {
+        engines.push_back(nullptr);
+      } else {
+        engines.push_back("fsdp");
+        if (tp == 1 && pp == 1) engines.push_back("ddp");  // DDP beside other dimensions is not modelled
+      }
+      for (const char* engine : engines) {
+        const std::string options = pp > 1 ? "microbatches=" + std::to_string(batch) : "";
+        const nn::ParallelConfig parallel = nn::parse_parallel(mesh_text(pp, engine, dp, tp), options);
+        for (const std::string& checkpoint : checkpoints) {
+          LayoutCandidate c;
+          c.parallel = parallel;
+          c.checkpoint = checkpoint;
+          c.batch = batch;
+          c.replicas = dp;
+          // Schedule1F1B and ScheduleGPipe idle each stage for P - 1 of M + P - 1 slots.
+          if (pp > 1) c.bubble_share = static_cast<double>(pp - 1) / static_cast<double>(batch + pp - 1);
+          out.push_back(std::move(c));
+        }
+      }
+    }
+  }
+  return out;
+}
+
+LayoutSearchResult search_layouts(const LayoutSearchSpec& spec, const SweepProgress& progress) {
+  const auto start = std::chrono::steady_clock::now();
+  if (spec.base.precisions.size() != 1) throw UsageError("--dtype: the layout search takes one");
+  LayoutSearchResult result;
+  result.spec = spec;
+  SweepSpec base = spec.base;
+  base.model_options.batch = 1;
+  result.model = validate_sweep(base);
+  result.layouts = layout_candidates(spec, result.model);
+
+  // Every candidate's ranks, counted ahead for the progress (a stage that runs out skips the rest).
+  std::size_t planned = 0;
+  for (const LayoutCandidate& c : result.layouts) planned += c.parallel.pipeline_parallel;
+  for (std::size_t i = 0; i < result.layouts.size(); ++i) {
+    LayoutCandidate& c = result.layouts[i];
+    // layout_candidates lists each mesh without checkpointing first, then checkpointed.
+    if (i > 0 && c.checkpoint == "non-reentrant" && result.layouts[i - 1].checkpoint == "none" &&
+        result.layouts[i - 1].parallel == c.parallel && result.layouts[i - 1].fits) {
+      c.dominated = true;
+      planned -= c.parallel.pipeline_parallel;
+      continue;
+    }
+    c.fits = true;
+    for (std::size_t stage = 0; stage < c.parallel.pipeline_parallel && c.fits; ++stage) {
+      SweepRow row;
+      row.precision = base.precisions.front();
+      row.alloc_conf = base.alloc_confs.empty() ? std::string{} : base.alloc_confs.front();
+      row.batch = c.batch;
+      row.seq = base.model_options.seq;
+      row.checkpoint = c.checkpoint;
+      row.parallel = c.parallel;
+      row.parallel.stage = stage;
+      row.parallel.stage_chosen = true;
+      if (progress) progress(result.runs, planned, nn::parallel_label(row.parallel));
+      std::optional<OomFailure> oom;
+      std::optional<AutogradFailure> error;
+      RunFigures figures;
+      try {
+        std::shared_ptr<Device> device = make_run_device(base);
+        if (result.device.name.empty()) result.device = device->info();
+        figures = run_config(train_config(base, row), std::move(device), oom, error);
+      } catch (const Error& e) {
+        // What vramscope or PyTorch refuses for this model (a tied embedding under pp, a head
+        // count tensor parallel does not divide): the layout does not apply.
+        c.refused = e.what();
+        c.fits = false;
+        break;
+      }
+      ++c.runs;
+      ++result.runs;
+      if (error) {
+        c.refused = error->message;
+        c.fits = false;
+        break;
+      }
+      if (oom) {
+        c.fits = false;
+        c.oom = oom;
+        c.fullest = figures;
+        c.fullest_stage = stage;
+        break;
+      }
+      if (stage == 0 || figures.peak_device_used > c.fullest.peak_device_used) {
+        c.fullest = figures;
+        c.fullest_stage = stage;
+      }
+      c.communication_bytes = std::max(c.communication_bytes, figures.communication_bytes);
+      c.recompute_share = std::max(c.recompute_share, figures.recompute_share);
+    }
+  }
+  std::stable_sort(result.layouts.begin(), result.layouts.end(), ranks_before);
+  result.wall_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  return result;
+}
+
+}  // namespace mem::planner
