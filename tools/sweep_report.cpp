@@ -168,7 +168,11 @@ std::string describe_oom(const planner::SweepRow& row) {
                        human_bytes(row.unlimited->peak_allocated),
                        human_bytes(row.unlimited->peak_device_used));
   }
-  if (row.weights_alone > 0 && !row.unlimited) {
+  if (row.weights_alone > 0 && !row.unlimited && row.parallel.shards_parameters()) {
+    out += fmt::format(". Each GPU's share of the weights alone is at least {} in {}, more than the whole device: "
+                       "more GPUs, or a smaller model",
+                       human_bytes(row.weights_alone), nn::precision_name(row.precision));
+  } else if (row.weights_alone > 0 && !row.unlimited) {
     out += fmt::format(". The weights alone are {} in {}, more than the whole device (then gradients and "
                        "optimizer state): a smaller model, or sharding it over GPUs (--parallel fsdp:N)",
                        human_bytes(row.weights_alone), nn::precision_name(row.precision));

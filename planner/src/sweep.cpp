@@ -385,8 +385,18 @@ SweepResult run_sweep(const SweepSpec& spec_in, const SweepProgress& progress) {
     // A single tensor larger than the whole device is its own answer (the report says so); the
     // run without the limit would map its terabytes page by page under expandable segments.
     const bool one_tensor_too_large = row.oom && row.oom->figures.requested > result.device.total_bytes;
+    // Sharded, each GPU holds at least 1/N of the weights: when that alone outgrows the device
+    // the run without the limit is as long as the model is large, for the same answer.
+    const nn::ParallelConfig& p = row.parallel;
+    const std::size_t shards =
+        (p.engine == nn::ParallelEngine::Fsdp || p.engine == nn::ParallelEngine::Zero3 ? p.world_size : 1) *
+        p.tensor_parallel * p.pipeline_parallel;
+    const bool share_too_large = row.oom && row.oom->step == 0 && p.shards_parameters() &&
+                                 weights / std::max<std::size_t>(shards, 1) > result.device.total_bytes;
+    if (share_too_large) row.weights_alone = static_cast<std::int64_t>(weights / std::max<std::size_t>(shards, 1));
+    const bool outgrown = row.weights_alone > 0;
     if (row.oom && !one_tensor_too_large &&
-        (row.weights_alone == 0 || static_cast<std::size_t>(result.model.parameter_tensors) <= kMaxTensorsForUnlimitedRun)) {
+        (!outgrown || static_cast<std::size_t>(result.model.parameter_tensors) <= kMaxTensorsForUnlimitedRun)) {
       // What it would have needed: the same run without the capacity limit. Dry run
       // (the runtime guarantees identical statistics to compute mode), so it is cheap.
       nn::TrainConfig dry = cfg;

@@ -148,7 +148,8 @@ struct SweepRow {
   /// capacity limit (a dry run) — what it would have needed.
   std::optional<RunFigures> unlimited;
   /// Out of memory while allocating the parameters, which alone outgrow the device: their
-  /// bytes, and no run without the capacity limit (it would take as long as the model is large).
+  /// bytes (under an engine that shards them, this GPU's share at the least: the weights over
+  /// its shards), and no run without the capacity limit (it would take as long as the model is large).
   std::int64_t weights_alone = 0;
   /// Max allocated saved against no checkpointing (same precision and allocator
   /// setting); unset for OOM and error rows and when the baseline could not be measured.
