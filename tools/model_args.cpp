@@ -382,7 +382,8 @@ void add_parallel_options(CLI::App& app, ParallelArgs& args, bool list) {
                  "the engine's arguments by their names, e.g. bucket_cap_mb=50,gradient_as_bucket_view=true "
                  "(ddp: bucket_cap_mb, gradient_as_bucket_view, broadcast_buffers, init_sync, static_graph, "
                  "find_unused_parameters; fsdp: reshard_after_forward (true, false or a factor k of N), param_dtype, "
-                 "reduce_dtype (MixedPrecisionPolicy), "
+                 "reduce_dtype (MixedPrecisionPolicy), offload_policy=cpu (CPUOffloadPolicy: shards, gradients and "
+                 "the optimizer on the host; pin_memory=false leaves them pageable), "
                  "init=meta|cuda (built on the meta device, the default, or whole on the GPU first), rank=R (the rank "
                  "shown; the last ones hold fewer rows when dim 0 does not split evenly); zero1, zero2: "
                  "reduce_bucket_size (elements), overlap_comm, rank=R; zero3: those and the stage3_ keys "
@@ -551,8 +552,17 @@ std::string parallel_note(const std::vector<nn::ParallelConfig>& configs, const 
                   "; each micro-batch's backward adds into the unsharded gradients (set_requires_gradient_sync(False)), "
                   "reduce-scattered once after the last backward, as torch 2.15's PipelineStage finalizes it "
                   "(perform_reduce_grad), whatever --stack says)";
+    const std::string offload =
+        config.engine != nn::ParallelEngine::Fsdp || !config.cpu_offload
+            ? ""
+            : std::string("; offload_policy=cpu (CPUOffloadPolicy): the shards, their gradients and the optimizer's "
+                          "state and step are on the host, ") +
+                  (config.offload_pin_memory ? "the shards and gradients pinned (the pinned host figure)"
+                                             : "pageable (pin_memory=false)") +
+                  "; each all-gather first copies its group's shards to the GPU, each reduce-scatter's output is "
+                  "copied back and freed";
     out += "parallel: " + nn::parallel_label(config) + ": every figure is one GPU's, " + engine + sharded_stage +
-           tensor_parallel + "\n";
+           offload + tensor_parallel + "\n";
     pipeline_said = pipeline_said || config.pipeline_parallel > 1;
   }
   return out;

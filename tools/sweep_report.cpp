@@ -418,6 +418,18 @@ std::string sweep_report(const planner::SweepResult& result, const ReportOptions
                             human_bytes(pinned)),
                 "", "  ");
   }
+  const bool host_shards = std::any_of(result.spec.parallels.begin(), result.spec.parallels.end(),
+                                       [](const nn::ParallelConfig& c) { return c.cpu_offload; });
+  if (host_shards && !result.spec.offload_activations) {
+    std::int64_t pinned = 0;
+    for (const planner::SweepRow& row : result.rows) pinned = std::max(pinned, row.figures.pinned_host_bytes);
+    out += wrap(fmt::format("FSDP2's shards and gradients on the host (offload_policy=cpu): up to {} of pinned host "
+                            "memory per row, beside the device's figures (each tensor pinned alone: PyTorch's "
+                            "caching host allocator rounds it to a power of two); the optimizer's state is "
+                            "there too, in pageable memory.",
+                            human_bytes(pinned)),
+                "", "  ");
+  }
   out += fmt::format("\ndevice: {}\nstack: {} (--stack)\n", result.device.assumptions, result.spec.stack.to_string());
   out += assumptions_note(result.model.assumed);
   out += parallel_note(result.spec.parallels, result.device);

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <functional>
 #include <string>
 
@@ -50,6 +51,7 @@ struct RankRun {
   std::int64_t gemm_workspaces = 0;  // cuBLAS's, kept from the first product on
   std::vector<StepStats> steps;
   std::vector<CommunicationBuffer> buffers;
+  std::vector<std::size_t> pinned_host;  // after each step
 };
 
 RankRun run_rank(const char* model, const char* parallel, const char* options, std::size_t steps = 2,
@@ -66,7 +68,10 @@ RankRun run_rank(const char* model, const char* parallel, const char* options, s
   RankRun r;
   r.allocated_after_construction = alloc.stats().allocated_bytes[0].current;
   r.max_during_construction = alloc.stats().allocated_bytes[0].peak;
-  for (std::size_t i = 0; i < steps; ++i) r.steps.push_back(trainer.step());
+  for (std::size_t i = 0; i < steps; ++i) {
+    r.steps.push_back(trainer.step());
+    r.pinned_host.push_back(trainer.runtime().pinned_host_bytes());
+  }
   r.buffers = trainer.communication_buffers();
   r.gemm_workspaces = static_cast<std::int64_t>(trainer.runtime().gemm_workspace_bytes());
   return r;
@@ -95,6 +100,57 @@ TEST(FullyShard, AMetaBuiltModelNeverHoldsItsFullParameters) {
   // one (a remainder under 1 MiB is not split off) counts its whole size, as in PyTorch.
   EXPECT_NEAR(static_cast<double>(meta.steps.back().allocated_end),
               static_cast<double>(cuda.steps.back().allocated_end), static_cast<double>(1 * MiB));
+}
+
+/// Each parameter's padded shard over `world` ranks in bf16, each rounded by `round`: as its
+/// pinned host block holds it (PyTorch's caching host allocator: a power of two), or its block
+/// on the GPU (the caching allocator's 512 B).
+std::size_t shard_blocks(const Module& m, std::int64_t world, const std::function<std::size_t(std::size_t)>& round) {
+  std::size_t n = 0;
+  for (const ParamSlot& slot : m.slots()) {
+    if (slot.is_buffer) continue;
+    const std::int64_t rows = slot.shape.size() == 0 ? 1 : slot.shape[0];
+    const std::int64_t numel = slot.shape.size() == 0 ? 1 : slot.shape.numel();
+    const auto bytes = static_cast<std::size_t>((rows + world - 1) / world * (numel / rows) * 2);
+    n += round(bytes);
+  }
+  for (const auto& [name, child] : m.children()) n += shard_blocks(*child, world, round);
+  return n;
+}
+
+// CPUOffloadPolicy: the shards, their gradients and Adam's state on the host; the GPU holds
+// each group's copies from the host and what it gathers, and the reduce-scatter outputs only
+// until they are copied back. The host's pinned blocks: one per shard, one per gradient, the
+// second step's gradients in the first step's cached blocks.
+TEST(FullyShard, CpuOffloadKeepsShardsGradientsAndTheOptimizerOnTheHost) {
+  const RankRun plain = run_rank("gpt2", "fsdp:8", "");
+  const RankRun offload = run_rank("gpt2", "fsdp:8", "offload_policy=cpu");
+  const std::int64_t shards = bytes_of(plain.buffers, " shards");
+  EXPECT_EQ(bytes_of(offload.buffers, " shards"), shards);  // the same shards, on the host
+  const auto built = models::find("gpt2")->build(ModelOptions::parse("batch=2"));
+  const auto on_gpu = shard_blocks(built->body(), 8, [](std::size_t b) { return (b + 511) / 512 * 512; });
+  EXPECT_EQ(plain.allocated_after_construction - offload.allocated_after_construction,
+            static_cast<std::int64_t>(on_gpu));
+  // After a step the GPU holds neither the gradients nor Adam's two moments (all bf16 here).
+  const std::int64_t kept = plain.steps[1].allocated_end - offload.steps[1].allocated_end;
+  EXPECT_GE(kept, 4 * shards);
+  EXPECT_LT(kept, 4 * shards + 4 * MiB);
+  const std::size_t blocks = shard_blocks(built->body(), 8, [](std::size_t b) { return std::bit_ceil(b); });
+  EXPECT_EQ(offload.pinned_host, (std::vector<std::size_t>{2 * blocks, 2 * blocks}));
+  EXPECT_TRUE(plain.pinned_host.back() == 0);
+  // Each unshard copies its group's shards from the host first; freed once gathered.
+  std::int64_t copied = 0;
+  for (const auto& b : offload.buffers) {
+    if (!b.what.ends_with("all-gather inputs (copied from the host)")) continue;
+    copied += static_cast<std::int64_t>(b.bytes);
+    EXPECT_EQ(b.freed, b.allocated) << b.what;
+  }
+  EXPECT_GE(copied, 2 * shards);  // forward and backward, two steps: every group at least twice
+  // pin_memory=False: pageable, no pinned block; and it needs the policy.
+  EXPECT_EQ(run_rank("gpt2", "fsdp:8", "offload_policy=cpu,pin_memory=false", 1).pinned_host.back(), 0u);
+  EXPECT_THROW((void)parse_parallel("fsdp:8", "pin_memory=false"), Error);
+  EXPECT_EQ(parallel_label(parse_parallel("fsdp:8", "offload_policy=cpu,pin_memory=false")),
+            "fsdp:8 offload_policy=cpu,pin_memory=false");
 }
 
 TEST(FullyShard, EveryGatherAndReduceScatterBufferIsFreedWithinItsStep) {

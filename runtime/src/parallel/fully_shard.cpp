@@ -189,7 +189,12 @@ FullyShard::FullyShard(const ParallelConfig& config, Module& root, Runtime& runt
         ModuleScope scope(owner->context(Phase::None));  // the shard: its module's weights
         Shape padded = shape.size() == 0 ? Shape{1} : shape;
         padded[0] = p.chunk_rows;
+        // CPUOffloadPolicy: _init_sharded_param moves the padded shard to the CPU and pins it
+        // (padded_sharded_param.cpu().pin_memory(), _fsdp_param.py): no block on the GPU.
+        std::optional<MetaDevice> host;
+        if (config.cpu_offload) host.emplace();
         Tensor shard = empty(runtime, padded, original.dtype());
+        if (config.cpu_offload && config.offload_pin_memory) host_shards_.push_back(runtime.pin_host(shard.nbytes()));
         Shape local = padded;
         local[0] = local_rows;
         p.sharded = leaf_over(shard.storage(), local, original.dtype(), original);
@@ -212,7 +217,9 @@ FullyShard::FullyShard(const ParallelConfig& config, Module& root, Runtime& runt
     }
     std::size_t shard_bytes = 0;
     for (const Param& p : group.params) shard_bytes += p.sharded.storage()->nbytes();
-    if (!group.params.empty()) log_.push_back({label(group) + " shards", shard_bytes, "default", stage(), ""});
+    if (!group.params.empty()) {
+      log_.push_back({label(group) + " shards", shard_bytes, config.cpu_offload ? "host" : "default", stage(), ""});
+    }
     for (Param& p : group.params) p.module->replace_parameter(p.slot, p.unsharded);
     originals.clear();  // the full parameters go back to the cache, in order
     if (!is_root) module->set_forward_hooks(this);
@@ -229,6 +236,16 @@ FullyShard::~FullyShard() {
   for (Group& g : groups_) {
     if (g.module != nullptr) g.module->set_forward_hooks(nullptr);
   }
+  for (std::size_t block : host_shards_) runtime_.unpin_host(block);
+  release_host_gradients(true);
+}
+
+void FullyShard::release_host_gradients(bool all) {
+  std::erase_if(host_gradients_, [&](const auto& gradient) {
+    if (!all && !gradient.first.expired()) return false;
+    runtime_.unpin_host(gradient.second);
+    return true;
+  });
 }
 
 void FullyShard::order_parameters(Module& root) {
@@ -309,10 +326,29 @@ void FullyShard::unshard(Group& g) {
   if (g.sharded_post_forward) ranks = g.post_forward_ranks;
   Tensor copy_in;
   std::size_t copy_in_log = SIZE_MAX;
-  if (copy_in_bytes != 0) {
+  std::vector<Tensor> from_host;
+  if (config_.cpu_offload && !g.sharded_post_forward) {
+    // CPUOffloadPolicy: no foreach copy-in; each parameter's all_gather_inputs is its shard
+    // copied to the GPU (sharded_param_data.to(device, non_blocking=True)), cast to param_dtype
+    // if one is set (the copy then goes), alive until the all-gather output is filled.
+    std::size_t bytes = 0;
+    ModuleScope scope(context_);
+    for (const Param& p : g.params) {
+      Tensor input = empty(runtime_, Shape{p.chunk_rows * p.row_numel}, p.sharded.dtype());
+      if (p.unsharded_dtype != p.sharded.dtype()) input = empty(runtime_, Shape{p.chunk_rows * p.row_numel}, p.unsharded_dtype);
+      bytes += input.nbytes();
+      from_host.push_back(std::move(input));
+    }
+    copy_in_log = log_.size();
+    log_.push_back({label(g) + " all-gather inputs (copied from the host)", bytes, stream_name, stage(), ""});
+  } else if (copy_in_bytes != 0) {
     copy_in = make(label(g) + " all-gather input (param_dtype)", copy_in_bytes, stream_name, copy_in_log);
   }
   g.all_gather_output = make(label(g) + " all-gather output", input_bytes * ranks, stream_name, g.all_gather_log);
+  if (!from_host.empty()) {
+    from_host.clear();
+    log_[copy_in_log].freed = stage();
+  }
   sent_ += static_cast<double>(input_bytes) * static_cast<double>(ranks - 1);  // a ring: its input to each other rank
   if (copy_in.defined()) release(copy_in, copy_in_log);
 }
@@ -465,6 +501,7 @@ std::vector<Tensor> FullyShard::group_post_forward(Group& g, std::vector<Tensor>
 void FullyShard::begin_step() {
   ++steps_;
   in_backward_ = false;
+  release_host_gradients(false);  // zero_grad(set_to_none) dropped the host gradients
   // The gradients the last step's reduce-scatter outputs held were set to None since.
   std::erase_if(gradient_outputs_, [&](const auto& output) {
     if (!output.first.expired()) return false;
@@ -643,7 +680,23 @@ void FullyShard::foreach_reduce(Group& g, std::vector<std::pair<Param*, Tensor>>
     view.impl()->offset = offset;
     offset += p->chunk_rows * p->row_numel;
     Tensor existing = p->sharded.grad();
-    if (existing.defined()) {
+    if (config_.cpu_offload) {
+      // CPUOffloadPolicy: new_sharded_grad.to("cpu", non_blocking=pin_memory and nothing to add
+      // to) (_fsdp_collectives.py); a non-blocking copy to the CPU lands in pinned memory
+      // (_to_copy's pin_out, TensorConversions.cpp). The GPU output is not kept.
+      Tensor on_host;
+      {
+        MetaDevice host;
+        on_host = leaf_over(empty(runtime_, view.shape(), view.dtype()).storage(), view.shape(), view.dtype(),
+                            p->sharded);
+      }
+      on_host.impl()->requires_grad = false;
+      if (existing.defined()) continue;  // a pageable copy, added into the host gradient
+      if (config_.offload_pin_memory) {
+        host_gradients_.emplace_back(on_host.storage(), runtime_.pin_host(on_host.nbytes()));
+      }
+      p->sharded.set_grad(on_host);
+    } else if (existing.defined()) {
       add_(existing, view);  // gradient accumulation adds into the existing gradient
     } else {
       p->sharded.set_grad(view);

@@ -57,6 +57,8 @@ class FullyShard final : public ForwardHooks {
   void label_with(const std::string* action) noexcept { action_ = action; }
   /// Bytes sent in its all-gathers and reduce-scatters so far ((n - 1) / n of each gathered tensor).
   double sent() const noexcept { return sent_; }
+  /// CPUOffloadPolicy: the shards, the sharded gradients and the optimizer live on the host.
+  bool offloads() const noexcept { return config_.cpu_offload; }
 
  private:
   enum class State : std::uint8_t { Idle, Forward, PreBackward, PostBackward };
@@ -143,6 +145,10 @@ class FullyShard final : public ForwardHooks {
   bool pipelined_ = false;                // a pipeline stage's root: manual backward finalization
   bool finalizing_ = false;               // inside finalize_backward: gradients sync now
   const std::string* action_ = nullptr;   // the pipeline's action begun last, for log_
+  std::vector<std::size_t> host_shards_;  // CPUOffloadPolicy: each shard's pinned host block
+  /// CPUOffloadPolicy: the sharded gradients' pinned host blocks, given back when the gradient goes.
+  std::vector<std::pair<std::weak_ptr<Storage>, std::size_t>> host_gradients_;
+  void release_host_gradients(bool all);
   double sent_ = 0;                       // bytes sent over collectives
   std::vector<Tensor> parameters_;       // the shards in named_parameters order
   std::vector<CommunicationBuffer> log_;

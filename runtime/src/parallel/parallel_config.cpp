@@ -27,7 +27,8 @@ bool parse_bool(std::string_view key, std::string_view value) {
 
 constexpr std::string_view kDdpOptions =
     "bucket_cap_mb, gradient_as_bucket_view, broadcast_buffers, init_sync, static_graph, find_unused_parameters";
-constexpr std::string_view kFsdpOptions = "reshard_after_forward, param_dtype, reduce_dtype, init, rank";
+constexpr std::string_view kFsdpOptions =
+    "reshard_after_forward, param_dtype, reduce_dtype, offload_policy, pin_memory, init, rank";
 constexpr std::string_view kZeroOptions = "reduce_bucket_size, overlap_comm, rank";
 constexpr std::string_view kTpOptions = "sequence_parallel, loss_parallel, rank";
 constexpr std::string_view kPpOptions = "schedule, microbatches, return_outputs, stage";
@@ -333,6 +334,14 @@ ParallelConfig parse_parallel(std::string_view spec, std::string_view options) {
         config.param_dtype = parse_float_dtype(key, value);
       } else if (key == "reduce_dtype") {
         config.reduce_dtype = parse_float_dtype(key, value);
+      } else if (key == "offload_policy") {
+        if (value != "cpu" && value != "none") {
+          throw Error("offload_policy=" + std::string(value) +
+                      ": expected cpu (CPUOffloadPolicy: shards, gradients and the optimizer on the host) or none");
+        }
+        config.cpu_offload = value == "cpu";
+      } else if (key == "pin_memory") {
+        config.offload_pin_memory = parse_bool(key, value);
       } else if (key == "init") {
         if (value != "meta" && value != "cuda") {
           throw Error("init=" + std::string(value) +
@@ -366,6 +375,9 @@ ParallelConfig parse_parallel(std::string_view spec, std::string_view options) {
       throw Error("'" + std::string(key) + "' is not an option of ddp (keys: " + std::string(kDdpOptions) + ")");
     }
   });
+  if (!config.offload_pin_memory && !config.cpu_offload) {
+    throw Error("pin_memory=false is CPUOffloadPolicy's: it applies with offload_policy=cpu");
+  }
   return config;
 }
 
@@ -426,6 +438,8 @@ std::string parallel_label(const ParallelConfig& config) {
     }
     if (config.param_dtype) add("param_dtype=" + std::string(dtype_name(*config.param_dtype)));
     if (config.reduce_dtype) add("reduce_dtype=" + std::string(dtype_name(*config.reduce_dtype)));
+    if (config.cpu_offload) add("offload_policy=cpu");
+    if (!config.offload_pin_memory) add("pin_memory=false");
     if (!config.meta_init) add("init=cuda");
     if (config.rank != 0) add("rank=" + std::to_string(config.rank));
     return out + options;

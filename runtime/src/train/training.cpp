@@ -451,6 +451,10 @@ StepStats Trainer::step() {
   s.optimizer = begin_phase(alloc, *peaks_);
   if (last_micro && optimizer_) {
     PhaseGuard phase(Phase::Optimizer);
+    // CPUOffloadPolicy: the parameters and gradients are on the host, and so the optimizer's
+    // state and its step: nothing of it on the GPU.
+    std::optional<MetaDevice> on_host;
+    if (fsdp_ && fsdp_->offloads()) on_host.emplace();
     optimizer_->step();
   } else if (last_micro && zero_) {
     PhaseGuard phase(Phase::Optimizer);
