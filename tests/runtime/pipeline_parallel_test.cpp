@@ -304,6 +304,16 @@ TEST(PipelineParallel, FullyShardInsideTheStages) {
   EXPECT_EQ(bytes_of("model.layers.0 unsharded parameters"), kLayer);
   EXPECT_EQ(bytes_of("model.layers.0 unsharded gradients (accumulated)"), 2 * kLayer);
   EXPECT_EQ(bytes_of("receive activations (micro-batch 0)"), 0u);  // stage 0 receives none
+  // With tensor parallel too, the embedding's gradient is the whole table (a Replicate DTensor
+  // gradient of the vocabulary-sharded weight), kept in f32 from the first micro-batch on.
+  TrainConfig three_d = mixed;
+  three_d.parallel = parse_parallel("pp:2xfsdp:2xtp:2", "microbatches=4,param_dtype=bf16,reduce_dtype=f32");
+  const OneStep whole(three_d);
+  std::vector<std::size_t> table;
+  for (const CommunicationBuffer& b : whole.trainer.communication_buffers()) {
+    if (b.what == "root unsharded gradients (accumulated)") table.push_back(b.bytes);
+  }
+  EXPECT_EQ(table, std::vector<std::size_t>{32000u * 512 * 4});
   TrainConfig mixed_last = mixed;
   mixed_last.parallel.stage = 1;
   const OneStep wide_last(mixed_last);

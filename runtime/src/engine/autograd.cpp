@@ -65,7 +65,8 @@ class AccumulateGrad final : public Node {
           (new_grad.shape() == variable.shape() || variable_->redistributed_grad)) {
         variable_->grad = new_grad.detach().impl_ptr();
       } else {
-        Tensor copy = empty(variable.runtime(), variable.shape(), kept);
+        // A redistributed gradient keeps the shape it arrives in (the whole embedding table).
+        Tensor copy = empty(variable.runtime(), variable_->redistributed_grad ? new_grad.shape() : variable.shape(), kept);
         detail::copy_raw(copy, new_grad);
         variable_->grad = copy.impl_ptr();
       }
