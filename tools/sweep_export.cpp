@@ -111,8 +111,12 @@ nlohmann::json row_json(const planner::SweepResult& s, const planner::SweepRow& 
     j[name] = f.get(s, r);
   }
   j["label"] = r.label();
-  // Activation offloading's pinned host memory (0 without it): beside nvidia-smi's figure.
+  // Pinned host memory (activation offloading's, FSDP2's CPUOffloadPolicy's; 0 without them):
+  // beside nvidia-smi's figure.
   j["pinned_host"] = r.figures.pinned_host_bytes;
+  // What this GPU sent over collectives in the last step (0 on one GPU): what the layout costs
+  // in communication, as `plan --parallel auto` ranks it.
+  j["communication_bytes_per_step"] = r.figures.communication_bytes;
   if (r.oom) j["oom_message"] = r.oom->message;
   if (r.fits()) j["warnings"] = r.figures.warnings;
   return j;

@@ -1024,6 +1024,9 @@ def check_parallel(exe, work):
     check(row["max_reserved"] == max(int(r["max_reserved"]) for r in ref), row["max_reserved"])
     buckets = sum((b + 511) // 512 * 512 for b in (7209144, 28622496, 12508972))  # the rebuilt buckets
     check(row["peak_communication"] == buckets and one["rows"][0]["peak_communication"] == 0, row)
+    # Each step all-reduces every bucket: a ring sends 2 (n - 1) / n of it.
+    sent = 2 * 7 / 8 * (7209144 + 28622496 + 12508972)
+    check(row["communication_bytes_per_step"] == sent and one["rows"][0]["communication_bytes_per_step"] == 0, row)
     check(sum(row[k] for k in row if k.startswith("peak_") and k != "peak_reserved") == row["max_allocated"], row)
     table = run(exe, "sweep", *model, "--segments", "0", "--parallel", "ddp:8", "--brief").stdout
     check("each GPU of ddp:8" in table and "communication buffers 46.10 MiB" in " ".join(table.split()), table)
