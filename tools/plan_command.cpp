@@ -126,10 +126,10 @@ planner::PlanSearch parse_search(const std::string& text) {
 /// `plan --parallel auto --gpus N`: the layouts of N GPUs at the global batch, ranked.
 void run_layouts(const PlanArgs& args, planner::SweepSpec base, Capture* capture) {
   if (args.max_batch || !args.code.empty() || !args.model_out.empty() || !args.parallel.options.empty() ||
-      args.search != PlanArgs{}.search) {
+      args.search != PlanArgs{}.search || args.parallel.topology != "auto" || args.parallel.stray_contexts) {
     throw UsageError("--parallel auto searches the layouts (the mesh and whether every layer is checkpointed); "
-                     "--max-batch, --code, --model-out, --search and --parallel-options apply to one layout: give it "
-                     "as --parallel");
+                     "--max-batch, --code, --model-out, --search, --parallel-options, --topology and --stray-contexts "
+                     "apply to one layout: give it as --parallel");
   }
   if (args.gpus == 0) throw UsageError("--parallel auto: give --gpus N, the GPUs to spread the step over");
   if (args.model.batch.empty()) {

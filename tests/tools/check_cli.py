@@ -1233,6 +1233,7 @@ def check_plan_auto(exe, work):
     check(f"picks: {doc['best']}:" in text and "How to read this" in text, text)
     for extra, says in ((["--max-batch"], "apply to one layout"), (["--batch", "4", "--code", "x.py"], "apply to one layout"),
                         (["--batch", "4", "--parallel-options", "rank=1"], "apply to one layout"),
+                        (["--batch", "4", "--topology", "pcie"], "apply to one layout"),
                         (["--batch", "4"], "give --gpus"), (["--gpus", "2"], "give --batch")):
         args = [a for a in extra if a != "--gpus"] if says == "give --gpus" else extra
         gpus = [] if says == "give --gpus" else (["--gpus", "2"] if "--gpus" not in extra else [])
