@@ -42,12 +42,16 @@ CONFS = ["", "max_split_size_mb:128", "max_split_size_mb:abc", "garbage_collecti
          "roundup_power2_divisions:4", "nosuchkey:1", "max_split_size_mb:-1",
          "max_split_size_mb:99999999999999999999", "expandable_segments:True"]
 PARALLELS = ["ddp:8", "fsdp:8", "zero1:8", "zero2:8", "zero3:8", "zero3:64", "zero3:1", "zero3:0", "zero3:",
-             "fsdp1:8", "none,zero3:8", "zero3:8,fsdp:8", "zero3:1048577", "zero9:8"]
+             "fsdp1:8", "none,zero3:8", "zero3:8,fsdp:8", "zero3:1048577", "zero9:8",
+             # Pipeline meshes: FSDP2 and tensor parallel inside the stages, and what is refused there.
+             "pp:2xfsdp:2", "pp:2xfsdp:2xtp:2", "pp:0xfsdp:2", "pp:2xddp:2", "pp:2xzero3:2", "pp:2xfsdp:0",
+             "pp:2xfsdp:2xtp:2xtp:2", "fsdp:2xpp:2"]
 PARALLEL_OPTIONS = ["", "stage3_prefetch_bucket_size=0", "stage3_max_reuse_distance=0,stage3_param_persistence_threshold=0",
                     "stage3_max_live_parameters=1", "sub_group_size=1", "zero3_init_flag=false", "zero3_init_flag=x",
                     "reduce_bucket_size=1", "reduce_bucket_size=1e13", "stage3_prefetch_bucket_size=-1",
                     "sub_group_size=0", "rank=7", "rank=8", "bucket_cap_mb=5", "overlap_comm=false",
-                    "stage3_model_persistence_threshold=1e30", ","]
+                    "stage3_model_persistence_threshold=1e30", ",", "offload_policy=cpu", "offload_policy=disk",
+                    "pin_memory=false", "microbatches=2,reshard_after_forward=true", "microbatches=0,stage=9"]
 NUMBERS = ["0", "1", "2", "3", "4", "7", "16", "64", "256", "1024", "-1", "-3", "1e3", "0x10",
            "4294967296", "4611686018427387904", "9223372036854775807",
            "99999999999999999999", "", "abc", " 8", "10001", "100000", "1099511627776"]
