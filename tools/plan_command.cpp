@@ -312,10 +312,10 @@ void add_plan_command(CLI::App& app, Capture* capture) {
   cmd->add_option("--optimizer", args->optimizer, kOptimizerHelp)->capture_default_str();
   add_parallel_options(*cmd, args->parallel, /*list=*/false);
   cmd->add_option("--gpus", args->gpus,
-                  "with --parallel auto: the job's GPUs; the search tries every mesh of them (DDP or FSDP2, tensor "
-                  "parallel inside a node, pipeline stages), each with and without every layer checkpointed, at "
-                  "--batch sequences per step over all of them, and ranks those that fit by recompute, then by the "
-                  "bytes each GPU sends per step")
+                  "with --parallel auto (instead of a layout): the job's GPUs; the search tries every mesh of them "
+                  "(DDP or FSDP2, tensor parallel inside a node, pipeline stages), each with and without every layer "
+                  "checkpointed, at --batch sequences per step over all of them, and ranks those that fit by the "
+                  "compute they lose (recompute, a pipeline's bubble), then by the bytes each GPU sends per step")
       ->check(integer_in(1, 1 << 20))
       ->type_name("N");
   cmd->add_option("--search", args->search,
