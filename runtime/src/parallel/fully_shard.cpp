@@ -720,35 +720,30 @@ void FullyShard::root_post_backward_final_callback() {
   // _root_post_backward_final_callback: the groups whose post-backward did not run (their
   // inputs needed no gradient: the root's, usually), in module order, the root first.
   callback_queued_ = false;
-  if (pipelined_) {
-    // Manual finalization: a micro-batch's backward ends with its gradients kept; the
-    // all-gather output kept for overlap goes (release_all_gather_state_on_current_stream),
-    // and the post-forward order waits for finalize_backward.
-    const std::size_t root = groups_.size() - 1;
-    for (std::size_t k = 0; k < groups_.size(); ++k) {
-      Group& g = groups_[k == 0 ? root : k - 1];
-      if (g.state != State::PostBackward) post_backward(g);
-      g.state = State::Idle;
-    }
-    release_all_gather_state();
-    return;
-  }
   const std::size_t root = groups_.size() - 1;
   for (std::size_t k = 0; k < groups_.size(); ++k) {
     Group& g = groups_[k == 0 ? root : k - 1];
     if (g.state != State::PostBackward) post_backward(g);
     g.state = State::Idle;
   }
-  // wait_for_gradient_reduction: the last reduce-scatter input, and any all-gather output kept.
+  if (pipelined_) {
+    // Manual finalization: a micro-batch's backward ends with its gradients kept; the
+    // all-gather output kept for overlap goes (release_all_gather_state_on_current_stream),
+    // and the post-forward order waits for finalize_backward.
+    release_all_gather_state();
+    return;
+  }
+  end_backward_iteration();
+}
+
+void FullyShard::end_backward_iteration() {
+  // wait_for_gradient_reduction (_end_backward_iteration): the last reduce-scatter input, and
+  // any all-gather output kept.
   if (reduce_scatter_state_.defined()) release(reduce_scatter_state_, reduce_scatter_state_log_);
   release_all_gather_state();
   post_forward_order_.clear();
   for (Group& g : groups_) g.post_forward_indices.clear();
 }
-
-}  // namespace mem::nn::detail
-
-namespace mem::nn::detail {
 
 void FullyShard::finalize_backward() {
   // perform_reduce_grad (torch 2.15 stage.py): set_requires_gradient_sync(True),
@@ -767,12 +762,7 @@ void FullyShard::finalize_backward() {
   };
   for (std::size_t i = groups_.size() - 1; i-- > 0;) finalize(groups_[i]);
   finalize(groups_.back());
-  // wait_for_gradient_reduction (_end_backward_iteration): the last reduce-scatter input and
-  // any all-gather output kept go; then the stage scales the sharded gradients in place.
-  if (reduce_scatter_state_.defined()) release(reduce_scatter_state_, reduce_scatter_state_log_);
-  release_all_gather_state();
-  post_forward_order_.clear();
-  for (Group& g : groups_) g.post_forward_indices.clear();
+  end_backward_iteration();  // then the stage scales the sharded gradients in place
   finalizing_ = false;
 }
 

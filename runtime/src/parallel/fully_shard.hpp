@@ -109,6 +109,9 @@ class FullyShard final : public ForwardHooks {
   void set_unsharded_grad_dtypes(Group& group, bool defer);
   void foreach_reduce(Group& group, std::vector<std::pair<Param*, Tensor>>& grads);
   void root_post_backward_final_callback();
+  /// _end_backward_iteration: the last reduce-scatter input and any kept all-gather output go,
+  /// and the post-forward order starts again.
+  void end_backward_iteration();
   void release_all_gather_state();
   /// The blocks' pre-forward and the root's: cast, unshard, the post-backward node.
   Tensor group_pre_forward(Group& group, const Tensor& input);
