@@ -386,12 +386,13 @@ SweepResult run_sweep(const SweepSpec& spec_in, const SweepProgress& progress) {
     // run without the limit would map its terabytes page by page under expandable segments.
     const bool one_tensor_too_large = row.oom && row.oom->figures.requested > result.device.total_bytes;
     // Sharded, each GPU holds at least 1/N of the weights: when that alone outgrows the device
-    // the run without the limit is as long as the model is large, for the same answer.
+    // the run without the limit is as long as the model is large, for the same answer. (A
+    // pipeline stage holds its own layers, which may be less than 1/P of them: no bound there.)
     const nn::ParallelConfig& p = row.parallel;
     const std::size_t shards =
         (p.engine == nn::ParallelEngine::Fsdp || p.engine == nn::ParallelEngine::Zero3 ? p.world_size : 1) *
-        p.tensor_parallel * p.pipeline_parallel;
-    const bool share_too_large = row.oom && row.oom->step == 0 && p.shards_parameters() &&
+        p.tensor_parallel;
+    const bool share_too_large = row.oom && row.oom->step == 0 && p.shards_parameters() && p.pipeline_parallel == 1 &&
                                  weights / std::max<std::size_t>(shards, 1) > result.device.total_bytes;
     if (share_too_large) row.weights_alone = static_cast<std::int64_t>(weights / std::max<std::size_t>(shards, 1));
     const bool outgrown = row.weights_alone > 0;
