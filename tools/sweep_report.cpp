@@ -409,25 +409,24 @@ std::string sweep_report(const planner::SweepResult& result, const ReportOptions
              "                  (a tensor saved for backward was modified in place): it fails at any size.\n";
     }
   }
-  if (result.spec.offload_activations) {
-    std::int64_t pinned = 0;
-    for (const planner::SweepRow& row : result.rows) pinned = std::max(pinned, row.figures.pinned_host_bytes);
-    out += wrap(fmt::format("Activations offloaded (--offload activations: save_on_cpu, pin_memory=True): up to {} of "
-                            "pinned host memory per row, beside the device's figures (PyTorch's caching host "
-                            "allocator: power-of-two blocks, kept for reuse).",
-                            human_bytes(pinned)),
-                "", "  ");
-  }
+  // Pinned host memory beside the device's figures: activation offloading's, FSDP2's
+  // CPUOffloadPolicy's, or both.
   const bool host_shards = std::any_of(result.spec.parallels.begin(), result.spec.parallels.end(),
                                        [](const nn::ParallelConfig& c) { return c.cpu_offload; });
-  if (host_shards && !result.spec.offload_activations) {
+  if (result.spec.offload_activations || host_shards) {
     std::int64_t pinned = 0;
     for (const planner::SweepRow& row : result.rows) pinned = std::max(pinned, row.figures.pinned_host_bytes);
-    out += wrap(fmt::format("FSDP2's shards and gradients on the host (offload_policy=cpu): up to {} of pinned host "
-                            "memory per row, beside the device's figures (each tensor pinned alone: PyTorch's "
-                            "caching host allocator rounds it to a power of two); the optimizer's state is "
-                            "there too, in pageable memory.",
-                            human_bytes(pinned)),
+    const std::string what =
+        result.spec.offload_activations && host_shards
+            ? "Activations offloaded (--offload activations: save_on_cpu, pin_memory=True) and FSDP2's shards and "
+              "gradients on the host (offload_policy=cpu)"
+        : result.spec.offload_activations ? "Activations offloaded (--offload activations: save_on_cpu, pin_memory=True)"
+                                          : "FSDP2's shards and gradients on the host (offload_policy=cpu)";
+    out += wrap(fmt::format("{}: up to {} of pinned host memory per row, beside the device's figures (PyTorch's "
+                            "caching host allocator: each tensor pinned alone, in a power-of-two block, kept for "
+                            "reuse){}.",
+                            what, human_bytes(pinned),
+                            host_shards ? "; the optimizer's state is on the host too, in pageable memory" : ""),
                 "", "  ");
   }
   out += fmt::format("\ndevice: {}\nstack: {} (--stack)\n", result.device.assumptions, result.spec.stack.to_string());
