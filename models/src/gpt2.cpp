@@ -37,6 +37,13 @@ class Gpt2Embeddings final : public Module {
   Module* drop_;
 };
 
+/// The MLP's activation_function as transformers' ACT2CLS makes it.
+std::unique_ptr<Module> activation(const Gpt2Spec& s) {
+  if (s.activation == "gelu_pytorch_tanh") return std::make_unique<GELU>(true, "GELUTanh");
+  if (s.activation == "gelu") return std::make_unique<GELU>(false, "GELUActivation");
+  return std::make_unique<NewGELU>();
+}
+
 class Gpt2Source final : public ModelSource {
  public:
   Gpt2Source(std::string name, Gpt2Spec spec) : name_(std::move(name)), spec_(spec) {}
@@ -63,7 +70,7 @@ ModelSource::Built Gpt2Source::make(const ModelOptions& o) const {
   auto& emb = static_cast<Gpt2Embeddings&>(body->append("transformer", std::make_unique<Gpt2Embeddings>(s, embd)));
   for (std::int64_t i = 0; i < s.layers; ++i) {
     body->append("transformer.h." + std::to_string(i),
-                 std::make_unique<TransformerBlock>(s.embed, s.heads, s.inner, s.eps, attn, resid));
+                 std::make_unique<TransformerBlock>(s.embed, s.heads, s.inner, s.eps, attn, resid, activation(s)));
   }
   body->append("transformer.ln_f", std::make_unique<LayerNorm>(s.embed, s.eps));
   body->append("lm_head", std::make_unique<TiedLinear>(emb.wte()));
@@ -71,7 +78,8 @@ ModelSource::Built Gpt2Source::make(const ModelOptions& o) const {
   std::ostringstream d;
   d << name_ << ": " << s.layers << " blocks, width " << s.embed << ", " << s.heads << " heads, sequence " << seq
     << ", vocab " << s.vocab << " (tied lm_head), dropout " << std::to_string(resid).substr(0, 4)
-    << ", eager attention, gelu_new (NewGELUActivation); the causal-LM loss of model(input_ids, labels=...)";
+    << ", eager attention, " << s.activation << " (" << activation(s)->type_name()
+    << "); the causal-LM loss of model(input_ids, labels=...)";
   b.info.description = d.str();
   b.info.batch = batch;
   b.info.input_shape = Shape{batch, seq};

@@ -153,9 +153,13 @@ std::shared_ptr<const nn::ModelSource> parse_gpt2(const json& root, std::string 
   s.embd_dropout = r.number("embd_pdrop", 0.1, 0.0, 1.0);
   s.attn_dropout = r.number("attn_pdrop", 0.1, 0.0, 1.0);
   s.resid_dropout = r.number("resid_pdrop", 0.1, 0.0, 1.0);
-  const std::string act = r.word("activation_function", "gelu_new");
-  if (act != "gelu_new" && act != "gelu_pytorch_tanh") {
-    r.fail("activation_function", "'" + act + "' is not modelled; GPT-2's MLP is GELU(tanh) (gelu_new)");
+  // transformers/activations.py's ACT2CLS: gelu_new is NewGELUActivation (written out in
+  // Python: four saved tensors), gelu_pytorch_tanh GELUTanh and gelu GELUActivation (F.gelu,
+  // its input only).
+  s.activation = r.word("activation_function", "gelu_new");
+  if (s.activation != "gelu_new" && s.activation != "gelu_pytorch_tanh" && s.activation != "gelu") {
+    r.fail("activation_function", "'" + s.activation + "' is not modelled; vramscope reads gelu_new (GPT-2's), "
+           "gelu_pytorch_tanh and gelu");
   }
   if (!r.flag("scale_attn_weights", true)) r.fail("scale_attn_weights", "false is not modelled");
   if (r.flag("scale_attn_by_inverse_layer_idx", false)) {

@@ -26,6 +26,7 @@ extern const std::size_t kHfConfigCount;
 struct Gpt2Spec {
   std::int64_t layers = 12, embed = 768, heads = 12, vocab = 50257, positions = 1024, inner = 0;
   double eps = 1e-5, embd_dropout = 0.1, attn_dropout = 0.1, resid_dropout = 0.1;
+  std::string activation = "gelu_new";  ///< activation_function: gelu_new, gelu_pytorch_tanh or gelu
 };
 /// GPT2LMHeadModel of that config (eager attention, tied lm_head). Throws mem::Error for an
 /// inconsistent one.

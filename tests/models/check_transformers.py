@@ -12,7 +12,8 @@ f32 and bf16 with eager attention and with SDPA (the CPU's flash kernel keeps wh
 keeps in bytes: q, k, v, the output and an f32 logsumexp [B, H, S]), and bf16 SDPA with LoRA
 on q and v and on every projection. Every module's bytes must be equal. GPT-2 too (eager, dropout
 0: the CPU's dropout keeps a float mask where CUDA's keeps a bool one), whose
-NewGELUActivation keeps four tensors of the MLP's width (f32: the CPU's bf16 layer_norm keeps
+NewGELUActivation keeps four tensors of the MLP's width, and with activation_function
+gelu_pytorch_tanh or gelu (GELUTanh, GELUActivation: F.gelu) its input only (f32: the CPU's bf16 layer_norm keeps
 bf16 statistics where CUDA's, and vramscope's, are f32).
 
 Exit 77 (skipped) without torch and transformers, unless VRAMSCOPE_REQUIRE_STACK=1 (CI),
@@ -31,7 +32,10 @@ B, S, HIDDEN, HEADS, KV_HEADS, INTERMEDIATE, VOCAB = 2, 64, 64, 4, 2, 128, 32
 FAMILIES = ("llama", "mistral", "qwen2")
 # f32 only: in bf16 the CPU's layer_norm keeps its mean and rstd in bf16 where CUDA's keeps
 # them in f32, as vramscope does.
-GPT2_CASES = [("gpt2", "float32", "eager", None)]
+# "gpt2:ACT": activation_function ACT (transformers' GELUTanh and GELUActivation keep their input
+# only, where gelu_new's NewGELUActivation keeps four tensors).
+GPT2_CASES = [("gpt2", "float32", "eager", None), ("gpt2:gelu_pytorch_tanh", "float32", "eager", None),
+              ("gpt2:gelu", "float32", "eager", None)]
 CASES = [  # dtype, attention, LoRA targets
     ("float32", "eager", None), ("bfloat16", "eager", None), ("float32", "sdpa", None),
     ("bfloat16", "sdpa", None), ("bfloat16", "sdpa", ["q_proj", "v_proj"]),
@@ -49,9 +53,10 @@ ROOT = Path(__file__).resolve().parents[2]
 def build(family: str, dtype: str, attention: str, lora):
     import torch
     import transformers
-    if family == "gpt2":
+    if family.startswith("gpt2"):
+        activation = family.partition(":")[2] or "gelu_new"
         cfg = transformers.GPT2Config(vocab_size=VOCAB, n_embd=HIDDEN, n_layer=1, n_head=HEADS, n_positions=256,
-                                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+                                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, activation_function=activation)
         cfg._attn_implementation = attention
         torch.manual_seed(0)
         return cfg, transformers.GPT2LMHeadModel(cfg).to(getattr(torch, dtype)).train()
@@ -89,7 +94,7 @@ def vramscope_saved(exe: str, cfg, dtype: str, attention: str, lora, stack: str,
     if cfg.model_type == "gpt2":  # the published config's keys, at these sizes
         doc = json.loads((ROOT / "models" / "zoo" / "hf" / "gpt2.json").read_text())
         doc.update(vocab_size=VOCAB, n_embd=HIDDEN, n_layer=1, n_head=HEADS, n_positions=256, n_ctx=256,
-                   resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+                   resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, activation_function=cfg.activation_function)
     config.write_text(json.dumps(doc))
     out = scratch / "saved.csv"
     command = [exe, "trace", "--hf-config", str(config), "--batch", str(B), "--seq", str(S),

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <utility>
 
 #include "vramscope/allocator/errors.hpp"
 #include "vramscope/models/hf_config.hpp"
@@ -155,6 +156,16 @@ TEST(HfConfig, Gpt2ConfigsBuildGpt2AndRefuseWhatIsNotModelled) {
       EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
     }
   };
+  // activation_function picks transformers' class (ACT2CLS); the saved bytes of each are
+  // checked against transformers by tests/models/check_transformers.py.
+  for (const auto& [activation, type] : {std::pair{"gelu_new", "NewGELUActivation"},
+                                         std::pair{"gelu_pytorch_tanh", "GELUTanh"},
+                                         std::pair{"gelu", "GELUActivation"}}) {
+    json c = gpt2;
+    c["activation_function"] = activation;
+    const std::string description = parse_hf_config(c.dump(), "g", "config.json")->describe().description;
+    EXPECT_NE(description.find(std::string(activation) + " (" + type + ")"), std::string::npos) << description;
+  }
   refused("scale_attn_by_inverse_layer_idx", true, "scale_attn_by_inverse_layer_idx: true is not modelled");
   refused("reorder_and_upcast_attn", true, "reorder_and_upcast_attn: true is not modelled");
   refused("activation_function", "relu", "activation_function: 'relu' is not modelled");

@@ -43,7 +43,7 @@ TransformerBlock::TransformerBlock(std::int64_t embed, std::int64_t heads, doubl
     : TransformerBlock(embed, heads, 0, 1e-5, dropout, dropout) {}
 
 TransformerBlock::TransformerBlock(std::int64_t embed, std::int64_t heads, std::int64_t inner, double eps,
-                                   double attn_dropout, double resid_dropout)
+                                   double attn_dropout, double resid_dropout, std::unique_ptr<Module> activation)
     : Module("GPT2Block") {
   const std::int64_t width = inner > 0 ? inner : 4 * embed;
   ln_1_ = &add_module("ln_1", std::make_unique<LayerNorm>(embed, eps));
@@ -51,7 +51,8 @@ TransformerBlock::TransformerBlock(std::int64_t embed, std::int64_t heads, std::
   ln_2_ = &add_module("ln_2", std::make_unique<LayerNorm>(embed, eps));
   auto mlp = std::make_unique<Sequential>();
   mlp->append("c_fc", std::make_unique<Linear>(embed, width, true, true));
-  mlp->append("act", std::make_unique<NewGELU>());  // GPT-2's "gelu_new"
+  if (!activation) activation = std::make_unique<NewGELU>();  // GPT-2's "gelu_new"
+  mlp->append("act", std::move(activation));
   mlp->append("c_proj", std::make_unique<Linear>(width, embed, true, true));
   mlp->append("dropout", std::make_unique<Dropout>(resid_dropout));
   mlp_ = &add_module("mlp", std::move(mlp));

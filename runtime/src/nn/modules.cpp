@@ -570,7 +570,7 @@ Tensor Tanh::forward(const Tensor& input) { return tanh(input); }
 Scale::Scale(double factor) : Module("Scale"), factor_(factor) {}
 Tensor Scale::forward(const Tensor& input) { return mul_scalar(input, factor_); }
 
-GELU::GELU(bool tanh_approx) : Module("GELU"), tanh_approx_(tanh_approx) {}
+GELU::GELU(bool tanh_approx, std::string type) : Module(std::move(type)), tanh_approx_(tanh_approx) {}
 Tensor GELU::forward(const Tensor& input) { return gelu(input, tanh_approx_); }
 
 NewGELU::NewGELU() : Module("NewGELUActivation") {}

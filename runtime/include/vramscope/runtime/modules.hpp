@@ -469,7 +469,9 @@ class Scale : public Module {
 
 class GELU : public Module {
  public:
-  explicit GELU(bool tanh_approx = false);
+  /// nn.GELU, or under `type` a wrapper that calls F.gelu (transformers' GELUActivation,
+  /// GELUTanh): one fused op that keeps its input only.
+  explicit GELU(bool tanh_approx = false, std::string type = "GELU");
   Tensor forward(const Tensor& input) override;
 
  private:
@@ -641,13 +643,15 @@ class CausalSelfAttention : public Module {
   Module *c_attn_, *c_proj_, *attn_dropout_, *resid_dropout_;
 };
 
-/// GPT-2 block: x + attn(ln_1(x)), then x + mlp(ln_2(x)) with mlp = c_fc, GELU(tanh), c_proj, dropout.
+/// GPT-2 block: x + attn(ln_1(x)), then x + mlp(ln_2(x)) with mlp = c_fc, the activation
+/// (NewGELU, GPT-2's "gelu_new", unless given), c_proj, dropout.
 class TransformerBlock : public Module {
  public:
   TransformerBlock(std::int64_t embed, std::int64_t heads, double dropout);
-  /// n_inner (0: 4 x embed), layer_norm_epsilon, attn_pdrop and resid_pdrop of a config.
+  /// n_inner (0: 4 x embed), layer_norm_epsilon, attn_pdrop and resid_pdrop of a config, and
+  /// its activation_function's module (null: NewGELU).
   TransformerBlock(std::int64_t embed, std::int64_t heads, std::int64_t inner, double eps, double attn_dropout,
-                   double resid_dropout);
+                   double resid_dropout, std::unique_ptr<Module> activation = nullptr);
   Tensor forward(const Tensor& input) override;
 
  private:
