@@ -14,9 +14,10 @@ et al. (arXiv 2205.05198, Table 2) for TP + SP: 34/t with selective recomputatio
 attention's 5as/h term recomputed, as flash attention never stores it), 34/t + 5as/(ht) without.
 
 GPT-3's own layer (tests/data/gpt3-175b-layer.json: GPT-2's layout, which GPT-3 keeps, at GPT-3
-175B's size, GELU, dropout 0.1, transformers' eager attention; t = 1, as vramscope's tensor
-parallel plan is torchtitan's Llama one) is the formula's own case: each module's bytes beside
-the terms of the paper's section 4.1 that it accounts for.
+175B's size, GELU, dropout 0.1; t = 1, as vramscope's tensor parallel plan is torchtitan's Llama
+one) is the formula's own case: each module's bytes with transformers' eager attention beside
+the terms of the paper's section 4.1 that it accounts for, and with SDPA (flash, which keeps
+no scores: the formula's selective recomputation) beside 34 per s*b*h.
 """
 import csv
 import subprocess
@@ -70,22 +71,29 @@ def layer_bytes(exe, t):
 
 
 def gpt3_table(exe):
-    """GPT-3's layer module by module against the formula's terms (s*b*h and a*s*s*b bytes)."""
+    """GPT-3's layer module by module against the formula's terms (s*b*h and a*s*s*b bytes),
+    with eager attention, and beside it with SDPA's flash kernel (the formula's selective case)."""
     sbh, as2b = S * B * H, HEADS * S * S * B
-    got = saved_rows(exe, GPT3, "transformer.h.0.")
-    unknown = set(got) - {m for m, *_ in GPT3_TERMS}
+    got = saved_rows(exe, GPT3, "transformer.h.0.", "--attn", "eager")
+    flash = saved_rows(exe, GPT3, "transformer.h.0.", "--attn", "sdpa")
+    unknown = (set(got) | set(flash)) - {m for m, *_ in GPT3_TERMS}
     if unknown:
         sys.exit(f"korthikanti_table: modules of GPT-2's layer without a term here: {sorted(unknown)}")
-    rows = ["| module | keeps | vramscope, bytes | Korthikanti's terms | their bytes | difference |",
-            "|:---|:---|---:|:---|---:|---:|"]
+    rows = ["| module | keeps (eager) | eager, bytes | Korthikanti's terms | their bytes | difference "
+            "| SDPA, bytes |",
+            "|:---|:---|---:|:---|---:|---:|---:|"]
     total = formula = 0
     for module, keeps, terms, per_sbh, per_as2b in GPT3_TERMS:
         theirs = per_sbh * sbh + per_as2b * as2b
         mine = got.get(module, 0)
         total, formula = total + mine, formula + theirs
-        rows.append(f"| {module} | {keeps} | {mine:,} | {terms} | {theirs:,} | {mine - theirs:+,} |")
+        rows.append(f"| {module} | {keeps} | {mine:,} | {terms} | {theirs:,} | {mine - theirs:+,} "
+                    f"| {flash.get(module, 0):,} |")
     rows.append(f"| **layer** | | **{total:,}** | **34 + 5as/h = {34 + 5 * HEADS * S / H:.0f} per s·b·h** "
-                f"| **{formula:,}** | **{total - formula:+,}** |")
+                f"| **{formula:,}** | **{total - formula:+,}** | |")
+    selective = sum(flash.values())
+    rows.append(f"| **layer, selective** | | | **34 per s·b·h** | **{34 * sbh:,}** | **{selective - 34 * sbh:+,}** "
+                f"| **{selective:,}** |")
     return "\n".join(rows) + "\n"
 
 

@@ -104,7 +104,7 @@ void add_model_options(CLI::App& app, ModelArgs& args, const std::string& defaul
   }
   app.add_option("--seq", args.seq, "sequence length of models that take one (gpt2: <= 1024); sweep takes a list")
       ->type_name("N[,N...]");
-  app.add_option("--attn", args.attention, "transformers: eager, sdpa (flash; the default) or sdpa-efficient")
+  app.add_option("--attn", args.attention, "transformers: eager, sdpa (flash; the default, but eager for GPT-2 configs, as the GPU references ran it) or sdpa-efficient")
       ->type_name("IMPL");
   app.add_option("--gradient-checkpointing", args.checkpoint,
                  "transformers: checkpoint every decoder layer: on (gradient_checkpointing_enable() as the --stack's "
@@ -386,7 +386,9 @@ void add_parallel_options(CLI::App& app, ParallelArgs& args, bool list) {
                  "the optimizer on the host; pin_memory=false leaves them pageable), "
                  "init=meta|cuda (built on the meta device, the default, or whole on the GPU first), rank=R (the rank "
                  "shown; the last ones hold fewer rows when dim 0 does not split evenly); zero1, zero2: "
-                 "reduce_bucket_size (elements), overlap_comm, rank=R; zero3: those and the stage3_ keys "
+                 "reduce_bucket_size (elements), overlap_comm, offload_optimizer=cpu (the fp32 master, its "
+                 "gradients and Adam's state on the host, DeepSpeedCPUAdam; pin_memory=false leaves them "
+                 "pageable), rank=R; zero3: reduce_bucket_size, overlap_comm, rank and the stage3_ keys "
                  "(elements) stage3_prefetch_bucket_size, stage3_param_persistence_threshold, "
                  "stage3_model_persistence_threshold, stage3_max_live_parameters, stage3_max_reuse_distance, and "
                  "sub_group_size, zero3_init_flag=false (the model built whole on the GPU, not under zero.Init); "
@@ -498,6 +500,14 @@ std::string parallel_note(const std::vector<nn::ParallelConfig>& configs, const 
                    "reduce_bucket_size elements, and the gradients of the parameters its partition touches" +
                    (config.engine == nn::ParallelEngine::Zero1 ? "; stage 1 holds every gradient until the backward ends"
                                                                : "") +
+                   (config.cpu_offload
+                        ? std::string("; offload_optimizer=cpu: the fp32 master partition, its gradients and Adam's "
+                                      "state are on the host (DeepSpeedCPUAdam steps there), ") +
+                              (config.offload_pin_memory ? "the master and gradients pinned (the pinned host figure)"
+                                                         : "pageable (pin_memory=false)") +
+                              "; the GPU keeps a bf16 buffer of the largest parameter, and each gradient of the "
+                              "partition leaves it in the backward that makes it"
+                        : std::string()) +
                    ")"
         : config.engine == nn::ParallelEngine::Ddp
             ? "each rank alike (DistributedDataParallel runs the whole step on each GPU and adds its gradient "

@@ -4,7 +4,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
+#include <string>
+#include <vector>
 
 #include "vramscope/planner/accepted_segments.hpp"
 #include "model_args.hpp"
@@ -410,23 +413,30 @@ std::string sweep_report(const planner::SweepResult& result, const ReportOptions
     }
   }
   // Pinned host memory beside the device's figures: activation offloading's, FSDP2's
-  // CPUOffloadPolicy's, or both.
-  const bool host_shards = std::any_of(result.spec.parallels.begin(), result.spec.parallels.end(),
-                                       [](const nn::ParallelConfig& c) { return c.cpu_offload; });
-  if (result.spec.offload_activations || host_shards) {
+  // CPUOffloadPolicy's, DeepSpeed's offload_optimizer's, or several.
+  std::vector<std::string> on_host;
+  if (result.spec.offload_activations) on_host.push_back("activations offloaded (--offload activations: save_on_cpu, pin_memory=True)");
+  bool fsdp_host = false, zero_host = false;
+  for (const nn::ParallelConfig& c : result.spec.parallels) {
+    fsdp_host = fsdp_host || (c.cpu_offload && c.engine == nn::ParallelEngine::Fsdp);
+    zero_host = zero_host || (c.cpu_offload && c.engine != nn::ParallelEngine::Fsdp);
+  }
+  if (fsdp_host) on_host.push_back("FSDP2's shards and gradients on the host (offload_policy=cpu)");
+  if (zero_host) on_host.push_back("ZeRO's fp32 master partition and its gradients on the host (offload_optimizer=cpu)");
+  if (!on_host.empty()) {
     std::int64_t pinned = 0;
     for (const planner::SweepRow& row : result.rows) pinned = std::max(pinned, row.figures.pinned_host_bytes);
-    const std::string what =
-        result.spec.offload_activations && host_shards
-            ? "Activations offloaded (--offload activations: save_on_cpu, pin_memory=True) and FSDP2's shards and "
-              "gradients on the host (offload_policy=cpu)"
-        : result.spec.offload_activations ? "Activations offloaded (--offload activations: save_on_cpu, pin_memory=True)"
-                                          : "FSDP2's shards and gradients on the host (offload_policy=cpu)";
+    std::string what;
+    for (std::size_t i = 0; i < on_host.size(); ++i) {
+      what += (i == 0 ? "" : i + 1 == on_host.size() ? " and " : ", ") + on_host[i];
+    }
+    what[0] = static_cast<char>(std::toupper(static_cast<unsigned char>(what[0])));
     out += wrap(fmt::format("{}: up to {} of pinned host memory per row, beside the device's figures (PyTorch's "
                             "caching host allocator: each tensor pinned alone, in a power-of-two block, kept for "
                             "reuse){}.",
                             what, human_bytes(pinned),
-                            host_shards ? "; the optimizer's state is on the host too, in pageable memory" : ""),
+                            fsdp_host || zero_host ? "; the optimizer's state is on the host too, in pageable memory"
+                                                   : ""),
                 "", "  ");
   }
   out += fmt::format("\ndevice: {}\nstack: {} (--stack)\n", result.device.assumptions, result.spec.stack.to_string());

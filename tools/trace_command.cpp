@@ -317,9 +317,10 @@ void run(const TraceArgs& args) {
               << phase_table(steps).render("  ");
     const nn::TrainReport report = trainer->report();
     out << fmt::format(
-        "  parameters {}, optimizer state {}; over the run: max allocated {}, max reserved {}, max "
+        "  parameters {}{}, optimizer state {}{}; over the run: max allocated {}, max reserved {}, max "
         "nvidia-smi {}\n",
-        human_bytes(report.parameter_bytes), human_bytes(report.optimizer_state_bytes),
+        human_bytes(report.parameter_bytes), report.parameters_on_host ? " (on the host)" : "",
+        human_bytes(report.optimizer_state_bytes), report.optimizer_state_on_host ? " (on the host)" : "",
         human_bytes(report.peak_allocated), human_bytes(report.peak_reserved),
         human_bytes(report.peak_device_used));
     if (cfg.offload_activations) {

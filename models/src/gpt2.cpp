@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "vramscope/allocator/errors.hpp"
+#include "vramscope/runtime/decoder.hpp"
 #include "vramscope/runtime/ops.hpp"
 #include "zoo_sources.hpp"
 
@@ -54,7 +55,7 @@ class Gpt2Source final : public ModelSource {
   Built make(const ModelOptions& options) const override;
   std::string name_;
   Gpt2Spec spec_;
-  std::vector<std::string> keys_{"batch", "seq", "dropout"};
+  std::vector<std::string> keys_{"batch", "seq", "dropout", "attn"};
 };
 
 ModelSource::Built Gpt2Source::make(const ModelOptions& o) const {
@@ -66,11 +67,15 @@ ModelSource::Built Gpt2Source::make(const ModelOptions& o) const {
   // The dropout option sets all three probabilities (embd, attn, resid).
   const double embd = o.dropout.value_or(s.embd_dropout), attn = o.dropout.value_or(s.attn_dropout),
                resid = o.dropout.value_or(s.resid_dropout);
+  // Eager unless asked: the references measured on GPUs (pytorch_sweep.py, the H200 plans)
+  // ran transformers' eager GPT-2; transformers 5's own default is sdpa.
+  const AttentionImpl attention = o.attention ? parse_attention(*o.attention) : AttentionImpl::Eager;
   auto body = std::make_unique<Sequential>();
   auto& emb = static_cast<Gpt2Embeddings&>(body->append("transformer", std::make_unique<Gpt2Embeddings>(s, embd)));
   for (std::int64_t i = 0; i < s.layers; ++i) {
     body->append("transformer.h." + std::to_string(i),
-                 std::make_unique<TransformerBlock>(s.embed, s.heads, s.inner, s.eps, attn, resid, activation(s)));
+                 std::make_unique<TransformerBlock>(s.embed, s.heads, s.inner, s.eps, attn, resid, activation(s),
+                                                    attention));
   }
   body->append("transformer.ln_f", std::make_unique<LayerNorm>(s.embed, s.eps));
   body->append("lm_head", std::make_unique<TiedLinear>(emb.wte()));
@@ -78,7 +83,7 @@ ModelSource::Built Gpt2Source::make(const ModelOptions& o) const {
   std::ostringstream d;
   d << name_ << ": " << s.layers << " blocks, width " << s.embed << ", " << s.heads << " heads, sequence " << seq
     << ", vocab " << s.vocab << " (tied lm_head), dropout " << std::to_string(resid).substr(0, 4)
-    << ", eager attention, " << s.activation << " (" << activation(s)->type_name()
+    << ", " << attention_name(attention) << " attention, " << s.activation << " (" << activation(s)->type_name()
     << "); the causal-LM loss of model(input_ids, labels=...)";
   b.info.description = d.str();
   b.info.batch = batch;

@@ -10,8 +10,9 @@ torch.autograd.graph.saved_tensors_hooks during one forward: each storage once, 
 innermost module running when it is first saved, parameters and buffers left out. Cases:
 f32 and bf16 with eager attention and with SDPA (the CPU's flash kernel keeps what CUDA's
 keeps in bytes: q, k, v, the output and an f32 logsumexp [B, H, S]), and bf16 SDPA with LoRA
-on q and v and on every projection. Every module's bytes must be equal. GPT-2 too (eager, dropout
-0: the CPU's dropout keeps a float mask where CUDA's keeps a bool one), whose
+on q and v and on every projection. Every module's bytes must be equal. GPT-2 too (eager and
+SDPA, use_cache=False, dropout 0: the CPU's dropout keeps a float mask where CUDA's keeps a bool
+one; SDPA's output is in q's [B, S, H, d] order, so c_proj keeps no copy of it), whose
 NewGELUActivation keeps four tensors of the MLP's width, and with activation_function
 gelu_pytorch_tanh or gelu (GELUTanh, GELUActivation: F.gelu) its input only (f32: the CPU's bf16 layer_norm keeps
 bf16 statistics where CUDA's, and vramscope's, are f32).
@@ -35,7 +36,7 @@ FAMILIES = ("llama", "mistral", "qwen2")
 # "gpt2:ACT": activation_function ACT (transformers' GELUTanh and GELUActivation keep their input
 # only, where gelu_new's NewGELUActivation keeps four tensors).
 GPT2_CASES = [("gpt2", "float32", "eager", None), ("gpt2:gelu_pytorch_tanh", "float32", "eager", None),
-              ("gpt2:gelu", "float32", "eager", None)]
+              ("gpt2:gelu", "float32", "eager", None), ("gpt2", "float32", "sdpa", None)]
 CASES = [  # dtype, attention, LoRA targets
     ("float32", "eager", None), ("bfloat16", "eager", None), ("float32", "sdpa", None),
     ("bfloat16", "sdpa", None), ("bfloat16", "sdpa", ["q_proj", "v_proj"]),
@@ -56,7 +57,8 @@ def build(family: str, dtype: str, attention: str, lora):
     if family.startswith("gpt2"):
         activation = family.partition(":")[2] or "gelu_new"
         cfg = transformers.GPT2Config(vocab_size=VOCAB, n_embd=HIDDEN, n_layer=1, n_head=HEADS, n_positions=256,
-                                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, activation_function=activation)
+                                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, activation_function=activation,
+                                      use_cache=False)  # as vramscope reads every config (hf_config.cpp)
         cfg._attn_implementation = attention
         torch.manual_seed(0)
         return cfg, transformers.GPT2LMHeadModel(cfg).to(getattr(torch, dtype)).train()
@@ -100,9 +102,6 @@ def vramscope_saved(exe: str, cfg, dtype: str, attention: str, lora, stack: str,
     command = [exe, "trace", "--hf-config", str(config), "--batch", str(B), "--seq", str(S),
                "--dtype", {"float32": "f32", "bfloat16": "bf16"}[dtype], "--attn", attention, "--stack", stack,
                "--steps", "1", "--saved", str(out), "--max-depth", "1", "--no-pre"]
-    if cfg.model_type == "gpt2":
-        command.remove("--attn")
-        command.remove(attention)
     if lora:
         command += ["--lora", "8", "--lora-targets", "+".join(lora)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)

@@ -55,6 +55,8 @@ TEST(DataParallel, OptionsAreTheEnginesOwnNamesAndBadOnesAreRefused) {
   EXPECT_EQ(zero.overlap_comm, true);
   EXPECT_EQ(zero.rank, 63u);
   EXPECT_EQ(parallel_label(zero), "zero2:64 reduce_bucket_size=200000000,overlap_comm=true,rank=63");
+  EXPECT_EQ(parallel_label(parse_parallel("zero1:8", "offload_optimizer=cpu,pin_memory=false")),
+            "zero1:8 offload_optimizer=cpu,pin_memory=false");
   EXPECT_EQ(parallel_label(parse_parallel("zero1:8")), "zero1:8");
   const ParallelConfig zero3 = parse_parallel(
       "zero3:64", "stage3_prefetch_bucket_size=0,stage3_param_persistence_threshold=1e4,stage3_max_live_parameters=3e8,"
@@ -89,6 +91,11 @@ TEST(DataParallel, OptionsAreTheEnginesOwnNamesAndBadOnesAreRefused) {
       {"zero1:8", "reduce_bucket_size=lots", "from 1 to 1e12"},
       {"zero2:8", "overlap_comm=maybe", "expected true or false"},
       {"zero2:8", "rank=8", "below 8"},
+      {"zero2:8", "offload_optimizer=nvme", "expected cpu"},
+      {"zero2:8", "pin_memory=false", "give offload_policy=cpu (fsdp) or offload_optimizer=cpu (zero1, zero2)"},
+      {"zero3:8", "offload_optimizer=cpu", "offload_optimizer under zero3 is not modelled yet"},
+      {"zero3:8", "offload_param=cpu", "offload_param under zero3 is not modelled yet"},
+      {"fsdp:8", "offload_optimizer=cpu", "'offload_optimizer' is not an option of fsdp"},
       {"fsdp:0", "", "whole number from 1"},
       {"fsdp:8", "bucket_cap_mb=50", "'bucket_cap_mb' is not an option of fsdp"},
       {"fsdp:8", "reshard_after_forward=yes", "expected true or false"},

@@ -275,6 +275,48 @@ TEST(ZeroRedundancy, StagesPartitionTheOptimizerAndTheGradients) {
   EXPECT_EQ(one.steps[0].allocated_end, one.steps[1].allocated_end);
 }
 
+// offload_optimizer=cpu (stage_1_and_2.py's cpu_offload, DeepSpeed @edaa7221): the fp32 master,
+// its gradient and Adam's moments on the host, the GPU keeping the flat bf16 weights and a
+// staging buffer of the largest parameter; each gradient leaves the GPU in the backward.
+TEST(ZeroRedundancy, OffloadOptimizerKeepsTheMasterItsGradientAndAdamOnTheHost) {
+  const RankRun gpu = run_rank("gpt2", "zero2:8", "", 2, "batch=1,seq=128");
+  const RankRun host = run_rank("gpt2", "zero2:8", "offload_optimizer=cpu", 2, "batch=1,seq=128");
+  const std::int64_t params = 124'439'808LL, padded = (params + 15) / 16 * 16, partition = padded / 8;
+  const std::int64_t largest = 50257LL * 768;  // wte, the largest parameter
+  const auto on = [](const RankRun& r, const std::string& what, const char* stream) {
+    std::int64_t n = 0;
+    for (const auto& b : r.buffers) n += b.what == what && b.stream == stream ? static_cast<std::int64_t>(b.bytes) : 0;
+    return n;
+  };
+  EXPECT_EQ(on(host, "fp32 master partition (host)", "host"), partition * 4);
+  EXPECT_EQ(on(host, "fp32 gradient partition (host)", "host"), partition * 4);
+  EXPECT_EQ(on(host, "bit16 partition buffer (host)", "host"), partition * 2);
+  EXPECT_EQ(on(host, "temp_grad_buffer_for_cpu_offload (host)", "host"), largest * 2);
+  EXPECT_EQ(on(host, "exp_avg (host)", "host") + on(host, "exp_avg_sq (host)", "host"), partition * 8);
+  EXPECT_EQ(on(host, "temp_grad_buffer_for_gpu_offload", "default"), largest * 2);
+  for (const char* gone : {"fp32 master partition", "grads_in_partition", "fp32 gradient partition", "exp_avg",
+                           "FusedAdam overflow flag"}) {
+    EXPECT_EQ(bytes_of(host.buffers, gone), 0) << gone;
+  }
+  // The four pinned copies (each a power-of-two block of the caching host allocator); Adam's
+  // moments are pageable.
+  const auto pow2 = [](std::int64_t bytes) {
+    std::int64_t b = 1;
+    while (b < bytes) b *= 2;
+    return b;
+  };
+  EXPECT_EQ(static_cast<std::int64_t>(host.pinned_host.back()),
+            2 * pow2(partition * 4) + pow2(partition * 2) + pow2(largest * 2));
+  EXPECT_EQ(run_rank("gpt2", "zero2:8", "offload_optimizer=cpu,pin_memory=false", 1, "batch=1,seq=128").pinned_host.back(),
+            0u);
+  // Nothing the step makes stays on the GPU (cuBLAS's workspaces are the first product's);
+  // without offloading Adam's two fp32 moments do (each block of its segment's remainder).
+  EXPECT_EQ(host.steps.back().allocated_end, host.allocated_after_construction + host.gemm_workspaces);
+  const std::int64_t kept = gpu.steps.back().allocated_end - gpu.allocated_after_construction - gpu.gemm_workspaces;
+  EXPECT_GE(kept, partition * 8);
+  EXPECT_LT(kept, partition * 8 + 2 * (std::int64_t{2} << 20));
+}
+
 TEST(ZeroRedundancy, RefusesWhatItDoesNotModel) {
   TrainConfig cfg;
   cfg.model = models::find("gpt2");
@@ -282,8 +324,9 @@ TEST(ZeroRedundancy, RefusesWhatItDoesNotModel) {
   cfg.parallel = parse_parallel("zero2:8");
   auto device = make_device("sim:capacity=80GiB,context=0");
   CachingAllocator alloc(device);
-  for (const char* optimizer : {"none", "adam8bit"}) {
+  for (const char* optimizer : {"none", "adam8bit", "sgd"}) {
     cfg.optimizer = parse_optimizer_config(optimizer);
+    cfg.parallel = parse_parallel("zero2:8", std::string(optimizer) == "sgd" ? "offload_optimizer=cpu" : "");
     try {
       Trainer trainer(cfg, alloc);
       ADD_FAILURE() << optimizer << " was accepted";

@@ -125,6 +125,26 @@ TEST_F(SavedBytes, EachOpKeepsWhatDerivativesYamlSaves) {
   EXPECT_EQ(kept_bytes(env_, [&] { return relu_(mul_scalar(x, 1.0)); }), act);  // the one buffer
 }
 
+// A head of a fused qkv projection is a view with gaps ([B, H, S, d] over [B, S, 3C]): an op's
+// output on it is dense in the view's dimension order, [B, S, H, d] in memory (TensorIterator's
+// output permutation; empty_like's infer_dense_strides for SDPA's output), so transposing back
+// to [B, S, H, d] and .contiguous() copies nothing.
+TEST_F(SavedBytes, AnOutputFollowsTheMemoryOrderOfAViewWithGaps) {
+  const Tensor qkv = leaf({2, 64, 3 * 128});
+  const Tensor q = qkv.narrow(2, 0, 128).view({2, 64, 4, 32}).permute({0, 2, 1, 3});
+  const Tensor out = mul_scalar(q, 2.0);
+  EXPECT_EQ(out.strides(), (Shape{64 * 128, 32, 128, 1}));
+  const std::int64_t before = env_.allocated();
+  const Tensor back = out.transpose(1, 2).contiguous();
+  EXPECT_EQ(env_.allocated(), before);
+  EXPECT_EQ(back.storage(), out.storage());
+  // An expanded dimension (stride 0) decides nothing in infer_dense_strides: torch 2.15 gives
+  // strides (1, 2, 6) for this product, and (12, 4, 1) without the transpose.
+  const Tensor x = leaf({4, 2});
+  EXPECT_EQ(mul_scalar(x.transpose(0, 1).unsqueeze(1).expand({2, 3, 4}), 1.5).strides(), (Shape{1, 2, 6}));
+  EXPECT_EQ(mul_scalar(leaf({2, 4}).unsqueeze(1).expand({2, 3, 4}), 1.5).strides(), (Shape{12, 4, 1}));
+}
+
 // The layers model files added (issue 18). act = [64, 1024] f32 = 256 KiB; img =
 // [8, 16, 32, 32] f32 = 512 KiB. What each saves, from derivatives.yaml and checked on
 // PyTorch 1.13 with grad_fn._saved_* and saved_tensors_hooks.

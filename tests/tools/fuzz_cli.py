@@ -51,7 +51,8 @@ PARALLEL_OPTIONS = ["", "stage3_prefetch_bucket_size=0", "stage3_max_reuse_dista
                     "reduce_bucket_size=1", "reduce_bucket_size=1e13", "stage3_prefetch_bucket_size=-1",
                     "sub_group_size=0", "rank=7", "rank=8", "bucket_cap_mb=5", "overlap_comm=false",
                     "stage3_model_persistence_threshold=1e30", ",", "offload_policy=cpu", "offload_policy=disk",
-                    "pin_memory=false", "microbatches=2,reshard_after_forward=true", "microbatches=0,stage=9"]
+                    "pin_memory=false", "microbatches=2,reshard_after_forward=true", "microbatches=0,stage=9",
+                    "offload_optimizer=cpu", "offload_optimizer=cpu,pin_memory=false", "offload_param=cpu"]
 NUMBERS = ["0", "1", "2", "3", "4", "7", "16", "64", "256", "1024", "-1", "-3", "1e3", "0x10",
            "4294967296", "4611686018427387904", "9223372036854775807",
            "99999999999999999999", "", "abc", " 8", "10001", "100000", "1099511627776"]

@@ -217,10 +217,10 @@ Tensor sum_to(const Tensor& grad, const Shape& shape);
 /// grad cast back to the dtype of the input it flows to (allocates when different).
 Tensor match_dtype(const Tensor& grad, DType dtype);
 
-/// The output of a pointwise op as TensorIterator allocates it: when `like` has the output's
-/// shape and is a permuted dense tensor (a transpose of a contiguous one), in `like`'s memory
-/// order, so that x.transpose(1, 2) * c keeps x's layout (and a later reshape copies where
-/// PyTorch's does); otherwise contiguous.
+/// The output of a pointwise op as TensorIterator allocates it, and empty_like(preserve_format):
+/// when `like` has the output's shape and is not contiguous, dense in `like`'s memory order
+/// (its dimensions sorted by stride), so that x.transpose(1, 2) * c keeps x's layout (and a
+/// later reshape copies where PyTorch's does); otherwise contiguous.
 Tensor empty_following(const Tensor& like, const Shape& shape, DType dtype);
 
 /// Writes `values` (row-major over t's logical shape) into t, whatever its strides.

@@ -38,26 +38,41 @@ Tensor empty_following(const Tensor& like, const Shape& shape, DType dtype) {
   if (!like.defined() || !(like.shape() == shape) || like.is_contiguous() || shape.size() < 2) {
     return empty(rt, shape, dtype);
   }
-  // The dimensions from outermost to innermost in memory; dense when each stride is the
-  // next one's extent times its stride.
-  std::vector<std::size_t> order(shape.size());
-  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(),
-                   [&](std::size_t a, std::size_t b) { return like.strides()[a] > like.strides()[b]; });
-  std::int64_t expected = 1;
-  for (std::size_t i = order.size(); i-- > 0;) {
-    const std::size_t d = order[i];
-    if (shape[d] != 1 && like.strides()[d] != expected) return empty(rt, shape, dtype);
-    expected *= shape[d];
+  // Dense, in `like`'s dimension order, dense or not (a head of a fused qkv projection has
+  // gaps): c10's infer_dense_strides (TensorUtils.cpp), which empty_like(preserve_format) and
+  // TensorIterator's output permutation follow. An insertion sort from the innermost
+  // dimension by stride, then size; a stride of 0 (an expanded dimension) decides nothing.
+  const std::size_t n = shape.size();
+  const Shape& strides = like.strides();
+  std::vector<std::size_t> perm(n);  // perm[0] is the innermost dimension
+  for (std::size_t i = 0; i < n; ++i) perm[i] = n - 1 - i;
+  const auto should_swap = [&](std::size_t a, std::size_t b) {
+    if (strides[a] == 0 || strides[b] == 0) return 0;
+    if (strides[a] != strides[b]) return strides[a] < strides[b] ? -1 : 1;
+    return shape[a] > shape[b] ? 1 : 0;
+  };
+  for (std::size_t i = 1; i < n; ++i) {
+    std::size_t b = i;
+    for (std::size_t j = 1; j <= i; ++j) {
+      const std::size_t a = i - j;
+      const int comparison = should_swap(perm[a], perm[b]);
+      if (comparison > 0) {
+        std::swap(perm[a], perm[b]);
+        b = a;
+      } else if (comparison < 0) {
+        break;
+      }
+    }
   }
-  Shape permuted;
-  for (const std::size_t d : order) permuted.push_back(shape[d]);
-  const Tensor base = empty(rt, permuted, dtype);
   auto impl = std::make_shared<TensorImpl>();
-  impl->storage = base.storage();
   impl->shape = shape;
   impl->strides = shape;
-  for (std::size_t i = 0; i < order.size(); ++i) impl->strides[order[i]] = base.strides()[i];
+  std::int64_t stride = 1;
+  for (const std::size_t d : perm) {
+    impl->strides[d] = stride;
+    if (shape[d] > 1) stride *= shape[d];
+  }
+  impl->storage = empty(rt, Shape{shape.numel()}, dtype).storage();
   impl->dtype = dtype;
   return Tensor(std::move(impl));
 }

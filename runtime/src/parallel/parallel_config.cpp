@@ -29,7 +29,7 @@ constexpr std::string_view kDdpOptions =
     "bucket_cap_mb, gradient_as_bucket_view, broadcast_buffers, init_sync, static_graph, find_unused_parameters";
 constexpr std::string_view kFsdpOptions =
     "reshard_after_forward, param_dtype, reduce_dtype, offload_policy, pin_memory, init, rank";
-constexpr std::string_view kZeroOptions = "reduce_bucket_size, overlap_comm, rank";
+constexpr std::string_view kZeroOptions = "reduce_bucket_size, overlap_comm, offload_optimizer, pin_memory, rank";
 constexpr std::string_view kTpOptions = "sequence_parallel, loss_parallel, rank";
 constexpr std::string_view kPpOptions = "schedule, microbatches, return_outputs, stage";
 constexpr std::string_view kZero3Options =
@@ -306,6 +306,17 @@ ParallelConfig parse_parallel(std::string_view spec, std::string_view options) {
         config.reduce_bucket_size = parse_elements(key, value, 1, 1e12);
       } else if (key == "overlap_comm") {
         config.overlap_comm = parse_bool(key, value);
+      } else if (!stage3 && key == "offload_optimizer") {
+        if (value != "cpu" && value != "none") {
+          throw Error("offload_optimizer=" + std::string(value) +
+                      ": expected cpu (the fp32 master weights, their gradients and Adam's state on the host, "
+                      "DeepSpeedCPUAdam stepping there) or none");
+        }
+        config.cpu_offload = value == "cpu";
+      } else if (!stage3 && key == "pin_memory") {
+        config.offload_pin_memory = parse_bool(key, value);
+      } else if (stage3 && (key == "offload_optimizer" || key == "offload_param")) {
+        throw Error(std::string(key) + " under zero3 is not modelled yet; zero1 and zero2 take offload_optimizer=cpu");
       } else if (const Stage3Count* count = stage3 ? stage3_count(key) : nullptr) {
         config.*count->field = parse_elements(key, value, count->lowest);
       } else if (stage3 && key == "zero3_init_flag") {
@@ -376,7 +387,8 @@ ParallelConfig parse_parallel(std::string_view spec, std::string_view options) {
     }
   });
   if (!config.offload_pin_memory && !config.cpu_offload) {
-    throw Error("pin_memory=false is CPUOffloadPolicy's: it applies with offload_policy=cpu");
+    throw Error("pin_memory=false applies to what is offloaded: give offload_policy=cpu (fsdp) or "
+                "offload_optimizer=cpu (zero1, zero2) with it");
   }
   return config;
 }
@@ -422,6 +434,8 @@ std::string parallel_label(const ParallelConfig& config) {
       elements(count.key.data(), config.*count.field, defaults.*count.field);
     }
     if (!config.zero3_init) add("zero3_init_flag=false");
+    if (config.cpu_offload) add("offload_optimizer=cpu");
+    if (!config.offload_pin_memory) add("pin_memory=false");
     if (config.rank != 0) add("rank=" + std::to_string(config.rank));
     return out + options;
   }

@@ -76,8 +76,14 @@ ZeroRedundancy::ZeroRedundancy(const ParallelConfig& config, const OptimizerConf
       weights_context_(intern_context("ZeRO flat parameters", Phase::None)),
       optimizer_context_(intern_context("ZeRO optimizer", Phase::Optimizer)),
       gradients_context_(intern_context("ZeRO gradients.grad", Phase::Backward)),
-      other_context_(intern_context("engine", Phase::Backward)) {
+      other_context_(intern_context("engine", Phase::Backward)),
+      offload_context_(intern_context("DeepSpeed offload_optimizer", Phase::Backward)) {
   check_zero_setup("zero", optimizer, runtime);
+  if (config.cpu_offload && optimizer.kind != OptimizerKind::Adam) {
+    // engine.py 2095-2131: offload_optimizer builds DeepSpeedCPUAdam for Adam and AdamW; a
+    // torch optimizer would need zero_force_ds_cpu_optimizer=false (not modelled).
+    throw Error("zero with offload_optimizer=cpu steps DeepSpeedCPUAdam: give adam");
+  }
   // The optimizer's one parameter group: the trainable parameters, each once (the trainable
   // filter of __init__).
   std::unordered_set<const TensorImpl*> seen;
@@ -125,7 +131,7 @@ ZeroRedundancy::ZeroRedundancy(const ParallelConfig& config, const OptimizerConf
   first_collective(runtime, config);
   ModuleScope scope(optimizer_context_);
   std::size_t entry = 0;
-  if (optimizer.kind == OptimizerKind::Adam) {
+  if (optimizer.kind == OptimizerKind::Adam && !offload()) {
     // FusedAdam's _dummy_overflow_buf = IntTensor([0]) on the device (ops/adam/fused_adam.py:96).
     overflow_flag_ = make("FusedAdam overflow flag", 4, DType::U8, optimizer_context_, entry);
   }
@@ -156,7 +162,25 @@ ZeroRedundancy::ZeroRedundancy(const ParallelConfig& config, const OptimizerConf
     impl->offset = p.offset;
   }
   placeholders.clear();
-  // The fp32 master of this rank's partition: partition.clone() then .to(fp32) (492-493).
+  // The fp32 master of this rank's partition: partition.clone() then .to(fp32) (492-493); with
+  // offload_optimizer .to("cpu", fp32), pinned (492-497), and a bit16 host buffer for the copy
+  // back (param_buffer_of_bit16_for_cpu_offload_groups, 498-507).
+  if (offload()) {
+    std::size_t clone_log = SIZE_MAX;
+    Tensor clone = make("master weights' bit16 clone", partition_, dtype_, optimizer_context_, clone_log);
+    master_ = host("fp32 master partition (host)", partition_, DType::F32, config.offload_pin_memory);
+    release(clone, clone_log);
+    host_bit16_ = host("bit16 partition buffer (host)", partition_, dtype_, config.offload_pin_memory);
+    // 578-594: the largest parameter's elements (largest_param_numel), once on the host (read by
+    // nothing after __init__) and once on the GPU, where gradient accumulation stages them.
+    std::int64_t largest = 0;
+    for (const Param& p : params_) largest = std::max(largest, p.numel);
+    host_temp_ = host("temp_grad_buffer_for_cpu_offload (host)", largest, dtype_, config.offload_pin_memory);
+    gpu_offload_buffer_ = make("temp_grad_buffer_for_gpu_offload", largest, dtype_, offload_context_, entry);
+    // initialize_optimizer_states (837-855): the fp32 gradient of the master, kept on the host.
+    host_grad_ = host("fp32 gradient partition (host)", partition_, DType::F32, config.offload_pin_memory);
+    return;
+  }
   {
     std::size_t clone_log = SIZE_MAX;
     Tensor clone = make("master weights' bit16 clone", partition_, dtype_, optimizer_context_, clone_log);
@@ -170,6 +194,52 @@ ZeroRedundancy::ZeroRedundancy(const ParallelConfig& config, const OptimizerConf
   }
   // initialize_optimizer_states (837-856): a zero fp32 gradient, set and dropped at once.
   Tensor zeros = empty(runtime, Shape{partition_}, DType::F32);
+}
+
+ZeroRedundancy::~ZeroRedundancy() {
+  for (const std::size_t block : pinned_) runtime_.unpin_host(block);
+}
+
+Tensor ZeroRedundancy::host(const std::string& what, std::int64_t numel, DType dtype, bool pinned) {
+  Tensor t;
+  {
+    MetaDevice on_host;
+    t = empty(runtime_, Shape{numel}, dtype);
+  }
+  // tensor.pin_memory() (accelerator/cuda_accelerator.py): a copy in PyTorch's caching host
+  // allocator, the pageable original dropped.
+  if (pinned) pinned_.push_back(runtime_.pin_host(t.nbytes()));
+  log_.push_back({what, t.nbytes(), "host", stage(), ""});
+  return t;
+}
+
+void ZeroRedundancy::check_inf_or_nan(std::int64_t numel) {
+  // x.float() (x itself when fp32), isnan, isinf, logical_or, .float(), max (2486-2491); the
+  // .float() copy goes with the expression, the locals when the function returns.
+  Tensor f = dtype_ == DType::F32 ? Tensor{} : empty(runtime_, Shape{numel}, DType::F32);
+  Tensor nan = empty(runtime_, Shape{numel}, DType::U8);
+  Tensor inf = empty(runtime_, Shape{numel}, DType::U8);
+  Tensor either = empty(runtime_, Shape{numel}, DType::U8);
+  Tensor g = empty(runtime_, Shape{numel}, DType::F32);
+  Tensor m = empty(runtime_, Shape{}, DType::F32);
+  for (Tensor* t : {&g, &f, &nan, &inf, &either, &m}) *t = Tensor{};
+}
+
+void ZeroRedundancy::offload_gradient(Param& p) {
+  // copy_grads_in_partition (1650-1668), at the accumulation boundary: the slice's norm in
+  // fp64 (set_norm_for_param_grad_in_gpu, 1575-1588: the copy freed, the 0-dim norm kept until
+  // the step's reset_cpu_buffers), the whole gradient checked for inf and NaN
+  // (update_offload_overflow_tracker_for_param_grad), then the slice cast to fp32 and copied
+  // into the host gradient (async_inplace_copy_grad_to_fp32_buffer_from_gpu, 1590-1605), the
+  // parameter's gradient dropped.
+  ModuleScope scope(offload_context_);
+  {
+    Tensor fp64 = empty(runtime_, Shape{p.partition_slice}, DType::F64);
+    norms_.push_back(empty(runtime_, Shape{}, DType::F64));
+  }
+  check_inf_or_nan(p.numel);
+  if (dtype_ != DType::F32) Tensor fp32 = empty(runtime_, Shape{p.partition_slice}, DType::F32);
+  p.tensor.reset_grad();
 }
 
 std::string ZeroRedundancy::stage() const {
@@ -271,7 +341,9 @@ void ZeroRedundancy::reduce_bucket() {
   all.insert(all.end(), large_.begin(), large_.end());
   for (std::size_t i : all) {
     Param& p = params_[i];
-    if (p.in_partition) {
+    if (p.in_partition && offload()) {
+      offload_gradient(p);  // no grads_in_partition on the GPU (1651-1668 return before it)
+    } else if (p.in_partition) {
       if (!grads_in_partition_.defined()) {
         grads_in_partition_ =
             make("grads_in_partition", gradients_in_partition_, dtype_, gradients_context_, grads_log_);
@@ -296,7 +368,7 @@ void ZeroRedundancy::finalize_backward() {
   // independent_gradient_partition_epilogue (919-968): the last bucket, then this rank's
   // gradients as a list of views (and zeros for its padding, 2184-2185), the bucket freed.
   if (!bucket_.empty() || !large_.empty()) reduce_bucket();
-  if (padding_ > 0) {
+  if (padding_ > 0 && !offload()) {  // averaged_gradients are the GPU path's (935)
     padding_zeros_ = make("gradient padding zeros", padding_, dtype_, gradients_context_, padding_log_);
   }
   // _clear_param_grad_only: the buckets go with the .grads that view them (stage 1's).
@@ -316,6 +388,22 @@ void ZeroRedundancy::step() {
   // The checks' transients are the step's temporaries; what it keeps is named below.
   static const ContextId temporaries = intern_context("ZeRO optimizer (optimizer temporaries)", Phase::Optimizer);
   ModuleScope scope(temporaries);
+  if (offload()) {
+    // has_overflow (2470-2482): the overflow found in backward, a ByteTensor on the device
+    // for the all-reduce; complete_grad_norm_calculation_for_cpu_offload (1607-1647): the
+    // norms' sum, a FloatTensor on the device for its all-reduce.
+    { Tensor flag = empty(runtime_, Shape{1}, DType::U8); }
+    { Tensor norm = empty(runtime_, Shape{1}, DType::F32); }
+    // DeepSpeedCPUAdam: exp_avg and exp_avg_sq on the host at its first step, pageable
+    // (ops/adam/cpu_adam.py:141-162). The master goes back through the host's bit16 buffer
+    // straight into the flat buffer (2338-2341); reset_cpu_buffers drops the norms.
+    if (moments_.empty()) {
+      moments_.push_back(host("exp_avg (host)", partition_, DType::F32, false));
+      moments_.push_back(host("exp_avg_sq (host)", partition_, DType::F32, false));
+    }
+    norms_.clear();
+    return;
+  }
   // The tensors of averaged_gradients: each touched parameter's part in the partition, then
   // the padding.
   std::vector<std::int64_t> slices;
@@ -324,18 +412,10 @@ void ZeroRedundancy::step() {
   }
   if (padding_ > 0) slices.push_back(padding_);
   // has_overflow_partitioned_grads_serial (2462-2491), on by default for bf16: per tensor
-  // x.float(), isnan, isinf, logical_or, .float(), max, all freed.
+  // _has_inf_or_nan's transients.
   {
     Tensor flag = empty(runtime_, Shape{1}, DType::F32);
-    for (const std::int64_t n : slices) {
-      Tensor f = empty(runtime_, Shape{n}, DType::F32);
-      Tensor nan = empty(runtime_, Shape{n}, DType::U8);
-      Tensor inf = empty(runtime_, Shape{n}, DType::U8);
-      Tensor either = empty(runtime_, Shape{n}, DType::U8);
-      Tensor g = empty(runtime_, Shape{n}, DType::F32);
-      Tensor m = empty(runtime_, Shape{}, DType::F32);
-      for (Tensor* t : {&g, &f, &nan, &inf, &either, &m}) *t = Tensor{};
-    }
+    for (const std::int64_t n : slices) check_inf_or_nan(n);
     Tensor any = empty(runtime_, Shape{1}, DType::U8);  // the flag as bool, then as uint8 (2468-2472)
     flag = Tensor{};
     Tensor byte = empty(runtime_, Shape{1}, DType::U8);

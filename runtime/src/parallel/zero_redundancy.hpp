@@ -1,7 +1,9 @@
 // zero_redundancy.hpp — DeepSpeed's ZeRO stages 1 and 2 on one rank (internal): the
 // parameters flattened into one buffer, the fp32 master and the optimizer's state of this
 // rank's partition, each backward's gradient bucket (IPG buffer) and the gradients of the
-// parameters the partition touches, the step's transients. Read in DeepSpeed @edaa7221
+// parameters the partition touches, the step's transients. With offload_optimizer=cpu the
+// master, its gradient and Adam's state are on the host and each gradient leaves the GPU in
+// the backward that makes it (copy_grads_in_partition's offload branch). Read in DeepSpeed @edaa7221
 // (deepspeed/runtime/zero/stage_1_and_2.py, DeepSpeedZeroOptimizer, unless a file is named)
 // and checked on the CPU against DeepSpeed itself on PyTorch's fake process group.
 #pragma once
@@ -26,6 +28,7 @@ class ZeroRedundancy final : public ZeroOptimizer {
   /// on a model built on the GPU: FusedAdam's flag, the flat buffer the parameters become
   /// views of, the fp32 master partition.
   ZeroRedundancy(const ParallelConfig& config, const OptimizerConfig& optimizer, Module& root, Runtime& runtime);
+  ~ZeroRedundancy() override;
   ZeroRedundancy(const ZeroRedundancy&) = delete;
   ZeroRedundancy& operator=(const ZeroRedundancy&) = delete;
 
@@ -55,6 +58,13 @@ class ZeroRedundancy final : public ZeroOptimizer {
   void process(std::size_t index);
   void reduce_bucket();
   Tensor make(const std::string& what, std::int64_t numel, DType dtype, ContextId context, std::size_t& entry);
+  /// A tensor on the host: no device memory; pinned (get_accelerator().pin_memory) or pageable.
+  Tensor host(const std::string& what, std::int64_t numel, DType dtype, bool pinned);
+  /// _has_inf_or_nan on `numel` elements of the parameters' dtype: its transients, all freed.
+  void check_inf_or_nan(std::int64_t numel);
+  /// copy_grads_in_partition's offload branch for a gradient of this rank's partition.
+  void offload_gradient(Param& param);
+  bool offload() const noexcept { return config_.cpu_offload; }
   void release(Tensor& tensor, std::size_t entry);
   /// The gradient of `param` becomes a view of `buffer` at `offset` (param.grad.data = ...).
   static void point_grad(Param& param, const Tensor& buffer, std::int64_t offset);
@@ -65,6 +75,7 @@ class ZeroRedundancy final : public ZeroOptimizer {
   OptimizerConfig optimizer_;
   Runtime& runtime_;
   ContextId comm_context_, weights_context_, optimizer_context_, gradients_context_, other_context_;
+  ContextId offload_context_;  ///< the staging buffer and each gradient's way to the host
   DType dtype_ = DType::BF16;       // the parameters' ("bit16") dtype
   std::vector<Param> params_;
   std::unordered_map<const TensorImpl*, std::size_t> index_;
@@ -73,6 +84,11 @@ class ZeroRedundancy final : public ZeroOptimizer {
   std::size_t reduce_bucket_size_ = 0;
 
   Tensor overflow_flag_, flat_, master_;
+  // offload_optimizer=cpu: the host's bit16 copy-back buffer, unused buffer and fp32 gradient,
+  // the GPU's staging buffer, each gradient's fp64 norm until the step, the pinned blocks.
+  Tensor host_bit16_, host_temp_, host_grad_, gpu_offload_buffer_;
+  std::vector<Tensor> norms_;
+  std::vector<std::size_t> pinned_;
   std::vector<Tensor> moments_;
   Tensor ipg_[2];
   std::size_t ipg_log_[2] = {SIZE_MAX, SIZE_MAX};

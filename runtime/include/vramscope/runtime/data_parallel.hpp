@@ -98,11 +98,13 @@ struct ParallelConfig {
   std::size_t reshard_after_forward_to = 0;
   std::optional<DType> param_dtype;           ///< MixedPrecisionPolicy(param_dtype=...)
   std::optional<DType> reduce_dtype;          ///< MixedPrecisionPolicy(reduce_dtype=...)
-  /// offload_policy=CPUOffloadPolicy(): the sharded parameters, their gradients and the
+  /// fsdp's offload_policy=CPUOffloadPolicy(): the sharded parameters, their gradients and the
   /// optimizer's state live on the host and the optimizer steps there; each unshard copies the
-  /// shards to the GPU first, each reduce-scatter's output is copied back.
+  /// shards to the GPU first, each reduce-scatter's output is copied back. zero1 and zero2's
+  /// offload_optimizer=cpu (DeepSpeed's offload_optimizer.device "cpu"): the fp32 master
+  /// partition, its gradient and Adam's state on the host, DeepSpeedCPUAdam steps there.
   bool cpu_offload = false;
-  /// CPUOffloadPolicy(pin_memory=...): the host shards and gradients in pinned memory (the default).
+  /// pin_memory=...: the host copies in pinned memory (the default of both).
   bool offload_pin_memory = true;
   /// How the model reaches the GPU: built on the meta device and materialized sharded
   /// (`with torch.device("meta")`, then to_empty: what large models need), or built on the

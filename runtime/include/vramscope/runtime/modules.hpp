@@ -629,17 +629,25 @@ class TiedLinear : public Module {
   bool in_loss_ = false;
 };
 
-/// GPT-2 eager attention: c_attn (Conv1D to 3C), split, heads as views, q @ k^T
-/// (matmul copies the permuted operands), scale, causal mask, softmax, dropout,
-/// @ v, merge heads (contiguous copy), c_proj, dropout.
+enum class AttentionImpl : std::uint8_t;  // decoder.hpp
+
+/// GPT-2's attention: c_attn (Conv1D to 3C), split, heads as views, then eager: q @ k^T
+/// (matmul copies the permuted operands), scale, causal mask, softmax, dropout, @ v, merge
+/// heads (contiguous copy); or SDPA (transformers' sdpa_attention_forward, causal, attn_pdrop
+/// inside the kernel); then c_proj, dropout.
 class CausalSelfAttention : public Module {
  public:
-  /// `dropout` is attn_pdrop, `resid_dropout` resid_pdrop (both `dropout` when not given).
+  /// `dropout` is attn_pdrop, `resid_dropout` resid_pdrop (both `dropout` when not given); eager.
   CausalSelfAttention(std::int64_t embed, std::int64_t heads, double dropout, double resid_dropout = -1);
+  CausalSelfAttention(std::int64_t embed, std::int64_t heads, double dropout, double resid_dropout,
+                      AttentionImpl attention);
   Tensor forward(const Tensor& input) override;
 
  private:
+  Tensor sdpa(const Tensor& q, const Tensor& k, const Tensor& v) const;
   std::int64_t embed_, heads_;
+  double dropout_;
+  AttentionImpl attention_;
   Module *c_attn_, *c_proj_, *attn_dropout_, *resid_dropout_;
 };
 
@@ -648,10 +656,13 @@ class CausalSelfAttention : public Module {
 class TransformerBlock : public Module {
  public:
   TransformerBlock(std::int64_t embed, std::int64_t heads, double dropout);
-  /// n_inner (0: 4 x embed), layer_norm_epsilon, attn_pdrop and resid_pdrop of a config, and
-  /// its activation_function's module (null: NewGELU).
+  /// n_inner (0: 4 x embed), layer_norm_epsilon, attn_pdrop and resid_pdrop of a config (eager
+  /// attention, NewGELU).
   TransformerBlock(std::int64_t embed, std::int64_t heads, std::int64_t inner, double eps, double attn_dropout,
-                   double resid_dropout, std::unique_ptr<Module> activation = nullptr);
+                   double resid_dropout);
+  /// Also its activation_function's module and config._attn_implementation.
+  TransformerBlock(std::int64_t embed, std::int64_t heads, std::int64_t inner, double eps, double attn_dropout,
+                   double resid_dropout, std::unique_ptr<Module> activation, AttentionImpl attention);
   Tensor forward(const Tensor& input) override;
 
  private:

@@ -143,6 +143,9 @@ struct TrainReport {
   std::int64_t peak_device_used = 0;
   std::int64_t parameter_bytes = 0;  ///< as allocated (master weights for amp)
   std::int64_t optimizer_state_bytes = 0;
+  /// Where offloading keeps them (FSDP2's CPUOffloadPolicy: both; ZeRO's offload_optimizer:
+  /// the optimizer's state): on the host, not on the GPU.
+  bool parameters_on_host = false, optimizer_state_on_host = false;
   /// True when some parameter got no gradient (reentrant checkpoint with no input
   /// requiring grad): a lower peak is then missing work, never a saving.
   bool gradients_missing = false;
