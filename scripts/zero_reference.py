@@ -60,9 +60,16 @@ import weakref
 
 WORLD = 8
 STEPS = 3
-CONFIGS = {  # name -> (stage, rank, reduce_bucket_size, overlap_comm)
-    "zero1-r0": (1, 0, 5e8, None), "zero1-r3-b4000": (1, 3, 4000, None), "zero1-r7": (1, 7, 5e8, None),
-    "zero2-r0": (2, 0, 5e8, None), "zero2-r3-b4000": (2, 3, 4000, None), "zero2-r7": (2, 7, 5e8, None),
+CONFIGS = {  # name -> (stage, rank, reduce_bucket_size, overlap_comm, offload_optimizer to the CPU)
+    "zero1-r0": (1, 0, 5e8, None, False), "zero1-r3-b4000": (1, 3, 4000, None, False),
+    "zero1-r7": (1, 7, 5e8, None, False),
+    "zero2-r0": (2, 0, 5e8, None, False), "zero2-r3-b4000": (2, 3, 4000, None, False),
+    "zero2-r7": (2, 7, 5e8, None, False),
+    # offload_optimizer {"device": "cpu"} (DeepSpeedCPUAdam, built by DeepSpeed's op builder):
+    # on the CPU accelerator host and device are one, so what is compared is each buffer's
+    # size, order and lifetime, the host ones named so by their statement.
+    "zero1-r0-offload": (1, 0, 5e8, None, True), "zero2-r3-b4000-offload": (2, 3, 4000, None, True),
+    "zero2-r7-offload": (2, 7, 5e8, None, True),
 }
 # DeepSpeed call sites (file:function) -> the name vramscope's buffer log gives the tensor.
 SITES = [
@@ -180,7 +187,7 @@ def created_storages(func, args, kwargs, out, live):
 
 
 def one(name):
-    stage, rank, bucket, overlap = CONFIGS[name]
+    stage, rank, bucket, overlap, offload = CONFIGS[name]
     import torch
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -200,6 +207,13 @@ def one(name):
             base = os.path.basename(frame.filename)
             if "deepspeed" not in frame.filename:
                 continue
+            if offload and base == "stage_1_and_2.py" and frame.name == "copy_grads_in_partition":
+                # The offload branch (1651-1668): each call it makes, named by the call.
+                for call, label in (("set_norm_for_param_grad_in_gpu", "norm"),
+                                    ("update_offload_overflow_tracker", "inf/NaN check of the whole gradient"),
+                                    ("async_inplace_copy_grad_to_fp32", "fp32 copy of the gradient slice (to the host)")):
+                    if call in (frame.line or ""):
+                        return base, frame.lineno, label
             for file, function, label in SITES:
                 if base == file and frame.name == function:
                     if function == "flatten_dense_tensors_aligned":
@@ -213,6 +227,17 @@ def one(name):
             text = frame.line or ""
             if base == "stage_1_and_2.py" and frame.name == "__init__" and ".clone()" in text:
                 return base, frame.lineno, "master"
+            # offload_optimizer's host buffers, the GPU's staging buffer and CPU Adam's moments.
+            if offload and base == "stage_1_and_2.py" and frame.name == "__init__":
+                for needle, label in (("torch.full(", "bit16 partition buffer (host)"),
+                                      ("temp_grad_buffer_for_cpu_offload =", "temp_grad_buffer_for_cpu_offload (host)"),
+                                      ("temp_grad_buffer_for_gpu_offload =", "temp_grad_buffer_for_gpu_offload")):
+                    if needle in text:
+                        return base, frame.lineno, label
+            if offload and base == "stage_1_and_2.py" and frame.name == "initialize_optimizer_states":
+                return base, frame.lineno, "fp32 gradient partition (host)"
+            if offload and base == "cpu_adam.py" and frame.name == "step" and "exp_avg" in text:
+                return base, frame.lineno, "exp_avg (host)" if "exp_avg_sq" not in text else "exp_avg_sq (host)"
             if base == "stage_1_and_2.py" and frame.name == "step" and "flatten" in text:
                 return base, frame.lineno, "flat gradient partition"
             if base == "stage_1_and_2.py" and frame.name == "step" and ".to(" in text:
@@ -231,6 +256,9 @@ def one(name):
                 if where is None:
                     continue
                 base, line, label = where
+                if label == "norm":  # the slice's fp64 copy, then its 0-dim norm
+                    label = ("gradient norm (fp64, kept until the step)" if t.dim() == 0
+                             else "gradient slice in fp64 (for its norm)")
                 live.add(key)
                 events.append([label, storage.nbytes(), phase[0], "", f"{base}:{line}"])
                 weakref.finalize(storage, lambda i=len(events) - 1, k=key: (freed(i), live.discard(k)))
@@ -244,6 +272,8 @@ def one(name):
            "zero_optimization": {"stage": stage, "reduce_bucket_size": bucket}}
     if overlap is not None:
         cfg["zero_optimization"]["overlap_comm"] = overlap
+    if offload:
+        cfg["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     mode = Track()
     mode.__enter__()
     engine, _, _, _ = deepspeed.initialize(model=model, config=cfg, model_parameters=model.parameters())
@@ -263,8 +293,10 @@ def one(name):
     # The master clone is recognised by its statement: relabel the pair made at __init__.
     for e in events:
         if e[0] == "master":
-            e[0] = "master weights' bit16 clone" if e[1] == info["partition_size"] * 2 else "fp32 master partition"
+            e[0] = ("master weights' bit16 clone" if e[1] == info["partition_size"] * 2
+                    else "fp32 master partition" + (" (host)" if offload else ""))
     return {"stage": stage, "rank": rank, "world_size": WORLD, "reduce_bucket_size": bucket, "overlap_comm": overlap,
+            "offload_optimizer": offload,
             **info, "buffers": [{"buffer": e[0], "bytes": e[1], "allocated": e[2], "freed": e[3], "site": e[4]}
                                 for e in events]}
 

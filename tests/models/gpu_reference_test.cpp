@@ -519,7 +519,10 @@ std::vector<std::string> simulated_buffers(nn::TrainConfig cfg, const std::funct
 // (tests/data/deepspeed-cpu-2026-11-26, scripts/zero_reference.py): every buffer its ZeRO
 // code allocated, in order, with its bytes and the phases it lived between, equal to
 // vramscope's for rank 0, rank 3 (with 4,000-element buckets: several per backward) and rank 7
-// (whose partition ends in padding), under both stages.
+// (whose partition ends in padding), under both stages; and with offload_optimizer to the CPU
+// (DeepSpeedCPUAdam) for rank 0 of stage 1, rank 3 of stage 2 with small buckets and rank 7 of
+// stage 2: the host buffers, the GPU's staging buffer, and each gradient's fp64 norm copy,
+// inf/NaN check and fp32 copy on its way to the host.
 TEST(ParallelReference, ZeroBuffersMatchDeepSpeedOnTheCpu) {
   const fs::path dir = fs::path(VRAMSCOPE_SOURCE_DIR) / "tests/data/deepspeed-cpu-2026-11-26";
   std::ifstream json_file(dir / "zero_reference.json");
@@ -532,6 +535,7 @@ TEST(ParallelReference, ZeroBuffersMatchDeepSpeedOnTheCpu) {
     if (recorded.at("reduce_bucket_size").get<double>() != 5e8) {
       options += ",reduce_bucket_size=" + std::to_string(static_cast<long long>(recorded.at("reduce_bucket_size").get<double>()));
     }
+    if (recorded.value("offload_optimizer", false)) options += ",offload_optimizer=cpu";
     nn::TrainConfig cfg;
     cfg.model = ModelFile::load((dir / "ref-zero-mlp.json").string());
     cfg.parallel = nn::parse_parallel("zero" + stage + ":8", options);
@@ -539,7 +543,7 @@ TEST(ParallelReference, ZeroBuffersMatchDeepSpeedOnTheCpu) {
     EXPECT_EQ(simulated_buffers(cfg, every), recorded_buffers(recorded, every));
     ++compared;
   }
-  EXPECT_EQ(compared, 6u);
+  EXPECT_EQ(compared, 9u);
 }
 
 // DeepSpeed's ZeRO stage 3 on one rank, recorded the same way (zero3_reference.json): the

@@ -213,16 +213,26 @@ Tensor ZeroRedundancy::host(const std::string& what, std::int64_t numel, DType d
   return t;
 }
 
-void ZeroRedundancy::check_inf_or_nan(std::int64_t numel) {
+void ZeroRedundancy::check_inf_or_nan(std::int64_t numel, bool logged) {
   // x.float() (x itself when fp32), isnan, isinf, logical_or, .float(), max (2486-2491); the
   // .float() copy goes with the expression, the locals when the function returns.
-  Tensor f = dtype_ == DType::F32 ? Tensor{} : empty(runtime_, Shape{numel}, DType::F32);
-  Tensor nan = empty(runtime_, Shape{numel}, DType::U8);
-  Tensor inf = empty(runtime_, Shape{numel}, DType::U8);
-  Tensor either = empty(runtime_, Shape{numel}, DType::U8);
-  Tensor g = empty(runtime_, Shape{numel}, DType::F32);
-  Tensor m = empty(runtime_, Shape{}, DType::F32);
-  for (Tensor* t : {&g, &f, &nan, &inf, &either, &m}) *t = Tensor{};
+  const char* what = "inf/NaN check of the whole gradient";
+  const auto part = [&](std::int64_t n, DType dtype, std::size_t& entry) {
+    if (logged) return make(what, n, dtype, offload_context_, entry);
+    return empty(runtime_, n < 0 ? Shape{} : Shape{n}, dtype);
+  };
+  std::size_t log[6] = {SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX};
+  Tensor f = dtype_ == DType::F32 ? Tensor{} : part(numel, DType::F32, log[0]);
+  Tensor nan = part(numel, DType::U8, log[1]);
+  Tensor inf = part(numel, DType::U8, log[2]);
+  Tensor either = part(numel, DType::U8, log[3]);
+  Tensor g = part(numel, DType::F32, log[4]);
+  Tensor m = logged ? make(what, 1, DType::F32, offload_context_, log[5]) : empty(runtime_, Shape{}, DType::F32);
+  const std::pair<Tensor*, std::size_t> order[] = {{&g, log[4]},   {&f, log[0]},      {&nan, log[1]},
+                                                   {&inf, log[2]}, {&either, log[3]}, {&m, log[5]}};
+  for (const auto& [t, entry] : order) {
+    if (t->defined()) release(*t, entry);
+  }
 }
 
 void ZeroRedundancy::offload_gradient(Param& p) {
@@ -231,14 +241,18 @@ void ZeroRedundancy::offload_gradient(Param& p) {
   // the step's reset_cpu_buffers), the whole gradient checked for inf and NaN
   // (update_offload_overflow_tracker_for_param_grad), then the slice cast to fp32 and copied
   // into the host gradient (async_inplace_copy_grad_to_fp32_buffer_from_gpu, 1590-1605), the
-  // parameter's gradient dropped.
-  ModuleScope scope(offload_context_);
-  {
-    Tensor fp64 = empty(runtime_, Shape{p.partition_slice}, DType::F64);
-    norms_.push_back(empty(runtime_, Shape{}, DType::F64));
+  // parameter's gradient dropped. Each logged: DeepSpeed's own run on the CPU makes the same.
+  std::size_t entry = SIZE_MAX, norm_entry = SIZE_MAX;
+  Tensor fp64 = make("gradient slice in fp64 (for its norm)", p.partition_slice, DType::F64, offload_context_, entry);
+  norms_.emplace_back(make("gradient norm (fp64, kept until the step)", 1, DType::F64, offload_context_, norm_entry),
+                      norm_entry);
+  release(fp64, entry);
+  check_inf_or_nan(p.numel, true);
+  if (dtype_ != DType::F32) {
+    Tensor fp32 = make("fp32 copy of the gradient slice (to the host)", p.partition_slice, DType::F32,
+                       offload_context_, entry);
+    release(fp32, entry);
   }
-  check_inf_or_nan(p.numel);
-  if (dtype_ != DType::F32) Tensor fp32 = empty(runtime_, Shape{p.partition_slice}, DType::F32);
   p.tensor.reset_grad();
 }
 
@@ -401,6 +415,7 @@ void ZeroRedundancy::step() {
       moments_.push_back(host("exp_avg (host)", partition_, DType::F32, false));
       moments_.push_back(host("exp_avg_sq (host)", partition_, DType::F32, false));
     }
+    for (auto& [norm, entry] : norms_) release(norm, entry);
     norms_.clear();
     return;
   }
@@ -415,7 +430,7 @@ void ZeroRedundancy::step() {
   // _has_inf_or_nan's transients.
   {
     Tensor flag = empty(runtime_, Shape{1}, DType::F32);
-    for (const std::int64_t n : slices) check_inf_or_nan(n);
+    for (const std::int64_t n : slices) check_inf_or_nan(n, false);
     Tensor any = empty(runtime_, Shape{1}, DType::U8);  // the flag as bool, then as uint8 (2468-2472)
     flag = Tensor{};
     Tensor byte = empty(runtime_, Shape{1}, DType::U8);

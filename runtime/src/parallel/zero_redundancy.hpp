@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "vramscope/runtime/data_parallel.hpp"
@@ -60,8 +61,9 @@ class ZeroRedundancy final : public ZeroOptimizer {
   Tensor make(const std::string& what, std::int64_t numel, DType dtype, ContextId context, std::size_t& entry);
   /// A tensor on the host: no device memory; pinned (get_accelerator().pin_memory) or pageable.
   Tensor host(const std::string& what, std::int64_t numel, DType dtype, bool pinned);
-  /// _has_inf_or_nan on `numel` elements of the parameters' dtype: its transients, all freed.
-  void check_inf_or_nan(std::int64_t numel);
+  /// _has_inf_or_nan on `numel` elements of the parameters' dtype: its transients, all freed;
+  /// logged in the buffer log when `logged` (the offload branch's, which DeepSpeed's run shows).
+  void check_inf_or_nan(std::int64_t numel, bool logged);
   /// copy_grads_in_partition's offload branch for a gradient of this rank's partition.
   void offload_gradient(Param& param);
   bool offload() const noexcept { return config_.cpu_offload; }
@@ -87,7 +89,7 @@ class ZeroRedundancy final : public ZeroOptimizer {
   // offload_optimizer=cpu: the host's bit16 copy-back buffer, unused buffer and fp32 gradient,
   // the GPU's staging buffer, each gradient's fp64 norm until the step, the pinned blocks.
   Tensor host_bit16_, host_temp_, host_grad_, gpu_offload_buffer_;
-  std::vector<Tensor> norms_;
+  std::vector<std::pair<Tensor, std::size_t>> norms_;  ///< with their log entries
   std::vector<std::size_t> pinned_;
   std::vector<Tensor> moments_;
   Tensor ipg_[2];
