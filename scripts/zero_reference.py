@@ -99,6 +99,11 @@ LLAMA3 = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_s
 LLAMA3_SEQ = 16
 CONFIGS3 = {
     "zero3-r0": ("mlp", 0, {}), "zero3-r7": ("mlp", 7, {}),
+    # offload_optimizer {"device": "cpu"}: the master, its gradient and CPU Adam's moments on the
+    # host (one memory with the device on the CPU accelerator), each gradient partition's norm
+    # and fp32 copy in the backward.
+    "zero3-r0-offload": ("mlp", 0, {"offload_optimizer": {"device": "cpu", "pin_memory": True}}),
+    "zero3big-r0-offload": ("big", 0, {"offload_optimizer": {"device": "cpu", "pin_memory": True}}),
     "zero3-r3-b4000": ("mlp", 3, {"reduce_bucket_size": 4000}),
     "zero3-r0-p0": ("mlp", 0, {"stage3_param_persistence_threshold": 0}),
     "zero3-r7-p0": ("mlp", 7, {"stage3_param_persistence_threshold": 0}),
@@ -115,6 +120,8 @@ CONFIGS3 = {
     "zero3llamagc-r0": ("llama-gc", 0, {"stage3_param_persistence_threshold": 30000}),
     "zero3llamalora-r0": ("llama-lora", 0, {"stage3_param_persistence_threshold": 30000}),
     "zero3llama-r0-sg3000": ("llama", 0, {"stage3_param_persistence_threshold": 30000, "sub_group_size": 3000}),
+    "zero3llama-r0-offload": ("llama", 0, {"stage3_param_persistence_threshold": 30000, "sub_group_size": 3000,
+                                           "offload_optimizer": {"device": "cpu", "pin_memory": True}}),
 }
 # Stage 3 call sites: (file under deepspeed/, function, a piece of the statement or None, name).
 # The innermost DeepSpeed frame of the allocation decides (utils/nvtx.py's wrapper skipped); the
@@ -125,11 +132,15 @@ SITES3 = [
     ("ops/adam/fused_adam.py", "__init__", None, "FusedAdam overflow flag"),
     ("ops/adam/fused_adam.py", "step", "exp_avg_sq", "exp_avg_sq"),
     ("ops/adam/fused_adam.py", "step", "exp_avg", "exp_avg"),
+    ("ops/adam/cpu_adam.py", "step", "exp_avg_sq", "exp_avg_sq"),
+    ("ops/adam/cpu_adam.py", "step", "exp_avg", "exp_avg"),
     ("runtime/zero/partition_parameters.py", "_partition_param", None, "bf16 parameter partition (ds_tensor)"),
     ("runtime/zero/stage3.py", "__init__", "inf_or_nan_tracker", "inf_or_nan_tracker"),
     ("runtime/zero/utils.py", "defragment", None, "bf16 flat partition buffer (lp_param_buffer)"),
     ("runtime/zero/stage3.py", "_create_fp32_partitions", ".clone()", "fp32 master partition"),
     ("runtime/zero/stage3.py", "_create_fp32_partitions", ".to(", "fp32 master conversion (before its clone)"),
+    ("runtime/zero/stage3.py", "initialize_optimizer_states", "subgroup_gradient_buffer",
+     "fp32 gradient partition (host)"),
     ("runtime/zero/stage3.py", "initialize_optimizer_states", None,
      "fp32 gradient placeholder (initialize_optimizer_states)"),
     ("runtime/zero/stage3.py", "_setup_for_real_optimizer", "bucket.buffer", "IPG bucket (reduce_bucket_size)"),
@@ -154,6 +165,10 @@ SITES3 = [
     ("runtime/zero/stage3.py", "get_grad_norm_direct", ".double().norm(2)",
      {"_to_copy": "fp64 gradient partition (grad norm)", "*": "grad norm of a partition"}),
     ("runtime/zero/stage3.py", "get_grad_norm_direct", None, "grad norm scalar"),
+    ("runtime/zero/stage3.py", "_constant_buffered_norm2", None,
+     {"_to_copy": "fp64 gradient partition (grad norm)", "*": "grad norm of a partition"}),
+    ("runtime/zero/stage3.py", "_offload_grad_partition_at_boundary", None, "fp32 gradient partition (to the host)"),
+    ("runtime/zero/stage3.py", "complete_grad_norm_calculation_for_cpu_offload", None, "grad norm scalar"),
     ("runtime/zero/stage3.py", "step", None, "grad norm scalar"),
     ("runtime/zero/stage3.py", "_prepare_fp32_grad_for_sub_group", None,
      {"cat": "flat bf16 gradient (flatten of the partitions)", "*": "fp32 gradient partition"}),

@@ -388,7 +388,8 @@ void add_parallel_options(CLI::App& app, ParallelArgs& args, bool list) {
                  "shown; the last ones hold fewer rows when dim 0 does not split evenly); zero1, zero2: "
                  "reduce_bucket_size (elements), overlap_comm, offload_optimizer=cpu (the fp32 master, its "
                  "gradients and Adam's state on the host, DeepSpeedCPUAdam; pin_memory=false leaves them "
-                 "pageable), rank=R; zero3: reduce_bucket_size, overlap_comm, rank and the stage3_ keys "
+                 "pageable), rank=R; zero3: reduce_bucket_size, overlap_comm, offload_optimizer, pin_memory, rank "
+                 "and the stage3_ keys "
                  "(elements) stage3_prefetch_bucket_size, stage3_param_persistence_threshold, "
                  "stage3_model_persistence_threshold, stage3_max_live_parameters, stage3_max_reuse_distance, and "
                  "sub_group_size, zero3_init_flag=false (the model built whole on the GPU, not under zero.Init); "
@@ -493,7 +494,17 @@ std::string parallel_note(const std::vector<nn::ParallelConfig>& configs, const 
               "optimizer state and gradients, a gradient bucket of reduce_bucket_size elements made once, and "
               "gathers each module's parameters as it runs: small ones (stage3_param_persistence_threshold) stay "
               "gathered, and from the second step the recorded trace prefetches stage3_prefetch_bucket_size "
-              "elements ahead and keeps those used again within stage3_max_reuse_distance)"
+              "elements ahead and keeps those used again within stage3_max_reuse_distance" +
+                  std::string(config.cpu_offload
+                                  ? std::string("; offload_optimizer=cpu: the fp32 master, each sub group's fp32 "
+                                                "gradient and Adam's state on the host (DeepSpeedCPUAdam steps "
+                                                "there), ") +
+                                        (config.offload_pin_memory ? "the gradients pinned (the pinned host figure)"
+                                                                   : "pageable (pin_memory=false)") +
+                                        "; each gradient partition reaches it through an fp64 copy for its norm "
+                                        "and an fp32 copy"
+                                  : std::string()) +
+                  ")"
         : zero ? "rank " + std::to_string(config.rank) +
                    "'s (DeepSpeed's ZeRO keeps the parameters whole, flattened into one buffer, the fp32 master "
                    "weights and the optimizer's state of its 1/N partition, each backward a gradient bucket of "

@@ -555,7 +555,10 @@ TEST(ParallelReference, ZeroBuffersMatchDeepSpeedOnTheCpu) {
 // gathered around both modules), with every decoder layer checkpointed (the recompute's
 // gathers in backward), and with PEFT's LoRA on top (frozen base weights held through the
 // recompute by the module whose backward runs; compared as a multiset, see below), and with
-// sub groups of 3,000 elements (the step's flattening and fp32 cast per sub group). Every buffer of
+// sub groups of 3,000 elements (the step's flattening and fp32 cast per sub group); and with
+// offload_optimizer to the CPU on both MLPs and the Llama in sub groups (the master and each sub
+// group's fp32 gradient on the host, each gradient partition's fp64 norm copy and fp32 copy in
+// the backward, CPU Adam's moments, no step transients on the device). Every buffer of
 // ZeRO-3's own, in order, with its bytes and the phases it lived between, over three steps:
 // the partitions, the flat buffers, each module's gathers and the trace's prefetches from the
 // second step, the reduce-scatters, the step's fp64 norm copies, flattened and fp32 gradients
@@ -587,6 +590,8 @@ TEST(ParallelReference, Zero3BuffersMatchDeepSpeedOnTheCpu) {
       "exp_avg_sq",
       "gathered parameter (blocking coalesced all_gather, N x partition)",
       "fp64 gradient partition (grad norm)",
+      "fp32 gradient partition (host)",
+      "fp32 gradient partition (to the host)",
   };
   std::size_t compared = 0;
   for (const auto& [name, recorded] : configs.items()) {
@@ -604,7 +609,9 @@ TEST(ParallelReference, Zero3BuffersMatchDeepSpeedOnTheCpu) {
                                      ? ",sub_group_size=" + std::to_string(recorded.at("zero_optimization")
                                                                                .at("sub_group_size")
                                                                                .get<long long>())
-                                     : std::string());
+                                     : std::string()) +
+                                (recorded.at("zero_optimization").contains("offload_optimizer") ? ",offload_optimizer=cpu"
+                                                                                                  : "");
     nn::TrainConfig cfg;
     const std::string model = recorded.at("model").get<std::string>();
     if (model.starts_with("llama")) {  // transformers' LlamaForCausalLM of this config, batch 4 x 16
@@ -655,7 +662,7 @@ TEST(ParallelReference, Zero3BuffersMatchDeepSpeedOnTheCpu) {
     }
     ++compared;
   }
-  EXPECT_EQ(compared, 18u);
+  EXPECT_EQ(compared, 21u);
 }
 
 }  // namespace

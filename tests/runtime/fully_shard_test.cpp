@@ -385,6 +385,29 @@ TEST(ZeroStage3, EveryParameterIsGatheredAroundItsModulesAndEveryStateIsPartitio
   EXPECT_GT(three.steps[1].allocated_end, two.steps[1].allocated_end);  // on a model this small
 }
 
+// offload_optimizer=cpu under ZeRO-3 (stage3.py's offload_optimizer; its buffers against
+// DeepSpeed itself are in tests/models): the master, each sub group's fp32 gradient and Adam's
+// moments on the host; between steps the device keeps only what lives on the device.
+TEST(ZeroStage3, OffloadOptimizerKeepsTheMasterGradientsAndAdamOnTheHost) {
+  const RankRun host = run_rank("gpt2", "zero3:8", "offload_optimizer=cpu", 2, "batch=1,seq=128");
+  const std::int64_t partition = bytes_of(host.buffers, "bf16 flat partition buffer (lp_param_buffer)") / 2;
+  std::int64_t on_host = 0, kept_on_device = host.gemm_workspaces;
+  for (const CommunicationBuffer& b : host.buffers) {
+    if (b.stream == "host" && b.freed.empty()) on_host += static_cast<std::int64_t>(b.bytes);
+    if (b.stream != "host" && b.freed.empty()) kept_on_device += static_cast<std::int64_t>(b.bytes);
+  }
+  // The fp32 master, its fp32 gradient and the two fp32 moments: 16 bytes per element.
+  EXPECT_EQ(on_host, partition * 16);
+  for (const StepStats& s : host.steps) EXPECT_EQ(s.stats.requested_bytes[0].current, kept_on_device);
+  EXPECT_EQ(bytes_of(host.buffers, "FusedAdam overflow flag"), 0);
+  // Only the gradient is pinned by default (one power-of-two block of the caching host allocator).
+  std::int64_t block = 1;
+  while (block < partition * 4) block *= 2;
+  EXPECT_EQ(static_cast<std::int64_t>(host.pinned_host.back()), block);
+  EXPECT_EQ(run_rank("gpt2", "zero3:8", "offload_optimizer=cpu,pin_memory=false", 1, "batch=1,seq=128").pinned_host.back(),
+            0u);
+}
+
 TEST(ZeroStage3, TheCoordinatorsSettingsDecideWhatStaysGathered) {
   const RankRun defaults = run_rank("gpt2", "zero3:8", "", 2, "batch=1,seq=128");
   // Nothing kept for reuse and nothing persistent: from the second step each module's

@@ -35,7 +35,7 @@ constexpr std::string_view kPpOptions = "schedule, microbatches, return_outputs,
 constexpr std::string_view kZero3Options =
     "reduce_bucket_size, overlap_comm, stage3_prefetch_bucket_size, stage3_param_persistence_threshold, "
     "stage3_model_persistence_threshold, stage3_max_live_parameters, stage3_max_reuse_distance, sub_group_size, "
-    "zero3_init_flag, rank";
+    "zero3_init_flag, offload_optimizer, pin_memory, rank";
 
 /// Stage 3's counts of elements, by DeepSpeed's config keys: where each goes and its least value.
 struct Stage3Count {
@@ -306,17 +306,18 @@ ParallelConfig parse_parallel(std::string_view spec, std::string_view options) {
         config.reduce_bucket_size = parse_elements(key, value, 1, 1e12);
       } else if (key == "overlap_comm") {
         config.overlap_comm = parse_bool(key, value);
-      } else if (!stage3 && key == "offload_optimizer") {
+      } else if (key == "offload_optimizer") {
         if (value != "cpu" && value != "none") {
           throw Error("offload_optimizer=" + std::string(value) +
                       ": expected cpu (the fp32 master weights, their gradients and Adam's state on the host, "
                       "DeepSpeedCPUAdam stepping there) or none");
         }
         config.cpu_offload = value == "cpu";
-      } else if (!stage3 && key == "pin_memory") {
+      } else if (key == "pin_memory") {
         config.offload_pin_memory = parse_bool(key, value);
-      } else if (stage3 && (key == "offload_optimizer" || key == "offload_param")) {
-        throw Error(std::string(key) + " under zero3 is not modelled yet; zero1 and zero2 take offload_optimizer=cpu");
+      } else if (key == "offload_param") {
+        throw Error("offload_param (the parameters' partitions on the host) is not modelled yet; "
+                    "offload_optimizer=cpu is");
       } else if (const Stage3Count* count = stage3 ? stage3_count(key) : nullptr) {
         config.*count->field = parse_elements(key, value, count->lowest);
       } else if (stage3 && key == "zero3_init_flag") {
@@ -388,7 +389,7 @@ ParallelConfig parse_parallel(std::string_view spec, std::string_view options) {
   });
   if (!config.offload_pin_memory && !config.cpu_offload) {
     throw Error("pin_memory=false applies to what is offloaded: give offload_policy=cpu (fsdp) or "
-                "offload_optimizer=cpu (zero1, zero2) with it");
+                "offload_optimizer=cpu (zero1, zero2, zero3) with it");
   }
   return config;
 }

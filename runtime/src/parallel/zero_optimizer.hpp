@@ -41,7 +41,13 @@ class ZeroOptimizer {
 /// What every stage refuses, before it allocates anything: compute mode (one simulated rank's
 /// collectives bring no data from the others), no optimizer (nothing to partition) and
 /// bitsandbytes' 8-bit Adam (DeepSpeed runs its own FusedAdam). `engine`: "zero", "zero3".
-inline void check_zero_setup(const std::string& engine, const OptimizerConfig& optimizer, const Runtime& runtime) {
+inline void check_zero_setup(const std::string& engine, const ParallelConfig& config, const OptimizerConfig& optimizer,
+                             const Runtime& runtime) {
+  if (config.cpu_offload && optimizer.kind != OptimizerKind::Adam) {
+    // engine.py 2095-2131: offload_optimizer builds DeepSpeedCPUAdam for Adam and AdamW; a
+    // torch optimizer would need zero_force_ds_cpu_optimizer=false (not modelled).
+    throw Error(engine + " with offload_optimizer=cpu steps DeepSpeedCPUAdam: give adam");
+  }
   if (runtime.computing()) {
     throw Error(engine + " runs as a dry run only: its collectives on one simulated rank bring no data from the others");
   }

@@ -78,12 +78,7 @@ ZeroRedundancy::ZeroRedundancy(const ParallelConfig& config, const OptimizerConf
       gradients_context_(intern_context("ZeRO gradients.grad", Phase::Backward)),
       other_context_(intern_context("engine", Phase::Backward)),
       offload_context_(intern_context("DeepSpeed offload_optimizer", Phase::Backward)) {
-  check_zero_setup("zero", optimizer, runtime);
-  if (config.cpu_offload && optimizer.kind != OptimizerKind::Adam) {
-    // engine.py 2095-2131: offload_optimizer builds DeepSpeedCPUAdam for Adam and AdamW; a
-    // torch optimizer would need zero_force_ds_cpu_optimizer=false (not modelled).
-    throw Error("zero with offload_optimizer=cpu steps DeepSpeedCPUAdam: give adam");
-  }
+  check_zero_setup("zero", config, optimizer, runtime);
   // The optimizer's one parameter group: the trainable parameters, each once (the trainable
   // filter of __init__).
   std::unordered_set<const TensorImpl*> seen;

@@ -65,7 +65,7 @@ ZeroStage3::ZeroStage3(const ParallelConfig& config, const OptimizerConfig& opti
       gradients_context_(intern_context("ZeRO gradients.grad", Phase::Backward)),
       optimizer_context_(intern_context("ZeRO optimizer", Phase::Optimizer)),
       temporaries_context_(intern_context("ZeRO optimizer (optimizer temporaries)", Phase::Optimizer)) {
-  check_zero_setup("zero3", optimizer, runtime);
+  check_zero_setup("zero3", config, optimizer, runtime);
   // overlap_comm (true for stage 3, zero/config.py): the coordinator's __allgather_stream and
   // stage3.py's reduce_and_partition_stream are streams of their own.
   if (config.overlap_comm.value_or(true)) {
@@ -161,7 +161,10 @@ ZeroStage3::ZeroStage3(const ParallelConfig& config, const OptimizerConfig& opti
   std::size_t entry = 0;
   const auto fused_adam_flag = [&] {
     // FusedAdam's _dummy_overflow_buf = IntTensor([0]) on the device (ops/adam/fused_adam.py:96).
-    if (optimizer.kind == OptimizerKind::Adam) overflow_flag_ = make("FusedAdam overflow flag", 4, DType::U8, optimizer_context_, entry);
+    // Under offload_optimizer the optimizer is DeepSpeedCPUAdam, which has none.
+    if (optimizer.kind == OptimizerKind::Adam && !config.cpu_offload) {
+      overflow_flag_ = make("FusedAdam overflow flag", 4, DType::U8, optimizer_context_, entry);
+    }
   };
   // zero.Init (zero/partition_parameters.py:1808): each parameter's partition of ceil(n/N)
   // elements, the whole parameter freed. Under zero.Init the whole parameter is made just
@@ -200,20 +203,35 @@ ZeroStage3::ZeroStage3(const ParallelConfig& config, const OptimizerConfig& opti
   // _setup_for_real_optimizer (stage3.py:1120-1122): per sub group the fp32 master, the
   // partition's .float() then its clone; .float() of an fp32 partition is the partition.
   // An fp32 model's flat partitions are the master already (stage3.py:1112-1117).
+  // offload_optimizer (1106-1110): the partition .to("cpu", fp32), then its clone, pageable,
+  // whatever the model's dtype.
   for (const std::int64_t n : sub_groups_) {
-    if (dtype_ == DType::F32) break;
+    if (!offload()) break;
+    std::size_t conversion_log = SIZE_MAX;
+    Tensor conversion = host("fp32 master conversion (before its clone)", n, DType::F32, false, conversion_log);
+    masters_.push_back(host("fp32 master partition", n, DType::F32, false, entry));
+    release(conversion, conversion_log);
+  }
+  for (const std::int64_t n : sub_groups_) {
+    if (dtype_ == DType::F32 || offload()) break;
     std::size_t conversion_log = SIZE_MAX;
     Tensor conversion = make("fp32 master conversion (before its clone)", n, DType::F32, optimizer_context_, conversion_log);
     masters_.push_back(make("fp32 master partition", n, DType::F32, optimizer_context_, entry));
     release(conversion, conversion_log);
   }
   // initialize_optimizer_states (stage3.py:1251-1256): one zero fp32 gradient of the largest
-  // sub group, shared by all of them, dropped on return.
+  // sub group, shared by all of them, dropped on return (on the host under offload_optimizer,
+  // which gives each sub group its own fp32 gradient there, pinned by default: 1281-1288).
   {
     std::size_t placeholder_log = SIZE_MAX;
-    Tensor placeholder = make("fp32 gradient placeholder (initialize_optimizer_states)",
-                              *std::max_element(sub_groups_.begin(), sub_groups_.end()), DType::F32,
-                              optimizer_context_, placeholder_log);
+    const std::int64_t largest = *std::max_element(sub_groups_.begin(), sub_groups_.end());
+    const char* what = "fp32 gradient placeholder (initialize_optimizer_states)";
+    Tensor placeholder = offload() ? host(what, largest, DType::F32, false, placeholder_log)
+                                   : make(what, largest, DType::F32, optimizer_context_, placeholder_log);
+    for (const std::int64_t n : sub_groups_) {
+      if (offload()) host_grads_.push_back(host("fp32 gradient partition (host)", n, DType::F32,
+                                                config.offload_pin_memory, entry));
+    }
     release(placeholder, placeholder_log);
   }
   // The IPG bucket, reduce_bucket_size elements, made once and kept (stage3.py:733), and the
@@ -238,6 +256,7 @@ ZeroStage3::ZeroStage3(const ParallelConfig& config, const OptimizerConfig& opti
 }
 
 ZeroStage3::~ZeroStage3() {
+  for (const std::size_t block : pinned_) runtime_.unpin_host(block);
   for (Hooked& h : modules_) {
     if (h.module != nullptr) h.module->set_forward_hooks(nullptr);
   }
@@ -259,6 +278,19 @@ Tensor ZeroStage3::make(const std::string& what, std::int64_t numel, DType dtype
   ModuleScope scope(context);
   Tensor t = empty(runtime_, Shape{numel}, dtype);
   entry = note(what, t.nbytes());
+  return t;
+}
+
+Tensor ZeroStage3::host(const std::string& what, std::int64_t numel, DType dtype, bool pinned, std::size_t& entry) {
+  Tensor t;
+  {
+    MetaDevice on_host;
+    t = empty(runtime_, Shape{numel}, dtype);
+  }
+  // get_accelerator().pin_memory: a copy in PyTorch's caching host allocator.
+  if (pinned) pinned_.push_back(runtime_.pin_host(t.nbytes()));
+  log_.push_back({what, t.nbytes(), "host", stage(), ""});
+  entry = log_.size() - 1;
   return t;
 }
 
@@ -742,6 +774,24 @@ void ZeroStage3::reduce_bucket() {
     // partition_grads: this rank's reduced chunk is copied into grad_partitions_.
     release(flat, flat_log);
   }
+  if (offload()) {
+    // partition_grads at the accumulation boundary, per gradient partition
+    // (_offload_grad_partition_at_boundary, 1393-1410): its norm through an fp64 copy
+    // (_constant_buffered_norm2, 1843-1850: the norm, its square, the root kept until the
+    // step), then an fp32 copy sent into the host gradient.
+    for (const std::size_t i : in_bucket_) {
+      const Param& p = params_[i];
+      std::size_t log = SIZE_MAX;
+      Tensor fp64 = make("fp64 gradient partition (grad norm)", p.partition, DType::F64, gradients_context_, log);
+      Tensor norm = empty(runtime_, Shape{}, DType::F64);
+      Tensor squared = empty(runtime_, Shape{}, DType::F64);
+      norms_.push_back(empty(runtime_, Shape{}, DType::F64));
+      norm = squared = Tensor{};
+      release(fp64, log);
+      Tensor fp32 = make("fp32 gradient partition (to the host)", p.partition, DType::F32, gradients_context_, log);
+      release(fp32, log);
+    }
+  }
   for (const std::size_t i : in_bucket_) {
     Param& p = params_[i];
     p.held_grad = Tensor{};
@@ -762,6 +812,27 @@ void ZeroStage3::finalize_backward() {
 void ZeroStage3::step() {
   phase_ = Phase3::Optimizer;
   release_and_reset_all();
+  if (offload()) {
+    // complete_grad_norm_calculation_for_cpu_offload (1858-1880): the norms summed on the device
+    // (scalars); then per sub group DeepSpeedCPUAdam on the host, its moments made at the first
+    // step, pageable (ops/adam/cpu_adam.py:141-162), and the master copied into the bf16 flat
+    // partition in place.
+    {
+      ModuleScope scope(temporaries_context_);
+      Tensor total = empty(runtime_, Shape{1}, DType::F32);
+      Tensor root = empty(runtime_, Shape{}, DType::F32);
+    }
+    if (moments_.empty() && optimizer_.kind == OptimizerKind::Adam) {
+      for (const std::int64_t n : sub_groups_) {
+        std::size_t entry = SIZE_MAX;
+        moments_.push_back(host("exp_avg", n, DType::F32, false, entry));
+        moments_.push_back(host("exp_avg_sq", n, DType::F32, false, entry));
+      }
+    }
+    norms_.clear();
+    gather_persistent();
+    return;
+  }
   // _get_norm_groups (2285-2302): each partition in fp64 for its norm, the norms kept and
   // stacked.
   {

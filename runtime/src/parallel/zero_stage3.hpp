@@ -122,6 +122,9 @@ class ZeroStage3 final : public ZeroOptimizer, public ForwardHooks {
   // The gradients.
   void reduce_bucket();
   Tensor make(const std::string& what, std::int64_t numel, DType dtype, ContextId context, std::size_t& entry);
+  /// offload_optimizer's: a tensor on the host (no device memory), pinned or pageable, logged.
+  Tensor host(const std::string& what, std::int64_t numel, DType dtype, bool pinned, std::size_t& entry);
+  bool offload() const noexcept { return config_.cpu_offload; }
   void release(Tensor& tensor, std::size_t entry);
   /// Logs a buffer of `bytes` made now on the current stream; returns its entry.
   std::size_t note(const std::string& what, std::size_t bytes);
@@ -149,6 +152,10 @@ class ZeroStage3 final : public ZeroOptimizer, public ForwardHooks {
 
   Tensor overflow_flag_, inf_or_nan_, lp_buffer_, bucket_, grad_partitions_;
   std::vector<Tensor> masters_, moments_;
+  // offload_optimizer=cpu: each sub group's fp32 gradient on the host, each gradient
+  // partition's norm (a device scalar) until the step, the pinned blocks.
+  std::vector<Tensor> host_grads_, norms_;
+  std::vector<std::size_t> pinned_;
 
   // Coordinator state.
   Trace trace_mode_ = Trace::Invalid;
