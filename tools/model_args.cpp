@@ -496,13 +496,13 @@ std::string parallel_note(const std::vector<nn::ParallelConfig>& configs, const 
               "gathered, and from the second step the recorded trace prefetches stage3_prefetch_bucket_size "
               "elements ahead and keeps those used again within stage3_max_reuse_distance" +
                   std::string(config.cpu_offload
-                                  ? std::string("; offload_optimizer=cpu: the fp32 master, each sub group's fp32 "
-                                                "gradient and Adam's state on the host (DeepSpeedCPUAdam steps "
-                                                "there), ") +
+                                  ? std::string("; offload_optimizer=cpu: the fp32 master, the bf16 gradient "
+                                                "partitions, each sub group's fp32 gradient and Adam's state on the "
+                                                "host (DeepSpeedCPUAdam steps there), ") +
                                         (config.offload_pin_memory ? "the gradients pinned (the pinned host figure)"
                                                                    : "pageable (pin_memory=false)") +
-                                        "; each gradient partition reaches it through an fp64 copy for its norm "
-                                        "and an fp32 copy"
+                                        "; each gradient partition comes back to the device for an fp64 copy "
+                                        "for its norm and an fp32 copy"
                                   : std::string()) +
                   ")"
         : zero ? "rank " + std::to_string(config.rank) +

@@ -416,13 +416,18 @@ std::string sweep_report(const planner::SweepResult& result, const ReportOptions
   // CPUOffloadPolicy's, DeepSpeed's offload_optimizer's, or several.
   std::vector<std::string> on_host;
   if (result.spec.offload_activations) on_host.push_back("activations offloaded (--offload activations: save_on_cpu, pin_memory=True)");
-  bool fsdp_host = false, zero_host = false;
+  bool fsdp_host = false, zero_host = false, zero3_host = false;
   for (const nn::ParallelConfig& c : result.spec.parallels) {
     fsdp_host = fsdp_host || (c.cpu_offload && c.engine == nn::ParallelEngine::Fsdp);
-    zero_host = zero_host || (c.cpu_offload && c.engine != nn::ParallelEngine::Fsdp);
+    zero_host = zero_host || (c.cpu_offload && (c.engine == nn::ParallelEngine::Zero1 || c.engine == nn::ParallelEngine::Zero2));
+    zero3_host = zero3_host || (c.cpu_offload && c.engine == nn::ParallelEngine::Zero3);
   }
   if (fsdp_host) on_host.push_back("FSDP2's shards and gradients on the host (offload_policy=cpu)");
   if (zero_host) on_host.push_back("ZeRO's fp32 master partition and its gradients on the host (offload_optimizer=cpu)");
+  if (zero3_host) {
+    on_host.push_back("ZeRO-3's gradient partitions and fp32 gradients on the host (offload_optimizer=cpu; the "
+                      "fp32 master there is pageable)");
+  }
   if (!on_host.empty()) {
     std::int64_t pinned = 0;
     for (const planner::SweepRow& row : result.rows) pinned = std::max(pinned, row.figures.pinned_host_bytes);
@@ -435,7 +440,8 @@ std::string sweep_report(const planner::SweepResult& result, const ReportOptions
                             "caching host allocator: each tensor pinned alone, in a power-of-two block, kept for "
                             "reuse){}.",
                             what, human_bytes(pinned),
-                            fsdp_host || zero_host ? "; the optimizer's state is on the host too, in pageable memory"
+                            fsdp_host || zero_host || zero3_host
+                                ? "; the optimizer's state is on the host too, in pageable memory"
                                                    : ""),
                 "", "  ");
   }

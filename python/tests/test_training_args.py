@@ -45,16 +45,20 @@ def test_a_deepspeed_zero3_config(tmp_path):
     args = training_args(tmp_path, per_device_train_batch_size=4, bf16=True, optim="adamw_torch", max_grad_norm=0)
     # Set after construction: TrainingArguments checks that DeepSpeed is installed, and it is not here.
     args.deepspeed = {"zero_optimization": {"stage": 3, "reduce_bucket_size": 5e8, "stage3_prefetch_bucket_size": 5e7,
-                                            "offload_optimizer": {"device": "cpu"}, "contiguous_gradients": True},
+                                            "offload_optimizer": {"device": "cpu"}, "contiguous_gradients": True,
+                                            "offload_param": {"device": "cpu"}},
                       "bf16": {"enabled": True}}
     ours = vramscope.from_training_args(args, str(config), gpus=8, seq=256, device="sim:h100-80g")
     theirs = command_json("sweep", "--hf-config", str(config), "--seq", "256", "--batch", "4", "--dtype", "bf16",
                           "--parallel", "zero3:8", "--parallel-options",
-                          "reduce_bucket_size=500000000,stage3_prefetch_bucket_size=50000000", "--optimizer", "adam",
+                          "reduce_bucket_size=500000000,stage3_prefetch_bucket_size=50000000,offload_optimizer=cpu",
+                          "--optimizer", "adam",
                           "--device", "sim:h100-80g", "--segments", "0")
     same_rows([ours.row], theirs["rows"])
     assert ours.options["parallel"] == "zero3:8"
-    assert any("offload_optimizer" in u for u in ours.unmodelled)
+    assert ours.options["parallel_options"].endswith("offload_optimizer=cpu")
+    assert not any(u.startswith("deepspeed zero_optimization.offload_optimizer") for u in ours.unmodelled)
+    assert any("offload_param" in u for u in ours.unmodelled)
     assert any("contiguous_gradients" in u for u in ours.unmodelled)
     assert not any("max_grad_norm" in u for u in ours.unmodelled)
 

@@ -53,8 +53,17 @@ def _deepspeed(config, gpus: int, unmodelled: List[str]) -> Tuple[Dict[str, Any]
             continue
         if key in _ZERO_KEYS and value != "auto" and (stage == 3 or not key.startswith(("stage3_", "sub_group"))):
             options.append(f"{key}={_value(value)}")
+        elif key == "offload_optimizer" and isinstance(value, dict) and value.get("device", "none") in ("cpu", "none"):
+            # {"device": "cpu", "pin_memory": ...}: DeepSpeedCPUAdam with the master on the host.
+            if value.get("device") == "cpu":
+                options.append("offload_optimizer=cpu")
+                if value.get("pin_memory") is False:
+                    options.append("pin_memory=false")
+            for sub_key in sorted(set(value) - {"device", "pin_memory"}):
+                unmodelled.append(f"deepspeed zero_optimization.offload_optimizer.{sub_key}: not modelled")
         elif key.startswith("offload_"):
-            unmodelled.append(f"deepspeed zero_optimization.{key}: offloading is not modelled yet (issue 50)")
+            unmodelled.append(f"deepspeed zero_optimization.{key}={value}: not modelled yet (offload_optimizer to "
+                              "the CPU is)")
         elif value != "auto":
             unmodelled.append(f"deepspeed zero_optimization.{key}={value}: not modelled")
     dtype = "bf16" if (config.get("bf16") or {}).get("enabled") in (True, "auto") else \

@@ -386,8 +386,9 @@ TEST(ZeroStage3, EveryParameterIsGatheredAroundItsModulesAndEveryStateIsPartitio
 }
 
 // offload_optimizer=cpu under ZeRO-3 (stage3.py's offload_optimizer; its buffers against
-// DeepSpeed itself are in tests/models): the master, each sub group's fp32 gradient and Adam's
-// moments on the host; between steps the device keeps only what lives on the device.
+// DeepSpeed itself are in tests/models): the master, each sub group's fp32 gradient, Adam's
+// moments and the bf16 gradient partitions on the host; between steps the device keeps only
+// what lives on the device.
 TEST(ZeroStage3, OffloadOptimizerKeepsTheMasterGradientsAndAdamOnTheHost) {
   const RankRun host = run_rank("gpt2", "zero3:8", "offload_optimizer=cpu", 2, "batch=1,seq=128");
   const std::int64_t partition = bytes_of(host.buffers, "bf16 flat partition buffer (lp_param_buffer)") / 2;
@@ -396,14 +397,19 @@ TEST(ZeroStage3, OffloadOptimizerKeepsTheMasterGradientsAndAdamOnTheHost) {
     if (b.stream == "host" && b.freed.empty()) on_host += static_cast<std::int64_t>(b.bytes);
     if (b.stream != "host" && b.freed.empty()) kept_on_device += static_cast<std::int64_t>(b.bytes);
   }
-  // The fp32 master, its fp32 gradient and the two fp32 moments: 16 bytes per element.
-  EXPECT_EQ(on_host, partition * 16);
+  // The fp32 master, its fp32 gradient, the two fp32 moments and the bf16 gradient
+  // partitions: 18 bytes per element.
+  EXPECT_EQ(on_host, partition * 18);
   for (const StepStats& s : host.steps) EXPECT_EQ(s.stats.requested_bytes[0].current, kept_on_device);
   EXPECT_EQ(bytes_of(host.buffers, "FusedAdam overflow flag"), 0);
-  // Only the gradient is pinned by default (one power-of-two block of the caching host allocator).
-  std::int64_t block = 1;
-  while (block < partition * 4) block *= 2;
-  EXPECT_EQ(static_cast<std::int64_t>(host.pinned_host.back()), block);
+  // The gradients are pinned by default (each a power-of-two block of the caching host
+  // allocator): the fp32 one of the sub group and the bf16 partitions.
+  const auto block = [](std::int64_t bytes) {
+    std::int64_t b = 1;
+    while (b < bytes) b *= 2;
+    return b;
+  };
+  EXPECT_EQ(static_cast<std::int64_t>(host.pinned_host.back()), block(partition * 4) + block(partition * 2));
   EXPECT_EQ(run_rank("gpt2", "zero3:8", "offload_optimizer=cpu,pin_memory=false", 1, "batch=1,seq=128").pinned_host.back(),
             0u);
 }

@@ -266,6 +266,9 @@ TEST_F(GradCheck, PointwiseMathAndBroadcasting) {
 
 TEST_F(GradCheck, NarrowExpandUnsqueeze) {
   gradcheck(env_.rt, [](const TensorList& in) { return mul_scalar(in[0].narrow(-1, 2, 3), 2.0); }, {leaf({2, 6})});
+  // In place into an output that keeps a transposed input's layout (TensorIterator's order).
+  gradcheck(env_.rt, [](const TensorList& in) { return relu_(mul_scalar(in[0].transpose(0, 1), 2.0)); },
+            {leaf({3, 4})});
   gradcheck(env_.rt, [](const TensorList& in) { return mul_scalar(in[0].unsqueeze(1).expand({2, 3, 4}), 1.5); },
             {leaf({2, 4})});
   // repeat_kv: expand over a new dimension, then a reshape that copies.

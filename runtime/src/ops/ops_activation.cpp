@@ -28,8 +28,10 @@ void map_into(const Tensor& x, const Tensor& out, double flops_per_element, F f)
                                     ? std::vector<T>(X.data(), X.data() + x.numel())
                                     : std::vector<T>{};
     const T* src = copy.empty() ? X.data() : copy.data();
-    HostOut<T> Y(out);
-    for (std::int64_t i = 0, n_ = x.numel(); i < n_; ++i) Y[i] = f(src[i]);
+    // Through store_logical: `out` may follow a permuted or strided input's layout.
+    std::vector<T> y(static_cast<std::size_t>(x.numel()));
+    for (std::size_t i = 0; i < y.size(); ++i) y[i] = f(src[i]);
+    detail::store_logical(out, y);
   });
 }
 

@@ -25,8 +25,10 @@ void add_into(const Tensor& out, const Tensor& a, const Tensor& b) {
       a_copy.assign(A.data(), A.data() + a.numel());
       ap = a_copy.data();
     }
-    HostOut<T> Y(out);
-    for (std::int64_t i = 0, n_ = out.numel(); i < n_; ++i) Y[i] = ap[i] + B[i];
+    // Through store_logical: `out` may follow a permuted or strided input's layout.
+    std::vector<T> y(static_cast<std::size_t>(out.numel()));
+    for (std::size_t i = 0; i < y.size(); ++i) y[i] = ap[i] + B[static_cast<std::int64_t>(i)];
+    detail::store_logical(out, y);
   });
 }
 

@@ -238,8 +238,11 @@ ZeroStage3::ZeroStage3(const ParallelConfig& config, const OptimizerConfig& opti
   // flat gradient partitions (stage3.py:742).
   bucket_ = make("IPG bucket (reduce_bucket_size)", static_cast<std::int64_t>(config.reduce_bucket_size), dtype_,
                  bucket_context_, entry);
-  grad_partitions_ = make("gradient partitions (grad_partitions_flat_buffer)", trainable_partition_, dtype_,
-                          gradients_context_, entry);
+  // Under offload_optimizer on the host, pinned by default (stage3.py:742-746: device=self.device).
+  grad_partitions_ = offload() ? host("gradient partitions (grad_partitions_flat_buffer)", trainable_partition_, dtype_,
+                                      config.offload_pin_memory, entry)
+                               : make("gradient partitions (grad_partitions_flat_buffer)", trainable_partition_, dtype_,
+                                      gradients_context_, entry);
   // create_reduce_and_remove_grad_hooks: each trainable parameter gathered once (N x its
   // partition, partition_parameters.py:2112) and partitioned again.
   for (Param& p : params_) {
@@ -775,12 +778,18 @@ void ZeroStage3::reduce_bucket() {
     release(flat, flat_log);
   }
   if (offload()) {
-    // partition_grads at the accumulation boundary, per gradient partition
-    // (_offload_grad_partition_at_boundary, 1393-1410): its norm through an fp64 copy
-    // (_constant_buffered_norm2, 1843-1850: the norm, its square, the root kept until the
-    // step), then an fp32 copy sent into the host gradient.
+    // partition_grads (1886-1932) with the gradient partitions on the host: each partition of
+    // real data (a rank past the parameter's end has none, 1892-1896) is copied there, then
+    // back to the device for the rest (grad_buffer.to(grad_partition.device)), kept until the
+    // next one; at the accumulation boundary _offload_grad_partition_at_boundary (1393-1410):
+    // its norm through an fp64 copy (_constant_buffered_norm2, 1843-1850: the norm, its square,
+    // the root kept until the step), then an fp32 copy sent into the host's fp32 gradient.
+    const auto rank = static_cast<std::int64_t>(config_.rank);
     for (const std::size_t i : in_bucket_) {
       const Param& p = params_[i];
+      if (p.partition * rank >= p.numel) continue;
+      ModuleScope scope(gradients_context_);
+      Tensor on_device = empty(runtime_, Shape{p.partition}, dtype_);
       std::size_t log = SIZE_MAX;
       Tensor fp64 = make("fp64 gradient partition (grad norm)", p.partition, DType::F64, gradients_context_, log);
       Tensor norm = empty(runtime_, Shape{}, DType::F64);
