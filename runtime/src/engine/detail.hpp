@@ -232,6 +232,25 @@ void store_logical(const Tensor& t, const std::vector<T>& values) {
   });
 }
 
+/// out[i] = f(x[i]) into a new tensor of x's shape, dtype and layout (TensorIterator), one
+/// flop per element; no history (the caller sets its node).
+template <class F>
+Tensor unary(const Tensor& x, F f) {
+  Runtime& rt = x.runtime();
+  Tensor out = empty_following(x, x.shape(), x.dtype());
+  rt.add_flops(static_cast<double>(x.numel()));
+  if (rt.computing()) {
+    dispatch(x.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      HostIn<T> X(x);
+      std::vector<T> y(static_cast<std::size_t>(x.numel()));
+      for (std::size_t i = 0; i < y.size(); ++i) y[i] = f(X[static_cast<std::int64_t>(i)]);
+      store_logical(out, y);
+    });
+  }
+  return out;
+}
+
 /// x.mean(dims, keepdim=True) over its trailing dimensions, `out_shape` being x's shape with
 /// those set to 1 (mean_last, the 1x1 adaptive average pool). Saves nothing (MeanBackward1);
 /// backward allocates the input's shape.

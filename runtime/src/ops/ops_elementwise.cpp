@@ -355,18 +355,7 @@ Tensor add_(const Tensor& a, const Tensor& b) {
 }
 
 Tensor mul_scalar(const Tensor& x, double s) {
-  Runtime& rt = x.runtime();
-  Tensor out = detail::empty_following(x, x.shape(), x.dtype());  // TensorIterator: x's memory order
-  rt.add_flops(static_cast<double>(x.numel()));
-  if (rt.computing()) {
-    detail::dispatch(x.dtype(), [&](auto tag) {
-      using T = decltype(tag);
-      HostIn<T> X(x);
-      std::vector<T> y(static_cast<std::size_t>(x.numel()));
-      for (std::size_t i = 0; i < y.size(); ++i) y[i] = X[static_cast<std::int64_t>(i)] * static_cast<T>(s);
-      detail::store_logical(out, y);
-    });
-  }
+  Tensor out = detail::unary(x, [s](auto v) { return v * static_cast<decltype(v)>(s); });
   if (needs_grad({&x})) set_history(out, detail::make_node<MulScalarBackward>({&x}, s));
   return out;
 }

@@ -9,24 +9,7 @@ namespace {
 
 using detail::HostIn;
 using detail::HostOut;
-
-/// out[i] = f(x[i]) into a new tensor of x's shape, dtype and layout (TensorIterator).
-template <class F>
-Tensor unary(const Tensor& x, F f) {
-  Runtime& rt = x.runtime();
-  Tensor out = detail::empty_following(x, x.shape(), x.dtype());
-  rt.add_flops(static_cast<double>(x.numel()));
-  if (rt.computing()) {
-    detail::dispatch(x.dtype(), [&](auto tag) {
-      using T = decltype(tag);
-      HostIn<T> X(x);
-      std::vector<T> y(static_cast<std::size_t>(x.numel()));
-      for (std::size_t i = 0; i < y.size(); ++i) y[i] = f(X[static_cast<std::int64_t>(i)]);
-      detail::store_logical(out, y);
-    });
-  }
-  return out;
-}
+using detail::unary;
 
 /// out[i] = f(a[i], b[i]) for same-shape a and b, in a's layout.
 template <class F>
