@@ -11,12 +11,40 @@
 
 #include "vramscope/allocator/errors.hpp"
 #include "vramscope/runtime/data_parallel.hpp"
+#include "vramscope/runtime/ops.hpp"
 #include "vramscope/runtime/optim.hpp"
 #include "vramscope/runtime/runtime.hpp"
 
 namespace mem::nn::detail {
 
 struct TensorImpl;
+
+/// offload_optimizer's host memory, whatever the stage: tensors with no device block, the
+/// pinned ones (get_accelerator().pin_memory: a copy in PyTorch's caching host allocator, the
+/// pageable original dropped) counted by the runtime until this goes.
+class OffloadedTensors {
+ public:
+  explicit OffloadedTensors(Runtime& runtime) : runtime_(runtime) {}
+  ~OffloadedTensors() {
+    for (const std::size_t block : pinned_) runtime_.unpin_host(block);
+  }
+  OffloadedTensors(const OffloadedTensors&) = delete;
+  OffloadedTensors& operator=(const OffloadedTensors&) = delete;
+
+  Tensor make(std::int64_t numel, DType dtype, bool pinned) {
+    Tensor t;
+    {
+      MetaDevice on_host;
+      t = empty(runtime_, Shape{numel}, dtype);
+    }
+    if (pinned) pinned_.push_back(runtime_.pin_host(t.nbytes()));
+    return t;
+  }
+
+ private:
+  Runtime& runtime_;
+  std::vector<std::size_t> pinned_;
+};
 
 class ZeroOptimizer {
  public:

@@ -191,19 +191,8 @@ ZeroRedundancy::ZeroRedundancy(const ParallelConfig& config, const OptimizerConf
   Tensor zeros = empty(runtime, Shape{partition_}, DType::F32);
 }
 
-ZeroRedundancy::~ZeroRedundancy() {
-  for (const std::size_t block : pinned_) runtime_.unpin_host(block);
-}
-
 Tensor ZeroRedundancy::host(const std::string& what, std::int64_t numel, DType dtype, bool pinned) {
-  Tensor t;
-  {
-    MetaDevice on_host;
-    t = empty(runtime_, Shape{numel}, dtype);
-  }
-  // tensor.pin_memory() (accelerator/cuda_accelerator.py): a copy in PyTorch's caching host
-  // allocator, the pageable original dropped.
-  if (pinned) pinned_.push_back(runtime_.pin_host(t.nbytes()));
+  Tensor t = on_host_.make(numel, dtype, pinned);
   log_.push_back({what, t.nbytes(), "host", stage(), ""});
   return t;
 }
@@ -214,7 +203,7 @@ void ZeroRedundancy::check_inf_or_nan(std::int64_t numel, bool logged) {
   const char* what = "inf/NaN check of the whole gradient";
   const auto part = [&](std::int64_t n, DType dtype, std::size_t& entry) {
     if (logged) return make(what, n, dtype, offload_context_, entry);
-    return empty(runtime_, n < 0 ? Shape{} : Shape{n}, dtype);
+    return empty(runtime_, Shape{n}, dtype);
   };
   std::size_t log[6] = {SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX};
   Tensor f = dtype_ == DType::F32 ? Tensor{} : part(numel, DType::F32, log[0]);

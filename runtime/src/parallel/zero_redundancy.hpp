@@ -29,7 +29,6 @@ class ZeroRedundancy final : public ZeroOptimizer {
   /// on a model built on the GPU: FusedAdam's flag, the flat buffer the parameters become
   /// views of, the fp32 master partition.
   ZeroRedundancy(const ParallelConfig& config, const OptimizerConfig& optimizer, Module& root, Runtime& runtime);
-  ~ZeroRedundancy() override;
   ZeroRedundancy(const ZeroRedundancy&) = delete;
   ZeroRedundancy& operator=(const ZeroRedundancy&) = delete;
 
@@ -87,10 +86,10 @@ class ZeroRedundancy final : public ZeroOptimizer {
 
   Tensor overflow_flag_, flat_, master_;
   // offload_optimizer=cpu: the host's bit16 copy-back buffer, unused buffer and fp32 gradient,
-  // the GPU's staging buffer, each gradient's fp64 norm until the step, the pinned blocks.
+  // the GPU's staging buffer, each gradient's fp64 norm until the step, the host's tensors.
   Tensor host_bit16_, host_temp_, host_grad_, gpu_offload_buffer_;
   std::vector<std::pair<Tensor, std::size_t>> norms_;  ///< with their log entries
-  std::vector<std::size_t> pinned_;
+  OffloadedTensors on_host_{runtime_};
   std::vector<Tensor> moments_;
   Tensor ipg_[2];
   std::size_t ipg_log_[2] = {SIZE_MAX, SIZE_MAX};

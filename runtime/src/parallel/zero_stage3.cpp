@@ -200,24 +200,18 @@ ZeroStage3::ZeroStage3(const ParallelConfig& config, const OptimizerConfig& opti
   }
   lp_buffer_ = make(std::string(dtype_name(dtype_)) + " flat partition buffer (lp_param_buffer)", trainable_partition_, dtype_, partitions_context_,
                     entry);
-  // _setup_for_real_optimizer (stage3.py:1120-1122): per sub group the fp32 master, the
-  // partition's .float() then its clone; .float() of an fp32 partition is the partition.
-  // An fp32 model's flat partitions are the master already (stage3.py:1112-1117).
-  // offload_optimizer (1106-1110): the partition .to("cpu", fp32), then its clone, pageable,
-  // whatever the model's dtype.
-  for (const std::int64_t n : sub_groups_) {
-    if (!offload()) break;
-    std::size_t conversion_log = SIZE_MAX;
-    Tensor conversion = host("fp32 master conversion (before its clone)", n, DType::F32, false, conversion_log);
-    masters_.push_back(host("fp32 master partition", n, DType::F32, false, entry));
-    release(conversion, conversion_log);
-  }
-  for (const std::int64_t n : sub_groups_) {
-    if (dtype_ == DType::F32 || offload()) break;
-    std::size_t conversion_log = SIZE_MAX;
-    Tensor conversion = make("fp32 master conversion (before its clone)", n, DType::F32, optimizer_context_, conversion_log);
-    masters_.push_back(make("fp32 master partition", n, DType::F32, optimizer_context_, entry));
-    release(conversion, conversion_log);
+  // _setup_for_real_optimizer (stage3.py:1106-1122): per sub group the fp32 master, the
+  // partition's .float() then its clone; .float() of an fp32 partition is the partition, so an
+  // fp32 model's flat partitions are the master already (1112-1117). Under offload_optimizer
+  // it is .to("cpu", fp32) then its clone, pageable, whatever the model's dtype (1106-1110).
+  if (dtype_ != DType::F32 || offload()) {
+    for (const std::int64_t n : sub_groups_) {
+      std::size_t conversion_log = SIZE_MAX;
+      Tensor conversion = on_optimizer_device("fp32 master conversion (before its clone)", n, DType::F32,
+                                              optimizer_context_, false, conversion_log);
+      masters_.push_back(on_optimizer_device("fp32 master partition", n, DType::F32, optimizer_context_, false, entry));
+      release(conversion, conversion_log);
+    }
   }
   // initialize_optimizer_states (stage3.py:1251-1256): one zero fp32 gradient of the largest
   // sub group, shared by all of them, dropped on return (on the host under offload_optimizer,
@@ -225,12 +219,12 @@ ZeroStage3::ZeroStage3(const ParallelConfig& config, const OptimizerConfig& opti
   {
     std::size_t placeholder_log = SIZE_MAX;
     const std::int64_t largest = *std::max_element(sub_groups_.begin(), sub_groups_.end());
-    const char* what = "fp32 gradient placeholder (initialize_optimizer_states)";
-    Tensor placeholder = offload() ? host(what, largest, DType::F32, false, placeholder_log)
-                                   : make(what, largest, DType::F32, optimizer_context_, placeholder_log);
-    for (const std::int64_t n : sub_groups_) {
-      if (offload()) host_grads_.push_back(host("fp32 gradient partition (host)", n, DType::F32,
-                                                config.offload_pin_memory, entry));
+    Tensor placeholder = on_optimizer_device("fp32 gradient placeholder (initialize_optimizer_states)", largest,
+                                             DType::F32, optimizer_context_, false, placeholder_log);
+    if (offload()) {
+      for (const std::int64_t n : sub_groups_) {
+        host_grads_.push_back(host("fp32 gradient partition (host)", n, DType::F32, config.offload_pin_memory, entry));
+      }
     }
     release(placeholder, placeholder_log);
   }
@@ -239,10 +233,8 @@ ZeroStage3::ZeroStage3(const ParallelConfig& config, const OptimizerConfig& opti
   bucket_ = make("IPG bucket (reduce_bucket_size)", static_cast<std::int64_t>(config.reduce_bucket_size), dtype_,
                  bucket_context_, entry);
   // Under offload_optimizer on the host, pinned by default (stage3.py:742-746: device=self.device).
-  grad_partitions_ = offload() ? host("gradient partitions (grad_partitions_flat_buffer)", trainable_partition_, dtype_,
-                                      config.offload_pin_memory, entry)
-                               : make("gradient partitions (grad_partitions_flat_buffer)", trainable_partition_, dtype_,
-                                      gradients_context_, entry);
+  grad_partitions_ = on_optimizer_device("gradient partitions (grad_partitions_flat_buffer)", trainable_partition_,
+                                         dtype_, gradients_context_, config.offload_pin_memory, entry);
   // create_reduce_and_remove_grad_hooks: each trainable parameter gathered once (N x its
   // partition, partition_parameters.py:2112) and partitioned again.
   for (Param& p : params_) {
@@ -259,7 +251,6 @@ ZeroStage3::ZeroStage3(const ParallelConfig& config, const OptimizerConfig& opti
 }
 
 ZeroStage3::~ZeroStage3() {
-  for (const std::size_t block : pinned_) runtime_.unpin_host(block);
   for (Hooked& h : modules_) {
     if (h.module != nullptr) h.module->set_forward_hooks(nullptr);
   }
@@ -285,16 +276,15 @@ Tensor ZeroStage3::make(const std::string& what, std::int64_t numel, DType dtype
 }
 
 Tensor ZeroStage3::host(const std::string& what, std::int64_t numel, DType dtype, bool pinned, std::size_t& entry) {
-  Tensor t;
-  {
-    MetaDevice on_host;
-    t = empty(runtime_, Shape{numel}, dtype);
-  }
-  // get_accelerator().pin_memory: a copy in PyTorch's caching host allocator.
-  if (pinned) pinned_.push_back(runtime_.pin_host(t.nbytes()));
+  Tensor t = on_host_.make(numel, dtype, pinned);
   log_.push_back({what, t.nbytes(), "host", stage(), ""});
   entry = log_.size() - 1;
   return t;
+}
+
+Tensor ZeroStage3::on_optimizer_device(const std::string& what, std::int64_t numel, DType dtype, ContextId context,
+                                       bool pinned, std::size_t& entry) {
+  return offload() ? host(what, numel, dtype, pinned, entry) : make(what, numel, dtype, context, entry);
 }
 
 std::size_t ZeroStage3::note(const std::string& what, std::size_t bytes) {

@@ -125,6 +125,9 @@ class ZeroStage3 final : public ZeroOptimizer, public ForwardHooks {
   /// offload_optimizer's: a tensor on the host (no device memory), pinned or pageable, logged.
   Tensor host(const std::string& what, std::int64_t numel, DType dtype, bool pinned, std::size_t& entry);
   bool offload() const noexcept { return config_.cpu_offload; }
+  /// On stage3.py's self.device: the GPU (make), or the host (host) under offload_optimizer.
+  Tensor on_optimizer_device(const std::string& what, std::int64_t numel, DType dtype, ContextId context, bool pinned,
+                             std::size_t& entry);
   void release(Tensor& tensor, std::size_t entry);
   /// Logs a buffer of `bytes` made now on the current stream; returns its entry.
   std::size_t note(const std::string& what, std::size_t bytes);
@@ -153,9 +156,9 @@ class ZeroStage3 final : public ZeroOptimizer, public ForwardHooks {
   Tensor overflow_flag_, inf_or_nan_, lp_buffer_, bucket_, grad_partitions_;
   std::vector<Tensor> masters_, moments_;
   // offload_optimizer=cpu: each sub group's fp32 gradient on the host, each gradient
-  // partition's norm (a device scalar) until the step, the pinned blocks.
+  // partition's norm (a device scalar) until the step, the host's tensors.
   std::vector<Tensor> host_grads_, norms_;
-  std::vector<std::size_t> pinned_;
+  OffloadedTensors on_host_{runtime_};
 
   // Coordinator state.
   Trace trace_mode_ = Trace::Invalid;
