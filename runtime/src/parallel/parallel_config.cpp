@@ -25,6 +25,13 @@ bool parse_bool(std::string_view key, std::string_view value) {
   throw Error(std::string(key) + "=" + std::string(value) + ": expected true or false");
 }
 
+/// offload_policy (fsdp) and offload_optimizer (zero): cpu or none; `cpu_means` says what moves.
+bool parse_offload(std::string_view key, std::string_view value, std::string_view cpu_means) {
+  if (value == "cpu") return true;
+  if (value == "none") return false;
+  throw Error(std::string(key) + "=" + std::string(value) + ": expected cpu (" + std::string(cpu_means) + ") or none");
+}
+
 constexpr std::string_view kDdpOptions =
     "bucket_cap_mb, gradient_as_bucket_view, broadcast_buffers, init_sync, static_graph, find_unused_parameters";
 constexpr std::string_view kFsdpOptions =
@@ -307,12 +314,9 @@ ParallelConfig parse_parallel(std::string_view spec, std::string_view options) {
       } else if (key == "overlap_comm") {
         config.overlap_comm = parse_bool(key, value);
       } else if (key == "offload_optimizer") {
-        if (value != "cpu" && value != "none") {
-          throw Error("offload_optimizer=" + std::string(value) +
-                      ": expected cpu (the fp32 master weights, their gradients and Adam's state on the host, "
-                      "DeepSpeedCPUAdam stepping there) or none");
-        }
-        config.cpu_offload = value == "cpu";
+        config.cpu_offload = parse_offload(key, value,
+                                           "the fp32 master weights, their gradients and Adam's state on the host, "
+                                           "DeepSpeedCPUAdam stepping there");
       } else if (key == "pin_memory") {
         config.offload_pin_memory = parse_bool(key, value);
       } else if (key == "offload_param") {
@@ -347,11 +351,8 @@ ParallelConfig parse_parallel(std::string_view spec, std::string_view options) {
       } else if (key == "reduce_dtype") {
         config.reduce_dtype = parse_float_dtype(key, value);
       } else if (key == "offload_policy") {
-        if (value != "cpu" && value != "none") {
-          throw Error("offload_policy=" + std::string(value) +
-                      ": expected cpu (CPUOffloadPolicy: shards, gradients and the optimizer on the host) or none");
-        }
-        config.cpu_offload = value == "cpu";
+        config.cpu_offload =
+            parse_offload(key, value, "CPUOffloadPolicy: shards, gradients and the optimizer on the host");
       } else if (key == "pin_memory") {
         config.offload_pin_memory = parse_bool(key, value);
       } else if (key == "init") {
