@@ -395,11 +395,14 @@ void add_parallel_options(CLI::App& app, ParallelArgs& args, bool list) {
                  "sub_group_size, zero3_init_flag=false (the model built whole on the GPU, not under zero.Init); "
                  "tp: sequence_parallel=true (the plan modelled), loss_parallel=true|false (torchtitan's default "
                  "true: the logits stay sharded on the vocabulary and the loss is computed on the shards), rank=R; "
-                 "pp: schedule=1f1b|gpipe (Schedule1F1B, torchtitan's default, or ScheduleGPipe), microbatches=M "
+                 "pp: schedule=1f1b|gpipe|interleaved1f1b (Schedule1F1B, torchtitan's default, ScheduleGPipe, or "
+                 "ScheduleInterleaved1F1B: several stages per GPU, rank r holding stages r, r + N, ...), "
+                 "layers_per_stage=K (torchtitan's pipeline_parallel_layers_per_stage: ceil((layers + 2) / K) stages "
+                 "in all; default: one per GPU, two under interleaved1f1b), microbatches=M "
                  "(n_microbatches, dividing the batch; default: the batch, one sample each), return_outputs=true|false "
-                 "(step()'s: the last stage keeps the logits until the next step), stage=S (the one stage shown; "
-                 "without it sweep gives each stage a row; under 1f1b stage 0 keeps the most activations, under "
-                 "gpipe every stage all of them); with fsdp or tp inside, their options too (fsdp's rank, or tp's when "
+                 "(step()'s: the last stage keeps the logits until the next step), stage=S (the one pipeline rank "
+                 "shown; without it sweep gives each rank a row; under 1f1b rank 0 keeps the most activations, under "
+                 "gpipe every rank all of them); with fsdp or tp inside, their options too (fsdp's rank, or tp's when "
                  "it is alone; reshard_after_forward defaults to false there, as torchtitan sets it under pp))")
       ->check(non_empty());
   app.add_option("--topology", args.topology,
@@ -455,6 +458,14 @@ namespace {
 /// Whose figures a pipeline row shows: its stage's, or (--max-batch over every stage) the fullest's.
 std::string stage_of(const nn::ParallelConfig& config) {
   const std::string of = " of " + std::to_string(config.pipeline_parallel);
+  if (config.schedule == nn::PipelineSchedule::Interleaved1F1B) {
+    // A rank holds several stages: r, r + P, ...
+    return config.stage_chosen || config.stage != 0
+               ? "pipeline rank " + std::to_string(config.stage) + "'s" + of + ", its stages " +
+                     std::to_string(config.stage) + ", " + std::to_string(config.stage + config.pipeline_parallel) +
+                     ", ..."
+               : "the fullest pipeline rank's" + of + ", every rank run (a batch fits when each rank's step does)";
+  }
   return config.stage_chosen || config.stage != 0
              ? "stage " + std::to_string(config.stage) + "'s" + of
              : "the fullest stage's" + of + ", every stage run (a batch fits when each stage's step does)";
@@ -531,6 +542,11 @@ std::string parallel_note(const std::vector<nn::ParallelConfig>& configs, const 
                   "holds the embedding, the last stage the norm and lm_head; torch.distributed.pipelining's " +
                   (config.schedule == nn::PipelineSchedule::GPipe
                        ? std::string("ScheduleGPipe: every micro-batch's activations in flight before the first backward")
+                   : config.schedule == nn::PipelineSchedule::Interleaved1F1B
+                       ? std::string("ScheduleInterleaved1F1B through _PipelineScheduleRuntime: rank r runs stages r, "
+                                     "r + P, ... depth first, (V - 1) x M / rounds + 2 (P - 1 - r) forwards before its first "
+                                     "backward; each stage's output is held until its own backward of the "
+                                     "micro-batch and every gradient sent back until the step ends")
                        : std::string("Schedule1F1B: stage s keeps min(M, P - s) micro-batches' activations in flight, "
                                      "stage 0 the most")) +
                   "; a stage after the first receives each micro-batch's hidden states and, before the last, its "

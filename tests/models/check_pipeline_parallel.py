@@ -6,7 +6,9 @@ PyTorch runs on the CPU, one rank of world size N on its fake process group: a f
 Llama (tests/data/h100-parallel-2026-11-26's, transformers' LlamaForCausalLM, SDPA) split as
 torchtitan splits it (generate_llm_fqn_per_model_part: the embedding and the final norm with
 lm_head count as a layer each), each stage a PipelineStage with static metadata, run by
-ScheduleGPipe or Schedule1F1B with transformers' ForCausalLMLoss as loss_fn, two steps of
+ScheduleGPipe, Schedule1F1B or ScheduleInterleaved1F1B (rank r holding stages r, r + N, ...:
+each of its stages is a PipelineStage and events name the stage too) with transformers'
+ForCausalLMLoss as loss_fn, two steps of
 AdamW (foreach), plain or with every decoder layer checkpointed (gradient_checkpointing_enable,
 non-reentrant). The stage's forward is LlamaModel.forward's for its layers: cache_position
 and position_ids, the rotary embedding's cos and sin, then the layers (the last stage also
@@ -47,26 +49,32 @@ from stack_python import reexec_on_stack
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "tests" / "data" / "h100-parallel-2026-11-26" / "ref-llama-2layer.json"
 LAYERS, BATCH, SEQ, STEPS = 4, 4, 128, 2
-# (stages, fsdp, tensor parallel, schedule, micro-batches, return_outputs, checkpointed): each
-# stage of each is checked. CI runs the first four (every kind of stage under both schedules,
-# tensor parallel and FSDP2 inside the stages); `--all` (ctest models.pipeline_parallel_all,
-# label coverage) the rest too.
+# (ranks, fsdp, tensor parallel, schedule, micro-batches, return_outputs, checkpointed, f32
+# parameters, stages per rank): each rank of each is checked. CI runs the first five (every kind
+# of stage under the three schedules, tensor parallel and FSDP2 inside the stages); `--all`
+# (ctest models.pipeline_parallel_all, label coverage) the rest too.
 RUNS = (
-    (3, 1, 1, "1f1b", 4, True, False, False),  # stages of 1 + embedding, 2, and 1 + norm and lm_head
-    (4, 1, 1, "gpipe", 2, False, True, False),  # every decoder layer checkpointed (non-reentrant)
-    (2, 1, 2, "1f1b", 4, True, False, False),  # pp:2xtp:2, loss parallel: each stage's tensor-parallel rank 0
+    (3, 1, 1, "1f1b", 4, True, False, False, 1),  # stages of 1 + embedding, 2, and 1 + norm and lm_head
+    (4, 1, 1, "gpipe", 2, False, True, False, 1),  # every decoder layer checkpointed (non-reentrant)
+    (2, 1, 2, "1f1b", 4, True, False, False, 1),  # pp:2xtp:2, loss parallel: each stage's tensor-parallel rank 0
     # pp:3xfsdp:2, FSDP2 inside each stage as torchtitan applies it, with its mixed precision (f32
     # parameters, bf16 compute, f32 reduction: the gradients accumulate in f32)
-    (3, 2, 1, "1f1b", 4, True, False, True),
-    (2, 1, 1, "1f1b", 4, True, False, False),
-    (2, 1, 1, "gpipe", 4, True, False, False),
-    (4, 1, 1, "1f1b", 4, True, False, False),
-    (4, 1, 1, "1f1b", 4, True, True, False),
-    (2, 1, 2, "gpipe", 2, True, True, False),
-    (3, 2, 1, "1f1b", 4, True, False, False),  # FSDP2 on bf16 parameters
-    (2, 2, 1, "gpipe", 4, False, False, False),
-    (2, 2, 1, "1f1b", 2, True, True, True),
-    (2, 2, 2, "1f1b", 2, True, False, True),  # pp:2xfsdp:2xtp:2, torchtitan's 3-D layout
+    (3, 2, 1, "1f1b", 4, True, False, True, 1),
+    # interleaved 1F1B: 2 ranks of 2 stages (torchtitan's default), the runtime's lowered actions
+    (2, 1, 1, "interleaved1f1b", 4, True, False, False, 2),
+    (2, 1, 1, "1f1b", 4, True, False, False, 1),
+    (2, 1, 1, "gpipe", 4, True, False, False, 1),
+    (4, 1, 1, "1f1b", 4, True, False, False, 1),
+    (4, 1, 1, "1f1b", 4, True, True, False, 1),
+    (2, 1, 2, "gpipe", 2, True, True, False, 1),
+    (3, 2, 1, "1f1b", 4, True, False, False, 1),  # FSDP2 on bf16 parameters
+    (2, 2, 1, "gpipe", 4, False, False, False, 1),
+    (2, 2, 1, "1f1b", 2, True, True, True, 1),
+    (2, 2, 2, "1f1b", 2, True, False, True, 1),  # pp:2xfsdp:2xtp:2, torchtitan's 3-D layout
+    (3, 1, 1, "interleaved1f1b", 4, False, True, False, 2),  # stages of the embedding alone and of lm_head alone
+    (2, 1, 1, "interleaved1f1b", 4, True, False, False, 3),  # layers_per_stage=1: 3 stages per rank
+    (3, 1, 1, "interleaved1f1b", 2, True, False, False, 2),  # fewer micro-batches than ranks (one round)
+    (2, 1, 2, "interleaved1f1b", 2, True, False, False, 2),  # pp:2xtp:2 interleaved
 )
 # FSDP2's buffers in a stage, as vramscope's --buffers names them.
 FSDP_KINDS = ("all-gather output", "unsharded parameters", "unsharded gradients (accumulated)",
@@ -178,11 +186,11 @@ def fsdp_events(module, mesh, first_layer, log, now, mixed):
             p._group = group
 
 
-def torch_side(stages, fsdp, tp, schedule, microbatches, return_outputs, checkpointed, mixed, rank):
+def torch_side(stages, fsdp, tp, schedule, microbatches, return_outputs, checkpointed, mixed, rank, virtual=1):
     import torch
     import torch.distributed as dist
     from torch import nn
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
     from torch.distributed.pipelining import _recv_buffers
     from torch.testing._internal.distributed.fake_pg import FakeStore
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -205,78 +213,49 @@ def torch_side(stages, fsdp, tp, schedule, microbatches, return_outputs, checkpo
     if checkpointed:
         full.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     full.train()
-    first, last = rank == 0, rank == stages - 1
-    lo, hi = split(stages, LAYERS)[rank]
+    # Interleaved schedules hold `virtual` stages per rank, stage rank + k * stages (loop style).
+    total = stages * virtual
+    indices = [rank + k * stages for k in range(virtual)]
+    ranges = split(total, LAYERS)
 
     class Stage(nn.Module):
         """LlamaModel.forward for the stage's layers (and the embedding, or norm and lm_head)."""
 
-        def __init__(self):
+        def __init__(self, index):
             super().__init__()
-            self.embed_tokens = full.model.embed_tokens if first else None
+            self.first, self.last = index == 0, index == total - 1
+            lo, hi = ranges[index]
+            self.embed_tokens = full.model.embed_tokens if self.first else None
             self.rotary_emb = full.model.rotary_emb
             self.layers = nn.ModuleList(full.model.layers[lo:hi])
-            self.norm = full.model.norm if last else None
-            self.lm_head = full.lm_head if last else None
+            self.norm = full.model.norm if self.last else None
+            self.lm_head = full.lm_head if self.last else None
 
         def forward(self, x):
-            h = self.embed_tokens(x) if first else x
+            h = self.embed_tokens(x) if self.first else x
             cache_position = torch.arange(h.shape[1])
             # Sequence parallel: the caller's position_ids of the whole sequence.
             position_ids = cache_position.unsqueeze(0) if tp == 1 else torch.arange(SEQ)[None]
             position_embeddings = self.rotary_emb(h, position_ids)
             for layer in self.layers:
                 h = layer(h, position_embeddings=position_embeddings, position_ids=position_ids)
-            return self.lm_head(self.norm(h)) if last else h
+            return self.lm_head(self.norm(h)) if self.last else h
 
-    module = Stage()
+    modules = [Stage(i) for i in indices]
     del full
     rows = BATCH // microbatches
     hidden = (rows, SEQ // tp, cfg.hidden_size)
-    inputs = (torch.empty(rows, SEQ, dtype=torch.long, device="meta") if first
-              else torch.empty(hidden, dtype=torch.bfloat16, device="meta", requires_grad=True))
-    outputs = torch.empty((rows, SEQ, cfg.vocab_size) if last else hidden, dtype=torch.bfloat16, device="meta",
-                          requires_grad=True)
-    grads = {}
-    if tp > 1:
-        # torchtitan's plan on the stage's modules (check_tensor_parallel.py's, applied to a part),
-        # with loss_parallel: lm_head's logits stay a vocabulary-sharded DTensor.
-        group = mesh["tp"]
-        plan = {}
-        if first:
-            plan["embed_tokens"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))
-        if last:
-            plan["norm"] = SequenceParallel()
-            plan["lm_head"] = ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False)
-        if plan:
-            parallelize_module(module, group, plan)
-        for layer in module.layers:
-            parallelize_module(layer, group, layer_plan())
-        if last:
-            # A DTensor stage output needs its gradient's metadata too (static metadata on the fake group).
-            def logits(grad):
-                local = torch.empty(rows, SEQ, cfg.vocab_size // tp, dtype=torch.bfloat16, device="meta",
-                                    requires_grad=grad)
-                return DTensor.from_local(local, group, [Shard(2)], run_check=False)
-            outputs = logits(True)
-            grads = {"output_grads": logits(False),
-                     "input_grads": torch.empty(hidden, dtype=torch.bfloat16, device="meta")}
     log, now, recv_kind = [], ["construction"], []
-    if fsdp > 1:
-        fsdp_events(module, mesh["dp"], lo, log, now, mixed)
-    stage = PipelineStage(module, rank, stages, torch.device("cpu"), input_args=inputs, output_args=outputs,
-                          group=mesh["pp"].get_group(), **grads)
+    step_no = [0]
 
-    def loss_fn(logits, labels):
-        return ForCausalLMLoss(logits, labels, cfg.vocab_size)
+    def label(index, action, mb):
+        # A rank of one stage names the micro-batch alone; an interleaved rank the stage too.
+        return f"step {step_no[0]} {action} {mb}" if virtual == 1 else f"step {step_no[0]} stage {index} {action} {mb}"
 
-    kind = ScheduleGPipe if schedule == "gpipe" else Schedule1F1B
-    pipe = kind(stage, microbatches, loss_fn=loss_fn)
-    opt = torch.optim.AdamW(module.parameters(), lr=1e-3, foreach=True)
-
-    def track(tensor, what, mb):
+    def track(tensor, what, index, mb):
         tensor = getattr(tensor, "_local_tensor", tensor)  # a DTensor's local shard, which it holds
-        entry = {"buffer": f"{what} (micro-batch {mb})", "bytes": tensor.untyped_storage().nbytes(),
+        where = f"micro-batch {mb}" if virtual == 1 else f"stage {index}, micro-batch {mb}"
+        entry = {"buffer": f"{what} ({where})", "bytes": tensor.untyped_storage().nbytes(),
                  "allocated": now[0], "freed": ""}
         log.append(entry)
         weakref.finalize(tensor, lambda: entry.__setitem__("freed", now[0]))
@@ -289,33 +268,79 @@ def torch_side(stages, fsdp, tp, schedule, microbatches, return_outputs, checkpo
         return buffer
 
     _recv_buffers._RecvInfo.allocate_buffer = allocate_buffer
-    for name, what in (("get_fwd_recv_ops", "receive activations"), ("get_bwd_recv_ops", "receive gradients")):
-        original = getattr(stage, name)
+    pipeline_stages = []
+    for index, module in zip(indices, modules):
+        first, last = module.first, module.last
+        inputs = (torch.empty(rows, SEQ, dtype=torch.long, device="meta") if first
+                  else torch.empty(hidden, dtype=torch.bfloat16, device="meta", requires_grad=True))
+        outputs = torch.empty((rows, SEQ, cfg.vocab_size) if last else hidden, dtype=torch.bfloat16, device="meta",
+                              requires_grad=True)
+        grads = {}
+        if tp > 1:
+            # torchtitan's plan on the stage's modules (check_tensor_parallel.py's, applied to a part),
+            # with loss_parallel: lm_head's logits stay a vocabulary-sharded DTensor.
+            group = mesh["tp"]
+            plan = {}
+            if first:
+                plan["embed_tokens"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))
+            if last:
+                plan["norm"] = SequenceParallel()
+                plan["lm_head"] = ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1),
+                                                  use_local_output=False)
+            if plan:
+                parallelize_module(module, group, plan)
+            for layer in module.layers:
+                parallelize_module(layer, group, layer_plan())
+            if last:
+                # A DTensor stage output needs its gradient's metadata too (static metadata on the fake group).
+                def logits(grad):
+                    local = torch.empty(rows, SEQ, cfg.vocab_size // tp, dtype=torch.bfloat16, device="meta",
+                                        requires_grad=grad)
+                    return DTensor.from_local(local, group, [Shard(2)], run_check=False)
+                outputs = logits(True)
+                grads = {"output_grads": logits(False),
+                         "input_grads": torch.empty(hidden, dtype=torch.bfloat16, device="meta")}
+        if fsdp > 1:
+            fsdp_events(module, mesh["dp"], ranges[index][0], log, now, mixed)
+        stage = PipelineStage(module, index, total, torch.device("cpu"), input_args=inputs, output_args=outputs,
+                              group=mesh["pp"].get_group(), **grads)
+        for name, what in (("get_fwd_recv_ops", "receive activations"), ("get_bwd_recv_ops", "receive gradients")):
+            original = getattr(stage, name)
 
-        def recv_ops(mb, *a, _original=original, _what=what, **k):
-            recv_kind.append((_what, mb))
-            return _original(mb, *a, **k)
+            def recv_ops(mb, *a, _original=original, _what=what, _index=index, **k):
+                recv_kind.append((_what, _index, mb))
+                return _original(mb, *a, **k)
 
-        setattr(stage, name, recv_ops)
-    step_no = [0]
-    forward_one_chunk, backward_one_chunk = stage.forward_one_chunk, stage.backward_one_chunk
+            setattr(stage, name, recv_ops)
 
-    def forward(mb, *a, **k):
-        now[0] = f"step {step_no[0]} forward {mb}"
-        out = forward_one_chunk(mb, *a, **k)
-        what = ("output chunk" if return_outputs else "output") if last else "send activations"
-        track(out, what, mb)
-        return out
+        def forward(mb, *a, _stage=stage, _forward=stage.forward_one_chunk, **k):
+            now[0] = label(_stage.stage_index, "forward", mb)
+            out = _forward(mb, *a, **k)
+            what = ("output chunk" if return_outputs else "output") if _stage.is_last else "send activations"
+            track(out, what, _stage.stage_index, mb)
+            return out
 
-    def backward(mb, *a, **k):
-        now[0] = f"step {step_no[0]} backward {mb}"
-        result = backward_one_chunk(mb, *a, **k)
-        for grad in stage.bwd_cache.get(mb, ()):
-            if grad is not None and not first:
-                track(grad, "send gradients", mb)
-        return result
+        def backward(mb, *a, _stage=stage, _backward=stage.backward_one_chunk, **k):
+            now[0] = label(_stage.stage_index, "backward", mb)
+            result = _backward(mb, *a, **k)
+            for grad in _stage.bwd_cache.get(mb, ()):
+                if grad is not None and not _stage.is_first:
+                    track(grad, "send gradients", _stage.stage_index, mb)
+            return result
 
-    stage.forward_one_chunk, stage.backward_one_chunk = forward, backward
+        stage.forward_one_chunk, stage.backward_one_chunk = forward, backward
+        pipeline_stages.append(stage)
+
+    def loss_fn(logits, labels):
+        return ForCausalLMLoss(logits, labels, cfg.vocab_size)
+
+    if virtual > 1:
+        pipe = ScheduleInterleaved1F1B(pipeline_stages, microbatches, loss_fn=loss_fn)
+    else:
+        kind = ScheduleGPipe if schedule == "gpipe" else Schedule1F1B
+        pipe = kind(pipeline_stages[0], microbatches, loss_fn=loss_fn)
+    opt = torch.optim.AdamW([p for m in modules for p in m.parameters()], lr=1e-3, foreach=True)
+    first, last = rank == 0, rank == stages - 1
     ids = torch.randint(0, cfg.vocab_size, (BATCH, SEQ))
     for step in range(1, STEPS + 1):
         step_no[0] = step
@@ -336,9 +361,14 @@ def mesh_of(stages, fsdp, tp):
     return f"pp:{stages}" + (f"xfsdp:{fsdp}" if fsdp > 1 else "") + (f"xtp:{tp}" if tp > 1 else "")
 
 
-def ours(exe, stages, fsdp, tp, schedule, microbatches, return_outputs, checkpointed, mixed, rank, tmp, stack):
-    out = Path(tmp) / f"pp{stages}x{fsdp}x{tp}-{schedule}-{microbatches}-{checkpointed}-{mixed}-{rank}.json"
+def ours(exe, stages, fsdp, tp, schedule, microbatches, return_outputs, checkpointed, mixed, virtual, rank, tmp, stack):
+    out = Path(tmp) / f"pp{stages}x{fsdp}x{tp}-{schedule}-{microbatches}-{checkpointed}-{mixed}-{virtual}-{rank}.json"
     options = f"schedule={schedule},microbatches={microbatches},stage={rank},return_outputs={str(return_outputs).lower()}"
+    if virtual > 2:
+        # torchtitan's pipeline_parallel_layers_per_stage: ceil((L + 2) / N) stages in all.
+        per_stage = -(-(LAYERS + 2) // (stages * virtual))
+        assert -(-(LAYERS + 2) // per_stage) == stages * virtual
+        options += f",layers_per_stage={per_stage}"
     if mixed:
         options += ",param_dtype=bf16,reduce_dtype=f32"
     config = Path(tmp) / "llama-4layer.json"
@@ -358,38 +388,39 @@ def comparable(log):
     output chunks and sharded gradients in both."""
     def row(r):
         return (r["buffer"], r["bytes"], r["allocated"], r["freed"] or "")
-    pipeline = [row(r) for r in log if "(micro-batch " in r["buffer"] or r["buffer"] == "merged output"]
+    pipeline = [row(r) for r in log if re.search(r"\((stage \d+, )?micro-batch \d+\)$", r["buffer"])
+                or r["buffer"] == "merged output"]
     group = re.compile(r"^(root|model\.layers\.\d+) (" + "|".join(map(re.escape, FSDP_KINDS)) + ")$")
     return pipeline + [row(r) for r in log if group.match(r["buffer"])]
 
 
 def main() -> int:
-    if len(sys.argv) == 11 and sys.argv[1] == "--rank":
+    if len(sys.argv) == 12 and sys.argv[1] == "--rank":
         stages, fsdp, tp, schedule, mbs = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], int(sys.argv[6])
         flags = [a == "True" for a in sys.argv[7:10]]
-        print(json.dumps(torch_side(stages, fsdp, tp, schedule, mbs, *flags, int(sys.argv[10]))))
+        print(json.dumps(torch_side(stages, fsdp, tp, schedule, mbs, *flags, int(sys.argv[11]), int(sys.argv[10]))))
         return 0
     reexec_on_stack("check_pipeline_parallel")
     import torch
     exe = sys.argv[1]
-    runs = RUNS if "--all" in sys.argv[2:] else RUNS[:4]
+    runs = RUNS if "--all" in sys.argv[2:] else RUNS[:5]
     # FSDP2 in a stage is modelled as torch 2.15's PipelineStage finalizes it: the stack checked.
     stack = f"torch={'.'.join(torch.__version__.split('+')[0].split('.')[:2])},transformers=5.24"
     failures = []
     with tempfile.TemporaryDirectory() as tmp:
-        for stages, fsdp, tp, schedule, mbs, ret, ckpt, mixed in runs:
+        for stages, fsdp, tp, schedule, mbs, ret, ckpt, mixed, virtual in runs:
             for rank in range(stages):
-                label = (f"{mesh_of(stages, fsdp, tp)} {schedule} M={mbs}"
+                label = (f"{mesh_of(stages, fsdp, tp)} {schedule}{f' V={virtual}' if virtual > 1 else ''} M={mbs}"
                          f"{'' if ret else ' return_outputs=False'}{' checkpointed' if ckpt else ''}"
                          f"{' param_dtype=bf16' if mixed else ''} stage {rank}")
                 run = subprocess.run([sys.executable, __file__, "--rank", str(stages), str(fsdp), str(tp), schedule,
-                                      str(mbs), str(ret), str(ckpt), str(mixed), str(rank)], capture_output=True,
+                                      str(mbs), str(ret), str(ckpt), str(mixed), str(virtual), str(rank)], capture_output=True,
                                      text=True, timeout=600)
                 if run.returncode != 0:
                     failures.append(f"{label}: PyTorch's run failed: {run.stderr.strip().splitlines()[-1:]}")
                     continue
                 theirs = comparable(json.loads(run.stdout.strip().splitlines()[-1]))
-                mine = comparable(ours(exe, stages, fsdp, tp, schedule, mbs, ret, ckpt, mixed, rank, tmp, stack))
+                mine = comparable(ours(exe, stages, fsdp, tp, schedule, mbs, ret, ckpt, mixed, virtual, rank, tmp, stack))
                 same = theirs == mine
                 print(f"  {label}: {len(theirs)} buffers in PyTorch, {len(mine)} in vramscope: "
                       f"{'equal, in order, made and dropped in the same actions' if same else 'DIFFER'}")

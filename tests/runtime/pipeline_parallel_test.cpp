@@ -54,9 +54,15 @@ TEST(PipelineParallel, OptionsAndRefusals) {
   EXPECT_EQ(parallel_label(parse_parallel("pp:4", "schedule=GPipe,microbatches=8,stage=3,return_outputs=false")),
             "pp:4 schedule=gpipe,microbatches=8,return_outputs=false,stage=3");
   EXPECT_EQ(parse_parallel("pp:4").gpus(), 4u);
-  EXPECT_NE(error_of([] { parse_parallel("pp:4", "schedule=Interleaved1F1B"); }).find("not modelled yet"),
+  EXPECT_NE(error_of([] { parse_parallel("pp:4", "schedule=InterleavedZeroBubble"); }).find("not modelled yet"),
             std::string::npos);
-  EXPECT_NE(error_of([] { parse_parallel("pp:4", "schedule=2f2b"); }).find("expected gpipe or 1f1b"), std::string::npos);
+  EXPECT_NE(error_of([] { parse_parallel("pp:4", "schedule=2f2b"); }).find("expected gpipe, 1f1b or interleaved1f1b"),
+            std::string::npos);
+  EXPECT_EQ(parallel_label(parse_parallel("pp:4xtp:2", "schedule=Interleaved1F1B,layers_per_stage=3")),
+            "pp:4xtp:2 schedule=interleaved1f1b,layers_per_stage=3");
+  EXPECT_NE(error_of([] { parse_parallel("pp:4", "layers_per_stage=0"); }).find("at least one layer"), std::string::npos);
+  EXPECT_NE(error_of([] { parse_parallel("pp:2xfsdp:2", "schedule=interleaved1f1b"); }).find("not modelled yet"),
+            std::string::npos);
   EXPECT_NE(error_of([] { parse_parallel("pp:4", "microbatches=0"); }).find("at least one"), std::string::npos);
   EXPECT_NE(error_of([] { parse_parallel("pp:4", "stage=4"); }).find("has stages 0 to 3"), std::string::npos);
   EXPECT_NE(error_of([] { parse_parallel("pp:1"); }).find("single stage"), std::string::npos);
@@ -128,6 +134,93 @@ TEST(PipelineParallel, SchedulesRunInPyTorchsOrder) {
   EXPECT_EQ(order(pipeline_actions(PipelineSchedule::OneF1B, 4, 3, 8)),
             "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 F6 B6 F7 B7");
   EXPECT_EQ(order(pipeline_actions(PipelineSchedule::GPipe, 4, 2, 3)), "F0 F1 F2 B0 B1 B2");
+}
+
+std::string interleaved(std::size_t ranks, std::size_t rank, std::size_t microbatches, std::size_t per_rank) {
+  std::string out;
+  for (const PipelineAction& a : pipeline_actions(PipelineSchedule::Interleaved1F1B, ranks, rank, microbatches, per_rank)) {
+    if (!out.empty()) out += ' ';
+    out += (a.forward ? 'F' : 'B') + std::to_string(a.microbatch) + "s" + std::to_string(a.stage);
+  }
+  return out;
+}
+
+TEST(PipelineParallel, InterleavedRunsInPyTorchsOrder) {
+  // ScheduleInterleaved1F1B(...).pipeline_order[rank] in torch 2.15, Nones left out: depth first,
+  // rank 0 of 4 warms up with (V - 1) x 4 + 2 x 3 forwards, the last rank with 4.
+  EXPECT_EQ(interleaved(4, 0, 8, 2),
+            "F0s0 F1s0 F2s0 F3s0 F0s4 F1s4 F2s4 F3s4 F4s0 F5s0 F6s0 B0s4 F7s0 B1s4 F4s4 B2s4 F5s4 B3s4 F6s4 B0s0 "
+            "F7s4 B1s0 B2s0 B3s0 B4s4 B5s4 B6s4 B7s4 B4s0 B5s0 B6s0 B7s0");
+  EXPECT_EQ(interleaved(4, 3, 8, 2),
+            "F0s3 F1s3 F2s3 F3s3 F0s7 B0s7 F1s7 B1s7 F2s7 B2s7 F3s7 B3s7 F4s3 B0s3 F5s3 B1s3 F6s3 B2s3 F7s3 B3s3 "
+            "F4s7 B4s7 F5s7 B5s7 F6s7 B6s7 F7s7 B7s7 B4s3 B5s3 B6s3 B7s3");
+  // Fewer micro-batches than ranks: one round of 2; three stages per rank.
+  EXPECT_EQ(interleaved(3, 1, 2, 2), "F0s1 F1s1 F0s4 F1s4 B0s4 B1s4 B0s1 B1s1");
+  EXPECT_EQ(interleaved(2, 0, 4, 3),
+            "F0s0 F1s0 F0s2 F1s2 F0s4 F1s4 F2s0 B0s4 F3s0 B1s4 F2s2 B0s2 F3s2 B1s2 F2s4 B0s0 F3s4 B1s0 B2s4 B3s4 "
+            "B2s2 B3s2 B2s0 B3s0");
+  // Flexible rounds: 5 micro-batches on 4 ranks make 1 round of 5; 6 on 4 make 1 round of 6;
+  // 10 on 4 make 2 rounds of 5; 9 on 4 would be 2 rounds, which 9 is not a multiple of.
+  EXPECT_NO_THROW(pipeline_actions(PipelineSchedule::Interleaved1F1B, 4, 0, 10, 2));
+  EXPECT_NE(error_of([] { pipeline_actions(PipelineSchedule::Interleaved1F1B, 4, 0, 9, 2); }).find("rounds"),
+            std::string::npos);
+}
+
+TEST(PipelineParallel, StagesPerRankAsTorchtitanCountsThem) {
+  ParallelConfig config = parse_parallel("pp:4", "schedule=interleaved1f1b");
+  EXPECT_EQ(pipeline_stages_per_rank(config, 32), 2u);  // the default of multi-stage schedules
+  config.layers_per_stage = 2;                             // ceil(34 / 2) = 17 stages: not a multiple of 4
+  EXPECT_NE(error_of([&] { pipeline_stages_per_rank(config, 32); }).find("do not divide"), std::string::npos);
+  config.layers_per_stage = 3;  // ceil(34 / 3) = 12 stages, 3 per rank
+  EXPECT_EQ(pipeline_stages_per_rank(config, 32), 3u);
+  config.layers_per_stage = 9;  // 4 stages, one per rank: a multi-stage schedule needs two
+  EXPECT_NE(error_of([&] { pipeline_stages_per_rank(config, 32); }).find("at least two"), std::string::npos);
+  config.schedule = PipelineSchedule::OneF1B;
+  EXPECT_EQ(pipeline_stages_per_rank(config, 32), 1u);
+  config.layers_per_stage = 3;
+  EXPECT_NE(error_of([&] { pipeline_stages_per_rank(config, 32); }).find("single-stage"), std::string::npos);
+}
+
+// Interleaved 1F1B on pp:3 with two stages per rank, four layers: six stages (the first the
+// embedding alone, the last norm and lm_head alone), rank r holding stages r and r + 3.
+TEST(PipelineParallel, InterleavedRankHoldsItsStagesAndKeepsWhatTheRuntimeKeeps) {
+  constexpr std::int64_t kLayer = 2 * (512 * 512 + 2 * 256 * 512 + 512 * 512 + 3 * 1376 * 512 + 2 * 512);
+  constexpr std::int64_t kTable = 2 * 32000 * 512;
+  const auto run = [](std::size_t rank) {
+    return std::make_unique<OneStep>(llama("schedule=interleaved1f1b,microbatches=2,stage=" + std::to_string(rank),
+                                           "batch=2,seq=128,attn=sdpa", "pp:3"));
+  };
+  const auto first = run(0), middle = run(1), last = run(2);
+  EXPECT_EQ(first->trainer.report().parameter_bytes, kTable + kLayer);       // stages 0 and 3: layer 2
+  EXPECT_EQ(middle->trainer.report().parameter_bytes, 2 * kLayer);           // stages 1 and 4: layers 0 and 3
+  EXPECT_EQ(last->trainer.report().parameter_bytes, kLayer + 2 * 512 + kTable);  // stages 2 and 5: layer 1, lm_head
+  // As the runtime's lowered actions run on rank 1 (torch 2.15: 1RECV_F0 1F0 1SEND_F0 1RECV_F1
+  // 1F1 1SEND_F1 4RECV_F0 4F0 4SEND_F0 4RECV_F1 4F1 4SEND_F1 4RECV_B0 4B0 4WAIT_SEND_F0 4SEND_B0
+  // ... 1B1 1WAIT_SEND_F1 1SEND_B1, then every WAIT_SEND_B): a forward's output lives until that
+  // stage's own backward, each gradient sent until the step's last action.
+  std::vector<std::string> log;
+  for (const CommunicationBuffer& b : middle->trainer.communication_buffers()) {
+    if (b.what.find("micro-batch") != std::string::npos) log.push_back(b.what + " @ " + b.allocated + " -> " + b.freed);
+  }
+  const std::vector<std::string> expected{
+      "receive activations (stage 1, micro-batch 0) @ construction -> step 1 stage 1 backward 0",
+      "send activations (stage 1, micro-batch 0) @ step 1 stage 1 forward 0 -> step 1 stage 1 backward 0",
+      "receive activations (stage 1, micro-batch 1) @ step 1 stage 1 forward 0 -> step 1 stage 1 backward 1",
+      "send activations (stage 1, micro-batch 1) @ step 1 stage 1 forward 1 -> step 1 stage 1 backward 1",
+      "receive activations (stage 4, micro-batch 0) @ step 1 stage 1 forward 1 -> step 1 stage 4 backward 0",
+      "send activations (stage 4, micro-batch 0) @ step 1 stage 4 forward 0 -> step 1 stage 4 backward 0",
+      "receive activations (stage 4, micro-batch 1) @ step 1 stage 4 forward 0 -> step 1 stage 4 backward 1",
+      "send activations (stage 4, micro-batch 1) @ step 1 stage 4 forward 1 -> step 1 stage 4 backward 1",
+      "receive gradients (stage 4, micro-batch 0) @ step 1 stage 4 forward 1 -> step 1 stage 4 backward 0",
+      "send gradients (stage 4, micro-batch 0) @ step 1 stage 4 backward 0 -> step 1 stage 1 backward 1",
+      "receive gradients (stage 4, micro-batch 1) @ step 1 stage 4 backward 0 -> step 1 stage 4 backward 1",
+      "send gradients (stage 4, micro-batch 1) @ step 1 stage 4 backward 1 -> step 1 stage 1 backward 1",
+      "receive gradients (stage 1, micro-batch 0) @ step 1 stage 4 backward 1 -> step 1 stage 1 backward 0",
+      "send gradients (stage 1, micro-batch 0) @ step 1 stage 1 backward 0 -> step 1 stage 1 backward 1",
+      "receive gradients (stage 1, micro-batch 1) @ step 1 stage 1 backward 0 -> step 1 stage 1 backward 1",
+      "send gradients (stage 1, micro-batch 1) @ step 1 stage 1 backward 1 -> step 1 stage 1 backward 1",
+  };
+  EXPECT_EQ(log, expected);
 }
 
 TEST(PipelineParallel, StageHoldsItsLayersOnly) {

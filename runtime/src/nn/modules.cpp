@@ -330,7 +330,18 @@ std::string Sequential::group_path(std::string_view group) const {
   return path().empty() ? std::string(group) : path() + "." + std::string(group);
 }
 
-Tensor Sequential::forward(const Tensor& input) {
+Tensor Sequential::forward(const Tensor& input) { return run_children(input, {}); }
+
+Tensor Sequential::forward_part(const Tensor& input, const std::vector<bool>& part) {
+  if (part.size() != children().size()) {
+    throw Error("a part of " + (path().empty() ? std::string("the model") : path()) + " names " +
+                std::to_string(part.size()) + " children of " + std::to_string(children().size()));
+  }
+  if (!group_marks_.empty()) throw Error("a part of a Sequential runs without checkpoint_sequential's segments");
+  return run_children(input, part);
+}
+
+Tensor Sequential::run_children(const Tensor& input, const std::vector<bool>& part) {
   // Flattened children ("layer1.0", "layer1.1": resnet's blocks sit in one
   // Sequential so checkpoint_sequential can split between them) run inside a
   // scope for their container ("layer1"), as nested Sequentials would in PyTorch,
@@ -342,6 +353,7 @@ Tensor Sequential::forward(const Tensor& input) {
   std::string_view group_name;
   const auto& list = children();
   for (std::size_t i = 0; i < list.size(); ++i) {
+    if (!part.empty() && !part[i]) continue;
     const std::string_view g = group_of(list[i].first);
     if (g != group_name) {
       group.reset();

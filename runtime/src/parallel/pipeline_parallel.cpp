@@ -4,6 +4,7 @@
 #include "parallel/pipeline_parallel.hpp"
 
 #include <algorithm>
+#include <charconv>
 #include <memory>
 #include <string>
 #include <utility>
@@ -13,51 +14,6 @@
 #include "vramscope/runtime/autograd.hpp"
 #include "vramscope/runtime/decoder.hpp"
 #include "vramscope/runtime/ops.hpp"
-
-namespace mem::nn {
-
-std::vector<PipelineAction> pipeline_actions(PipelineSchedule schedule, std::size_t stages, std::size_t stage,
-                                             std::size_t microbatches) {
-  std::vector<PipelineAction> out;
-  if (schedule == PipelineSchedule::GPipe) {
-    for (std::size_t m = 0; m < microbatches; ++m) out.push_back({true, m});
-    for (std::size_t m = 0; m < microbatches; ++m) out.push_back({false, m});
-    return out;
-  }
-  // Schedule1F1B._step_microbatches: the last stage warms up with 1 forward, stage 0 with P.
-  const std::size_t warmup = std::min(microbatches, stages - stage);
-  std::size_t f = 0, b = 0;
-  for (; f < warmup; ++f) out.push_back({true, f});
-  while (b < microbatches) {
-    out.push_back({false, b++});
-    if (f < microbatches) out.push_back({true, f++});
-  }
-  return out;
-}
-
-std::vector<std::pair<std::size_t, std::size_t>> pipeline_split(std::size_t layers, std::size_t stages) {
-  // generate_llm_fqn_per_model_part(stages, layers, input_weight=1, output_weight=1).
-  if (stages == 1) return {{0, layers}};
-  const std::size_t effective = layers + 2;
-  const std::size_t per_stage = effective / stages, extra = effective % stages;
-  if (per_stage == 0) {
-    throw Error("pp:" + std::to_string(stages) + ": torchtitan's split counts the embedding and the final norm with "
-                "lm_head as a layer each, and " + std::to_string(layers) + " layers + 2 leave a stage empty; give at "
-                "most " + std::to_string(effective) + " stages");
-  }
-  std::vector<std::pair<std::size_t, std::size_t>> out;
-  std::size_t current = 0;
-  for (std::size_t s = 0; s < stages; ++s) {
-    std::size_t count = per_stage + (s < extra ? 1 : 0);
-    if (s == 0 || s + 1 == stages) --count;  // the embedding's, or the norm's and lm_head's, share
-    const std::size_t first = current;
-    current = std::min(layers, current + count);
-    out.emplace_back(first, current);
-  }
-  return out;
-}
-
-}  // namespace mem::nn
 
 namespace mem::nn::detail {
 namespace {
@@ -87,6 +43,8 @@ struct PipelineParallel::MicroBatch {
   Tensor output;  ///< until its send is waited (the last stage: until its backward)
   Tensor edge;    ///< where backward starts once the output is dropped
   Tensor loss;    ///< the last stage's, until the step ends
+  Tensor received_grad;  ///< the gradient of the output, received for the backward
+  Tensor sending;        ///< the input's gradient, sent back until the send is waited
 };
 
 PipelineParallel::PipelineParallel(const ParallelConfig& config, Sequential& body, const Shape& input_shape)
@@ -125,7 +83,8 @@ PipelineParallel::PipelineParallel(const ParallelConfig& config, Sequential& bod
                 "first and the last stage");
   }
   hidden_ = embed->slots().front().shape[1];
-  const auto [first_layer, end_layer] = pipeline_split(layers, stages).at(config.stage);
+  const std::size_t per_rank = pipeline_stages_per_rank(config, layers);
+  const auto split = pipeline_split(layers, stages * per_rank);
   microbatches_ = config.microbatches != 0 ? config.microbatches : static_cast<std::size_t>(batch);
   if (microbatches_ > kMaxMicrobatches) {
     // Each micro-batch is a forward and a backward of the stage: bound the work by what was typed.
@@ -152,20 +111,55 @@ PipelineParallel::PipelineParallel(const ParallelConfig& config, Sequential& bod
                 std::to_string(microbatches_) + ") must be at least the number of stages; give microbatches=" +
                 std::to_string(stages) + " or more (a batch of at least " + std::to_string(stages) + ")");
   }
+  // Rank r holds stages r, r + P, ... (stage_ids_this_rank's "loop" style); the first rank
+  // the embedding, the last the final norm and lm_head.
   std::vector<std::string> keep{"model.rotary_emb"};
-  if (first()) keep.emplace_back("model.embed_tokens");
-  for (std::size_t l = first_layer; l < end_layer; ++l) keep.push_back(std::string(kLayerPrefix) + std::to_string(l));
-  if (last()) {
+  if (config.stage == 0) keep.emplace_back("model.embed_tokens");
+  for (std::size_t k = 0; k < per_rank; ++k) {
+    const auto [first_layer, end_layer] = split.at(config.stage + k * stages);
+    for (std::size_t l = first_layer; l < end_layer; ++l) keep.push_back(std::string(kLayerPrefix) + std::to_string(l));
+  }
+  if (config.stage + 1 == stages) {
     keep.emplace_back("model.norm");
     keep.emplace_back("lm_head");
   }
   body.retain(keep);  // the modules kept stay where they are: rotary_ still points at one
   hold_inputs_per_call(*rotary_, 0);  // a decoder's rotary embedding, or mem::Error now
+  for (std::size_t k = 0; k < per_rank; ++k) {
+    LocalStage stage;
+    stage.index = config.stage + k * stages;
+    stage.first = stage.index == 0;
+    stage.last = stage.index + 1 == stages * per_rank;
+    const auto [first_layer, end_layer] = split[stage.index];
+    for (const auto& [name, child] : body.children()) {
+      std::size_t layer = 0;
+      const bool in_layers = name.starts_with(kLayerPrefix) &&
+                             std::from_chars(name.data() + kLayerPrefix.size(), name.data() + name.size(), layer).ec ==
+                                 std::errc{} &&
+                             layer >= first_layer && layer < end_layer;
+      stage.part.push_back(name == "model.rotary_emb" || in_layers || (stage.first && name == "model.embed_tokens") ||
+                           (stage.last && (name == "model.norm" || name == "lm_head")));
+    }
+    stages_.push_back(std::move(stage));
+  }
+  // The schedule's program, the same every step; a schedule the micro-batches do not allow
+  // throws here.
+  program_ = pipeline_program(config.schedule, stages, config.stage, microbatches_, per_rank);
 }
 
-void PipelineParallel::record(const std::string& what, std::size_t microbatch, const Tensor& tensor) {
-  log_.push_back(CommunicationBuffer{what + " (micro-batch " + std::to_string(microbatch) + ")", tensor.nbytes(),
-                                     "default", now_, ""});
+Tensor PipelineParallel::stage_forward(Sequential& body, std::size_t local, const Tensor& input) const {
+  if (stages_.size() == 1) return body(input);
+  return body.forward_part(input, stages_.at(local).part);
+}
+
+std::string PipelineParallel::which(std::size_t stage, std::size_t microbatch) const {
+  return (stages_.size() == 1 ? "" : "stage " + std::to_string(stage) + ", ") + "micro-batch " +
+         std::to_string(microbatch);
+}
+
+void PipelineParallel::record(const std::string& what, std::size_t stage, std::size_t microbatch,
+                              const Tensor& tensor) {
+  log_.push_back(CommunicationBuffer{what + " (" + which(stage, microbatch) + ")", tensor.nbytes(), "default", now_, ""});
   watched_.emplace_back(log_.size() - 1, tensor.storage());
 }
 
@@ -186,136 +180,117 @@ void PipelineParallel::step(Runtime& rt, const Tensor& input, const Tensor& targ
   output_chunks_.clear();
   sweep();
   const std::size_t m_count = microbatches_;
+  const std::size_t ranks = config_.pipeline_parallel;
   // torch.tensor_split on dim 0: views of B / M samples each.
   const std::int64_t rows = batch_ / static_cast<std::int64_t>(m_count);
-  const auto begin = [&](const char* action, std::size_t m) {
+  const auto begin = [&](const char* action, std::size_t stage, std::size_t m) {
     sweep();
-    now_ = "step " + std::to_string(steps_) + " " + action + " " + std::to_string(m);
+    now_ = "step " + std::to_string(steps_) + " " +
+           (stages_.size() == 1 ? std::string() : "stage " + std::to_string(stage) + " ") + action + " " +
+           std::to_string(m);
   };
-  std::vector<MicroBatch> mbs(m_count);
+  // Each of the rank's stages keeps its own micro-batches' state (a PipelineStage each).
+  std::vector<MicroBatch> mbs(stages_.size() * m_count);
+  const auto state = [&](const PipelineOp& op) -> MicroBatch& { return mbs[op.stage / ranks * m_count + op.microbatch]; };
+  const auto local = [&](const PipelineOp& op) -> const LocalStage& { return stages_[op.stage / ranks]; };
   bool backward_started = false;
 
   // A receive buffer: a fresh torch.empty each micro-batch (_RecvInfo.allocate_buffer).
-  const auto receive = [&](std::size_t m, const char* what, Phase phase) {
+  const auto receive = [&](const PipelineOp& op, const char* what, Phase phase) {
     ModuleScope scope(intern_context(std::string("PipelineStage ") + what, phase));
     // Under tensor + sequence parallel the residual stream is the rank's 1/t of the sequence.
     Tensor buffer = empty(rt, Shape{rows, seq_ / static_cast<std::int64_t>(config_.tensor_parallel), hidden_},
                           activation);
-    record(what, m, buffer);
+    record(what, op.stage, op.microbatch, buffer);
     return buffer;
   };
-  const auto forward = [&](std::size_t m) {
+  const auto forward = [&](const PipelineOp& op) {
     PhaseGuard phase(Phase::Forward);
-    MicroBatch& mb = mbs[m];
-    if (first()) {
-      mb.input = input.narrow(0, static_cast<std::int64_t>(m) * rows, rows);
-    } else {
-      // get_fwd_recv_ops, then forward_one_chunk: the buffer becomes the stage's leaf.
-      mb.input = receive(m, "receive activations", Phase::Forward);
-      mb.input.set_requires_grad(true);
-    }
-    begin("forward", m);
-    mb.output = calls.forward(mb.input);
-    if (last()) {
-      const Tensor target_mb = target.narrow(0, static_cast<std::int64_t>(m) * rows, rows);
+    MicroBatch& mb = state(op);
+    const LocalStage& stage = local(op);
+    const auto m = static_cast<std::int64_t>(op.microbatch);
+    if (stage.first) mb.input = input.narrow(0, m * rows, rows);
+    // forward_one_chunk: a received buffer becomes the stage's leaf.
+    if (!stage.first) mb.input.set_requires_grad(true);
+    begin("forward", op.stage, op.microbatch);
+    mb.output = calls.forward(mb.input, op.stage / ranks);
+    if (stage.last) {
+      const Tensor target_mb = target.narrow(0, m * rows, rows);
       {
         ModuleScope scope("loss", Phase::Forward);
         BackwardContextGuard backward_scope(intern_context("loss", Phase::Backward));
         mb.loss = calls.loss(mb.output, target_mb);
       }
-      record(config_.return_outputs ? "output chunk" : "output", m, mb.output);
+      record(config_.return_outputs ? "output chunk" : "output", op.stage, op.microbatch, mb.output);
       if (config_.return_outputs) output_chunks_.push_back(mb.output);
     } else {
       release_decoder_inputs(*rotary_);
       mb.edge = gradient_edge(mb.output);
-      record("send activations", m, mb.output);
-      sent_ += static_cast<double>(mb.output.nbytes());
     }
   };
-  // The send waited (_wait_and_release_fwd_send): the stage drops the output it sent.
-  const auto release = [&](std::size_t m) {
-    if (!last()) mbs[m].output = Tensor{};
-  };
-  Tensor received_grad, sending;  // the gradient received for the next backward; the one being sent
-  const auto receive_grad = [&](std::size_t m) {
+  // backward_one_chunk: from the loss, or from the output's edge with the gradient received;
+  // the forward state goes, and the input's .grad is kept to be sent back.
+  const auto run_backward = [&](const PipelineOp& op) {
     if (!backward_started) {
       backward_started = true;
       calls.backward_begins();
     }
-    if (last()) return;
-    received_grad = receive(m, "receive gradients", Phase::Backward);
-  };
-  // The send list of the last backward replaced: its input gradient goes.
-  const auto sent = [&] { sending = Tensor{}; };
-  // backward_one_chunk: from the loss, or from the output's edge with the gradient received;
-  // the forward state goes, and the input's .grad is taken to be sent back.
-  const auto run_backward = [&](std::size_t m) {
     PhaseGuard phase(Phase::Backward);
-    begin("backward", m);
-    MicroBatch& mb = mbs[m];
-    if (last()) {
+    begin("backward", op.stage, op.microbatch);
+    MicroBatch& mb = state(op);
+    const LocalStage& stage = local(op);
+    if (stage.last) {
       backward(mb.loss);
-    } else {
-      backward(mb.edge, received_grad);
-    }
-    if (last()) {
       // backward_one_chunk detach_()es the last stage's outputs in place: a kept output chunk
       // holds none of the graph (nor the input buffer its AccumulateGrad holds).
       mb.output.impl()->grad_fn.reset();
       mb.output.impl()->requires_grad = false;
+    } else {
+      backward(mb.edge, mb.received_grad);
     }
-    Tensor grad;
-    if (!first()) {
-      grad = mb.input.grad();
+    if (!stage.first) {
+      mb.sending = mb.input.grad();
       mb.input.reset_grad();
     }
-    mb.input = mb.output = mb.edge = received_grad = Tensor{};
-    return grad;
-  };
-  const auto send_back = [&](Tensor grad, std::size_t m) {
-    sent();
-    if (!grad.defined()) return;
-    sending = std::move(grad);
-    record("send gradients", m, sending);
-    sent_ += static_cast<double>(sending.nbytes());
+    mb.input = mb.output = mb.edge = mb.received_grad = Tensor{};
   };
 
-  // The schedule's order (pipeline_actions), with where each loop waits for its sends:
-  // ScheduleGPipe._step_microbatches waits for every forward's send before the first backward
-  // and drops a gradient sent when the next backward's receive is made; Schedule1F1B's waits
-  // for a forward's send after the next forward in warm-up, then after each backward's receive,
-  // and drops a gradient sent when the next backward's is taken.
-  const bool gpipe = config_.schedule == PipelineSchedule::GPipe;
-  bool warming_up = true;
-  std::size_t last_forward = 0;
-  for (const PipelineAction& action : pipeline_actions(config_.schedule, config_.pipeline_parallel, config_.stage, m_count)) {
-    const std::size_t m = action.microbatch;
-    if (action.forward) {
-      forward(m);
-      if (!gpipe && warming_up && m > 0) release(m - 1);
-      last_forward = m;
-      continue;
+  // The rank's program (pipeline_schedule.hpp): the schedule's actions with their receives,
+  // sends and the waits that drop what was sent.
+  for (const PipelineOp& op : program_) {
+    MicroBatch& mb = state(op);
+    switch (op.step) {
+      case PipelineStep::ReceiveActivations: mb.input = receive(op, "receive activations", Phase::Forward); break;
+      case PipelineStep::Forward: forward(op); break;
+      case PipelineStep::SendActivations:
+        record("send activations", op.stage, op.microbatch, mb.output);
+        sent_ += static_cast<double>(mb.output.nbytes());
+        break;
+      // The send waited (_wait_and_release_fwd_send): the stage drops the output it sent.
+      case PipelineStep::WaitActivationsSent: mb.output = Tensor{}; break;
+      case PipelineStep::ReceiveGradients:
+        if (!backward_started) {
+          backward_started = true;
+          calls.backward_begins();
+        }
+        mb.received_grad = receive(op, "receive gradients", Phase::Backward);
+        break;
+      case PipelineStep::Backward: run_backward(op); break;
+      case PipelineStep::SendGradients:
+        if (mb.sending.defined()) {
+          record("send gradients", op.stage, op.microbatch, mb.sending);
+          sent_ += static_cast<double>(mb.sending.nbytes());
+        }
+        break;
+      case PipelineStep::WaitGradientsSent: mb.sending = Tensor{}; break;
     }
-    if (gpipe && warming_up) {
-      for (std::size_t f = 0; f < m_count; ++f) release(f);
-    }
-    warming_up = false;
-    receive_grad(m);
-    if (gpipe) {
-      sent();
-    } else {
-      release(last_forward);  // a no-op once released (the cool-down)
-    }
-    Tensor grad = run_backward(m);
-    send_back(std::move(grad), m);
   }
-  sent();
   // The losses go (_update_losses); perform_reduce_grad finalizes FSDP's gradient reduction,
   // then p.grad.div_(M), in place. The last stage returns torch.cat of its outputs, which the
   // training loop drops.
   for (MicroBatch& mb : mbs) mb.loss = Tensor{};
   if (calls.reduce_grads) calls.reduce_grads();
-  if (last() && config_.return_outputs) {
+  if (stages_.back().last && config_.return_outputs) {
     ModuleScope scope("lm_head", Phase::Backward);
     Shape merged = output_chunks_.front().shape();
     merged[0] = batch_;

@@ -28,6 +28,14 @@
 // Activations in flight: every micro-batch's under GPipe; min(M, P - s) on stage s under 1F1B
 // (stage 0 keeps the most). The gradients are scaled by 1 / M in place at the end
 // (perform_reduce_grad: div_, no allocation).
+//
+// Interleaved 1F1B (ScheduleInterleaved1F1B, _PipelineScheduleRuntime): rank r holds stages
+// r, r + P, ... of P x V, split as above over all of them, each stage a PipelineStage of its
+// own. The runtime's lowered actions (pipeline_schedule.hpp) post each receive when the
+// neighbour's send is scheduled, so a receive buffer can come several actions before its
+// compute; a forward's send is waited right after that stage's own backward of the micro-batch
+// (the output lives until then) and every gradient's send at the end of the step (each input
+// gradient sent lives until the step ends).
 #pragma once
 
 #include <cstddef>
@@ -36,6 +44,7 @@
 #include <string>
 #include <vector>
 
+#include "parallel/pipeline_schedule.hpp"
 #include "vramscope/runtime/data_parallel.hpp"
 #include "vramscope/runtime/modules.hpp"
 #include "vramscope/runtime/runtime.hpp"
@@ -49,13 +58,17 @@ class PipelineParallel {
   /// micro-batches do not divide, or a schedule the stages and micro-batches do not allow.
   PipelineParallel(const ParallelConfig& config, Sequential& body, const Shape& input_shape);
 
-  bool first() const noexcept { return config_.stage == 0; }
-  bool last() const noexcept { return config_.stage + 1 == config_.pipeline_parallel; }
+  /// The rank's stages (one, or V under an interleaved schedule).
+  std::size_t stages_per_rank() const noexcept { return stages_.size(); }
+  /// Local stage `local`'s forward on `body`, the rank's modules: all of them with one stage
+  /// per rank, else the stage's own (its layers, and the embedding or the norm and lm_head).
+  Tensor stage_forward(Sequential& body, std::size_t local, const Tensor& input) const;
 
   /// What the schedule calls on the stage.
   struct Calls {
-    /// The stage module's forward on one micro-batch (FSDP's root hooks around the layers).
-    std::function<Tensor(const Tensor& input)> forward;
+    /// Local stage `local`'s module's forward on one micro-batch (FSDP's root hooks around
+    /// stage_forward).
+    std::function<Tensor(const Tensor& input, std::size_t local)> forward;
     /// The schedule's loss_fn (the last stage).
     std::function<Tensor(const Tensor& output, const Tensor& target)> loss;
     /// Before the first backward: where the step's forward phase ends.
@@ -78,12 +91,22 @@ class PipelineParallel {
 
  private:
   struct MicroBatch;
+  /// One of the rank's stages: its index among all, and which of the body's children it runs.
+  struct LocalStage {
+    std::size_t index = 0;
+    std::vector<bool> part;
+    bool first = false, last = false;
+  };
+  /// "micro-batch 3", or "stage 5, micro-batch 3" when the rank holds several stages.
+  std::string which(std::size_t stage, std::size_t microbatch) const;
   /// Logs `tensor` made now, watched until its storage goes.
-  void record(const std::string& what, std::size_t microbatch, const Tensor& tensor);
+  void record(const std::string& what, std::size_t stage, std::size_t microbatch, const Tensor& tensor);
   /// Marks the watched storages gone by now as freed in the action begun last.
   void sweep();
 
   ParallelConfig config_;
+  std::vector<LocalStage> stages_;
+  std::vector<PipelineOp> program_;  ///< what the rank does each step, in order
   std::size_t microbatches_ = 1;
   std::int64_t batch_ = 0, seq_ = 0, hidden_ = 0;
   Module* rotary_ = nullptr;

@@ -369,9 +369,9 @@ StepStats Trainer::step() {
     detail::PipelineParallel::Calls calls;
     // The stage module is FSDP's root when fsdp shards inside the stage: its hooks run around
     // each micro-batch's forward, and perform_reduce_grad finalizes the step's gradients.
-    calls.forward = [this](const Tensor& x) {
-      if (!fsdp_) return model_->body()(x);
-      return fsdp_->root_post_forward({model_->body()(fsdp_->root_pre_forward(x))}).front();
+    calls.forward = [this](const Tensor& x, std::size_t local) {
+      if (!fsdp_) return pp_->stage_forward(model_->body(), local, x);
+      return fsdp_->root_post_forward({pp_->stage_forward(model_->body(), local, fsdp_->root_pre_forward(x))}).front();
     };
     calls.loss = [this](const Tensor& out, const Tensor& tgt) { return loss_of(out, tgt); };
     calls.backward_begins = [&] {

@@ -49,6 +49,9 @@ enum class ParallelEngine : std::uint8_t {
 enum class PipelineSchedule : std::uint8_t {
   GPipe,  ///< ScheduleGPipe: every micro-batch's forward, then every backward
   OneF1B, ///< Schedule1F1B (torchtitan's default): P - s forwards, then one backward, one forward
+  /// ScheduleInterleaved1F1B: several stages per rank (rank r holds stages r, r + P, ...), run
+  /// by _PipelineScheduleRuntime from its lowered actions (sends, receives and their waits)
+  Interleaved1F1B,
 };
 std::string_view schedule_name(PipelineSchedule schedule) noexcept;
 
@@ -68,6 +71,10 @@ struct ParallelConfig {
   /// stages as torchtitan splits them, one per GPU, micro-batches through a schedule; 1: none.
   std::size_t pipeline_parallel = 1;
   PipelineSchedule schedule = PipelineSchedule::OneF1B;
+  /// torchtitan's pipeline_parallel_layers_per_stage: each stage's layers (the embedding and the
+  /// final norm with lm_head counting as one each), so ceil((L + 2) / N) / P stages per rank;
+  /// 0: unset (one stage per rank, two under an interleaved schedule).
+  std::size_t layers_per_stage = 0;
   /// n_microbatches of the schedule; 0: the batch, one sample each (torchtitan's default
   /// pipeline_parallel_microbatch_size = 1).
   std::size_t microbatches = 0;
@@ -186,7 +193,7 @@ inline constexpr std::size_t kMaxWorldSize = std::size_t{1} << 20;
 /// stage3_param_persistence_threshold, stage3_model_persistence_threshold,
 /// stage3_max_live_parameters, stage3_max_reuse_distance, sub_group_size and zero3_init_flag;
 /// for tp sequence_parallel (true: the only plan modelled), loss_parallel and rank; for pp
-/// schedule (gpipe, 1f1b), microbatches, return_outputs and stage. Throws mem::Error naming what is wrong and what is valid; an
+/// schedule (gpipe, 1f1b, interleaved1f1b), layers_per_stage, microbatches, return_outputs and stage. Throws mem::Error naming what is wrong and what is valid; an
 /// option of another engine, or options without an engine, is an error too.
 ParallelConfig parse_parallel(std::string_view spec, std::string_view options = {});
 /// "ddp:8", then the options that differ from the defaults ("ddp:8 bucket_cap_mb=50").
@@ -207,21 +214,30 @@ NcclMemory nccl_memory(const ParallelConfig& config, std::string_view device_nam
 Topology parse_topology(std::string_view name);
 std::string_view topology_name(Topology topology) noexcept;
 
-/// One compute action of a pipeline rank's schedule: the forward or the backward of a micro-batch.
+/// One compute action of a pipeline rank's schedule: the forward or the backward of a
+/// micro-batch on one of the rank's stages (its index among all P x V stages).
 struct PipelineAction {
   bool forward = true;
   std::size_t microbatch = 0;
+  std::size_t stage = 0;
   friend bool operator==(const PipelineAction&, const PipelineAction&) = default;
 };
-/// The order `schedule` runs micro-batches on `stage` of `stages` (schedules.py, torch 2.15):
-/// GPipe's forwards then backwards; 1F1B's min(M, P - s) warm-up forwards, then a backward and a
-/// forward in turn.
-std::vector<PipelineAction> pipeline_actions(PipelineSchedule schedule, std::size_t stages, std::size_t stage,
-                                             std::size_t microbatches);
+/// The order `schedule` runs micro-batches on pipeline rank `rank` of `ranks`, with
+/// `stages_per_rank` stages each (schedules.py, torch 2.15): GPipe's forwards then backwards;
+/// 1F1B's min(M, P - s) warm-up forwards, then a backward and a forward in turn; interleaved
+/// 1F1B's _get_1f1b_rank_ops (warm-up (V - 1) x M/rounds + 2 (P - 1 - r) forwards, depth
+/// first). Throws mem::Error for micro-batches the schedule refuses.
+std::vector<PipelineAction> pipeline_actions(PipelineSchedule schedule, std::size_t ranks, std::size_t rank,
+                                             std::size_t microbatches, std::size_t stages_per_rank = 1);
 /// torchtitan's split of `layers` decoder layers over `stages` (generate_llm_fqn_per_model_part
 /// with input_weight = output_weight = 1): each stage's [first, last) layers. Throws mem::Error
 /// when a stage would be empty.
 std::vector<std::pair<std::size_t, std::size_t>> pipeline_split(std::size_t layers, std::size_t stages);
+/// The stages each pipeline rank holds (torchtitan's pipeline_llm): with layers_per_stage N,
+/// ceil((layers + 2) / N) / P, which P must divide; else 1 under gpipe and 1f1b, 2 under an
+/// interleaved schedule. Throws mem::Error where torchtitan raises (a single-stage schedule
+/// given several stages per rank, an interleaved one given one).
+std::size_t pipeline_stages_per_rank(const ParallelConfig& config, std::size_t layers);
 
 class Module;
 /// Whether every parameter of the model splits evenly on dim 0 over `world_size` ranks: then

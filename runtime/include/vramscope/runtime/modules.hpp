@@ -221,6 +221,10 @@ class Sequential : public Module {
   /// Appends a child named by its index.
   Module& append(std::unique_ptr<Module> module);
   Tensor forward(const Tensor& input) override;
+  /// The children where `part` is true, in order (one of a pipeline rank's stages, which
+  /// share the rank's body). Throws mem::Error when `part` does not name every child, or
+  /// under checkpoint_sequential's segments.
+  Tensor forward_part(const Tensor& input, const std::vector<bool>& part);
   std::size_t size() const noexcept { return children().size(); }
   Module& at(std::size_t i) const { return *children().at(i).second; }
   /// Keeps only the children named in `names` (in their order here): a pipeline stage's part
@@ -236,6 +240,8 @@ class Sequential : public Module {
   void clear_group_checkpoints() noexcept { group_marks_.clear(); }
 
  private:
+  /// forward() over the children where `part` is true (all when it is empty).
+  Tensor run_children(const Tensor& input, const std::vector<bool>& part);
   /// The container a flattened child name belongs to ("layer1" for "layer1.0"),
   /// or "" when it has none or the prefix names a child module itself.
   std::string_view group_of(std::string_view name) const;

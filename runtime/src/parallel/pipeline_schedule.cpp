@@ -1,0 +1,346 @@
+// pipeline_schedule.cpp — torchtitan's split of a decoder into stages, the schedules' compute
+// orders, and the lowered program a rank runs (see pipeline_schedule.hpp; torch 2.15's
+// torch/distributed/pipelining/schedules.py and torchtitan/distributed/pipeline_parallel.py).
+#include "parallel/pipeline_schedule.hpp"
+
+#include <algorithm>
+#include <array>
+#include <string>
+
+#include "vramscope/allocator/errors.hpp"
+
+namespace mem::nn {
+namespace {
+
+/// ScheduleInterleaved1F1B._calculate_single_rank_operations with _get_1f1b_rank_ops, without
+/// the None padding (the lowering drops it).
+std::vector<PipelineAction> interleaved_actions(std::size_t ranks, std::size_t rank, std::size_t microbatches,
+                                                std::size_t per_rank) {
+  // Flexible rounds: n_microbatches need not be a multiple of the ranks, only of the rounds.
+  const std::size_t rounds = std::max<std::size_t>(1, microbatches / ranks);
+  if (microbatches % rounds != 0) {
+    throw Error("interleaved1f1b: " + std::to_string(microbatches) + " micro-batches are not a multiple of the " +
+                std::to_string(rounds) + " rounds (max(1, M / P), ScheduleInterleaved1F1B's ValueError); give " +
+                "microbatches that the pipeline's " + std::to_string(ranks) + " ranks divide");
+  }
+  const std::size_t per_round = microbatches / rounds;
+  // _get_warmup_ops: the last rank warms up with (V - 1) rounds, each rank before it 2 more.
+  const std::size_t warmup = std::min((per_rank - 1) * per_round + 2 * (ranks - 1 - rank), microbatches * per_rank);
+  const std::size_t ops = microbatches * per_rank;
+  const auto forward_stage = [&](std::size_t op) { return (op / per_round) % per_rank * ranks + rank; };
+  const auto backward_stage = [&](std::size_t op) {
+    return (per_rank - 1 - (op - warmup) / per_round % per_rank) * ranks + rank;
+  };
+  std::vector<std::size_t> forwards(per_rank), backwards(per_rank);  // the next micro-batch of each local stage
+  std::vector<PipelineAction> out;
+  out.reserve(2 * ops);
+  const auto forward = [&](std::size_t op) {
+    const std::size_t stage = forward_stage(op);
+    out.push_back({true, forwards[stage / ranks]++, stage});
+  };
+  const auto backward = [&](std::size_t op) {
+    const std::size_t stage = backward_stage(op);
+    out.push_back({false, backwards[stage / ranks]++, stage});
+  };
+  for (std::size_t op = 0; op < warmup + ops; ++op) {
+    if (op < ops) forward(op);  // warm-up, then the steady state's forward
+    if (op >= warmup) backward(op);  // the steady state's backward, then the cool-down
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<PipelineAction> pipeline_actions(PipelineSchedule schedule, std::size_t ranks, std::size_t rank,
+                                             std::size_t microbatches, std::size_t stages_per_rank) {
+  if (schedule == PipelineSchedule::Interleaved1F1B) {
+    return interleaved_actions(ranks, rank, microbatches, stages_per_rank);
+  }
+  std::vector<PipelineAction> out;
+  if (schedule == PipelineSchedule::GPipe) {
+    for (std::size_t m = 0; m < microbatches; ++m) out.push_back({true, m, rank});
+    for (std::size_t m = 0; m < microbatches; ++m) out.push_back({false, m, rank});
+    return out;
+  }
+  // Schedule1F1B._step_microbatches: the last stage warms up with 1 forward, stage 0 with P.
+  const std::size_t warmup = std::min(microbatches, ranks - rank);
+  std::size_t f = 0, b = 0;
+  for (; f < warmup; ++f) out.push_back({true, f, rank});
+  while (b < microbatches) {
+    out.push_back({false, b++, rank});
+    if (f < microbatches) out.push_back({true, f++, rank});
+  }
+  return out;
+}
+
+std::vector<std::pair<std::size_t, std::size_t>> pipeline_split(std::size_t layers, std::size_t stages) {
+  // generate_llm_fqn_per_model_part(stages, layers, input_weight=1, output_weight=1).
+  if (stages == 1) return {{0, layers}};
+  const std::size_t effective = layers + 2;
+  const std::size_t per_stage = effective / stages, extra = effective % stages;
+  if (per_stage == 0) {
+    throw Error("pp: " + std::to_string(stages) + " stages: torchtitan's split counts the embedding and the final "
+                "norm with lm_head as a layer each, and " + std::to_string(layers) + " layers + 2 leave a stage "
+                "empty; give at most " + std::to_string(effective) + " stages");
+  }
+  std::vector<std::pair<std::size_t, std::size_t>> out;
+  std::size_t current = 0;
+  for (std::size_t s = 0; s < stages; ++s) {
+    std::size_t count = per_stage + (s < extra ? 1 : 0);
+    if (s == 0 || s + 1 == stages) --count;  // the embedding's, or the norm's and lm_head's, share
+    const std::size_t first = current;
+    current = std::min(layers, current + count);
+    out.emplace_back(first, current);
+  }
+  return out;
+}
+
+std::size_t pipeline_stages_per_rank(const ParallelConfig& config, std::size_t layers) {
+  const bool interleaved = config.schedule == PipelineSchedule::Interleaved1F1B;
+  const std::size_t ranks = config.pipeline_parallel;
+  if (config.layers_per_stage == 0) return interleaved ? 2 : 1;  // pipeline_llm's default
+  const std::size_t stages = (layers + 2 + config.layers_per_stage - 1) / config.layers_per_stage;
+  const std::string given = std::to_string(layers) + " layers + 2 at layers_per_stage=" +
+                            std::to_string(config.layers_per_stage) + " make " + std::to_string(stages) + " stages";
+  if (stages % ranks != 0) {
+    throw Error("pp:" + std::to_string(ranks) + ": " + given + ", which the " + std::to_string(ranks) +
+                " ranks do not divide (torchtitan's ValueError); give a layers_per_stage that makes a multiple of " +
+                std::to_string(ranks));
+  }
+  const std::size_t per_rank = stages / ranks;
+  if (!interleaved && per_rank != 1) {
+    throw Error("pp:" + std::to_string(ranks) + " with " + std::string(schedule_name(config.schedule)) + ": " + given +
+                ", " + std::to_string(per_rank) + " per rank, and a single-stage schedule runs one; give "
+                "schedule=interleaved1f1b or layers_per_stage=" + std::to_string((layers + 2 + ranks - 1) / ranks));
+  }
+  if (interleaved && per_rank < 2) {
+    throw Error("pp:" + std::to_string(ranks) + " with interleaved1f1b: " + given + ", one per rank, and a "
+                "multi-stage schedule runs at least two; give a smaller layers_per_stage");
+  }
+  return per_rank;
+}
+
+}  // namespace mem::nn
+
+namespace mem::nn::detail {
+namespace {
+
+using Step = PipelineStep;
+
+/// ScheduleGPipe's and Schedule1F1B's loops (PipelineScheduleSingle._step_microbatches), their
+/// receives, sends and waits written out: GPipe waits for every forward's send before the first
+/// backward; 1F1B for a forward's after the next forward in warm-up, then before each backward.
+/// Both drop the gradient sent last when the next one is taken, and the last at the end.
+std::vector<PipelineOp> single_stage_program(PipelineSchedule schedule, std::size_t ranks, std::size_t stage,
+                                             std::size_t microbatches) {
+  const bool first = stage == 0, last = stage + 1 == ranks, gpipe = schedule == PipelineSchedule::GPipe;
+  std::vector<PipelineOp> out;
+  const auto add = [&](Step step, std::size_t m) { out.push_back({step, stage, m}); };
+  bool warming_up = true, sent_gradient = false;
+  std::size_t last_forward = 0, last_backward = 0;
+  for (const PipelineAction& action : pipeline_actions(schedule, ranks, stage, microbatches)) {
+    const std::size_t m = action.microbatch;
+    if (action.forward) {
+      if (!first) add(Step::ReceiveActivations, m);
+      add(Step::Forward, m);
+      if (!last) add(Step::SendActivations, m);
+      if (!gpipe && warming_up && m > 0 && !last) add(Step::WaitActivationsSent, m - 1);
+      last_forward = m;
+      continue;
+    }
+    if (gpipe && warming_up && !last) {
+      for (std::size_t f = 0; f < microbatches; ++f) add(Step::WaitActivationsSent, f);
+    }
+    warming_up = false;
+    if (!last) add(Step::ReceiveGradients, m);
+    if (gpipe && sent_gradient) add(Step::WaitGradientsSent, last_backward);
+    if (!gpipe && !last) add(Step::WaitActivationsSent, last_forward);
+    add(Step::Backward, m);
+    if (!gpipe && sent_gradient) add(Step::WaitGradientsSent, last_backward);
+    sent_gradient = false;
+    if (!first) {
+      add(Step::SendGradients, m);
+      sent_gradient = true;
+    }
+    last_backward = m;
+  }
+  if (sent_gradient) add(Step::WaitGradientsSent, last_backward);
+  return out;
+}
+
+/// An action of _PipelineScheduleRuntime's IR, as the lowering passes see it.
+enum class Kind : std::uint8_t { F, B, Unshard, Reshard, ReduceGrad, WaitReduceGrad, SendF, SendB, RecvF, RecvB };
+struct Act {
+  Kind kind;
+  std::size_t stage;
+  std::size_t mb;
+};
+
+/// _add_unshard_reshard(max_active_stages=3, unshard_lookahead="full"): before each compute
+/// action, the stages not among the next three distinct ones are resharded and those among them
+/// not yet unsharded are unsharded. The runtime makes them no-ops without FSDP, but the
+/// lowering's simulation spends a turn on each, which moves where the neighbours' receives land.
+std::vector<Act> add_unshard_reshard(const std::vector<Act>& compute) {
+  constexpr std::size_t kActive = 3;
+  using Window = std::array<std::size_t, kActive>;  // the next distinct stages, in order
+  struct Ahead {
+    Window stages{};
+    std::size_t size = 0;
+    bool has(std::size_t s) const { return std::find(stages.begin(), stages.begin() + size, s) != stages.begin() + size; }
+  };
+  // ahead[i]: the first three distinct stages of compute[i:], found from the end in one pass.
+  std::vector<Ahead> ahead(compute.size() + 1);
+  for (std::size_t i = compute.size(); i-- > 0;) {
+    Ahead& here = ahead[i];
+    here.stages[here.size++] = compute[i].stage;
+    for (std::size_t k = 0; k < ahead[i + 1].size && here.size < kActive; ++k) {
+      if (ahead[i + 1].stages[k] != compute[i].stage) here.stages[here.size++] = ahead[i + 1].stages[k];
+    }
+  }
+  std::vector<std::size_t> active;  // in the order unsharded (a dict's)
+  std::vector<Act> out;
+  for (std::size_t i = 0; i < compute.size(); ++i) {
+    const Ahead& window = ahead[i];
+    std::vector<std::size_t> evict;
+    for (std::size_t s : active) {
+      if (!window.has(s)) evict.push_back(s);
+    }
+    std::vector<std::size_t> fetch;
+    for (std::size_t k = 0; k < window.size; ++k) {
+      if (std::find(active.begin(), active.end(), window.stages[k]) == active.end()) fetch.push_back(window.stages[k]);
+    }
+    for (std::size_t s : evict) {
+      std::erase(active, s);
+      out.push_back({Kind::Reshard, s, 0});
+    }
+    for (std::size_t s : fetch) {
+      active.push_back(s);
+      out.push_back({Kind::Unshard, s, 0});
+    }
+    out.push_back(compute[i]);
+  }
+  for (std::size_t s : active) out.push_back({Kind::Reshard, s, 0});
+  return out;
+}
+
+/// _add_reduce_grad: after a stage's last backward, REDUCE_GRAD and its wait.
+std::vector<Act> add_reduce_grad(const std::vector<Act>& actions, std::size_t microbatches, std::size_t stages) {
+  std::vector<std::size_t> backwards(stages);
+  std::vector<Act> out;
+  for (const Act& a : actions) {
+    out.push_back(a);
+    if (a.kind == Kind::B && ++backwards[a.stage] == microbatches) {
+      out.push_back({Kind::ReduceGrad, a.stage, 0});
+      out.push_back({Kind::WaitReduceGrad, a.stage, 0});
+    }
+  }
+  return out;
+}
+
+/// _add_send_recv: the ranks take turns in order; each schedules its next action once its input
+/// has arrived (a receive another rank's send put in its list), appending its send and the
+/// receiver's receive as it does.
+std::vector<std::vector<Act>> add_send_recv(const std::vector<std::vector<Act>>& lists, std::size_t ranks,
+                                            std::size_t stages, std::size_t microbatches) {
+  const auto rank_of = [&](std::size_t s) { return s % ranks; };
+  const auto at = [&](std::size_t s, std::size_t mb) { return s * microbatches + mb; };
+  std::vector<char> forwarded(stages * microbatches), backwarded(stages * microbatches);
+  std::vector<char> received_f(stages * microbatches), received_b(stages * microbatches);
+  const auto ready = [&](const Act& a) {
+    if (a.kind == Kind::F && a.stage != 0) {
+      return received_f[at(a.stage, a.mb)] != 0 ||
+             (rank_of(a.stage - 1) == rank_of(a.stage) && forwarded[at(a.stage - 1, a.mb)] != 0);
+    }
+    if (a.kind == Kind::B && a.stage + 1 != stages) {
+      return received_b[at(a.stage, a.mb)] != 0 ||
+             (rank_of(a.stage + 1) == rank_of(a.stage) && backwarded[at(a.stage + 1, a.mb)] != 0);
+    }
+    return true;
+  };
+  std::vector<std::vector<Act>> out(ranks);
+  std::vector<std::size_t> next(ranks);
+  std::size_t left = 0;
+  for (const auto& list : lists) left += list.size();
+  while (left > 0) {
+    bool progress = false;
+    for (std::size_t r = 0; r < ranks; ++r) {
+      if (next[r] == lists[r].size() || !ready(lists[r][next[r]])) continue;
+      const Act a = lists[r][next[r]++];
+      --left;
+      progress = true;
+      out[r].push_back(a);
+      if (a.kind == Kind::F) {
+        forwarded[at(a.stage, a.mb)] = 1;
+        if (a.stage + 1 != stages && rank_of(a.stage + 1) != r) {
+          out[r].push_back({Kind::SendF, a.stage, a.mb});
+          out[rank_of(a.stage + 1)].push_back({Kind::RecvF, a.stage + 1, a.mb});
+          received_f[at(a.stage + 1, a.mb)] = 1;
+        }
+      } else if (a.kind == Kind::B) {
+        backwarded[at(a.stage, a.mb)] = 1;
+        if (a.stage != 0 && rank_of(a.stage - 1) != r) {
+          out[r].push_back({Kind::SendB, a.stage, a.mb});
+          out[rank_of(a.stage - 1)].push_back({Kind::RecvB, a.stage - 1, a.mb});
+          received_b[at(a.stage - 1, a.mb)] = 1;
+        }
+      }
+    }
+    if (!progress) throw Error("pp: the schedule's actions cannot be ordered with their sends and receives");
+  }
+  return out;
+}
+
+/// _PipelineScheduleRuntime's lowering of interleaved 1F1B, then rank `rank`'s list with
+/// _add_wait_send's waits: a forward's send is waited right after the stage's own backward of
+/// that micro-batch, every gradient's send at the end of the step.
+std::vector<PipelineOp> runtime_program(PipelineSchedule schedule, std::size_t ranks, std::size_t rank,
+                                        std::size_t microbatches, std::size_t per_rank) {
+  const std::size_t stages = ranks * per_rank;
+  std::vector<std::vector<Act>> lists(ranks);
+  for (std::size_t r = 0; r < ranks; ++r) {
+    std::vector<Act> compute;
+    for (const PipelineAction& a : pipeline_actions(schedule, ranks, r, microbatches, per_rank)) {
+      compute.push_back({a.forward ? Kind::F : Kind::B, a.stage, a.microbatch});
+    }
+    lists[r] = add_reduce_grad(add_unshard_reshard(compute), microbatches, stages);
+  }
+  const std::vector<Act> mine = add_send_recv(lists, ranks, stages, microbatches)[rank];
+  std::vector<PipelineOp> out;
+  std::vector<PipelineOp> pending;  // sends not waited yet, in the order posted
+  for (const Act& a : mine) {
+    switch (a.kind) {
+      case Kind::RecvF: out.push_back({Step::ReceiveActivations, a.stage, a.mb}); break;
+      case Kind::F: out.push_back({Step::Forward, a.stage, a.mb}); break;
+      case Kind::SendF:
+        out.push_back({Step::SendActivations, a.stage, a.mb});
+        pending.push_back({Step::WaitActivationsSent, a.stage, a.mb});
+        break;
+      case Kind::RecvB: out.push_back({Step::ReceiveGradients, a.stage, a.mb}); break;
+      case Kind::B: {
+        out.push_back({Step::Backward, a.stage, a.mb});
+        const PipelineOp wait{Step::WaitActivationsSent, a.stage, a.mb};
+        if (std::erase(pending, wait) > 0) out.push_back(wait);
+        break;
+      }
+      case Kind::SendB:
+        out.push_back({Step::SendGradients, a.stage, a.mb});
+        pending.push_back({Step::WaitGradientsSent, a.stage, a.mb});
+        break;
+      default: break;  // FSDP's unshard, reshard and gradient reduction: nothing without FSDP
+    }
+  }
+  out.insert(out.end(), pending.begin(), pending.end());
+  return out;
+}
+
+}  // namespace
+
+std::vector<PipelineOp> pipeline_program(PipelineSchedule schedule, std::size_t ranks, std::size_t rank,
+                                         std::size_t microbatches, std::size_t stages_per_rank) {
+  if (schedule == PipelineSchedule::Interleaved1F1B) {
+    return runtime_program(schedule, ranks, rank, microbatches, stages_per_rank);
+  }
+  return single_stage_program(schedule, ranks, rank, microbatches);
+}
+
+}  // namespace mem::nn::detail
