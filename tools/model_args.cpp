@@ -374,7 +374,8 @@ void add_parallel_options(CLI::App& app, ParallelArgs& args, bool list) {
                              "fsdp:MxTP:N (FSDP2 over tensor parallel), pp:N (pipeline stages: torchtitan's split of a "
                              "--hf-config decoder through torch.distributed.pipelining's schedules), pp:NxTP:K, pp:NxFSDP:M "
                              "or pp:NxFSDP:MxTP:K (tensor parallel, FSDP2, or both inside each stage: torchtitan's "
-                             "3-D layout) or none") +
+                             "3-D layout), dp:N (nn.DataParallel: one process, the module on GPU 0 replicated onto the "
+                             "others at each forward; sweep shows GPU 0 and GPU 1) or none") +
                      (list ? "; a list (none,ddp:8,fsdp:8,zero2:8) gives each its rows" : ""))
       ->check(non_empty())
       ->capture_default_str();
@@ -395,6 +396,7 @@ void add_parallel_options(CLI::App& app, ParallelArgs& args, bool list) {
                  "sub_group_size, zero3_init_flag=false (the model built whole on the GPU, not under zero.Init); "
                  "tp: sequence_parallel=true (the plan modelled), loss_parallel=true|false (torchtitan's default "
                  "true: the logits stay sharded on the vocabulary and the loss is computed on the shards), rank=R; "
+                 "dp: gpu=K (the GPU shown: 0 holds the module, the gathered output and the optimizer); "
                  "pp: schedule=1f1b|gpipe|interleaved1f1b (Schedule1F1B, torchtitan's default, ScheduleGPipe, or "
                  "ScheduleInterleaved1F1B: several stages per GPU, rank r holding stages r, r + N, ...), "
                  "layers_per_stage=K (torchtitan's pipeline_parallel_layers_per_stage: ceil((layers + 2) / K) stages "
@@ -531,6 +533,19 @@ std::string parallel_note(const std::vector<nn::ParallelConfig>& configs, const 
                               "partition leaves it in the backward that makes it"
                         : std::string()) +
                    ")"
+        : config.engine == nn::ParallelEngine::Dp
+            ? (config.rank == 0
+                   ? std::string("GPU 0's (nn.DataParallel: one process; GPU 0 holds the module, its gradients and the "
+                                 "optimizer, the whole batch, the gathered output and the loss, runs its piece of the "
+                                 "batch, and at the end of backward flattens and sums every GPU's gradients into new "
+                                 "buffers that become the .grad; each forward flattens the parameters' and buffers' "
+                                 "10 MiB groups of several tensors to broadcast them)")
+                   : "GPU " + std::to_string(config.rank) +
+                         "'s (nn.DataParallel: no module of its own; each forward receives the parameters and "
+                         "buffers in 10 MiB groups and runs its piece of the batch (torch.chunk's) on those views, "
+                         "a group going once every parameter in it has its gradient; the output goes to GPU 0 and "
+                         "its gradient comes back as a copy; the gradients are flattened and sent to GPU 0 at the "
+                         "end of backward; no optimizer state)")
         : config.engine == nn::ParallelEngine::Ddp
             ? "each rank alike (DistributedDataParallel runs the whole step on each GPU and adds its gradient "
               "buckets and broadcasts)"

@@ -178,6 +178,14 @@ planner::SweepSpec make_spec(const SweepArgs& args) {
         continue;
       }
       ranks.push_back(p);
+      if (p.engine == nn::ParallelEngine::Dp) {
+        // nn.DataParallel: GPU 0 holds the module, the others a replica each; GPU 1 shows them.
+        if (args.parallel.options.find("gpu=") != std::string::npos) continue;
+        nn::ParallelConfig replica = p;
+        replica.rank = 1;
+        ranks.push_back(replica);
+        continue;
+      }
       if (args.parallel.options.find("rank=") != std::string::npos) continue;
       if (p.world_size < 2) continue;
       if (p.engine == nn::ParallelEngine::Fsdp && p.tensor_parallel < 2) {

@@ -291,7 +291,9 @@ std::string sweep_report(const planner::SweepResult& result, const ReportOptions
                                      : fmt::format("{} sequential modules", m.sequence_length),
                      m.checkpointed_modules > 0 && spec.checkpoints.empty()
                          ? fmt::format(" ({} checkpointed {})", m.checkpointed_modules,
-                                       m.sequential_checkpointing ? "by the file's marks" : "per decoder layer")
+                                       m.sequential_checkpointing ? "by the file's marks"
+                                       : m.operators > 0          ? "by its recorded forward"
+                                                                  : "per decoder layer")
                          : std::string(),
                      human_count(m.parameters), format_bytes(m.parameter_bytes(nn::DType::F32)));
   const std::string steps =

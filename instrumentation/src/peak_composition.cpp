@@ -39,6 +39,12 @@ MemoryKind memory_kind(ContextId context) noexcept {
       path.starts_with("DeepSpeed") || path.starts_with("DTensor ") || path.starts_with("PipelineStage ")) {
     return MemoryKind::Communication;
   }
+  if (path.starts_with("DataParallel ")) {
+    // nn.DataParallel: a replica's parameters, GPU 0's reduced gradients, the copies it moves.
+    if (path.ends_with("(parameters)")) return MemoryKind::Weights;
+    if (path.ends_with("(gradients)")) return MemoryKind::Gradients;
+    return MemoryKind::Communication;
+  }
   if (path.ends_with("(cuBLAS workspace)") || path.ends_with("(cublasLt workspace)")) return MemoryKind::Workspaces;
   switch (info.phase) {
     case Phase::None: return MemoryKind::Weights;

@@ -17,6 +17,9 @@ std::optional<std::vector<std::size_t>> accepted_segment_counts(nn::TrainConfig 
   if (modules > kMaxModulesForAcceptedSearch) return std::nullopt;
   cfg.mode = nn::ExecMode::DryRun;
   cfg.model_options.batch = 1;
+  // What autograd accepts is the model's: nn.DataParallel's GPUs past the first would get no
+  // sample of a batch of one.
+  if (cfg.parallel.engine == nn::ParallelEngine::Dp) cfg.parallel = nn::ParallelConfig{};
   cfg.steps = 1;
   std::vector<std::size_t> accepted;
   for (std::size_t k = 1; k <= modules; ++k) {

@@ -55,6 +55,9 @@ BatchGrid batch_grid(const nn::ParallelConfig& parallel) noexcept {
     grid.lowest = grid.step = static_cast<std::int64_t>(parallel.microbatches);
   } else if (parallel.pipeline_parallel > 1 && parallel.schedule == nn::PipelineSchedule::OneF1B) {
     grid.lowest = static_cast<std::int64_t>(parallel.pipeline_parallel);
+  } else if (parallel.engine == nn::ParallelEngine::Dp) {
+    // nn.DataParallel: torch.chunk gives every GPU a sample from a batch of N on.
+    grid.lowest = static_cast<std::int64_t>(parallel.world_size);
   } else if (parallel.pipeline_parallel > 1 && parallel.schedule == nn::PipelineSchedule::Interleaved1F1B) {
     // One sample per micro-batch: M a multiple of the rounds max(1, M / P), which multiples of
     // P are (and every M below P).

@@ -316,4 +316,20 @@ class OutputCacheGuard {
   OutputCache* previous_;
 };
 
+/// torch.autograd.graph.GradientEdge of an output whose tensor is dropped: backward starts
+/// from its node without its storage (a pipeline stage's sent output, nn.DataParallel's
+/// gathered replica output).
+inline Tensor gradient_edge(const Tensor& output) {
+  auto edge = std::make_shared<TensorImpl>();
+  const TensorImpl& of = *output.impl();
+  edge->storage = std::make_shared<Storage>(output.runtime(), 0);
+  edge->shape = of.shape;
+  edge->strides = of.strides;
+  edge->dtype = of.dtype;
+  edge->requires_grad = of.requires_grad;
+  edge->grad_fn = of.grad_fn;
+  edge->output_nr = of.output_nr;
+  return Tensor(std::move(edge));
+}
+
 }  // namespace mem::nn::detail

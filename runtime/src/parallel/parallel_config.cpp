@@ -38,6 +38,7 @@ constexpr std::string_view kFsdpOptions =
     "reshard_after_forward, param_dtype, reduce_dtype, offload_policy, pin_memory, init, rank";
 constexpr std::string_view kZeroOptions = "reduce_bucket_size, overlap_comm, offload_optimizer, pin_memory, rank";
 constexpr std::string_view kTpOptions = "sequence_parallel, loss_parallel, rank";
+constexpr std::string_view kDpOptions = "gpu";
 constexpr std::string_view kPpOptions = "schedule, layers_per_stage, microbatches, return_outputs, stage";
 constexpr std::string_view kZero3Options =
     "reduce_bucket_size, overlap_comm, stage3_prefetch_bucket_size, stage3_param_persistence_threshold, "
@@ -282,10 +283,31 @@ ParallelConfig parse_parallel(std::string_view spec, std::string_view options) {
     throw Error("fsdp1 is not modelled yet; fsdp:N (FSDP2's fully_shard) shards parameters, gradients and "
                 "optimizer state alike, and zero3:N is DeepSpeed's stage 3, which does too");
   }
+  if (engine == "dp") {
+    // torch.nn.DataParallel: one process over N GPUs, alone (it does not nest in meshes).
+    if (config.tensor_parallel > 1) {
+      throw Error("'" + std::string(spec) + "': dp (nn.DataParallel) runs alone, not in a mesh; give dp:N");
+    }
+    config.engine = ParallelEngine::Dp;
+    config.world_size = count_of(dim, engine);
+    if (config.world_size == 1) {
+      throw Error("'" + std::string(spec) + "': nn.DataParallel over one GPU calls the module as it is; leave "
+                  "--parallel out (or give dp:2 or more)");
+    }
+    if (no_options) return config;
+    for_each_option(options, kDpOptions, [&](std::string_view key, std::string_view value) {
+      if (key != "gpu") {
+        throw Error("'" + std::string(key) + "' is not an option of dp (keys: " + std::string(kDpOptions) + ")");
+      }
+      config.rank = parse_count(key, value, config.world_size);
+    });
+    return config;
+  }
   if (!dim.empty() && engine != "ddp" && engine != "fsdp" && engine != "zero1" && engine != "zero2" &&
       engine != "zero3") {
     throw Error("unknown engine '" + std::string(engine) +
-                "'; expected ddp:N (DistributedDataParallel on N GPUs), fsdp:N (FSDP2's fully_shard "
+                "'; expected dp:N (nn.DataParallel over N GPUs of one process), ddp:N (DistributedDataParallel "
+                "on N GPUs), fsdp:N (FSDP2's fully_shard "
                 "on N GPUs), zero1:N, zero2:N or zero3:N (DeepSpeed's ZeRO stage 1, 2 or 3), tp:N (tensor "
                 "and sequence parallel over N GPUs), fsdp:MxTP:N, pp:N (pipeline stages on N GPUs), or none");
   }
@@ -439,6 +461,9 @@ std::string parallel_label(const ParallelConfig& config) {
     return out + options;
   }
   const bool ddp = config.engine == ParallelEngine::Ddp;
+  if (config.engine == ParallelEngine::Dp) {
+    return "dp:" + std::to_string(config.world_size) + (config.rank != 0 ? " gpu=" + std::to_string(config.rank) : "");
+  }
   const char* names[] = {"none:", "ddp:", "fsdp:", "zero1:", "zero2:", "zero3:"};
   std::string out = config.engine == ParallelEngine::None
                         ? std::string{}

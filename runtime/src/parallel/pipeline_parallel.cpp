@@ -20,21 +20,6 @@ namespace {
 
 constexpr std::string_view kLayerPrefix = "model.layers.";
 
-/// torch.autograd.graph.GradientEdge of an output whose tensor is dropped: backward starts
-/// from its node without its storage (a stage's sent output, stage.py's output release).
-Tensor gradient_edge(const Tensor& output) {
-  auto edge = std::make_shared<TensorImpl>();
-  const TensorImpl& of = *output.impl();
-  edge->storage = std::make_shared<Storage>(output.runtime(), 0);
-  edge->shape = of.shape;
-  edge->strides = of.strides;
-  edge->dtype = of.dtype;
-  edge->requires_grad = of.requires_grad;
-  edge->grad_fn = of.grad_fn;
-  edge->output_nr = of.output_nr;
-  return Tensor(std::move(edge));
-}
-
 }  // namespace
 
 /// What a micro-batch holds between its forward and its backward (_ForwardChunkState).

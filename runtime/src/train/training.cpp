@@ -8,6 +8,7 @@
 
 #include "parallel/data_parallel.hpp"
 #include "parallel/fully_shard.hpp"
+#include "parallel/nn_data_parallel.hpp"
 #include "parallel/pipeline_parallel.hpp"
 #include "parallel/tensor_parallel.hpp"
 #include "parallel/zero_redundancy.hpp"
@@ -137,6 +138,25 @@ Trainer::Trainer(const TrainConfig& config, CachingAllocator& allocator)
   runtime_->set_stack(config.stack);
   if (!config.model) throw Error("TrainConfig.model is not set: give one, e.g. mem::models::find(\"mlp\")");
   model_ = config.model->build(config.model_options);
+  if (config.parallel.engine == ParallelEngine::Dp) {
+    // nn.DataParallel runs the module on torch.chunk's piece of the batch on each GPU.
+    dp_batch_ = model_->info().batch;
+    const std::int64_t chunk = chunk_size(dp_batch_, config.parallel.world_size, config.parallel.rank);
+    if (chunk <= 0) {
+      throw Error("dp:" + std::to_string(config.parallel.world_size) + ": torch.chunk splits a batch of " +
+                  std::to_string(dp_batch_) + " into pieces of " +
+                  std::to_string(chunk_size(dp_batch_, config.parallel.world_size, 0)) + ", and GPU " +
+                  std::to_string(config.parallel.rank) + " gets none (DataParallel replicates onto the GPUs that "
+                  "get one); give a batch of at least " + std::to_string(config.parallel.world_size));
+    }
+    ModelOptions per_gpu = config.model_options;
+    per_gpu.batch = chunk;
+    model_ = config.model->build(per_gpu);
+    if (model_->info().loss == LossKind::CausalLM) {
+      throw Error("dp (nn.DataParallel) of a model that computes its own loss is not modelled yet (each replica's "
+                  "loss is gathered as a vector); give ddp:N");
+    }
+  }
   if (config.accumulation > 1 && config.parallel.enabled()) {
     throw Error("gradient accumulation is modelled on one GPU only (DDP's no_sync, FSDP's and ZeRO's "
                 "accumulation keep other buffers); give accumulation 1 with --parallel");
@@ -176,6 +196,7 @@ Trainer::Trainer(const TrainConfig& config, CachingAllocator& allocator)
     // refuse compute mode too, with the same words.
     if (config.mode == ExecMode::Compute && config.parallel.enabled() && config.parallel.engine != ParallelEngine::Ddp) {
       throw Error(std::string(config.parallel.pipeline_parallel > 1 ? "pp runs as a dry run only: its receives"
+                            : config.parallel.engine == ParallelEngine::Dp ? "dp runs as a dry run only: its replicas"
                               : tp      ? "tp runs as a dry run only: its all-gathers"
                               : fsdp  ? "fsdp runs as a dry run only: its all-gathers"
                               : zero3 ? "zero3 runs as a dry run only: its all-gathers"
@@ -242,6 +263,8 @@ Trainer::Trainer(const TrainConfig& config, CachingAllocator& allocator)
       // only the shards (init=cuda builds it whole on the GPU first).
       std::optional<MetaParameters> meta;
       if ((fsdp && config.parallel.meta_init) || (zero3 && config.parallel.zero3_init)) meta.emplace();
+      // nn.DataParallel: the module lives on GPU 0; the others hold a replica per forward.
+      if (config.parallel.engine == ParallelEngine::Dp && config.parallel.rank != 0) meta.emplace();
       model_->materialize(*runtime_, parameter_dtype(config.precision));
     }
     if (tp_) tp_->materialized();
@@ -250,6 +273,10 @@ Trainer::Trainer(const TrainConfig& config, CachingAllocator& allocator)
       // model = DistributedDataParallel(model) before the optimizer is made, as scripts do.
       ddp_ = std::make_unique<detail::DataParallel>(config.parallel, model_->body(), *runtime_);
       runtime_->set_grad_ready_hook([ddp = ddp_.get()](detail::TensorImpl& leaf) { ddp->grad_ready(leaf); });
+    } else if (config.parallel.engine == ParallelEngine::Dp) {
+      // model = nn.DataParallel(model).cuda(): GPU 0 holds it; the optimizer is made there.
+      dp_ = std::make_unique<detail::NnDataParallel>(config.parallel, model_->body(), *runtime_);
+      runtime_->set_grad_ready_hook([dp = dp_.get()](detail::TensorImpl& leaf) { dp->grad_ready(leaf); });
     } else if (fsdp) {
       fsdp_ = std::make_unique<detail::FullyShard>(config.parallel, model_->body(), *runtime_);
       if (pp_) fsdp_->label_with(&pp_->action());
@@ -263,12 +290,15 @@ Trainer::Trainer(const TrainConfig& config, CachingAllocator& allocator)
       runtime_->set_post_accumulate_grad_hook([zero = zero_.get()](detail::TensorImpl& leaf) { zero->grad_ready(leaf); });
     }
     // After fully_shard, model.parameters() are the shards.
-    if (!zero_) optimizer_ = make_optimizer(config.optimizer, fsdp_ ? fsdp_->parameters() : model_->parameters());
+    if (!zero_ && !(dp_ && !dp_->holds_module())) {
+      optimizer_ = make_optimizer(config.optimizer, fsdp_ ? fsdp_->parameters() : model_->parameters());
+    }
   } catch (...) {
     allocator.remove_observer(composition_.get());  // the destructor will not run
     runtime_->set_grad_ready_hook(nullptr);
     runtime_->set_post_accumulate_grad_hook(nullptr);
     ddp_.reset();
+    dp_.reset();
     fsdp_.reset();
     zero_.reset();
     tp_.reset();
@@ -286,6 +316,7 @@ Trainer::~Trainer() {
   runtime_->set_post_accumulate_grad_hook(nullptr);
   optimizer_.reset();
   ddp_.reset();
+  dp_.reset();
   fsdp_.reset();
   zero_.reset();
   tp_.reset();
@@ -306,6 +337,93 @@ Tensor Trainer::run_forward(const Tensor& input) {
 Tensor Trainer::loss_of(const Tensor& output, const Tensor& target) {
   // Under loss_parallel the logits are the rank's vocabulary: the loss is tensor parallel's.
   return tp_ && tp_->loss_parallel() ? tp_->causal_lm_loss(output, target) : model_->loss(output, target);
+}
+
+Tensor Trainer::data_parallel_step(StepStats& s, DType data_dtype) {
+  Runtime& rt = *runtime_;
+  CachingAllocator& alloc = *allocator_;
+  static const ContextId input_ctx = intern_context("input", Phase::Forward);
+  static const ContextId loss_fwd = intern_context("loss", Phase::Forward);
+  static const ContextId loss_bwd = intern_context("loss", Phase::Backward);
+  static const ContextId gather_ctx = intern_context("DataParallel gather", Phase::Forward);
+  static const ContextId scatter_ctx = intern_context("DataParallel scatter", Phase::Backward);
+  const bool gpu0 = dp_->holds_module();
+  Tensor input, target, loss, gathered, edge;
+  {
+    PhaseGuard phase(Phase::Forward);
+    {
+      ModuleScope scope(input_ctx);
+      if (gpu0) {
+        // The training loop's batch on GPU 0 (input.cuda()), whole; scatter's first piece
+        // is a view of it. The target stays whole there for the loss.
+        const auto whole = [&](const Tensor& like) {
+          Shape shape = like.shape();
+          shape[0] = dp_batch_;
+          return empty(rt, shape, like.dtype());
+        };
+        Tensor like_input, like_target;
+        {
+          MetaDevice shapes_only;
+          like_input = model_->make_input(rt, data_dtype, s.step);
+          like_target = model_->make_target(rt, data_dtype, s.step);
+        }
+        input = whole(like_input).narrow(0, 0, like_input.shape()[0]);
+        if (like_target.defined()) target = whole(like_target);
+      } else {
+        // Scatter's copy of this GPU's piece (.to(device) of a slice of GPU 0's batch).
+        input = model_->make_input(rt, data_dtype, s.step);
+      }
+      if ((config_.input_requires_grad || model_->info().input_requires_grad) && is_floating(input.dtype())) {
+        input.set_requires_grad(true);
+      }
+    }
+    dp_->replicate();
+    AutocastRegion autocast(rt, autocast_dtype(config_.precision));
+    std::optional<SaveOnCpu> offload;
+    if (config_.offload_activations) offload.emplace();
+    Tensor output = run_forward(input);
+    edge = detail::gradient_edge(output);
+    if (gpu0) {
+      // Gather: at::empty of the whole batch's output on GPU 0, each GPU's piece copied in.
+      {
+        ModuleScope scope(gather_ctx);
+        Shape shape = output.shape();
+        shape[0] = dp_batch_;
+        gathered = empty(rt, shape, output.dtype());
+      }
+      gathered.set_requires_grad(true);
+    }
+    output = Tensor{};  // parallel_apply's outputs go with DataParallel.forward's return
+    dp_->forward_done();
+    if (gpu0) {
+      ModuleScope scope(loss_fwd);
+      BackwardContextGuard backward_scope(loss_bwd);
+      loss = loss_of(gathered, target);
+    }
+  }
+  end_phase(alloc, *peaks_, s.forward);
+  s.backward = begin_phase(alloc, *peaks_);
+  {
+    PhaseGuard phase(Phase::Backward);
+    Tensor grad;
+    if (gpu0) {
+      {
+        ModuleScope scope(loss_bwd);
+        backward(loss);
+      }
+      // Gather's backward scatters the output's gradient: GPU 0's piece is a view of it.
+      grad = gathered.grad().narrow(0, 0, edge.shape()[0]);
+      gathered = Tensor{};
+    } else {
+      ModuleScope scope(scatter_ctx);
+      grad = empty(rt, edge.shape(), edge.dtype());  // the copy scattered to this GPU
+    }
+    backward(edge, grad);
+    grad = edge = Tensor{};
+    dp_->finalize_backward();
+  }
+  input = target = Tensor{};
+  return loss;
 }
 
 Tensor Trainer::forward(bool with_grad) {
@@ -387,6 +505,8 @@ StepStats Trainer::step() {
     // stream in it).
     const DType hidden = fsdp_ && config_.parallel.param_dtype ? *config_.parallel.param_dtype : param_dtype;
     pp_->step(rt, input, target, hidden, calls);
+  } else if (dp_) {
+    loss = data_parallel_step(s, data_dtype);
   } else {
     PhaseGuard phase(Phase::Forward);
     {
@@ -428,11 +548,11 @@ StepStats Trainer::step() {
     // (transformers/trainer.py) returns only the loss. The logits are gone before backward.
     if (own_loss) output = Tensor{};
   }
-  if (!pp_) {
+  if (!pp_ && !dp_) {
     end_phase(alloc, *peaks_, s.forward);
     s.backward = begin_phase(alloc, *peaks_);
   }
-  if (!pp_) {
+  if (!pp_ && !dp_) {
     PhaseGuard phase(Phase::Backward);
     ModuleScope scope(loss_bwd);
     if (zero_) zero_->pre_backward();  // engine.backward(loss)
@@ -441,8 +561,9 @@ StepStats Trainer::step() {
     if (zero_) zero_->finalize_backward();
   }
   end_phase(alloc, *peaks_, s.backward);
-  // (ZeRO has taken every gradient into its partition by now: .grad is None by design.)
-  if (!zero_) {
+  // (ZeRO has taken every gradient into its partition by now: .grad is None by design; an
+  // nn.DataParallel replica's went to GPU 0.)
+  if (!zero_ && !(dp_ && !dp_->holds_module())) {
     for (const Tensor& p : fsdp_ ? fsdp_->parameters() : model_->parameters()) {
       s.params_without_grad += p.grad().defined() ? 0 : 1;
     }
@@ -532,11 +653,13 @@ std::vector<CommunicationBuffer> Trainer::communication_buffers() const {
   if (zero_) add(zero_->buffers());
   if (tp_) add(tp_->buffers());
   if (ddp_) add(ddp_->buffers());
+  if (dp_) add(dp_->buffers());
   return all;
 }
 
 double Trainer::communication_sent() const {
-  return (pp_ ? pp_->sent() : 0) + (fsdp_ ? fsdp_->sent() : 0) + (tp_ ? tp_->sent() : 0) + (ddp_ ? ddp_->sent() : 0);
+  return (pp_ ? pp_->sent() : 0) + (fsdp_ ? fsdp_->sent() : 0) + (tp_ ? tp_->sent() : 0) + (ddp_ ? ddp_->sent() : 0) +
+         (dp_ ? dp_->sent() : 0);
 }
 
 std::vector<std::size_t> Trainer::ddp_bucket_bytes() const { return ddp_ ? ddp_->bucket_bytes() : std::vector<std::size_t>{}; }

@@ -42,6 +42,9 @@ enum class ParallelEngine : std::uint8_t {
   Zero1, ///< DeepSpeed ZeRO stage 1: the optimizer's state partitioned
   Zero2, ///< DeepSpeed ZeRO stage 2: the gradients partitioned too
   Zero3, ///< DeepSpeed ZeRO stage 3: the parameters partitioned too, gathered around each module
+  /// torch.nn.DataParallel: one process, the module replicated onto every GPU at each
+  /// forward, the batch scattered, the outputs gathered and the gradients summed on GPU 0
+  Dp,
 };
 
 /// torch.distributed.pipelining's schedules (PyTorch 2.15, schedules.py): which forward and
@@ -131,7 +134,8 @@ struct ParallelConfig {
   /// what transformers' from_pretrained does under a stage 3 config), or whole on the GPU
   /// and partitioned by deepspeed.initialize (zero3_init_flag=false).
   bool zero3_init = true;
-  /// The rank simulated. FSDP: ranks differ only where dim 0 does not split evenly (the
+  /// The rank simulated (nn.DataParallel: the GPU, gpu=K; 0 holds the module and the optimizer,
+  /// the others a replica per forward). FSDP: ranks differ only where dim 0 does not split evenly (the
   /// last ranks hold fewer rows, so smaller optimizer states); rank 0 holds the most.
   /// ZeRO: each rank keeps the gradients of the parameters its partition touches.
   std::size_t rank = 0;
@@ -185,7 +189,8 @@ inline constexpr std::size_t kMaxMicrobatches = 1024;
 /// The most GPUs a job may name (a bound for hostile input; the largest jobs are 10^5).
 inline constexpr std::size_t kMaxWorldSize = std::size_t{1} << 20;
 
-/// "ddp:8", "fsdp:8", "tp:8", "fsdp:8xtp:8", "pp:4", "pp:4xtp:8" (or "none"), and "key=value,..." in the engine's own names: for ddp
+/// "ddp:8", "fsdp:8", "tp:8", "fsdp:8xtp:8", "pp:4", "pp:4xtp:8", "dp:2" (or "none"), and "key=value,..." in the engine's own names: for dp
+/// gpu (the GPU shown); for ddp
 /// bucket_cap_mb, gradient_as_bucket_view, broadcast_buffers, init_sync, static_graph,
 /// find_unused_parameters; for fsdp reshard_after_forward, param_dtype, reduce_dtype, and
 /// init (meta or cuda) and rank; for zero1 / zero2 (DeepSpeed) reduce_bucket_size,

@@ -168,6 +168,7 @@ std::string device_spec_for(const TrainConfig& config);
 namespace detail {
 class PhasePeaks;
 class DataParallel;
+class NnDataParallel;
 class FullyShard;
 class PipelineParallel;
 class TensorParallel;
@@ -209,6 +210,9 @@ class Trainer {
   Tensor run_forward(const Tensor& input);
   /// The model's loss of its output, or tensor parallel's on vocabulary-sharded logits.
   Tensor loss_of(const Tensor& output, const Tensor& target);
+  /// nn.DataParallel's forward and backward on this GPU (scatter, replicate, gather, the loss
+  /// on GPU 0, the scattered gradient, the reduction); returns the loss (GPU 0) or nothing.
+  Tensor data_parallel_step(StepStats& s, DType data_dtype);
 
   TrainConfig config_;
   CachingAllocator* allocator_;
@@ -228,6 +232,8 @@ class Trainer {
   std::unique_ptr<detail::ZeroOptimizer> zero_;  // DeepSpeed: any stage
   std::unique_ptr<detail::TensorParallel> tp_;
   std::unique_ptr<detail::PipelineParallel> pp_;  // the rank's stage and its schedule
+  std::unique_ptr<detail::NnDataParallel> dp_;     // nn.DataParallel's GPU
+  std::int64_t dp_batch_ = 0;                      // nn.DataParallel: the whole batch, on GPU 0
 };
 
 /// Creates the device (device_spec_for) and allocator, runs config.steps steps.

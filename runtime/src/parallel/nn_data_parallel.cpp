@@ -1,0 +1,247 @@
+// nn_data_parallel.cpp — one GPU of torch.nn.DataParallel: the replicas' broadcast, their
+// lifetimes and the gradients' reduction to GPU 0 (see nn_data_parallel.hpp for the sources).
+#include "parallel/nn_data_parallel.hpp"
+
+#include <algorithm>
+#include <map>
+#include <unordered_set>
+
+#include "engine/detail.hpp"
+#include "vramscope/allocator/errors.hpp"
+#include "vramscope/runtime/ops.hpp"
+
+namespace mem::nn::detail {
+namespace {
+
+/// comm.broadcast_coalesced's and comm.reduce_add_coalesced's buffer_size (10485760).
+constexpr std::size_t kCoalesceBytes = 10485760;
+
+/// c10::ScalarType's number (take_tensors orders its open groups by it).
+int scalar_type(DType dtype) noexcept {
+  switch (dtype) {
+    case DType::U8: return 0;
+    case DType::I32: return 3;
+    case DType::I64: return 4;
+    case DType::F16: return 5;
+    case DType::F32: return 6;
+    case DType::F64: return 7;
+    case DType::Bool: return 11;
+    case DType::BF16: return 15;
+  }
+  return 64;
+}
+
+}  // namespace
+
+std::vector<NnDataParallel::Group> NnDataParallel::take_tensors(const std::vector<Tensor>& tensors,
+                                                                std::size_t limit) {
+  std::vector<Group> out;
+  std::map<int, std::pair<Group, std::size_t>> open;  // by ScalarType: the group and its bytes
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    auto& [group, bytes] = open[scalar_type(tensors[i].dtype())];
+    group.members.push_back(i);
+    group.numel += tensors[i].numel();
+    group.dtype = tensors[i].dtype();
+    bytes += tensors[i].nbytes();
+    if (bytes >= limit) {
+      out.push_back(std::move(group));
+      group = Group{};
+      bytes = 0;
+    }
+  }
+  for (auto& [type, entry] : open) {
+    if (!entry.first.members.empty()) out.push_back(std::move(entry.first));
+  }
+  return out;
+}
+
+std::vector<NnDataParallel::Group> NnDataParallel::take_tensors_python(const std::vector<Tensor>& tensors,
+                                                                       std::size_t limit) {
+  std::vector<Group> out;
+  std::vector<std::pair<DType, std::pair<Group, std::size_t>>> open;  // in the order first seen
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    auto it = std::find_if(open.begin(), open.end(), [&](const auto& e) { return e.first == tensors[i].dtype(); });
+    if (it == open.end()) it = open.insert(open.end(), {tensors[i].dtype(), {Group{}, 0}});
+    auto& [group, bytes] = it->second;
+    if (bytes + tensors[i].nbytes() > limit && bytes > 0) {
+      out.push_back(std::move(group));
+      group = Group{};
+      bytes = 0;
+    }
+    group.members.push_back(i);
+    group.numel += tensors[i].numel();
+    group.dtype = tensors[i].dtype();
+    bytes += tensors[i].nbytes();
+  }
+  for (auto& [dtype, entry] : open) {
+    if (!entry.first.members.empty()) out.push_back(std::move(entry.first));
+  }
+  return out;
+}
+
+NnDataParallel::NnDataParallel(const ParallelConfig& config, Module& root, Runtime& runtime)
+    : config_(config),
+      runtime_(runtime),
+      weights_context_(intern_context("DataParallel replica (parameters)", Phase::None)),
+      buffer_context_(intern_context("DataParallel broadcast", Phase::Forward)) {
+  std::unordered_set<const TensorImpl*> seen;
+  for (const Tensor& p : root.parameters()) {
+    if (!seen.insert(p.impl()).second) continue;
+    if (!p.requires_grad()) {
+      // Broadcast.backward materializes a zero gradient for each of them on every GPU, which
+      // ReduceAddCoalesced then sums: not followed yet.
+      throw Error("dp (nn.DataParallel) with frozen parameters is not modelled yet (its backward reduces a zero "
+                  "gradient for each); train every parameter, or use ddp:N");
+    }
+    index_[p.impl()] = params_.size();
+    params_.push_back(p);
+  }
+  if (params_.empty()) throw Error("dp (nn.DataParallel): the model has no parameter to replicate");
+  seen.clear();
+  for (const Tensor& b : root.buffers()) {
+    if (seen.insert(b.impl()).second) buffers_.push_back(b);
+  }
+  param_groups_ = take_tensors(params_, kCoalesceBytes);
+  group_of_.assign(params_.size(), 0);
+  for (std::size_t g = 0; g < param_groups_.size(); ++g) {
+    for (std::size_t i : param_groups_[g].members) group_of_[i] = g;
+  }
+}
+
+Tensor NnDataParallel::make(const std::string& what, std::int64_t numel, DType dtype, std::size_t& entry) {
+  Tensor t = empty(runtime_, Shape{numel}, dtype);
+  entry = log_.size();
+  log_.push_back({what, t.nbytes(), "default", stage_, ""});
+  return t;
+}
+
+void NnDataParallel::release(Tensor& tensor, std::size_t entry) {
+  tensor = Tensor{};
+  if (entry < log_.size()) log_[entry].freed = stage_;
+}
+
+void NnDataParallel::broadcast(const std::vector<Tensor>& tensors, const std::string& what,
+                               std::vector<Group>* groups, std::vector<std::pair<Tensor, std::size_t>>* received) {
+  const std::vector<Group> cut = groups != nullptr ? *groups : take_tensors(tensors, kCoalesceBytes);
+  for (const Group& group : cut) {
+    const auto bytes = static_cast<double>(group.numel) * static_cast<double>(dtype_size(group.dtype));
+    sent_ += bytes;
+    if (holds_module()) {
+      // flatten_dense_tensors: a group of one tensor is its view; of several, a cat, freed at
+      // the end of the group's iteration. GPU 0's replica is the module itself.
+      if (group.members.size() < 2) continue;
+      std::size_t entry = 0;
+      Tensor flat = make(what + " flattened for the broadcast", group.numel, group.dtype, entry);
+      release(flat, entry);
+      continue;
+    }
+    // broadcast(): at::empty of the flat group on every other GPU; unflattened into views.
+    std::size_t entry = 0;
+    Tensor flat = make(what + " received", group.numel, group.dtype, entry);
+    received->emplace_back(std::move(flat), entry);
+  }
+}
+
+void NnDataParallel::replicate() {
+  ++forwards_;
+  stage_ = "step " + std::to_string(forwards_) + " forward";
+  // Parameters: _broadcast_coalesced_reshape(params, devices, detach=False), Broadcast.apply.
+  // A replica's received groups are its weights; GPU 0's flattened copies are only in transit.
+  {
+    ModuleScope scope(holds_module() ? buffer_context_ : weights_context_);
+    broadcast(params_, "parameters", &param_groups_, &received_params_);
+  }
+  due_.clear();
+  for (const Group& g : param_groups_) due_.push_back(g.members.size());
+  // Buffers that do not require grad: comm.broadcast_coalesced(buffers, devices) (detached).
+  if (!buffers_.empty()) {
+    ModuleScope scope(buffer_context_);
+    broadcast(buffers_, "buffers", nullptr, &received_buffers_);
+  }
+}
+
+void NnDataParallel::forward_done() {
+  // The replica modules die with DataParallel.forward's locals, and with them the buffers'
+  // copies that nothing saved: an integer group (num_batches_tracked). Batch norm's backward
+  // keeps the running statistics it was given (derivatives.yaml, native_batch_norm), so the
+  // floating groups stay until the backward is done.
+  for (auto& [tensor, entry] : received_buffers_) {
+    if (tensor.defined() && !is_floating(tensor.dtype())) release(tensor, entry);
+  }
+  stage_ = "step " + std::to_string(forwards_) + " backward";
+}
+
+void NnDataParallel::grad_ready(TensorImpl& param) {
+  if (holds_module()) return;
+  const auto it = index_.find(&param);
+  if (it == index_.end()) return;
+  const std::size_t g = group_of_[it->second];
+  if (g >= due_.size() || due_[g] == 0) return;
+  // The gradient came from the last node that saved this parameter's view: once each of the
+  // group's has, nothing holds the received buffer.
+  if (--due_[g] == 0 && g < received_params_.size()) release(received_params_[g].first, received_params_[g].second);
+}
+
+void NnDataParallel::finalize_backward() {
+  ModuleScope scope(intern_context("DataParallel reduce_add_coalesced", Phase::Backward));
+  // What is left of the replica's groups (a parameter no gradient reached, the buffers' running
+  // statistics) goes with the graph.
+  for (auto* received : {&received_params_, &received_buffers_}) {
+    for (auto& [tensor, entry] : *received) {
+      if (tensor.defined()) release(tensor, entry);
+    }
+    received->clear();
+  }
+  std::vector<Tensor> grads;
+  std::vector<std::size_t> which;
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    Tensor g = params_[i].grad();
+    if (!g.defined()) continue;
+    grads.push_back(std::move(g));
+    which.push_back(i);
+  }
+  // reduce_add_coalesced: per group, the flat copies of each GPU (the list rebinds, so the last
+  // two groups' live at once), reduce_add's result on GPU 0 (empty_like, NCCL reduce).
+  std::vector<std::pair<Tensor, std::size_t>> flats;
+  std::vector<std::pair<Tensor, std::vector<std::size_t>>> results;
+  for (const Group& group : take_tensors_python(grads, kCoalesceBytes)) {
+    const auto bytes = static_cast<double>(group.numel) * static_cast<double>(dtype_size(group.dtype));
+    sent_ += bytes;
+    std::pair<Tensor, std::size_t> flat;
+    if (group.members.size() > 1) flat.first = make("gradients flattened for the reduce", group.numel, group.dtype, flat.second);
+    if (flats.size() == 1) {
+      release(flats.front().first, flats.front().second);
+      flats.clear();
+    }
+    if (flat.first.defined()) flats.push_back(std::move(flat));
+    if (holds_module()) {
+      ModuleScope gradients(intern_context("DataParallel reduce_add_coalesced (gradients)", Phase::Backward));
+      std::size_t entry = 0;
+      Tensor result = make("reduced gradients (the parameters' .grad)", group.numel, group.dtype, entry);
+      std::vector<std::size_t> members;
+      for (std::size_t m : group.members) members.push_back(which[m]);
+      results.emplace_back(std::move(result), std::move(members));
+    }
+  }
+  for (auto& [tensor, entry] : flats) release(tensor, entry);
+  // Broadcast.backward returns: GPU 0's parameters take views of the reduced buffers as their
+  // .grad (AccumulateGrad steals them), and the gradients that waited in its input buffer go;
+  // a replica's go with the graph.
+  for (auto& [result, members] : results) {
+    std::int64_t offset = 0;
+    for (std::size_t i : members) {
+      Tensor& p = params_[i];
+      const std::int64_t n = p.numel();
+      Tensor view = result.narrow(0, offset, n).view(p.shape());
+      offset += n;
+      p.reset_grad();
+      p.set_grad(view);
+    }
+  }
+  if (!holds_module()) {
+    for (Tensor& p : params_) p.reset_grad();
+  }
+  stage_ = "step " + std::to_string(forwards_) + " optimizer";
+}
+
+}  // namespace mem::nn::detail
