@@ -122,6 +122,13 @@ CONFIGS3 = {
     "zero3llama-r0-sg3000": ("llama", 0, {"stage3_param_persistence_threshold": 30000, "sub_group_size": 3000}),
     "zero3llama-r0-offload": ("llama", 0, {"stage3_param_persistence_threshold": 30000, "sub_group_size": 3000,
                                            "offload_optimizer": {"device": "cpu", "pin_memory": True}}),
+    # offload_param {"device": "cpu"} (ZeRO-Infinity's parameters on the host): each partition made
+    # there, the trained ones moved into a pinned flat buffer (_create_param_groups_fp16_flat_cpu_memory).
+    # Its ds_tensor.to(device) before every gather is a no-op on the CPU accelerator: not recorded.
+    "zero3big-r0-offloadparam": ("big", 0, {"offload_param": {"device": "cpu", "pin_memory": True}}),
+    "zero3llama-r0-offloadboth": ("llama", 0, {"stage3_param_persistence_threshold": 30000, "sub_group_size": 3000,
+                                               "offload_param": {"device": "cpu", "pin_memory": True},
+                                               "offload_optimizer": {"device": "cpu", "pin_memory": True}}),
 }
 # Stage 3 call sites: (file under deepspeed/, function, a piece of the statement or None, name).
 # The innermost DeepSpeed frame of the allocation decides (utils/nvtx.py's wrapper skipped); the
@@ -137,6 +144,8 @@ SITES3 = [
     ("runtime/zero/partition_parameters.py", "_partition_param", None, "bf16 parameter partition (ds_tensor)"),
     ("runtime/zero/stage3.py", "__init__", "inf_or_nan_tracker", "inf_or_nan_tracker"),
     ("runtime/zero/utils.py", "defragment", None, "bf16 flat partition buffer (lp_param_buffer)"),
+    ("runtime/zero/stage3.py", "_create_param_groups_fp16_flat_cpu_memory", None,
+     "bf16 flat partition buffer (param_groups_fp16_flat_cpu_memory)"),
     ("runtime/zero/stage3.py", "_create_fp32_partitions", ".clone()", "fp32 master partition"),
     ("runtime/zero/stage3.py", "_create_fp32_partitions", ".to(", "fp32 master conversion (before its clone)"),
     ("runtime/zero/stage3.py", "initialize_optimizer_states", "subgroup_gradient_buffer",
@@ -531,7 +540,9 @@ def one3(name):
         "params": [{"name": n, "numel": p.ds_numel, "partition_numel": p.ds_tensor.ds_numel,
                     "persistent": bool(p.ds_persist), "ds_id": p.ds_id} for n, p in model.named_parameters()],
         "partition_size": sum(p.ds_tensor.ds_numel for p in model.parameters()),
-        "lp_param_buffer_numel": opt.lp_param_buffer.numel(),
+        # Under offload_param the flat buffer is the host's (param_groups_fp16_flat_cpu_memory).
+        "lp_param_buffer_numel": (opt.lp_param_buffer.numel() if hasattr(opt, "lp_param_buffer")
+                                  else sum(t.numel() for t in opt.param_groups_fp16_flat_cpu_memory)),
         "grad_partitions_numel": opt.grad_partitions_flat_buffer.numel(),
         "module_trace": [module_of(m) for m in trace],
         "gathered": snapshots,

@@ -393,7 +393,8 @@ void add_parallel_options(CLI::App& app, ParallelArgs& args, bool list) {
                  "and the stage3_ keys "
                  "(elements) stage3_prefetch_bucket_size, stage3_param_persistence_threshold, "
                  "stage3_model_persistence_threshold, stage3_max_live_parameters, stage3_max_reuse_distance, and "
-                 "sub_group_size, zero3_init_flag=false (the model built whole on the GPU, not under zero.Init); "
+                 "sub_group_size, zero3_init_flag=false (the model built whole on the GPU, not under zero.Init), "
+                 "offload_param=cpu (the parameters' partitions on the host, copied to the GPU for each gather); "
                  "tp: sequence_parallel=true (the plan modelled), loss_parallel=true|false (torchtitan's default "
                  "true: the logits stay sharded on the vocabulary and the loss is computed on the shards), rank=R; "
                  "dp: gpu=K (the GPU shown: 0 holds the module, the gathered output and the optimizer); "
@@ -516,6 +517,13 @@ std::string parallel_note(const std::vector<nn::ParallelConfig>& configs, const 
                                                                    : "pageable (pin_memory=false)") +
                                         "; each gradient partition comes back to the device for an fp64 copy "
                                         "for its norm and an fp32 copy"
+                                  : std::string()) +
+                  std::string(config.offload_param
+                                  ? std::string("; offload_param=cpu: every parameter's partition is on the host ") +
+                                        (config.offload_pin_memory ? "(pinned)" : "(pageable, pin_memory=false)") +
+                                        " and the trained ones move into one pinned flat buffer there; each gather "
+                                        "first copies the partitions to the GPU (ds_tensor.to(device)), a single "
+                                        "parameter's until its all-gather is waited"
                                   : std::string()) +
                   ")"
         : zero ? "rank " + std::to_string(config.rank) +

@@ -418,8 +418,9 @@ std::string sweep_report(const planner::SweepResult& result, const ReportOptions
   // CPUOffloadPolicy's, DeepSpeed's offload_optimizer's, or several.
   std::vector<std::string> on_host;
   if (result.spec.offload_activations) on_host.push_back("activations offloaded (--offload activations: save_on_cpu, pin_memory=True)");
-  bool fsdp_host = false, zero_host = false, zero3_host = false;
+  bool fsdp_host = false, zero_host = false, zero3_host = false, zero3_params_host = false;
   for (const nn::ParallelConfig& c : result.spec.parallels) {
+    zero3_params_host = zero3_params_host || (c.offload_param && c.engine == nn::ParallelEngine::Zero3);
     fsdp_host = fsdp_host || (c.cpu_offload && c.engine == nn::ParallelEngine::Fsdp);
     zero_host = zero_host || (c.cpu_offload && (c.engine == nn::ParallelEngine::Zero1 || c.engine == nn::ParallelEngine::Zero2));
     zero3_host = zero3_host || (c.cpu_offload && c.engine == nn::ParallelEngine::Zero3);
@@ -429,6 +430,10 @@ std::string sweep_report(const planner::SweepResult& result, const ReportOptions
   if (zero3_host) {
     on_host.push_back("ZeRO-3's gradient partitions and fp32 gradients on the host (offload_optimizer=cpu; the "
                       "fp32 master there is pageable)");
+  }
+  if (zero3_params_host) {
+    on_host.push_back("ZeRO-3's parameter partitions and their flat buffer on the host (offload_param=cpu; each "
+                      "gather copies a partition to the GPU first)");
   }
   if (!on_host.empty()) {
     std::int64_t pinned = 0;

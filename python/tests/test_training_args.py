@@ -51,14 +51,14 @@ def test_a_deepspeed_zero3_config(tmp_path):
     ours = vramscope.from_training_args(args, str(config), gpus=8, seq=256, device="sim:h100-80g")
     theirs = command_json("sweep", "--hf-config", str(config), "--seq", "256", "--batch", "4", "--dtype", "bf16",
                           "--parallel", "zero3:8", "--parallel-options",
-                          "reduce_bucket_size=500000000,stage3_prefetch_bucket_size=50000000,offload_optimizer=cpu",
+                          "reduce_bucket_size=500000000,stage3_prefetch_bucket_size=50000000,offload_optimizer=cpu,"
+                          "offload_param=cpu",
                           "--optimizer", "adam",
                           "--device", "sim:h100-80g", "--segments", "0")
     same_rows([ours.row], theirs["rows"])
     assert ours.options["parallel"] == "zero3:8"
-    assert ours.options["parallel_options"].endswith("offload_optimizer=cpu")
-    assert not any(u.startswith("deepspeed zero_optimization.offload_optimizer") for u in ours.unmodelled)
-    assert any("offload_param" in u for u in ours.unmodelled)
+    assert ours.options["parallel_options"].endswith("offload_optimizer=cpu,offload_param=cpu")
+    assert not any(u.startswith("deepspeed zero_optimization.offload_") for u in ours.unmodelled)
     assert any("contiguous_gradients" in u for u in ours.unmodelled)
     assert not any("max_grad_norm" in u for u in ours.unmodelled)
 

@@ -53,17 +53,19 @@ def _deepspeed(config, gpus: int, unmodelled: List[str]) -> Tuple[Dict[str, Any]
             continue
         if key in _ZERO_KEYS and value != "auto" and (stage == 3 or not key.startswith(("stage3_", "sub_group"))):
             options.append(f"{key}={_value(value)}")
-        elif key == "offload_optimizer" and isinstance(value, dict) and value.get("device", "none") in ("cpu", "none"):
-            # {"device": "cpu", "pin_memory": ...}: DeepSpeedCPUAdam with the master on the host.
+        elif (key == "offload_optimizer" or (key == "offload_param" and stage == 3)) and isinstance(value, dict) \
+                and value.get("device", "none") in ("cpu", "none"):
+            # {"device": "cpu", "pin_memory": ...}: DeepSpeedCPUAdam with the master on the host;
+            # ZeRO-3's parameter partitions on the host. vramscope has one pin_memory for both.
             if value.get("device") == "cpu":
-                options.append("offload_optimizer=cpu")
-                if value.get("pin_memory") is False:
+                options.append(f"{key}=cpu")
+                if value.get("pin_memory") is False and "pin_memory=false" not in options:
                     options.append("pin_memory=false")
             for sub_key in sorted(set(value) - {"device", "pin_memory"}):
-                unmodelled.append(f"deepspeed zero_optimization.offload_optimizer.{sub_key}: not modelled")
+                unmodelled.append(f"deepspeed zero_optimization.{key}.{sub_key}: not modelled")
         elif key.startswith("offload_"):
             unmodelled.append(f"deepspeed zero_optimization.{key}={value}: not modelled yet (offload_optimizer to "
-                              "the CPU is)")
+                              "the CPU is, and offload_param under stage 3)")
         elif value != "auto":
             unmodelled.append(f"deepspeed zero_optimization.{key}={value}: not modelled")
     dtype = "bf16" if (config.get("bf16") or {}).get("enabled") in (True, "auto") else \

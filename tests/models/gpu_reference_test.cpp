@@ -573,6 +573,7 @@ TEST(ParallelReference, Zero3BuffersMatchDeepSpeedOnTheCpu) {
       "FusedAdam overflow flag",
       "inf_or_nan_tracker",
       "bf16 flat partition buffer (lp_param_buffer)",
+      "bf16 flat partition buffer (param_groups_fp16_flat_cpu_memory)",
       "fp32 master conversion (before its clone)",
       "fp32 master partition",
       "fp32 gradient placeholder (initialize_optimizer_states)",
@@ -611,7 +612,8 @@ TEST(ParallelReference, Zero3BuffersMatchDeepSpeedOnTheCpu) {
                                                                                .get<long long>())
                                      : std::string()) +
                                 (recorded.at("zero_optimization").contains("offload_optimizer") ? ",offload_optimizer=cpu"
-                                                                                                  : "");
+                                                                                                  : "") +
+                                (recorded.at("zero_optimization").contains("offload_param") ? ",offload_param=cpu" : "");
     nn::TrainConfig cfg;
     const std::string model = recorded.at("model").get<std::string>();
     if (model.starts_with("llama")) {  // transformers' LlamaForCausalLM of this config, batch 4 x 16
@@ -662,7 +664,7 @@ TEST(ParallelReference, Zero3BuffersMatchDeepSpeedOnTheCpu) {
     }
     ++compared;
   }
-  EXPECT_EQ(compared, 21u);
+  EXPECT_EQ(compared, 23u);
 }
 
 }  // namespace

@@ -57,6 +57,8 @@ TEST(DataParallel, OptionsAreTheEnginesOwnNamesAndBadOnesAreRefused) {
   EXPECT_EQ(parallel_label(zero), "zero2:64 reduce_bucket_size=200000000,overlap_comm=true,rank=63");
   EXPECT_EQ(parallel_label(parse_parallel("zero1:8", "offload_optimizer=cpu,pin_memory=false")),
             "zero1:8 offload_optimizer=cpu,pin_memory=false");
+  EXPECT_EQ(parallel_label(parse_parallel("zero3:8", "offload_param=cpu,offload_optimizer=cpu")),
+            "zero3:8 offload_optimizer=cpu,offload_param=cpu");
   EXPECT_EQ(parallel_label(parse_parallel("zero1:8")), "zero1:8");
   const ParallelConfig zero3 = parse_parallel(
       "zero3:64", "stage3_prefetch_bucket_size=0,stage3_param_persistence_threshold=1e4,stage3_max_live_parameters=3e8,"
@@ -92,9 +94,9 @@ TEST(DataParallel, OptionsAreTheEnginesOwnNamesAndBadOnesAreRefused) {
       {"zero2:8", "overlap_comm=maybe", "expected true or false"},
       {"zero2:8", "rank=8", "below 8"},
       {"zero2:8", "offload_optimizer=nvme", "expected cpu"},
-      {"zero2:8", "pin_memory=false", "give offload_policy=cpu (fsdp) or offload_optimizer=cpu (zero1, zero2, zero3)"},
-      {"zero3:8", "offload_param=cpu", "offload_param (the parameters' partitions on the host) is not modelled"},
-      {"zero2:8", "offload_param=cpu", "offload_param (the parameters' partitions on the host) is not modelled"},
+      {"zero2:8", "pin_memory=false", "give offload_policy=cpu (fsdp), offload_optimizer=cpu (zero1, zero2, zero3)"},
+      {"zero3:8", "offload_param=gpu", "offload_param=gpu: expected cpu"},
+      {"zero2:8", "offload_param=cpu", "offload_param is ZeRO stage 3's"},
       {"fsdp:8", "offload_optimizer=cpu", "'offload_optimizer' is not an option of fsdp"},
       {"fsdp:0", "", "whole number from 1"},
       {"fsdp:8", "bucket_cap_mb=50", "'bucket_cap_mb' is not an option of fsdp"},

@@ -414,6 +414,43 @@ TEST(ZeroStage3, OffloadOptimizerKeepsTheMasterGradientsAndAdamOnTheHost) {
             0u);
 }
 
+// offload_param=cpu under ZeRO-3 (ZeRO-Infinity's parameters on the host; the host buffers
+// against DeepSpeed itself are in tests/models): no partition stays on the device, the trained
+// ones sit in one pinned flat buffer on the host, and every gather first copies the partitions
+// it sends: a copy per gathered buffer, of the partition's size, gone by the step's end.
+TEST(ZeroStage3, OffloadParamKeepsThePartitionsOnTheHostAndCopiesEachToTheGpuToGather) {
+  const RankRun plain = run_rank("gpt2", "zero3:8", "", 2, "batch=1,seq=128");
+  const RankRun offload = run_rank("gpt2", "zero3:8", "offload_param=cpu", 2, "batch=1,seq=128");
+  const std::int64_t partition = bytes_of(plain.buffers, "bf16 flat partition buffer (lp_param_buffer)");
+  EXPECT_EQ(bytes_of(offload.buffers, "bf16 flat partition buffer (lp_param_buffer)"), 0);
+  EXPECT_EQ(bytes_of(offload.buffers, "bf16 flat partition buffer (param_groups_fp16_flat_cpu_memory)"), partition);
+  std::size_t gathers = 0, copies = 0;
+  for (const CommunicationBuffer& b : offload.buffers) {
+    if (b.what.starts_with("bf16 parameter partition") || b.what.starts_with("bf16 flat partition")) {
+      EXPECT_EQ(b.stream, "host") << b.what;
+    }
+    gathers += b.what.starts_with("gathered parameter (") && b.what.find("copy out") == std::string::npos;
+    gathers += b.what.starts_with("all-gather flat buffer");
+    if (b.what == "partition copied to the device (offload_param)") {
+      ++copies;
+      EXPECT_FALSE(b.freed.empty());
+    }
+  }
+  EXPECT_GE(copies, gathers);  // a coalesced gather copies each of its partitions
+  EXPECT_GT(gathers, 0u);
+  // Between steps the device keeps the partitions' bytes less.
+  EXPECT_EQ(plain.steps[1].stats.requested_bytes[0].current - offload.steps[1].stats.requested_bytes[0].current,
+            partition);
+  // The flat buffer is always pinned (_create_param_groups_fp16_flat_cpu_memory); the
+  // partitions zero.Init makes on the host are pinned unless pin_memory=false.
+  EXPECT_GT(offload.pinned_host.back(),
+            run_rank("gpt2", "zero3:8", "offload_param=cpu,pin_memory=false", 1, "batch=1,seq=128").pinned_host.back());
+  EXPECT_NE(test::error_of([] { parse_parallel("zero2:8", "offload_param=cpu"); }).find("stage 3's"), std::string::npos);
+  EXPECT_NE(test::error_of([] { (void)run_rank("gpt2", "zero3:1", "offload_param=cpu", 1, "batch=1,seq=32"); })
+                .find("not modelled"),
+            std::string::npos);
+}
+
 TEST(ZeroStage3, TheCoordinatorsSettingsDecideWhatStaysGathered) {
   const RankRun defaults = run_rank("gpt2", "zero3:8", "", 2, "batch=1,seq=128");
   // Nothing kept for reuse and nothing persistent: from the second step each module's

@@ -43,7 +43,7 @@ constexpr std::string_view kPpOptions = "schedule, layers_per_stage, microbatche
 constexpr std::string_view kZero3Options =
     "reduce_bucket_size, overlap_comm, stage3_prefetch_bucket_size, stage3_param_persistence_threshold, "
     "stage3_model_persistence_threshold, stage3_max_live_parameters, stage3_max_reuse_distance, sub_group_size, "
-    "zero3_init_flag, offload_optimizer, pin_memory, rank";
+    "zero3_init_flag, offload_optimizer, offload_param, pin_memory, rank";
 
 /// Stage 3's counts of elements, by DeepSpeed's config keys: where each goes and its least value.
 struct Stage3Count {
@@ -358,8 +358,12 @@ ParallelConfig parse_parallel(std::string_view spec, std::string_view options) {
       } else if (key == "pin_memory") {
         config.offload_pin_memory = parse_bool(key, value);
       } else if (key == "offload_param") {
-        throw Error("offload_param (the parameters' partitions on the host) is not modelled yet; "
-                    "offload_optimizer=cpu is");
+        if (!stage3) {
+          throw Error("offload_param is ZeRO stage 3's (its parameters' partitions on the host); stages 1 and 2 "
+                      "keep every parameter whole on each GPU: give zero3:N, or offload_optimizer=cpu");
+        }
+        config.offload_param = parse_offload(key, value, "each parameter's partition on the host, copied to the GPU "
+                                                         "for each gather");
       } else if (const Stage3Count* count = stage3 ? stage3_count(key) : nullptr) {
         config.*count->field = parse_elements(key, value, count->lowest);
       } else if (stage3 && key == "zero3_init_flag") {
@@ -426,9 +430,9 @@ ParallelConfig parse_parallel(std::string_view spec, std::string_view options) {
       throw Error("'" + std::string(key) + "' is not an option of ddp (keys: " + std::string(kDdpOptions) + ")");
     }
   });
-  if (!config.offload_pin_memory && !config.cpu_offload) {
-    throw Error("pin_memory=false applies to what is offloaded: give offload_policy=cpu (fsdp) or "
-                "offload_optimizer=cpu (zero1, zero2, zero3) with it");
+  if (!config.offload_pin_memory && !config.cpu_offload && !config.offload_param) {
+    throw Error("pin_memory=false applies to what is offloaded: give offload_policy=cpu (fsdp), "
+                "offload_optimizer=cpu (zero1, zero2, zero3) or offload_param=cpu (zero3) with it");
   }
   return config;
 }
@@ -484,6 +488,7 @@ std::string parallel_label(const ParallelConfig& config) {
     }
     if (!config.zero3_init) add("zero3_init_flag=false");
     if (config.cpu_offload) add("offload_optimizer=cpu");
+    if (config.offload_param) add("offload_param=cpu");
     if (!config.offload_pin_memory) add("pin_memory=false");
     if (config.rank != 0) add("rank=" + std::to_string(config.rank));
     return out + options;

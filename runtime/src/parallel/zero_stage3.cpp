@@ -66,6 +66,11 @@ ZeroStage3::ZeroStage3(const ParallelConfig& config, const OptimizerConfig& opti
       optimizer_context_(intern_context("ZeRO optimizer", Phase::Optimizer)),
       temporaries_context_(intern_context("ZeRO optimizer (optimizer temporaries)", Phase::Optimizer)) {
   check_zero_setup("zero3", config, optimizer, runtime);
+  if (config.offload_param && config.world_size == 1) {
+    // One rank gathers nothing: the parameter would be a view of its partition on the host.
+    throw Error("zero3:1 with offload_param=cpu is not modelled (a single rank never gathers, so its parameters "
+                "would stay on the host); give zero3:2 or more");
+  }
   // overlap_comm (true for stage 3, zero/config.py): the coordinator's __allgather_stream and
   // stage3.py's reduce_and_partition_stream are streams of their own.
   if (config.overlap_comm.value_or(true)) {
@@ -171,6 +176,8 @@ ZeroStage3::ZeroStage3(const ParallelConfig& config, const OptimizerConfig& opti
   // before (the module's constructor), one at a time; otherwise the model sits whole on the
   // GPU and deepspeed.initialize partitions it there.
   if (!config.zero3_init) fused_adam_flag();
+  // Under offload_param zero.Init's remote_device is the host (partition_parameters.py:1147-1155):
+  // each partition is made there, pinned unless pin_memory=false (1808-1816).
   for (Param& p : params_) {
     std::size_t whole_log = SIZE_MAX;
     if (config.zero3_init) {
@@ -178,8 +185,10 @@ ZeroStage3::ZeroStage3(const ParallelConfig& config, const OptimizerConfig& opti
       p.data->allocate();
       whole_log = note("whole parameter (zero.Init: made, then partitioned)", p.data->nbytes());
     }
-    p.own_partition = make(std::string(dtype_name(dtype_of(p))) + " parameter partition (ds_tensor)", p.partition,
-                           dtype_of(p), partitions_context_, p.partition_log);
+    const std::string partition_name = std::string(dtype_name(dtype_of(p))) + " parameter partition (ds_tensor)";
+    p.own_partition = config.offload_param
+                          ? host(partition_name, p.partition, dtype_of(p), config.offload_pin_memory, p.partition_log)
+                          : make(partition_name, p.partition, dtype_of(p), partitions_context_, p.partition_log);
     p.data->free();
     if (whole_log < log_.size()) log_[whole_log].freed = stage();
   }
@@ -192,14 +201,22 @@ ZeroStage3::ZeroStage3(const ParallelConfig& config, const OptimizerConfig& opti
   inf_or_nan_ = make("inf_or_nan_tracker", 1, DType::U8, optimizer_context_, entry);
   // _create_fp16_partitions_with_defragmentation (utils.py:213-229): the trainable
   // partitions move into one flat buffer; on a GPU they go through the host and are freed
-  // before the buffer is made.
+  // before the buffer is made. Under offload_param the flat buffer is the host's, made first
+  // and always pinned (_create_param_groups_fp16_flat_cpu_memory, stage3.py:839-858), and each
+  // partition is copied into it and dropped (_move_to_flat_buffer).
+  if (config.offload_param) {
+    lp_buffer_ = host(std::string(dtype_name(dtype_)) + " flat partition buffer (param_groups_fp16_flat_cpu_memory)",
+                      trainable_partition_, dtype_, true, entry);
+  }
   for (Param& p : params_) {
     if (!p.trainable) continue;
     release(p.own_partition, p.partition_log);
     p.partition_log = SIZE_MAX;
   }
-  lp_buffer_ = make(std::string(dtype_name(dtype_)) + " flat partition buffer (lp_param_buffer)", trainable_partition_, dtype_, partitions_context_,
-                    entry);
+  if (!config.offload_param) {
+    lp_buffer_ = make(std::string(dtype_name(dtype_)) + " flat partition buffer (lp_param_buffer)",
+                      trainable_partition_, dtype_, partitions_context_, entry);
+  }
   // _setup_for_real_optimizer (stage3.py:1106-1122): per sub group the fp32 master, the
   // partition's .float() then its clone; .float() of an fp32 partition is the partition, so an
   // fp32 model's flat partitions are the master already (1112-1117). Under offload_optimizer
@@ -242,6 +259,9 @@ ZeroStage3::ZeroStage3(const ParallelConfig& config, const OptimizerConfig& opti
     std::size_t gather_log = SIZE_MAX;
     Tensor gathered = make("gathered parameter (blocking all_gather, N x partition)", world * p.partition,
                            dtype_of(p), gather_context_, gather_log);
+    // _allgather_params_sequential: all_gather_into_tensor(flat, ds_tensor.to(device)) (2116).
+    Tensor copy = to_device(p);
+    release(copy, copy_log_);
     release(gathered, gather_log);
   }
   for (Hooked& h : modules_) {
@@ -282,6 +302,14 @@ Tensor ZeroStage3::host(const std::string& what, std::int64_t numel, DType dtype
   return t;
 }
 
+Tensor ZeroStage3::to_device(const Param& p) {
+  // offload_param: ds_tensor.to(get_accelerator().current_device_name()), a copy of the host
+  // partition on the GPU for the gather to send (partition_parameters.py 1332, 1368, 2014, 2116).
+  copy_log_ = SIZE_MAX;
+  if (!config_.offload_param) return Tensor{};
+  return make("partition copied to the device (offload_param)", p.partition, dtype_of(p), gather_context_, copy_log_);
+}
+
 Tensor ZeroStage3::on_optimizer_device(const std::string& what, std::int64_t numel, DType dtype, ContextId context,
                                        bool pinned, std::size_t& entry) {
   return offload() ? host(what, numel, dtype, pinned, entry) : make(what, numel, dtype, context, entry);
@@ -310,6 +338,7 @@ std::size_t ZeroStage3::state_bytes() const noexcept {
 }
 
 std::int64_t ZeroStage3::parameter_bytes() const {
+  if (config_.offload_param) return 0;  // every partition is on the host
   std::int64_t n = lp_buffer_.defined() ? static_cast<std::int64_t>(lp_buffer_.nbytes()) : 0;
   for (const Param& p : params_) {
     if (p.own_partition.defined()) n += static_cast<std::int64_t>(p.own_partition.nbytes());
@@ -558,10 +587,22 @@ void ZeroStage3::all_gather(const std::vector<std::size_t>& params) {
     ModuleScope scope(gather_context_);
     p.data->allocate(static_cast<std::size_t>(world * p.partition) * dtype_size(dtype_of(p)));
     p.data_log = note("gathered parameter (all_gather buffer, N x partition)", p.data->nbytes());
+    // _all_gather_sequential (1368): the partition's device copy goes to the asynchronous
+    // all-gather, whose work holds it until it is waited.
+    handle->device_copy = to_device(p);
+    handle->device_copy_log = copy_log_;
     handle->copied = true;
   } else {
     handle->flat = make("all-gather flat buffer (N x sum of partitions)", world * partitions,
                         dtype_of(params_[sorted.front()]), gather_context_, handle->log);
+    // _all_gather_dtype (1332): torch.cat of each partition's device copy into this rank's
+    // slice; the copies go when the cat returns.
+    std::vector<std::pair<Tensor, std::size_t>> copies;
+    for (const std::size_t i : sorted) {
+      Tensor copy = to_device(params_[i]);
+      copies.emplace_back(std::move(copy), copy_log_);
+    }
+    for (auto& [copy, log] : copies) release(copy, log);
   }
   for (const std::size_t i : sorted) {
     params_[i].status = Status::Inflight;
@@ -584,6 +625,7 @@ void ZeroStage3::wait(std::size_t index) {
     handle->copied = true;
   }
   for (const std::size_t i : handle->params) params_[i].status = Status::Available;
+  if (handle->device_copy.defined()) release(handle->device_copy, handle->device_copy_log);
   // The flat buffer goes when the last parameter waiting on it leaves the registry.
   if (--handle->waiting == 0 && handle->flat.defined()) release(handle->flat, handle->log);
 }
@@ -679,6 +721,16 @@ void ZeroStage3::gather_persistent() {
   // partition buffer (partition_parameters.py:2024), kept until the next step.
   const auto world = static_cast<std::int64_t>(config_.world_size);
   ModuleScope scope(gather_context_);
+  // _allgather_params_coalesced (1994-2060): under offload_param every partition's device copy
+  // first (local_tensors, 2014), then each gathered buffer; the copies go on return.
+  std::vector<std::pair<Tensor, std::size_t>> copies;
+  if (world > 1) {
+    for (Param& p : params_) {
+      if (!p.persistent || p.status != Status::NotAvailable) continue;
+      Tensor copy = to_device(p);
+      copies.emplace_back(std::move(copy), copy_log_);
+    }
+  }
   for (Param& p : params_) {
     if (!p.persistent || p.status != Status::NotAvailable) continue;
     if (world == 1) {  // no gather: a view of the partition
@@ -689,6 +741,7 @@ void ZeroStage3::gather_persistent() {
     p.data_log = note("gathered parameter (blocking coalesced all_gather, N x partition)", p.data->nbytes());
     p.status = Status::Available;
   }
+  for (auto& [copy, log] : copies) release(copy, log);
 }
 
 // --- the gradients (stage3.py) -------------------------------------------------------------

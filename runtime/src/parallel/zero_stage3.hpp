@@ -59,6 +59,8 @@ class ZeroStage3 final : public ZeroOptimizer, public ForwardHooks {
     std::vector<std::size_t> params;
     std::size_t waiting = 0;
     bool copied = false;
+    Tensor device_copy;  ///< offload_param: the partition's copy the asynchronous all-gather sends
+    std::size_t device_copy_log = SIZE_MAX;
   };
   struct Param {
     Tensor tensor;                 // the parameter every module and node holds
@@ -125,6 +127,9 @@ class ZeroStage3 final : public ZeroOptimizer, public ForwardHooks {
   /// offload_optimizer's: a tensor on the host (no device memory), pinned or pageable, logged.
   Tensor host(const std::string& what, std::int64_t numel, DType dtype, bool pinned, std::size_t& entry);
   bool offload() const noexcept { return config_.cpu_offload; }
+  /// offload_param's copy of `p`'s host partition on the GPU, logged (copy_log_); undefined
+  /// without offload_param.
+  Tensor to_device(const Param& p);
   /// On stage3.py's self.device: the GPU (make), or the host (host) under offload_optimizer.
   Tensor on_optimizer_device(const std::string& what, std::int64_t numel, DType dtype, ContextId context, bool pinned,
                              std::size_t& entry);
@@ -178,6 +183,7 @@ class ZeroStage3 final : public ZeroOptimizer, public ForwardHooks {
   std::size_t steps_ = 0;
   enum class Phase3 : std::uint8_t { Construction, Forward, Backward, Optimizer } phase_ = Phase3::Construction;
   std::vector<CommunicationBuffer> log_;
+  std::size_t copy_log_ = SIZE_MAX;  ///< the entry of to_device()'s last copy
 };
 
 }  // namespace mem::nn::detail

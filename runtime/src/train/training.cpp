@@ -626,7 +626,7 @@ TrainReport Trainer::report() const {
   } else {
     for (const Tensor& p : model_->parameters()) r.parameter_bytes += static_cast<std::int64_t>(p.nbytes());
   }
-  r.parameters_on_host = fsdp_ && fsdp_->offloads();
+  r.parameters_on_host = (fsdp_ && fsdp_->offloads()) || (zero_ && config_.parallel.offload_param);
   r.optimizer_state_on_host = (fsdp_ && fsdp_->offloads()) || (zero_ && config_.parallel.cpu_offload);
   r.optimizer_state_bytes = optimizer_ ? static_cast<std::int64_t>(optimizer_->state_bytes())
                              : zero_    ? static_cast<std::int64_t>(zero_->state_bytes())

@@ -114,6 +114,9 @@ struct ParallelConfig {
   /// offload_optimizer=cpu (DeepSpeed's offload_optimizer.device "cpu"): the fp32 master
   /// partition, its gradient and Adam's state on the host, DeepSpeedCPUAdam steps there.
   bool cpu_offload = false;
+  /// zero3's offload_param=cpu (DeepSpeed's offload_param.device "cpu", ZeRO-Infinity): each
+  /// parameter's partition lives on the host, and every gather first copies it to the GPU.
+  bool offload_param = false;
   /// pin_memory=...: the host copies in pinned memory (the default of both).
   bool offload_pin_memory = true;
   /// How the model reaches the GPU: built on the meta device and materialized sharded
