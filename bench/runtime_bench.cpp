@@ -205,6 +205,27 @@ void BM_DryRunStepLlama405BPp16Tp8(benchmark::State& state) {
 }
 BENCHMARK(BM_DryRunStepLlama405BPp16Tp8)->Unit(benchmark::kMillisecond);
 
+/// Rank 0 of llama-3.1-405b as pp:16xtp:8 under interleaved 1F1B (two stages per rank, 32 in
+/// all): every step runs the runtime's program, which the construction lowered by simulating
+/// all 16 ranks' actions with their sends and receives.
+void BM_DryRunStepLlama405BPp16InterleavedTp8(benchmark::State& state) {
+  const TrainConfig cfg = decoder_step(mem::models::find("llama-3.1-405b"), "batch=16,seq=4096,checkpoint=non-reentrant",
+                                       mem::nn::parse_parallel("pp:16xtp:8", "microbatches=16,schedule=interleaved1f1b"));
+  dry_run_steps(state, cfg, "sim:h100-80g");
+}
+BENCHMARK(BM_DryRunStepLlama405BPp16InterleavedTp8)->Unit(benchmark::kMillisecond);
+
+/// GPU 1 of nn.DataParallel over two GPUs, vit_l_16 at batch 64: each step receives the
+/// replica's parameter groups, runs its 32 samples and flattens its gradients for GPU 0.
+void BM_DryRunStepVitL16DataParallelGpu1(benchmark::State& state) {
+  TrainConfig cfg;
+  cfg.model = mem::models::find("vit_l_16");
+  cfg.model_options = mem::nn::ModelOptions::parse("batch=64");
+  cfg.parallel = mem::nn::parse_parallel("dp:2", "gpu=1");
+  dry_run_steps(state, cfg, "sim:a100-80g");
+}
+BENCHMARK(BM_DryRunStepVitL16DataParallelGpu1)->Unit(benchmark::kMillisecond);
+
 /// One rank of llama-3.1-405b as pp:16xfsdp:8xtp:8 on 1,024 GPUs (issue 50's target: under
 /// 1 s): stage 0's 7 layers and the embedding, FSDP2 over 8 data-parallel ranks inside the
 /// stage (gathered once, gradients accumulated unsharded over the 16 micro-batches and

@@ -193,8 +193,13 @@ void check_parallel_combination(const std::vector<nn::ParallelConfig>& parallels
     if (!c.enabled() || c.engine == nn::ParallelEngine::Ddp) continue;
     const std::string label = nn::parallel_label(c);
     if (mode == nn::ExecMode::Compute) {
-      throw UsageError("--compute with --parallel " + label + ": sharded engines run as a dry run only (their "
-                       "collectives on one simulated rank bring no data from the others); drop --compute, or use ddp");
+      throw UsageError("--compute with --parallel " + label + ": " +
+                       (c.engine == nn::ParallelEngine::Dp
+                            ? std::string("nn.DataParallel runs as a dry run only (one simulated GPU receives no data "
+                                          "from the others)")
+                            : std::string("sharded engines run as a dry run only (their collectives on one simulated "
+                                          "rank bring no data from the others)")) +
+                       "; drop --compute, or use ddp");
     }
     if (c.pipeline_parallel > 1 && optimizer.kind == nn::OptimizerKind::Adam8bit) {
       throw UsageError("--optimizer adam8bit with --parallel " + label +
@@ -567,9 +572,10 @@ std::string parallel_note(const std::vector<nn::ParallelConfig>& configs, const 
                        ? std::string("ScheduleGPipe: every micro-batch's activations in flight before the first backward")
                    : config.schedule == nn::PipelineSchedule::Interleaved1F1B
                        ? std::string("ScheduleInterleaved1F1B through _PipelineScheduleRuntime: rank r runs stages r, "
-                                     "r + P, ... depth first, (V - 1) x M / rounds + 2 (P - 1 - r) forwards before its first "
-                                     "backward; each stage's output is held until its own backward of the "
-                                     "micro-batch and every gradient sent back until the step ends")
+                                     "r + P, ... depth first, warming up with (V - 1) x M / rounds + 2 (P - 1 - r) "
+                                     "forwards, then one more before its first backward; each stage's output is held "
+                                     "until its own backward of the micro-batch and every gradient sent back until the "
+                                     "step ends")
                        : std::string("Schedule1F1B: stage s keeps min(M, P - s) micro-batches' activations in flight, "
                                      "stage 0 the most")) +
                   "; a stage after the first receives each micro-batch's hidden states and, before the last, its "

@@ -43,6 +43,7 @@ MemoryKind memory_kind(ContextId context) noexcept {
     // nn.DataParallel: a replica's parameters, GPU 0's reduced gradients, the copies it moves.
     if (path.ends_with("(parameters)")) return MemoryKind::Weights;
     if (path.ends_with("(gradients)")) return MemoryKind::Gradients;
+    if (path.ends_with("(output)")) return MemoryKind::Logits;  // the gathered output
     return MemoryKind::Communication;
   }
   if (path.ends_with("(cuBLAS workspace)") || path.ends_with("(cublasLt workspace)")) return MemoryKind::Workspaces;

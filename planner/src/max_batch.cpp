@@ -56,11 +56,12 @@ BatchGrid batch_grid(const nn::ParallelConfig& parallel) noexcept {
   } else if (parallel.pipeline_parallel > 1 && parallel.schedule == nn::PipelineSchedule::OneF1B) {
     grid.lowest = static_cast<std::int64_t>(parallel.pipeline_parallel);
   } else if (parallel.engine == nn::ParallelEngine::Dp) {
-    // nn.DataParallel: torch.chunk gives every GPU a sample from a batch of N on.
-    grid.lowest = static_cast<std::int64_t>(parallel.world_size);
+    // nn.DataParallel: a multiple of N gives every GPU torch.chunk's piece (5 samples over 4
+    // GPUs would be pieces of 2, 2 and 1, the fourth GPU idle).
+    grid.lowest = grid.step = static_cast<std::int64_t>(parallel.world_size);
   } else if (parallel.pipeline_parallel > 1 && parallel.schedule == nn::PipelineSchedule::Interleaved1F1B) {
-    // One sample per micro-batch: M a multiple of the rounds max(1, M / P), which multiples of
-    // P are (and every M below P).
+    // One sample per micro-batch: M must be a multiple of the rounds max(1, M / P). Multiples of
+    // P always are; the search keeps to them (some others are valid too: P + 1 to 2P - 1).
     grid.lowest = grid.step = static_cast<std::int64_t>(parallel.pipeline_parallel);
   }
   return grid;

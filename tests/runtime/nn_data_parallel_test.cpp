@@ -61,8 +61,21 @@ TEST(NnDataParallel, OptionAndRefusals) {
   EXPECT_NE(error_of([] { parse_parallel("dp:2xtp:2"); }).find("runs alone"), std::string::npos);
 
   const auto refused = [](const TrainConfig& cfg) { return error_of([&] { (void)train(cfg); }); };
-  // torch.chunk of a batch of 1 over 2 GPUs leaves GPU 1 without a sample.
+  // torch.chunk of a batch of 1 over 2 GPUs leaves GPU 1 without a sample; 5 over 4 makes
+  // pieces of 2, 2 and 1, and the fourth GPU idle.
   EXPECT_NE(refused(on_gpu(1, "batch=1")).find("gets none"), std::string::npos);
+  TrainConfig four = on_gpu(0, "batch=5");
+  four.parallel = parse_parallel("dp:4", "gpu=3");
+  EXPECT_NE(refused(four).find("3 pieces of at most 2, and GPU 3 gets none"), std::string::npos);
+  four.parallel = parse_parallel("dp:4", "gpu=2");
+  EXPECT_NO_THROW((void)train(four));
+  // save_on_cpu's hooks are thread-local, and parallel_apply runs each replica in a thread.
+  TrainConfig offloading = on_gpu(0);
+  offloading.offload_activations = true;
+  EXPECT_NE(refused(offloading).find("thread of its own"), std::string::npos);
+  TrainConfig input_grad = on_gpu(0);
+  input_grad.input_requires_grad = true;
+  EXPECT_NE(refused(input_grad).find("requires grad"), std::string::npos);
   TrainConfig computing = on_gpu(0);
   computing.mode = ExecMode::Compute;
   EXPECT_NE(refused(computing).find("dry run only"), std::string::npos);
@@ -87,6 +100,11 @@ TEST(NnDataParallel, GpuZeroFlattensToBroadcastAndReducesIntoNewGradients) {
       "reduced gradients (the parameters' .grad) " + std::to_string(kW2 + kB2) + " @ step 1 backward -> ",
   };
   EXPECT_EQ(logged(run.trainer), expected);
+  // The next step's zero_grad(set_to_none=True) frees the reduced buffers.
+  run.trainer.step();
+  const auto after = logged(run.trainer);
+  EXPECT_EQ(after[2], "reduced gradients (the parameters' .grad) " + std::to_string(kW1 + kB1) +
+                          " @ step 1 backward -> step 2 forward");
   // The .grad of w1 and b1 share one buffer, w2's and b2's another.
   const auto params = run.trainer.model().parameters();
   ASSERT_EQ(params.size(), 4u);

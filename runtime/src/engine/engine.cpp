@@ -47,7 +47,7 @@ void accumulate(Tensor& slot, Tensor&& grad) {
 
 }  // namespace
 
-void backward(const TensorList& roots, const TensorList& grads) {
+void backward(const TensorList& roots, TensorList grads) {
   NoGradGuard no_grad;  // backward itself records nothing (create_graph=False)
   struct DropCallbacksOnThrow {  // a failed backward leaves no callback for the next one
     const TensorList& roots;
@@ -95,7 +95,9 @@ void backward(const TensorList& roots, const TensorList& grads) {
   TensorList seeds;
   for (std::size_t i = 0; i < roots.size(); ++i) {
     const Tensor& root = roots[i];
-    Tensor g = i < grads.size() ? grads[i] : Tensor{};
+    // Taken from the list: a gradient handed over (moved in) is the engine's alone, freed once
+    // its node has run, as a Function's output is inside a larger run.
+    Tensor g = i < grads.size() ? std::move(grads[i]) : Tensor{};
     if (!g.defined()) {
       if (root.numel() != 1) throw Error("backward: grad can be implicitly created only for scalar outputs");
       g = full(root.runtime(), root.shape(), 1.0, root.dtype());
@@ -148,6 +150,10 @@ void backward(const TensorList& roots, const TensorList& grads) {
   if (!roots.empty()) roots.front().runtime().run_backward_callbacks();
 }
 
-void backward(const Tensor& root, const Tensor& grad) { backward(TensorList{root}, TensorList{grad}); }
+void backward(const Tensor& root, Tensor grad) {
+  TensorList grads;  // not an initializer list, whose copy would live until the call returns
+  grads.push_back(std::move(grad));
+  backward(TensorList{root}, std::move(grads));
+}
 
 }  // namespace mem::nn

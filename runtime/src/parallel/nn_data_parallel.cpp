@@ -8,6 +8,7 @@
 
 #include "engine/detail.hpp"
 #include "vramscope/allocator/errors.hpp"
+#include "vramscope/runtime/autograd.hpp"
 #include "vramscope/runtime/ops.hpp"
 
 namespace mem::nn::detail {
@@ -30,6 +31,18 @@ int scalar_type(DType dtype) noexcept {
   }
   return 64;
 }
+
+/// Gather's backward (_functions.py: Scatter.apply of the gradient over the GPUs): GPU 0's
+/// piece is a view of the whole gradient (torch.chunk, then .to() its own device: no copy).
+class GatherBackward final : public Node {
+ public:
+  explicit GatherBackward(std::int64_t rows) : rows_(rows) {}
+  TensorList apply(TensorList& grads) override { return {grads[0].narrow(0, 0, rows_)}; }
+  std::string_view name() const noexcept override { return "GatherBackward"; }
+
+ private:
+  std::int64_t rows_;
+};
 
 }  // namespace
 
@@ -83,7 +96,9 @@ NnDataParallel::NnDataParallel(const ParallelConfig& config, Module& root, Runti
     : config_(config),
       runtime_(runtime),
       weights_context_(intern_context("DataParallel replica (parameters)", Phase::None)),
-      buffer_context_(intern_context("DataParallel broadcast", Phase::Forward)) {
+      buffer_context_(intern_context("DataParallel broadcast", Phase::Forward)),
+      gather_context_(intern_context("DataParallel gather (output)", Phase::Forward)),
+      scatter_context_(intern_context("DataParallel scatter", Phase::Backward)) {
   std::unordered_set<const TensorImpl*> seen;
   for (const Tensor& p : root.parameters()) {
     if (!seen.insert(p.impl()).second) continue;
@@ -142,9 +157,37 @@ void NnDataParallel::broadcast(const std::vector<Tensor>& tensors, const std::st
   }
 }
 
+void NnDataParallel::sweep() {
+  std::erase_if(reduced_, [&](const auto& watched) {
+    if (!watched.second.expired()) return false;
+    log_[watched.first].freed = stage_;
+    return true;
+  });
+}
+
+Tensor NnDataParallel::gather(const Tensor& piece, std::int64_t batch) {
+  ModuleScope scope(gather_context_);
+  Shape shape = piece.shape();
+  shape[0] = batch;
+  Tensor whole = empty(runtime_, shape, piece.dtype());
+  if (piece.requires_grad()) {
+    auto node = std::make_shared<GatherBackward>(piece.shape()[0]);
+    init_node(*node);
+    node->add_input(piece);
+    set_history(whole, node);
+  }
+  return whole;
+}
+
+Tensor NnDataParallel::scattered_gradient(const Tensor& piece) {
+  ModuleScope scope(scatter_context_);
+  return empty(runtime_, piece.shape(), piece.dtype());
+}
+
 void NnDataParallel::replicate() {
   ++forwards_;
   stage_ = "step " + std::to_string(forwards_) + " forward";
+  sweep();  // the last step's reduced gradients went with this step's zero_grad
   // Parameters: _broadcast_coalesced_reshape(params, devices, detach=False), Broadcast.apply.
   // A replica's received groups are its weights; GPU 0's flattened copies are only in transit.
   {
@@ -177,9 +220,10 @@ void NnDataParallel::grad_ready(TensorImpl& param) {
   if (it == index_.end()) return;
   const std::size_t g = group_of_[it->second];
   if (g >= due_.size() || due_[g] == 0) return;
-  // The gradient came from the last node that saved this parameter's view: once each of the
-  // group's has, nothing holds the received buffer.
-  if (--due_[g] == 0 && g < received_params_.size()) release(received_params_[g].first, received_params_[g].second);
+  // PyTorch frees a received group when the last saved view of it goes, which is at the latest
+  // when the last of its parameters' gradients is made (the node that saved a weight makes its
+  // gradient): vramscope frees it then. A group nothing saved goes earlier in PyTorch.
+  if (--due_[g] == 0) release(received_params_[g].first, received_params_[g].second);
 }
 
 void NnDataParallel::finalize_backward() {
@@ -192,13 +236,13 @@ void NnDataParallel::finalize_backward() {
     }
     received->clear();
   }
+  // Broadcast.backward's gradients, one per parameter: a parameter the backward never reached
+  // gets zeros (a custom Function's undefined gradients are materialized, set_materialize_grads).
   std::vector<Tensor> grads;
-  std::vector<std::size_t> which;
-  for (std::size_t i = 0; i < params_.size(); ++i) {
-    Tensor g = params_[i].grad();
-    if (!g.defined()) continue;
+  for (const Tensor& p : params_) {
+    Tensor g = p.grad();
+    if (!g.defined()) g = zeros(runtime_, p.shape(), p.dtype());
     grads.push_back(std::move(g));
-    which.push_back(i);
   }
   // reduce_add_coalesced: per group, the flat copies of each GPU (the list rebinds, so the last
   // two groups' live at once), reduce_add's result on GPU 0 (empty_like, NCCL reduce).
@@ -218,9 +262,8 @@ void NnDataParallel::finalize_backward() {
       ModuleScope gradients(intern_context("DataParallel reduce_add_coalesced (gradients)", Phase::Backward));
       std::size_t entry = 0;
       Tensor result = make("reduced gradients (the parameters' .grad)", group.numel, group.dtype, entry);
-      std::vector<std::size_t> members;
-      for (std::size_t m : group.members) members.push_back(which[m]);
-      results.emplace_back(std::move(result), std::move(members));
+      reduced_.emplace_back(entry, result.storage());
+      results.emplace_back(std::move(result), group.members);
     }
   }
   for (auto& [tensor, entry] : flats) release(tensor, entry);
@@ -241,6 +284,7 @@ void NnDataParallel::finalize_backward() {
   if (!holds_module()) {
     for (Tensor& p : params_) p.reset_grad();
   }
+  grads.clear();
   stage_ = "step " + std::to_string(forwards_) + " optimizer";
 }
 

@@ -26,6 +26,7 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -48,6 +49,12 @@ class NnDataParallel {
   bool holds_module() const noexcept { return config_.rank == 0; }
   /// replicate(): the broadcast of the parameters and buffers at the forward's start.
   void replicate();
+  /// GPU 0's Gather of the replicas' outputs: at::empty of the whole batch's output (`batch`
+  /// rows), each piece copied in; its backward hands GPU 0's piece of the gradient on as a
+  /// view (Scatter's chunk on its own device).
+  Tensor gather(const Tensor& piece, std::int64_t batch);
+  /// A replica's piece of the output's gradient: Scatter's copy onto its GPU.
+  Tensor scattered_gradient(const Tensor& piece);
   /// The forward returned: the replica modules go, and with them the buffers' copies that
   /// backward does not keep.
   void forward_done();
@@ -80,10 +87,12 @@ class NnDataParallel {
                  std::vector<std::pair<Tensor, std::size_t>>* received);
   Tensor make(const std::string& what, std::int64_t numel, DType dtype, std::size_t& entry);
   void release(Tensor& tensor, std::size_t entry);
+  /// Marks the reduced buffers whose storage went (zero_grad, set_to_none) as freed by now.
+  void sweep();
 
   ParallelConfig config_;
   Runtime& runtime_;
-  ContextId weights_context_, buffer_context_;
+  ContextId weights_context_, buffer_context_, gather_context_, scatter_context_;
   std::vector<Tensor> params_;   ///< model.parameters(), each once
   std::vector<Tensor> buffers_;  ///< model.buffers()
   std::unordered_map<const TensorImpl*, std::size_t> index_;  ///< parameter -> its index
@@ -91,6 +100,9 @@ class NnDataParallel {
   std::vector<Group> param_groups_;
   std::vector<std::pair<Tensor, std::size_t>> received_params_, received_buffers_;
   std::vector<std::size_t> group_of_, due_;
+  /// GPU 0's reduced buffers, which the .grad views hold: freed when the optimizer's zero_grad
+  /// drops them.
+  std::vector<std::pair<std::size_t, std::weak_ptr<Storage>>> reduced_;
   std::vector<CommunicationBuffer> log_;
   std::string stage_ = "construction";
   std::size_t forwards_ = 0;

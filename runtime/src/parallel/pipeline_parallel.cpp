@@ -130,6 +130,15 @@ PipelineParallel::PipelineParallel(const ParallelConfig& config, Sequential& bod
   // The schedule's program, the same every step; a schedule the micro-batches do not allow
   // throws here.
   program_ = pipeline_program(config.schedule, stages, config.stage, microbatches_, per_rank);
+  // The step's backward phase begins with the first gradient received, or the first backward,
+  // after the last forward before the first backward (an interleaved rank can receive a
+  // gradient while warm-up forwards are still to come: those stay in the forward phase).
+  const auto first_backward = std::find_if(program_.begin(), program_.end(),
+                                           [](const PipelineOp& op) { return op.step == PipelineStep::Backward; });
+  auto begins = first_backward;
+  while (begins != program_.begin() && std::prev(begins)->step != PipelineStep::Forward) --begins;
+  while (begins != first_backward && begins->step != PipelineStep::ReceiveGradients) ++begins;
+  backward_begins_ = static_cast<std::size_t>(begins - program_.begin());
 }
 
 Tensor PipelineParallel::stage_forward(Sequential& body, std::size_t local, const Tensor& input) const {
@@ -178,7 +187,6 @@ void PipelineParallel::step(Runtime& rt, const Tensor& input, const Tensor& targ
   std::vector<MicroBatch> mbs(stages_.size() * m_count);
   const auto state = [&](const PipelineOp& op) -> MicroBatch& { return mbs[op.stage / ranks * m_count + op.microbatch]; };
   const auto local = [&](const PipelineOp& op) -> const LocalStage& { return stages_[op.stage / ranks]; };
-  bool backward_started = false;
 
   // A receive buffer: a fresh torch.empty each micro-batch (_RecvInfo.allocate_buffer).
   const auto receive = [&](const PipelineOp& op, const char* what, Phase phase) {
@@ -216,10 +224,6 @@ void PipelineParallel::step(Runtime& rt, const Tensor& input, const Tensor& targ
   // backward_one_chunk: from the loss, or from the output's edge with the gradient received;
   // the forward state goes, and the input's .grad is kept to be sent back.
   const auto run_backward = [&](const PipelineOp& op) {
-    if (!backward_started) {
-      backward_started = true;
-      calls.backward_begins();
-    }
     PhaseGuard phase(Phase::Backward);
     begin("backward", op.stage, op.microbatch);
     MicroBatch& mb = state(op);
@@ -242,7 +246,9 @@ void PipelineParallel::step(Runtime& rt, const Tensor& input, const Tensor& targ
 
   // The rank's program (pipeline_schedule.hpp): the schedule's actions with their receives,
   // sends and the waits that drop what was sent.
-  for (const PipelineOp& op : program_) {
+  for (std::size_t i = 0; i < program_.size(); ++i) {
+    const PipelineOp& op = program_[i];
+    if (i == backward_begins_) calls.backward_begins();
     MicroBatch& mb = state(op);
     switch (op.step) {
       case PipelineStep::ReceiveActivations: mb.input = receive(op, "receive activations", Phase::Forward); break;
@@ -254,10 +260,6 @@ void PipelineParallel::step(Runtime& rt, const Tensor& input, const Tensor& targ
       // The send waited (_wait_and_release_fwd_send): the stage drops the output it sent.
       case PipelineStep::WaitActivationsSent: mb.output = Tensor{}; break;
       case PipelineStep::ReceiveGradients:
-        if (!backward_started) {
-          backward_started = true;
-          calls.backward_begins();
-        }
         mb.received_grad = receive(op, "receive gradients", Phase::Backward);
         break;
       case PipelineStep::Backward: run_backward(op); break;

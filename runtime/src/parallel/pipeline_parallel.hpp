@@ -107,6 +107,7 @@ class PipelineParallel {
   ParallelConfig config_;
   std::vector<LocalStage> stages_;
   std::vector<PipelineOp> program_;  ///< what the rank does each step, in order
+  std::size_t backward_begins_ = 0;  ///< the op of program_ where the backward phase begins
   std::size_t microbatches_ = 1;
   std::int64_t batch_ = 0, seq_ = 0, hidden_ = 0;
   Module* rotary_ = nullptr;

@@ -141,13 +141,26 @@ Trainer::Trainer(const TrainConfig& config, CachingAllocator& allocator)
   if (config.parallel.engine == ParallelEngine::Dp) {
     // nn.DataParallel runs the module on torch.chunk's piece of the batch on each GPU.
     dp_batch_ = model_->info().batch;
-    const std::int64_t chunk = chunk_size(dp_batch_, config.parallel.world_size, config.parallel.rank);
+    const std::size_t gpus = config.parallel.world_size;
+    const std::int64_t chunk = chunk_size(dp_batch_, gpus, config.parallel.rank);
     if (chunk <= 0) {
-      throw Error("dp:" + std::to_string(config.parallel.world_size) + ": torch.chunk splits a batch of " +
-                  std::to_string(dp_batch_) + " into pieces of " +
-                  std::to_string(chunk_size(dp_batch_, config.parallel.world_size, 0)) + ", and GPU " +
-                  std::to_string(config.parallel.rank) + " gets none (DataParallel replicates onto the GPUs that "
-                  "get one); give a batch of at least " + std::to_string(config.parallel.world_size));
+      const std::int64_t piece = chunk_size(dp_batch_, gpus, 0);
+      throw Error("dp:" + std::to_string(gpus) + ": torch.chunk cuts a batch of " + std::to_string(dp_batch_) +
+                  " into " + std::to_string((dp_batch_ + piece - 1) / piece) + " pieces of at most " +
+                  std::to_string(piece) + ", and GPU " + std::to_string(config.parallel.rank) +
+                  " gets none: DataParallel leaves it idle, holding nothing of the step; give a batch that "
+                  "gives each GPU a sample (a multiple of " + std::to_string(gpus) + " does)");
+    }
+    if (config.offload_activations) {
+      // parallel_apply runs each replica in a thread of its own, passing on grad mode and
+      // autocast only: save_on_cpu's hooks (thread-local) never see the replicas' forwards.
+      throw Error("dp (nn.DataParallel) with --offload activations is not modelled: parallel_apply runs each "
+                  "replica in a thread of its own, where save_on_cpu's thread-local hooks do not apply; leave "
+                  "--offload out");
+    }
+    if (config.input_requires_grad) {
+      throw Error("dp (nn.DataParallel) with an input that requires grad is not modelled yet (Scatter's backward "
+                  "gathers the whole input's gradient on GPU 0); leave --input-requires-grad out");
     }
     ModelOptions per_gpu = config.model_options;
     per_gpu.batch = chunk;
@@ -339,23 +352,22 @@ Tensor Trainer::loss_of(const Tensor& output, const Tensor& target) {
   return tp_ && tp_->loss_parallel() ? tp_->causal_lm_loss(output, target) : model_->loss(output, target);
 }
 
-Tensor Trainer::data_parallel_step(StepStats& s, DType data_dtype) {
+void Trainer::data_parallel_step(StepStats& s, DType data_dtype, Tensor& input, Tensor& target, Tensor& output,
+                                 Tensor& loss) {
   Runtime& rt = *runtime_;
   CachingAllocator& alloc = *allocator_;
   static const ContextId input_ctx = intern_context("input", Phase::Forward);
   static const ContextId loss_fwd = intern_context("loss", Phase::Forward);
   static const ContextId loss_bwd = intern_context("loss", Phase::Backward);
-  static const ContextId gather_ctx = intern_context("DataParallel gather", Phase::Forward);
-  static const ContextId scatter_ctx = intern_context("DataParallel scatter", Phase::Backward);
   const bool gpu0 = dp_->holds_module();
-  Tensor input, target, loss, gathered, edge;
+  Tensor edge;  // a replica's output, gone to GPU 0: where its backward starts
   {
     PhaseGuard phase(Phase::Forward);
     {
       ModuleScope scope(input_ctx);
       if (gpu0) {
-        // The training loop's batch on GPU 0 (input.cuda()), whole; scatter's first piece
-        // is a view of it. The target stays whole there for the loss.
+        // The training loop's batch on GPU 0 (input.cuda()), whole, and the target beside it;
+        // scatter's first piece of the batch is a view of it.
         const auto whole = [&](const Tensor& like) {
           Shape shape = like.shape();
           shape[0] = dp_batch_;
@@ -367,63 +379,47 @@ Tensor Trainer::data_parallel_step(StepStats& s, DType data_dtype) {
           like_input = model_->make_input(rt, data_dtype, s.step);
           like_target = model_->make_target(rt, data_dtype, s.step);
         }
-        input = whole(like_input).narrow(0, 0, like_input.shape()[0]);
+        input = whole(like_input);
         if (like_target.defined()) target = whole(like_target);
       } else {
         // Scatter's copy of this GPU's piece (.to(device) of a slice of GPU 0's batch).
         input = model_->make_input(rt, data_dtype, s.step);
       }
-      if ((config_.input_requires_grad || model_->info().input_requires_grad) && is_floating(input.dtype())) {
-        input.set_requires_grad(true);
-      }
     }
     dp_->replicate();
     AutocastRegion autocast(rt, autocast_dtype(config_.precision));
-    std::optional<SaveOnCpu> offload;
-    if (config_.offload_activations) offload.emplace();
-    Tensor output = run_forward(input);
-    edge = detail::gradient_edge(output);
+    Tensor piece = run_forward(gpu0 ? input.narrow(0, 0, model_->info().batch) : input);
     if (gpu0) {
-      // Gather: at::empty of the whole batch's output on GPU 0, each GPU's piece copied in.
-      {
-        ModuleScope scope(gather_ctx);
-        Shape shape = output.shape();
-        shape[0] = dp_batch_;
-        gathered = empty(rt, shape, output.dtype());
-      }
-      gathered.set_requires_grad(true);
+      output = dp_->gather(piece, dp_batch_);  // `out = model(x)`: the whole batch's output
+    } else {
+      edge = detail::gradient_edge(piece);  // the output went to GPU 0
     }
-    output = Tensor{};  // parallel_apply's outputs go with DataParallel.forward's return
+    piece = Tensor{};  // parallel_apply's outputs go with DataParallel.forward's return
     dp_->forward_done();
     if (gpu0) {
       ModuleScope scope(loss_fwd);
       BackwardContextGuard backward_scope(loss_bwd);
-      loss = loss_of(gathered, target);
+      loss = loss_of(output, target);
     }
   }
   end_phase(alloc, *peaks_, s.forward);
   s.backward = begin_phase(alloc, *peaks_);
   {
     PhaseGuard phase(Phase::Backward);
-    Tensor grad;
     if (gpu0) {
-      {
-        ModuleScope scope(loss_bwd);
-        backward(loss);
-      }
-      // Gather's backward scatters the output's gradient: GPU 0's piece is a view of it.
-      grad = gathered.grad().narrow(0, 0, edge.shape()[0]);
-      gathered = Tensor{};
+      // One engine run: the loss, Gather's backward (GPU 0's piece of the gradient a view of it),
+      // the replica's nodes.
+      ModuleScope scope(loss_bwd);
+      backward(loss);
     } else {
-      ModuleScope scope(scatter_ctx);
-      grad = empty(rt, edge.shape(), edge.dtype());  // the copy scattered to this GPU
+      // Scatter's copy of this GPU's piece of the output's gradient, handed to the replica's
+      // first node and freed once it has run.
+      Tensor grad = dp_->scattered_gradient(edge);
+      backward(edge, std::move(grad));
+      edge = Tensor{};
     }
-    backward(edge, grad);
-    grad = edge = Tensor{};
     dp_->finalize_backward();
   }
-  input = target = Tensor{};
-  return loss;
 }
 
 Tensor Trainer::forward(bool with_grad) {
@@ -506,7 +502,7 @@ StepStats Trainer::step() {
     const DType hidden = fsdp_ && config_.parallel.param_dtype ? *config_.parallel.param_dtype : param_dtype;
     pp_->step(rt, input, target, hidden, calls);
   } else if (dp_) {
-    loss = data_parallel_step(s, data_dtype);
+    data_parallel_step(s, data_dtype, input, target, output, loss);
   } else {
     PhaseGuard phase(Phase::Forward);
     {

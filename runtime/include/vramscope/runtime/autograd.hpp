@@ -254,9 +254,10 @@ class BackwardContextGuard {
 // --- the engine -------------------------------------------------------------------------
 /// Backpropagates from `root`. `grad` defaults to ones (a scalar root allocates one
 /// 512 B block, as torch.ones_like does). The graph is consumed: saved tensors are
-/// freed as nodes run (retain_graph=False).
-void backward(const Tensor& root, const Tensor& grad = {});
+/// freed as nodes run (retain_graph=False). A gradient moved in is freed once its node has
+/// run; one the caller keeps lives until backward returns (torch.autograd.backward's).
+void backward(const Tensor& root, Tensor grad = {});
 /// Backpropagates several roots at once (used by reentrant checkpointing).
-void backward(const TensorList& roots, const TensorList& grads);
+void backward(const TensorList& roots, TensorList grads);
 
 }  // namespace mem::nn

@@ -211,8 +211,9 @@ class Trainer {
   /// The model's loss of its output, or tensor parallel's on vocabulary-sharded logits.
   Tensor loss_of(const Tensor& output, const Tensor& target);
   /// nn.DataParallel's forward and backward on this GPU (scatter, replicate, gather, the loss
-  /// on GPU 0, the scattered gradient, the reduction); returns the loss (GPU 0) or nothing.
-  Tensor data_parallel_step(StepStats& s, DType data_dtype);
+  /// on GPU 0, the scattered gradient, the reduction), into the step's batch, target, output
+  /// and loss (GPU 0's; a replica's batch piece only), which live until the step ends.
+  void data_parallel_step(StepStats& s, DType data_dtype, Tensor& input, Tensor& target, Tensor& output, Tensor& loss);
 
   TrainConfig config_;
   CachingAllocator* allocator_;
