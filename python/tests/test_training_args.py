@@ -63,6 +63,22 @@ def test_a_deepspeed_zero3_config(tmp_path):
     assert not any("max_grad_norm" in u for u in ours.unmodelled)
 
 
+def test_one_process_over_several_gpus_is_data_parallel(tmp_path):
+    # Trainer wraps the model in nn.DataParallel when one process sees several GPUs (n_gpu > 1,
+    # no launcher) and feeds it per_device_train_batch_size x n_gpu samples a step.
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(LLAMA))
+    args = training_args(tmp_path, per_device_train_batch_size=2, bf16=True, max_grad_norm=0)
+    args._n_gpu = 2  # what _setup_devices finds on a machine with two GPUs; this one has none
+    ours = vramscope.from_training_args(args, str(config), seq=128, device="sim:h100-80g")
+    assert ours.options["parallel"] == "dp:2" and ours.options["batch"] == 4
+    assert ours.options["parallel_options"] == "gpu=0"
+    theirs = command_json("sweep", "--hf-config", str(config), "--seq", "128", "--batch", "4", "--dtype", "amp-bf16",
+                          "--parallel", "dp:2", "--parallel-options", "gpu=0", "--optimizer", "adam",
+                          "--device", "sim:h100-80g", "--segments", "0")
+    same_rows([ours.row], theirs["rows"])
+
+
 def test_use_liger_kernel_is_the_fused_loss(tmp_path):
     config = tmp_path / "config.json"
     config.write_text(json.dumps(LLAMA))

@@ -80,13 +80,18 @@ def from_training_args(args, model, inputs=None, *, gpus: Optional[int] = None, 
     """The estimate of one Trainer step of `model` under `args` (a TrainingArguments, or anything
     with its attributes): vramscope.estimate with the options the arguments stand for, which
     `.options` lists, and `.unmodelled` what they ask that is not modelled. `gpus`: the world
-    size for DeepSpeed and FSDP (default: args.world_size). Keywords override or add options."""
+    size for DeepSpeed and FSDP (default: args.world_size); one process over args.n_gpu > 1 GPUs
+    is nn.DataParallel (dp:N, GPU 0's figures). Keywords override or add options."""
     unmodelled: List[str] = []
     get = lambda name, default=None: getattr(args, name, default)  # noqa: E731
     mapped: Dict[str, Any] = {"batch": get("per_device_train_batch_size", 8)}
     if (get("gradient_accumulation_steps", 1) or 1) > 1:
         mapped["accumulation"] = get("gradient_accumulation_steps")
     world = gpus or get("world_size", 1) or 1
+    # One process that sees several GPUs (no launcher): Trainer wraps the model in nn.DataParallel
+    # (trainer.py _wrap_model: args.n_gpu > 1) and feeds it per_device_train_batch_size x n_gpu
+    # samples a step (TrainingArguments.train_batch_size).
+    replicas = (get("n_gpu", 1) or 1) if world == 1 else 1
     precision = "amp-bf16" if get("bf16") else "amp" if get("fp16") else "f32"
     ds = get("deepspeed")
     if ds:
@@ -105,6 +110,10 @@ def from_training_args(args, model, inputs=None, *, gpus: Optional[int] = None, 
                               "is modelled")
     elif world > 1:
         mapped["parallel"] = f"ddp:{world}"
+    elif replicas > 1:
+        mapped["parallel"] = f"dp:{replicas}"
+        mapped["parallel_options"] = "gpu=0"  # the one that holds the module and the optimizer
+        mapped["batch"] = mapped["batch"] * replicas
     mapped["dtype"] = precision
     if get("gradient_checkpointing"):
         reentrant = (get("gradient_checkpointing_kwargs") or {}).get("use_reentrant")

@@ -79,10 +79,6 @@ TEST(NnDataParallel, OptionAndRefusals) {
   TrainConfig computing = on_gpu(0);
   computing.mode = ExecMode::Compute;
   EXPECT_NE(refused(computing).find("dry run only"), std::string::npos);
-  TrainConfig llm = on_gpu(0);
-  llm.model = models::find("llama-3.2-1b");
-  llm.model_options = ModelOptions::parse("batch=2,seq=64");
-  EXPECT_NE(refused(llm).find("computes its own loss"), std::string::npos);
 }
 
 // GPU 0: broadcast_coalesced flattens the C++ take_tensors groups of several tensors (w1, b1
@@ -94,6 +90,8 @@ TEST(NnDataParallel, GpuZeroFlattensToBroadcastAndReducesIntoNewGradients) {
   OneStep run(on_gpu(0));
   const std::vector<std::string> expected{
       "parameters flattened for the broadcast " + std::to_string(kW1 + kB1 + kW2) + " @ step 1 forward -> step 1 forward",
+      // Gather's output, the training loop's `out`, until the step ends.
+      "gathered output (the whole batch's) " + std::to_string(8 * 1024 * 4) + " @ step 1 forward -> step 1 optimizer",
       "gradients flattened for the reduce " + std::to_string(kW1 + kB1) + " @ step 1 backward -> step 1 backward",
       "reduced gradients (the parameters' .grad) " + std::to_string(kW1 + kB1) + " @ step 1 backward -> ",
       "gradients flattened for the reduce " + std::to_string(kW2 + kB2) + " @ step 1 backward -> step 1 backward",
@@ -103,7 +101,7 @@ TEST(NnDataParallel, GpuZeroFlattensToBroadcastAndReducesIntoNewGradients) {
   // The next step's zero_grad(set_to_none=True) frees the reduced buffers.
   run.trainer.step();
   const auto after = logged(run.trainer);
-  EXPECT_EQ(after[2], "reduced gradients (the parameters' .grad) " + std::to_string(kW1 + kB1) +
+  EXPECT_EQ(after[3], "reduced gradients (the parameters' .grad) " + std::to_string(kW1 + kB1) +
                           " @ step 1 backward -> step 2 forward");
   // The .grad of w1 and b1 share one buffer, w2's and b2's another.
   const auto params = run.trainer.model().parameters();
@@ -148,6 +146,44 @@ TEST(NnDataParallel, EachGpuHoldsItsPieceOfTheBatch) {
   EXPECT_GE(gpu1.stats.forward.peak_allocated - gpu1.stats.forward.allocated_begin, received + 3 * 4096);
   // Its parameters are the replica's, received each forward: as many bytes as GPU 0's.
   EXPECT_EQ(gpu1.trainer.report().parameter_bytes, received);
+}
+
+// A transformers LM called with its labels computes its loss in each replica; DataParallel
+// gathers the output object: every replica's scalar loss into a vector of N on GPU 0, and the
+// logits of the whole batch there too, which go when Trainer.compute_loss returns the loss
+// alone (training_step then takes its mean). Over four GPUs those bf16 logits are twice what
+// a replica's loss keeps of its own (its quarter in f32), and GPU 0's forward peaks there.
+TEST(NnDataParallel, ALanguageModelsLossesAndLogitsAreGatheredOnGpuZero) {
+  TrainConfig cfg;
+  cfg.model = models::HfConfig::parse(R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+    "hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "num_hidden_layers": 2, "vocab_size": 32000, "max_position_embeddings": 512, "rms_norm_eps": 1e-06,
+    "tie_word_embeddings": false})",
+                                      "tiny-llama", "test");
+  cfg.model_options = ModelOptions::parse("batch=8,seq=128,attn=sdpa");
+  cfg.precision = Precision::BF16;
+  cfg.device = "sim:capacity=80GiB,context=0";
+  cfg.steps = 1;
+  cfg.parallel = parse_parallel("dp:4");
+  OneStep gpu0(cfg);
+  std::vector<std::string> gathered;
+  for (const std::string& line : logged(gpu0.trainer)) {
+    if (line.starts_with("gathered")) gathered.push_back(line);
+  }
+  const std::int64_t logits = 8LL * 128 * 32000 * 2;  // the whole batch's, bf16
+  EXPECT_EQ(gathered, (std::vector<std::string>{
+                          "gathered output (the whole batch's) " + std::to_string(logits) +
+                              " @ step 1 forward -> step 1 forward",
+                          "gathered losses (one per GPU) 16 @ step 1 forward -> step 1 optimizer"}));
+  cfg.parallel = parse_parallel("dp:4", "gpu=3");
+  OneStep gpu3(cfg);
+  for (const std::string& line : logged(gpu3.trainer)) EXPECT_FALSE(line.starts_with("gathered")) << line;
+  // Apart from GPU 3's received replica, GPU 0's forward peaks higher: at the gather, with the
+  // whole batch's logits (the replica's loss temporaries, an f32 copy of its quarter, gone).
+  const auto forward_growth = [](const OneStep& r) {
+    return r.stats.forward.peak_allocated - r.stats.forward.allocated_begin;
+  };
+  EXPECT_GT(forward_growth(gpu0) - (forward_growth(gpu3) - gpu3.trainer.report().parameter_bytes), logits / 4);
 }
 
 }  // namespace

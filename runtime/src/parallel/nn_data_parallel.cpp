@@ -158,18 +158,20 @@ void NnDataParallel::broadcast(const std::vector<Tensor>& tensors, const std::st
 }
 
 void NnDataParallel::sweep() {
-  std::erase_if(reduced_, [&](const auto& watched) {
+  std::erase_if(watched_, [&](const auto& watched) {
     if (!watched.second.expired()) return false;
     log_[watched.first].freed = stage_;
     return true;
   });
 }
 
-Tensor NnDataParallel::gather(const Tensor& piece, std::int64_t batch) {
+Tensor NnDataParallel::gather(const Tensor& piece, std::int64_t batch, const std::string& what) {
   ModuleScope scope(gather_context_);
   Shape shape = piece.shape();
   shape[0] = batch;
   Tensor whole = empty(runtime_, shape, piece.dtype());
+  log_.push_back({what, whole.nbytes(), "default", stage_, ""});
+  watched_.emplace_back(log_.size() - 1, whole.storage());
   if (piece.requires_grad()) {
     auto node = std::make_shared<GatherBackward>(piece.shape()[0]);
     init_node(*node);
@@ -203,7 +205,10 @@ void NnDataParallel::replicate() {
   }
 }
 
+void NnDataParallel::end_step() { sweep(); }
+
 void NnDataParallel::forward_done() {
+  sweep();  // a gathered output the forward dropped (Trainer.compute_loss keeps the loss alone)
   // The replica modules die with DataParallel.forward's locals, and with them the buffers'
   // copies that nothing saved: an integer group (num_batches_tracked). Batch norm's backward
   // keeps the running statistics it was given (derivatives.yaml, native_batch_norm), so the
@@ -262,7 +267,7 @@ void NnDataParallel::finalize_backward() {
       ModuleScope gradients(intern_context("DataParallel reduce_add_coalesced (gradients)", Phase::Backward));
       std::size_t entry = 0;
       Tensor result = make("reduced gradients (the parameters' .grad)", group.numel, group.dtype, entry);
-      reduced_.emplace_back(entry, result.storage());
+      watched_.emplace_back(entry, result.storage());
       results.emplace_back(std::move(result), group.members);
     }
   }

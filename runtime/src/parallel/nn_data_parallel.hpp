@@ -52,7 +52,7 @@ class NnDataParallel {
   /// GPU 0's Gather of the replicas' outputs: at::empty of the whole batch's output (`batch`
   /// rows), each piece copied in; its backward hands GPU 0's piece of the gradient on as a
   /// view (Scatter's chunk on its own device).
-  Tensor gather(const Tensor& piece, std::int64_t batch);
+  Tensor gather(const Tensor& piece, std::int64_t batch, const std::string& what);
   /// A replica's piece of the output's gradient: Scatter's copy onto its GPU.
   Tensor scattered_gradient(const Tensor& piece);
   /// The forward returned: the replica modules go, and with them the buffers' copies that
@@ -63,6 +63,8 @@ class NnDataParallel {
   void grad_ready(TensorImpl& param);
   /// Broadcast's backward, once every replica's gradients are in: ReduceAddCoalesced.
   void finalize_backward();
+  /// The training step's end (its variables dropped): what went by then is logged freed.
+  void end_step();
 
   const std::vector<CommunicationBuffer>& buffers() const noexcept { return log_; }
   /// Bytes this GPU sent or received over the bus so far (the replicas in, the gradients out).
@@ -87,7 +89,8 @@ class NnDataParallel {
                  std::vector<std::pair<Tensor, std::size_t>>* received);
   Tensor make(const std::string& what, std::int64_t numel, DType dtype, std::size_t& entry);
   void release(Tensor& tensor, std::size_t entry);
-  /// Marks the reduced buffers whose storage went (zero_grad, set_to_none) as freed by now.
+  /// Marks the watched buffers whose storage went (the gathered output, the reduced gradients
+  /// at zero_grad) as freed by now.
   void sweep();
 
   ParallelConfig config_;
@@ -100,9 +103,9 @@ class NnDataParallel {
   std::vector<Group> param_groups_;
   std::vector<std::pair<Tensor, std::size_t>> received_params_, received_buffers_;
   std::vector<std::size_t> group_of_, due_;
-  /// GPU 0's reduced buffers, which the .grad views hold: freed when the optimizer's zero_grad
-  /// drops them.
-  std::vector<std::pair<std::size_t, std::weak_ptr<Storage>>> reduced_;
+  /// GPU 0's gathered outputs and reduced buffers (which the .grad views hold), by their log
+  /// entries: freed when the training loop or the optimizer's zero_grad drops them.
+  std::vector<std::pair<std::size_t, std::weak_ptr<Storage>>> watched_;
   std::vector<CommunicationBuffer> log_;
   std::string stage_ = "construction";
   std::size_t forwards_ = 0;

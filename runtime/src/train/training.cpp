@@ -165,10 +165,6 @@ Trainer::Trainer(const TrainConfig& config, CachingAllocator& allocator)
     ModelOptions per_gpu = config.model_options;
     per_gpu.batch = chunk;
     model_ = config.model->build(per_gpu);
-    if (model_->info().loss == LossKind::CausalLM) {
-      throw Error("dp (nn.DataParallel) of a model that computes its own loss is not modelled yet (each replica's "
-                  "loss is gathered as a vector); give ddp:N");
-    }
   }
   if (config.accumulation > 1 && config.parallel.enabled()) {
     throw Error("gradient accumulation is modelled on one GPU only (DDP's no_sync, FSDP's and ZeRO's "
@@ -360,7 +356,11 @@ void Trainer::data_parallel_step(StepStats& s, DType data_dtype, Tensor& input, 
   static const ContextId loss_fwd = intern_context("loss", Phase::Forward);
   static const ContextId loss_bwd = intern_context("loss", Phase::Backward);
   const bool gpu0 = dp_->holds_module();
-  Tensor edge;  // a replica's output, gone to GPU 0: where its backward starts
+  // A model that computes its own loss (a transformers LM called with labels) does so in each
+  // replica, on its piece of the labels, which DataParallel scatters like the inputs.
+  const bool own_loss = model_->info().loss == LossKind::CausalLM;
+  const std::int64_t rows = model_->info().batch;
+  Tensor edge;  // a replica's output (or loss), gone to GPU 0: where its backward starts
   {
     PhaseGuard phase(Phase::Forward);
     {
@@ -382,21 +382,49 @@ void Trainer::data_parallel_step(StepStats& s, DType data_dtype, Tensor& input, 
         input = whole(like_input);
         if (like_target.defined()) target = whole(like_target);
       } else {
-        // Scatter's copy of this GPU's piece (.to(device) of a slice of GPU 0's batch).
+        // Scatter's copy of this GPU's piece (.to(device) of a slice of GPU 0's batch), and of
+        // the labels' when the model takes them.
         input = model_->make_input(rt, data_dtype, s.step);
+        if (own_loss) target = model_->make_target(rt, data_dtype, s.step);
       }
     }
     dp_->replicate();
     AutocastRegion autocast(rt, autocast_dtype(config_.precision));
-    Tensor piece = run_forward(gpu0 ? input.narrow(0, 0, model_->info().batch) : input);
-    if (gpu0) {
-      output = dp_->gather(piece, dp_batch_);  // `out = model(x)`: the whole batch's output
+    Tensor piece = run_forward(gpu0 ? input.narrow(0, 0, rows) : input);
+    if (own_loss) {
+      // The replica's forward ends with its loss (transformers' loss_function on its logits).
+      Tensor piece_loss;
+      {
+        ModuleScope scope(loss_fwd);
+        BackwardContextGuard backward_scope(loss_bwd);
+        piece_loss = loss_of(piece, gpu0 ? target.narrow(0, 0, rows) : target);
+      }
+      if (gpu0) {
+        // Gather of the output object, field by field: the logits of the whole batch, and the
+        // replicas' scalar losses unsqueezed into a vector of N (_functions.py Gather.forward).
+        output = dp_->gather(piece, dp_batch_, "gathered output (the whole batch's)");
+        loss = dp_->gather(piece_loss.view(Shape{1}), static_cast<std::int64_t>(config_.parallel.world_size),
+                           "gathered losses (one per GPU)");
+      } else {
+        edge = detail::gradient_edge(piece_loss);  // its loss went to GPU 0
+      }
+    } else if (gpu0) {
+      // `out = model(x)`: the whole batch's output
+      output = dp_->gather(piece, dp_batch_, "gathered output (the whole batch's)");
     } else {
       edge = detail::gradient_edge(piece);  // the output went to GPU 0
     }
     piece = Tensor{};  // parallel_apply's outputs go with DataParallel.forward's return
+    // Trainer.compute_loss returns outputs["loss"] alone: the gathered logits go with the output
+    // object.
+    if (own_loss) output = Tensor{};
     dp_->forward_done();
-    if (gpu0) {
+    if (gpu0 && own_loss) {
+      // training_step takes the mean of the GPUs' losses (args.n_gpu > 1).
+      ModuleScope scope(loss_fwd);
+      BackwardContextGuard backward_scope(loss_bwd);
+      loss = mean_last(loss);
+    } else if (gpu0) {
       ModuleScope scope(loss_fwd);
       BackwardContextGuard backward_scope(loss_bwd);
       loss = loss_of(output, target);
@@ -412,8 +440,8 @@ void Trainer::data_parallel_step(StepStats& s, DType data_dtype, Tensor& input, 
       ModuleScope scope(loss_bwd);
       backward(loss);
     } else {
-      // Scatter's copy of this GPU's piece of the output's gradient, handed to the replica's
-      // first node and freed once it has run.
+      // Scatter's copy of this GPU's piece of the output's (or the losses') gradient, handed to
+      // the replica's first node and freed once it has run.
       Tensor grad = dp_->scattered_gradient(edge);
       backward(edge, std::move(grad));
       edge = Tensor{};
@@ -581,6 +609,7 @@ StepStats Trainer::step() {
 
   s.loss = rt.computing() ? to_values(loss)[0] : std::numeric_limits<double>::quiet_NaN();
   input = target = output = loss = Tensor{};
+  if (dp_) dp_->end_step();
 
   const DeviceStats end = alloc.stats();
   s.stats = end;
