@@ -549,16 +549,17 @@ std::string parallel_note(const std::vector<nn::ParallelConfig>& configs, const 
         : config.engine == nn::ParallelEngine::Dp
             ? (config.rank == 0
                    ? std::string("GPU 0's (nn.DataParallel: one process; GPU 0 holds the module, its gradients and the "
-                                 "optimizer, the whole batch, the gathered output and the loss, runs its piece of the "
+                                 "optimizer, the whole batch, the gathered output (with a model's own loss, the "
+                                 "whole batch's logits until the loss is taken) and the loss, runs its piece of the "
                                  "batch, and at the end of backward flattens and sums every GPU's gradients into new "
                                  "buffers that become the .grad; each forward flattens the parameters' and buffers' "
                                  "10 MiB groups of several tensors to broadcast them)")
                    : "GPU " + std::to_string(config.rank) +
                          "'s (nn.DataParallel: no module of its own; each forward receives the parameters and "
                          "buffers in 10 MiB groups and runs its piece of the batch (torch.chunk's) on those views, "
-                         "a group going once every parameter in it has its gradient; the output goes to GPU 0 and "
-                         "its gradient comes back as a copy; the gradients are flattened and sent to GPU 0 at the "
-                         "end of backward; no optimizer state)")
+                         "a group going once every parameter in it has its gradient; the output (and a model's own "
+                         "loss) goes to GPU 0, the gradient comes back as a copy; the gradients are flattened and "
+                         "sent to GPU 0 at the end of backward; no optimizer state)")
         : config.engine == nn::ParallelEngine::Ddp
             ? "each rank alike (DistributedDataParallel runs the whole step on each GPU and adds its gradient "
               "buckets and broadcasts)"
