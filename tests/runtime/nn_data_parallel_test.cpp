@@ -174,7 +174,7 @@ TEST(NnDataParallel, ALanguageModelsLossesAndLogitsAreGatheredOnGpuZero) {
   EXPECT_EQ(gathered, (std::vector<std::string>{
                           "gathered output (the whole batch's) " + std::to_string(logits) +
                               " @ step 1 forward -> step 1 forward",
-                          "gathered losses (one per GPU) 16 @ step 1 forward -> step 1 optimizer"}));
+                          "gathered losses (one per GPU) 16 @ step 1 forward -> step 1 forward"}));
   cfg.parallel = parse_parallel("dp:4", "gpu=3");
   OneStep gpu3(cfg);
   for (const std::string& line : logged(gpu3.trainer)) EXPECT_FALSE(line.starts_with("gathered")) << line;
@@ -184,6 +184,42 @@ TEST(NnDataParallel, ALanguageModelsLossesAndLogitsAreGatheredOnGpuZero) {
     return r.stats.forward.peak_allocated - r.stats.forward.allocated_begin;
   };
   EXPECT_GT(forward_growth(gpu0) - (forward_growth(gpu3) - gpu3.trainer.report().parameter_bytes), logits / 4);
+}
+
+// PEFT's LoRA under DataParallel: the frozen base weights are broadcast with the rest, and
+// their copies' gradients, undefined, are materialized as zeros and reduced like the others;
+// the sums of the frozen ones are dropped at once, the adapters' become their .grad.
+TEST(NnDataParallel, FrozenParametersAreReducedAsZerosAndDropped) {
+  TrainConfig cfg;
+  cfg.model = models::HfConfig::parse(R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+    "hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "num_hidden_layers": 2, "vocab_size": 32000, "max_position_embeddings": 512, "rms_norm_eps": 1e-06,
+    "tie_word_embeddings": false})",
+                                      "tiny-llama", "test");
+  cfg.model_options = ModelOptions::parse("batch=4,seq=128,attn=sdpa,lora=8");
+  cfg.precision = Precision::BF16;
+  cfg.device = "sim:capacity=80GiB,context=0";
+  cfg.steps = 1;
+  cfg.parallel = parse_parallel("dp:2");
+  OneStep gpu0(cfg);
+  std::int64_t all = 0, trained = 0, reduced = 0, kept = 0;
+  for (const Tensor& p : gpu0.trainer.model().body().parameters()) {  // frozen ones too
+    all += static_cast<std::int64_t>(p.nbytes());
+    if (p.requires_grad()) trained += static_cast<std::int64_t>(p.nbytes());
+    EXPECT_EQ(p.grad().defined(), p.requires_grad());
+  }
+  for (const CommunicationBuffer& b : gpu0.trainer.communication_buffers()) {
+    if (!b.what.starts_with("reduced gradients")) continue;
+    reduced += static_cast<std::int64_t>(b.bytes);
+    if (b.freed.empty()) {
+      kept += static_cast<std::int64_t>(b.bytes);
+    } else {
+      EXPECT_EQ(b.freed, "step 1 backward");  // a frozen group's sum
+    }
+  }
+  EXPECT_EQ(reduced, all);      // every parameter's gradient summed
+  EXPECT_EQ(kept, trained);     // the adapters' (one group of f32, apart from the bf16 base)
+  EXPECT_LT(trained * 100, all);
 }
 
 }  // namespace

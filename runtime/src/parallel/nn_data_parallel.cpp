@@ -99,15 +99,11 @@ NnDataParallel::NnDataParallel(const ParallelConfig& config, Module& root, Runti
       buffer_context_(intern_context("DataParallel broadcast", Phase::Forward)),
       gather_context_(intern_context("DataParallel gather (output)", Phase::Forward)),
       scatter_context_(intern_context("DataParallel scatter", Phase::Backward)) {
+  // replicate() broadcasts network.parameters(), frozen ones too (Broadcast marks their copies
+  // non-differentiable).
   std::unordered_set<const TensorImpl*> seen;
   for (const Tensor& p : root.parameters()) {
     if (!seen.insert(p.impl()).second) continue;
-    if (!p.requires_grad()) {
-      // Broadcast.backward materializes a zero gradient for each of them on every GPU, which
-      // ReduceAddCoalesced then sums: not followed yet.
-      throw Error("dp (nn.DataParallel) with frozen parameters is not modelled yet (its backward reduces a zero "
-                  "gradient for each); train every parameter, or use ddp:N");
-    }
     index_[p.impl()] = params_.size();
     params_.push_back(p);
   }
@@ -196,8 +192,14 @@ void NnDataParallel::replicate() {
     ModuleScope scope(holds_module() ? buffer_context_ : weights_context_);
     broadcast(params_, "parameters", &param_groups_, &received_params_);
   }
+  // A group goes once its trained parameters' gradients are in; one of frozen parameters alone
+  // waits for the backward's end (no gradient tells when the nodes that saved them have run).
   due_.clear();
-  for (const Group& g : param_groups_) due_.push_back(g.members.size());
+  for (const Group& g : param_groups_) {
+    std::size_t trained = 0;
+    for (std::size_t i : g.members) trained += params_[i].requires_grad() ? 1 : 0;
+    due_.push_back(trained);
+  }
   // Buffers that do not require grad: comm.broadcast_coalesced(buffers, devices) (detached).
   if (!buffers_.empty()) {
     ModuleScope scope(buffer_context_);
@@ -241,8 +243,9 @@ void NnDataParallel::finalize_backward() {
     }
     received->clear();
   }
-  // Broadcast.backward's gradients, one per parameter: a parameter the backward never reached
-  // gets zeros (a custom Function's undefined gradients are materialized, set_materialize_grads).
+  // Broadcast.backward's gradients, one per parameter: a frozen one's (its non-differentiable
+  // copy's) and one the backward never reached are zeros, as a custom Function's undefined
+  // gradients are materialized (set_materialize_grads); ReduceAddCoalesced sums them all.
   std::vector<Tensor> grads;
   for (const Tensor& p : params_) {
     Tensor g = p.grad();
@@ -272,9 +275,10 @@ void NnDataParallel::finalize_backward() {
     }
   }
   for (auto& [tensor, entry] : flats) release(tensor, entry);
-  // Broadcast.backward returns: GPU 0's parameters take views of the reduced buffers as their
-  // .grad (AccumulateGrad steals them), and the gradients that waited in its input buffer go;
-  // a replica's go with the graph.
+  // Broadcast.backward returns: GPU 0's trained parameters take views of the reduced buffers as
+  // their .grad (AccumulateGrad steals them; the frozen ones' sums are dropped, and a buffer
+  // only they view goes), and the gradients that waited in its input buffer go; a replica's go
+  // with the graph.
   for (auto& [result, members] : results) {
     std::int64_t offset = 0;
     for (std::size_t i : members) {
@@ -282,14 +286,17 @@ void NnDataParallel::finalize_backward() {
       const std::int64_t n = p.numel();
       Tensor view = result.narrow(0, offset, n).view(p.shape());
       offset += n;
+      if (!p.requires_grad()) continue;
       p.reset_grad();
       p.set_grad(view);
     }
   }
+  results.clear();
   if (!holds_module()) {
     for (Tensor& p : params_) p.reset_grad();
   }
   grads.clear();
+  sweep();  // a reduced buffer only frozen parameters viewed
   stage_ = "step " + std::to_string(forwards_) + " optimizer";
 }
 

@@ -15,13 +15,14 @@
 //     batch) and copies each chunk's in; a replica's output goes with the forward.
 // Backward: the gathered output's gradient is scattered (GPU 0's chunk a view, copies on the
 // others); each replica's parameter gradients wait in Broadcast's input buffer until every
-// replica is done; then ReduceAddCoalesced (comm.reduce_add_coalesced) cuts them by
+// replica is done (a frozen parameter's as zeros: its copy is non-differentiable, and a custom
+// Function's undefined gradients are materialized); then ReduceAddCoalesced (comm.reduce_add_coalesced) cuts them by
 // torch._utils._take_tensors (a group closes before a tensor that would pass 10 MiB), flattens
 // each group on every GPU (a copy when it holds several; the last two groups' alive at once,
 // the loop rebinding its list) and NCCL-reduces it into a new buffer on GPU 0, whose views
 // become the parameters' .grad. A replica's parameters are views of its received groups and
-// die with what autograd saved of them: a group goes once every parameter in it has its
-// gradient; the buffers' groups of running statistics stay until the backward is done (batch
+// die with what autograd saved of them: vramscope frees a group once every trained parameter
+// in it has its gradient (one of frozen parameters alone at the backward's end); the buffers' groups of running statistics stay until the backward is done (batch
 // norm's backward keeps them), an integer group (num_batches_tracked) goes with the forward.
 #pragma once
 
@@ -41,8 +42,7 @@ class NnDataParallel {
  public:
   /// model = nn.DataParallel(model) on GPU `config.rank` of `config.world_size`: on GPU 0 the
   /// module is materialized there, on the others it is not (each forward brings a replica).
-  /// Throws mem::Error for frozen parameters (their gradients would be zeros reduced on every
-  /// GPU, not modelled).
+  /// Throws mem::Error for a model without parameters.
   NnDataParallel(const ParallelConfig& config, Module& root, Runtime& runtime);
 
   /// Whether this GPU holds the module (GPU 0) rather than a replica per forward.

@@ -416,15 +416,15 @@ void Trainer::data_parallel_step(StepStats& s, DType data_dtype, Tensor& input, 
     }
     piece = Tensor{};  // parallel_apply's outputs go with DataParallel.forward's return
     // Trainer.compute_loss returns outputs["loss"] alone: the gathered logits go with the output
-    // object.
+    // object; training_step takes the mean of the GPUs' losses (args.n_gpu > 1).
     if (own_loss) output = Tensor{};
-    dp_->forward_done();
     if (gpu0 && own_loss) {
-      // training_step takes the mean of the GPUs' losses (args.n_gpu > 1).
       ModuleScope scope(loss_fwd);
       BackwardContextGuard backward_scope(loss_bwd);
       loss = mean_last(loss);
-    } else if (gpu0) {
+    }
+    dp_->forward_done();
+    if (gpu0 && !own_loss) {
       ModuleScope scope(loss_fwd);
       BackwardContextGuard backward_scope(loss_bwd);
       loss = loss_of(output, target);
