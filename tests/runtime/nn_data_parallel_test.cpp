@@ -46,6 +46,22 @@ std::vector<std::string> logged(const Trainer& trainer) {
   return out;
 }
 
+/// A two-layer bf16 Llama of hidden 256 and vocabulary 32,000 on `parallel`'s GPU 0.
+TrainConfig tiny_llama(const std::string& options, const std::string& parallel) {
+  TrainConfig cfg;
+  cfg.model = models::HfConfig::parse(R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+    "hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "num_hidden_layers": 2, "vocab_size": 32000, "max_position_embeddings": 512, "rms_norm_eps": 1e-06,
+    "tie_word_embeddings": false})",
+                                      "tiny-llama", "test");
+  cfg.model_options = ModelOptions::parse(options);
+  cfg.precision = Precision::BF16;
+  cfg.device = "sim:capacity=80GiB,context=0";
+  cfg.steps = 1;
+  cfg.parallel = parse_parallel(parallel);
+  return cfg;
+}
+
 constexpr std::size_t kW1 = 2048 * 1024 * 4, kB1 = 2048 * 4, kW2 = 1024 * 2048 * 4, kB2 = 1024 * 4;
 
 TEST(NnDataParallel, OptionAndRefusals) {
@@ -154,17 +170,7 @@ TEST(NnDataParallel, EachGpuHoldsItsPieceOfTheBatch) {
 // alone (training_step then takes its mean). Over four GPUs those bf16 logits are twice what
 // a replica's loss keeps of its own (its quarter in f32), and GPU 0's forward peaks there.
 TEST(NnDataParallel, ALanguageModelsLossesAndLogitsAreGatheredOnGpuZero) {
-  TrainConfig cfg;
-  cfg.model = models::HfConfig::parse(R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
-    "hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4, "num_key_value_heads": 2,
-    "num_hidden_layers": 2, "vocab_size": 32000, "max_position_embeddings": 512, "rms_norm_eps": 1e-06,
-    "tie_word_embeddings": false})",
-                                      "tiny-llama", "test");
-  cfg.model_options = ModelOptions::parse("batch=8,seq=128,attn=sdpa");
-  cfg.precision = Precision::BF16;
-  cfg.device = "sim:capacity=80GiB,context=0";
-  cfg.steps = 1;
-  cfg.parallel = parse_parallel("dp:4");
+  TrainConfig cfg = tiny_llama("batch=8,seq=128,attn=sdpa", "dp:4");
   OneStep gpu0(cfg);
   std::vector<std::string> gathered;
   for (const std::string& line : logged(gpu0.trainer)) {
@@ -190,17 +196,7 @@ TEST(NnDataParallel, ALanguageModelsLossesAndLogitsAreGatheredOnGpuZero) {
 // their copies' gradients, undefined, are materialized as zeros and reduced like the others;
 // the sums of the frozen ones are dropped at once, the adapters' become their .grad.
 TEST(NnDataParallel, FrozenParametersAreReducedAsZerosAndDropped) {
-  TrainConfig cfg;
-  cfg.model = models::HfConfig::parse(R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
-    "hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4, "num_key_value_heads": 2,
-    "num_hidden_layers": 2, "vocab_size": 32000, "max_position_embeddings": 512, "rms_norm_eps": 1e-06,
-    "tie_word_embeddings": false})",
-                                      "tiny-llama", "test");
-  cfg.model_options = ModelOptions::parse("batch=4,seq=128,attn=sdpa,lora=8");
-  cfg.precision = Precision::BF16;
-  cfg.device = "sim:capacity=80GiB,context=0";
-  cfg.steps = 1;
-  cfg.parallel = parse_parallel("dp:2");
+  TrainConfig cfg = tiny_llama("batch=4,seq=128,attn=sdpa,lora=8", "dp:2");
   OneStep gpu0(cfg);
   std::int64_t all = 0, trained = 0, reduced = 0, kept = 0;
   for (const Tensor& p : gpu0.trainer.model().body().parameters()) {  // frozen ones too

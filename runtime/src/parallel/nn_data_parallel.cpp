@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <map>
+#include <utility>
 #include <unordered_set>
 
 #include "engine/detail.hpp"
@@ -49,21 +50,14 @@ class GatherBackward final : public Node {
 std::vector<NnDataParallel::Group> NnDataParallel::take_tensors(const std::vector<Tensor>& tensors,
                                                                 std::size_t limit) {
   std::vector<Group> out;
-  std::map<int, std::pair<Group, std::size_t>> open;  // by ScalarType: the group and its bytes
+  std::map<int, Group> open;  // by ScalarType
   for (std::size_t i = 0; i < tensors.size(); ++i) {
-    auto& [group, bytes] = open[scalar_type(tensors[i].dtype())];
-    group.members.push_back(i);
-    group.numel += tensors[i].numel();
-    group.dtype = tensors[i].dtype();
-    bytes += tensors[i].nbytes();
-    if (bytes >= limit) {
-      out.push_back(std::move(group));
-      group = Group{};
-      bytes = 0;
-    }
+    Group& group = open[scalar_type(tensors[i].dtype())];
+    group.add(i, tensors[i]);
+    if (group.bytes >= limit) out.push_back(std::exchange(group, Group{}));
   }
-  for (auto& [type, entry] : open) {
-    if (!entry.first.members.empty()) out.push_back(std::move(entry.first));
+  for (auto& [type, group] : open) {
+    if (!group.members.empty()) out.push_back(std::move(group));
   }
   return out;
 }
@@ -71,23 +65,21 @@ std::vector<NnDataParallel::Group> NnDataParallel::take_tensors(const std::vecto
 std::vector<NnDataParallel::Group> NnDataParallel::take_tensors_python(const std::vector<Tensor>& tensors,
                                                                        std::size_t limit) {
   std::vector<Group> out;
-  std::vector<std::pair<DType, std::pair<Group, std::size_t>>> open;  // in the order first seen
+  std::vector<Group> open;  // one per dtype, in the order first seen
   for (std::size_t i = 0; i < tensors.size(); ++i) {
-    auto it = std::find_if(open.begin(), open.end(), [&](const auto& e) { return e.first == tensors[i].dtype(); });
-    if (it == open.end()) it = open.insert(open.end(), {tensors[i].dtype(), {Group{}, 0}});
-    auto& [group, bytes] = it->second;
-    if (bytes + tensors[i].nbytes() > limit && bytes > 0) {
-      out.push_back(std::move(group));
-      group = Group{};
-      bytes = 0;
+    auto it = std::find_if(open.begin(), open.end(), [&](const Group& g) { return g.dtype == tensors[i].dtype(); });
+    if (it == open.end()) {
+      it = open.insert(open.end(), Group{});
+      it->dtype = tensors[i].dtype();
     }
-    group.members.push_back(i);
-    group.numel += tensors[i].numel();
-    group.dtype = tensors[i].dtype();
-    bytes += tensors[i].nbytes();
+    if (it->bytes + tensors[i].nbytes() > limit && it->bytes > 0) {
+      out.push_back(std::exchange(*it, Group{}));
+      it->dtype = tensors[i].dtype();
+    }
+    it->add(i, tensors[i]);
   }
-  for (auto& [dtype, entry] : open) {
-    if (!entry.first.members.empty()) out.push_back(std::move(entry.first));
+  for (Group& group : open) {
+    if (!group.members.empty()) out.push_back(std::move(group));
   }
   return out;
 }
@@ -109,13 +101,20 @@ NnDataParallel::NnDataParallel(const ParallelConfig& config, Module& root, Runti
   }
   if (params_.empty()) throw Error("dp (nn.DataParallel): the model has no parameter to replicate");
   seen.clear();
+  std::vector<Tensor> buffers;
   for (const Tensor& b : root.buffers()) {
-    if (seen.insert(b.impl()).second) buffers_.push_back(b);
+    if (seen.insert(b.impl()).second) buffers.push_back(b);
   }
   param_groups_ = take_tensors(params_, kCoalesceBytes);
+  buffer_groups_ = take_tensors(buffers, kCoalesceBytes);
   group_of_.assign(params_.size(), 0);
   for (std::size_t g = 0; g < param_groups_.size(); ++g) {
-    for (std::size_t i : param_groups_[g].members) group_of_[i] = g;
+    std::size_t trained = 0;
+    for (std::size_t i : param_groups_[g].members) {
+      group_of_[i] = g;
+      trained += params_[i].requires_grad() ? 1 : 0;
+    }
+    trained_.push_back(trained);
   }
 }
 
@@ -131,12 +130,10 @@ void NnDataParallel::release(Tensor& tensor, std::size_t entry) {
   if (entry < log_.size()) log_[entry].freed = stage_;
 }
 
-void NnDataParallel::broadcast(const std::vector<Tensor>& tensors, const std::string& what,
-                               std::vector<Group>* groups, std::vector<std::pair<Tensor, std::size_t>>* received) {
-  const std::vector<Group> cut = groups != nullptr ? *groups : take_tensors(tensors, kCoalesceBytes);
-  for (const Group& group : cut) {
-    const auto bytes = static_cast<double>(group.numel) * static_cast<double>(dtype_size(group.dtype));
-    sent_ += bytes;
+void NnDataParallel::broadcast(const std::vector<Group>& groups, const std::string& what,
+                               std::vector<std::pair<Tensor, std::size_t>>& received) {
+  for (const Group& group : groups) {
+    sent_ += static_cast<double>(group.bytes);
     if (holds_module()) {
       // flatten_dense_tensors: a group of one tensor is its view; of several, a cat, freed at
       // the end of the group's iteration. GPU 0's replica is the module itself.
@@ -149,7 +146,7 @@ void NnDataParallel::broadcast(const std::vector<Tensor>& tensors, const std::st
     // broadcast(): at::empty of the flat group on every other GPU; unflattened into views.
     std::size_t entry = 0;
     Tensor flat = make(what + " received", group.numel, group.dtype, entry);
-    received->emplace_back(std::move(flat), entry);
+    received.emplace_back(std::move(flat), entry);
   }
 }
 
@@ -190,21 +187,14 @@ void NnDataParallel::replicate() {
   // A replica's received groups are its weights; GPU 0's flattened copies are only in transit.
   {
     ModuleScope scope(holds_module() ? buffer_context_ : weights_context_);
-    broadcast(params_, "parameters", &param_groups_, &received_params_);
+    broadcast(param_groups_, "parameters", received_params_);
   }
   // A group goes once its trained parameters' gradients are in; one of frozen parameters alone
   // waits for the backward's end (no gradient tells when the nodes that saved them have run).
-  due_.clear();
-  for (const Group& g : param_groups_) {
-    std::size_t trained = 0;
-    for (std::size_t i : g.members) trained += params_[i].requires_grad() ? 1 : 0;
-    due_.push_back(trained);
-  }
+  due_ = trained_;
   // Buffers that do not require grad: comm.broadcast_coalesced(buffers, devices) (detached).
-  if (!buffers_.empty()) {
-    ModuleScope scope(buffer_context_);
-    broadcast(buffers_, "buffers", nullptr, &received_buffers_);
-  }
+  ModuleScope scope(buffer_context_);
+  broadcast(buffer_groups_, "buffers", received_buffers_);
 }
 
 void NnDataParallel::end_step() { sweep(); }
@@ -257,8 +247,7 @@ void NnDataParallel::finalize_backward() {
   std::vector<std::pair<Tensor, std::size_t>> flats;
   std::vector<std::pair<Tensor, std::vector<std::size_t>>> results;
   for (const Group& group : take_tensors_python(grads, kCoalesceBytes)) {
-    const auto bytes = static_cast<double>(group.numel) * static_cast<double>(dtype_size(group.dtype));
-    sent_ += bytes;
+    sent_ += static_cast<double>(group.bytes);
     std::pair<Tensor, std::size_t> flat;
     if (group.members.size() > 1) flat.first = make("gradients flattened for the reduce", group.numel, group.dtype, flat.second);
     if (flats.size() == 1) {

@@ -74,7 +74,14 @@ class NnDataParallel {
   struct Group {
     std::vector<std::size_t> members;  ///< indices into the list it was cut from
     std::int64_t numel = 0;
+    std::size_t bytes = 0;
     DType dtype = DType::F32;
+    void add(std::size_t index, const Tensor& t) {
+      members.push_back(index);
+      numel += t.numel();
+      bytes += t.nbytes();
+      dtype = t.dtype();
+    }
   };
   /// utils::take_tensors (C++, comm.cpp's broadcast_coalesced): one open group per dtype; a
   /// tensor joins, and the group closes once its bytes reach `limit`; the open ones last, by
@@ -83,10 +90,10 @@ class NnDataParallel {
   /// torch._utils._take_tensors (Python, reduce_add_coalesced): a dtype's group closes before a
   /// tensor that would take it past `limit`; the open ones last, in the order first seen.
   static std::vector<Group> take_tensors_python(const std::vector<Tensor>& tensors, std::size_t limit);
-  /// broadcast_coalesced of `tensors` as `what`: GPU 0's flattened copies, a replica's
+  /// broadcast_coalesced of `groups` as `what`: GPU 0's flattened copies, a replica's
   /// received groups (kept in `received`).
-  void broadcast(const std::vector<Tensor>& tensors, const std::string& what, std::vector<Group>* groups,
-                 std::vector<std::pair<Tensor, std::size_t>>* received);
+  void broadcast(const std::vector<Group>& groups, const std::string& what,
+                 std::vector<std::pair<Tensor, std::size_t>>& received);
   Tensor make(const std::string& what, std::int64_t numel, DType dtype, std::size_t& entry);
   void release(Tensor& tensor, std::size_t entry);
   /// Marks the watched buffers whose storage went (the gathered output, the reduced gradients
@@ -97,12 +104,15 @@ class NnDataParallel {
   Runtime& runtime_;
   ContextId weights_context_, buffer_context_, gather_context_, scatter_context_;
   std::vector<Tensor> params_;   ///< model.parameters(), each once
-  std::vector<Tensor> buffers_;  ///< model.buffers()
   std::unordered_map<const TensorImpl*, std::size_t> index_;  ///< parameter -> its index
-  // A replica's received parameter groups, each with how many of its gradients are still due.
-  std::vector<Group> param_groups_;
+  // The broadcast's groups of the parameters and of the buffers, cut once (their sizes never
+  // change), and a replica's received ones.
+  std::vector<Group> param_groups_, buffer_groups_;
   std::vector<std::pair<Tensor, std::size_t>> received_params_, received_buffers_;
-  std::vector<std::size_t> group_of_, due_;
+  std::vector<std::size_t> group_of_;
+  /// Per parameter group, its trained parameters (the gradients a replica's group waits for),
+  /// and how many of them are still due this step.
+  std::vector<std::size_t> trained_, due_;
   /// GPU 0's gathered outputs and reduced buffers (which the .grad views hold), by their log
   /// entries: freed when the training loop or the optimizer's zero_grad drops them.
   std::vector<std::pair<std::size_t, std::weak_ptr<Storage>>> watched_;

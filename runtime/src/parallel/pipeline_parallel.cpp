@@ -4,7 +4,6 @@
 #include "parallel/pipeline_parallel.hpp"
 
 #include <algorithm>
-#include <charconv>
 #include <memory>
 #include <string>
 #include <utility>
@@ -96,36 +95,33 @@ PipelineParallel::PipelineParallel(const ParallelConfig& config, Sequential& bod
                 std::to_string(microbatches_) + ") must be at least the number of stages; give microbatches=" +
                 std::to_string(stages) + " or more (a batch of at least " + std::to_string(stages) + ")");
   }
-  // Rank r holds stages r, r + P, ... (stage_ids_this_rank's "loop" style); the first rank
-  // the embedding, the last the final norm and lm_head.
-  std::vector<std::string> keep{"model.rotary_emb"};
-  if (config.stage == 0) keep.emplace_back("model.embed_tokens");
-  for (std::size_t k = 0; k < per_rank; ++k) {
-    const auto [first_layer, end_layer] = split.at(config.stage + k * stages);
-    for (std::size_t l = first_layer; l < end_layer; ++l) keep.push_back(std::string(kLayerPrefix) + std::to_string(l));
-  }
-  if (config.stage + 1 == stages) {
-    keep.emplace_back("model.norm");
-    keep.emplace_back("lm_head");
-  }
-  body.retain(keep);  // the modules kept stay where they are: rotary_ still points at one
-  hold_inputs_per_call(*rotary_, 0);  // a decoder's rotary embedding, or mem::Error now
+  // Rank r holds stages r, r + P, ... (stage_ids_this_rank's "loop" style), each its layers, the
+  // rotary embedding, and the embedding (stage 0) or the final norm and lm_head (the last).
+  std::vector<std::vector<std::string>> names(per_rank);
+  std::vector<std::string> keep;
   for (std::size_t k = 0; k < per_rank; ++k) {
     LocalStage stage;
     stage.index = config.stage + k * stages;
     stage.first = stage.index == 0;
     stage.last = stage.index + 1 == stages * per_rank;
-    const auto [first_layer, end_layer] = split[stage.index];
-    for (const auto& [name, child] : body.children()) {
-      std::size_t layer = 0;
-      const bool in_layers = name.starts_with(kLayerPrefix) &&
-                             std::from_chars(name.data() + kLayerPrefix.size(), name.data() + name.size(), layer).ec ==
-                                 std::errc{} &&
-                             layer >= first_layer && layer < end_layer;
-      stage.part.push_back(name == "model.rotary_emb" || in_layers || (stage.first && name == "model.embed_tokens") ||
-                           (stage.last && (name == "model.norm" || name == "lm_head")));
+    names[k].emplace_back("model.rotary_emb");
+    if (stage.first) names[k].emplace_back("model.embed_tokens");
+    const auto [first_layer, end_layer] = split.at(stage.index);
+    for (std::size_t l = first_layer; l < end_layer; ++l) names[k].push_back(std::string(kLayerPrefix) + std::to_string(l));
+    if (stage.last) {
+      names[k].emplace_back("model.norm");
+      names[k].emplace_back("lm_head");
     }
+    keep.insert(keep.end(), names[k].begin(), names[k].end());
     stages_.push_back(std::move(stage));
+  }
+  body.retain(keep);  // the modules kept stay where they are: rotary_ still points at one
+  hold_inputs_per_call(*rotary_, 0);  // a decoder's rotary embedding, or mem::Error now
+  // Each stage runs its part of the rank's modules.
+  for (std::size_t k = 0; k < per_rank; ++k) {
+    for (const auto& [name, child] : body.children()) {
+      stages_[k].part.push_back(std::find(names[k].begin(), names[k].end(), name) != names[k].end());
+    }
   }
   // The schedule's program, the same every step; a schedule the micro-batches do not allow
   // throws here.
