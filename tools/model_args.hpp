@@ -104,7 +104,9 @@ std::optional<nn::SelectivePolicy> parse_selective(const std::string& text, cons
 inline constexpr const char* kSelectiveHelp =
     "selective checkpointing of an operator-level model: the checkpointed modules keep these operators' outputs for "
     "backward and recompute the rest, e.g. matmuls,attention (groups: matmuls, attention, convolutions; or "
-    "operators as PyTorch names them: aten.mm for every overload, aten.mm.default for one)";
+    "operators as PyTorch names them: aten.mm for every overload, aten.mm.default for one, aten.mm.default@2 for "
+    "its third call in the module's forward); per module: MODULES=OPS scopes joined by ';', MODULES a checkpointed "
+    "module's path or type name with * for any characters (layers.*.mlp=matmuls;attention)";
 
 /// --offload: "activations" (save_on_cpu(pin_memory=True) around the forward) is true; empty
 /// text is false; anything else a UsageError naming what is modelled.

@@ -193,8 +193,13 @@ nlohmann::json sweep_json(const planner::SweepResult& result) {
   j["checkpoint_mode"] = std::string(nn::checkpoint_mode_name(spec.checkpoint_mode));
   j["steps"] = spec.steps;
   j["accumulation"] = spec.accumulation;
-  // Selective checkpointing: the operators the checkpointed modules keep ([] for none).
+  // Selective checkpointing: the operators the checkpointed modules keep ([] for none), and
+  // the scopes' own lists ({"modules": ..., "save": [...]}).
   j["selective"] = spec.selective ? spec.selective->save : std::vector<std::string>{};
+  j["selective_scopes"] = nlohmann::json::array();
+  if (spec.selective) {
+    for (const auto& s : spec.selective->scopes) j["selective_scopes"].push_back({{"modules", s.modules}, {"save", s.save}});
+  }
   j["offload"] = spec.offload_activations ? "activations" : "";
   j["wall_ms"] = result.wall_ms;
   j["rows"] = nlohmann::json::array();

@@ -93,7 +93,7 @@ std::vector<SelectiveCandidate> selective_candidates(const nn::ModelInfo& info) 
   const auto present = [&](const std::vector<std::string>& groups) {
     SelectiveCandidate c;
     std::vector<nn::SelectivePolicy> policies;
-    for (const std::string& g : groups) policies.push_back(nn::SelectivePolicy{nn::SelectivePolicy::group(g)});
+    for (const std::string& g : groups) policies.push_back(nn::SelectivePolicy{nn::SelectivePolicy::group(g), {}});
     std::vector<bool> used(groups.size(), false);
     for (const std::string& op : info.operator_names) {
       bool kept = false;
@@ -137,7 +137,7 @@ nn::TrainConfig plan_config(const SweepSpec& base, const Plan& p, bool decoder) 
     return cfg;
   }
   cfg.checkpoint_modules = p.checkpoint_modules.value_or(std::vector<std::string>{});
-  if (!p.selective.empty() && !cfg.checkpoint_modules->empty()) cfg.selective = nn::SelectivePolicy{p.selective};
+  if (!p.selective.empty() && !cfg.checkpoint_modules->empty()) cfg.selective = nn::SelectivePolicy{p.selective, {}};
   if (decoder) cfg.model_options.checkpoint = cfg.checkpoint_modules->empty() ? "none" : "non-reentrant";
   return cfg;
 }

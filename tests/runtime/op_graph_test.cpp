@@ -223,6 +223,55 @@ TEST_F(OpGraphTest, SelectivePoliciesNameOperatorsAsPyTorchDoes) {
   }
 }
 
+TEST_F(OpGraphTest, ASelectivePolicyCanKeepOneCallAndDifferPerModule) {
+  // A policy function that counts (sac_ilp's per-operator plans): "@K" keeps the K-th call of
+  // that name in a region's forward, counted from 0, and the same call in its rerun.
+  const SelectivePolicy p = SelectivePolicy::parse("aten.mm.default@1,addmm@0");
+  SelectivePolicy::CallCounts forward;
+  std::vector<bool> kept;
+  for (const char* op : {"aten.mm.default", "aten.addmm.default", "aten.mm.default", "aten.mm.default", "aten.addmm.out"}) {
+    kept.push_back(p.keeps_call(op, forward));
+  }
+  EXPECT_EQ(kept, (std::vector<bool>{false, true, true, false, false}));
+  EXPECT_TRUE(p.saves("aten.mm.default"));
+  EXPECT_EQ(p.str(), "aten.mm.default@1,aten.addmm@0");
+
+  // Scopes: the first naming a module (its path or type name, '*' any characters) decides.
+  const SelectivePolicy scoped = SelectivePolicy::parse("layers.*.mlp=matmuls; DecoderLayer=mm@2;attention");
+  ASSERT_EQ(scoped.scopes.size(), 2u);
+  EXPECT_EQ(scoped.for_module("layers.3.mlp", "MLP"), &scoped.scopes[0].save);
+  EXPECT_EQ(scoped.for_module("layers.3", "DecoderLayer"), &scoped.scopes[1].save);
+  EXPECT_EQ(scoped.for_module("layers.3.attn", "Attention"), &scoped.save);
+  EXPECT_EQ(SelectivePolicy::parse(scoped.str()).str(), scoped.str());
+  EXPECT_EQ(SelectivePolicy::parse("a=mm").for_module("b", "B"), nullptr);
+  for (const char* bad : {"mm@", "mm@x", "mm@1x", "mm@-1", "matmuls@0", "=mm", "a b=mm", "mm;bmm", "a=", "a=mm;;"}) {
+    EXPECT_THROW(SelectivePolicy::parse(bad), Error) << bad;
+  }
+
+  // In a region: the block runs one product, so "@1" keeps nothing (the rerun recomputes it)
+  // and "@0" keeps h; a scope by path or by type name gives the block its policy.
+  const double mm_flops = 2.0 * 64 * 1024 * 1024, gelu_flops = 64.0 * 1024;
+  for (const auto& [text, keeps] : std::vector<std::pair<std::string, bool>>{
+           {"aten.mm.default@1", false}, {"aten.mm.default@0", true}, {"block=mm@0", true}, {"Sequential=mm", true},
+           {"block.*=mm", false}}) {
+    OpGraph g = gelu_block();
+    g.calls[1].checkpoint = CheckpointMark::NonReentrant;
+    auto marked = build(g);
+    const SelectivePolicy policy = SelectivePolicy::parse(text);
+    Module* block = named_modules(*marked).front();
+    if (const auto* ops = policy.for_module(block->path(), block->type_name())) {
+      block->set_selective_policy(std::make_shared<const SelectivePolicy>(SelectivePolicy{*ops, {}}));
+    }
+    Tensor x = empty(env_.rt, {64, 1024});
+    const std::int64_t before = env_.allocated();
+    Tensor r = (*marked)(x);
+    EXPECT_EQ(env_.allocated() - before, keeps ? 2 * kAct : kAct) << text;  // r, and h when kept
+    env_.rt.reset_flops();
+    backward(r, empty(env_.rt, {64, 1024}));
+    EXPECT_EQ(env_.rt.flops().recompute, keeps ? gelu_flops : mm_flops + gelu_flops) << text;
+  }
+}
+
 TEST_F(OpGraphTest, ASelectivePolicyUnderAReentrantCheckpointIsRefused) {
   OpGraph g = gelu_block();
   g.calls[1].checkpoint = CheckpointMark::Reentrant;

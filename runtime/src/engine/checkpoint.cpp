@@ -84,14 +84,17 @@ CheckpointFrame::CheckpointFrame(SegmentFunction fn, TensorList inputs, Runtime&
       autocast_(runtime.autocast()),
       policy_(std::move(policy)) {}
 
-SaveHook selective_keeper(std::string_view op) noexcept {
+SaveHook selective_keeper(std::string_view op) {
+  // Every region whose policy is in force sees the call (PyTorch's stacked modes each call
+  // their policy function); the innermost that keeps it keeps it.
+  SaveHook keeper;
   SaveHook hook = save_hook();
   while (hook.frame != nullptr && hook.mode != SaveMode::Normal) {
-    if (hook.frame->keeps(op)) return hook;
+    if (hook.frame->keeps(op, hook.mode) && keeper.frame == nullptr) keeper = hook;
     if (hook.mode != SaveMode::Pack) break;
     hook = hook.frame->enclosing();
   }
-  return {};
+  return keeper;
 }
 
 void CheckpointFrame::keep_outputs(std::string_view op, const TensorList& outputs) {

@@ -38,8 +38,12 @@ class CheckpointFrame : public std::enable_shared_from_this<CheckpointFrame> {
   CheckpointFrame(SegmentFunction fn, TensorList inputs, Runtime& runtime, bool preserve_rng,
                   std::shared_ptr<const SelectivePolicy> policy = nullptr);
 
-  /// Selective checkpointing: whether this region keeps the outputs of operator `op`.
-  bool keeps(std::string_view op) const noexcept { return policy_ != nullptr && policy_->saves(op); }
+  /// Selective checkpointing: whether this region keeps the outputs of this call of operator
+  /// `op`, run in its forward (Pack) or its rerun (Recompute); each call is asked once, as
+  /// PyTorch's policy function is called once per operator in each (ctx.is_recompute).
+  bool keeps(std::string_view op, SaveMode mode) {
+    return policy_ != nullptr && policy_->keeps_call(op, mode == SaveMode::Recompute ? rerun_calls_ : forward_calls_);
+  }
   /// Forward: keeps one call's outputs of `op` until the rerun takes them (detached aliases,
   /// reported to the saved-tensor observer as saved_tensors_hooks' pack hook sees them with
   /// respect_saved_tensors_hooks=True).
@@ -84,6 +88,7 @@ class CheckpointFrame : public std::enable_shared_from_this<CheckpointFrame> {
     std::size_t next = 0;         ///< the rerun's next call
   };
   std::shared_ptr<const SelectivePolicy> policy_;
+  SelectivePolicy::CallCounts forward_calls_, rerun_calls_;  ///< a policy's per-call counters
   SaveHook enclosing_;
   std::unordered_map<std::string, KeptOp> kept_;
 };
@@ -95,7 +100,7 @@ void observe_saved(const Tensor& tensor);
 /// its forward keeps; Recompute: its rerun takes), or {Normal, null}. The innermost region
 /// first, then those its forward runs in: a nested checkpoint's forward runs under every
 /// enclosing policy; a rerun runs under its own only (backward is outside every forward).
-SaveHook selective_keeper(std::string_view op) noexcept;
+SaveHook selective_keeper(std::string_view op);
 
 /// Thrown by store_recomputed() to end a rerun early; caught by recompute().
 struct StopRecompute {};

@@ -2,6 +2,7 @@
 // optimizer) with per-phase allocator statistics, and train() for sweeps.
 #include "vramscope/runtime/training.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <limits>
@@ -68,18 +69,35 @@ void apply_selective(const TrainConfig& config, Model& model) {
                 " is a model of modules, not of operators; record it at the operator level first "
                 "(python3 -m vramscope.export ... writes one) or checkpoint whole modules");
   }
-  if (config.selective->save.empty()) throw Error("selective checkpointing: the policy keeps no operator");
-  const auto policy = std::make_shared<const SelectivePolicy>(*config.selective);
+  const SelectivePolicy& selective = *config.selective;
+  if (selective.empty()) throw Error("selective checkpointing: the policy keeps no operator");
+  // One region policy per distinct list (a scope's, or the one for every other module).
+  std::vector<std::pair<const std::vector<std::string>*, std::shared_ptr<const SelectivePolicy>>> policies;
+  std::vector<bool> scope_used(selective.scopes.size(), false);
   std::size_t given = 0;
   for (Module* m : named_modules(model.body())) {
     if (m->checkpoint_mark() == CheckpointMark::None || m->is_inline()) continue;
+    const std::vector<std::string>* ops = selective.for_module(m->path(), m->type_name());
+    for (std::size_t k = 0; k < selective.scopes.size(); ++k) scope_used[k] = scope_used[k] || ops == &selective.scopes[k].save;
+    if (ops == nullptr) continue;
     if (m->checkpoint_mark() == CheckpointMark::Reentrant) {
       throw Error("selective checkpointing runs under non-reentrant checkpoints only, and " + m->path() +
                   " is checkpointed reentrant (PyTorch: \"Passing `context_fn` or `debug` is only supported when "
                   "use_reentrant=False\")");
     }
-    m->set_selective_policy(policy);
+    auto it = std::find_if(policies.begin(), policies.end(), [&](const auto& p) { return p.first == ops; });
+    if (it == policies.end()) {
+      it = policies.insert(policies.end(), {ops, std::make_shared<const SelectivePolicy>(SelectivePolicy{*ops, {}})});
+    }
+    m->set_selective_policy(it->second);
     ++given;
+  }
+  for (std::size_t k = 0; k < selective.scopes.size(); ++k) {
+    if (!scope_used[k]) {
+      throw Error("selective checkpointing: the scope '" + selective.scopes[k].modules + "' names no checkpointed "
+                  "module of " + info.name + " (a module's path or type name, '*' for any characters; checkpoint "
+                  "it with --checkpoint-modules)");
+    }
   }
   if (given == 0) {
     throw Error("selective checkpointing applies inside checkpointed modules, and " + info.name +

@@ -69,16 +69,39 @@ struct CheckpointOptions {
 /// alias: the storage stays) from the forward until the recompute takes it, whether or not
 /// backward needs it; a rerun that stops early leaves the later ones until the region's
 /// graph is freed (torch/utils/checkpoint.py, PyTorch 2.4 to 2.15).
+///
+/// A name may keep one call only, "aten.mm.default@2" (the third call of that overload in the
+/// region's forward, counted from 0): a policy function that counts, as the per-operator plans
+/// of torch.distributed._tools.sac_ilp decide. And a policy may differ per module: scopes
+/// "MODULES=OPS" separated by ';', MODULES a checkpointed module's path or type name, '*'
+/// matching any run of characters ("layers.*.mlp", "LlamaDecoderLayer").
 struct SelectivePolicy {
   /// Operators as the recording names them: "aten.mm.default" (that overload), "aten.mm" or
-  /// "mm" (every overload of aten.mm).
+  /// "mm" (every overload of aten.mm), each with an optional "@CALL". Without scopes: what
+  /// every checkpointed module keeps; with them, what a module no scope names keeps.
   std::vector<std::string> save;
+  struct Scope {
+    std::string modules;  ///< a path or type name, '*' a wildcard
+    std::vector<std::string> save;
+  };
+  std::vector<Scope> scopes;  ///< the first that names a module decides for it
+
+  /// Per name given with a call index: how many calls of it the region has run so far.
+  using CallCounts = std::vector<std::pair<std::string, std::size_t>>;
+  /// Whether any call of `op` may be kept (ignoring call indices and scopes).
   bool saves(std::string_view op) const noexcept;
-  /// The names given, comma-separated.
+  /// Whether this call of `op` is kept, counting it in `calls` (one region's forward or rerun).
+  bool keeps_call(std::string_view op, CallCounts& calls) const;
+  /// The operators a module with this path and type keeps; null when it keeps none.
+  const std::vector<std::string>* for_module(std::string_view path, std::string_view type) const noexcept;
+  /// Whether the policy keeps anything anywhere.
+  bool empty() const noexcept;
+  /// The text parse() reads back: names comma-separated, scopes "MODULES=OPS" joined by ';'.
   std::string str() const;
   /// "mm,aten._scaled_dot_product_efficient_attention" or the groups "matmuls", "attention",
-  /// "convolutions", "norms" (each expanded to its operators). Throws mem::Error for an empty
-  /// list, an empty name or one with characters no operator has.
+  /// "convolutions" (each expanded to its operators), "aten.addmm.default@1", and scopes
+  /// "layers.*=matmuls;other=mm". Throws mem::Error for an empty list, an empty name or one
+  /// with characters no operator has, a bad call index or an empty scope.
   static SelectivePolicy parse(std::string_view text);
   /// The operators a group stands for ("matmuls": aten.mm, aten.addmm, ...); empty when `name`
   /// is no group.
