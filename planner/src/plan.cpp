@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <map>
+#include <unordered_map>
 
 #include "vramscope/planner/max_batch.hpp"
 #include "vramscope/planner/errors.hpp"
@@ -42,6 +43,7 @@ std::string Plan::label() const {
       parts.push_back(n == 1 ? "checkpoint " + checkpoint_modules->front() : fmt::format("checkpoint {} modules", n));
     }
     if (!selective.empty()) parts.back() += fmt::format(" keeping {}", fmt::join(selective_groups, ", "));
+    if (!selective_scopes.empty()) parts.back() += fmt::format(" keeping {} of {} operator calls", kept_calls, calls_of);
   }
   if (segments > 1) parts.push_back(fmt::format("checkpoint_sequential {} segments", segments));
   if (change == PlanChange::Allocator) parts.push_back(alloc_conf);
@@ -137,7 +139,9 @@ nn::TrainConfig plan_config(const SweepSpec& base, const Plan& p, bool decoder) 
     return cfg;
   }
   cfg.checkpoint_modules = p.checkpoint_modules.value_or(std::vector<std::string>{});
-  if (!p.selective.empty() && !cfg.checkpoint_modules->empty()) cfg.selective = nn::SelectivePolicy{p.selective, {}};
+  if ((!p.selective.empty() || !p.selective_scopes.empty()) && !cfg.checkpoint_modules->empty()) {
+    cfg.selective = nn::SelectivePolicy{p.selective, p.selective_scopes};
+  }
   if (decoder) cfg.model_options.checkpoint = cfg.checkpoint_modules->empty() ? "none" : "non-reentrant";
   return cfg;
 }
@@ -296,6 +300,70 @@ class Planner {
 
   static std::int64_t div_up(std::int64_t a, std::int64_t b) { return b <= 0 ? 0 : (a + b - 1) / b; }
 
+  /// Every block checkpointed, keeping operator calls one by one (what sac_ilp decides per
+  /// operator, here decided by the allocator): the calls of all blocks ranked by the FLOPs a
+  /// kept byte saves, and the longest prefix of them that fits. Keeping a call holds its
+  /// outputs' storages from the forward to the block's backward and spares its recompute, so
+  /// the ranking is a knapsack's greedy order; the dry runs decide where it stops. `every`
+  /// is the run of every block keeping nothing; nullopt when that does not fit or the model
+  /// has no operators.
+  std::optional<Plan> search_kept_calls(const Plan& base, const Plan& every) {
+    const StepProfile& profile = result_.profile;
+    const auto& blocks = profile.blocks;
+    if (blocks.empty() || profile.op_calls.empty() || !every.fits()) return std::nullopt;
+    std::unordered_map<std::string, std::size_t> block_of;
+    for (std::size_t b = 0; b < blocks.size(); ++b) block_of.emplace(blocks[b], b);
+    struct Unit {
+      std::size_t block;
+      std::string entry;  ///< "aten.mm.default@2"
+      std::size_t bytes;
+      double flops;
+    };
+    std::vector<Unit> units;
+    // Calls are counted per operator in each block's forward, as the region's policy counts.
+    std::vector<std::unordered_map<std::string, std::size_t>> calls(blocks.size());
+    for (const OpCallCost& c : profile.op_calls) {
+      std::string path = c.module;
+      auto it = block_of.end();
+      while (!path.empty() && (it = block_of.find(path)) == block_of.end()) {
+        const std::size_t dot = path.rfind('.');
+        path = dot == std::string::npos ? "" : path.substr(0, dot);
+      }
+      if (it == block_of.end()) continue;
+      const std::size_t call = calls[it->second][c.op]++;
+      if (c.bytes > 0 && c.flops > 0) units.push_back({it->second, c.op + "@" + std::to_string(call), c.bytes, c.flops});
+    }
+    if (units.empty()) return std::nullopt;
+    std::stable_sort(units.begin(), units.end(), [](const Unit& a, const Unit& b) {
+      return a.flops / static_cast<double>(a.bytes) > b.flops / static_cast<double>(b.bytes);
+    });
+    // The estimate: what every block keeping nothing leaves free, filled in the ranking's order.
+    const std::int64_t slack = capacity_ - every.figures.peak_device_used;
+    std::size_t guess_kept = 0;
+    for (std::int64_t used = 0; guess_kept < units.size(); ++guess_kept) {
+      used += static_cast<std::int64_t>(units[guess_kept].bytes);
+      if (used > slack) break;
+    }
+    const std::size_t count = units.size();
+    // n calls recomputed (the ranking's last n): more of them never needs more memory.
+    const auto plan_of = [&](std::size_t n) {
+      Plan p = with_modules(base, blocks, "blocks");
+      p.blocks_of = blocks.size();
+      std::vector<std::vector<std::size_t>> kept(blocks.size());
+      for (std::size_t i = 0; i < count - n; ++i) kept[units[i].block].push_back(i);
+      for (std::size_t b = 0; b < blocks.size(); ++b) {
+        if (kept[b].empty()) continue;
+        nn::SelectivePolicy::Scope scope{blocks[b], {}};
+        for (const std::size_t i : kept[b]) scope.save.push_back(units[i].entry);
+        p.selective_scopes.push_back(std::move(scope));
+      }
+      p.kept_calls = count - n;
+      p.calls_of = count;
+      return p;
+    };
+    return smallest_fitting(count, count - guess_kept, plan_of);
+  }
+
   /// checkpoint_sequential's counts (auto_segments): the fitting one with least recompute.
   std::optional<Plan> search_segments(const Plan& base) {
     std::optional<Plan> best;
@@ -426,10 +494,10 @@ void Planner::search() {
     if (auto found = search_modules(base, short_of, &most)) keep(std::move(*found));
     else if (most) keep(*most);
   }
+  std::optional<Plan> every;  // every block checkpointed
   {
-    std::optional<Plan> every;
     if (auto found = search_blocks(base, short_of, &every)) keep(std::move(*found));
-    if (every && (by_layer_ || every->fits())) keep(std::move(*every));
+    if (every && (by_layer_ || every->fits())) keep(*every);
   }
   if (info.sequential_checkpointing && info.checkpointed_modules == 0 && !no_segments) {
     if (auto found = search_segments(base)) keep(std::move(*found));
@@ -444,6 +512,9 @@ void Planner::search() {
     selective.selective_groups = c.groups;
     if (auto found = search_modules(selective, short_of, nullptr)) keep(std::move(*found));
     if (auto found = search_blocks(selective, short_of, nullptr)) keep(std::move(*found));
+  }
+  if (spec_.search.selective && every) {
+    if (auto found = search_kept_calls(base, *every)) keep(std::move(*found));
   }
   const bool fits_without_change = std::any_of(result_.plans.begin(), result_.plans.end(), [](const Plan& p) {
     return p.fits() && p.recompute_share == 0;
@@ -647,6 +718,7 @@ PlanResult run_plan(const PlanSpec& spec_in, const PlanProgress& progress) {
     std::string k = fmt::format("{}|{}|{}|{}|{}|{}|{}|", p.segments, nn::precision_name(p.precision),
                                 nn::optimizer_label(p.optimizer), p.alloc_conf, p.batch, p.accumulation,
                                 fmt::join(p.selective, ","));
+    k += nn::SelectivePolicy{{}, p.selective_scopes}.str() + "|";
     for (const std::string& m : modules) k += m + ",";
     return k;
   };

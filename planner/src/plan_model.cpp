@@ -5,6 +5,7 @@
 #include <cmath>
 #include <unordered_map>
 
+#include "vramscope/instrumentation/module_scope.hpp"
 #include "vramscope/planner/saved_tensors.hpp"
 #include "vramscope/planner/sweep.hpp"
 #include "vramscope/runtime/checkpoint_modules.hpp"
@@ -51,15 +52,20 @@ StepProfile profile_step(nn::TrainConfig cfg) {
   SavedTensorLog saved{root};
   std::vector<double> flops_by_context;
   trainer.runtime().set_forward_flops_by_context(&flops_by_context);
+  StepProfile profile;
+  const nn::Runtime::OpObserver ops = [&](std::string_view op, std::size_t bytes, double flops) {
+    profile.op_calls.push_back({context_info(current_context()).path, std::string(op), bytes, flops});
+  };
+  trainer.runtime().set_op_observer(&ops);
   nn::StepStats stats;
   {
     nn::SavedTensorsObserver observe{saved.observer()};
     stats = trainer.step();
   }
+  trainer.runtime().set_op_observer(nullptr);
   trainer.runtime().set_forward_flops_by_context(nullptr);
   for (nn::Module* m : named) m->set_forward_hooks(nullptr);
 
-  StepProfile profile;
   profile.flops = stats.flops;
   std::unordered_map<std::string, std::size_t> index;
   for (nn::Module* m : named) {

@@ -65,6 +65,11 @@ struct Plan {
   /// checkpointed modules keep; empty: they keep nothing but their inputs.
   std::vector<std::string> selective;
   std::vector<std::string> selective_groups;  ///< what those are: the groups ("matmuls", "attention")
+  /// Selective checkpointing call by call (`selective` then empty): each checkpointed module's
+  /// kept operator calls ("aten.mm.default@2"), `kept_calls` of the `calls_of` worth keeping.
+  std::vector<nn::SelectivePolicy::Scope> selective_scopes;
+  std::size_t kept_calls = 0;
+  std::size_t calls_of = 0;
   nn::Precision precision = nn::Precision::F32;
   bool precision_changed = false;         ///< precision differs from the given one
   nn::OptimizerConfig optimizer;
@@ -83,7 +88,7 @@ struct Plan {
 
   bool fits() const noexcept { return !oom && !error && refused.empty() && !over_headroom && !figures.gradients_missing; }
   /// "checkpoint 5 modules", "checkpoint 8 of 50 blocks" (", keeping matmuls, attention" when
-  /// selective), "checkpoint_sequential 4 segments",
+  /// selective, " keeping 40 of 96 operator calls" call by call), "checkpoint_sequential 4 segments",
   /// "expandable_segments:True", "liger-flce loss", "batch 64 x 4 accumulation steps", "amp-bf16",
   /// "adam8bit", joined by " + ".
   std::string label() const;

@@ -30,10 +30,20 @@ struct SavedRun {
   std::size_t bytes = 0;
 };
 
+/// One operator call of an operator-level model's forward: what a selective checkpoint that
+/// keeps it holds, and what it then need not recompute.
+struct OpCallCost {
+  std::string module;     ///< the module whose own forward ran it
+  std::string op;         ///< as recorded: "aten.mm.default"
+  std::size_t bytes = 0;  ///< the storages its outputs made
+  double flops = 0;
+};
+
 /// The cheap model of one step, from one dry run without checkpointing on an unlimited twin.
 struct StepProfile {
   std::vector<ModuleCost> modules;  ///< every module with a path, depth-first
   std::vector<SavedRun> saves;      ///< forward order
+  std::vector<OpCallCost> op_calls; ///< forward order; empty for a model of modules
   std::vector<std::string> blocks;  ///< the repeated blocks (decoder layers, Bottlenecks)
   nn::FlopCounts flops;             ///< of the profiled step
 };

@@ -104,6 +104,12 @@ class Runtime {
   /// While set, each first-forward FLOP is also added to `(*by_context)[current_context()]`
   /// (grown as needed): what each module's forward costs, for `vramscope plan`. Null: off.
   void set_forward_flops_by_context(std::vector<double>* by_context) noexcept { flops_by_context_ = by_context; }
+  /// Called for each operator of an operator-level model a first forward runs where a
+  /// selective policy would see it (its name, the bytes of the new storages of its outputs,
+  /// its FLOPs), in the current context: what keeping each call costs and saves, for `plan`.
+  using OpObserver = std::function<void(std::string_view op, std::size_t bytes, double flops)>;
+  void set_op_observer(const OpObserver* observer) noexcept { op_observer_ = observer; }
+  const OpObserver* op_observer() const noexcept { return op_observer_; }
 
   // --- mixed precision -------------------------------------------------------------
   /// While set, matrix products and convolutions run in this half type (autocast).
@@ -187,6 +193,7 @@ class Runtime {
   std::uint64_t init_counter_ = 0;
   FlopCounts flops_;
   std::vector<double>* flops_by_context_ = nullptr;
+  const OpObserver* op_observer_ = nullptr;
   std::optional<DType> autocast_;
   std::vector<std::pair<const detail::TensorImpl*, std::shared_ptr<detail::TensorImpl>>> cast_cache_;
   std::vector<std::string> warnings_;
