@@ -38,6 +38,61 @@ std::string python_set(const std::vector<std::string>& items) {
   return out + "}";
 }
 
+/// A call-by-call plan's policy: KEEP maps each checkpointed module to the calls it keeps, per
+/// operator overload ("aten.mm.default": {0, 3}: its first and fourth call in the module's
+/// forward), and keeping_calls makes one region's policy, counting the forward's calls and the
+/// recompute's apart (ctx.is_recompute) as vramscope's policy counts them. The attention
+/// kernels count as one name: a GPU may pick another than the recorded one.
+std::string kept_calls_code(const planner::Plan& p) {
+  const std::vector<std::string> attention = nn::SelectivePolicy::group("attention");
+  std::string out = "from collections import Counter\n";
+  out += "from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts\n\n";
+  out += fmt::format("# each checkpointed module keeps these operator calls ({} of the {} worth keeping) and\n"
+                     "# recomputes the rest: the K-th call of an operator in its forward, counted from 0\n",
+                     p.kept_calls, p.calls_of);
+  out += "KEEP = {\n";
+  for (const auto& scope : p.selective_scopes) {
+    std::vector<std::pair<std::string, std::vector<std::string>>> by_op;
+    for (const std::string& entry : scope.save) {
+      const std::size_t at = entry.find('@');
+      std::string op = entry.substr(0, at);
+      const std::string packet = op.substr(0, op.rfind('.'));
+      if (std::find(attention.begin(), attention.end(), packet) != attention.end()) op = "attention";
+      auto it = std::find_if(by_op.begin(), by_op.end(), [&](const auto& e) { return e.first == op; });
+      if (it == by_op.end()) it = by_op.insert(by_op.end(), {op, {}});
+      it->second.push_back(entry.substr(at + 1));
+    }
+    for (auto& [op, indices] : by_op) {
+      std::sort(indices.begin(), indices.end(), [](const std::string& a, const std::string& b) {
+        return a.size() != b.size() ? a.size() < b.size() : a < b;  // numbers, in order
+      });
+    }
+    std::string calls;
+    for (const auto& [op, indices] : by_op) {
+      calls += fmt::format("{}\"{}\": {{{}}}", calls.empty() ? "" : ", ", op, fmt::join(indices, ", "));
+    }
+    std::string line = wrap(fmt::format("    \"{}\": {{{}}},", scope.modules, calls), "", "        ");
+    while (!line.empty() && line.back() == '\n') line.pop_back();
+    out += line + "\n";
+  }
+  out += "}\n";
+  std::vector<std::string> quoted;
+  for (const std::string& a : attention) quoted.push_back(fmt::format("\"{}\"", a));
+  std::string attention_line = wrap(fmt::format("ATTENTION = {{{}}}", fmt::join(quoted, ", ")), "", "    ");
+  while (!attention_line.empty() && attention_line.back() == '\n') attention_line.pop_back();
+  out += attention_line + "\n\n";
+  out += "def keeping_calls(keep):\n";
+  out += "    calls = {False: Counter(), True: Counter()}  # the forward's, the recompute's\n\n";
+  out += "    def policy(ctx, op, *args, **kwargs):\n";
+  out += "        name = \"attention\" if str(getattr(op, \"overloadpacket\", op)) in ATTENTION else str(op)\n";
+  out += "        call = calls[ctx.is_recompute][name]\n";
+  out += "        calls[ctx.is_recompute][name] += 1\n";
+  out += "        kept = call in keep.get(name, ())\n";
+  out += "        return CheckpointPolicy.MUST_SAVE if kept else CheckpointPolicy.PREFER_RECOMPUTE\n";
+  out += "    return create_selective_checkpoint_contexts(policy)\n\n";
+  return out;
+}
+
 /// How the failure of the given configuration reads: "out of memory in step 1, backward of layer3.2".
 std::string given_failure(const planner::Plan& p) {
   if (p.oom) {
@@ -250,9 +305,14 @@ std::string plan_code(const planner::PlanResult& r, const planner::Plan& p) {
         out += "    saved = str(getattr(op, \"overloadpacket\", op)) in OPS_TO_SAVE\n";
         out += "    return CheckpointPolicy.MUST_SAVE if saved else CheckpointPolicy.PREFER_RECOMPUTE\n\n";
       }
+      if (!p.selective_scopes.empty()) out += kept_calls_code(p);
       out += "apply_activation_checkpointing(\n";
       out += "    model,\n";
-      if (p.selective.empty()) {
+      if (!p.selective_scopes.empty()) {
+        out += "    checkpoint_wrapper_fn=lambda module: checkpoint_wrapper(\n";
+        out += "        module, checkpoint_impl=CheckpointImpl.NO_REENTRANT,\n";
+        out += "        context_fn=functools.partial(keeping_calls, KEEP.get(names[module], {}))),\n";
+      } else if (p.selective.empty()) {
         out += "    checkpoint_wrapper_fn=functools.partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT),\n";
       } else {
         out += "    checkpoint_wrapper_fn=functools.partial(\n";
@@ -332,6 +392,10 @@ nlohmann::json plan_json(const planner::PlanResult& r) {
     j["fused_loss"] = p.fused_loss;
     j["selective"] = p.selective;
     j["selective_groups"] = p.selective_groups;
+    // Call by call: each checkpointed module's kept calls ("aten.mm.default@2"), as --selective takes them.
+    j["selective_scopes"] = nlohmann::json::array();
+    for (const auto& scope : p.selective_scopes) j["selective_scopes"].push_back({{"modules", scope.modules}, {"save", scope.save}});
+    if (!p.selective_scopes.empty()) j["selective_policy"] = nn::SelectivePolicy{{}, p.selective_scopes}.str();
     j["fits"] = p.fits();
     j["max_allocated"] = p.figures.peak_allocated;
     j["max_reserved"] = p.figures.peak_reserved;

@@ -15,8 +15,9 @@ encoder-decoders, diffusers), built on the meta device:
    ResNet stage) under non-reentrant checkpoint, PyTorch with the block's forward under
    torch.utils.checkpoint.checkpoint, vramscope with --checkpoint-modules;
 5. selective checkpointing of that block keeps the same, module by module: PyTorch under
-   create_selective_checkpoint_contexts with a policy saving the products, the fused attention
-   and convolutions (its cache counted by the same pack hook: respect_saved_tensors_hooks),
+   create_selective_checkpoint_contexts with a policy saving every other call of the products
+   (counting calls, as sac_ilp's and `plan`'s call-by-call plans do), the fused attention and
+   convolutions (its cache counted by the same pack hook: respect_saved_tensors_hooks),
    vramscope with --selective naming the same operators (the bytes beyond plain checkpointing);
 6. (the plain transformers decoders) offloading the activations, save_on_cpu(pin_memory=True),
    pins the same host memory on both sides, to the byte: the caching host allocator's
@@ -333,20 +334,39 @@ def meta_inputs(inputs, dtype):
 
 # Selective checkpointing's comparison: the operators both sides keep inside the checkpointed
 # block (the products, the fused attention kernels, convolutions: what people save).
-SELECTIVE = ["aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm", "aten._scaled_dot_product_efficient_attention",
-             "aten._scaled_dot_product_flash_attention", "aten.convolution"]
+# Every other call of the products (a policy that counts calls, as sac_ilp's plans and `plan`'s
+# call-by-call plans do: "aten.mm@2" is the third call of aten.mm in the block's forward), every
+# call of the fused attention and the convolutions.
+SELECTIVE = [f"{op}@{k}" for op in ("aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm") for k in range(0, 64, 2)] + \
+            ["aten._scaled_dot_product_efficient_attention", "aten._scaled_dot_product_flash_attention",
+             "aten.convolution"]
 
 
 def sac_policy(names):
     """A create_selective_checkpoint_contexts policy saving the operators `names` name as
-    vramscope does: "aten.mm" every overload of aten.mm, "aten.mm.default" that one."""
+    vramscope does: "aten.mm" every overload of aten.mm, "aten.mm.default" that one, "aten.mm@2"
+    the third call of aten.mm, counted apart in the forward and the recompute (ctx.is_recompute).
+    A fresh one for each checkpointed call (its counts start at 0)."""
+    from collections import Counter
     from torch.utils.checkpoint import CheckpointPolicy
 
-    def matches(op: str) -> bool:
-        return any(op == n or (n.count(".") == 1 and op.startswith(n + ".") and op.count(".") == 2) for n in names)
+    entries = [(n.split("@")[0], int(n.split("@")[1]) if "@" in n else None) for n in names]
+    counts = {False: Counter(), True: Counter()}
+
+    def matches(op: str, n: str) -> bool:
+        return op == n or (n.count(".") == 1 and op.startswith(n + ".") and op.count(".") == 2)
 
     def policy(ctx, func, *args, **kwargs):
-        return CheckpointPolicy.MUST_SAVE if matches(str(func)) else CheckpointPolicy.PREFER_RECOMPUTE
+        op, count, kept, counted = str(func), counts[ctx.is_recompute], False, set()
+        for name, call in entries:
+            if not matches(op, name):
+                continue
+            kept = kept or call is None or count[name] == call
+            if call is not None:
+                counted.add(name)
+        for name in counted:
+            count[name] += 1
+        return CheckpointPolicy.MUST_SAVE if kept else CheckpointPolicy.PREFER_RECOMPUTE
     return policy
 
 
@@ -418,7 +438,7 @@ def torch_sac_refuses(model, args, kwargs, output, block) -> bool:
     original = target.forward
     target.forward = lambda *a, **k: checkpoint(
         original, *a, use_reentrant=False,
-        context_fn=functools.partial(create_selective_checkpoint_contexts, sac_policy(SELECTIVE)), **k)
+        context_fn=lambda: create_selective_checkpoint_contexts(sac_policy(SELECTIVE)), **k)
     try:
         with _make_function_mode(flash=False), assumed_values(), _meta_autocast():
             out = _pick(output)(model(*args, **kwargs))
@@ -460,11 +480,10 @@ def _saved(model, args, kwargs, output, checkpoint_path, flash=False, selective=
             if selective:
                 # What the policy keeps goes through the counting pack hook too
                 # (respect_saved_tensors_hooks: SAC's cache as saved_tensors_hooks see it).
-                from functools import partial
                 from torch.utils.checkpoint import create_selective_checkpoint_contexts
                 return torch.utils.checkpoint.checkpoint(
                     original, *a, use_reentrant=False, respect_saved_tensors_hooks=True,
-                    context_fn=partial(create_selective_checkpoint_contexts, sac_policy(selective)), **k)
+                    context_fn=lambda: create_selective_checkpoint_contexts(sac_policy(selective)), **k)
             return torch.utils.checkpoint.checkpoint(original, *a, use_reentrant=False, **k)
         block.forward = wrapped
         restore = (block, original)

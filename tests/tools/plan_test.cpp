@@ -73,33 +73,74 @@ TEST(Plan, FindsTheTwoWideBlocksOfTheChainWhereNoUniformCheckpointingFits) {
 // `python3 -m vramscope.export blocks.py:make --input 4096,256 --loss mse --level ops`.
 const std::string kSelectiveBlocks = std::string(VRAMSCOPE_TEST_DATA_DIR) + "/selective-blocks.json";
 
-TEST(Plan, OnAnOperatorLevelModelTheBlocksKeepTheirProductsWhereThatRecomputesLeast) {
+TEST(Plan, OnAnOperatorLevelModelTheBlocksKeepTheirProductsCallByCallWhereThatRecomputesLeast) {
   planner::PlanSpec spec = spec_of(models::ModelFile::load(kSelectiveBlocks), "", "sim:capacity=600MiB,context=0");
   spec.search = planner::PlanSearch{false, false, false, false, false};
   const planner::PlanResult r = planner::run_plan(spec);
   const planner::Plan* best = r.best();
   ASSERT_NE(best, nullptr);
-  // Six of the eight blocks, each keeping its two products' outputs (nn.Linear with a bias:
-  // addmm), recompute only the norms, GELUs and additions: a few millionths of the step.
-  EXPECT_EQ(best->label(), "checkpoint 6 of 8 blocks keeping matmuls");
-  EXPECT_EQ(best->selective, (std::vector<std::string>{"aten.addmm.default"}));
-  EXPECT_EQ(*best->checkpoint_modules, (std::vector<std::string>{"0", "2", "3", "4", "6", "7"}));
-  EXPECT_EQ(best->figures.peak_device_used, 600 * (std::int64_t{1} << 20));
+  // Every block checkpointed, keeping the operator calls that spare the most FLOPs per kept byte
+  // as far as 600 MiB holds them: the rest is recomputed, a few ten-thousandths of the step.
+  EXPECT_EQ(best->label(), "checkpoint every block (8) keeping 23 of 40 operator calls");
+  EXPECT_TRUE(best->selective.empty());
+  EXPECT_EQ(best->kept_calls, 23u);
+  // Both products of every block first (the most FLOPs per byte), then what fits of the
+  // norms, GELUs and additions.
+  std::size_t kept = 0, products = 0;
+  for (const auto& scope : best->selective_scopes) {
+    for (const std::string& entry : scope.save) {
+      products += entry.starts_with("aten.addmm.default@") ? 1 : 0;
+      ++kept;
+    }
+  }
+  EXPECT_EQ(kept, 23u);
+  EXPECT_EQ(products, 16u);
+  EXPECT_LE(best->figures.peak_device_used, 600 * (std::int64_t{1} << 20));
   EXPECT_GT(best->recompute_share, 0.0);
   EXPECT_LT(best->recompute_share, 0.001);
   // Every block checkpointed plainly stays, for its memory, at a third of the step recomputed.
   const auto every = std::find_if(r.plans.begin(), r.plans.end(), [](const planner::Plan& p) {
-    return p.selective.empty() && p.checkpoint_modules && p.checkpoint_modules->size() == 8;
+    return p.selective.empty() && p.selective_scopes.empty() && p.checkpoint_modules && p.checkpoint_modules->size() == 8;
   });
   ASSERT_NE(every, r.plans.end());
   EXPECT_GT(every->recompute_share, 0.3);
   EXPECT_LT(every->figures.peak_device_used, best->figures.peak_device_used);
-  // The code: checkpoint_wrapper's context_fn, a policy over operator packets.
+  // The code: a policy per block that counts each operator's calls, as the runtime does.
   const std::string code = plan_code(r, *best);
-  EXPECT_NE(code.find("context_fn=functools.partial(create_selective_checkpoint_contexts, keep_costly)"),
-            std::string::npos) << code;
-  EXPECT_NE(code.find("OPS_TO_SAVE = {\"aten.mm\", \"aten.addmm\""), std::string::npos) << code;
-  EXPECT_NE(code.find("CHECKPOINTED = {\"0\", \"2\", \"3\", \"4\",\n    \"6\", \"7\"}"), std::string::npos) << code;
+  EXPECT_NE(code.find("context_fn=functools.partial(keeping_calls, KEEP.get(names[module], {}))"), std::string::npos)
+      << code;
+  EXPECT_NE(code.find("\"0\": {\"aten.addmm.default\": {"), std::string::npos) << code;
+  EXPECT_NE(code.find("calls[ctx.is_recompute][name] += 1"), std::string::npos) << code;
+  // The same plan by operator groups: a policy over operator packets.
+  planner::Plan groups = *best;
+  groups.selective_scopes.clear();
+  groups.selective = {"aten.addmm.default"};
+  groups.selective_groups = {"matmuls"};
+  groups.checkpoint_modules = std::vector<std::string>{"0", "2", "3", "4", "6", "7"};
+  const std::string group_code = plan_code(r, groups);
+  EXPECT_NE(group_code.find("context_fn=functools.partial(create_selective_checkpoint_contexts, keep_costly)"),
+            std::string::npos) << group_code;
+  EXPECT_NE(group_code.find("OPS_TO_SAVE = {\"aten.mm\", \"aten.addmm\""), std::string::npos) << group_code;
+  EXPECT_NE(group_code.find("CHECKPOINTED = {\"0\", \"2\", \"3\", \"4\",\n    \"6\", \"7\"}"), std::string::npos) << group_code;
+}
+
+TEST(Plan, TheCallByCallPlanRunsAsItsPolicyTextSays) {
+  // The plan's scopes, given back as --selective text, run the same step.
+  planner::PlanSpec spec = spec_of(models::ModelFile::load(kSelectiveBlocks), "", "sim:capacity=520MiB,context=0");
+  spec.search = planner::PlanSearch{false, false, false, false, false};
+  const planner::PlanResult r = planner::run_plan(spec);
+  const planner::Plan* best = r.best();
+  ASSERT_NE(best, nullptr);
+  ASSERT_FALSE(best->selective_scopes.empty()) << best->label();
+  const nn::SelectivePolicy policy = nn::SelectivePolicy::parse(nn::SelectivePolicy{{}, best->selective_scopes}.str());
+  planner::SweepSpec sweep = spec.base;
+  sweep.checkpoint_modules = best->checkpoint_modules;
+  sweep.selective = policy;
+  sweep.segments = {0};
+  const planner::SweepResult s = planner::run_sweep(sweep);
+  ASSERT_EQ(s.rows.size(), 1u);
+  EXPECT_EQ(s.rows[0].figures.peak_device_used, best->figures.peak_device_used);
+  EXPECT_DOUBLE_EQ(s.rows[0].figures.recompute_share, best->recompute_share);
 }
 
 TEST(Plan, ASelectivePolicyIsRefusedOnAModelOfModules) {
