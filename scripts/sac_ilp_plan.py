@@ -22,6 +22,12 @@ curve fit). What it works around to run without a GPU, each PyTorch's limitation
 - a module outside the backward (a rotary embedding computing cos and sin from the positions)
   has no backward snapshot, which aggregate_stats reads: it is given its post-forward one (no
   gradient and no activation gradient of its own: it is never where the step peaks);
+- a module called several times in a forward (a ResNet Bottleneck's one ReLU, called three
+  times) is listed once per call in the module orders, which parse_module_info asserts against:
+  its first call stands for it (such modules are leaves, never checkpointed);
+- an operator with neither memory nor runtime (a view the roofline ignores) is in no constraint
+  of get_optimal_checkpointing_policy_per_module, and CBC gives its variable no value, which
+  sac_ilp then rounds: it is read as recomputed (either way costs nothing);
 - a module whose operators keep nothing (a classifier head whose output only the loss reads)
   divides by zero in the trade-off curve fit and in sac_milp: it is given a flat curve and
   treated as a leaf (nothing to discard, so never checkpointed, as sac_milp would decide).
@@ -120,7 +126,10 @@ def estimate(model, make_batch, loss_of, gpu_type: str):
             for state in (_ModState.PRE_BW, _ModState.PEAK_BW):
                 if not stats.snapshots.get(state):
                     stats.snapshots[state] = [stats.snapshots[_ModState.POST_FW][-1]]
-        graph = parse_module_info(aggregate_stats(model, memory, runtime, sac, torch.device("cpu")))
+        info = aggregate_stats(model, memory, runtime, sac, torch.device("cpu"))
+        for order in info["mod_order"].values():
+            order[:] = list(dict.fromkeys(order))  # a module called several times: its first call
+        graph = parse_module_info(info)
     finally:
         torch.accelerator.is_available = available
         SACEstimator._get_sac_tradeoff_pwlf_stats = fit
@@ -150,20 +159,27 @@ def kept_calls(stats, decisions) -> list:
 
 
 def plan(graph, sac, budget: float, ac_units):
+    import builtins
+    from torch.distributed._tools import sac_ilp
     from torch.distributed._tools.sac_ilp import get_optimal_checkpointing_policy_per_module, sac_milp
+    # An operator of no memory and no runtime is in no constraint, and CBC leaves its variable
+    # without a value, which sac_ilp rounds: it is recomputed (0), which costs nothing.
+    sac_ilp.round = lambda value, *digits: 0 if value is None else builtins.round(value, *digits)
     decisions, recompute_ms, peak = sac_milp(graph, memory_budget=budget, ac_units=ac_units)
     out = {"budget_gib": budget, "solved": peak != -1, "modules": [], "selective": "", "recompute_ms": recompute_ms,
            "peak_bytes": peak}
-    scopes = []
+    scopes, kept = [], 0
     for fqn, discard in decisions.items():
         stats = sac.sac_mod_stats[fqn]
         ops = get_optimal_checkpointing_policy_per_module(stats, memory_budget=max(0.0, 1.0 - discard))
         path = vramscope_path(fqn)
         out["modules"].append(path)
         calls = kept_calls(stats, ops)
+        kept += sum(1 for c in calls if not any(c.startswith(f"aten.{n}@") for n in GPU_ATTENTION[1:]))
         if calls:
             scopes.append(f"{path}={','.join(calls)}")
     out["selective"] = ";".join(scopes)
+    out["kept_calls"] = kept
     return out
 
 
@@ -177,7 +193,8 @@ def main() -> int:
     parser.add_argument("--lora", type=int, default=0)
     parser.add_argument("--dtype", choices=("f32", "bf16"), default="f32")
     parser.add_argument("--gpu-type", default="NVIDIA H100", help="the roofline's datasheet (PyTorch's names)")
-    parser.add_argument("--budgets", required=True, help="GiB, comma-separated")
+    parser.add_argument("--budgets", required=True, help="GiB, comma-separated; - reads one per line from standard "
+                                                         "input and answers each at once (for a caller's bisection)")
     parser.add_argument("--ac-units", help="a regular expression: only modules whose path matches may be checkpointed")
     args = parser.parse_args()
     dtype = torch.float32 if args.dtype == "f32" else torch.bfloat16
@@ -196,10 +213,16 @@ def main() -> int:
     if args.ac_units:
         import re
         ac_units = [n["fqn"] for n in graph.nodes if re.fullmatch(args.ac_units, vramscope_path(n["fqn"]))]
-    for budget in (float(b) for b in args.budgets.split(",")):
+    budgets = (line.strip() for line in sys.stdin) if args.budgets == "-" else iter(args.budgets.split(","))
+    for text in budgets:
+        if not text:
+            continue
+        budget = float(text)
         if not math.isfinite(budget) or budget <= 0:
-            raise SystemExit(f"--budgets: {budget} is no budget in GiB")
-        print(json.dumps(plan(graph, sac, budget, ac_units)), flush=True)
+            raise SystemExit(f"--budgets: {text} is no budget in GiB")
+        with contextlib.redirect_stdout(sys.stderr):  # pulp's and sac_milp's messages
+            answer = plan(graph, sac, budget, ac_units)
+        print(json.dumps(answer), flush=True)
     return 0
 
 

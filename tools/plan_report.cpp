@@ -395,7 +395,11 @@ nlohmann::json plan_json(const planner::PlanResult& r) {
     // Call by call: each checkpointed module's kept calls ("aten.mm.default@2"), as --selective takes them.
     j["selective_scopes"] = nlohmann::json::array();
     for (const auto& scope : p.selective_scopes) j["selective_scopes"].push_back({{"modules", scope.modules}, {"save", scope.save}});
-    if (!p.selective_scopes.empty()) j["selective_policy"] = nn::SelectivePolicy{{}, p.selective_scopes}.str();
+    if (!p.selective_scopes.empty()) {
+      j["selective_policy"] = nn::SelectivePolicy{{}, p.selective_scopes}.str();
+      j["kept_calls"] = p.kept_calls;
+      j["calls_of"] = p.calls_of;
+    }
     j["fits"] = p.fits();
     j["max_allocated"] = p.figures.peak_allocated;
     j["max_reserved"] = p.figures.peak_reserved;

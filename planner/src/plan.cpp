@@ -300,68 +300,86 @@ class Planner {
 
   static std::int64_t div_up(std::int64_t a, std::int64_t b) { return b <= 0 ? 0 : (a + b - 1) / b; }
 
-  /// Every block checkpointed, keeping operator calls one by one (what sac_ilp decides per
-  /// operator, here decided by the allocator): the calls of all blocks ranked by the FLOPs a
-  /// kept byte saves, and the longest prefix of them that fits. Keeping a call holds its
-  /// outputs' storages from the forward to the block's backward and spares its recompute, so
-  /// the ranking is a knapsack's greedy order; the dry runs decide where it stops. `every`
-  /// is the run of every block keeping nothing; nullopt when that does not fit or the model
-  /// has no operators.
+  /// Blocks checkpointed keeping operator calls one by one (what sac_ilp decides per operator,
+  /// here decided by the allocator): from every block checkpointed keeping nothing, the steps
+  /// of keep_sequence (keep a call, or stop checkpointing a block), as many as fit. The dry
+  /// runs decide where the sequence stops; then what the room left holds of the later calls,
+  /// by the same estimate. `every` is the run of every block keeping nothing; nullopt when that
+  /// does not fit or the model has no operators.
   std::optional<Plan> search_kept_calls(const Plan& base, const Plan& every) {
     const StepProfile& profile = result_.profile;
     const auto& blocks = profile.blocks;
-    if (blocks.empty() || profile.op_calls.empty() || !every.fits()) return std::nullopt;
-    std::unordered_map<std::string, std::size_t> block_of;
-    for (std::size_t b = 0; b < blocks.size(); ++b) block_of.emplace(blocks[b], b);
-    struct Unit {
-      std::size_t block;
-      std::string entry;  ///< "aten.mm.default@2"
-      std::size_t bytes;
-      double flops;
-    };
-    std::vector<Unit> units;
-    // Calls are counted per operator in each block's forward, as the region's policy counts.
-    std::vector<std::unordered_map<std::string, std::size_t>> calls(blocks.size());
-    for (const OpCallCost& c : profile.op_calls) {
-      std::string path = c.module;
-      auto it = block_of.end();
-      while (!path.empty() && (it = block_of.find(path)) == block_of.end()) {
-        const std::size_t dot = path.rfind('.');
-        path = dot == std::string::npos ? "" : path.substr(0, dot);
+    if (!every.fits()) return std::nullopt;
+    const std::vector<KeepStep> steps = keep_sequence(profile);
+    if (steps.empty()) return std::nullopt;
+    const std::size_t count = steps.size(), calls_of = keepable_calls(profile);
+    const auto plan_of_steps = [&](const std::vector<bool>& taken) {
+      std::vector<bool> whole(blocks.size(), false);
+      std::vector<std::vector<std::string>> kept(blocks.size());
+      for (std::size_t i = 0; i < count; ++i) {
+        if (!taken[i]) continue;
+        if (steps[i].call.empty()) whole[steps[i].block] = true;
+        else kept[steps[i].block].push_back(steps[i].call);
       }
-      if (it == block_of.end()) continue;
-      const std::size_t call = calls[it->second][c.op]++;
-      if (c.bytes > 0 && c.flops > 0) units.push_back({it->second, c.op + "@" + std::to_string(call), c.bytes, c.flops});
-    }
-    if (units.empty()) return std::nullopt;
-    std::stable_sort(units.begin(), units.end(), [](const Unit& a, const Unit& b) {
-      return a.flops / static_cast<double>(a.bytes) > b.flops / static_cast<double>(b.bytes);
-    });
-    // The estimate: what every block keeping nothing leaves free, filled in the ranking's order.
-    const std::int64_t slack = capacity_ - every.figures.peak_device_used;
-    std::size_t guess_kept = 0;
-    for (std::int64_t used = 0; guess_kept < units.size(); ++guess_kept) {
-      used += static_cast<std::int64_t>(units[guess_kept].bytes);
-      if (used > slack) break;
-    }
-    const std::size_t count = units.size();
-    // n calls recomputed (the ranking's last n): more of them never needs more memory.
-    const auto plan_of = [&](std::size_t n) {
-      Plan p = with_modules(base, blocks, "blocks");
-      p.blocks_of = blocks.size();
-      std::vector<std::vector<std::size_t>> kept(blocks.size());
-      for (std::size_t i = 0; i < count - n; ++i) kept[units[i].block].push_back(i);
+      std::vector<std::string> checkpointed;
+      Plan p = base;
       for (std::size_t b = 0; b < blocks.size(); ++b) {
-        if (kept[b].empty()) continue;
-        nn::SelectivePolicy::Scope scope{blocks[b], {}};
-        for (const std::size_t i : kept[b]) scope.save.push_back(units[i].entry);
-        p.selective_scopes.push_back(std::move(scope));
+        if (whole[b]) continue;
+        checkpointed.push_back(blocks[b]);
+        p.kept_calls += kept[b].size();
+        if (!kept[b].empty()) p.selective_scopes.push_back({blocks[b], std::move(kept[b])});
       }
-      p.kept_calls = count - n;
-      p.calls_of = count;
+      p = with_modules(std::move(p), std::move(checkpointed), "blocks");
+      p.blocks_of = blocks.size();
+      p.calls_of = calls_of;
       return p;
     };
-    return smallest_fitting(count, count - guess_kept, plan_of);
+    // n steps not taken (the sequence's last n): more of them never needs more memory.
+    const auto plan_of = [&](std::size_t n) {
+      std::vector<bool> taken(count, false);
+      std::fill(taken.begin(), taken.begin() + static_cast<std::ptrdiff_t>(count - n), true);
+      return plan_of_steps(taken);
+    };
+    // The estimate: what every block keeping nothing leaves free, filled in the sequence's order.
+    const std::int64_t slack = capacity_ - every.figures.peak_device_used;
+    std::size_t guess = 0;
+    for (std::int64_t used = 0; guess < count; ++guess) {
+      used += steps[guess].bytes;
+      if (used > slack) break;
+    }
+    std::size_t fewest_left = count;  // the smallest n that fit: the plan found
+    std::optional<Plan> found = smallest_run_fitting(
+        count, count - guess,
+        [&](std::size_t n) {
+          Plan p = measure(plan_of(n));
+          if (p.fits()) fewest_left = std::min(fewest_left, n);
+          return std::optional<Plan>(std::move(p));
+        },
+        nullptr);
+    if (!found) return found;
+    // The sequence stops at the first step that does not fit, though later, smaller calls
+    // may: those the room left holds, in one more dry run (twice at most).
+    const std::size_t prefix = count - fewest_left;
+    std::vector<bool> taken(count, false);
+    std::fill(taken.begin(), taken.begin() + static_cast<std::ptrdiff_t>(prefix), true);
+    std::vector<bool> released(blocks.size(), false);
+    for (std::size_t i = 0; i < prefix; ++i) released[steps[i].block] = released[steps[i].block] || steps[i].call.empty();
+    for (int pass = 0; pass < 2; ++pass) {
+      std::int64_t room = capacity_ - found->figures.peak_device_used;
+      std::vector<bool> more = taken;
+      bool added = false;
+      for (std::size_t i = prefix; i < count; ++i) {
+        if (more[i] || steps[i].call.empty() || released[steps[i].block] || steps[i].bytes > room) continue;
+        more[i] = added = true;
+        room -= steps[i].bytes;
+      }
+      if (!added) break;
+      Plan filled = measure(plan_of_steps(more));
+      if (!filled.fits() || filled.recompute_share >= found->recompute_share) break;
+      found = std::move(filled);
+      taken = std::move(more);
+    }
+    return found;
   }
 
   /// checkpoint_sequential's counts (auto_segments): the fitting one with least recompute.

@@ -3,6 +3,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <limits>
+#include <queue>
 #include <unordered_map>
 
 #include "vramscope/instrumentation/module_scope.hpp"
@@ -35,6 +38,22 @@ class InputBytes final : public nn::ForwardHooks {
   std::unordered_map<const nn::Module*, std::size_t> bytes;
 };
 
+/// What keeping an operator's outputs holds: the storages its outputs made (each once), not
+/// those of outputs that view an input.
+std::size_t new_storage_bytes(const nn::TensorList& in, const nn::TensorList& out) {
+  std::size_t bytes = 0;
+  for (std::size_t k = 0; k < out.size(); ++k) {
+    if (!out[k].defined() || out[k].storage() == nullptr) continue;
+    const auto same = [&](const nn::Tensor& t) { return nn::same_storage(t, out[k]); };
+    if (std::any_of(in.begin(), in.end(), same) ||
+        std::any_of(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(k), same)) {
+      continue;
+    }
+    bytes += out[k].storage()->nbytes();
+  }
+  return bytes;
+}
+
 }  // namespace
 
 StepProfile profile_step(nn::TrainConfig cfg) {
@@ -53,8 +72,25 @@ StepProfile profile_step(nn::TrainConfig cfg) {
   std::vector<double> flops_by_context;
   trainer.runtime().set_forward_flops_by_context(&flops_by_context);
   StepProfile profile;
-  const nn::Runtime::OpObserver ops = [&](std::string_view op, std::size_t bytes, double flops) {
-    profile.op_calls.push_back({context_info(current_context()).path, std::string(op), bytes, flops});
+  // Each call's output storages, watched (not kept: the profile must not change what is
+  // alive), so that an in-place write into one marks the call whose output it was.
+  std::vector<std::pair<std::weak_ptr<nn::Storage>, std::size_t>> outputs;
+  const nn::Runtime::OpObserver ops = [&](std::string_view op, const nn::TensorList& in, const nn::TensorList& out,
+                                         bool inplace, double flops) {
+    if (inplace) {
+      for (const nn::Tensor& t : out) {
+        if (!t.defined() || t.storage() == nullptr) continue;
+        for (const auto& [storage, call] : outputs) {
+          if (storage.lock() == t.storage()) profile.op_calls[call].mutated_later = true;
+        }
+      }
+    }
+    const std::size_t call = profile.op_calls.size();
+    profile.op_calls.push_back({context_info(current_context()).path, std::string(op), new_storage_bytes(in, out), flops});
+    for (const nn::Tensor& t : out) {
+      if (t.defined() && t.storage() != nullptr) outputs.emplace_back(t.storage(), call);
+    }
+    std::erase_if(outputs, [](const auto& o) { return o.first.expired(); });
   };
   trainer.runtime().set_op_observer(&ops);
   nn::StepStats stats;
@@ -198,6 +234,108 @@ CheckpointSequence checkpoint_sequence(const StepProfile& profile, std::int64_t 
   }
   if (out.enough == 0) out.enough = out.modules.size();
   return out;
+}
+
+}  // namespace mem::planner
+
+namespace mem::planner {
+
+namespace {
+
+struct BlockCalls {
+  std::vector<KeepStep> calls;  ///< the calls worth keeping, in the block's forward order
+  std::int64_t extra_saved = 0; ///< saved beyond its input: what it keeps unless checkpointed
+  double flops = 0;             ///< its forward
+};
+
+/// Each block's calls (counted per operator in its forward, as a region's policy counts them).
+std::vector<BlockCalls> block_calls(const StepProfile& profile) {
+  std::vector<BlockCalls> out(profile.blocks.size());
+  std::unordered_map<std::string, std::size_t> block_of;
+  for (std::size_t b = 0; b < profile.blocks.size(); ++b) block_of.emplace(profile.blocks[b], b);
+  for (const ModuleCost& m : profile.modules) {
+    if (const auto it = block_of.find(m.path); it != block_of.end()) {
+      out[it->second].extra_saved = static_cast<std::int64_t>(m.saved_bytes) - static_cast<std::int64_t>(m.input_bytes);
+      out[it->second].flops = m.forward_flops;
+    }
+  }
+  std::vector<std::unordered_map<std::string, std::size_t>> counts(profile.blocks.size());
+  for (const OpCallCost& c : profile.op_calls) {
+    std::string path = c.module;
+    auto it = block_of.end();
+    while (!path.empty() && (it = block_of.find(path)) == block_of.end()) {
+      const std::size_t dot = path.rfind('.');
+      path = dot == std::string::npos ? "" : path.substr(0, dot);
+    }
+    if (it == block_of.end()) continue;
+    const std::size_t call = counts[it->second][c.op]++;
+    if (c.bytes > 0 && c.flops > 0 && !c.mutated_later) {
+      out[it->second].calls.push_back({it->second, c.op + "@" + std::to_string(call), static_cast<std::int64_t>(c.bytes), c.flops});
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::size_t keepable_calls(const StepProfile& profile) {
+  std::size_t n = 0;
+  for (const BlockCalls& b : block_calls(profile)) n += b.calls.size();
+  return n;
+}
+
+std::vector<KeepStep> keep_sequence(const StepProfile& profile) {
+  std::vector<KeepStep> sequence;
+  if (profile.op_calls.empty() || profile.blocks.empty()) return sequence;
+  const std::vector<BlockCalls> blocks = block_calls(profile);
+  struct Candidate {
+    double rate;
+    std::size_t block;
+    std::size_t call;       ///< index into the block's calls; SIZE_MAX: the whole block
+    std::uint64_t version;  ///< a whole block's figures change as its calls are kept
+    bool operator<(const Candidate& o) const {
+      if (rate != o.rate) return rate < o.rate;
+      if (block != o.block) return block > o.block;  // ties: the earlier block, the earlier call
+      return call > o.call;
+    }
+  };
+  const auto rate = [](double flops, std::int64_t bytes) {
+    return bytes <= 0 ? std::numeric_limits<double>::infinity() : flops / static_cast<double>(bytes);
+  };
+  std::vector<std::int64_t> kept_bytes(blocks.size(), 0);
+  std::vector<double> kept_flops(blocks.size(), 0);
+  std::vector<std::uint64_t> version(blocks.size(), 0);
+  std::vector<bool> whole(blocks.size(), false);
+  std::priority_queue<Candidate> queue;
+  const auto push_whole = [&](std::size_t b) {
+    const double flops = blocks[b].flops - kept_flops[b];
+    if (flops > 0) queue.push({rate(flops, blocks[b].extra_saved - kept_bytes[b]), b, SIZE_MAX, version[b]});
+  };
+  for (std::size_t b = 0; b < blocks.size(); ++b) {
+    for (std::size_t i = 0; i < blocks[b].calls.size(); ++i) {
+      queue.push({rate(blocks[b].calls[i].flops, blocks[b].calls[i].bytes), b, i, 0});
+    }
+    push_whole(b);
+  }
+  while (!queue.empty()) {
+    const Candidate c = queue.top();
+    queue.pop();
+    if (whole[c.block]) continue;
+    if (c.call == SIZE_MAX) {
+      if (c.version != version[c.block]) continue;  // stale figures
+      whole[c.block] = true;
+      sequence.push_back({c.block, "", blocks[c.block].extra_saved - kept_bytes[c.block],
+                          blocks[c.block].flops - kept_flops[c.block]});
+      continue;
+    }
+    const KeepStep& call = blocks[c.block].calls[c.call];
+    sequence.push_back(call);
+    kept_bytes[c.block] += call.bytes;
+    kept_flops[c.block] += call.flops;
+    ++version[c.block];
+    push_whole(c.block);
+  }
+  return sequence;
 }
 
 }  // namespace mem::planner

@@ -287,21 +287,6 @@ void OpCall::run_items() {
   }
 }
 
-/// What keeping an operator's outputs holds: the storages its outputs made (each once), not
-/// those of outputs that view an input.
-std::size_t new_storage_bytes(const TensorList& in, const TensorList& out) {
-  std::size_t bytes = 0;
-  for (std::size_t k = 0; k < out.size(); ++k) {
-    if (!out[k].defined() || out[k].storage() == nullptr) continue;
-    const auto same = [&](const Tensor& t) { return same_storage(t, out[k]); };
-    if (std::any_of(in.begin(), in.end(), same) || std::any_of(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(k), same)) {
-      continue;
-    }
-    bytes += out[k].storage()->nbytes();
-  }
-  return bytes;
-}
-
 void OpCall::run_op(const Item& item) const {
   const GraphState& st = *state_;
   const OpGraph::OpSpec& spec = st.graph->ops[static_cast<std::size_t>(item.op)];
@@ -342,7 +327,7 @@ void OpCall::run_op(const Item& item) const {
   }
   if (mapped) {
     if (keeping) keeper->keep_outputs(spec.op, kept);
-    if (observer != nullptr) (*observer)(spec.op, new_storage_bytes(in, *mapped), rt.flops().forward - flops_before);
+    if (observer != nullptr) (*observer)(spec.op, in, *mapped, spec.inplace, rt.flops().forward - flops_before);
     for (std::size_t k = 0; k < mapped->size() && k < spec.out.size(); ++k) set(spec.out[k], std::move((*mapped)[k]));
     return;
   }
@@ -403,7 +388,7 @@ void OpCall::run_op(const Item& item) const {
     }
   }
   if (keeping) keeper->keep_outputs(spec.op, out);
-  if (observer != nullptr) (*observer)(spec.op, new_storage_bytes(in, out), rt.flops().forward - flops_before);
+  if (observer != nullptr) (*observer)(spec.op, in, out, spec.inplace, rt.flops().forward - flops_before);
   for (std::size_t k = 0; k < out.size(); ++k) set(spec.out[k], std::move(out[k]));
 }
 

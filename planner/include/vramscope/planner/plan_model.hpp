@@ -37,6 +37,9 @@ struct OpCallCost {
   std::string op;         ///< as recorded: "aten.mm.default"
   std::size_t bytes = 0;  ///< the storages its outputs made
   double flops = 0;
+  /// An in-place operator later writes into its output: keeping it fails the recompute
+  /// ("Tensor cached during selective activation checkpoint has been mutated").
+  bool mutated_later = false;
 };
 
 /// The cheap model of one step, from one dry run without checkpointing on an unlimited twin.
@@ -73,5 +76,26 @@ struct CheckpointSequence {
 /// near 2e8 steps); a module whose saves are not one run of the forward is left out.
 CheckpointSequence checkpoint_sequence(const StepProfile& profile, std::int64_t deficit, bool exhaustive = false,
                                        std::size_t candidates = 256);
+
+/// One step of the call-by-call plan's greedy: a checkpointed block keeps one more operator
+/// call's outputs, or stops being checkpointed (it then keeps what autograd saves and
+/// recomputes nothing).
+struct KeepStep {
+  std::size_t block = 0;  ///< index into StepProfile::blocks
+  std::string call;       ///< "aten.mm.default@2" (the third call in the block's forward); empty: the whole block
+  std::int64_t bytes = 0; ///< what it adds to the peak, by the profile
+  double flops = 0;       ///< the recompute it spares
+};
+
+/// From every block checkpointed keeping nothing: each time the step sparing the most
+/// recomputed FLOPs per added byte (a knapsack's greedy order). A call's figures are its own
+/// (keeping it spares its recompute alone: its producers still rerun); a whole block's are
+/// what it saves beyond its input and the calls it keeps already, and the recompute it still
+/// has. A call whose output an in-place operator later changes is never kept (PyTorch's
+/// selective checkpoint refuses it). Empty for a model without operators or blocks.
+std::vector<KeepStep> keep_sequence(const StepProfile& profile);
+
+/// How many operator calls of the blocks keep_sequence may keep.
+std::size_t keepable_calls(const StepProfile& profile);
 
 }  // namespace mem::planner

@@ -105,9 +105,11 @@ class Runtime {
   /// (grown as needed): what each module's forward costs, for `vramscope plan`. Null: off.
   void set_forward_flops_by_context(std::vector<double>* by_context) noexcept { flops_by_context_ = by_context; }
   /// Called for each operator of an operator-level model a first forward runs where a
-  /// selective policy would see it (its name, the bytes of the new storages of its outputs,
-  /// its FLOPs), in the current context: what keeping each call costs and saves, for `plan`.
-  using OpObserver = std::function<void(std::string_view op, std::size_t bytes, double flops)>;
+  /// selective policy would see it (its name, inputs, outputs, whether it writes an input in
+  /// place, its FLOPs), in the current context: what keeping each call costs and saves, and
+  /// which outputs are changed in place later (keeping them fails), for `plan`.
+  using OpObserver = std::function<void(std::string_view op, const std::vector<Tensor>& inputs,
+                                        const std::vector<Tensor>& outputs, bool inplace, double flops)>;
   void set_op_observer(const OpObserver* observer) noexcept { op_observer_ = observer; }
   const OpObserver* op_observer() const noexcept { return op_observer_; }
 
