@@ -16,6 +16,14 @@ def render(text: str, generated: dict) -> str:
     return text
 
 
+def section(text: str, name: str) -> str:
+    """The rows of table `name` as the document has them."""
+    m = re.search(rf"<!-- table: {name} -->\n(.*?)<!-- end table -->", text, re.S)
+    if not m:
+        raise SystemExit(f"no <!-- table: {name} --> ... <!-- end table --> block")
+    return m.group(1)
+
+
 def main(tool: str, usage: str, default_doc: Path, tables) -> int:
     """`tool update|check VRAMSCOPE [DOC]`: `tables(exe)` gives {name: rows}."""
     if len(sys.argv) < 3 or sys.argv[1] not in ("update", "check"):

@@ -13,7 +13,9 @@ operator call written "aten.NAME@K" (the K-th call of that operator in the modul
 as a policy function that counts applies sac_ilp's list), sac_ilp's own peak and recompute time.
 
 Needs the current stack (VRAMSCOPE_STACK_PYTHON) with pulp and pwlf (sac_ilp's solver and
-curve fit). What it works around to run without a GPU, each PyTorch's limitation, not a choice:
+curve fit). pwlf's fits are randomized (differential evolution): numpy's seed is fixed, so the
+plans repeat; CBC stops at sac_ilp's time limits (10 s a module, 180 s the whole), which a slow
+machine can reach on a large module, and then answers with what it has. What it works around to run without a GPU, each PyTorch's limitation, not a choice:
 - the roofline cost model asserts torch.accelerator.is_available() even when pinned to a
   datasheet (gpu_type): the check is answered yes while the estimators run;
 - the roofline asserts one floating output dtype per operator, and a half-precision attention
@@ -28,6 +30,8 @@ curve fit). What it works around to run without a GPU, each PyTorch's limitation
 - an operator with neither memory nor runtime (a view the roofline ignores) is in no constraint
   of get_optimal_checkpointing_policy_per_module, and CBC gives its variable no value, which
   sac_ilp then rounds: it is read as recomputed (either way costs nothing);
+- a trade-off curve of too few points leaves pwlf's fit NaN, which pulp refuses: the straight
+  line (recompute share equal to the discarded share) stands for it;
 - a module whose operators keep nothing (a classifier head whose output only the loss reads)
   divides by zero in the trade-off curve fit and in sac_milp: it is given a flat curve and
   treated as a leaf (nothing to discard, so never checkpointed, as sac_milp would decide).
@@ -84,7 +88,15 @@ def estimate(model, make_batch, loss_of, gpu_type: str):
         if sum(sac_stats.memory) == 0:
             return SACTradeOffStats(n_segments=1, slopes=[0.0], intercepts=[0.0], fit_breaks=[0.0, 1.0],
                                     tradeoff_curve={}, sac_memory=0, sac_runtime=sum(sac_stats.runtimes))
-        return fit(self, sac_stats, greedy_order_meta, **kwargs)
+        stats = fit(self, sac_stats, greedy_order_meta, **kwargs)
+        values = list(stats.slopes) + list(stats.intercepts)
+        if all(math.isfinite(v) for v in values):
+            return stats
+        # A curve of one or two points leaves pwlf's two-segment fit undefined (NaN): the line
+        # recompute share = discarded share stands for it.
+        return SACTradeOffStats(n_segments=1, slopes=[1.0], intercepts=[0.0], fit_breaks=[0.0, 1.0],
+                                tradeoff_curve=stats.tradeoff_curve, sac_memory=stats.sac_memory,
+                                sac_runtime=stats.sac_runtime)
 
     from torch.distributed._tools import runtime_estimator as roofline
     compute_time = roofline.get_compute_time
@@ -126,6 +138,8 @@ def estimate(model, make_batch, loss_of, gpu_type: str):
             for state in (_ModState.PRE_BW, _ModState.PEAK_BW):
                 if not stats.snapshots.get(state):
                     stats.snapshots[state] = [stats.snapshots[_ModState.POST_FW][-1]]
+        import numpy
+        numpy.random.seed(0)  # pwlf's fits are differential evolution's, from numpy's global state
         info = aggregate_stats(model, memory, runtime, sac, torch.device("cpu"))
         for order in info["mod_order"].values():
             order[:] = list(dict.fromkeys(order))  # a module called several times: its first call

@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
 """sac_ilp_table.py: docs/PLAN.md's table of PyTorch's own planner (sac_ilp) beside `vramscope plan`.
 
-    sac_ilp_table.py update VRAMSCOPE [DOC]   # rewrite the table between the markers
-    sac_ilp_table.py check VRAMSCOPE [DOC]    # exit 1 when the document differs
+    sac_ilp_table.py update VRAMSCOPE [DOC] [--only 0,2]   # rewrite the table between the markers
+    sac_ilp_table.py check VRAMSCOPE [DOC] [--only 0,2]    # exit 1 when the document differs
+
+--only runs those cases (0-based) and keeps the document's other rows: CI runs the ViT (a
+minute), the coverage label all four (eight minutes: the Llama's sac_ilp solves take most).
 
 For each case, recorded at the operator level by the exporter (as plan_ops_table.py does):
 - sac_ilp (torch.distributed._tools.sac_ilp, scripts/sac_ilp_plan.py) is given the device's
@@ -25,7 +28,7 @@ import tempfile
 from pathlib import Path
 
 import doc_tables
-from plan_ops_table import gib, pct, stack_python
+from plan_ops_table import gib, stack_python
 
 ROOT = Path(__file__).resolve().parents[1]
 HF = ROOT / "models" / "zoo" / "hf"
@@ -86,6 +89,11 @@ def sac_label(plan):
     return f"checkpoint {what} keeping {plan['kept_calls']} operator calls"
 
 
+def share(x):
+    """The recomputed share to three digits: the two plans are often near."""
+    return "0" if x == 0 else f"{100 * x:.3g}%"
+
+
 def smi(row):
     if row.get("mutated"):
         return "fails: a kept output is changed in place"
@@ -116,14 +124,19 @@ class SacIlp:
         self.proc.wait(timeout=60)
 
 
-def tables(exe):
+def tables(exe, chosen=None):
+    """The table's rows; `chosen` (CASES with None for a case not run) leaves a placeholder row."""
     python = stack_python()
     env = dict(os.environ, PYTHONPATH=str(ROOT / "python"), TQDM_DISABLE="1")
     rows = ["| case | device | sac_ilp, budget the device's GiB | max nvidia-smi | largest budget that fits | "
             "its plan | recompute | max nvidia-smi | vramscope plan | recompute | max nvidia-smi |",
             "|---|---|---|---:|---:|---|---:|---:|---|---:|---:|"]
     with tempfile.TemporaryDirectory() as tmp:
-        for i, (label, export, model_args, args) in enumerate(CASES):
+        for i, case in enumerate(chosen or CASES):
+            if case is None:
+                rows.append("|")
+                continue
+            label, export, model_args, args = case
             path = Path(tmp) / f"case{i}.json"
             run = subprocess.run([python, "-m", "vramscope.export", *export, "--level", "ops", "-o", str(path)],
                                  capture_output=True, text=True, env=env, timeout=900)
@@ -141,33 +154,75 @@ def tables(exe):
                 naive_budget = int(capacity / STEP) * STEP
                 naive = sac.plan(naive_budget)
                 naive_row = sweep(exe, path, args, naive) if naive["solved"] else None
-                # The largest budget whose plan fits (sac_ilp's plans need more as the budget
-                # grows): fits at lo (0: none yet), not at hi.
-                lo, hi, fit = 0, int(capacity / STEP), None
-                if naive_row is not None and naive_row["fits"]:
-                    lo, fit = hi, (naive, naive_row)
-                while hi - lo > 1:
-                    mid = (lo + hi) // 2
-                    plan = sac.plan(mid * STEP)
-                    row = sweep(exe, path, args, plan) if plan["solved"] else None
-                    if row is not None and row["fits"]:
-                        lo, fit = mid, (plan, row)
-                    else:
-                        hi = mid
+                # The largest budget whose plan fits. Below some budget sac_milp finds no
+                # solution; above it, its plans need more as the budget grows. So: the smallest
+                # budget it solves (bisection), then the largest that fits above it.
+                top = int(capacity / STEP)
+                least = None  # the plan of the least budget sac_milp solves, when none fits
+                fit = (naive, naive_row) if naive_row is not None and naive_row["fits"] else None
+                if fit is None and naive["solved"]:
+                    unsolved, solved = 0, top
+                    while solved - unsolved > 1:
+                        mid = (unsolved + solved) // 2
+                        if sac.plan(mid * STEP)["solved"]:
+                            solved = mid
+                        else:
+                            unsolved = mid
+                    lo, hi = solved, top  # fits at lo once checked, not at hi
+                    plan = sac.plan(lo * STEP)
+                    row = sweep(exe, path, args, plan)
+                    least = (plan, row)
+                    if row["fits"]:
+                        fit = (plan, row)
+                        while hi - lo > 1:
+                            mid = (lo + hi) // 2
+                            plan = sac.plan(mid * STEP)
+                            row = sweep(exe, path, args, plan)
+                            if row["fits"]:
+                                lo, fit = mid, (plan, row)
+                            else:
+                                hi = mid
             finally:
                 sac.close()
             cells = [label, f"`{device}`", sac_label(naive) if naive["solved"] else "no solution",
                      smi(naive_row) if naive_row else ""]
             if fit:
                 plan, row = fit
-                cells += [f"{plan['budget_gib']:g} GiB", sac_label(plan), pct(row["recompute_share"] or 0), smi(row)]
+                cells += [f"{plan['budget_gib']:g} GiB", sac_label(plan), share(row["recompute_share"] or 0), smi(row)]
+            elif least:
+                plan, row = least
+                cells += ["none", f"at {plan['budget_gib']:g} GiB, the least it solves: {sac_label(plan)}", "", smi(row)]
             else:
                 cells += ["none", "", "", ""]
-            cells += [ours["plan"], pct(ours["recompute_share"]), gib(ours["max_nvidia_smi"])] if ours else \
+            cells += [ours["plan"], share(ours["recompute_share"]), gib(ours["max_nvidia_smi"])] if ours else \
                 ["none fits", "", ""]
             rows.append("| " + " | ".join(cells) + " |")
-    return {"sac_ilp": "\n".join(rows) + "\n"}
+    text = "\n".join(rows) + "\n"
+    return text if chosen is not None else {"sac_ilp": text}
+
+
+def only_some(cases_text):
+    """`--only 0,2`: those cases run; the document's other rows stay as they are (CI runs the
+    fast one; the coverage label all)."""
+    wanted = {int(i) for i in cases_text.split(",")}
+    full = tables
+
+    def some(exe):
+        doc = Path(sys.argv[3]) if len(sys.argv) > 3 else ROOT / "docs" / "PLAN.md"
+        old = doc_tables.section(doc.read_text(), "sac_ilp").splitlines()
+        chosen = [c if i in wanted else None for i, c in enumerate(CASES)]
+        rows = full(exe, chosen).splitlines()
+        for i, case in enumerate(chosen):
+            if case is None:
+                rows[2 + i] = next((r for r in old if r.startswith(f"| {CASES[i][0]} |")), rows[2 + i])
+        return {"sac_ilp": "\n".join(rows) + "\n"}
+    return some
 
 
 if __name__ == "__main__":
-    sys.exit(doc_tables.main("sac_ilp_table", __doc__, ROOT / "docs" / "PLAN.md", tables))
+    generate = tables
+    if "--only" in sys.argv:
+        at = sys.argv.index("--only")
+        generate = only_some(sys.argv[at + 1])
+        del sys.argv[at:at + 2]
+    sys.exit(doc_tables.main("sac_ilp_table", __doc__, ROOT / "docs" / "PLAN.md", generate))

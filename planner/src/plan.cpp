@@ -300,19 +300,34 @@ class Planner {
 
   static std::int64_t div_up(std::int64_t a, std::int64_t b) { return b <= 0 ? 0 : (a + b - 1) / b; }
 
-  /// Blocks checkpointed keeping operator calls one by one (what sac_ilp decides per operator,
-  /// here decided by the allocator): from every block checkpointed keeping nothing, the steps
-  /// of keep_sequence (keep a call, or stop checkpointing a block), as many as fit. The dry
-  /// runs decide where the sequence stops; then what the room left holds of the later calls,
-  /// by the same estimate. `every` is the run of every block keeping nothing; nullopt when that
-  /// does not fit or the model has no operators.
-  std::optional<Plan> search_kept_calls(const Plan& base, const Plan& every) {
+  /// The innermost module (a recorded call, so it can be checkpointed) holding every block;
+  /// "" when only the model itself does.
+  std::string blocks_holder() const {
+    const auto& blocks = result_.profile.blocks;
+    std::string best;
+    if (blocks.empty()) return best;
+    for (const ModuleCost& m : result_.profile.modules) {
+      const bool holds = std::all_of(blocks.begin(), blocks.end(), [&](const std::string& b) {
+        return b.size() > m.path.size() && b.compare(0, m.path.size(), m.path) == 0 && b[m.path.size()] == '.';
+      });
+      if (holds && m.saved_bytes > 0 && m.path.size() > best.size()) best = m.path;
+    }
+    return best;
+  }
+
+  /// Regions checkpointed keeping operator calls one by one (what sac_ilp decides per
+  /// operator, here decided by the allocator): from every region checkpointed keeping nothing
+  /// (`every`, measured), the steps of keep_sequence (keep a call, or stop checkpointing a
+  /// region), as many as fit. The dry runs decide where the sequence stops; then what the room
+  /// left holds of the later calls, by the same estimate. The regions are the repeated blocks
+  /// ("blocks") or the one module holding them all ("modules"); nullopt when `every` does not
+  /// fit or the model has no operators.
+  std::optional<Plan> search_kept_calls(const Plan& base, const std::vector<std::string>& blocks, const char* kind,
+                                        const Plan& every) {
     const StepProfile& profile = result_.profile;
-    const auto& blocks = profile.blocks;
-    if (!every.fits()) return std::nullopt;
-    const std::vector<KeepStep> steps = keep_sequence(profile);
+    const std::vector<KeepStep> steps = keep_sequence(profile, blocks);
     if (steps.empty()) return std::nullopt;
-    const std::size_t count = steps.size(), calls_of = keepable_calls(profile);
+    const std::size_t count = steps.size(), calls_of = keepable_calls(profile, blocks);
     const auto plan_of_steps = [&](const std::vector<bool>& taken) {
       std::vector<bool> whole(blocks.size(), false);
       std::vector<std::vector<std::string>> kept(blocks.size());
@@ -329,7 +344,7 @@ class Planner {
         p.kept_calls += kept[b].size();
         if (!kept[b].empty()) p.selective_scopes.push_back({blocks[b], std::move(kept[b])});
       }
-      p = with_modules(std::move(p), std::move(checkpointed), "blocks");
+      p = with_modules(std::move(p), std::move(checkpointed), kind);
       p.blocks_of = blocks.size();
       p.calls_of = calls_of;
       return p;
@@ -348,36 +363,66 @@ class Planner {
       if (used > slack) break;
     }
     std::size_t fewest_left = count;  // the smallest n that fit: the plan found
+    const auto run = [&](std::size_t n) {
+      Plan p = measure(plan_of(n));
+      if (p.fits()) fewest_left = std::min(fewest_left, n);
+      return std::optional<Plan>(std::move(p));
+    };
+    // n that fits, the sequence's far end (every region keeping nothing) when that does. When
+    // it does not, the allocator's fragmentation can still let a longer prefix fit (a request
+    // that finds its room in a different layout): prefixes around the estimate, outwards.
+    std::size_t top = count;
+    if (!every.fits()) {
+      const std::size_t start = count - std::min(guess, count - 1);
+      std::optional<std::size_t> fitting;
+      for (std::size_t step = 0; !fitting && step <= count; step = step == 0 ? 1 : step * 2) {
+        for (const std::size_t n : {start + step, start > step ? start - step : std::size_t{0}}) {
+          if (n < 1 || n > count || fitting) continue;
+          if (run(n)->fits()) fitting = n;
+        }
+        if (step >= 64) break;  // a dozen runs: the layout that fails the far end fails around it too
+      }
+      if (!fitting) return std::nullopt;
+      top = *fitting;
+    }
     std::optional<Plan> found = smallest_run_fitting(
-        count, count - guess,
-        [&](std::size_t n) {
-          Plan p = measure(plan_of(n));
-          if (p.fits()) fewest_left = std::min(fewest_left, n);
-          return std::optional<Plan>(std::move(p));
-        },
-        nullptr);
+        top, std::min(top, count - guess),
+        run, nullptr);
     if (!found) return found;
     // The sequence stops at the first step that does not fit, though later, smaller calls
-    // may: those the room left holds, in one more dry run (twice at most).
+    // may. The room: what the device has beyond the plan's allocated peak (its nvidia-smi
+    // peak is often the whole device, the cache grown into it); a share of it filled with the
+    // later calls in the sequence's order, a half, then a quarter, an eighth where that does
+    // not fit (the cache's layout takes its part), three times at most.
     const std::size_t prefix = count - fewest_left;
     std::vector<bool> taken(count, false);
     std::fill(taken.begin(), taken.begin() + static_cast<std::ptrdiff_t>(prefix), true);
     std::vector<bool> released(blocks.size(), false);
     for (std::size_t i = 0; i < prefix; ++i) released[steps[i].block] = released[steps[i].block] || steps[i].call.empty();
-    for (int pass = 0; pass < 2; ++pass) {
-      std::int64_t room = capacity_ - found->figures.peak_device_used;
-      std::vector<bool> more = taken;
-      bool added = false;
-      for (std::size_t i = prefix; i < count; ++i) {
-        if (more[i] || steps[i].call.empty() || released[steps[i].block] || steps[i].bytes > room) continue;
-        more[i] = added = true;
-        room -= steps[i].bytes;
+    for (int accepted = 0, tries = 0; accepted < 3 && tries < 6; ++tries) {
+      const std::int64_t room = capacity_ - found->figures.peak_allocated;
+      bool improved = false;
+      for (const int share : {2, 4, 8}) {
+        std::int64_t left = room / share;
+        std::vector<bool> more = taken;
+        bool added = false;
+        for (std::size_t i = prefix; i < count; ++i) {
+          if (more[i] || steps[i].call.empty() || released[steps[i].block] || steps[i].bytes > left) continue;
+          more[i] = added = true;
+          left -= steps[i].bytes;
+        }
+        if (!added) break;
+        Plan filled = measure(plan_of_steps(more));
+        ++tries;
+        if (filled.fits() && filled.recompute_share < found->recompute_share) {
+          found = std::move(filled);
+          taken = std::move(more);
+          improved = true;
+          break;
+        }
       }
-      if (!added) break;
-      Plan filled = measure(plan_of_steps(more));
-      if (!filled.fits() || filled.recompute_share >= found->recompute_share) break;
-      found = std::move(filled);
-      taken = std::move(more);
+      if (!improved) break;
+      ++accepted;
     }
     return found;
   }
@@ -531,8 +576,14 @@ void Planner::search() {
     if (auto found = search_modules(selective, short_of, nullptr)) keep(std::move(*found));
     if (auto found = search_blocks(selective, short_of, nullptr)) keep(std::move(*found));
   }
-  if (spec_.search.selective && every) {
-    if (auto found = search_kept_calls(base, *every)) keep(std::move(*found));
+  if (spec_.search.selective && every && !result_.profile.op_calls.empty()) {
+    if (auto found = search_kept_calls(base, result_.profile.blocks, "blocks", *every)) keep(std::move(*found));
+    // One region holding every block (a decoder's body, a ViT's encoder): its rerun at the
+    // backward's start holds what the blocks keep, but the loss's peak does not.
+    if (const std::string holder = blocks_holder(); !holder.empty()) {
+      const Plan whole = measure(with_modules(base, {holder}, "modules"));
+      if (auto found = search_kept_calls(base, {holder}, "modules", whole)) keep(std::move(*found));
+    }
   }
   const bool fits_without_change = std::any_of(result_.plans.begin(), result_.plans.end(), [](const Plan& p) {
     return p.fits() && p.recompute_share == 0;

@@ -248,18 +248,18 @@ struct BlockCalls {
   double flops = 0;             ///< its forward
 };
 
-/// Each block's calls (counted per operator in its forward, as a region's policy counts them).
-std::vector<BlockCalls> block_calls(const StepProfile& profile) {
-  std::vector<BlockCalls> out(profile.blocks.size());
+/// Each region's calls (counted per operator in its forward, as a region's policy counts them).
+std::vector<BlockCalls> block_calls(const StepProfile& profile, const std::vector<std::string>& regions) {
+  std::vector<BlockCalls> out(regions.size());
   std::unordered_map<std::string, std::size_t> block_of;
-  for (std::size_t b = 0; b < profile.blocks.size(); ++b) block_of.emplace(profile.blocks[b], b);
+  for (std::size_t b = 0; b < regions.size(); ++b) block_of.emplace(regions[b], b);
   for (const ModuleCost& m : profile.modules) {
     if (const auto it = block_of.find(m.path); it != block_of.end()) {
       out[it->second].extra_saved = static_cast<std::int64_t>(m.saved_bytes) - static_cast<std::int64_t>(m.input_bytes);
       out[it->second].flops = m.forward_flops;
     }
   }
-  std::vector<std::unordered_map<std::string, std::size_t>> counts(profile.blocks.size());
+  std::vector<std::unordered_map<std::string, std::size_t>> counts(regions.size());
   for (const OpCallCost& c : profile.op_calls) {
     std::string path = c.module;
     auto it = block_of.end();
@@ -278,16 +278,16 @@ std::vector<BlockCalls> block_calls(const StepProfile& profile) {
 
 }  // namespace
 
-std::size_t keepable_calls(const StepProfile& profile) {
+std::size_t keepable_calls(const StepProfile& profile, const std::vector<std::string>& regions) {
   std::size_t n = 0;
-  for (const BlockCalls& b : block_calls(profile)) n += b.calls.size();
+  for (const BlockCalls& b : block_calls(profile, regions)) n += b.calls.size();
   return n;
 }
 
-std::vector<KeepStep> keep_sequence(const StepProfile& profile) {
+std::vector<KeepStep> keep_sequence(const StepProfile& profile, const std::vector<std::string>& regions) {
   std::vector<KeepStep> sequence;
-  if (profile.op_calls.empty() || profile.blocks.empty()) return sequence;
-  const std::vector<BlockCalls> blocks = block_calls(profile);
+  if (profile.op_calls.empty() || regions.empty()) return sequence;
+  const std::vector<BlockCalls> blocks = block_calls(profile, regions);
   struct Candidate {
     double rate;
     std::size_t block;

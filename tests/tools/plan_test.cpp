@@ -4,6 +4,8 @@
 // The cheap model's backward replay, checkpoint marks by path, and the emitted code.
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -318,6 +320,28 @@ TEST(PlanModel, TheBackwardReplayKeepsOneWideBlockWhenTheRightTwoAreCheckpointed
   std::sort(first.begin(), first.end());
   EXPECT_EQ(first, (std::vector<std::string>{"t.x", "w"}));
   EXPECT_EQ(seq.enough, 2u);
+}
+
+TEST(PlanModel, TheKeepSequenceTakesWhatSparesMostRecomputePerByte) {
+  // Two blocks of 1,000 forward FLOPs saving 90 B beyond their 10 B inputs. A product spares
+  // 800 FLOPs for 20 B (40 per byte); then a whole block spares its other 200 FLOPs for its
+  // other 70 B (2.9 per byte), more than b's second product (100 for 40 B) or a's addition.
+  planner::StepProfile p;
+  p.blocks = {"a", "b"};
+  p.modules = {{"a", 100, 10, 1000, 0, 0}, {"b", 100, 10, 1000, 0, 0}};
+  p.op_calls = {{"a", "aten.mm.default", 20, 800},
+                {"a.inner", "aten.add.Tensor", 20, 20},
+                {"a", "aten.relu.default", 20, 20, /*mutated_later=*/true},  // never kept
+                {"b", "aten.mm.default", 20, 800},
+                {"b", "aten.t.default", 0, 0},  // a view: nothing to keep
+                {"b", "aten.mm.default", 40, 100},
+                {"c", "aten.mm.default", 20, 800}};  // outside the blocks
+  const std::vector<planner::KeepStep> s = planner::keep_sequence(p, p.blocks);
+  std::vector<std::string> got;
+  for (const auto& step : s) got.push_back(fmt::format("{} {} {} {}", p.blocks[step.block], step.call, step.bytes, step.flops));
+  EXPECT_EQ(got, (std::vector<std::string>{"a aten.mm.default@0 20 800", "b aten.mm.default@0 20 800", "a  70 200",
+                                           "b  70 200"}));
+  EXPECT_EQ(planner::keepable_calls(p, p.blocks), 4u);  // a's mm and add, b's two products
 }
 
 TEST(PlanModel, TheProfileCountsEachModulesSavesInputsAndFlops) {

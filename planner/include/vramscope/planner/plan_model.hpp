@@ -77,25 +77,25 @@ struct CheckpointSequence {
 CheckpointSequence checkpoint_sequence(const StepProfile& profile, std::int64_t deficit, bool exhaustive = false,
                                        std::size_t candidates = 256);
 
-/// One step of the call-by-call plan's greedy: a checkpointed block keeps one more operator
-/// call's outputs, or stops being checkpointed (it then keeps what autograd saves and
-/// recomputes nothing).
+/// One step of the call-by-call plan's greedy: a checkpointed region (a block, or a module
+/// holding them all) keeps one more operator call's outputs, or stops being checkpointed (it
+/// then keeps what autograd saves and recomputes nothing).
 struct KeepStep {
-  std::size_t block = 0;  ///< index into StepProfile::blocks
-  std::string call;       ///< "aten.mm.default@2" (the third call in the block's forward); empty: the whole block
+  std::size_t block = 0;  ///< index into the regions
+  std::string call;       ///< "aten.mm.default@2" (the third call in the region's forward); empty: the whole region
   std::int64_t bytes = 0; ///< what it adds to the peak, by the profile
   double flops = 0;       ///< the recompute it spares
 };
 
-/// From every block checkpointed keeping nothing: each time the step sparing the most
+/// From every region checkpointed keeping nothing: each time the step sparing the most
 /// recomputed FLOPs per added byte (a knapsack's greedy order). A call's figures are its own
-/// (keeping it spares its recompute alone: its producers still rerun); a whole block's are
+/// (keeping it spares its recompute alone: its producers still rerun); a whole region's are
 /// what it saves beyond its input and the calls it keeps already, and the recompute it still
 /// has. A call whose output an in-place operator later changes is never kept (PyTorch's
-/// selective checkpoint refuses it). Empty for a model without operators or blocks.
-std::vector<KeepStep> keep_sequence(const StepProfile& profile);
+/// selective checkpoint refuses it). Empty for a model without operators or regions.
+std::vector<KeepStep> keep_sequence(const StepProfile& profile, const std::vector<std::string>& regions);
 
-/// How many operator calls of the blocks keep_sequence may keep.
-std::size_t keepable_calls(const StepProfile& profile);
+/// How many operator calls of the regions keep_sequence may keep.
+std::size_t keepable_calls(const StepProfile& profile, const std::vector<std::string>& regions);
 
 }  // namespace mem::planner
