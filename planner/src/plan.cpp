@@ -320,8 +320,9 @@ class Planner {
   /// (`every`, measured), the steps of keep_sequence (keep a call, or stop checkpointing a
   /// region), as many as fit. The dry runs decide where the sequence stops; then what the room
   /// left holds of the later calls, by the same estimate. The regions are the repeated blocks
-  /// ("blocks") or the one module holding them all ("modules"); nullopt when `every` does not
-  /// fit or the model has no operators.
+  /// ("blocks") or the one module holding them all ("modules"). Where `every` does not fit,
+  /// prefixes around the estimate are probed (fragmentation can fail it and not them); nullopt
+  /// when none fits or the model has no operators.
   std::optional<Plan> search_kept_calls(const Plan& base, const std::vector<std::string>& blocks, const char* kind,
                                         const Plan& every) {
     const StepProfile& profile = result_.profile;
@@ -399,7 +400,7 @@ class Planner {
     std::fill(taken.begin(), taken.begin() + static_cast<std::ptrdiff_t>(prefix), true);
     std::vector<bool> released(blocks.size(), false);
     for (std::size_t i = 0; i < prefix; ++i) released[steps[i].block] = released[steps[i].block] || steps[i].call.empty();
-    for (int accepted = 0, tries = 0; accepted < 3 && tries < 6; ++tries) {
+    for (int accepted = 0, runs = 0; accepted < 3 && runs < 6; ++accepted) {
       const std::int64_t room = capacity_ - found->figures.peak_allocated;
       bool improved = false;
       for (const int share : {2, 4, 8}) {
@@ -413,7 +414,7 @@ class Planner {
         }
         if (!added) break;
         Plan filled = measure(plan_of_steps(more));
-        ++tries;
+        ++runs;
         if (filled.fits() && filled.recompute_share < found->recompute_share) {
           found = std::move(filled);
           taken = std::move(more);
@@ -422,7 +423,6 @@ class Planner {
         }
       }
       if (!improved) break;
-      ++accepted;
     }
     return found;
   }
