@@ -205,7 +205,7 @@ def check_selective(vramscope, tmp, failures):
     doc = export_ops(sac_model(), [InputSpec([4096, 256], "float", None)], name="sac-chain", loss="mse")
     path = tmp / "sac.json"
     path.write_text(json.dumps(doc))
-    found = None
+    found = calls = None
     for mib in range(680, 400, -8):  # from the step's need down: the first device where it is selective
         out = subprocess.run([vramscope, "plan", "--model-file", str(path), "--device", f"sim:capacity={mib}MiB,context=0",
                               "--search", "selective", "--headroom", "0", "--format", "json", "--code", str(tmp / "sac.py")],
@@ -215,9 +215,13 @@ def check_selective(vramscope, tmp, failures):
         result = json.loads(out.stdout)
         index = result.get("best")  # the given configuration fits (a larger device): not a plan
         best = result["plans"][index] if isinstance(index, int) and 0 <= index < len(result["plans"]) else None
-        if best and best.get("selective"):
+        if best and best.get("selective_scopes") and calls is None:
+            calls = (mib, best, (tmp / "sac.py").read_text())
+        if best and best.get("selective") and found is None:
             found = (mib, best, (tmp / "sac.py").read_text())
+        if found and calls:
             break
+    check_kept_calls(calls, failures)
     if found is None:
         failures.append("selective: no device between 400 and 680 MiB gives a selective plan")
         return
@@ -231,6 +235,46 @@ def check_selective(vramscope, tmp, failures):
     if got != want or "keep_costly" not in scope:
         failures.append("selective: wrapped modules")
     same_step("selective", plain, planned, torch.randn(4096, 256), torch.randn(4096, 256), failures)
+
+
+def check_kept_calls(calls, failures):
+    """A call-by-call plan's code: exactly the planned blocks wrapped, each forward keeping as
+    many operator calls as the plan says (its policy counted as PyTorch calls it), and a
+    training step with the same loss and gradients as without it."""
+    if calls is None:
+        failures.append("kept calls: no device between 400 and 680 MiB gives a call-by-call plan")
+        return
+    import copy
+    import torch
+    import torch.utils.checkpoint as tuc
+    mib, best, code = calls
+    kept = []
+    original = tuc.create_selective_checkpoint_contexts
+
+    def counting(policy, *args, **kwargs):
+        def counted(ctx, op, *a, **k):
+            decision = policy(ctx, op, *a, **k)
+            if not ctx.is_recompute and decision == tuc.CheckpointPolicy.MUST_SAVE:
+                kept.append(str(op))
+            return decision
+        return original(counted, *args, **kwargs)
+
+    torch.manual_seed(0)
+    plain = sac_model()
+    planned = copy.deepcopy(plain)
+    tuc.create_selective_checkpoint_contexts = counting  # the plan's code imports it when it runs
+    try:
+        scope = apply(code, planned)
+        got, want = wrapped_names(planned), set(best["checkpoint_modules"])
+        print(f"  kept calls: {mib} MiB: {best['plan']} ({best['recompute_share']:.2%} recomputed), wrapped {sorted(got)}")
+        if got != want or "keeping_calls" not in scope:
+            failures.append("kept calls: wrapped modules")
+        same_step("kept calls", plain, planned, torch.randn(4096, 256), torch.randn(4096, 256), failures)
+    finally:
+        tuc.create_selective_checkpoint_contexts = original
+    print(f"  kept calls: PyTorch's forward kept {len(kept)} operator calls, the plan {best['kept_calls']}")
+    if len(kept) != best["kept_calls"]:
+        failures.append(f"kept calls: PyTorch kept {len(kept)}, the plan says {best['kept_calls']}")
 
 
 def main():
