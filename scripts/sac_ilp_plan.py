@@ -2,7 +2,7 @@
 """sac_ilp_plan.py: PyTorch's own selective-checkpointing planner, for comparison with vramscope's.
 
     sac_ilp_plan.py torchvision.models:vit_b_16 --input 256,3,224,224 --gpu-type "NVIDIA A100" --budgets 30,20
-    sac_ilp_plan.py --hf-config llama.json --batch 4 --seq 4096 --lora 16 --dtype bf16 --budgets 70
+    sac_ilp_plan.py --hf-config models/zoo/hf/llama-3.2-1b.json --batch 8 --seq 4096 --dtype bf16 --budgets 70
 
 Runs torch.distributed._tools' pipeline as its tests do (MemTracker, RuntimeEstimator and
 SACEstimator over one training step, aggregate_stats, sac_milp), on fake tensors on the CPU,
@@ -15,7 +15,9 @@ as a policy function that counts applies sac_ilp's list), sac_ilp's own peak and
 Needs the current stack (VRAMSCOPE_STACK_PYTHON) with pulp and pwlf (sac_ilp's solver and
 curve fit). pwlf's fits are randomized (differential evolution): numpy's seed is fixed, so the
 plans repeat; CBC stops at sac_ilp's time limits (10 s a module, 180 s the whole), which a slow
-machine can reach on a large module, and then answers with what it has. What it works around to run without a GPU, each PyTorch's limitation, not a choice:
+machine can reach on a large module, and then answers with what it has. No LoRA: MemTracker
+hooks every parameter's gradient, and PyTorch raises on a frozen one. What it works around to run without a GPU, each PyTorch's
+limitation, not a choice:
 - the roofline cost model asserts torch.accelerator.is_available() even when pinned to a
   datasheet (gpu_type): the check is answered yes while the estimators run;
 - the roofline asserts one floating output dtype per operator, and a half-precision attention
@@ -62,16 +64,13 @@ def build_torchvision(target: str, dtype):
         return getattr(importlib.import_module(module), name)().to(dtype)
 
 
-def build_hf(config_path: str, lora: int, dtype):
+def build_hf(config_path: str, dtype):
     import transformers
     values = json.loads(Path(config_path).read_text())
     config = transformers.AutoConfig.for_model(values.pop("model_type"), **values)
     config._attn_implementation = "sdpa"
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").to(dtype)
-    if lora:
-        from vramscope.export import with_lora  # the exporter's PEFT setup, so the model is the file's
-        model = with_lora(model, lora)
     return model.train()
 
 
@@ -204,7 +203,6 @@ def main() -> int:
     parser.add_argument("--hf-config", help="a transformers config.json (its causal LM loss on labels)")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--seq", type=int, default=128)
-    parser.add_argument("--lora", type=int, default=0)
     parser.add_argument("--dtype", choices=("f32", "bf16"), default="f32")
     parser.add_argument("--gpu-type", default="NVIDIA H100", help="the roofline's datasheet (PyTorch's names)")
     parser.add_argument("--budgets", required=True, help="GiB, comma-separated; - reads one per line from standard "
@@ -213,7 +211,7 @@ def main() -> int:
     args = parser.parse_args()
     dtype = torch.float32 if args.dtype == "f32" else torch.bfloat16
     if args.hf_config:
-        model = build_hf(args.hf_config, args.lora, dtype)
+        model = build_hf(args.hf_config, dtype)
         make_batch = lambda: torch.randint(0, model.config.vocab_size, (args.batch, args.seq))  # noqa: E731
         loss_of = lambda m, ids: m(input_ids=ids, labels=ids, use_cache=False).loss  # noqa: E731
     else:
