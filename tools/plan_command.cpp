@@ -320,7 +320,8 @@ void add_plan_command(CLI::App& app, Capture* capture) {
       ->type_name("N");
   cmd->add_option("--search", args->search,
                   "what else the plan may change besides checkpointing whole modules: selective (an operator-level model's "
-                  "checkpointed modules keep their products', attention's and convolutions' outputs), allocator "
+                  "checkpointed modules keep their products', attention's and convolutions' outputs, or chosen operator "
+                  "calls one by one), allocator "
                   "(expandable_segments, max_split_size_mb), "
                   "loss (a decoder's loss by Liger's fused linear cross entropy: no logits), accumulation "
                   "(micro-batches), precision, optimizer; none for checkpointing whole modules alone")
