@@ -344,6 +344,32 @@ TEST(PlanModel, TheKeepSequenceTakesWhatSparesMostRecomputePerByte) {
   EXPECT_EQ(planner::keepable_calls(p, p.blocks), 4u);  // a's mm and add, b's two products
 }
 
+TEST(PlanModel, AnOutputAnInPlaceOperatorChangesLaterIsNeverKept) {
+  // tests/data/inplace-blocks.json: four blocks x + Linear(ReLU(inplace=True)(Linear(x))),
+  // recorded by `python3 -m vramscope.export ... --input 4096,256 --loss mse --level ops`. relu_
+  // writes into the first product's output, so keeping that output fails PyTorch's recompute
+  // ("has been mutated"): the profile marks it, and the keep order never takes it.
+  nn::TrainConfig cfg;
+  cfg.model = models::ModelFile::load(std::string(VRAMSCOPE_TEST_DATA_DIR) + "/inplace-blocks.json");
+  cfg.device = "sim:h100-80g";
+  const planner::StepProfile p = planner::profile_step(cfg);
+  ASSERT_EQ(p.blocks, (std::vector<std::string>{"0", "1", "2", "3"}));
+  std::size_t up = 0, down = 0;
+  for (const planner::OpCallCost& c : p.op_calls) {
+    if (c.op != "aten.addmm.default") continue;
+    (c.mutated_later ? up : down) += 1;
+    EXPECT_EQ(c.bytes, c.mutated_later ? 4096u * 1024 * 4 : 4096u * 256 * 4) << c.module;
+  }
+  EXPECT_EQ(up, 4u);
+  EXPECT_EQ(down, 4u);
+  std::vector<std::string> kept;
+  for (const planner::KeepStep& step : planner::keep_sequence(p, p.blocks)) {
+    if (!step.call.empty()) kept.push_back(p.blocks[step.block] + ":" + step.call);
+  }
+  for (const std::string& k : kept) EXPECT_EQ(k.find("aten.addmm.default@0"), std::string::npos) << k;
+  EXPECT_NE(std::find(kept.begin(), kept.end(), "3:aten.addmm.default@1"), kept.end());
+}
+
 TEST(PlanModel, TheProfileCountsEachModulesSavesInputsAndFlops) {
   nn::TrainConfig cfg;
   cfg.model = models::ModelFile::load(kChain);
