@@ -293,9 +293,11 @@ std::vector<KeepStep> keep_sequence(const StepProfile& profile, const std::vecto
     std::size_t block;
     std::size_t call;       ///< index into the block's calls; SIZE_MAX: the whole block
     std::uint64_t version;  ///< a whole block's figures change as its calls are kept
+    std::int64_t bytes;
     bool operator<(const Candidate& o) const {
       if (rate != o.rate) return rate < o.rate;
-      if (block != o.block) return block > o.block;  // ties: the earlier block, the earlier call
+      if (bytes != o.bytes) return bytes > o.bytes;  // ties: the smaller first (packs closer)
+      if (block != o.block) return block > o.block;  // then the earlier block, the earlier call
       return call > o.call;
     }
   };
@@ -309,11 +311,14 @@ std::vector<KeepStep> keep_sequence(const StepProfile& profile, const std::vecto
   std::priority_queue<Candidate> queue;
   const auto push_whole = [&](std::size_t b) {
     const double flops = blocks[b].flops - kept_flops[b];
-    if (flops > 0) queue.push({rate(flops, blocks[b].extra_saved - kept_bytes[b]), b, SIZE_MAX, version[b]});
+    if (flops > 0) {
+      const std::int64_t bytes = blocks[b].extra_saved - kept_bytes[b];
+      queue.push({rate(flops, bytes), b, SIZE_MAX, version[b], bytes});
+    }
   };
   for (std::size_t b = 0; b < blocks.size(); ++b) {
     for (std::size_t i = 0; i < blocks[b].calls.size(); ++i) {
-      queue.push({rate(blocks[b].calls[i].flops, blocks[b].calls[i].bytes), b, i, 0});
+      queue.push({rate(blocks[b].calls[i].flops, blocks[b].calls[i].bytes), b, i, 0, blocks[b].calls[i].bytes});
     }
     push_whole(b);
   }
