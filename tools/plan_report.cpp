@@ -38,6 +38,13 @@ std::string python_set(const std::vector<std::string>& items) {
   return out + "}";
 }
 
+/// `text` wrapped, its continuation lines starting with `rest`, ending in one newline.
+std::string wrapped_line(const std::string& text, const std::string& rest) {
+  std::string out = wrap(text, "", rest);
+  while (!out.empty() && out.back() == '\n') out.pop_back();
+  return out + "\n";
+}
+
 /// A call-by-call plan's policy: KEEP maps each checkpointed module to the calls it keeps, per
 /// operator overload ("aten.mm.default": {0, 3}: its first and fourth call in the module's
 /// forward), and keeping_calls makes one region's policy, counting the forward's calls and the
@@ -71,16 +78,12 @@ std::string kept_calls_code(const planner::Plan& p) {
     for (const auto& [op, indices] : by_op) {
       calls += fmt::format("{}\"{}\": {{{}}}", calls.empty() ? "" : ", ", op, fmt::join(indices, ", "));
     }
-    std::string line = wrap(fmt::format("    \"{}\": {{{}}},", scope.modules, calls), "", "        ");
-    while (!line.empty() && line.back() == '\n') line.pop_back();
-    out += line + "\n";
+    out += wrapped_line(fmt::format("    \"{}\": {{{}}},", scope.modules, calls), "        ");
   }
   out += "}\n";
   std::vector<std::string> quoted;
   for (const std::string& a : attention) quoted.push_back(fmt::format("\"{}\"", a));
-  std::string attention_line = wrap(fmt::format("ATTENTION = {{{}}}", fmt::join(quoted, ", ")), "", "    ");
-  while (!attention_line.empty() && attention_line.back() == '\n') attention_line.pop_back();
-  out += attention_line + "\n\n";
+  out += wrapped_line(fmt::format("ATTENTION = {{{}}}", fmt::join(quoted, ", ")), "    ") + "\n";
   out += "def keeping_calls(keep):\n";
   out += "    calls = {False: Counter(), True: Counter()}  # the forward's, the recompute's\n\n";
   out += "    def policy(ctx, op, *args, **kwargs):\n";

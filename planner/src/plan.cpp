@@ -307,9 +307,8 @@ class Planner {
     std::string best;
     if (blocks.empty()) return best;
     for (const ModuleCost& m : result_.profile.modules) {
-      const bool holds = std::all_of(blocks.begin(), blocks.end(), [&](const std::string& b) {
-        return b.size() > m.path.size() && b.compare(0, m.path.size(), m.path) == 0 && b[m.path.size()] == '.';
-      });
+      const bool holds =
+          std::all_of(blocks.begin(), blocks.end(), [&](const std::string& b) { return inside(b, m.path); });
       if (holds && m.saved_bytes > 0 && m.path.size() > best.size()) best = m.path;
     }
     return best;
@@ -364,10 +363,14 @@ class Planner {
       if (used > slack) break;
     }
     std::size_t fewest_left = count;  // the smallest n that fit: the plan found
+    // Each prefix runs once: the probes below and the bisection share the runs, and the far
+    // end (nothing kept) is `every`, measured already.
+    std::map<std::size_t, Plan> runs{{count, every}};
     const auto run = [&](std::size_t n) {
-      Plan p = measure(plan_of(n));
-      if (p.fits()) fewest_left = std::min(fewest_left, n);
-      return std::optional<Plan>(std::move(p));
+      auto it = runs.find(n);
+      if (it == runs.end()) it = runs.emplace(n, measure(plan_of(n))).first;
+      if (it->second.fits()) fewest_left = std::min(fewest_left, n);
+      return std::optional<Plan>(it->second);
     };
     // n that fits, the sequence's far end (every region keeping nothing) when that does. When
     // it does not, the allocator's fragmentation can still let a longer prefix fit (a request

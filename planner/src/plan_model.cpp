@@ -16,11 +16,11 @@
 
 namespace mem::planner {
 
-namespace {
-
 bool inside(const std::string& path, const std::string& outer) {
   return path.size() > outer.size() && path.compare(0, outer.size(), outer) == 0 && path[outer.size()] == '.';
 }
+
+namespace {
 
 /// Adds up each named module's inputs over its calls (a checkpoint of it keeps each one; a
 /// ReLU module a block calls three times keeps three).

@@ -198,8 +198,6 @@ def check_selective(vramscope, tmp, failures):
     every block checkpointed and the whole step need: where the best plan is selective, its code
     wraps exactly the planned blocks under create_selective_checkpoint_contexts, and a training
     step gives the same loss and gradients as without it."""
-    import copy
-    import torch
     sys.path.insert(0, str(ROOT / "python"))
     from vramscope.export import InputSpec, export_ops
     doc = export_ops(sac_model(), [InputSpec([4096, 256], "float", None)], name="sac-chain", loss="mse")
@@ -225,16 +223,24 @@ def check_selective(vramscope, tmp, failures):
     if found is None:
         failures.append("selective: no device between 400 and 680 MiB gives a selective plan")
         return
+    run_sac_code("selective", found, "keep_costly", failures)
+
+
+def run_sac_code(label, found, policy, failures):
+    """The plan's code applied to sac_model: exactly the planned blocks wrapped, its policy
+    function (`policy`) defined, and a training step with the same loss and gradients."""
+    import copy
+    import torch
     mib, best, code = found
     torch.manual_seed(0)
     plain = sac_model()
     planned = copy.deepcopy(plain)
     scope = apply(code, planned)
     got, want = wrapped_names(planned), set(best["checkpoint_modules"])
-    print(f"  selective: {mib} MiB: {best['plan']} ({best['recompute_share']:.2%} recomputed), wrapped {sorted(got)}")
-    if got != want or "keep_costly" not in scope:
-        failures.append("selective: wrapped modules")
-    same_step("selective", plain, planned, torch.randn(4096, 256), torch.randn(4096, 256), failures)
+    print(f"  {label}: {mib} MiB: {best['plan']} ({best['recompute_share']:.2%} recomputed), wrapped {sorted(got)}")
+    if got != want or policy not in scope:
+        failures.append(f"{label}: wrapped modules")
+    same_step(label, plain, planned, torch.randn(4096, 256), torch.randn(4096, 256), failures)
 
 
 def check_kept_calls(calls, failures):
@@ -244,10 +250,8 @@ def check_kept_calls(calls, failures):
     if calls is None:
         failures.append("kept calls: no device between 400 and 680 MiB gives a call-by-call plan")
         return
-    import copy
-    import torch
     import torch.utils.checkpoint as tuc
-    mib, best, code = calls
+    best = calls[1]
     kept = []
     original = tuc.create_selective_checkpoint_contexts
 
@@ -259,17 +263,9 @@ def check_kept_calls(calls, failures):
             return decision
         return original(counted, *args, **kwargs)
 
-    torch.manual_seed(0)
-    plain = sac_model()
-    planned = copy.deepcopy(plain)
     tuc.create_selective_checkpoint_contexts = counting  # the plan's code imports it when it runs
     try:
-        scope = apply(code, planned)
-        got, want = wrapped_names(planned), set(best["checkpoint_modules"])
-        print(f"  kept calls: {mib} MiB: {best['plan']} ({best['recompute_share']:.2%} recomputed), wrapped {sorted(got)}")
-        if got != want or "keeping_calls" not in scope:
-            failures.append("kept calls: wrapped modules")
-        same_step("kept calls", plain, planned, torch.randn(4096, 256), torch.randn(4096, 256), failures)
+        run_sac_code("kept calls", calls, "keeping_calls", failures)
     finally:
         tuc.create_selective_checkpoint_contexts = original
     print(f"  kept calls: PyTorch's forward kept {len(kept)} operator calls, the plan {best['kept_calls']}")

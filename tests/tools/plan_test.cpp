@@ -75,10 +75,15 @@ TEST(Plan, FindsTheTwoWideBlocksOfTheChainWhereNoUniformCheckpointingFits) {
 // `python3 -m vramscope.export blocks.py:make --input 4096,256 --loss mse --level ops`.
 const std::string kSelectiveBlocks = std::string(VRAMSCOPE_TEST_DATA_DIR) + "/selective-blocks.json";
 
-TEST(Plan, OnAnOperatorLevelModelTheBlocksKeepTheirProductsCallByCallWhereThatRecomputesLeast) {
-  planner::PlanSpec spec = spec_of(models::ModelFile::load(kSelectiveBlocks), "", "sim:capacity=600MiB,context=0");
+/// The blocks planned on `device` with checkpointing and selective checkpointing alone.
+planner::PlanResult plan_selective_blocks(const char* device) {
+  planner::PlanSpec spec = spec_of(models::ModelFile::load(kSelectiveBlocks), "", device);
   spec.search = planner::PlanSearch{false, false, false, false, false};
-  const planner::PlanResult r = planner::run_plan(spec);
+  return planner::run_plan(spec);
+}
+
+TEST(Plan, OnAnOperatorLevelModelTheBlocksKeepTheirProductsCallByCallWhereThatRecomputesLeast) {
+  const planner::PlanResult r = plan_selective_blocks("sim:capacity=600MiB,context=0");
   const planner::Plan* best = r.best();
   ASSERT_NE(best, nullptr);
   // The products' outputs spare the most FLOPs per kept byte (nn.Linear with a bias: addmm),
@@ -125,14 +130,12 @@ TEST(Plan, OnAnOperatorLevelModelTheBlocksKeepTheirProductsCallByCallWhereThatRe
 
 TEST(Plan, TheCallByCallPlanRunsAsItsPolicyTextSays) {
   // The plan's scopes, given back as --selective text, run the same step.
-  planner::PlanSpec spec = spec_of(models::ModelFile::load(kSelectiveBlocks), "", "sim:capacity=520MiB,context=0");
-  spec.search = planner::PlanSearch{false, false, false, false, false};
-  const planner::PlanResult r = planner::run_plan(spec);
+  const planner::PlanResult r = plan_selective_blocks("sim:capacity=520MiB,context=0");
   const planner::Plan* best = r.best();
   ASSERT_NE(best, nullptr);
   ASSERT_FALSE(best->selective_scopes.empty()) << best->label();
   const nn::SelectivePolicy policy = nn::SelectivePolicy::parse(nn::SelectivePolicy{{}, best->selective_scopes}.str());
-  planner::SweepSpec sweep = spec.base;
+  planner::SweepSpec sweep = r.spec.base;
   sweep.checkpoint_modules = best->checkpoint_modules;
   sweep.selective = policy;
   sweep.segments = {0};

@@ -51,6 +51,9 @@ struct StepProfile {
   nn::FlopCounts flops;             ///< of the profiled step
 };
 
+/// Whether module `path` is inside module `outer` ("a.b.c" in "a.b", not "a.bc" nor "a.b").
+bool inside(const std::string& path, const std::string& outer);
+
 /// The cheap model: one step of `cfg` (checkpointing cleared, one GPU) on an unlimited twin.
 StepProfile profile_step(nn::TrainConfig cfg);
 
