@@ -323,6 +323,40 @@ bool parse_offload(const std::string& text) {
                                text));
 }
 
+std::vector<std::optional<double>> parse_compiles(const std::string& text, const nn::ModelInfo& info) {
+  std::vector<std::optional<double>> out;
+  if (text.empty()) return out;
+  for (const std::string& item : split_list("--compile", text)) {
+    std::optional<double> value;
+    if (item == "eager") {
+      value = std::nullopt;
+    } else if (item == "on" || item == "default") {
+      value = 1.0;
+    } else {
+      double budget = -1;
+      const auto [ptr, ec] = std::from_chars(item.data(), item.data() + item.size(), budget);
+      if (ec != std::errc{} || ptr != item.data() + item.size() || !(budget >= 0 && budget <= 1)) {
+        throw UsageError(fmt::format("--compile: \"{}\" is no setting; give eager, on (PyTorch's default partition) "
+                                     "or an activation_memory_budget from 0 to 1, e.g. eager,on,0.5",
+                                     item));
+      }
+      value = budget;
+    }
+    if (std::find(out.begin(), out.end(), value) != out.end()) {
+      throw UsageError(fmt::format("--compile: \"{}\" is given twice", item));
+    }
+    out.push_back(value);
+  }
+  const bool compiled = std::any_of(out.begin(), out.end(), [](const auto& c) { return c.has_value(); });
+  if (compiled && !info.compiled) {
+    throw UsageError(fmt::format("--compile: {} has no compiled step recorded; record it with python3 -m "
+                                 "vramscope.export ... --compile (the file then carries the joint graph torch.compile "
+                                 "partitions)",
+                                 info.name));
+  }
+  return out;
+}
+
 std::vector<std::string> split_list(const std::string& option, const std::string& text) {
   std::vector<std::string> out;
   if (text.find_first_not_of(" \t") == std::string::npos) return out;  // nothing given

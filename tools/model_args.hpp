@@ -115,6 +115,14 @@ inline constexpr const char* kOffloadHelp =
     "activations: the forward under torch.autograd.graph.save_on_cpu(pin_memory=True): what autograd saves "
     "waits in pinned host memory (the pinned bytes are shown beside nvidia-smi's) and is copied back in backward";
 
+inline constexpr const char* kCompileHelp =
+    "torch.compile's step, a group of rows each: eager, on (AOTAutograd's min-cut partition, PyTorch's default) or an "
+    "activation_memory_budget from 0 to 1 (torch._functorch.config), e.g. eager,on,0.5; the file must carry the "
+    "joint graph (python3 -m vramscope.export ... --compile), recorded at the batch and dtype run";
+/// --compile's list: nullopt for eager, else the activation_memory_budget ("on": 1). UsageError
+/// for another item, a repeat, or a model that recorded no compiled step.
+std::vector<std::optional<double>> parse_compiles(const std::string& text, const nn::ModelInfo& info);
+
 /// Parses each name with nn::parse_precision; UsageError names the valid ones.
 std::vector<nn::Precision> parse_precisions(const std::string& option, const std::string& list);
 

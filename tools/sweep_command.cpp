@@ -39,6 +39,7 @@ struct SweepArgs {
   std::string checkpoint_modules;
   std::string selective;
   std::string offload;
+  std::string compile;
   std::string dtypes = kDemoDtypes;
   std::vector<std::string> alloc_confs;
   std::size_t steps = 2;
@@ -145,6 +146,19 @@ planner::SweepSpec make_spec(const SweepArgs& args) {
     spec.checkpoint_modules = parse_checkpoint_modules(args.checkpoint_modules, *spec.model, spec.model_options, 0);
   }
   spec.offload_activations = parse_offload(args.offload);
+  spec.compiles = parse_compiles(args.compile, info);
+  if (std::any_of(spec.compiles.begin(), spec.compiles.end(), [](const auto& c) { return c.has_value(); })) {
+    const bool segments = std::any_of(spec.segments.begin(), spec.segments.end(), [](std::size_t k) { return k > 1; });
+    if (segments || !args.checkpoint_modules.empty() || !args.selective.empty() || spec.offload_activations ||
+        !spec.checkpoints.empty() || info.checkpointed_modules > 0) {
+      throw UsageError("--compile: the partitioner decides what the compiled step recomputes; give no checkpointing "
+                       "(--segments 0, no --checkpoint-modules, --selective, --offload or marks), or "
+                       "an activation_memory_budget below 1 instead");
+    }
+    if (spec.parallels.size() > 1 || spec.parallels.front().enabled()) {
+      throw UsageError("--compile: one GPU only for now (--parallel is not modelled with it)");
+    }
+  }
   spec.selective = parse_selective(args.selective, info, spec.checkpoint_modules);
   spec.refine_segments = args.segments == "auto" && info.checkpointed_modules == 0 && info.sequential_checkpointing;
   if (args.max_batch) {
@@ -310,6 +324,7 @@ void add_sweep_command(CLI::App& app, Capture* capture) {
       ->type_name("LIST");
   cmd->add_option("--offload", args->offload, kOffloadHelp)->check(non_empty())->type_name("WHAT");
   cmd->add_option("--selective", args->selective, kSelectiveHelp)->check(non_empty())->type_name("OPS");
+  cmd->add_option("--compile", args->compile, kCompileHelp)->check(non_empty())->type_name("LIST");
   cmd->add_option("-t,--dtype", args->dtypes, "precisions: f32, f16, bf16, amp, amp-bf16 (comma list)")
       ->capture_default_str()
       ->type_name("LIST");

@@ -119,6 +119,15 @@ nlohmann::json row_json(const planner::SweepResult& s, const planner::SweepRow& 
   j["communication_bytes_per_step"] = r.figures.communication_bytes;
   if (r.oom) j["oom_message"] = r.oom->message;
   if (r.fits()) j["warnings"] = r.figures.warnings;
+  // torch.compile's step (--compile): the budget (null: eager) and what its partitioner kept.
+  j["compile"] = r.compile ? nlohmann::json(*r.compile) : nlohmann::json(nullptr);
+  if (const auto& c = r.figures.compiled) {
+    j["compiled"] = {{"memory_budget", c->memory_budget},
+                     {"saved_values", c->saved_values},
+                     {"saved_bytes", c->saved_bytes},
+                     {"recomputed_nodes", c->recomputed_nodes},
+                     {"graph_nodes", c->graph_nodes}};
+  }
   return j;
 }
 

@@ -25,6 +25,7 @@
 #include "expert_routing.hpp"
 #include "expression.hpp"
 #include "json_kind.hpp"
+#include "compiled_model.hpp"
 #include "op_model.hpp"
 #include "vramscope/allocator/errors.hpp"
 #include "vramscope/instrumentation/files.hpp"
@@ -1256,6 +1257,13 @@ class Builder {
                               info.operator_names.end());
     info.recorded_with = graph->recorded_with;
     info.assumed = graph->assumed;
+    if (doc_.root.contains("compiled")) {
+      try {
+        info.compiled = detail::read_compiled(doc_.root.at("compiled"), "compiled");
+      } catch (const Error& e) {
+        throw Error(doc_.origin + ": " + e.what());
+      }
+    }
     if (routing_) info.assumed.push_back(routing_->describe());
   }
 
@@ -1284,10 +1292,10 @@ std::unique_ptr<ModelFile::Doc> read_head(json root, std::string origin) {
   for (const auto& [key, value] : root.items()) {
     static const char* const kKeys[] = {"format",  "version", "name", "description", "source",
                                         "options", "input",   "loss", "layers",      "graph",
-                                        "checkpoint_modules", "comment"};
+                                        "checkpoint_modules", "compiled", "comment"};
     if (std::find(std::begin(kKeys), std::end(kKeys), key) == std::end(kKeys)) {
       fail("", "unknown key '" + key + "'; valid keys: format, version, name, description, source, options, "
-               "input, loss, layers, graph, checkpoint_modules, comment");
+               "input, loss, layers, graph, checkpoint_modules, compiled, comment");
     }
   }
   if (root.value("format", json()) != "vramscope-model") {
@@ -1325,6 +1333,9 @@ std::unique_ptr<ModelFile::Doc> read_head(json root, std::string origin) {
   doc->name = printable(root.at("name").get_ref<const std::string&>());
   doc->description = printable(root.value("description", std::string()));
   if (root.contains("layers") == root.contains("graph")) fail("", kLayersOrGraph);
+  if (root.contains("compiled") && !root.contains("graph")) {
+    fail("compiled", "is the operator-level step torch.compile partitions: it goes with \"graph\" (vramscope.export --compile)");
+  }
   for (const char* key : {"input", "loss"}) {
     if (!root.contains(key) || !root.at(key).is_object()) {
       fail(key, root.contains(key) ? "expected an object, got " + kind_of(root.at(key)) : "is required");

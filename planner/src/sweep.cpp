@@ -22,6 +22,7 @@
 #include "vramscope/instrumentation/peaks.hpp"
 #include "vramscope/allocator/sim_device.hpp"
 #include "vramscope/allocator/units.hpp"
+#include "vramscope/runtime/compiled.hpp"
 
 namespace mem::planner {
 
@@ -98,6 +99,7 @@ nn::TrainConfig train_config(const SweepSpec& spec, const SweepRow& row) {
   cfg.checkpoint_modules = unmarked_baseline ? std::vector<std::string>{} : spec.checkpoint_modules;
   if (!unmarked_baseline && row.segments <= 1) cfg.selective = spec.selective;
   cfg.offload_activations = spec.offload_activations;
+  cfg.compile = row.compile;
   if (spec.accumulation > 1) accumulate(cfg, spec.accumulation, spec.steps);
   return cfg;
 }
@@ -121,6 +123,12 @@ std::shared_ptr<Device> make_run_device(const SweepSpec& spec) {
   }
   c.capacity -= spec.headroom;
   return std::make_shared<SimDevice>(std::move(c));
+}
+
+std::string compile_label(const std::optional<double>& compile) {
+  if (!compile) return "eager";
+  if (*compile >= 1) return "compiled";
+  return fmt::format("compiled budget {:g}", *compile);
 }
 
 std::string configuration_label(nn::Precision precision, const std::string& shape, std::size_t segments,
@@ -260,6 +268,16 @@ RunFigures run_config(const nn::TrainConfig& cfg, std::shared_ptr<Device> device
       f.reserved_end = s.reserved_end;
       f.communication_bytes = s.communication_bytes;
     }
+    if (const nn::CompiledStep* c = trainer.compiled()) {
+      RunFigures::Compiled figures;
+      figures.memory_budget = c->memory_budget();
+      const auto& graph = trainer.info().compiled->graph;
+      for (std::int32_t v : c->saved()) figures.saved_values.push_back(graph.nodes[static_cast<std::size_t>(v)].name);
+      figures.saved_bytes = c->saved_activation_bytes();
+      figures.recomputed_nodes = c->recomputed_nodes();
+      figures.graph_nodes = graph.nodes.size();
+      f.compiled = std::move(figures);
+    }
     const nn::TrainReport report = trainer.report();
     f.gradients_missing = report.gradients_missing;
     f.peak_composition = report.peak_composition;
@@ -331,7 +349,8 @@ SweepResult run_sweep(const SweepSpec& spec_in, const SweepProgress& progress) {
                                         [](std::size_t k) { return k <= 1; });
   if (spec.parallels.empty()) spec.parallels.emplace_back();
   const std::size_t groups = spec.alloc_confs.size() * spec.precisions.size() * batches.size() * seqs.size() *
-                             spec.parallels.size() * std::max<std::size_t>(spec.checkpoints.size(), 1);
+                             spec.parallels.size() * std::max<std::size_t>(spec.checkpoints.size(), 1) *
+                             std::max<std::size_t>(spec.compiles.size(), 1);
   std::size_t planned = groups * (spec.segments.size() + (has_baseline ? 0 : 1));
   std::size_t done = 0;
 
@@ -344,6 +363,7 @@ SweepResult run_sweep(const SweepSpec& spec_in, const SweepProgress& progress) {
     const nn::ParallelConfig& parallel;
     const std::string& checkpoint;  // a --gradient-checkpointing mode of a list, or ""
     bool unmarked = false;          // the baseline of a model with its own checkpoint marks: none of them
+    std::optional<double> compile;  // torch.compile's budget; nullopt: eager
   };
   const auto run_row = [&](const Group& g, std::size_t segments) {
     SweepRow row;
@@ -361,6 +381,8 @@ SweepResult run_sweep(const SweepSpec& spec_in, const SweepProgress& progress) {
       row.shape += (row.shape.empty() ? "" : " ") + (g.parallel.enabled() ? nn::parallel_label(g.parallel) : "1 GPU");
     }
     if (spec.checkpoints.size() > 1) row.shape += (row.shape.empty() ? "" : " ") + ("checkpoint " + g.checkpoint);
+    row.compile = g.compile;
+    if (!spec.compiles.empty()) row.shape += (row.shape.empty() ? "" : " ") + compile_label(g.compile);
     if (progress) progress(done, planned, row.label());
     const nn::TrainConfig cfg = train_config(spec, row);
     if (cfg.mode == nn::ExecMode::Compute) {
@@ -468,7 +490,7 @@ SweepResult run_sweep(const SweepSpec& spec_in, const SweepProgress& progress) {
     // without them, as --checkpoint-modules naming the same modules is.
     const bool own_marks = result.model.checkpointed_modules > 0 && !spec.checkpoint_modules &&
                            !result.model.checkpoints_by_layer;  // a decoder's marks are its --gradient-checkpointing
-    const bool marked = (!mode.empty() && mode != "none") ||
+    const bool marked = g.compile.has_value() || (!mode.empty() && mode != "none") ||
                         (g.checkpoint.empty() && spec.checkpoint_modules && !spec.checkpoint_modules->empty()) ||
                         (g.checkpoint.empty() && own_marks);
     const std::string key = fmt::format("{}|{}|{}|{}|{}", g.conf, nn::precision_name(g.precision), g.batch, g.seq,
@@ -481,7 +503,10 @@ SweepResult run_sweep(const SweepSpec& spec_in, const SweepProgress& progress) {
         if (!has_baseline) --planned;
       } else {
         static const std::string none = "none";
-        const Group unmarked{g.conf, g.precision, g.batch, g.seq, g.parallel, none, own_marks};
+        // A compiled group's baseline is the eager step, as the group's own checkpointing has it.
+        const Group unmarked = g.compile
+                                   ? Group{g.conf, g.precision, g.batch, g.seq, g.parallel, g.checkpoint, false, {}}
+                                   : Group{g.conf, g.precision, g.batch, g.seq, g.parallel, none, own_marks, {}};
         if (has_baseline) ++planned;
         result.baselines.push_back(run_row(unmarked, 0));
         base = baseline_peak(result.baselines.back());
@@ -509,12 +534,20 @@ SweepResult run_sweep(const SweepSpec& spec_in, const SweepProgress& progress) {
   // "none" first, so that the checkpointed modes' savings are measured against its rows.
   std::vector<std::string> modes = spec.checkpoints.empty() ? std::vector<std::string>{""} : spec.checkpoints;
   std::stable_partition(modes.begin(), modes.end(), [](const std::string& m) { return m == "none"; });
+  // The eager step first, so that the compiled groups' savings are measured against its rows.
+  std::vector<std::optional<double>> compiles =
+      spec.compiles.empty() ? std::vector<std::optional<double>>{std::nullopt} : spec.compiles;
+  std::stable_partition(compiles.begin(), compiles.end(), [](const auto& c) { return !c.has_value(); });
   for (const std::string& conf : spec.alloc_confs) {
     for (const nn::Precision precision : spec.precisions) {
       for (const std::int64_t batch : batches) {
         for (const std::int64_t seq : seqs) {
           for (const nn::ParallelConfig& parallel : spec.parallels) {
-            for (const std::string& mode : modes) run_group(Group{conf, precision, batch, seq, parallel, mode});
+            for (const std::string& mode : modes) {
+              for (const std::optional<double>& compile : compiles) {
+                run_group(Group{conf, precision, batch, seq, parallel, mode, false, compile});
+              }
+            }
           }
         }
       }

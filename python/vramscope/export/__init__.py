@@ -93,8 +93,9 @@ class InputSpec:
 
 def export_ops(model, inputs: Sequence["InputSpec"], *, name: str = "model", loss: Optional[str] = None,
                description: str = "", source: str = "", seq: bool = False, output_key: Optional[str] = None,
-               loss_inside: bool = False, amp: Optional[str] = None) -> dict:
+               loss_inside: bool = False, amp: Optional[str] = None, compile: bool = False) -> dict:
     """The operator-level model file of `model` (docs/EXPORT.md, "Operator graphs").
+    `compile`: also the joint graph torch.compile partitions ("compiled", docs/OPERATORS.md).
     `seq`: the inputs' second dimension is a sequence length that becomes the file's `seq`.
     `amp` ("bf16", "f16"): recorded under CUDA's autocast, for --dtype amp-bf16 / amp."""
     import torch
@@ -138,14 +139,24 @@ def export_ops(model, inputs: Sequence["InputSpec"], *, name: str = "model", los
     note = {"shape": dims}
     if first.dtype == "int64":
         note.update({"dtype": "int64", "high": high})
-    return export_graph(model, make_inputs, name=name, batch=batch, seq=seq_len, loss_of=loss_of,
-                        output_key=output_key, description=description, source=source, input_note=note,
-                        autocast=amp)
+    doc = export_graph(model, make_inputs, name=name, batch=batch, seq=seq_len, loss_of=loss_of,
+                       output_key=output_key, description=description, source=source, input_note=note,
+                       autocast=amp)
+    if compile:
+        from ._compiled import compiled_document, step_with_loss
+        from ._opfile import _pick
+        if amp:
+            raise ExportError(["--compile records the step in the run's dtype; autocast is not modelled with it yet "
+                               "(drop --amp)"], "bad arguments")
+        step, with_target = step_with_loss(model, make_inputs, batch, seq_len, doc["loss"], _pick(output_key))
+        doc["compiled"] = compiled_document(model, with_target, batch, seq_len, step)
+    return doc
 
 
 def export_hf_config(config_path: str, *, batch: int = 1, seq: int = 128, name: Optional[str] = None,
                      attn: str = "sdpa", amp: Optional[str] = None, lora: int = 0,
-                     lora_targets: Optional[str] = None, gradient_checkpointing: Optional[str] = None) -> dict:
+                     lora_targets: Optional[str] = None, gradient_checkpointing: Optional[str] = None,
+                     compile: bool = False) -> dict:
     """The operator-level model file of a transformers causal LM built from `config_path`
     (AutoModelForCausalLM.from_config on the meta device; nothing is downloaded). The loss is
     transformers' own (labels given), so the file's output is that loss."""
@@ -201,6 +212,14 @@ def export_hf_config(config_path: str, *, batch: int = 1, seq: int = 128, name: 
                                (f", PEFT LoRA r={lora} on {lora_targets or 'its default targets'}" if lora else "") +
                                (f", gradient checkpointing {gradient_checkpointing}" if gradient_checkpointing else ""),
                         input_note={"shape": ["batch", "seq"], "dtype": "int64", "high": vocab}, autocast=amp)
+    if compile:
+        from ._compiled import compiled_document
+        if amp or gradient_checkpointing:
+            raise ExportError(["--compile records the step in the run's dtype without checkpointing (torch.compile's "
+                               "partitioner decides what to recompute); drop --amp and --gradient-checkpointing"],
+                              "bad arguments")
+        doc["compiled"] = compiled_document(model, make_inputs, max(batch, 2), seq,
+                                            lambda m, *a, **k: m(*a, **k).loss)
     if batch == 1:
         doc["options"]["batch"] = 1
         doc["graph"].setdefault("assumed", []).append(

@@ -74,6 +74,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--gradient-checkpointing", metavar="MODE", choices=("on", "reentrant", "non-reentrant"),
                         help="--hf-config: model.gradient_checkpointing_enable() (on: transformers' default), "
                              "every decoder layer recorded as a checkpointed call")
+    parser.add_argument("--compile", action="store_true",
+                        help="also record the training step as torch.compile partitions it (the joint graph AOTAutograd's "
+                             "partitioner sees, on fake CPU tensors): `vramscope sweep --compile eager,on,0.5` runs it "
+                             "(operator level only; at the recorded batch and dtype)")
     parser.add_argument("--name", help="the model's name in tables (default: the function's name)")
     parser.add_argument("-o", "--output", dest="out", metavar="FILE.json",
                         help="where to write (default: standard output)")
@@ -105,7 +109,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 raise ExportError(["--batch and --seq must be positive"], "bad arguments")
             doc = export_hf_config(args.hf_config, batch=args.batch, seq=args.seq, name=_name(args.name), attn=args.attn,
                                    amp=args.amp, lora=args.lora, lora_targets=args.lora_targets,
-                                   gradient_checkpointing=args.gradient_checkpointing)
+                                   gradient_checkpointing=args.gradient_checkpointing, compile=args.compile)
             params = None
         else:
             if not args.model:
@@ -132,14 +136,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if args.level == "layers" and args.amp:
                 raise ExportError(["--amp records operators; the layer form runs under any --dtype (drop --amp, "
                                    "or use --level ops)"], "bad arguments")
-            if args.level == "layers" or (simple and args.level == "auto" and not _is_transformers(model)):
+            if args.compile and args.level == "layers":
+                raise ExportError(["--compile records operators: give --level ops (or auto)"], "bad arguments")
+            if args.level == "layers" or (simple and args.level == "auto" and not _is_transformers(model)
+                                          and not args.compile):
                 if args.level == "layers":
                     refuse_transformers(model, args.out)
                 doc = export(model, inputs[0].shape, name=name, input_dtype=inputs[0].dtype, loss=args.loss,
                              source=source, level=args.level)
             else:
                 doc = export_ops(model, inputs, name=name, loss=args.loss, source=source, output_key=args.output_key,
-                                 amp=args.amp)
+                                 amp=args.amp, compile=args.compile)
             params = sum(p.numel() for p in model.parameters())
     except ExportError as e:
         print(f"vramscope.export: {e}", file=sys.stderr)

@@ -17,6 +17,7 @@
 #include "engine/detail.hpp"
 #include "vramscope/allocator/config.hpp"
 #include "vramscope/allocator/sim_device.hpp"
+#include "vramscope/runtime/compiled.hpp"
 #include "vramscope/instrumentation/peaks.hpp"
 
 namespace mem::nn {
@@ -103,6 +104,34 @@ void apply_selective(const TrainConfig& config, Model& model) {
     throw Error("selective checkpointing applies inside checkpointed modules, and " + info.name +
                 " checkpoints none here; name them (--checkpoint-modules, TrainConfig::checkpoint_modules)");
   }
+}
+
+/// torch.compile's step for `model` (TrainConfig::compile): what the file recorded, refused
+/// where the run is not the recorded one or adds what the compiled graphs do not model.
+std::unique_ptr<CompiledStep> make_compiled(const TrainConfig& config, Model& model) {
+  const ModelInfo& info = model.info();
+  if (!info.compiled) {
+    throw Error("--compile: " + info.name + " has no compiled step recorded; record one with "
+                "python3 -m vramscope.export ... --compile (an operator-level file)");
+  }
+  const CompiledModel& c = *info.compiled;
+  if (config.parallel.engine != ParallelEngine::None) throw Error("--compile with --parallel is not modelled yet");
+  if (config.segments > 1 || config.checkpoint_modules || config.selective || info.checkpointed_modules > 0) {
+    throw Error("--compile with activation checkpointing is not modelled: torch.compile's partitioner decides what "
+                "the step recomputes (give --compile=BUDGET, an activation_memory_budget, instead)");
+  }
+  if (config.offload_activations) throw Error("--compile with --offload activations is not modelled");
+  if (autocast_dtype(config.precision)) {
+    throw Error("--compile under autocast is not modelled yet: run the recorded dtype (--dtype bf16)");
+  }
+  const std::int64_t seq = config.model_options.size("seq").value_or(c.seq);
+  if (info.batch != c.batch || (c.seq > 0 && seq != c.seq)) {
+    throw Error("--compile: the compiled step was recorded at batch " + std::to_string(c.batch) +
+                (c.seq > 0 ? ", sequence " + std::to_string(c.seq) : std::string()) + "; this run asks batch " +
+                std::to_string(info.batch) + (c.seq > 0 ? ", sequence " + std::to_string(seq) : std::string()) +
+                " (record the file at that size: vramscope.export ... --compile --batch N)");
+  }
+  return std::make_unique<CompiledStep>(info.compiled, *config.compile, model.body());
 }
 
 }  // namespace
@@ -316,6 +345,7 @@ Trainer::Trainer(const TrainConfig& config, CachingAllocator& allocator)
       }
       runtime_->set_post_accumulate_grad_hook([zero = zero_.get()](detail::TensorImpl& leaf) { zero->grad_ready(leaf); });
     }
+    if (config.compile) compiled_ = make_compiled(config, *model_);
     // After fully_shard, model.parameters() are the shards.
     if (!zero_ && !(dp_ && !dp_->holds_module())) {
       optimizer_ = make_optimizer(config.optimizer, fsdp_ ? fsdp_->parameters() : model_->parameters());
@@ -549,6 +579,9 @@ StepStats Trainer::step() {
     pp_->step(rt, input, target, hidden, calls);
   } else if (dp_) {
     data_parallel_step(s, data_dtype, input, target, output, loss);
+  } else if (compiled_) {
+    PhaseGuard phase(Phase::Forward);
+    loss = compiled_->forward(rt);
   } else {
     PhaseGuard phase(Phase::Forward);
     {
@@ -598,7 +631,11 @@ StepStats Trainer::step() {
     PhaseGuard phase(Phase::Backward);
     ModuleScope scope(loss_bwd);
     if (zero_) zero_->pre_backward();  // engine.backward(loss)
-    backward(loss);
+    if (compiled_) {
+      compiled_->backward(rt);
+    } else {
+      backward(loss);
+    }
     if (ddp_) ddp_->finalize_backward();
     if (zero_) zero_->finalize_backward();
   }
@@ -628,6 +665,7 @@ StepStats Trainer::step() {
   s.loss = rt.computing() ? to_values(loss)[0] : std::numeric_limits<double>::quiet_NaN();
   input = target = output = loss = Tensor{};
   if (dp_) dp_->end_step();
+  if (compiled_) compiled_->end_step();
 
   const DeviceStats end = alloc.stats();
   s.stats = end;

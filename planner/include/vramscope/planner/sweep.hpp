@@ -64,6 +64,10 @@ struct SweepSpec {
   std::optional<nn::SelectivePolicy> selective;
   /// Activation offloading (nn::TrainConfig::offload_activations), every row.
   bool offload_activations = false;
+  /// --compile: each a group of rows, the step eager (nullopt) or torch.compile'd under this
+  /// activation_memory_budget (nn::TrainConfig::compile); empty: eager only. A compiled group's
+  /// saving is against the eager step.
+  std::vector<std::optional<double>> compiles;
   /// Pipeline parallel without a stage asked for: --max-batch's batch fits when every stage's
   /// step does (its figures are the fullest stage's).
   bool every_stage = false;
@@ -97,6 +101,15 @@ struct RunFigures {
   std::int64_t pinned_host_bytes = 0;
   /// Bytes this GPU sent over collectives in the last step (nn::StepStats::communication_bytes).
   double communication_bytes = 0;
+  /// A torch.compile'd step: what its partitioner chose (nn::CompiledStep).
+  struct Compiled {
+    double memory_budget = 1;
+    std::vector<std::string> saved_values;  ///< the joint graph's node names, in graph order
+    std::int64_t saved_bytes = 0;           ///< of those that are no parameter or input
+    std::size_t recomputed_nodes = 0;       ///< forward nodes the backward runs again
+    std::size_t graph_nodes = 0;
+  };
+  std::optional<Compiled> compiled;
 };
 
 /// Where and how a run ran out of memory.
@@ -127,6 +140,9 @@ AutogradFailure autograd_failure(const nn::AutogradError& e, std::size_t step);
 std::string configuration_label(nn::Precision precision, const std::string& shape, std::size_t segments,
                                 const std::string& alloc_conf);
 
+/// "eager", "compiled" (PyTorch's default partition), "compiled budget 0.5".
+std::string compile_label(const std::optional<double>& compile);
+
 struct SweepRow {
   std::size_t segments = 0;              ///< as asked; 0 = no checkpointing
   nn::Precision precision = nn::Precision::F32;
@@ -135,6 +151,7 @@ struct SweepRow {
   std::int64_t seq = 0;                  ///< its --seq; 0 when not given
   nn::ParallelConfig parallel;           ///< one GPU, or one rank of this engine
   std::string checkpoint;                ///< its --gradient-checkpointing from a list; "" otherwise
+  std::optional<double> compile;         ///< torch.compile's activation_memory_budget; nullopt: eager
   /// A baseline run of a model with its own checkpoint marks (a model file's "checkpoint"):
   /// the same model with none of them.
   bool unmarked = false;

@@ -3,6 +3,7 @@
 
 #include "vramscope/runtime/autograd.hpp"
 #include "vramscope/runtime/checkpoint_modules.hpp"
+#include "vramscope/runtime/compiled.hpp"
 #include "vramscope/runtime/decoder.hpp"
 #include "vramscope/runtime/dtype.hpp"
 #include "vramscope/runtime/encoder.hpp"

@@ -88,6 +88,8 @@ struct ModelOptions {
 /// of every token against the next one.
 enum class LossKind : std::uint8_t { MSE, CrossEntropy, Sum, BCEWithLogits, None, CausalLM };
 
+struct CompiledModel;
+
 /// What a model is, computed from declared shapes (nothing allocated).
 struct ModelInfo {
   std::string name;
@@ -129,6 +131,8 @@ struct ModelInfo {
   std::string recorded_with;
   /// What the recording assumed where the program read a value (meta tensors have none).
   std::vector<std::string> assumed;
+  /// The step as torch.compile partitions it (compiled.hpp), when the file recorded it.
+  std::shared_ptr<const CompiledModel> compiled;
   std::size_t parameter_bytes(DType dtype) const noexcept {
     return static_cast<std::size_t>(parameters) * dtype_size(dtype);
   }

@@ -76,6 +76,10 @@ struct TrainConfig {
   /// Selective checkpointing: every checkpointed region keeps these operators' outputs for its
   /// recompute (checkpoint.hpp). An operator-level model's, non-reentrant; nullopt: plain.
   std::optional<SelectivePolicy> selective;
+  /// torch.compile: the step runs as the joint graph a model file recorded (compiled.hpp), its
+  /// saved values chosen by AOTAutograd's partitioner under this activation_memory_budget
+  /// (1: PyTorch's default). nullopt: eager. One GPU, no checkpointing, the recorded dtype.
+  std::optional<double> compile;
   /// Activation offloading: the forward (and the loss) under save_on_cpu(pin_memory=True), so
   /// what autograd saves waits in pinned host memory and comes back in backward (SaveOnCpu).
   bool offload_activations = false;
@@ -165,6 +169,7 @@ std::string device_spec_for(const TrainConfig& config);
 
 /// Owns the runtime, model and optimizer on a caller's allocator (which must
 /// outlive it). Construction materializes the parameters.
+class CompiledStep;
 namespace detail {
 class PhasePeaks;
 class DataParallel;
@@ -196,6 +201,8 @@ class Trainer {
   Model& model() noexcept { return *model_; }
   Optimizer* optimizer() noexcept { return optimizer_.get(); }
   CachingAllocator& allocator() noexcept { return *allocator_; }
+  /// The compiled step (config.compile), or null.
+  const CompiledStep* compiled() const noexcept { return compiled_.get(); }
   /// Builds the report from the steps run so far.
   TrainReport report() const;
   /// DDP's gradient buckets in bytes, in the order they are reduced (empty without DDP).
@@ -234,6 +241,7 @@ class Trainer {
   std::unique_ptr<detail::TensorParallel> tp_;
   std::unique_ptr<detail::PipelineParallel> pp_;  // the rank's stage and its schedule
   std::unique_ptr<detail::NnDataParallel> dp_;     // nn.DataParallel's GPU
+  std::unique_ptr<CompiledStep> compiled_;         // torch.compile's graphs, or null
   std::int64_t dp_batch_ = 0;                      // nn.DataParallel: the whole batch, on GPU 0
 };
 

@@ -1,0 +1,280 @@
+// compiled_step.cpp — the torch.compile'd step's two graphs on the caching allocator
+// (compiled.hpp says what is modelled of inductor's buffers).
+//
+// The forward graph is every node the forward's outputs and the saved values are made from;
+// the backward graph every node the gradients are made from, starting at the saved values and
+// the loss's gradient: a forward node it reaches that was not saved is recomputed there
+// (min_cut_rematerialization_partition's _extract_fwd_bwd_modules).
+#include <algorithm>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "vramscope/allocator/errors.hpp"
+#include "vramscope/instrumentation/module_scope.hpp"
+#include "vramscope/runtime/compiled.hpp"
+#include "vramscope/runtime/runtime.hpp"
+
+namespace mem::nn {
+namespace {
+
+
+bool fusible(const JointGraph& g, std::int32_t a, std::int32_t b) {
+  if (g.nodes[b].has(JointNode::Cat)) return true;
+  return g.nodes[a].has(JointNode::Fusible) && g.nodes[b].has(JointNode::Fusible);
+}
+
+/// Every parameter and buffer under `root` by its dotted name (PyTorch's named_parameters()).
+void collect(Module& m, std::unordered_map<std::string, Tensor>& into) {
+  for (const ParamSlot& slot : m.slots()) {
+    into.emplace(m.path().empty() ? slot.name : m.path() + "." + slot.name, slot.tensor);
+  }
+  for (const auto& [name, child] : m.children()) collect(*child, into);
+}
+
+/// One graph of the step: its nodes in order, and how each one's buffer lives.
+struct Schedule {
+  std::vector<std::int32_t> nodes;          // in graph order
+  std::vector<bool> member, buffer, output;
+  std::vector<std::int32_t> last_reader;    // position in `nodes` after which a node's handle goes (-1: at once)
+};
+
+Schedule schedule(const JointGraph& g, const std::vector<bool>& member, const std::vector<bool>& output) {
+  const std::size_t count = g.nodes.size();
+  Schedule s;
+  s.member = member;
+  s.output = output;
+  s.buffer.assign(count, false);
+  s.last_reader.assign(count, -1);
+  for (std::size_t i = 0; i < count; ++i) {
+    if (member[i]) s.nodes.push_back(static_cast<std::int32_t>(i));
+  }
+  // Which values need memory, readers first so a view's need reaches its base.
+  std::vector<bool> needed(count, false);
+  for (auto it = s.nodes.rbegin(); it != s.nodes.rend(); ++it) {
+    const std::int32_t n = *it;
+    const JointNode& node = g.nodes[n];
+    if (node.op != JointNode::Op::CallFunction || node.value != JointNode::Value::Tensor) continue;
+    bool need = output[n] || !node.has(JointNode::Fusible) || node.has(JointNode::Reduction) || node.has(JointNode::GetItem);
+    for (std::int32_t u : node.users) {
+      if (!member[u] || g.nodes[u].op == JointNode::Op::Output) continue;
+      if (!fusible(g, n, u) || (g.nodes[u].has(JointNode::View) && needed[u])) need = true;
+    }
+    needed[n] = need;
+    s.buffer[n] = need && !node.has(JointNode::View);
+  }
+  for (std::size_t pos = 0; pos < s.nodes.size(); ++pos) {
+    for (std::int32_t in : g.nodes[s.nodes[pos]].inputs) s.last_reader[in] = static_cast<std::int32_t>(pos);
+  }
+  return s;
+}
+
+}  // namespace
+
+struct CompiledStep::State {
+  std::shared_ptr<const CompiledModel> model;
+  std::vector<Tensor> values;              // per node: its buffer (a view: its base's), while alive
+  std::vector<Tensor> held;                // the primals: parameters, buffers, the batch
+  std::unordered_map<std::string, Tensor> named;
+  Schedule forward, backward;
+  std::vector<bool> recomputed;
+};
+
+CompiledStep::CompiledStep(std::shared_ptr<const CompiledModel> model, double memory_budget, Module& root)
+    : state_(std::make_unique<State>()), budget_(memory_budget) {
+  const JointGraph& g = model->graph;
+  saved_ = choose_saved_values(g, memory_budget);
+  state_->model = std::move(model);
+  collect(root, state_->named);
+  const std::size_t count = g.nodes.size();
+  std::vector<bool> is_saved(count, false);
+  for (std::int32_t v : saved_) {
+    is_saved[v] = true;
+    if (g.nodes[v].op != JointNode::Op::Placeholder) saved_bytes_ += g.nodes[v].bytes;
+  }
+  // The forward: what its outputs and the saved values are made from.
+  std::vector<bool> in_forward(count, false), forward_out(count, false);
+  std::vector<std::int32_t> stack(g.outputs.begin(), g.outputs.begin() + g.forward_outputs);
+  stack.insert(stack.end(), saved_.begin(), saved_.end());
+  for (std::int32_t v : stack) forward_out[v] = true;
+  while (!stack.empty()) {
+    const std::int32_t v = stack.back();
+    stack.pop_back();
+    if (in_forward[v]) continue;
+    in_forward[v] = true;
+    for (std::int32_t in : g.nodes[v].inputs) stack.push_back(in);
+  }
+  // The backward: what the gradients are made from, down to the saved values and the tangents.
+  std::vector<bool> in_backward(count, false), backward_out(count, false);
+  stack.assign(g.outputs.begin() + g.forward_outputs, g.outputs.end());
+  for (std::int32_t v : stack) backward_out[v] = true;
+  state_->recomputed.assign(count, false);
+  while (!stack.empty()) {
+    const std::int32_t v = stack.back();
+    stack.pop_back();
+    if (in_backward[v]) continue;
+    in_backward[v] = true;
+    const JointNode& n = g.nodes[v];
+    if (is_saved[v] || n.op == JointNode::Op::Placeholder) continue;
+    if (in_forward[v]) {
+      state_->recomputed[v] = true;
+      ++recomputed_;
+    }
+    for (std::int32_t in : n.inputs) stack.push_back(in);
+  }
+  for (std::size_t i = 0; i < count; ++i) {
+    if (is_saved[i] && in_backward[i]) in_backward[i] = g.nodes[i].op == JointNode::Op::Placeholder;
+  }
+  state_->forward = schedule(g, in_forward, forward_out);
+  state_->backward = schedule(g, in_backward, backward_out);
+  state_->values.resize(count);
+  for (const JointNode& n : g.nodes) {
+    if (n.op != JointNode::Op::Placeholder || n.input != JointNode::Input::Primal) continue;
+    const auto colon = n.primal.find(": ");
+    const std::string kind = n.primal.substr(0, colon), name = colon == std::string::npos ? "" : n.primal.substr(colon + 2);
+    if (kind == "param" || kind == "buffer") {
+      const auto it = state_->named.find(name);
+      if (it == state_->named.end()) {
+        throw Error("the compiled step reads " + n.primal + ", which the model does not have (record the file again)");
+      }
+      if (it->second.defined() && (!(it->second.shape() == n.shape) || it->second.dtype() != n.dtype)) {
+        throw Error("the compiled step was recorded with " + name + " as " + n.shape.str() + " " +
+                    std::string(dtype_name(n.dtype)) + "; this run has " + it->second.shape().str() + " " +
+                    std::string(dtype_name(it->second.dtype())) + " (run it with --dtype " +
+                    std::string(dtype_name(n.dtype)) + ")");
+      }
+    } else if (kind != "input") {
+      throw Error("the compiled step's input " + n.name + " is " + (n.primal.empty() ? "unnamed" : n.primal) +
+                  ": only parameters, buffers and the batch's tensors are modelled");
+    }
+  }
+}
+
+CompiledStep::~CompiledStep() = default;
+
+namespace {
+
+/// The side effects of a kernel on the device beside its output: cuBLAS's workspace and
+/// library, cuDNN's (the runtime's rules for the eager operators, op_kernels.cpp).
+void kernel_effects(Runtime& rt, const JointNode& n) {
+  const std::string& t = n.target;
+  if (t == "aten.mm.default" || t == "aten.bmm.default" || t == "aten.baddbmm.default") {
+    rt.gemm_workspace(false);
+  } else if (t == "aten.addmm.default") {
+    rt.gemm_workspace(true);
+  } else if (t.rfind("aten.convolution", 0) == 0 || t.rfind("aten._scaled_dot_product", 0) == 0 ||
+             t.rfind("aten.cudnn", 0) == 0) {
+    rt.uses_cudnn();
+  }
+}
+
+}  // namespace
+
+Tensor CompiledStep::forward(Runtime& rt) {
+  State& st = *state_;
+  const JointGraph& g = st.model->graph;
+  static const ContextId batch_ctx = intern_context("input", Phase::Forward);
+  static const ContextId forward_ctx = intern_context("compiled forward", Phase::Forward);
+  st.held.clear();
+  {
+    ModuleScope scope(batch_ctx);
+    for (std::int32_t n : st.forward.nodes) {
+      const JointNode& node = g.nodes[n];
+      if (node.op != JointNode::Op::Placeholder) continue;
+      if (node.primal.rfind("input: ", 0) == 0) {
+        st.values[n] = empty(rt, node.shape, node.dtype);  // the batch, uploaded
+      } else {
+        st.values[n] = st.named.at(node.primal.substr(node.primal.find(": ") + 2));
+      }
+      st.held.push_back(st.values[n]);
+    }
+  }
+  ModuleScope scope(forward_ctx);
+  const Schedule& s = st.forward;
+  for (std::size_t pos = 0; pos < s.nodes.size(); ++pos) {
+    const std::int32_t n = s.nodes[pos];
+    const JointNode& node = g.nodes[n];
+    if (node.op == JointNode::Op::CallFunction) {
+      kernel_effects(rt, node);
+      if (node.flops > 0) rt.add_flops(static_cast<double>(node.flops));
+      if (s.buffer[n]) {
+        st.values[n] = empty(rt, node.shape, node.dtype);
+      } else if (node.has(JointNode::View) && !node.args.empty()) {
+        st.values[n] = st.values[node.args.front()];
+      }
+    }
+    for (std::int32_t in : node.inputs) {
+      if (s.last_reader[in] == static_cast<std::int32_t>(pos) && !s.output[in]) st.values[in] = Tensor{};
+    }
+    if (s.last_reader[n] < 0 && !s.output[n]) st.values[n] = Tensor{};
+  }
+  Tensor loss = st.values[g.outputs.front()];
+  // What leaves the forward is the loss and the saved values; the other outputs go with the
+  // output object the training loop drops.
+  std::vector<bool> keep(g.nodes.size(), false);
+  for (std::int32_t v : saved_) keep[v] = true;
+  keep[g.outputs.front()] = true;
+  for (std::size_t i = 0; i < g.nodes.size(); ++i) {
+    if (!keep[i] && g.nodes[i].op != JointNode::Op::Placeholder) st.values[i] = Tensor{};
+  }
+  return loss;
+}
+
+void CompiledStep::backward(Runtime& rt) {
+  State& st = *state_;
+  const JointGraph& g = st.model->graph;
+  static const ContextId backward_ctx = intern_context("compiled backward", Phase::Backward);
+  ModuleScope scope(backward_ctx);
+  const Schedule& s = st.backward;
+  // The saved values the backward never reads go first (inductor's wrapper frees its inputs).
+  for (std::int32_t v : saved_) {
+    if (!s.member[v] || s.last_reader[v] < 0) {
+      if (g.nodes[v].op != JointNode::Op::Placeholder) st.values[v] = Tensor{};
+    }
+  }
+  for (std::size_t pos = 0; pos < s.nodes.size(); ++pos) {
+    const std::int32_t n = s.nodes[pos];
+    const JointNode& node = g.nodes[n];
+    if (node.op == JointNode::Op::Placeholder && node.input == JointNode::Input::Tangent) {
+      st.values[n] = empty(rt, node.shape, node.dtype);  // the loss's gradient: torch.ones_like(loss)
+    } else if (node.op == JointNode::Op::CallFunction) {
+      std::optional<PhaseGuard> rerun;
+      if (st.recomputed[n]) rerun.emplace(Phase::Recompute);
+      kernel_effects(rt, node);
+      if (node.flops > 0) rt.add_flops(static_cast<double>(node.flops));
+      if (s.buffer[n]) {
+        st.values[n] = empty(rt, node.shape, node.dtype);
+      } else if (node.has(JointNode::View) && !node.args.empty()) {
+        st.values[n] = st.values[node.args.front()];
+      }
+    }
+    // The graph's own values and the loss's gradient go after their last reader; parameters and
+    // the batch stay with their owners.
+    auto freeable = [&](std::int32_t v) {
+      return !s.output[v] && (g.nodes[v].op != JointNode::Op::Placeholder || g.nodes[v].input == JointNode::Input::Tangent);
+    };
+    for (std::int32_t in : node.inputs) {
+      if (s.last_reader[in] == static_cast<std::int32_t>(pos) && freeable(in)) st.values[in] = Tensor{};
+    }
+    if (s.last_reader[n] < 0 && freeable(n)) st.values[n] = Tensor{};
+  }
+  // AccumulateGrad: the first gradient is taken as it is; a later one is added in place.
+  for (const JointNode& node : g.nodes) {
+    if (node.op != JointNode::Op::Placeholder || node.grad < 0 || node.primal.rfind("param: ", 0) != 0) continue;
+    Tensor& grad = st.values[node.grad];
+    Tensor param = st.named.at(node.primal.substr(7));
+    if (!param.grad().defined()) param.set_grad(grad);
+    grad = Tensor{};
+  }
+  for (std::size_t i = 0; i < g.nodes.size(); ++i) {
+    if (g.nodes[i].op != JointNode::Op::Placeholder || g.nodes[i].input == JointNode::Input::Tangent) st.values[i] = Tensor{};
+  }
+}
+
+void CompiledStep::end_step() {
+  State& st = *state_;
+  st.held.clear();
+  for (std::size_t i = 0; i < st.values.size(); ++i) st.values[i] = Tensor{};
+}
+
+}  // namespace mem::nn
