@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "vramscope/runtime/compiled.hpp"
 #include "vramscope/planner/accepted_segments.hpp"
 #include "model_args.hpp"
 #include "vramscope/allocator/units.hpp"
@@ -208,11 +209,13 @@ Table sweep_table(const planner::SweepResult& result, const ReportOptions& optio
   const bool show_seq = result.spec.seqs.size() > 1;
   const bool show_parallel = result.spec.parallels.size() > 1;
   const bool show_checkpoint = result.spec.checkpoints.size() > 1;
+  const bool show_compile = !result.spec.compiles.empty();
   std::vector<Column> cols{{"dtype", Align::Left}};
   if (show_batch) cols.push_back({"batch", Align::Right});
   if (show_seq) cols.push_back({"seq", Align::Right});
   if (show_parallel) cols.push_back({"parallel", Align::Left});
   if (show_checkpoint) cols.push_back({"checkpointing", Align::Left});
+  if (show_compile) cols.push_back({"step", Align::Left});
   cols.push_back({"segments", Align::Right});
   if (show_conf) cols.push_back({"alloc conf", Align::Left});
   for (const char* h : {"after step", "max alloc", "max reserved", "max nvidia-smi",
@@ -226,8 +229,9 @@ Table sweep_table(const planner::SweepResult& result, const ReportOptions& optio
   std::size_t footnote = 0;
   std::string previous_group;
   for (const planner::SweepRow& row : result.rows) {
-    const std::string group = fmt::format("{}|{}|{}|{}|{}|{}", nn::precision_name(row.precision), row.batch,
-                                          row.seq, row.alloc_conf, nn::parallel_label(row.parallel), row.checkpoint);
+    const std::string group = fmt::format("{}|{}|{}|{}|{}|{}|{}", nn::precision_name(row.precision), row.batch,
+                                          row.seq, row.alloc_conf, nn::parallel_label(row.parallel), row.checkpoint,
+                                          planner::compile_label(row.compile));
     if (!previous_group.empty() && group != previous_group) table.add_separator();
     previous_group = group;
 
@@ -236,6 +240,7 @@ Table sweep_table(const planner::SweepResult& result, const ReportOptions& optio
     if (show_seq) cells.push_back(std::to_string(row.seq));
     if (show_parallel) cells.push_back(row.parallel.enabled() ? nn::parallel_label(row.parallel) : "1 GPU");
     if (show_checkpoint) cells.push_back(row.checkpoint);
+    if (show_compile) cells.push_back(planner::compile_label(row.compile));
     const auto& modules = result.spec.checkpoint_modules;
     std::string checkpointed = modules && !modules->empty()
                                    ? fmt::format("{} module{}", modules->size(), modules->size() == 1 ? "" : "s")
@@ -372,6 +377,28 @@ std::string sweep_report(const planner::SweepResult& result, const ReportOptions
         out += wrap(fmt::format("* {} peaks at {}{}: {}.", row.label(), human_bytes(row.figures.peak_allocated),
                                 describe_peak_moment(row.figures.peak_composition),
                                 describe_composition(row.figures.peak_composition)),
+                    "  ", "    ");
+      }
+    }
+  }
+
+  if (m.compiled && !spec.compiles.empty()) {
+    // What the compiled rows assume: the partition is PyTorch's decision, the buffers a model of inductor's.
+    out += wrap(fmt::format("torch.compile's step: the joint graph recorded with torch {} on {} tensors (batch {}{}); "
+                            "vramscope chooses the saved values as AOTAutograd's min-cut partitioner does, under "
+                            "each activation_memory_budget. Inductor's buffers as modelled: a value is a buffer when "
+                            "a reader cannot fuse it (matrix products, attention, convolutions), when it is a "
+                            "reduction's or leaves its graph; fused pointwise values never exist; each buffer is "
+                            "freed after its last reader (docs/OPERATORS.md, \"Compiled steps\"). CUDA graphs "
+                            "(mode=\"reduce-overhead\") are not modelled.",
+                            m.compiled->graph.torch, m.compiled->graph.traced_on, m.compiled->batch,
+                            m.compiled->seq > 0 ? fmt::format(", sequence {}", m.compiled->seq) : std::string()),
+                "  ", "  ");
+    for (const planner::SweepRow& row : result.rows) {
+      if (const auto& c = row.figures.compiled) {
+        out += wrap(fmt::format("{}: the partitioner keeps {} values, {} of them activations, and the backward "
+                                "recomputes {} forward nodes.",
+                                row.label(), c->saved_values.size(), human_bytes(c->saved_bytes), c->recomputed_nodes),
                     "  ", "    ");
       }
     }

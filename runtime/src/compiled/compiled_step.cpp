@@ -39,7 +39,57 @@ struct Schedule {
   std::vector<std::int32_t> last_reader;    // position in `nodes` after which a node's handle goes (-1: at once)
 };
 
-Schedule schedule(const JointGraph& g, const std::vector<bool>& member, const std::vector<bool>& output) {
+/// The backward graph's order (partitioners.py, reordering_to_mimic_autograd_engine): from the
+/// first node that reads a tangent on, each node in turn, brought in with the ancestors it still
+/// lacks (in graph order), so a recomputed forward value is made only when the backward needs
+/// it rather than all at the graph's start. `inputs`: what the graph is given (placeholders).
+std::vector<std::int32_t> mimic_autograd(const JointGraph& g, const std::vector<std::int32_t>& nodes,
+                                         const std::vector<bool>& inputs) {
+  std::vector<bool> placed(g.nodes.size(), false);
+  std::vector<std::int32_t> out;
+  std::size_t first = nodes.size();
+  for (std::size_t pos = 0; pos < nodes.size(); ++pos) {
+    const std::int32_t n = nodes[pos];
+    if (inputs[n]) {
+      placed[n] = true;
+      out.push_back(n);
+    }
+    if (first == nodes.size() && !inputs[n]) {
+      for (std::int32_t in : g.nodes[n].inputs) {
+        if (g.nodes[in].op == JointNode::Op::Placeholder && g.nodes[in].input == JointNode::Input::Tangent) {
+          first = pos;
+        }
+      }
+    }
+  }
+  if (first == nodes.size()) return nodes;
+  std::vector<bool> found_now(g.nodes.size(), false);
+  auto insert = [&](std::int32_t node) {
+    std::vector<std::int32_t> pending{node}, found;
+    while (!pending.empty()) {
+      const std::int32_t v = pending.back();
+      pending.pop_back();
+      if (placed[v] || found_now[v]) continue;
+      found_now[v] = true;
+      found.push_back(v);
+      for (std::int32_t in : g.nodes[v].inputs) pending.push_back(in);
+    }
+    std::sort(found.begin(), found.end());
+    for (std::int32_t v : found) {
+      found_now[v] = false;
+      placed[v] = true;
+      out.push_back(v);
+    }
+  };
+  for (std::size_t pos = 0; pos < first; ++pos) {
+    if (g.nodes[nodes[pos]].target == "aten.copy_.default") insert(nodes[pos]);
+  }
+  for (std::size_t pos = first; pos < nodes.size(); ++pos) insert(nodes[pos]);
+  return out;
+}
+
+Schedule schedule(const JointGraph& g, const std::vector<bool>& member, const std::vector<bool>& output,
+                  const std::vector<bool>* backward_inputs = nullptr) {
   const std::size_t count = g.nodes.size();
   Schedule s;
   s.member = member;
@@ -49,6 +99,7 @@ Schedule schedule(const JointGraph& g, const std::vector<bool>& member, const st
   for (std::size_t i = 0; i < count; ++i) {
     if (member[i]) s.nodes.push_back(static_cast<std::int32_t>(i));
   }
+  if (backward_inputs) s.nodes = mimic_autograd(g, s.nodes, *backward_inputs);
   // Which values need memory, readers first so a view's need reaches its base.
   std::vector<bool> needed(count, false);
   for (auto it = s.nodes.rbegin(); it != s.nodes.rend(); ++it) {
@@ -78,6 +129,7 @@ struct CompiledStep::State {
   std::unordered_map<std::string, Tensor> named;
   Schedule forward, backward;
   std::vector<bool> recomputed;
+  std::vector<bool> backward_inputs;  // the saved values the backward reads, the tangents, the primals
 };
 
 CompiledStep::CompiledStep(std::shared_ptr<const CompiledModel> model, double memory_budget, Module& root)
@@ -122,11 +174,14 @@ CompiledStep::CompiledStep(std::shared_ptr<const CompiledModel> model, double me
     }
     for (std::int32_t in : n.inputs) stack.push_back(in);
   }
+  // The backward graph's inputs: the saved values it reads and the tangents.
+  std::vector<bool>& backward_inputs = state_->backward_inputs;
+  backward_inputs.assign(count, false);
   for (std::size_t i = 0; i < count; ++i) {
-    if (is_saved[i] && in_backward[i]) in_backward[i] = g.nodes[i].op == JointNode::Op::Placeholder;
+    backward_inputs[i] = in_backward[i] && (is_saved[i] || g.nodes[i].op == JointNode::Op::Placeholder);
   }
   state_->forward = schedule(g, in_forward, forward_out);
-  state_->backward = schedule(g, in_backward, backward_out);
+  state_->backward = schedule(g, in_backward, backward_out, &backward_inputs);
   state_->values.resize(count);
   for (const JointNode& n : g.nodes) {
     if (n.op != JointNode::Op::Placeholder || n.input != JointNode::Input::Primal) continue;
@@ -237,7 +292,7 @@ void CompiledStep::backward(Runtime& rt) {
     const JointNode& node = g.nodes[n];
     if (node.op == JointNode::Op::Placeholder && node.input == JointNode::Input::Tangent) {
       st.values[n] = empty(rt, node.shape, node.dtype);  // the loss's gradient: torch.ones_like(loss)
-    } else if (node.op == JointNode::Op::CallFunction) {
+    } else if (node.op == JointNode::Op::CallFunction && !st.backward_inputs[n]) {
       std::optional<PhaseGuard> rerun;
       if (st.recomputed[n]) rerun.emplace(Phase::Recompute);
       kernel_effects(rt, node);
