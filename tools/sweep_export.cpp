@@ -126,7 +126,9 @@ nlohmann::json row_json(const planner::SweepResult& s, const planner::SweepRow& 
                      {"saved_values", c->saved_values},
                      {"saved_bytes", c->saved_bytes},
                      {"recomputed_nodes", c->recomputed_nodes},
-                     {"graph_nodes", c->graph_nodes}};
+                     {"graph_nodes", c->graph_nodes},
+                     {"forward_buffer_peak", c->forward_buffer_peak},
+                     {"backward_buffer_peak", c->backward_buffer_peak}};
   }
   return j;
 }

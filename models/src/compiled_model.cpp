@@ -108,7 +108,8 @@ std::uint32_t flags_of(const json& list, const std::string& path) {
 
 JointNode read_node(const json& n, const std::string& path, std::size_t index, std::size_t count) {
   only_keys(n, path, {"name", "op", "target", "users", "args", "inputs", "value", "bytes", "shape", "dtype",
-                      "sym_size", "storage", "placeholder", "flags", "flops", "primal", "grad", "outputs"});
+                      "sym_size", "storage", "placeholder", "flags", "flops", "primal", "grad", "outputs",
+                      "conv_groups"});
   JointNode node;
   node.name = text(required(n, path, "name"), at(path, "name"));
   const std::string op = text(required(n, path, "op"), at(path, "op"));
@@ -156,6 +157,9 @@ JointNode read_node(const json& n, const std::string& path, std::size_t index, s
                                                      static_cast<std::int64_t>(count)));
   }
   if (n.contains("flags")) node.flags = flags_of(n.at("flags"), at(path, "flags"));
+  if (n.contains("conv_groups")) {
+    node.conv_groups = integer(n.at("conv_groups"), at(path, "conv_groups"), 1, std::int64_t{1} << 30);
+  }
   if (n.contains("flops")) node.flops = integer(n.at("flops"), at(path, "flops"), 0, std::int64_t{1} << 62);
   if (n.contains("shape")) {
     const json& shape = n.at("shape");

@@ -276,6 +276,8 @@ RunFigures run_config(const nn::TrainConfig& cfg, std::shared_ptr<Device> device
       figures.saved_bytes = c->saved_activation_bytes();
       figures.recomputed_nodes = c->recomputed_nodes();
       figures.graph_nodes = graph.nodes.size();
+      figures.forward_buffer_peak = c->forward_buffer_peak();
+      figures.backward_buffer_peak = c->backward_buffer_peak();
       f.compiled = std::move(figures);
     }
     const nn::TrainReport report = trainer.report();

@@ -149,6 +149,9 @@ def joint_graph_document(joint_graph, node_info, device: str) -> dict:
             flags.append("epilogue_mutation")
         if flags:
             entry["flags"] = flags
+        if n.target is torch.ops.aten.convolution.default:
+            # Inductor's layout optimization reads a convolution's groups (graph.py, decide_layout_opt).
+            entry["conv_groups"] = int(n.args[8])
         if n.op == "call_function" and n.target is not operator.getitem:
             # The knapsack's runtime of a node under a budget (estimate_runtime, "flops" mode),
             # and the step's FLOPs. An operator the counter cannot run goes without (vramscope

@@ -120,7 +120,61 @@ Schedule schedule(const JointGraph& g, const std::vector<bool>& member, const st
   return s;
 }
 
+/// The most bytes the schedule's buffers hold at once: each from its kernel to its last reader
+/// (an output to the graph's end), with the activations the graph is given (the backward's saved
+/// values and tangent) from its start to their last reader; parameters and the batch are not
+/// counted.
+/// `extra`: buffers made at the graph's start, each {bytes, position after which it goes}.
+std::int64_t buffer_peak(const JointGraph& g, const Schedule& s, const std::vector<bool>* inputs = nullptr,
+                         const std::vector<std::pair<std::int64_t, std::int32_t>>& extra = {}) {
+  // A view's buffer is its base's: the bytes go when the last of them has been read.
+  std::vector<std::int32_t> base(g.nodes.size());
+  for (std::size_t i = 0; i < g.nodes.size(); ++i) base[i] = static_cast<std::int32_t>(i);
+  std::vector<std::int32_t> last(g.nodes.size(), -1);
+  const auto end = static_cast<std::int32_t>(s.nodes.size());
+  for (std::int32_t pos = 0; pos < end; ++pos) {
+    const std::int32_t n = s.nodes[static_cast<std::size_t>(pos)];
+    const JointNode& node = g.nodes[n];
+    if (node.has(JointNode::View) && !node.args.empty() && !s.buffer[n]) base[n] = base[node.args.front()];
+    last[base[n]] = std::max({last[base[n]], s.output[n] ? end : s.last_reader[n], pos});
+  }
+  std::vector<std::vector<std::int32_t>> frees(s.nodes.size() + 1);
+  std::vector<std::int64_t> extra_frees(s.nodes.size() + 1, 0);
+  std::int64_t live = 0, peak = 0;
+  for (const auto& [bytes, last_pos] : extra) {
+    live += bytes;
+    if (last_pos >= 0 && last_pos < end) extra_frees[static_cast<std::size_t>(last_pos)] += bytes;
+  }
+  auto given = [&](std::int32_t n) {
+    const JointNode& node = g.nodes[n];
+    return inputs && (*inputs)[n] && node.value == JointNode::Value::Tensor &&
+           (node.op != JointNode::Op::Placeholder || node.input == JointNode::Input::Tangent);
+  };
+  for (std::int32_t n : s.nodes) {
+    if (s.buffer[n] || given(n)) frees[static_cast<std::size_t>(std::max(last[n], 0))].push_back(n);
+    if (given(n)) live += g.nodes[n].bytes;
+  }
+  peak = live;
+  for (std::size_t pos = 0; pos < s.nodes.size(); ++pos) {
+    const std::int32_t n = s.nodes[pos];
+    if (s.buffer[n] && !given(n)) {
+      live += g.nodes[n].bytes;
+      peak = std::max(peak, live);
+    }
+    for (std::int32_t f : frees[pos]) live -= g.nodes[f].bytes;
+    live -= extra_frees[pos];
+  }
+  return peak;
+}
+
 }  // namespace
+
+/// A channels-last copy inductor makes of a parameter or input a convolution reads.
+struct LayoutCopy {
+  std::int32_t primal = -1;
+  std::int32_t forward_last = -1;  // the forward position of its last convolution
+  bool keep = false;               // the backward reads it
+};
 
 struct CompiledStep::State {
   std::shared_ptr<const CompiledModel> model;
@@ -130,6 +184,8 @@ struct CompiledStep::State {
   Schedule forward, backward;
   std::vector<bool> recomputed;
   std::vector<bool> backward_inputs;  // the saved values the backward reads, the tangents, the primals
+  std::vector<LayoutCopy> copies;
+  std::vector<Tensor> copy_tensors;
 };
 
 CompiledStep::CompiledStep(std::shared_ptr<const CompiledModel> model, double memory_budget, Module& root)
@@ -182,6 +238,13 @@ CompiledStep::CompiledStep(std::shared_ptr<const CompiledModel> model, double me
   }
   state_->forward = schedule(g, in_forward, forward_out);
   state_->backward = schedule(g, in_backward, backward_out, &backward_inputs);
+  plan_layout_copies(g, in_forward, in_backward);
+  std::vector<std::pair<std::int64_t, std::int32_t>> copies;
+  for (const LayoutCopy& c : state_->copies) {
+    copies.emplace_back(g.nodes[c.primal].bytes, c.keep ? -1 : c.forward_last);
+  }
+  forward_peak_ = buffer_peak(g, state_->forward, nullptr, copies);
+  backward_peak_ = buffer_peak(g, state_->backward, &backward_inputs);
   state_->values.resize(count);
   for (const JointNode& n : g.nodes) {
     if (n.op != JointNode::Op::Placeholder || n.input != JointNode::Input::Primal) continue;
@@ -206,6 +269,55 @@ CompiledStep::CompiledStep(std::shared_ptr<const CompiledModel> model, double me
 }
 
 CompiledStep::~CompiledStep() = default;
+
+void CompiledStep::plan_layout_copies(const JointGraph& g, const std::vector<bool>& in_forward,
+                                      const std::vector<bool>& in_backward) {
+  // torch/_inductor/graph.py, decide_layout_opt, for a training graph on a GPU: channels last
+  // unless a convolution is grouped (over one input channel each), has half the output channels
+  // of its input's or fewer (a spatial kernel), all are small (64 channels or fewer), or there
+  // are 300 nodes per convolution or more.
+  std::vector<std::int32_t> convs;
+  std::size_t nodes = 1;  // the output node
+  for (std::size_t i = 0; i < g.nodes.size(); ++i) {
+    const JointNode& n = g.nodes[i];
+    if (n.op == JointNode::Op::Placeholder && n.input != JointNode::Input::Tangent &&
+        n.input != JointNode::Input::BwdSeed) {
+      ++nodes;
+    } else if (in_forward[i] && n.op == JointNode::Op::CallFunction) {
+      ++nodes;
+      if (n.conv_groups > 0 && n.args.size() >= 2) convs.push_back(static_cast<std::int32_t>(i));
+    }
+  }
+  if (convs.empty() || nodes >= 300 * convs.size()) return;
+  bool all_small = true;
+  for (std::int32_t c : convs) {
+    const Shape& w = g.nodes[g.nodes[c].args[1]].shape;
+    if (w.size() < 3) return;
+    if (g.nodes[c].conv_groups > 1 && w[1] > 1) return;
+    if (w[0] * 2 <= w[1] && w[2] > 1) return;
+    all_small = all_small && w[0] <= 64 && w[1] <= 64;
+  }
+  if (all_small) return;
+  channels_last_ = true;
+  std::vector<std::int32_t> position(g.nodes.size(), -1);
+  for (std::size_t pos = 0; pos < state_->forward.nodes.size(); ++pos) {
+    position[state_->forward.nodes[pos]] = static_cast<std::int32_t>(pos);
+  }
+  for (std::int32_t c : convs) {
+    for (std::size_t a = 0; a < 2; ++a) {
+      const std::int32_t p = g.nodes[c].args[a];
+      const JointNode& primal = g.nodes[p];
+      if (primal.op != JointNode::Op::Placeholder || primal.shape.size() != 4) continue;
+      auto it = std::find_if(state_->copies.begin(), state_->copies.end(),
+                             [&](const LayoutCopy& copy) { return copy.primal == p; });
+      if (it == state_->copies.end()) {
+        state_->copies.push_back({p, -1, in_backward[p]});
+        it = std::prev(state_->copies.end());
+      }
+      it->forward_last = std::max(it->forward_last, position[c]);
+    }
+  }
+}
 
 namespace {
 
@@ -245,8 +357,14 @@ Tensor CompiledStep::forward(Runtime& rt) {
     }
   }
   ModuleScope scope(forward_ctx);
+  // Layout optimization's channels-last copies come first, as inductor's wrapper makes them.
+  st.copy_tensors.clear();
+  for (const LayoutCopy& c : st.copies) st.copy_tensors.push_back(empty(rt, g.nodes[c.primal].shape, g.nodes[c.primal].dtype));
   const Schedule& s = st.forward;
   for (std::size_t pos = 0; pos < s.nodes.size(); ++pos) {
+    for (std::size_t k = 0; k < st.copies.size(); ++k) {
+      if (!st.copies[k].keep && st.copies[k].forward_last + 1 == static_cast<std::int32_t>(pos)) st.copy_tensors[k] = Tensor{};
+    }
     const std::int32_t n = s.nodes[pos];
     const JointNode& node = g.nodes[n];
     if (node.op == JointNode::Op::CallFunction) {
@@ -262,6 +380,9 @@ Tensor CompiledStep::forward(Runtime& rt) {
       if (s.last_reader[in] == static_cast<std::int32_t>(pos) && !s.output[in]) st.values[in] = Tensor{};
     }
     if (s.last_reader[n] < 0 && !s.output[n]) st.values[n] = Tensor{};
+  }
+  for (std::size_t k = 0; k < st.copies.size(); ++k) {
+    if (!st.copies[k].keep) st.copy_tensors[k] = Tensor{};
   }
   Tensor loss = st.values[g.outputs.front()];
   // What leaves the forward is the loss and the saved values; the other outputs go with the
@@ -281,6 +402,13 @@ void CompiledStep::backward(Runtime& rt) {
   static const ContextId backward_ctx = intern_context("compiled backward", Phase::Backward);
   ModuleScope scope(backward_ctx);
   const Schedule& s = st.backward;
+  // The layout copies go after their last reader in the backward (at once if it reads none).
+  std::vector<std::int32_t> copy_last;
+  for (std::size_t k = 0; k < st.copies.size(); ++k) {
+    const std::int32_t last = s.member[st.copies[k].primal] ? s.last_reader[st.copies[k].primal] : -1;
+    copy_last.push_back(last);
+    if (last < 0) st.copy_tensors[k] = Tensor{};
+  }
   // The saved values the backward never reads go first (inductor's wrapper frees its inputs).
   for (std::int32_t v : saved_) {
     if (!s.member[v] || s.last_reader[v] < 0) {
@@ -312,6 +440,9 @@ void CompiledStep::backward(Runtime& rt) {
       if (s.last_reader[in] == static_cast<std::int32_t>(pos) && freeable(in)) st.values[in] = Tensor{};
     }
     if (s.last_reader[n] < 0 && freeable(n)) st.values[n] = Tensor{};
+    for (std::size_t k = 0; k < st.copies.size(); ++k) {
+      if (copy_last[k] == static_cast<std::int32_t>(pos)) st.copy_tensors[k] = Tensor{};
+    }
   }
   // AccumulateGrad: the first gradient is taken as it is; a later one is added in place.
   for (const JointNode& node : g.nodes) {
@@ -329,6 +460,7 @@ void CompiledStep::backward(Runtime& rt) {
 void CompiledStep::end_step() {
   State& st = *state_;
   st.held.clear();
+  st.copy_tensors.clear();
   for (std::size_t i = 0; i < st.values.size(); ++i) st.values[i] = Tensor{};
 }
 

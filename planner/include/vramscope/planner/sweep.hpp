@@ -108,6 +108,8 @@ struct RunFigures {
     std::int64_t saved_bytes = 0;           ///< of those that are no parameter or input
     std::size_t recomputed_nodes = 0;       ///< forward nodes the backward runs again
     std::size_t graph_nodes = 0;
+    std::int64_t forward_buffer_peak = 0;   ///< the most its graphs' own buffers hold at once
+    std::int64_t backward_buffer_peak = 0;
   };
   std::optional<Compiled> compiled;
 };

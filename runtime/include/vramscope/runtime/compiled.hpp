@@ -66,6 +66,7 @@ struct JointNode {
   std::int32_t storage = -1;        ///< the storage it lives in (-1: none)
   std::uint32_t flags = 0;
   std::int64_t flops = -1;          ///< estimate_runtime's FLOPs (-1: not recorded)
+  std::int64_t conv_groups = 0;     ///< aten.convolution's groups (0: not a convolution)
   Shape shape;
   DType dtype = DType::BF16;
   /// A primal: what it is ("param: model.norm.weight", "buffer: ...", "input: input_ids").
@@ -123,6 +124,10 @@ std::vector<std::int32_t> choose_saved_values(const JointGraph& graph, double me
 ///   the backward's saved inputs too); what the caching allocator then reuses stands for
 ///   inductor's own reuse of a freed buffer.
 /// - parameters and buffers are the model's own; the batch's inputs are allocated at the start.
+/// - inductor's layout optimization (torch/_inductor/graph.py, decide_layout_opt, its rule for
+///   GPUs in training): when the forward's convolutions qualify, each parameter or input a
+///   convolution reads gets a channels-last copy at the forward's start, kept for the
+///   backward's convolution_backward when it reads it.
 class CompiledStep {
  public:
   /// Throws mem::Error when a primal names a parameter or buffer `root` does not have.
@@ -144,14 +149,26 @@ class CompiledStep {
   /// Bytes of the saved values that are not parameters or buffers (what the forward keeps).
   std::int64_t saved_activation_bytes() const noexcept { return saved_bytes_; }
   std::size_t recomputed_nodes() const noexcept { return recomputed_; }
+  /// The most bytes a graph's buffers hold at once as the schedule above plans them, with the
+  /// backward's saved values and tangent while it reads them (parameters and the batch not
+  /// counted): what inductor's wrapper code holds inside the graph's call.
+  std::int64_t forward_buffer_peak() const noexcept { return forward_peak_; }
+  std::int64_t backward_buffer_peak() const noexcept { return backward_peak_; }
   double memory_budget() const noexcept { return budget_; }
+  /// Inductor's layout optimization took the forward's convolutions to channels last.
+  bool channels_last() const noexcept { return channels_last_; }
 
  private:
   struct State;
+  /// Inductor's layout optimization of the forward's convolutions, and the copies it makes.
+  void plan_layout_copies(const JointGraph& graph, const std::vector<bool>& in_forward,
+                          const std::vector<bool>& in_backward);
   std::unique_ptr<State> state_;
   std::vector<std::int32_t> saved_;
   std::int64_t saved_bytes_ = 0;
   std::size_t recomputed_ = 0;
+  std::int64_t forward_peak_ = 0, backward_peak_ = 0;
+  bool channels_last_ = false;
   double budget_ = 1;
 };
 
