@@ -106,7 +106,15 @@ std::uint32_t flags_of(const json& list, const std::string& path) {
   return flags;
 }
 
-JointNode read_node(const json& n, const std::string& path, std::size_t index, std::size_t count) {
+/// A size or count: an integer, or a formula the file's options evaluate, within [0, high].
+std::int64_t sized(const json& v, const std::string& path, const SizeReader& size, std::int64_t high) {
+  const std::int64_t n = size(v, path);
+  if (n < 0 || n > high) fail(path, "expected a value from 0 to " + std::to_string(high) + ", got " + std::to_string(n));
+  return n;
+}
+
+JointNode read_node(const json& n, const std::string& path, std::size_t index, std::size_t count,
+                    const SizeReader& size) {
   only_keys(n, path, {"name", "op", "target", "users", "args", "inputs", "value", "bytes", "shape", "dtype",
                       "sym_size", "storage", "placeholder", "flags", "flops", "primal", "grad", "outputs",
                       "conv_groups"});
@@ -150,7 +158,7 @@ JointNode read_node(const json& n, const std::string& path, std::size_t index, s
     fail(at(path, "value"), "expected tensor, sym or other, got '" + value + "'");
   }
   constexpr std::int64_t kMaxBytes = std::int64_t{1} << 50;
-  node.bytes = n.contains("bytes") ? integer(n.at("bytes"), at(path, "bytes"), 0, kMaxBytes) : 0;
+  node.bytes = n.contains("bytes") ? sized(n.at("bytes"), at(path, "bytes"), size, kMaxBytes) : 0;
   if (n.contains("sym_size")) node.sym_size = integer(n.at("sym_size"), at(path, "sym_size"), 0, 8);
   if (n.contains("storage")) {
     node.storage = static_cast<std::int32_t>(integer(n.at("storage"), at(path, "storage"), 0,
@@ -160,12 +168,12 @@ JointNode read_node(const json& n, const std::string& path, std::size_t index, s
   if (n.contains("conv_groups")) {
     node.conv_groups = integer(n.at("conv_groups"), at(path, "conv_groups"), 1, std::int64_t{1} << 30);
   }
-  if (n.contains("flops")) node.flops = integer(n.at("flops"), at(path, "flops"), 0, std::int64_t{1} << 62);
+  if (n.contains("flops")) node.flops = sized(n.at("flops"), at(path, "flops"), size, std::int64_t{1} << 62);
   if (n.contains("shape")) {
     const json& shape = n.at("shape");
     if (!shape.is_array() || shape.size() > 16) fail(at(path, "shape"), "expected up to 16 sizes");
     for (std::size_t d = 0; d < shape.size(); ++d) {
-      node.shape.push_back(integer(shape[d], at(at(path, "shape"), d), 0, kMaxBytes));
+      node.shape.push_back(sized(shape[d], at(at(path, "shape"), d), size, kMaxBytes));
     }
   }
   if (n.contains("dtype")) {
@@ -206,11 +214,13 @@ JointNode read_node(const json& n, const std::string& path, std::size_t index, s
 
 }  // namespace
 
-std::shared_ptr<const nn::CompiledModel> read_compiled(const json& compiled, const std::string& path) {
-  only_keys(compiled, path, {"batch", "seq", "graph"});
+std::shared_ptr<const nn::CompiledModel> read_compiled(const json& compiled, const std::string& path,
+                                                       const SizeReader& size) {
+  only_keys(compiled, path, {"batch", "seq", "fixed", "graph"});
   auto model = std::make_shared<nn::CompiledModel>();
   model->batch = integer(required(compiled, path, "batch"), at(path, "batch"), 1, std::int64_t{1} << 40);
   if (compiled.contains("seq")) model->seq = integer(compiled.at("seq"), at(path, "seq"), 1, std::int64_t{1} << 40);
+  if (compiled.contains("fixed")) model->fixed = text(compiled.at("fixed"), at(path, "fixed"));
   const std::string gpath = at(path, "graph");
   const json& graph = required(compiled, path, "graph");
   only_keys(graph, gpath, {"traced_on", "torch", "partitioner", "forward_outputs", "nodes"});
@@ -254,7 +264,9 @@ std::shared_ptr<const nn::CompiledModel> read_compiled(const json& compiled, con
   if (!nodes.is_array() || nodes.empty() || nodes.size() > kMaxGraphEntries) {
     fail(npath, "expected a list of nodes ending with the output node");
   }
-  for (std::size_t i = 0; i < nodes.size(); ++i) g.nodes.push_back(read_node(nodes[i], at(npath, i), i, nodes.size()));
+  for (std::size_t i = 0; i < nodes.size(); ++i) {
+    g.nodes.push_back(read_node(nodes[i], at(npath, i), i, nodes.size(), size));
+  }
   if (g.nodes.back().op != JointNode::Op::Output) fail(npath, "the last node must be the output node");
   const std::string opath = at(npath, nodes.size() - 1);
   g.outputs = indices(nodes.back(), opath, "outputs", nodes.size() - 1);

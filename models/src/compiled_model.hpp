@@ -3,6 +3,7 @@
 // model-file reader calls it.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -12,8 +13,13 @@
 
 namespace mem::models::detail {
 
-/// Reads `compiled` (the JSON object at key "compiled"). Throws mem::Error naming the JSON path
-/// of the first problem ("compiled.graph.nodes[12].users[0]: ...").
-std::shared_ptr<const nn::CompiledModel> read_compiled(const nlohmann::json& compiled, const std::string& path);
+/// A size (an integer or a formula over the file's options, "2*batch*seq + 64") at the run's
+/// options; throws mem::Error naming `path` (the model-file reader's own size reader).
+using SizeReader = std::function<std::int64_t(const nlohmann::json&, const std::string&)>;
+
+/// Reads `compiled` (the JSON object at key "compiled") at the run's options. Throws mem::Error
+/// naming the JSON path of the first problem ("compiled.graph.nodes[12].users[0]: ...").
+std::shared_ptr<const nn::CompiledModel> read_compiled(const nlohmann::json& compiled, const std::string& path,
+                                                       const SizeReader& size);
 
 }  // namespace mem::models::detail

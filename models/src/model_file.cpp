@@ -1259,7 +1259,8 @@ class Builder {
     info.assumed = graph->assumed;
     if (doc_.root.contains("compiled")) {
       try {
-        info.compiled = detail::read_compiled(doc_.root.at("compiled"), "compiled");
+        info.compiled = detail::read_compiled(doc_.root.at("compiled"), "compiled",
+                                              [this](const json& v, const std::string& p) { return integer(v, p); });
       } catch (const Error& e) {
         throw Error(doc_.origin + ": " + e.what());
       }

@@ -10,7 +10,9 @@ current stack, on fake CPU tensors:
 3. PyTorch compiles the same step with torch._functorch.config.activation_memory_budget = B and
    its min_cut_rematerialization_partition chooses them (read where choose_saved_values_set
    returns, the forward graph's saved outputs);
-4. both lists of node names are equal, in order, for every budget.
+4. both lists of node names are equal, in order, for every budget;
+5. at another size (the batch + 3, the sequence + 5), the file's formulas give the joint graph
+   PyTorch compiles there: the saved values are equal again (default and 0.5).
 
 By default a representative part runs (CI); --all runs every model (ctest -L coverage).
 Exit 77 (skipped) without torch and the current stack.
@@ -94,13 +96,13 @@ def torchvision_case(name: str):
     return doc, model, with_target, 2, None, step
 
 
-def vramscope_saved(binary: str, doc: dict, folder: Path, name: str) -> dict:
+def vramscope_saved(binary: str, doc: dict, folder: Path, name: str, budgets=BUDGETS, size=()) -> dict:
     path = folder / f"{name}-model.json"
     path.write_text(json.dumps(doc))
-    budgets = ",".join("on" if b == 1 else f"{b:g}" for b in BUDGETS)
+    listed = ",".join("on" if b == 1 else f"{b:g}" for b in budgets)
     run = subprocess.run([binary, "sweep", "--model-file", str(path), "--dtype", "bf16", "--segments", "0",
-                          "--compile", budgets, "--device", "sim:h100-80g", "--steps", "1", "--format", "json"],
-                         capture_output=True, text=True)
+                          "--compile", listed, "--device", "sim:h100-80g", "--steps", "1", "--format", "json",
+                          *size], capture_output=True, text=True)
     if run.returncode != 0:
         raise RuntimeError(f"vramscope sweep failed: {run.stderr.strip()}")
     out = {}
@@ -145,6 +147,21 @@ def main() -> int:
                     only_mine = [v for v in (mine or []) if v not in theirs]
                     failures.append(f"{name} budget {budget}: only PyTorch's {only_theirs[:12]}, only vramscope's "
                                     f"{only_mine[:12]}")
+            # Another size, from the file's formulas.
+            if "fixed" in doc["compiled"]:
+                failures.append(f"{name}: the file's sizes are fixed ({doc['compiled']['fixed']})")
+                continue
+            other_batch, other_seq = batch + 3, (seq + 5 if seq else None)
+            size = ["--batch", str(other_batch)] + (["--seq", str(other_seq)] if other_seq else [])
+            ours = vramscope_saved(args.vramscope, doc, folder, name, [1.0, 0.5], size)
+            for budget in (1.0, 0.5):
+                record, _ = record_compiled(model, make_inputs, other_batch, other_seq, step, budget=budget)
+                theirs, mine = record["saved"], ours.get(budget)
+                status = "equal" if mine == theirs else "DIFFERENT"
+                print(f"{name:14s} budget {budget:<4g} at {' '.join(size)}: PyTorch saves {len(theirs):4d} values, "
+                      f"vramscope {len(mine or []):4d}: {status}")
+                if mine != theirs:
+                    failures.append(f"{name} budget {budget} at {' '.join(size)}: differ")
             print(f"  ({time.time() - start:.1f} s)")
     for f in failures:
         print(f"FAIL {f}")

@@ -190,8 +190,13 @@ TEST(CompiledModelFile, ARunThatIsNotTheRecordedOneIsRefused) {
   TrainConfig cfg = mlp_config(1.0);
   cfg.precision = Precision::F32;
   EXPECT_NE(test::error_of([&] { test::OneStep run(cfg); }).find("run it with --dtype bf16"), std::string::npos);
+  // Sizes as formulas: any batch runs; a file whose graph held at its own batch only refuses others.
   cfg = mlp_config(1.0);
   cfg.model_options = ModelOptions::parse("batch=8");
+  EXPECT_EQ(test::error_of([&] { test::OneStep run(cfg); }), "(no error)");
+  nlohmann::json fixed = mlp_json();
+  fixed["compiled"]["fixed"] = "torch.compile makes another joint graph at batch 7";
+  cfg.model = models::ModelFile::parse(fixed.dump(), "mlp.json");
   EXPECT_NE(test::error_of([&] { test::OneStep run(cfg); }).find("recorded at batch 6"), std::string::npos);
   cfg = mlp_config(1.0);
   cfg.checkpoint_modules = std::vector<std::string>{"0"};
@@ -216,6 +221,8 @@ TEST(CompiledModelFile, AMalformedGraphIsRefusedByItsPath) {
       {"unknown flag", [](nlohmann::json& j) { j["compiled"]["graph"]["nodes"][9]["flags"][0] = "fast"; },
        "unknown flag 'fast'"},
       {"bytes", [](nlohmann::json& j) { j["compiled"]["graph"]["nodes"][10]["bytes"] = 7; }, "bytes for a"},
+      {"formula", [](nlohmann::json& j) { j["compiled"]["graph"]["nodes"][10]["bytes"] = "80*batches"; },
+       "compiled.graph.nodes[10].bytes: the formula"},
       {"solver", [](nlohmann::json& j) { j["compiled"]["graph"]["partitioner"]["activation_memory_budget_solver"] = "ilp"; },
        "only PyTorch's default, \"dp\""},
       {"output not last", [](nlohmann::json& j) { j["compiled"]["graph"]["nodes"][5]["op"] = "output"; },

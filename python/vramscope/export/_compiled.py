@@ -291,8 +291,11 @@ def record_compiled(meta_model, make_inputs, batch: int, seq: Optional[int], ste
 
 
 def compiled_document(meta_model, make_inputs, batch: int, seq: Optional[int], step_loss) -> dict:
-    """The file's "compiled" object: the joint graph the partitioner sees, at the file's batch (and
-    sequence length), with what each primal input is and which backward output is its gradient."""
+    """The file's "compiled" object: the joint graph the partitioner sees, with what each primal
+    input is and which backward output is its gradient. The step is compiled again at further
+    sizes (the batch + 1 and + 2; with a sequence, a grid of three lengths): when each graph is
+    the same, every size and FLOP count becomes a formula over batch (and seq), so the file runs
+    at any batch; else it runs at the recorded one only."""
     record, primals = record_compiled(meta_model, make_inputs, batch, seq, step_loss)
     doc = joint_graph_document(record["graph"], record["info"], "cpu")
     placeholders = [n for n in doc["nodes"] if n.get("placeholder") == "primal"]
@@ -301,10 +304,120 @@ def compiled_document(meta_model, make_inputs, batch: int, seq: Optional[int], s
                            f"{len(primals)}"], "cannot record the compiled step")
     for node, name in zip(placeholders, primals):
         node["primal"] = name
-    out = {"batch": batch, "graph": doc}
+    others = {}
+    for point in _points(batch, seq)[1:]:
+        other, _ = record_compiled(meta_model, make_inputs, point[0], point[1] if seq is not None else None,
+                                   step_loss)
+        others[point] = joint_graph_document(other["graph"], other["info"], "cpu")
+    out = {"batch": batch}
     if seq is not None:
         out["seq"] = seq
+    why = _as_formulas(doc, others, batch, seq)
+    if why:
+        out["fixed"] = why  # the sizes hold at the recorded batch (and sequence) only
+    out["graph"] = doc
     return out
+
+
+def _points(batch: int, seq: Optional[int]):
+    """Where the step is compiled: FLOPs of attention grow with the square of the sequence, so
+    a sequence takes three lengths (and a fourth point checks every formula)."""
+    if seq is None:
+        return [(batch, 0), (batch + 1, 0), (batch + 2, 0)]
+    return [(batch, seq), (batch + 1, seq), (batch, seq + 1), (batch + 1, seq + 1), (batch, seq + 2),
+            (batch + 1, seq + 2), (batch + 2, seq + 3)]
+
+
+_SAME = ("name", "op", "target", "users", "args", "inputs", "value", "placeholder", "flags", "grad",
+         "outputs", "conv_groups", "storage")
+
+
+def _as_formulas(doc: dict, others: dict, batch: int, seq: Optional[int]) -> Optional[str]:
+    """Rewrites `doc`'s sizes and FLOPs as formulas over batch (and seq) from the recordings at
+    the other points; returns why not (and leaves `doc` as recorded) when a graph differs or a
+    value follows no formula."""
+    first = (batch, seq or 0)
+    nodes = doc["nodes"]
+    for point, other in others.items():
+        if len(other["nodes"]) != len(nodes) or other["forward_outputs"] != doc["forward_outputs"] or any(
+                a.get(k) != b.get(k) for a, b in zip(nodes, other["nodes"]) for k in _SAME):
+            return (f"torch.compile makes another joint graph at batch {point[0]}" +
+                    (f", sequence {point[1]}" if seq is not None else ""))
+    rewritten = []
+    for i, node in enumerate(nodes):
+        entry = {}
+        for key in ("bytes", "flops"):
+            if key not in node:
+                continue
+            values = {first: node[key]}
+            values.update({p: o["nodes"][i].get(key) for p, o in others.items()})
+            if any(v is None for v in values.values()):
+                entry[key] = None  # not counted at every size: left out
+                continue
+            formula = _polynomial(values, batch, seq)
+            if formula is None:
+                return f"{node['name']}'s {key} follow no formula over the batch" + (" and sequence" if seq else "")
+            entry[key] = formula
+        if "shape" in node:
+            dims = []
+            for d in range(len(node["shape"])):
+                values = {first: node["shape"][d]}
+                values.update({p: o["nodes"][i]["shape"][d] for p, o in others.items()})
+                formula = _polynomial(values, batch, seq)
+                if formula is None:
+                    return f"{node['name']}'s shape follows no formula over the batch" + (" and sequence" if seq else "")
+                dims.append(formula)
+            entry["shape"] = dims
+        rewritten.append(entry)
+    for node, entry in zip(nodes, rewritten):
+        for key, value in entry.items():
+            if value is None:
+                node.pop(key, None)
+            else:
+                node[key] = value
+    return None
+
+
+def _polynomial(values: dict, batch: int, seq: Optional[int]):
+    """The value as an int when it is fixed, else a formula in batch (degree 1) and seq (degree
+    2) that gives every recorded value; None when no such formula with whole coefficients does."""
+    from fractions import Fraction
+    if len(set(values.values())) == 1:
+        return next(iter(values.values()))
+    B, S = batch, seq or 0
+    if seq is None:
+        slope = values[(B + 1, 0)] - values[(B, 0)]
+        terms = {"batch": Fraction(slope), "": Fraction(values[(B, 0)] - slope * B)}
+    else:
+        # For each batch, the quadratic in s through three lengths; then each coefficient linear in b.
+        def quadratic(b):
+            y0, y1, y2 = (Fraction(values[(b, S + k)]) for k in range(3))
+            a2 = (y2 - 2 * y1 + y0) / 2
+            a1 = (y1 - y0) - a2 * (2 * S + 1)
+            a0 = y0 - a1 * S - a2 * S * S
+            return a0, a1, a2
+        q0, q1 = quadratic(B), quadratic(B + 1)
+        names = (("", "batch"), ("seq", "batch*seq"), ("seq*seq", "batch*seq*seq"))
+        terms = {}
+        for (plain, with_batch), c0, c1 in zip(names, q0, q1):
+            slope = c1 - c0
+            terms[with_batch] = slope
+            terms[plain] = c0 - slope * B
+    if any(c.denominator != 1 for c in terms.values()):
+        return None
+
+    def evaluate(b, s):
+        return sum(int(c) * (b if "batch" in k else 1) * (s ** k.count("seq")) for k, c in terms.items())
+    if any(evaluate(b, s) != v for (b, s), v in values.items()):
+        return None
+    text = ""
+    for name in ("batch*seq*seq", "seq*seq", "batch*seq", "batch", "seq", ""):
+        c = int(terms.get(name, 0))
+        if c == 0:
+            continue
+        part = str(abs(c)) if not name else (name if abs(c) == 1 else f"{abs(c)}*{name}")
+        text += (part if c > 0 else f"-{part}") if not text else (f" + {part}" if c > 0 else f" - {part}")
+    return text or 0
 
 
 def step_with_loss(meta_model, make_inputs, batch: int, seq: Optional[int], loss: dict, pick):
@@ -313,21 +426,16 @@ def step_with_loss(meta_model, make_inputs, batch: int, seq: Optional[int], loss
     tensors. Returns (step, make_inputs with the target as the keyword "target")."""
     import torch
     import torch.nn.functional as F
-    args, kwargs = make_inputs(batch, seq or 0)
-    with torch.no_grad():
-        out = pick(meta_model(*args, **kwargs))
     kind = loss["type"]
-    if kind == "cross_entropy":
-        target_of = lambda shape, dtype: torch.empty(shape[:-1], dtype=torch.int64, device="meta")  # noqa: E731
-    elif kind in ("mse", "bce_with_logits"):
-        target_of = lambda shape, dtype: torch.empty(shape, dtype=dtype, device="meta")  # noqa: E731
-    else:
-        target_of = None
 
     def with_target(b: int, s: int):
         a, k = make_inputs(b, s)
-        if target_of is not None:
-            k = dict(k, target=target_of(list(out.shape), out.dtype))
+        if kind in ("cross_entropy", "mse", "bce_with_logits"):
+            with torch.no_grad():
+                out = pick(meta_model(*a, **k))  # on the meta device: its shape at this size
+            shape = list(out.shape)[:-1] if kind == "cross_entropy" else list(out.shape)
+            dtype = torch.int64 if kind == "cross_entropy" else out.dtype
+            k = dict(k, target=torch.empty(shape, dtype=dtype, device="meta"))
         return a, k
 
     def step(model, *a, target=None, **k):

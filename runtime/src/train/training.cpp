@@ -125,11 +125,11 @@ std::unique_ptr<CompiledStep> make_compiled(const TrainConfig& config, Model& mo
     throw Error("--compile under autocast is not modelled yet: run the recorded dtype (--dtype bf16)");
   }
   const std::int64_t seq = config.model_options.size("seq").value_or(c.seq);
-  if (info.batch != c.batch || (c.seq > 0 && seq != c.seq)) {
+  if (!c.fixed.empty() && (info.batch != c.batch || (c.seq > 0 && seq != c.seq))) {
     throw Error("--compile: the compiled step was recorded at batch " + std::to_string(c.batch) +
                 (c.seq > 0 ? ", sequence " + std::to_string(c.seq) : std::string()) + "; this run asks batch " +
                 std::to_string(info.batch) + (c.seq > 0 ? ", sequence " + std::to_string(seq) : std::string()) +
-                " (record the file at that size: vramscope.export ... --compile --batch N)");
+                " (" + c.fixed + "; record the file at that size)");
   }
   return std::make_unique<CompiledStep>(info.compiled, *config.compile, model.body());
 }

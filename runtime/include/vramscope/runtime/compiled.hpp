@@ -99,11 +99,14 @@ struct JointGraph {
   std::string torch;      ///< the PyTorch that recorded it
 };
 
-/// A model file's "compiled": the joint graph torch.compile recorded, at one batch (and
-/// sequence length).
+/// A model file's "compiled": the joint graph torch.compile recorded, its sizes evaluated at the
+/// run's batch (and sequence length).
 struct CompiledModel {
-  std::int64_t batch = 0;
-  std::int64_t seq = 0;  ///< 0: the model takes no sequence
+  std::int64_t batch = 0;  ///< the recorded batch
+  std::int64_t seq = 0;    ///< the recorded sequence length; 0: the model takes none
+  /// Why the sizes hold at the recorded batch (and sequence) only ("" : they are formulas, any
+  /// batch runs).
+  std::string fixed;
   JointGraph graph;
 };
 
