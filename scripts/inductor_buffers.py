@@ -116,6 +116,22 @@ def wrapper_peak(code: str, given: dict) -> int:
     return peak
 
 
+def at_size(value, options: dict) -> int:
+    """A size of the file (an int, or a formula the exporter wrote: "160*batch") at `options`."""
+    if isinstance(value, int):
+        return value
+    total = 0
+    for term in value.replace(" - ", " + -").split(" + "):
+        product = 1
+        for factor in term.split("*"):
+            factor = factor.strip()
+            sign = -1 if factor.startswith("-") else 1
+            factor = factor.lstrip("-")
+            product *= sign * (options[factor] if factor in options else int(factor))
+        total += product
+    return total
+
+
 def real_codes(build, make_inputs, step):
     """inductor's forward and backward wrapper code for `step` on real CPU tensors."""
     import torch
@@ -212,7 +228,8 @@ def table(binary: str) -> str:
                                  capture_output=True, text=True, check=True)
             row = next(r for r in json.loads(out.stdout)["rows"] if r["compile"] is not None)
             planned = row["compiled"]
-            sizes = {n["name"]: n.get("bytes", 0) for n in doc["compiled"]["graph"]["nodes"]
+            at = {"batch": doc["compiled"]["batch"], "seq": doc["compiled"].get("seq", 0)}
+            sizes = {n["name"]: at_size(n.get("bytes", 0), at) for n in doc["compiled"]["graph"]["nodes"]
                      if not n["name"].startswith("primals_")}
             forward, backward = real_codes(build, make_inputs, step)
             for graph, code, mine in (("forward", forward, planned["forward_buffer_peak"]),
@@ -226,7 +243,46 @@ def table(binary: str) -> str:
 
 USAGE = "usage: inductor_buffers.py update|check VRAMSCOPE [docs/OPERATORS.md]"
 
+
+def rows_of(text: str):
+    """{(model, graph): (inductor's bytes, vramscope's bytes)} of a table."""
+    out = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) == 5 and cells[2].endswith(" B"):
+            out[(cells[0], cells[1])] = (int(cells[2][:-2].replace(",", "")), int(cells[3][:-2].replace(",", "")))
+    return out
+
+
+def main() -> int:
+    from doc_tables import render, section
+    if len(sys.argv) < 3 or sys.argv[1] not in ("update", "check"):
+        print(USAGE)
+        return 2
+    doc = Path(sys.argv[3]) if len(sys.argv) > 3 else ROOT / "docs" / "OPERATORS.md"
+    text = doc.read_text()
+    sys.path.insert(0, str(ROOT / "tests" / "models"))
+    from stack_python import reexec_on_stack
+    reexec_on_stack("inductor_buffers")  # today's torch: VRAMSCOPE_STACK_PYTHON, else skipped
+    new = table(sys.argv[2])
+    if sys.argv[1] == "update":
+        doc.write_text(render(text, {"inductor_buffers": new}))
+        print(f"inductor_buffers: {doc} rewritten")
+        return 0
+    # vramscope's plan to the byte; inductor's code within 2% (its CPU kernels follow this
+    # machine's instruction set).
+    shown, now = rows_of(section(text, "inductor_buffers")), rows_of(new)
+    bad = [f"{key}: the document shows {shown.get(key)}, now {value}" for key, value in now.items()
+           if key not in shown or shown[key][1] != value[1] or abs(shown[key][0] - value[0]) > 0.02 * value[0]]
+    bad += [f"{key}: no longer measured" for key in shown if key not in now]
+    for line in bad:
+        print(f"inductor_buffers: {line}")
+    if bad:
+        print(f"inductor_buffers: run scripts/inductor_buffers.py update {sys.argv[2]}")
+        return 1
+    print("inductor_buffers: table agrees")
+    return 0
+
+
 if __name__ == "__main__":
-    from doc_tables import main
-    sys.exit(main("inductor_buffers", USAGE, ROOT / "docs" / "OPERATORS.md",
-                  lambda exe: {"inductor_buffers": table(exe)}))
+    sys.exit(main())
