@@ -89,8 +89,10 @@ std::string max_batch_report(const planner::MaxBatchResult& result, const Report
 
   const bool show_conf = spec.alloc_confs.size() > 1 || (spec.alloc_confs.size() == 1 && !spec.alloc_confs[0].empty());
   const bool show_seq = spec.seqs.size() > 1;
+  const bool show_compile = !spec.compiles.empty();
   std::vector<Column> cols{{"dtype", Align::Left}};
   if (show_seq) cols.push_back({"seq", Align::Right});
+  if (show_compile) cols.push_back({"step", Align::Left});
   cols.push_back({"segments", Align::Right});
   if (show_conf) cols.push_back({"alloc conf", Align::Left});
   for (const char* h : {"max batch", "max alloc", "max reserved", "max nvidia-smi", "recompute"}) {
@@ -110,6 +112,7 @@ std::string max_batch_report(const planner::MaxBatchResult& result, const Report
     previous_group = group;
     std::vector<std::string> cells{std::string(nn::precision_name(row.precision))};
     if (show_seq) cells.push_back(std::to_string(row.seq));
+    if (show_compile) cells.push_back(planner::compile_label(row.compile));
     cells.push_back(segments_cell(row.segments));
     if (show_conf) cells.push_back(row.alloc_conf.empty() ? "default" : row.alloc_conf);
     if (row.max_batch > 0) {
@@ -212,6 +215,7 @@ nlohmann::json max_batch_json(const planner::MaxBatchResult& result) {
       if (name != "model" && name != "device") r[name] = f.get(result, row);
     }
     r["label"] = row.label();
+    r["compile"] = row.compile ? nlohmann::json(*row.compile) : nlohmann::json(nullptr);
     j["rows"].push_back(std::move(r));
   }
   return j;

@@ -34,7 +34,7 @@ struct PlanArgs {
   std::string alloc_conf;
   std::string optimizer = "adam";
   ParallelArgs parallel;
-  std::string search = "selective,allocator,loss,accumulation,precision,optimizer";
+  std::string search = "selective,compile,allocator,loss,accumulation,precision,optimizer";
   std::size_t top = 8;
   std::string format = "table";
   std::string code;
@@ -104,7 +104,7 @@ std::size_t headroom_bytes(const std::string& text, const planner::SweepSpec& ba
 
 planner::PlanSearch parse_search(const std::string& text) {
   planner::PlanSearch s{.allocator = false, .accumulation = false, .precision = false, .optimizer = false, .loss = false,
-                        .selective = false};
+                        .selective = false, .compile = false};
   if (text == "none" || text == "checkpointing") return s;
   for (const std::string& item : split_list("--search", text)) {
     if (item == "allocator") s.allocator = true;
@@ -113,11 +113,12 @@ planner::PlanSearch parse_search(const std::string& text) {
     else if (item == "optimizer") s.optimizer = true;
     else if (item == "loss") s.loss = true;
     else if (item == "selective") s.selective = true;
+    else if (item == "compile") s.compile = true;
     else if (item == "checkpointing") continue;  // always searched
     else {
       throw UsageError("--search: \"" + item +
-                       "\" is not something the plan changes; valid: selective, allocator, loss, accumulation, precision, "
-                       "optimizer (checkpointing is always searched; none for checkpointing of whole modules alone)");
+                       "\" is not something the plan changes; valid: selective, compile, allocator, loss, accumulation, "
+                       "precision, optimizer (checkpointing is always searched; none for checkpointing of whole modules alone)");
     }
   }
   return s;
@@ -321,7 +322,8 @@ void add_plan_command(CLI::App& app, Capture* capture) {
   cmd->add_option("--search", args->search,
                   "what else the plan may change besides checkpointing whole modules: selective (an operator-level model's "
                   "checkpointed modules keep their products', attention's and convolutions' outputs, or chosen operator "
-                  "calls one by one), allocator "
+                  "calls one by one), compile (the step as torch.compile partitions it, under the "
+                  "activation_memory_budget that recomputes least, for a file recorded with --compile), allocator "
                   "(expandable_segments, max_split_size_mb), "
                   "loss (a decoder's loss by Liger's fused linear cross entropy: no logits), accumulation "
                   "(micro-batches), precision, optimizer; none for checkpointing whole modules alone")

@@ -241,7 +241,8 @@ std::string plan_report(const planner::PlanResult& r, std::size_t top, bool how_
     out += wrap("How to read this: every row is a full dry run through the caching allocator on the device "
                 "(two training steps). Plans are ranked by what they change (first those that keep the step's "
                 "arithmetic: checkpointing, the allocator setting, a decoder's loss by Liger's fused linear cross "
-                "entropy; then gradient accumulation, precision, the optimizer), then by recompute (the forward "
+                "entropy, torch.compile's step (a file recorded with --compile) under the activation_memory_budget "
+                "that recomputes least; then gradient accumulation, precision, the optimizer), then by recompute (the forward "
                 "FLOPs checkpointing reruns, as a share of the step's forward, backward and optimizer FLOPs), then "
                 "by nvidia-smi's peak. OOM rows show "
                 "max allocated up to the failure (+). --code writes the PyTorch code of the * plan.",
@@ -331,6 +332,21 @@ std::string plan_code(const planner::PlanResult& r, const planner::Plan& p) {
                        r.model.sequence_length);
     out += fmt::format("# output = checkpoint_sequential(model, {}, x, use_reentrant=False)\n", p.segments);
   }
+  if (p.compile) {
+    // torch._functorch.config: the partitioner's budget, read when the step compiles.
+    out += "# the step as torch.compile partitions it (the model's first call compiles forward and backward)\n";
+    if (*p.compile < 1) {
+      out += "import torch._functorch.config\n";
+      out += fmt::format("torch._functorch.config.activation_memory_budget = {:g}\n", *p.compile);
+    }
+    if (r.model.loss == nn::LossKind::None || r.model.loss == nn::LossKind::CausalLM) {
+      out += "model = torch.compile(model)  # its loss is inside it, as recorded\n";
+    } else {
+      // The recording compiled the forward and the loss as one region (vramscope.export --compile).
+      out += "step = torch.compile(lambda x, y: loss_fn(model(x), y))  # forward and loss, one region as recorded\n";
+      out += "# in the training loop: loss = step(x, y); loss.backward()\n";
+    }
+  }
   if (p.fused_loss) {
     // liger-kernel transformers/monkey_patch.py: the model's forward replaced by lce_forward,
     // whose training loss is LigerForCausalLMLoss; the other kernels (RoPE, RMSNorm, SwiGLU)
@@ -393,6 +409,7 @@ nlohmann::json plan_json(const planner::PlanResult& r) {
     j["batch"] = p.batch;
     j["accumulation"] = p.accumulation;
     j["fused_loss"] = p.fused_loss;
+    j["compile"] = p.compile ? nlohmann::json(*p.compile) : nlohmann::json(nullptr);
     j["selective"] = p.selective;
     j["selective_groups"] = p.selective_groups;
     // Call by call: each checkpointed module's kept calls ("aten.mm.default@2"), as --selective takes them.

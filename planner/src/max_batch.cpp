@@ -76,6 +76,7 @@ MaxBatchRow find_max_batch(const SweepSpec& spec, const SweepRow& row) {
   out.alloc_conf = row.alloc_conf;
   out.seq = row.seq;
   out.shape = row.shape;
+  out.compile = row.compile;
 
   // Records a failed probe at `batch`: the first batch known not to fit.
   const auto failed = [&](Probe& p) {
@@ -142,23 +143,33 @@ MaxBatchResult find_max_batches(const SweepSpec& spec_in, const SweepProgress& p
     }
   }
 
+  // --compile: the eager step and each compiled setting, a row each (without segments).
+  const std::vector<std::optional<double>> compiles =
+      spec.compiles.empty() ? std::vector<std::optional<double>>{std::nullopt} : spec.compiles;
   const std::size_t planned = spec.alloc_confs.size() * spec.precisions.size() * seqs.size() *
-                              segment_counts.size();
+                              segment_counts.size() * compiles.size();
   for (const std::string& conf : spec.alloc_confs) {
     for (const nn::Precision precision : spec.precisions) {
       for (const std::int64_t seq : seqs) {
         const std::size_t first = result.rows.size();
-        for (const std::size_t k : segment_counts) {
-          SweepRow row;
-          row.segments = k;
-          row.precision = precision;
-          row.alloc_conf = conf;
-          row.seq = seq;
-          row.parallel = spec.parallels.front();
-          if (seqs.size() > 1) row.shape = fmt::format("seq {}", seq);
-          if (progress) progress(result.rows.size(), planned, row.label());
-          result.rows.push_back(find_max_batch(spec, row));
-          result.probes += result.rows.back().probes;
+        for (const std::optional<double>& compile : compiles) {
+          for (const std::size_t k : segment_counts) {
+            SweepRow row;
+            row.segments = k;
+            row.precision = precision;
+            row.alloc_conf = conf;
+            row.seq = seq;
+            row.parallel = spec.parallels.front();
+            row.compile = compile;
+            if (seqs.size() > 1) row.shape = fmt::format("seq {}", seq);
+            if (!spec.compiles.empty()) {
+              if (!row.shape.empty()) row.shape += ' ';
+              row.shape += compile_label(compile);
+            }
+            if (progress) progress(result.rows.size(), planned, row.label());
+            result.rows.push_back(find_max_batch(spec, row));
+            result.probes += result.rows.back().probes;
+          }
         }
         // The star: the largest batch of the group; among equals, the least recomputation.
         MaxBatchRow* best = nullptr;

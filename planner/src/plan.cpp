@@ -25,6 +25,7 @@ std::string_view plan_change_name(PlanChange change) noexcept {
     case PlanChange::Checkpointing: return "checkpointing";
     case PlanChange::Allocator: return "allocator";
     case PlanChange::Loss: return "loss";
+    case PlanChange::Compile: return "compile";
     case PlanChange::Accumulation: return "accumulation";
     case PlanChange::Precision: return "precision";
     case PlanChange::Optimizer: return "optimizer";
@@ -46,6 +47,10 @@ std::string Plan::label() const {
     if (!selective_scopes.empty()) parts.back() += fmt::format(" keeping {} of {} operator calls", kept_calls, calls_of);
   }
   if (segments > 1) parts.push_back(fmt::format("checkpoint_sequential {} segments", segments));
+  if (compile) {
+    parts.push_back(*compile >= 1 ? std::string("torch.compile")
+                                  : fmt::format("torch.compile, activation_memory_budget {:g}", *compile));
+  }
   if (change == PlanChange::Allocator) parts.push_back(alloc_conf);
   if (fused_loss) parts.emplace_back("liger-flce loss");
   if (accumulation > 1) parts.push_back(fmt::format("batch {} x {} accumulation steps", batch, accumulation));
@@ -134,6 +139,12 @@ nn::TrainConfig plan_config(const SweepSpec& base, const Plan& p, bool decoder) 
   if (p.fused_loss) cfg.model_options.loss = "liger-flce";
   if (p.accumulation > 1) accumulate(cfg, static_cast<std::size_t>(p.accumulation), 2);
   if (p.change == PlanChange::None) return cfg;
+  if (p.compile) {
+    // The partitioner decides what the compiled step recomputes: no checkpointing beside it.
+    cfg.compile = p.compile;
+    cfg.checkpoint_modules.reset();
+    return cfg;
+  }
   if (p.segments > 1) {
     cfg.checkpoint_modules.reset();
     return cfg;
@@ -467,6 +478,32 @@ class Planner {
     return found;
   }
 
+  /// torch.compile's step (the file recorded it): PyTorch's default partition, else the
+  /// activation_memory_budget of the least recompute that fits. A budget's peak is not monotonic
+  /// (at 0 the backward recomputes the whole forward at once), so the budgets are tried in
+  /// tenths; the plan kept is the fitting one that recomputes least, else the least hungry attempt.
+  void search_compile(const Plan& base) {
+    Plan p = base;
+    p.change = PlanChange::Compile;
+    p.compile = 1.0;
+    Plan full = measure(p);
+    if (!full.refused.empty()) return;  // not the recorded dtype or size: no compiled plan
+    if (full.fits()) {
+      keep(std::move(full));
+      return;
+    }
+    std::optional<Plan> best, least = std::move(full);
+    for (int tenth = 9; tenth >= 0; --tenth) {
+      p.compile = tenth / 10.0;
+      Plan m = measure(p);
+      if (m.fits() && (!best || m.recompute_share < best->recompute_share)) best = m;
+      if (!m.oom && !m.error && m.refused.empty() && m.figures.peak_device_used < least->figures.peak_device_used) {
+        least = std::move(m);
+      }
+    }
+    keep(best ? std::move(*best) : std::move(*least));
+  }
+
   /// A configuration change (precision, optimizer, allocator): as it is, then with the
   /// greedy checkpointing when it alone does not fit; the plan found is kept.
   void search_change(Plan base) {
@@ -588,6 +625,7 @@ void Planner::search() {
       if (auto found = search_kept_calls(base, {holder}, "modules", whole)) keep(std::move(*found));
     }
   }
+  if (spec_.search.compile && info.compiled && !spec_.base.parallels.front().enabled()) search_compile(base);
   const bool fits_without_change = std::any_of(result_.plans.begin(), result_.plans.end(), [](const Plan& p) {
     return p.fits() && p.recompute_share == 0;
   });

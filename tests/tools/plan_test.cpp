@@ -11,6 +11,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "vramscope/planner/max_batch.hpp"
 #include "vramscope/planner/plan.hpp"
 #include "plan_report.hpp"
 #include "usage_error.hpp"
@@ -287,6 +288,62 @@ TEST(Plan, HeadroomIsLeftFreeByEveryPlanThatFits) {
   EXPECT_TRUE(over);
   spec.headroom = 640u << 20;
   EXPECT_THROW(planner::run_plan(spec), UsageError);
+}
+
+// A two-layer MLP recorded with `vramscope.export --compile` (tests/data/compiled-mlp.json): on
+// 2 GiB, 5,000,000 rows run out of memory eager; compiled, the fused GELU and LayerNorm values
+// never exist and the default partition fits. At 6,500,000 it does not, and a budget does.
+TEST(Plan, AStepRecordedForTorchCompileIsPlannedUnderTheBudgetThatRecomputesLeast) {
+  const auto mlp = models::ModelFile::load(std::string(VRAMSCOPE_TEST_DATA_DIR) + "/compiled-mlp.json");
+  const planner::PlanSearch compile_only{.allocator = false, .accumulation = false, .precision = false,
+                                         .optimizer = false, .loss = false, .selective = false, .compile = true};
+  planner::PlanSpec spec = spec_of(mlp, "batch=5000000", "sim:capacity=2GiB,context=0", nn::Precision::BF16);
+  spec.search = compile_only;
+  planner::PlanResult r = planner::run_plan(spec);
+  ASSERT_FALSE(r.given.fits());
+  const planner::Plan* best = r.best();
+  ASSERT_NE(best, nullptr);
+  EXPECT_EQ(best->change, planner::PlanChange::Compile);
+  EXPECT_EQ(best->label(), "torch.compile");
+  EXPECT_LT(best->recompute_share, 1e-6);  // pointwise recompute only: a FLOP each, as PyTorch counts them
+  const std::string code = plan_code(r, *best);
+  EXPECT_NE(code.find("step = torch.compile(lambda x, y: loss_fn(model(x), y))"), std::string::npos) << code;
+  EXPECT_EQ(code.find("activation_memory_budget"), std::string::npos) << code;
+
+  spec.base.model_options = nn::ModelOptions::parse("batch=6500000");
+  r = planner::run_plan(spec);
+  best = r.best();
+  ASSERT_NE(best, nullptr);
+  ASSERT_TRUE(best->compile.has_value());
+  EXPECT_LT(*best->compile, 1.0);
+  EXPECT_TRUE(best->fits());
+  EXPECT_NE(plan_code(r, *best).find(fmt::format("torch._functorch.config.activation_memory_budget = {:g}",
+                                                 *best->compile)),
+            std::string::npos);
+  // The same run again, as the sweep measures it.
+  planner::SweepSpec again = spec.base;
+  again.compiles = {best->compile};
+  again.segments = {0};
+  const planner::SweepResult swept = planner::run_sweep(again);
+  const auto row = std::find_if(swept.rows.begin(), swept.rows.end(), [](const auto& x) { return x.compile.has_value(); });
+  ASSERT_NE(row, swept.rows.end());
+  EXPECT_EQ(row->figures.peak_device_used, best->figures.peak_device_used);
+}
+
+TEST(MaxBatch, TheCompiledStepFitsALargerBatchThanTheEagerOne) {
+  planner::SweepSpec spec;
+  spec.model = models::ModelFile::load(std::string(VRAMSCOPE_TEST_DATA_DIR) + "/compiled-mlp.json");
+  spec.device = "sim:capacity=2GiB,context=0";
+  spec.segments = {0};
+  spec.precisions = {nn::Precision::BF16};
+  spec.alloc_confs = {""};
+  spec.compiles = {std::nullopt, 1.0};
+  const planner::MaxBatchResult r = planner::find_max_batches(spec);
+  ASSERT_EQ(r.rows.size(), 2u);
+  EXPECT_FALSE(r.rows[0].compile.has_value());
+  ASSERT_TRUE(r.rows[1].compile.has_value());
+  EXPECT_GT(r.rows[1].max_batch, r.rows[0].max_batch);
+  EXPECT_TRUE(r.rows[1].best);
 }
 
 TEST(Plan, RefusesListsAndComputeMode) {

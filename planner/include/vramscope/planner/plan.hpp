@@ -27,8 +27,8 @@ namespace mem::planner {
 /// (checkpointing reruns the same forward; the allocator setting moves no number), then
 /// the same effective batch in micro-batches (batch norms see smaller batches), then the
 /// numbers' precision, then the optimizer.
-enum class PlanChange : std::uint8_t { None, Checkpointing, Allocator, Loss, Accumulation, Precision, Optimizer };
-/// "as given", "checkpointing", "allocator", "loss", "accumulation", "precision", "optimizer".
+enum class PlanChange : std::uint8_t { None, Checkpointing, Allocator, Loss, Compile, Accumulation, Precision, Optimizer };
+/// "as given", "checkpointing", "allocator", "loss", "compile", "accumulation", "precision", "optimizer".
 std::string_view plan_change_name(PlanChange change) noexcept;
 
 /// What the search may change beyond checkpointing (the user's flags).
@@ -42,6 +42,9 @@ struct PlanSearch {
   /// Selective checkpointing of an operator-level model: the checkpointed modules keep their
   /// costly operators' outputs (the same arithmetic: ranked with checkpointing)
   bool selective = true;
+  /// torch.compile's step, when the file recorded it: the default partition, else the
+  /// activation_memory_budget with the least recompute that fits (the same arithmetic, fused)
+  bool compile = true;
 };
 
 struct PlanSpec {
@@ -75,6 +78,7 @@ struct Plan {
   nn::OptimizerConfig optimizer;
   std::string alloc_conf;
   bool fused_loss = false;                ///< Liger's fused linear cross entropy (model option loss=liger-flce)
+  std::optional<double> compile;          ///< torch.compile'd under this activation_memory_budget
   std::int64_t batch = 0;                 ///< the micro-batch each step runs
   std::int64_t accumulation = 1;          ///< steps per optimizer step (batch x accumulation: the effective batch)
   RunFigures figures;
@@ -89,6 +93,7 @@ struct Plan {
   bool fits() const noexcept { return !oom && !error && refused.empty() && !over_headroom && !figures.gradients_missing; }
   /// "checkpoint 5 modules", "checkpoint 8 of 50 blocks" (", keeping matmuls, attention" when
   /// selective, " keeping 40 of 96 operator calls" call by call), "checkpoint_sequential 4 segments",
+  /// "torch.compile" (", activation_memory_budget 0.5"),
   /// "expandable_segments:True", "liger-flce loss", "batch 64 x 4 accumulation steps", "amp-bf16",
   /// "adam8bit", joined by " + ".
   std::string label() const;
