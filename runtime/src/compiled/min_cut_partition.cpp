@@ -52,7 +52,7 @@ class FlowNetwork {
     std::int64_t total = 0;
     while (levels(source, sink)) {
       next_.assign(adjacency_.size(), 0);
-      while (std::int64_t pushed = push(source, sink, kInf)) {
+      while (std::int64_t pushed = augment(source, sink)) {
         total += pushed;
         if (total >= kInf) return kInf;
       }
@@ -115,18 +115,40 @@ class FlowNetwork {
     }
     return level_[sink] >= 0;
   }
-  std::int64_t push(int v, int sink, std::int64_t limit) {
-    if (v == sink) return limit;
-    for (auto& i = next_[v]; i < adjacency_[v].size(); ++i) {
-      Edge& edge = edges_[adjacency_[v][i]];
-      if (level_[edge.to] != level_[v] + 1 || edge.capacity - edge.flow <= 0) continue;
-      if (std::int64_t pushed = push(edge.to, sink, std::min(limit, edge.capacity - edge.flow))) {
-        edge.flow += pushed;
-        edges_[adjacency_[v][i] ^ 1].flow -= pushed;
+  /// One augmenting path through the level graph, walked with an explicit stack (a deep model's
+  /// chain of nodes would overflow a recursive walk): the flow it carries, 0 when none is left.
+  std::int64_t augment(int source, int sink) {
+    std::vector<int> path;  // the edges taken from the source
+    int v = source;
+    while (true) {
+      if (v == sink) {
+        std::int64_t pushed = kInf;
+        for (int e : path) pushed = std::min(pushed, edges_[e].capacity - edges_[e].flow);
+        for (int e : path) {
+          edges_[e].flow += pushed;
+          edges_[e ^ 1].flow -= pushed;
+        }
         return pushed;
       }
+      bool advanced = false;
+      for (auto& i = next_[v]; i < adjacency_[v].size(); ++i) {
+        const int e = adjacency_[v][i];
+        if (level_[edges_[e].to] == level_[v] + 1 && edges_[e].capacity - edges_[e].flow > 0) {
+          path.push_back(e);
+          v = edges_[e].to;
+          advanced = true;
+          break;
+        }
+      }
+      if (advanced) continue;
+      // A dead end: no path through v at this level; back up and skip the edge that led here.
+      level_[v] = -1;
+      if (path.empty()) return 0;
+      const int back = path.back();
+      path.pop_back();
+      v = edges_[back ^ 1].to;
+      ++next_[v];
     }
-    return 0;
   }
   std::vector<std::vector<int>> adjacency_;
   std::vector<Edge> edges_;
