@@ -106,8 +106,9 @@ std::shared_ptr<const nn::ModelSource> record_hf_config(const std::string& path,
   const std::filesystem::path out = scratch.path() / "model.json", log = scratch.path() / "export.log";
   const std::string stem = models::hf_name_from_path(path);
   if (isatty(2) != 0) {  // why it takes seconds, for whoever watches; logs keep one line per error
-    fmt::print(stderr, "vramscope: {}: recording its operators with {} -m vramscope.export (a few seconds)\n", path,
-               python);
+    fmt::print(stderr, "vramscope: {}: recording its operators{} with {} -m vramscope.export ({})\n", path,
+               how.compile ? " and its compiled step" : "", python,
+               how.compile ? "torch.compile at seven sizes: a minute or more" : "a few seconds");
   }
   std::vector<std::string> argv = {python, "-m", "vramscope.export", "--hf-config", path, "--batch", "2", "--seq", "128",
                                    "--name", stem.empty() ? "config" : stem, "-o", out.string()};
@@ -116,6 +117,7 @@ std::shared_ptr<const nn::ModelSource> record_hf_config(const std::string& path,
   if (how.lora > 0) argv.insert(argv.end(), {"--lora", std::to_string(how.lora)});
   if (!how.lora_targets.empty()) argv.insert(argv.end(), {"--lora-targets", how.lora_targets});
   if (!how.checkpoint.empty()) argv.insert(argv.end(), {"--gradient-checkpointing", how.checkpoint});
+  if (how.compile) argv.emplace_back("--compile");
   const int status = run(argv, log);
   if (status != 0) {
     std::string said = read_text(log, 4000);

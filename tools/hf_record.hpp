@@ -27,6 +27,7 @@ struct HfRecording {
   std::int64_t lora = 0;     ///< --lora RANK: PEFT's adapters, base frozen
   std::string lora_targets;  ///< --lora-targets
   std::string checkpoint;    ///< --gradient-checkpointing: on, reentrant, non-reentrant
+  bool compile = false;      ///< --compile: the joint graph torch.compile partitions too
 };
 std::shared_ptr<const nn::ModelSource> record_hf_config(const std::string& path, const HfRecording& how = {});
 

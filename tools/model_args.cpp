@@ -245,7 +245,7 @@ std::shared_ptr<const nn::ModelSource> resolve_model(const ModelArgs& args, cons
   }
   if (!args.hf_config.empty()) {
     return as_usage("--hf-config", [&]() -> std::shared_ptr<const nn::ModelSource> {
-      if (!builtin_hf_type(args.hf_config)) {
+      if (!builtin_hf_type(args.hf_config) || args.compile) {
         HfRecording how;
         how.autocast = hf_autocast(args.precisions);
         if (!args.attention.empty() && args.attention != "sdpa" && args.attention != "eager") {
@@ -264,6 +264,7 @@ std::shared_ptr<const nn::ModelSource> resolve_model(const ModelArgs& args, cons
         }
         how.lora = args.lora;
         how.lora_targets = args.lora_targets;
+        how.compile = args.compile;
         return record_hf_config(args.hf_config, how);
       }
       return models::load_hf_config(args.hf_config);

@@ -37,6 +37,9 @@ struct ModelArgs {
   /// Set by the command from --dtype: an --hf-config recorded by the exporter is recorded under
   /// their autocast (hf_autocast), since autocast's casts are operators of the recording.
   std::vector<nn::Precision> precisions;
+  /// Set by the command from --compile: an --hf-config is recorded by the exporter with the
+  /// joint graph torch.compile partitions (the built-in decoders have none).
+  bool compile = false;
 };
 
 /// What the command line alone decides about --parallel with --compute and --optimizer (exit 2,

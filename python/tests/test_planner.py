@@ -172,6 +172,19 @@ def test_a_module_object_is_exported_and_run_as_the_command_runs_its_file(tmp_pa
     assert any(line["module"].startswith("blocks.3") for line in ours.modules)
 
 
+def test_compile_records_the_joint_graph_and_sweeps_the_compiled_step(tmp_path):
+    torch, model = make_net()
+    from vramscope.export import export_ops, InputSpec
+    rows = vramscope.sweep(model, (4096, 64), device="sim:h100-80g", dtype="bf16", segments=0,
+                           compile=["eager", True, 0.5], progress=False)
+    assert [r.compile for r in rows] == [None, 1.0, 0.5]
+    assert rows[1].compiled["saved_values"] and rows[2].compiled["saved_bytes"] <= rows[1].compiled["saved_bytes"]
+    file = tmp_path / "net.json"
+    file.write_text(json.dumps(export_ops(model, [InputSpec([4096, 64])], name="Net", compile=True)))
+    same_rows([r.row for r in rows], command_json("sweep", "--model-file", str(file), "--device", "sim:h100-80g",
+                                                  "--dtype", "bf16", "--segments", "0", "--compile", "eager,on,0.5")["rows"])
+
+
 def test_apply_wraps_the_planned_modules_and_keeps_the_gradients():
     torch, model = make_net()
     x = torch.randn(64, 64, generator=torch.Generator().manual_seed(0))

@@ -51,6 +51,12 @@ def _options(options: Dict[str, Any]) -> List[str]:
         if value is None or value is False:
             continue
         flag = "--" + key.replace("_", "-")
+        if key == "compile":
+            # torch.compile's step: True is PyTorch's default partition; a list sweeps settings
+            # ("eager", "on", or an activation_memory_budget).
+            settings = value if isinstance(value, (list, tuple)) else [value]
+            out += ["--compile", ",".join("on" if v is True else str(v) for v in settings)]
+            continue
         if key == "checkpoint":
             # Modules by path, a checkpoint_sequential segment count, or transformers' per-layer mode.
             if isinstance(value, int) and not isinstance(value, bool):
@@ -131,14 +137,15 @@ def _model_options(model, inputs, work: Path, export: Dict[str, Any]) -> List[st
     # where they hold the model (the form plan's module search and --segments work on), else
     # the operators are recorded.
     transformers = any(c.__name__ == "PreTrainedModel" for c in type(model).__mro__)
-    simple = len(specs) == 1 and specs[0].keyword is None and not export.get("output") and not export.get("amp")
+    simple = len(specs) == 1 and specs[0].keyword is None and not export.get("output") and not export.get("amp") \
+        and not export.get("compile")
     if simple and not transformers and not export.get("seq_input"):
         doc = export_model(model, specs[0].shape, name=name, input_dtype=specs[0].dtype, loss=export.get("loss"),
                            level="auto")
     else:
         doc = export_ops(model, specs, name=name, loss=export.get("loss"), output_key=export.get("output"),
                          loss_inside=export.get("loss") == "none", seq=bool(export.get("seq_input")),
-                         amp=export.get("amp"))
+                         amp=export.get("amp"), compile=bool(export.get("compile")))
     file = work / "model.json"
     file.write_text(json.dumps(doc))
     return ["--model-file", str(file)]
@@ -187,6 +194,10 @@ def _split(options: Dict[str, Any], model):
     """(progress, the exporter's options) taken out of `options`, which keeps the command's."""
     progress = options.pop("progress", None)
     export = {k: options.pop(k) for k in ("loss", "output", "name", "seq_input", "amp") if k in options}
+    settings = options.get("compile")
+    settings = settings if isinstance(settings, (list, tuple)) else [settings]
+    if any(v not in (None, False, "eager") for v in settings) and not isinstance(model, (str, Path)):
+        export["compile"] = True  # the joint graph torch.compile partitions, recorded with the operators
     if export and isinstance(model, (str, Path)):
         raise _planner.UsageError(f"{', '.join(export)}: export options, for an nn.Module; {model} is not one")
     return progress, export
