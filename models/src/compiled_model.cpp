@@ -74,7 +74,7 @@ std::vector<std::int32_t> indices(const json& o, const std::string& path, std::s
   return out;
 }
 
-constexpr std::array<std::pair<std::string_view, JointNode::Flag>, 17> kFlags{{
+constexpr std::array<std::pair<std::string_view, JointNode::Flag>, 18> kFlags{{
     {"fusible", JointNode::Fusible},
     {"compute_intensive", JointNode::ComputeIntensive},
     {"random", JointNode::Random},
@@ -92,6 +92,7 @@ constexpr std::array<std::pair<std::string_view, JointNode::Flag>, 17> kFlags{{
     {"static", JointNode::Static},
     {"collective", JointNode::Collective},
     {"reduction", JointNode::Reduction},
+    {"impure", JointNode::Impure},
 }};
 
 std::uint32_t flags_of(const json& list, const std::string& path) {
@@ -157,7 +158,7 @@ JointNode read_node(const json& n, const std::string& path, std::size_t index, s
   } else {
     fail(at(path, "value"), "expected tensor, sym or other, got '" + value + "'");
   }
-  constexpr std::int64_t kMaxBytes = std::int64_t{1} << 50;
+  constexpr std::int64_t kMaxBytes = std::int64_t{1} << 44;  // 16 TiB: more than any device, and its weights fit 64 bits
   node.bytes = n.contains("bytes") ? sized(n.at("bytes"), at(path, "bytes"), size, kMaxBytes) : 0;
   if (n.contains("sym_size")) node.sym_size = integer(n.at("sym_size"), at(path, "sym_size"), 0, 8);
   if (n.contains("storage")) {
@@ -184,13 +185,19 @@ JointNode read_node(const json& n, const std::string& path, std::size_t index, s
     }
   }
   if (node.value == JointNode::Value::Tensor && n.contains("shape")) {
-    const std::int64_t expected = static_cast<std::int64_t>(node.shape.numel() * nn::dtype_size(node.dtype));
+    std::int64_t expected = static_cast<std::int64_t>(nn::dtype_size(node.dtype));
+    for (std::int64_t d : node.shape) {
+      if (__builtin_mul_overflow(expected, d, &expected) || expected > kMaxBytes) {
+        fail(at(path, "shape"), node.shape.str() + " holds more than 16 TiB");
+      }
+    }
     if (expected != node.bytes) {
       fail(at(path, "bytes"), std::to_string(node.bytes) + " bytes for a " + node.shape.str() + " " +
                                   std::string(nn::dtype_name(node.dtype)) + " tensor of " + std::to_string(expected));
     }
   }
   if (node.op == JointNode::Op::Placeholder) {
+    if (!node.inputs.empty() || !node.args.empty()) fail(at(path, "inputs"), "a placeholder reads no node");
     const std::string kind = text(required(n, path, "placeholder"), at(path, "placeholder"));
     if (kind == "primal") {
       node.input = JointNode::Input::Primal;
@@ -273,27 +280,66 @@ std::shared_ptr<const nn::CompiledModel> read_compiled(const json& compiled, con
   g.forward_outputs = static_cast<std::int32_t>(integer(required(graph, gpath, "forward_outputs"),
                                                         at(gpath, "forward_outputs"), 1,
                                                         static_cast<std::int64_t>(g.outputs.size())));
-  // Users and inputs must tell the same edges (the partitioner walks both ways).
-  std::vector<std::size_t> listed(g.nodes.size(), 0);
-  for (std::size_t i = 0; i < g.nodes.size(); ++i) {
-    for (std::int32_t u : g.nodes[i].users) {
-      if (g.nodes[u].op == JointNode::Op::Output) continue;
-      const auto& in = g.nodes[u].inputs;
-      if (std::find(in.begin(), in.end(), static_cast<std::int32_t>(i)) == in.end()) {
-        fail(at(npath, i) + ".users", "node " + std::to_string(u) + " does not read it");
-      }
-      ++listed[u];
-    }
-  }
+  // Users and inputs must tell the same edges (the partitioner walks both ways), each once.
+  const auto output = static_cast<std::int32_t>(g.nodes.size() - 1);
   for (std::size_t i = 0; i + 1 < g.nodes.size(); ++i) {
-    if (listed[i] != g.nodes[i].inputs.size()) {
-      fail(at(npath, i) + ".inputs", "each input must list this node among its users");
+    const JointNode& n = g.nodes[i];
+    const std::string p = at(npath, i);
+    auto sorted = n.users;
+    std::sort(sorted.begin(), sorted.end());
+    if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) fail(p + ".users", "a user listed twice");
+    sorted = n.inputs;
+    std::sort(sorted.begin(), sorted.end());
+    if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) fail(p + ".inputs", "an input listed twice");
+    for (std::int32_t u : n.users) {
+      const auto& in = g.nodes[u].inputs;
+      if (u != output && std::find(in.begin(), in.end(), static_cast<std::int32_t>(i)) == in.end()) {
+        fail(p + ".users", "node " + std::to_string(u) + " does not read it");
+      }
+    }
+    for (std::int32_t in : n.inputs) {
+      const auto& users = g.nodes[in].users;
+      if (std::find(users.begin(), users.end(), static_cast<std::int32_t>(i)) == users.end()) {
+        fail(p + ".inputs", "node " + std::to_string(in) + " does not list it among its users");
+      }
+    }
+    for (std::int32_t a : n.args) {
+      if (std::find(n.inputs.begin(), n.inputs.end(), a) == n.inputs.end()) {
+        fail(p + ".args", "node " + std::to_string(a) + " is no input of it");
+      }
     }
   }
-  for (std::int32_t o : g.outputs) {
+  for (std::size_t k = 0; k < g.outputs.size(); ++k) {
+    const std::int32_t o = g.outputs[k];
     const auto& users = g.nodes[o].users;
-    if (std::find(users.begin(), users.end(), static_cast<std::int32_t>(g.nodes.size() - 1)) == users.end()) {
+    if (std::find(users.begin(), users.end(), output) == users.end()) {
       fail(opath + ".outputs", "node " + std::to_string(o) + " does not list the output node among its users");
+    }
+    const JointNode& n = g.nodes[o];
+    const bool forward = k < static_cast<std::size_t>(g.forward_outputs);
+    if (forward && n.op == JointNode::Op::Placeholder && n.input != JointNode::Input::Primal) {
+      fail(opath + ".outputs", "the forward returns " + n.name + ", which only the backward has");
+    }
+    if (k == 0 && (n.op != JointNode::Op::CallFunction || n.value != JointNode::Value::Tensor)) {
+      fail(opath + ".outputs", "the forward's first output, the loss, must be a tensor an operator makes");
+    }
+  }
+  // A primal's gradient: one of the backward's outputs, its own, of its shape and dtype.
+  std::vector<bool> taken(g.nodes.size(), false);
+  for (std::size_t i = 0; i < g.nodes.size(); ++i) {
+    const JointNode& n = g.nodes[i];
+    if (n.grad < 0) continue;
+    const std::string p = at(npath, i) + ".grad";
+    if (n.input != JointNode::Input::Primal) fail(p, "only a primal has a gradient");
+    if (std::find(g.outputs.begin() + g.forward_outputs, g.outputs.end(), n.grad) == g.outputs.end()) {
+      fail(p, "node " + std::to_string(n.grad) + " is none of the backward's outputs");
+    }
+    if (taken[n.grad]) fail(p, "node " + std::to_string(n.grad) + " is another primal's gradient too");
+    taken[n.grad] = true;
+    const JointNode& grad = g.nodes[n.grad];
+    if (grad.value != JointNode::Value::Tensor || !(grad.shape == n.shape) || grad.dtype != n.dtype) {
+      fail(p, "node " + std::to_string(n.grad) + " is not a gradient of " + n.shape.str() + " " +
+                  std::string(nn::dtype_name(n.dtype)));
     }
   }
   return model;

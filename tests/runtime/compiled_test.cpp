@@ -199,6 +199,9 @@ TEST(CompiledModelFile, ARunThatIsNotTheRecordedOneIsRefused) {
   cfg.model = models::ModelFile::parse(fixed.dump(), "mlp.json");
   EXPECT_NE(test::error_of([&] { test::OneStep run(cfg); }).find("recorded at batch 6"), std::string::npos);
   cfg = mlp_config(1.0);
+  cfg.mode = ExecMode::Compute;
+  EXPECT_NE(test::error_of([&] { test::OneStep run(cfg); }).find("runs dry"), std::string::npos);
+  cfg = mlp_config(1.0);
   cfg.checkpoint_modules = std::vector<std::string>{"0"};
   EXPECT_NE(test::error_of([&] { test::OneStep run(cfg); }).find("partitioner decides"), std::string::npos);
   cfg = mlp_config(1.0);
@@ -229,6 +232,16 @@ TEST(CompiledModelFile, AMalformedGraphIsRefusedByItsPath) {
        "the output node must be the graph's last"},
       {"no graph", [](nlohmann::json& j) { j.erase("graph"); j["layers"] = nlohmann::json::array(); },
        "it goes with \"graph\""},
+      {"placeholder reads", [](nlohmann::json& j) { j["compiled"]["graph"]["nodes"][1]["inputs"] = {0}; },
+       "a placeholder reads no node"},
+      {"user twice",
+       [](nlohmann::json& j) {
+         auto& users = j["compiled"]["graph"]["nodes"][9]["users"];
+         users.push_back(users[0]);
+       },
+       "a user listed twice"},
+      {"grad of no output", [](nlohmann::json& j) { j["compiled"]["graph"]["nodes"][0]["grad"] = 10; },
+       "is none of the backward's outputs"},
   };
   for (const Case& c : cases) {
     nlohmann::json doc = mlp_json();

@@ -133,6 +133,8 @@ def joint_graph_document(joint_graph, node_info, device: str) -> dict:
                 flags.append("device_value")
             if str(n.target).startswith("_c10d_functional."):
                 flags.append("collective")
+            if n.is_impure():
+                flags.append("impure")  # dead-code elimination keeps it in the forward graph
             if classes["fusible"] and isinstance(val, torch.Tensor):
                 # A fusible operator that makes fewer elements than it reads (sum, amax, var_mean):
                 # inductor keeps a reduction's output as a buffer of its own.

@@ -24,6 +24,29 @@ bool fusible(const JointGraph& g, std::int32_t a, std::int32_t b) {
   return g.nodes[a].has(JointNode::Fusible) && g.nodes[b].has(JointNode::Fusible);
 }
 
+/// The node whose buffer `n` shares, or -1: a view; `_unsafe_view`, `reshape` and `alias`, which
+/// inductor lowers to views of their input; an element of `split`, `split_with_sizes`, `unbind`
+/// or `chunk`, a view of the tensor split.
+std::int32_t alias_of(const JointGraph& g, std::int32_t n) {
+  static const char* const kViewLike[] = {"aten._unsafe_view.default", "aten.reshape.default", "aten.alias.default"};
+  static const char* const kSplits[] = {"aten.split.Tensor", "aten.split_with_sizes.default", "aten.unbind.int",
+                                        "aten.chunk.default"};
+  const JointNode& node = g.nodes[n];
+  if (node.op != JointNode::Op::CallFunction || node.args.empty()) return -1;
+  if (node.has(JointNode::View) ||
+      std::find(std::begin(kViewLike), std::end(kViewLike), node.target) != std::end(kViewLike)) {
+    return node.args.front();
+  }
+  if (node.has(JointNode::GetItem)) {
+    const JointNode& producer = g.nodes[node.args.front()];
+    if (!producer.args.empty() &&
+        std::find(std::begin(kSplits), std::end(kSplits), producer.target) != std::end(kSplits)) {
+      return producer.args.front();
+    }
+  }
+  return -1;
+}
+
 /// Every parameter and buffer under `root` by its dotted name (PyTorch's named_parameters()).
 void collect(Module& m, std::unordered_map<std::string, Tensor>& into) {
   for (const ParamSlot& slot : m.slots()) {
@@ -85,6 +108,11 @@ std::vector<std::int32_t> mimic_autograd(const JointGraph& g, const std::vector<
     if (g.nodes[nodes[pos]].target == "aten.copy_.default") insert(nodes[pos]);
   }
   for (std::size_t pos = first; pos < nodes.size(); ++pos) insert(nodes[pos]);
+  // The output node comes last and brings in what is still missing (a gradient made before the
+  // first tangent's reader), in graph order.
+  for (std::int32_t n : nodes) {
+    if (!placed[n]) out.push_back(n);
+  }
   return out;
 }
 
@@ -105,14 +133,20 @@ Schedule schedule(const JointGraph& g, const std::vector<bool>& member, const st
   for (auto it = s.nodes.rbegin(); it != s.nodes.rend(); ++it) {
     const std::int32_t n = *it;
     const JointNode& node = g.nodes[n];
-    if (node.op != JointNode::Op::CallFunction || node.value != JointNode::Value::Tensor) continue;
+    if (node.op != JointNode::Op::CallFunction) continue;
+    if (node.value != JointNode::Value::Tensor) {
+      // A split's elements view its input: the tuple needs that buffer when one of them does.
+      for (std::int32_t u : node.users) needed[n] = needed[n] || (member[u] && needed[u] && alias_of(g, u) >= 0);
+      continue;
+    }
     bool need = output[n] || !node.has(JointNode::Fusible) || node.has(JointNode::Reduction) || node.has(JointNode::GetItem);
     for (std::int32_t u : node.users) {
       if (!member[u] || g.nodes[u].op == JointNode::Op::Output) continue;
-      if (!fusible(g, n, u) || (g.nodes[u].has(JointNode::View) && needed[u])) need = true;
+      const bool split_of_n = g.nodes[u].value != JointNode::Value::Tensor && needed[u];
+      if (!fusible(g, n, u) || (alias_of(g, u) == n && needed[u]) || split_of_n) need = true;
     }
     needed[n] = need;
-    s.buffer[n] = need && !node.has(JointNode::View);
+    s.buffer[n] = need && alias_of(g, n) < 0;
   }
   for (std::size_t pos = 0; pos < s.nodes.size(); ++pos) {
     for (std::int32_t in : g.nodes[s.nodes[pos]].inputs) s.last_reader[in] = static_cast<std::int32_t>(pos);
@@ -127,6 +161,18 @@ Schedule schedule(const JointGraph& g, const std::vector<bool>& member, const st
 /// `extra`: buffers made at the graph's start, each {bytes, position after which it goes}.
 std::int64_t buffer_peak(const JointGraph& g, const Schedule& s, const std::vector<bool>* inputs = nullptr,
                          const std::vector<std::pair<std::int64_t, std::int32_t>>& extra = {}) {
+  auto given = [&](std::int32_t n) {
+    const JointNode& node = g.nodes[n];
+    return inputs && (*inputs)[n] && node.value == JointNode::Value::Tensor &&
+           (node.op != JointNode::Op::Placeholder || node.input == JointNode::Input::Tangent);
+  };
+  // A given view of a primal or of another given value holds no bytes of its own.
+  auto counted = [&](std::int32_t n) {
+    if (!given(n)) return false;
+    const std::int32_t base = alias_of(g, n);
+    if (base < 0) return true;
+    return !(given(base) || g.nodes[base].op == JointNode::Op::Placeholder);
+  };
   // A view's buffer is its base's: the bytes go when the last of them has been read.
   std::vector<std::int32_t> base(g.nodes.size());
   for (std::size_t i = 0; i < g.nodes.size(); ++i) base[i] = static_cast<std::int32_t>(i);
@@ -134,8 +180,7 @@ std::int64_t buffer_peak(const JointGraph& g, const Schedule& s, const std::vect
   const auto end = static_cast<std::int32_t>(s.nodes.size());
   for (std::int32_t pos = 0; pos < end; ++pos) {
     const std::int32_t n = s.nodes[static_cast<std::size_t>(pos)];
-    const JointNode& node = g.nodes[n];
-    if (node.has(JointNode::View) && !node.args.empty() && !s.buffer[n]) base[n] = base[node.args.front()];
+    if (const std::int32_t of = alias_of(g, n); of >= 0 && !s.buffer[n] && !given(n)) base[n] = base[of];
     last[base[n]] = std::max({last[base[n]], s.output[n] ? end : s.last_reader[n], pos});
   }
   std::vector<std::vector<std::int32_t>> frees(s.nodes.size() + 1);
@@ -145,14 +190,9 @@ std::int64_t buffer_peak(const JointGraph& g, const Schedule& s, const std::vect
     live += bytes;
     if (last_pos >= 0 && last_pos < end) extra_frees[static_cast<std::size_t>(last_pos)] += bytes;
   }
-  auto given = [&](std::int32_t n) {
-    const JointNode& node = g.nodes[n];
-    return inputs && (*inputs)[n] && node.value == JointNode::Value::Tensor &&
-           (node.op != JointNode::Op::Placeholder || node.input == JointNode::Input::Tangent);
-  };
   for (std::int32_t n : s.nodes) {
-    if (s.buffer[n] || given(n)) frees[static_cast<std::size_t>(std::max(last[n], 0))].push_back(n);
-    if (given(n)) live += g.nodes[n].bytes;
+    if ((s.buffer[n] && !given(n)) || counted(n)) frees[static_cast<std::size_t>(std::max(last[n], 0))].push_back(n);
+    if (counted(n)) live += g.nodes[n].bytes;
   }
   peak = live;
   for (std::size_t pos = 0; pos < s.nodes.size(); ++pos) {
@@ -196,14 +236,29 @@ CompiledStep::CompiledStep(std::shared_ptr<const CompiledModel> model, double me
   collect(root, state_->named);
   const std::size_t count = g.nodes.size();
   std::vector<bool> is_saved(count, false);
+  for (std::int32_t v : saved_) is_saved[v] = true;
+  // The backward: what the gradients are made from, down to the saved values and the tangents.
+  std::vector<bool> in_backward(count, false), backward_out(count, false);
+  std::vector<std::int32_t> stack(g.outputs.begin() + g.forward_outputs, g.outputs.end());
+  for (std::int32_t v : stack) backward_out[v] = true;
+  while (!stack.empty()) {
+    const std::int32_t v = stack.back();
+    stack.pop_back();
+    if (in_backward[v]) continue;
+    in_backward[v] = true;
+    const JointNode& n = g.nodes[v];
+    if (is_saved[v] || n.op == JointNode::Op::Placeholder) continue;
+    for (std::int32_t in : n.inputs) stack.push_back(in);
+  }
+  // The forward: what its outputs and the saved values the backward reads are made from (a saved
+  // value no backward node reads is dropped from the forward's outputs, _extract_fwd_bwd_modules).
+  std::vector<bool> in_forward(count, false), forward_out(count, false);
+  stack.assign(g.outputs.begin(), g.outputs.begin() + g.forward_outputs);
   for (std::int32_t v : saved_) {
-    is_saved[v] = true;
+    if (!in_backward[v]) continue;
+    stack.push_back(v);
     if (g.nodes[v].op != JointNode::Op::Placeholder) saved_bytes_ += g.nodes[v].bytes;
   }
-  // The forward: what its outputs and the saved values are made from.
-  std::vector<bool> in_forward(count, false), forward_out(count, false);
-  std::vector<std::int32_t> stack(g.outputs.begin(), g.outputs.begin() + g.forward_outputs);
-  stack.insert(stack.end(), saved_.begin(), saved_.end());
   for (std::int32_t v : stack) forward_out[v] = true;
   while (!stack.empty()) {
     const std::int32_t v = stack.back();
@@ -212,23 +267,14 @@ CompiledStep::CompiledStep(std::shared_ptr<const CompiledModel> model, double me
     in_forward[v] = true;
     for (std::int32_t in : g.nodes[v].inputs) stack.push_back(in);
   }
-  // The backward: what the gradients are made from, down to the saved values and the tangents.
-  std::vector<bool> in_backward(count, false), backward_out(count, false);
-  stack.assign(g.outputs.begin() + g.forward_outputs, g.outputs.end());
-  for (std::int32_t v : stack) backward_out[v] = true;
+  // What the backward computes that the forward computed too: recomputed.
   state_->recomputed.assign(count, false);
-  while (!stack.empty()) {
-    const std::int32_t v = stack.back();
-    stack.pop_back();
-    if (in_backward[v]) continue;
-    in_backward[v] = true;
-    const JointNode& n = g.nodes[v];
-    if (is_saved[v] || n.op == JointNode::Op::Placeholder) continue;
-    if (in_forward[v]) {
-      state_->recomputed[v] = true;
+  for (std::size_t i = 0; i < count; ++i) {
+    const JointNode& n = g.nodes[i];
+    if (in_backward[i] && in_forward[i] && !is_saved[i] && n.op != JointNode::Op::Placeholder) {
+      state_->recomputed[i] = true;
       ++recomputed_;
     }
-    for (std::int32_t in : n.inputs) stack.push_back(in);
   }
   // The backward graph's inputs: the saved values it reads and the tangents.
   std::vector<bool>& backward_inputs = state_->backward_inputs;
@@ -246,8 +292,13 @@ CompiledStep::CompiledStep(std::shared_ptr<const CompiledModel> model, double me
   forward_peak_ = buffer_peak(g, state_->forward, nullptr, copies);
   backward_peak_ = buffer_peak(g, state_->backward, &backward_inputs);
   state_->values.resize(count);
-  for (const JointNode& n : g.nodes) {
-    if (n.op != JointNode::Op::Placeholder || n.input != JointNode::Input::Primal) continue;
+  for (std::size_t i = 0; i < count; ++i) {
+    const JointNode& n = g.nodes[i];
+    if (n.op != JointNode::Op::Placeholder) continue;
+    if (in_forward[i] && (n.input == JointNode::Input::Tangent || n.input == JointNode::Input::BwdSeed)) {
+      throw Error("the compiled step's forward reads " + n.name + ", which only the backward has");
+    }
+    if (n.input != JointNode::Input::Primal) continue;
     const auto colon = n.primal.find(": ");
     const std::string kind = n.primal.substr(0, colon), name = colon == std::string::npos ? "" : n.primal.substr(colon + 2);
     if (kind == "param" || kind == "buffer") {
@@ -282,6 +333,8 @@ void CompiledStep::plan_layout_copies(const JointGraph& g, const std::vector<boo
     const JointNode& n = g.nodes[i];
     if (n.op == JointNode::Op::Placeholder && n.input != JointNode::Input::Tangent &&
         n.input != JointNode::Input::BwdSeed) {
+      ++nodes;
+    } else if (in_forward[i] && n.op == JointNode::Op::GetAttr) {
       ++nodes;
     } else if (in_forward[i] && n.op == JointNode::Op::CallFunction) {
       ++nodes;
@@ -347,7 +400,8 @@ Tensor CompiledStep::forward(Runtime& rt) {
     ModuleScope scope(batch_ctx);
     for (std::int32_t n : st.forward.nodes) {
       const JointNode& node = g.nodes[n];
-      if (node.op != JointNode::Op::Placeholder) continue;
+      // The philox seed and offset of a random operator stay on the host.
+      if (node.op != JointNode::Op::Placeholder || node.input != JointNode::Input::Primal) continue;
       if (node.primal.rfind("input: ", 0) == 0) {
         st.values[n] = empty(rt, node.shape, node.dtype);  // the batch, uploaded
       } else {
@@ -372,8 +426,8 @@ Tensor CompiledStep::forward(Runtime& rt) {
       if (node.flops > 0) rt.add_flops(static_cast<double>(node.flops));
       if (s.buffer[n]) {
         st.values[n] = empty(rt, node.shape, node.dtype);
-      } else if (node.has(JointNode::View) && !node.args.empty()) {
-        st.values[n] = st.values[node.args.front()];
+      } else if (const std::int32_t of = alias_of(g, n); of >= 0) {
+        st.values[n] = st.values[of];
       }
     }
     for (std::int32_t in : node.inputs) {
@@ -388,7 +442,7 @@ Tensor CompiledStep::forward(Runtime& rt) {
   // What leaves the forward is the loss and the saved values; the other outputs go with the
   // output object the training loop drops.
   std::vector<bool> keep(g.nodes.size(), false);
-  for (std::int32_t v : saved_) keep[v] = true;
+  for (std::int32_t v : saved_) keep[v] = st.backward.member[v];
   keep[g.outputs.front()] = true;
   for (std::size_t i = 0; i < g.nodes.size(); ++i) {
     if (!keep[i] && g.nodes[i].op != JointNode::Op::Placeholder) st.values[i] = Tensor{};
@@ -427,8 +481,8 @@ void CompiledStep::backward(Runtime& rt) {
       if (node.flops > 0) rt.add_flops(static_cast<double>(node.flops));
       if (s.buffer[n]) {
         st.values[n] = empty(rt, node.shape, node.dtype);
-      } else if (node.has(JointNode::View) && !node.args.empty()) {
-        st.values[n] = st.values[node.args.front()];
+      } else if (const std::int32_t of = alias_of(g, n); of >= 0) {
+        st.values[n] = st.values[of];
       }
     }
     // The graph's own values and the loss's gradient go after their last reader; parameters and

@@ -198,14 +198,32 @@ NodeInfo classify(const JointGraph& g) {
       info.inputs.push_back(static_cast<std::int32_t>(i));
     }
   }
-  // The forward-only graph: its inputs and every node the forward's outputs are made from.
+  // The forward-only graph (_extract_graph_with_inputs_outputs, then dead-code elimination):
+  // the nodes computable from the inputs alone (no tangent, nothing that must run in backward)
+  // that the forward's outputs are made from, or that are impure (kept by the elimination).
+  std::vector<bool> valid(count, false);
+  for (std::size_t i = 0; i < count; ++i) {
+    const JointNode& n = g.nodes[i];
+    if (n.op == JointNode::Op::Placeholder) {
+      valid[i] = n.input == JointNode::Input::Primal || n.input == JointNode::Input::FwdSeed;
+    } else if (n.op != JointNode::Op::Output) {
+      valid[i] = !n.has(JointNode::MustBeInBackward) &&
+                 std::all_of(n.inputs.begin(), n.inputs.end(), [&](std::int32_t in) { return valid[in]; });
+    }
+  }
   for (std::int32_t i : info.inputs) info.required_fw[i] = true;
   std::vector<std::int32_t> stack(g.outputs.begin(), g.outputs.begin() + g.forward_outputs);
+  for (std::size_t i = 0; i < count; ++i) {
+    if (valid[i] && g.nodes[i].has(JointNode::Impure) && g.nodes[i].op == JointNode::Op::CallFunction) {
+      stack.push_back(static_cast<std::int32_t>(i));
+    }
+  }
+  std::vector<bool> seen(count, false);
   while (!stack.empty()) {
-    std::int32_t v = stack.back();
+    const std::int32_t v = stack.back();
     stack.pop_back();
-    if (g.nodes[v].op == JointNode::Op::Placeholder && !info.required_fw[v]) continue;  // a tangent
-    if (info.required_fw[v] && g.nodes[v].op != JointNode::Op::Placeholder) continue;
+    if (seen[v] || !valid[v]) continue;
+    seen[v] = true;
     info.required_fw[v] = true;
     for (std::int32_t in : g.nodes[v].inputs) stack.push_back(in);
   }
@@ -358,10 +376,10 @@ class MinCut {
     if (n.has(JointNode::View)) return;
     if (dont_ban_[i] && !n.has(JointNode::Collective)) return;
     if (n.has(JointNode::MustRecompute)) return;
-    if (!banned_[i]) {
-      banned_[i] = true;
-      banned_order_.push_back(i);
-    }
+    if (n.value == JointNode::Value::Sym && n.sym_size == 4) return;  // a SymFloat is never banned
+    if (banned_[i]) return;  // its edge from the source is there already
+    banned_[i] = true;
+    banned_order_.push_back(i);
     network_.set_edge(source(), in(i), kInf);
   }
   std::int64_t first_unfusible(const std::vector<std::int32_t>& starts, std::int64_t max_range) const {
@@ -493,6 +511,10 @@ std::vector<std::int32_t> choose_saved_values(const JointGraph& g, double memory
                 ": expected a share of the default partition's activations from 0 to 1");
   }
   const NodeInfo info = classify(g);
+  if (std::none_of(info.required_bw.begin(), info.required_bw.end(), [](bool b) { return b; })) {
+    // PyTorch hands such a graph to its default partition, which vramscope does not model.
+    throw Error("the compiled step's joint graph has no backward (no tangent reaches a gradient)");
+  }
   const PartitionerConfig& c = g.config;
   MinCutOptions options{c.ban_recompute_used_far_apart, c.ban_recompute_long_fusible_chains,
                         c.ban_recompute_materialized_backward, c.ban_recompute_not_in_allowlist,

@@ -121,6 +121,9 @@ std::unique_ptr<CompiledStep> make_compiled(const TrainConfig& config, Model& mo
                 "the step recomputes (give --compile=BUDGET, an activation_memory_budget, instead)");
   }
   if (config.offload_activations) throw Error("--compile with --offload activations is not modelled");
+  if (config.mode == ExecMode::Compute) {
+    throw Error("--compile runs dry: the compiled graphs' kernels are inductor's, not computed here (leave out --compute)");
+  }
   if (autocast_dtype(config.precision)) {
     throw Error("--compile under autocast is not modelled yet: run the recorded dtype (--dtype bf16)");
   }

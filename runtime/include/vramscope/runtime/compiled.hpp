@@ -52,6 +52,7 @@ struct JointNode {
     Static = 1u << 14,  ///< a parameter (static lifetime input)
     Collective = 1u << 15,
     Reduction = 1u << 16,  ///< fewer elements out than in (sum, amax): a buffer of its own
+    Impure = 1u << 17,     ///< fx's is_impure: dead-code elimination keeps it
   };
   std::string name;
   Op op = Op::CallFunction;
@@ -149,7 +150,8 @@ class CompiledStep {
   void end_step();
 
   const std::vector<std::int32_t>& saved() const noexcept { return saved_; }
-  /// Bytes of the saved values that are not parameters or buffers (what the forward keeps).
+  /// Bytes of the saved values the backward reads that are not parameters or inputs (what the
+  /// forward keeps).
   std::int64_t saved_activation_bytes() const noexcept { return saved_bytes_; }
   std::size_t recomputed_nodes() const noexcept { return recomputed_; }
   /// The most bytes a graph's buffers hold at once as the schedule above plans them, with the
