@@ -9,6 +9,7 @@
 
 #include "commands.hpp"
 #include "vramscope/planner/max_batch.hpp"
+#include "vramscope/runtime/compiled.hpp"
 #include "max_batch_report.hpp"
 #include "model_args.hpp"
 #include "progress.hpp"
@@ -159,6 +160,11 @@ planner::SweepSpec make_spec(const SweepArgs& args) {
     }
     if (spec.parallels.size() > 1 || spec.parallels.front().enabled()) {
       throw UsageError("--compile: one GPU only for now (--parallel is not modelled with it)");
+    }
+    if (args.max_batch && info.compiled && !info.compiled->fixed.empty()) {
+      throw UsageError(fmt::format("--max-batch --compile: {}'s compiled step holds at batch {} only ({}); record "
+                                   "it again where one graph holds every batch, or sweep that batch",
+                                   info.name, info.compiled->batch, info.compiled->fixed));
     }
   }
   spec.selective = parse_selective(args.selective, info, spec.checkpoint_modules);

@@ -130,8 +130,8 @@ std::vector<std::int32_t> choose_saved_values(const JointGraph& graph, double me
 /// - parameters and buffers are the model's own; the batch's inputs are allocated at the start.
 /// - inductor's layout optimization (torch/_inductor/graph.py, decide_layout_opt, its rule for
 ///   GPUs in training): when the forward's convolutions qualify, each parameter or input a
-///   convolution reads gets a channels-last copy at the forward's start, kept for the
-///   backward's convolution_backward when it reads it.
+///   convolution reads gets a channels-last copy at the forward's start, kept into the
+///   backward when the backward reads that parameter or input, to its last reader there.
 class CompiledStep {
  public:
   /// Throws mem::Error when a primal names a parameter or buffer `root` does not have.
