@@ -47,6 +47,7 @@ struct TraceArgs {
   std::string checkpoint_modules;
   std::string selective;
   std::string offload;
+  std::string compile;
   std::string alloc_conf;
   std::size_t steps = 1;
   bool compute = false;
@@ -72,6 +73,7 @@ nn::TrainConfig make_config(const TraceArgs& args) {
   nn::TrainConfig cfg;
   ModelArgs model_args = args.model;
   if (!model_args.hf_config.empty()) model_args.precisions = parse_precisions("--dtype", args.dtype);
+  model_args.compile = !args.compile.empty() && args.compile != "eager";
   cfg.model = resolve_model(model_args, "resnet18");
   cfg.model_options = to_model_options(args.model);
   cfg.stack = parse_stack(args.model);
@@ -109,6 +111,9 @@ nn::TrainConfig make_config(const TraceArgs& args) {
   cfg.checkpoint_modules = parse_checkpoint_modules(args.checkpoint_modules, *cfg.model, cfg.model_options, args.segments);
   cfg.offload_activations = parse_offload(args.offload);
   cfg.selective = parse_selective(args.selective, info, cfg.checkpoint_modules);
+  const auto compiles = parse_compiles(args.compile, info);
+  if (compiles.size() > 1) throw UsageError("--compile: trace runs one step; give eager, on or one budget");
+  if (!compiles.empty()) cfg.compile = compiles.front();
   if (args.steps < 1) throw UsageError("--steps: must be at least 1");
   cfg.steps = args.steps;
   if (args.accumulation > 1) planner::accumulate(cfg, args.accumulation, args.steps);
@@ -453,6 +458,12 @@ void add_trace_command(CLI::App& app, Capture* capture) {
       ->type_name("LIST");
   cmd->add_option("--offload", args->offload, kOffloadHelp)->check(non_empty())->type_name("WHAT");
   cmd->add_option("--selective", args->selective, kSelectiveHelp)->check(non_empty())->type_name("OPS");
+  cmd->add_option("--compile", args->compile,
+                  "torch.compile's step instead of the eager one: on (AOTAutograd's default partition) or an "
+                  "activation_memory_budget from 0 to 1; the file must carry the joint graph (vramscope.export ... "
+                  "--compile); its buffers show under `compiled forward` and `compiled backward`")
+      ->check(non_empty())
+      ->type_name("SETTING");
   cmd->add_option("-s,--segments", args->segments, "checkpoint_sequential segments (0 = none)")
       ->capture_default_str()
       ->type_name("N");
