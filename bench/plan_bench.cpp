@@ -7,6 +7,7 @@
 #include "vramscope/planner/plan.hpp"
 #include "vramscope/models/model_file.hpp"
 #include "vramscope/models/zoo.hpp"
+#include "vramscope/runtime/compiled.hpp"
 #include "vramscope/runtime/data_parallel.hpp"
 
 namespace {
@@ -75,6 +76,33 @@ void BM_PlanOperatorLevelFile(benchmark::State& state) {
   run(state, spec);
 }
 BENCHMARK(BM_PlanOperatorLevelFile)->Unit(benchmark::kMillisecond);
+
+/// torch.compile's partition of a recorded joint graph (issue 49), from
+/// VRAMSCOPE_BENCH_COMPILED_MODEL: `python3 -m vramscope.export --hf-config
+/// models/zoo/hf/llama-3.1-8b.json --batch 4 --seq 4096 --compile -o llama8b-compiled.json`, read
+/// at its recorded size; the argument is the activation_memory_budget in percent (100: PyTorch's
+/// default, one min cut; 50: three cuts and the knapsack). Skipped without it.
+void BM_CompiledPartitionFile(benchmark::State& state) {
+  const char* path = std::getenv("VRAMSCOPE_BENCH_COMPILED_MODEL");
+  if (path == nullptr || *path == '\0') {
+    state.SkipWithError("set VRAMSCOPE_BENCH_COMPILED_MODEL to a model file recorded with --compile");
+    return;
+  }
+  const mem::nn::ModelInfo info = mem::models::ModelFile::load(path)->describe();
+  if (!info.compiled) {
+    state.SkipWithError("the file has no compiled step");
+    return;
+  }
+  const double budget = static_cast<double>(state.range(0)) / 100.0;
+  std::size_t saved = 0;
+  for (auto _ : state) {
+    saved = mem::nn::choose_saved_values(info.compiled->graph, budget).size();
+    benchmark::DoNotOptimize(saved);
+  }
+  state.counters["nodes"] = static_cast<double>(info.compiled->graph.nodes.size());
+  state.counters["saved"] = static_cast<double>(saved);
+}
+BENCHMARK(BM_CompiledPartitionFile)->Arg(100)->Arg(50)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 

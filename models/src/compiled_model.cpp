@@ -153,10 +153,12 @@ JointNode read_node(const json& n, const std::string& path, std::size_t index, s
     node.value = JointNode::Value::Tensor;
   } else if (value == "sym") {
     node.value = JointNode::Value::Sym;
+  } else if (value == "opaque") {
+    node.value = JointNode::Value::Opaque;
   } else if (value == "other") {
     node.value = JointNode::Value::Other;
   } else {
-    fail(at(path, "value"), "expected tensor, sym or other, got '" + value + "'");
+    fail(at(path, "value"), "expected tensor, sym, opaque or other, got '" + value + "'");
   }
   constexpr std::int64_t kMaxBytes = std::int64_t{1} << 44;  // 16 TiB: more than any device, and its weights fit 64 bits
   node.bytes = n.contains("bytes") ? sized(n.at("bytes"), at(path, "bytes"), size, kMaxBytes) : 0;

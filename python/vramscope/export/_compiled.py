@@ -62,6 +62,12 @@ def _value_kind(node) -> str:
         return "other"
     if isinstance(val, torch.Tensor):
         return "tensor"
+    # What the partitioner weighs 0 (partitioners.py: BackwardState, script objects, opaque values).
+    from torch._functorch.partitioners import is_opaque_node
+    from torch._library.fake_class_registry import FakeScriptObject
+    from torch.fx.experimental._backward_state import BackwardState
+    if isinstance(val, (BackwardState, FakeScriptObject)) or is_opaque_node(node):
+        return "opaque"
     return "other"
 
 

@@ -278,6 +278,8 @@ class MinCut {
       std::int64_t weight;
       if (n.value == JointNode::Value::Sym) {
         weight = n.sym_size;
+      } else if (n.value == JointNode::Value::Opaque) {
+        weight = 0;
       } else if (n.value == JointNode::Value::Other) {
         weight = kInf;
       } else {

@@ -30,7 +30,8 @@ namespace mem::nn {
 /// One node of the joint graph, as the partitioner sees it.
 struct JointNode {
   enum class Op : std::uint8_t { Placeholder, CallFunction, GetAttr, Output };
-  enum class Value : std::uint8_t { Tensor, Sym, Other };
+  /// Opaque: a BackwardState, script object or opaque value, which the partitioner weighs 0.
+  enum class Value : std::uint8_t { Tensor, Sym, Opaque, Other };
   enum class Input : std::uint8_t { None, Primal, Tangent, FwdSeed, BwdSeed };
   /// PyTorch's facts about a node: its operator's class in get_default_op_list() and what the
   /// partitioner reads from its meta.
