@@ -24,6 +24,22 @@ bool fusible(const JointGraph& g, std::int32_t a, std::int32_t b) {
   return g.nodes[a].has(JointNode::Fusible) && g.nodes[b].has(JointNode::Fusible);
 }
 
+/// The nodes `roots` are made from, themselves included; a node `stop` says is reached but not
+/// gone through (a graph's inputs).
+template <typename Stop>
+std::vector<bool> made_from(const JointGraph& g, std::vector<std::int32_t> pending, Stop&& stop) {
+  std::vector<bool> reached(g.nodes.size(), false);
+  while (!pending.empty()) {
+    const std::int32_t v = pending.back();
+    pending.pop_back();
+    if (reached[v]) continue;
+    reached[v] = true;
+    if (stop(v)) continue;
+    for (std::int32_t in : g.nodes[v].inputs) pending.push_back(in);
+  }
+  return reached;
+}
+
 /// The node whose buffer `n` shares, or -1: a view; `_unsafe_view`, `reshape` and `alias`, which
 /// inductor lowers to views of their input; an element of `split`, `split_with_sizes`, `unbind`
 /// or `chunk`, a view of the tensor split.
@@ -238,35 +254,23 @@ CompiledStep::CompiledStep(std::shared_ptr<const CompiledModel> model, double me
   std::vector<bool> is_saved(count, false);
   for (std::int32_t v : saved_) is_saved[v] = true;
   // The backward: what the gradients are made from, down to the saved values and the tangents.
-  std::vector<bool> in_backward(count, false), backward_out(count, false);
-  std::vector<std::int32_t> stack(g.outputs.begin() + g.forward_outputs, g.outputs.end());
-  for (std::int32_t v : stack) backward_out[v] = true;
-  while (!stack.empty()) {
-    const std::int32_t v = stack.back();
-    stack.pop_back();
-    if (in_backward[v]) continue;
-    in_backward[v] = true;
-    const JointNode& n = g.nodes[v];
-    if (is_saved[v] || n.op == JointNode::Op::Placeholder) continue;
-    for (std::int32_t in : n.inputs) stack.push_back(in);
-  }
+  const std::vector<std::int32_t> grads(g.outputs.begin() + g.forward_outputs, g.outputs.end());
+  const std::vector<bool> in_backward = made_from(g, grads, [&](std::int32_t v) {
+    return is_saved[v] || g.nodes[v].op == JointNode::Op::Placeholder;
+  });
+  std::vector<bool> backward_out(count, false);
+  for (std::int32_t v : grads) backward_out[v] = true;
   // The forward: what its outputs and the saved values the backward reads are made from (a saved
   // value no backward node reads is dropped from the forward's outputs, _extract_fwd_bwd_modules).
-  std::vector<bool> in_forward(count, false), forward_out(count, false);
-  stack.assign(g.outputs.begin(), g.outputs.begin() + g.forward_outputs);
+  std::vector<std::int32_t> returned(g.outputs.begin(), g.outputs.begin() + g.forward_outputs);
   for (std::int32_t v : saved_) {
     if (!in_backward[v]) continue;
-    stack.push_back(v);
+    returned.push_back(v);
     if (g.nodes[v].op != JointNode::Op::Placeholder) saved_bytes_ += g.nodes[v].bytes;
   }
-  for (std::int32_t v : stack) forward_out[v] = true;
-  while (!stack.empty()) {
-    const std::int32_t v = stack.back();
-    stack.pop_back();
-    if (in_forward[v]) continue;
-    in_forward[v] = true;
-    for (std::int32_t in : g.nodes[v].inputs) stack.push_back(in);
-  }
+  const std::vector<bool> in_forward = made_from(g, returned, [](std::int32_t) { return false; });
+  std::vector<bool> forward_out(count, false);
+  for (std::int32_t v : returned) forward_out[v] = true;
   // What the backward computes that the forward computed too: recomputed.
   state_->recomputed.assign(count, false);
   for (std::size_t i = 0; i < count; ++i) {
