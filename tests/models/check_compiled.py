@@ -40,8 +40,10 @@ DECODER = {"hidden_size": 96, "intermediate_size": 250, "num_hidden_layers": 2, 
 CASES = [
     # name, kind, in CI
     ("llama", "hf", True),
+    ("llama+lora", "hf", False),  # PEFT's LoRA r=8 on PEFT's default targets, the base frozen
     ("qwen3", "hf", False),
     ("gemma3_text", "hf", False),
+    ("qwen3_moe", "hf", False),  # a mixture of experts, grouped_mm over the routed rows
     ("resnet18", "torchvision", True),
     ("convnext_tiny", "torchvision", False),
     ("vit_b_32", "torchvision", False),
@@ -56,21 +58,28 @@ def skip(why: str) -> None:
 
 
 def hf_case(name: str, folder: Path):
-    """(doc, meta model, make_inputs, batch, seq, step) of a transformers decoder."""
+    """(doc, meta model, make_inputs, batch, seq, step) of a transformers decoder ("+lora": with
+    PEFT's LoRA of rank 8)."""
     import torch
     import transformers
-    from vramscope.export import export_hf_config
+    from vramscope.export import export_hf_config, with_lora
+    name, _, variant = name.partition("+")
+    lora = 8 if variant == "lora" else 0
     values = dict(DECODER, model_type=name)
     if name == "gemma3_text":
         values["sliding_window"] = 128
-    path = folder / f"{name}.json"
+    if name == "qwen3_moe":
+        values.update(moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2)
+    path = folder / f"{name}{variant}.json"
     path.write_text(json.dumps(values))
-    doc = export_hf_config(str(path), batch=2, seq=64, compile=True)
+    doc = export_hf_config(str(path), batch=2, seq=64, compile=True, lora=lora)
     config = transformers.AutoConfig.for_model(values.pop("model_type"), **values)
     with warnings.catch_warnings(), torch.device("meta"):
         warnings.simplefilter("ignore")
         model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
     model = model.to(torch.bfloat16).train()
+    if lora:
+        model = with_lora(model, lora)
 
     def make_inputs(b: int, s: int):
         ids = torch.empty((b, s), dtype=torch.int64, device="meta")
