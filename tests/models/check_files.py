@@ -37,6 +37,9 @@ def schema() -> int:
     spec = json.loads((ROOT / "docs" / "model-file.schema.json").read_text())
     files = {p.name: json.loads(p.read_text()) for p in sorted((ROOT / "models" / "zoo").glob("*.json"))}
     files["MODEL_FILES.md example"] = documented_example()
+    # The exporter's files: operator graphs, with and without a compiled step.
+    for data in ("compiled-mlp.json", "selective-blocks.json"):
+        files[data] = json.loads((ROOT / "tests" / "data" / data).read_text())
     for name, doc in files.items():
         jsonschema.validate(doc, spec)
     # The schema is not vacuous: a misspelt key fails it.
