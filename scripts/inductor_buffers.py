@@ -116,22 +116,6 @@ def wrapper_peak(code: str, given: dict) -> int:
     return peak
 
 
-def at_size(value, options: dict) -> int:
-    """A size of the file (an int, or a formula the exporter wrote: "160*batch") at `options`."""
-    if isinstance(value, int):
-        return value
-    total = 0
-    for term in value.replace(" - ", " + -").split(" + "):
-        product = 1
-        for factor in term.split("*"):
-            factor = factor.strip()
-            sign = -1 if factor.startswith("-") else 1
-            factor = factor.lstrip("-")
-            product *= sign * (options[factor] if factor in options else int(factor))
-        total += product
-    return total
-
-
 def real_codes(build, make_inputs, step):
     """inductor's forward and backward wrapper code for `step` on real CPU tensors."""
     import torch
@@ -164,7 +148,6 @@ def cases():
     from vramscope.export import InputSpec, export_ops, export_hf_config
     from vramscope.export._compiled import step_with_loss
     from vramscope.export._opfile import _pick
-    from vramscope.export import _on_meta
 
     def mlp():
         torch.manual_seed(0)
@@ -179,9 +162,9 @@ def cases():
 
     def module_case(name, build, shape, folder):
         doc = export_ops(build(), [InputSpec(shape)], name=name, compile=True)
-        step, with_target = step_with_loss(_on_meta(build()), lambda b, s: ((torch.empty(shape, dtype=torch.bfloat16,
-                                                                                         device="meta"),), {}),
-                                           shape[0], None, doc["loss"], _pick(None))
+        graph = doc["graph"]
+        step, with_target = step_with_loss(lambda b, s: ((torch.empty(shape, dtype=torch.bfloat16, device="meta"),), {}),
+                                           doc["loss"], _pick(None), graph["tensors"][graph["output"]]["shape"])
         target = with_target(shape[0], 0)[1]["target"]
 
         def make_inputs():
@@ -215,6 +198,7 @@ def cases():
 
 
 def table(binary: str) -> str:
+    from vramscope.export._compiled import size_at
     rows = ["| model | graph | inductor's wrapper (CPU) | vramscope's plan | difference |",
             "|---|---|---:|---:|---:|"]
     with tempfile.TemporaryDirectory() as tmp:
@@ -229,8 +213,8 @@ def table(binary: str) -> str:
             row = next(r for r in json.loads(out.stdout)["rows"] if r["compile"] is not None)
             planned = row["compiled"]
             at = {"batch": doc["compiled"]["batch"], "seq": doc["compiled"].get("seq", 0)}
-            sizes = {n["name"]: at_size(n.get("bytes", 0), at) for n in doc["compiled"]["graph"]["nodes"]
-                     if not n["name"].startswith("primals_")}
+            sizes = {n["name"]: size_at(n.get("bytes", 0), at["batch"], at["seq"])
+                     for n in doc["compiled"]["graph"]["nodes"] if not n["name"].startswith("primals_")}
             forward, backward = real_codes(build, make_inputs, step)
             for graph, code, mine in (("forward", forward, planned["forward_buffer_peak"]),
                                       ("backward", backward, planned["backward_buffer_peak"])):

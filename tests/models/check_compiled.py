@@ -101,7 +101,9 @@ def torchvision_case(name: str):
     def make_inputs(b: int, s: int):
         return (torch.empty((b, 3, 224, 224), dtype=torch.bfloat16, device="meta"),), {}
 
-    step, with_target = step_with_loss(model, make_inputs, 2, None, doc["loss"], _pick(None))
+    graph = doc["graph"]
+    step, with_target = step_with_loss(make_inputs, doc["loss"], _pick(None),
+                                       graph["tensors"][graph["output"]]["shape"])
     return doc, model, with_target, 2, None, step
 
 

@@ -148,7 +148,9 @@ def export_ops(model, inputs: Sequence["InputSpec"], *, name: str = "model", los
         if amp:
             raise ExportError(["--compile records the step in the run's dtype; autocast is not modelled with it yet "
                                "(drop --amp)"], "bad arguments")
-        step, with_target = step_with_loss(model, make_inputs, batch, seq_len, doc["loss"], _pick(output_key))
+        graph = doc["graph"]
+        out_shape = graph["tensors"][graph["output"]]["shape"]
+        step, with_target = step_with_loss(make_inputs, doc["loss"], _pick(output_key), out_shape)
         doc["compiled"] = compiled_document(model, with_target, batch, seq_len, step)
     return doc
 

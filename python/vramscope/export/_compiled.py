@@ -25,7 +25,7 @@ import functools
 import operator
 from typing import Any, Dict, List, Optional
 
-from ._errors import ExportError
+from ._errors import ExportError, debugging, one_line
 
 
 def _placeholder_kind(node) -> str:
@@ -290,6 +290,14 @@ def record_compiled(meta_model, make_inputs, batch: int, seq: Optional[int], ste
     except torch._dynamo.exc.Unsupported as e:
         raise ExportError([f"torch.compile(fullgraph=True) breaks the step into several graphs: "
                            f"{str(e).splitlines()[0]}"], "cannot record the compiled step") from None
+    except ExportError:
+        raise
+    except Exception as e:  # noqa: BLE001 (PyTorch's compiler on the user's model: said in one line)
+        if debugging():
+            raise
+        raise ExportError([f"torch.compile could not compile the step at batch {batch}"
+                           + (f", sequence {seq}" if seq is not None else "") + f": {one_line(e)}"],
+                          "cannot record the compiled step") from None
     finally:
         torch._dynamo.reset()
     if len(records) != 1 or len(primals) != 1:
@@ -428,10 +436,27 @@ def _polynomial(values: dict, batch: int, seq: Optional[int]):
     return text or 0
 
 
-def step_with_loss(meta_model, make_inputs, batch: int, seq: Optional[int], loss: dict, pick):
+def size_at(value, batch: int, seq: int) -> int:
+    """A size the exporter wrote (an int, or a formula such as "48*batch*seq + 2") at batch, seq."""
+    if isinstance(value, int):
+        return value
+    names = {"batch": batch, "seq": seq}
+    total = 0
+    for term in str(value).replace(" - ", " + -").split(" + "):
+        term = term.strip()
+        product = -1 if term.startswith("-") else 1
+        for factor in term.lstrip("-").split("*"):
+            factor = factor.strip()
+            product *= names[factor] if factor in names else int(factor)
+        total += product
+    return total
+
+
+def step_with_loss(make_inputs, loss: dict, pick, out_shape):
     """The training step a script compiles for a model whose loss is outside it: the forward, the
     output the file's loss starts from, the loss against a target that is one of the batch's
-    tensors. Returns (step, make_inputs with the target as the keyword "target")."""
+    tensors. `out_shape` is the output's shape as the recording wrote it (formulas over batch and
+    seq). Returns (step, make_inputs with the target as the keyword "target")."""
     import torch
     import torch.nn.functional as F
     kind = loss["type"]
@@ -439,11 +464,11 @@ def step_with_loss(meta_model, make_inputs, batch: int, seq: Optional[int], loss
     def with_target(b: int, s: int):
         a, k = make_inputs(b, s)
         if kind in ("cross_entropy", "mse", "bce_with_logits"):
-            with torch.no_grad():
-                out = pick(meta_model(*a, **k))  # on the meta device: its shape at this size
-            shape = list(out.shape)[:-1] if kind == "cross_entropy" else list(out.shape)
-            dtype = torch.int64 if kind == "cross_entropy" else out.dtype
-            k = dict(k, target=torch.empty(shape, dtype=dtype, device="meta"))
+            shape = [size_at(d, b, s) for d in out_shape]
+            if kind == "cross_entropy":
+                k = dict(k, target=torch.empty(shape[:-1], dtype=torch.int64, device="meta"))
+            else:
+                k = dict(k, target=torch.empty(shape, dtype=torch.bfloat16, device="meta"))
         return a, k
 
     def step(model, *a, target=None, **k):
