@@ -12,6 +12,7 @@
 
 #include "vramscope/allocator/errors.hpp"
 #include "vramscope/instrumentation/module_scope.hpp"
+#include "vramscope/runtime/autograd.hpp"
 #include "vramscope/runtime/compiled.hpp"
 #include "vramscope/runtime/runtime.hpp"
 
@@ -502,13 +503,18 @@ void CompiledStep::backward(Runtime& rt) {
       if (copy_last[k] == static_cast<std::int32_t>(pos)) st.copy_tensors[k] = Tensor{};
     }
   }
-  // AccumulateGrad: the first gradient is taken as it is; a later one is added in place.
+  // Each gradient to its parameter's AccumulateGrad, as the compiled backward's outputs go: stolen
+  // when nothing else holds it (the graph's handle is handed over), added in place to one there,
+  // and from then on the parameter's `.grad` in snapshots. A gradient the graph made as a view of
+  // another shape is that view (the parameter's shape), as inductor returns it.
   for (const JointNode& node : g.nodes) {
     if (node.op != JointNode::Op::Placeholder || node.grad < 0 || node.primal.rfind("param: ", 0) != 0) continue;
-    Tensor& grad = st.values[node.grad];
-    Tensor param = st.named.at(node.primal.substr(7));
-    if (!param.grad().defined()) param.set_grad(grad);
-    grad = Tensor{};
+    Tensor grad = std::move(st.values[node.grad]);
+    const Tensor param = st.named.at(node.primal.substr(7));
+    if (!grad.defined() || !param.requires_grad()) continue;
+    if (!(grad.shape() == param.shape()) && grad.numel() == param.numel()) grad = grad.view(param.shape());
+    TensorList incoming{std::move(grad)};
+    grad_accumulator(param)->apply(incoming);
   }
   for (std::size_t i = 0; i < g.nodes.size(); ++i) {
     if (g.nodes[i].op != JointNode::Op::Placeholder || g.nodes[i].input == JointNode::Input::Tangent) st.values[i] = Tensor{};
