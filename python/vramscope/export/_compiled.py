@@ -175,7 +175,9 @@ def joint_graph_document(joint_graph, node_info, device: str) -> dict:
              "activation_memory_budget_solver", "activation_memory_budget_runtime_estimator")
     return {"traced_on": device, "torch": torch.__version__,
             "partitioner": {k: getattr(fconfig, k) for k in names},
-            "forward_outputs": _num_fwd_outputs(nodes, node_info),
+            # The forward's outputs come first in the joint graph's output (partitioners.py,
+            # _extract_fwd_bwd_outputs); their count is the partitioner's num_fwd_outputs.
+            "forward_outputs": node_info.num_fwd_outputs,
             "nodes": out}
 
 
@@ -191,12 +193,6 @@ def _gradients(joint_graph, num_fwd_outputs: int) -> dict:
         raise ExportError([f"the joint graph returns {len(grads)} gradients for {len(primals)} inputs"],
                           "cannot record the compiled step")
     return {p: g for p, g in zip(primals, grads) if isinstance(g, torch.fx.Node)}
-
-
-def _num_fwd_outputs(nodes, node_info) -> int:
-    # The forward's outputs come first in the joint graph's output (partitioners.py,
-    # _extract_fwd_bwd_outputs); their count is the partitioner's num_fwd_outputs.
-    return node_info.num_fwd_outputs
 
 
 @contextlib.contextmanager

@@ -19,12 +19,6 @@
 namespace mem::nn {
 namespace {
 
-
-bool fusible(const JointGraph& g, std::int32_t a, std::int32_t b) {
-  if (g.nodes[b].has(JointNode::Cat)) return true;
-  return g.nodes[a].has(JointNode::Fusible) && g.nodes[b].has(JointNode::Fusible);
-}
-
 /// The nodes `roots` are made from, themselves included; a node `stop` says is reached but not
 /// gone through (a graph's inputs).
 template <typename Stop>
@@ -160,7 +154,7 @@ Schedule schedule(const JointGraph& g, const std::vector<bool>& member, const st
     for (std::int32_t u : node.users) {
       if (!member[u] || g.nodes[u].op == JointNode::Op::Output) continue;
       const bool split_of_n = g.nodes[u].value != JointNode::Value::Tensor && needed[u];
-      if (!fusible(g, n, u) || (alias_of(g, u) == n && needed[u]) || split_of_n) need = true;
+      if (!g.fusible(n, u) || (alias_of(g, u) == n && needed[u]) || split_of_n) need = true;
     }
     needed[n] = need;
     s.buffer[n] = need && alias_of(g, n) < 0;
@@ -393,6 +387,19 @@ void kernel_effects(Runtime& rt, const JointNode& n) {
   }
 }
 
+/// Runs operator node `n` of a graph: its kernel's effects and FLOPs, then its output, a buffer
+/// of its own or its base's (a fused value has none).
+void run_kernel(Runtime& rt, const JointGraph& g, const Schedule& s, std::int32_t n, std::vector<Tensor>& values) {
+  const JointNode& node = g.nodes[n];
+  kernel_effects(rt, node);
+  if (node.flops > 0) rt.add_flops(static_cast<double>(node.flops));
+  if (s.buffer[n]) {
+    values[n] = empty(rt, node.shape, node.dtype);
+  } else if (const std::int32_t of = alias_of(g, n); of >= 0) {
+    values[n] = values[of];
+  }
+}
+
 }  // namespace
 
 Tensor CompiledStep::forward(Runtime& rt) {
@@ -426,15 +433,7 @@ Tensor CompiledStep::forward(Runtime& rt) {
     }
     const std::int32_t n = s.nodes[pos];
     const JointNode& node = g.nodes[n];
-    if (node.op == JointNode::Op::CallFunction) {
-      kernel_effects(rt, node);
-      if (node.flops > 0) rt.add_flops(static_cast<double>(node.flops));
-      if (s.buffer[n]) {
-        st.values[n] = empty(rt, node.shape, node.dtype);
-      } else if (const std::int32_t of = alias_of(g, n); of >= 0) {
-        st.values[n] = st.values[of];
-      }
-    }
+    if (node.op == JointNode::Op::CallFunction) run_kernel(rt, g, s, n, st.values);
     for (std::int32_t in : node.inputs) {
       if (s.last_reader[in] == static_cast<std::int32_t>(pos) && !s.output[in]) st.values[in] = Tensor{};
     }
@@ -468,11 +467,10 @@ void CompiledStep::backward(Runtime& rt) {
     copy_last.push_back(last);
     if (last < 0) st.copy_tensors[k] = Tensor{};
   }
-  // The saved values the backward never reads go first (inductor's wrapper frees its inputs).
+  // A saved value the backward holds but never reads goes first (inductor's wrapper frees its
+  // inputs); one it does not hold left with the forward.
   for (std::int32_t v : saved_) {
-    if (!s.member[v] || s.last_reader[v] < 0) {
-      if (g.nodes[v].op != JointNode::Op::Placeholder) st.values[v] = Tensor{};
-    }
+    if (s.member[v] && s.last_reader[v] < 0 && g.nodes[v].op != JointNode::Op::Placeholder) st.values[v] = Tensor{};
   }
   for (std::size_t pos = 0; pos < s.nodes.size(); ++pos) {
     const std::int32_t n = s.nodes[pos];
@@ -482,13 +480,7 @@ void CompiledStep::backward(Runtime& rt) {
     } else if (node.op == JointNode::Op::CallFunction && !st.backward_inputs[n]) {
       std::optional<PhaseGuard> rerun;
       if (st.recomputed[n]) rerun.emplace(Phase::Recompute);
-      kernel_effects(rt, node);
-      if (node.flops > 0) rt.add_flops(static_cast<double>(node.flops));
-      if (s.buffer[n]) {
-        st.values[n] = empty(rt, node.shape, node.dtype);
-      } else if (const std::int32_t of = alias_of(g, n); of >= 0) {
-        st.values[n] = st.values[of];
-      }
+      run_kernel(rt, g, s, n, st.values);
     }
     // The graph's own values and the loss's gradient go after their last reader; parameters and
     // the batch stay with their owners.

@@ -316,15 +316,10 @@ class MinCut {
   int source() const { return static_cast<int>(2 * g_.nodes.size()); }
   int sink() const { return source() + 1; }
 
-  bool fusible(int a, int b) const {
-    const JointNode& user = g_.nodes[b];
-    if (user.has(JointNode::Cat)) return true;
-    return g_.nodes[a].has(JointNode::Fusible) && user.has(JointNode::Fusible);
-  }
   bool materialized(int i) const {
     if (g_.nodes[i].op == JointNode::Op::Placeholder) return true;
     for (std::int32_t u : g_.nodes[i].users) {
-      if (!fusible(i, u)) return true;
+      if (!g_.fusible(i, u)) return true;
     }
     return false;
   }
@@ -335,7 +330,7 @@ class MinCut {
       int cur = pending.back();
       pending.pop_back();
       for (std::int32_t u : g_.nodes[cur].users) {
-        if (!info_.required_fw[u] && !fusible(cur, u)) return true;
+        if (!info_.required_fw[u] && !g_.fusible(cur, u)) return true;
         if (g_.nodes[u].has(JointNode::View)) pending.push_back(u);
       }
     }
@@ -401,7 +396,7 @@ class MinCut {
       if (!is_fusible) return order;
       for (std::int32_t u : g_.nodes[node].users) {
         if (!info_.required_fw[u] || info_.fw_order[u] > max_range) continue;
-        Entry e{info_.fw_order[u], fusible(node, u), u};
+        Entry e{info_.fw_order[u], g_.fusible(node, u), u};
         if (!contains(e)) {
           heap.push_back(e);
           std::push_heap(heap.begin(), heap.end(), cmp);
@@ -423,7 +418,7 @@ class MinCut {
       if (fw_users.empty()) continue;
       std::int64_t first = first_unfusible(fw_users, last);
       for (std::int32_t u : g_.nodes[used].users) {
-        if (info_.required_fw[u] && info_.fw_order[u] > first && fusible(used, u) && !banned_[u]) ban(u);
+        if (info_.required_fw[u] && info_.fw_order[u] > first && g_.fusible(used, u) && !banned_[u]) ban(u);
       }
     }
   }
@@ -445,7 +440,7 @@ class MinCut {
           break;
         }
         for (std::int32_t u : g_.nodes[cur].users) {
-          if (info_.required_fw[u] && fusible(cur, u) && !banned_[u]) chain.emplace(info_.fw_order[u], u);
+          if (info_.required_fw[u] && g_.fusible(cur, u) && !banned_[u]) chain.emplace(info_.fw_order[u], u);
         }
       }
     }

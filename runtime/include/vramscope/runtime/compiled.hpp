@@ -99,6 +99,12 @@ struct JointGraph {
   PartitionerConfig config;
   std::string traced_on;  ///< "cpu"
   std::string torch;      ///< the PyTorch that recorded it
+
+  /// Whether node `b` can take node `a` into its kernel (partitioners.py, is_fusible): both
+  /// fusible, or `b` a cat (memory fusion into its output).
+  bool fusible(std::int32_t a, std::int32_t b) const noexcept {
+    return nodes[b].has(JointNode::Cat) || (nodes[a].has(JointNode::Fusible) && nodes[b].has(JointNode::Fusible));
+  }
 };
 
 /// A model file's "compiled": the joint graph torch.compile recorded, its sizes evaluated at the
