@@ -59,7 +59,7 @@ AllocatorCore::~AllocatorCore() {
     }
   }
   expandable_.clear();  // unmaps their pages and releases their addresses
-  for (BlockPool* pool : {&large_blocks_, &small_blocks_}) {
+  for (const BlockPool* pool : pools_locked()) {
     blocks.insert(blocks.end(), pool->unmapped.begin(), pool->unmapped.end());
   }
   // Released, so block_storage_ destroys them (a block's stream_uses may hold memory).
@@ -132,7 +132,7 @@ AllocatorCore::~AllocatorCore() {
            : orig_size < kMinBlockSize ? kMinBlockSize
                                        : (orig_size + kMinBlockSize - 1) & ~(kMinBlockSize - 1);
   p.stream = stream;
-  p.pool = p.size <= kSmallSize ? &small_blocks_ : &large_blocks_;
+  p.pool = captures_.empty() ? (p.size <= kSmallSize ? &small_blocks_ : &large_blocks_) : get_pool(p.size, stream);
 
   bool found = get_free_block(p);
   if (!found) {
@@ -177,6 +177,7 @@ bool AllocatorCore::alloc_block(AllocParams& p, bool is_retry) {
   const std::size_t pi = pool_index(*p.pool);
   pool_stats_.segment.increase(pi, 1);
   pool_stats_.reserved_bytes.increase(pi, static_cast<std::int64_t>(size));
+  count_private(*p.pool, static_cast<std::int64_t>(size));
   if (size >= config_.max_split_size) stats_.oversize_segments.increase(1);
   update_device_view();
   if (instrumented_) [[unlikely]] {
@@ -220,6 +221,116 @@ void AllocatorCore::release_cached_blocks() {
   synchronize_and_free_events();
   release_blocks(large_blocks_);
   release_blocks(small_blocks_);
+  // Private pools nobody uses give back their free segments; a pool goes with its last one
+  // (PyTorch's graph_pools_freeable). One in use keeps its cache, which its graphs replay into.
+  for (auto it = private_pools_.begin(); it != private_pools_.end();) {
+    PrivatePool& pool = *it->second;
+    if (pool.use_count > 0) {
+      ++it;
+      continue;
+    }
+    release_blocks(pool.large);
+    release_blocks(pool.small);
+    // An expandable segment that never mapped a page (its first map failed) holds addresses only.
+    for (BlockPool* half : {&pool.large, &pool.small}) {
+      std::vector<Block*> whole;
+      for (Block* block : half->unmapped) {
+        if (!block->is_split()) whole.push_back(block);
+      }
+      for (Block* block : whole) release_expandable_segment(block);
+    }
+    const bool empty = pool.reserved == 0 && pool.large.unmapped.empty() && pool.small.unmapped.empty();
+    it = empty ? private_pools_.erase(it) : std::next(it);
+  }
+}
+
+BlockPool* AllocatorCore::get_pool(std::size_t size, StreamId stream) noexcept {
+  for (const auto& [id, capture_stream] : captures_) {
+    if (capture_stream != stream) continue;
+    PrivatePool& pool = *private_pools_.at(id);
+    return size <= kSmallSize ? &pool.small : &pool.large;
+  }
+  return size <= kSmallSize ? &small_blocks_ : &large_blocks_;
+}
+
+std::vector<const BlockPool*> AllocatorCore::pools_locked() const {
+  std::vector<const BlockPool*> out{&large_blocks_, &small_blocks_};
+  for (const auto& [id, pool] : private_pools_) {
+    out.push_back(&pool->large);
+    out.push_back(&pool->small);
+  }
+  return out;
+}
+
+PoolId AllocatorCore::graph_pool_handle() noexcept {
+  std::lock_guard guard(lock_);
+  return next_pool_id_++;
+}
+
+void AllocatorCore::begin_allocate_to_pool(PoolId id, StreamId stream) {
+  std::lock_guard guard(lock_);
+  const std::string which = "begin_allocate_to_pool(" + std::to_string(id) + ")";
+  if (id == 0 || id >= next_pool_id_) {
+    throw Error(which + ": no graph_pool_handle() gave this id (0 is the default pools); nothing changed");
+  }
+  for (const auto& [pool, capture_stream] : captures_) {
+    if (pool == id) throw Error(which + ": the pool is already being allocated to (end_allocate_to_pool first); nothing changed");
+    if (capture_stream == stream) {
+      throw Error(which + ": stream " + std::to_string(stream) + " already allocates to pool " + std::to_string(pool) +
+                  "; nothing changed");
+    }
+  }
+  if (!device_->has_stream(stream)) {
+    throw Error(which + ": stream " + std::to_string(stream) + " is not a stream of this device; nothing changed");
+  }
+  auto found = private_pools_.find(id);
+  if (found != private_pools_.end() && found->second->use_count == 0) {
+    throw Error(which + ": the pool was released (take a new graph_pool_handle()); nothing changed");
+  }
+  captures_.reserve(captures_.size() + 1);  // the push below cannot throw after the pool changed
+  if (found == private_pools_.end()) {
+    auto pool = std::make_unique<PrivatePool>(id);
+    pool->large.tracks_age = pool->small.tracks_age = large_blocks_.tracks_age;
+    private_pools_.emplace(id, std::move(pool));
+  } else {
+    ++found->second->use_count;
+  }
+  captures_.emplace_back(id, stream);
+}
+
+void AllocatorCore::end_allocate_to_pool(PoolId id) {
+  std::lock_guard guard(lock_);
+  const auto it = std::find_if(captures_.begin(), captures_.end(), [&](const auto& c) { return c.first == id; });
+  if (it == captures_.end()) {
+    throw Error("end_allocate_to_pool(" + std::to_string(id) + "): the pool is not being allocated to; nothing changed");
+  }
+  captures_.erase(it);
+}
+
+void AllocatorCore::release_pool(PoolId id) {
+  std::lock_guard guard(lock_);
+  const auto it = private_pools_.find(id);
+  if (it == private_pools_.end() || it->second->use_count == 0) {
+    throw Error("release_pool(" + std::to_string(id) + "): " +
+                (it == private_pools_.end() ? "no such private pool" : "the pool has no user left") + "; nothing changed");
+  }
+  --it->second->use_count;
+}
+
+std::size_t AllocatorCore::private_pool_bytes(bool allocated) const {
+  std::lock_guard guard(lock_);
+  if (allocated) return private_allocated_locked();
+  std::size_t total = 0;
+  for (const auto& [id, pool] : private_pools_) total += pool->reserved;
+  return total;
+}
+
+std::size_t AllocatorCore::private_allocated_locked() const {
+  std::size_t total = 0;
+  active_.for_each([&](std::uintptr_t, Block* b) {
+    if (b->allocated && b->pool->owner != nullptr) total += b->size;
+  });
+  return total;
 }
 
 void AllocatorCore::release_blocks(BlockPool& pool) {
@@ -251,6 +362,7 @@ void AllocatorCore::release_block(Block* block) {
   const std::size_t pi = pool_index(pool);
   pool_stats_.segment.decrease(pi, 1);
   pool_stats_.reserved_bytes.decrease(pi, static_cast<std::int64_t>(size));
+  count_private(pool, -static_cast<std::int64_t>(size));
   if (size >= config_.max_split_size) stats_.oversize_segments.decrease(1);
   update_device_view();
   if (instrumented_) [[unlikely]] {
@@ -422,8 +534,15 @@ void AllocatorCore::throw_too_large(std::size_t requested) {
   if (set_fraction_) {
     msg += "The memory fraction allows " + format_bytes(allowed_memory_maximum_) + ". ";
   }
-  msg += "Of the allocated memory " + format_bytes(allocated) +
-         " is allocated by vramscope, and " + format_bytes(reserved - allocated) +
+  // PyTorch counts the free blocks of private pools as allocated there (no other allocation can
+  // take them): CUDACachingAllocator.cpp, malloc's out-of-memory message, allocated_in_private_pools.
+  std::size_t in_private = 0;
+  for (const auto& [id, pool] : private_pools_) {
+    for (const BlockPool* half : {&pool->large, &pool->small}) half->for_each([&](const Block* b) { in_private += b->size; });
+  }
+  msg += "Of the allocated memory " + format_bytes(allocated + in_private) + " is allocated by vramscope, " +
+         (in_private > 0 ? "with " + format_bytes(in_private) + " allocated in private pools (e.g., CUDA Graphs), " : "") +
+         "and " + format_bytes(reserved - allocated - in_private) +
          " is reserved by vramscope but unallocated. ";
   // PyTorch's message suggests expandable_segments:True; with them on, max_split_size_mb
   // still keeps large blocks whole.
@@ -585,11 +704,13 @@ void AllocatorCore::count_pages(const BlockPool& pool, AddressRange range, Strea
     total_reserved_ += range.size;
     total_reserved_rounded_ += device_rounded(range.size);
     pool_stats_.reserved_bytes.increase(pool_index(pool), bytes);
+    count_private(pool, bytes);
     ++stats_.num_device_alloc;
   } else {
     total_reserved_ -= range.size;
     total_reserved_rounded_ -= device_rounded(range.size);
     pool_stats_.reserved_bytes.decrease(pool_index(pool), bytes);
+    count_private(pool, -bytes);
     ++stats_.num_device_free;
   }
   update_device_view();
@@ -911,7 +1032,11 @@ std::uintptr_t AllocatorCore::reserve_segment(std::size_t bytes, StreamId stream
 
 std::size_t AllocatorCore::largest_free_block() const {
   std::lock_guard guard(lock_);
-  return std::max(large_blocks_.largest_size(), small_blocks_.largest_size());
+  std::size_t largest = std::max(large_blocks_.largest_size(), small_blocks_.largest_size());
+  for (const auto& [id, pool] : private_pools_) {
+    largest = std::max({largest, pool->large.largest_size(), pool->small.largest_size()});
+  }
+  return largest;
 }
 
 namespace {

@@ -32,6 +32,17 @@
 
 namespace mem::detail {
 
+/// A private pool (PyTorch's PrivatePool): the large and small blocks of CUDA graph captures
+/// (or a MemPool), in segments of their own.
+struct PrivatePool {
+  explicit PrivatePool(PoolId pool_id) : id(pool_id) { large.owner = small.owner = this; }
+  PoolId id;
+  BlockPool large{false};
+  BlockPool small{true};
+  int use_count = 1;          // captures and graphs that use it; at 0 its segments may go
+  std::size_t reserved = 0;   // bytes of its segments (cudaMalloc'd or mapped)
+};
+
 class AllocatorCore {
  public:
   AllocatorCore(std::shared_ptr<Device> device, AllocatorConfig config);
@@ -42,6 +53,12 @@ class AllocatorCore {
   void record_stream(void* ptr, StreamId stream);
   bool relabel(const void* ptr, std::uint32_t context) noexcept;
   void empty_cache();
+  PoolId graph_pool_handle() noexcept;
+  void begin_allocate_to_pool(PoolId pool, StreamId stream);
+  void end_allocate_to_pool(PoolId pool);
+  void release_pool(PoolId pool);
+  /// The private pools' reserved bytes, or with `allocated` their live blocks' bytes.
+  std::size_t private_pool_bytes(bool allocated) const;
   void set_memory_fraction(double fraction);
   void load_module(std::string_view name, std::size_t bytes);
   DeviceStats stats() const;
@@ -89,6 +106,16 @@ class AllocatorCore {
   /// (reserve_segment and restore_segment; expandable segments or not), or nullptr.
   Block* plain_segment_locked(std::size_t bytes, StreamId stream, bool small_pool);
   void release_cached_blocks();
+  /// The pool a request of `size` bytes on `stream` takes its block from (PyTorch's get_pool):
+  /// a capture's private pool when one is allocating that stream's blocks.
+  BlockPool* get_pool(std::size_t size, StreamId stream) noexcept;
+  std::size_t private_allocated_locked() const;
+  /// Every pool, the default two first, then each private pool's large and small.
+  std::vector<const BlockPool*> pools_locked() const;
+  /// A private pool's segment bytes follow its segments (a no-op for the default pools).
+  static void count_private(const BlockPool& pool, std::int64_t bytes) noexcept {
+    if (pool.owner != nullptr) pool.owner->reserved = static_cast<std::size_t>(static_cast<std::int64_t>(pool.owner->reserved) + bytes);
+  }
   void release_blocks(BlockPool& pool);
   void release_block(Block* block);
   void garbage_collect_cached_blocks();
@@ -191,6 +218,10 @@ class AllocatorCore {
   std::size_t total_reserved_rounded_ = 0;  // the same at driver granularity
   bool set_fraction_ = false;
   std::size_t allowed_memory_maximum_ = 0;
+
+  std::map<PoolId, std::unique_ptr<PrivatePool>> private_pools_;
+  std::vector<std::pair<PoolId, StreamId>> captures_;  // pools being allocated to, and by which stream
+  PoolId next_pool_id_ = 1;
 
   /// Expandable segments by index (Block::segment - 1); a released one leaves a null slot.
   std::vector<std::unique_ptr<ExpandableSegment>> expandable_;

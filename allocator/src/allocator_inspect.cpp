@@ -53,10 +53,12 @@ bool AllocatorCore::owns(const void* ptr) const noexcept {
 
 std::vector<const Block*> AllocatorCore::all_blocks_locked() const {
   std::vector<const Block*> out;
-  out.reserve(active_.size() + large_blocks_.size() + small_blocks_.size());
+  const std::vector<const BlockPool*> pools = pools_locked();
+  std::size_t count = active_.size();
+  for (const BlockPool* pool : pools) count += pool->size();
+  out.reserve(count);
   active_.for_each([&](std::uintptr_t, Block* b) { out.push_back(b); });
-  large_blocks_.for_each([&](const Block* b) { out.push_back(b); });
-  small_blocks_.for_each([&](const Block* b) { out.push_back(b); });
+  for (const BlockPool* pool : pools) pool->for_each([&](const Block* b) { out.push_back(b); });
   return out;
 }
 
@@ -93,7 +95,7 @@ void AllocatorCore::validate_expandable_locked() const {
   for (const Block* b : all_blocks_locked()) {
     if (b->expandable()) by_segment[b->segment].push_back(b);
   }
-  for (const BlockPool* pool : {&large_blocks_, &small_blocks_}) {
+  for (const BlockPool* pool : pools_locked()) {
     for (const Block* b : pool->unmapped) {
       if (b->mapped || !b->expandable() || b->pool != pool) fail("the unmapped set holds a mapped or foreign block");
       if (b->allocated || b->event_count != 0) fail("an unmapped block is active");
@@ -149,6 +151,7 @@ std::vector<SegmentInfo> AllocatorCore::segments(DeviceStats* stats) const {
     seg.stream = head->stream;
     seg.small_pool = head->pool->is_small;
     seg.expandable = head->expandable();
+    seg.pool = head->pool->owner != nullptr ? head->pool->owner->id : 0;
     for (const Block* b = head; b != nullptr && b->mapped; b = b->next) {
       BlockInfo info;
       info.address = b->ptr;
@@ -185,6 +188,7 @@ void AllocatorCore::validate() const {
   std::size_t reserved_rounded = 0;
   std::size_t oversize_allocs = 0, oversize_segs = 0;
   std::size_t pending_events = 0;
+  std::map<const PrivatePool*, std::size_t> private_reserved;
   for (const Block* head : blocks) {
     if (head->prev != nullptr && head->prev->mapped) continue;
     const std::size_t pi = static_cast<std::size_t>(head->pool->is_small ? StatType::SmallPool
@@ -231,6 +235,7 @@ void AllocatorCore::validate() const {
     }
     const auto seg_bytes = static_cast<std::int64_t>(total);
     expect.reserved_bytes[0].current += seg_bytes, expect.reserved_bytes[pi].current += seg_bytes;
+    if (head->pool->owner != nullptr) private_reserved[head->pool->owner] += total;
     reserved_rounded += device_rounded(total);
     if (expandable) {
       // Mapped pages are reserved memory; the segment count and oversize segments are
@@ -242,7 +247,21 @@ void AllocatorCore::validate() const {
     if (total >= config_.max_split_size) ++oversize_segs;
   }
   validate_expandable_locked();
-  for (const BlockPool* pool : {&large_blocks_, &small_blocks_}) {
+  for (const auto& [id, pool] : private_pools_) {
+    if (pool->id != id || pool->large.owner != pool.get() || pool->small.owner != pool.get()) {
+      fail("a private pool is filed under another id or its halves name another owner");
+    }
+    if (pool->reserved != private_reserved[pool.get()]) {
+      fail("private pool " + std::to_string(id) + " counts " + std::to_string(pool->reserved) +
+           " reserved bytes, its segments hold " + std::to_string(private_reserved[pool.get()]));
+    }
+    if (pool->use_count < 0) fail("a private pool has fewer than no users");
+  }
+  for (const auto& [id, stream] : captures_) {
+    const auto found = private_pools_.find(id);
+    if (found == private_pools_.end() || found->second->use_count == 0) fail("a capture allocates to a pool without users");
+  }
+  for (const BlockPool* pool : pools_locked()) {
     if (const std::string error = pool->check(); !error.empty()) fail(error);
     std::size_t largest = 0;
     pool->for_each([&](const Block* b) {

@@ -122,6 +122,8 @@ class StreamClasses {
   std::array<BlockTree, kNumSizeClasses> trees_;  // uninitialized: see tree()
 };
 
+struct PrivatePool;
+
 class BlockPool {
   static constexpr StreamId kNoStream = ~StreamId{0};
 
@@ -131,6 +133,7 @@ class BlockPool {
   BlockPool& operator=(const BlockPool&) = delete;
 
   const bool is_small;
+  PrivatePool* owner = nullptr;  // the private pool it is half of (PyTorch's owner_PrivatePool), or null
   bool tracks_age = false;  // garbage collection configured: blocks record their age
   std::uint64_t get_free_blocks_call_count = 0;  // gc age clock
 

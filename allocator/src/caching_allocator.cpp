@@ -24,6 +24,14 @@ bool CachingAllocator::relabel(const void* ptr, std::uint32_t context) noexcept 
   return core_->relabel(ptr, context);
 }
 void CachingAllocator::empty_cache() { core_->empty_cache(); }
+PoolId CachingAllocator::graph_pool_handle() noexcept { return core_->graph_pool_handle(); }
+void CachingAllocator::begin_allocate_to_pool(PoolId pool, StreamId stream) {
+  core_->begin_allocate_to_pool(pool, stream);
+}
+void CachingAllocator::end_allocate_to_pool(PoolId pool) { core_->end_allocate_to_pool(pool); }
+void CachingAllocator::release_pool(PoolId pool) { core_->release_pool(pool); }
+std::size_t CachingAllocator::private_pool_reserved() const { return core_->private_pool_bytes(false); }
+std::size_t CachingAllocator::private_pool_allocated() const { return core_->private_pool_bytes(true); }
 void CachingAllocator::load_module(std::string_view name, std::size_t bytes) { core_->load_module(name, bytes); }
 void CachingAllocator::set_memory_fraction(double fraction) {
   core_->set_memory_fraction(fraction);

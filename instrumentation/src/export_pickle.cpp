@@ -49,9 +49,10 @@ void segment(detail::PickleWriter& w, const SegmentInfo& seg, const PickleOption
   w.item_u("requested_size", seg.requested_size);
   w.item_u("stream", seg.stream);
   w.item("segment_type", seg.small_pool ? "small" : "large");
+  // PyTorch's MempoolId_t: (0, 0) the default pools, (0, n) graph_pool_handle()'s n-th pool.
   w.string("segment_pool_id");
   w.integer(0);
-  w.integer(0);
+  w.integer(static_cast<std::int64_t>(seg.pool));
   w.tuple2();
   w.item("is_expandable", seg.expandable);
   w.string("frames");

@@ -33,6 +33,10 @@
 
 namespace mem {
 
+/// A private memory pool's id (PyTorch's MempoolId_t, whose second half graph_pool_handle()
+/// counts from 1); 0 is the default pools.
+using PoolId = std::uint64_t;
+
 /// State of a block as PyTorch's snapshot names it.
 enum class BlockState : std::uint8_t {
   ActiveAllocated,    ///< "active_allocated": handed out
@@ -60,6 +64,7 @@ struct SegmentInfo {
   /// Part of an expandable segment: one contiguous mapped range of it, as PyTorch's
   /// snapshot reports them (is_expandable); total_size is the mapped bytes.
   bool expandable = false;
+  PoolId pool = 0;                 ///< the private pool it belongs to (0: the default pools)
   std::vector<BlockInfo> blocks;   ///< in address order, tiling the segment
 };
 
@@ -90,8 +95,39 @@ class CachingAllocator {
   /// change. Returns false, changing nothing, when `ptr` is not a live block's address.
   bool relabel(const void* ptr, std::uint32_t context) noexcept;
 
-  /// Returns every unsplit free segment to the device (torch.cuda.empty_cache).
+  /// Returns every unsplit free segment to the device (torch.cuda.empty_cache), those of
+  /// private pools nobody uses any more included.
   void empty_cache();
+
+  // --- private pools (CUDA graphs, c10::cuda::CUDACachingAllocator's PrivatePool) --------
+  // A capture (torch.cuda.graph, inductor's CUDA graph trees) sends the blocks its stream asks
+  // for to a pool of its own: its own segments, which no other allocation shares and
+  // empty_cache keeps while anyone uses the pool.
+  //
+  //   mem::PoolId pool = alloc.graph_pool_handle();
+  //   alloc.begin_allocate_to_pool(pool, graph_stream);  // the pool is made, one user
+  //   void* p = alloc.allocate(4 * mem::MiB, graph_stream);  // a segment of the pool
+  //   alloc.end_allocate_to_pool(pool);
+  //   alloc.release_pool(pool);  // no user: empty_cache may now give its free segments back
+
+  /// A new pool id (torch.cuda.graph_pool_handle()); the pool is made by its first
+  /// begin_allocate_to_pool.
+  PoolId graph_pool_handle() noexcept;
+  /// From now on, blocks asked for on `stream` come from private pool `pool` (beginAllocateToPool):
+  /// made with one user when new, one user more otherwise. Throws mem::Error, changing nothing,
+  /// for pool 0, a pool no handle named, a released pool, or one already allocated to.
+  void begin_allocate_to_pool(PoolId pool, StreamId stream);
+  /// Allocations on the stream go to the default pools again (endAllocateToPool). Throws
+  /// mem::Error, changing nothing, when `pool` is not being allocated to.
+  void end_allocate_to_pool(PoolId pool);
+  /// One user fewer (releasePool): with none left, empty_cache and the out-of-memory retry give
+  /// its free segments back, and the pool goes once it holds none. Throws mem::Error, changing
+  /// nothing, for a pool that does not exist or has no user left.
+  void release_pool(PoolId pool);
+  /// Bytes of the segments of private pools (part of reserved_bytes) and of their live blocks
+  /// (part of allocated_bytes).
+  std::size_t private_pool_reserved() const;
+  std::size_t private_pool_allocated() const;
   /// Caps this allocator at fraction * device total (set_per_process_memory_fraction).
   void set_memory_fraction(double fraction);
   /// A library's kernels loaded on the device (`name`: "cuBLAS", "cuDNN"): `bytes` outside
