@@ -215,7 +215,8 @@ nlohmann::json max_batch_json(const planner::MaxBatchResult& result) {
       if (name != "model" && name != "device") r[name] = f.get(result, row);
     }
     r["label"] = row.label();
-    r["compile"] = row.compile ? nlohmann::json(*row.compile) : nlohmann::json(nullptr);
+    r["compile"] = row.compile ? nlohmann::json(row.compile->memory_budget) : nlohmann::json(nullptr);
+    r["cudagraphs"] = row.compile && row.compile->cudagraphs;
     j["rows"].push_back(std::move(r));
   }
   return j;

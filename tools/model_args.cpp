@@ -324,26 +324,31 @@ bool parse_offload(const std::string& text) {
                                text));
 }
 
-std::vector<std::optional<double>> parse_compiles(const std::string& text, const nn::ModelInfo& info) {
-  std::vector<std::optional<double>> out;
+std::vector<std::optional<nn::CompileMode>> parse_compiles(const std::string& text, const nn::ModelInfo& info) {
+  std::vector<std::optional<nn::CompileMode>> out;
   if (text.empty()) return out;
   for (const std::string& item : split_list("--compile", text)) {
-    std::optional<double> value;
+    std::optional<nn::CompileMode> value;
+    // mode="reduce-overhead", alone or with a budget after a colon.
+    const std::string_view reduce = "reduce-overhead";
+    const bool cudagraphs = item.rfind(reduce, 0) == 0 && (item.size() == reduce.size() || item[reduce.size()] == ':');
+    const std::string budget_text = cudagraphs ? item.substr(std::min(item.size(), reduce.size() + 1)) : item;
     if (item == "eager") {
       value = std::nullopt;
-    } else if (item == "on" || item == "default") {
-      value = 1.0;
+    } else if (budget_text.empty() || budget_text == "on" || budget_text == "default") {
+      value = nn::CompileMode{1.0, cudagraphs};
     } else {
       double budget = -1;
-      const auto [ptr, ec] = std::from_chars(item.data(), item.data() + item.size(), budget);
-      if (ec != std::errc{} || ptr != item.data() + item.size() || !(budget >= 0 && budget <= 1)) {
-        throw UsageError(fmt::format("--compile: \"{}\" is no setting; give eager, on (PyTorch's default partition) "
-                                     "or an activation_memory_budget from 0 to 1, e.g. eager,on,0.5",
+      const auto [ptr, ec] = std::from_chars(budget_text.data(), budget_text.data() + budget_text.size(), budget);
+      if (ec != std::errc{} || ptr != budget_text.data() + budget_text.size() || !(budget >= 0 && budget <= 1)) {
+        throw UsageError(fmt::format("--compile: \"{}\" is no setting; give eager, on (PyTorch's default partition), "
+                                     "an activation_memory_budget from 0 to 1, or reduce-overhead (CUDA graphs, "
+                                     "reduce-overhead:0.5 with a budget), e.g. eager,on,0.5,reduce-overhead",
                                      item));
       }
-      value = budget;
+      value = nn::CompileMode{budget, cudagraphs};
     }
-    if (std::find(out.begin(), out.end(), value) != out.end()) {
+  if (std::find(out.begin(), out.end(), value) != out.end()) {
       throw UsageError(fmt::format("--compile: \"{}\" is given twice", item));
     }
     out.push_back(value);

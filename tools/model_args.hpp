@@ -119,12 +119,14 @@ inline constexpr const char* kOffloadHelp =
     "waits in pinned host memory (the pinned bytes are shown beside nvidia-smi's) and is copied back in backward";
 
 inline constexpr const char* kCompileHelp =
-    "torch.compile's step, a group of rows each: eager, on (AOTAutograd's min-cut partition, PyTorch's default) or an "
-    "activation_memory_budget from 0 to 1 (torch._functorch.config), e.g. eager,on,0.5; the file must carry the "
-    "joint graph (python3 -m vramscope.export ... --compile), recorded at the batch and dtype run";
-/// --compile's list: nullopt for eager, else the activation_memory_budget ("on": 1). UsageError
+    "torch.compile's step, a group of rows each: eager, on (AOTAutograd's min-cut partition, PyTorch's default), an "
+    "activation_memory_budget from 0 to 1 (torch._functorch.config), or reduce-overhead (mode=\"reduce-overhead\": "
+    "the graphs replayed as CUDA graphs from their private pool, 3 steps: warmup, recording, replay; "
+    "reduce-overhead:0.5 with a budget), e.g. eager,on,0.5,reduce-overhead; the file must carry the joint graph "
+    "(python3 -m vramscope.export ... --compile), recorded at the batch and dtype run";
+/// --compile's list: nullopt for eager, else the mode ("on": budget 1, "reduce-overhead": CUDA graphs). UsageError
 /// for another item, a repeat, or a model that recorded no compiled step.
-std::vector<std::optional<double>> parse_compiles(const std::string& text, const nn::ModelInfo& info);
+std::vector<std::optional<nn::CompileMode>> parse_compiles(const std::string& text, const nn::ModelInfo& info);
 
 /// Parses each name with nn::parse_precision; UsageError names the valid ones.
 std::vector<nn::Precision> parse_precisions(const std::string& option, const std::string& list);

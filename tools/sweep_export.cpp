@@ -119,8 +119,10 @@ nlohmann::json row_json(const planner::SweepResult& s, const planner::SweepRow& 
   j["communication_bytes_per_step"] = r.figures.communication_bytes;
   if (r.oom) j["oom_message"] = r.oom->message;
   if (r.fits()) j["warnings"] = r.figures.warnings;
-  // torch.compile's step (--compile): the budget (null: eager) and what its partitioner kept.
-  j["compile"] = r.compile ? nlohmann::json(*r.compile) : nlohmann::json(nullptr);
+  // torch.compile's step (--compile): the budget (null: eager), whether CUDA graphs replay it, and
+  // what its partitioner kept.
+  j["compile"] = r.compile ? nlohmann::json(r.compile->memory_budget) : nlohmann::json(nullptr);
+  j["cudagraphs"] = r.compile && r.compile->cudagraphs;
   if (const auto& c = r.figures.compiled) {
     j["compiled"] = {{"memory_budget", c->memory_budget},
                      {"saved_values", c->saved_values},
@@ -128,7 +130,8 @@ nlohmann::json row_json(const planner::SweepResult& s, const planner::SweepRow& 
                      {"recomputed_nodes", c->recomputed_nodes},
                      {"graph_nodes", c->graph_nodes},
                      {"forward_buffer_peak", c->forward_buffer_peak},
-                     {"backward_buffer_peak", c->backward_buffer_peak}};
+                     {"backward_buffer_peak", c->backward_buffer_peak},
+                     {"graph_pool_reserved", c->graph_pool_reserved}};
   }
   return j;
 }

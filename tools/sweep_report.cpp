@@ -389,16 +389,32 @@ std::string sweep_report(const planner::SweepResult& result, const ReportOptions
                             "each activation_memory_budget. Inductor's buffers as modelled: a value is a buffer when "
                             "a reader cannot fuse it (matrix products, attention, convolutions), when it is a "
                             "reduction's or leaves its graph; fused pointwise values never exist; each buffer is "
-                            "freed after its last reader (docs/OPERATORS.md, \"Compiled steps\"). CUDA graphs "
-                            "(mode=\"reduce-overhead\") are not modelled.",
+                            "freed after its last reader (docs/OPERATORS.md, \"Compiled steps\").",
                             m.compiled->graph.torch, m.compiled->graph.traced_on, m.compiled->batch,
                             m.compiled->seq > 0 ? fmt::format(", sequence {}", m.compiled->seq) : std::string()),
                 "  ", "  ");
+    const bool cudagraphs = std::any_of(spec.compiles.begin(), spec.compiles.end(),
+                                        [](const auto& c) { return c && c->cudagraphs; });
+    if (cudagraphs) {
+      out += wrap(fmt::format("CUDA graphs (mode=\"reduce-overhead\", inductor's CUDA graph trees): both graphs "
+                              "take their blocks from one private pool on a side stream, which no other allocation "
+                              "shares and empty_cache keeps; their rows run {} steps (warmup, recording with the cache "
+                              "emptied first, then replay), the batch and the loss's gradient copied into the pool "
+                              "from the recording on, the saved values and gradients living there, cuBLAS's "
+                              "workspaces cleared around each warmup and recording. The graphs' own device memory "
+                              "(cudaGraphInstantiate) is outside the allocator and not counted.",
+                              std::max<std::size_t>(spec.steps, 3)),
+                  "  ", "  ");
+    }
     for (const planner::SweepRow& row : result.rows) {
       if (const auto& c = row.figures.compiled) {
         out += wrap(fmt::format("{}: the partitioner keeps {} values, {} of them activations, and the backward "
-                                "recomputes {} forward nodes.",
-                                row.label(), c->saved_values.size(), human_bytes(c->saved_bytes), c->recomputed_nodes),
+                                "recomputes {} forward nodes{}.",
+                                row.label(), c->saved_values.size(), human_bytes(c->saved_bytes), c->recomputed_nodes,
+                                row.compile && row.compile->cudagraphs
+                                    ? fmt::format("; the CUDA graphs' pool holds {} of the reserved memory at the end",
+                                                  human_bytes(c->graph_pool_reserved))
+                                    : std::string()),
                     "  ", "    ");
       }
     }

@@ -112,8 +112,13 @@ nn::TrainConfig make_config(const TraceArgs& args) {
   cfg.offload_activations = parse_offload(args.offload);
   cfg.selective = parse_selective(args.selective, info, cfg.checkpoint_modules);
   const auto compiles = parse_compiles(args.compile, info);
-  if (compiles.size() > 1) throw UsageError("--compile: trace runs one step; give eager, on or one budget");
+  if (compiles.size() > 1) throw UsageError("--compile: trace runs one setting; give eager, on, one budget or reduce-overhead");
   if (!compiles.empty()) cfg.compile = compiles.front();
+  if (cfg.compile && cfg.compile->cudagraphs && cfg.steps < 3) {
+    throw UsageError(fmt::format("--compile reduce-overhead: CUDA graph trees warm each graph up at its first call, "
+                                 "record it at the second and replay it from the third; give --steps 3 or more (got {})",
+                                 cfg.steps));
+  }
   if (args.steps < 1) throw UsageError("--steps: must be at least 1");
   cfg.steps = args.steps;
   if (args.accumulation > 1) planner::accumulate(cfg, args.accumulation, args.steps);
@@ -459,9 +464,10 @@ void add_trace_command(CLI::App& app, Capture* capture) {
   cmd->add_option("--offload", args->offload, kOffloadHelp)->check(non_empty())->type_name("WHAT");
   cmd->add_option("--selective", args->selective, kSelectiveHelp)->check(non_empty())->type_name("OPS");
   cmd->add_option("--compile", args->compile,
-                  "torch.compile's step instead of the eager one: on (AOTAutograd's default partition) or an "
-                  "activation_memory_budget from 0 to 1; the file must carry the joint graph (vramscope.export ... "
-                  "--compile); its buffers show under `compiled forward` and `compiled backward`")
+                  "torch.compile's step instead of the eager one: on (AOTAutograd's default partition), an "
+                  "activation_memory_budget from 0 to 1, or reduce-overhead[:BUDGET] (CUDA graphs in their private "
+                  "pool; with --steps 3: warmup, recording, replay); the file must carry the joint graph "
+                  "(vramscope.export ... --compile); its buffers show under `compiled forward` and `compiled backward`")
       ->check(non_empty())
       ->type_name("SETTING");
   cmd->add_option("-s,--segments", args->segments, "checkpoint_sequential segments (0 = none)")

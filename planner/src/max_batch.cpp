@@ -144,15 +144,15 @@ MaxBatchResult find_max_batches(const SweepSpec& spec_in, const SweepProgress& p
   }
 
   // --compile: the eager step and each compiled setting, a row each (without segments).
-  const std::vector<std::optional<double>> compiles =
-      spec.compiles.empty() ? std::vector<std::optional<double>>{std::nullopt} : spec.compiles;
+  const std::vector<std::optional<nn::CompileMode>> compiles =
+      spec.compiles.empty() ? std::vector<std::optional<nn::CompileMode>>{std::nullopt} : spec.compiles;
   const std::size_t planned = spec.alloc_confs.size() * spec.precisions.size() * seqs.size() *
                               segment_counts.size() * compiles.size();
   for (const std::string& conf : spec.alloc_confs) {
     for (const nn::Precision precision : spec.precisions) {
       for (const std::int64_t seq : seqs) {
         const std::size_t first = result.rows.size();
-        for (const std::optional<double>& compile : compiles) {
+        for (const std::optional<nn::CompileMode>& compile : compiles) {
           for (const std::size_t k : segment_counts) {
             SweepRow row;
             row.segments = k;

@@ -141,7 +141,7 @@ nn::TrainConfig plan_config(const SweepSpec& base, const Plan& p, bool decoder) 
   if (p.change == PlanChange::None) return cfg;
   if (p.compile) {
     // The partitioner decides what the compiled step recomputes: no checkpointing beside it.
-    cfg.compile = p.compile;
+    cfg.compile = nn::CompileMode{.memory_budget = *p.compile};
     cfg.checkpoint_modules.reset();
     return cfg;
   }

@@ -100,6 +100,8 @@ nn::TrainConfig train_config(const SweepSpec& spec, const SweepRow& row) {
   if (!unmarked_baseline && row.segments <= 1) cfg.selective = spec.selective;
   cfg.offload_activations = spec.offload_activations;
   cfg.compile = row.compile;
+  // CUDA graph trees warm a graph up, record it, then replay it: the third step is the first replay.
+  if (row.compile && row.compile->cudagraphs) cfg.steps = std::max<std::size_t>(cfg.steps, 3);
   if (spec.accumulation > 1) accumulate(cfg, spec.accumulation, spec.steps);
   return cfg;
 }
@@ -125,10 +127,11 @@ std::shared_ptr<Device> make_run_device(const SweepSpec& spec) {
   return std::make_shared<SimDevice>(std::move(c));
 }
 
-std::string compile_label(const std::optional<double>& compile) {
+std::string compile_label(const std::optional<nn::CompileMode>& compile) {
   if (!compile) return "eager";
-  if (*compile >= 1) return "compiled";
-  return fmt::format("compiled budget {:g}", *compile);
+  const char* name = compile->cudagraphs ? "reduce-overhead" : "compiled";
+  if (compile->memory_budget >= 1) return name;
+  return fmt::format("{} budget {:g}", name, compile->memory_budget);
 }
 
 std::string configuration_label(nn::Precision precision, const std::string& shape, std::size_t segments,
@@ -278,6 +281,7 @@ RunFigures run_config(const nn::TrainConfig& cfg, std::shared_ptr<Device> device
       figures.graph_nodes = graph.nodes.size();
       figures.forward_buffer_peak = c->forward_buffer_peak();
       figures.backward_buffer_peak = c->backward_buffer_peak();
+      if (c->mode().cudagraphs) figures.graph_pool_reserved = static_cast<std::int64_t>(allocator.private_pool_reserved());
       f.compiled = std::move(figures);
     }
     const nn::TrainReport report = trainer.report();
@@ -365,7 +369,7 @@ SweepResult run_sweep(const SweepSpec& spec_in, const SweepProgress& progress) {
     const nn::ParallelConfig& parallel;
     const std::string& checkpoint;  // a --gradient-checkpointing mode of a list, or ""
     bool unmarked = false;          // the baseline of a model with its own checkpoint marks: none of them
-    std::optional<double> compile;  // torch.compile's budget; nullopt: eager
+    std::optional<nn::CompileMode> compile;  // torch.compile's budget; nullopt: eager
   };
   const auto run_row = [&](const Group& g, std::size_t segments) {
     SweepRow row;
@@ -537,8 +541,8 @@ SweepResult run_sweep(const SweepSpec& spec_in, const SweepProgress& progress) {
   std::vector<std::string> modes = spec.checkpoints.empty() ? std::vector<std::string>{""} : spec.checkpoints;
   std::stable_partition(modes.begin(), modes.end(), [](const std::string& m) { return m == "none"; });
   // The eager step first, so that the compiled groups' savings are measured against its rows.
-  std::vector<std::optional<double>> compiles =
-      spec.compiles.empty() ? std::vector<std::optional<double>>{std::nullopt} : spec.compiles;
+  std::vector<std::optional<nn::CompileMode>> compiles =
+      spec.compiles.empty() ? std::vector<std::optional<nn::CompileMode>>{std::nullopt} : spec.compiles;
   std::stable_partition(compiles.begin(), compiles.end(), [](const auto& c) { return !c.has_value(); });
   for (const std::string& conf : spec.alloc_confs) {
     for (const nn::Precision precision : spec.precisions) {
@@ -546,7 +550,7 @@ SweepResult run_sweep(const SweepSpec& spec_in, const SweepProgress& progress) {
         for (const std::int64_t seq : seqs) {
           for (const nn::ParallelConfig& parallel : spec.parallels) {
             for (const std::string& mode : modes) {
-              for (const std::optional<double>& compile : compiles) {
+              for (const std::optional<nn::CompileMode>& compile : compiles) {
                 run_group(Group{conf, precision, batch, seq, parallel, mode, false, compile});
               }
             }

@@ -176,13 +176,18 @@ def test_compile_records_the_joint_graph_and_sweeps_the_compiled_step(tmp_path):
     torch, model = make_net()
     from vramscope.export import export_ops, InputSpec
     rows = vramscope.sweep(model, (4096, 64), device="sim:h100-80g", dtype="bf16", segments=0,
-                           compile=["eager", True, 0.5], progress=False)
-    assert [r.compile for r in rows] == [None, 1.0, 0.5]
+                           compile=["eager", True, 0.5, "reduce-overhead"], progress=False)
+    assert [r.compile for r in rows] == [None, 1.0, 0.5, 1.0]
+    assert [r.cudagraphs for r in rows] == [False, False, False, True]
     assert rows[1].compiled["saved_values"] and rows[2].compiled["saved_bytes"] <= rows[1].compiled["saved_bytes"]
+    # CUDA graphs keep the same partition, in a private pool of their own.
+    assert rows[3].compiled["saved_values"] == rows[1].compiled["saved_values"]
+    assert rows[3].compiled["graph_pool_reserved"] > 0 and rows[1].compiled["graph_pool_reserved"] == 0
     file = tmp_path / "net.json"
     file.write_text(json.dumps(export_ops(model, [InputSpec([4096, 64])], name="Net", compile=True)))
     same_rows([r.row for r in rows], command_json("sweep", "--model-file", str(file), "--device", "sim:h100-80g",
-                                                  "--dtype", "bf16", "--segments", "0", "--compile", "eager,on,0.5")["rows"])
+                                                  "--dtype", "bf16", "--segments", "0", "--compile",
+                                                  "eager,on,0.5,reduce-overhead")["rows"])
 
 
 def test_apply_wraps_the_planned_modules_and_keeps_the_gradients():

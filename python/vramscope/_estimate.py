@@ -53,7 +53,7 @@ def _options(options: Dict[str, Any]) -> List[str]:
         flag = "--" + key.replace("_", "-")
         if key == "compile":
             # torch.compile's step: True is PyTorch's default partition; a list sweeps settings
-            # ("eager", "on", or an activation_memory_budget).
+            # ("eager", "on", an activation_memory_budget, "reduce-overhead" for CUDA graphs).
             settings = value if isinstance(value, (list, tuple)) else [value]
             out += ["--compile", ",".join("on" if v is True else str(v) for v in settings)]
             continue

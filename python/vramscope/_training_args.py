@@ -132,7 +132,22 @@ def from_training_args(args, model, inputs=None, *, gpus: Optional[int] = None, 
         unmodelled.append(f"optim {optim}: modelled as Adam")
         mapped["optimizer"] = "adam"
     if get("torch_compile"):
-        unmodelled.append("torch_compile: the compiled step's memory is not modelled (issue 49)")
+        # Trainer: model = torch.compile(model, backend=..., mode=...); inductor's list_mode_options
+        # (torch/_inductor/__init__.py): reduce-overhead and max-autotune replay CUDA graphs.
+        mode = get("torch_compile_mode")
+        cudagraphs = mode in ("reduce-overhead", "max-autotune")
+        blocker = ("under autocast (bf16 / fp16)" if precision.startswith("amp") else
+                   "with gradient checkpointing" if get("gradient_checkpointing") else
+                   "over several GPUs" if "parallel" in mapped else
+                   "with gradient accumulation under CUDA graphs" if cudagraphs and "accumulation" in mapped else None)
+        if blocker:
+            unmodelled.append(f"torch_compile {blocker}: the compiled step is not modelled there (estimated eager)")
+        else:
+            mapped["compile"] = "reduce-overhead" if cudagraphs else "on"
+            if (get("torch_compile_backend") or "inductor") != "inductor":
+                unmodelled.append(f"torch_compile_backend {get('torch_compile_backend')}: modelled as inductor's")
+            if mode in ("max-autotune", "max-autotune-no-cudagraphs"):
+                unmodelled.append(f"torch_compile_mode {mode}: autotuning's benchmark buffers are not modelled")
     if (get("max_grad_norm") or 0) > 0:
         unmodelled.append(f"max_grad_norm {get('max_grad_norm')}: gradient clipping's temporaries are not modelled")
     liger = bool(get("use_liger_kernel"))

@@ -4,12 +4,14 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "test_util.hpp"
 #include "vramscope/models/model_file.hpp"
+#include "vramscope/allocator/units.hpp"
 #include "vramscope/models/zoo.hpp"
 
 namespace mem::nn {
@@ -105,7 +107,7 @@ TEST(CompiledStep, BuffersLiveFromTheirKernelToTheirLastReader) {
   test::Env env(ExecMode::DryRun);
   Holder root;
   root.materialize(env.rt, DType::BF16);
-  CompiledStep step(model, 1.0, root);
+  CompiledStep step(model, CompileMode{}, root);
   EXPECT_EQ(step.saved_activation_bytes(), 32 + 64);  // le and t (t views x: the batch stays anyway)
   EXPECT_EQ(step.recomputed_nodes(), 0u);
   constexpr std::int64_t kBlock = 512;  // every buffer here is one of the small pool's smallest blocks
@@ -145,7 +147,7 @@ TEST(CompiledStep, APrimalTheModelLacksIsRefused) {
   test::Env env(ExecMode::DryRun);
   Holder root;
   root.materialize(env.rt, DType::BF16);
-  EXPECT_NE(test::error_of([&] { CompiledStep step(model, 1.0, root); }).find("param: v"), std::string::npos);
+  EXPECT_NE(test::error_of([&] { CompiledStep step(model, CompileMode{}, root); }).find("param: v"), std::string::npos);
 }
 
 // A two-layer MLP (Linear, GELU, LayerNorm, Linear; cross entropy) recorded by
@@ -159,12 +161,12 @@ nlohmann::json mlp_json() {
   return nlohmann::json::parse(text.str());
 }
 
-TrainConfig mlp_config(std::optional<double> compile) {
+TrainConfig mlp_config(std::optional<double> budget, bool cudagraphs = false) {
   TrainConfig cfg;
   cfg.model = models::ModelFile::load(kMlp);
   cfg.precision = Precision::BF16;
   cfg.device = "sim:capacity=8GiB,context=0";
-  cfg.compile = compile;
+  if (budget) cfg.compile = CompileMode{*budget, cudagraphs};
   return cfg;
 }
 
@@ -207,6 +209,93 @@ TEST(CompiledModelFile, ARunThatIsNotTheRecordedOneIsRefused) {
   cfg = mlp_config(1.0);
   cfg.model = models::find("mlp");
   EXPECT_NE(test::error_of([&] { test::OneStep run(cfg); }).find("no compiled step recorded"), std::string::npos);
+}
+
+/// Every live block in a segment of private pool `pool`, by its owner's context path.
+std::map<std::string, std::int64_t> pool_blocks(const CachingAllocator& alloc, PoolId pool, bool in_pool) {
+  std::map<std::string, std::int64_t> out;
+  for (const SegmentInfo& seg : alloc.segments()) {
+    if ((seg.pool == pool) != in_pool) continue;
+    for (const BlockInfo& b : seg.blocks) {
+      if (b.state == BlockState::ActiveAllocated) out[context_info(b.context).path] += static_cast<std::int64_t>(b.size);
+    }
+  }
+  return out;
+}
+
+TEST(CompiledModelFile, ReduceOverheadRunsBothGraphsInOnePrivatePool) {
+  TrainConfig cfg = mlp_config(1.0, /*cudagraphs=*/true);
+  cfg.steps = 3;
+  const auto device = make_device(device_spec_for(cfg));
+  CachingAllocator alloc{device};
+  Trainer trainer{cfg, alloc};
+  // Warmup: the graphs already run in the pool, on its own stream.
+  trainer.step();
+  const CompiledStep& step = *trainer.compiled();
+  const PoolId pool = step.graph_pool();
+  ASSERT_NE(pool, 0u);
+  // cuBLAS's workspace (8 MiB + 128 KiB on this GPU, a 20 MiB segment) and cublasLt's (1 MiB, with
+  // the small buffers in one 2 MiB segment) came and went in the pool.
+  EXPECT_EQ(alloc.private_pool_reserved(), 22 * MiB);
+  EXPECT_EQ(trainer.runtime().gemm_workspace_bytes(), 0u);
+  // What stays live there is the gradients (the next step's zero_grad sets them to None): 5 KiB.
+  EXPECT_EQ(alloc.private_pool_allocated(), 5 * KiB);
+  // Recording: torch.cuda.graph empties the cache first: a segment the default pools cache goes.
+  alloc.deallocate(alloc.allocate(30 * MiB));
+  const std::int64_t reserved = alloc.stats().reserved_bytes[0].current;
+  trainer.step();
+  EXPECT_EQ(alloc.stats().reserved_bytes[0].current, reserved - static_cast<std::int64_t>(30 * MiB));
+  EXPECT_EQ(alloc.private_pool_reserved(), 22 * MiB);
+  // Replay: the recording's memory again, nothing new.
+  const DeviceStats before_replay = alloc.stats();
+  trainer.step();
+  EXPECT_EQ(alloc.private_pool_reserved(), 22 * MiB);
+  EXPECT_EQ(alloc.stats().num_device_alloc, before_replay.num_device_alloc);
+  alloc.validate();
+  // The partition is the one without CUDA graphs.
+  test::OneStep plain(mlp_config(1.0));
+  EXPECT_EQ(step.saved(), plain.trainer.compiled()->saved());
+}
+
+TEST(CompiledModelFile, ReduceOverheadKeepsTheSavedValuesAndGradientsInThePool) {
+  // Stop inside the third step's backward, before its gradients reach .grad: one step only runs
+  // the forward and the backward here, by hand.
+  TrainConfig cfg = mlp_config(1.0, /*cudagraphs=*/true);
+  cfg.steps = 3;
+  const auto device = make_device(device_spec_for(cfg));
+  CachingAllocator alloc{device};
+  Trainer trainer{cfg, alloc};
+  trainer.step();
+  trainer.step();
+  CompiledStep& step = const_cast<CompiledStep&>(*trainer.compiled());
+  Runtime& rt = trainer.runtime();
+  (void)step.forward(rt);
+  // Between the graphs: the pool holds the saved values the backward reads (and the last step's
+  // gradients, which the optimizer's zero_grad would have dropped at this step's start).
+  const std::map<std::string, std::int64_t> live = pool_blocks(alloc, step.graph_pool(), true);
+  ASSERT_EQ(live.count("compiled forward"), 1u);
+  EXPECT_GE(live.at("compiled forward"), step.saved_activation_bytes());
+  for (const auto& [path, bytes] : live) EXPECT_TRUE(path == "compiled forward" || path.find(".grad") != std::string::npos) << path;
+  step.backward(rt);
+  // The gradients went to .grad and stay in the pool's blocks, relabelled as the parameters' .grad.
+  std::int64_t grads = 0;
+  for (const auto& [path, bytes] : pool_blocks(alloc, step.graph_pool(), true)) {
+    EXPECT_NE(path.find(".grad"), std::string::npos) << path;
+    grads += bytes;
+  }
+  EXPECT_GT(grads, 0);
+  EXPECT_EQ(pool_blocks(alloc, step.graph_pool(), false).count("compiled backward"), 0u);
+  step.end_step();
+  alloc.validate();
+}
+
+TEST(CompiledModelFile, ReduceOverheadNeedsThreeStepsAndNoAccumulation) {
+  TrainConfig cfg = mlp_config(1.0, /*cudagraphs=*/true);
+  cfg.steps = 2;
+  EXPECT_NE(test::error_of([&] { test::OneStep run(cfg); }).find("run 3 steps or more"), std::string::npos);
+  cfg.steps = 4;
+  cfg.accumulation = 2;
+  EXPECT_NE(test::error_of([&] { test::OneStep run(cfg); }).find("gradient accumulation"), std::string::npos);
 }
 
 TEST(CompiledModelFile, AMalformedGraphIsRefusedByItsPath) {

@@ -322,7 +322,7 @@ TEST(Plan, AStepRecordedForTorchCompileIsPlannedUnderTheBudgetThatRecomputesLeas
             std::string::npos);
   // The same run again, as the sweep measures it.
   planner::SweepSpec again = spec.base;
-  again.compiles = {best->compile};
+  again.compiles = {nn::CompileMode{.memory_budget = *best->compile}};
   again.segments = {0};
   const planner::SweepResult swept = planner::run_sweep(again);
   const auto row = std::find_if(swept.rows.begin(), swept.rows.end(), [](const auto& x) { return x.compile.has_value(); });
@@ -337,7 +337,7 @@ TEST(MaxBatch, TheCompiledStepFitsALargerBatchThanTheEagerOne) {
   spec.segments = {0};
   spec.precisions = {nn::Precision::BF16};
   spec.alloc_confs = {""};
-  spec.compiles = {std::nullopt, 1.0};
+  spec.compiles = {std::nullopt, nn::CompileMode{}};
   const planner::MaxBatchResult r = planner::find_max_batches(spec);
   ASSERT_EQ(r.rows.size(), 2u);
   EXPECT_FALSE(r.rows[0].compile.has_value());

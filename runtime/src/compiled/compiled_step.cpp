@@ -227,6 +227,19 @@ struct LayoutCopy {
   bool keep = false;               // the backward reads it
 };
 
+namespace {
+
+/// CUDA graphs (mode="reduce-overhead"): the tree manager's pool and side stream, and the pool's
+/// users the step holds (the manager's empty capture, each recorded graph).
+struct GraphTree {
+  CachingAllocator* allocator = nullptr;
+  PoolId pool = 0;
+  StreamId stream = 0;
+  int pool_users = 0;
+};
+
+}  // namespace
+
 struct CompiledStep::State {
   std::shared_ptr<const CompiledModel> model;
   std::vector<Tensor> values;              // per node: its buffer (a view: its base's), while alive
@@ -237,12 +250,70 @@ struct CompiledStep::State {
   std::vector<bool> backward_inputs;  // the saved values the backward reads, the tangents, the primals
   std::vector<LayoutCopy> copies;
   std::vector<Tensor> copy_tensors;
+  GraphTree tree;
+  std::vector<bool> input_copy;  // a batch tensor the recording copied into the pool (an activation now)
+  int forward_calls = 0, backward_calls = 0;  // each graph's calls (0: the next is its warmup)
 };
 
-CompiledStep::CompiledStep(std::shared_ptr<const CompiledModel> model, double memory_budget, Module& root)
-    : state_(std::make_unique<State>()), budget_(memory_budget) {
+namespace {
+
+/// One call of a graph under CUDA graph trees: on the manager's stream, its blocks from the
+/// manager's pool (cudagraph_trees.py: CUDAWarmupNode.run and CUDAGraphNode._record run the
+/// graph inside _use_cuda_memory_pool_manager / torch.cuda.graph(pool=...)), cuBLAS's
+/// workspaces cleared around it (clear_cublas_manager). A replay allocates nothing on a GPU:
+/// here it runs the recording's allocations again in the pool, into the memory they had.
+class GraphCall {
+ public:
+  GraphCall(Runtime& rt, GraphTree& st, int call) : rt_(rt), st_(st), call_(call) {
+    CachingAllocator& alloc = rt.allocator();
+    if (st.pool == 0) {
+      // CUDAGraphTreeManager.__init__: a side stream, a pool, and an empty capture into it whose
+      // graph keeps the pool alive ("Keeps Memory Pool Alive").
+      st.allocator = &alloc;
+      st.stream = alloc.device().create_stream();
+      st.pool = alloc.graph_pool_handle();
+      alloc.begin_allocate_to_pool(st.pool, st.stream);
+      alloc.end_allocate_to_pool(st.pool);
+      st.pool_users = 1;
+    }
+    // torch.cuda.graph.__enter__ empties the cache before a capture (torch/cuda/graphs.py).
+    if (call == 1) alloc.empty_cache();
+    rt.clear_gemm_workspaces();
+    stream_.emplace(rt, st.stream);
+    alloc.begin_allocate_to_pool(st.pool, st.stream);
+  }
+  ~GraphCall() {
+    rt_.clear_gemm_workspaces();  // their blocks go back to the pool
+    try {
+      CachingAllocator& alloc = rt_.allocator();
+      alloc.end_allocate_to_pool(st_.pool);
+      if (call_ == 1) {
+        ++st_.pool_users;  // the recorded graph holds the pool
+      } else {
+        alloc.release_pool(st_.pool);
+      }
+    } catch (const Error&) {
+      // The capture was begun in the constructor: ending it cannot fail.
+    }
+  }
+  GraphCall(const GraphCall&) = delete;
+  GraphCall& operator=(const GraphCall&) = delete;
+  /// The recording and the replays copy the graph's inputs that are not static into the pool.
+  bool copies_inputs() const noexcept { return call_ >= 1; }
+
+ private:
+  Runtime& rt_;
+  GraphTree& st_;
+  int call_;
+  std::optional<StreamGuard> stream_;
+};
+
+}  // namespace
+
+CompiledStep::CompiledStep(std::shared_ptr<const CompiledModel> model, CompileMode mode, Module& root)
+    : state_(std::make_unique<State>()), mode_(mode) {
   const JointGraph& g = model->graph;
-  saved_ = choose_saved_values(g, memory_budget);
+  saved_ = choose_saved_values(g, mode.memory_budget);
   state_->model = std::move(model);
   collect(root, state_->named);
   const std::size_t count = g.nodes.size();
@@ -291,6 +362,7 @@ CompiledStep::CompiledStep(std::shared_ptr<const CompiledModel> model, double me
   forward_peak_ = buffer_peak(g, state_->forward, nullptr, copies);
   backward_peak_ = buffer_peak(g, state_->backward, &backward_inputs);
   state_->values.resize(count);
+  state_->input_copy.assign(count, false);
   for (std::size_t i = 0; i < count; ++i) {
     const JointNode& n = g.nodes[i];
     if (n.op != JointNode::Op::Placeholder) continue;
@@ -318,7 +390,23 @@ CompiledStep::CompiledStep(std::shared_ptr<const CompiledModel> model, double me
   }
 }
 
-CompiledStep::~CompiledStep() = default;
+CompiledStep::~CompiledStep() {
+  State& st = *state_;
+  st.values.clear();
+  st.held.clear();
+  st.copy_tensors.clear();
+  // The manager and the recorded graphs go: the pool has no user left, and empty_cache may give
+  // its segments back once its blocks (a parameter's .grad) are freed.
+  for (; st.tree.pool_users > 0; --st.tree.pool_users) {
+    try {
+      st.tree.allocator->release_pool(st.tree.pool);
+    } catch (const Error&) {
+      break;
+    }
+  }
+}
+
+PoolId CompiledStep::graph_pool() const noexcept { return state_->tree.pool; }
 
 void CompiledStep::plan_layout_copies(const JointGraph& g, const std::vector<bool>& in_forward,
                                       const std::vector<bool>& in_backward) {
@@ -423,6 +511,21 @@ Tensor CompiledStep::forward(Runtime& rt) {
     }
   }
   ModuleScope scope(forward_ctx);
+  std::optional<GraphCall> graph_call;
+  if (mode_.cudagraphs) {
+    graph_call.emplace(rt, st.tree, st.forward_calls++);
+    if (graph_call->copies_inputs()) {
+      // The batch's tensors are copied into the pool; the graph frees each copy after its last
+      // reader (parameters and buffers are static inputs: read where they are).
+      for (std::int32_t n : st.forward.nodes) {
+        const JointNode& node = g.nodes[n];
+        if (node.op == JointNode::Op::Placeholder && node.primal.rfind("input: ", 0) == 0) {
+          st.values[n] = empty(rt, node.shape, node.dtype);
+          st.input_copy[n] = true;
+        }
+      }
+    }
+  }
   // Layout optimization's channels-last copies come first, as inductor's wrapper makes them.
   st.copy_tensors.clear();
   for (const LayoutCopy& c : st.copies) st.copy_tensors.push_back(empty(rt, g.nodes[c.primal].shape, g.nodes[c.primal].dtype));
@@ -443,13 +546,14 @@ Tensor CompiledStep::forward(Runtime& rt) {
     if (!st.copies[k].keep) st.copy_tensors[k] = Tensor{};
   }
   Tensor loss = st.values[g.outputs.front()];
+  graph_call.reset();
   // What leaves the forward is the loss and the saved values; the other outputs go with the
   // output object the training loop drops.
   std::vector<bool> keep(g.nodes.size(), false);
   for (std::int32_t v : saved_) keep[v] = st.backward.member[v];
   keep[g.outputs.front()] = true;
   for (std::size_t i = 0; i < g.nodes.size(); ++i) {
-    if (!keep[i] && g.nodes[i].op != JointNode::Op::Placeholder) st.values[i] = Tensor{};
+    if (!keep[i] && (g.nodes[i].op != JointNode::Op::Placeholder || st.input_copy[i])) st.values[i] = Tensor{};
   }
   return loss;
 }
@@ -460,6 +564,27 @@ void CompiledStep::backward(Runtime& rt) {
   static const ContextId backward_ctx = intern_context("compiled backward", Phase::Backward);
   ModuleScope scope(backward_ctx);
   const Schedule& s = st.backward;
+  // The loss's gradient (torch.ones_like(loss), which the autograd engine makes before it calls
+  // the compiled backward): with CUDA graphs, outside the pool, and copied into it from the
+  // recording on.
+  std::vector<Tensor> seeds;
+  std::optional<GraphCall> graph_call;
+  if (mode_.cudagraphs) {
+    for (std::int32_t n : s.nodes) {
+      const JointNode& node = g.nodes[n];
+      if (node.op == JointNode::Op::Placeholder && node.input == JointNode::Input::Tangent) {
+        st.values[n] = empty(rt, node.shape, node.dtype);
+        seeds.push_back(st.values[n]);
+      }
+    }
+    graph_call.emplace(rt, st.tree, st.backward_calls++);
+    for (std::int32_t n : s.nodes) {
+      const JointNode& node = g.nodes[n];
+      if (graph_call->copies_inputs() && node.op == JointNode::Op::Placeholder && node.input == JointNode::Input::Tangent) {
+        st.values[n] = empty(rt, node.shape, node.dtype);
+      }
+    }
+  }
   // The layout copies go after their last reader in the backward (at once if it reads none).
   std::vector<std::int32_t> copy_last;
   for (std::size_t k = 0; k < st.copies.size(); ++k) {
@@ -476,7 +601,7 @@ void CompiledStep::backward(Runtime& rt) {
     const std::int32_t n = s.nodes[pos];
     const JointNode& node = g.nodes[n];
     if (node.op == JointNode::Op::Placeholder && node.input == JointNode::Input::Tangent) {
-      st.values[n] = empty(rt, node.shape, node.dtype);  // the loss's gradient: torch.ones_like(loss)
+      if (!mode_.cudagraphs) st.values[n] = empty(rt, node.shape, node.dtype);  // the loss's gradient: torch.ones_like(loss)
     } else if (node.op == JointNode::Op::CallFunction && !st.backward_inputs[n]) {
       std::optional<PhaseGuard> rerun;
       if (st.recomputed[n]) rerun.emplace(Phase::Recompute);
@@ -484,8 +609,10 @@ void CompiledStep::backward(Runtime& rt) {
     }
     // The graph's own values and the loss's gradient go after their last reader; parameters and
     // the batch stay with their owners.
+    // A batch tensor copied into the CUDA graphs' pool is the backward's to free, as a saved value.
     auto freeable = [&](std::int32_t v) {
-      return !s.output[v] && (g.nodes[v].op != JointNode::Op::Placeholder || g.nodes[v].input == JointNode::Input::Tangent);
+      return !s.output[v] && (g.nodes[v].op != JointNode::Op::Placeholder || g.nodes[v].input == JointNode::Input::Tangent ||
+                              st.input_copy[v]);
     };
     for (std::int32_t in : node.inputs) {
       if (s.last_reader[in] == static_cast<std::int32_t>(pos) && freeable(in)) st.values[in] = Tensor{};
@@ -495,6 +622,7 @@ void CompiledStep::backward(Runtime& rt) {
       if (copy_last[k] == static_cast<std::int32_t>(pos)) st.copy_tensors[k] = Tensor{};
     }
   }
+  graph_call.reset();  // the graph returns its outputs; autograd hands them on
   // Each gradient to its parameter's AccumulateGrad, as the compiled backward's outputs go: stolen
   // when nothing else holds it (the graph's handle is handed over), added in place to one there,
   // and from then on the parameter's `.grad` in snapshots. A gradient the graph made as a view of
@@ -509,8 +637,11 @@ void CompiledStep::backward(Runtime& rt) {
     grad_accumulator(param)->apply(incoming);
   }
   for (std::size_t i = 0; i < g.nodes.size(); ++i) {
-    if (g.nodes[i].op != JointNode::Op::Placeholder || g.nodes[i].input == JointNode::Input::Tangent) st.values[i] = Tensor{};
+    if (g.nodes[i].op != JointNode::Op::Placeholder || g.nodes[i].input == JointNode::Input::Tangent || st.input_copy[i]) {
+      st.values[i] = Tensor{};
+    }
   }
+  std::fill(st.input_copy.begin(), st.input_copy.end(), false);
 }
 
 void CompiledStep::end_step() {

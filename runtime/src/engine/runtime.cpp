@@ -58,6 +58,12 @@ std::size_t Runtime::gemm_workspace_bytes() const noexcept {
   return total;
 }
 
+void Runtime::clear_gemm_workspaces() noexcept {
+  for (auto* slots : {&blas_workspace_, &lt_workspace_}) {
+    for (auto& slot : *slots) slot.reset();
+  }
+}
+
 void Runtime::uses_cudnn() {
   if (cudnn_loaded_) return;
   allocator_->load_module("cuDNN's kernels", allocator_->device().info().cudnn_bytes);

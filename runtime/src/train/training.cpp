@@ -134,6 +134,15 @@ std::unique_ptr<CompiledStep> make_compiled(const TrainConfig& config, Model& mo
                 std::to_string(info.batch) + (c.seq > 0 ? ", sequence " + std::to_string(seq) : std::string()) +
                 " (" + c.fixed + "; record the file at that size)");
   }
+  if (config.compile->cudagraphs && config.steps < 3) {
+    throw Error("--compile reduce-overhead: CUDA graph trees warm each graph up at its first call, record it at the "
+                "second and replay it from the third: run 3 steps or more (this run asks " +
+                std::to_string(config.steps) + ")");
+  }
+  if (config.compile->cudagraphs && config.accumulation > 1) {
+    throw Error("--compile reduce-overhead with gradient accumulation is not modelled (the graphs' gradients are "
+                "added into .grad between replays)");
+  }
   return std::make_unique<CompiledStep>(info.compiled, *config.compile, model.body());
 }
 

@@ -33,7 +33,7 @@ struct MaxBatchRow {
   std::string alloc_conf;
   std::int64_t seq = 0;                   ///< the row's --seq; 0 when not given
   std::string shape;                      ///< "seq 512" when several were asked, else empty
-  std::optional<double> compile;          ///< torch.compile's budget (--compile); nullopt: eager
+  std::optional<nn::CompileMode> compile;  ///< torch.compile (--compile); nullopt: eager
   /// The largest batch found: it fits and max_batch + 1 does not (under pipeline parallel the
   /// next batch the micro-batches divide). 0 when the smallest batch (1; a pipeline's
   /// micro-batches) does not fit or autograd refuses the configuration at any batch.

@@ -67,7 +67,7 @@ struct SweepSpec {
   /// --compile: each a group of rows, the step eager (nullopt) or torch.compile'd under this
   /// activation_memory_budget (nn::TrainConfig::compile); empty: eager only. A compiled group's
   /// saving is against the eager step.
-  std::vector<std::optional<double>> compiles;
+  std::vector<std::optional<nn::CompileMode>> compiles;
   /// Pipeline parallel without a stage asked for: --max-batch's batch fits when every stage's
   /// step does (its figures are the fullest stage's).
   bool every_stage = false;
@@ -110,6 +110,8 @@ struct RunFigures {
     std::size_t graph_nodes = 0;
     std::int64_t forward_buffer_peak = 0;   ///< the most its graphs' own buffers hold at once
     std::int64_t backward_buffer_peak = 0;
+    /// CUDA graphs: bytes of the segments of their private pool at the end (part of reserved).
+    std::int64_t graph_pool_reserved = 0;
   };
   std::optional<Compiled> compiled;
 };
@@ -142,8 +144,9 @@ AutogradFailure autograd_failure(const nn::AutogradError& e, std::size_t step);
 std::string configuration_label(nn::Precision precision, const std::string& shape, std::size_t segments,
                                 const std::string& alloc_conf);
 
-/// "eager", "compiled" (PyTorch's default partition), "compiled budget 0.5".
-std::string compile_label(const std::optional<double>& compile);
+/// "eager", "compiled" (PyTorch's default partition), "compiled budget 0.5", "reduce-overhead",
+/// "reduce-overhead budget 0.5" (CUDA graphs).
+std::string compile_label(const std::optional<nn::CompileMode>& compile);
 
 struct SweepRow {
   std::size_t segments = 0;              ///< as asked; 0 = no checkpointing
@@ -153,7 +156,7 @@ struct SweepRow {
   std::int64_t seq = 0;                  ///< its --seq; 0 when not given
   nn::ParallelConfig parallel;           ///< one GPU, or one rank of this engine
   std::string checkpoint;                ///< its --gradient-checkpointing from a list; "" otherwise
-  std::optional<double> compile;         ///< torch.compile's activation_memory_budget; nullopt: eager
+  std::optional<nn::CompileMode> compile;  ///< torch.compile (its budget, CUDA graphs); nullopt: eager
   /// A baseline run of a model with its own checkpoint marks (a model file's "checkpoint"):
   /// the same model with none of them.
   bool unmarked = false;

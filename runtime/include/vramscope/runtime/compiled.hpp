@@ -22,6 +22,8 @@
 #include <string>
 #include <vector>
 
+#include "vramscope/allocator/caching_allocator.hpp"
+
 #include "vramscope/runtime/modules.hpp"
 #include "vramscope/runtime/tensor.hpp"
 
@@ -107,6 +109,15 @@ struct JointGraph {
   }
 };
 
+/// How torch.compile runs the step: under which activation_memory_budget AOTAutograd's partitioner
+/// cuts it, and whether mode="reduce-overhead" replays the two graphs as CUDA graphs (inductor's
+/// CUDA graph trees, with their private memory pool).
+struct CompileMode {
+  double memory_budget = 1.0;
+  bool cudagraphs = false;
+  friend bool operator==(const CompileMode&, const CompileMode&) = default;
+};
+
 /// A model file's "compiled": the joint graph torch.compile recorded, its sizes evaluated at the
 /// run's batch (and sequence length).
 struct CompiledModel {
@@ -139,10 +150,23 @@ std::vector<std::int32_t> choose_saved_values(const JointGraph& graph, double me
 ///   GPUs in training): when the forward's convolutions qualify, each parameter or input a
 ///   convolution reads gets a channels-last copy at the forward's start, kept into the
 ///   backward when the backward reads that parameter or input, to its last reader there.
+/// With CUDA graphs (mode="reduce-overhead", torch/_inductor/cudagraph_trees.py, PyTorch 2.15):
+/// - one private pool per device for both graphs, made when the tree manager starts (its empty
+///   capture keeps the pool alive), and one side stream both graphs run on;
+/// - a graph's first call is its warmup: it runs in the pool (_use_cuda_memory_pool_manager);
+///   the second records it: torch.cuda.graph empties the cache first, the batch's tensors (the
+///   forward's inputs that are not parameters or buffers) and the loss's gradient (the
+///   backward's tangent) are copied into the pool before the capture and freed inside it
+///   after their last reader; later calls replay it into the same memory, which this model
+///   runs again in the pool;
+/// - the forward's saved values and the backward's gradients live in the pool (a parameter's
+///   .grad too, until zero_grad sets it to None);
+/// - cuBLAS's workspaces are cleared before and after each warmup and recording
+///   (clear_cublas_manager), so a graph's workspace is allocated in the pool.
 class CompiledStep {
  public:
   /// Throws mem::Error when a primal names a parameter or buffer `root` does not have.
-  CompiledStep(std::shared_ptr<const CompiledModel> model, double memory_budget, Module& root);
+  CompiledStep(std::shared_ptr<const CompiledModel> model, CompileMode mode, Module& root);
   ~CompiledStep();
   CompiledStep(const CompiledStep&) = delete;
   CompiledStep& operator=(const CompiledStep&) = delete;
@@ -166,7 +190,10 @@ class CompiledStep {
   /// counted): what inductor's wrapper code holds inside the graph's call.
   std::int64_t forward_buffer_peak() const noexcept { return forward_peak_; }
   std::int64_t backward_buffer_peak() const noexcept { return backward_peak_; }
-  double memory_budget() const noexcept { return budget_; }
+  double memory_budget() const noexcept { return mode_.memory_budget; }
+  const CompileMode& mode() const noexcept { return mode_; }
+  /// CUDA graphs' private pool (0: none yet, or no CUDA graphs).
+  PoolId graph_pool() const noexcept;
   /// Inductor's layout optimization took the forward's convolutions to channels last.
   bool channels_last() const noexcept { return channels_last_; }
 
@@ -181,7 +208,7 @@ class CompiledStep {
   std::size_t recomputed_ = 0;
   std::int64_t forward_peak_ = 0, backward_peak_ = 0;
   bool channels_last_ = false;
-  double budget_ = 1;
+  CompileMode mode_;
 };
 
 }  // namespace mem::nn

@@ -132,6 +132,9 @@ class Runtime {
   void gemm_workspace(bool lt);
   /// Bytes the workspaces hold so far (they stay allocated until the runtime ends).
   std::size_t gemm_workspace_bytes() const noexcept;
+  /// torch._C._cuda_clearCublasWorkspaces(): every workspace goes (its block is freed); the
+  /// next product allocates one again, on the stream current then.
+  void clear_gemm_workspaces() noexcept;
 
   // --- libraries --------------------------------------------------------------------
   /// Called by every op that runs cuDNN's kernels (convolution, batch norm, fused

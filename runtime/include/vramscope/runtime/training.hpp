@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "vramscope/allocator/caching_allocator.hpp"
+#include "vramscope/runtime/compiled.hpp"
 #include "vramscope/instrumentation/peak_composition.hpp"
 #include "vramscope/runtime/checkpoint_modules.hpp"
 #include "vramscope/runtime/data_parallel.hpp"
@@ -77,9 +78,10 @@ struct TrainConfig {
   /// recompute (checkpoint.hpp). An operator-level model's, non-reentrant; nullopt: plain.
   std::optional<SelectivePolicy> selective;
   /// torch.compile: the step runs as the joint graph a model file recorded (compiled.hpp), its
-  /// saved values chosen by AOTAutograd's partitioner under this activation_memory_budget
-  /// (1: PyTorch's default). nullopt: eager. One GPU, no checkpointing, the recorded dtype.
-  std::optional<double> compile;
+  /// saved values chosen by AOTAutograd's partitioner under the mode's activation_memory_budget
+  /// (1: PyTorch's default), as CUDA graphs with mode="reduce-overhead" (3 steps or more:
+  /// warmup, recording, replay). nullopt: eager. One GPU, no checkpointing, the recorded dtype.
+  std::optional<CompileMode> compile;
   /// Activation offloading: the forward (and the loss) under save_on_cpu(pin_memory=True), so
   /// what autograd saves waits in pinned host memory and comes back in backward (SaveOnCpu).
   bool offload_activations = false;
