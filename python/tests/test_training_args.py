@@ -93,3 +93,15 @@ def test_use_liger_kernel_is_the_fused_loss(tmp_path):
     args.use_liger_kernel = False
     plain = vramscope.from_training_args(args, str(config), seq=256, device="sim:h100-80g")
     assert ours.max_allocated < plain.max_allocated  # no logits, no f32 copy of them
+
+
+def test_torch_compile_under_autocast_is_named_and_estimated_eager(tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(LLAMA))
+    args = training_args(tmp_path, per_device_train_batch_size=2, bf16=True, max_grad_norm=0)
+    args.torch_compile, args.torch_compile_mode = True, "reduce-overhead"  # after construction: no dynamo check
+    ours = vramscope.from_training_args(args, str(config), seq=256, device="sim:h100-80g")
+    assert "compile" not in ours.options
+    assert any(u.startswith("torch_compile under autocast") for u in ours.unmodelled)
+    args.torch_compile = False
+    same_rows([ours.row], [vramscope.from_training_args(args, str(config), seq=256, device="sim:h100-80g").row])
