@@ -305,7 +305,11 @@ std::string sweep_report(const planner::SweepResult& result, const ReportOptions
       spec.accumulation > 1
           ? fmt::format("{} micro-batches per optimizer step (gradient accumulation), then {} more", spec.accumulation,
                         spec.steps)
-          : fmt::format("{} step{} per configuration", spec.steps, spec.steps == 1 ? "" : "s");
+          : fmt::format("{} step{} per configuration{}", spec.steps, spec.steps == 1 ? "" : "s",
+                        spec.steps < 3 && std::any_of(spec.compiles.begin(), spec.compiles.end(),
+                                                      [](const auto& c) { return c && c->cudagraphs; })
+                            ? " (3 with CUDA graphs: warmup, recording, replay)"
+                            : "");
   out += fmt::format("on {} ({} total){}, optimizer {}, {}, {}\n\n",
                      result.device.name, format_bytes(result.device.total_bytes), per_gpu(spec.parallels),
                      nn::optimizer_label(spec.optimizer), steps,
