@@ -337,13 +337,16 @@ TEST(MaxBatch, TheCompiledStepFitsALargerBatchThanTheEagerOne) {
   spec.segments = {0};
   spec.precisions = {nn::Precision::BF16};
   spec.alloc_confs = {""};
-  spec.compiles = {std::nullopt, nn::CompileMode{}};
+  spec.compiles = {std::nullopt, nn::CompileMode{}, nn::CompileMode{.cudagraphs = true}};
   const planner::MaxBatchResult r = planner::find_max_batches(spec);
-  ASSERT_EQ(r.rows.size(), 2u);
+  ASSERT_EQ(r.rows.size(), 3u);
   EXPECT_FALSE(r.rows[0].compile.has_value());
   ASSERT_TRUE(r.rows[1].compile.has_value());
   EXPECT_GT(r.rows[1].max_batch, r.rows[0].max_batch);
   EXPECT_TRUE(r.rows[1].best);
+  // CUDA graphs' private pool shares no segment with the eager parts: a smaller batch fits.
+  ASSERT_TRUE(r.rows[2].compile && r.rows[2].compile->cudagraphs);
+  EXPECT_LT(r.rows[2].max_batch, r.rows[1].max_batch);
 }
 
 TEST(Plan, RefusesListsAndComputeMode) {
