@@ -427,8 +427,11 @@ std::string sweep_report(const planner::SweepResult& result, const ReportOptions
   if (options.how_to_read) {
     const double root = std::sqrt(static_cast<double>(m.sequence_length));
     out += "\nHow to read this:\n";
-    out += "  after step      memory_allocated() after the optimizer step: weights, gradients, optimizer state,\n"
-           "                  and the cuBLAS workspaces PyTorch keeps (one per thread that ran a matmul).\n";
+    out += spec.stack.cublas_workspace_per_operation()
+               ? "  after step      memory_allocated() after the optimizer step: weights, gradients, optimizer state\n"
+                 "                  (PyTorch 2.15 frees each matmul's cuBLAS workspace when it returns).\n"
+               : "  after step      memory_allocated() after the optimizer step: weights, gradients, optimizer state,\n"
+                 "                  and the cuBLAS workspaces PyTorch keeps (one per thread that ran a matmul).\n";
     out += "  max alloc       max_memory_allocated(): the peak of live tensors.\n";
     out += "  max reserved    max_memory_reserved(): segments the caching allocator held from the driver.\n";
     out += "                  Freed blocks stay cached for reuse, and blocks are rounded up, so reserved > allocated.\n";

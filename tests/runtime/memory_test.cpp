@@ -244,6 +244,33 @@ TEST_F(SavedBytes, TheTransformerLayersKeepWhatPyTorch25Keeps) {
 
 // binary_cross_entropy_with_logits (Loss.cpp): log_sigmoid(input) and the elementwise loss
 // (1 - target).mul_(input).sub_(...) exist together while it runs, beside the scalar.
+// cuBLAS's workspace: 2.11 keeps one per thread from its first product on; 2.15 makes one per
+// product after the output and frees it when the product returns (CublasHandlePool.cpp).
+TEST(GemmWorkspace, TorchTwoFifteenTakesOnePerProductAndGivesItBack) {
+  constexpr std::int64_t out = 64 * 1024 * 4, w = 1024 * 1024 * 4, x_bytes = 64 * 1024 * 4;
+  const auto ws = static_cast<std::int64_t>(cublas_workspace_bytes(0));
+  const auto lt = static_cast<std::int64_t>(cublaslt_workspace_bytes());
+  for (const bool today : {false, true}) {
+    test::Env env(ExecMode::DryRun);
+    env.rt.set_stack(Stack::parse(today ? "torch=2.15" : "torch=2.11"));
+    const Tensor x = empty(env.rt, {64, 1024});
+    const Tensor weight = empty(env.rt, {1024, 1024});
+    const Tensor bias = empty(env.rt, {1024});
+    const std::int64_t inputs = env.allocated();
+    ASSERT_EQ(inputs, x_bytes + w + 4096);
+    Tensor y = linear(x, weight);         // mm: cuBLAS's workspace
+    Tensor z = linear(x, weight, bias);   // addmm with a bias: cublasLt's
+    if (today) {
+      EXPECT_EQ(env.allocated(), inputs + 2 * out) << "nothing kept";
+      EXPECT_EQ(env.peak(), inputs + out + ws) << "the first product's output and its workspace";
+      EXPECT_EQ(env.rt.gemm_workspace_bytes(), 0u);
+    } else {
+      EXPECT_EQ(env.allocated(), inputs + 2 * out + ws + lt);
+      EXPECT_EQ(env.rt.gemm_workspace_bytes(), static_cast<std::size_t>(ws + lt));
+    }
+  }
+}
+
 TEST(LossMemory, BceWithLogitsPeaksAtTwoInputSizedTemporaries) {
   test::Env env(ExecMode::DryRun);
   Tensor x = empty(env.rt, {64, 1024});

@@ -479,13 +479,15 @@ void kernel_effects(Runtime& rt, const JointNode& n) {
 /// of its own or its base's (a fused value has none).
 void run_kernel(Runtime& rt, const JointGraph& g, const Schedule& s, std::int32_t n, std::vector<Tensor>& values) {
   const JointNode& node = g.nodes[n];
-  kernel_effects(rt, node);
-  if (node.flops > 0) rt.add_flops(static_cast<double>(node.flops));
+  // Inductor's wrapper allocates the output, then calls the kernel (extern_kernels.mm(..., out=buf)),
+  // which takes its workspace.
   if (s.buffer[n]) {
     values[n] = empty(rt, node.shape, node.dtype);
   } else if (const std::int32_t of = alias_of(g, n); of >= 0) {
     values[n] = values[of];
   }
+  kernel_effects(rt, node);
+  if (node.flops > 0) rt.add_flops(static_cast<double>(node.flops));
 }
 
 }  // namespace

@@ -75,6 +75,18 @@ void Runtime::gemm_workspace(bool lt) {
     allocator_->load_module("cuBLAS's kernels", allocator_->device().info().cublas_bytes);
     cublas_loaded_ = true;
   }
+  if (stack_.cublas_workspace_per_operation()) {
+    // The product's own workspace: made after its output, gone when it returns (a cublasLt
+    // product takes cublasLt's alone; its handle keeps cuBLAS's default workspace, not ours).
+    const ContextInfo& here = context_info(current_context());
+    const char* which = lt ? "cublasLt workspace" : "cuBLAS workspace";
+    ModuleScope scope(intern_context(here.path.empty() ? std::string("(") + which + ")" : here.path + " (" + which + ")",
+                                     here.phase));
+    const std::size_t bytes =
+        lt ? cublaslt_workspace_bytes() : cublas_workspace_bytes(allocator_->device().info().compute_capability);
+    (void)empty(*this, Shape{static_cast<std::int64_t>(bytes)}, DType::U8);
+    return;
+  }
   const int thread = tls_phase == Phase::Backward || tls_phase == Phase::Recompute ? 1 : 0;
   // Named after the module whose product took it first, and counted as a workspace.
   auto reserve = [&](std::shared_ptr<detail::TensorImpl>& slot, std::size_t bytes, const char* which) {

@@ -128,6 +128,13 @@ bool Stack::sdpa_contiguous_inputs() const noexcept { return transformers < Vers
 // 4.50.3 sets self.original_inv_freq = self.inv_freq, the same tensor.
 bool Stack::rotary_original_inv_freq_buffer() const noexcept { return transformers >= Version{5, 0}; }
 
+// aten/src/ATen/cuda/CublasHandlePool.cpp (2.15): isCUDABlasWorkspaceCachingEnabled() is
+// false on CUDA unless TORCH_CUBLAS_WORKSPACE_CACHE=1, so getCurrentCUDABlasHandleWithWorkspace
+// allocates getChosenWorkspaceSize() bytes per operation (allocateCUDABlasWorkspace, the caching
+// allocator) and CublasLtWorkspace getCUDABlasLtWorkspaceSize() (CublasLtUtils.h), each freed when
+// the product returns. 2.11 keeps one per (handle, stream) for the process (measured on an H100).
+bool Stack::cublas_workspace_per_operation() const noexcept { return torch >= Version{2, 15}; }
+
 // modeling_utils.py, PreTrainedModel.gradient_checkpointing_enable: without
 // gradient_checkpointing_kwargs, {"use_reentrant": True} in 4.50.3, {"use_reentrant": False}
 // in 5.17.

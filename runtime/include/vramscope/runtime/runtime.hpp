@@ -124,11 +124,13 @@ class Runtime {
   void clear_autocast_cache() noexcept;
 
   // --- cuBLAS workspaces -------------------------------------------------------------
-  /// Called by every matrix product before its kernel. PyTorch gives each thread's
-  /// cuBLAS handle a workspace from the caching allocator at its first product and keeps
-  /// it for the life of the process: one for the Python thread (forward, optimizer) and
-  /// one for the autograd engine's thread (backward, and the reruns of checkpointing).
-  /// `lt`: the product goes through cublasLt (addmm with a bias), which has its own.
+  /// Called by every matrix product after its output is made, before its kernel. PyTorch
+  /// 2.11 gives each thread's cuBLAS handle a workspace from the caching allocator at its
+  /// first product and keeps it for the life of the process: one for the Python thread
+  /// (forward, optimizer) and one for the autograd engine's thread (backward, and the reruns
+  /// of checkpointing). 2.15 allocates one per product and frees it when the product returns
+  /// (Stack::cublas_workspace_per_operation). `lt`: the product goes through cublasLt (addmm
+  /// with a bias), which has its own.
   void gemm_workspace(bool lt);
   /// Bytes the workspaces hold so far (they stay allocated until the runtime ends).
   std::size_t gemm_workspace_bytes() const noexcept;

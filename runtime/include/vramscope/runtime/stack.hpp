@@ -58,6 +58,9 @@ struct Stack {
   std::string_view checkpoint_default() const noexcept;
   /// LlamaRotaryEmbedding keeps original_inv_freq as a buffer of its own (5.x).
   bool rotary_original_inv_freq_buffer() const noexcept;
+  /// Each matrix product allocates its cuBLAS (or cublasLt) workspace from the caching
+  /// allocator and frees it afterwards, instead of one kept per thread (torch 2.15 on CUDA).
+  bool cublas_workspace_per_operation() const noexcept;
 };
 
 }  // namespace mem::nn
