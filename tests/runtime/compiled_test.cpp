@@ -289,6 +289,32 @@ TEST(CompiledModelFile, ReduceOverheadKeepsTheSavedValuesAndGradientsInThePool) 
   alloc.validate();
 }
 
+TEST(CompiledModelFile, ReduceOverheadOutOfMemoryInsideAGraphLeavesTheAllocatorConsistent) {
+  TrainConfig cfg = mlp_config(1.0, /*cudagraphs=*/true);
+  cfg.steps = 3;
+  cfg.device = "sim:capacity=24MiB,context=0";
+  const auto device = make_device(device_spec_for(cfg));
+  CachingAllocator alloc{device};
+  bool failed = false;
+  {
+    Trainer trainer{cfg, alloc};
+    try {
+      for (int i = 0; i < 3; ++i) trainer.step();
+    } catch (const OutOfMemoryError&) {
+      failed = true;
+    }
+    alloc.validate();
+    // The capture ended with the exception: the default pools serve again.
+    alloc.deallocate(alloc.allocate(512));
+  }
+  EXPECT_TRUE(failed) << "cuBLAS's workspace segment (20 MiB) and the pool's small one do not fit beside the rest";
+  // The step is gone, and with it the pool's users: empty_cache gives its segments back.
+  alloc.empty_cache();
+  EXPECT_EQ(alloc.private_pool_reserved(), 0u);
+  EXPECT_EQ(alloc.stats().reserved_bytes[0].current, 0);
+  alloc.validate();
+}
+
 TEST(CompiledModelFile, ReduceOverheadNeedsThreeStepsAndNoAccumulation) {
   TrainConfig cfg = mlp_config(1.0, /*cudagraphs=*/true);
   cfg.steps = 2;
