@@ -82,17 +82,33 @@ std::vector<LayoutCandidate> layout_candidates(const LayoutSearchSpec& spec, con
         if (tp == 1 && pp == 1) engines.push_back("ddp");  // DDP beside other dimensions is not modelled
       }
       for (const char* engine : engines) {
-        const std::string options = pp > 1 ? "microbatches=" + std::to_string(batch) : "";
-        const nn::ParallelConfig parallel = nn::parse_parallel(mesh_text(pp, engine, dp, tp), options);
-        for (const std::string& checkpoint : checkpoints) {
-          LayoutCandidate c;
-          c.parallel = parallel;
-          c.checkpoint = checkpoint;
-          c.batch = batch;
-          c.replicas = dp;
-          // Schedule1F1B and ScheduleGPipe idle each stage for P - 1 of M + P - 1 slots.
-          if (pp > 1) c.bubble_share = static_cast<double>(pp - 1) / static_cast<double>(batch + pp - 1);
-          out.push_back(std::move(c));
+        // Schedule1F1B, and ScheduleInterleaved1F1B (two stages per rank, torchtitan's default)
+        // where the micro-batches come in rounds of P and no FSDP shards the stages (not modelled).
+        std::vector<nn::PipelineSchedule> schedules{nn::PipelineSchedule::OneF1B};
+        if (pp > 1 && engine == nullptr && batch % static_cast<std::int64_t>(pp) == 0) {
+          schedules.push_back(nn::PipelineSchedule::Interleaved1F1B);
+        }
+        for (const nn::PipelineSchedule schedule : schedules) {
+          const bool interleaved = schedule == nn::PipelineSchedule::Interleaved1F1B;
+          const std::string options =
+              pp > 1 ? "microbatches=" + std::to_string(batch) + (interleaved ? ",schedule=interleaved1f1b" : "") : "";
+          const nn::ParallelConfig parallel = nn::parse_parallel(mesh_text(pp, engine, dp, tp), options);
+          for (const std::string& checkpoint : checkpoints) {
+            LayoutCandidate c;
+            c.parallel = parallel;
+            c.checkpoint = checkpoint;
+            c.batch = batch;
+            c.replicas = dp;
+            // Schedule1F1B idles each stage for P - 1 of M + P - 1 slots; with V stages per rank
+            // a slot is 1/V of a micro-batch's work, so P - 1 of V x M + P - 1 (Narayanan et al.
+            // 2021: the bubble shrinks by V).
+            const std::size_t per_rank = interleaved ? 2 : 1;
+            if (pp > 1) {
+              c.bubble_share = static_cast<double>(pp - 1) /
+                               static_cast<double>(static_cast<std::int64_t>(per_rank) * batch + static_cast<std::int64_t>(pp) - 1);
+            }
+            out.push_back(std::move(c));
+          }
         }
       }
     }

@@ -60,9 +60,14 @@ TEST(LayoutSearch, TheMeshesOfEightGpus) {
   const std::vector<LayoutCandidate> layouts = layout_candidates(spec, info_of(spec.base));
   // Data parallel divides the global batch; tensor parallel stays in the node; one sample per
   // micro-batch, at least one per stage; every mesh with and without checkpointing.
+  // A pipeline without FSDP is tried under interleaved 1F1B too (two stages per rank), its
+  // micro-batches a multiple of the ranks.
   const std::set<std::string> expected{"fsdp:8", "ddp:8", "pp:2xfsdp:4 microbatches=4", "pp:4xfsdp:2 microbatches=8",
-                                       "pp:8 microbatches=16", "fsdp:4xtp:2", "pp:2xfsdp:2xtp:2 microbatches=8",
-                                       "pp:4xtp:2 microbatches=16", "fsdp:2xtp:4", "pp:2xtp:4 microbatches=16", "tp:8"};
+                                       "pp:8 microbatches=16", "pp:8 schedule=interleaved1f1b,microbatches=16",
+                                       "fsdp:4xtp:2", "pp:2xfsdp:2xtp:2 microbatches=8", "pp:4xtp:2 microbatches=16",
+                                       "pp:4xtp:2 schedule=interleaved1f1b,microbatches=16", "fsdp:2xtp:4",
+                                       "pp:2xtp:4 microbatches=16", "pp:2xtp:4 schedule=interleaved1f1b,microbatches=16",
+                                       "tp:8"};
   EXPECT_EQ(meshes(layouts, "none"), expected);
   EXPECT_EQ(meshes(layouts, "non-reentrant"), expected);
   EXPECT_EQ(layouts.size(), 2 * expected.size());
@@ -127,6 +132,15 @@ TEST(LayoutSearch, RanksByRecomputeThenCommunication) {
   const LayoutCandidate& pipeline = find("pp:4 microbatches=8");
   EXPECT_EQ(pipeline.runs, 4u);  // every stage
   EXPECT_DOUBLE_EQ(pipeline.bubble_share, 3.0 / 11);  // (P - 1) / (M + P - 1)
+  // Interleaved: P - 1 idle slots of V x M + P - 1, each 1/V of a micro-batch. Its two stages per
+  // rank split the four layers, the embedding and lm_head in four.
+  const LayoutCandidate& interleaved = find("pp:2xtp:2 schedule=interleaved1f1b,microbatches=8");
+  EXPECT_FALSE(interleaved.refused.has_value()) << interleaved.refused.value_or("");
+  EXPECT_TRUE(interleaved.fits);
+  EXPECT_DOUBLE_EQ(interleaved.bubble_share, 1.0 / 17);
+  EXPECT_LT(interleaved.bubble_share, find("pp:2xtp:2 microbatches=8").bubble_share);
+  // Eight stages of six layers: refused, with the reason.
+  EXPECT_TRUE(find("pp:4 schedule=interleaved1f1b,microbatches=8").refused.has_value());
   // Every mesh fits without checkpointing, so its checkpointed twin is not run: it could only
   // lose more (recompute) and move as much.
   for (const LayoutCandidate& c : result.layouts) {
