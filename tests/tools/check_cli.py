@@ -1224,10 +1224,14 @@ def check_plan_auto(exe, work):
     doc = json.loads(run(exe, "plan", *model, "--batch", "4", "--parallel", "auto", "--gpus", "2", "--format",
                          "json").stdout)
     layouts = {(x["parallel"], x["checkpoint"]): x for x in doc["layouts"]}
-    check({p for p, _ in layouts} == {"fsdp:2", "ddp:2", "tp:2", "pp:2 microbatches=4"}, sorted(layouts))
+    interleaved = "pp:2 schedule=interleaved1f1b,microbatches=4"
+    check({p for p, _ in layouts} == {"fsdp:2", "ddp:2", "tp:2", "pp:2 microbatches=4", interleaved}, sorted(layouts))
     check(doc["best"] is not None and doc["layouts"][0]["fits"], doc["best"])
     check(layouts[("pp:2 microbatches=4", "none")]["runs"] == 2, layouts[("pp:2 microbatches=4", "none")])
     check(layouts[("pp:2 microbatches=4", "none")]["bubble_share"] == 0.2, layouts)
+    # Two stages per rank (the embedding, each layer, lm_head: four stages): a bubble of 1 / (2 x 4 + 1).
+    check(layouts[(interleaved, "none")]["runs"] == 2 and abs(layouts[(interleaved, "none")]["bubble_share"] - 1 / 9) < 1e-12,
+          layouts[(interleaved, "none")])
     check(all(x["communication_bytes_per_step"] > 0 for x in doc["layouts"] if "not_run" not in x), doc["layouts"])
     text = run(exe, "plan", *model, "--batch", "4", "--parallel", "auto", "--gpus", "2").stdout
     check(f"picks: {doc['best']}:" in text and "How to read this" in text, text)
