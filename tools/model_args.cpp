@@ -647,18 +647,25 @@ std::string parallel_note(const std::vector<nn::ParallelConfig>& configs, const 
                   "before " + (config.engine == nn::ParallelEngine::Fsdp ? "FSDP's reduce-scatter" : "each optimizer op that reads them") +
                   "; position_ids passed by the caller)";
     // FSDP2 inside a pipeline stage, as torchtitan applies it there.
+    const bool interleaved = config.schedule == nn::PipelineSchedule::Interleaved1F1B;
     const std::string sharded_stage =
         config.pipeline_parallel < 2 || config.engine != nn::ParallelEngine::Fsdp
             ? ""
             : "; fsdp:" + std::to_string(config.world_size) + " inside each stage, rank " + std::to_string(config.rank) +
                   "'s shards (torchtitan's apply_fsdp under pp: each decoder layer and the stage fully_shard'ed, " +
-                  (config.reshard_after_forward.value_or(false)
+                  (interleaved
+                       ? std::string("each stage a root of its own, gathered by the runtime's UNSHARD at the step's "
+                                     "start and waited before its first compute, reshard_after_forward=False")
+                   : config.reshard_after_forward.value_or(false)
                        ? std::string("reshard_after_forward=true: a forward gathers a layer again once an earlier one resharded it")
                        : std::string("reshard_after_forward=False: the first micro-batch gathers the parameters and they "
                                      "stay gathered until the step's end")) +
-                  "; each micro-batch's backward adds into the unsharded gradients (set_requires_gradient_sync(False)), "
-                  "reduce-scattered once after the last backward, as torch 2.15's PipelineStage finalizes it "
-                  "(perform_reduce_grad), whatever --stack says)";
+                  "; each micro-batch's backward adds into the unsharded gradients (set_requires_gradient_sync(False)), " +
+                  (interleaved ? std::string("reduce-scattered by each stage's REDUCE_GRAD after its last backward, which "
+                                             "reshards it (_PipelineScheduleRuntime, torch 2.15)")
+                               : std::string("reduce-scattered once after the last backward, as torch 2.15's PipelineStage "
+                                             "finalizes it (perform_reduce_grad)")) +
+                  ", whatever --stack says)";
     const std::string offload =
         config.engine != nn::ParallelEngine::Fsdp || !config.cpu_offload
             ? ""

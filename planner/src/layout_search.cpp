@@ -83,9 +83,9 @@ std::vector<LayoutCandidate> layout_candidates(const LayoutSearchSpec& spec, con
       }
       for (const char* engine : engines) {
         // Schedule1F1B, and ScheduleInterleaved1F1B (two stages per rank, torchtitan's default)
-        // where the micro-batches come in rounds of P and no FSDP shards the stages (not modelled).
+        // where the micro-batches come in rounds of P.
         std::vector<nn::PipelineSchedule> schedules{nn::PipelineSchedule::OneF1B};
-        if (pp > 1 && engine == nullptr && batch % static_cast<std::int64_t>(pp) == 0) {
+        if (pp > 1 && batch % static_cast<std::int64_t>(pp) == 0) {
           schedules.push_back(nn::PipelineSchedule::Interleaved1F1B);
         }
         for (const nn::PipelineSchedule schedule : schedules) {

@@ -50,7 +50,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "tests" / "data" / "h100-parallel-2026-11-26" / "ref-llama-2layer.json"
 LAYERS, BATCH, SEQ, STEPS = 4, 4, 128, 2
 # (ranks, fsdp, tensor parallel, schedule, micro-batches, return_outputs, checkpointed, f32
-# parameters, stages per rank): each rank of each is checked. CI runs the first five (every kind
+# parameters, stages per rank): each rank of each is checked. CI runs the first six (every kind
 # of stage under the three schedules, tensor parallel and FSDP2 inside the stages); `--all`
 # (ctest models.pipeline_parallel_all, label coverage) the rest too.
 RUNS = (
@@ -62,6 +62,9 @@ RUNS = (
     (3, 2, 1, "1f1b", 4, True, False, True, 1),
     # interleaved 1F1B: 2 ranks of 2 stages (torchtitan's default), the runtime's lowered actions
     (2, 1, 1, "interleaved1f1b", 4, True, False, False, 2),
+    # pp:2xfsdp:2 interleaved: each stage its own FSDP root, unsharded by the runtime's UNSHARD and
+    # reduce-scattered by its REDUCE_GRAD after the stage's last backward
+    (2, 2, 1, "interleaved1f1b", 4, True, False, True, 2),
     (2, 1, 1, "1f1b", 4, True, False, False, 1),
     (2, 1, 1, "gpipe", 4, True, False, False, 1),
     (4, 1, 1, "1f1b", 4, True, False, False, 1),
@@ -75,6 +78,10 @@ RUNS = (
     (2, 1, 1, "interleaved1f1b", 4, True, False, False, 3),  # layers_per_stage=1: 3 stages per rank
     (3, 1, 1, "interleaved1f1b", 2, True, False, False, 2),  # fewer micro-batches than ranks (one round)
     (2, 1, 2, "interleaved1f1b", 2, True, False, False, 2),  # pp:2xtp:2 interleaved
+    (2, 2, 1, "interleaved1f1b", 4, True, False, False, 3),  # FSDP2 over 3 stages per rank, bf16 parameters
+    (2, 2, 1, "interleaved1f1b", 4, False, True, True, 2),  # FSDP2 interleaved, checkpointed
+    (2, 2, 2, "interleaved1f1b", 2, True, False, True, 2),  # pp:2xfsdp:2xtp:2 interleaved
+    (3, 2, 1, "interleaved1f1b", 4, True, False, True, 2),  # a middle rank without the root's parameters
 )
 # FSDP2's buffers in a stage, as vramscope's --buffers names them.
 FSDP_KINDS = ("all-gather output", "unsharded parameters", "unsharded gradients (accumulated)",
@@ -125,7 +132,13 @@ def fsdp_events(module, mesh, first_layer, log, now, mixed):
         for t in tensors:
             weakref.finalize(t, gone)
 
+    # One rank may hold several stages, each its own FSDP root: FSDP's classes are patched once,
+    # every stage's groups named in the same table.
+    if _FSDP_NAMES is not None:
+        _register_fsdp(module, mesh, first_layer, mixed, _FSDP_NAMES)
+        return
     names, unsharded, gradients = {}, {}, {}
+    globals()["_FSDP_NAMES"] = names
     group_class = param_group.FSDPParamGroup
     gather, reduce = param_group.foreach_all_gather, param_group.foreach_reduce
     to_unsharded, to_sharded, post_backward = group_class._to_unsharded, group_class._to_sharded, group_class.post_backward
@@ -169,6 +182,16 @@ def fsdp_events(module, mesh, first_layer, log, now, mixed):
 
     param_group.foreach_all_gather, param_group.foreach_reduce = all_gather, reduce_scatter
     group_class._to_unsharded, group_class._to_sharded, group_class.post_backward = unshard, reshard, after_backward
+    _register_fsdp(module, mesh, first_layer, mixed, names)
+
+
+_FSDP_NAMES = None  # fsdp_events' table of group names, once FSDP's classes are patched
+
+
+def _register_fsdp(module, mesh, first_layer, mixed, names):
+    """fully_shard on the stage's layers, then on the stage, their groups named in `names`."""
+    import torch
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     options = {"reshard_after_forward": False}
     if mixed:
         options["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
@@ -403,7 +426,7 @@ def main() -> int:
     reexec_on_stack("check_pipeline_parallel")
     import torch
     exe = sys.argv[1]
-    runs = RUNS if "--all" in sys.argv[2:] else RUNS[:5]
+    runs = RUNS if "--all" in sys.argv[2:] else RUNS[:6]
     # FSDP2 in a stage is modelled as torch 2.15's PipelineStage finalizes it: the stack checked.
     stack = f"torch={'.'.join(torch.__version__.split('+')[0].split('.')[:2])},transformers=5.24"
     failures = []

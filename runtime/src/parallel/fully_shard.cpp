@@ -486,8 +486,9 @@ std::vector<Tensor> FullyShard::group_post_forward(Group& g, std::vector<Tensor>
   } else if (g.reshard_after_forward) {
     reshard(g);
   }
-  g.post_forward_indices.push_back(post_forward_order_.size());
-  post_forward_order_.push_back(static_cast<std::size_t>(&g - groups_.data()));
+  std::vector<std::size_t>& order = post_forward_orders_.at(g.stage);
+  g.post_forward_indices.push_back(order.size());
+  order.push_back(static_cast<std::size_t>(&g - groups_.data()));
   g.state = State::Idle;
   // _register_pre_backward_hook: a hook on each output that requires grad.
   for (Tensor& out : outputs) {
@@ -534,8 +535,10 @@ Tensor FullyShard::post_forward(Module& module, const Tensor& output) {
 void FullyShard::pre_backward(Group& g) {
   in_backward_ = true;
   if (!callback_queued_) {
-    // _register_root_post_backward_final_callback, once per backward.
+    // _register_root_post_backward_final_callback, once per backward (by the root of the group
+    // whose backward ran: the stage's, under an interleaved schedule).
     callback_queued_ = true;
+    callback_stage_ = g.stage;
     runtime_.queue_backward_callback([this] { root_post_backward_final_callback(); });
   }
   if (g.state == State::PreBackward) return;
@@ -548,7 +551,7 @@ void FullyShard::pre_backward(Group& g) {
   const std::size_t index = g.post_forward_indices.back();
   g.post_forward_indices.pop_back();
   if (index == 0) return;
-  Group& target = groups_[post_forward_order_[index - 1]];
+  Group& target = groups_[post_forward_orders_.at(g.stage)[index - 1]];
   const State saved = target.state;
   target.state = State::PreBackward;  // use_training_state(PRE_BACKWARD)
   unshard(target);
@@ -723,6 +726,7 @@ void FullyShard::root_post_backward_final_callback() {
   const std::size_t root = groups_.size() - 1;
   for (std::size_t k = 0; k < groups_.size(); ++k) {
     Group& g = groups_[k == 0 ? root : k - 1];
+    if (staged_ && (g.stage != callback_stage_ || g.params.empty())) continue;  // another root's
     if (g.state != State::PostBackward) post_backward(g);
     g.state = State::Idle;
   }
@@ -741,7 +745,7 @@ void FullyShard::end_backward_iteration() {
   // any all-gather output kept.
   if (reduce_scatter_state_.defined()) release(reduce_scatter_state_, reduce_scatter_state_log_);
   release_all_gather_state();
-  post_forward_order_.clear();
+  for (auto& order : post_forward_orders_) order.clear();
   for (Group& g : groups_) g.post_forward_indices.clear();
 }
 
@@ -763,6 +767,85 @@ void FullyShard::finalize_backward() {
   for (std::size_t i = groups_.size() - 1; i-- > 0;) finalize(groups_[i]);
   finalize(groups_.back());
   end_backward_iteration();  // then the stage scales the sharded gradients in place
+  finalizing_ = false;
+}
+
+// --- an interleaved schedule's roots -----------------------------------------------------
+
+void FullyShard::assign_stages(const Module& body, const std::vector<std::vector<bool>>& parts) {
+  const auto& children = body.children();
+  const auto stage_of_child = [&](const Module* m) {
+    for (std::size_t i = 0; i < children.size(); ++i) {
+      if (children[i].second.get() != m) continue;
+      for (std::size_t k = 0; k < parts.size(); ++k) {
+        if (i < parts[k].size() && parts[k][i]) return k;
+      }
+    }
+    throw Error("fsdp inside an interleaved schedule: " + m->path() + " is in none of the rank's stages");
+  };
+  for (std::size_t i = 0; i + 1 < groups_.size(); ++i) groups_[i].stage = stage_of_child(groups_[i].module);
+  Group& root = groups_.back();
+  // The root's parameters are the embedding's (the first stage) or the norm's and lm_head's (the
+  // last); a rank of middle stages has none, and no root group that runs.
+  if (!root.params.empty()) {
+    root.stage = stage_of_child(root.params.front().module);
+    for (const Param& p : root.params) {
+      if (stage_of_child(p.module) != root.stage) {
+        throw Error("fsdp inside an interleaved schedule: the root's parameters are split over two of the rank's "
+                    "stages (one rank holds the first and the last stage); give more pipeline ranks");
+      }
+    }
+  }
+  post_forward_orders_.assign(parts.size(), {});
+  staged_ = true;
+}
+
+bool FullyShard::stage_has_root(std::size_t local) const noexcept {
+  return !groups_.back().params.empty() && groups_.back().stage == local;
+}
+
+std::vector<std::size_t> FullyShard::stage_groups(std::size_t local) const {
+  std::vector<std::size_t> out;
+  if (stage_has_root(local)) out.push_back(groups_.size() - 1);
+  for (std::size_t i = 0; i + 1 < groups_.size(); ++i) {
+    if (groups_[i].stage == local) out.push_back(i);
+  }
+  return out;
+}
+
+void FullyShard::unshard_stage(std::size_t local) {
+  // The runtime's UNSHARD: `for submodule in stage.submod.modules(): submodule.unshard(async_op=True)`,
+  // outside forward: the all-gather runs on the current stream.
+  for (std::size_t i : stage_groups(local)) unshard(groups_[i]);
+}
+
+void FullyShard::wait_stage(std::size_t local) {
+  for (std::size_t i : stage_groups(local)) wait_for_unshard(groups_[i]);
+}
+
+void FullyShard::reduce_stage(std::size_t local) {
+  // start_gradient_reduction: set_requires_gradient_sync(True), set_reshard_after_backward(True),
+  // finalize_backward over the stage root's states in reverse (its last layer first, the root
+  // last); then wait_for_gradient_reduction: _end_backward_iteration of this root.
+  finalizing_ = true;
+  in_backward_ = true;
+  std::vector<std::size_t> groups = stage_groups(local);
+  const bool has_root = stage_has_root(local);
+  std::reverse(groups.begin() + (has_root ? 1 : 0), groups.end());
+  if (has_root) std::rotate(groups.begin(), groups.begin() + 1, groups.end());  // the root last
+  for (std::size_t i : groups) {
+    Group& g = groups_[i];
+    if (g.post_backward_pending) {
+      post_backward(g);
+    } else {
+      reshard(g);
+    }
+    g.state = State::Idle;
+    g.post_forward_indices.clear();
+  }
+  if (reduce_scatter_state_.defined()) release(reduce_scatter_state_, reduce_scatter_state_log_);
+  release_all_gather_state();
+  post_forward_orders_.at(local).clear();
   finalizing_ = false;
 }
 

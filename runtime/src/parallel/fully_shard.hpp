@@ -53,6 +53,26 @@ class FullyShard final : public ForwardHooks {
   // accumulate on the unsharded parameters; perform_reduce_grad finalizes once per step.
   /// perform_reduce_grad: FSDPState.finalize_backward, then wait_for_gradient_reduction.
   void finalize_backward();
+
+  // Under an interleaved schedule (_PipelineScheduleRuntime, torch 2.15 schedules.py) each of
+  // the rank's stages is an FSDP root of its own (torchtitan's apply_fsdp on each model part),
+  // and the runtime drives them: UNSHARD all-gathers a stage's modules ahead (async_op=True),
+  // the compute waits for it, REDUCE_GRAD reduce-scatters the stage's gradients after its last
+  // backward (finalize_backward, then the wait).
+  /// Which local stage each group belongs to: a block by the body's child it is, the root's
+  /// parameters by their modules (the embedding's stage, or the norm's and lm_head's); `parts[k]`
+  /// marks the body's children stage k runs.
+  void assign_stages(const Module& body, const std::vector<std::vector<bool>>& parts);
+  /// Whether local stage `local` holds the root's parameters (its forward runs the root's hooks).
+  bool stage_has_root(std::size_t local) const noexcept;
+  /// UNSHARD: each of the stage's FSDP modules (the stage's root first, then its layers) issues
+  /// its all-gather outside forward.
+  void unshard_stage(std::size_t local);
+  /// _assert_unsharded: the stage's all-gathers waited, in the same order (each copy-out frees
+  /// its all-gather output at once: the group is not in forward).
+  void wait_stage(std::size_t local);
+  /// REDUCE_GRAD: start_gradient_reduction and wait_for_gradient_reduction for the stage's root.
+  void reduce_stage(std::size_t local);
   /// Log entries name the pipeline's action begun last ("step 1 backward 3") instead of the phase.
   void label_with(const std::string* action) noexcept { action_ = action; }
   /// Bytes sent in its all-gathers and reduce-scatters so far ((n - 1) / n of each gathered tensor).
@@ -93,6 +113,7 @@ class FullyShard final : public ForwardHooks {
     std::size_t unsharded_log = SIZE_MAX;
     std::size_t post_forward_log = SIZE_MAX;
     std::vector<std::size_t> post_forward_indices;
+    std::size_t stage = 0;         // the local stage whose root it is under (interleaved schedules)
   };
 
   Group& group_of(Module& module);
@@ -141,7 +162,13 @@ class FullyShard final : public ForwardHooks {
   /// Reduce-scatter outputs the sharded gradients still view: their log entry is marked freed
   /// when the gradients go (zero_grad(set_to_none)), seen at the next forward.
   std::vector<std::pair<std::weak_ptr<Storage>, std::size_t>> gradient_outputs_;
-  std::vector<std::size_t> post_forward_order_;  // groups, as their post-forwards ran
+  /// Per root (a local stage; one without an interleaved schedule): its groups, as their
+  /// post-forwards ran (comm_ctx.post_forward_order), which backward prefetching follows.
+  std::vector<std::vector<std::size_t>> post_forward_orders_{1};
+  std::size_t callback_stage_ = 0;        // the root whose backward queued the final callback
+  bool staged_ = false;                   // assign_stages ran: the roots are the local stages
+  /// The groups of local stage `local` in `stage.submod.modules()` order (the root, then the layers).
+  std::vector<std::size_t> stage_groups(std::size_t local) const;
   bool callback_queued_ = false;
   std::size_t steps_ = 0;
   bool in_backward_ = false;

@@ -123,6 +123,13 @@ PipelineParallel::PipelineParallel(const ParallelConfig& config, Sequential& bod
       stages_[k].part.push_back(std::find(names[k].begin(), names[k].end(), name) != names[k].end());
     }
   }
+  if (config.engine == ParallelEngine::Fsdp && per_rank > 3) {
+    // _add_unshard_reshard keeps three stages gathered (max_active_stages=3): a fourth evicts one,
+    // and its RESHARD and the UNSHARD again are not followed yet.
+    throw Error("fsdp inside an interleaved schedule of " + std::to_string(per_rank) +
+                " stages per rank is not modelled (the runtime keeps three gathered and reshards the others in "
+                "between); give layers_per_stage so that a rank holds three stages or fewer");
+  }
   // The schedule's program, the same every step; a schedule the micro-batches do not allow
   // throws here.
   program_ = pipeline_program(config.schedule, stages, config.stage, microbatches_, per_rank);
@@ -135,6 +142,12 @@ PipelineParallel::PipelineParallel(const ParallelConfig& config, Sequential& bod
   while (begins != program_.begin() && std::prev(begins)->step != PipelineStep::Forward) --begins;
   while (begins != first_backward && begins->step != PipelineStep::ReceiveGradients) ++begins;
   backward_begins_ = static_cast<std::size_t>(begins - program_.begin());
+}
+
+std::vector<std::vector<bool>> PipelineParallel::parts() const {
+  std::vector<std::vector<bool>> out;
+  for (const LocalStage& stage : stages_) out.push_back(stage.part);
+  return out;
 }
 
 Tensor PipelineParallel::stage_forward(Sequential& body, std::size_t local, const Tensor& input) const {
@@ -240,6 +253,14 @@ void PipelineParallel::step(Runtime& rt, const Tensor& input, const Tensor& targ
     mb.input = mb.output = mb.edge = mb.received_grad = Tensor{};
   };
 
+  // FSDP: a stage's all-gathers issued by UNSHARD are waited before its next compute.
+  std::vector<bool> gathering(stages_.size(), false);
+  const auto assert_unsharded = [&](const PipelineOp& op) {
+    const std::size_t k = op.stage / ranks;
+    if (!gathering[k]) return;
+    gathering[k] = false;
+    calls.wait_unshard(k);
+  };
   // The rank's program (pipeline_schedule.hpp): the schedule's actions with their receives,
   // sends and the waits that drop what was sent.
   for (std::size_t i = 0; i < program_.size(); ++i) {
@@ -248,7 +269,10 @@ void PipelineParallel::step(Runtime& rt, const Tensor& input, const Tensor& targ
     MicroBatch& mb = state(op);
     switch (op.step) {
       case PipelineStep::ReceiveActivations: mb.input = receive(op, "receive activations", Phase::Forward); break;
-      case PipelineStep::Forward: forward(op); break;
+      case PipelineStep::Forward:
+        assert_unsharded(op);
+        forward(op);
+        break;
       case PipelineStep::SendActivations:
         record("send activations", op.stage, op.microbatch, mb.output);
         sent_ += static_cast<double>(mb.output.nbytes());
@@ -258,7 +282,10 @@ void PipelineParallel::step(Runtime& rt, const Tensor& input, const Tensor& targ
       case PipelineStep::ReceiveGradients:
         mb.received_grad = receive(op, "receive gradients", Phase::Backward);
         break;
-      case PipelineStep::Backward: run_backward(op); break;
+      case PipelineStep::Backward:
+        assert_unsharded(op);
+        run_backward(op);
+        break;
       case PipelineStep::SendGradients:
         if (mb.sending.defined()) {
           record("send gradients", op.stage, op.microbatch, mb.sending);
@@ -266,6 +293,18 @@ void PipelineParallel::step(Runtime& rt, const Tensor& input, const Tensor& targ
         }
         break;
       case PipelineStep::WaitGradientsSent: mb.sending = Tensor{}; break;
+      case PipelineStep::Unshard:
+        if (calls.unshard) {
+          calls.unshard(op.stage / ranks);
+          gathering[op.stage / ranks] = true;
+        }
+        break;
+      // A stage's RESHARD comes after its REDUCE_GRAD (three stages or fewer per rank stay
+      // gathered until then): the reduction resharded it already (_finalized_stages).
+      case PipelineStep::Reshard: break;
+      case PipelineStep::ReduceGrad:
+        if (calls.reduce_stage) calls.reduce_stage(op.stage / ranks);
+        break;
     }
   }
   // The losses go (_update_losses); perform_reduce_grad finalizes FSDP's gradient reduction,

@@ -75,7 +75,12 @@ class PipelineParallel {
     std::function<void()> backward_begins;
     /// perform_reduce_grad's FSDP finalization, after the last backward; empty without FSDP.
     std::function<void()> reduce_grads;
+    /// An interleaved schedule's FSDP actions on local stage `local` (empty without FSDP): UNSHARD,
+    /// the wait for it before the stage's next compute (_assert_unsharded), REDUCE_GRAD.
+    std::function<void(std::size_t local)> unshard, wait_unshard, reduce_stage;
   };
+  /// Which of the rank's modules each local stage runs (the body's children).
+  std::vector<std::vector<bool>> parts() const;
   /// schedule.step(): what the last step left (its output chunks) goes, then every micro-batch
   /// runs in the schedule's order; `input` on stage 0 and `target` on the last are the whole
   /// batch. `activation` is the hidden states' dtype.

@@ -326,7 +326,12 @@ std::vector<PipelineOp> runtime_program(PipelineSchedule schedule, std::size_t r
         out.push_back({Step::SendGradients, a.stage, a.mb});
         pending.push_back({Step::WaitGradientsSent, a.stage, a.mb});
         break;
-      default: break;  // FSDP's unshard, reshard and gradient reduction: nothing without FSDP
+      // FSDP's actions (the stage's step does nothing with them without FSDP); the wait of a
+      // gradient reduction directly follows it.
+      case Kind::Unshard: out.push_back({Step::Unshard, a.stage, 0}); break;
+      case Kind::Reshard: out.push_back({Step::Reshard, a.stage, 0}); break;
+      case Kind::ReduceGrad: out.push_back({Step::ReduceGrad, a.stage, 0}); break;
+      default: break;
     }
   }
   out.insert(out.end(), pending.begin(), pending.end());

@@ -28,6 +28,10 @@ enum class PipelineStep : std::uint8_t {
   Backward,            ///< B: backward_one_chunk (full backward)
   SendGradients,       ///< SEND_B: the input's gradient goes to the previous stage's rank
   WaitGradientsSent,   ///< WAIT_SEND_B: the gradient sent is dropped
+  // The runtime's FSDP actions (interleaved schedules only; nothing without FSDP):
+  Unshard,             ///< UNSHARD: the stage's FSDP modules all-gather (async; waited before its compute)
+  Reshard,             ///< RESHARD: the stage's parameters go back to their shards (a no-op once reduced)
+  ReduceGrad,          ///< REDUCE_GRAD (+ its wait): the stage's gradients reduce-scattered, after its last backward
 };
 
 struct PipelineOp {

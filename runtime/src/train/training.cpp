@@ -348,6 +348,7 @@ Trainer::Trainer(const TrainConfig& config, CachingAllocator& allocator)
     } else if (fsdp) {
       fsdp_ = std::make_unique<detail::FullyShard>(config.parallel, model_->body(), *runtime_);
       if (pp_) fsdp_->label_with(&pp_->action());
+      if (pp_ && pp_->stages_per_rank() > 1) fsdp_->assign_stages(model_->body(), pp_->parts());
     } else if (config.parallel.engine != ParallelEngine::None) {
       // deepspeed.initialize: ZeRO's optimizer wraps the one the config names.
       if (zero3) {
@@ -571,8 +572,11 @@ StepStats Trainer::step() {
     detail::PipelineParallel::Calls calls;
     // The stage module is FSDP's root when fsdp shards inside the stage: its hooks run around
     // each micro-batch's forward, and perform_reduce_grad finalizes the step's gradients.
-    calls.forward = [this](const Tensor& x, std::size_t local) {
-      if (!fsdp_) return pp_->stage_forward(model_->body(), local, x);
+    // Under an interleaved schedule each stage is a root of its own: the root's hooks belong to
+    // the stage that holds the root's parameters, and the runtime unshards and reduces per stage.
+    const bool staged = fsdp_ && pp_->stages_per_rank() > 1;
+    calls.forward = [this, staged](const Tensor& x, std::size_t local) {
+      if (!fsdp_ || (staged && !fsdp_->stage_has_root(local))) return pp_->stage_forward(model_->body(), local, x);
       return fsdp_->root_post_forward({pp_->stage_forward(model_->body(), local, fsdp_->root_pre_forward(x))}).front();
     };
     calls.loss = [this](const Tensor& out, const Tensor& tgt) { return loss_of(out, tgt); };
@@ -582,7 +586,13 @@ StepStats Trainer::step() {
     };
     if (fsdp_) {
       fsdp_->begin_step();
-      calls.reduce_grads = [this] { fsdp_->finalize_backward(); };
+      if (staged) {
+        calls.unshard = [this](std::size_t local) { fsdp_->unshard_stage(local); };
+        calls.wait_unshard = [this](std::size_t local) { fsdp_->wait_stage(local); };
+        calls.reduce_stage = [this](std::size_t local) { fsdp_->reduce_stage(local); };
+      } else {
+        calls.reduce_grads = [this] { fsdp_->finalize_backward(); };
+      }
     }
     // The hidden states between stages: FSDP's param_dtype when it casts the parameters (the
     // embedding's output is in it), else the parameters' dtype (autocast keeps the residual

@@ -81,7 +81,7 @@ struct LayoutSearchResult {
 /// divide the global batch; tensor parallel (2, 4, 8 within a node) and pipeline stages (a
 /// power of two, at most the decoder's layers + 2, one sample per micro-batch as torchtitan's
 /// default, at least as many micro-batches as stages; under 1F1B, and under interleaved 1F1B
-/// with two stages per rank when no FSDP shards them and the ranks divide the micro-batches)
+/// with two stages per rank when the ranks divide the micro-batches)
 /// for transformers decoders only; DDP alone, or FSDP2 under the others. Throws UsageError for a spec that does not apply.
 std::vector<LayoutCandidate> layout_candidates(const LayoutSearchSpec& spec, const nn::ModelInfo& model);
 
