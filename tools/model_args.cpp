@@ -654,8 +654,9 @@ std::string parallel_note(const std::vector<nn::ParallelConfig>& configs, const 
             : "; fsdp:" + std::to_string(config.world_size) + " inside each stage, rank " + std::to_string(config.rank) +
                   "'s shards (torchtitan's apply_fsdp under pp: each decoder layer and the stage fully_shard'ed, " +
                   (interleaved
-                       ? std::string("each stage a root of its own, gathered by the runtime's UNSHARD at the step's "
-                                     "start and waited before its first compute, reshard_after_forward=False")
+                       ? std::string("each stage a root of its own, gathered by the runtime's UNSHARD for the next "
+                                     "three stages the rank computes, waited before the stage's compute and resharded "
+                                     "when it leaves that window, reshard_after_forward=False")
                    : config.reshard_after_forward.value_or(false)
                        ? std::string("reshard_after_forward=true: a forward gathers a layer again once an earlier one resharded it")
                        : std::string("reshard_after_forward=False: the first micro-batch gathers the parameters and they "

@@ -82,10 +82,17 @@ RUNS = (
     (2, 2, 1, "interleaved1f1b", 4, False, True, True, 2),  # FSDP2 interleaved, checkpointed
     (2, 2, 2, "interleaved1f1b", 2, True, False, True, 2),  # pp:2xfsdp:2xtp:2 interleaved
     (3, 2, 1, "interleaved1f1b", 4, True, False, True, 2),  # a middle rank without the root's parameters
+    (2, 2, 1, "interleaved1f1b", 4, True, False, True, 4),  # 4 stages per rank: the runtime reshards and gathers again
+    (2, 2, 1, "interleaved1f1b", 4, False, True, False, 5),  # 5 per rank, bf16 parameters, checkpointed
 )
 # FSDP2's buffers in a stage, as vramscope's --buffers names them.
 FSDP_KINDS = ("all-gather output", "unsharded parameters", "unsharded gradients (accumulated)",
               "reduce-scatter input", "reduce-scatter output (sharded gradients)")
+
+
+def layers_of(stages, virtual):
+    """The decoder's layers: LAYERS, or one per stage when the schedule has more stages."""
+    return max(LAYERS, stages * virtual - 2)
 
 
 def split(stages, layers):
@@ -227,7 +234,8 @@ def torch_side(stages, fsdp, tp, schedule, microbatches, return_outputs, checkpo
     # The mesh (pp, dp, tp): this process is the stage's data- and tensor-parallel rank 0.
     dist.init_process_group("fake", rank=rank * fsdp * tp, world_size=stages * fsdp * tp, store=FakeStore())
     mesh = init_device_mesh("cpu", (stages, fsdp, tp), mesh_dim_names=("pp", "dp", "tp"))
-    cfg = LlamaConfig.from_dict({**json.loads(CONFIG.read_text()), "use_cache": False, "num_hidden_layers": LAYERS})
+    layers = layers_of(stages, virtual)
+    cfg = LlamaConfig.from_dict({**json.loads(CONFIG.read_text()), "use_cache": False, "num_hidden_layers": layers})
     cfg._attn_implementation = "sdpa"
     torch.manual_seed(0)
     torch.set_default_dtype(torch.float32 if mixed else torch.bfloat16)
@@ -239,7 +247,7 @@ def torch_side(stages, fsdp, tp, schedule, microbatches, return_outputs, checkpo
     # Interleaved schedules hold `virtual` stages per rank, stage rank + k * stages (loop style).
     total = stages * virtual
     indices = [rank + k * stages for k in range(virtual)]
-    ranges = split(total, LAYERS)
+    ranges = split(total, layers)
 
     class Stage(nn.Module):
         """LlamaModel.forward for the stage's layers (and the embedding, or norm and lm_head)."""
@@ -389,13 +397,14 @@ def ours(exe, stages, fsdp, tp, schedule, microbatches, return_outputs, checkpoi
     options = f"schedule={schedule},microbatches={microbatches},stage={rank},return_outputs={str(return_outputs).lower()}"
     if virtual > 2:
         # torchtitan's pipeline_parallel_layers_per_stage: ceil((L + 2) / N) stages in all.
-        per_stage = -(-(LAYERS + 2) // (stages * virtual))
-        assert -(-(LAYERS + 2) // per_stage) == stages * virtual
+        layers = layers_of(stages, virtual)
+        per_stage = -(-(layers + 2) // (stages * virtual))
+        assert -(-(layers + 2) // per_stage) == stages * virtual
         options += f",layers_per_stage={per_stage}"
     if mixed:
         options += ",param_dtype=bf16,reduce_dtype=f32"
     config = Path(tmp) / "llama-4layer.json"
-    config.write_text(json.dumps({**json.loads(CONFIG.read_text()), "num_hidden_layers": LAYERS}))
+    config.write_text(json.dumps({**json.loads(CONFIG.read_text()), "num_hidden_layers": layers_of(stages, virtual)}))
     subprocess.run([exe, "trace", "--hf-config", str(config), "--batch", str(BATCH), "--seq", str(SEQ), "--attn", "sdpa",
                     "--dtype", "f32" if mixed else "bf16", "--device", "sim:h100-80g", "--steps", str(STEPS),
                     "--stack", stack, "--parallel", mesh_of(stages, fsdp, tp), "--parallel-options", options,

@@ -823,6 +823,10 @@ void FullyShard::wait_stage(std::size_t local) {
   for (std::size_t i : stage_groups(local)) wait_for_unshard(groups_[i]);
 }
 
+void FullyShard::reshard_stage(std::size_t local) {
+  for (std::size_t i : stage_groups(local)) reshard(groups_[i]);
+}
+
 void FullyShard::reduce_stage(std::size_t local) {
   // start_gradient_reduction: set_requires_gradient_sync(True), set_reshard_after_backward(True),
   // finalize_backward over the stage root's states in reverse (its last layer first, the root

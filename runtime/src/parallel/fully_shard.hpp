@@ -57,8 +57,9 @@ class FullyShard final : public ForwardHooks {
   // Under an interleaved schedule (_PipelineScheduleRuntime, torch 2.15 schedules.py) each of
   // the rank's stages is an FSDP root of its own (torchtitan's apply_fsdp on each model part),
   // and the runtime drives them: UNSHARD all-gathers a stage's modules ahead (async_op=True),
-  // the compute waits for it, REDUCE_GRAD reduce-scatters the stage's gradients after its last
-  // backward (finalize_backward, then the wait).
+  // the compute waits for it, RESHARD frees them when the stage leaves the runtime's window of
+  // three, REDUCE_GRAD reduce-scatters the stage's gradients after its last backward
+  // (finalize_backward, then the wait).
   /// Which local stage each group belongs to: a block by the body's child it is, the root's
   /// parameters by their modules (the embedding's stage, or the norm's and lm_head's); `parts[k]`
   /// marks the body's children stage k runs.
@@ -73,6 +74,9 @@ class FullyShard final : public ForwardHooks {
   void wait_stage(std::size_t local);
   /// REDUCE_GRAD: start_gradient_reduction and wait_for_gradient_reduction for the stage's root.
   void reduce_stage(std::size_t local);
+  /// RESHARD of a stage leaving the runtime's window before its gradients are reduced: each of
+  /// its FSDP modules' reshard() (the unsharded parameters go; the gradients kept on them stay).
+  void reshard_stage(std::size_t local);
   /// Log entries name the pipeline's action begun last ("step 1 backward 3") instead of the phase.
   void label_with(const std::string* action) noexcept { action_ = action; }
   /// Bytes sent in its all-gathers and reduce-scatters so far ((n - 1) / n of each gathered tensor).

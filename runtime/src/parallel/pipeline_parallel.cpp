@@ -123,13 +123,6 @@ PipelineParallel::PipelineParallel(const ParallelConfig& config, Sequential& bod
       stages_[k].part.push_back(std::find(names[k].begin(), names[k].end(), name) != names[k].end());
     }
   }
-  if (config.engine == ParallelEngine::Fsdp && per_rank > 3) {
-    // _add_unshard_reshard keeps three stages gathered (max_active_stages=3): a fourth evicts one,
-    // and its RESHARD and the UNSHARD again are not followed yet.
-    throw Error("fsdp inside an interleaved schedule of " + std::to_string(per_rank) +
-                " stages per rank is not modelled (the runtime keeps three gathered and reshards the others in "
-                "between); give layers_per_stage so that a rank holds three stages or fewer");
-  }
   // The schedule's program, the same every step; a schedule the micro-batches do not allow
   // throws here.
   program_ = pipeline_program(config.schedule, stages, config.stage, microbatches_, per_rank);
@@ -253,8 +246,9 @@ void PipelineParallel::step(Runtime& rt, const Tensor& input, const Tensor& targ
     mb.input = mb.output = mb.edge = mb.received_grad = Tensor{};
   };
 
-  // FSDP: a stage's all-gathers issued by UNSHARD are waited before its next compute.
-  std::vector<bool> gathering(stages_.size(), false);
+  // FSDP: a stage's all-gathers issued by UNSHARD are waited before its next compute; a stage
+  // whose REDUCE_GRAD ran (_finalized_stages) skips its next RESHARD, the reduction resharded it.
+  std::vector<bool> gathering(stages_.size(), false), finalized(stages_.size(), false);
   const auto assert_unsharded = [&](const PipelineOp& op) {
     const std::size_t k = op.stage / ranks;
     if (!gathering[k]) return;
@@ -299,11 +293,20 @@ void PipelineParallel::step(Runtime& rt, const Tensor& input, const Tensor& targ
           gathering[op.stage / ranks] = true;
         }
         break;
-      // A stage's RESHARD comes after its REDUCE_GRAD (three stages or fewer per rank stay
-      // gathered until then): the reduction resharded it already (_finalized_stages).
-      case PipelineStep::Reshard: break;
+      // The runtime's window (three stages) moved on: the stage goes back to its shards, unless
+      // its REDUCE_GRAD did that already.
+      case PipelineStep::Reshard:
+        if (finalized[op.stage / ranks]) {
+          finalized[op.stage / ranks] = false;
+        } else if (calls.reshard) {
+          calls.reshard(op.stage / ranks);
+        }
+        break;
       case PipelineStep::ReduceGrad:
-        if (calls.reduce_stage) calls.reduce_stage(op.stage / ranks);
+        if (calls.reduce_stage) {
+          calls.reduce_stage(op.stage / ranks);
+          finalized[op.stage / ranks] = true;
+        }
         break;
     }
   }

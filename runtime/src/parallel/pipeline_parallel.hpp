@@ -77,7 +77,7 @@ class PipelineParallel {
     std::function<void()> reduce_grads;
     /// An interleaved schedule's FSDP actions on local stage `local` (empty without FSDP): UNSHARD,
     /// the wait for it before the stage's next compute (_assert_unsharded), REDUCE_GRAD.
-    std::function<void(std::size_t local)> unshard, wait_unshard, reduce_stage;
+    std::function<void(std::size_t local)> unshard, wait_unshard, reduce_stage, reshard;
   };
   /// Which of the rank's modules each local stage runs (the body's children).
   std::vector<std::vector<bool>> parts() const;

@@ -590,6 +590,7 @@ StepStats Trainer::step() {
         calls.unshard = [this](std::size_t local) { fsdp_->unshard_stage(local); };
         calls.wait_unshard = [this](std::size_t local) { fsdp_->wait_stage(local); };
         calls.reduce_stage = [this](std::size_t local) { fsdp_->reduce_stage(local); };
+        calls.reshard = [this](std::size_t local) { fsdp_->reshard_stage(local); };
       } else {
         calls.reduce_grads = [this] { fsdp_->finalize_backward(); };
       }
