@@ -83,12 +83,12 @@ std::string max_batch_report(const planner::MaxBatchResult& result, const Report
   std::string out = fmt::format(
       "vramscope sweep --max-batch: {}, {} sequential modules, {} parameters ({} in f32)\n", title,
       m.sequence_length, human_count(m.parameters), format_bytes(m.parameter_bytes(nn::DType::F32)));
-  const bool cudagraphs =
-      std::any_of(spec.compiles.begin(), spec.compiles.end(), [](const auto& c) { return c && c->cudagraphs; });
   out += fmt::format("on {} ({} total){}, optimizer {}, {} step{} per run{}, {} dry runs\n\n",
                      result.device.name, format_bytes(result.device.total_bytes), per_gpu(spec.parallels),
                      nn::optimizer_label(spec.optimizer), spec.steps, spec.steps == 1 ? "" : "s",
-                     cudagraphs && spec.steps < 3 ? " (3 with CUDA graphs: warmup, recording, replay)" : "",
+                     planner::any_cudagraphs(spec.compiles) && spec.steps < nn::kCudaGraphSteps
+                         ? fmt::format(" ({} with CUDA graphs: warmup, recording, replay)", nn::kCudaGraphSteps)
+                         : std::string(),
                      result.probes);
 
   const bool show_conf = spec.alloc_confs.size() > 1 || (spec.alloc_confs.size() == 1 && !spec.alloc_confs[0].empty());

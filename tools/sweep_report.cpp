@@ -306,10 +306,9 @@ std::string sweep_report(const planner::SweepResult& result, const ReportOptions
           ? fmt::format("{} micro-batches per optimizer step (gradient accumulation), then {} more", spec.accumulation,
                         spec.steps)
           : fmt::format("{} step{} per configuration{}", spec.steps, spec.steps == 1 ? "" : "s",
-                        spec.steps < 3 && std::any_of(spec.compiles.begin(), spec.compiles.end(),
-                                                      [](const auto& c) { return c && c->cudagraphs; })
-                            ? " (3 with CUDA graphs: warmup, recording, replay)"
-                            : "");
+                        spec.steps < nn::kCudaGraphSteps && planner::any_cudagraphs(spec.compiles)
+                            ? fmt::format(" ({} with CUDA graphs: warmup, recording, replay)", nn::kCudaGraphSteps)
+                            : std::string());
   out += fmt::format("on {} ({} total){}, optimizer {}, {}, {}\n\n",
                      result.device.name, format_bytes(result.device.total_bytes), per_gpu(spec.parallels),
                      nn::optimizer_label(spec.optimizer), steps,
@@ -397,9 +396,7 @@ std::string sweep_report(const planner::SweepResult& result, const ReportOptions
                             m.compiled->graph.torch, m.compiled->graph.traced_on, m.compiled->batch,
                             m.compiled->seq > 0 ? fmt::format(", sequence {}", m.compiled->seq) : std::string()),
                 "  ", "  ");
-    const bool cudagraphs = std::any_of(spec.compiles.begin(), spec.compiles.end(),
-                                        [](const auto& c) { return c && c->cudagraphs; });
-    if (cudagraphs) {
+    if (planner::any_cudagraphs(spec.compiles)) {
       out += wrap(fmt::format("CUDA graphs (mode=\"reduce-overhead\", inductor's CUDA graph trees): both graphs "
                               "take their blocks from one private pool on a side stream, which no other allocation "
                               "shares and empty_cache keeps; their rows run {} steps (warmup, recording with the cache "
@@ -407,7 +404,7 @@ std::string sweep_report(const planner::SweepResult& result, const ReportOptions
                               "from the recording on, the saved values and gradients living there, cuBLAS's "
                               "workspaces cleared around each warmup and recording. The graphs' own device memory "
                               "(cudaGraphInstantiate) is outside the allocator and not counted.",
-                              std::max<std::size_t>(spec.steps, 3)),
+                              std::max(spec.steps, nn::kCudaGraphSteps)),
                   "  ", "  ");
     }
     for (const planner::SweepRow& row : result.rows) {

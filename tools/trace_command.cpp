@@ -114,10 +114,10 @@ nn::TrainConfig make_config(const TraceArgs& args) {
   const auto compiles = parse_compiles(args.compile, info);
   if (compiles.size() > 1) throw UsageError("--compile: trace runs one setting; give eager, on, one budget or reduce-overhead");
   if (!compiles.empty()) cfg.compile = compiles.front();
-  if (cfg.compile && cfg.compile->cudagraphs && cfg.steps < 3) {
+  if (cfg.compile && cfg.compile->cudagraphs && cfg.steps < nn::kCudaGraphSteps) {
     throw UsageError(fmt::format("--compile reduce-overhead: CUDA graph trees warm each graph up at its first call, "
-                                 "record it at the second and replay it from the third; give --steps 3 or more (got {})",
-                                 cfg.steps));
+                                 "record it at the second and replay it from the third; give --steps {} or more (got {})",
+                                 nn::kCudaGraphSteps, cfg.steps));
   }
   if (args.steps < 1) throw UsageError("--steps: must be at least 1");
   cfg.steps = args.steps;

@@ -114,6 +114,18 @@ AllocatorCore::~AllocatorCore() {
   return true;
 }
 
+// Inlined into malloc, its one caller: no capture under way costs one test.
+[[gnu::always_inline]] inline BlockPool* AllocatorCore::get_pool(std::size_t size, StreamId stream) noexcept {
+  if (!captures_.empty()) [[unlikely]] {
+    for (const auto& [id, capture_stream] : captures_) {
+      if (capture_stream != stream) continue;
+      PrivatePool& pool = *private_pools_.at(id);
+      return size <= kSmallSize ? &pool.small : &pool.large;
+    }
+  }
+  return size <= kSmallSize ? &small_blocks_ : &large_blocks_;
+}
+
 // Cache-line aligned, as free() is: the same code runs from the executable's copy and from
 // libvramscope.so's, and its timing followed where each copy happened to start (the C API
 // pair 8.8 -> 6.6 ns over the C++ pair, issue 35).
@@ -132,7 +144,7 @@ AllocatorCore::~AllocatorCore() {
            : orig_size < kMinBlockSize ? kMinBlockSize
                                        : (orig_size + kMinBlockSize - 1) & ~(kMinBlockSize - 1);
   p.stream = stream;
-  p.pool = captures_.empty() ? (p.size <= kSmallSize ? &small_blocks_ : &large_blocks_) : get_pool(p.size, stream);
+  p.pool = get_pool(p.size, stream);
 
   bool found = get_free_block(p);
   if (!found) {
@@ -242,15 +254,6 @@ void AllocatorCore::release_cached_blocks() {
     const bool empty = pool.reserved == 0 && pool.large.unmapped.empty() && pool.small.unmapped.empty();
     it = empty ? private_pools_.erase(it) : std::next(it);
   }
-}
-
-BlockPool* AllocatorCore::get_pool(std::size_t size, StreamId stream) noexcept {
-  for (const auto& [id, capture_stream] : captures_) {
-    if (capture_stream != stream) continue;
-    PrivatePool& pool = *private_pools_.at(id);
-    return size <= kSmallSize ? &pool.small : &pool.large;
-  }
-  return size <= kSmallSize ? &small_blocks_ : &large_blocks_;
 }
 
 std::vector<const BlockPool*> AllocatorCore::pools_locked() const {

@@ -101,7 +101,7 @@ nn::TrainConfig train_config(const SweepSpec& spec, const SweepRow& row) {
   cfg.offload_activations = spec.offload_activations;
   cfg.compile = row.compile;
   // CUDA graph trees warm a graph up, record it, then replay it: the third step is the first replay.
-  if (row.compile && row.compile->cudagraphs) cfg.steps = std::max<std::size_t>(cfg.steps, 3);
+  if (row.compile && row.compile->cudagraphs) cfg.steps = std::max(cfg.steps, nn::kCudaGraphSteps);
   if (spec.accumulation > 1) accumulate(cfg, spec.accumulation, spec.steps);
   return cfg;
 }
@@ -125,6 +125,10 @@ std::shared_ptr<Device> make_run_device(const SweepSpec& spec) {
   }
   c.capacity -= spec.headroom;
   return std::make_shared<SimDevice>(std::move(c));
+}
+
+bool any_cudagraphs(const std::vector<std::optional<nn::CompileMode>>& compiles) noexcept {
+  return std::any_of(compiles.begin(), compiles.end(), [](const auto& c) { return c && c->cudagraphs; });
 }
 
 std::string compile_label(const std::optional<nn::CompileMode>& compile) {

@@ -170,6 +170,21 @@ TrainConfig mlp_config(std::optional<double> budget, bool cudagraphs = false) {
   return cfg;
 }
 
+/// The MLP's compiled step as CUDA graphs (mode="reduce-overhead"), its allocator at hand: the
+/// steps run one by one (warmup, recording, replay).
+struct CudaGraphsRun {
+  explicit CudaGraphsRun(const std::string& device = "sim:capacity=8GiB,context=0")
+      : cfg(config(device)), alloc(make_device(device_spec_for(cfg))) {}
+  static TrainConfig config(const std::string& device) {
+    TrainConfig cfg = mlp_config(1.0, /*cudagraphs=*/true);
+    cfg.steps = kCudaGraphSteps;
+    cfg.device = device;
+    return cfg;
+  }
+  TrainConfig cfg;
+  CachingAllocator alloc;
+};
+
 TEST(CompiledModelFile, ItsStepRunsAndItsGradientsReachEveryParameter) {
   const ModelInfo info = models::ModelFile::load(kMlp)->describe();
   ASSERT_TRUE(info.compiled);
@@ -224,11 +239,9 @@ std::map<std::string, std::int64_t> pool_blocks(const CachingAllocator& alloc, P
 }
 
 TEST(CompiledModelFile, ReduceOverheadRunsBothGraphsInOnePrivatePool) {
-  TrainConfig cfg = mlp_config(1.0, /*cudagraphs=*/true);
-  cfg.steps = 3;
-  const auto device = make_device(device_spec_for(cfg));
-  CachingAllocator alloc{device};
-  Trainer trainer{cfg, alloc};
+  CudaGraphsRun run;
+  CachingAllocator& alloc = run.alloc;
+  Trainer trainer{run.cfg, alloc};
   // Warmup: the graphs already run in the pool, on its own stream.
   trainer.step();
   const CompiledStep& step = *trainer.compiled();
@@ -260,11 +273,9 @@ TEST(CompiledModelFile, ReduceOverheadRunsBothGraphsInOnePrivatePool) {
 TEST(CompiledModelFile, ReduceOverheadKeepsTheSavedValuesAndGradientsInThePool) {
   // Stop inside the third step's backward, before its gradients reach .grad: one step only runs
   // the forward and the backward here, by hand.
-  TrainConfig cfg = mlp_config(1.0, /*cudagraphs=*/true);
-  cfg.steps = 3;
-  const auto device = make_device(device_spec_for(cfg));
-  CachingAllocator alloc{device};
-  Trainer trainer{cfg, alloc};
+  CudaGraphsRun run;
+  CachingAllocator& alloc = run.alloc;
+  Trainer trainer{run.cfg, alloc};
   trainer.step();
   trainer.step();
   CompiledStep& step = const_cast<CompiledStep&>(*trainer.compiled());
@@ -290,14 +301,11 @@ TEST(CompiledModelFile, ReduceOverheadKeepsTheSavedValuesAndGradientsInThePool) 
 }
 
 TEST(CompiledModelFile, ReduceOverheadOutOfMemoryInsideAGraphLeavesTheAllocatorConsistent) {
-  TrainConfig cfg = mlp_config(1.0, /*cudagraphs=*/true);
-  cfg.steps = 3;
-  cfg.device = "sim:capacity=24MiB,context=0";
-  const auto device = make_device(device_spec_for(cfg));
-  CachingAllocator alloc{device};
+  CudaGraphsRun run("sim:capacity=24MiB,context=0");
+  CachingAllocator& alloc = run.alloc;
   bool failed = false;
   {
-    Trainer trainer{cfg, alloc};
+    Trainer trainer{run.cfg, alloc};
     try {
       for (int i = 0; i < 3; ++i) trainer.step();
     } catch (const OutOfMemoryError&) {

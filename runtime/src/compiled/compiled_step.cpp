@@ -392,11 +392,8 @@ CompiledStep::CompiledStep(std::shared_ptr<const CompiledModel> model, CompileMo
 
 CompiledStep::~CompiledStep() {
   State& st = *state_;
-  st.values.clear();
-  st.held.clear();
-  st.copy_tensors.clear();
   // The manager and the recorded graphs go: the pool has no user left, and empty_cache may give
-  // its segments back once its blocks (a parameter's .grad) are freed.
+  // its segments back once its blocks (the step's values, a parameter's .grad) are freed.
   for (; st.tree.pool_users > 0; --st.tree.pool_users) {
     try {
       st.tree.allocator->release_pool(st.tree.pool);
@@ -572,19 +569,15 @@ void CompiledStep::backward(Runtime& rt) {
   std::vector<Tensor> seeds;
   std::optional<GraphCall> graph_call;
   if (mode_.cudagraphs) {
+    std::vector<std::int32_t> tangents;
     for (std::int32_t n : s.nodes) {
       const JointNode& node = g.nodes[n];
-      if (node.op == JointNode::Op::Placeholder && node.input == JointNode::Input::Tangent) {
-        st.values[n] = empty(rt, node.shape, node.dtype);
-        seeds.push_back(st.values[n]);
-      }
+      if (node.op == JointNode::Op::Placeholder && node.input == JointNode::Input::Tangent) tangents.push_back(n);
     }
+    for (std::int32_t n : tangents) seeds.push_back(st.values[n] = empty(rt, g.nodes[n].shape, g.nodes[n].dtype));
     graph_call.emplace(rt, st.tree, st.backward_calls++);
-    for (std::int32_t n : s.nodes) {
-      const JointNode& node = g.nodes[n];
-      if (graph_call->copies_inputs() && node.op == JointNode::Op::Placeholder && node.input == JointNode::Input::Tangent) {
-        st.values[n] = empty(rt, node.shape, node.dtype);
-      }
+    if (graph_call->copies_inputs()) {
+      for (std::int32_t n : tangents) st.values[n] = empty(rt, g.nodes[n].shape, g.nodes[n].dtype);
     }
   }
   // The layout copies go after their last reader in the backward (at once if it reads none).
@@ -610,8 +603,8 @@ void CompiledStep::backward(Runtime& rt) {
       run_kernel(rt, g, s, n, st.values);
     }
     // The graph's own values and the loss's gradient go after their last reader; parameters and
-    // the batch stay with their owners.
-    // A batch tensor copied into the CUDA graphs' pool is the backward's to free, as a saved value.
+    // the batch stay with their owners, except a batch tensor copied into the CUDA graphs' pool,
+    // which the backward frees as a saved value.
     auto freeable = [&](std::int32_t v) {
       return !s.output[v] && (g.nodes[v].op != JointNode::Op::Placeholder || g.nodes[v].input == JointNode::Input::Tangent ||
                               st.input_copy[v]);

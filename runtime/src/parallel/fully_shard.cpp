@@ -740,20 +740,27 @@ void FullyShard::root_post_backward_final_callback() {
   end_backward_iteration();
 }
 
-void FullyShard::end_backward_iteration() {
+void FullyShard::end_backward_iteration(std::optional<std::size_t> stage) {
   // wait_for_gradient_reduction (_end_backward_iteration): the last reduce-scatter input, and
-  // any all-gather output kept.
+  // any all-gather output kept; the root's post-forward order starts again.
   if (reduce_scatter_state_.defined()) release(reduce_scatter_state_, reduce_scatter_state_log_);
   release_all_gather_state();
-  for (auto& order : post_forward_orders_) order.clear();
-  for (Group& g : groups_) g.post_forward_indices.clear();
+  for (std::size_t k = 0; k < post_forward_orders_.size(); ++k) {
+    if (!stage || k == *stage) post_forward_orders_[k].clear();
+  }
+  for (Group& g : groups_) {
+    if (!stage || g.stage == *stage) g.post_forward_indices.clear();
+  }
 }
 
-void FullyShard::finalize_backward() {
-  // perform_reduce_grad (torch 2.15 stage.py): set_requires_gradient_sync(True),
-  // set_reshard_after_backward(True), then FSDPState.finalize_backward over the states in
-  // reverse (the last block first, the root last): a group with gradients pending runs its
-  // post-backward now (take, reshard, reduce-scatter), any other reshards.
+void FullyShard::finalize_backward() { finalize_root(std::nullopt); }
+
+void FullyShard::finalize_root(std::optional<std::size_t> stage) {
+  // set_requires_gradient_sync(True), set_reshard_after_backward(True), then
+  // FSDPState.finalize_backward over the root's states in reverse (the last block first, the
+  // root last): a group with gradients pending runs its post-backward now (take, reshard,
+  // reduce-scatter), any other reshards; then the wait (the stage scales the sharded gradients
+  // in place after).
   finalizing_ = true;
   in_backward_ = true;
   const auto finalize = [&](Group& g) {
@@ -764,9 +771,11 @@ void FullyShard::finalize_backward() {
     }
     g.state = State::Idle;
   };
-  for (std::size_t i = groups_.size() - 1; i-- > 0;) finalize(groups_[i]);
-  finalize(groups_.back());
-  end_backward_iteration();  // then the stage scales the sharded gradients in place
+  for (std::size_t i = groups_.size() - 1; i-- > 0;) {
+    if (!stage || groups_[i].stage == *stage) finalize(groups_[i]);
+  }
+  if (!stage || stage_has_root(*stage)) finalize(groups_.back());
+  end_backward_iteration(stage);
   finalizing_ = false;
 }
 
@@ -828,29 +837,8 @@ void FullyShard::reshard_stage(std::size_t local) {
 }
 
 void FullyShard::reduce_stage(std::size_t local) {
-  // start_gradient_reduction: set_requires_gradient_sync(True), set_reshard_after_backward(True),
-  // finalize_backward over the stage root's states in reverse (its last layer first, the root
-  // last); then wait_for_gradient_reduction: _end_backward_iteration of this root.
-  finalizing_ = true;
-  in_backward_ = true;
-  std::vector<std::size_t> groups = stage_groups(local);
-  const bool has_root = stage_has_root(local);
-  std::reverse(groups.begin() + (has_root ? 1 : 0), groups.end());
-  if (has_root) std::rotate(groups.begin(), groups.begin() + 1, groups.end());  // the root last
-  for (std::size_t i : groups) {
-    Group& g = groups_[i];
-    if (g.post_backward_pending) {
-      post_backward(g);
-    } else {
-      reshard(g);
-    }
-    g.state = State::Idle;
-    g.post_forward_indices.clear();
-  }
-  if (reduce_scatter_state_.defined()) release(reduce_scatter_state_, reduce_scatter_state_log_);
-  release_all_gather_state();
-  post_forward_orders_.at(local).clear();
-  finalizing_ = false;
+  // start_gradient_reduction, then wait_for_gradient_reduction, on the stage's root.
+  finalize_root(local);
 }
 
 }  // namespace mem::nn::detail

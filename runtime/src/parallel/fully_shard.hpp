@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -135,8 +136,11 @@ class FullyShard final : public ForwardHooks {
   void foreach_reduce(Group& group, std::vector<std::pair<Param*, Tensor>>& grads);
   void root_post_backward_final_callback();
   /// _end_backward_iteration: the last reduce-scatter input and any kept all-gather output go,
-  /// and the post-forward order starts again.
-  void end_backward_iteration();
+  /// and the post-forward order starts again (of one local stage's root; nullopt: every root).
+  void end_backward_iteration(std::optional<std::size_t> stage = std::nullopt);
+  /// perform_reduce_grad's finalization of one local stage's root (nullopt: every group): the
+  /// groups' pending post-backwards, the last block first, the root last; then the wait.
+  void finalize_root(std::optional<std::size_t> stage);
   void release_all_gather_state();
   /// The blocks' pre-forward and the root's: cast, unshard, the post-backward node.
   Tensor group_pre_forward(Group& group, const Tensor& input);

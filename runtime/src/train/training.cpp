@@ -134,9 +134,10 @@ std::unique_ptr<CompiledStep> make_compiled(const TrainConfig& config, Model& mo
                 std::to_string(info.batch) + (c.seq > 0 ? ", sequence " + std::to_string(seq) : std::string()) +
                 " (" + c.fixed + "; record the file at that size)");
   }
-  if (config.compile->cudagraphs && config.steps < 3) {
+  if (config.compile->cudagraphs && config.steps < kCudaGraphSteps) {
     throw Error("--compile reduce-overhead: CUDA graph trees warm each graph up at its first call, record it at the "
-                "second and replay it from the third: run 3 steps or more (this run asks " +
+                "second and replay it from the third: run " + std::to_string(kCudaGraphSteps) +
+                " steps or more (this run asks " +
                 std::to_string(config.steps) + ")");
   }
   if (config.compile->cudagraphs && config.accumulation > 1) {

@@ -147,6 +147,9 @@ std::string configuration_label(nn::Precision precision, const std::string& shap
 /// "eager", "compiled" (PyTorch's default partition), "compiled budget 0.5", "reduce-overhead",
 /// "reduce-overhead budget 0.5" (CUDA graphs).
 std::string compile_label(const std::optional<nn::CompileMode>& compile);
+/// Whether any of --compile's settings runs the step as CUDA graphs (its rows take
+/// nn::kCudaGraphSteps steps at least).
+bool any_cudagraphs(const std::vector<std::optional<nn::CompileMode>>& compiles) noexcept;
 
 struct SweepRow {
   std::size_t segments = 0;              ///< as asked; 0 = no checkpointing

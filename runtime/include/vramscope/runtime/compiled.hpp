@@ -17,6 +17,7 @@
 // from their kernel to their last reader.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -117,6 +118,9 @@ struct CompileMode {
   bool cudagraphs = false;
   friend bool operator==(const CompileMode&, const CompileMode&) = default;
 };
+/// The steps a run with CUDA graphs takes at least: a graph's first call is its warmup, the
+/// second records it, the third is the first replay.
+inline constexpr std::size_t kCudaGraphSteps = 3;
 
 /// A model file's "compiled": the joint graph torch.compile recorded, its sizes evaluated at the
 /// run's batch (and sequence length).
