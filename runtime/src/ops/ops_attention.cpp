@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "engine/detail.hpp"
+#include "ops/sdpa_kernels.hpp"
 
 namespace mem::nn {
 namespace {
@@ -75,35 +76,74 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool c
   }
 }
 
+template <class T>
+void attention_backward(const Tensor& go, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                      bool causal, double scale, const Tensor& gq, const Tensor& gk, const Tensor& gv) {
+  const std::int64_t b = q.size(0), h = q.size(1), s = q.size(2), d = q.size(3), hk = k.size(1), sk = k.size(2);
+  HostIn<T> Q(q), K(k), V(v), O(o), G(go);
+  std::vector<T> dq(static_cast<std::size_t>(q.numel())), dk(static_cast<std::size_t>(k.numel())),
+      dv(static_cast<std::size_t>(v.numel())), p(static_cast<std::size_t>(sk)), dp(static_cast<std::size_t>(sk));
+  for (std::int64_t bi = 0; bi < b; ++bi) {
+    for (std::int64_t hi = 0; hi < h; ++hi) {
+      const std::int64_t kh = hi / (h / hk);
+      for (std::int64_t i = 0; i < s; ++i) {
+        const std::int64_t qi = ((bi * h + hi) * s + i) * d;
+        T mx = -std::numeric_limits<T>::infinity();
+        for (std::int64_t j = 0; j < sk; ++j) {
+          T dot{0};
+          for (std::int64_t c = 0; c < d; ++c) dot += Q[qi + c] * K[((bi * hk + kh) * sk + j) * d + c];
+          p[j] = causal && j > i ? -std::numeric_limits<T>::infinity() : dot * static_cast<T>(scale);
+          mx = std::max(mx, p[j]);
+        }
+        T sum{0};
+        for (std::int64_t j = 0; j < sk; ++j) sum += p[j] = std::exp(p[j] - mx);
+        T delta{0};
+        for (std::int64_t c = 0; c < d; ++c) delta += G[qi + c] * O[qi + c];
+        for (std::int64_t j = 0; j < sk; ++j) {
+          p[j] /= sum;
+          const std::int64_t kv = ((bi * hk + kh) * sk + j) * d;
+          T dot{0};
+          for (std::int64_t c = 0; c < d; ++c) {
+            dot += G[qi + c] * V[kv + c];
+            dv[kv + c] += p[j] * G[qi + c];
+          }
+          dp[j] = p[j] * (dot - delta) * static_cast<T>(scale);
+          for (std::int64_t c = 0; c < d; ++c) {
+            dq[qi + c] += dp[j] * K[kv + c];
+            dk[kv + c] += dp[j] * Q[qi + c];
+          }
+        }
+      }
+    }
+  }
+  detail::store_logical(gq, dq);
+  detail::store_logical(gk, dk);
+  detail::store_logical(gv, dv);
+}
+
+
+/// Whether `t` [B, H, S, d] is a dense [B, S, H, d] tensor seen through transpose(1, 2): the
+/// layout the flash kernel reads, so .contiguous() of its transpose copies nothing.
+bool bshd_dense(const Tensor& t) {
+  const std::int64_t s = t.size(2), h = t.size(1), d = t.size(3);
+  return t.strides()[3] == 1 && t.strides()[1] == d && t.strides()[2] == h * d && t.strides()[0] == s * h * d;
+}
+
 /// _scaled_dot_product_{flash,efficient}_attention backward. Saves query, key, value,
-/// output and logsumexp (derivatives.yaml), plus the philox seed and offset when dropout
-/// is on. Backward allocates dq, dk, dv in [B, S, H, d] and the backend's f32 workspace
-/// for the duration of the kernel (see workspace()).
+/// output and logsumexp (derivatives.yaml), and the flash kernel's rng state.
 class SdpaBackward final : public Node {
  public:
-  SdpaBackward(SdpaBackend backend, bool causal, double scale) : backend_(backend), causal_(causal), scale_(scale) {}
+  SdpaBackward(SdpaBackend backend, bool causal) : backend_(backend), causal_(causal) {}
   SavedTensor q_, k_, v_, out_, lse_;
+  std::vector<SavedTensor> rng_;
   TensorList apply(TensorList& grads) override {
-    const Tensor& go = grads[0];
-    const Tensor q = q_.unpack(), k = k_.unpack(), v = v_.unpack(), o = out_.unpack();
-    Runtime& rt = go.runtime();
-    const std::int64_t b = q.size(0), h = q.size(1), s = q.size(2), d = q.size(3);
-    // _flash_attention_backward takes out.contiguous() in [B, S, H, d]: a copy for the
-    // duration when the output is not in that layout (HF's contiguous q makes it [B, H, S, d]).
-    const bool bshd_dense = o.strides()[3] == 1 && o.strides()[1] == d && o.strides()[2] == h * d &&
-                            o.strides()[0] == s * h * d;
-    [[maybe_unused]] Tensor out_copy;
-    if (backend_ == SdpaBackend::Flash && !bshd_dense) out_copy = empty_like(o);
-    std::vector<Tensor> work = workspace(rt, b, h, s, d);
-    Tensor gq = like(q), gk = like(k), gv = like(v);
-    rt.add_flops(10.0 * static_cast<double>(b * h * s * k.size(2) * d));
-    if (rt.computing()) {
-      detail::dispatch(q.dtype(), [&](auto tag) { compute<decltype(tag)>(go, q, k, v, o, gq, gk, gv); });
-    }
-    return {gq, gk, gv};
+    std::vector<Tensor> g = detail::sdpa_backward_kernel(grads[0], q_.unpack(), k_.unpack(), v_.unpack(),
+                                                         out_.unpack(), backend_, causal_);
+    return {g[0], g[1], g[2]};
   }
   void release_variables() noexcept override {
     for (SavedTensor* t : {&q_, &k_, &v_, &out_, &lse_}) t->reset();
+    for (SavedTensor& t : rng_) t.reset();
   }
   std::string_view name() const noexcept override {
     return backend_ == SdpaBackend::Flash ? "ScaledDotProductFlashAttentionBackward0"
@@ -111,72 +151,105 @@ class SdpaBackward final : public Node {
   }
 
  private:
-  /// Flash (flash_api.cpp, mha_bwd): softmax_d {B, H, S rounded to 128} and dq_accum
-  /// {B, S rounded to 128, H, d rounded to 32 (64 above 128)}, both f32. Efficient
-  /// (attention_backward.cu, _efficient_attention_backward): delta {B, H, S} f32; its
-  /// kernel-dependent byte workspace (gradient accumulators per key block) is not modelled.
-  std::vector<Tensor> workspace(Runtime& rt, std::int64_t b, std::int64_t h, std::int64_t s, std::int64_t d) const {
-    std::vector<Tensor> w;
-    if (backend_ == SdpaBackend::Flash) {
-      w.push_back(empty(rt, Shape{b, h, round_up(s, 128)}, DType::F32));
-      w.push_back(empty(rt, Shape{b, round_up(s, 128), h, round_up(d, d <= 128 ? 32 : 64)}, DType::F32));
-    } else {
-      w.push_back(empty(rt, Shape{b, h, s}, DType::F32));
-    }
-    return w;
-  }
-
-  template <class T>
-  void compute(const Tensor& go, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
-               const Tensor& gq, const Tensor& gk, const Tensor& gv) const {
-    const std::int64_t b = q.size(0), h = q.size(1), s = q.size(2), d = q.size(3), hk = k.size(1), sk = k.size(2);
-    HostIn<T> Q(q), K(k), V(v), O(o), G(go);
-    std::vector<T> dq(static_cast<std::size_t>(q.numel())), dk(static_cast<std::size_t>(k.numel())),
-        dv(static_cast<std::size_t>(v.numel())), p(static_cast<std::size_t>(sk)), dp(static_cast<std::size_t>(sk));
-    for (std::int64_t bi = 0; bi < b; ++bi) {
-      for (std::int64_t hi = 0; hi < h; ++hi) {
-        const std::int64_t kh = hi / (h / hk);
-        for (std::int64_t i = 0; i < s; ++i) {
-          const std::int64_t qi = ((bi * h + hi) * s + i) * d;
-          T mx = -std::numeric_limits<T>::infinity();
-          for (std::int64_t j = 0; j < sk; ++j) {
-            T dot{0};
-            for (std::int64_t c = 0; c < d; ++c) dot += Q[qi + c] * K[((bi * hk + kh) * sk + j) * d + c];
-            p[j] = causal_ && j > i ? -std::numeric_limits<T>::infinity() : dot * static_cast<T>(scale_);
-            mx = std::max(mx, p[j]);
-          }
-          T sum{0};
-          for (std::int64_t j = 0; j < sk; ++j) sum += p[j] = std::exp(p[j] - mx);
-          T delta{0};
-          for (std::int64_t c = 0; c < d; ++c) delta += G[qi + c] * O[qi + c];
-          for (std::int64_t j = 0; j < sk; ++j) {
-            p[j] /= sum;
-            const std::int64_t kv = ((bi * hk + kh) * sk + j) * d;
-            T dot{0};
-            for (std::int64_t c = 0; c < d; ++c) {
-              dot += G[qi + c] * V[kv + c];
-              dv[kv + c] += p[j] * G[qi + c];
-            }
-            dp[j] = p[j] * (dot - delta) * static_cast<T>(scale_);
-            for (std::int64_t c = 0; c < d; ++c) {
-              dq[qi + c] += dp[j] * K[kv + c];
-              dk[kv + c] += dp[j] * Q[qi + c];
-            }
-          }
-        }
-      }
-    }
-    detail::store_logical(gq, dq);
-    detail::store_logical(gk, dk);
-    detail::store_logical(gv, dv);
-  }
-
   SdpaBackend backend_;
   bool causal_;
-  double scale_;
 };
 
+/// flash_api.cpp's num_splits_heuristic: how many blocks of keys the forward kernel splits a
+/// query block's work into when batch x heads x query blocks of 64 leave the SMs (two blocks
+/// each) under 80% busy: the split count whose waves are within 85% of the best efficiency.
+int flash_num_splits(std::int64_t batch_heads_mblocks, std::int64_t sm_slots, std::int64_t n_blocks) {
+  if (static_cast<double>(batch_heads_mblocks) >= 0.8 * static_cast<double>(sm_slots)) return 1;
+  const std::int64_t max_splits = std::min({std::int64_t{128}, sm_slots, n_blocks});
+  const auto ceildiv = [](std::int64_t a, std::int64_t b) { return (a + b - 1) / b; };
+  const auto eligible = [&](std::int64_t n) { return n == 1 || ceildiv(n_blocks, n) != ceildiv(n_blocks, n - 1); };
+  std::vector<double> efficiency;
+  double best = 0;
+  for (std::int64_t n = 1; n <= max_splits; ++n) {
+    const double waves = static_cast<double>(batch_heads_mblocks * n) / static_cast<double>(sm_slots);
+    efficiency.push_back(eligible(n) ? waves / std::ceil(waves) : 0.0);
+    best = std::max(best, efficiency.back());
+  }
+  for (std::int64_t n = 1; n <= max_splits; ++n) {
+    if (eligible(n) && efficiency[static_cast<std::size_t>(n - 1)] >= 0.85 * best) return static_cast<int>(n);
+  }
+  return 1;
+}
+
 }  // namespace
+
+namespace detail {
+
+SdpaOutputs sdpa_forward_kernel(const Tensor& q, const Tensor& k, const Tensor& v, SdpaBackend backend, bool causal,
+                                bool need_lse) {
+  Runtime& rt = q.runtime();
+  const std::int64_t b = q.size(0), h = q.size(1), s = q.size(2), d = q.size(3);
+  SdpaOutputs o;
+  o.out = backend == SdpaBackend::Flash ? like(q) : bshd(rt, b, h, s, d, q.dtype());
+  if (backend == SdpaBackend::Flash || need_lse) o.lse = empty(rt, lse_shape(backend, b, h, s), DType::F32);
+  // Split-KV (set_params_splitkv, no dropout): partial results per split, softmax_lse_accum
+  // {splits, B, H, Sq} and out_accum {splits, B, H, Sq, d rounded}, f32, for the kernel's
+  // duration; blocks of 256 keys up to a head dim of 64, 128 up to 128, else 64.
+  Tensor lse_accum, out_accum;
+  if (const int sms = rt.allocator().device().info().multiprocessors; backend == SdpaBackend::Flash && sms > 0) {
+    const std::int64_t block_n = d <= 64 ? 256 : d <= 128 ? 128 : 64;
+    const int splits =
+        flash_num_splits(b * h * ((s + 63) / 64), 2 * std::int64_t{sms}, (k.size(2) + block_n - 1) / block_n);
+    if (splits > 1) {
+      lse_accum = empty(rt, Shape{splits, b, h, s}, DType::F32);
+      out_accum = empty(rt, Shape{splits, b, h, s, round_up(d, d <= 128 ? 32 : 64)}, DType::F32);
+    }
+  }
+  if (backend == SdpaBackend::Flash) {
+    // rng_state = at::empty({2}, kUInt64) and `unused` = at::empty({}, kUInt64), on the device.
+    o.rng.push_back(empty(rt, Shape{2}, DType::I64));
+    o.rng.push_back(empty(rt, Shape{}, DType::I64));
+  }
+  lse_accum = Tensor{};
+  out_accum = Tensor{};
+  rt.add_flops(4.0 * static_cast<double>(b * h * s * k.size(2) * d));
+  if (rt.computing()) {
+    const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+    dispatch(q.dtype(), [&](auto tag) { attention_forward<decltype(tag)>(q, k, v, causal, scale, o.out, o.lse); });
+  }
+  return o;
+}
+
+std::vector<Tensor> sdpa_backward_kernel(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
+                                         const Tensor& out, SdpaBackend backend, bool causal) {
+  Runtime& rt = grad_out.runtime();
+  const std::int64_t b = q.size(0), h = q.size(1), s = q.size(2), d = q.size(3);
+  std::vector<Tensor> g(3);
+  if (backend == SdpaBackend::Flash) {
+    // _flash_attention_backward takes grad_out.contiguous() and out.contiguous() in [B, S, H, d]
+    // (a copy each for the duration when not in that layout: HF's 4.x contiguous q makes the
+    // output [B, H, S, d]); mha_bwd then makes dq, dk, dv (empty_like), softmax_d {B, H, S
+    // rounded to 128} and dq_accum {B, S rounded to 128, H, d rounded to 32 (64 above 128)},
+    // both f32 (flash_api.cpp), freed in reverse: the order an H200 shows (PyTorch 2.11).
+    Tensor dout_copy = bshd_dense(grad_out) ? Tensor{} : empty_like(grad_out);
+    Tensor out_copy = bshd_dense(out) ? Tensor{} : empty_like(out);
+    g = {like(q), like(k), like(v)};
+    Tensor softmax_d = empty(rt, Shape{b, h, round_up(s, 128)}, DType::F32);
+    Tensor dq_accum = empty(rt, Shape{b, round_up(s, 128), h, round_up(d, d <= 128 ? 32 : 64)}, DType::F32);
+    dq_accum = Tensor{};
+    softmax_d = Tensor{};
+  } else {
+    // _efficient_attention_backward: delta {B, H, S} f32 first; its kernel-dependent byte
+    // workspace (gradient accumulators per key block) is not modelled.
+    Tensor delta = empty(rt, Shape{b, h, s}, DType::F32);
+    g = {like(q), like(k), like(v)};
+  }
+  rt.add_flops(10.0 * static_cast<double>(b * h * s * k.size(2) * d));
+  if (rt.computing()) {
+    const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+    dispatch(q.dtype(), [&](auto tag) {
+      attention_backward<decltype(tag)>(grad_out, q, k, v, out, causal, scale, g[0], g[1], g[2]);
+    });
+  }
+  return g;
+}
+
+}  // namespace detail
 
 bool flash_supports(DType dtype, std::int64_t head_dim) noexcept {
   // sdp_utils.cpp, check_head_dim_size_flash / check_flash_attention_datatype (PyTorch 2.5).
@@ -209,6 +282,10 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
   // (../shared/gpu-reference; sim_device.cpp). Elsewhere flash and the memory-efficient
   // kernel live in libtorch_cuda itself.
   if (rt.allocator().device().info().compute_capability >= 90) rt.uses_cudnn();
+  // Inside context_parallel(): the rank's share of the sequence attends around the ring.
+  if (const std::optional<ContextParallel>& ring = rt.context_parallel()) {
+    return detail::ring_attention(q, k, v, backend, causal, *ring);
+  }
   if (training && dropout > 0 && rt.computing()) {
     throw Error("scaled_dot_product_attention: dropout is simulated in dry runs only; use eager attention to compute");
   }
@@ -231,7 +308,7 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
     });
   }
   if (grad) {
-    auto node = detail::make_node<SdpaBackward>({&q, &k, &v}, backend, causal, scale);
+    auto node = detail::make_node<SdpaBackward>({&q, &k, &v}, backend, causal);
     node->q_.save(q);
     node->k_.save(k);
     node->v_.save(v);

@@ -64,6 +64,19 @@ struct RngState {
 
 /// The context every tensor belongs to. Single-threaded: use one per thread.
 /// Must outlive every tensor created in it.
+/// One rank's place in context parallel's ring and the options of PyTorch's ring attention
+/// (torch/distributed/tensor/experimental/_context_parallel/_attention.py, _cp_options):
+/// the sequence split in 2 x world chunks, rank r holding chunks r and 2 x world - 1 - r when
+/// load_balance (the head-tail balancer, context_parallel()'s default for causal attention),
+/// and K and V exchanged by one all-gather (the default rotate method) or by an all-to-all each
+/// step (set_rotate_method("alltoall")).
+struct ContextParallel {
+  std::size_t world = 1;
+  std::size_t rank = 0;
+  bool load_balance = true;
+  bool all_to_all = false;
+};
+
 class Runtime {
  public:
   /// `allocator` must outlive the runtime. Throws mem::Error for compute mode
@@ -122,6 +135,12 @@ class Runtime {
   Tensor cached_cast(const Tensor& param, DType dtype);
   /// Called when the autocast region ends (after forward and loss).
   void clear_autocast_cache() noexcept;
+
+  // --- context parallel --------------------------------------------------------------
+  /// While set, F.scaled_dot_product_attention runs as context parallel's ring attention,
+  /// as inside torch.distributed.tensor.experimental.context_parallel().
+  const std::optional<ContextParallel>& context_parallel() const noexcept { return context_parallel_; }
+  void set_context_parallel(std::optional<ContextParallel> ring) noexcept { context_parallel_ = ring; }
 
   // --- cuBLAS workspaces -------------------------------------------------------------
   /// Called by every matrix product after its output is made, before its kernel. PyTorch
@@ -202,6 +221,7 @@ class Runtime {
   std::vector<double>* flops_by_context_ = nullptr;
   const OpObserver* op_observer_ = nullptr;
   std::optional<DType> autocast_;
+  std::optional<ContextParallel> context_parallel_;
   std::vector<std::pair<const detail::TensorImpl*, std::shared_ptr<detail::TensorImpl>>> cast_cache_;
   std::vector<std::string> warnings_;
   GradReadyHook grad_ready_hook_;

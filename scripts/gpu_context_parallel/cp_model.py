@@ -1,0 +1,115 @@
+#!/usr/bin/env python
+"""cp_model.py W RANK OUT.json [--seq S] [--kv-heads K] [--layers L]: one rank of a transformers
+Llama under context parallel as torchtitan applies it (FSDP2 over the cp mesh, every decoder
+layer and the root; context_parallel() over input_ids and labels, sequence dim 1, neither
+restored), on the fake process group with one CUDA GPU. Two AdamW steps; the CUDA caching
+allocator's trace of both, with phase markers."""
+import argparse
+import json
+import os
+import sys
+import traceback
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cp_probe import dump_trace, import_cp, import_fake_store, make_mesh, rec_start, rec_stop, trace_len  # noqa: E402
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("world_size", type=int)
+    p.add_argument("rank", type=int)
+    p.add_argument("out")
+    p.add_argument("--seq", type=int, default=4096)
+    p.add_argument("--batch", type=int, default=2)
+    p.add_argument("--kv-heads", type=int, default=4)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--rotate", default="allgather")
+    p.add_argument("--steps", type=int, default=2)
+    a = p.parse_args()
+    from torch.distributed.fsdp import fully_shard
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    import transformers
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    A, context_parallel = import_cp()
+    torch.cuda.set_device(0)
+    dist.init_process_group("fake", store=import_fake_store()(), rank=a.rank, world_size=a.world_size)
+    mesh = make_mesh("cuda", a.world_size)
+    if hasattr(A, "set_rotate_method"):
+        A.set_rotate_method(a.rotate)
+    res = {"torch": torch.__version__, "transformers": transformers.__version__, "world_size": a.world_size,
+           "rank": a.rank, "args": vars(a), "cp_options": repr(A._cp_options), "phases": {}, "mem": {}}
+    cfg = LlamaConfig(hidden_size=256, intermediate_size=688, num_hidden_layers=a.layers, num_attention_heads=4,
+                      num_key_value_heads=a.kv_heads, head_dim=64, vocab_size=1000, max_position_embeddings=a.seq,
+                      tie_word_embeddings=False)
+    cfg._attn_implementation = "sdpa"
+    res["config"] = cfg.to_dict()
+    try:
+        with torch.device("meta"):
+            model = LlamaForCausalLM(cfg).to(torch.bfloat16)
+        for layer in model.model.layers:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        model.to_empty(device="cuda")
+        with torch.no_grad():
+            for prm in model.parameters():
+                prm.normal_(0, 0.02)
+            for name, buf in model.named_buffers():
+                if "inv_freq" in name:
+                    d = cfg.head_dim
+                    buf.copy_(1.0 / (cfg.rope_theta if hasattr(cfg, "rope_theta") else 10000.0)
+                              ** (torch.arange(0, d, 2, device="cuda", dtype=torch.float32) / d))
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        rec_start(400000)
+
+        def phase(name):
+            res["phases"][name] = trace_len(0)
+            torch.cuda.synchronize()
+            res["mem"][name] = {"allocated": torch.cuda.memory_allocated(),
+                                "max_allocated": torch.cuda.max_memory_allocated(),
+                                "reserved": torch.cuda.memory_reserved()}
+
+        phase("start")
+        for step in range(a.steps):
+            ids = torch.randint(0, cfg.vocab_size, (a.batch, a.seq), device="cuda")
+            labels = ids.clone()
+            phase(f"step{step}_batch")
+            with context_parallel(mesh, buffers=[ids, labels], buffer_seq_dims=[1, 1],
+                                  no_restore_buffers={ids, labels}):
+                phase(f"step{step}_sharded")
+                with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                                  SDPBackend.CUDNN_ATTENTION]):
+                    loss = model(input_ids=ids, labels=labels).loss
+                    phase(f"step{step}_forward")
+                    loss.backward()
+                phase(f"step{step}_backward")
+                del loss
+            phase(f"step{step}_exited")
+            opt.step()
+            phase(f"step{step}_optimizer")
+            opt.zero_grad(set_to_none=True)
+            del ids, labels
+            phase(f"step{step}_end")
+        res["trace"] = dump_trace(0)
+        rec_stop()
+    except Exception as e:
+        res["error"] = f"{type(e).__name__}: {e}"
+        res["traceback"] = traceback.format_exc()
+        try:
+            res["trace"] = dump_trace(0)
+        except Exception:
+            pass
+    with open(a.out, "w") as f:
+        json.dump(res, f)
+    print(f"[model W={a.world_size} r={a.rank} kv={a.kv_heads}] err={res.get('error')} mem={res['mem'].get('step1_backward')}",
+          file=sys.stderr)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

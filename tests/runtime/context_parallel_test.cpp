@@ -1,0 +1,104 @@
+// context_parallel_test.cpp — context parallel's ring attention, request for request against
+// PyTorch 2.11 on an H200: every allocation and free of one rank's causal flash attention,
+// forward and backward, for 2 and 4 ranks, both rotate methods, load-balanced or not
+// (scripts/gpu_context_parallel: cp_probe.py on the fake process group, extract.py).
+#include <cstdint>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "test_util.hpp"
+
+namespace mem::nn {
+namespace {
+
+const std::string kTraces = std::string(VRAMSCOPE_TEST_DATA_DIR) + "/h200-context-parallel-2026-11-29/ring_attention.json";
+
+/// Each request's size, + for an allocation and - for a free, as the probe's trace lists them.
+struct Requests final : AllocatorObserver {
+  std::vector<std::int64_t> sizes;
+  void on_event(const TraceEvent& event) noexcept override {
+    if (event.action == TraceAction::Alloc) sizes.push_back(static_cast<std::int64_t>(event.requested_size));
+    if (event.action == TraceAction::FreeRequested) sizes.push_back(-static_cast<std::int64_t>(event.requested_size));
+  }
+  std::vector<std::int64_t> take() { return std::exchange(sizes, {}); }
+};
+
+/// "" when equal, else where the sequences part and a few requests of each from there.
+std::string first_difference(const std::vector<std::int64_t>& ours, const std::vector<std::int64_t>& theirs) {
+  std::size_t i = 0;
+  while (i < ours.size() && i < theirs.size() && ours[i] == theirs[i]) ++i;
+  if (i == ours.size() && i == theirs.size()) return "";
+  const auto from = [&](const std::vector<std::int64_t>& v) {
+    std::string out;
+    for (std::size_t j = i; j < v.size() && j < i + 8; ++j) out += " " + std::to_string(v[j]);
+    return out;
+  };
+  return "request " + std::to_string(i) + " of " + std::to_string(theirs.size()) + ": vramscope" + from(ours) +
+         " | PyTorch" + from(theirs);
+}
+
+nlohmann::json traces() {
+  std::ifstream in(kTraces);
+  std::stringstream text;
+  text << in.rdbuf();
+  return nlohmann::json::parse(text.str());
+}
+
+TEST(RingAttention, EveryRequestOfAnH200InOrder) {
+  const nlohmann::json data = traces();
+  const auto shape = data["global_shape"].get<std::vector<std::int64_t>>();  // B, H, S, d
+  int checked = 0;
+  for (const nlohmann::json& c : data["configs"]) {
+    if (c["backend"] != "flash") continue;  // the efficient kernel's backward workspace is not modelled
+    const auto world = c["world"].get<std::size_t>();
+    const ContextParallel ring{world, c["rank"].get<std::size_t>(), c["load_balance"].get<bool>(),
+                               c["rotate"] == "alltoall"};
+    SCOPED_TRACE("world " + std::to_string(ring.world) + " rank " + std::to_string(ring.rank) + " " +
+                 c["rotate"].get<std::string>() + (ring.load_balance ? " load-balanced" : ""));
+    // The H200's 132 SMs decide flash's split-KV; no CUDA context, so no requests but these.
+    const std::shared_ptr<Device> device = make_device("sim:h200,context=0");
+    CachingAllocator alloc(device);
+    Runtime rt(alloc, ExecMode::DryRun);
+    const std::int64_t local = shape[2] / static_cast<std::int64_t>(world);
+    const Shape q_shape{shape[0], shape[1], local, shape[3]};
+    const Shape kv_shape{shape[0], c["kv_heads"].get<std::int64_t>(), local, shape[3]};
+    Tensor q = empty(rt, q_shape, DType::BF16), k = empty(rt, kv_shape, DType::BF16), v = empty(rt, kv_shape, DType::BF16);
+    for (Tensor* t : {&q, &k, &v}) t->set_requires_grad(true);
+    const Tensor grad = empty(rt, q_shape, DType::BF16);  // out.sum()'s: not in [B, S, H, d]
+    Requests requests;
+    alloc.add_observer(&requests);
+    rt.set_context_parallel(ring);
+    Tensor out = scaled_dot_product_attention(q, k, v, SdpaBackend::Flash, true);
+    EXPECT_EQ(first_difference(requests.take(), c["forward"].get<std::vector<std::int64_t>>()), "") << "forward";
+    backward(out, grad);
+    EXPECT_EQ(first_difference(requests.take(), c["backward"].get<std::vector<std::int64_t>>()), "") << "backward";
+    alloc.remove_observer(&requests);
+    ++checked;
+  }
+  EXPECT_EQ(checked, 17);
+}
+
+TEST(RingAttention, RefusesComputeModeAndAnOddShare) {
+  test::Env compute(ExecMode::Compute);
+  const Tensor q = empty(compute.rt, Shape{1, 2, 8, 8}, DType::BF16);
+  compute.rt.set_context_parallel(ContextParallel{2, 0, true, false});
+  EXPECT_NE(test::error_of([&] { scaled_dot_product_attention(q, q, q, SdpaBackend::Flash, true); })
+                .find("dry runs only"),
+            std::string::npos);
+  test::Env dry(ExecMode::DryRun);
+  const Tensor odd = empty(dry.rt, Shape{1, 2, 7, 8}, DType::BF16);
+  dry.rt.set_context_parallel(ContextParallel{2, 0, true, false});
+  const std::int64_t before = dry.allocated();
+  EXPECT_NE(test::error_of([&] { scaled_dot_product_attention(odd, odd, odd, SdpaBackend::Flash, true); })
+                .find("must be even"),
+            std::string::npos);
+  EXPECT_EQ(dry.allocated(), before);
+}
+
+}  // namespace
+}  // namespace mem::nn
