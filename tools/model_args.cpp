@@ -646,6 +646,18 @@ std::string parallel_note(const std::vector<nn::ParallelConfig>& configs, const 
                   "the embedding's gradient is the whole table and the norms' Partial, redistributed "
                   "before " + (config.engine == nn::ParallelEngine::Fsdp ? "FSDP's reduce-scatter" : "each optimizer op that reads them") +
                   "; position_ids passed by the caller)";
+    const std::string context_parallel =
+        config.context_parallel < 2
+            ? ""
+            : "; cp:" + std::to_string(config.context_parallel) + " inside it, place " +
+                  std::to_string(config.rank % config.context_parallel) +
+                  " in the ring (torchtitan's train_context: context_parallel() gives each GPU 1/" +
+                  std::to_string(config.context_parallel) + " of every sequence" +
+                  (config.cp_load_balance ? ", two chunks under the head-tail load balancer," : ",") +
+                  " and F.scaled_dot_product_attention runs as ring attention: K and V " +
+                  (config.cp_all_to_all ? "passed on by an all-to-all each step" : "all-gathered once per call") +
+                  ", the output merged in f32, the gradients accumulated in f32 and passed on by all-to-all; "
+                  "context_parallel()'s copies of the batch while it shards it, B x S x 8 bytes each, left out)";
     // FSDP2 inside a pipeline stage, as torchtitan applies it there.
     const bool interleaved = config.schedule == nn::PipelineSchedule::Interleaved1F1B;
     const std::string sharded_stage =
@@ -677,7 +689,7 @@ std::string parallel_note(const std::vector<nn::ParallelConfig>& configs, const 
                   "; each all-gather first copies its group's shards to the GPU, each reduce-scatter's output is "
                   "copied back and freed";
     out += "parallel: " + nn::parallel_label(config) + ": every figure is one GPU's, " + engine + sharded_stage +
-           offload + tensor_parallel + "\n";
+           offload + tensor_parallel + context_parallel + "\n";
     pipeline_said = pipeline_said || config.pipeline_parallel > 1;
   }
   return out;

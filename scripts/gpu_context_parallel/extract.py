@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""extract.py DIR OUT.json: the ring-attention part of cp_probe.py's traces (run.sh's op_*.json
+"""extract.py DIR OUT_DIR: ring_attention.json, the ring-attention part of cp_probe.py's traces (run.sh's op_*.json
 in DIR) as signed request sizes (+ alloc, - free), forward and backward, for the C++ test
 tests/runtime/context_parallel_test.cpp. The probe's own tensors (the loss and its seed
-gradient) are left out; the saved tensors freed after the backward stay in."""
+gradient) are left out; the saved tensors freed after the backward stay in. model_steps.json: cp_model.py's
+runs as figures. DIR holds run.sh's files from both runs (the op traces came from the second)."""
 import glob, json, os, sys
 
 
@@ -33,5 +34,32 @@ def main(src, dst):
     print(len(configs), "configs")
 
 
+
+
+def models(src, dst):
+    """cp_model.py's runs as figures: per run the model's config, the world, rank and PyTorch's
+    max_memory_allocated, memory_allocated after the last optimizer step, memory_reserved."""
+    runs = []
+    for path in sorted(glob.glob(os.path.join(src, "model_*.json"))):
+        run = json.load(open(path))
+        if run.get("error"):
+            continue
+        mem = run["mem"]
+        last = run["args"]["steps"] - 1
+        keys = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "head_dim", "vocab_size", "max_position_embeddings", "tie_word_embeddings",
+                "rms_norm_eps")
+        run_config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                      **{k: run["config"][k] for k in keys}}
+        runs.append({"config": run_config, "world": run["world_size"], "rank": run["rank"], "batch": run["args"]["batch"],
+                     "seq": run["args"]["seq"], "steps": run["args"]["steps"],
+                     "max_allocated": mem[f"step{last}_backward"]["max_allocated"],
+                     "allocated_after_optimizer": mem[f"step{last}_optimizer"]["allocated"],
+                     "reserved": mem[f"step{last}_end"]["reserved"]})
+    json.dump({"torch": run["torch"], "transformers": run["transformers"], "dtype": "bf16", "runs": runs}, open(dst, "w"), indent=1)
+    print(len(runs), "model runs")
+
+
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    main(sys.argv[1], os.path.join(sys.argv[2], "ring_attention.json"))
+    models(sys.argv[1], os.path.join(sys.argv[2], "model_steps.json"))

@@ -3,7 +3,9 @@
 // forward and backward, for 2 and 4 ranks, both rotate methods, load-balanced or not
 // (scripts/gpu_context_parallel: cp_probe.py on the fake process group, extract.py).
 #include <cstdint>
+#include <cmath>
 #include <fstream>
+#include <tuple>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -12,6 +14,8 @@
 #include <nlohmann/json.hpp>
 
 #include "test_util.hpp"
+#include "vramscope/models/hf_config.hpp"
+#include "vramscope/runtime/training.hpp"
 
 namespace mem::nn {
 namespace {
@@ -98,6 +102,89 @@ TEST(RingAttention, RefusesComputeModeAndAnOddShare) {
                 .find("must be even"),
             std::string::npos);
   EXPECT_EQ(dry.allocated(), before);
+}
+
+nlohmann::json read_json(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return nlohmann::json::parse(text.str());
+}
+
+TEST(ContextParallel, MeshesOptionsAndRefusals) {
+  const ParallelConfig alone = parse_parallel("cp:4");
+  EXPECT_EQ(alone.engine, ParallelEngine::Fsdp);  // torchtitan shards over dp_shard x cp
+  EXPECT_EQ(alone.world_size, 4U);
+  EXPECT_EQ(alone.context_parallel, 4U);
+  EXPECT_EQ(parallel_label(alone), "cp:4");
+  const ParallelConfig mesh = parse_parallel("fsdp:2xcp:4", "cp_rotate_method=alltoall,cp_load_balance=false,rank=5");
+  EXPECT_EQ(mesh.world_size, 8U);
+  EXPECT_EQ(mesh.gpus(), 8U);
+  EXPECT_TRUE(mesh.cp_all_to_all);
+  EXPECT_FALSE(mesh.cp_load_balance);
+  EXPECT_EQ(parallel_label(mesh), "fsdp:2xcp:4 cp_rotate_method=alltoall,cp_load_balance=false,rank=5");
+  EXPECT_EQ(parallel_label(parse_parallel(parallel_label(mesh).substr(0, 11),
+                                          parallel_label(mesh).substr(12))),
+            parallel_label(mesh));
+  for (const auto& [spec, options, words] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"cp:1", "", "cp:1 is no ring"},
+           {"ddp:2xcp:2", "", "inside FSDP2"},
+           {"fsdp:2xcp:2xtp:2", "", "with tensor parallel is not modelled yet"},
+           {"pp:2xcp:2", "", "inside pipeline stages is not modelled yet"},
+           {"cp:2", "cp_rotate_method=ring", "expected allgather"},
+           {"fsdp:2", "cp_load_balance=true", "not an option of fsdp"},
+       }) {
+    EXPECT_NE(test::error_of([&] { parse_parallel(spec, options); }).find(words), std::string::npos) << spec;
+  }
+}
+
+/// The tiny Llamas the H200 ran (scripts/gpu_context_parallel/cp_model.py): FSDP2 over the cp
+/// mesh, context_parallel() over the batch, two AdamW steps in bf16 on PyTorch 2.11, where
+/// SDPA ran cuDNN's attention and vramscope models flash's.
+TEST(ContextParallel, TinyLlamaStepsWithinOnePercentOfAnH200) {
+  const nlohmann::json data = read_json(std::string(VRAMSCOPE_TEST_DATA_DIR) +
+                                        "/h200-context-parallel-2026-11-29/model_steps.json");
+  ASSERT_EQ(data["runs"].size(), 4U);
+  for (const nlohmann::json& run : data["runs"]) {
+    TrainConfig cfg;
+    cfg.model = models::HfConfig::parse(run["config"].dump(), "tiny-llama", "H200 run");
+    cfg.model_options = ModelOptions::parse("batch=" + std::to_string(run["batch"].get<int>()) +
+                                            ",seq=" + std::to_string(run["seq"].get<int>()) + ",attn=sdpa");
+    cfg.precision = Precision::BF16;
+    cfg.device = "sim:h200";
+    cfg.steps = run["steps"].get<int>();
+    cfg.parallel = parse_parallel("cp:" + std::to_string(run["world"].get<int>()),
+                                  "rank=" + std::to_string(run["rank"].get<int>()));
+    SCOPED_TRACE(parallel_label(cfg.parallel));
+    const TrainReport report = train(cfg);
+    const auto near = [](std::int64_t ours, std::int64_t theirs) {
+      return std::abs(static_cast<double>(ours - theirs)) / static_cast<double>(theirs);
+    };
+    EXPECT_LT(near(report.peak_allocated, run["max_allocated"].get<std::int64_t>()), 0.01);
+    EXPECT_LT(near(report.steps.back().allocated_end, run["allocated_after_optimizer"].get<std::int64_t>()), 0.01);
+  }
+}
+
+/// What cp:2 keeps after its step is fsdp:2's at half the sequence: the same shards, their
+/// gradients and Adam's state; its peak is below fsdp:2's at the whole sequence.
+TEST(ContextParallel, HalvesTheSequenceAndKeepsTheShards) {
+  const auto step = [](const std::string& parallel, const std::string& seq) {
+    TrainConfig cfg;
+    cfg.model = models::HfConfig::parse(read_json(std::string(VRAMSCOPE_TEST_DATA_DIR) +
+                                                  "/h200-context-parallel-2026-11-29/model_steps.json")["runs"][1]["config"]
+                                            .dump(),
+                                        "tiny-llama", "test");
+    cfg.model_options = ModelOptions::parse("batch=1,seq=" + seq + ",attn=sdpa");
+    cfg.precision = Precision::BF16;
+    cfg.device = "sim:h100-80g";
+    cfg.parallel = parse_parallel(parallel);
+    return test::OneStep(cfg).stats;
+  };
+  const StepStats ring = step("cp:2", "2048"), half = step("fsdp:2", "1024"), whole = step("fsdp:2", "2048");
+  EXPECT_EQ(ring.allocated_end, half.allocated_end);
+  EXPECT_LT(ring.peak_allocated, whole.peak_allocated);
+  EXPECT_GT(ring.peak_allocated, half.peak_allocated);  // the ring's gathered K, V and f32 merger
+  EXPECT_NE(test::error_of([&] { step("cp:2", "2046"); }).find("multiple of 4"), std::string::npos);
 }
 
 }  // namespace

@@ -251,6 +251,9 @@ ParallelConfig parse_parallel(std::string_view spec, std::string_view options) {
       if (what.find("is not an option of") == std::string::npos) throw;
       throw Error(what.substr(0, what.size() - 1) + "; pp's: " + std::string(kPpOptions) + ")");
     }
+    if (config.context_parallel > 1) {
+      throw Error("'" + std::string(spec) + "': context parallel inside pipeline stages is not modelled yet");
+    }
     if (config.engine != ParallelEngine::None && config.engine != ParallelEngine::Fsdp) {
       throw Error("'" + std::string(spec) + "': inside pipeline stages the meshes modelled are tp:K, fsdp:M and "
                   "fsdp:MxTP:K (torchtitan's layouts); " + std::string(name_of(dims[1])) + " is not yet");
@@ -263,11 +266,28 @@ ParallelConfig parse_parallel(std::string_view spec, std::string_view options) {
     config.tensor_parallel = count_of(dims.back(), "tp");
     dims.pop_back();
   }
+  if (!dims.empty() && name_of(dims.back()) == "cp") {
+    // Context parallel inside FSDP2, as torchtitan lays it out: cp:C alone is FSDP2 over the C
+    // GPUs (its dp_shard_cp mesh), fsdp:MxCP:C shards over M x C.
+    config.context_parallel = count_of(dims.back(), "cp");
+    dims.pop_back();
+    if (config.tensor_parallel > 1) {
+      throw Error("'" + std::string(spec) + "': context parallel with tensor parallel is not modelled yet; give "
+                  "cp:C or fsdp:MxCP:C");
+    }
+    if (config.context_parallel == 1) throw Error("'" + std::string(spec) + "': cp:1 is no ring; give cp:2 or more");
+    if (dims.empty()) {
+      dims.push_back("fsdp:1");
+    } else if (dims.size() > 1 || name_of(dims.front()) != "fsdp") {
+      throw Error("'" + std::string(spec) + "': context parallel is modelled inside FSDP2 (cp:C, fsdp:MxCP:C, "
+                  "torchtitan's layout); " + std::string(name_of(dims.front())) + " with cp is not yet");
+    }
+  }
   if (dims.size() > 1 || (!dims.empty() && name_of(dims.front()) == "tp")) {
     throw Error("'" + std::string(spec) + "': the meshes modelled are tp:N and fsdp:MxTP:N (FSDP2 over tensor "
-                "parallel, torchtitan's 2-D layout, tp innermost), pp:N, pp:NxTP:K, pp:NxFSDP:M and pp:NxFSDP:MxTP:K "
-                "(pipeline stages outermost); "
-                "context and expert parallel are not yet");
+                "parallel, torchtitan's 2-D layout, tp innermost), cp:C and fsdp:MxCP:C (context parallel inside "
+                "FSDP2), pp:N, pp:NxTP:K, pp:NxFSDP:M and pp:NxFSDP:MxTP:K (pipeline stages outermost); "
+                "expert parallel is not yet");
   }
   const std::string_view dim = dims.empty() ? std::string_view{} : dims.front();
   const std::string_view engine = name_of(dim);
@@ -302,7 +322,7 @@ ParallelConfig parse_parallel(std::string_view spec, std::string_view options) {
                 "'; expected dp:N (nn.DataParallel over N GPUs of one process), ddp:N (DistributedDataParallel "
                 "on N GPUs), fsdp:N (FSDP2's fully_shard "
                 "on N GPUs), zero1:N, zero2:N or zero3:N (DeepSpeed's ZeRO stage 1, 2 or 3), tp:N (tensor "
-                "and sequence parallel over N GPUs), fsdp:MxTP:N, pp:N (pipeline stages on N GPUs), or none");
+                "and sequence parallel over N GPUs), fsdp:MxTP:N, cp:N and fsdp:MxCP:N (context parallel), pp:N (pipeline stages on N GPUs), or none");
   }
   if (!dim.empty() && config.tensor_parallel > 1 && engine != "fsdp") {
     throw Error("'" + std::string(spec) + "': " + std::string(engine) + " with tensor parallel is not modelled; "
@@ -324,14 +344,23 @@ ParallelConfig parse_parallel(std::string_view spec, std::string_view options) {
                                        : zero   ? kZeroOptions
                                        : tp_only ? kTpOptions
                                                  : kFsdpOptions) +
-                           (tp && !tp_only ? ", sequence_parallel, loss_parallel" : "");
-  if (!dim.empty()) config.world_size = count_of(dim, engine);
+                           (tp && !tp_only ? ", sequence_parallel, loss_parallel" : "") +
+                           (config.context_parallel > 1 ? ", cp_rotate_method, cp_load_balance" : "");
+  if (!dim.empty()) config.world_size = count_of(dim, engine) * config.context_parallel;
   if (no_options) return config;
 
   for_each_option(options, keys, [&](std::string_view key, std::string_view value) {
     if (!ddp && key == "rank") {
       // The rank of the outer engine; of the tensor-parallel group when it is alone.
       config.rank = parse_count(key, value, tp_only ? config.tensor_parallel : config.world_size);
+    } else if (config.context_parallel > 1 && key == "cp_rotate_method") {
+      if (value != "allgather" && value != "alltoall") {
+        throw Error("cp_rotate_method=" + std::string(value) + ": expected allgather (one all-gather of K and V, "
+                    "the default) or alltoall (one all-to-all per step of the ring)");
+      }
+      config.cp_all_to_all = value == "alltoall";
+    } else if (config.context_parallel > 1 && key == "cp_load_balance") {
+      config.cp_load_balance = parse_bool(key, value);
     } else if (tp && key == "loss_parallel") {
       config.loss_parallel = parse_bool(key, value);
     } else if (tp_only && key != "sequence_parallel") {
@@ -465,6 +494,10 @@ std::string parallel_label(const ParallelConfig& config) {
   std::string out = config.engine == ParallelEngine::None
                         ? std::string{}
                         : names[static_cast<int>(config.engine)] + std::to_string(config.world_size);
+  if (config.context_parallel > 1) {
+    const std::size_t shard = config.world_size / config.context_parallel;
+    out = (shard > 1 ? "fsdp:" + std::to_string(shard) + "x" : std::string{}) + "cp:" + std::to_string(config.context_parallel);
+  }
   if (config.tensor_parallel > 1) out += (out.empty() ? "tp:" : "xtp:") + std::to_string(config.tensor_parallel);
   std::string options;
   const auto add = [&](const std::string& item) { options += (options.empty() ? " " : ",") + item; };
@@ -487,6 +520,8 @@ std::string parallel_label(const ParallelConfig& config) {
     return out + options;
   }
   if (config.tensor_parallel > 1 && !config.loss_parallel) add("loss_parallel=false");
+  if (config.cp_all_to_all) add("cp_rotate_method=alltoall");
+  if (!config.cp_load_balance) add("cp_load_balance=false");
   if (config.engine == ParallelEngine::None) {
     if (config.rank != 0) add("rank=" + std::to_string(config.rank));
     return out + options;

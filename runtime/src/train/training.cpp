@@ -226,6 +226,23 @@ Trainer::Trainer(const TrainConfig& config, CachingAllocator& allocator)
     per_gpu.batch = chunk;
     model_ = config.model->build(per_gpu);
   }
+  if (const std::size_t ring = config.parallel.context_parallel; ring > 1) {
+    // context_parallel() shards the batch on the sequence before the forward: each GPU runs
+    // the model on its 1/C (two chunks of 1/2C each under the load balancer).
+    const Shape& in = model_->info().input_shape;
+    const std::int64_t chunks = static_cast<std::int64_t>(config.parallel.cp_load_balance ? 2 * ring : ring);
+    if (in.size() < 2 || in[1] % chunks != 0) {
+      throw Error("cp:" + std::to_string(ring) + " splits each sequence into " + std::to_string(chunks) +
+                  " chunks" + (config.parallel.cp_load_balance ? " (the load balancer gives each GPU two)" : "") +
+                  "; give a sequence length that is a multiple of " + std::to_string(chunks) +
+                  (in.size() < 2 ? " (this model takes no sequence)" : ", not " + std::to_string(in[1])));
+    }
+    ModelOptions per_rank = config.model_options;
+    per_rank.seq = in[1] / static_cast<std::int64_t>(ring);
+    model_ = config.model->build(per_rank);
+    runtime_->set_context_parallel(ContextParallel{ring, config.parallel.rank % ring, config.parallel.cp_load_balance,
+                                                   config.parallel.cp_all_to_all});
+  }
   if (config.accumulation > 1 && config.parallel.enabled()) {
     throw Error("gradient accumulation is modelled on one GPU only (DDP's no_sync, FSDP's and ZeRO's "
                 "accumulation keep other buffers); give accumulation 1 with --parallel");

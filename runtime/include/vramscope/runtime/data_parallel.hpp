@@ -91,6 +91,16 @@ struct ParallelConfig {
   /// Tensor + sequence parallel, the mesh's innermost dimension (tp:N, fsdp:MxTP:N):
   /// torchtitan's Llama plan through DTensor's parallelize_module over N GPUs; 1: none.
   std::size_t tensor_parallel = 1;
+  /// Context parallel (cp:C, fsdp:MxCP:C), torchtitan's layout: each GPU holds 1/C of every
+  /// sequence, SDPA runs as ring attention around the C GPUs, and FSDP2 shards over the
+  /// flattened dp_shard x cp mesh (world_size counts both; rank % C is the place in the ring).
+  /// 1: none.
+  std::size_t context_parallel = 1;
+  /// context_parallel()'s head-tail load balancer (on for causal attention by default).
+  bool cp_load_balance = true;
+  /// set_rotate_method("alltoall"): K and V passed on by an all-to-all each step, instead of
+  /// one all-gather (the default).
+  bool cp_all_to_all = false;
   /// torchtitan's loss_parallel (its default): lm_head's output stays sharded on the
   /// vocabulary and the loss is computed on the shards; false: the logits are gathered whole.
   bool loss_parallel = true;
