@@ -121,14 +121,20 @@ NcclMemory nccl_memory(const ParallelConfig& config, std::string_view device_nam
   const Topology topology = config.topology != Topology::Auto ? config.topology
                             : data_center(device_name)         ? Topology::NvSwitch
                                                                : Topology::Pcie;
-  // A communicator per process group: the engine's, and the tensor-parallel group's inside a
-  // node (DeviceMesh's groups, the innermost dimension on neighbouring GPUs).
+  // A communicator per process group: the engine's, the context-parallel and the
+  // tensor-parallel group's inside a node (DeviceMesh's groups, the inner dimensions on
+  // neighbouring GPUs).
   const std::size_t tp = config.tensor_parallel;
   std::vector<std::pair<std::string, NcclMemory>> groups;
   if (config.engine != ParallelEngine::None && config.world_size > 1) {
     groups.emplace_back("the data-parallel group's",
                         communicator(config.world_size, std::max<std::size_t>(kGpusPerNode / tp, 1), topology,
                                      compute_capability));
+  }
+  if (const std::size_t cp = config.context_parallel; cp > 1) {
+    // The ring's own group, the cp dimension of the mesh (FSDP2's dp_shard_cp is another).
+    groups.emplace_back("the context-parallel group's",
+                        communicator(cp, std::min<std::size_t>(cp, kGpusPerNode), topology, compute_capability));
   }
   if (tp > 1) {
     groups.emplace_back("the tensor-parallel group's",
