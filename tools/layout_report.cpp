@@ -41,7 +41,7 @@ std::string layout_report(const planner::LayoutSearchResult& result, std::size_t
     applicable += c.refused || c.dominated ? 0 : 1;
     dominated += c.dominated ? 1 : 0;
   }
-  out += fmt::format("{} layouts tried in {} dry runs (every pipeline stage){}{}\n\n", applicable, result.runs,
+  out += fmt::format("{} layouts tried in {} dry runs (every pipeline stage, both ends of a ring){}{}\n\n", applicable, result.runs,
                      spec.base.headroom > 0
                          ? fmt::format("; each leaves {} free (--headroom)",
                                        human_bytes(static_cast<std::int64_t>(spec.base.headroom)))
@@ -95,12 +95,13 @@ std::string layout_report(const planner::LayoutSearchResult& result, std::size_t
     out +=
         "\nHow to read this: every row is one GPU's training step (two steps run, the figures of the fuller) at the "
         "same global batch, split over the data-parallel replicas (a GPU, a node's tensor-parallel group or a "
-        "pipeline); a pipeline's row is its fullest stage, every stage run, one sample per micro-batch (torchtitan's "
-        "default). Recompute is checkpointing's extra forward as a share of the step's work (a pipeline's most "
+        "pipeline or a context-parallel ring); a pipeline's row is its fullest stage, every stage run, one sample per "
+        "micro-batch (torchtitan's default); a ring's row the fuller of its first and last GPU. Recompute is checkpointing's extra forward as a share of the step's work (a pipeline's most "
         "recomputing stage's), the bubble the share of the step a pipeline's GPUs idle ((P - 1) / (M + P - 1) under "
         "1F1B and GPipe); the ranking adds the two. Communication is what "
         "each GPU sends per step over its collectives as the engines issue them (ring all-gathers and "
-        "reduce-scatters (n - 1) / n of the gathered tensor, all-reduces twice that, a pipeline's sends whole), "
+        "reduce-scatters (n - 1) / n of the gathered tensor, all-reduces twice that, a pipeline's sends whole, the "
+        "ring attention's K and V to each other GPU of the ring and its gradients' all-to-alls whole), "
         "no timing: NVLink inside a node is an order of magnitude faster than the network across nodes. NCCL's "
         "own buffers are in nvidia-smi's figure. DeepSpeed's ZeRO is not searched: give it to sweep.\n";
   }

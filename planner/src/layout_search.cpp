@@ -28,6 +28,23 @@ std::string mesh_text(std::size_t pp, const char* engine, std::size_t dp, std::s
   return out.empty() ? "none" : out;
 }
 
+/// The ranks a candidate runs: each pipeline stage; both ends of a context-parallel ring (its
+/// ranks differ by their place in it, the first and the last the most); else one.
+std::size_t ranks_run(const nn::ParallelConfig& parallel) {
+  return parallel.pipeline_parallel > 1 ? parallel.pipeline_parallel : parallel.context_parallel > 1 ? 2 : 1;
+}
+
+/// The i-th of those ranks.
+nn::ParallelConfig rank_run(nn::ParallelConfig parallel, std::size_t i) {
+  if (parallel.pipeline_parallel > 1) {
+    parallel.stage = i;
+    parallel.stage_chosen = true;
+  } else if (i > 0) {
+    parallel.rank = parallel.context_parallel - 1;
+  }
+  return parallel;
+}
+
 /// Fitting first, by recompute, communication and peak; then the nearest misses; refused last.
 bool ranks_before(const LayoutCandidate& a, const LayoutCandidate& b) {
   if (a.dominated != b.dominated) return !a.dominated;
@@ -113,6 +130,23 @@ std::vector<LayoutCandidate> layout_candidates(const LayoutSearchSpec& spec, con
       }
     }
   }
+  // Context parallel inside FSDP2 (fsdp:MxCP:C, cp:C alone), C up to a node's GPUs: every
+  // replica's batch over the ring's C GPUs, each holding 1/C of every sequence.
+  for (std::size_t cp = 2; decoder && cp <= std::min(spec.gpus_per_node, spec.gpus); cp *= 2) {
+    const std::size_t replicas = spec.gpus / cp;
+    if (spec.gpus % cp != 0 || spec.global_batch % static_cast<std::int64_t>(replicas) != 0) continue;
+    const nn::ParallelConfig parallel =
+        nn::parse_parallel((replicas > 1 ? "fsdp:" + std::to_string(replicas) + "x" : std::string{}) + "cp:" +
+                           std::to_string(cp));
+    for (const std::string& checkpoint : checkpoints) {
+      LayoutCandidate c;
+      c.parallel = parallel;
+      c.checkpoint = checkpoint;
+      c.batch = spec.global_batch / static_cast<std::int64_t>(replicas);
+      c.replicas = replicas;
+      out.push_back(std::move(c));
+    }
+  }
   return out;
 }
 
@@ -128,27 +162,25 @@ LayoutSearchResult search_layouts(const LayoutSearchSpec& spec, const SweepProgr
 
   // Every candidate's ranks, counted ahead for the progress (a stage that runs out skips the rest).
   std::size_t planned = 0;
-  for (const LayoutCandidate& c : result.layouts) planned += c.parallel.pipeline_parallel;
+  for (const LayoutCandidate& c : result.layouts) planned += ranks_run(c.parallel);
   for (std::size_t i = 0; i < result.layouts.size(); ++i) {
     LayoutCandidate& c = result.layouts[i];
     // layout_candidates lists each mesh without checkpointing first, then checkpointed.
     if (i > 0 && c.checkpoint == "non-reentrant" && result.layouts[i - 1].checkpoint == "none" &&
         result.layouts[i - 1].parallel == c.parallel && result.layouts[i - 1].fits) {
       c.dominated = true;
-      planned -= c.parallel.pipeline_parallel;
+      planned -= ranks_run(c.parallel);
       continue;
     }
     c.fits = true;
-    for (std::size_t stage = 0; stage < c.parallel.pipeline_parallel && c.fits; ++stage) {
+    for (std::size_t stage = 0; stage < ranks_run(c.parallel) && c.fits; ++stage) {
       SweepRow row;
       row.precision = base.precisions.front();
       row.alloc_conf = base.alloc_confs.empty() ? std::string{} : base.alloc_confs.front();
       row.batch = c.batch;
       row.seq = base.model_options.seq;
       row.checkpoint = c.checkpoint;
-      row.parallel = c.parallel;
-      row.parallel.stage = stage;
-      row.parallel.stage_chosen = true;
+      row.parallel = rank_run(c.parallel, stage);
       if (progress) progress(result.runs, planned, nn::parallel_label(row.parallel));
       std::optional<OomFailure> oom;
       std::optional<AutogradFailure> error;

@@ -1216,7 +1216,7 @@ def check_selective(exe, work):
 
 def check_plan_auto(exe, work):
     """plan --parallel auto --gpus 2: the two-layer Llama's layouts of two GPUs, every one run (a
-    pipeline's both stages), the pick first and fitting; the text and the JSON agree; the options
+    pipeline's both stages, a ring's both ends), the pick first and fitting; the text and the JSON agree; the options
     that apply to one layout, a missing --gpus or --batch, and --gpus without the search refused."""
     data = Path(__file__).resolve().parents[1] / "data" / "h100-parallel-2026-11-26"
     model = ["--hf-config", str(data / "ref-llama-2layer.json"), "--seq", "128", "--attn", "sdpa", "--dtype", "bf16",
@@ -1225,7 +1225,13 @@ def check_plan_auto(exe, work):
                          "json").stdout)
     layouts = {(x["parallel"], x["checkpoint"]): x for x in doc["layouts"]}
     interleaved = "pp:2 schedule=interleaved1f1b,microbatches=4"
-    check({p for p, _ in layouts} == {"fsdp:2", "ddp:2", "tp:2", "pp:2 microbatches=4", interleaved}, sorted(layouts))
+    check({p for p, _ in layouts} == {"fsdp:2", "ddp:2", "tp:2", "cp:2", "pp:2 microbatches=4", interleaved},
+          sorted(layouts))
+    # A ring runs both its ends; its K and V travel besides FSDP's collectives, which are the
+    # same over the same two GPUs whatever the batch.
+    check(layouts[("cp:2", "none")]["runs"] == 2, layouts[("cp:2", "none")])
+    check(layouts[("cp:2", "none")]["communication_bytes_per_step"] >
+          layouts[("fsdp:2", "none")]["communication_bytes_per_step"], layouts)
     check(doc["best"] is not None and doc["layouts"][0]["fits"], doc["best"])
     check(layouts[("pp:2 microbatches=4", "none")]["runs"] == 2, layouts[("pp:2 microbatches=4", "none")])
     check(layouts[("pp:2 microbatches=4", "none")]["bubble_share"] == 0.2, layouts)

@@ -137,8 +137,9 @@ class SdpaBackward final : public Node {
   SavedTensor q_, k_, v_, out_, lse_;
   std::vector<SavedTensor> rng_;
   TensorList apply(TensorList& grads) override {
-    std::vector<Tensor> g = detail::sdpa_backward_kernel(grads[0], q_.unpack(), k_.unpack(), v_.unpack(),
-                                                         out_.unpack(), backend_, causal_);
+    // Unpacked in this order (a checkpointed layer's recompute starts at the first).
+    const Tensor q = q_.unpack(), k = k_.unpack(), v = v_.unpack(), out = out_.unpack();
+    std::vector<Tensor> g = detail::sdpa_backward_kernel(grads[0], q, k, v, out, backend_, causal_);
     return {g[0], g[1], g[2]};
   }
   void release_variables() noexcept override {

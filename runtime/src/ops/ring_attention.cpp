@@ -44,12 +44,15 @@ class Rotater {
   /// each step, the last one dropped when it is replaced); all_gather gathers the first one
   /// from every rank, once, into world x its size.
   void exchange(const Tensor& buffer) {
+    Runtime& rt = buffer.runtime();
     if (all_to_all_) {
-      buffer_ = empty(buffer.runtime(), buffer.shape(), buffer.dtype());
+      buffer_ = empty(rt, buffer.shape(), buffer.dtype());
+      rt.count_ring_sent(static_cast<double>(buffer.nbytes()));  // to the next rank
       return;
     }
     ++index_;
     if (!gathered_.defined()) {
+      rt.count_ring_sent(static_cast<double>(buffer.nbytes()) * static_cast<double>(ring_.world - 1));
       gathered_ = empty(buffer.runtime(), Shape{static_cast<std::int64_t>(ring_.world) * buffer.numel()},
                         buffer.dtype());
     }
@@ -283,8 +286,9 @@ class RingAttentionBackward final : public Node {
   SavedTensor q_, k_, v_, out_, lse_;
   std::vector<SavedTensor> rng_;
   TensorList apply(TensorList& grads) override {
-    std::vector<Tensor> g = ring_backward(grads[0], q_.unpack(), k_.unpack(), v_.unpack(), out_.unpack(),
-                                          lse_.unpack(), backend_, causal_, ring_);
+    // Unpacked in this order (a checkpointed layer's recompute starts at the first).
+    const Tensor q = q_.unpack(), k = k_.unpack(), v = v_.unpack(), out = out_.unpack(), lse = lse_.unpack();
+    std::vector<Tensor> g = ring_backward(grads[0], q, k, v, out, lse, backend_, causal_, ring_);
     return {g[0], g[1], g[2]};
   }
   void release_variables() noexcept override {

@@ -781,7 +781,7 @@ std::vector<CommunicationBuffer> Trainer::communication_buffers() const {
 
 double Trainer::communication_sent() const {
   return (pp_ ? pp_->sent() : 0) + (fsdp_ ? fsdp_->sent() : 0) + (tp_ ? tp_->sent() : 0) + (ddp_ ? ddp_->sent() : 0) +
-         (dp_ ? dp_->sent() : 0);
+         (dp_ ? dp_->sent() : 0) + runtime_->ring_sent();
 }
 
 std::vector<std::size_t> Trainer::ddp_bucket_bytes() const { return ddp_ ? ddp_->bucket_bytes() : std::vector<std::size_t>{}; }

@@ -141,6 +141,9 @@ class Runtime {
   /// as inside torch.distributed.tensor.experimental.context_parallel().
   const std::optional<ContextParallel>& context_parallel() const noexcept { return context_parallel_; }
   void set_context_parallel(std::optional<ContextParallel> ring) noexcept { context_parallel_ = ring; }
+  /// Bytes the ring's collectives sent from this rank so far (the step's communication volume).
+  void count_ring_sent(double bytes) noexcept { ring_sent_ += bytes; }
+  double ring_sent() const noexcept { return ring_sent_; }
 
   // --- cuBLAS workspaces -------------------------------------------------------------
   /// Called by every matrix product after its output is made, before its kernel. PyTorch
@@ -222,6 +225,7 @@ class Runtime {
   const OpObserver* op_observer_ = nullptr;
   std::optional<DType> autocast_;
   std::optional<ContextParallel> context_parallel_;
+  double ring_sent_ = 0;
   std::vector<std::pair<const detail::TensorImpl*, std::shared_ptr<detail::TensorImpl>>> cast_cache_;
   std::vector<std::string> warnings_;
   GradReadyHook grad_ready_hook_;
