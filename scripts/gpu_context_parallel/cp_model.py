@@ -28,6 +28,9 @@ def main():
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--rotate", default="allgather")
     p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--config", help="a transformers config.json to build instead of the tiny Llama")
+    p.add_argument("--checkpointing", action="store_true", help="gradient_checkpointing_enable(use_reentrant=False)")
+    p.add_argument("--no-trace", action="store_true", help="figures only (a large model's trace is long)")
     a = p.parse_args()
     from torch.distributed.fsdp import fully_shard
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -42,14 +45,19 @@ def main():
         A.set_rotate_method(a.rotate)
     res = {"torch": torch.__version__, "transformers": transformers.__version__, "world_size": a.world_size,
            "rank": a.rank, "args": vars(a), "cp_options": repr(A._cp_options), "phases": {}, "mem": {}}
-    cfg = LlamaConfig(hidden_size=256, intermediate_size=688, num_hidden_layers=a.layers, num_attention_heads=4,
-                      num_key_value_heads=a.kv_heads, head_dim=64, vocab_size=1000, max_position_embeddings=a.seq,
-                      tie_word_embeddings=False)
+    if a.config:
+        cfg = LlamaConfig.from_json_file(a.config)
+    else:
+        cfg = LlamaConfig(hidden_size=256, intermediate_size=688, num_hidden_layers=a.layers, num_attention_heads=4,
+                          num_key_value_heads=a.kv_heads, head_dim=64, vocab_size=1000, max_position_embeddings=a.seq,
+                          tie_word_embeddings=False)
     cfg._attn_implementation = "sdpa"
     res["config"] = cfg.to_dict()
     try:
         with torch.device("meta"):
             model = LlamaForCausalLM(cfg).to(torch.bfloat16)
+        if a.checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         for layer in model.model.layers:
             fully_shard(layer, mesh=mesh)
         fully_shard(model, mesh=mesh)
@@ -59,16 +67,16 @@ def main():
                 prm.normal_(0, 0.02)
             for name, buf in model.named_buffers():
                 if "inv_freq" in name:
-                    d = cfg.head_dim
-                    buf.copy_(1.0 / (cfg.rope_theta if hasattr(cfg, "rope_theta") else 10000.0)
-                              ** (torch.arange(0, d, 2, device="cuda", dtype=torch.float32) / d))
+                    d = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+                    buf.copy_(1.0 / 10000.0 ** (torch.arange(0, d, 2, device="cuda", dtype=torch.float32) / d))
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-        rec_start(400000)
+        if not a.no_trace:
+            rec_start(400000)
 
         def phase(name):
-            res["phases"][name] = trace_len(0)
+            res["phases"][name] = 0 if a.no_trace else trace_len(0)
             torch.cuda.synchronize()
             res["mem"][name] = {"allocated": torch.cuda.memory_allocated(),
                                 "max_allocated": torch.cuda.max_memory_allocated(),
@@ -95,8 +103,9 @@ def main():
             opt.zero_grad(set_to_none=True)
             del ids, labels
             phase(f"step{step}_end")
-        res["trace"] = dump_trace(0)
-        rec_stop()
+        if not a.no_trace:
+            res["trace"] = dump_trace(0)
+            rec_stop()
     except Exception as e:
         res["error"] = f"{type(e).__name__}: {e}"
         res["traceback"] = traceback.format_exc()

@@ -40,22 +40,27 @@ def models(src, dst):
     """cp_model.py's runs as figures: per run the model's config, the world, rank and PyTorch's
     max_memory_allocated, memory_allocated after the last optimizer step, memory_reserved."""
     runs = []
-    for path in sorted(glob.glob(os.path.join(src, "model_*.json"))):
+    for path in sorted(glob.glob(os.path.join(src, "model_*.json")) + glob.glob(os.path.join(src, "llama8b_*.json"))):
         run = json.load(open(path))
         if run.get("error"):
             continue
         mem = run["mem"]
         last = run["args"]["steps"] - 1
+        figures = {"world": run["world_size"], "rank": run["rank"], "batch": run["args"]["batch"],
+                   "seq": run["args"]["seq"], "steps": run["args"]["steps"],
+                   "checkpointing": "non-reentrant" if run["args"].get("checkpointing") else "none",
+                   "max_allocated": mem[f"step{last}_backward"]["max_allocated"],
+                   "allocated_after_optimizer": mem[f"step{last}_optimizer"]["allocated"],
+                   "reserved": mem[f"step{last}_end"]["reserved"]}
+        if run["args"].get("config"):  # a zoo model's config.json (run_8b.sh)
+            runs.append({"zoo": os.path.basename(run["args"]["config"])[:-len(".json")], **figures})
+            continue
         keys = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                 "num_key_value_heads", "head_dim", "vocab_size", "max_position_embeddings", "tie_word_embeddings",
                 "rms_norm_eps")
         run_config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
                       **{k: run["config"][k] for k in keys}}
-        runs.append({"config": run_config, "world": run["world_size"], "rank": run["rank"], "batch": run["args"]["batch"],
-                     "seq": run["args"]["seq"], "steps": run["args"]["steps"],
-                     "max_allocated": mem[f"step{last}_backward"]["max_allocated"],
-                     "allocated_after_optimizer": mem[f"step{last}_optimizer"]["allocated"],
-                     "reserved": mem[f"step{last}_end"]["reserved"]})
+        runs.append({"config": run_config, **figures})
     json.dump({"torch": run["torch"], "transformers": run["transformers"], "dtype": "bf16", "runs": runs}, open(dst, "w"), indent=1)
     print(len(runs), "model runs")
 

@@ -3,6 +3,7 @@
 // forward and backward, for 2 and 4 ranks, both rotate methods, load-balanced or not
 // (scripts/gpu_context_parallel: cp_probe.py on the fake process group, extract.py).
 #include <cstdint>
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <tuple>
@@ -138,18 +139,25 @@ TEST(ContextParallel, MeshesOptionsAndRefusals) {
   }
 }
 
-/// The tiny Llamas the H200 ran (scripts/gpu_context_parallel/cp_model.py): FSDP2 over the cp
-/// mesh, context_parallel() over the batch, two AdamW steps in bf16 on PyTorch 2.11, where
-/// SDPA ran cuDNN's attention and vramscope models flash's.
-TEST(ContextParallel, TinyLlamaStepsWithinOnePercentOfAnH200) {
+/// The Llamas the H200 ran (scripts/gpu_context_parallel: cp_model.py): FSDP2 over the cp mesh,
+/// context_parallel() over the batch, two AdamW steps in bf16 on PyTorch 2.11, where SDPA ran
+/// cuDNN's attention and vramscope models flash's. Four small ones (one with grouped KV heads)
+/// within 1%; llama-3.1-8b at 131,072 tokens under cp:8, every layer checkpointed, within 0.1%.
+TEST(ContextParallel, LlamaStepsAsAnH200RanThem) {
   const nlohmann::json data = read_json(std::string(VRAMSCOPE_TEST_DATA_DIR) +
                                         "/h200-context-parallel-2026-11-29/model_steps.json");
-  ASSERT_EQ(data["runs"].size(), 4U);
+  ASSERT_EQ(data["runs"].size(), 6U);
   for (const nlohmann::json& run : data["runs"]) {
+    const bool zoo = run.contains("zoo");
     TrainConfig cfg;
-    cfg.model = models::HfConfig::parse(run["config"].dump(), "tiny-llama", "H200 run");
+    cfg.model = zoo ? models::HfConfig::parse(read_json(std::string(VRAMSCOPE_TEST_DATA_DIR) + "/../../models/zoo/hf/" +
+                                                        run["zoo"].get<std::string>() + ".json")
+                                                  .dump(),
+                                              run["zoo"].get<std::string>(), "zoo")
+                    : models::HfConfig::parse(run["config"].dump(), "tiny-llama", "H200 run");
     cfg.model_options = ModelOptions::parse("batch=" + std::to_string(run["batch"].get<int>()) +
-                                            ",seq=" + std::to_string(run["seq"].get<int>()) + ",attn=sdpa");
+                                            ",seq=" + std::to_string(run["seq"].get<int>()) +
+                                            ",attn=sdpa,checkpoint=" + run["checkpointing"].get<std::string>());
     cfg.precision = Precision::BF16;
     cfg.device = "sim:h200";
     cfg.steps = run["steps"].get<int>();
@@ -160,8 +168,9 @@ TEST(ContextParallel, TinyLlamaStepsWithinOnePercentOfAnH200) {
     const auto near = [](std::int64_t ours, std::int64_t theirs) {
       return std::abs(static_cast<double>(ours - theirs)) / static_cast<double>(theirs);
     };
-    EXPECT_LT(near(report.peak_allocated, run["max_allocated"].get<std::int64_t>()), 0.01);
-    EXPECT_LT(near(report.steps.back().allocated_end, run["allocated_after_optimizer"].get<std::int64_t>()), 0.01);
+    const double within = zoo ? 0.001 : 0.01;
+    EXPECT_LT(near(report.peak_allocated, run["max_allocated"].get<std::int64_t>()), within);
+    EXPECT_LT(near(report.steps.back().allocated_end, run["allocated_after_optimizer"].get<std::int64_t>()), within);
   }
 }
 
@@ -170,10 +179,10 @@ TEST(ContextParallel, TinyLlamaStepsWithinOnePercentOfAnH200) {
 TEST(ContextParallel, HalvesTheSequenceAndKeepsTheShards) {
   const auto step = [](const std::string& parallel, const std::string& seq) {
     TrainConfig cfg;
-    cfg.model = models::HfConfig::parse(read_json(std::string(VRAMSCOPE_TEST_DATA_DIR) +
-                                                  "/h200-context-parallel-2026-11-29/model_steps.json")["runs"][1]["config"]
-                                            .dump(),
-                                        "tiny-llama", "test");
+    const nlohmann::json runs = read_json(std::string(VRAMSCOPE_TEST_DATA_DIR) +
+                                          "/h200-context-parallel-2026-11-29/model_steps.json")["runs"];
+    const auto tiny = std::find_if(runs.begin(), runs.end(), [](const nlohmann::json& r) { return r.contains("config"); });
+    cfg.model = models::HfConfig::parse((*tiny)["config"].dump(), "tiny-llama", "test");
     cfg.model_options = ModelOptions::parse("batch=1,seq=" + seq + ",attn=sdpa");
     cfg.precision = Precision::BF16;
     cfg.device = "sim:h100-80g";

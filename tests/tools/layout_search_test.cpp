@@ -61,7 +61,7 @@ TEST(LayoutSearch, TheMeshesOfEightGpus) {
   // Data parallel divides the global batch; tensor parallel stays in the node; one sample per
   // micro-batch, at least one per stage; every mesh with and without checkpointing.
   // A pipeline is tried under interleaved 1F1B too (two stages per rank), its micro-batches a
-  // multiple of the ranks.
+  // multiple of the ranks; context parallel inside FSDP2 with rings up to a node.
   const std::set<std::string> expected{"fsdp:8", "ddp:8", "pp:2xfsdp:4 microbatches=4",
                                        "pp:2xfsdp:4 schedule=interleaved1f1b,microbatches=4",
                                        "pp:4xfsdp:2 microbatches=8", "pp:4xfsdp:2 schedule=interleaved1f1b,microbatches=8",
@@ -70,7 +70,9 @@ TEST(LayoutSearch, TheMeshesOfEightGpus) {
                                        "pp:2xfsdp:2xtp:2 schedule=interleaved1f1b,microbatches=8",
                                        "pp:4xtp:2 microbatches=16", "pp:4xtp:2 schedule=interleaved1f1b,microbatches=16",
                                        "fsdp:2xtp:4", "pp:2xtp:4 microbatches=16",
-                                       "pp:2xtp:4 schedule=interleaved1f1b,microbatches=16", "tp:8"};
+                                       "pp:2xtp:4 schedule=interleaved1f1b,microbatches=16", "tp:8",
+                                       // Context parallel inside FSDP2, rings of 2 to 8.
+                                       "fsdp:4xcp:2", "fsdp:2xcp:4", "cp:8"};
   EXPECT_EQ(meshes(layouts, "none"), expected);
   EXPECT_EQ(meshes(layouts, "non-reentrant"), expected);
   EXPECT_EQ(layouts.size(), 2 * expected.size());
