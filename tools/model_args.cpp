@@ -417,7 +417,7 @@ void add_parallel_options(CLI::App& app, ParallelArgs& args, bool list) {
                              "or zero3:N (DeepSpeed's ZeRO stage 1, 2 or 3, bf16 or f16 with its FusedAdam), tp:N (tensor + "
                              "sequence parallel: torchtitan's Llama plan through DTensor, on a --hf-config decoder), "
                              "fsdp:MxTP:N (FSDP2 over tensor parallel), cp:N or fsdp:MxCP:N (context parallel: each GPU 1/N of "
-                             "every sequence, SDPA as ring attention, FSDP2 over all M x N), pp:N (pipeline stages: "
+                             "every sequence, SDPA as ring attention, FSDP2 over all M x N; xtp:K inside), pp:N (pipeline stages: "
                              "torchtitan's split of a "
                              "--hf-config decoder through torch.distributed.pipelining's schedules), pp:NxTP:K, pp:NxFSDP:M "
                              "or pp:NxFSDP:MxTP:K (tensor parallel, FSDP2, or both inside each stage: torchtitan's "

@@ -17,6 +17,34 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cp_probe import dump_trace, import_cp, import_fake_store, make_mesh, rec_start, rec_stop, trace_len  # noqa: E402
 
 
+def apply_tensor_parallel(model, mesh):
+    """torchtitan's Llama plan (tests/models/check_tensor_parallel.py's), loss_parallel's lm_head."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
+                                                   SequenceParallel, parallelize_module)
+    parallelize_module(model.model, mesh, {
+        "embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+        "norm": SequenceParallel()})
+    parallelize_module(model, mesh, {"lm_head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1),
+                                                                 use_local_output=False)})
+    for layer in model.model.layers:
+        parallelize_module(layer, mesh, {
+            "input_layernorm": SequenceParallel(), "post_attention_layernorm": SequenceParallel(),
+            "self_attn": PrepareModuleInput(input_kwarg_layouts={"hidden_states": Shard(1)},
+                                            desired_input_kwarg_layouts={"hidden_states": Replicate()}),
+            "self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
+            "self_attn.v_proj": ColwiseParallel(), "self_attn.o_proj": RowwiseParallel(output_layouts=Shard(1)),
+            "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+            "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
+            "mlp.down_proj": RowwiseParallel(output_layouts=Shard(1))})
+
+
+def loss_parallel_if(on):
+    import contextlib
+    from torch.distributed.tensor.parallel import loss_parallel
+    return loss_parallel() if on else contextlib.nullcontext()
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("world_size", type=int)
@@ -31,6 +59,8 @@ def main():
     p.add_argument("--config", help="a transformers config.json to build instead of the tiny Llama")
     p.add_argument("--checkpointing", action="store_true", help="gradient_checkpointing_enable(use_reentrant=False)")
     p.add_argument("--no-trace", action="store_true", help="figures only (a large model's trace is long)")
+    p.add_argument("--tp", type=int, default=1,
+                   help="tensor parallel inside (torchtitan's plan, loss_parallel), on a (cp, tp) mesh; RANK is global")
     a = p.parse_args()
     from torch.distributed.fsdp import fully_shard
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -39,8 +69,13 @@ def main():
 
     A, context_parallel = import_cp()
     torch.cuda.set_device(0)
-    dist.init_process_group("fake", store=import_fake_store()(), rank=a.rank, world_size=a.world_size)
-    mesh = make_mesh("cuda", a.world_size)
+    dist.init_process_group("fake", store=import_fake_store()(), rank=a.rank, world_size=a.world_size * a.tp)
+    if a.tp > 1:
+        from torch.distributed.device_mesh import init_device_mesh
+        mesh2d = init_device_mesh("cuda", (a.world_size, a.tp), mesh_dim_names=("cp", "tp"))
+        mesh, tp_mesh = mesh2d["cp"], mesh2d["tp"]
+    else:
+        mesh = make_mesh("cuda", a.world_size)
     if hasattr(A, "set_rotate_method"):
         A.set_rotate_method(a.rotate)
     res = {"torch": torch.__version__, "transformers": transformers.__version__, "world_size": a.world_size,
@@ -58,6 +93,8 @@ def main():
             model = LlamaForCausalLM(cfg).to(torch.bfloat16)
         if a.checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if a.tp > 1:
+            apply_tensor_parallel(model, tp_mesh)
         for layer in model.model.layers:
             fully_shard(layer, mesh=mesh)
         fully_shard(model, mesh=mesh)
@@ -91,8 +128,11 @@ def main():
                                   no_restore_buffers={ids, labels}):
                 phase(f"step{step}_sharded")
                 with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
-                                  SDPBackend.CUDNN_ATTENTION]):
-                    loss = model(input_ids=ids, labels=labels).loss
+                                  SDPBackend.CUDNN_ATTENTION]), loss_parallel_if(a.tp > 1):
+                    # Under sequence parallel the caller passes the positions (transformers would
+                    # take them from the tensor-parallel shard); in order, so no packed-sequence mask.
+                    kw = {"position_ids": torch.arange(ids.shape[1], device="cuda")[None]} if a.tp > 1 else {}
+                    loss = model(input_ids=ids, labels=labels, **kw).loss
                     phase(f"step{step}_forward")
                     loss.backward()
                 phase(f"step{step}_backward")

@@ -37,16 +37,19 @@ def main(src, dst):
 
 
 def models(src, dst):
-    """cp_model.py's runs as figures: per run the model's config, the world, rank and PyTorch's
+    """cp_model.py's runs as figures: per run the model's config, the ring's size ("world"), the
+    tensor-parallel size inside, the global rank (its place in the ring: rank // tp) and PyTorch's
     max_memory_allocated, memory_allocated after the last optimizer step, memory_reserved."""
     runs = []
-    for path in sorted(glob.glob(os.path.join(src, "model_*.json")) + glob.glob(os.path.join(src, "llama8b_*.json"))):
+    for path in sorted(glob.glob(os.path.join(src, "model_*.json")) + glob.glob(os.path.join(src, "llama8b_*.json")) +
+                       glob.glob(os.path.join(src, "tp_*.json"))):
         run = json.load(open(path))
         if run.get("error"):
             continue
         mem = run["mem"]
         last = run["args"]["steps"] - 1
-        figures = {"world": run["world_size"], "rank": run["rank"], "batch": run["args"]["batch"],
+        figures = {"world": run["world_size"], "tp": run["args"].get("tp", 1), "rank": run["rank"],
+                   "batch": run["args"]["batch"],
                    "seq": run["args"]["seq"], "steps": run["args"]["steps"],
                    "checkpointing": "non-reentrant" if run["args"].get("checkpointing") else "none",
                    "max_allocated": mem[f"step{last}_backward"]["max_allocated"],

@@ -124,13 +124,19 @@ TEST(ContextParallel, MeshesOptionsAndRefusals) {
   EXPECT_TRUE(mesh.cp_all_to_all);
   EXPECT_FALSE(mesh.cp_load_balance);
   EXPECT_EQ(parallel_label(mesh), "fsdp:2xcp:4 cp_rotate_method=alltoall,cp_load_balance=false,rank=5");
+  const ParallelConfig three = parse_parallel("fsdp:2xcp:2xtp:2");  // torchtitan's, tp innermost
+  EXPECT_EQ(three.world_size, 4U);
+  EXPECT_EQ(three.tensor_parallel, 2U);
+  EXPECT_EQ(three.gpus(), 8U);
+  EXPECT_EQ(parallel_label(three), "fsdp:2xcp:2xtp:2");
+  EXPECT_EQ(parallel_label(parse_parallel("cp:2xtp:4")), "cp:2xtp:4");
   EXPECT_EQ(parallel_label(parse_parallel(parallel_label(mesh).substr(0, 11),
                                           parallel_label(mesh).substr(12))),
             parallel_label(mesh));
   for (const auto& [spec, options, words] : std::vector<std::tuple<std::string, std::string, std::string>>{
            {"cp:1", "", "cp:1 is no ring"},
            {"ddp:2xcp:2", "", "inside FSDP2"},
-           {"fsdp:2xcp:2xtp:2", "", "with tensor parallel is not modelled yet"},
+           {"zero2:2xcp:2", "", "inside FSDP2"},
            {"pp:2xcp:2", "", "inside pipeline stages is not modelled yet"},
            {"cp:2", "cp_rotate_method=ring", "expected allgather"},
            {"fsdp:2", "cp_load_balance=true", "not an option of fsdp"},
@@ -141,12 +147,13 @@ TEST(ContextParallel, MeshesOptionsAndRefusals) {
 
 /// The Llamas the H200 ran (scripts/gpu_context_parallel: cp_model.py): FSDP2 over the cp mesh,
 /// context_parallel() over the batch, two AdamW steps in bf16 on PyTorch 2.11, where SDPA ran
-/// cuDNN's attention and vramscope models flash's. Four small ones (one with grouped KV heads)
-/// within 1%; llama-3.1-8b at 131,072 tokens under cp:8, every layer checkpointed, within 0.1%.
+/// cuDNN's attention and vramscope models flash's. Six small ones (one with grouped KV heads,
+/// two with tensor parallel inside) within 1%; llama-3.1-8b at 131,072 tokens under cp:8 and
+/// cp:4xtp:2, every layer checkpointed, within 0.1%.
 TEST(ContextParallel, LlamaStepsAsAnH200RanThem) {
   const nlohmann::json data = read_json(std::string(VRAMSCOPE_TEST_DATA_DIR) +
                                         "/h200-context-parallel-2026-11-29/model_steps.json");
-  ASSERT_EQ(data["runs"].size(), 6U);
+  ASSERT_EQ(data["runs"].size(), 9U);
   for (const nlohmann::json& run : data["runs"]) {
     const bool zoo = run.contains("zoo");
     TrainConfig cfg;
@@ -161,8 +168,11 @@ TEST(ContextParallel, LlamaStepsAsAnH200RanThem) {
     cfg.precision = Precision::BF16;
     cfg.device = "sim:h200";
     cfg.steps = run["steps"].get<int>();
-    cfg.parallel = parse_parallel("cp:" + std::to_string(run["world"].get<int>()),
-                                  "rank=" + std::to_string(run["rank"].get<int>()));
+    // The probe's rank is global on its (cp, tp) mesh; vramscope's is FSDP2's over the ring.
+    const int tp = run["tp"].get<int>();
+    cfg.parallel = parse_parallel("cp:" + std::to_string(run["world"].get<int>()) +
+                                      (tp > 1 ? "xtp:" + std::to_string(tp) : std::string{}),
+                                  "rank=" + std::to_string(run["rank"].get<int>() / tp));
     SCOPED_TRACE(parallel_label(cfg.parallel));
     const TrainReport report = train(cfg);
     const auto near = [](std::int64_t ours, std::int64_t theirs) {

@@ -134,7 +134,8 @@ NcclMemory nccl_memory(const ParallelConfig& config, std::string_view device_nam
   if (const std::size_t cp = config.context_parallel; cp > 1) {
     // The ring's own group, the cp dimension of the mesh (FSDP2's dp_shard_cp is another).
     groups.emplace_back("the context-parallel group's",
-                        communicator(cp, std::min<std::size_t>(cp, kGpusPerNode), topology, compute_capability));
+                        communicator(cp, std::min<std::size_t>(cp, std::max<std::size_t>(kGpusPerNode / tp, 1)),
+                                     topology, compute_capability));
   }
   if (tp > 1) {
     groups.emplace_back("the tensor-parallel group's",

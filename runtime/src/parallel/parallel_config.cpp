@@ -267,20 +267,18 @@ ParallelConfig parse_parallel(std::string_view spec, std::string_view options) {
     dims.pop_back();
   }
   if (!dims.empty() && name_of(dims.back()) == "cp") {
-    // Context parallel inside FSDP2, as torchtitan lays it out: cp:C alone is FSDP2 over the C
-    // GPUs (its dp_shard_cp mesh), fsdp:MxCP:C shards over M x C.
+    // Context parallel inside FSDP2, as torchtitan lays it out (tensor parallel, if any,
+    // innermost): cp:C alone is FSDP2 over the C GPUs (its dp_shard_cp mesh), fsdp:MxCP:C
+    // shards over M x C.
     config.context_parallel = count_of(dims.back(), "cp");
     dims.pop_back();
-    if (config.tensor_parallel > 1) {
-      throw Error("'" + std::string(spec) + "': context parallel with tensor parallel is not modelled yet; give "
-                  "cp:C or fsdp:MxCP:C");
-    }
     if (config.context_parallel == 1) throw Error("'" + std::string(spec) + "': cp:1 is no ring; give cp:2 or more");
     if (dims.empty()) {
       dims.push_back("fsdp:1");
     } else if (dims.size() > 1 || name_of(dims.front()) != "fsdp") {
       throw Error("'" + std::string(spec) + "': context parallel is modelled inside FSDP2 (cp:C, fsdp:MxCP:C, "
-                  "torchtitan's layout); " + std::string(name_of(dims.front())) + " with cp is not yet");
+                  "with tp:K innermost, torchtitan's layout); " + std::string(name_of(dims.front())) +
+                  " with cp is not yet");
     }
   }
   if (dims.size() > 1 || (!dims.empty() && name_of(dims.front()) == "tp")) {
