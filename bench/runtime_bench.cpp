@@ -215,6 +215,16 @@ void BM_DryRunStepLlama405BPp16InterleavedTp8(benchmark::State& state) {
 }
 BENCHMARK(BM_DryRunStepLlama405BPp16InterleavedTp8)->Unit(benchmark::kMillisecond);
 
+/// Rank 0 of llama-3.1-8b at 131,072 tokens as cp:8 (PARALLEL.md's example, checked on an
+/// H200): every layer checkpointed, 16,384 tokens per GPU, SDPA as ring attention (the K and V
+/// all-gathered, the f32 merger, the f32 gradients passed around), FSDP2 over the ring.
+void BM_DryRunStepLlama8BCp8Seq128K(benchmark::State& state) {
+  const TrainConfig cfg = decoder_step(mem::models::find("llama-3.1-8b"), "batch=1,seq=131072,checkpoint=non-reentrant",
+                                       mem::nn::parse_parallel("cp:8"));
+  dry_run_steps(state, cfg, "sim:h100-80g");
+}
+BENCHMARK(BM_DryRunStepLlama8BCp8Seq128K)->Unit(benchmark::kMillisecond);
+
 /// GPU 1 of nn.DataParallel over two GPUs, vit_l_16 at batch 64: each step receives the
 /// replica's parameter groups, runs its 32 samples and flattens its gradients for GPU 0.
 void BM_DryRunStepVitL16DataParallelGpu1(benchmark::State& state) {
