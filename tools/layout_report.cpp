@@ -122,7 +122,7 @@ nlohmann::json layout_json(const planner::LayoutSearchResult& result) {
     } else if (c.refused) {
       j["refused"] = *c.refused;
     } else {
-      j["fullest_stage"] = c.fullest_stage;
+      if (c.parallel.pipeline_parallel > 1) j["fullest_stage"] = c.fullest_stage;
       j["peak_allocated"] = c.fullest.peak_allocated;
       j["peak_reserved"] = c.fullest.peak_reserved;
       j["peak_nvidia_smi"] = c.fullest.peak_device_used;

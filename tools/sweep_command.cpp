@@ -210,7 +210,13 @@ planner::SweepSpec make_spec(const SweepArgs& args) {
       }
       if (args.parallel.options.find("rank=") != std::string::npos) continue;
       if (p.world_size < 2) continue;
-      if (p.engine == nn::ParallelEngine::Fsdp && p.tensor_parallel < 2) {
+      if (p.engine == nn::ParallelEngine::Fsdp && p.context_parallel > 1) {
+        // A ring's places differ (the load balancer's steps, the skipped ones without it): its
+        // last GPU beside the first, which is also FSDP2's last shard.
+        nn::ParallelConfig last = p;
+        last.rank = p.world_size - 1;
+        ranks.push_back(last);
+      } else if (p.engine == nn::ParallelEngine::Fsdp && p.tensor_parallel < 2) {
         const auto model = spec.model->build(spec.model_options);
         if (nn::fsdp_ranks_alike(model->body(), p.world_size)) continue;
         nn::ParallelConfig last = p;

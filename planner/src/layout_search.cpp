@@ -40,7 +40,7 @@ nn::ParallelConfig rank_run(nn::ParallelConfig parallel, std::size_t i) {
     parallel.stage = i;
     parallel.stage_chosen = true;
   } else if (i > 0) {
-    parallel.rank = parallel.context_parallel - 1;
+    parallel.rank = parallel.world_size - 1;  // the ring's last place, and FSDP2's last shard
   }
   return parallel;
 }

@@ -16,6 +16,7 @@
 
 #include "test_util.hpp"
 #include "vramscope/models/hf_config.hpp"
+#include "vramscope/models/zoo.hpp"
 #include "vramscope/runtime/training.hpp"
 
 namespace mem::nn {
@@ -137,6 +138,8 @@ TEST(ContextParallel, MeshesOptionsAndRefusals) {
            {"cp:1", "", "cp:1 is no ring"},
            {"ddp:2xcp:2", "", "inside FSDP2"},
            {"zero2:2xcp:2", "", "inside FSDP2"},
+           {"fsdp:1048576xcp:2", "", "GPUs in all"},
+           {"cp:2", "bucket_cap_mb=25", "cp_rotate_method, cp_load_balance"},
            {"pp:2xcp:2", "", "inside pipeline stages is not modelled yet"},
            {"cp:2", "cp_rotate_method=ring", "expected allgather"},
            {"fsdp:2", "cp_load_balance=true", "not an option of fsdp"},
@@ -204,6 +207,30 @@ TEST(ContextParallel, HalvesTheSequenceAndKeepsTheShards) {
   EXPECT_LT(ring.peak_allocated, whole.peak_allocated);
   EXPECT_GT(ring.peak_allocated, half.peak_allocated);  // the ring's gathered K, V and f32 merger
   EXPECT_NE(test::error_of([&] { step("cp:2", "2046"); }).find("multiple of 4"), std::string::npos);
+}
+
+/// What the ring cannot apply to is refused with the reason, before a figure is printed: eager
+/// attention (context_parallel() turns only SDPA into the ring), a model without a token
+/// sequence, and a length that the chunks and sequence parallel inside do not divide.
+TEST(ContextParallel, RefusesWhatTheRingDoesNotApplyTo) {
+  const auto step = [](const std::string& model, const std::string& options, const std::string& parallel) {
+    TrainConfig cfg;
+    cfg.model = model.empty() ? models::HfConfig::parse(read_json(std::string(VRAMSCOPE_TEST_DATA_DIR) +
+                                                                  "/h200-context-parallel-2026-11-29/model_steps.json")
+                                                            ["runs"][3]["config"]
+                                                                .dump(),
+                                                        "tiny-llama", "test")
+                              : models::find(model);
+    cfg.model_options = ModelOptions::parse(options);
+    cfg.precision = Precision::BF16;
+    cfg.device = "sim:h100-80g";
+    cfg.parallel = parse_parallel(parallel);
+    return test::error_of([&] { test::OneStep run(cfg); });
+  };
+  EXPECT_NE(step("", "batch=1,seq=1024,attn=eager", "cp:2").find("give --attn sdpa"), std::string::npos);
+  EXPECT_NE(step("mlp", "", "cp:2").find("splits a sequence of tokens"), std::string::npos);
+  EXPECT_NE(step("", "batch=1,seq=1028,attn=sdpa", "cp:2xtp:4").find("a multiple of 8, not 1028"), std::string::npos);
+  EXPECT_EQ(step("", "batch=1,seq=1024,attn=sdpa", "cp:2xtp:4"), "(no error)");
 }
 
 }  // namespace

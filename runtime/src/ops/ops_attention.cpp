@@ -182,7 +182,7 @@ int flash_num_splits(std::int64_t batch_heads_mblocks, std::int64_t sm_slots, st
 namespace detail {
 
 SdpaOutputs sdpa_forward_kernel(const Tensor& q, const Tensor& k, const Tensor& v, SdpaBackend backend, bool causal,
-                                bool need_lse) {
+                                bool need_lse, double dropout) {
   Runtime& rt = q.runtime();
   const std::int64_t b = q.size(0), h = q.size(1), s = q.size(2), d = q.size(3);
   SdpaOutputs o;
@@ -192,7 +192,7 @@ SdpaOutputs sdpa_forward_kernel(const Tensor& q, const Tensor& k, const Tensor& 
   // {splits, B, H, Sq} and out_accum {splits, B, H, Sq, d rounded}, f32, for the kernel's
   // duration; blocks of 256 keys up to a head dim of 64, 128 up to 128, else 64.
   Tensor lse_accum, out_accum;
-  if (const int sms = rt.allocator().device().info().multiprocessors; backend == SdpaBackend::Flash && sms > 0) {
+  if (const int sms = rt.allocator().device().info().multiprocessors; backend == SdpaBackend::Flash && sms > 0 && dropout == 0) {
     const std::int64_t block_n = d <= 64 ? 256 : d <= 128 ? 128 : 64;
     const int splits =
         flash_num_splits(b * h * ((s + 63) / 64), 2 * std::int64_t{sms}, (k.size(2) + block_n - 1) / block_n);
@@ -285,7 +285,11 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
   if (rt.allocator().device().info().compute_capability >= 90) rt.uses_cudnn();
   // Inside context_parallel(): the rank's share of the sequence attends around the ring.
   if (const std::optional<ContextParallel>& ring = rt.context_parallel()) {
-    return detail::ring_attention(q, k, v, backend, causal, *ring);
+    if (cache.reused() || cache.kept != nullptr) {
+      throw Error("scaled_dot_product_attention: a selective checkpoint policy's kept attention outputs under "
+                  "context parallel are not modelled yet; checkpoint whole layers (--gradient-checkpointing)");
+    }
+    return detail::ring_attention(q, k, v, backend, causal, training ? dropout : 0.0, *ring);
   }
   if (training && dropout > 0 && rt.computing()) {
     throw Error("scaled_dot_product_attention: dropout is simulated in dry runs only; use eager attention to compute");

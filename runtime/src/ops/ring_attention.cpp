@@ -141,7 +141,7 @@ class Merger {
 /// _templated_ring_attention: the merged output and logsumexp, and the rng state of the
 /// kernel call PyTorch returns with them (the last in 2.11, the first in 2.15).
 SdpaOutputs ring_forward(const Tensor& query, Tensor key, Tensor value, SdpaBackend backend, bool causal,
-                         const ContextParallel& ring, bool first_rng) {
+                         double dropout, const ContextParallel& ring, bool first_rng) {
   key = key.contiguous();
   value = value.contiguous();
   Tensor next_kv;
@@ -176,7 +176,7 @@ SdpaOutputs ring_forward(const Tensor& query, Tensor key, Tensor value, SdpaBack
         partial = true;
       }
     }
-    SdpaOutputs step = sdpa_forward_kernel(q, k, v, backend, how == Causal::Causal, true);
+    SdpaOutputs step = sdpa_forward_kernel(q, k, v, backend, how == Causal::Causal, true, dropout);
     out = std::move(step.out);
     logsumexp = std::move(step.lse);
     while (!rest.empty()) rest.pop_back();  // the old list's items, last first
@@ -309,7 +309,7 @@ class RingAttentionBackward final : public Node {
 }  // namespace
 
 Tensor ring_attention(const Tensor& q, const Tensor& k, const Tensor& v, SdpaBackend backend, bool causal,
-                      const ContextParallel& ring) {
+                      double dropout, const ContextParallel& ring) {
   Runtime& rt = q.runtime();
   if (rt.computing()) {
     throw Error("context parallel's ring attention is simulated in dry runs only: the other ranks' keys and values "
@@ -324,7 +324,7 @@ Tensor ring_attention(const Tensor& q, const Tensor& k, const Tensor& v, SdpaBac
                 std::to_string(q.size(2)) + " positions) must be even");
   }
   const bool first_rng = rt.stack().torch >= Version{2, 15};
-  SdpaOutputs result = ring_forward(q, k, v, backend, causal, ring, first_rng);
+  SdpaOutputs result = ring_forward(q, k, v, backend, causal, dropout, ring, first_rng);
   if (needs_grad({&q, &k, &v})) {
     auto node = make_node<RingAttentionBackward>({&q, &k, &v}, backend, causal, ring);
     node->q_.save(q);

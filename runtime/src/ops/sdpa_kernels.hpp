@@ -22,9 +22,10 @@ struct SdpaOutputs {
 };
 
 /// The forward kernel on q [B, H, Sq, d], k and v [B, H_kv, Sk, d]: allocates (and in compute
-/// mode computes) its outputs. `need_lse`: a gradient will read the logsumexp.
+/// mode computes) its outputs. `need_lse`: a gradient will read the logsumexp; `dropout`: the
+/// call's dropout_p (flash splits the keys only without dropout).
 SdpaOutputs sdpa_forward_kernel(const Tensor& q, const Tensor& k, const Tensor& v, SdpaBackend backend, bool causal,
-                                bool need_lse);
+                                bool need_lse, double dropout = 0.0);
 
 /// The backward kernel: dq, dk, dv in the inputs' layouts, with the copies and f32 workspace
 /// the kernel holds while it runs.
@@ -34,6 +35,6 @@ std::vector<Tensor> sdpa_backward_kernel(const Tensor& grad_out, const Tensor& q
 /// F.scaled_dot_product_attention inside context_parallel(): one rank's ring attention on its
 /// share of the sequence (ring_attention.cpp). Dry runs only.
 Tensor ring_attention(const Tensor& q, const Tensor& k, const Tensor& v, SdpaBackend backend, bool causal,
-                      const ContextParallel& ring);
+                      double dropout, const ContextParallel& ring);
 
 }  // namespace mem::nn::detail

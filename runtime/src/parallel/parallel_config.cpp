@@ -273,6 +273,11 @@ ParallelConfig parse_parallel(std::string_view spec, std::string_view options) {
     config.context_parallel = count_of(dims.back(), "cp");
     dims.pop_back();
     if (config.context_parallel == 1) throw Error("'" + std::string(spec) + "': cp:1 is no ring; give cp:2 or more");
+    const std::size_t outer = dims.empty() ? 1 : count_of(dims.front(), name_of(dims.front()));
+    if (outer * config.context_parallel * config.tensor_parallel > kMaxWorldSize) {
+      throw Error("'" + std::string(spec) + "': " + std::to_string(outer * config.context_parallel * config.tensor_parallel) +
+                  " GPUs in all; the meshes modelled have at most " + std::to_string(kMaxWorldSize));
+    }
     if (dims.empty()) {
       dims.push_back("fsdp:1");
     } else if (dims.size() > 1 || name_of(dims.front()) != "fsdp") {
@@ -425,7 +430,7 @@ ParallelConfig parse_parallel(std::string_view spec, std::string_view options) {
         }
         config.meta_init = value == "meta";
       } else {
-        throw Error("'" + std::string(key) + "' is not an option of fsdp (keys: " + std::string(kFsdpOptions) + ")");
+        throw Error("'" + std::string(key) + "' is not an option of fsdp (keys: " + keys + ")");
       }
     } else if (key == "bucket_cap_mb") {
       // DDP takes a float of MiB (distributed.py: int(bucket_cap_mb * 1024 * 1024)); decimal only.

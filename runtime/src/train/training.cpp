@@ -3,6 +3,7 @@
 #include "vramscope/runtime/training.hpp"
 
 #include <algorithm>
+#include <numeric>
 #include <chrono>
 #include <cmath>
 #include <limits>
@@ -228,17 +229,26 @@ Trainer::Trainer(const TrainConfig& config, CachingAllocator& allocator)
   }
   if (const std::size_t ring = config.parallel.context_parallel; ring > 1) {
     // context_parallel() shards the batch on the sequence before the forward: each GPU runs
-    // the model on its 1/C (two chunks of 1/2C each under the load balancer).
-    const Shape& in = model_->info().input_shape;
-    const std::int64_t chunks = static_cast<std::int64_t>(config.parallel.cp_load_balance ? 2 * ring : ring);
-    if (in.size() < 2 || in[1] % chunks != 0) {
-      throw Error("cp:" + std::to_string(ring) + " splits each sequence into " + std::to_string(chunks) +
-                  " chunks" + (config.parallel.cp_load_balance ? " (the load balancer gives each GPU two)" : "") +
-                  "; give a sequence length that is a multiple of " + std::to_string(chunks) +
-                  (in.size() < 2 ? " (this model takes no sequence)" : ", not " + std::to_string(in[1])));
+    // the model on its 1/C (two chunks of 1/2C each under the load balancer), and sequence
+    // parallel inside splits that share over the tensor-parallel ranks again.
+    const ModelInfo& info = model_->info();
+    if (info.input_dtype != DType::I64 || info.input_shape.size() != 2) {
+      throw Error("cp:" + std::to_string(ring) + " splits a sequence of tokens over the GPUs; " + info.name +
+                  " takes " + info.input_shape.str() + " " + std::string(dtype_name(info.input_dtype)) +
+                  " (a transformers decoder does)");
+    }
+    const auto chunks = static_cast<std::int64_t>(config.parallel.cp_load_balance ? 2 * ring : ring);
+    const auto tp = static_cast<std::int64_t>(config.parallel.tensor_parallel);
+    const std::int64_t multiple = std::lcm(chunks, static_cast<std::int64_t>(ring) * tp);
+    if (info.input_shape[1] % multiple != 0) {
+      throw Error("cp:" + std::to_string(ring) + " splits each sequence into " + std::to_string(chunks) + " chunks" +
+                  (config.parallel.cp_load_balance ? " (the load balancer gives each GPU two)" : "") +
+                  (tp > 1 ? " and sequence parallel each GPU's share over tp:" + std::to_string(tp) : std::string{}) +
+                  "; give a sequence length that is a multiple of " + std::to_string(multiple) + ", not " +
+                  std::to_string(info.input_shape[1]));
     }
     ModelOptions per_rank = config.model_options;
-    per_rank.seq = in[1] / static_cast<std::int64_t>(ring);
+    per_rank.seq = info.input_shape[1] / static_cast<std::int64_t>(ring);
     model_ = config.model->build(per_rank);
     runtime_->set_context_parallel(ContextParallel{ring, config.parallel.rank % ring, config.parallel.cp_load_balance,
                                                    config.parallel.cp_all_to_all});
@@ -720,6 +730,13 @@ StepStats Trainer::step() {
   s.device_used_end = end.device_used_bytes.current;
   s.flops = rt.flops();
   s.communication_bytes = communication_sent() - sent_before;
+  if (config_.parallel.context_parallel > 1 && runtime_->ring_sent() == 0) {
+    // context_parallel() replaces F.scaled_dot_product_attention only: eager attention would
+    // attend within each GPU's share of the sequence, a different model.
+    throw Error("cp:" + std::to_string(config_.parallel.context_parallel) + ": " + model_->info().name +
+                " ran no F.scaled_dot_product_attention, the only attention context_parallel() turns into ring "
+                "attention (eager attention would attend within each GPU's share alone); give --attn sdpa");
+  }
   s.recompute_ratio = s.flops.forward > 0 ? s.flops.recompute / s.flops.forward : 0.0;
   s.wall_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   steps_.push_back(s);

@@ -62,8 +62,6 @@ struct RngState {
   bool operator==(const RngState&) const = default;
 };
 
-/// The context every tensor belongs to. Single-threaded: use one per thread.
-/// Must outlive every tensor created in it.
 /// One rank's place in context parallel's ring and the options of PyTorch's ring attention
 /// (torch/distributed/tensor/experimental/_context_parallel/_attention.py, _cp_options):
 /// the sequence split in 2 x world chunks, rank r holding chunks r and 2 x world - 1 - r when
@@ -77,6 +75,8 @@ struct ContextParallel {
   bool all_to_all = false;
 };
 
+/// The context every tensor belongs to. Single-threaded: use one per thread.
+/// Must outlive every tensor created in it.
 class Runtime {
  public:
   /// `allocator` must outlive the runtime. Throws mem::Error for compute mode
