@@ -18,25 +18,19 @@ from cp_probe import dump_trace, import_cp, import_fake_store, make_mesh, rec_st
 
 
 def apply_tensor_parallel(model, mesh):
-    """torchtitan's Llama plan (tests/models/check_tensor_parallel.py's), loss_parallel's lm_head."""
+    """torchtitan's Llama plan as tests/models/check_tensor_parallel.py applies it (its layer_plan),
+    lm_head's output left sharded on the vocabulary for loss_parallel."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "models"))
+    from check_tensor_parallel import layer_plan
     from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
-                                                   SequenceParallel, parallelize_module)
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel, parallelize_module
     parallelize_module(model.model, mesh, {
         "embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
         "norm": SequenceParallel()})
     parallelize_module(model, mesh, {"lm_head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1),
                                                                  use_local_output=False)})
     for layer in model.model.layers:
-        parallelize_module(layer, mesh, {
-            "input_layernorm": SequenceParallel(), "post_attention_layernorm": SequenceParallel(),
-            "self_attn": PrepareModuleInput(input_kwarg_layouts={"hidden_states": Shard(1)},
-                                            desired_input_kwarg_layouts={"hidden_states": Replicate()}),
-            "self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
-            "self_attn.v_proj": ColwiseParallel(), "self_attn.o_proj": RowwiseParallel(output_layouts=Shard(1)),
-            "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-            "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
-            "mlp.down_proj": RowwiseParallel(output_layouts=Shard(1))})
+        parallelize_module(layer, mesh, layer_plan())
 
 
 def loss_parallel_if(on):

@@ -4,6 +4,7 @@
 // out by the modules that use it, as Hugging Face writes it.
 #include <cmath>
 #include <limits>
+#include <optional>
 
 #include "engine/detail.hpp"
 #include "ops/sdpa_kernels.hpp"
@@ -130,16 +131,20 @@ bool bshd_dense(const Tensor& t) {
 }
 
 /// _scaled_dot_product_{flash,efficient}_attention backward. Saves query, key, value,
-/// output and logsumexp (derivatives.yaml), and the flash kernel's rng state.
+/// output and logsumexp (derivatives.yaml); under context parallel the ring's merged output
+/// and logsumexp, and the rng state of the kernel call the ring returns.
 class SdpaBackward final : public Node {
  public:
-  SdpaBackward(SdpaBackend backend, bool causal) : backend_(backend), causal_(causal) {}
+  SdpaBackward(SdpaBackend backend, bool causal, std::optional<ContextParallel> ring)
+      : backend_(backend), causal_(causal), ring_(ring) {}
   SavedTensor q_, k_, v_, out_, lse_;
   std::vector<SavedTensor> rng_;
   TensorList apply(TensorList& grads) override {
     // Unpacked in this order (a checkpointed layer's recompute starts at the first).
     const Tensor q = q_.unpack(), k = k_.unpack(), v = v_.unpack(), out = out_.unpack();
-    std::vector<Tensor> g = detail::sdpa_backward_kernel(grads[0], q, k, v, out, backend_, causal_);
+    std::vector<Tensor> g =
+        ring_ ? detail::ring_attention_backward(grads[0], q, k, v, out, lse_.unpack(), backend_, causal_, *ring_)
+              : detail::sdpa_backward_kernel(grads[0], q, k, v, out, backend_, causal_);
     return {g[0], g[1], g[2]};
   }
   void release_variables() noexcept override {
@@ -154,6 +159,7 @@ class SdpaBackward final : public Node {
  private:
   SdpaBackend backend_;
   bool causal_;
+  std::optional<ContextParallel> ring_;
 };
 
 /// flash_api.cpp's num_splits_heuristic: how many blocks of keys the forward kernel splits a
@@ -289,7 +295,18 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
       throw Error("scaled_dot_product_attention: a selective checkpoint policy's kept attention outputs under "
                   "context parallel are not modelled yet; checkpoint whole layers (--gradient-checkpointing)");
     }
-    return detail::ring_attention(q, k, v, backend, causal, training ? dropout : 0.0, *ring);
+    detail::SdpaOutputs result = detail::ring_attention_forward(q, k, v, backend, causal, training ? dropout : 0.0, *ring);
+    if (needs_grad({&q, &k, &v})) {
+      auto node = detail::make_node<SdpaBackward>({&q, &k, &v}, backend, causal, ring);
+      node->q_.save(q);
+      node->k_.save(k);
+      node->v_.save(v);
+      node->lse_.save(result.lse);
+      for (const Tensor& t : result.rng) node->rng_.emplace_back().save(t);
+      set_history(result.out, node);
+      node->out_.save_output(result.out);
+    }
+    return result.out;
   }
   if (training && dropout > 0 && rt.computing()) {
     throw Error("scaled_dot_product_attention: dropout is simulated in dry runs only; use eager attention to compute");
@@ -313,7 +330,7 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
     });
   }
   if (grad) {
-    auto node = detail::make_node<SdpaBackward>({&q, &k, &v}, backend, causal);
+    auto node = detail::make_node<SdpaBackward>({&q, &k, &v}, backend, causal, std::nullopt);
     node->q_.save(q);
     node->k_.save(k);
     node->v_.save(v);

@@ -195,9 +195,11 @@ SdpaOutputs ring_forward(const Tensor& query, Tensor key, Tensor value, SdpaBack
   return {std::move(merged_out), std::move(merged_lse), first_rng ? std::move(saved_rest) : std::move(rest)};
 }
 
-/// _templated_ring_attention_backward: f32 accumulators, the keys and values gathered again,
-/// and their gradients sent around the ring by all-to-all (whatever the rotate method).
-std::vector<Tensor> ring_backward(const Tensor& grad_out, const Tensor& query, Tensor key, Tensor value,
+}  // namespace
+
+// _templated_ring_attention_backward: f32 accumulators, the keys and values gathered again,
+// and their gradients sent around the ring by all-to-all (whatever the rotate method).
+std::vector<Tensor> ring_attention_backward(const Tensor& grad_out, const Tensor& query, Tensor key, Tensor value,
                                   const Tensor& out, const Tensor& logsumexp, SdpaBackend backend, bool causal,
                                   const ContextParallel& ring) {
   Tensor next_kv, next_grad_kv, grad_query_, grad_key_, grad_value_;
@@ -277,39 +279,8 @@ std::vector<Tensor> ring_backward(const Tensor& grad_out, const Tensor& query, T
   return {grad_query, grad_key, grad_value};
 }
 
-/// The flash (or memory-efficient) attention op under ring attention: saves the rank's
-/// query, key and value, the merged output and logsumexp and the rng state.
-class RingAttentionBackward final : public Node {
- public:
-  RingAttentionBackward(SdpaBackend backend, bool causal, const ContextParallel& ring)
-      : backend_(backend), causal_(causal), ring_(ring) {}
-  SavedTensor q_, k_, v_, out_, lse_;
-  std::vector<SavedTensor> rng_;
-  TensorList apply(TensorList& grads) override {
-    // Unpacked in this order (a checkpointed layer's recompute starts at the first).
-    const Tensor q = q_.unpack(), k = k_.unpack(), v = v_.unpack(), out = out_.unpack(), lse = lse_.unpack();
-    std::vector<Tensor> g = ring_backward(grads[0], q, k, v, out, lse, backend_, causal_, ring_);
-    return {g[0], g[1], g[2]};
-  }
-  void release_variables() noexcept override {
-    for (SavedTensor* t : {&q_, &k_, &v_, &out_, &lse_}) t->reset();
-    for (SavedTensor& t : rng_) t.reset();
-  }
-  std::string_view name() const noexcept override {
-    return backend_ == SdpaBackend::Flash ? "ScaledDotProductFlashAttentionBackward0"
-                                          : "ScaledDotProductEfficientAttentionBackward0";
-  }
-
- private:
-  SdpaBackend backend_;
-  bool causal_;
-  ContextParallel ring_;
-};
-
-}  // namespace
-
-Tensor ring_attention(const Tensor& q, const Tensor& k, const Tensor& v, SdpaBackend backend, bool causal,
-                      double dropout, const ContextParallel& ring) {
+SdpaOutputs ring_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, SdpaBackend backend,
+                                   bool causal, double dropout, const ContextParallel& ring) {
   Runtime& rt = q.runtime();
   if (rt.computing()) {
     throw Error("context parallel's ring attention is simulated in dry runs only: the other ranks' keys and values "
@@ -323,19 +294,7 @@ Tensor ring_attention(const Tensor& q, const Tensor& k, const Tensor& v, SdpaBac
     throw Error("ring attention: a load-balanced rank holds two chunks of the sequence, so its share (" +
                 std::to_string(q.size(2)) + " positions) must be even");
   }
-  const bool first_rng = rt.stack().torch >= Version{2, 15};
-  SdpaOutputs result = ring_forward(q, k, v, backend, causal, dropout, ring, first_rng);
-  if (needs_grad({&q, &k, &v})) {
-    auto node = make_node<RingAttentionBackward>({&q, &k, &v}, backend, causal, ring);
-    node->q_.save(q);
-    node->k_.save(k);
-    node->v_.save(v);
-    node->lse_.save(result.lse);
-    for (const Tensor& t : result.rng) node->rng_.emplace_back().save(t);
-    set_history(result.out, node);
-    node->out_.save_output(result.out);
-  }
-  return result.out;
+  return ring_forward(q, k, v, backend, causal, dropout, ring, rt.stack().torch >= Version{2, 15});
 }
 
 }  // namespace mem::nn::detail

@@ -2,7 +2,7 @@
 // what one call of aten::_scaled_dot_product_{flash,efficient}_attention and its backward
 // allocate, in order. F.scaled_dot_product_attention (ops_attention.cpp) wraps one call in
 // an autograd node; context parallel's ring attention (ring_attention.cpp) makes one call per
-// step of the ring.
+// step of the ring, under the same node.
 #pragma once
 
 #include <vector>
@@ -33,8 +33,13 @@ std::vector<Tensor> sdpa_backward_kernel(const Tensor& grad_out, const Tensor& q
                                          const Tensor& out, SdpaBackend backend, bool causal);
 
 /// F.scaled_dot_product_attention inside context_parallel(): one rank's ring attention on its
-/// share of the sequence (ring_attention.cpp). Dry runs only.
-Tensor ring_attention(const Tensor& q, const Tensor& k, const Tensor& v, SdpaBackend backend, bool causal,
-                      double dropout, const ContextParallel& ring);
+/// share of the sequence (ring_attention.cpp), the merged output and logsumexp and the rng
+/// state the autograd node keeps. Dry runs only.
+SdpaOutputs ring_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, SdpaBackend backend,
+                                   bool causal, double dropout, const ContextParallel& ring);
+/// Its backward: dq, dk and dv of the rank's share.
+std::vector<Tensor> ring_attention_backward(const Tensor& grad_out, const Tensor& query, Tensor key, Tensor value,
+                                            const Tensor& out, const Tensor& logsumexp, SdpaBackend backend,
+                                            bool causal, const ContextParallel& ring);
 
 }  // namespace mem::nn::detail

@@ -273,11 +273,6 @@ ParallelConfig parse_parallel(std::string_view spec, std::string_view options) {
     config.context_parallel = count_of(dims.back(), "cp");
     dims.pop_back();
     if (config.context_parallel == 1) throw Error("'" + std::string(spec) + "': cp:1 is no ring; give cp:2 or more");
-    const std::size_t outer = dims.empty() ? 1 : count_of(dims.front(), name_of(dims.front()));
-    if (outer * config.context_parallel * config.tensor_parallel > kMaxWorldSize) {
-      throw Error("'" + std::string(spec) + "': " + std::to_string(outer * config.context_parallel * config.tensor_parallel) +
-                  " GPUs in all; the meshes modelled have at most " + std::to_string(kMaxWorldSize));
-    }
     if (dims.empty()) {
       dims.push_back("fsdp:1");
     } else if (dims.size() > 1 || name_of(dims.front()) != "fsdp") {
@@ -350,6 +345,10 @@ ParallelConfig parse_parallel(std::string_view spec, std::string_view options) {
                            (tp && !tp_only ? ", sequence_parallel, loss_parallel" : "") +
                            (config.context_parallel > 1 ? ", cp_rotate_method, cp_load_balance" : "");
   if (!dim.empty()) config.world_size = count_of(dim, engine) * config.context_parallel;
+  if (config.context_parallel > 1 && config.world_size * config.tensor_parallel > kMaxWorldSize) {
+    throw Error("'" + std::string(spec) + "': " + std::to_string(config.world_size * config.tensor_parallel) +
+                " GPUs in all; the meshes modelled have at most " + std::to_string(kMaxWorldSize));
+  }
   if (no_options) return config;
 
   for_each_option(options, keys, [&](std::string_view key, std::string_view value) {
