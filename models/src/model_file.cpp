@@ -19,6 +19,7 @@
 #include <set>
 #include <span>
 #include <unordered_map>
+#include <unordered_set>
 #include <sstream>
 #include <stdexcept>
 
@@ -1266,6 +1267,36 @@ class Builder {
       }
     }
     if (routing_) info.assumed.push_back(routing_->describe());
+    if (doc_.root.contains("expert_parallel")) read_expert_parallel(*graph, info);
+  }
+
+  /// "expert_parallel": {"ranks": N, "modules": [the experts modules' paths]}: the graph is one
+  /// rank's of transformers' expert parallel (vramscope.export --expert-parallel N).
+  void read_expert_parallel(const nn::OpGraph& graph, nn::ModelInfo& info) const {
+    const std::string path = "expert_parallel";
+    const json& e = doc_.root.at(path);
+    const std::string shape = "expected {\"ranks\": N, \"modules\": [\"model.layers.0.mlp.experts\", ...]}";
+    if (!e.is_object()) fail(path, shape + ", got " + kind_of(e));
+    for (const auto& [key, value] : e.items()) {
+      if (key != "ranks" && key != "modules") fail(path, "unknown key '" + printable(key) + "'; valid keys: ranks, modules");
+    }
+    if (!e.contains("ranks") || !e.at("ranks").is_number_integer() || e.at("ranks").get<std::int64_t>() < 2 ||
+        e.at("ranks").get<std::int64_t>() > kMaxExperts) {
+      fail(field(path, "ranks"), "expected the expert-parallel ranks, 2 to " + std::to_string(kMaxExperts));
+    }
+    if (!e.contains("modules") || !e.at("modules").is_array() || e.at("modules").empty()) {
+      fail(field(path, "modules"), "expected the experts modules' paths, a non-empty list");
+    }
+    std::unordered_set<std::string> calls;
+    for (const auto& call : graph.calls) calls.insert(call.module);
+    info.expert_parallel = e.at("ranks").get<std::size_t>();
+    for (const json& m : e.at("modules")) {
+      if (!m.is_string() || calls.count(m.get<std::string>()) == 0) {
+        fail(field(path, "modules"), (m.is_string() ? "'" + printable(m.get<std::string>()) + "'" : kind_of(m)) +
+                                         " is no module the graph calls");
+      }
+      info.expert_modules.push_back(m.get<std::string>());
+    }
   }
 
   static constexpr std::string_view kExpertRows = "expert_rows_";
@@ -1293,10 +1324,10 @@ std::unique_ptr<ModelFile::Doc> read_head(json root, std::string origin) {
   for (const auto& [key, value] : root.items()) {
     static const char* const kKeys[] = {"format",  "version", "name", "description", "source",
                                         "options", "input",   "loss", "layers",      "graph",
-                                        "checkpoint_modules", "compiled", "comment"};
+                                        "checkpoint_modules", "compiled", "expert_parallel", "comment"};
     if (std::find(std::begin(kKeys), std::end(kKeys), key) == std::end(kKeys)) {
       fail("", "unknown key '" + key + "'; valid keys: format, version, name, description, source, options, "
-               "input, loss, layers, graph, checkpoint_modules, compiled, comment");
+               "input, loss, layers, graph, checkpoint_modules, compiled, expert_parallel, comment");
     }
   }
   if (root.value("format", json()) != "vramscope-model") {
@@ -1334,6 +1365,10 @@ std::unique_ptr<ModelFile::Doc> read_head(json root, std::string origin) {
   doc->name = printable(root.at("name").get_ref<const std::string&>());
   doc->description = printable(root.value("description", std::string()));
   if (root.contains("layers") == root.contains("graph")) fail("", kLayersOrGraph);
+  if (root.contains("expert_parallel") && !root.contains("graph")) {
+    fail("expert_parallel", "is one rank's recording of an operator graph: it goes with \"graph\" (vramscope.export "
+                            "--expert-parallel)");
+  }
   if (root.contains("compiled") && !root.contains("graph")) {
     fail("compiled", "is the operator-level step torch.compile partitions: it goes with \"graph\" (vramscope.export --compile)");
   }

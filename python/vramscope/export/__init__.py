@@ -158,10 +158,12 @@ def export_ops(model, inputs: Sequence["InputSpec"], *, name: str = "model", los
 def export_hf_config(config_path: str, *, batch: int = 1, seq: int = 128, name: Optional[str] = None,
                      attn: str = "sdpa", amp: Optional[str] = None, lora: int = 0,
                      lora_targets: Optional[str] = None, gradient_checkpointing: Optional[str] = None,
-                     compile: bool = False) -> dict:
+                     compile: bool = False, expert_parallel: int = 0) -> dict:
     """The operator-level model file of a transformers causal LM built from `config_path`
     (AutoModelForCausalLM.from_config on the meta device; nothing is downloaded). The loss is
-    transformers' own (labels given), so the file's output is that loss."""
+    transformers' own (labels given), so the file's output is that loss. `expert_parallel` N > 1:
+    rank 0 of transformers' expert parallel over N ranks (_expert_parallel.py), its experts
+    modules named in the file's "expert_parallel"."""
     import json as _json
     from pathlib import Path as _Path
     import torch
@@ -196,6 +198,13 @@ def export_hf_config(config_path: str, *, batch: int = 1, seq: int = 128, name: 
     if gradient_checkpointing:
         enable_gradient_checkpointing(model, gradient_checkpointing)
     vocab = model.get_input_embeddings().num_embeddings
+    experts = []
+    if expert_parallel:
+        if amp or lora or compile:
+            raise ExportError(["--expert-parallel records the run's dtype without --amp, --lora or --compile"],
+                              "bad arguments")
+        from ._expert_parallel import distribute
+        experts = distribute(model, expert_parallel)
 
     def make_inputs(b: int, s: int):
         ids = torch.empty((b, s), dtype=torch.int64, device="meta")
@@ -212,8 +221,12 @@ def export_hf_config(config_path: str, *, batch: int = 1, seq: int = 128, name: 
                         source=f"exported by vramscope.export --hf-config with transformers {transformers.__version__}, "
                                f"attn_implementation={attn}" + (f", autocast {amp}" if amp else "") +
                                (f", PEFT LoRA r={lora} on {lora_targets or 'its default targets'}" if lora else "") +
-                               (f", gradient checkpointing {gradient_checkpointing}" if gradient_checkpointing else ""),
+                               (f", gradient checkpointing {gradient_checkpointing}" if gradient_checkpointing else "") +
+                               (f", rank 0 of expert parallel over {expert_parallel} ranks (DistributedConfig(ep_size="
+                                f"{expert_parallel}), AllToAllEP, PyTorch's fake process group)" if experts else ""),
                         input_note={"shape": ["batch", "seq"], "dtype": "int64", "high": vocab}, autocast=amp)
+    if experts:
+        doc["expert_parallel"] = {"ranks": expert_parallel, "modules": experts}
     if compile:
         from ._compiled import compiled_document
         if amp or gradient_checkpointing:

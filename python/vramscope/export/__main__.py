@@ -78,6 +78,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="also record the training step as torch.compile partitions it (the joint graph AOTAutograd's "
                              "partitioner sees, on fake CPU tensors): `vramscope sweep --compile eager,on,0.5` runs it "
                              "(operator level only; at the recorded batch and dtype)")
+    parser.add_argument("--expert-parallel", type=int, default=0, metavar="N",
+                        help="--hf-config of a mixture of experts: one rank of transformers' expert parallel over N "
+                             "ranks (DistributedConfig(ep_size=N): num_experts / N experts per rank, tokens sent to "
+                             "them by all-to-all, even routing assumed); run it with --parallel ep:N")
     parser.add_argument("--name", help="the model's name in tables (default: the function's name)")
     parser.add_argument("-o", "--output", dest="out", metavar="FILE.json",
                         help="where to write (default: standard output)")
@@ -109,11 +113,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 raise ExportError(["--batch and --seq must be positive"], "bad arguments")
             doc = export_hf_config(args.hf_config, batch=args.batch, seq=args.seq, name=_name(args.name), attn=args.attn,
                                    amp=args.amp, lora=args.lora, lora_targets=args.lora_targets,
-                                   gradient_checkpointing=args.gradient_checkpointing, compile=args.compile)
+                                   gradient_checkpointing=args.gradient_checkpointing, compile=args.compile,
+                                   expert_parallel=args.expert_parallel)
             params = None
         else:
             if not args.model:
                 raise ExportError(["give FILE.py:FUNCTION (or module:FUNCTION), or --hf-config CONFIG.json"],
+                                  "bad arguments")
+            if args.expert_parallel:
+                raise ExportError(["--expert-parallel applies to --hf-config (transformers' DistributedConfig)"],
                                   "bad arguments")
             if args.lora or args.lora_targets:
                 raise ExportError(["--lora applies to --hf-config; apply PEFT in your factory for other models "

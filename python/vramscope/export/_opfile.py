@@ -218,7 +218,11 @@ def export_graph(model, make_inputs: MakeInputs, *, name: str, batch: int, seq: 
     doc["loss"] = loss_of(out_shape, rec.tensors[rec.output].shape)
     doc["graph"] = graph_document(rec, shapes, autocast)
     assumed = list(rec.assumed)
-    if any(op.name.startswith("aten._grouped_mm") for op in rec.ops):
+    splits = getattr(rec, "expert_splits", None)
+    if splits is not None and splits.describe():
+        # Expert parallel: the rows each rank's experts get are the routing's over all ranks.
+        assumed.append(splits.describe())
+    elif any(op.name.startswith("aten._grouped_mm") for op in rec.ops):
         # Mixtures of experts: transformers 5's grouped experts multiply tokens x top-k rows
         # sorted by expert, whatever the routing; the eager per-expert loop would depend on it.
         assumed.append("experts run grouped (grouped_mm over tokens x top-k rows): the buffers do not depend on "

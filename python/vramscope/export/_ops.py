@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ._errors import ExportError, one_line
+from ._expert_parallel import AssumedSplits, local_parameters
 from ._routing import AssumedRouting
 
 FORMAT_OPS = 1  # the "graph" form's own version, inside model-file version 1
@@ -180,6 +181,14 @@ class _Recorder:
         self.skip = _not_users(torch)
         self.routing = AssumedRouting(torch)
         self.rec.experts_loops = self.routing.seen
+        self.splits = AssumedSplits(torch)
+        self.rec.expert_splits = self.splits
+        # Functional collectives whose result is their input on a GPU: wait_tensor returns it
+        # (Functional.cpp), _wrap_tensor_autograd wraps it (AsyncCollectiveTensor); their meta
+        # kernels make a new tensor instead.
+        c10d = getattr(torch.ops, "_c10d_functional", None)
+        self.same_storage = {getattr(c10d, n).default for n in ("wait_tensor", "_wrap_tensor_autograd")
+                             if c10d is not None and hasattr(c10d, n)}
 
     # --- tensors ---------------------------------------------------------------------------
     def _storage_key(self, t) -> int:
@@ -266,6 +275,7 @@ class _Recorder:
     # --- module calls ----------------------------------------------------------------------
     def pre_hook(self, module, args):
         self.routing.enter(module, args)
+        self.splits.enter(module, args)
         name = self.names.get(id(module))
         if name is None:
             self.stack.append(self.stack[-1] if self.stack else -1)
@@ -278,6 +288,7 @@ class _Recorder:
 
     def post_hook(self, module, args, output):
         self.routing.leave(module)
+        self.splits.leave(module)
         if self.stack:
             self.stack.pop()
 
@@ -349,6 +360,8 @@ class _Recorder:
     def _aliases(self, func, args, kwargs, in_tensors, n_out) -> List[int]:
         """Per output, the index among the op's tensor inputs that it aliases, or -1."""
         result = [-1] * n_out
+        if func in self.same_storage and in_tensors and n_out == 1:
+            return [0]
         schema = getattr(func, "_schema", None)
         if schema is None:
             return result
@@ -406,6 +419,9 @@ def _make_mode(recorder: _Recorder):
             kwargs = kwargs or {}
             if func in _NO_RECORD or recorder.paused:
                 return func(*args, **kwargs)
+            answered, out = recorder.splits.answer(func, args, kwargs)
+            if answered:  # expert parallel's split sizes, read to the host: no device operator
+                return out
             answered, out = recorder.routing.answer(func, args, kwargs)
             if answered:  # the experts loop's nonzero and expert ids, under the assumed routing
                 if func is not _ITEM:
@@ -727,7 +743,9 @@ def _record(model, args: tuple, kwargs: dict, pick_output: Callable[[Any], Any],
             autocast: Optional[str] = None) -> Recording:
     import torch
     names = {id(m): n for n, m in model.named_modules()}
-    params = {id(p): (n, p) for n, p in model.named_parameters()}
+    # A DTensor parameter (expert parallel) is recorded as its local shard, the rank's own.
+    local = local_parameters(model)
+    params = {id(p): (n, p) for n, p, _ in local}
     buffers = {id(b): (n, b) for n, b in model.named_buffers()}
     recorder = _Recorder(torch, model, names, params, buffers, autocast)
     flat, _ = torch.utils._pytree.tree_flatten((args, kwargs))
@@ -735,8 +753,9 @@ def _record(model, args: tuple, kwargs: dict, pick_output: Callable[[Any], Any],
         if isinstance(t, torch.Tensor):
             recorder.rec.inputs.append(recorder._add(t, "input", requires_grad=bool(t.requires_grad)))
     # Parameters and buffers in registration order (what the file declares), used or not.
-    for n, p in model.named_parameters():
-        recorder.tensor_id(p)
+    for n, p, requires_grad in local:
+        rid = recorder.tensor_id(p)
+        recorder.rec.tensors[rid].requires_grad = requires_grad
     for n, b in model.named_buffers():
         recorder.tensor_id(b)
     def pack(t):

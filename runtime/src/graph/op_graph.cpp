@@ -81,6 +81,13 @@ Tensor view_on(const Tensor& base, const Shape& shape, DType dtype) {
   return detail::alias_of(base, shape, strides, 0, dtype);
 }
 
+/// A collective's outputs, each a buffer it received (Runtime::collectives).
+void log_collective(Runtime& runtime, const std::string& op, const TensorList& made, bool backward) {
+  for (const Tensor& t : made) {
+    if (t.defined()) runtime.log_collective({op, t.nbytes(), backward});
+  }
+}
+
 /// The node of a recorded operator: keeps the recorded tensors; backward hands each input
 /// its gradient (op_rules.hpp).
 class OpNode final : public Node {
@@ -118,6 +125,7 @@ class OpNode final : public Node {
       }
     }
     detail::backward_effects(runtime_, rule_, forward_flops_, result);
+    if (rule_.collective) log_collective(runtime_, spec_.op, result, true);
     return result;
   }
   void release_variables() noexcept override { saved_.clear(); }
@@ -357,6 +365,7 @@ void OpCall::run_op(const Item& item) const {
   }
 
   const double flops = detail::device_effects(rt, rule, in, out, !reused);
+  if (rule.collective && !reused) log_collective(rt, spec.op, out, false);
 
   bool records = !spec.node.empty() && grad_enabled();
   if (records) {

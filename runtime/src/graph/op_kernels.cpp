@@ -66,7 +66,25 @@ std::optional<TensorList> run_mapped(const OpRule& rule, const OpGraph::OpSpec& 
   return std::nullopt;
 }
 
+namespace {
+
+/// A collective sends its inputs' bytes, (N - 1) / N of them to the other ranks of its group.
+void count_sent(Runtime& runtime, const TensorList& sent) {
+  double bytes = 0;
+  for (const Tensor& t : sent) {
+    if (t.defined()) bytes += static_cast<double>(t.nbytes());
+  }
+  const auto ranks = static_cast<double>(runtime.collective_ranks());
+  runtime.count_collective_sent(bytes * (ranks - 1 > 0 ? (ranks - 1) / ranks : 1.0));
+}
+
+}  // namespace
+
 void backward_effects(Runtime& runtime, const OpRule& rule, double forward_flops, const TensorList& grads) {
+  if (rule.collective) {
+    count_sent(runtime, grads);  // the gradient goes back the way the input came
+    return;
+  }
   if (rule.product != OpProduct::None) {
     runtime.gemm_workspace(false);
     runtime.add_flops(2 * forward_flops);
@@ -80,6 +98,11 @@ void backward_effects(Runtime& runtime, const OpRule& rule, double forward_flops
 }
 
 double device_effects(Runtime& runtime, const OpRule& rule, const TensorList& in, const TensorList& out, bool runs) {
+  if (rule.collective) {
+    // Communication, no arithmetic: the received output is written by NCCL.
+    if (runs) count_sent(runtime, in);
+    return 0;
+  }
   const auto dims = [&](std::size_t i) { return i < in.size() && in[i].defined() ? in[i].shape() : Shape{}; };
   const bool biased = rule.product == OpProduct::Addmm || rule.product == OpProduct::Baddbmm;
   if (rule.product != OpProduct::None && !out.empty() && out[0].defined()) {

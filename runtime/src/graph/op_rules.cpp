@@ -54,14 +54,34 @@ std::unordered_map<std::string, OpRule> make_rules() {
   OpRule& flash = rules["_scaled_dot_product_flash_attention"];
   flash.host_outputs = (1u << 6) | (1u << 7);
   flash.attention_logsumexp = true;
+  // Collectives (torch/distributed/_functional_collectives.py over the ops of
+  // torch/csrc/distributed/c10d/Functional.cpp): all_to_all_single makes its output of the
+  // received rows and its autograd backward (_c10d_functional_autograd) sends the gradient back
+  // by another all-to-all into a new tensor of the input's size (the default rule). wait_tensor
+  // returns its input and _wrap_tensor_autograd wraps it (the recording aliases both);
+  // alltoall_base_ (dist.all_to_all_single) writes into the output it is given.
+  for (const char* collective : {"_c10d_functional.all_to_all_single", "_c10d_functional.all_gather_into_tensor",
+                                 "_c10d_functional.reduce_scatter_tensor", "_c10d_functional.all_reduce",
+                                 "_c10d_functional_autograd.all_to_all_single", "c10d.alltoall_base_",
+                                 "c10d.allgather_into_tensor_coalesced_", "c10d.allreduce_", "c10d._allgather_base_"}) {
+    rules[collective].collective = true;
+  }
+  for (const char* same : {"_c10d_functional.wait_tensor", "_c10d_functional._wrap_tensor_autograd"}) {
+    rules[same].passes = kAll;
+  }
   return rules;
 }
 
 }  // namespace
 
 std::string_view op_base_name(std::string_view op) noexcept {
-  if (op.starts_with("aten.")) op.remove_prefix(5);
-  return op.substr(0, op.find('.'));
+  if (op.starts_with("aten.")) {
+    op.remove_prefix(5);
+    return op.substr(0, op.find('.'));
+  }
+  // Another namespace stays in the name: "_c10d_functional.wait_tensor".
+  const std::size_t dot = op.find('.');
+  return dot == std::string_view::npos ? op : op.substr(0, op.find('.', dot + 1));
 }
 
 const OpRule& op_rule(std::string_view op) {

@@ -29,12 +29,17 @@ struct OpRule {
   std::uint32_t host_outputs = 0;
   /// Output 1 is the fused attention's f32 logsumexp, whose rows the kernel chooses.
   bool attention_logsumexp = false;
+  /// A collective of the process group (torch.distributed's functional collectives and c10d's
+  /// ops, as a rank's recording under expert parallel holds them): its outputs are the
+  /// received data, its work is communication (the bytes of its inputs are sent), no FLOPs.
+  bool collective = false;
   /// A dtype conversion: when the run's dtype makes it one to the same dtype it is `x.to(dtype)`
   /// returning x itself (PyTorch's to() aliases then, to_will_alias): no copy, no node.
   bool conversion = false;
 };
 
-/// "aten.transpose.int" -> "transpose".
+/// "aten.transpose.int" -> "transpose"; another namespace's keeps it:
+/// "_c10d_functional.all_to_all_single.default" -> "_c10d_functional.all_to_all_single".
 std::string_view op_base_name(std::string_view op) noexcept;
 /// The rule of "aten.<name>.<overload>" (the overload does not matter).
 const OpRule& op_rule(std::string_view op);

@@ -47,12 +47,12 @@ class Rotater {
     Runtime& rt = buffer.runtime();
     if (all_to_all_) {
       buffer_ = empty(rt, buffer.shape(), buffer.dtype());
-      rt.count_ring_sent(static_cast<double>(buffer.nbytes()));  // to the next rank
+      rt.count_collective_sent(static_cast<double>(buffer.nbytes()));  // to the next rank
       return;
     }
     ++index_;
     if (!gathered_.defined()) {
-      rt.count_ring_sent(static_cast<double>(buffer.nbytes()) * static_cast<double>(ring_.world - 1));
+      rt.count_collective_sent(static_cast<double>(buffer.nbytes()) * static_cast<double>(ring_.world - 1));
       gathered_ = empty(buffer.runtime(), Shape{static_cast<std::int64_t>(ring_.world) * buffer.numel()},
                         buffer.dtype());
     }

@@ -127,7 +127,8 @@ std::vector<Module*> repeated_blocks(Module& root) {
 
 namespace mem::nn::detail {
 
-FullyShard::FullyShard(const ParallelConfig& config, Module& root, Runtime& runtime)
+FullyShard::FullyShard(const ParallelConfig& config, Module& root, Runtime& runtime,
+                       const std::vector<std::string>& experts)
     : config_(config),
       runtime_(runtime),
       context_(intern_context("FullyShardedDataParallel", Phase::Forward)),
@@ -141,9 +142,28 @@ FullyShard::FullyShard(const ParallelConfig& config, Module& root, Runtime& runt
   Device& device = runtime.allocator().device();
   copy_in_stream_ = device.create_stream();
   reduce_scatter_stream_ = device.create_stream();
-  const std::size_t world = config.world_size;
   std::vector<Module*> modules;
   collect_blocks(root, modules, pipelined_ ? 1 : 2);
+  // Expert parallel: each experts module is a group of its own, in the module tree's order
+  // (after the block that holds it); transformers shards them before the blocks, and each
+  // group's shards are made by its own fully_shard call.
+  std::unordered_set<const Module*> expert_groups;
+  if (!experts.empty()) {
+    std::vector<Module*> ordered;
+    std::unordered_set<std::string> wanted(experts.begin(), experts.end());
+    const std::unordered_set<const Module*> block_set(modules.begin(), modules.end());
+    const auto visit = [&](auto& self, Module& m) -> void {
+      if (block_set.count(&m) != 0) ordered.push_back(&m);
+      if (wanted.erase(m.path()) != 0) {
+        ordered.push_back(&m);
+        expert_groups.insert(&m);
+      }
+      for (const auto& [name, child] : m.children()) self(self, *child);
+    };
+    visit(visit, root);
+    if (!wanted.empty()) throw Error("expert parallel: the model has no module " + *wanted.begin());
+    modules = std::move(ordered);
+  }
   modules.push_back(&root);
   for (std::size_t i = 0; i < modules.size(); ++i) group_index_[modules[i]] = i;
   std::unordered_map<const Module*, std::size_t> blocks(group_index_);
@@ -158,12 +178,19 @@ FullyShard::FullyShard(const ParallelConfig& config, Module& root, Runtime& runt
     group.module = module;
     group.path = module->path();
     const bool is_root = module == &root;
+    const bool expert = expert_groups.count(module) != 0;
+    // Experts: the efsdp mesh, world / ep ranks; this rank's place in it is rank / ep (ranks
+    // holding the same experts are ep apart: transformers' DistributedConfig.efsdp_size).
+    group.ranks = expert ? config.world_size / config.expert_parallel : config.world_size;
+    group.rank = expert ? config.rank / config.expert_parallel : config.rank;
+    group.experts = expert;
+    const std::size_t world = group.ranks;
     // reshard_after_forward=None: True, except for the root (_fully_shard.py). In a pipeline
     // torchtitan passes False, "to avoid per-microbatch all-gathers" (apply_fsdp's default
-    // policy: reshard_after_forward = not pp_enabled).
-    group.reshard_after_forward = config.reshard_after_forward.value_or(!is_root && !pipelined_);
+    // policy: reshard_after_forward = not pp_enabled). transformers passes True for experts.
+    group.reshard_after_forward = expert || config.reshard_after_forward.value_or(!is_root && !pipelined_);
     // An int applies to every group it is given to, the root included (fully_shard(model, ...)).
-    group.post_forward_ranks = config.reshard_after_forward_to;
+    group.post_forward_ranks = expert ? 0 : config.reshard_after_forward_to;
     std::vector<std::pair<Module*, std::size_t>> owned;
     own_parameters(*module, blocks, true, owned);
     std::vector<Tensor> originals;
@@ -176,7 +203,7 @@ FullyShard::FullyShard(const ParallelConfig& config, Module& root, Runtime& runt
       const std::int64_t rows = shape.size() == 0 ? 1 : shape[0];
       p.row_numel = rows == 0 ? 0 : original.numel() / rows;
       p.chunk_rows = div_up(rows, static_cast<std::int64_t>(world));  // _chunk_with_empty
-      const std::int64_t local_rows = chunk_size(rows, world, config.rank);
+      const std::int64_t local_rows = chunk_size(rows, world, group.rank);
       // MixedPrecisionPolicy applies to floating parameters (a packed 4-bit weight keeps its bytes).
       p.unsharded_dtype = config.param_dtype && is_floating(original.dtype()) ? *config.param_dtype : original.dtype();
       // _fsdp_params_with_wider_grad_dtype (torch 2.15 _fsdp_param_group.py): the gradient's
@@ -297,7 +324,7 @@ FullyShard::Group& FullyShard::group_of(Module& module) { return groups_.at(grou
 void FullyShard::unshard(Group& g) {
   // FSDPParamGroup.unshard: a no-op while an all-gather waits or when unsharded.
   if (g.all_gather_output.defined() || g.unsharded || g.params.empty()) return;
-  if (config_.world_size == 1) {
+  if (g.ranks == 1) {
     wait_for_unshard(g);  // no collective: the copy-out copies the shard
     return;
   }
@@ -313,7 +340,7 @@ void FullyShard::unshard(Group& g) {
   // shards, or copied from the post-forward slices, which are in param_dtype already. The
   // other parameters' inputs are their shards (or slices) themselves.
   std::size_t input_bytes = 0, copy_in_bytes = 0;
-  std::size_t ranks = config_.world_size;
+  std::size_t ranks = g.ranks;
   for (const Param& p : g.params) {
     // The backward all-gather of reshard_after_forward=k gathers over k ranks from the 1/k
     // slices kept after forward.
@@ -355,7 +382,7 @@ void FullyShard::unshard(Group& g) {
 
 void FullyShard::wait_for_unshard(Group& g) {
   if (g.unsharded || g.params.empty()) return;
-  if (!g.all_gather_output.defined() && config_.world_size > 1) return;  // no preceding unshard
+  if (!g.all_gather_output.defined() && g.ranks > 1) return;  // no preceding unshard
   const bool forward = g.state == State::Forward;
   // PyTorch 2.15 releases the previous group's all-gather output before this copy-out
   // (release_all_gather_state_for_comm_reuse); 2.11 holds it in a local until the copy-out
@@ -373,7 +400,7 @@ void FullyShard::wait_for_unshard(Group& g) {
   }
   g.unsharded_log = log_.size();
   log_.push_back({label(g) + " unsharded parameters", bytes, "default", stage(), ""});
-  if (config_.world_size > 1) {
+  if (g.ranks > 1) {
     const bool one_dtype = std::all_of(g.params.begin(), g.params.end(), [&](const Param& p) {
       return p.unsharded_dtype == g.params.front().unsharded_dtype;
     });
@@ -384,7 +411,7 @@ void FullyShard::wait_for_unshard(Group& g) {
       // 2 x SMs x threads per SM / 128 blocks (unknown SMs: no cap).
       const auto& info = runtime_.allocator().device().info();
       const std::int64_t splits = static_cast<std::int64_t>(g.params.size());
-      const auto chunks = static_cast<std::int64_t>(g.sharded_post_forward ? g.post_forward_ranks : config_.world_size);
+      const auto chunks = static_cast<std::int64_t>(g.sharded_post_forward ? g.post_forward_ranks : g.ranks);
       // Each split is a parameter's share of one rank's input: its padded shard, or its 1/k slice.
       const auto split_bytes = [&](const Param& p) {
         return g.sharded_post_forward ? static_cast<std::int64_t>(p.post_forward.nbytes())
@@ -412,7 +439,7 @@ void FullyShard::wait_for_unshard(Group& g) {
     drop_post_forward(g);
   }
   if (forward && !release_first) release_all_gather_state();
-  if (forward && config_.world_size > 1) {
+  if (forward && g.ranks > 1) {
     // Kept for the overlap of this copy-out with the next all-gather: freed at the next
     // group's copy-out, or at the root's post-forward.
     all_gather_state_ = std::move(g.all_gather_output);
@@ -628,13 +655,13 @@ void FullyShard::post_backward(Group& g) {
 }
 
 void FullyShard::foreach_reduce(Group& g, std::vector<std::pair<Param*, Tensor>>& grads) {
-  const auto world = static_cast<std::int64_t>(config_.world_size);
+  const auto world = static_cast<std::int64_t>(g.ranks);
   // The reduce dtype: MixedPrecisionPolicy's reduce_dtype, else the gradients' own.
   const DType grad_dtype = grads.front().second.dtype();
   const DType reduce_dtype = config_.reduce_dtype.value_or(grad_dtype);
   const auto elem = static_cast<std::int64_t>(dtype_size(reduce_dtype));
   std::int64_t input_numel = 0;
-  for (auto& [p, grad] : grads) input_numel += p->padded_unsharded_numel(config_.world_size);
+  for (auto& [p, grad] : grads) input_numel += p->padded_unsharded_numel(g.ranks);
   const std::int64_t output_numel = input_numel / world;
   // reduce_scatter_input on the current stream; chunk_cat copies (and casts) the gradients in.
   std::size_t input_log = SIZE_MAX;
@@ -664,6 +691,12 @@ void FullyShard::foreach_reduce(Group& g, std::vector<std::pair<Param*, Tensor>>
     output_log = log_.size();
     log_.push_back({label(g) + " reduce-scatter output (sharded gradients)", output.nbytes(), "reduce-scatter",
                     stage(), ""});
+    if (g.ranks == 1 && g.experts && config_.world_size > 1) {
+      // One rank in the group: the output is a copy of the input, and the experts' divide
+      // factor (transformers sets dp_size) makes `reduce_scatter_input / gradient_divide_factor`
+      // a temporary of the input's size first (foreach_reduce, torch 2.15 _fsdp_collectives.py).
+      Tensor divided = empty(runtime_, Shape{input_numel}, reduce_dtype);
+    }
     const DType orig = grads.front().first->sharded.dtype();
     if (orig != reduce_dtype) {
       // _to_dtype_if_needed: the sharded gradients in the parameters' dtype, on the same stream.

@@ -25,7 +25,11 @@ class FullyShard final : public ForwardHooks {
   /// fully_shard(block) for each block, then fully_shard(root): every parameter becomes a
   /// padded dim-0 shard (the model built whole on the GPU frees its parameters then; built
   /// on the meta device, it never held them).
-  FullyShard(const ParallelConfig& config, Module& root, Runtime& runtime);
+  /// Under expert parallel `experts` names the experts modules (ModelInfo::expert_modules):
+  /// each is fully_shard'ed first, over the efsdp mesh of world / ep ranks with
+  /// reshard_after_forward=True, as transformers' apply_fully_sharded_data_parallelism does.
+  FullyShard(const ParallelConfig& config, Module& root, Runtime& runtime,
+             const std::vector<std::string>& experts = {});
   ~FullyShard() override;
   FullyShard(const FullyShard&) = delete;
   FullyShard& operator=(const FullyShard&) = delete;
@@ -105,6 +109,9 @@ class FullyShard final : public ForwardHooks {
   struct Group {
     Module* module = nullptr;
     std::string path;              // "" for the root
+    std::size_t ranks = 1;         // its mesh: FSDP's world, or expert parallel's efsdp
+    std::size_t rank = 0;          // this rank's place in it
+    bool experts = false;          // expert parallel's experts (set_gradient_divide_factor)
     std::vector<Param> params;
     bool reshard_after_forward = true;
     std::size_t post_forward_ranks = 0;  // reshard_after_forward=k: k; 0 otherwise

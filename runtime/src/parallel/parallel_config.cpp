@@ -35,7 +35,7 @@ bool parse_offload(std::string_view key, std::string_view value, std::string_vie
 constexpr std::string_view kDdpOptions =
     "bucket_cap_mb, gradient_as_bucket_view, broadcast_buffers, init_sync, static_graph, find_unused_parameters";
 constexpr std::string_view kFsdpOptions =
-    "reshard_after_forward, param_dtype, reduce_dtype, offload_policy, pin_memory, init, rank";
+    "reshard_after_forward, param_dtype, reduce_dtype, offload_policy, pin_memory, init, ep_size, rank";
 constexpr std::string_view kZeroOptions = "reduce_bucket_size, overlap_comm, offload_optimizer, pin_memory, rank";
 constexpr std::string_view kTpOptions = "sequence_parallel, loss_parallel, rank";
 constexpr std::string_view kDpOptions = "gpu";
@@ -221,6 +221,25 @@ ParallelConfig parse_parallel(std::string_view spec, std::string_view options) {
     return n;
   };
   const auto name_of = [](std::string_view dim) { return dim.substr(0, dim.find(':')); };
+  for (const std::string_view dim : dims) {
+    if (name_of(dim) == "ep" && dims.size() > 1) {
+      throw Error("'" + std::string(spec) + "': expert parallel is modelled alone, ep:N (transformers' "
+                  "DistributedConfig(fsdp_size=N, ep_size=N)), or inside FSDP2's GPUs as fsdp:M with the option "
+                  "ep_size=N (N dividing M); with tp, cp or pp it is not yet");
+    }
+  }
+  if (name_of(dims.front()) == "ep") {
+    // ep:N: FSDP2 over the N GPUs with each expert on one of them (efsdp = 1).
+    const std::size_t ranks = count_of(dims.front(), "ep");
+    if (ranks == 1) throw Error("'" + std::string(spec) + "': ep:1 splits no experts; give ep:2 or more");
+    const std::string fsdp = "fsdp:" + std::to_string(ranks);
+    ParallelConfig config = parse_parallel(fsdp, options);
+    if (config.expert_parallel != 1) {
+      throw Error("ep_size: ep:" + std::to_string(ranks) + " says it; give ep_size with fsdp:M instead");
+    }
+    config.expert_parallel = ranks;
+    return config;
+  }
   if (name_of(dims.front()) == "pp") {
     // Pipeline stages outermost; inside each stage the rest of the mesh (fsdp:M, tp:K,
     // fsdp:MxTP:K) as it is parsed alone, the pipeline's options taken out of the list first.
@@ -251,8 +270,9 @@ ParallelConfig parse_parallel(std::string_view spec, std::string_view options) {
       if (what.find("is not an option of") == std::string::npos) throw;
       throw Error(what.substr(0, what.size() - 1) + "; pp's: " + std::string(kPpOptions) + ")");
     }
-    if (config.context_parallel > 1) {
-      throw Error("'" + std::string(spec) + "': context parallel inside pipeline stages is not modelled yet");
+    if (config.context_parallel > 1 || config.expert_parallel > 1) {
+      throw Error("'" + std::string(spec) + "': " + (config.context_parallel > 1 ? "context" : "expert") +
+                  " parallel inside pipeline stages is not modelled yet");
     }
     if (config.engine != ParallelEngine::None && config.engine != ParallelEngine::Fsdp) {
       throw Error("'" + std::string(spec) + "': inside pipeline stages the meshes modelled are tp:K, fsdp:M and "
@@ -284,8 +304,8 @@ ParallelConfig parse_parallel(std::string_view spec, std::string_view options) {
   if (dims.size() > 1 || (!dims.empty() && name_of(dims.front()) == "tp")) {
     throw Error("'" + std::string(spec) + "': the meshes modelled are tp:N and fsdp:MxTP:N (FSDP2 over tensor "
                 "parallel, torchtitan's 2-D layout, tp innermost), cp:C and fsdp:MxCP:C (context parallel inside "
-                "FSDP2), pp:N, pp:NxTP:K, pp:NxFSDP:M and pp:NxFSDP:MxTP:K (pipeline stages outermost); "
-                "expert parallel is not yet");
+                "FSDP2), pp:N, pp:NxTP:K, pp:NxFSDP:M and pp:NxFSDP:MxTP:K (pipeline stages outermost), and ep:N "
+                "(expert parallel)");
   }
   const std::string_view dim = dims.empty() ? std::string_view{} : dims.front();
   const std::string_view engine = name_of(dim);
@@ -320,7 +340,8 @@ ParallelConfig parse_parallel(std::string_view spec, std::string_view options) {
                 "'; expected dp:N (nn.DataParallel over N GPUs of one process), ddp:N (DistributedDataParallel "
                 "on N GPUs), fsdp:N (FSDP2's fully_shard "
                 "on N GPUs), zero1:N, zero2:N or zero3:N (DeepSpeed's ZeRO stage 1, 2 or 3), tp:N (tensor "
-                "and sequence parallel over N GPUs), fsdp:MxTP:N, cp:N and fsdp:MxCP:N (context parallel), pp:N (pipeline stages on N GPUs), or none");
+                "and sequence parallel over N GPUs), fsdp:MxTP:N, cp:N and fsdp:MxCP:N (context parallel), pp:N (pipeline stages on N GPUs), ep:N "
+                "(expert parallel, a mixture of experts recorded with vramscope.export --expert-parallel N), or none");
   }
   if (!dim.empty() && config.tensor_parallel > 1 && engine != "fsdp") {
     throw Error("'" + std::string(spec) + "': " + std::string(engine) + " with tensor parallel is not modelled; "
@@ -421,6 +442,17 @@ ParallelConfig parse_parallel(std::string_view spec, std::string_view options) {
             parse_offload(key, value, "CPUOffloadPolicy: shards, gradients and the optimizer on the host");
       } else if (key == "pin_memory") {
         config.offload_pin_memory = parse_bool(key, value);
+      } else if (key == "ep_size") {
+        // DistributedConfig's ep_size: it must divide fsdp_size * tp_size (configuration_utils.py).
+        const std::size_t n = parse_count(key, value, config.world_size + 1);
+        if (n < 2 || config.world_size % n != 0) {
+          throw Error("ep_size=" + std::string(value) + ": expected a divisor of " + std::to_string(config.world_size) +
+                      " from 2 (the experts' ranks among FSDP2's; transformers' DistributedConfig)");
+        }
+        if (config.tensor_parallel > 1 || config.context_parallel > 1) {
+          throw Error("ep_size with tp or cp is not modelled yet; expert parallel runs inside fsdp:M alone");
+        }
+        config.expert_parallel = n;
       } else if (key == "init") {
         if (value != "meta" && value != "cuda") {
           throw Error("init=" + std::string(value) +
@@ -501,6 +533,7 @@ std::string parallel_label(const ParallelConfig& config) {
     out = (shard > 1 ? "fsdp:" + std::to_string(shard) + "x" : std::string{}) + "cp:" + std::to_string(config.context_parallel);
   }
   if (config.tensor_parallel > 1) out += (out.empty() ? "tp:" : "xtp:") + std::to_string(config.tensor_parallel);
+  if (config.expert_parallel > 1 && config.expert_parallel == config.world_size) out = "ep:" + std::to_string(config.world_size);
   std::string options;
   const auto add = [&](const std::string& item) { options += (options.empty() ? " " : ",") + item; };
   if (config.engine == ParallelEngine::Zero1 || config.engine == ParallelEngine::Zero2 ||
@@ -539,6 +572,9 @@ std::string parallel_label(const ParallelConfig& config) {
     if (config.cpu_offload) add("offload_policy=cpu");
     if (!config.offload_pin_memory) add("pin_memory=false");
     if (!config.meta_init) add("init=cuda");
+    if (config.expert_parallel > 1 && config.expert_parallel != config.world_size) {
+      add("ep_size=" + std::to_string(config.expert_parallel));
+    }
     if (config.rank != 0) add("rank=" + std::to_string(config.rank));
     return out + options;
   }

@@ -253,6 +253,25 @@ Trainer::Trainer(const TrainConfig& config, CachingAllocator& allocator)
     runtime_->set_context_parallel(ContextParallel{ring, config.parallel.rank % ring, config.parallel.cp_load_balance,
                                                    config.parallel.cp_all_to_all});
   }
+  {
+    // Expert parallel: the model is one rank's recording under it (its all-to-alls and its
+    // share of the experts are in the graph), made for one number of ranks.
+    const ModelInfo& info = model_->info();
+    const std::size_t ep = config.parallel.expert_parallel;
+    if (info.expert_parallel > 0 && ep != info.expert_parallel) {
+      const std::string n = std::to_string(info.expert_parallel);
+      throw Error(info.name + " is one GPU's recording under expert parallel over " + n + " GPUs (its experts and "
+                  "all-to-alls are in it): give --parallel ep:" + n + ", or fsdp:M with ep_size=" + n +
+                  (ep > 1 ? ", or record it again with vramscope.export --expert-parallel " + std::to_string(ep)
+                          : std::string{}));
+    }
+    if (ep > 1 && info.expert_parallel == 0) {
+      throw Error("expert parallel over " + std::to_string(ep) + " GPUs runs a mixture of experts recorded under it: " +
+                  info.name + " is not; record it with python3 -m vramscope.export --hf-config CONFIG.json "
+                  "--expert-parallel " + std::to_string(ep) + " (or give --hf-config to the command)");
+    }
+    if (ep > 1) runtime_->set_collective_ranks(ep);
+  }
   if (config.accumulation > 1 && config.parallel.enabled()) {
     throw Error("gradient accumulation is modelled on one GPU only (DDP's no_sync, FSDP's and ZeRO's "
                 "accumulation keep other buffers); give accumulation 1 with --parallel");
@@ -374,7 +393,8 @@ Trainer::Trainer(const TrainConfig& config, CachingAllocator& allocator)
       dp_ = std::make_unique<detail::NnDataParallel>(config.parallel, model_->body(), *runtime_);
       runtime_->set_grad_ready_hook([dp = dp_.get()](detail::TensorImpl& leaf) { dp->grad_ready(leaf); });
     } else if (fsdp) {
-      fsdp_ = std::make_unique<detail::FullyShard>(config.parallel, model_->body(), *runtime_);
+      fsdp_ = std::make_unique<detail::FullyShard>(config.parallel, model_->body(), *runtime_,
+                                                   model_->info().expert_modules);
       if (pp_) fsdp_->label_with(&pp_->action());
       if (pp_ && pp_->stages_per_rank() > 1) fsdp_->assign_stages(model_->body(), pp_->parts());
     } else if (config.parallel.engine != ParallelEngine::None) {
@@ -730,7 +750,7 @@ StepStats Trainer::step() {
   s.device_used_end = end.device_used_bytes.current;
   s.flops = rt.flops();
   s.communication_bytes = communication_sent() - sent_before;
-  if (config_.parallel.context_parallel > 1 && runtime_->ring_sent() == 0) {
+  if (config_.parallel.context_parallel > 1 && runtime_->collective_sent() == 0) {
     // context_parallel() replaces F.scaled_dot_product_attention only: eager attention would
     // attend within each GPU's share of the sequence, a different model.
     throw Error("cp:" + std::to_string(config_.parallel.context_parallel) + ": " + model_->info().name +
@@ -798,7 +818,7 @@ std::vector<CommunicationBuffer> Trainer::communication_buffers() const {
 
 double Trainer::communication_sent() const {
   return (pp_ ? pp_->sent() : 0) + (fsdp_ ? fsdp_->sent() : 0) + (tp_ ? tp_->sent() : 0) + (ddp_ ? ddp_->sent() : 0) +
-         (dp_ ? dp_->sent() : 0) + runtime_->ring_sent();
+         (dp_ ? dp_->sent() : 0) + runtime_->collective_sent();
 }
 
 std::vector<std::size_t> Trainer::ddp_bucket_bytes() const { return ddp_ ? ddp_->bucket_bytes() : std::vector<std::size_t>{}; }

@@ -101,6 +101,11 @@ struct ParallelConfig {
   /// set_rotate_method("alltoall"): K and V passed on by an all-to-all each step, instead of
   /// one all-gather (the default).
   bool cp_all_to_all = false;
+  /// Expert parallel (ep:N, fsdp:M with ep_size=N), transformers' DistributedConfig(fsdp_size=M,
+  /// ep_size=N): each GPU holds num_experts / N whole experts, tokens reach them by all-to-all,
+  /// and FSDP2 shards the experts over the efsdp mesh of M / N ranks (the dense modules over M).
+  /// The model is one rank's recording (vramscope.export --expert-parallel N); 1: none.
+  std::size_t expert_parallel = 1;
   /// torchtitan's loss_parallel (its default): lm_head's output stays sharded on the
   /// vocabulary and the loss is computed on the shards; false: the logits are gathered whole.
   bool loss_parallel = true;
@@ -202,11 +207,11 @@ inline constexpr std::size_t kMaxMicrobatches = 1024;
 /// The most GPUs a job may name (a bound for hostile input; the largest jobs are 10^5).
 inline constexpr std::size_t kMaxWorldSize = std::size_t{1} << 20;
 
-/// "ddp:8", "fsdp:8", "tp:8", "fsdp:8xtp:8", "pp:4", "pp:4xtp:8", "dp:2" (or "none"), and "key=value,..." in the engine's own names: for dp
+/// "ddp:8", "fsdp:8", "tp:8", "fsdp:8xtp:8", "pp:4", "pp:4xtp:8", "dp:2", "ep:8" (or "none"), and "key=value,..." in the engine's own names: for dp
 /// gpu (the GPU shown); for ddp
 /// bucket_cap_mb, gradient_as_bucket_view, broadcast_buffers, init_sync, static_graph,
 /// find_unused_parameters; for fsdp reshard_after_forward, param_dtype, reduce_dtype, and
-/// init (meta or cuda) and rank; for zero1 / zero2 (DeepSpeed) reduce_bucket_size,
+/// init (meta or cuda), ep_size and rank; for zero1 / zero2 (DeepSpeed) reduce_bucket_size,
 /// overlap_comm and rank; for zero3 those and stage3_prefetch_bucket_size,
 /// stage3_param_persistence_threshold, stage3_model_persistence_threshold,
 /// stage3_max_live_parameters, stage3_max_reuse_distance, sub_group_size and zero3_init_flag;

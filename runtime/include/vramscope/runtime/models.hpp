@@ -133,6 +133,12 @@ struct ModelInfo {
   std::vector<std::string> assumed;
   /// The step as torch.compile partitions it (compiled.hpp), when the file recorded it.
   std::shared_ptr<const CompiledModel> compiled;
+  /// One rank of expert parallel (the file's "expert_parallel", vramscope.export
+  /// --expert-parallel N): the ranks it was recorded for (0: not so recorded; its operators
+  /// include the all-to-alls, its experts' parameters are the rank's shards), and the experts
+  /// modules FSDP2 shards over the efsdp mesh.
+  std::size_t expert_parallel = 0;
+  std::vector<std::string> expert_modules;
   std::size_t parameter_bytes(DType dtype) const noexcept {
     return static_cast<std::size_t>(parameters) * dtype_size(dtype);
   }

@@ -141,9 +141,25 @@ class Runtime {
   /// as inside torch.distributed.tensor.experimental.context_parallel().
   const std::optional<ContextParallel>& context_parallel() const noexcept { return context_parallel_; }
   void set_context_parallel(std::optional<ContextParallel> ring) noexcept { context_parallel_ = ring; }
-  /// Bytes the ring's collectives sent from this rank so far (the step's communication volume).
-  void count_ring_sent(double bytes) noexcept { ring_sent_ += bytes; }
-  double ring_sent() const noexcept { return ring_sent_; }
+  /// Bytes the collectives that ops run themselves (the ring's, a recording's all-to-alls)
+  /// sent from this rank so far (the step's communication volume).
+  void count_collective_sent(double bytes) noexcept { collective_sent_ += bytes; }
+  double collective_sent() const noexcept { return collective_sent_; }
+
+  // --- collectives in a recording ------------------------------------------------------
+  /// One collective an operator of a recorded graph ran (expert parallel's all-to-alls): the
+  /// operator, the bytes of the output it made (what it received), and in which pass.
+  struct Collective {
+    std::string op;
+    std::size_t bytes = 0;
+    bool backward = false;
+  };
+  void log_collective(Collective c) { collectives_.push_back(std::move(c)); }
+  const std::vector<Collective>& collectives() const noexcept { return collectives_; }
+  /// The ranks of the group the recording's collectives run in (expert parallel's N): an
+  /// all-to-all sends (N - 1) / N of its input to the others (even routing); 1: all of it.
+  void set_collective_ranks(std::size_t ranks) noexcept { collective_ranks_ = ranks < 1 ? 1 : ranks; }
+  std::size_t collective_ranks() const noexcept { return collective_ranks_; }
 
   // --- cuBLAS workspaces -------------------------------------------------------------
   /// Called by every matrix product after its output is made, before its kernel. PyTorch
@@ -225,7 +241,9 @@ class Runtime {
   const OpObserver* op_observer_ = nullptr;
   std::optional<DType> autocast_;
   std::optional<ContextParallel> context_parallel_;
-  double ring_sent_ = 0;
+  double collective_sent_ = 0;
+  std::vector<Collective> collectives_;
+  std::size_t collective_ranks_ = 1;
   std::vector<std::pair<const detail::TensorImpl*, std::shared_ptr<detail::TensorImpl>>> cast_cache_;
   std::vector<std::string> warnings_;
   GradReadyHook grad_ready_hook_;

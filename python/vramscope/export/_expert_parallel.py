@@ -1,0 +1,124 @@
+"""_expert_parallel.py: one rank of a mixture of experts under transformers' expert parallel.
+
+transformers 5.24 shards a MoE's experts over `DistributedConfig(ep_size=N)`
+(`transformers/distributed/expert_parallel.py`): each experts module keeps num_experts / N whole
+experts (`MoEParamShard`, Shard(0) DTensors), and in training `AllToAllEP` sends each (token,
+expert) pair to the rank that holds the expert and the expert's output back:
+
+    send_counts = zeros(E).scatter_add_(0, expert_ids, ones)        # per expert, on the device
+    all_to_all_single(recv_counts, send_counts, group=ep_group)      # counts exchanged
+    send_sizes, recv_sizes = stack([...]).tolist()                   # the layer's one host sync
+    recv_tokens = all_to_all_single_autograd(send_tokens, recv_sizes, send_sizes, ep_group)
+    ...experts on recv_tokens...
+    recv_out = all_to_all_single_autograd(expert_output, send_sizes, recv_sizes, ep_group)
+
+How many rows each rank receives is data (the router's choices on every rank), and meta tensors
+have none: the recording answers the `.tolist()` with an even routing, the expert-parallel
+analogue of _routing.py's: every rank sends its tokens x top_k rows evenly over the N ranks and
+receives as many (every rank alike). The file lists the answer in "assumed".
+
+The recording runs on PyTorch's fake process group (rank 0 of N: every collective returns at
+once, allocating its output as on a GPU); the DTensor parameters are recorded as their local
+shards, the rank's parameters.
+"""
+from typing import Any, List, Optional, Tuple
+
+from ._errors import ExportError, one_line
+
+MAX_RANKS = 1 << 16
+
+
+def distribute(model, ep_size: int) -> List[str]:
+    """Applies transformers' expert parallel over `ep_size` ranks to `model` (built on the meta
+    device), as rank 0 of a fake process group; returns the experts modules' names. Dense
+    modules stay whole: FSDP2 over them is the runtime's (`--parallel ep:N`)."""
+    import torch
+    import torch.distributed as dist
+    if not 2 <= ep_size <= MAX_RANKS:
+        raise ExportError([f"--expert-parallel {ep_size}: expected 2 to {MAX_RANKS} ranks"], "bad arguments")
+    try:
+        from transformers.distributed import DistributedConfig
+        from transformers.distributed.expert_parallel import apply_expert_parallelism
+    except ImportError:
+        import transformers
+        raise ExportError([f"--expert-parallel needs transformers' DistributedConfig (5.24 and later; this is "
+                           f"{transformers.__version__})"], "cannot export the model") from None
+    if dist.is_initialized():
+        if dist.get_world_size() != ep_size:
+            raise ExportError([f"--expert-parallel {ep_size}: a process group of {dist.get_world_size()} ranks is "
+                               "already initialized in this process"], "bad arguments")
+    else:
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=ep_size)
+    num_experts = getattr(model.config, "num_experts", None) or getattr(model.config, "num_local_experts", None) \
+        or getattr(model.config, "n_routed_experts", None)
+    if isinstance(num_experts, int) and num_experts % ep_size:
+        raise ExportError([f"--expert-parallel {ep_size}: the {num_experts} experts do not split evenly over "
+                           f"{ep_size} ranks (transformers' MoEParamShard refuses it)"], "bad arguments")
+    try:
+        config, _, meshes = model.prepare_distribute_model(DistributedConfig(fsdp_size=ep_size, ep_size=ep_size))
+        _, plan, _ = model._resolve_parallel_plans(config)
+    except (ValueError, KeyError, TypeError, AttributeError, RuntimeError) as e:
+        raise ExportError([f"--expert-parallel {ep_size}: {one_line(e)}"], "transformers cannot apply it") from None
+    if not any(style == "ep_dispatch_experts" for style in (plan or {}).values()):
+        raise ExportError([f"--expert-parallel: transformers has no expert-parallel plan for {type(model).__name__} "
+                           f"(model_type {model.config.model_type!r}): no mixture of experts to shard"],
+                          "cannot export the model")
+    try:
+        model = apply_expert_parallelism(model, meshes.get_mesh("ep"), meshes.get_mesh("tp"), plan)
+    except (ValueError, KeyError, TypeError, AttributeError, RuntimeError) as e:
+        raise ExportError([f"--expert-parallel {ep_size}: {one_line(e)}"], "transformers cannot apply it") from None
+    return [name for name, m in model.named_modules() if getattr(m, "_is_expert_parallel", False)]
+
+
+def local_parameters(model) -> List[Tuple[str, Any, bool]]:
+    """model.named_parameters() as the rank holds them: a DTensor's local shard, with the
+    DTensor's requires_grad (the shard itself does not require grad)."""
+    from torch.distributed.tensor import DTensor
+    return [(n, p._local_tensor, bool(p.requires_grad)) if isinstance(p, DTensor) else (n, p, bool(p.requires_grad))
+            for n, p in model.named_parameters()]
+
+
+class AssumedSplits:
+    """Scoped to the forward of an experts module under AllToAllEP: answers the split sizes'
+    `.tolist()` (a `_to_copy` of the [2, N] int64 counts to the CPU) with the even routing."""
+
+    def __init__(self, torch):
+        self.torch = torch
+        self.to_copy = torch.ops.aten._to_copy.default
+        self.module = None
+        self.pairs = 0
+        self.answers: List[Tuple[int, List[int]]] = []  # (tokens x top_k, the split) of each layer
+
+    def enter(self, module, args) -> None:
+        if self.module is not None or not getattr(module, "_is_expert_parallel", False):
+            return
+        # (hidden_states, top_k_index, top_k_weights): the rank's tokens x top_k pairs
+        if len(args) >= 2 and isinstance(args[1], self.torch.Tensor) and args[1].dim() == 2:
+            self.module, self.pairs = module, int(args[1].numel())
+
+    def leave(self, module) -> None:
+        if module is self.module:
+            self.module = None
+
+    def answer(self, func, args, kwargs) -> Tuple[bool, Optional[Any]]:
+        if self.module is None or func is not self.to_copy or not args:
+            return False, None
+        t = args[0]
+        if not isinstance(t, self.torch.Tensor) or t.device.type != "meta" or t.is_floating_point() \
+                or t.dim() != 2 or t.shape[0] != 2 or str((kwargs or {}).get("device")) != "cpu":
+            return False, None
+        ranks = int(t.shape[1])
+        q, r = divmod(self.pairs, ranks)
+        even = [q + (i < r) for i in range(ranks)]
+        self.answers.append((self.pairs, even))
+        return True, self.torch.tensor([even, even], dtype=t.dtype)
+
+    def describe(self) -> Optional[str]:
+        if not self.answers:
+            return None
+        pairs, split = self.answers[0]
+        ranks = len(split)
+        return (f"expert parallel over {ranks} ranks: each all-to-all's split sizes assumed even (every rank sends "
+                f"its tokens x top_k rows evenly over the {ranks} ranks and receives as many; at the recorded "
+                f"size {pairs} rows, {split} per rank)")
