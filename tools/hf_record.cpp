@@ -118,6 +118,7 @@ std::shared_ptr<const nn::ModelSource> record_hf_config(const std::string& path,
   if (!how.lora_targets.empty()) argv.insert(argv.end(), {"--lora-targets", how.lora_targets});
   if (!how.checkpoint.empty()) argv.insert(argv.end(), {"--gradient-checkpointing", how.checkpoint});
   if (how.compile) argv.emplace_back("--compile");
+  if (how.expert_parallel > 1) argv.insert(argv.end(), {"--expert-parallel", std::to_string(how.expert_parallel)});
   const int status = run(argv, log);
   if (status != 0) {
     std::string said = read_text(log, 4000);

@@ -28,6 +28,7 @@ struct HfRecording {
   std::string lora_targets;  ///< --lora-targets
   std::string checkpoint;    ///< --gradient-checkpointing: on, reentrant, non-reentrant
   bool compile = false;      ///< --compile: the joint graph torch.compile partitions too
+  std::size_t expert_parallel = 0;  ///< --expert-parallel N: one GPU's of expert parallel
 };
 std::shared_ptr<const nn::ModelSource> record_hf_config(const std::string& path, const HfRecording& how = {});
 

@@ -265,6 +265,7 @@ std::shared_ptr<const nn::ModelSource> resolve_model(const ModelArgs& args, cons
         how.lora = args.lora;
         how.lora_targets = args.lora_targets;
         how.compile = args.compile;
+        how.expert_parallel = args.expert_parallel;
         return record_hf_config(args.hf_config, how);
       }
       return models::load_hf_config(args.hf_config);
@@ -470,6 +471,20 @@ void add_parallel_options(CLI::App& app, ParallelArgs& args, bool list) {
                "the classic \"rank 0 uses more memory\"");
 }
 
+std::size_t expert_parallel_of(const ParallelArgs& args) {
+  if (args.spec.empty()) return 0;
+  const std::vector<nn::ParallelConfig> configs = parse_parallel_args(args);
+  const std::size_t ep = configs.front().expert_parallel;
+  for (const nn::ParallelConfig& c : configs) {
+    if (c.expert_parallel != ep) {
+      throw UsageError("--parallel: an --hf-config is recorded once, as one GPU's of expert parallel or without it; "
+                       "give configurations of one ep size in a run (" + nn::parallel_label(configs.front()) + " and " +
+                       nn::parallel_label(c) + " differ)");
+    }
+  }
+  return ep > 1 ? ep : 0;
+}
+
 std::vector<nn::ParallelConfig> parse_parallel_args(const ParallelArgs& args) {
   std::vector<nn::ParallelConfig> out;
   for (const std::string& item : split_list("--parallel", args.spec)) {
@@ -662,6 +677,17 @@ std::string parallel_note(const std::vector<nn::ParallelConfig>& configs, const 
                   (config.cp_all_to_all ? "passed on by an all-to-all each step" : "all-gathered once per call") +
                   ", the output merged in f32, the gradients accumulated in f32 and passed on by all-to-all; "
                   "context_parallel()'s copies of the batch while it shards it, B x S x 8 bytes each, left out)";
+    const std::string expert_parallel =
+        config.expert_parallel < 2
+            ? ""
+            : "; ep:" + std::to_string(config.expert_parallel) + " inside it (transformers' DistributedConfig(fsdp_size=" +
+                  std::to_string(config.world_size) + ", ep_size=" + std::to_string(config.expert_parallel) +
+                  "), the recording's: 1/" + std::to_string(config.expert_parallel) +
+                  " of the experts on each GPU, each (token, expert) pair sent to its expert's GPU by all-to-all and "
+                  "the outputs sent back, the routing even; the experts fully_shard'ed over " +
+                  std::to_string(config.world_size / config.expert_parallel) +
+                  (config.world_size / config.expert_parallel == 1 ? " GPU (whole)" : " GPUs") +
+                  ", the dense modules over all " + std::to_string(config.world_size) + ")";
     // FSDP2 inside a pipeline stage, as torchtitan applies it there.
     const bool interleaved = config.schedule == nn::PipelineSchedule::Interleaved1F1B;
     const std::string sharded_stage =
@@ -693,7 +719,7 @@ std::string parallel_note(const std::vector<nn::ParallelConfig>& configs, const 
                   "; each all-gather first copies its group's shards to the GPU, each reduce-scatter's output is "
                   "copied back and freed";
     out += "parallel: " + nn::parallel_label(config) + ": every figure is one GPU's, " + engine + sharded_stage +
-           offload + tensor_parallel + context_parallel + "\n";
+           offload + tensor_parallel + context_parallel + expert_parallel + "\n";
     pipeline_said = pipeline_said || config.pipeline_parallel > 1;
   }
   return out;

@@ -40,6 +40,9 @@ struct ModelArgs {
   /// Set by the command from --compile: an --hf-config is recorded by the exporter with the
   /// joint graph torch.compile partitions (the built-in decoders have none).
   bool compile = false;
+  /// Set by the command from --parallel (expert_parallel_of): an --hf-config is recorded by the
+  /// exporter as one GPU's of expert parallel over N GPUs (0: not).
+  std::size_t expert_parallel = 0;
 };
 
 /// What the command line alone decides about --parallel with --compute and --optimizer (exit 2,
@@ -157,6 +160,9 @@ void add_parallel_options(CLI::App& app, ParallelArgs& args, bool list = false);
 /// The runtime's ParallelConfigs, one per item of --parallel, --parallel-options applied to
 /// each engine; UsageError naming the option and what is valid.
 std::vector<nn::ParallelConfig> parse_parallel_args(const ParallelArgs& args);
+/// The expert-parallel ranks of --parallel's configurations (0: none), for recording an
+/// --hf-config under it: one number per run, given to every configuration of the list.
+std::size_t expert_parallel_of(const ParallelArgs& args);
 /// What the figures of data-parallel runs are, and what they leave out, a line per engine
 /// for under a table ("" for one GPU).
 std::string parallel_note(const std::vector<nn::ParallelConfig>& configs, const DeviceInfo& device);

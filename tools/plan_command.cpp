@@ -177,6 +177,9 @@ void run(const PlanArgs& args, Capture* capture) {
   }
   ModelArgs model_args = args.model;
   if (!model_args.hf_config.empty()) model_args.precisions = parse_precisions("--dtype", args.dtype);
+  if (!model_args.hf_config.empty() && args.parallel.spec != "auto") {
+    model_args.expert_parallel = expert_parallel_of(args.parallel);
+  }
   base.model = resolve_model(model_args, "");
   base.model_options = to_model_options(args.model);
   base.stack = parse_stack(args.model);

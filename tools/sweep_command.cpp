@@ -91,6 +91,7 @@ planner::SweepSpec make_spec(const SweepArgs& args) {
   if (!model.hf_config.empty()) model.precisions = parse_precisions("--dtype", args.dtypes);
   // A compiled row needs the joint graph: an --hf-config is then recorded with it.
   model.compile = !args.compile.empty() && args.compile != "eager";
+  if (!model.hf_config.empty()) model.expert_parallel = expert_parallel_of(args.parallel);
   spec.model = resolve_model(model, "mlp");
   // --gradient-checkpointing none,non-reentrant: a group of rows per mode (each checked as
   // the model option it is); the model is described with the first.

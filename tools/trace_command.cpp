@@ -74,6 +74,7 @@ nn::TrainConfig make_config(const TraceArgs& args) {
   ModelArgs model_args = args.model;
   if (!model_args.hf_config.empty()) model_args.precisions = parse_precisions("--dtype", args.dtype);
   model_args.compile = !args.compile.empty() && args.compile != "eager";
+  if (!model_args.hf_config.empty()) model_args.expert_parallel = expert_parallel_of(args.parallel);
   cfg.model = resolve_model(model_args, "resnet18");
   cfg.model_options = to_model_options(args.model);
   cfg.stack = parse_stack(args.model);

@@ -137,6 +137,16 @@ NcclMemory nccl_memory(const ParallelConfig& config, std::string_view device_nam
                         communicator(cp, std::min<std::size_t>(cp, std::max<std::size_t>(kGpusPerNode / tp, 1)),
                                      topology, compute_capability));
   }
+  if (const std::size_t ep = config.expert_parallel; ep > 1) {
+    // transformers' meshes (distributed/utils.py): the ep group of neighbouring ranks, and the
+    // experts' efsdp group (ranks ep apart) when it has more than one.
+    groups.emplace_back("the expert-parallel group's", communicator(ep, std::min(ep, kGpusPerNode), topology,
+                                                                     compute_capability));
+    if (const std::size_t efsdp = config.world_size / ep; efsdp > 1) {
+      groups.emplace_back("the experts' FSDP group's",
+                          communicator(efsdp, std::max<std::size_t>(kGpusPerNode / ep, 1), topology, compute_capability));
+    }
+  }
   if (tp > 1) {
     groups.emplace_back("the tensor-parallel group's",
                         communicator(tp, kGpusPerNode, topology, compute_capability));
@@ -157,6 +167,11 @@ NcclMemory nccl_memory(const ParallelConfig& config, std::string_view device_nam
   }
   if (groups.size() > 1) what += "; " + format_bytes(out.bytes) + " in all";
   if (config.pipeline_parallel > 1) what += "; the point-to-point connections between pipeline stages left out";
+  if (config.expert_parallel > 1) {
+    what += "; the all-to-alls' point-to-point connections to each peer left out (per channel and peer about 10 MiB "
+            "to receive and 2 MiB to send, transport/p2p.cc; NCCL issue 1685 saw a GPU's memory outside PyTorch grow "
+            "from 1.06 GB to 4.34 GB at the first all_to_all_single on 8 H100s)";
+  }
   out.assumptions = what;
   return out;
 }

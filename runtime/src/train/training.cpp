@@ -750,6 +750,7 @@ StepStats Trainer::step() {
   s.device_used_end = end.device_used_bytes.current;
   s.flops = rt.flops();
   s.communication_bytes = communication_sent() - sent_before;
+  collectives_by_step_.push_back(runtime_->collectives().size());
   if (config_.parallel.context_parallel > 1 && runtime_->collective_sent() == 0) {
     // context_parallel() replaces F.scaled_dot_product_attention only: eager attention would
     // attend within each GPU's share of the sequence, a different model.
@@ -813,6 +814,16 @@ std::vector<CommunicationBuffer> Trainer::communication_buffers() const {
   if (tp_) add(tp_->buffers());
   if (ddp_) add(ddp_->buffers());
   if (dp_) add(dp_->buffers());
+  // The collectives a recorded graph ran itself (expert parallel's all-to-alls): each output,
+  // a buffer of its own the graph frees after its last use.
+  const auto& collectives = runtime_->collectives();
+  std::size_t step = 0;
+  for (std::size_t i = 0; i < collectives.size(); ++i) {
+    while (step < collectives_by_step_.size() && i >= collectives_by_step_[step]) ++step;
+    const auto& c = collectives[i];
+    all.push_back({c.op + " output" + (c.backward ? " (backward)" : ""), c.bytes, "default",
+                   "step " + std::to_string(step + 1) + (c.backward ? " backward" : " forward"), "after its last use"});
+  }
   return all;
 }
 

@@ -231,6 +231,7 @@ class Trainer {
   std::unique_ptr<Optimizer> optimizer_;
   SegmentPlan plan_;
   std::vector<StepStats> steps_;
+  std::vector<std::size_t> collectives_by_step_;  // Runtime::collectives() logged by the end of each step
   /// Watches allocator totals for per-phase peaks, so the allocator's own
   /// peak statistics (max_memory_allocated) are never reset behind the user's back.
   std::unique_ptr<detail::PhasePeaks> peaks_;

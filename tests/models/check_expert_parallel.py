@@ -1,0 +1,205 @@
+#!/usr/bin/env python3
+"""check_expert_parallel.py VRAMSCOPE: expert parallel under transformers' DistributedConfig against
+`vramscope trace --parallel ep:N` on the exporter's recording of one rank, on the CPU.
+
+PyTorch runs rank 0 of N (2 and 4) on its fake process group with simulate_uniform_ranks (every
+rank sends what this one does): a two-layer Qwen3-MoE of odd sizes whose 8 experts
+transformers shards over the N ranks (apply_expert_parallelism with DistributedConfig(ep_size=N):
+AllToAllEP, grouped_mm experts), the router made deterministic and even (each experts module's
+top-k indices replaced by an assignment that gives every expert, and so every rank, the same
+rows), the assumption the recording makes; eager attention (the CPU's SDPA kernels keep other
+logsumexp rows than CUDA's, which the recording models). The file is `python3 -m vramscope.export --hf-config
+... --expert-parallel N`. Compared:
+
+- what the forward saves for backward, module by module (parameters left out by storage: a
+  DTensor parameter's storage is its local shard's);
+- every buffer the all-to-alls make, forward and backward, in order: the CPU profiler's
+  allocations inside _c10d_functional::all_to_all_single against vramscope's --buffers rows of
+  the recording's collectives;
+- the experts' FSDP2 shards over efsdp = M / N ranks: transformers' apply_fully_sharded_data_
+  parallelism on the meta device with DistributedConfig(fsdp_size=M, ep_size=N), each experts
+  module's padded shard bytes, against vramscope's "<experts> shards" rows under fsdp:M with
+  ep_size=N (M = 2N, and M = N: each expert whole on one rank).
+
+Each world size runs in a process of its own (`--side N` prints PyTorch's side as JSON).
+Exit 77 (skipped) without torch and transformers, unless VRAMSCOPE_REQUIRE_STACK=1 (CI).
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+
+from stack_python import reexec_on_stack
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = {"model_type": "qwen3_moe", "vocab_size": 160, "hidden_size": 72, "intermediate_size": 136,
+          "moe_intermediate_size": 40, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+          "head_dim": 18, "num_experts": 8, "num_experts_per_tok": 2, "max_position_embeddings": 512,
+          "pad_token_id": 0}
+BATCH, SEQ = 2, 24
+RANKS = (2, 4)
+
+
+def build(torch, transformers, device, dtype):
+    config = transformers.AutoConfig.for_model(**CONFIG)
+    with warnings.catch_warnings(), torch.device(device):
+        warnings.simplefilter("ignore")
+        model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+    return model.to(dtype).train()
+
+
+def torch_side(ranks: int) -> dict:
+    import torch
+    import torch.distributed as dist
+    import transformers
+    from torch.distributed.tensor import DTensor
+    from torch.profiler import ProfilerActivity, profile
+    from torch.testing._internal.distributed.fake_pg import FakeProcessGroup, FakeStore
+    from transformers.distributed import DistributedConfig
+    from transformers.distributed.expert_parallel import apply_expert_parallelism
+    sys.path.insert(0, str(Path(__file__).parent))
+    from saved_bytes import torch_saved_per_module
+    def process_group(world: int) -> None:
+        # transformers' mesh takes the whole world: one fake process group per size
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        os.environ.update(WORLD_SIZE=str(world), RANK="0", LOCAL_RANK="0")
+        options = FakeProcessGroup.Options()
+        options.simulate_uniform_ranks = True
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world, pg_options=options)
+
+    top_k, experts = CONFIG["num_experts_per_tok"], CONFIG["num_experts"]
+    # The experts' FSDP2 shards: the whole DistributedConfig, on the meta device, at fsdp 2N and N.
+    shards = {}
+    for fsdp in (2 * ranks, ranks):
+        process_group(fsdp)
+        meta = build(torch, transformers, "meta", torch.bfloat16)
+        config, _, meshes = meta.prepare_distribute_model(DistributedConfig(fsdp_size=fsdp, ep_size=ranks))
+        meta = meta.maybe_distribute_model(meta, config, meshes)
+        shards[fsdp] = {}
+        for name, m in meta.named_modules():
+            if getattr(m, "_is_expert_parallel", False):
+                group = m._get_fsdp_state()._fsdp_param_group
+                shards[fsdp][name] = sum(p._sharded_param_data.numel() * p._sharded_param_data.element_size()
+                                         for p in group.fsdp_params)
+
+    # One step of expert parallel alone (FSDP2 is vramscope's part), in f32 on the CPU.
+    torch.manual_seed(0)
+    model = build(torch, transformers, "cpu", torch.float32)
+    config, _, meshes = model.prepare_distribute_model(DistributedConfig(fsdp_size=ranks, ep_size=ranks))
+    _, plan, _ = model._resolve_parallel_plans(config)
+    model = apply_expert_parallelism(model, meshes.get_mesh("ep"), meshes.get_mesh("tp"), plan)
+
+    def even(module, args):
+        # pair j of the [tokens, top_k] choices goes to expert j % E: every expert gets tokens x
+        # top_k / E rows, a token's choices distinct
+        tokens = args[1].shape[0]
+        return (args[0], (torch.arange(tokens * top_k) % experts).view(tokens, top_k)) + tuple(args[2:])
+
+    for m in model.modules():
+        if getattr(m, "_is_expert_parallel", False):
+            m.register_forward_pre_hook(even)
+    plain = model.parameters
+    model.parameters = lambda *a, **k: (p._local_tensor if isinstance(p, DTensor) else p for p in plain(*a, **k))
+    ids = torch.randint(3, CONFIG["vocab_size"], (BATCH, SEQ))
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        with torch_saved_per_module(model) as saved:
+            loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+        loss.backward()
+    saved[""] = saved.get("", 0) + 4  # nll_loss's total_weight, a device tensor on CUDA (as check_moe_routing)
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(trace))
+        events = json.loads(trace.read_text())["traceEvents"]
+    ops = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("cpu_op", "user_annotation")]
+    backward_start = min(o["ts"] for o in ops if o["name"].startswith("autograd::engine::evaluate_function"))
+
+    def inside_all_to_all(ts, tid):
+        return any(o["ts"] <= ts <= o["ts"] + o["dur"] and o["tid"] == tid and
+                   o["name"] == "_c10d_functional::all_to_all_single" for o in ops)
+
+    buffers = []
+    for e in sorted((e for e in events if e.get("name") == "[memory]"), key=lambda e: e["ts"]):
+        if e["args"]["Bytes"] > 0 and inside_all_to_all(e["ts"], e["tid"]):
+            buffers.append(["backward" if e["ts"] >= backward_start else "forward", e["args"]["Bytes"]])
+    return {"saved": saved, "modules": [n for n, _ in model.named_modules()], "buffers": buffers,
+            "shards": {str(k): v for k, v in shards.items()}}
+
+
+def export(ranks: int, tmp: Path) -> Path:
+    config = tmp / "qwen3_moe.json"
+    config.write_text(json.dumps(CONFIG))
+    out = tmp / f"qwen3_moe-ep{ranks}.json"
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "python"))
+    subprocess.run([sys.executable, "-m", "vramscope.export", "--hf-config", str(config), "--expert-parallel",
+                    str(ranks), "--batch", str(BATCH), "--seq", str(SEQ), "--attn", "eager", "-o", str(out)],
+                   check=True, capture_output=True, text=True, env=env)
+    return out
+
+
+def ours(exe: str, model: Path, mesh: str, options: str, tmp: Path, dtype: str) -> tuple:
+    saved, buffers = tmp / f"{mesh}-{options}.csv", tmp / f"{mesh}-{options}.json"
+    command = [exe, "trace", "--model-file", str(model), "--batch", str(BATCH), "--dtype", dtype, "--steps", "1",
+               "--device", "sim:capacity=1TiB,context=0", "--parallel", mesh, "--saved", str(saved),
+               "--buffers", str(buffers)]
+    if options:
+        command += ["--parallel-options", options]
+    subprocess.run(command, check=True, capture_output=True, text=True)
+    rows = json.loads(buffers.read_text())
+    return saved, rows
+
+
+def main() -> int:
+    if len(sys.argv) == 3 and sys.argv[1] == "--side":
+        print(json.dumps(torch_side(int(sys.argv[2]))))
+        return 0
+    reexec_on_stack("check_expert_parallel")
+    import torch
+    sys.path.insert(0, str(Path(__file__).parent))
+    from saved_bytes import vramscope_saved_per_module
+    exe = sys.argv[1]
+    failures = []
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        for ranks in RANKS:
+            run = subprocess.run([sys.executable, __file__, "--side", str(ranks)], capture_output=True, text=True,
+                                 timeout=600)
+            if run.returncode != 0:
+                failures.append(f"ep:{ranks}: PyTorch's run failed: {run.stderr.strip().splitlines()[-1:]}")
+                continue
+            theirs = json.loads(run.stdout.strip().splitlines()[-1])
+            model = export(ranks, tmp)
+            saved_csv, rows = ours(exe, model, f"ep:{ranks}", "", tmp, "f32")
+            mine = vramscope_saved_per_module(saved_csv, set(theirs["modules"]))
+            differ = [k for k in sorted(set(theirs["saved"]) | set(mine)) if theirs["saved"].get(k, 0) != mine.get(k, 0)]
+            print(f"  ep:{ranks}: saved {sum(theirs['saved'].values()):,} B in PyTorch, {sum(mine.values()):,} B in "
+                  f"vramscope: {'equal module by module' if not differ else 'DIFFER in ' + ', '.join(differ[:5])}")
+            if differ:
+                failures.append(f"ep:{ranks} saved bytes")
+            buffers = [["backward" if r["allocated"].endswith("backward") else "forward", r["bytes"]]
+                       for r in rows if r["buffer"].startswith("_c10d_functional.all_to_all_single")]
+            same = buffers == theirs["buffers"]
+            print(f"  ep:{ranks}: {len(theirs['buffers'])} all-to-all buffers in PyTorch, {len(buffers)} in "
+                  f"vramscope: {'equal, in order' if same else 'DIFFER'}")
+            if not same:
+                print(f"    PyTorch {theirs['buffers']}\n    vramscope {buffers}")
+                failures.append(f"ep:{ranks} all-to-all buffers")
+            for fsdp, expected in theirs["shards"].items():
+                _, rows = ours(exe, model, f"fsdp:{fsdp}", f"ep_size={ranks}", tmp, "bf16")
+                got = {r["buffer"][:-len(" shards")]: r["bytes"] for r in rows
+                       if r["buffer"].endswith(" shards") and r["buffer"][:-len(" shards")] in expected}
+                same = got == expected
+                print(f"  fsdp:{fsdp} ep_size={ranks}: the experts' shards {sorted(set(expected.values()))} B in "
+                      f"PyTorch, {sorted(set(got.values()))} B in vramscope: {'equal' if same else 'DIFFER'}")
+                if not same:
+                    failures.append(f"fsdp:{fsdp} ep_size={ranks} experts' shards")
+    print(f"check_expert_parallel: torch {torch.__version__}: "
+          f"{'every figure equal' if not failures else 'differ: ' + ', '.join(failures)}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
