@@ -1278,7 +1278,9 @@ class Builder {
     const std::string shape = "expected {\"ranks\": N, \"modules\": [\"model.layers.0.mlp.experts\", ...]}";
     if (!e.is_object()) fail(path, shape + ", got " + kind_of(e));
     for (const auto& [key, value] : e.items()) {
-      if (key != "ranks" && key != "modules") fail(path, "unknown key '" + printable(key) + "'; valid keys: ranks, modules");
+      if (key != "ranks" && key != "modules" && key != "fsdp") {
+        fail(path, "unknown key '" + printable(key) + "'; valid keys: ranks, modules, fsdp");
+      }
     }
     if (!e.contains("ranks") || !e.at("ranks").is_number_integer() || e.at("ranks").get<std::int64_t>() < 2 ||
         e.at("ranks").get<std::int64_t>() > kMaxExperts) {
@@ -1296,6 +1298,35 @@ class Builder {
                                          " is no module the graph calls");
       }
       info.expert_modules.push_back(m.get<std::string>());
+    }
+    // "fsdp": the engine's fully_shard calls in order, [{"modules": [...], "reshard_after_forward":
+    // bool, "mesh": "fsdp" | "efsdp"}, ...], the root ("") alone and last.
+    const std::string groups = field(path, "fsdp");
+    if (!e.contains("fsdp") || !e.at("fsdp").is_array() || e.at("fsdp").empty()) {
+      fail(groups, "expected the engine's fully_shard calls in order, a non-empty list ending with the root's");
+    }
+    std::unordered_set<std::string> grouped;
+    for (std::size_t i = 0; i < e.at("fsdp").size(); ++i) {
+      const json& g = e.at("fsdp")[i];
+      const std::string at = groups + "[" + std::to_string(i) + "]";
+      if (!g.is_object() || !g.contains("modules") || !g.at("modules").is_array() || g.at("modules").empty() ||
+          !g.contains("reshard_after_forward") || !g.at("reshard_after_forward").is_boolean() || !g.contains("mesh") ||
+          !g.at("mesh").is_string() || (g.at("mesh") != "fsdp" && g.at("mesh") != "efsdp") || g.size() != 3) {
+        fail(at, "expected {\"modules\": [paths], \"reshard_after_forward\": true|false, \"mesh\": \"fsdp\"|\"efsdp\"}");
+      }
+      nn::ModelInfo::ShardGroup group;
+      group.reshard_after_forward = g.at("reshard_after_forward").get<bool>();
+      group.experts = g.at("mesh") == "efsdp";
+      for (const json& m : g.at("modules")) {
+        if (!m.is_string() || calls.count(m.get<std::string>()) == 0) {
+          fail(at, (m.is_string() ? "'" + printable(m.get<std::string>()) + "'" : kind_of(m)) + " is no module the graph calls");
+        }
+        if (!grouped.insert(m.get<std::string>()).second) fail(at, "'" + printable(m.get<std::string>()) + "' is in two groups");
+        group.modules.push_back(m.get<std::string>());
+      }
+      const bool root = group.modules == std::vector<std::string>{""};
+      if (root != (i + 1 == e.at("fsdp").size())) fail(at, "the root (\"\") is the last call's, alone");
+      info.fsdp_groups.push_back(std::move(group));
     }
   }
 

@@ -16,6 +16,11 @@ logsumexp rows than CUDA's, which the recording models). The file is `python3 -m
 - every buffer the all-to-alls make, forward and backward, in order: the CPU profiler's
   allocations inside _c10d_functional::all_to_all_single against vramscope's --buffers rows of
   the recording's collectives;
+- FSDP2 as transformers applies it (apply_fully_sharded_data_parallelism: the experts over the
+  efsdp mesh, each layer, the embedding, fully_shard([norm, lm_head]) kept gathered, the root):
+  one step of DistributedConfig(fsdp_size=2N, ep_size=N) on the CPU, every all-gather's output,
+  group by group in order (backward prefetching included), against vramscope's under fsdp:2N
+  with ep_size=N, which shards as the file's recorded fully_shard calls say;
 - the experts' FSDP2 shards over efsdp = M / N ranks: transformers' apply_fully_sharded_data_
   parallelism on the meta device with DistributedConfig(fsdp_size=M, ep_size=N), each experts
   module's padded shard bytes, against vramscope's "<experts> shards" rows under fsdp:M with
@@ -72,6 +77,13 @@ def torch_side(ranks: int) -> dict:
         dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world, pg_options=options)
 
     top_k, experts = CONFIG["num_experts_per_tok"], CONFIG["num_experts"]
+
+    def even(module, args):
+        # pair j of the [tokens, top_k] choices goes to expert j % E: every expert gets tokens x
+        # top_k / E rows, a token's choices distinct
+        tokens = args[1].shape[0]
+        return (args[0], (torch.arange(tokens * top_k) % experts).view(tokens, top_k)) + tuple(args[2:])
+
     # The experts' FSDP2 shards: the whole DistributedConfig, on the meta device, at fsdp 2N and N.
     shards = {}
     for fsdp in (2 * ranks, ranks):
@@ -86,18 +98,47 @@ def torch_side(ranks: int) -> dict:
                 shards[fsdp][name] = sum(p._sharded_param_data.numel() * p._sharded_param_data.element_size()
                                          for p in group.fsdp_params)
 
+    # One step of the whole DistributedConfig(fsdp_size=2N, ep_size=N) in f32 on the CPU: each
+    # FSDP2 group's all-gather outputs, in order (what vramscope's --buffers names them).
+    import torch.distributed.fsdp._fully_shard._fsdp_collectives as collectives
+    import torch.distributed.fsdp._fully_shard._fsdp_param_group as param_group
+    process_group(2 * ranks)
+    torch.manual_seed(0)
+    model = build(torch, transformers, "cpu", torch.float32)
+    config, _, meshes = model.prepare_distribute_model(DistributedConfig(fsdp_size=2 * ranks, ep_size=ranks))
+    model = model.maybe_distribute_model(model, config, meshes)
+    names, gathers, stage = {}, [], ["step 1 forward"]
+    for name, m in model.named_modules():
+        state = m._get_fsdp_state() if hasattr(m, "_get_fsdp_state") else None
+        group = getattr(state, "_fsdp_param_group", None) if state is not None else None
+        if group is not None and id(group.fsdp_params[0]) not in names:
+            members = [n for n, x in model.named_modules() if x in getattr(state, "_modules", (m,))]
+            names[id(group.fsdp_params[0])] = "+".join(members) if name else "root"
+    original_gather = collectives.foreach_all_gather
+
+    def gather(fsdp_params, group, *args, **kwargs):
+        result = original_gather(fsdp_params, group, *args, **kwargs)
+        output = result.all_gather_output
+        gathers.append([stage[0], names[id(fsdp_params[0])], output.numel() * output.element_size()])
+        return result
+
+    collectives.foreach_all_gather = param_group.foreach_all_gather = gather
+    for m in model.modules():
+        if getattr(m, "_is_expert_parallel", False):
+            m.register_forward_pre_hook(lambda module, args: even(module, args))
+    ids = torch.randint(3, CONFIG["vocab_size"], (BATCH, SEQ))
+    loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+    stage[0] = "step 1 backward"
+    loss.backward()
+    collectives.foreach_all_gather = param_group.foreach_all_gather = original_gather
+    process_group(ranks)
+
     # One step of expert parallel alone (FSDP2 is vramscope's part), in f32 on the CPU.
     torch.manual_seed(0)
     model = build(torch, transformers, "cpu", torch.float32)
     config, _, meshes = model.prepare_distribute_model(DistributedConfig(fsdp_size=ranks, ep_size=ranks))
     _, plan, _ = model._resolve_parallel_plans(config)
     model = apply_expert_parallelism(model, meshes.get_mesh("ep"), meshes.get_mesh("tp"), plan)
-
-    def even(module, args):
-        # pair j of the [tokens, top_k] choices goes to expert j % E: every expert gets tokens x
-        # top_k / E rows, a token's choices distinct
-        tokens = args[1].shape[0]
-        return (args[0], (torch.arange(tokens * top_k) % experts).view(tokens, top_k)) + tuple(args[2:])
 
     for m in model.modules():
         if getattr(m, "_is_expert_parallel", False):
@@ -126,7 +167,7 @@ def torch_side(ranks: int) -> dict:
         if e["args"]["Bytes"] > 0 and inside_all_to_all(e["ts"], e["tid"]):
             buffers.append(["backward" if e["ts"] >= backward_start else "forward", e["args"]["Bytes"]])
     return {"saved": saved, "modules": [n for n, _ in model.named_modules()], "buffers": buffers,
-            "shards": {str(k): v for k, v in shards.items()}}
+            "shards": {str(k): v for k, v in shards.items()}, "gathers": gathers}
 
 
 def export(ranks: int, tmp: Path) -> Path:
@@ -187,6 +228,18 @@ def main() -> int:
             if not same:
                 print(f"    PyTorch {theirs['buffers']}\n    vramscope {buffers}")
                 failures.append(f"ep:{ranks} all-to-all buffers")
+            _, rows = ours(exe, model, f"fsdp:{2 * ranks}", f"ep_size={ranks}", tmp, "f32")
+            gathers = [[r["allocated"], r["buffer"][:-len(" all-gather output")], r["bytes"]] for r in rows
+                       if r["buffer"].endswith(" all-gather output")]
+            same = gathers == theirs["gathers"]
+            print(f"  fsdp:{2 * ranks} ep_size={ranks}: {len(theirs['gathers'])} FSDP2 all-gathers in transformers' "
+                  f"engine, {len(gathers)} in vramscope: {'equal, group by group in order' if same else 'DIFFER'}")
+            if not same:
+                for i, (x, y) in enumerate(zip(theirs["gathers"] + [None] * len(gathers), gathers + [None] * 99)):
+                    if x != y:
+                        print(f"    first difference at {i}: PyTorch {x}, vramscope {y}")
+                        break
+                failures.append(f"fsdp:{2 * ranks} ep_size={ranks} all-gathers")
             for fsdp, expected in theirs["shards"].items():
                 _, rows = ours(exe, model, f"fsdp:{fsdp}", f"ep_size={ranks}", tmp, "bf16")
                 got = {r["buffer"][:-len(" shards")]: r["bytes"] for r in rows

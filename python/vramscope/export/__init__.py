@@ -198,13 +198,13 @@ def export_hf_config(config_path: str, *, batch: int = 1, seq: int = 128, name: 
     if gradient_checkpointing:
         enable_gradient_checkpointing(model, gradient_checkpointing)
     vocab = model.get_input_embeddings().num_embeddings
-    experts = []
+    experts, groups = [], []
     if expert_parallel:
         if amp or lora or compile:
             raise ExportError(["--expert-parallel records the run's dtype without --amp, --lora or --compile"],
                               "bad arguments")
         from ._expert_parallel import distribute
-        experts = distribute(model, expert_parallel)
+        experts, groups = distribute(model, expert_parallel)
 
     def make_inputs(b: int, s: int):
         ids = torch.empty((b, s), dtype=torch.int64, device="meta")
@@ -226,7 +226,7 @@ def export_hf_config(config_path: str, *, batch: int = 1, seq: int = 128, name: 
                                 f"{expert_parallel}), AllToAllEP, PyTorch's fake process group)" if experts else ""),
                         input_note={"shape": ["batch", "seq"], "dtype": "int64", "high": vocab}, autocast=amp)
     if experts:
-        doc["expert_parallel"] = {"ranks": expert_parallel, "modules": experts}
+        doc["expert_parallel"] = {"ranks": expert_parallel, "modules": experts, "fsdp": groups}
     if compile:
         from ._compiled import compiled_document
         if amp or gradient_checkpointing:

@@ -28,10 +28,11 @@ from ._errors import ExportError, one_line
 MAX_RANKS = 1 << 16
 
 
-def distribute(model, ep_size: int) -> List[str]:
+def distribute(model, ep_size: int) -> Tuple[List[str], List[dict]]:
     """Applies transformers' expert parallel over `ep_size` ranks to `model` (built on the meta
-    device), as rank 0 of a fake process group; returns the experts modules' names. Dense
-    modules stay whole: FSDP2 over them is the runtime's (`--parallel ep:N`)."""
+    device), as rank 0 of a fake process group; returns the experts modules' names and
+    transformers' fully_shard calls (fsdp_groups). Dense modules stay whole: FSDP2 is the
+    runtime's, as those calls say (`--parallel ep:N`)."""
     import torch
     import torch.distributed as dist
     if not 2 <= ep_size <= MAX_RANKS:
@@ -55,6 +56,7 @@ def distribute(model, ep_size: int) -> List[str]:
     if isinstance(num_experts, int) and num_experts % ep_size:
         raise ExportError([f"--expert-parallel {ep_size}: the {num_experts} experts do not split evenly over "
                            f"{ep_size} ranks (transformers' MoEParamShard refuses it)"], "bad arguments")
+    groups = fsdp_groups(model, ep_size)
     try:
         config, _, meshes = model.prepare_distribute_model(DistributedConfig(fsdp_size=ep_size, ep_size=ep_size))
         _, plan, _ = model._resolve_parallel_plans(config)
@@ -68,7 +70,41 @@ def distribute(model, ep_size: int) -> List[str]:
         model = apply_expert_parallelism(model, meshes.get_mesh("ep"), meshes.get_mesh("tp"), plan)
     except (ValueError, KeyError, TypeError, AttributeError, RuntimeError) as e:
         raise ExportError([f"--expert-parallel {ep_size}: {one_line(e)}"], "transformers cannot apply it") from None
-    return [name for name, m in model.named_modules() if getattr(m, "_is_expert_parallel", False)]
+    return [name for name, m in model.named_modules() if getattr(m, "_is_expert_parallel", False)], groups
+
+
+def fsdp_groups(model, ep_size: int) -> List[dict]:
+    """transformers' own fully_shard calls under DistributedConfig(fsdp_size=N, ep_size=N)
+    (apply_fully_sharded_data_parallelism, distributed/fsdp.py), in order, on a copy of the
+    model: each call's modules, reshard_after_forward and mesh ("efsdp" for the experts, "fsdp"
+    for the rest; the root last). The runtime shards as they say, over its own world size."""
+    import copy
+    import transformers.distributed.fsdp as fsdp_module
+    from transformers.distributed import DistributedConfig
+    twin = copy.deepcopy(model)
+    names = {id(m): n for n, m in twin.named_modules()}
+    calls: List[dict] = []
+    original = fsdp_module.fully_shard
+
+    def recording(module, *args, mesh=None, reshard_after_forward=None, **kwargs):
+        modules = module if isinstance(module, (list, tuple)) else [module]
+        experts = any(getattr(m, "_is_expert_parallel", False) for m in modules)
+        calls.append({"modules": [names[id(m)] for m in modules],
+                      "reshard_after_forward": reshard_after_forward if reshard_after_forward is not None
+                      else names[id(modules[0])] != "",  # fully_shard's None: True but for the root
+                      "mesh": "efsdp" if experts else "fsdp"})
+        return original(module, *args, mesh=mesh, reshard_after_forward=reshard_after_forward, **kwargs)
+
+    fsdp_module.fully_shard = recording
+    try:
+        config, _, meshes = twin.prepare_distribute_model(DistributedConfig(fsdp_size=ep_size, ep_size=ep_size))
+        twin.maybe_distribute_model(twin, config, meshes)
+    except (ValueError, KeyError, TypeError, AttributeError, RuntimeError) as e:
+        raise ExportError([f"--expert-parallel {ep_size}: FSDP2 as transformers applies it: {one_line(e)}"],
+                          "transformers cannot apply it") from None
+    finally:
+        fsdp_module.fully_shard = original
+    return calls
 
 
 def local_parameters(model) -> List[Tuple[str, Any, bool]]:

@@ -128,7 +128,7 @@ std::vector<Module*> repeated_blocks(Module& root) {
 namespace mem::nn::detail {
 
 FullyShard::FullyShard(const ParallelConfig& config, Module& root, Runtime& runtime,
-                       const std::vector<std::string>& experts)
+                       const std::vector<ModelInfo::ShardGroup>& plan)
     : config_(config),
       runtime_(runtime),
       context_(intern_context("FullyShardedDataParallel", Phase::Forward)),
@@ -142,43 +142,56 @@ FullyShard::FullyShard(const ParallelConfig& config, Module& root, Runtime& runt
   Device& device = runtime.allocator().device();
   copy_in_stream_ = device.create_stream();
   reduce_scatter_stream_ = device.create_stream();
-  std::vector<Module*> modules;
-  collect_blocks(root, modules, pipelined_ ? 1 : 2);
-  // Expert parallel: each experts module is a group of its own, in the module tree's order
-  // (after the block that holds it); transformers shards them before the blocks, and each
-  // group's shards are made by its own fully_shard call.
-  std::unordered_set<const Module*> expert_groups;
-  if (!experts.empty()) {
-    std::vector<Module*> ordered;
-    std::unordered_set<std::string> wanted(experts.begin(), experts.end());
-    const std::unordered_set<const Module*> block_set(modules.begin(), modules.end());
+  // Each fully_shard call's modules (one group), in call order, the root last: the repeated
+  // blocks (torchtitan's apply_fsdp), or the engine's own calls where the model records them
+  // (expert parallel: transformers' apply_fully_sharded_data_parallelism).
+  struct Call {
+    std::vector<Module*> members;
+    std::optional<bool> reshard_after_forward;  // the engine's value; unset: the options'
+    bool experts = false;
+  };
+  std::vector<Call> calls;
+  if (plan.empty()) {
+    std::vector<Module*> blocks_found;
+    collect_blocks(root, blocks_found, pipelined_ ? 1 : 2);
+    for (Module* m : blocks_found) calls.push_back({{m}, std::nullopt, false});
+    calls.push_back({{&root}, std::nullopt, false});
+  } else {
+    std::unordered_map<std::string, Module*> by_path;
     const auto visit = [&](auto& self, Module& m) -> void {
-      if (block_set.count(&m) != 0) ordered.push_back(&m);
-      if (wanted.erase(m.path()) != 0) {
-        ordered.push_back(&m);
-        expert_groups.insert(&m);
-      }
+      by_path.emplace(&m == &root ? std::string{} : m.path(), &m);
       for (const auto& [name, child] : m.children()) self(self, *child);
     };
     visit(visit, root);
-    if (!wanted.empty()) throw Error("expert parallel: the model has no module " + *wanted.begin());
-    modules = std::move(ordered);
+    for (const ModelInfo::ShardGroup& spec : plan) {
+      Call call{{}, spec.reshard_after_forward, spec.experts};
+      for (const std::string& path : spec.modules) {
+        const auto it = by_path.find(path);
+        if (it == by_path.end()) throw Error("fsdp: the model has no module '" + path + "' to shard");
+        call.members.push_back(it->second);
+      }
+      calls.push_back(std::move(call));
+    }
+    if (calls.back().members != std::vector<Module*>{&root}) throw Error("fsdp: the last fully_shard call is the root's");
   }
-  modules.push_back(&root);
-  for (std::size_t i = 0; i < modules.size(); ++i) group_index_[modules[i]] = i;
+  for (std::size_t i = 0; i < calls.size(); ++i) {
+    for (Module* m : calls[i].members) group_index_[m] = i;
+  }
   std::unordered_map<const Module*, std::size_t> blocks(group_index_);
   blocks.erase(&root);
 
   // fully_shard(block) for each block, then fully_shard(model): each FSDPParam's
   // _init_sharded_param allocates its padded shard (new_zeros of chunk rows, _fsdp_param.py),
   // and the group's original parameters are freed once the call returns.
-  groups_.reserve(modules.size());
-  for (Module* module : modules) {
+  groups_.reserve(calls.size());
+  for (const Call& call : calls) {
     Group group;
-    group.module = module;
-    group.path = module->path();
-    const bool is_root = module == &root;
-    const bool expert = expert_groups.count(module) != 0;
+    group.module = call.members.front();
+    group.members = call.members;
+    for (const Module* m : call.members) group.path += (group.path.empty() ? "" : "+") + m->path();
+    const bool is_root = group.module == &root;
+    if (is_root) group.path.clear();
+    const bool expert = call.experts;
     // Experts: the efsdp mesh, world / ep ranks; this rank's place in it is rank / ep (ranks
     // holding the same experts are ep apart: transformers' DistributedConfig.efsdp_size).
     group.ranks = expert ? config.world_size / config.expert_parallel : config.world_size;
@@ -188,11 +201,12 @@ FullyShard::FullyShard(const ParallelConfig& config, Module& root, Runtime& runt
     // reshard_after_forward=None: True, except for the root (_fully_shard.py). In a pipeline
     // torchtitan passes False, "to avoid per-microbatch all-gathers" (apply_fsdp's default
     // policy: reshard_after_forward = not pp_enabled). transformers passes True for experts.
-    group.reshard_after_forward = expert || config.reshard_after_forward.value_or(!is_root && !pipelined_);
+    group.reshard_after_forward =
+        call.reshard_after_forward.value_or(config.reshard_after_forward.value_or(!is_root && !pipelined_));
     // An int applies to every group it is given to, the root included (fully_shard(model, ...)).
-    group.post_forward_ranks = expert ? 0 : config.reshard_after_forward_to;
+    group.post_forward_ranks = call.reshard_after_forward ? 0 : config.reshard_after_forward_to;
     std::vector<std::pair<Module*, std::size_t>> owned;
-    own_parameters(*module, blocks, true, owned);
+    for (Module* member : call.members) own_parameters(*member, blocks, true, owned);
     std::vector<Tensor> originals;
     for (auto& [owner, slot] : owned) {
       const Tensor original = owner->slots()[slot].tensor;
@@ -249,7 +263,9 @@ FullyShard::FullyShard(const ParallelConfig& config, Module& root, Runtime& runt
     }
     for (Param& p : group.params) p.module->replace_parameter(p.slot, p.unsharded);
     originals.clear();  // the full parameters go back to the cache, in order
-    if (!is_root) module->set_forward_hooks(this);
+    if (!is_root) {
+      for (Module* member : call.members) member->set_forward_hooks(this);
+    }
     groups_.push_back(std::move(group));
   }
   order_parameters(root);
@@ -261,7 +277,7 @@ FullyShard::FullyShard(const ParallelConfig& config, Module& root, Runtime& runt
 
 FullyShard::~FullyShard() {
   for (Group& g : groups_) {
-    if (g.module != nullptr) g.module->set_forward_hooks(nullptr);
+    for (Module* member : g.members) member->set_forward_hooks(nullptr);
   }
   for (std::size_t block : host_shards_) runtime_.unpin_host(block);
   release_host_gradients(true);
@@ -551,10 +567,23 @@ std::vector<Tensor> FullyShard::root_post_forward(std::vector<Tensor> outputs) {
   return outputs;
 }
 
-Tensor FullyShard::pre_forward(Module& module, const Tensor& input) { return group_pre_forward(group_of(module), input); }
+Tensor FullyShard::pre_forward(Module& module, const Tensor& input) {
+  Group& g = group_of(module);
+  if (g.members.size() > 1) {
+    // fully_shard([norm, lm_head]): the group's pre-forward runs once per pass, at the first
+    // of its modules to run (_register_group_forward_hooks; unshard and the post-backward hook
+    // are gated on the group's state).
+    if (g.to_run != 0) return input;
+    g.to_run = g.members.size();
+  }
+  return group_pre_forward(g, input);
+}
 
 Tensor FullyShard::post_forward(Module& module, const Tensor& output) {
-  return group_post_forward(group_of(module), {output}).front();
+  Group& g = group_of(module);
+  // ... and its post-forward when the last of them has run.
+  if (g.members.size() > 1 && g.to_run > 0 && --g.to_run != 0) return output;
+  return group_post_forward(g, {output}).front();
 }
 
 // --- backward -----------------------------------------------------------------------------

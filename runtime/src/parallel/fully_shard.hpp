@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "vramscope/runtime/data_parallel.hpp"
+#include "vramscope/runtime/models.hpp"
 #include "vramscope/runtime/modules.hpp"
 #include "vramscope/runtime/runtime.hpp"
 
@@ -25,11 +26,12 @@ class FullyShard final : public ForwardHooks {
   /// fully_shard(block) for each block, then fully_shard(root): every parameter becomes a
   /// padded dim-0 shard (the model built whole on the GPU frees its parameters then; built
   /// on the meta device, it never held them).
-  /// Under expert parallel `experts` names the experts modules (ModelInfo::expert_modules):
-  /// each is fully_shard'ed first, over the efsdp mesh of world / ep ranks with
-  /// reshard_after_forward=True, as transformers' apply_fully_sharded_data_parallelism does.
+  /// `plan`: the engine's own fully_shard calls, in order, when the model records them
+  /// (ModelInfo::fsdp_groups: transformers' under expert parallel, the experts over the efsdp
+  /// mesh of world / ep ranks, a group of several modules such as [norm, lm_head]); empty: each
+  /// repeated block, then the root.
   FullyShard(const ParallelConfig& config, Module& root, Runtime& runtime,
-             const std::vector<std::string>& experts = {});
+             const std::vector<ModelInfo::ShardGroup>& plan = {});
   ~FullyShard() override;
   FullyShard(const FullyShard&) = delete;
   FullyShard& operator=(const FullyShard&) = delete;
@@ -107,8 +109,10 @@ class FullyShard final : public ForwardHooks {
     }
   };
   struct Group {
-    Module* module = nullptr;
-    std::string path;              // "" for the root
+    Module* module = nullptr;      // its first module
+    std::vector<Module*> members;  // fully_shard's modules (one, or a list such as [norm, lm_head])
+    std::size_t to_run = 0;        // a list's modules yet to run in this forward pass
+    std::string path;              // "" for the root; a list's paths joined by "+"
     std::size_t ranks = 1;         // its mesh: FSDP's world, or expert parallel's efsdp
     std::size_t rank = 0;          // this rank's place in it
     bool experts = false;          // expert parallel's experts (set_gradient_divide_factor)

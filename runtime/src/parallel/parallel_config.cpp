@@ -238,6 +238,10 @@ ParallelConfig parse_parallel(std::string_view spec, std::string_view options) {
       throw Error("ep_size: ep:" + std::to_string(ranks) + " says it; give ep_size with fsdp:M instead");
     }
     config.expert_parallel = ranks;
+    if (config.reshard_after_forward || config.reshard_after_forward_to != 0) {
+      throw Error("reshard_after_forward with expert parallel: transformers' DistributedConfig passes its own (True "
+                  "for the experts, the layers and the embedding, False for the final norm with lm_head)");
+    }
     return config;
   }
   if (name_of(dims.front()) == "pp") {
@@ -486,6 +490,10 @@ ParallelConfig parse_parallel(std::string_view spec, std::string_view options) {
       throw Error("'" + std::string(key) + "' is not an option of ddp (keys: " + std::string(kDdpOptions) + ")");
     }
   });
+  if (config.expert_parallel > 1 && (config.reshard_after_forward || config.reshard_after_forward_to != 0)) {
+    throw Error("reshard_after_forward with expert parallel: transformers' DistributedConfig passes its own (True for "
+                "the experts, the layers and the embedding, False for the final norm with lm_head)");
+  }
   if (!config.offload_pin_memory && !config.cpu_offload && !config.offload_param) {
     throw Error("pin_memory=false applies to what is offloaded: give offload_policy=cpu (fsdp), "
                 "offload_optimizer=cpu (zero1, zero2, zero3) or offload_param=cpu (zero3) with it");

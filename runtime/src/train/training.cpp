@@ -394,7 +394,7 @@ Trainer::Trainer(const TrainConfig& config, CachingAllocator& allocator)
       runtime_->set_grad_ready_hook([dp = dp_.get()](detail::TensorImpl& leaf) { dp->grad_ready(leaf); });
     } else if (fsdp) {
       fsdp_ = std::make_unique<detail::FullyShard>(config.parallel, model_->body(), *runtime_,
-                                                   model_->info().expert_modules);
+                                                   model_->info().fsdp_groups);
       if (pp_) fsdp_->label_with(&pp_->action());
       if (pp_ && pp_->stages_per_rank() > 1) fsdp_->assign_stages(model_->body(), pp_->parts());
     } else if (config.parallel.engine != ParallelEngine::None) {

@@ -139,6 +139,16 @@ struct ModelInfo {
   /// modules FSDP2 shards over the efsdp mesh.
   std::size_t expert_parallel = 0;
   std::vector<std::string> expert_modules;
+  /// How the engine that applies expert parallel (transformers' DistributedConfig) calls
+  /// fully_shard, in order, the root last: each call's modules (one group), its
+  /// reshard_after_forward, and whether it shards over the experts' efsdp mesh. Empty: FSDP2
+  /// wraps the repeated blocks and the root (torchtitan's apply_fsdp).
+  struct ShardGroup {
+    std::vector<std::string> modules;
+    bool reshard_after_forward = true;
+    bool experts = false;
+  };
+  std::vector<ShardGroup> fsdp_groups;
   std::size_t parameter_bytes(DType dtype) const noexcept {
     return static_cast<std::size_t>(parameters) * dtype_size(dtype);
   }
