@@ -422,7 +422,10 @@ void add_parallel_options(CLI::App& app, ParallelArgs& args, bool list) {
                              "torchtitan's split of a "
                              "--hf-config decoder through torch.distributed.pipelining's schedules), pp:NxTP:K, pp:NxFSDP:M "
                              "or pp:NxFSDP:MxTP:K (tensor parallel, FSDP2, or both inside each stage: torchtitan's "
-                             "3-D layout), dp:N (nn.DataParallel: one process, the module on GPU 0 replicated onto the "
+                             "3-D layout), ep:N (expert parallel: transformers' DistributedConfig(ep_size=N) on a mixture "
+                             "of experts, 1/N of the experts on each GPU and tokens sent to them by all-to-all, FSDP2 over "
+                             "the rest; an --hf-config is recorded so, a --model-file must be: vramscope.export "
+                             "--expert-parallel N), dp:N (nn.DataParallel: one process, the module on GPU 0 replicated onto the "
                              "others at each forward; sweep shows GPU 0 and GPU 1) or none") +
                      (list ? "; a list (none,ddp:8,fsdp:8,zero2:8) gives each its rows" : ""))
       ->check(non_empty())
@@ -436,7 +439,9 @@ void add_parallel_options(CLI::App& app, ParallelArgs& args, bool list) {
                  "init=meta|cuda (built on the meta device, the default, or whole on the GPU first), rank=R (the rank "
                  "shown; the last ones hold fewer rows when dim 0 does not split evenly; under cp, R % N is its "
                  "place in the ring), with cp cp_rotate_method=allgather|alltoall (K and V gathered once per call, "
-                 "the default, or passed on each step) and cp_load_balance=true|false (the head-tail chunks); zero1, zero2: "
+                 "the default, or passed on each step) and cp_load_balance=true|false (the head-tail chunks), "
+                 "ep_size=N (expert parallel inside fsdp:M, N dividing M: each expert on M / N GPUs, FSDP2-sharded "
+                 "over them); zero1, zero2: "
                  "reduce_bucket_size (elements), overlap_comm, offload_optimizer=cpu (the fp32 master, its "
                  "gradients and Adam's state on the host, DeepSpeedCPUAdam; pin_memory=false leaves them "
                  "pageable), rank=R; zero3: reduce_bucket_size, overlap_comm, offload_optimizer, pin_memory, rank "

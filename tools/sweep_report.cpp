@@ -289,7 +289,7 @@ std::string sweep_report(const planner::SweepResult& result, const ReportOptions
   const nn::ModelInfo& m = result.model;
   const planner::SweepSpec& spec = result.spec;
   std::string out;
-  out += fmt::format("vramscope sweep: {}, {}{}, {} parameters ({} in f32)\n",
+  out += fmt::format("vramscope sweep: {}, {}{}, {} parameters{} ({} in f32)\n",
                      model_title(m, spec.model_options, spec.batches, spec.seqs, spec.checkpoints),
                      m.operators > 0 ? fmt::format("{} operators in {} module calls (recorded with {})", m.operators,
                                                    m.module_calls, m.recorded_with)
@@ -300,7 +300,12 @@ std::string sweep_report(const planner::SweepResult& result, const ReportOptions
                                        : m.operators > 0          ? "by its recorded forward"
                                                                   : "per decoder layer")
                          : std::string(),
-                     human_count(m.parameters), format_bytes(m.parameter_bytes(nn::DType::F32)));
+                     human_count(m.parameters),
+                     m.expert_parallel > 1
+                         ? fmt::format(" on each GPU (a recording of one GPU under expert parallel over {}: 1/{} of "
+                                       "the experts)", m.expert_parallel, m.expert_parallel)
+                         : std::string(),
+                     format_bytes(m.parameter_bytes(nn::DType::F32)));
   const std::string steps =
       spec.accumulation > 1
           ? fmt::format("{} micro-batches per optimizer step (gradient accumulation), then {} more", spec.accumulation,

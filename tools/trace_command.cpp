@@ -513,7 +513,7 @@ void add_trace_command(CLI::App& app, Capture* capture) {
   cmd->add_option("--buffers", args->buffers,
                   "with --parallel: write every communication buffer the engine allocated (DDP's gradient "
                   "buckets, broadcast copies, shape checks; FSDP's all-gather outputs, unsharded parameters, reduce-scatter inputs "
-                  "and outputs; ZeRO's flat parameters, master partition, gradient buckets and gradient partitions; ZeRO-3's partitions, each module's gathers and the reduce-scatters) with its bytes, stream and lifetime, as CSV or JSON "
+                  "and outputs; ZeRO's flat parameters, master partition, gradient buckets and gradient partitions; ZeRO-3's partitions, each module's gathers and the reduce-scatters; a recording's collectives, expert parallel's all-to-alls) with its bytes, stream and lifetime, as CSV or JSON "
                   "(by the extension)")
       ->type_name("FILE.csv|json");
   cmd->add_option("--saved", args->saved,

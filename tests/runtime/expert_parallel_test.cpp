@@ -44,6 +44,7 @@ TEST(ExpertParallel, MeshesOptionsAndRefusals) {
   EXPECT_EQ(inside.expert_parallel, 4u);
   EXPECT_EQ(parallel_label(inside), "fsdp:8 ep_size=4,rank=5");
   EXPECT_EQ(parse_parallel("fsdp:4", "ep_size=4"), parse_parallel("ep:4"));
+  EXPECT_EQ(parse_parallel("ep:4", "ep_size=4"), parse_parallel("ep:4"));  // a list's options apply to each
   for (const auto& [spec, options, words] : std::vector<std::tuple<std::string, std::string, std::string>>{
            {"ep:1", "", "ep:1 splits no experts"},
            {"ep:2xtp:2", "", "expert parallel is modelled alone"},
@@ -55,6 +56,7 @@ TEST(ExpertParallel, MeshesOptionsAndRefusals) {
            {"ep:4", "reshard_after_forward=false", "passes its own"},
            {"fsdp:4", "ep_size=2,reshard_after_forward=2", "passes its own"},
            {"ep:4", "ep_size=2", "give ep_size with fsdp:M instead"},
+           {"ep:4", "ep_size=8", "expected a divisor of 4"},
            {"ddp:4", "ep_size=2", "not an option of ddp"},
        }) {
     EXPECT_NE(test::error_of([&] { parse_parallel(spec, options); }).find(words), std::string::npos)

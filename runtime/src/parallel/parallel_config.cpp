@@ -234,8 +234,9 @@ ParallelConfig parse_parallel(std::string_view spec, std::string_view options) {
     if (ranks == 1) throw Error("'" + std::string(spec) + "': ep:1 splits no experts; give ep:2 or more");
     const std::string fsdp = "fsdp:" + std::to_string(ranks);
     ParallelConfig config = parse_parallel(fsdp, options);
-    if (config.expert_parallel != 1) {
-      throw Error("ep_size: ep:" + std::to_string(ranks) + " says it; give ep_size with fsdp:M instead");
+    if (config.expert_parallel != 1 && config.expert_parallel != ranks) {
+      throw Error("ep_size=" + std::to_string(config.expert_parallel) + ": ep:" + std::to_string(ranks) + " is " +
+                  std::to_string(ranks) + " ranks of experts; give ep_size with fsdp:M instead");
     }
     config.expert_parallel = ranks;
     if (config.reshard_after_forward || config.reshard_after_forward_to != 0) {

@@ -669,7 +669,17 @@ StepStats Trainer::step() {
     // `with torch.autograd.graph.save_on_cpu(pin_memory=True):` around the forward and the loss.
     std::optional<SaveOnCpu> offload;
     if (config_.offload_activations) offload.emplace();
-    output = run_forward(fsdp_ ? fsdp_->root_pre_forward(input) : input);
+    {
+      // A model whose output is its loss (a recorded transformers LM called with labels)
+      // computes it in its own forward, outside its modules (loss_function): the loss's blocks.
+      std::optional<ModuleScope> computes_loss;
+      std::optional<BackwardContextGuard> its_backward;
+      if (model_->info().loss == LossKind::None) {
+        computes_loss.emplace(loss_fwd);
+        its_backward.emplace(loss_bwd);
+      }
+      output = run_forward(fsdp_ ? fsdp_->root_pre_forward(input) : input);
+    }
     const bool own_loss = model_->info().loss == LossKind::CausalLM;
     // The root's post-forward hook sees what the model returns, as DDP's sink does.
     if (fsdp_ && !own_loss) output = fsdp_->root_post_forward({std::move(output)}).front();
