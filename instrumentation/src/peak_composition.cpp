@@ -69,7 +69,8 @@ std::int64_t MemoryComposition::model_states() const noexcept {
 void PeakComposition::on_event(const TraceEvent& e) noexcept {
   switch (e.action) {
     case TraceAction::Alloc: {
-      const MemoryKind kind = memory_kind(e.context);
+      const MemoryKind kind =
+          e.context == kNoContext && unscoped_ != MemoryKind::Other ? unscoped_ : memory_kind(e.context);
       try {
         live_[e.address] = Live{static_cast<std::int64_t>(e.size), kind};
       } catch (...) {

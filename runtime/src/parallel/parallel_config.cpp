@@ -449,7 +449,7 @@ ParallelConfig parse_parallel(std::string_view spec, std::string_view options) {
         config.offload_pin_memory = parse_bool(key, value);
       } else if (key == "ep_size") {
         // DistributedConfig's ep_size: it must divide fsdp_size * tp_size (configuration_utils.py).
-        const std::size_t n = parse_count(key, value, config.world_size + 1);
+        const std::size_t n = parse_count(key, value, kMaxWorldSize + 1);
         if (n < 2 || config.world_size % n != 0) {
           throw Error("ep_size=" + std::string(value) + ": expected a divisor of " + std::to_string(config.world_size) +
                       " from 2 (the experts' ranks among FSDP2's; transformers' DistributedConfig)");

@@ -293,7 +293,10 @@ Trainer::Trainer(const TrainConfig& config, CachingAllocator& allocator)
   // Blocks carry their module and phase (what the peak's composition is read from); the
   // observer follows them from the first parameter on.
   attach(allocator);
-  composition_ = std::make_unique<PeakComposition>();
+  // A model whose output is its loss (a recorded transformers LM called with labels) computes
+  // it in its own forward, outside its modules (loss_function): those blocks are the loss's.
+  composition_ = std::make_unique<PeakComposition>(model_->info().loss == LossKind::None ? MemoryKind::Logits
+                                                                                         : MemoryKind::Other);
   allocator.add_observer(composition_.get());
   try {
     if (config.parallel.enabled() && config.parallel.stray_contexts && config.parallel.rank == 0) {
@@ -669,17 +672,7 @@ StepStats Trainer::step() {
     // `with torch.autograd.graph.save_on_cpu(pin_memory=True):` around the forward and the loss.
     std::optional<SaveOnCpu> offload;
     if (config_.offload_activations) offload.emplace();
-    {
-      // A model whose output is its loss (a recorded transformers LM called with labels)
-      // computes it in its own forward, outside its modules (loss_function): the loss's blocks.
-      std::optional<ModuleScope> computes_loss;
-      std::optional<BackwardContextGuard> its_backward;
-      if (model_->info().loss == LossKind::None) {
-        computes_loss.emplace(loss_fwd);
-        its_backward.emplace(loss_bwd);
-      }
-      output = run_forward(fsdp_ ? fsdp_->root_pre_forward(input) : input);
-    }
+    output = run_forward(fsdp_ ? fsdp_->root_pre_forward(input) : input);
     const bool own_loss = model_->info().loss == LossKind::CausalLM;
     // The root's post-forward hook sees what the model returns, as DDP's sink does.
     if (fsdp_ && !own_loss) output = fsdp_->root_post_forward({std::move(output)}).front();

@@ -71,6 +71,9 @@ struct MemoryComposition {
 /// total since the last restart(). Blocks allocated before it was added are not counted.
 class PeakComposition final : public AllocatorObserver {
  public:
+  /// `unscoped`: what a block made outside every module is ("other" by default; a model that
+  /// computes its own loss in its forward, outside its modules, says logits and loss).
+  explicit PeakComposition(MemoryKind unscoped = MemoryKind::Other) noexcept : unscoped_(unscoped) {}
   void on_event(const TraceEvent& event) noexcept override;
   /// Begins a new stretch: the peak is the present composition.
   void restart() noexcept { peak_ = now_; }
@@ -85,6 +88,7 @@ class PeakComposition final : public AllocatorObserver {
   void add(MemoryKind kind, std::int64_t bytes) noexcept { now_.bytes[static_cast<std::size_t>(kind)] += bytes; }
   std::unordered_map<std::uintptr_t, Live> live_;
   MemoryComposition now_, peak_;
+  MemoryKind unscoped_ = MemoryKind::Other;
 };
 
 }  // namespace mem
