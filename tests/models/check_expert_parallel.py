@@ -240,6 +240,18 @@ def main() -> int:
                         print(f"    first difference at {i}: PyTorch {x}, vramscope {y}")
                         break
                 failures.append(f"fsdp:{2 * ranks} ep_size={ranks} all-gathers")
+            # The command records an --hf-config itself when --parallel says ep: the same run.
+            config = tmp / "qwen3_moe.json"
+            direct = tmp / f"direct-{ranks}.json"
+            subprocess.run([exe, "trace", "--hf-config", str(config), "--attn", "eager", "--batch", str(BATCH), "--seq",
+                            str(SEQ), "--dtype", "f32", "--steps", "1", "--device", "sim:capacity=1TiB,context=0",
+                            "--parallel", f"ep:{ranks}", "--buffers", str(direct)], check=True, capture_output=True,
+                           text=True, env=dict(os.environ, VRAMSCOPE_PYTHON=sys.executable))
+            _, from_file = ours(exe, model, f"ep:{ranks}", "", tmp, "f32")
+            same = json.loads(direct.read_text()) == from_file
+            print(f"  ep:{ranks}: `trace --hf-config` records it as the exporter does: {'same buffers' if same else 'DIFFER'}")
+            if not same:
+                failures.append(f"ep:{ranks} --hf-config")
             for fsdp, expected in theirs["shards"].items():
                 _, rows = ours(exe, model, f"fsdp:{fsdp}", f"ep_size={ranks}", tmp, "bf16")
                 got = {r["buffer"][:-len(" shards")]: r["bytes"] for r in rows
