@@ -124,7 +124,7 @@ void add_model_options(CLI::App& app, ModelArgs& args, const std::string& defaul
                      nn::Stack::validated().spec() + ", the newest validated on a GPU; keys left out keep it)")
       ->type_name("PKG=VER,...");
   app.add_option("--model-options", args.extra,
-                 "more model options as key=value,... (dropout=0,inplace=1; expert_skew=S for a mixture of experts recorded with its per-expert loop; see `vramscope models`)")
+                 "more model options as key=value,... (dropout=0,inplace=1; expert_skew=S for a mixture of experts recorded with its per-expert loop, its busiest expert S times its share, or under expert parallel, the GPU shown receiving S times its share; see `vramscope models`)")
       ->type_name("K=V,...");
   // An empty value would silently mean the default (`--batch ''` from an unset shell variable).
   for (const char* name : {"--model-file", "--hf-config", "--hf-model", "--batch", "--seq", "--attn", "--gradient-checkpointing",

@@ -91,6 +91,7 @@ class Builder {
 
   std::optional<std::int64_t> size_value(std::string_view name) const {
     if (const auto v = given_.size(name)) return v;
+    if (ep_rows_ && name == kEpRows) return ep_rows_;  // the rows a GPU's experts receive
     if (routing_ && name.starts_with(kExpertRows)) {
       // An expert's rows in a recorded per-expert loop: expert_rows_<e>, from the routing.
       const std::string_view digits = name.substr(kExpertRows.size());
@@ -1231,6 +1232,7 @@ class Builder {
   void graph_body(nn::Sequential& body, nn::ModelInfo& info, Flow& flow) {
     std::shared_ptr<const nn::OpGraph> graph;
     read_routing(doc_.root.at("graph"));
+    if (doc_.root.contains("expert_parallel")) read_expert_rows();
     try {
       graph = detail::read_op_graph(doc_.root.at("graph"),
                                     [this](const json& v, const std::string& p) { return graph_shape(v, p); });
@@ -1267,25 +1269,64 @@ class Builder {
       }
     }
     if (routing_) info.assumed.push_back(routing_->describe());
-    if (doc_.root.contains("expert_parallel")) read_expert_parallel(*graph, info);
+    if (doc_.root.contains("expert_parallel")) {
+      read_expert_parallel(*graph, info);
+      info.assumed.push_back(ep_note_);
+    }
   }
 
-  /// "expert_parallel": {"ranks": N, "modules": [the experts modules' paths]}: the graph is one
-  /// rank's of transformers' expert parallel (vramscope.export --expert-parallel N).
-  void read_expert_parallel(const nn::OpGraph& graph, nn::ModelInfo& info) const {
+  /// expert_parallel's rows: "received" (what a GPU's experts receive under an even routing,
+  /// its tokens x top_k: a formula), "top_k", "local_experts"; the graph's dimension ep_rows is
+  /// expert_skew times that on the GPU shown, at most every pair that can reach its experts.
+  void read_expert_rows() {
     const std::string path = "expert_parallel";
     const json& e = doc_.root.at(path);
-    const std::string shape = "expected {\"ranks\": N, \"modules\": [\"model.layers.0.mlp.experts\", ...]}";
-    if (!e.is_object()) fail(path, shape + ", got " + kind_of(e));
+    if (!e.is_object()) {
+      fail(path, "expected {\"ranks\": N, \"modules\": [...], \"fsdp\": [...], \"received\": \"k*batch*seq\", "
+                 "\"top_k\": K, \"local_experts\": E}, got " + kind_of(e));
+    }
     for (const auto& [key, value] : e.items()) {
-      if (key != "ranks" && key != "modules" && key != "fsdp") {
-        fail(path, "unknown key '" + printable(key) + "'; valid keys: ranks, modules, fsdp");
+      static const char* const kKeys[] = {"ranks", "modules", "fsdp", "received", "top_k", "local_experts"};
+      if (std::find(std::begin(kKeys), std::end(kKeys), key) == std::end(kKeys)) {
+        fail(path, "unknown key '" + printable(key) + "'; valid keys: ranks, modules, fsdp, received, top_k, local_experts");
       }
     }
     if (!e.contains("ranks") || !e.at("ranks").is_number_integer() || e.at("ranks").get<std::int64_t>() < 2 ||
         e.at("ranks").get<std::int64_t>() > kMaxExperts) {
       fail(field(path, "ranks"), "expected the expert-parallel ranks, 2 to " + std::to_string(kMaxExperts));
     }
+    const std::int64_t ranks = e.at("ranks").get<std::int64_t>();
+    const std::int64_t received = positive_at(e, path, "received");
+    const std::int64_t top_k = positive_at(e, path, "top_k");
+    const std::int64_t local = positive_at(e, path, "local_experts");
+    if (top_k > kMaxExperts || local > kMaxExperts) fail(path, "top_k and local_experts: at most " + std::to_string(kMaxExperts));
+    if (received % top_k != 0) fail(field(path, "received"), "is tokens x top_k: a multiple of top_k");
+    if (!doc_.defaults.size("expert_skew")) {
+      fail("options", "a model under expert parallel declares the option expert_skew (its default, 1: even)");
+    }
+    const std::int64_t skew = size_value("expert_skew").value_or(1);
+    // The most a GPU's experts can receive: each token of each GPU paired with at most
+    // min(top_k, local_experts) of them.
+    const std::int64_t tokens = received / top_k;
+    if (tokens > INT64_MAX / ranks / std::min(top_k, local)) fail(field(path, "received"), "overflows 64 bits");
+    const std::int64_t most = tokens * ranks * std::min(top_k, local);
+    const bool capped = received > most / skew;
+    ep_rows_ = capped ? most : received * skew;
+    ep_note_ = skew == 1
+                   ? fmt::format("expert parallel: each GPU's experts receive {} rows, as many as it sends (an even "
+                                 "routing; --model-options expert_skew=S gives the GPU shown S times that)", *ep_rows_)
+                   : capped ? fmt::format("expert parallel, skewed: the GPU shown receives {} rows, the most it can (its "
+                                          "even share {} x expert_skew={}, capped at every token of the {} GPUs paired "
+                                          "with min(top_k, its {} experts))", *ep_rows_, received, skew, ranks, local)
+                            : fmt::format("expert parallel, skewed: the GPU shown receives {} rows, expert_skew={} times "
+                                          "its even share", *ep_rows_, skew);
+  }
+
+  /// "expert_parallel": {"ranks": N, "modules": [the experts modules' paths], ...}: the graph is
+  /// one rank's of transformers' expert parallel (vramscope.export --expert-parallel N).
+  void read_expert_parallel(const nn::OpGraph& graph, nn::ModelInfo& info) const {
+    const std::string path = "expert_parallel";
+    const json& e = doc_.root.at(path);
     if (!e.contains("modules") || !e.at("modules").is_array() || e.at("modules").empty()) {
       fail(field(path, "modules"), "expected the experts modules' paths, a non-empty list");
     }
@@ -1331,11 +1372,14 @@ class Builder {
   }
 
   static constexpr std::string_view kExpertRows = "expert_rows_";
+  static constexpr std::string_view kEpRows = "ep_rows";
   static constexpr std::int64_t kMaxExperts = 1 << 16;
 
   const ModelFile::Doc& doc_;
   const nn::ModelOptions& given_;
   std::optional<detail::ExpertRouting> routing_;
+  std::optional<std::int64_t> ep_rows_;
+  std::string ep_note_;  ///< the rows the GPU shown receives, for the tables' assumptions
   std::size_t modules_ = 0;
   std::unordered_map<std::string, bool> paths_;  ///< module path -> it has parameters
 };

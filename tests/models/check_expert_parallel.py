@@ -12,8 +12,10 @@ logsumexp rows than CUDA's, which the recording models). The file is `python3 -m
 ... --expert-parallel N`. Compared:
 
 - what the forward saves for backward, module by module (parameters left out by storage: a
-  DTensor parameter's storage is its local shard's);
-- every buffer the all-to-alls make, forward and backward, in order: the CPU profiler's
+  DTensor parameter's storage is its local shard's), with the rows received as the even routing
+  gives them and twice as many (the count exchange's result doubled: `--model-options
+  expert_skew=2`);
+- every buffer the all-to-alls make, forward and backward, in order, at both: the CPU profiler's
   allocations inside _c10d_functional::all_to_all_single against vramscope's --buffers rows of
   the recording's collectives;
 - FSDP2 as transformers applies it (apply_fully_sharded_data_parallelism: the experts over the
@@ -60,13 +62,10 @@ def torch_side(ranks: int) -> dict:
     import torch
     import torch.distributed as dist
     import transformers
-    from torch.distributed.tensor import DTensor
-    from torch.profiler import ProfilerActivity, profile
     from torch.testing._internal.distributed.fake_pg import FakeProcessGroup, FakeStore
     from transformers.distributed import DistributedConfig
-    from transformers.distributed.expert_parallel import apply_expert_parallelism
     sys.path.insert(0, str(Path(__file__).parent))
-    from saved_bytes import torch_saved_per_module
+
     def process_group(world: int) -> None:
         # transformers' mesh takes the whole world: one fake process group per size
         if dist.is_initialized():
@@ -133,7 +132,34 @@ def torch_side(ranks: int) -> dict:
     collectives.foreach_all_gather = param_group.foreach_all_gather = original_gather
     process_group(ranks)
 
-    # One step of expert parallel alone (FSDP2 is vramscope's part), in f32 on the CPU.
+    # One step of expert parallel alone (FSDP2 is vramscope's part), in f32 on the CPU, with the
+    # rows received as the even routing gives them, and twice as many: the count exchange's
+    # result doubled (a router that sends this GPU's experts twice their share).
+    import transformers.distributed.expert_parallel as expert_parallel
+    exchange = expert_parallel.all_to_all_single
+    steps = {}
+    for skew in (1, 2):
+        def skewed(output, input, group=None, skew=skew):
+            work = exchange(output, input, group=group)
+            output.mul_(skew)
+            return work
+
+        expert_parallel.all_to_all_single = skewed
+        try:
+            steps[str(skew)] = ep_step(torch, transformers, ranks, even)
+        finally:
+            expert_parallel.all_to_all_single = exchange
+    return {"steps": steps, "shards": {str(k): v for k, v in shards.items()}, "gathers": gathers}
+
+
+def ep_step(torch, transformers, ranks, even) -> dict:
+    """One step of apply_expert_parallelism's model on the CPU: what its forward saves, module by
+    module, and each all-to-all's buffer, forward and backward."""
+    from torch.distributed.tensor import DTensor
+    from torch.profiler import ProfilerActivity, profile
+    from transformers.distributed import DistributedConfig
+    from transformers.distributed.expert_parallel import apply_expert_parallelism
+    from saved_bytes import torch_saved_per_module
     torch.manual_seed(0)
     model = build(torch, transformers, "cpu", torch.float32)
     config, _, meshes = model.prepare_distribute_model(DistributedConfig(fsdp_size=ranks, ep_size=ranks))
@@ -166,8 +192,7 @@ def torch_side(ranks: int) -> dict:
     for e in sorted((e for e in events if e.get("name") == "[memory]"), key=lambda e: e["ts"]):
         if e["args"]["Bytes"] > 0 and inside_all_to_all(e["ts"], e["tid"]):
             buffers.append(["backward" if e["ts"] >= backward_start else "forward", e["args"]["Bytes"]])
-    return {"saved": saved, "modules": [n for n, _ in model.named_modules()], "buffers": buffers,
-            "shards": {str(k): v for k, v in shards.items()}, "gathers": gathers}
+    return {"saved": saved, "modules": [n for n, _ in model.named_modules()], "buffers": buffers}
 
 
 def export(ranks: int, tmp: Path) -> Path:
@@ -181,11 +206,13 @@ def export(ranks: int, tmp: Path) -> Path:
     return out
 
 
-def ours(exe: str, model: Path, mesh: str, options: str, tmp: Path, dtype: str) -> tuple:
-    saved, buffers = tmp / f"{mesh}-{options}.csv", tmp / f"{mesh}-{options}.json"
+def ours(exe: str, model: Path, mesh: str, options: str, tmp: Path, dtype: str, model_options: str = "") -> tuple:
+    saved, buffers = tmp / f"{mesh}-{options}-{model_options}.csv", tmp / f"{mesh}-{options}-{model_options}.json"
     command = [exe, "trace", "--model-file", str(model), "--batch", str(BATCH), "--dtype", dtype, "--steps", "1",
                "--device", "sim:capacity=1TiB,context=0", "--parallel", mesh, "--saved", str(saved),
                "--buffers", str(buffers)]
+    if model_options:
+        command += ["--model-options", model_options]
     if options:
         command += ["--parallel-options", options]
     subprocess.run(command, check=True, capture_output=True, text=True)
@@ -213,21 +240,23 @@ def main() -> int:
                 continue
             theirs = json.loads(run.stdout.strip().splitlines()[-1])
             model = export(ranks, tmp)
-            saved_csv, rows = ours(exe, model, f"ep:{ranks}", "", tmp, "f32")
-            mine = vramscope_saved_per_module(saved_csv, set(theirs["modules"]))
-            differ = [k for k in sorted(set(theirs["saved"]) | set(mine)) if theirs["saved"].get(k, 0) != mine.get(k, 0)]
-            print(f"  ep:{ranks}: saved {sum(theirs['saved'].values()):,} B in PyTorch, {sum(mine.values()):,} B in "
-                  f"vramscope: {'equal module by module' if not differ else 'DIFFER in ' + ', '.join(differ[:5])}")
-            if differ:
-                failures.append(f"ep:{ranks} saved bytes")
-            buffers = [["backward" if r["allocated"].endswith("backward") else "forward", r["bytes"]]
-                       for r in rows if r["buffer"].startswith("_c10d_functional.all_to_all_single")]
-            same = buffers == theirs["buffers"]
-            print(f"  ep:{ranks}: {len(theirs['buffers'])} all-to-all buffers in PyTorch, {len(buffers)} in "
-                  f"vramscope: {'equal, in order' if same else 'DIFFER'}")
-            if not same:
-                print(f"    PyTorch {theirs['buffers']}\n    vramscope {buffers}")
-                failures.append(f"ep:{ranks} all-to-all buffers")
+            for skew, step in theirs["steps"].items():
+                run_name = f"ep:{ranks}" + (f" expert_skew={skew}" if skew != "1" else "")
+                saved_csv, rows = ours(exe, model, f"ep:{ranks}", "", tmp, "f32", f"expert_skew={skew}")
+                mine = vramscope_saved_per_module(saved_csv, set(step["modules"]))
+                differ = [k for k in sorted(set(step["saved"]) | set(mine)) if step["saved"].get(k, 0) != mine.get(k, 0)]
+                print(f"  {run_name}: saved {sum(step['saved'].values()):,} B in PyTorch, {sum(mine.values()):,} B in "
+                      f"vramscope: {'equal module by module' if not differ else 'DIFFER in ' + ', '.join(differ[:5])}")
+                if differ:
+                    failures.append(f"{run_name} saved bytes")
+                buffers = [["backward" if r["allocated"].endswith("backward") else "forward", r["bytes"]]
+                           for r in rows if r["buffer"].startswith("_c10d_functional.all_to_all_single")]
+                same = buffers == step["buffers"]
+                print(f"  {run_name}: {len(step['buffers'])} all-to-all buffers in PyTorch, {len(buffers)} in "
+                      f"vramscope: {'equal, in order' if same else 'DIFFER'}")
+                if not same:
+                    print(f"    PyTorch {step['buffers']}\n    vramscope {buffers}")
+                    failures.append(f"{run_name} all-to-all buffers")
             _, rows = ours(exe, model, f"fsdp:{2 * ranks}", f"ep_size={ranks}", tmp, "f32")
             gathers = [[r["allocated"], r["buffer"][:-len(" all-gather output")], r["bytes"]] for r in rows
                        if r["buffer"].endswith(" all-gather output")]

@@ -70,10 +70,10 @@ TEST(ExpertParallel, MeshesOptionsAndRefusals) {
 TEST(ExpertParallel, RunsTheRecordingOfOneRank) {
   const auto model = models::ModelFile::load(kRecording);
   ASSERT_EQ(model->describe().expert_parallel, 2u);
-  const auto run = [&](const std::string& parallel, const std::string& options) {
+  const auto run = [&](const std::string& parallel, const std::string& options, const std::string& skew = "1") {
     TrainConfig cfg;
     cfg.model = model;
-    cfg.model_options = ModelOptions::parse("batch=2,seq=16");
+    cfg.model_options = ModelOptions::parse("batch=2,seq=16,expert_skew=" + skew);
     cfg.precision = Precision::BF16;
     cfg.device = "sim:h100-80g";
     cfg.parallel = parse_parallel(parallel, options);
@@ -105,6 +105,17 @@ TEST(ExpertParallel, RunsTheRecordingOfOneRank) {
   // transformers' fully_shard([norm, lm_head]): one group of both, kept gathered after forward.
   EXPECT_EQ(shards(buffers, "model.norm+lm_head"), (64 + 128 * 64) / 2 * 2);
   EXPECT_EQ(shards(buffers, "root"), -1);  // the root holds no parameter of its own
+  // expert_skew=2: the GPU shown receives twice its share, so the dispatch's output and the
+  // gradient of what its experts return are twice as large (at most every pair: 2 x 64 rows here).
+  for (const std::string skew : {"2", "3"}) {
+    std::vector<std::int64_t> skewed;
+    for (const CommunicationBuffer& b : run("ep:2", "", skew).first) {
+      if (b.what.starts_with("_c10d_functional.all_to_all_single")) skewed.push_back(static_cast<std::int64_t>(b.bytes));
+    }
+    EXPECT_EQ(skewed, (std::vector<std::int64_t>{16384, 8192, 16384, 8192, 16384, 8192, 16384, 8192})) << skew;
+  }
+  const auto described = model->describe(ModelOptions::parse("batch=2,seq=16,expert_skew=3")).assumed;
+  EXPECT_NE(described.back().find("receives 128 rows, the most it can"), std::string::npos) << described.back();
   const auto [halved, _] = run("fsdp:4", "ep_size=2");
   EXPECT_EQ(shards(halved, "model.layers.0.mlp.experts"), (4 * 64 * 64 + 4 * 64 * 32) * 2 / 2);
   EXPECT_EQ(shards(halved, "model.embed_tokens"), 128 * 64 * 2 / 4);
@@ -139,6 +150,13 @@ TEST(ExpertParallel, RefusesWhatDoesNotMatch) {
                 .find("'model.nowhere' is no module"),
             std::string::npos);
   EXPECT_NE(refused([](nlohmann::json& d) { d["expert_parallel"]["extra"] = 1; }).find("unknown key 'extra'"),
+            std::string::npos);
+  EXPECT_NE(refused([](nlohmann::json& d) { d["expert_parallel"].erase("received"); }).find("received: is required"),
+            std::string::npos);
+  EXPECT_NE(refused([](nlohmann::json& d) { d["expert_parallel"]["received"] = "2*batch*seq+1"; })
+                .find("a multiple of top_k"),
+            std::string::npos);
+  EXPECT_NE(refused([](nlohmann::json& d) { d["options"].erase("expert_skew"); }).find("declares the option expert_skew"),
             std::string::npos);
   EXPECT_NE(refused([](nlohmann::json& d) { d["expert_parallel"]["fsdp"].erase(d["expert_parallel"]["fsdp"].size() - 1); })
                 .find("the root (\"\") is the last call's"),

@@ -226,7 +226,8 @@ def export_hf_config(config_path: str, *, batch: int = 1, seq: int = 128, name: 
                                 f"{expert_parallel}), AllToAllEP, PyTorch's fake process group)" if experts else ""),
                         input_note={"shape": ["batch", "seq"], "dtype": "int64", "high": vocab}, autocast=amp)
     if experts:
-        doc["expert_parallel"] = {"ranks": expert_parallel, "modules": experts, "fsdp": groups}
+        doc["expert_parallel"] = {"ranks": expert_parallel, "modules": experts, "fsdp": groups,
+                                  **doc.get("expert_parallel", {})}
     if compile:
         from ._compiled import compiled_document
         if amp or gradient_checkpointing:

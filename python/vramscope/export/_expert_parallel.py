@@ -13,9 +13,12 @@ expert) pair to the rank that holds the expert and the expert's output back:
     recv_out = all_to_all_single_autograd(expert_output, send_sizes, recv_sizes, ep_group)
 
 How many rows each rank receives is data (the router's choices on every rank), and meta tensors
-have none: the recording answers the `.tolist()` with an even routing, the expert-parallel
-analogue of _routing.py's: every rank sends its tokens x top_k rows evenly over the N ranks and
-receives as many (every rank alike). The file lists the answer in "assumed".
+have none: the recording answers the `.tolist()` with the rank's tokens x top_k rows sent evenly
+over the N ranks, and received rows of a sentinel size, RECEIVED, the same at every recorded
+batch and sequence. The model file writes a dimension of that size as the name `ep_rows`, which
+the runtime computes: as many rows as the rank sends under an even routing (every rank alike),
+or `expert_skew` times that on the GPU shown (expert_parallel.received, models' model_file.cpp).
+The file lists the assumption in "assumed".
 
 The recording runs on PyTorch's fake process group (rank 0 of N: every collective returns at
 once, allocating its output as on a GPU); the DTensor parameters are recorded as their local
@@ -26,6 +29,7 @@ from typing import Any, List, Optional, Tuple
 from ._errors import ExportError, one_line
 
 MAX_RANKS = 1 << 16
+RECEIVED = 1 << 42  # the rows a rank receives: no real size, nor _routing.py's expert rows
 
 
 def distribute(model, ep_size: int) -> Tuple[List[str], List[dict]]:
@@ -56,6 +60,10 @@ def distribute(model, ep_size: int) -> Tuple[List[str], List[dict]]:
     if isinstance(num_experts, int) and num_experts % ep_size:
         raise ExportError([f"--expert-parallel {ep_size}: the {num_experts} experts do not split evenly over "
                            f"{ep_size} ranks (transformers' MoEParamShard refuses it)"], "bad arguments")
+    if getattr(model.config, "_experts_implementation", None) == "eager":
+        # The per-expert loop's rows would be a second assumption on top of the received rows.
+        raise ExportError(["--expert-parallel records grouped experts (transformers' default); the config asks for "
+                           "experts_implementation \"eager\": drop it"], "bad arguments")
     groups = fsdp_groups(model, ep_size)
     try:
         config, _, meshes = model.prepare_distribute_model(DistributedConfig(fsdp_size=ep_size, ep_size=ep_size))
@@ -124,6 +132,8 @@ class AssumedSplits:
         self.to_copy = torch.ops.aten._to_copy.default
         self.module = None
         self.pairs = 0
+        self.top_k = 0
+        self.local_experts = 0
         self.answers: List[Tuple[int, List[int]]] = []  # (tokens x top_k, the split) of each layer
 
     def enter(self, module, args) -> None:
@@ -132,6 +142,7 @@ class AssumedSplits:
         # (hidden_states, top_k_index, top_k_weights): the rank's tokens x top_k pairs
         if len(args) >= 2 and isinstance(args[1], self.torch.Tensor) and args[1].dim() == 2:
             self.module, self.pairs = module, int(args[1].numel())
+            self.top_k, self.local_experts = int(args[1].shape[1]), int(module.num_experts)
 
     def leave(self, module) -> None:
         if module is self.module:
@@ -148,13 +159,27 @@ class AssumedSplits:
         q, r = divmod(self.pairs, ranks)
         even = [q + (i < r) for i in range(ranks)]
         self.answers.append((self.pairs, even))
-        return True, self.torch.tensor([even, even], dtype=t.dtype)
+        # Received: RECEIVED rows in all (only their sum sizes a tensor: the all-to-all's output,
+        # repeat_interleave's output_size).
+        return True, self.torch.tensor([even, [RECEIVED] + [0] * (ranks - 1)], dtype=t.dtype)
+
+    def document(self, pairs_per_point, fit) -> Optional[dict]:
+        """The file's expert_parallel.received (the rows sent, a formula over the recorded
+        points), top_k and local_experts; None without expert parallel."""
+        if not self.answers:
+            return None
+        received = fit(pairs_per_point)
+        if received is None:
+            raise ExportError(["the rows sent to the experts follow the batch or sequence non-linearly"],
+                              "cannot export the model")
+        return {"received": received, "top_k": self.top_k, "local_experts": self.local_experts}
 
     def describe(self) -> Optional[str]:
         if not self.answers:
             return None
         pairs, split = self.answers[0]
         ranks = len(split)
-        return (f"expert parallel over {ranks} ranks: each all-to-all's split sizes assumed even (every rank sends "
-                f"its tokens x top_k rows evenly over the {ranks} ranks and receives as many; at the recorded "
-                f"size {pairs} rows, {split} per rank)")
+        return (f"expert parallel over {ranks} ranks: the all-to-alls' split sizes assumed (every rank sends its "
+                f"tokens x top_k rows evenly over the {ranks} ranks, {split} at the recorded size; the rows a rank's "
+                f"experts receive are ep_rows, as many under an even routing, expert_skew times that on the GPU "
+                f"shown)")

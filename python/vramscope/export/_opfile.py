@@ -13,6 +13,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ._errors import ExportError
 from ._ops import FORMAT_OPS, Recording, record
+from ._expert_parallel import RECEIVED
 from ._routing import ROWS, expert_of, routing_document
 
 # Outputs whose sizes the runtime derives itself (not from the file's formulas): op -> outputs.
@@ -100,7 +101,9 @@ def record_sizes(model, make_inputs: MakeInputs, pick_output, batch: int,
         for d in range(len(t.shape)):
             values = {p: r.tensors[t.id].shape[d] for p, r in recordings.items()}
             size = _size(values, batch, seq)
-            if isinstance(size, int) and size >= ROWS:
+            if size == RECEIVED:
+                size = "ep_rows"  # the rows a rank's experts receive (_expert_parallel.py)
+            elif isinstance(size, int) and size >= ROWS:
                 # An expert's rows in the eager loop (_routing.py): named, computed by the runtime.
                 expert = expert_of(size)
                 size = f"expert_rows_{expert}" if expert is not None else None
@@ -112,6 +115,9 @@ def record_sizes(model, make_inputs: MakeInputs, pick_output, batch: int,
     unfit = {tid: dims for tid, dims in unfit.items() if tid not in runtime_sized}
     first.routing = routing_document({p: r.experts_loops for p, r in recordings.items()},
                                      lambda values: _size(values, batch, seq))
+    first.expert_rows = first.expert_splits.document(
+        {p: r.expert_splits.answers[0][0] for p, r in recordings.items() if r.expert_splits.answers},
+        lambda values: _size(values, batch, seq))
     return first, shapes, unfit
 
 
@@ -210,8 +216,11 @@ def export_graph(model, make_inputs: MakeInputs, *, name: str, batch: int, seq: 
     routing = getattr(rec, "routing", None)
     if routing and "error" in routing:
         raise ExportError([routing["error"]], "cannot export the model")
-    if routing:
+    expert_rows = getattr(rec, "expert_rows", None)
+    if routing or expert_rows:
         doc["options"]["expert_skew"] = 1
+    if expert_rows:
+        doc["expert_parallel"] = expert_rows  # completed by the caller that applied it
     first_input = rec.tensors[rec.inputs[0]] if rec.inputs else None
     doc["input"] = input_note or {"shape": shapes[first_input.id] if first_input else ["batch"]}
     out_shape = shapes[rec.output]
