@@ -101,9 +101,12 @@ std::string layout_report(const planner::LayoutSearchResult& result, std::size_t
         "1F1B and GPipe); the ranking adds the two. Communication is what "
         "each GPU sends per step over its collectives as the engines issue them (ring all-gathers and "
         "reduce-scatters (n - 1) / n of the gathered tensor, all-reduces twice that, a pipeline's sends whole, the "
-        "ring attention's K and V to each other GPU of the ring and its gradients' all-to-alls whole), "
+        "ring attention's K and V to each other GPU of the ring and its gradients' all-to-alls whole, expert "
+        "parallel's all-to-alls (n - 1) / n of the rows under its even routing), "
         "no timing: NVLink inside a node is an order of magnitude faster than the network across nodes. NCCL's "
-        "own buffers are in nvidia-smi's figure. DeepSpeed's ZeRO is not searched: give it to sweep.\n";
+        "own buffers are in nvidia-smi's figure. A mixture of experts the exporter records (an --hf-config) is "
+        "recorded again for each expert-parallel size tried (fsdp:G with ep_size=N, ep:G). DeepSpeed's ZeRO is not "
+        "searched: give it to sweep.\n";
   }
   return out;
 }

@@ -245,29 +245,7 @@ std::shared_ptr<const nn::ModelSource> resolve_model(const ModelArgs& args, cons
   }
   if (!args.hf_config.empty()) {
     return as_usage("--hf-config", [&]() -> std::shared_ptr<const nn::ModelSource> {
-      if (!builtin_hf_type(args.hf_config) || args.compile) {
-        HfRecording how;
-        how.autocast = hf_autocast(args.precisions);
-        if (!args.attention.empty() && args.attention != "sdpa" && args.attention != "eager") {
-          throw UsageError("--attn " + args.attention + ": a model_type the exporter records runs sdpa or eager (as "
-                           "transformers' attn_implementation)");
-        }
-        how.attention = args.attention;
-        if (args.checkpoint.find(',') != std::string::npos) {
-          throw UsageError("--gradient-checkpointing: a model_type the exporter records takes one mode per run (its "
-                           "checkpoints are recorded); give none, on, reentrant or non-reentrant");
-        }
-        if (!args.checkpoint.empty() && args.checkpoint != "none") how.checkpoint = args.checkpoint;
-        if (!args.quant.empty()) {
-          throw UsageError("--quant: bitsandbytes' 4-bit layers run on a GPU only, so a model_type the exporter records "
-                           "cannot have them; the built-in llama, mistral and qwen2 model QLoRA");
-        }
-        how.lora = args.lora;
-        how.lora_targets = args.lora_targets;
-        how.compile = args.compile;
-        how.expert_parallel = args.expert_parallel;
-        return record_hf_config(args.hf_config, how);
-      }
+      if (recorded_hf_config(args)) return record_hf_config(args.hf_config, hf_recording(args));
       return models::load_hf_config(args.hf_config);
     });
   }
@@ -282,6 +260,34 @@ std::shared_ptr<const nn::ModelSource> resolve_model(const ModelArgs& args, cons
     return file;
   }
   return as_usage("--model", [&] { return models::find(args.model.empty() ? fallback : args.model); });
+}
+
+bool recorded_hf_config(const ModelArgs& args) {
+  return !args.hf_config.empty() && (!builtin_hf_type(args.hf_config) || args.compile);
+}
+
+HfRecording hf_recording(const ModelArgs& args) {
+  HfRecording how;
+  how.autocast = hf_autocast(args.precisions);
+  if (!args.attention.empty() && args.attention != "sdpa" && args.attention != "eager") {
+    throw UsageError("--attn " + args.attention + ": a model_type the exporter records runs sdpa or eager (as "
+                     "transformers' attn_implementation)");
+  }
+  how.attention = args.attention;
+  if (args.checkpoint.find(',') != std::string::npos) {
+    throw UsageError("--gradient-checkpointing: a model_type the exporter records takes one mode per run (its "
+                     "checkpoints are recorded); give none, on, reentrant or non-reentrant");
+  }
+  if (!args.checkpoint.empty() && args.checkpoint != "none") how.checkpoint = args.checkpoint;
+  if (!args.quant.empty()) {
+    throw UsageError("--quant: bitsandbytes' 4-bit layers run on a GPU only, so a model_type the exporter records "
+                     "cannot have them; the built-in llama, mistral and qwen2 model QLoRA");
+  }
+  how.lora = args.lora;
+  how.lora_targets = args.lora_targets;
+  how.compile = args.compile;
+  how.expert_parallel = args.expert_parallel;
+  return how;
 }
 
 std::optional<std::vector<std::string>> parse_checkpoint_modules(const std::string& text, const nn::ModelSource& model,

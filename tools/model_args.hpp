@@ -13,6 +13,7 @@
 #include "vramscope/planner/checks.hpp"
 #include "vramscope/runtime/models.hpp"
 #include "vramscope/runtime/training.hpp"
+#include "hf_record.hpp"
 
 namespace mem::tools {
 
@@ -87,6 +88,10 @@ nn::ModelOptions to_model_options(const ModelArgs& args, bool lists_allowed = fa
 /// --model-file. UsageError for both given, an unknown name (listing the zoo) or a
 /// bad file (its JSON path and what was expected).
 std::shared_ptr<const nn::ModelSource> resolve_model(const ModelArgs& args, const std::string& fallback);
+/// Whether resolve_model records its --hf-config with the exporter (a model_type the built-in
+/// readers do not model, or --compile), and how (hf_record.hpp; UsageError for what it refuses).
+bool recorded_hf_config(const ModelArgs& args);
+HfRecording hf_recording(const ModelArgs& args);
 
 
 /// Comma-separated list ("f32,f16") split and trimmed. An empty item ("f32,,f16", a

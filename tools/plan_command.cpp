@@ -139,6 +139,22 @@ void run_layouts(const PlanArgs& args, planner::SweepSpec base, Capture* capture
   planner::LayoutSearchSpec spec;
   spec.gpus = args.gpus;
   spec.global_batch = base.model_options.batch;
+  if (recorded_hf_config(args.model) && !args.model.compile) {
+    // A config the exporter records may be a mixture of experts: each expert-parallel size is a
+    // recording of its own (the exporter refuses a model without experts to shard).
+    ModelArgs model_args = args.model;
+    model_args.precisions = parse_precisions("--dtype", args.dtype);
+    spec.record_expert_parallel = [model_args](std::size_t ranks) mutable -> std::shared_ptr<const nn::ModelSource> {
+      model_args.expert_parallel = ranks;
+      try {
+        return record_hf_config(model_args.hf_config, hf_recording(model_args));
+      } catch (const Error& e) {
+        // No experts at all (_expert_parallel.py's refusal): no expert-parallel layouts.
+        if (std::string_view(e.what()).find("no expert-parallel plan") != std::string_view::npos) return nullptr;
+        throw;
+      }
+    };
+  }
   base.segments = {0};
   base.headroom = headroom_bytes(args.headroom, base);  // a layout fits leaving it free
   spec.base = std::move(base);

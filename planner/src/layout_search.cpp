@@ -159,12 +159,34 @@ LayoutSearchResult search_layouts(const LayoutSearchSpec& spec, const SweepProgr
   base.model_options.batch = 1;
   result.model = validate_sweep(base);
   result.layouts = layout_candidates(spec, result.model);
+  if (spec.record_expert_parallel && spec.global_batch % static_cast<std::int64_t>(spec.gpus) == 0) {
+    // Expert parallel inside FSDP2 over every GPU (transformers' DistributedConfig(fsdp_size=G,
+    // ep_size=N)): each N its own recording of one GPU.
+    for (std::size_t ranks = 2; ranks <= spec.gpus; ranks *= 2) {
+      if (spec.gpus % ranks != 0) continue;
+      LayoutCandidate c;
+      c.parallel = nn::parse_parallel("fsdp:" + std::to_string(spec.gpus), "ep_size=" + std::to_string(ranks));
+      c.batch = spec.global_batch / static_cast<std::int64_t>(spec.gpus);
+      c.replicas = spec.gpus;
+      try {
+        c.model = spec.record_expert_parallel(ranks);
+        if (!c.model) break;  // no experts to shard
+      } catch (const Error& e) {
+        c.refused = e.what();  // experts that do not split over N
+      }
+      result.layouts.push_back(std::move(c));
+    }
+  }
 
   // Every candidate's ranks, counted ahead for the progress (a stage that runs out skips the rest).
   std::size_t planned = 0;
   for (const LayoutCandidate& c : result.layouts) planned += ranks_run(c.parallel);
   for (std::size_t i = 0; i < result.layouts.size(); ++i) {
     LayoutCandidate& c = result.layouts[i];
+    if (c.refused) {
+      planned -= ranks_run(c.parallel);
+      continue;
+    }
     // layout_candidates lists each mesh without checkpointing first, then checkpointed.
     if (i > 0 && c.checkpoint == "non-reentrant" && result.layouts[i - 1].checkpoint == "none" &&
         result.layouts[i - 1].parallel == c.parallel && result.layouts[i - 1].fits) {
@@ -188,7 +210,9 @@ LayoutSearchResult search_layouts(const LayoutSearchSpec& spec, const SweepProgr
       try {
         std::shared_ptr<Device> device = make_run_device(base);
         if (result.device.name.empty()) result.device = device->info();
-        figures = run_config(train_config(base, row), std::move(device), oom, error);
+        SweepSpec model_of = base;
+        if (c.model) model_of.model = c.model;
+        figures = run_config(train_config(model_of, row), std::move(device), oom, error);
       } catch (const Error& e) {
         // What vramscope or PyTorch refuses for this model (a tied embedding under pp, a head
         // count tensor parallel does not divide): the layout does not apply.

@@ -290,6 +290,16 @@ def main() -> int:
                       f"PyTorch, {sorted(set(got.values()))} B in vramscope: {'equal' if same else 'DIFFER'}")
                 if not same:
                     failures.append(f"fsdp:{fsdp} ep_size={ranks} experts' shards")
+        # plan --parallel auto records the config again for each expert-parallel size it tries.
+        run = subprocess.run([exe, "plan", "--hf-config", str(tmp / "qwen3_moe.json"), "--attn", "eager", "--parallel",
+                              "auto", "--gpus", "4", "--batch", "8", "--seq", str(SEQ), "--dtype", "bf16", "--device",
+                              "sim:h100-80g", "--format", "json"], capture_output=True, text=True,
+                             env=dict(os.environ, VRAMSCOPE_PYTHON=sys.executable))
+        layouts = {l["parallel"]: l for l in json.loads(run.stdout)["layouts"]} if run.returncode == 0 else {}
+        ran = [name for name in ("ep:4", "fsdp:4 ep_size=2") if layouts.get(name, {}).get("fits")]
+        print(f"  plan --parallel auto --gpus 4: expert-parallel layouts run: {', '.join(ran) or 'none'}")
+        if len(ran) != 2:
+            failures.append("plan --parallel auto's expert-parallel layouts" + (f": {run.stderr.strip()}" if run.stderr else ""))
     print(f"check_expert_parallel: torch {torch.__version__}: "
           f"{'every figure equal' if not failures else 'differ: ' + ', '.join(failures)}")
     return 1 if failures else 0

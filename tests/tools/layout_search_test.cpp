@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "vramscope/models/hf_config.hpp"
+#include "vramscope/models/model_file.hpp"
 #include "vramscope/models/zoo.hpp"
 #include "vramscope/planner/errors.hpp"
 #include "vramscope/planner/layout_search.hpp"
@@ -174,6 +175,59 @@ TEST(LayoutSearch, WhatDoesNotFitComesAfter) {
   }
   EXPECT_TRUE(seen_miss);
   ASSERT_NE(result.best(), nullptr);
+}
+
+// A mixture of experts: each expert-parallel size is a recording of its own (the command asks
+// the exporter; here tests/data/qwen3moe-ep2.json stands for ep 2, and ep 4 is refused as the
+// exporter would refuse experts that do not split). The layouts fsdp:4 with ep_size=2 (and
+// ep:2 on 2 GPUs) run that recording; the ones over the plain model, recorded under ep too,
+// are refused with the reason.
+TEST(LayoutSearch, ExpertParallelRunsEachSizesRecording) {
+  const auto recorded = models::ModelFile::load(std::string(VRAMSCOPE_TEST_DATA_DIR) + "/qwen3moe-ep2.json");
+  for (const std::size_t gpus : {2u, 4u}) {
+    LayoutSearchSpec spec;
+    spec.base.model = recorded;
+    spec.base.model_options = nn::ModelOptions::parse("seq=16");
+    spec.base.device = "sim:h100-80g";
+    spec.base.precisions = {nn::Precision::BF16};
+    spec.base.alloc_confs = {""};
+    spec.base.segments = {0};
+    spec.gpus = gpus;
+    spec.global_batch = static_cast<std::int64_t>(2 * gpus);
+    std::vector<std::size_t> asked;
+    spec.record_expert_parallel = [&](std::size_t ranks) -> std::shared_ptr<const nn::ModelSource> {
+      asked.push_back(ranks);
+      if (ranks != 2) throw Error("the 8 experts do not split evenly over " + std::to_string(ranks) + " ranks");
+      return recorded;
+    };
+    const LayoutSearchResult result = search_layouts(spec);
+    const std::vector<std::size_t> sizes = gpus == 2 ? std::vector<std::size_t>{2} : std::vector<std::size_t>{2, 4};
+    EXPECT_EQ(asked, sizes);
+    const auto find = [&](const std::string& label) -> const LayoutCandidate* {
+      for (const LayoutCandidate& c : result.layouts) {
+        if (nn::parallel_label(c.parallel) == label) return &c;
+      }
+      return nullptr;
+    };
+    const LayoutCandidate* ep = find(gpus == 2 ? "ep:2" : "fsdp:4 ep_size=2");
+    ASSERT_NE(ep, nullptr);
+    EXPECT_TRUE(ep->fits);
+    EXPECT_EQ(ep->batch, 2);
+    EXPECT_GT(ep->communication_bytes, 0.0);
+    ASSERT_NE(result.best(), nullptr);
+    EXPECT_EQ(result.best(), ep);  // the only layout this recording runs under
+    const LayoutCandidate* plain = find("fsdp:" + std::to_string(gpus));
+    ASSERT_NE(plain, nullptr);
+    ASSERT_TRUE(plain->refused.has_value());
+    EXPECT_NE(plain->refused->find("recording under expert parallel"), std::string::npos) << *plain->refused;
+    if (gpus == 4) {
+      const LayoutCandidate* four = find("ep:4");
+      ASSERT_NE(four, nullptr);
+      ASSERT_TRUE(four->refused.has_value());
+      EXPECT_NE(four->refused->find("do not split evenly"), std::string::npos);
+      EXPECT_EQ(four->runs, 0u);
+    }
+  }
 }
 
 }  // namespace

@@ -60,6 +60,10 @@ def distribute(model, ep_size: int) -> Tuple[List[str], List[dict]]:
     if isinstance(num_experts, int) and num_experts % ep_size:
         raise ExportError([f"--expert-parallel {ep_size}: the {num_experts} experts do not split evenly over "
                            f"{ep_size} ranks (transformers' MoEParamShard refuses it)"], "bad arguments")
+    if not getattr(model, "_ep_plan", None) and not getattr(model.config, "base_model_ep_plan", None):
+        raise ExportError([f"--expert-parallel: transformers has no expert-parallel plan for {type(model).__name__} "
+                           f"(model_type {model.config.model_type!r}): no mixture of experts to shard"],
+                          "cannot export the model")
     if getattr(model.config, "_experts_implementation", None) == "eager":
         # The per-expert loop's rows would be a second assumption on top of the received rows.
         raise ExportError(["--expert-parallel records grouped experts (transformers' default); the config asks for "

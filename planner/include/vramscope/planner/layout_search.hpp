@@ -1,7 +1,7 @@
 // layout_search.hpp — `plan --parallel auto --gpus N`: which way of spreading one training
 // step over N GPUs fits, and what each costs. The meshes are torchtitan's combinations (data
 // parallel by DDP or FSDP2, tensor + sequence parallel inside a node, pipeline stages
-// outermost); each is run as dry runs of every rank that differs (every pipeline stage) at
+// outermost; for a recorded mixture of experts, expert parallel inside FSDP2); each is run as dry runs of every rank that differs (every pipeline stage) at
 // the same global batch, and ranked: those that fit first, by the compute they lose (the
 // recompute checkpointing needs, a pipeline's bubble), then by the bytes each GPU moves over
 // collectives per step.
@@ -16,6 +16,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -29,11 +31,19 @@ struct LayoutSearchSpec {
   std::size_t gpus = 8;            ///< the job's GPUs
   std::int64_t global_batch = 0;   ///< sequences (samples) per optimizer step over all GPUs
   std::size_t gpus_per_node = 8;   ///< tensor parallel stays inside a node (NVLink)
+  /// A mixture of experts the exporter records (an --hf-config): the model recorded as one GPU's
+  /// under expert parallel over N GPUs (vramscope.export --expert-parallel N), which adds
+  /// fsdp:G with ep_size=N for each N of 2, 4, ... dividing the GPUs. Returns nullptr for a
+  /// model without experts (no such layouts); throws mem::Error where its experts do not split
+  /// over N (that layout is listed as refused).
+  std::function<std::shared_ptr<const nn::ModelSource>(std::size_t ranks)> record_expert_parallel;
 };
 
 /// One layout: a mesh, its checkpointing, and what its ranks' dry runs showed.
 struct LayoutCandidate {
   nn::ParallelConfig parallel;     ///< rank 0's (stage 0's); every stage is run
+  /// The model it runs when not the spec's: expert parallel's recording of one GPU.
+  std::shared_ptr<const nn::ModelSource> model;
   std::string checkpoint;          ///< "none" or "non-reentrant" (every decoder layer); "" for other models
   std::int64_t batch = 0;          ///< per data-parallel replica: a GPU, a tensor-parallel group, a pipeline
   std::size_t replicas = 1;        ///< data-parallel replicas (global batch / batch)
