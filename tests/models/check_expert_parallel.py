@@ -20,9 +20,10 @@ logsumexp rows than CUDA's, which the recording models). The file is `python3 -m
   the recording's collectives;
 - FSDP2 as transformers applies it (apply_fully_sharded_data_parallelism: the experts over the
   efsdp mesh, each layer, the embedding, fully_shard([norm, lm_head]) kept gathered, the root):
-  one step of DistributedConfig(fsdp_size=2N, ep_size=N) on the CPU, every all-gather's output,
-  group by group in order (backward prefetching included), against vramscope's under fsdp:2N
-  with ep_size=N, which shards as the file's recorded fully_shard calls say;
+  one step of DistributedConfig(fsdp_size=M, ep_size=N) on the CPU, M = 2N and N, every
+  all-gather's output, group by group in order (backward prefetching included; the experts'
+  groups of one rank gather nothing), against vramscope's under fsdp:M with ep_size=N, which
+  shards as the file's recorded fully_shard calls say;
 - the experts' FSDP2 shards over efsdp = M / N ranks: transformers' apply_fully_sharded_data_
   parallelism on the meta device with DistributedConfig(fsdp_size=M, ep_size=N), each experts
   module's padded shard bytes, against vramscope's "<experts> shards" rows under fsdp:M with
@@ -97,39 +98,45 @@ def torch_side(ranks: int) -> dict:
                 shards[fsdp][name] = sum(p._sharded_param_data.numel() * p._sharded_param_data.element_size()
                                          for p in group.fsdp_params)
 
-    # One step of the whole DistributedConfig(fsdp_size=2N, ep_size=N) in f32 on the CPU: each
-    # FSDP2 group's all-gather outputs, in order (what vramscope's --buffers names them).
+    # One step of the whole DistributedConfig(fsdp_size=M, ep_size=N), M = 2N and N, in f32 on
+    # the CPU: each FSDP2 group's all-gather outputs, in order (what vramscope's --buffers names
+    # them; a group of one rank gathers nothing).
     import torch.distributed.fsdp._fully_shard._fsdp_collectives as collectives
     import torch.distributed.fsdp._fully_shard._fsdp_param_group as param_group
-    process_group(2 * ranks)
-    torch.manual_seed(0)
-    model = build(torch, transformers, "cpu", torch.float32)
-    config, _, meshes = model.prepare_distribute_model(DistributedConfig(fsdp_size=2 * ranks, ep_size=ranks))
-    model = model.maybe_distribute_model(model, config, meshes)
-    names, gathers, stage = {}, [], ["step 1 forward"]
-    for name, m in model.named_modules():
-        state = m._get_fsdp_state() if hasattr(m, "_get_fsdp_state") else None
-        group = getattr(state, "_fsdp_param_group", None) if state is not None else None
-        if group is not None and id(group.fsdp_params[0]) not in names:
-            members = [n for n, x in model.named_modules() if x in getattr(state, "_modules", (m,))]
-            names[id(group.fsdp_params[0])] = "+".join(members) if name else "root"
     original_gather = collectives.foreach_all_gather
+    gathers = {}
+    for fsdp in (2 * ranks, ranks):
+        process_group(fsdp)
+        torch.manual_seed(0)
+        model = build(torch, transformers, "cpu", torch.float32)
+        config, _, meshes = model.prepare_distribute_model(DistributedConfig(fsdp_size=fsdp, ep_size=ranks))
+        model = model.maybe_distribute_model(model, config, meshes)
+        names, logged, stage = {}, [], ["step 1 forward"]
+        for name, m in model.named_modules():
+            state = m._get_fsdp_state() if hasattr(m, "_get_fsdp_state") else None
+            group = getattr(state, "_fsdp_param_group", None) if state is not None else None
+            if group is not None and id(group.fsdp_params[0]) not in names:
+                members = [n for n, x in model.named_modules() if x in getattr(state, "_modules", (m,))]
+                names[id(group.fsdp_params[0])] = "+".join(members) if name else "root"
 
-    def gather(fsdp_params, group, *args, **kwargs):
-        result = original_gather(fsdp_params, group, *args, **kwargs)
-        output = result.all_gather_output
-        gathers.append([stage[0], names[id(fsdp_params[0])], output.numel() * output.element_size()])
-        return result
+        def gather(fsdp_params, group, *args, names=names, logged=logged, stage=stage, **kwargs):
+            result = original_gather(fsdp_params, group, *args, **kwargs)
+            output = result.all_gather_output
+            logged.append([stage[0], names[id(fsdp_params[0])], output.numel() * output.element_size()])
+            return result
 
-    collectives.foreach_all_gather = param_group.foreach_all_gather = gather
-    for m in model.modules():
-        if getattr(m, "_is_expert_parallel", False):
-            m.register_forward_pre_hook(lambda module, args: even(module, args))
-    ids = torch.randint(3, CONFIG["vocab_size"], (BATCH, SEQ))
-    loss = model(input_ids=ids, labels=ids, use_cache=False).loss
-    stage[0] = "step 1 backward"
-    loss.backward()
-    collectives.foreach_all_gather = param_group.foreach_all_gather = original_gather
+        collectives.foreach_all_gather = param_group.foreach_all_gather = gather
+        try:
+            for m in model.modules():
+                if getattr(m, "_is_expert_parallel", False):
+                    m.register_forward_pre_hook(lambda module, args: even(module, args))
+            ids = torch.randint(3, CONFIG["vocab_size"], (BATCH, SEQ))
+            loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+            stage[0] = "step 1 backward"
+            loss.backward()
+        finally:
+            collectives.foreach_all_gather = param_group.foreach_all_gather = original_gather
+        gathers[str(fsdp)] = logged
     process_group(ranks)
 
     # One step of expert parallel alone (FSDP2 is vramscope's part), in f32 on the CPU, with the
@@ -257,18 +264,19 @@ def main() -> int:
                 if not same:
                     print(f"    PyTorch {step['buffers']}\n    vramscope {buffers}")
                     failures.append(f"{run_name} all-to-all buffers")
-            _, rows = ours(exe, model, f"fsdp:{2 * ranks}", f"ep_size={ranks}", tmp, "f32")
-            gathers = [[r["allocated"], r["buffer"][:-len(" all-gather output")], r["bytes"]] for r in rows
-                       if r["buffer"].endswith(" all-gather output")]
-            same = gathers == theirs["gathers"]
-            print(f"  fsdp:{2 * ranks} ep_size={ranks}: {len(theirs['gathers'])} FSDP2 all-gathers in transformers' "
-                  f"engine, {len(gathers)} in vramscope: {'equal, group by group in order' if same else 'DIFFER'}")
-            if not same:
-                for i, (x, y) in enumerate(zip(theirs["gathers"] + [None] * len(gathers), gathers + [None] * 99)):
-                    if x != y:
-                        print(f"    first difference at {i}: PyTorch {x}, vramscope {y}")
-                        break
-                failures.append(f"fsdp:{2 * ranks} ep_size={ranks} all-gathers")
+            for fsdp, expected in theirs["gathers"].items():
+                _, rows = ours(exe, model, f"fsdp:{fsdp}", f"ep_size={ranks}", tmp, "f32")
+                gathers = [[r["allocated"], r["buffer"][:-len(" all-gather output")], r["bytes"]] for r in rows
+                           if r["buffer"].endswith(" all-gather output")]
+                same = gathers == expected
+                print(f"  fsdp:{fsdp} ep_size={ranks}: {len(expected)} FSDP2 all-gathers in transformers' engine, "
+                      f"{len(gathers)} in vramscope: {'equal, group by group in order' if same else 'DIFFER'}")
+                if not same:
+                    for i, (x, y) in enumerate(zip(expected + [None] * len(gathers), gathers + [None] * 99)):
+                        if x != y:
+                            print(f"    first difference at {i}: PyTorch {x}, vramscope {y}")
+                            break
+                    failures.append(f"fsdp:{fsdp} ep_size={ranks} all-gathers")
             # The command records an --hf-config itself when --parallel says ep: the same run.
             config = tmp / "qwen3_moe.json"
             direct = tmp / f"direct-{ranks}.json"
