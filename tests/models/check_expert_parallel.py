@@ -64,6 +64,11 @@ FAMILIES = {
     "granitemoe": {**_SMALL, "model_type": "granitemoe", "num_local_experts": 4},
     "gpt_oss": {**_SMALL, "model_type": "gpt_oss", "num_local_experts": 4,
                 "layer_types": ["sliding_attention", "full_attention"], "sliding_window": 128},
+    # as many key-value heads as heads: transformers' eager MLA attention takes no fewer
+    "deepseek_v3": {**_SMALL, "model_type": "deepseek_v3", "num_key_value_heads": 4, "head_dim": 8,
+                    "moe_intermediate_size": 32, "n_routed_experts": 8, "n_group": 2, "topk_group": 1,
+                    "kv_lora_rank": 16, "q_lora_rank": 32, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8,
+                    "v_head_dim": 16, "first_k_dense_replace": 1},
 }
 
 
@@ -258,7 +263,7 @@ def family_side(name: str) -> dict:
     options.simulate_uniform_ranks = True
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2, pg_options=options)
     top_k = CONFIG["num_experts_per_tok"]
-    experts = next(CONFIG[k] for k in ("num_experts", "num_local_experts") if k in CONFIG)
+    experts = next(CONFIG[k] for k in ("num_experts", "num_local_experts", "n_routed_experts") if k in CONFIG)
 
     def even(module, args):
         tokens = args[1].shape[0]
