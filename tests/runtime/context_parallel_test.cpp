@@ -41,7 +41,10 @@ std::string first_difference(const std::vector<std::int64_t>& ours, const std::v
   if (i == ours.size() && i == theirs.size()) return "";
   const auto from = [&](const std::vector<std::int64_t>& v) {
     std::string out;
-    for (std::size_t j = i; j < v.size() && j < i + 8; ++j) out += " " + std::to_string(v[j]);
+    for (std::size_t j = i; j < v.size() && j < i + 8; ++j) {
+      out += ' ';  // appended apart: GCC 12 warns (-Wrestrict) on " " + std::to_string(...) here
+      out += std::to_string(v[j]);
+    }
     return out;
   };
   return "request " + std::to_string(i) + " of " + std::to_string(theirs.size()) + ": vramscope" + from(ours) +
