@@ -1332,14 +1332,16 @@ class Builder {
     }
     std::unordered_set<std::string> calls;
     for (const auto& call : graph.calls) calls.insert(call.module);
-    info.expert_parallel = e.at("ranks").get<std::size_t>();
-    for (const json& m : e.at("modules")) {
-      if (!m.is_string() || calls.count(m.get<std::string>()) == 0) {
-        fail(field(path, "modules"), (m.is_string() ? "'" + printable(m.get<std::string>()) + "'" : kind_of(m)) +
-                                         " is no module the graph calls");
+    // A module path the graph calls, or the failure at `at`.
+    const auto module_at = [&](const json& m, const std::string& at) -> const std::string& {
+      if (!m.is_string() || calls.count(m.get_ref<const std::string&>()) == 0) {
+        fail(at, (m.is_string() ? "'" + printable(m.get<std::string>()) + "'" : kind_of(m)) +
+                     " is no module the graph calls");
       }
-      info.expert_modules.push_back(m.get<std::string>());
-    }
+      return m.get_ref<const std::string&>();
+    };
+    info.expert_parallel = e.at("ranks").get<std::size_t>();
+    for (const json& m : e.at("modules")) module_at(m, field(path, "modules"));
     // "fsdp": the engine's fully_shard calls in order, [{"modules": [...], "reshard_after_forward":
     // bool, "mesh": "fsdp" | "efsdp"}, ...], the root ("") alone and last.
     const std::string groups = field(path, "fsdp");
@@ -1359,11 +1361,9 @@ class Builder {
       group.reshard_after_forward = g.at("reshard_after_forward").get<bool>();
       group.experts = g.at("mesh") == "efsdp";
       for (const json& m : g.at("modules")) {
-        if (!m.is_string() || calls.count(m.get<std::string>()) == 0) {
-          fail(at, (m.is_string() ? "'" + printable(m.get<std::string>()) + "'" : kind_of(m)) + " is no module the graph calls");
-        }
-        if (!grouped.insert(m.get<std::string>()).second) fail(at, "'" + printable(m.get<std::string>()) + "' is in two groups");
-        group.modules.push_back(m.get<std::string>());
+        const std::string& module = module_at(m, at);
+        if (!grouped.insert(module).second) fail(at, "'" + printable(module) + "' is in two groups");
+        group.modules.push_back(module);
       }
       const bool root = group.modules == std::vector<std::string>{""};
       if (root != (i + 1 == e.at("fsdp").size())) fail(at, "the root (\"\") is the last call's, alone");

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <fmt/format.h>
 
 #include "vramscope/planner/errors.hpp"
@@ -195,6 +196,13 @@ LayoutSearchResult search_layouts(const LayoutSearchSpec& spec, const SweepProgr
       continue;
     }
     c.fits = true;
+    // The model this layout runs: its own recording (expert parallel), else the spec's.
+    std::optional<SweepSpec> own;
+    if (c.model) {
+      own = base;
+      own->model = c.model;
+    }
+    const SweepSpec& runs = own ? *own : base;
     for (std::size_t stage = 0; stage < ranks_run(c.parallel) && c.fits; ++stage) {
       SweepRow row;
       row.precision = base.precisions.front();
@@ -210,9 +218,7 @@ LayoutSearchResult search_layouts(const LayoutSearchSpec& spec, const SweepProgr
       try {
         std::shared_ptr<Device> device = make_run_device(base);
         if (result.device.name.empty()) result.device = device->info();
-        SweepSpec model_of = base;
-        if (c.model) model_of.model = c.model;
-        figures = run_config(train_config(model_of, row), std::move(device), oom, error);
+        figures = run_config(train_config(runs, row), std::move(device), oom, error);
       } catch (const Error& e) {
         // What vramscope or PyTorch refuses for this model (a tied embedding under pp, a head
         // count tensor parallel does not divide): the layout does not apply.

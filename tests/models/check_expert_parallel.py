@@ -80,31 +80,38 @@ def build(torch, transformers, device, dtype):
     return model.to(dtype).train()
 
 
-def torch_side(ranks: int) -> dict:
-    import torch
+def process_group(world: int) -> None:
+    """Rank 0 of a fake process group of `world` ranks, each sending what this one does
+    (transformers' mesh takes the whole world: one group per size)."""
     import torch.distributed as dist
-    import transformers
     from torch.testing._internal.distributed.fake_pg import FakeProcessGroup, FakeStore
-    from transformers.distributed import DistributedConfig
-    sys.path.insert(0, str(Path(__file__).parent))
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    os.environ.update(WORLD_SIZE=str(world), RANK="0", LOCAL_RANK="0")
+    options = FakeProcessGroup.Options()
+    options.simulate_uniform_ranks = True
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world, pg_options=options)
 
-    def process_group(world: int) -> None:
-        # transformers' mesh takes the whole world: one fake process group per size
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        os.environ.update(WORLD_SIZE=str(world), RANK="0", LOCAL_RANK="0")
-        options = FakeProcessGroup.Options()
-        options.simulate_uniform_ranks = True
-        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world, pg_options=options)
 
+def even_routing(torch):
+    """A forward pre-hook for CONFIG's experts modules: pair j of the [tokens, top_k] choices goes
+    to expert j % E, so every expert gets tokens x top_k / E rows, a token's choices distinct."""
     top_k = CONFIG["num_experts_per_tok"]
     experts = next(CONFIG[k] for k in ("num_experts", "num_local_experts", "n_routed_experts") if k in CONFIG)
 
     def even(module, args):
-        # pair j of the [tokens, top_k] choices goes to expert j % E: every expert gets tokens x
-        # top_k / E rows, a token's choices distinct
         tokens = args[1].shape[0]
         return (args[0], (torch.arange(tokens * top_k) % experts).view(tokens, top_k)) + tuple(args[2:])
+
+    return even
+
+
+def torch_side(ranks: int) -> dict:
+    import torch
+    import transformers
+    from transformers.distributed import DistributedConfig
+    sys.path.insert(0, str(Path(__file__).parent))
+    even = even_routing(torch)
 
     # The experts' FSDP2 shards: the whole DistributedConfig, on the meta device, at fsdp 2N and N.
     shards = {}
@@ -151,7 +158,7 @@ def torch_side(ranks: int) -> dict:
         try:
             for m in model.modules():
                 if getattr(m, "_is_expert_parallel", False):
-                    m.register_forward_pre_hook(lambda module, args: even(module, args))
+                    m.register_forward_pre_hook(even)
             ids = torch.randint(3, CONFIG["vocab_size"], (BATCH, SEQ))
             loss = model(input_ids=ids, labels=ids, use_cache=False).loss
             stage[0] = "step 1 backward"
@@ -253,23 +260,11 @@ def family_side(name: str) -> dict:
     """One step of ep:2 on another family, as torch_side's, even routing."""
     global CONFIG
     import torch
-    import torch.distributed as dist
     import transformers
-    from torch.testing._internal.distributed.fake_pg import FakeProcessGroup, FakeStore
     sys.path.insert(0, str(Path(__file__).parent))
     CONFIG = FAMILIES[name]
-    os.environ.update(WORLD_SIZE="2", RANK="0", LOCAL_RANK="0")
-    options = FakeProcessGroup.Options()
-    options.simulate_uniform_ranks = True
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2, pg_options=options)
-    top_k = CONFIG["num_experts_per_tok"]
-    experts = next(CONFIG[k] for k in ("num_experts", "num_local_experts", "n_routed_experts") if k in CONFIG)
-
-    def even(module, args):
-        tokens = args[1].shape[0]
-        return (args[0], (torch.arange(tokens * top_k) % experts).view(tokens, top_k)) + tuple(args[2:])
-
-    return ep_step(torch, transformers, 2, even)
+    process_group(2)
+    return ep_step(torch, transformers, 2, even_routing(torch))
 
 
 def main() -> int:

@@ -185,15 +185,9 @@ TEST(LayoutSearch, WhatDoesNotFitComesAfter) {
 TEST(LayoutSearch, ExpertParallelRunsEachSizesRecording) {
   const auto recorded = models::ModelFile::load(std::string(VRAMSCOPE_TEST_DATA_DIR) + "/qwen3moe-ep2.json");
   for (const std::size_t gpus : {2u, 4u}) {
-    LayoutSearchSpec spec;
+    LayoutSearchSpec spec = llama_spec(gpus, static_cast<std::int64_t>(2 * gpus));
     spec.base.model = recorded;
     spec.base.model_options = nn::ModelOptions::parse("seq=16");
-    spec.base.device = "sim:h100-80g";
-    spec.base.precisions = {nn::Precision::BF16};
-    spec.base.alloc_confs = {""};
-    spec.base.segments = {0};
-    spec.gpus = gpus;
-    spec.global_batch = static_cast<std::int64_t>(2 * gpus);
     std::vector<std::size_t> asked;
     spec.record_expert_parallel = [&](std::size_t ranks) -> std::shared_ptr<const nn::ModelSource> {
       asked.push_back(ranks);

@@ -19,6 +19,15 @@ std::string_view trim(std::string_view s) {
   return s;
 }
 
+/// transformers' DistributedConfig passes reshard_after_forward itself under expert parallel
+/// (distributed/fsdp.py): an option saying otherwise does not apply.
+void refuse_reshard_under_expert_parallel(const ParallelConfig& config) {
+  if (config.expert_parallel > 1 && (config.reshard_after_forward || config.reshard_after_forward_to != 0)) {
+    throw Error("reshard_after_forward with expert parallel: transformers' DistributedConfig passes its own (True for "
+                "the experts, the layers and the embedding, False for the final norm with lm_head)");
+  }
+}
+
 bool parse_bool(std::string_view key, std::string_view value) {
   if (value == "true" || value == "True" || value == "1") return true;
   if (value == "false" || value == "False" || value == "0") return false;
@@ -239,10 +248,7 @@ ParallelConfig parse_parallel(std::string_view spec, std::string_view options) {
                   std::to_string(ranks) + " ranks of experts; give ep_size with fsdp:M instead");
     }
     config.expert_parallel = ranks;
-    if (config.reshard_after_forward || config.reshard_after_forward_to != 0) {
-      throw Error("reshard_after_forward with expert parallel: transformers' DistributedConfig passes its own (True "
-                  "for the experts, the layers and the embedding, False for the final norm with lm_head)");
-    }
+    refuse_reshard_under_expert_parallel(config);
     return config;
   }
   if (name_of(dims.front()) == "pp") {
@@ -491,10 +497,7 @@ ParallelConfig parse_parallel(std::string_view spec, std::string_view options) {
       throw Error("'" + std::string(key) + "' is not an option of ddp (keys: " + std::string(kDdpOptions) + ")");
     }
   });
-  if (config.expert_parallel > 1 && (config.reshard_after_forward || config.reshard_after_forward_to != 0)) {
-    throw Error("reshard_after_forward with expert parallel: transformers' DistributedConfig passes its own (True for "
-                "the experts, the layers and the embedding, False for the final norm with lm_head)");
-  }
+  refuse_reshard_under_expert_parallel(config);
   if (!config.offload_pin_memory && !config.cpu_offload && !config.offload_param) {
     throw Error("pin_memory=false applies to what is offloaded: give offload_policy=cpu (fsdp), "
                 "offload_optimizer=cpu (zero1, zero2, zero3) or offload_param=cpu (zero3) with it");

@@ -135,10 +135,8 @@ struct ModelInfo {
   std::shared_ptr<const CompiledModel> compiled;
   /// One rank of expert parallel (the file's "expert_parallel", vramscope.export
   /// --expert-parallel N): the ranks it was recorded for (0: not so recorded; its operators
-  /// include the all-to-alls, its experts' parameters are the rank's shards), and the experts
-  /// modules FSDP2 shards over the efsdp mesh.
+  /// include the all-to-alls, its experts' parameters are the rank's shards).
   std::size_t expert_parallel = 0;
-  std::vector<std::string> expert_modules;
   /// How the engine that applies expert parallel (transformers' DistributedConfig) calls
   /// fully_shard, in order, the root last: each call's modules (one group), its
   /// reshard_after_forward, and whether it shards over the experts' efsdp mesh. Empty: FSDP2
