@@ -536,12 +536,14 @@ namespace {
 /// Whose figures a pipeline row shows: its stage's, or (--max-batch over every stage) the fullest's.
 std::string stage_of(const nn::ParallelConfig& config) {
   const std::string of = " of " + std::to_string(config.pipeline_parallel);
-  if (config.schedule == nn::PipelineSchedule::Interleaved1F1B) {
-    // A rank holds several stages: r, r + P, ...
+  if (nn::multi_stage(config.schedule)) {
+    // A rank holds several stages: r, r + P, ... (ZBV: r and 2P - 1 - r)
     return config.stage_chosen || config.stage != 0
                ? "pipeline rank " + std::to_string(config.stage) + "'s" + of + ", its stages " +
-                     std::to_string(config.stage) + ", " + std::to_string(config.stage + config.pipeline_parallel) +
-                     ", ..."
+                     std::to_string(config.stage) + ", " +
+                     (config.schedule == nn::PipelineSchedule::ZBVZeroBubble
+                          ? std::to_string(2 * config.pipeline_parallel - 1 - config.stage)
+                          : std::to_string(config.stage + config.pipeline_parallel) + ", ...")
                : "the fullest pipeline rank's" + of + ", every rank run (a batch fits when each rank's step does)";
   }
   return config.stage_chosen || config.stage != 0
@@ -647,6 +649,19 @@ std::string parallel_note(const std::vector<nn::ParallelConfig>& configs, const 
                                      "forwards, then one more before its first backward; each stage's output is held "
                                      "until its own backward of the micro-batch and every gradient sent back until the "
                                      "step ends")
+                   : config.schedule == nn::PipelineSchedule::InterleavedZeroBubble
+                       ? std::string("ScheduleInterleavedZeroBubble (ZB1P) through _PipelineScheduleRuntime: rank r "
+                                     "runs stages r, r + P, ... as interleaved 1F1B does, warming up with one forward "
+                                     "less per rank, each backward split into I (the input's gradient, sent back) and "
+                                     "W (the weights', r backwards later): between them the stage keeps the micro-batch's "
+                                     "whole graph, its input, the gradient received and each projection's output "
+                                     "gradient; stage 0 runs its whole backward at W")
+                   : config.schedule == nn::PipelineSchedule::ZBVZeroBubble
+                       ? std::string("ScheduleZBVZeroBubble through _PipelineScheduleRuntime: rank r holds stages r "
+                                     "and 2P - 1 - r (a V: the last rank hands stage P - 1's output to stage P without "
+                                     "a send), each backward split into I and W; between them the stage keeps the "
+                                     "micro-batch's whole graph, its input, the gradient received and each projection's "
+                                     "output gradient; stage 0 runs its whole backward at W")
                        : std::string("Schedule1F1B: stage s keeps min(M, P - s) micro-batches' activations in flight, "
                                      "stage 0 the most")) +
                   "; a stage after the first receives each micro-batch's hidden states and, before the last, its "
@@ -700,7 +715,7 @@ std::string parallel_note(const std::vector<nn::ParallelConfig>& configs, const 
                   (config.world_size / config.expert_parallel == 1 ? " GPU (whole)" : " GPUs") +
                   ", the dense modules over all " + std::to_string(config.world_size) + ")";
     // FSDP2 inside a pipeline stage, as torchtitan applies it there.
-    const bool interleaved = config.schedule == nn::PipelineSchedule::Interleaved1F1B;
+    const bool interleaved = nn::multi_stage(config.schedule);
     const std::string sharded_stage =
         config.pipeline_parallel < 2 || config.engine != nn::ParallelEngine::Fsdp
             ? ""

@@ -6,9 +6,10 @@ PyTorch runs on the CPU, one rank of world size N on its fake process group: a f
 Llama (tests/data/h100-parallel-2026-11-26's, transformers' LlamaForCausalLM, SDPA) split as
 torchtitan splits it (generate_llm_fqn_per_model_part: the embedding and the final norm with
 lm_head count as a layer each), each stage a PipelineStage with static metadata, run by
-ScheduleGPipe, Schedule1F1B or ScheduleInterleaved1F1B (rank r holding stages r, r + N, ...:
-each of its stages is a PipelineStage and events name the stage too) with transformers'
-ForCausalLMLoss as loss_fn, two steps of
+ScheduleGPipe, Schedule1F1B, ScheduleInterleaved1F1B (rank r holding stages r, r + N, ...:
+each of its stages is a PipelineStage and events name the stage too), or the zero-bubble
+ScheduleInterleavedZeroBubble and ScheduleZBVZeroBubble (rank r holding r and 2N - 1 - r), with
+transformers' ForCausalLMLoss as loss_fn, two steps of
 AdamW (foreach), plain or with every decoder layer checkpointed (gradient_checkpointing_enable,
 non-reentrant). The stage's forward is LlamaModel.forward's for its layers: cache_position
 and position_ids, the rotary embedding's cos and sin, then the layers (the last stage also
@@ -19,7 +20,11 @@ What the schedule holds is followed with weak references, each event labelled wi
 (_RecvInfo.allocate_buffer, activations before a forward, gradients before a backward), each
 output (sent on until release_fwd_send_outputs; on the last stage the output chunk kept for
 step()'s return), each input gradient sent back (stage.bwd_cache), and the merged output step()
-returns. Each must equal vramscope's buffer log: what, micro-batch, bytes, and the actions it was
+returns. Under a zero-bubble schedule the backward is split: backward_one_chunk(full_backward=False)
+("backward input") and backward_weight_one_chunk ("backward weight"); what stage_backward_input
+stashed for W (each intermediate's incoming gradients, backward_state's param_groups) is followed
+too, and what the V's turn hands between two stages of one rank ("pass activations", "pass
+gradients"). Each must equal vramscope's buffer log: what, micro-batch, bytes, and the actions it was
 made and dropped in. Equal logs mean the same actions in the same order on the rank, the same
 micro-batches in flight, and the same buffers for as long.
 
@@ -50,8 +55,8 @@ ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "tests" / "data" / "h100-parallel-2026-11-26" / "ref-llama-2layer.json"
 LAYERS, BATCH, SEQ, STEPS = 4, 4, 128, 2
 # (ranks, fsdp, tensor parallel, schedule, micro-batches, return_outputs, checkpointed, f32
-# parameters, stages per rank): each rank of each is checked. CI runs the first six (every kind
-# of stage under the three schedules, tensor parallel and FSDP2 inside the stages); `--all`
+# parameters, stages per rank): each rank of each is checked. CI runs the first eight (every kind
+# of stage under the five schedules, tensor parallel and FSDP2 inside the stages); `--all`
 # (ctest models.pipeline_parallel_all, label coverage) the rest too.
 RUNS = (
     (3, 1, 1, "1f1b", 4, True, False, False, 1),  # stages of 1 + embedding, 2, and 1 + norm and lm_head
@@ -65,6 +70,11 @@ RUNS = (
     # pp:2xfsdp:2 interleaved: each stage its own FSDP root, unsharded by the runtime's UNSHARD and
     # reduce-scattered by its REDUCE_GRAD after the stage's last backward
     (2, 2, 1, "interleaved1f1b", 4, True, False, True, 2),
+    # the zero-bubble schedules: each backward split into I and W, the stash of each projection's
+    # output gradient between them; ZBV's V (rank 0 holds the first and the last stage, the last
+    # rank hands over between its two without a send), under tensor parallel
+    (3, 1, 1, "interleavedzerobubble", 4, True, False, False, 2),
+    (2, 1, 2, "zbvzerobubble", 4, True, False, False, 2),
     (2, 1, 1, "1f1b", 4, True, False, False, 1),
     (2, 1, 1, "gpipe", 4, True, False, False, 1),
     (4, 1, 1, "1f1b", 4, True, False, False, 1),
@@ -84,6 +94,10 @@ RUNS = (
     (3, 2, 1, "interleaved1f1b", 4, True, False, True, 2),  # a middle rank without the root's parameters
     (2, 2, 1, "interleaved1f1b", 4, True, False, True, 4),  # 4 stages per rank: the runtime reshards and gathers again
     (2, 2, 1, "interleaved1f1b", 4, False, True, False, 5),  # 5 per rank, bf16 parameters, checkpointed
+    (2, 1, 1, "interleavedzerobubble", 4, False, True, False, 3),  # checkpointed: I recomputes, W reads it
+    (2, 1, 2, "interleavedzerobubble", 2, True, False, False, 2),
+    (3, 1, 1, "zbvzerobubble", 2, True, False, False, 2),  # fewer micro-batches than ZBV's 2P - 1
+    (4, 1, 1, "zbvzerobubble", 4, False, True, False, 2),
 )
 # FSDP2's buffers in a stage, as vramscope's --buffers names them.
 FSDP_KINDS = ("all-gather output", "unsharded parameters", "unsharded gradients (accumulated)",
@@ -220,7 +234,8 @@ def torch_side(stages, fsdp, tp, schedule, microbatches, return_outputs, checkpo
     import torch
     import torch.distributed as dist
     from torch import nn
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+    from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B,
+                                              ScheduleInterleavedZeroBubble, ScheduleZBVZeroBubble)
     from torch.distributed.pipelining import _recv_buffers
     from torch.testing._internal.distributed.fake_pg import FakeStore
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -244,9 +259,11 @@ def torch_side(stages, fsdp, tp, schedule, microbatches, return_outputs, checkpo
     if checkpointed:
         full.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     full.train()
-    # Interleaved schedules hold `virtual` stages per rank, stage rank + k * stages (loop style).
+    # Interleaved schedules hold `virtual` stages per rank, stage rank + k * stages (loop style);
+    # ZBV two, rank and 2 * stages - 1 - rank (the V).
     total = stages * virtual
-    indices = [rank + k * stages for k in range(virtual)]
+    indices = ([rank, 2 * stages - 1 - rank] if schedule == "zbvzerobubble"
+               else [rank + k * stages for k in range(virtual)])
     ranges = split(total, layers)
 
     class Stage(nn.Module):
@@ -290,6 +307,20 @@ def torch_side(stages, fsdp, tp, schedule, microbatches, return_outputs, checkpo
                  "allocated": now[0], "freed": ""}
         log.append(entry)
         weakref.finalize(tensor, lambda: entry.__setitem__("freed", now[0]))
+
+    def track_all(tensors, what, index, mb):
+        where = f"micro-batch {mb}" if virtual == 1 else f"stage {index}, micro-batch {mb}"
+        entry = {"buffer": f"{what} ({where})", "bytes": sum(t.untyped_storage().nbytes() for t in tensors),
+                 "allocated": now[0], "freed": ""}
+        log.append(entry)
+        left = [len(tensors)]
+
+        def gone():
+            left[0] -= 1
+            if left[0] == 0:
+                entry["freed"] = now[0]
+        for t in tensors:
+            weakref.finalize(t, gone)
 
     allocate = _recv_buffers._RecvInfo.allocate_buffer
 
@@ -347,31 +378,55 @@ def torch_side(stages, fsdp, tp, schedule, microbatches, return_outputs, checkpo
         def forward(mb, *a, _stage=stage, _forward=stage.forward_one_chunk, **k):
             now[0] = label(_stage.stage_index, "forward", mb)
             out = _forward(mb, *a, **k)
-            what = ("output chunk" if return_outputs else "output") if _stage.is_last else "send activations"
+            # The V's turn (stages P - 1 and P on one rank) hands over without a send.
+            passes = _stage.stage_index + 1 in indices
+            what = (("output chunk" if return_outputs else "output") if _stage.is_last
+                    else "pass activations" if passes else "send activations")
             track(out, what, _stage.stage_index, mb)
             return out
 
         def backward(mb, *a, _stage=stage, _backward=stage.backward_one_chunk, **k):
-            now[0] = label(_stage.stage_index, "backward", mb)
+            split = k.get("full_backward", True) is False
+            now[0] = label(_stage.stage_index, "backward input" if split else "backward", mb)
             result = _backward(mb, *a, **k)
+            if split and not _stage.is_first:
+                # What stage_backward_input stashed for W: each intermediate's incoming gradients.
+                stash = {}
+                for group in _stage.backward_state[mb][1]:
+                    for grads in group.get("grads") or ():
+                        for g in grads or ():
+                            if g is not None:
+                                g = getattr(g, "_local_tensor", g)  # a DTensor's local shard
+                                g = getattr(g, "elem", g)  # AsyncCollectiveTensor (funcol): its tensor
+                                stash.setdefault(g.untyped_storage().data_ptr(), g)
+                if stash:
+                    track_all(list(stash.values()), "stashed gradients", _stage.stage_index, mb)
+            passes = _stage.stage_index - 1 in indices
             for grad in _stage.bwd_cache.get(mb, ()):
                 if grad is not None and not _stage.is_first:
-                    track(grad, "send gradients", _stage.stage_index, mb)
+                    track(grad, "pass gradients" if passes else "send gradients", _stage.stage_index, mb)
             return result
 
+        def backward_weight(mb, *a, _stage=stage, _weight=stage.backward_weight_one_chunk, **k):
+            now[0] = label(_stage.stage_index, "backward weight", mb)
+            return _weight(mb, *a, **k)
+
         stage.forward_one_chunk, stage.backward_one_chunk = forward, backward
+        stage.backward_weight_one_chunk = backward_weight
         pipeline_stages.append(stage)
 
     def loss_fn(logits, labels):
         return ForCausalLMLoss(logits, labels, cfg.vocab_size)
 
     if virtual > 1:
-        pipe = ScheduleInterleaved1F1B(pipeline_stages, microbatches, loss_fn=loss_fn)
+        kind = {"interleavedzerobubble": ScheduleInterleavedZeroBubble,
+                "zbvzerobubble": ScheduleZBVZeroBubble}.get(schedule, ScheduleInterleaved1F1B)
+        pipe = kind(pipeline_stages, microbatches, loss_fn=loss_fn)
     else:
         kind = ScheduleGPipe if schedule == "gpipe" else Schedule1F1B
         pipe = kind(pipeline_stages[0], microbatches, loss_fn=loss_fn)
     opt = torch.optim.AdamW([p for m in modules for p in m.parameters()], lr=1e-3, foreach=True)
-    first, last = rank == 0, rank == stages - 1
+    first, last = 0 in indices, total - 1 in indices  # ZBV: rank 0 holds the last stage too
     ids = torch.randint(0, cfg.vocab_size, (BATCH, SEQ))
     for step in range(1, STEPS + 1):
         step_no[0] = step
@@ -435,7 +490,7 @@ def main() -> int:
     reexec_on_stack("check_pipeline_parallel")
     import torch
     exe = sys.argv[1]
-    runs = RUNS if "--all" in sys.argv[2:] else RUNS[:6]
+    runs = RUNS if "--all" in sys.argv[2:] else RUNS[:8]
     # FSDP2 in a stage is modelled as torch 2.15's PipelineStage finalizes it: the stack checked.
     stack = f"torch={'.'.join(torch.__version__.split('+')[0].split('.')[:2])},transformers=5.24"
     failures = []

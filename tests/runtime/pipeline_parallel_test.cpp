@@ -43,7 +43,7 @@ std::string order(const std::vector<PipelineAction>& actions) {
   std::string out;
   for (const PipelineAction& a : actions) {
     if (!out.empty()) out += ' ';
-    out += a.forward ? 'F' : 'B';
+    out += "FBIW"[static_cast<int>(a.compute)];
     out += std::to_string(a.microbatch);
   }
   return out;
@@ -54,9 +54,10 @@ TEST(PipelineParallel, OptionsAndRefusals) {
   EXPECT_EQ(parallel_label(parse_parallel("pp:4", "schedule=GPipe,microbatches=8,stage=3,return_outputs=false")),
             "pp:4 schedule=gpipe,microbatches=8,return_outputs=false,stage=3");
   EXPECT_EQ(parse_parallel("pp:4").gpus(), 4u);
-  EXPECT_NE(error_of([] { parse_parallel("pp:4", "schedule=InterleavedZeroBubble"); }).find("not modelled yet"),
-            std::string::npos);
-  EXPECT_NE(error_of([] { parse_parallel("pp:4", "schedule=2f2b"); }).find("expected gpipe, 1f1b or interleaved1f1b"),
+  EXPECT_EQ(parse_parallel("pp:4", "schedule=InterleavedZeroBubble").schedule, PipelineSchedule::InterleavedZeroBubble);
+  EXPECT_EQ(parallel_label(parse_parallel("pp:4", "schedule=ZBVZeroBubble")), "pp:4 schedule=zbvzerobubble");
+  EXPECT_NE(error_of([] { parse_parallel("pp:4", "schedule=DualPipeV"); }).find("not modelled yet"), std::string::npos);
+  EXPECT_NE(error_of([] { parse_parallel("pp:4", "schedule=2f2b"); }).find("expected gpipe, 1f1b, interleaved1f1b"),
             std::string::npos);
   EXPECT_EQ(parallel_label(parse_parallel("pp:4xtp:2", "schedule=Interleaved1F1B,layers_per_stage=3")),
             "pp:4xtp:2 schedule=interleaved1f1b,layers_per_stage=3");
@@ -147,11 +148,12 @@ TEST(PipelineParallel, SchedulesRunInPyTorchsOrder) {
   EXPECT_EQ(order(pipeline_actions(PipelineSchedule::GPipe, 4, 2, 3)), "F0 F1 F2 B0 B1 B2");
 }
 
-std::string interleaved(std::size_t ranks, std::size_t rank, std::size_t microbatches, std::size_t per_rank) {
+std::string interleaved(std::size_t ranks, std::size_t rank, std::size_t microbatches, std::size_t per_rank,
+                        PipelineSchedule schedule = PipelineSchedule::Interleaved1F1B) {
   std::string out;
-  for (const PipelineAction& a : pipeline_actions(PipelineSchedule::Interleaved1F1B, ranks, rank, microbatches, per_rank)) {
+  for (const PipelineAction& a : pipeline_actions(schedule, ranks, rank, microbatches, per_rank)) {
     if (!out.empty()) out += ' ';
-    out += (a.forward ? 'F' : 'B') + std::to_string(a.microbatch) + "s" + std::to_string(a.stage);
+    out += "FBIW"[static_cast<int>(a.compute)] + std::to_string(a.microbatch) + "s" + std::to_string(a.stage);
   }
   return out;
 }
@@ -175,6 +177,36 @@ TEST(PipelineParallel, InterleavedRunsInPyTorchsOrder) {
   EXPECT_NO_THROW(pipeline_actions(PipelineSchedule::Interleaved1F1B, 4, 0, 10, 2));
   EXPECT_NE(error_of([] { pipeline_actions(PipelineSchedule::Interleaved1F1B, 4, 0, 9, 2); }).find("rounds"),
             std::string::npos);
+}
+
+TEST(PipelineParallel, ZeroBubbleSchedulesRunInPyTorchsOrder) {
+  // _calculate_single_rank_operations of ScheduleInterleavedZeroBubble and ScheduleZBVZeroBubble
+  // in torch 2.15, Nones left out: I is the input's half of a backward, W the weights'.
+  constexpr auto zb1p = PipelineSchedule::InterleavedZeroBubble;
+  // ZB1P warms up with one forward less per rank than interleaved 1F1B; rank r runs its first
+  // W r backwards after its first I.
+  EXPECT_EQ(interleaved(4, 0, 8, 2, zb1p),
+            "F0s0 F1s0 F2s0 F3s0 F0s4 F1s4 F2s4 F3s4 I0s4 W0s4 F4s0 I1s4 W1s4 F5s0 I2s4 W2s4 F6s0 I3s4 W3s4 F7s0 "
+            "I0s0 W0s0 F4s4 I1s0 W1s0 F5s4 I2s0 W2s0 F6s4 I3s0 W3s0 F7s4 I4s4 W4s4 I5s4 W5s4 I6s4 W6s4 I7s4 W7s4 "
+            "I4s0 W4s0 I5s0 W5s0 I6s0 W6s0 I7s0 W7s0");
+  EXPECT_EQ(interleaved(4, 3, 8, 2, zb1p),
+            "F0s3 F1s3 F2s3 F3s3 F0s7 I0s7 F1s7 I1s7 F2s7 I2s7 F3s7 I3s7 W0s7 F4s3 I0s3 W1s7 F5s3 I1s3 W2s7 F6s3 "
+            "I2s3 W3s7 F7s3 I3s3 W0s3 F4s7 I4s7 W1s3 F5s7 I5s7 W2s3 F6s7 I6s7 W3s3 F7s7 I7s7 W4s7 I4s3 W5s7 I5s3 "
+            "W6s7 I6s3 W7s7 I7s3 W4s3 W5s3 W6s3 W7s3");
+  // ZBV: rank r holds stages r and 2P - 1 - r; with fewer micro-batches than 2P - 1 the schedule
+  // drops the ones past M.
+  constexpr auto zbv = PipelineSchedule::ZBVZeroBubble;
+  EXPECT_EQ(interleaved(2, 0, 4, 2, zbv),
+            "F0s0 F1s0 F2s0 F0s3 I0s3 W0s3 F1s3 I1s3 W1s3 F3s0 I0s0 W0s0 F2s3 I2s3 W2s3 I1s0 W1s0 F3s3 I3s3 W3s3 "
+            "I2s0 W2s0 I3s0 W3s0");
+  EXPECT_EQ(interleaved(2, 1, 4, 2, zbv),
+            "F0s1 F0s2 F1s1 F1s2 I0s2 W0s2 F2s1 I0s1 W0s1 F2s2 I1s2 W1s2 F3s1 I1s1 W1s1 F3s2 I2s2 W2s2 I2s1 I3s2 "
+            "I3s1 W2s1 W3s2 W3s1");
+  EXPECT_EQ(interleaved(3, 1, 2, 2, zbv), "F0s1 F1s1 F0s4 F1s4 I0s4 W0s4 I1s4 W1s4 I0s1 W0s1 I1s1 W1s1");
+  EXPECT_EQ(pipeline_rank_of(zbv, 3, 4), 1u);  // the V: stage 2P - 1 - r on rank r
+  EXPECT_EQ(pipeline_rank_of(zb1p, 3, 4), 1u);  // the loop: stage r + P on rank r
+  EXPECT_EQ(pipeline_rank_of(zbv, 3, 3), 2u);
+  EXPECT_EQ(pipeline_rank_of(zb1p, 3, 3), 0u);
 }
 
 TEST(PipelineParallel, StagesPerRankAsTorchtitanCountsThem) {

@@ -158,14 +158,17 @@ ParallelConfig parse_pipeline_options(ParallelConfig config, std::string_view op
         config.schedule = PipelineSchedule::OneF1B;
       } else if (name == "interleaved1f1b") {
         config.schedule = PipelineSchedule::Interleaved1F1B;
-      } else if (name == "interleavedzerobubble" || name == "zbvzerobubble" || name == "loopedbfs" ||
-                 name == "dualpipev") {
-        throw Error("schedule=" + std::string(value) + " is not modelled yet: the zero-bubble schedules split each "
-                    "backward into its input and weight halves, which keeps what the weight gradients read longer; "
-                    "gpipe, 1f1b and interleaved1f1b are");
+      } else if (name == "interleavedzerobubble") {
+        config.schedule = PipelineSchedule::InterleavedZeroBubble;
+      } else if (name == "zbvzerobubble") {
+        config.schedule = PipelineSchedule::ZBVZeroBubble;
+      } else if (name == "loopedbfs" || name == "dualpipev") {
+        throw Error("schedule=" + std::string(value) + " is not modelled yet; gpipe, 1f1b, interleaved1f1b, "
+                    "interleavedzerobubble and zbvzerobubble are");
       } else {
-        throw Error("schedule=" + std::string(value) + ": expected gpipe, 1f1b or interleaved1f1b (ScheduleGPipe, "
-                    "Schedule1F1B, ScheduleInterleaved1F1B)");
+        throw Error("schedule=" + std::string(value) + ": expected gpipe, 1f1b, interleaved1f1b, interleavedzerobubble "
+                    "or zbvzerobubble (ScheduleGPipe, Schedule1F1B, ScheduleInterleaved1F1B, "
+                    "ScheduleInterleavedZeroBubble, ScheduleZBVZeroBubble)");
       }
     } else if (key == "layers_per_stage") {
       config.layers_per_stage = parse_count(key, value, kMaxMicrobatches + 1);
@@ -510,8 +513,24 @@ std::string_view schedule_name(PipelineSchedule schedule) noexcept {
     case PipelineSchedule::GPipe: return "gpipe";
     case PipelineSchedule::OneF1B: return "1f1b";
     case PipelineSchedule::Interleaved1F1B: return "interleaved1f1b";
+    case PipelineSchedule::InterleavedZeroBubble: return "interleavedzerobubble";
+    case PipelineSchedule::ZBVZeroBubble: return "zbvzerobubble";
   }
   return "1f1b";
+}
+
+bool multi_stage(PipelineSchedule schedule) noexcept {
+  return schedule != PipelineSchedule::GPipe && schedule != PipelineSchedule::OneF1B;
+}
+
+bool splits_backward(PipelineSchedule schedule) noexcept {
+  return schedule == PipelineSchedule::InterleavedZeroBubble || schedule == PipelineSchedule::ZBVZeroBubble;
+}
+
+std::size_t pipeline_rank_of(PipelineSchedule schedule, std::size_t ranks, std::size_t stage) noexcept {
+  // generate_stage_to_rank_mapping(style="v") for ZBV, "loop" for the others.
+  if (schedule == PipelineSchedule::ZBVZeroBubble && stage >= ranks) return 2 * ranks - 1 - stage;
+  return stage % ranks;
 }
 
 std::string parallel_label(const ParallelConfig& config) {

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "engine/detail.hpp"
+#include "parallel/split_backward.hpp"
 #include "vramscope/allocator/errors.hpp"
 #include "vramscope/runtime/autograd.hpp"
 #include "vramscope/runtime/decoder.hpp"
@@ -29,6 +30,10 @@ struct PipelineParallel::MicroBatch {
   Tensor loss;    ///< the last stage's, until the step ends
   Tensor received_grad;  ///< the gradient of the output, received for the backward
   Tensor sending;        ///< the input's gradient, sent back until the send is waited
+  // Between a zero-bubble schedule's I and W (the stage's backward_state):
+  std::vector<ParamGroup> groups;  ///< the weights' groups, with the gradients stashed
+  Tensor root;                     ///< the output (detached) or loss backward began from
+  bool deferred = false;           ///< stage 0's I computes nothing: its W runs the whole backward
 };
 
 PipelineParallel::PipelineParallel(const ParallelConfig& config, Sequential& body, const Shape& input_shape)
@@ -59,6 +64,14 @@ PipelineParallel::PipelineParallel(const ParallelConfig& config, Sequential& bod
   if (config.stage >= stages) {
     throw Error("pp:" + std::to_string(stages) + " has stages 0 to " + std::to_string(stages - 1) + "; stage " +
                 std::to_string(config.stage) + " is not one");
+  }
+  if (splits_backward(config.schedule) && config.engine != ParallelEngine::None) {
+    // FSDP's hooks under a split backward (its post-backward at I, the weights' gradients at W)
+    // are not followed yet.
+    throw Error("pp with schedule=" + std::string(schedule_name(config.schedule)) + " and " +
+                std::string(config.engine == ParallelEngine::Fsdp ? "fsdp" : "a data-parallel engine") +
+                " inside the stages is not modelled yet: give schedule=interleaved1f1b, or the zero-bubble schedule "
+                "without fsdp (pp:N or pp:NxTP)");
   }
   if (tied) {
     // The tied weight would be the first stage's embedding and the last stage's lm_head
@@ -95,13 +108,16 @@ PipelineParallel::PipelineParallel(const ParallelConfig& config, Sequential& bod
                 std::to_string(microbatches_) + ") must be at least the number of stages; give microbatches=" +
                 std::to_string(stages) + " or more (a batch of at least " + std::to_string(stages) + ")");
   }
-  // Rank r holds stages r, r + P, ... (stage_ids_this_rank's "loop" style), each its layers, the
+  // Rank r holds stages r, r + P, ... (stage_ids_this_rank's "loop" style; ZBV's "v": r and
+  // 2P - 1 - r), each its layers, the
   // rotary embedding, and the embedding (stage 0) or the final norm and lm_head (the last).
   std::vector<std::vector<std::string>> names(per_rank);
   std::vector<std::string> keep;
   for (std::size_t k = 0; k < per_rank; ++k) {
     LocalStage stage;
-    stage.index = config.stage + k * stages;
+    // Loop style: r, r + P, ...; ZBV's V: r and 2P - 1 - r.
+    stage.index = config.schedule == PipelineSchedule::ZBVZeroBubble && k == 1 ? 2 * stages - 1 - config.stage
+                                                                               : config.stage + k * stages;
     stage.first = stage.index == 0;
     stage.last = stage.index + 1 == stages * per_rank;
     names[k].emplace_back("model.rotary_emb");
@@ -129,8 +145,9 @@ PipelineParallel::PipelineParallel(const ParallelConfig& config, Sequential& bod
   // The step's backward phase begins with the first gradient received, or the first backward,
   // after the last forward before the first backward (an interleaved rank can receive a
   // gradient while warm-up forwards are still to come: those stay in the forward phase).
-  const auto first_backward = std::find_if(program_.begin(), program_.end(),
-                                           [](const PipelineOp& op) { return op.step == PipelineStep::Backward; });
+  const auto first_backward = std::find_if(program_.begin(), program_.end(), [](const PipelineOp& op) {
+    return op.step == PipelineStep::Backward || op.step == PipelineStep::BackwardInput;
+  });
   auto begins = first_backward;
   while (begins != program_.begin() && std::prev(begins)->step != PipelineStep::Forward) --begins;
   while (begins != first_backward && begins->step != PipelineStep::ReceiveGradients) ++begins;
@@ -148,6 +165,30 @@ Tensor PipelineParallel::stage_forward(Sequential& body, std::size_t local, cons
   return body.forward_part(input, stages_.at(local).part);
 }
 
+std::vector<Tensor> PipelineParallel::stage_weights(Sequential& body, std::size_t local) const {
+  const std::vector<bool>& part = stages_.at(local).part;
+  std::vector<Tensor> out;
+  std::size_t i = 0;
+  for (const auto& [name, child] : body.children()) {
+    if (stages_.size() == 1 || part[i]) {
+      for (const Tensor& p : child->trainable_parameters()) out.push_back(p);
+    }
+    ++i;
+  }
+  return out;
+}
+
+std::size_t PipelineParallel::local_index(std::size_t stage) const {
+  for (std::size_t k = 0; k < stages_.size(); ++k) {
+    if (stages_[k].index == stage) return k;
+  }
+  throw Error("pp: stage " + std::to_string(stage) + " is not on this rank");
+}
+
+bool PipelineParallel::holds(std::size_t stage) const noexcept {
+  return std::any_of(stages_.begin(), stages_.end(), [&](const LocalStage& s) { return s.index == stage; });
+}
+
 std::string PipelineParallel::which(std::size_t stage, std::size_t microbatch) const {
   return (stages_.size() == 1 ? "" : "stage " + std::to_string(stage) + ", ") + "micro-batch " +
          std::to_string(microbatch);
@@ -156,14 +197,33 @@ std::string PipelineParallel::which(std::size_t stage, std::size_t microbatch) c
 void PipelineParallel::record(const std::string& what, std::size_t stage, std::size_t microbatch,
                               const Tensor& tensor) {
   log_.push_back(CommunicationBuffer{what + " (" + which(stage, microbatch) + ")", tensor.nbytes(), "default", now_, ""});
-  watched_.emplace_back(log_.size() - 1, tensor.storage());
+  watched_.push_back({log_.size() - 1, {tensor.storage()}});
+}
+
+void PipelineParallel::record_all(const std::string& what, std::size_t stage, std::size_t microbatch,
+                                  const std::vector<Tensor>& tensors) {
+  std::vector<std::weak_ptr<Storage>> storages;
+  std::size_t bytes = 0;
+  for (const Tensor& t : tensors) {
+    if (!t.defined() || std::any_of(storages.begin(), storages.end(),
+                                    [&](const auto& s) { return s.lock() == t.storage(); })) {
+      continue;
+    }
+    storages.push_back(t.storage());
+    bytes += t.storage()->nbytes();
+  }
+  if (storages.empty()) return;
+  log_.push_back(CommunicationBuffer{what + " (" + which(stage, microbatch) + ")", bytes, "default", now_, ""});
+  watched_.push_back({log_.size() - 1, std::move(storages)});
 }
 
 void PipelineParallel::sweep() {
   // What has gone since the last look went during the action begun last (a weak reference's
   // finalizer, as the check on PyTorch's side reads it).
   std::erase_if(watched_, [&](const auto& watched) {
-    if (!watched.second.expired()) return false;
+    if (std::any_of(watched.second.begin(), watched.second.end(), [](const auto& s) { return !s.expired(); })) {
+      return false;
+    }
     log_[watched.first].freed = now_;
     return true;
   });
@@ -176,7 +236,6 @@ void PipelineParallel::step(Runtime& rt, const Tensor& input, const Tensor& targ
   output_chunks_.clear();
   sweep();
   const std::size_t m_count = microbatches_;
-  const std::size_t ranks = config_.pipeline_parallel;
   // torch.tensor_split on dim 0: views of B / M samples each.
   const std::int64_t rows = batch_ / static_cast<std::int64_t>(m_count);
   const auto begin = [&](const char* action, std::size_t stage, std::size_t m) {
@@ -187,8 +246,17 @@ void PipelineParallel::step(Runtime& rt, const Tensor& input, const Tensor& targ
   };
   // Each of the rank's stages keeps its own micro-batches' state (a PipelineStage each).
   std::vector<MicroBatch> mbs(stages_.size() * m_count);
-  const auto state = [&](const PipelineOp& op) -> MicroBatch& { return mbs[op.stage / ranks * m_count + op.microbatch]; };
-  const auto local = [&](const PipelineOp& op) -> const LocalStage& { return stages_[op.stage / ranks]; };
+  const auto index_of = [&](std::size_t stage) { return local_index(stage); };
+  const auto state = [&](const PipelineOp& op) -> MicroBatch& {
+    return mbs[index_of(op.stage) * m_count + op.microbatch];
+  };
+  const auto local = [&](const PipelineOp& op) -> const LocalStage& { return stages_[index_of(op.stage)]; };
+  // ZBV's V: stages P - 1 and P sit on the last rank and hand over without a send
+  // (set_local_fwd_input, set_local_bwd_input).
+  const auto here = [&](std::size_t stage) { return holds(stage); };
+  const auto neighbour = [&](const PipelineOp& op, std::size_t stage) -> MicroBatch& {
+    return mbs[index_of(stage) * m_count + op.microbatch];
+  };
 
   // A receive buffer: a fresh torch.empty each micro-batch (_RecvInfo.allocate_buffer).
   const auto receive = [&](const PipelineOp& op, const char* what, Phase phase) {
@@ -205,10 +273,12 @@ void PipelineParallel::step(Runtime& rt, const Tensor& input, const Tensor& targ
     const LocalStage& stage = local(op);
     const auto m = static_cast<std::int64_t>(op.microbatch);
     if (stage.first) mb.input = input.narrow(0, m * rows, rows);
+    // The previous stage on this rank: its output, detached, is the input (no buffer).
+    if (!stage.first && here(op.stage - 1)) mb.input = neighbour(op, op.stage - 1).output.detach();
     // forward_one_chunk: a received buffer becomes the stage's leaf.
     if (!stage.first) mb.input.set_requires_grad(true);
     begin("forward", op.stage, op.microbatch);
-    mb.output = calls.forward(mb.input, op.stage / ranks);
+    mb.output = calls.forward(mb.input, index_of(op.stage));
     if (stage.last) {
       const Tensor target_mb = target.narrow(0, m * rows, rows);
       {
@@ -221,7 +291,18 @@ void PipelineParallel::step(Runtime& rt, const Tensor& input, const Tensor& targ
     } else {
       release_decoder_inputs(*rotary_);
       mb.edge = gradient_edge(mb.output);
+      if (here(op.stage + 1)) record("pass activations", op.stage, op.microbatch, mb.output);
     }
+  };
+  // What a backward leaves to the previous stage: its input's gradient, sent back, or handed to
+  // the previous stage on this rank as its received gradient (get_local_bwd_output).
+  const auto hand_back = [&](const PipelineOp& op, MicroBatch& mb, const Tensor& grad) {
+    if (!here(op.stage - 1)) {
+      mb.sending = grad;
+      return;
+    }
+    if (grad.defined()) record("pass gradients", op.stage, op.microbatch, grad);
+    neighbour(op, op.stage - 1).received_grad = grad;
   };
   // backward_one_chunk: from the loss, or from the output's edge with the gradient received;
   // the forward state goes, and the input's .grad is kept to be sent back.
@@ -240,17 +321,73 @@ void PipelineParallel::step(Runtime& rt, const Tensor& input, const Tensor& targ
       backward(mb.edge, mb.received_grad);
     }
     if (!stage.first) {
-      mb.sending = mb.input.grad();
+      hand_back(op, mb, mb.input.grad());
       mb.input.reset_grad();
     }
     mb.input = mb.output = mb.edge = mb.received_grad = Tensor{};
+  };
+  // I (backward_one_chunk(full_backward=False)): the input's gradient alone; the stage keeps
+  // its input (whose .grad is that gradient), the gradient received, the root and the graph
+  // with the weights' stash until W. Stage 0 computes nothing here.
+  const auto backward_input_half = [&](const PipelineOp& op) {
+    PhaseGuard phase(Phase::Backward);
+    begin("backward input", op.stage, op.microbatch);
+    MicroBatch& mb = state(op);
+    const LocalStage& stage = local(op);
+    // A send still pending keeps the output live: backward begins from it, not its edge.
+    mb.root = stage.last ? mb.loss : mb.output;
+    if (stage.first) {
+      mb.deferred = true;
+      return;
+    }
+    std::vector<GradientRoot> roots;
+    if (stage.last) {
+      // torch.ones_like(loss): the loss's gradient.
+      roots.push_back({Edge{mb.loss.grad_fn(), mb.loss.output_nr()}, full(rt, mb.loss.shape(), 1.0, mb.loss.dtype())});
+    } else {
+      roots.push_back({Edge{mb.edge.grad_fn(), mb.edge.output_nr()}, mb.received_grad});
+    }
+    InputBackward half = backward_input(roots, mb.input, calls.weights(index_of(op.stage)));
+    roots.clear();
+    mb.groups = std::move(half.groups);
+    TensorList stash;
+    for (const ParamGroup& group : mb.groups) {
+      for (const TensorList& grads : group.grads) stash.insert(stash.end(), grads.begin(), grads.end());
+    }
+    record_all("stashed gradients", op.stage, op.microbatch, stash);
+    // stage_backward_input detach_()es the root (and the last stage its outputs): what only
+    // the output side of the graph held goes now.
+    for (Tensor* t : {&mb.root, &mb.output}) {
+      if (t->defined()) {
+        t->impl()->grad_fn.reset();
+        t->impl()->requires_grad = false;
+      }
+    }
+    mb.edge = Tensor{};
+    hand_back(op, mb, half.input_grad);
+    mb.output = Tensor{};  // the entry is gone: a stage's root holds its output until W
+  };
+  // W (backward_weight_one_chunk): the weights' gradients; backward_state goes with the graph.
+  const auto backward_weight_half = [&](const PipelineOp& op) {
+    PhaseGuard phase(Phase::Backward);
+    begin("backward weight", op.stage, op.microbatch);
+    MicroBatch& mb = state(op);
+    if (mb.deferred) {
+      // Stage 0: the whole backward from the output's edge (or the output kept live).
+      backward(mb.edge, mb.received_grad);
+      mb.deferred = false;
+    } else {
+      backward_weight(mb.groups);
+    }
+    mb.groups.clear();
+    mb.input = mb.root = mb.output = mb.edge = mb.received_grad = Tensor{};
   };
 
   // FSDP: a stage's all-gathers issued by UNSHARD are waited before its next compute; a stage
   // whose REDUCE_GRAD ran (_finalized_stages) skips its next RESHARD, the reduction resharded it.
   std::vector<bool> gathering(stages_.size(), false), finalized(stages_.size(), false);
   const auto assert_unsharded = [&](const PipelineOp& op) {
-    const std::size_t k = op.stage / ranks;
+    const std::size_t k = index_of(op.stage);
     if (!gathering[k]) return;
     gathering[k] = false;
     calls.wait_unshard(k);
@@ -280,6 +417,14 @@ void PipelineParallel::step(Runtime& rt, const Tensor& input, const Tensor& targ
         assert_unsharded(op);
         run_backward(op);
         break;
+      case PipelineStep::BackwardInput:
+        assert_unsharded(op);
+        backward_input_half(op);
+        break;
+      case PipelineStep::BackwardWeight:
+        assert_unsharded(op);
+        backward_weight_half(op);
+        break;
       case PipelineStep::SendGradients:
         if (mb.sending.defined()) {
           record("send gradients", op.stage, op.microbatch, mb.sending);
@@ -289,23 +434,23 @@ void PipelineParallel::step(Runtime& rt, const Tensor& input, const Tensor& targ
       case PipelineStep::WaitGradientsSent: mb.sending = Tensor{}; break;
       case PipelineStep::Unshard:
         if (calls.unshard) {
-          calls.unshard(op.stage / ranks);
-          gathering[op.stage / ranks] = true;
+          calls.unshard(index_of(op.stage));
+          gathering[index_of(op.stage)] = true;
         }
         break;
       // The runtime's window (three stages) moved on: the stage goes back to its shards, unless
       // its REDUCE_GRAD did that already.
       case PipelineStep::Reshard:
-        if (finalized[op.stage / ranks]) {
-          finalized[op.stage / ranks] = false;
+        if (finalized[index_of(op.stage)]) {
+          finalized[index_of(op.stage)] = false;
         } else if (calls.reshard) {
-          calls.reshard(op.stage / ranks);
+          calls.reshard(index_of(op.stage));
         }
         break;
       case PipelineStep::ReduceGrad:
         if (calls.reduce_stage) {
-          calls.reduce_stage(op.stage / ranks);
-          finalized[op.stage / ranks] = true;
+          calls.reduce_stage(index_of(op.stage));
+          finalized[index_of(op.stage)] = true;
         }
         break;
     }

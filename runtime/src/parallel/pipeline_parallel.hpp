@@ -78,7 +78,11 @@ class PipelineParallel {
     /// An interleaved schedule's FSDP actions on local stage `local` (empty without FSDP): UNSHARD,
     /// the wait for it before the stage's next compute (_assert_unsharded), REDUCE_GRAD.
     std::function<void(std::size_t local)> unshard, wait_unshard, reduce_stage, reshard;
+    /// Local stage `local`'s weights requiring grad (a zero-bubble schedule's I groups them).
+    std::function<std::vector<Tensor>(std::size_t local)> weights;
   };
+  /// The weights requiring grad of local stage `local` among `body`'s modules.
+  std::vector<Tensor> stage_weights(Sequential& body, std::size_t local) const;
   /// Which of the rank's modules each local stage runs (the body's children).
   std::vector<std::vector<bool>> parts() const;
   /// schedule.step(): what the last step left (its output chunks) goes, then every micro-batch
@@ -102,10 +106,15 @@ class PipelineParallel {
     std::vector<bool> part;
     bool first = false, last = false;
   };
+  /// Which of the rank's stages stage `stage` is; whether the rank holds it.
+  std::size_t local_index(std::size_t stage) const;
+  bool holds(std::size_t stage) const noexcept;
   /// "micro-batch 3", or "stage 5, micro-batch 3" when the rank holds several stages.
   std::string which(std::size_t stage, std::size_t microbatch) const;
   /// Logs `tensor` made now, watched until its storage goes.
   void record(const std::string& what, std::size_t stage, std::size_t microbatch, const Tensor& tensor);
+  /// Logs the distinct storages of `tensors` as one entry, freed when the last goes.
+  void record_all(const std::string& what, std::size_t stage, std::size_t microbatch, const std::vector<Tensor>& tensors);
   /// Marks the watched storages gone by now as freed in the action begun last.
   void sweep();
 
@@ -117,7 +126,8 @@ class PipelineParallel {
   std::int64_t batch_ = 0, seq_ = 0, hidden_ = 0;
   Module* rotary_ = nullptr;
   std::vector<Tensor> output_chunks_;  ///< the last stage's outputs of the last step
-  std::vector<std::pair<std::size_t, std::weak_ptr<Storage>>> watched_;  ///< log entries not freed yet
+  /// Log entries not freed yet, with the storages they wait for.
+  std::vector<std::pair<std::size_t, std::vector<std::weak_ptr<Storage>>>> watched_;
   std::string now_ = "construction";  ///< the action begun last
   std::vector<CommunicationBuffer> log_;
   std::size_t steps_ = 0;

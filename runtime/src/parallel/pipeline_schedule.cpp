@@ -12,40 +12,97 @@
 namespace mem::nn {
 namespace {
 
-/// ScheduleInterleaved1F1B._calculate_single_rank_operations with _get_1f1b_rank_ops, without
-/// the None padding (the lowering drops it).
+using Compute = PipelineCompute;
+
+/// _get_1f1b_rank_ops for ScheduleInterleaved1F1B and, with `zero_bubble`,
+/// ScheduleInterleavedZeroBubble (ZB1P), without the None padding (the lowering drops it).
 std::vector<PipelineAction> interleaved_actions(std::size_t ranks, std::size_t rank, std::size_t microbatches,
-                                                std::size_t per_rank) {
+                                                std::size_t per_rank, bool zero_bubble) {
   // Flexible rounds: n_microbatches need not be a multiple of the ranks, only of the rounds.
   const std::size_t rounds = std::max<std::size_t>(1, microbatches / ranks);
   if (microbatches % rounds != 0) {
-    throw Error("interleaved1f1b: " + std::to_string(microbatches) + " micro-batches are not a multiple of the " +
-                std::to_string(rounds) + " rounds (max(1, M / P), ScheduleInterleaved1F1B's ValueError); give " +
-                "microbatches that the pipeline's " + std::to_string(ranks) + " ranks divide");
+    throw Error(std::string(zero_bubble ? "interleavedzerobubble" : "interleaved1f1b") + ": " +
+                std::to_string(microbatches) + " micro-batches are not a multiple of the " + std::to_string(rounds) +
+                " rounds (max(1, M / P), the schedule's ValueError); give microbatches that the pipeline's " +
+                std::to_string(ranks) + " ranks divide");
   }
   const std::size_t per_round = microbatches / rounds;
-  // _get_warmup_ops: the last rank warms up with (V - 1) rounds, each rank before it 2 more.
-  const std::size_t warmup = std::min((per_rank - 1) * per_round + 2 * (ranks - 1 - rank), microbatches * per_rank);
+  // _get_warmup_ops: the last rank warms up with (V - 1) rounds, each rank before it 2 more
+  // (1 more under zero bubble: multiply_factor=1).
+  const std::size_t factor = zero_bubble ? 1 : 2;
+  const std::size_t warmup =
+      std::min((per_rank - 1) * per_round + factor * (ranks - 1 - rank), microbatches * per_rank);
   const std::size_t ops = microbatches * per_rank;
   const auto forward_stage = [&](std::size_t op) { return (op / per_round) % per_rank * ranks + rank; };
   const auto backward_stage = [&](std::size_t op) {
     return (per_rank - 1 - (op - warmup) / per_round % per_rank) * ranks + rank;
   };
-  std::vector<std::size_t> forwards(per_rank), backwards(per_rank);  // the next micro-batch of each local stage
+  // The next micro-batch of each local stage, per kind of action.
+  std::vector<std::size_t> forwards(per_rank), backwards(per_rank), weights(per_rank);
+  std::vector<std::size_t> backward_ops;  // the ops whose backward ran, for their W in turn
+  std::size_t weights_done = 0;
   std::vector<PipelineAction> out;
-  out.reserve(2 * ops);
-  const auto forward = [&](std::size_t op) {
-    const std::size_t stage = forward_stage(op);
-    out.push_back({true, forwards[stage / ranks]++, stage});
-  };
-  const auto backward = [&](std::size_t op) {
-    const std::size_t stage = backward_stage(op);
-    out.push_back({false, backwards[stage / ranks]++, stage});
+  out.reserve(3 * ops);
+  const auto weight = [&] {
+    const std::size_t stage = backward_stage(backward_ops[weights_done++]);
+    out.push_back({Compute::BackwardWeight, weights[stage / ranks]++, stage});
   };
   for (std::size_t op = 0; op < warmup + ops; ++op) {
-    if (op < ops) forward(op);  // warm-up, then the steady state's forward
-    if (op >= warmup) backward(op);  // the steady state's backward, then the cool-down
+    if (op < ops) {  // warm-up, then the steady state's forward
+      const std::size_t stage = forward_stage(op);
+      out.push_back({Compute::Forward, forwards[stage / ranks]++, stage});
+    }
+    if (op >= warmup) {  // the steady state's backward, then the cool-down
+      const std::size_t stage = backward_stage(op);
+      out.push_back({zero_bubble ? Compute::BackwardInput : Compute::Backward, backwards[stage / ranks]++, stage});
+      backward_ops.push_back(op);
+      // ZB1P: rank r delays its weight halves by r backwards (num_1f1b_microbatches = rank).
+      if (zero_bubble && op - warmup >= rank) weight();
+    }
   }
+  while (zero_bubble && weights_done < backward_ops.size()) weight();
+  return out;
+}
+
+/// ScheduleZBVZeroBubble._calculate_single_rank_operations: rank r's stages r (chunk 0) and
+/// 2P - 1 - r (chunk 1); the micro-batches past M dropped as the schedule drops them.
+std::vector<PipelineAction> zbv_actions(std::size_t ranks, std::size_t rank, std::size_t microbatches) {
+  const std::size_t n = std::max(2 * ranks - 1, microbatches);
+  const std::size_t s0 = rank, s1 = 2 * ranks - 1 - rank;
+  std::size_t f0 = 0, f1 = 0, b0 = 0, b1 = 0;
+  std::vector<PipelineAction> out;
+  const auto add = [&](Compute compute, std::size_t stage, std::size_t mb) {
+    if (mb < microbatches) out.push_back({compute, mb, stage});
+  };
+  for (std::size_t i = 0; i < 2 * (ranks - rank) - 1; ++i) add(Compute::Forward, s0, f0++);
+  for (std::size_t i = 0; i < rank; ++i) {
+    add(Compute::Forward, s1, f1++);
+    add(Compute::Forward, s0, f0++);
+  }
+  for (std::size_t i = 0; i < ranks - rank; ++i) {
+    add(Compute::Forward, s1, f1++);
+    add(Compute::BackwardInput, s1, b1);
+    add(Compute::BackwardWeight, s1, b1++);
+  }
+  while (f1 < f0 || f0 < n) {  // the stable phase
+    if (f0 < n) add(Compute::Forward, s0, f0++);
+    add(Compute::BackwardInput, s0, b0);
+    add(Compute::BackwardWeight, s0, b0++);
+    add(Compute::Forward, s1, f1++);
+    add(Compute::BackwardInput, s1, b1);
+    add(Compute::BackwardWeight, s1, b1++);
+  }
+  std::size_t w0 = b0, w1 = b1;  // the cool-down
+  for (std::size_t i = 0; i < rank; ++i) {
+    add(Compute::BackwardInput, s0, b0++);
+    add(Compute::BackwardInput, s1, b1++);
+  }
+  for (std::size_t i = 0; i < ranks - rank; ++i) {
+    add(Compute::BackwardInput, s0, b0++);
+    add(Compute::BackwardWeight, s0, w0++);
+  }
+  while (w1 < b1) add(Compute::BackwardWeight, s1, w1++);
+  while (w0 < b0) add(Compute::BackwardWeight, s0, w0++);
   return out;
 }
 
@@ -53,22 +110,24 @@ std::vector<PipelineAction> interleaved_actions(std::size_t ranks, std::size_t r
 
 std::vector<PipelineAction> pipeline_actions(PipelineSchedule schedule, std::size_t ranks, std::size_t rank,
                                              std::size_t microbatches, std::size_t stages_per_rank) {
-  if (schedule == PipelineSchedule::Interleaved1F1B) {
-    return interleaved_actions(ranks, rank, microbatches, stages_per_rank);
+  if (schedule == PipelineSchedule::Interleaved1F1B || schedule == PipelineSchedule::InterleavedZeroBubble) {
+    return interleaved_actions(ranks, rank, microbatches, stages_per_rank,
+                               schedule == PipelineSchedule::InterleavedZeroBubble);
   }
+  if (schedule == PipelineSchedule::ZBVZeroBubble) return zbv_actions(ranks, rank, microbatches);
   std::vector<PipelineAction> out;
   if (schedule == PipelineSchedule::GPipe) {
-    for (std::size_t m = 0; m < microbatches; ++m) out.push_back({true, m, rank});
-    for (std::size_t m = 0; m < microbatches; ++m) out.push_back({false, m, rank});
+    for (std::size_t m = 0; m < microbatches; ++m) out.push_back({Compute::Forward, m, rank});
+    for (std::size_t m = 0; m < microbatches; ++m) out.push_back({Compute::Backward, m, rank});
     return out;
   }
   // Schedule1F1B._step_microbatches: the last stage warms up with 1 forward, stage 0 with P.
   const std::size_t warmup = std::min(microbatches, ranks - rank);
   std::size_t f = 0, b = 0;
-  for (; f < warmup; ++f) out.push_back({true, f, rank});
+  for (; f < warmup; ++f) out.push_back({Compute::Forward, f, rank});
   while (b < microbatches) {
-    out.push_back({false, b++, rank});
-    if (f < microbatches) out.push_back({true, f++, rank});
+    out.push_back({Compute::Backward, b++, rank});
+    if (f < microbatches) out.push_back({Compute::Forward, f++, rank});
   }
   return out;
 }
@@ -96,7 +155,7 @@ std::vector<std::pair<std::size_t, std::size_t>> pipeline_split(std::size_t laye
 }
 
 std::size_t pipeline_stages_per_rank(const ParallelConfig& config, std::size_t layers) {
-  const bool interleaved = config.schedule == PipelineSchedule::Interleaved1F1B;
+  const bool interleaved = multi_stage(config.schedule);
   const std::size_t ranks = config.pipeline_parallel;
   if (config.layers_per_stage == 0) return interleaved ? 2 : 1;  // pipeline_llm's default
   const std::size_t stages = (layers + 2 + config.layers_per_stage - 1) / config.layers_per_stage;
@@ -113,8 +172,14 @@ std::size_t pipeline_stages_per_rank(const ParallelConfig& config, std::size_t l
                 ", " + std::to_string(per_rank) + " per rank, and a single-stage schedule runs one; give "
                 "schedule=interleaved1f1b or layers_per_stage=" + std::to_string((layers + 2 + ranks - 1) / ranks));
   }
+  if (config.schedule == PipelineSchedule::ZBVZeroBubble && per_rank != 2) {
+    throw Error("pp:" + std::to_string(ranks) + " with zbvzerobubble: " + given + ", " + std::to_string(per_rank) +
+                " per rank, and ZBV runs exactly two (its ValueError); give layers_per_stage=" +
+                std::to_string((layers + 2 + 2 * ranks - 1) / (2 * ranks)));
+  }
   if (interleaved && per_rank < 2) {
-    throw Error("pp:" + std::to_string(ranks) + " with interleaved1f1b: " + given + ", one per rank, and a "
+    throw Error("pp:" + std::to_string(ranks) + " with " + std::string(schedule_name(config.schedule)) + ": " + given +
+                ", one per rank, and a "
                 "multi-stage schedule runs at least two; give a smaller layers_per_stage");
   }
   return per_rank;
@@ -140,7 +205,7 @@ std::vector<PipelineOp> single_stage_program(PipelineSchedule schedule, std::siz
   std::size_t last_forward = 0, last_backward = 0;
   for (const PipelineAction& action : pipeline_actions(schedule, ranks, stage, microbatches)) {
     const std::size_t m = action.microbatch;
-    if (action.forward) {
+    if (action.compute == PipelineCompute::Forward) {
       if (!first) add(Step::ReceiveActivations, m);
       add(Step::Forward, m);
       if (!last) add(Step::SendActivations, m);
@@ -169,7 +234,7 @@ std::vector<PipelineOp> single_stage_program(PipelineSchedule schedule, std::siz
 }
 
 /// An action of _PipelineScheduleRuntime's IR, as the lowering passes see it.
-enum class Kind : std::uint8_t { F, B, Unshard, Reshard, ReduceGrad, WaitReduceGrad, SendF, SendB, RecvF, RecvB };
+enum class Kind : std::uint8_t { F, B, I, W, Unshard, Reshard, ReduceGrad, WaitReduceGrad, SendF, SendB, RecvF, RecvB };
 struct Act {
   Kind kind;
   std::size_t stage;
@@ -223,13 +288,13 @@ std::vector<Act> add_unshard_reshard(const std::vector<Act>& compute) {
   return out;
 }
 
-/// _add_reduce_grad: after a stage's last backward, REDUCE_GRAD and its wait.
+/// _add_reduce_grad: after a stage's last backward (B or W), REDUCE_GRAD and its wait.
 std::vector<Act> add_reduce_grad(const std::vector<Act>& actions, std::size_t microbatches, std::size_t stages) {
   std::vector<std::size_t> backwards(stages);
   std::vector<Act> out;
   for (const Act& a : actions) {
     out.push_back(a);
-    if (a.kind == Kind::B && ++backwards[a.stage] == microbatches) {
+    if ((a.kind == Kind::B || a.kind == Kind::W) && ++backwards[a.stage] == microbatches) {
       out.push_back({Kind::ReduceGrad, a.stage, 0});
       out.push_back({Kind::WaitReduceGrad, a.stage, 0});
     }
@@ -240,9 +305,9 @@ std::vector<Act> add_reduce_grad(const std::vector<Act>& actions, std::size_t mi
 /// _add_send_recv: the ranks take turns in order; each schedules its next action once its input
 /// has arrived (a receive another rank's send put in its list), appending its send and the
 /// receiver's receive as it does.
-std::vector<std::vector<Act>> add_send_recv(const std::vector<std::vector<Act>>& lists, std::size_t ranks,
-                                            std::size_t stages, std::size_t microbatches) {
-  const auto rank_of = [&](std::size_t s) { return s % ranks; };
+std::vector<std::vector<Act>> add_send_recv(const std::vector<std::vector<Act>>& lists, PipelineSchedule schedule,
+                                            std::size_t ranks, std::size_t stages, std::size_t microbatches) {
+  const auto rank_of = [&](std::size_t s) { return pipeline_rank_of(schedule, ranks, s); };
   const auto at = [&](std::size_t s, std::size_t mb) { return s * microbatches + mb; };
   std::vector<char> forwarded(stages * microbatches), backwarded(stages * microbatches);
   std::vector<char> received_f(stages * microbatches), received_b(stages * microbatches);
@@ -251,7 +316,7 @@ std::vector<std::vector<Act>> add_send_recv(const std::vector<std::vector<Act>>&
       return received_f[at(a.stage, a.mb)] != 0 ||
              (rank_of(a.stage - 1) == rank_of(a.stage) && forwarded[at(a.stage - 1, a.mb)] != 0);
     }
-    if (a.kind == Kind::B && a.stage + 1 != stages) {
+    if ((a.kind == Kind::B || a.kind == Kind::I) && a.stage + 1 != stages) {
       return received_b[at(a.stage, a.mb)] != 0 ||
              (rank_of(a.stage + 1) == rank_of(a.stage) && backwarded[at(a.stage + 1, a.mb)] != 0);
     }
@@ -276,7 +341,7 @@ std::vector<std::vector<Act>> add_send_recv(const std::vector<std::vector<Act>>&
           out[rank_of(a.stage + 1)].push_back({Kind::RecvF, a.stage + 1, a.mb});
           received_f[at(a.stage + 1, a.mb)] = 1;
         }
-      } else if (a.kind == Kind::B) {
+      } else if (a.kind == Kind::B || a.kind == Kind::I) {
         backwarded[at(a.stage, a.mb)] = 1;
         if (a.stage != 0 && rank_of(a.stage - 1) != r) {
           out[r].push_back({Kind::SendB, a.stage, a.mb});
@@ -290,9 +355,9 @@ std::vector<std::vector<Act>> add_send_recv(const std::vector<std::vector<Act>>&
   return out;
 }
 
-/// _PipelineScheduleRuntime's lowering of interleaved 1F1B, then rank `rank`'s list with
-/// _add_wait_send's waits: a forward's send is waited right after the stage's own backward of
-/// that micro-batch, every gradient's send at the end of the step.
+/// _PipelineScheduleRuntime's lowering of a multi-stage schedule, then rank `rank`'s list with
+/// _add_wait_send's waits: a forward's send is waited right after the stage's own backward
+/// (B or I) of that micro-batch, every gradient's send at the end of the step.
 std::vector<PipelineOp> runtime_program(PipelineSchedule schedule, std::size_t ranks, std::size_t rank,
                                         std::size_t microbatches, std::size_t per_rank) {
   const std::size_t stages = ranks * per_rank;
@@ -300,11 +365,12 @@ std::vector<PipelineOp> runtime_program(PipelineSchedule schedule, std::size_t r
   for (std::size_t r = 0; r < ranks; ++r) {
     std::vector<Act> compute;
     for (const PipelineAction& a : pipeline_actions(schedule, ranks, r, microbatches, per_rank)) {
-      compute.push_back({a.forward ? Kind::F : Kind::B, a.stage, a.microbatch});
+      static constexpr std::array<Kind, 4> kKinds{Kind::F, Kind::B, Kind::I, Kind::W};  // PipelineCompute's order
+      compute.push_back({kKinds[static_cast<std::size_t>(a.compute)], a.stage, a.microbatch});
     }
     lists[r] = add_reduce_grad(add_unshard_reshard(compute), microbatches, stages);
   }
-  const std::vector<Act> mine = add_send_recv(lists, ranks, stages, microbatches)[rank];
+  const std::vector<Act> mine = add_send_recv(lists, schedule, ranks, stages, microbatches)[rank];
   std::vector<PipelineOp> out;
   std::vector<PipelineOp> pending;  // sends not waited yet, in the order posted
   for (const Act& a : mine) {
@@ -316,12 +382,14 @@ std::vector<PipelineOp> runtime_program(PipelineSchedule schedule, std::size_t r
         pending.push_back({Step::WaitActivationsSent, a.stage, a.mb});
         break;
       case Kind::RecvB: out.push_back({Step::ReceiveGradients, a.stage, a.mb}); break;
-      case Kind::B: {
-        out.push_back({Step::Backward, a.stage, a.mb});
+      case Kind::B:
+      case Kind::I: {
+        out.push_back({a.kind == Kind::B ? Step::Backward : Step::BackwardInput, a.stage, a.mb});
         const PipelineOp wait{Step::WaitActivationsSent, a.stage, a.mb};
         if (std::erase(pending, wait) > 0) out.push_back(wait);
         break;
       }
+      case Kind::W: out.push_back({Step::BackwardWeight, a.stage, a.mb}); break;
       case Kind::SendB:
         out.push_back({Step::SendGradients, a.stage, a.mb});
         pending.push_back({Step::WaitGradientsSent, a.stage, a.mb});
@@ -342,9 +410,7 @@ std::vector<PipelineOp> runtime_program(PipelineSchedule schedule, std::size_t r
 
 std::vector<PipelineOp> pipeline_program(PipelineSchedule schedule, std::size_t ranks, std::size_t rank,
                                          std::size_t microbatches, std::size_t stages_per_rank) {
-  if (schedule == PipelineSchedule::Interleaved1F1B) {
-    return runtime_program(schedule, ranks, rank, microbatches, stages_per_rank);
-  }
+  if (multi_stage(schedule)) return runtime_program(schedule, ranks, rank, microbatches, stages_per_rank);
   return single_stage_program(schedule, ranks, rank, microbatches);
 }
 

@@ -3,8 +3,9 @@
 // (PyTorch 2.15, schedules.py) runs them.
 //
 // ScheduleGPipe and Schedule1F1B (PipelineScheduleSingle) post their receives, sends and waits
-// from their own loops; the program below writes those loops' order out. Interleaved 1F1B runs
-// through _PipelineScheduleRuntime: every rank's compute actions are lowered together
+// from their own loops; the program below writes those loops' order out. Interleaved 1F1B and
+// the zero-bubble schedules (ScheduleInterleavedZeroBubble, ScheduleZBVZeroBubble) run through
+// _PipelineScheduleRuntime: every rank's compute actions are lowered together
 // (_prepare_schedule_with_comms: _add_unshard_reshard, _add_reduce_grad, _add_send_recv, then
 // _add_wait_send), and a rank executes its lowered list. Where a receive lands in a rank's list
 // depends on when its neighbour sends, so the lowering simulates every rank.
@@ -26,6 +27,8 @@ enum class PipelineStep : std::uint8_t {
   WaitActivationsSent, ///< WAIT_SEND_F: release_fwd_send_outputs drops the output sent
   ReceiveGradients,    ///< RECV_B: a fresh buffer for the gradient of the stage's output
   Backward,            ///< B: backward_one_chunk (full backward)
+  BackwardInput,       ///< I: backward_one_chunk(full_backward=False): the input's gradient only
+  BackwardWeight,      ///< W: backward_weight_one_chunk: the weights' gradients of that I
   SendGradients,       ///< SEND_B: the input's gradient goes to the previous stage's rank
   WaitGradientsSent,   ///< WAIT_SEND_B: the gradient sent is dropped
   // The runtime's FSDP actions (interleaved schedules only; nothing without FSDP):

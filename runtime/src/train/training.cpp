@@ -631,6 +631,7 @@ StepStats Trainer::step() {
       return fsdp_->root_post_forward({pp_->stage_forward(model_->body(), local, fsdp_->root_pre_forward(x))}).front();
     };
     calls.loss = [this](const Tensor& out, const Tensor& tgt) { return loss_of(out, tgt); };
+    calls.weights = [this](std::size_t local) { return pp_->stage_weights(model_->body(), local); };
     calls.backward_begins = [&] {
       end_phase(alloc, *peaks_, s.forward);
       s.backward = begin_phase(alloc, *peaks_);

@@ -66,10 +66,10 @@ class Node : public std::enable_shared_from_this<Node> {
 
   std::vector<Edge>& next_edges() noexcept { return next_edges_; }
   const std::vector<Edge>& next_edges() const noexcept { return next_edges_; }
-  /// Whether input `i`'s gradient is needed (its edge leads somewhere).
-  bool needs_input_grad(std::size_t i) const noexcept {
-    return i < next_edges_.size() && next_edges_[i].valid();
-  }
+  /// Whether input `i`'s gradient is needed: its edge leads somewhere and, inside
+  /// torch.autograd.grad (mem::nn::grad with inputs), to one of them
+  /// (PyTorch's task_should_compute_output).
+  bool needs_input_grad(std::size_t i) const noexcept;
   std::uint32_t num_outputs() const noexcept { return num_outputs_; }
   void set_num_outputs(std::uint32_t n) noexcept { num_outputs_ = n; }
   /// Creation order; later nodes run first among ready ones.
@@ -259,5 +259,27 @@ class BackwardContextGuard {
 void backward(const Tensor& root, Tensor grad = {});
 /// Backpropagates several roots at once (used by reentrant checkpointing).
 void backward(const TensorList& roots, TensorList grads);
+
+/// Where a gradient enters the graph: input `edge.input_nr` of `edge.fn`
+/// (torch.autograd.graph.GradientEdge), with the gradient it receives.
+struct GradientRoot {
+  Edge edge;
+  Tensor grad;
+};
+struct GradOptions {
+  /// autograd.grad's `inputs`: the gradient reaching each is captured, not applied, and
+  /// only the nodes with a path to one of them run, each computing only the gradients
+  /// that lead there. Empty: every node runs, as backward().
+  std::vector<std::shared_ptr<Node>> inputs;
+  /// retain_graph=True: the nodes keep their saved tensors after they ran.
+  bool retain_graph = false;
+  /// Node.register_prehook: called with a node's incoming gradients before it runs; may
+  /// replace them.
+  std::function<void(Node&, TensorList&)> pre_hook;
+};
+/// torch.autograd.grad from gradient edges: runs the graph behind `roots` and returns the
+/// gradient that reached each of `options.inputs` (undefined where none did). The roots'
+/// gradients live until it returns, as the caller's grad_outputs do.
+TensorList grad(const std::vector<GradientRoot>& roots, const GradOptions& options);
 
 }  // namespace mem::nn

@@ -55,8 +55,22 @@ enum class PipelineSchedule : std::uint8_t {
   /// ScheduleInterleaved1F1B: several stages per rank (rank r holds stages r, r + P, ...), run
   /// by _PipelineScheduleRuntime from its lowered actions (sends, receives and their waits)
   Interleaved1F1B,
+  /// ScheduleInterleavedZeroBubble (ZB1P): interleaved 1F1B's stages with each backward split
+  /// into its input half (I, the gradient sent back) and its weight half (W, run later to fill
+  /// the bubbles), warming up with one forward less per rank
+  InterleavedZeroBubble,
+  /// ScheduleZBVZeroBubble: two stages per rank in a V (rank r holds r and 2P - 1 - r), the
+  /// backward split into I and W
+  ZBVZeroBubble,
 };
 std::string_view schedule_name(PipelineSchedule schedule) noexcept;
+/// Whether rank r holds several stages (run by _PipelineScheduleRuntime's lowered actions).
+bool multi_stage(PipelineSchedule schedule) noexcept;
+/// Whether the schedule splits each backward into its input and weight halves.
+bool splits_backward(PipelineSchedule schedule) noexcept;
+/// The pipeline rank that holds stage `stage` of `ranks` x `per_rank`: stage % P (the loop
+/// style), or, under ZBV's V, s for s < P and 2P - 1 - s after.
+std::size_t pipeline_rank_of(PipelineSchedule schedule, std::size_t ranks, std::size_t stage) noexcept;
 
 /// How a node's GPUs talk, which decides NCCL's own memory on each (nccl_memory below).
 enum class Topology : std::uint8_t {
@@ -239,8 +253,14 @@ std::string_view topology_name(Topology topology) noexcept;
 
 /// One compute action of a pipeline rank's schedule: the forward or the backward of a
 /// micro-batch on one of the rank's stages (its index among all P x V stages).
+enum class PipelineCompute : std::uint8_t {
+  Forward,         ///< F: forward_one_chunk
+  Backward,        ///< B: backward_one_chunk, the whole backward
+  BackwardInput,   ///< I: backward_one_chunk(full_backward=False), the input's gradient only
+  BackwardWeight,  ///< W: backward_weight_one_chunk, the weights' gradients of an earlier I
+};
 struct PipelineAction {
-  bool forward = true;
+  PipelineCompute compute = PipelineCompute::Forward;
   std::size_t microbatch = 0;
   std::size_t stage = 0;
   friend bool operator==(const PipelineAction&, const PipelineAction&) = default;
