@@ -459,10 +459,14 @@ void add_parallel_options(CLI::App& app, ParallelArgs& args, bool list) {
                  "tp: sequence_parallel=true (the plan modelled), loss_parallel=true|false (torchtitan's default "
                  "true: the logits stay sharded on the vocabulary and the loss is computed on the shards), rank=R; "
                  "dp: gpu=K (the GPU shown: 0 holds the module, the gathered output and the optimizer); "
-                 "pp: schedule=1f1b|gpipe|interleaved1f1b (Schedule1F1B, torchtitan's default, ScheduleGPipe, or "
-                 "ScheduleInterleaved1F1B: several stages per GPU, rank r holding stages r, r + N, ...), "
+                 "pp: schedule=1f1b|gpipe|interleaved1f1b|interleavedzerobubble|zbvzerobubble|dualpipev (Schedule1F1B, "
+                 "torchtitan's default, ScheduleGPipe, ScheduleInterleaved1F1B: several stages per GPU, rank r "
+                 "holding stages r, r + N, ..., or the zero-bubble schedules, each backward split into the input's "
+                 "gradient and the weights', later: ScheduleInterleavedZeroBubble, stages as interleaved, and "
+                 "ScheduleZBVZeroBubble, stages r and 2N - 1 - r; dualpipev, ScheduleDualPipeV, ZBV's stages with "
+                 "a forward and a backward overlapped, at least 2N micro-batches), "
                  "layers_per_stage=K (torchtitan's pipeline_parallel_layers_per_stage: ceil((layers + 2) / K) stages "
-                 "in all; default: one per GPU, two under interleaved1f1b), microbatches=M "
+                 "in all; default: one per GPU, two under the multi-stage schedules), microbatches=M "
                  "(n_microbatches, dividing the batch; default: the batch, one sample each), return_outputs=true|false "
                  "(step()'s: the last stage keeps the logits until the next step), stage=S (the one pipeline rank "
                  "shown; without it sweep gives each rank a row; under 1f1b rank 0 keeps the most activations, under "
@@ -541,7 +545,7 @@ std::string stage_of(const nn::ParallelConfig& config) {
     return config.stage_chosen || config.stage != 0
                ? "pipeline rank " + std::to_string(config.stage) + "'s" + of + ", its stages " +
                      std::to_string(config.stage) + ", " +
-                     (config.schedule == nn::PipelineSchedule::ZBVZeroBubble
+                     (nn::v_shaped(config.schedule)
                           ? std::to_string(2 * config.pipeline_parallel - 1 - config.stage)
                           : std::to_string(config.stage + config.pipeline_parallel) + ", ...")
                : "the fullest pipeline rank's" + of + ", every rank run (a batch fits when each rank's step does)";
@@ -656,6 +660,12 @@ std::string parallel_note(const std::vector<nn::ParallelConfig>& configs, const 
                                      "W (the weights', r backwards later): between them the stage keeps the micro-batch's "
                                      "whole graph, its input, the gradient received and each projection's output "
                                      "gradient; stage 0 runs its whole backward at W")
+                   : config.schedule == nn::PipelineSchedule::DualPipeV
+                       ? std::string("ScheduleDualPipeV through _PipelineScheduleRuntime: rank r holds stages r and "
+                                     "2P - 1 - r (a V), the steady state running one stage's forward and the other's "
+                                     "whole backward as one overlapped action, the first and last backwards split "
+                                     "into I and W: between them the stage keeps the micro-batch's whole graph, its "
+                                     "input, the gradient received and each projection's output gradient")
                    : config.schedule == nn::PipelineSchedule::ZBVZeroBubble
                        ? std::string("ScheduleZBVZeroBubble through _PipelineScheduleRuntime: rank r holds stages r "
                                      "and 2P - 1 - r (a V: the last rank hands stage P - 1's output to stage P without "

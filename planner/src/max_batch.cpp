@@ -59,9 +59,11 @@ BatchGrid batch_grid(const nn::ParallelConfig& parallel) noexcept {
     // nn.DataParallel: a multiple of N gives every GPU torch.chunk's piece (5 samples over 4
     // GPUs would be pieces of 2, 2 and 1, the fourth GPU idle).
     grid.lowest = grid.step = static_cast<std::int64_t>(parallel.world_size);
-  } else if (parallel.pipeline_parallel > 1 && parallel.schedule == nn::PipelineSchedule::Interleaved1F1B) {
-    // One sample per micro-batch: M must be a multiple of the rounds max(1, M / P). Multiples of
-    // P always are; the search keeps to them (some others are valid too: P + 1 to 2P - 1).
+  } else if (parallel.pipeline_parallel > 1 && (parallel.schedule == nn::PipelineSchedule::Interleaved1F1B ||
+                                                 parallel.schedule == nn::PipelineSchedule::InterleavedZeroBubble)) {
+    // One sample per micro-batch: M must be a multiple of the rounds max(1, M / P) (ZB1P's too).
+    // Multiples of P always are; the search keeps to them (some others are valid too: P + 1 to
+    // 2P - 1). ZBV takes any M.
     grid.lowest = grid.step = static_cast<std::int64_t>(parallel.pipeline_parallel);
   }
   return grid;

@@ -8,7 +8,8 @@ torchtitan splits it (generate_llm_fqn_per_model_part: the embedding and the fin
 lm_head count as a layer each), each stage a PipelineStage with static metadata, run by
 ScheduleGPipe, Schedule1F1B, ScheduleInterleaved1F1B (rank r holding stages r, r + N, ...:
 each of its stages is a PipelineStage and events name the stage too), or the zero-bubble
-ScheduleInterleavedZeroBubble and ScheduleZBVZeroBubble (rank r holding r and 2N - 1 - r), with
+ScheduleInterleavedZeroBubble, ScheduleZBVZeroBubble and ScheduleDualPipeV (these two: rank r
+holding r and 2N - 1 - r), with
 transformers' ForCausalLMLoss as loss_fn, two steps of
 AdamW (foreach), plain or with every decoder layer checkpointed (gradient_checkpointing_enable,
 non-reentrant). The stage's forward is LlamaModel.forward's for its layers: cache_position
@@ -54,9 +55,15 @@ from stack_python import reexec_on_stack
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "tests" / "data" / "h100-parallel-2026-11-26" / "ref-llama-2layer.json"
 LAYERS, BATCH, SEQ, STEPS = 4, 4, 128, 2
+
+
+def batch_of(microbatches):
+    """The batch: BATCH, or one sample per micro-batch where a schedule needs more (DualPipeV
+    runs at least as many micro-batches as stages)."""
+    return max(BATCH, microbatches)
 # (ranks, fsdp, tensor parallel, schedule, micro-batches, return_outputs, checkpointed, f32
-# parameters, stages per rank): each rank of each is checked. CI runs the first eight (every kind
-# of stage under the five schedules, tensor parallel and FSDP2 inside the stages); `--all`
+# parameters, stages per rank): each rank of each is checked. CI runs the first nine (every kind
+# of stage under the six schedules, tensor parallel and FSDP2 inside the stages); `--all`
 # (ctest models.pipeline_parallel_all, label coverage) the rest too.
 RUNS = (
     (3, 1, 1, "1f1b", 4, True, False, False, 1),  # stages of 1 + embedding, 2, and 1 + norm and lm_head
@@ -75,6 +82,7 @@ RUNS = (
     # rank hands over between its two without a send), under tensor parallel
     (3, 1, 1, "interleavedzerobubble", 4, True, False, False, 2),
     (2, 1, 2, "zbvzerobubble", 4, True, False, False, 2),
+    (2, 1, 1, "dualpipev", 4, True, False, False, 2),  # a forward and a whole backward overlapped
     (2, 1, 1, "1f1b", 4, True, False, False, 1),
     (2, 1, 1, "gpipe", 4, True, False, False, 1),
     (4, 1, 1, "1f1b", 4, True, False, False, 1),
@@ -98,6 +106,8 @@ RUNS = (
     (2, 1, 2, "interleavedzerobubble", 2, True, False, False, 2),
     (3, 1, 1, "zbvzerobubble", 2, True, False, False, 2),  # fewer micro-batches than ZBV's 2P - 1
     (4, 1, 1, "zbvzerobubble", 4, False, True, False, 2),
+    (3, 1, 1, "dualpipev", 6, True, False, False, 2),
+    (2, 1, 2, "dualpipev", 4, False, True, False, 2),
 )
 # FSDP2's buffers in a stage, as vramscope's --buffers names them.
 FSDP_KINDS = ("all-gather output", "unsharded parameters", "unsharded gradients (accumulated)",
@@ -234,8 +244,9 @@ def torch_side(stages, fsdp, tp, schedule, microbatches, return_outputs, checkpo
     import torch
     import torch.distributed as dist
     from torch import nn
-    from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B,
-                                              ScheduleInterleavedZeroBubble, ScheduleZBVZeroBubble)
+    from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleDualPipeV, ScheduleGPipe,
+                                              ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble,
+                                              ScheduleZBVZeroBubble)
     from torch.distributed.pipelining import _recv_buffers
     from torch.testing._internal.distributed.fake_pg import FakeStore
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -262,7 +273,7 @@ def torch_side(stages, fsdp, tp, schedule, microbatches, return_outputs, checkpo
     # Interleaved schedules hold `virtual` stages per rank, stage rank + k * stages (loop style);
     # ZBV two, rank and 2 * stages - 1 - rank (the V).
     total = stages * virtual
-    indices = ([rank, 2 * stages - 1 - rank] if schedule == "zbvzerobubble"
+    indices = ([rank, 2 * stages - 1 - rank] if schedule in ("zbvzerobubble", "dualpipev")
                else [rank + k * stages for k in range(virtual)])
     ranges = split(total, layers)
 
@@ -291,7 +302,7 @@ def torch_side(stages, fsdp, tp, schedule, microbatches, return_outputs, checkpo
 
     modules = [Stage(i) for i in indices]
     del full
-    rows = BATCH // microbatches
+    rows = batch_of(microbatches) // microbatches
     hidden = (rows, SEQ // tp, cfg.hidden_size)
     log, now, recv_kind = [], ["construction"], []
     step_no = [0]
@@ -419,15 +430,15 @@ def torch_side(stages, fsdp, tp, schedule, microbatches, return_outputs, checkpo
         return ForCausalLMLoss(logits, labels, cfg.vocab_size)
 
     if virtual > 1:
-        kind = {"interleavedzerobubble": ScheduleInterleavedZeroBubble,
-                "zbvzerobubble": ScheduleZBVZeroBubble}.get(schedule, ScheduleInterleaved1F1B)
+        kind = {"interleavedzerobubble": ScheduleInterleavedZeroBubble, "zbvzerobubble": ScheduleZBVZeroBubble,
+                "dualpipev": ScheduleDualPipeV}.get(schedule, ScheduleInterleaved1F1B)
         pipe = kind(pipeline_stages, microbatches, loss_fn=loss_fn)
     else:
         kind = ScheduleGPipe if schedule == "gpipe" else Schedule1F1B
         pipe = kind(pipeline_stages[0], microbatches, loss_fn=loss_fn)
     opt = torch.optim.AdamW([p for m in modules for p in m.parameters()], lr=1e-3, foreach=True)
     first, last = 0 in indices, total - 1 in indices  # ZBV: rank 0 holds the last stage too
-    ids = torch.randint(0, cfg.vocab_size, (BATCH, SEQ))
+    ids = torch.randint(0, cfg.vocab_size, (batch_of(microbatches), SEQ))
     for step in range(1, STEPS + 1):
         step_no[0] = step
         opt.zero_grad(set_to_none=True)
@@ -460,7 +471,7 @@ def ours(exe, stages, fsdp, tp, schedule, microbatches, return_outputs, checkpoi
         options += ",param_dtype=bf16,reduce_dtype=f32"
     config = Path(tmp) / "llama-4layer.json"
     config.write_text(json.dumps({**json.loads(CONFIG.read_text()), "num_hidden_layers": layers_of(stages, virtual)}))
-    subprocess.run([exe, "trace", "--hf-config", str(config), "--batch", str(BATCH), "--seq", str(SEQ), "--attn", "sdpa",
+    subprocess.run([exe, "trace", "--hf-config", str(config), "--batch", str(batch_of(microbatches)), "--seq", str(SEQ), "--attn", "sdpa",
                     "--dtype", "f32" if mixed else "bf16", "--device", "sim:h100-80g", "--steps", str(STEPS),
                     "--stack", stack, "--parallel", mesh_of(stages, fsdp, tp), "--parallel-options", options,
                     "--buffers", str(out),
@@ -490,7 +501,7 @@ def main() -> int:
     reexec_on_stack("check_pipeline_parallel")
     import torch
     exe = sys.argv[1]
-    runs = RUNS if "--all" in sys.argv[2:] else RUNS[:8]
+    runs = RUNS if "--all" in sys.argv[2:] else RUNS[:9]
     # FSDP2 in a stage is modelled as torch 2.15's PipelineStage finalizes it: the stack checked.
     stack = f"torch={'.'.join(torch.__version__.split('+')[0].split('.')[:2])},transformers=5.24"
     failures = []

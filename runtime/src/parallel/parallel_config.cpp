@@ -162,13 +162,15 @@ ParallelConfig parse_pipeline_options(ParallelConfig config, std::string_view op
         config.schedule = PipelineSchedule::InterleavedZeroBubble;
       } else if (name == "zbvzerobubble") {
         config.schedule = PipelineSchedule::ZBVZeroBubble;
-      } else if (name == "loopedbfs" || name == "dualpipev") {
+      } else if (name == "dualpipev") {
+        config.schedule = PipelineSchedule::DualPipeV;
+      } else if (name == "loopedbfs") {
         throw Error("schedule=" + std::string(value) + " is not modelled yet; gpipe, 1f1b, interleaved1f1b, "
-                    "interleavedzerobubble and zbvzerobubble are");
+                    "interleavedzerobubble, zbvzerobubble and dualpipev are");
       } else {
-        throw Error("schedule=" + std::string(value) + ": expected gpipe, 1f1b, interleaved1f1b, interleavedzerobubble "
-                    "or zbvzerobubble (ScheduleGPipe, Schedule1F1B, ScheduleInterleaved1F1B, "
-                    "ScheduleInterleavedZeroBubble, ScheduleZBVZeroBubble)");
+        throw Error("schedule=" + std::string(value) + ": expected gpipe, 1f1b, interleaved1f1b, interleavedzerobubble, "
+                    "zbvzerobubble or dualpipev (ScheduleGPipe, Schedule1F1B, ScheduleInterleaved1F1B, "
+                    "ScheduleInterleavedZeroBubble, ScheduleZBVZeroBubble, ScheduleDualPipeV)");
       }
     } else if (key == "layers_per_stage") {
       config.layers_per_stage = parse_count(key, value, kMaxMicrobatches + 1);
@@ -515,6 +517,7 @@ std::string_view schedule_name(PipelineSchedule schedule) noexcept {
     case PipelineSchedule::Interleaved1F1B: return "interleaved1f1b";
     case PipelineSchedule::InterleavedZeroBubble: return "interleavedzerobubble";
     case PipelineSchedule::ZBVZeroBubble: return "zbvzerobubble";
+    case PipelineSchedule::DualPipeV: return "dualpipev";
   }
   return "1f1b";
 }
@@ -524,12 +527,17 @@ bool multi_stage(PipelineSchedule schedule) noexcept {
 }
 
 bool splits_backward(PipelineSchedule schedule) noexcept {
-  return schedule == PipelineSchedule::InterleavedZeroBubble || schedule == PipelineSchedule::ZBVZeroBubble;
+  return schedule == PipelineSchedule::InterleavedZeroBubble || schedule == PipelineSchedule::ZBVZeroBubble ||
+         schedule == PipelineSchedule::DualPipeV;
+}
+
+bool v_shaped(PipelineSchedule schedule) noexcept {
+  return schedule == PipelineSchedule::ZBVZeroBubble || schedule == PipelineSchedule::DualPipeV;
 }
 
 std::size_t pipeline_rank_of(PipelineSchedule schedule, std::size_t ranks, std::size_t stage) noexcept {
-  // generate_stage_to_rank_mapping(style="v") for ZBV, "loop" for the others.
-  if (schedule == PipelineSchedule::ZBVZeroBubble && stage >= ranks) return 2 * ranks - 1 - stage;
+  // generate_stage_to_rank_mapping(style="v") for ZBV and DualPipeV, "loop" for the others.
+  if (v_shaped(schedule) && stage >= ranks) return 2 * ranks - 1 - stage;
   return stage % ranks;
 }
 

@@ -102,6 +102,12 @@ PipelineParallel::PipelineParallel(const ParallelConfig& config, Sequential& bod
                 ": torch.tensor_split needs at least one sample each; give microbatches at most " +
                 std::to_string(batch));
   }
+  if (config.schedule == PipelineSchedule::DualPipeV && microbatches_ < 2 * stages) {
+    // ScheduleDualPipeV.__init__'s ValueError.
+    throw Error("pp:" + std::to_string(stages) + " with dualpipev: " + std::to_string(microbatches_) +
+                " micro-batches for " + std::to_string(2 * stages) + " stages; DualPipeV needs at least as many "
+                "micro-batches as stages: give microbatches=" + std::to_string(2 * stages) + " or more");
+  }
   if (config.schedule == PipelineSchedule::OneF1B && microbatches_ < stages) {
     // Schedule1F1B.__init__'s ValueError.
     throw Error("pp:" + std::to_string(stages) + " with 1f1b: the number of micro-batches (" +
@@ -115,9 +121,8 @@ PipelineParallel::PipelineParallel(const ParallelConfig& config, Sequential& bod
   std::vector<std::string> keep;
   for (std::size_t k = 0; k < per_rank; ++k) {
     LocalStage stage;
-    // Loop style: r, r + P, ...; ZBV's V: r and 2P - 1 - r.
-    stage.index = config.schedule == PipelineSchedule::ZBVZeroBubble && k == 1 ? 2 * stages - 1 - config.stage
-                                                                               : config.stage + k * stages;
+    // Loop style: r, r + P, ...; ZBV's and DualPipeV's V: r and 2P - 1 - r.
+    stage.index = v_shaped(config.schedule) && k == 1 ? 2 * stages - 1 - config.stage : config.stage + k * stages;
     stage.first = stage.index == 0;
     stage.last = stage.index + 1 == stages * per_rank;
     names[k].emplace_back("model.rotary_emb");
@@ -291,7 +296,8 @@ void PipelineParallel::step(Runtime& rt, const Tensor& input, const Tensor& targ
     } else {
       release_decoder_inputs(*rotary_);
       mb.edge = gradient_edge(mb.output);
-      if (here(op.stage + 1)) record("pass activations", op.stage, op.microbatch, mb.output);
+      // Logged as made: an OVERLAP_F_B posts the send after its backward half.
+      record(here(op.stage + 1) ? "pass activations" : "send activations", op.stage, op.microbatch, mb.output);
     }
   };
   // What a backward leaves to the previous stage: its input's gradient, sent back, or handed to
@@ -405,7 +411,6 @@ void PipelineParallel::step(Runtime& rt, const Tensor& input, const Tensor& targ
         forward(op);
         break;
       case PipelineStep::SendActivations:
-        record("send activations", op.stage, op.microbatch, mb.output);
         sent_ += static_cast<double>(mb.output.nbytes());
         break;
       // The send waited (_wait_and_release_fwd_send): the stage drops the output it sent.

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <deque>
 #include <string>
 
 #include "vramscope/allocator/errors.hpp"
@@ -106,6 +107,69 @@ std::vector<PipelineAction> zbv_actions(std::size_t ranks, std::size_t rank, std
   return out;
 }
 
+/// ScheduleDualPipeV._calculate_single_rank_operations: rank r's stages r and 2P - 1 - r, the
+/// steady state's forward and whole backward of the other stage overlapped (OVERLAP_F_B), the
+/// weight halves of the split backwards run from a queue in order.
+std::vector<PipelineAction> dualpipev_actions(std::size_t ranks, std::size_t rank, std::size_t microbatches) {
+  const std::size_t s0 = rank, s1 = 2 * ranks - 1 - rank;
+  std::array<std::size_t, 2> forwards{}, inputs{};  // the next micro-batch per stage (chunk 0, 1)
+  const auto chunk = [&](std::size_t stage) { return stage == s0 ? 0 : 1; };
+  std::deque<std::pair<std::size_t, std::size_t>> weights;  // I's waiting for their W: stage, micro-batch
+  std::vector<PipelineAction> out;
+  const auto add = [&](std::size_t stage, Compute compute) {
+    std::size_t& next = compute == Compute::Forward ? forwards[chunk(stage)] : inputs[chunk(stage)];
+    out.push_back({compute, next, stage});
+    if (compute == Compute::BackwardInput) weights.emplace_back(stage, next);
+    ++next;
+  };
+  const auto overlap = [&](std::size_t forward_stage, std::size_t backward_stage) {
+    out.push_back({Compute::Forward, forwards[chunk(forward_stage)]++, forward_stage, true});
+    out.push_back({Compute::Backward, inputs[chunk(backward_stage)]++, backward_stage});
+  };
+  const auto weight = [&] {
+    if (weights.empty()) return;
+    out.push_back({Compute::BackwardWeight, weights.front().second, weights.front().first});
+    weights.pop_front();
+  };
+  const std::size_t p = ranks, r = rank;
+  for (std::size_t i = 0; i < 2 * (p - r - 1); ++i) add(s0, Compute::Forward);  // F0
+  for (std::size_t i = 0; i < r + 1; ++i) {                                       // F0 F1
+    add(s0, Compute::Forward);
+    add(s1, Compute::Forward);
+  }
+  for (std::size_t i = 0; i < p - r - 1; ++i) {  // I1 W F1
+    add(s1, Compute::BackwardInput);
+    weight();
+    add(s1, Compute::Forward);
+  }
+  for (std::size_t i = 0; i + 2 * p < microbatches + r + 1; ++i) {  // the main step: F0B1, F1B0
+    if (i == 0 && r == p - 1) {
+      add(s0, Compute::Forward);  // not overlapped, to shrink the bubble
+      add(s1, Compute::Backward);
+    } else {
+      overlap(s0, s1);
+    }
+    overlap(s1, s0);
+  }
+  for (std::size_t i = 0; i < p - r - 1; ++i) {  // B1, F1B0
+    add(s1, Compute::Backward);
+    overlap(s1, s0);
+  }
+  bool split = false;  // the second half of the last backwards split into I and W
+  for (std::size_t i = 0; i < r + 1; ++i) {
+    if (i == (r + 1) / 2 && r % 2 == 1) split = true;
+    add(s1, split ? Compute::BackwardInput : Compute::Backward);
+    if (i == (r + 1) / 2 && r % 2 == 0) split = true;
+    add(s0, split ? Compute::BackwardInput : Compute::Backward);
+  }
+  for (std::size_t i = 0; i < p - r - 1; ++i) {  // W B0
+    weight();
+    add(s0, split ? Compute::BackwardInput : Compute::Backward);
+  }
+  for (std::size_t i = 0; i < r + 1; ++i) weight();  // W
+  return out;
+}
+
 }  // namespace
 
 std::vector<PipelineAction> pipeline_actions(PipelineSchedule schedule, std::size_t ranks, std::size_t rank,
@@ -115,6 +179,7 @@ std::vector<PipelineAction> pipeline_actions(PipelineSchedule schedule, std::siz
                                schedule == PipelineSchedule::InterleavedZeroBubble);
   }
   if (schedule == PipelineSchedule::ZBVZeroBubble) return zbv_actions(ranks, rank, microbatches);
+  if (schedule == PipelineSchedule::DualPipeV) return dualpipev_actions(ranks, rank, microbatches);
   std::vector<PipelineAction> out;
   if (schedule == PipelineSchedule::GPipe) {
     for (std::size_t m = 0; m < microbatches; ++m) out.push_back({Compute::Forward, m, rank});
@@ -172,9 +237,10 @@ std::size_t pipeline_stages_per_rank(const ParallelConfig& config, std::size_t l
                 ", " + std::to_string(per_rank) + " per rank, and a single-stage schedule runs one; give "
                 "schedule=interleaved1f1b or layers_per_stage=" + std::to_string((layers + 2 + ranks - 1) / ranks));
   }
-  if (config.schedule == PipelineSchedule::ZBVZeroBubble && per_rank != 2) {
-    throw Error("pp:" + std::to_string(ranks) + " with zbvzerobubble: " + given + ", " + std::to_string(per_rank) +
-                " per rank, and ZBV runs exactly two (its ValueError); give layers_per_stage=" +
+  if (v_shaped(config.schedule) && per_rank != 2) {
+    throw Error("pp:" + std::to_string(ranks) + " with " + std::string(schedule_name(config.schedule)) + ": " + given +
+                ", " + std::to_string(per_rank) + " per rank, and a V runs exactly two (its ValueError); give "
+                "layers_per_stage=" +
                 std::to_string((layers + 2 + 2 * ranks - 1) / (2 * ranks)));
   }
   if (interleaved && per_rank < 2) {
@@ -239,40 +305,46 @@ struct Act {
   Kind kind;
   std::size_t stage;
   std::size_t mb;
+  bool overlapped = false;  ///< one OVERLAP_F_B with the next action
 };
+
+/// The atomic action starting at `i` (an OVERLAP_F_B's two halves, or one): its length.
+std::size_t atomic(const std::vector<Act>& acts, std::size_t i) { return acts[i].overlapped ? 2 : 1; }
 
 /// _add_unshard_reshard(max_active_stages=3, unshard_lookahead="full"): before each compute
 /// action, the stages not among the next three distinct ones are resharded and those among them
-/// not yet unsharded are unsharded. The runtime makes them no-ops without FSDP, but the
-/// lowering's simulation spends a turn on each, which moves where the neighbours' receives land.
+/// not yet unsharded are unsharded (an OVERLAP_F_B's stages together, so the window can hold one
+/// more). The runtime makes them no-ops without FSDP, but the lowering's simulation spends a turn
+/// on each, which moves where the neighbours' receives land.
 std::vector<Act> add_unshard_reshard(const std::vector<Act>& compute) {
   constexpr std::size_t kActive = 3;
-  using Window = std::array<std::size_t, kActive>;  // the next distinct stages, in order
-  struct Ahead {
-    Window stages{};
-    std::size_t size = 0;
-    bool has(std::size_t s) const { return std::find(stages.begin(), stages.begin() + size, s) != stages.begin() + size; }
-  };
-  // ahead[i]: the first three distinct stages of compute[i:], found from the end in one pass.
-  std::vector<Ahead> ahead(compute.size() + 1);
-  for (std::size_t i = compute.size(); i-- > 0;) {
-    Ahead& here = ahead[i];
-    here.stages[here.size++] = compute[i].stage;
-    for (std::size_t k = 0; k < ahead[i + 1].size && here.size < kActive; ++k) {
-      if (ahead[i + 1].stages[k] != compute[i].stage) here.stages[here.size++] = ahead[i + 1].stages[k];
-    }
+  std::vector<std::size_t> all;  // the rank's stages: a window never holds more
+  for (const Act& a : compute) {
+    if (std::find(all.begin(), all.end(), a.stage) == all.end()) all.push_back(a.stage);
   }
+  // next_stage_indices: the distinct stages of the atomic actions from `i` on, until three.
+  const auto window = [&](std::size_t i) {
+    std::vector<std::size_t> ret;
+    while (i < compute.size() && ret.size() < std::min(kActive, all.size())) {
+      const std::size_t n = atomic(compute, i);
+      for (std::size_t k = i; k < i + n; ++k) {
+        if (std::find(ret.begin(), ret.end(), compute[k].stage) == ret.end()) ret.push_back(compute[k].stage);
+      }
+      i += n;
+    }
+    return ret;
+  };
   std::vector<std::size_t> active;  // in the order unsharded (a dict's)
   std::vector<Act> out;
-  for (std::size_t i = 0; i < compute.size(); ++i) {
-    const Ahead& window = ahead[i];
-    std::vector<std::size_t> evict;
+  for (std::size_t i = 0; i < compute.size(); i += atomic(compute, i)) {
+    const std::vector<std::size_t> ahead = window(i);
+    const auto in = [](const std::vector<std::size_t>& v, std::size_t s) { return std::find(v.begin(), v.end(), s) != v.end(); };
+    std::vector<std::size_t> evict, fetch;
     for (std::size_t s : active) {
-      if (!window.has(s)) evict.push_back(s);
+      if (!in(ahead, s)) evict.push_back(s);
     }
-    std::vector<std::size_t> fetch;
-    for (std::size_t k = 0; k < window.size; ++k) {
-      if (std::find(active.begin(), active.end(), window.stages[k]) == active.end()) fetch.push_back(window.stages[k]);
+    for (std::size_t s : ahead) {
+      if (!in(active, s)) fetch.push_back(s);
     }
     for (std::size_t s : evict) {
       std::erase(active, s);
@@ -282,7 +354,7 @@ std::vector<Act> add_unshard_reshard(const std::vector<Act>& compute) {
       active.push_back(s);
       out.push_back({Kind::Unshard, s, 0});
     }
-    out.push_back(compute[i]);
+    for (std::size_t k = i; k < i + atomic(compute, i); ++k) out.push_back(compute[k]);
   }
   for (std::size_t s : active) out.push_back({Kind::Reshard, s, 0});
   return out;
@@ -292,12 +364,16 @@ std::vector<Act> add_unshard_reshard(const std::vector<Act>& compute) {
 std::vector<Act> add_reduce_grad(const std::vector<Act>& actions, std::size_t microbatches, std::size_t stages) {
   std::vector<std::size_t> backwards(stages);
   std::vector<Act> out;
+  std::vector<std::size_t> done;  // stages whose last backward the atomic action ran
   for (const Act& a : actions) {
     out.push_back(a);
-    if ((a.kind == Kind::B || a.kind == Kind::W) && ++backwards[a.stage] == microbatches) {
-      out.push_back({Kind::ReduceGrad, a.stage, 0});
-      out.push_back({Kind::WaitReduceGrad, a.stage, 0});
+    if ((a.kind == Kind::B || a.kind == Kind::W) && ++backwards[a.stage] == microbatches) done.push_back(a.stage);
+    if (a.overlapped) continue;  // after the whole OVERLAP_F_B
+    for (std::size_t stage : done) {
+      out.push_back({Kind::ReduceGrad, stage, 0});
+      out.push_back({Kind::WaitReduceGrad, stage, 0});
     }
+    done.clear();
   }
   return out;
 }
@@ -329,11 +405,19 @@ std::vector<std::vector<Act>> add_send_recv(const std::vector<std::vector<Act>>&
   while (left > 0) {
     bool progress = false;
     for (std::size_t r = 0; r < ranks; ++r) {
-      if (next[r] == lists[r].size() || !ready(lists[r][next[r]])) continue;
-      const Act a = lists[r][next[r]++];
-      --left;
+      if (next[r] == lists[r].size()) continue;
+      // An OVERLAP_F_B waits until both halves can run; it is added whole, then its sends.
+      const std::size_t n = atomic(lists[r], next[r]);
+      bool all_ready = true;
+      for (std::size_t k = next[r]; k < next[r] + n; ++k) all_ready = all_ready && ready(lists[r][k]);
+      if (!all_ready) continue;
+      const std::size_t first = next[r];
+      next[r] += n;
+      left -= n;
       progress = true;
-      out[r].push_back(a);
+      for (std::size_t k = first; k < first + n; ++k) out[r].push_back(lists[r][k]);
+      for (std::size_t k = first; k < first + n; ++k) {
+      const Act& a = lists[r][k];
       if (a.kind == Kind::F) {
         forwarded[at(a.stage, a.mb)] = 1;
         if (a.stage + 1 != stages && rank_of(a.stage + 1) != r) {
@@ -348,6 +432,7 @@ std::vector<std::vector<Act>> add_send_recv(const std::vector<std::vector<Act>>&
           out[rank_of(a.stage - 1)].push_back({Kind::RecvB, a.stage - 1, a.mb});
           received_b[at(a.stage - 1, a.mb)] = 1;
         }
+      }
       }
     }
     if (!progress) throw Error("pp: the schedule's actions cannot be ordered with their sends and receives");
@@ -366,7 +451,7 @@ std::vector<PipelineOp> runtime_program(PipelineSchedule schedule, std::size_t r
     std::vector<Act> compute;
     for (const PipelineAction& a : pipeline_actions(schedule, ranks, r, microbatches, per_rank)) {
       static constexpr std::array<Kind, 4> kKinds{Kind::F, Kind::B, Kind::I, Kind::W};  // PipelineCompute's order
-      compute.push_back({kKinds[static_cast<std::size_t>(a.compute)], a.stage, a.microbatch});
+      compute.push_back({kKinds[static_cast<std::size_t>(a.compute)], a.stage, a.microbatch, a.overlapped});
     }
     lists[r] = add_reduce_grad(add_unshard_reshard(compute), microbatches, stages);
   }

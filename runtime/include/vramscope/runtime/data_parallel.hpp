@@ -62,14 +62,19 @@ enum class PipelineSchedule : std::uint8_t {
   /// ScheduleZBVZeroBubble: two stages per rank in a V (rank r holds r and 2P - 1 - r), the
   /// backward split into I and W
   ZBVZeroBubble,
+  /// ScheduleDualPipeV (DeepSeek's DualPipe, V-shaped): ZBV's stages, the steady state running a
+  /// forward of one stage and a whole backward of the other as one overlapped action
+  DualPipeV,
 };
 std::string_view schedule_name(PipelineSchedule schedule) noexcept;
 /// Whether rank r holds several stages (run by _PipelineScheduleRuntime's lowered actions).
 bool multi_stage(PipelineSchedule schedule) noexcept;
-/// Whether the schedule splits each backward into its input and weight halves.
+/// Whether the schedule splits backwards into their input and weight halves.
 bool splits_backward(PipelineSchedule schedule) noexcept;
+/// Whether rank r holds stages r and 2P - 1 - r (ZBV's and DualPipeV's V).
+bool v_shaped(PipelineSchedule schedule) noexcept;
 /// The pipeline rank that holds stage `stage` of `ranks` x `per_rank`: stage % P (the loop
-/// style), or, under ZBV's V, s for s < P and 2P - 1 - s after.
+/// style), or, under ZBV's and DualPipeV's V, s for s < P and 2P - 1 - s after.
 std::size_t pipeline_rank_of(PipelineSchedule schedule, std::size_t ranks, std::size_t stage) noexcept;
 
 /// How a node's GPUs talk, which decides NCCL's own memory on each (nccl_memory below).
@@ -263,6 +268,8 @@ struct PipelineAction {
   PipelineCompute compute = PipelineCompute::Forward;
   std::size_t microbatch = 0;
   std::size_t stage = 0;
+  /// Runs with the next action as one (DualPipeV's OVERLAP_F_B: a forward, then a backward).
+  bool overlapped = false;
   friend bool operator==(const PipelineAction&, const PipelineAction&) = default;
 };
 /// The order `schedule` runs micro-batches on pipeline rank `rank` of `ranks`, with
