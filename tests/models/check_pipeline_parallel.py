@@ -62,7 +62,7 @@ def batch_of(microbatches):
     runs at least as many micro-batches as stages)."""
     return max(BATCH, microbatches)
 # (ranks, fsdp, tensor parallel, schedule, micro-batches, return_outputs, checkpointed, f32
-# parameters, stages per rank): each rank of each is checked. CI runs the first nine (every kind
+# parameters, stages per rank): each rank of each is checked. CI runs the first ten (every kind
 # of stage under the six schedules, tensor parallel and FSDP2 inside the stages); `--all`
 # (ctest models.pipeline_parallel_all, label coverage) the rest too.
 RUNS = (
@@ -83,6 +83,9 @@ RUNS = (
     (3, 1, 1, "interleavedzerobubble", 4, True, False, False, 2),
     (2, 1, 2, "zbvzerobubble", 4, True, False, False, 2),
     (2, 1, 1, "dualpipev", 4, True, False, False, 2),  # a forward and a whole backward overlapped
+    # FSDP2 inside ZBV's stages: rank 0's two stages each a root of its own (the embedding's, the
+    # norm's and lm_head's), the weights' gradients accumulated at W, reduced after the last W
+    (2, 2, 1, "zbvzerobubble", 4, True, False, True, 2),
     (2, 1, 1, "1f1b", 4, True, False, False, 1),
     (2, 1, 1, "gpipe", 4, True, False, False, 1),
     (4, 1, 1, "1f1b", 4, True, False, False, 1),
@@ -108,6 +111,11 @@ RUNS = (
     (4, 1, 1, "zbvzerobubble", 4, False, True, False, 2),
     (3, 1, 1, "dualpipev", 6, True, False, False, 2),
     (2, 1, 2, "dualpipev", 4, False, True, False, 2),
+    (2, 2, 1, "interleavedzerobubble", 4, True, False, True, 2),
+    (3, 2, 1, "interleavedzerobubble", 4, True, False, True, 2),
+    (2, 2, 1, "interleavedzerobubble", 4, True, False, False, 3),  # bf16 parameters, 3 stages per rank
+    (2, 2, 1, "dualpipev", 4, False, True, False, 2),
+    (2, 2, 2, "zbvzerobubble", 4, True, False, True, 2),  # pp:2xfsdp:2xtp:2 in a V
 )
 # FSDP2's buffers in a stage, as vramscope's --buffers names them.
 FSDP_KINDS = ("all-gather output", "unsharded parameters", "unsharded gradients (accumulated)",
@@ -501,7 +509,7 @@ def main() -> int:
     reexec_on_stack("check_pipeline_parallel")
     import torch
     exe = sys.argv[1]
-    runs = RUNS if "--all" in sys.argv[2:] else RUNS[:9]
+    runs = RUNS if "--all" in sys.argv[2:] else RUNS[:10]
     # FSDP2 in a stage is modelled as torch 2.15's PipelineStage finalizes it: the stack checked.
     stack = f"torch={'.'.join(torch.__version__.split('+')[0].split('.')[:2])},transformers=5.24"
     failures = []

@@ -554,14 +554,21 @@ void FullyShard::begin_step() {
   });
 }
 
-Tensor FullyShard::root_pre_forward(const Tensor& input) {
-  if (!pipelined_) begin_step();  // a pipeline runs the root's forward once per micro-batch
-  in_backward_ = false;
-  return group_pre_forward(groups_.back(), input);
+FullyShard::Group& FullyShard::root_group(std::optional<std::size_t> stage) {
+  for (std::size_t i = groups_.size() - root_count_; stage && i < groups_.size(); ++i) {
+    if (groups_[i].stage == *stage) return groups_[i];
+  }
+  return groups_.back();
 }
 
-std::vector<Tensor> FullyShard::root_post_forward(std::vector<Tensor> outputs) {
-  outputs = group_post_forward(groups_.back(), std::move(outputs));
+Tensor FullyShard::root_pre_forward(const Tensor& input, std::optional<std::size_t> stage) {
+  if (!pipelined_) begin_step();  // a pipeline runs the root's forward once per micro-batch
+  in_backward_ = false;
+  return group_pre_forward(root_group(stage), input);
+}
+
+std::vector<Tensor> FullyShard::root_post_forward(std::vector<Tensor> outputs, std::optional<std::size_t> stage) {
+  outputs = group_post_forward(root_group(stage), std::move(outputs));
   // The root's _post_forward frees the last all-gather output kept for overlap.
   release_all_gather_state();
   return outputs;
@@ -785,9 +792,9 @@ void FullyShard::root_post_backward_final_callback() {
   // _root_post_backward_final_callback: the groups whose post-backward did not run (their
   // inputs needed no gradient: the root's, usually), in module order, the root first.
   callback_queued_ = false;
-  const std::size_t root = groups_.size() - 1;
+  const std::size_t blocks = groups_.size() - root_count_;
   for (std::size_t k = 0; k < groups_.size(); ++k) {
-    Group& g = groups_[k == 0 ? root : k - 1];
+    Group& g = groups_[k < root_count_ ? blocks + k : k - root_count_];
     if (staged_ && (g.stage != callback_stage_ || g.params.empty())) continue;  // another root's
     if (g.state != State::PostBackward) post_backward(g);
     g.state = State::Idle;
@@ -833,10 +840,12 @@ void FullyShard::finalize_root(std::optional<std::size_t> stage) {
     }
     g.state = State::Idle;
   };
-  for (std::size_t i = groups_.size() - 1; i-- > 0;) {
+  for (std::size_t i = groups_.size() - root_count_; i-- > 0;) {
     if (!stage || groups_[i].stage == *stage) finalize(groups_[i]);
   }
-  if (!stage || stage_has_root(*stage)) finalize(groups_.back());
+  for (std::size_t i = groups_.size() - root_count_; i < groups_.size(); ++i) {
+    if (!stage || (!groups_[i].params.empty() && groups_[i].stage == *stage)) finalize(groups_[i]);
+  }
   end_backward_iteration(stage);
   finalizing_ = false;
 }
@@ -857,14 +866,32 @@ void FullyShard::assign_stages(const Module& body, const std::vector<std::vector
   for (std::size_t i = 0; i + 1 < groups_.size(); ++i) groups_[i].stage = stage_of_child(groups_[i].module);
   Group& root = groups_.back();
   // The root's parameters are the embedding's (the first stage) or the norm's and lm_head's (the
-  // last); a rank of middle stages has none, and no root group that runs.
+  // last); a rank of middle stages has none, and no root group that runs. A V's rank 0 holds
+  // both: each of its two stages is a root of its own (torchtitan's fully_shard per model part).
   if (!root.params.empty()) {
     root.stage = stage_of_child(root.params.front().module);
-    for (const Param& p : root.params) {
-      if (stage_of_child(p.module) != root.stage) {
-        throw Error("fsdp inside an interleaved schedule: the root's parameters are split over two of the rank's "
-                    "stages (one rank holds the first and the last stage); give more pipeline ranks");
+    std::vector<Param> other;
+    for (auto it = root.params.begin(); it != root.params.end();) {
+      if (stage_of_child(it->module) == root.stage) {
+        ++it;
+      } else {
+        other.push_back(std::move(*it));
+        it = root.params.erase(it);
       }
+    }
+    if (!other.empty()) {
+      const std::size_t second = stage_of_child(other.front().module);
+      for (const Param& p : other) {
+        if (stage_of_child(p.module) != second) {
+          throw Error("fsdp inside an interleaved schedule: the root's parameters are split over three of the "
+                      "rank's stages");
+        }
+      }
+      Group split = groups_.back();  // the same fully_shard options, the other stage's parameters
+      split.params = std::move(other);
+      split.stage = second;
+      groups_.push_back(std::move(split));
+      root_count_ = 2;
     }
   }
   post_forward_orders_.assign(parts.size(), {});
@@ -872,13 +899,18 @@ void FullyShard::assign_stages(const Module& body, const std::vector<std::vector
 }
 
 bool FullyShard::stage_has_root(std::size_t local) const noexcept {
-  return !groups_.back().params.empty() && groups_.back().stage == local;
+  for (std::size_t i = groups_.size() - root_count_; i < groups_.size(); ++i) {
+    if (!groups_[i].params.empty() && groups_[i].stage == local) return true;
+  }
+  return false;
 }
 
 std::vector<std::size_t> FullyShard::stage_groups(std::size_t local) const {
   std::vector<std::size_t> out;
-  if (stage_has_root(local)) out.push_back(groups_.size() - 1);
-  for (std::size_t i = 0; i + 1 < groups_.size(); ++i) {
+  for (std::size_t i = groups_.size() - root_count_; i < groups_.size(); ++i) {
+    if (!groups_[i].params.empty() && groups_[i].stage == local) out.push_back(i);
+  }
+  for (std::size_t i = 0; i + root_count_ < groups_.size(); ++i) {
     if (groups_[i].stage == local) out.push_back(i);
   }
   return out;

@@ -42,11 +42,12 @@ class FullyShard final : public ForwardHooks {
   /// A training step begins (the root's first forward of it): the gradients the last step's
   /// reduce-scatters left were set to None since. root_pre_forward calls it outside a pipeline.
   void begin_step();
-  /// The root's pre-forward hook (the model's input, cast to param_dtype if one is set).
-  Tensor root_pre_forward(const Tensor& input);
+  /// The root's pre-forward hook (the model's input, cast to param_dtype if one is set); under
+  /// an interleaved schedule local stage `stage`'s root's.
+  Tensor root_pre_forward(const Tensor& input, std::optional<std::size_t> stage = std::nullopt);
   /// The root's post-forward hook on what its forward returned (a causal LM's loss and
   /// logits); returns the tensors the caller keeps.
-  std::vector<Tensor> root_post_forward(std::vector<Tensor> outputs);
+  std::vector<Tensor> root_post_forward(std::vector<Tensor> outputs, std::optional<std::size_t> stage = std::nullopt);
   /// The blocks' hooks (ForwardHooks).
   Tensor pre_forward(Module& module, const Tensor& input) override;
   Tensor post_forward(Module& module, const Tensor& output) override;
@@ -68,8 +69,9 @@ class FullyShard final : public ForwardHooks {
   // three, REDUCE_GRAD reduce-scatters the stage's gradients after its last backward
   // (finalize_backward, then the wait).
   /// Which local stage each group belongs to: a block by the body's child it is, the root's
-  /// parameters by their modules (the embedding's stage, or the norm's and lm_head's); `parts[k]`
-  /// marks the body's children stage k runs.
+  /// parameters by their modules (the embedding's stage, or the norm's and lm_head's; a V's rank
+  /// 0 holds both, each stage a root of its own); `parts[k]` marks the body's children stage k
+  /// runs.
   void assign_stages(const Module& body, const std::vector<std::vector<bool>>& parts);
   /// Whether local stage `local` holds the root's parameters (its forward runs the root's hooks).
   bool stage_has_root(std::size_t local) const noexcept;
@@ -186,6 +188,12 @@ class FullyShard final : public ForwardHooks {
   std::vector<std::vector<std::size_t>> post_forward_orders_{1};
   std::size_t callback_stage_ = 0;        // the root whose backward queued the final callback
   bool staged_ = false;                   // assign_stages ran: the roots are the local stages
+  /// The root groups, last in groups_: one, or two when a V's rank holds the first and the last
+  /// stage (torchtitan's fully_shard on each model part).
+  std::size_t root_count_ = 1;
+  bool is_root(std::size_t index) const noexcept { return index + root_count_ >= groups_.size(); }
+  /// Local stage `stage`'s root group (the only one when not given).
+  Group& root_group(std::optional<std::size_t> stage);
   /// The groups of local stage `local` in `stage.submod.modules()` order (the root, then the layers).
   std::vector<std::size_t> stage_groups(std::size_t local) const;
   bool callback_queued_ = false;

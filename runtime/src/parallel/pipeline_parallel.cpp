@@ -65,14 +65,6 @@ PipelineParallel::PipelineParallel(const ParallelConfig& config, Sequential& bod
     throw Error("pp:" + std::to_string(stages) + " has stages 0 to " + std::to_string(stages - 1) + "; stage " +
                 std::to_string(config.stage) + " is not one");
   }
-  if (splits_backward(config.schedule) && config.engine != ParallelEngine::None) {
-    // FSDP's hooks under a split backward (its post-backward at I, the weights' gradients at W)
-    // are not followed yet.
-    throw Error("pp with schedule=" + std::string(schedule_name(config.schedule)) + " and " +
-                std::string(config.engine == ParallelEngine::Fsdp ? "fsdp" : "a data-parallel engine") +
-                " inside the stages is not modelled yet: give schedule=interleaved1f1b, or the zero-bubble schedule "
-                "without fsdp (pp:N or pp:NxTP)");
-  }
   if (tied) {
     // The tied weight would be the first stage's embedding and the last stage's lm_head
     // (torchtitan's split keeps it on both; its gradient would need a sum across them).

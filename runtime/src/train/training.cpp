@@ -628,7 +628,9 @@ StepStats Trainer::step() {
     const bool staged = fsdp_ && pp_->stages_per_rank() > 1;
     calls.forward = [this, staged](const Tensor& x, std::size_t local) {
       if (!fsdp_ || (staged && !fsdp_->stage_has_root(local))) return pp_->stage_forward(model_->body(), local, x);
-      return fsdp_->root_post_forward({pp_->stage_forward(model_->body(), local, fsdp_->root_pre_forward(x))}).front();
+      const std::optional<std::size_t> root = staged ? std::optional<std::size_t>(local) : std::nullopt;
+      return fsdp_->root_post_forward({pp_->stage_forward(model_->body(), local, fsdp_->root_pre_forward(x, root))}, root)
+          .front();
     };
     calls.loss = [this](const Tensor& out, const Tensor& tgt) { return loss_of(out, tgt); };
     calls.weights = [this](std::size_t local) { return pp_->stage_weights(model_->body(), local); };
