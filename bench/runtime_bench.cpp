@@ -215,6 +215,16 @@ void BM_DryRunStepLlama405BPp16InterleavedTp8(benchmark::State& state) {
 }
 BENCHMARK(BM_DryRunStepLlama405BPp16InterleavedTp8)->Unit(benchmark::kMillisecond);
 
+/// Rank 0 of llama-3.1-405b as pp:16xtp:8 under ZBV (stages 0 and 31, the embedding's and
+/// lm_head's): every backward of a stage split into I, which groups the weights by their
+/// intermediates and stashes their gradients, and W, which runs from the stash.
+void BM_DryRunStepLlama405BPp16ZbvTp8(benchmark::State& state) {
+  const TrainConfig cfg = decoder_step(mem::models::find("llama-3.1-405b"), "batch=16,seq=4096,checkpoint=non-reentrant",
+                                       mem::nn::parse_parallel("pp:16xtp:8", "microbatches=16,schedule=zbvzerobubble"));
+  dry_run_steps(state, cfg, "sim:h100-80g");
+}
+BENCHMARK(BM_DryRunStepLlama405BPp16ZbvTp8)->Unit(benchmark::kMillisecond);
+
 /// Rank 0 of llama-3.1-8b at 131,072 tokens as cp:8 (PARALLEL.md's example, checked on an
 /// H200): every layer checkpointed, 16,384 tokens per GPU, SDPA as ring attention (the K and V
 /// all-gathered, the f32 merger, the f32 gradients passed around), FSDP2 over the ring.
