@@ -55,6 +55,9 @@ BatchGrid batch_grid(const nn::ParallelConfig& parallel) noexcept {
     grid.lowest = grid.step = static_cast<std::int64_t>(parallel.microbatches);
   } else if (parallel.pipeline_parallel > 1 && parallel.schedule == nn::PipelineSchedule::OneF1B) {
     grid.lowest = static_cast<std::int64_t>(parallel.pipeline_parallel);
+  } else if (parallel.pipeline_parallel > 1 && parallel.schedule == nn::PipelineSchedule::DualPipeV) {
+    // ScheduleDualPipeV runs at least as many micro-batches as stages, two per rank.
+    grid.lowest = 2 * static_cast<std::int64_t>(parallel.pipeline_parallel);
   } else if (parallel.engine == nn::ParallelEngine::Dp) {
     // nn.DataParallel: a multiple of N gives every GPU torch.chunk's piece (5 samples over 4
     // GPUs would be pieces of 2, 2 and 1, the fourth GPU idle).
@@ -63,7 +66,7 @@ BatchGrid batch_grid(const nn::ParallelConfig& parallel) noexcept {
                                                  parallel.schedule == nn::PipelineSchedule::InterleavedZeroBubble)) {
     // One sample per micro-batch: M must be a multiple of the rounds max(1, M / P) (ZB1P's too).
     // Multiples of P always are; the search keeps to them (some others are valid too: P + 1 to
-    // 2P - 1). ZBV takes any M.
+    // 2P - 1). ZBV takes any M; DualPipeV at least 2P (above).
     grid.lowest = grid.step = static_cast<std::int64_t>(parallel.pipeline_parallel);
   }
   return grid;

@@ -5,10 +5,12 @@
 
 #include <cmath>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "../../runtime/src/parallel/split_backward.hpp"
 #include "test_util.hpp"
+#include "vramscope/runtime/checkpoint.hpp"
 
 namespace mem::nn {
 namespace {
@@ -120,6 +122,45 @@ TEST(SplitBackward, GradRunsOnlyWhatLeadsToItsInputs) {
   });
   // What is not run: the two weights' products, 2 x (16 x 8 x 4) and 2 x (8 x 16 x 4).
   EXPECT_EQ(whole - input_only, 2.0 * 16 * 8 * 4 + 2.0 * 8 * 16 * 4);
+}
+
+TEST(SplitBackward, ACheckpointedSegmentIsRecomputedByEachHalf) {
+  // torch.utils.checkpoint keys its recompute on the graph task: I and W are two
+  // torch.autograd.grad calls, so each reruns the segment it unpacks from.
+  test::Env env(ExecMode::Compute);
+  Stage whole(env);
+  backward(whole.loss());
+  Stage split(env);
+  const auto segment = [&](const TensorList& in) { return TensorList{sigmoid(linear(in[0], split.w1))}; };
+  const Tensor loss = sum(linear(checkpoint(segment, {split.x}).front(), split.w2));
+  const double before = env.rt.flops().recompute;
+  std::vector<GradientRoot> roots{{Edge{loss.grad_fn(), loss.output_nr()}, full(env.rt, loss.shape(), 1.0)}};
+  detail::InputBackward half = backward_input(roots, split.x, {split.w1, split.w2});
+  const double first = env.rt.flops().recompute - before;
+  EXPECT_GT(first, 0.0);
+  backward_weight(half.groups);
+  EXPECT_EQ(env.rt.flops().recompute - before, 2 * first);  // W reran the segment too
+  expect_near(to_values(split.x.grad()), to_values(whole.x.grad()));
+  expect_near(to_values(split.w1.grad()), to_values(whole.w1.grad()));
+  expect_near(to_values(split.w2.grad()), to_values(whole.w2.grad()));
+}
+
+TEST(SplitBackward, AReentrantCheckpointRefusesGradWithInputs) {
+  // CheckpointFunction.backward raises inside torch.autograd.grad with inputs, as a
+  // zero-bubble schedule's I is; backward() still runs it.
+  test::Env env(ExecMode::DryRun);
+  Stage stage(env);
+  CheckpointOptions reentrant;
+  reentrant.mode = CheckpointMode::Reentrant;
+  const auto segment = [&](const TensorList& in) { return TensorList{sigmoid(linear(in[0], stage.w1))}; };
+  const Tensor loss = sum(linear(checkpoint(segment, {stage.x}, reentrant).front(), stage.w2));
+  const std::string message = test::error_of([&] {
+    (void)backward_input({{Edge{loss.grad_fn(), loss.output_nr()}, full(env.rt, loss.shape(), 1.0)}}, stage.x,
+                         {stage.w1, stage.w2});
+  });
+  EXPECT_NE(message.find("use_reentrant=True, torch.utils.checkpoint is incompatible with .grad()"), std::string::npos)
+      << message;
+  EXPECT_NO_THROW(backward(loss));
 }
 
 }  // namespace

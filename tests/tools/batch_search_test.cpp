@@ -267,5 +267,20 @@ TEST(MaxBatch, PipelineStagesAllFitAndTheNextMultipleDoesNot) {
   EXPECT_FALSE(fits(best + 2, 0) && fits(best + 2, 1));
 }
 
+TEST(MaxBatch, EachScheduleSearchesTheBatchesItTakes) {
+  // One sample per micro-batch when microbatches is not given: 1F1B from P on, interleaved
+  // schedules (ZB1P too) in multiples of P, DualPipeV from 2P on, ZBV any.
+  const auto grid = [](const char* schedule) {
+    const planner::BatchGrid g = planner::batch_grid(nn::parse_parallel("pp:4", schedule));
+    return std::pair<std::int64_t, std::int64_t>{g.lowest, g.step};
+  };
+  EXPECT_EQ(grid("schedule=1f1b"), (std::pair<std::int64_t, std::int64_t>{4, 1}));
+  EXPECT_EQ(grid("schedule=interleaved1f1b"), (std::pair<std::int64_t, std::int64_t>{4, 4}));
+  EXPECT_EQ(grid("schedule=interleavedzerobubble"), (std::pair<std::int64_t, std::int64_t>{4, 4}));
+  EXPECT_EQ(grid("schedule=dualpipev"), (std::pair<std::int64_t, std::int64_t>{8, 1}));
+  EXPECT_EQ(grid("schedule=zbvzerobubble"), (std::pair<std::int64_t, std::int64_t>{1, 1}));
+  EXPECT_EQ(grid("microbatches=8,schedule=dualpipev"), (std::pair<std::int64_t, std::int64_t>{8, 8}));
+}
+
 }  // namespace
 }  // namespace mem::tools

@@ -128,35 +128,41 @@ TensorList CheckpointFrame::reuse_outputs(std::string_view op) {
 }
 
 Tensor CheckpointFrame::unpack(std::uint32_t index) {
-  if (!recomputed_) recompute();
-  if (index >= rebuilt_.size() || !rebuilt_[index].defined()) {
+  const auto found = reruns_.find(current_graph_task());
+  Rerun& rerun = found != reruns_.end() ? found->second : recompute();
+  if (index >= rerun.rebuilt.size() || !rerun.rebuilt[index].defined()) {
     throw Error("checkpoint: a saved tensor was unpacked twice or never recomputed "
                 "(the segment's rerun did not save the same tensors as its forward)");
   }
-  Tensor t = std::move(rebuilt_[index]);
-  rebuilt_[index] = Tensor{};
+  Tensor t = std::move(rerun.rebuilt[index]);
+  rerun.rebuilt[index] = Tensor{};
   return t;
 }
 
 void CheckpointFrame::store_recomputed(const Tensor& tensor) {
-  if (stored_ < rebuilt_.size()) {
+  Rerun& rerun = *rerun_;
+  if (rerun.stored < rerun.rebuilt.size()) {
     // Unpacked as SavedVariable does: a history-free alias that keeps requires_grad (a
     // checkpoint nested in this one reruns on it and must build its graph).
-    rebuilt_[stored_] = tensor.detach();
-    rebuilt_[stored_].impl()->requires_grad = tensor.requires_grad();
+    rerun.rebuilt[rerun.stored] = tensor.detach();
+    rerun.rebuilt[rerun.stored].impl()->requires_grad = tensor.requires_grad();
   }
-  ++stored_;
-  if (stored_ >= placeholders_) throw StopRecompute{};  // early stop: everything is rebuilt
+  ++rerun.stored;
+  if (rerun.stored >= placeholders_) throw StopRecompute{};  // early stop: everything is rebuilt
 }
 
-void CheckpointFrame::recompute() {
+CheckpointFrame::Rerun& CheckpointFrame::recompute() {
   // ctx.saved_tensors of _NoopSaveInputs: throws InplaceModifiedError when the segment
   // (or anything after it) changed an input in place since the forward saved it.
   const TensorList detached = detach_for_rerun(unpack_inputs(inputs_));
-  recomputed_ = true;
-  rebuilt_.assign(placeholders_, Tensor{});
+  Rerun& rerun = reruns_[current_graph_task()];
+  rerun.rebuilt.assign(placeholders_, Tensor{});
   Runtime& rt = *runtime_;
   {
+    struct Storing {
+      Rerun*& slot;
+      ~Storing() { slot = nullptr; }
+    } storing{rerun_ = &rerun};
     RngForRerun rng(rt, preserve_rng_, rng_);
     AutocastRegion autocast(rt, autocast_);  // the rerun's own region
     PhaseGuard phase(Phase::Recompute);
@@ -168,10 +174,11 @@ void CheckpointFrame::recompute() {
       // Everything the backward needs is rebuilt; the rest of the rerun is skipped.
     }
   }
-  if (stored_ < placeholders_) {
-    throw Error("checkpoint: the rerun saved " + std::to_string(stored_) + " tensors, the forward " +
+  if (rerun.stored < placeholders_) {
+    throw Error("checkpoint: the rerun saved " + std::to_string(rerun.stored) + " tensors, the forward " +
                 std::to_string(placeholders_) + "; the segment must be deterministic in what it saves");
   }
+  return rerun;
 }
 
 }  // namespace detail
@@ -195,6 +202,13 @@ class CheckpointReentrantBackward final : public Node {
         preserve_rng_(preserve), autocast_(autocast) {}
 
   TensorList apply(TensorList& grads) override {
+    if (detail::inside_grad_with_inputs()) {
+      // CheckpointFunction.backward's check (_is_checkpoint_valid): a zero-bubble schedule's I,
+      // for one, is torch.autograd.grad with inputs.
+      throw AutogradError("When use_reentrant=True, torch.utils.checkpoint is incompatible with .grad() or passing "
+                          "an `inputs` parameter to .backward(). To resolve this error, you can either set "
+                          "use_reentrant=False, or call .backward() without passing the `inputs` argument.");
+    }
     Runtime& rt = *runtime_;
     // ctx.saved_tensors (version-checked), then detach_variable.
     const TensorList detached = detail::detach_for_rerun(detail::unpack_inputs(inputs_));

@@ -3,10 +3,13 @@
 //
 // Forward: while a frame is the packing frame of the thread, SavedTensor::save()
 // stores a placeholder (frame, index) instead of the tensor. Backward: the first
-// unpack reruns the segment once with the frame as recomputing frame; each saved
-// tensor is then stored at its index, in the same order, and the rerun stops
-// early (an exception) once the last one is rebuilt. unpack() hands a rebuilt
-// tensor over and forgets it, so it is freed when its node releases it.
+// unpack of a graph task (one backward() or grad() run) reruns the segment once with
+// the frame as recomputing frame; each saved tensor is then stored at its index, in the
+// same order, and the rerun stops early (an exception) once the last one is rebuilt.
+// unpack() hands a rebuilt tensor over and forgets it, so it is freed when its node
+// releases it. Like torch.utils.checkpoint (frame.recomputed[gid]), each graph task
+// reruns on its own: a pipeline's I and W are two torch.autograd.grad calls, and the
+// tensors one rerun rebuilt and no node unpacked stay until the frame goes.
 //
 // Under a selective policy the frame is also _CachingTorchDispatchMode's storage: the
 // forward hands it the outputs of each call of a kept operator (keep_outputs), the rerun
@@ -64,7 +67,6 @@ class CheckpointFrame : public std::enable_shared_from_this<CheckpointFrame> {
   void store_recomputed(const Tensor& tensor);
 
  private:
-  void recompute();
 
   SegmentFunction fn_;
   /// The only activations kept between forward and backward, saved before the segment
@@ -75,9 +77,15 @@ class CheckpointFrame : public std::enable_shared_from_this<CheckpointFrame> {
   bool preserve_rng_;
   std::optional<DType> autocast_;  ///< autocast state of the forward, re-entered by the rerun
   std::uint32_t placeholders_ = 0;
-  std::uint32_t stored_ = 0;
-  bool recomputed_ = false;
-  std::vector<Tensor> rebuilt_;
+  /// One rerun per graph task (its id; 0 outside any backward).
+  struct Rerun {
+    std::vector<Tensor> rebuilt;
+    std::uint32_t stored = 0;
+  };
+  std::unordered_map<std::uint64_t, Rerun> reruns_;
+  Rerun* rerun_ = nullptr;  ///< the rerun being stored
+  /// Reruns the segment for the graph task running now.
+  Rerun& recompute();
 
   struct KeptCall {
     TensorList outputs;
@@ -106,6 +114,12 @@ SaveHook selective_keeper(std::string_view op);
 struct StopRecompute {};
 
 SaveHook& save_hook() noexcept;
+
+/// The graph task running on this thread (torch._C._current_graph_task_id): a new id for each
+/// backward() or grad() run, 0 outside them (engine.cpp).
+std::uint64_t current_graph_task() noexcept;
+/// Whether the node running now runs inside grad() with inputs (autograd.grad, not backward()).
+bool inside_grad_with_inputs() noexcept;
 
 /// Sets the save hook for a scope.
 class SaveHookGuard {

@@ -3,12 +3,14 @@
 // that accumulate gradients in place when they hold the last reference, and
 // PyTorch's freeing order per node: outputs computed, incoming gradients freed,
 // saved tensors released, outputs routed.
+#include <algorithm>
 #include <exception>
 #include <queue>
-#include <algorithm>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 
+#include "engine/checkpoint_frame.hpp"
 #include "engine/detail.hpp"
 
 namespace mem::nn {
@@ -85,12 +87,19 @@ std::unordered_set<const Node*> needed_nodes(const std::vector<std::shared_ptr<N
 
 /// What needs_input_grad asks inside a grad() run: the nodes whose gradients are wanted.
 thread_local const std::unordered_set<const Node*>* tls_wanted = nullptr;
+/// The graph task running (GraphTask's id), and the last id given.
+thread_local std::uint64_t tls_graph_task = 0;
+thread_local std::uint64_t tls_graph_tasks = 0;
 
 /// The engine: runs the graph behind `root_edges` seeded with `seeds_in` (one per root, moved
 /// in). Returns the gradients captured for `options.inputs`.
 TensorList run_graph(Runtime& runtime, const std::vector<std::pair<std::shared_ptr<Node>, std::uint32_t>>& root_edges,
                      TensorList seeds_in, const GradOptions& options) {
   NoGradGuard no_grad;  // backward itself records nothing (create_graph=False)
+  struct TaskGuard {  // a graph task of its own (a nested one inside a reentrant checkpoint too)
+    std::uint64_t previous = std::exchange(tls_graph_task, ++tls_graph_tasks);
+    ~TaskGuard() { tls_graph_task = previous; }
+  } task;
   std::unordered_map<Node*, NodeState> state;
 
   // Count dependencies over the graph reachable from the roots.
@@ -193,6 +202,11 @@ TensorList run_graph(Runtime& runtime, const std::vector<std::pair<std::shared_p
 }
 
 }  // namespace
+
+namespace detail {
+std::uint64_t current_graph_task() noexcept { return tls_graph_task; }
+bool inside_grad_with_inputs() noexcept { return tls_wanted != nullptr; }
+}  // namespace detail
 
 bool Node::needs_input_grad(std::size_t i) const noexcept {
   if (i >= next_edges_.size() || !next_edges_[i].valid()) return false;

@@ -887,7 +887,16 @@ void FullyShard::assign_stages(const Module& body, const std::vector<std::vector
                       "rank's stages");
         }
       }
-      Group split = groups_.back();  // the same fully_shard options, the other stage's parameters
+      // The same fully_shard options, the other stage's parameters.
+      Group split;
+      split.module = root.module;
+      split.members = root.members;
+      split.path = root.path;
+      split.ranks = root.ranks;
+      split.rank = root.rank;
+      split.experts = root.experts;
+      split.reshard_after_forward = root.reshard_after_forward;
+      split.post_forward_ranks = root.post_forward_ranks;
       split.params = std::move(other);
       split.stage = second;
       groups_.push_back(std::move(split));

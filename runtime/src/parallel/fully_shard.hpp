@@ -191,8 +191,7 @@ class FullyShard final : public ForwardHooks {
   /// The root groups, last in groups_: one, or two when a V's rank holds the first and the last
   /// stage (torchtitan's fully_shard on each model part).
   std::size_t root_count_ = 1;
-  bool is_root(std::size_t index) const noexcept { return index + root_count_ >= groups_.size(); }
-  /// Local stage `stage`'s root group (the only one when not given).
+  /// Local stage `stage`'s root group; without a stage (or one holding no root), the last.
   Group& root_group(std::optional<std::size_t> stage);
   /// The groups of local stage `local` in `stage.submod.modules()` order (the root, then the layers).
   std::vector<std::size_t> stage_groups(std::size_t local) const;

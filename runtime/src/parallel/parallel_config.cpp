@@ -526,13 +526,13 @@ bool multi_stage(PipelineSchedule schedule) noexcept {
   return schedule != PipelineSchedule::GPipe && schedule != PipelineSchedule::OneF1B;
 }
 
-bool splits_backward(PipelineSchedule schedule) noexcept {
-  return schedule == PipelineSchedule::InterleavedZeroBubble || schedule == PipelineSchedule::ZBVZeroBubble ||
-         schedule == PipelineSchedule::DualPipeV;
-}
-
 bool v_shaped(PipelineSchedule schedule) noexcept {
   return schedule == PipelineSchedule::ZBVZeroBubble || schedule == PipelineSchedule::DualPipeV;
+}
+
+std::size_t pipeline_stage_of(PipelineSchedule schedule, std::size_t ranks, std::size_t rank, std::size_t k) noexcept {
+  // stage_ids_this_rank: "loop" r, r + P, ...; "v" r and 2P - 1 - r.
+  return v_shaped(schedule) && k == 1 ? 2 * ranks - 1 - rank : rank + k * ranks;
 }
 
 std::size_t pipeline_rank_of(PipelineSchedule schedule, std::size_t ranks, std::size_t stage) noexcept {

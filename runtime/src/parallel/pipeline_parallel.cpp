@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <memory>
 #include <string>
+#include <unordered_set>
 #include <utility>
 
 #include "engine/detail.hpp"
@@ -106,15 +107,13 @@ PipelineParallel::PipelineParallel(const ParallelConfig& config, Sequential& bod
                 std::to_string(microbatches_) + ") must be at least the number of stages; give microbatches=" +
                 std::to_string(stages) + " or more (a batch of at least " + std::to_string(stages) + ")");
   }
-  // Rank r holds stages r, r + P, ... (stage_ids_this_rank's "loop" style; ZBV's "v": r and
-  // 2P - 1 - r), each its layers, the
-  // rotary embedding, and the embedding (stage 0) or the final norm and lm_head (the last).
+  // Rank r holds stages r, r + P, ... (or a V's r and 2P - 1 - r), each its layers, the rotary
+  // embedding, and the embedding (stage 0) or the final norm and lm_head (the last).
   std::vector<std::vector<std::string>> names(per_rank);
   std::vector<std::string> keep;
   for (std::size_t k = 0; k < per_rank; ++k) {
     LocalStage stage;
-    // Loop style: r, r + P, ...; ZBV's and DualPipeV's V: r and 2P - 1 - r.
-    stage.index = v_shaped(config.schedule) && k == 1 ? 2 * stages - 1 - config.stage : config.stage + k * stages;
+    stage.index = pipeline_stage_of(config.schedule, stages, config.stage, k);
     stage.first = stage.index == 0;
     stage.last = stage.index + 1 == stages * per_rank;
     names[k].emplace_back("model.rotary_emb");
@@ -128,6 +127,8 @@ PipelineParallel::PipelineParallel(const ParallelConfig& config, Sequential& bod
     keep.insert(keep.end(), names[k].begin(), names[k].end());
     stages_.push_back(std::move(stage));
   }
+  local_of_.assign(stages * per_rank, SIZE_MAX);
+  for (std::size_t k = 0; k < per_rank; ++k) local_of_[stages_[k].index] = k;
   body.retain(keep);  // the modules kept stay where they are: rotary_ still points at one
   hold_inputs_per_call(*rotary_, 0);  // a decoder's rotary embedding, or mem::Error now
   // Each stage runs its part of the rank's modules.
@@ -176,14 +177,12 @@ std::vector<Tensor> PipelineParallel::stage_weights(Sequential& body, std::size_
 }
 
 std::size_t PipelineParallel::local_index(std::size_t stage) const {
-  for (std::size_t k = 0; k < stages_.size(); ++k) {
-    if (stages_[k].index == stage) return k;
-  }
-  throw Error("pp: stage " + std::to_string(stage) + " is not on this rank");
+  if (!holds(stage)) throw Error("pp: stage " + std::to_string(stage) + " is not on this rank");
+  return local_of_[stage];
 }
 
 bool PipelineParallel::holds(std::size_t stage) const noexcept {
-  return std::any_of(stages_.begin(), stages_.end(), [&](const LocalStage& s) { return s.index == stage; });
+  return stage < local_of_.size() && local_of_[stage] != SIZE_MAX;
 }
 
 std::string PipelineParallel::which(std::size_t stage, std::size_t microbatch) const {
@@ -200,12 +199,10 @@ void PipelineParallel::record(const std::string& what, std::size_t stage, std::s
 void PipelineParallel::record_all(const std::string& what, std::size_t stage, std::size_t microbatch,
                                   const std::vector<Tensor>& tensors) {
   std::vector<std::weak_ptr<Storage>> storages;
+  std::unordered_set<const Storage*> seen;
   std::size_t bytes = 0;
   for (const Tensor& t : tensors) {
-    if (!t.defined() || std::any_of(storages.begin(), storages.end(),
-                                    [&](const auto& s) { return s.lock() == t.storage(); })) {
-      continue;
-    }
+    if (!t.defined() || !seen.insert(t.storage().get()).second) continue;
     storages.push_back(t.storage());
     bytes += t.storage()->nbytes();
   }
@@ -243,7 +240,7 @@ void PipelineParallel::step(Runtime& rt, const Tensor& input, const Tensor& targ
   };
   // Each of the rank's stages keeps its own micro-batches' state (a PipelineStage each).
   std::vector<MicroBatch> mbs(stages_.size() * m_count);
-  const auto index_of = [&](std::size_t stage) { return local_index(stage); };
+  const auto index_of = [&](std::size_t stage) { return local_index(stage); };  // the stage's PipelineStage
   const auto state = [&](const PipelineOp& op) -> MicroBatch& {
     return mbs[index_of(op.stage) * m_count + op.microbatch];
   };
@@ -332,7 +329,7 @@ void PipelineParallel::step(Runtime& rt, const Tensor& input, const Tensor& targ
     begin("backward input", op.stage, op.microbatch);
     MicroBatch& mb = state(op);
     const LocalStage& stage = local(op);
-    // A send still pending keeps the output live: backward begins from it, not its edge.
+    // backward_state keeps the root: the loss, or the output (live while its send is pending).
     mb.root = stage.last ? mb.loss : mb.output;
     if (stage.first) {
       mb.deferred = true;

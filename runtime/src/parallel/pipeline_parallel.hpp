@@ -120,6 +120,7 @@ class PipelineParallel {
 
   ParallelConfig config_;
   std::vector<LocalStage> stages_;
+  std::vector<std::size_t> local_of_;  ///< each stage's local index, SIZE_MAX if not here
   std::vector<PipelineOp> program_;  ///< what the rank does each step, in order
   std::size_t backward_begins_ = 0;  ///< the op of program_ where the backward phase begins
   std::size_t microbatches_ = 1;

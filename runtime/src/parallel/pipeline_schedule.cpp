@@ -308,6 +308,16 @@ struct Act {
   bool overlapped = false;  ///< one OVERLAP_F_B with the next action
 };
 
+Kind kind_of(PipelineCompute compute) noexcept {
+  switch (compute) {
+    case PipelineCompute::Forward: return Kind::F;
+    case PipelineCompute::Backward: return Kind::B;
+    case PipelineCompute::BackwardInput: return Kind::I;
+    case PipelineCompute::BackwardWeight: return Kind::W;
+  }
+  return Kind::F;
+}
+
 /// The atomic action starting at `i` (an OVERLAP_F_B's two halves, or one): its length.
 std::size_t atomic(const std::vector<Act>& acts, std::size_t i) { return acts[i].overlapped ? 2 : 1; }
 
@@ -417,22 +427,22 @@ std::vector<std::vector<Act>> add_send_recv(const std::vector<std::vector<Act>>&
       progress = true;
       for (std::size_t k = first; k < first + n; ++k) out[r].push_back(lists[r][k]);
       for (std::size_t k = first; k < first + n; ++k) {
-      const Act& a = lists[r][k];
-      if (a.kind == Kind::F) {
-        forwarded[at(a.stage, a.mb)] = 1;
-        if (a.stage + 1 != stages && rank_of(a.stage + 1) != r) {
-          out[r].push_back({Kind::SendF, a.stage, a.mb});
-          out[rank_of(a.stage + 1)].push_back({Kind::RecvF, a.stage + 1, a.mb});
-          received_f[at(a.stage + 1, a.mb)] = 1;
+        const Act& a = lists[r][k];
+        if (a.kind == Kind::F) {
+          forwarded[at(a.stage, a.mb)] = 1;
+          if (a.stage + 1 != stages && rank_of(a.stage + 1) != r) {
+            out[r].push_back({Kind::SendF, a.stage, a.mb});
+            out[rank_of(a.stage + 1)].push_back({Kind::RecvF, a.stage + 1, a.mb});
+            received_f[at(a.stage + 1, a.mb)] = 1;
+          }
+        } else if (a.kind == Kind::B || a.kind == Kind::I) {
+          backwarded[at(a.stage, a.mb)] = 1;
+          if (a.stage != 0 && rank_of(a.stage - 1) != r) {
+            out[r].push_back({Kind::SendB, a.stage, a.mb});
+            out[rank_of(a.stage - 1)].push_back({Kind::RecvB, a.stage - 1, a.mb});
+            received_b[at(a.stage - 1, a.mb)] = 1;
+          }
         }
-      } else if (a.kind == Kind::B || a.kind == Kind::I) {
-        backwarded[at(a.stage, a.mb)] = 1;
-        if (a.stage != 0 && rank_of(a.stage - 1) != r) {
-          out[r].push_back({Kind::SendB, a.stage, a.mb});
-          out[rank_of(a.stage - 1)].push_back({Kind::RecvB, a.stage - 1, a.mb});
-          received_b[at(a.stage - 1, a.mb)] = 1;
-        }
-      }
       }
     }
     if (!progress) throw Error("pp: the schedule's actions cannot be ordered with their sends and receives");
@@ -450,8 +460,7 @@ std::vector<PipelineOp> runtime_program(PipelineSchedule schedule, std::size_t r
   for (std::size_t r = 0; r < ranks; ++r) {
     std::vector<Act> compute;
     for (const PipelineAction& a : pipeline_actions(schedule, ranks, r, microbatches, per_rank)) {
-      static constexpr std::array<Kind, 4> kKinds{Kind::F, Kind::B, Kind::I, Kind::W};  // PipelineCompute's order
-      compute.push_back({kKinds[static_cast<std::size_t>(a.compute)], a.stage, a.microbatch, a.overlapped});
+      compute.push_back({kind_of(a.compute), a.stage, a.microbatch, a.overlapped});
     }
     lists[r] = add_reduce_grad(add_unshard_reshard(compute), microbatches, stages);
   }

@@ -85,6 +85,7 @@ std::vector<ParamGroup> param_groups(const std::vector<std::shared_ptr<Node>>& r
         order.push_back(current);
         continue;
       }
+      if (found->second == current) continue;
       ParamGroup& existing = groups[found->second];
       for (const Tensor& p : groups[current].params) {
         if (std::none_of(existing.params.begin(), existing.params.end(),

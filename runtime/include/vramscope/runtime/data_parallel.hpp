@@ -69,13 +69,13 @@ enum class PipelineSchedule : std::uint8_t {
 std::string_view schedule_name(PipelineSchedule schedule) noexcept;
 /// Whether rank r holds several stages (run by _PipelineScheduleRuntime's lowered actions).
 bool multi_stage(PipelineSchedule schedule) noexcept;
-/// Whether the schedule splits backwards into their input and weight halves.
-bool splits_backward(PipelineSchedule schedule) noexcept;
 /// Whether rank r holds stages r and 2P - 1 - r (ZBV's and DualPipeV's V).
 bool v_shaped(PipelineSchedule schedule) noexcept;
 /// The pipeline rank that holds stage `stage` of `ranks` x `per_rank`: stage % P (the loop
 /// style), or, under ZBV's and DualPipeV's V, s for s < P and 2P - 1 - s after.
 std::size_t pipeline_rank_of(PipelineSchedule schedule, std::size_t ranks, std::size_t stage) noexcept;
+/// The stage that pipeline rank `rank` holds `k`-th: r + kP, or, in a V, r and 2P - 1 - r.
+std::size_t pipeline_stage_of(PipelineSchedule schedule, std::size_t ranks, std::size_t rank, std::size_t k) noexcept;
 
 /// How a node's GPUs talk, which decides NCCL's own memory on each (nccl_memory below).
 enum class Topology : std::uint8_t {
@@ -256,14 +256,15 @@ NcclMemory nccl_memory(const ParallelConfig& config, std::string_view device_nam
 Topology parse_topology(std::string_view name);
 std::string_view topology_name(Topology topology) noexcept;
 
-/// One compute action of a pipeline rank's schedule: the forward or the backward of a
-/// micro-batch on one of the rank's stages (its index among all P x V stages).
+/// What a compute action runs on its micro-batch.
 enum class PipelineCompute : std::uint8_t {
   Forward,         ///< F: forward_one_chunk
   Backward,        ///< B: backward_one_chunk, the whole backward
   BackwardInput,   ///< I: backward_one_chunk(full_backward=False), the input's gradient only
   BackwardWeight,  ///< W: backward_weight_one_chunk, the weights' gradients of an earlier I
 };
+/// One compute action of a pipeline rank's schedule: a forward or a backward (or half of one)
+/// of a micro-batch on one of the rank's stages (its index among all P x V stages).
 struct PipelineAction {
   PipelineCompute compute = PipelineCompute::Forward;
   std::size_t microbatch = 0;
