@@ -21,7 +21,9 @@ What the schedule holds is followed with weak references, each event labelled wi
 (_RecvInfo.allocate_buffer, activations before a forward, gradients before a backward), each
 output (sent on until release_fwd_send_outputs; on the last stage the output chunk kept for
 step()'s return), each input gradient sent back (stage.bwd_cache), and the merged output step()
-returns. Under a zero-bubble schedule the backward is split: backward_one_chunk(full_backward=False)
+returns, and how many times a checkpointed decoder layer is rerun in backward (the rotary
+embedding's calls inside a graph task; vramscope's timeline's "pre-recompute" rows of a layer).
+Under a zero-bubble schedule the backward is split: backward_one_chunk(full_backward=False)
 ("backward input") and backward_weight_one_chunk ("backward weight"); what stage_backward_input
 stashed for W (each intermediate's incoming gradients, backward_state's param_groups) is followed
 too, and what the V's turn hands between two stages of one rank ("pass activations", "pass
@@ -82,7 +84,8 @@ RUNS = (
     # rank hands over between its two without a send), under tensor parallel
     (3, 1, 1, "interleavedzerobubble", 4, True, False, False, 2),
     (2, 1, 2, "zbvzerobubble", 4, True, False, False, 2),
-    (2, 1, 1, "dualpipev", 4, True, False, False, 2),  # a forward and a whole backward overlapped
+    # a forward and a whole backward overlapped; checkpointed: W reruns a layer once per weight group
+    (2, 1, 1, "dualpipev", 4, True, True, False, 2),
     # FSDP2 inside ZBV's stages: rank 0's two stages each a root of its own (the embedding's, the
     # norm's and lm_head's), the weights' gradients accumulated at W, reduced after the last W
     (2, 2, 1, "zbvzerobubble", 4, True, False, True, 2),
@@ -140,6 +143,18 @@ def split(stages, layers):
     return out
 
 
+def freed_when_gone(entry, tensors, now):
+    """Marks `entry` freed in the action begun last (`now[0]`) when the last of `tensors` goes."""
+    left = [len(tensors)]
+
+    def gone():
+        left[0] -= 1
+        if left[0] == 0:
+            entry["freed"] = now[0]
+    for t in tensors:
+        weakref.finalize(t, gone)
+
+
 def fsdp_events(module, mesh, first_layer, log, now, mixed):
     """fully_shard on each decoder layer, then on the stage (torchtitan's apply_fsdp under pp:
     reshard_after_forward=False), with FSDP2's buffers followed into `log`: each all-gather
@@ -162,14 +177,7 @@ def fsdp_events(module, mesh, first_layer, log, now, mixed):
         return log[-1]
 
     def freed_with(e, tensors):
-        left = [len(tensors)]
-
-        def gone():
-            left[0] -= 1
-            if left[0] == 0:
-                e["freed"] = now[0]
-        for t in tensors:
-            weakref.finalize(t, gone)
+        freed_when_gone(e, tensors, now)
 
     # One rank may hold several stages, each its own FSDP root: FSDP's classes are patched once,
     # every stage's groups named in the same table.
@@ -332,14 +340,7 @@ def torch_side(stages, fsdp, tp, schedule, microbatches, return_outputs, checkpo
         entry = {"buffer": f"{what} ({where})", "bytes": sum(t.untyped_storage().nbytes() for t in tensors),
                  "allocated": now[0], "freed": ""}
         log.append(entry)
-        left = [len(tensors)]
-
-        def gone():
-            left[0] -= 1
-            if left[0] == 0:
-                entry["freed"] = now[0]
-        for t in tensors:
-            weakref.finalize(t, gone)
+        freed_when_gone(entry, tensors, now)
 
     allocate = _recv_buffers._RecvInfo.allocate_buffer
 
@@ -446,6 +447,16 @@ def torch_side(stages, fsdp, tp, schedule, microbatches, return_outputs, checkpo
         pipe = kind(pipeline_stages[0], microbatches, loss_fn=loss_fn)
     opt = torch.optim.AdamW([p for m in modules for p in m.parameters()], lr=1e-3, foreach=True)
     first, last = 0 in indices, total - 1 in indices  # ZBV: rank 0 holds the last stage too
+    # Each checkpointed layer's reruns: its attention applies the rotary embedding once a call,
+    # and a rerun runs inside a backward's graph task (torch.utils.checkpoint reruns once per
+    # task: a zero-bubble W runs one per weight group).
+    from transformers.models.llama import modeling_llama
+    rotary, reruns = modeling_llama.apply_rotary_pos_emb, [0]
+
+    def counted(*a, **k):
+        reruns[0] += torch._C._current_graph_task_id() != -1
+        return rotary(*a, **k)
+    modeling_llama.apply_rotary_pos_emb = counted
     ids = torch.randint(0, cfg.vocab_size, (batch_of(microbatches), SEQ))
     for step in range(1, STEPS + 1):
         step_no[0] = step
@@ -459,6 +470,7 @@ def torch_side(stages, fsdp, tp, schedule, microbatches, return_outputs, checkpo
                         "freed": now[0]})
         del merged
         opt.step()
+    log.append({"buffer": "decoder layers recomputed", "bytes": reruns[0], "allocated": "", "freed": ""})
     return log
 
 
@@ -479,13 +491,16 @@ def ours(exe, stages, fsdp, tp, schedule, microbatches, return_outputs, checkpoi
         options += ",param_dtype=bf16,reduce_dtype=f32"
     config = Path(tmp) / "llama-4layer.json"
     config.write_text(json.dumps({**json.loads(CONFIG.read_text()), "num_hidden_layers": layers_of(stages, virtual)}))
-    subprocess.run([exe, "trace", "--hf-config", str(config), "--batch", str(batch_of(microbatches)), "--seq", str(SEQ), "--attn", "sdpa",
+    run = subprocess.run([exe, "trace", "--hf-config", str(config), "--batch", str(batch_of(microbatches)), "--seq", str(SEQ), "--attn", "sdpa",
                     "--dtype", "f32" if mixed else "bf16", "--device", "sim:h100-80g", "--steps", str(STEPS),
                     "--stack", stack, "--parallel", mesh_of(stages, fsdp, tp), "--parallel-options", options,
                     "--buffers", str(out),
                     *(["--gradient-checkpointing", "non-reentrant"] if checkpointed else [])],
                    check=True, capture_output=True, text=True)
-    return [{k: r[k] for k in ("buffer", "bytes", "allocated", "freed")} for r in json.loads(out.read_text())]
+    log = [{k: r[k] for k in ("buffer", "bytes", "allocated", "freed")} for r in json.loads(out.read_text())]
+    # The timeline's reruns of decoder layers ("pre-recompute  model.layers.N (...)").
+    reruns = len(re.findall(r"^pre-recompute +model\.layers\.\d+ ", run.stdout, re.MULTILINE))
+    return log + [{"buffer": "decoder layers recomputed", "bytes": reruns, "allocated": "", "freed": ""}]
 
 
 def comparable(log):
@@ -495,7 +510,7 @@ def comparable(log):
     def row(r):
         return (r["buffer"], r["bytes"], r["allocated"], r["freed"] or "")
     pipeline = [row(r) for r in log if re.search(r"\((stage \d+, )?micro-batch \d+\)$", r["buffer"])
-                or r["buffer"] == "merged output"]
+                or r["buffer"] in ("merged output", "decoder layers recomputed")]
     group = re.compile(r"^(root|model\.layers\.\d+) (" + "|".join(map(re.escape, FSDP_KINDS)) + ")$")
     return pipeline + [row(r) for r in log if group.match(r["buffer"])]
 

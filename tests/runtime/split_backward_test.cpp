@@ -71,6 +71,38 @@ TEST(SplitBackward, TheTwoHalvesGiveOneBackwardsGradients) {
   expect_near(to_values(split.w2.grad()), to_values(whole.w2.grad()));
 }
 
+TEST(SplitBackward, SharedIntermediatesMergeGroupsAndATwiceUsedWeightIsCountedOnce) {
+  // A weight and a bias meet at one AddmmBackward0: one group of two weights
+  // (get_param_groups merges them). A square weight used by two projections reaches two
+  // intermediates: its group holds both, and W clamps each to its stash, so that the gradient
+  // flowing from one into the other is not counted twice.
+  test::Env env(ExecMode::Compute);
+  const auto make = [&] {
+    std::vector<Tensor> t{from_values(env.rt, {4, 8}, ramp(32, 0.5)), from_values(env.rt, {8, 8}, ramp(64, 0.3)),
+                          from_values(env.rt, {8}, ramp(8, 0.4)), from_values(env.rt, {8, 8}, ramp(64, 0.2))};
+    for (Tensor& x : t) x.set_requires_grad(true);
+    return t;
+  };
+  // loss = sum(linear(sigmoid(linear(sigmoid(linear(x, a, bias)), w)), w)): w twice.
+  const auto loss_of = [](const std::vector<Tensor>& t) {
+    return sum(linear(sigmoid(linear(sigmoid(linear(t[0], t[1], t[2])), t[3])), t[3]));
+  };
+  const std::vector<Tensor> whole = make();
+  backward(loss_of(whole));
+  const std::vector<Tensor> split = make();
+  const Tensor loss = loss_of(split);
+  Tensor x = split[0];
+  detail::InputBackward half = backward_input({{Edge{loss.grad_fn(), loss.output_nr()}, full(env.rt, loss.shape(), 1.0)}},
+                                              x, {split[1], split[2], split[3]});
+  ASSERT_EQ(half.groups.size(), 2u);
+  EXPECT_EQ(half.groups[0].params.size(), 2u);         // a and its bias, merged
+  EXPECT_EQ(half.groups[0].intermediates.size(), 1u);  // their AddmmBackward0
+  EXPECT_EQ(half.groups[1].params.size(), 1u);         // w
+  EXPECT_EQ(half.groups[1].intermediates.size(), 2u);  // its two MmBackward0
+  backward_weight(half.groups);
+  for (std::size_t i = 0; i < whole.size(); ++i) expect_near(to_values(split[i].grad()), to_values(whole[i].grad()));
+}
+
 TEST(SplitBackward, WhatTheFirstHalfKeepsGoesWithTheSecond) {
   // Dry run, f32: x [4, 8] (128 B), h [4, 16] (256 B), y [4, 8] (128 B); every block 512 B.
   test::Env env(ExecMode::DryRun);

@@ -120,6 +120,8 @@ SaveHook& save_hook() noexcept;
 std::uint64_t current_graph_task() noexcept;
 /// Whether the node running now runs inside grad() with inputs (autograd.grad, not backward()).
 bool inside_grad_with_inputs() noexcept;
+/// Whether the backward running now keeps its graph (retain_graph=True).
+bool retaining_graph() noexcept;
 
 /// Sets the save hook for a scope.
 class SaveHookGuard {

@@ -90,6 +90,7 @@ thread_local const std::unordered_set<const Node*>* tls_wanted = nullptr;
 /// The graph task running (GraphTask's id), and the last id given.
 thread_local std::uint64_t tls_graph_task = 0;
 thread_local std::uint64_t tls_graph_tasks = 0;
+thread_local bool tls_retain_graph = false;
 
 /// The engine: runs the graph behind `root_edges` seeded with `seeds_in` (one per root, moved
 /// in). Returns the gradients captured for `options.inputs`.
@@ -98,8 +99,12 @@ TensorList run_graph(Runtime& runtime, const std::vector<std::pair<std::shared_p
   NoGradGuard no_grad;  // backward itself records nothing (create_graph=False)
   struct TaskGuard {  // a graph task of its own (a nested one inside a reentrant checkpoint too)
     std::uint64_t previous = std::exchange(tls_graph_task, ++tls_graph_tasks);
-    ~TaskGuard() { tls_graph_task = previous; }
-  } task;
+    bool retaining;
+    ~TaskGuard() {
+      tls_graph_task = previous;
+      tls_retain_graph = retaining;
+    }
+  } task{.retaining = std::exchange(tls_retain_graph, options.retain_graph)};
   std::unordered_map<Node*, NodeState> state;
 
   // Count dependencies over the graph reachable from the roots.
@@ -206,6 +211,7 @@ TensorList run_graph(Runtime& runtime, const std::vector<std::pair<std::shared_p
 namespace detail {
 std::uint64_t current_graph_task() noexcept { return tls_graph_task; }
 bool inside_grad_with_inputs() noexcept { return tls_wanted != nullptr; }
+bool retaining_graph() noexcept { return tls_retain_graph; }
 }  // namespace detail
 
 bool Node::needs_input_grad(std::size_t i) const noexcept {

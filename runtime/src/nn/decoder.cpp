@@ -10,8 +10,11 @@
 #include <deque>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <tuple>
+#include <vector>
 
+#include "engine/checkpoint_frame.hpp"
 #include "vramscope/allocator/errors.hpp"
 #include "vramscope/runtime/runtime.hpp"
 
@@ -336,11 +339,17 @@ class DecoderLayer final : public Module {
         if (!state_->per_call) held_.clear();
         held_.emplace_back(state_->step, args);
       }
+    } else if (const DecoderState* again = rerun_args()) {
+      args = *again;
     } else {
       while (!held_.empty() && held_.front().first != state_->step) held_.pop_front();  // a step's leftovers
       if (held_.empty()) throw Error("internal: " + path() + " ran without LlamaModel's inputs");
       args = std::move(held_.front().second);
       held_.pop_front();
+      // A rerun inside a backward that keeps its graph (a zero-bubble schedule's I) is not the
+      // checkpoint's last: its W reruns the segment with the same arguments, which torch's
+      // checkpoint keeps with its frame until the frame goes.
+      if (detail::retaining_graph()) rerun_args_.emplace_back(detail::save_hook().frame->weak_from_this(), args);
     }
     AttentionCall call(static_cast<Attention&>(*attn_), args);
     Tensor h;
@@ -360,8 +369,20 @@ class DecoderLayer final : public Module {
   }
 
  private:
+  /// The arguments an earlier rerun of this rerun's checkpoint took, if one kept them.
+  const DecoderState* rerun_args() {
+    std::erase_if(rerun_args_, [](const auto& kept) { return kept.first.expired(); });
+    const detail::CheckpointFrame* frame = detail::save_hook().frame;
+    for (const auto& [kept, args] : rerun_args_) {
+      if (kept.lock().get() == frame) return &args;
+    }
+    return nullptr;
+  }
+
   State state_;
   std::deque<std::pair<std::uint64_t, DecoderState>> held_;  ///< (step, inputs) of calls not recomputed yet
+  /// Arguments kept for a checkpoint's later reruns, while its frame lives.
+  std::vector<std::pair<std::weak_ptr<detail::CheckpointFrame>, DecoderState>> rerun_args_;
   Module *attn_, *mlp_, *ln1_, *ln2_;
 };
 
