@@ -274,6 +274,13 @@ TEST(PipelineParallel, FullyShardInsideAVHasARootPerStage) {
   }
   // The last stage's W come first on rank 0 (its cool-down ends with stage 0's).
   EXPECT_EQ(roots, (std::vector<std::string>{"step 1 stage 3 backward weight 3", "step 1 stage 0 backward weight 3"}));
+  // Two fully_shard calls' shards (bf16, half of each): the embedding's [16000, 512]; lm_head's
+  // and the final norm's [256].
+  std::vector<std::size_t> shards;
+  for (const CommunicationBuffer& b : run.trainer.communication_buffers()) {
+    if (b.what == "root shards") shards.push_back(b.bytes);
+  }
+  EXPECT_EQ(shards, (std::vector<std::size_t>{16000u * 512 * 2, 16000u * 512 * 2 + 256 * 2}));
 }
 
 TEST(PipelineParallel, StagesPerRankAsTorchtitanCountsThem) {

@@ -899,6 +899,20 @@ void FullyShard::assign_stages(const Module& body, const std::vector<std::vector
       split.post_forward_ranks = root.post_forward_ranks;
       split.params = std::move(other);
       split.stage = second;
+      // Two fully_shard calls made the two roots' shards: the construction's entry says so.
+      const auto shards = [](const Group& g) {
+        std::size_t bytes = 0;
+        for (const Param& p : g.params) bytes += p.sharded.storage()->nbytes();
+        return bytes;
+      };
+      for (std::size_t i = log_.size(); i-- > 0;) {
+        if (log_[i].what != "root shards") continue;
+        CommunicationBuffer other_shards = log_[i];
+        log_[i].bytes = shards(root);
+        other_shards.bytes = shards(split);
+        log_.insert(log_.begin() + static_cast<std::ptrdiff_t>(i) + 1, std::move(other_shards));
+        break;
+      }
       groups_.push_back(std::move(split));
       root_count_ = 2;
     }
