@@ -49,15 +49,15 @@ void accumulate(Tensor& slot, Tensor&& grad) {
   }
 }
 
+using RootEdges = std::vector<std::pair<std::shared_ptr<Node>, std::uint32_t>>;
 
 /// The nodes torch.autograd.grad runs (exec_info's needed_): those with a path to one of
 /// `inputs`, found depth first from the roots.
-std::unordered_set<const Node*> needed_nodes(const std::vector<std::shared_ptr<Node>>& starts,
-                                             const std::unordered_set<const Node*>& inputs) {
+std::unordered_set<const Node*> needed_nodes(const RootEdges& roots, const std::unordered_set<const Node*>& inputs) {
   std::unordered_set<const Node*> needed;
   std::unordered_map<const Node*, bool> done;  // false: on the stack
   std::vector<std::pair<const Node*, std::size_t>> stack;
-  for (const auto& start : starts) {
+  for (const auto& [start, nr] : roots) {
     if (done.count(start.get()) != 0) continue;
     done[start.get()] = false;
     stack.emplace_back(start.get(), 0);
@@ -94,9 +94,14 @@ thread_local bool tls_retain_graph = false;
 
 /// The engine: runs the graph behind `root_edges` seeded with `seeds_in` (one per root, moved
 /// in). Returns the gradients captured for `options.inputs`.
-TensorList run_graph(Runtime& runtime, const std::vector<std::pair<std::shared_ptr<Node>, std::uint32_t>>& root_edges,
-                     TensorList seeds_in, const GradOptions& options) {
+TensorList run_graph(Runtime& runtime, const RootEdges& root_edges, TensorList seeds_in, const GradOptions& options) {
   NoGradGuard no_grad;  // backward itself records nothing (create_graph=False)
+  struct DropCallbacksOnThrow {  // a failed backward leaves no callback for the next one
+    Runtime& runtime;
+    ~DropCallbacksOnThrow() {
+      if (std::uncaught_exceptions() > 0) runtime.clear_backward_callbacks();
+    }
+  } drop_callbacks{runtime};
   struct TaskGuard {  // a graph task of its own (a nested one inside a reentrant checkpoint too)
     std::uint64_t previous = std::exchange(tls_graph_task, ++tls_graph_tasks);
     bool retaining;
@@ -128,9 +133,7 @@ TensorList run_graph(Runtime& runtime, const std::vector<std::pair<std::shared_p
   std::unordered_set<const Node*> inputs, needed, wanted;
   if (filtered) {
     for (const auto& in : options.inputs) inputs.insert(in.get());
-    std::vector<std::shared_ptr<Node>> starts;
-    for (const auto& [fn, nr] : root_edges) starts.push_back(fn);
-    needed = needed_nodes(starts, inputs);
+    needed = needed_nodes(root_edges, inputs);
     wanted = needed;
     wanted.insert(inputs.begin(), inputs.end());
     // Only what runs is waited for (a needed node's predecessors are all needed).
@@ -220,15 +223,7 @@ bool Node::needs_input_grad(std::size_t i) const noexcept {
 }
 
 void backward(const TensorList& roots, TensorList grads) {
-  struct DropCallbacksOnThrow {  // a failed backward leaves no callback for the next one
-    const TensorList& roots;
-    ~DropCallbacksOnThrow() {
-      if (std::uncaught_exceptions() > 0 && !roots.empty() && roots.front().defined()) {
-        roots.front().runtime().clear_backward_callbacks();
-      }
-    }
-  } drop_callbacks{roots};
-  std::vector<std::pair<std::shared_ptr<Node>, std::uint32_t>> root_edges;
+  RootEdges root_edges;
   for (std::size_t i = 0; i < roots.size(); ++i) {
     const Tensor& root = roots[i];
     if (!root.defined() || !root.requires_grad()) {
@@ -263,7 +258,7 @@ void backward(const TensorList& roots, TensorList grads) {
 }
 
 TensorList grad(const std::vector<GradientRoot>& roots, const GradOptions& options) {
-  std::vector<std::pair<std::shared_ptr<Node>, std::uint32_t>> root_edges;
+  RootEdges root_edges;
   TensorList seeds;
   for (const GradientRoot& root : roots) {
     if (!root.edge.valid() || !root.grad.defined()) throw Error("grad: a root without a node or a gradient");
@@ -271,12 +266,6 @@ TensorList grad(const std::vector<GradientRoot>& roots, const GradOptions& optio
     seeds.push_back(root.grad);  // the caller keeps its own reference until this returns
   }
   if (roots.empty()) return TensorList(options.inputs.size());
-  struct DropCallbacksOnThrow {
-    Runtime& runtime;
-    ~DropCallbacksOnThrow() {
-      if (std::uncaught_exceptions() > 0) runtime.clear_backward_callbacks();
-    }
-  } drop_callbacks{roots.front().grad.runtime()};
   return run_graph(roots.front().grad.runtime(), root_edges, std::move(seeds), options);
 }
 

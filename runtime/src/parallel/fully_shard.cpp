@@ -256,10 +256,8 @@ FullyShard::FullyShard(const ParallelConfig& config, Module& root, Runtime& runt
       originals.push_back(original);
       group.params.push_back(std::move(p));
     }
-    std::size_t shard_bytes = 0;
-    for (const Param& p : group.params) shard_bytes += p.sharded.storage()->nbytes();
     if (!group.params.empty()) {
-      log_.push_back({label(group) + " shards", shard_bytes, config.cpu_offload ? "host" : "default", stage(), ""});
+      log_.push_back({label(group) + " shards", shard_bytes(group), config.cpu_offload ? "host" : "default", stage(), ""});
     }
     for (Param& p : group.params) p.module->replace_parameter(p.slot, p.unsharded);
     originals.clear();  // the full parameters go back to the cache, in order
@@ -307,6 +305,12 @@ void FullyShard::order_parameters(Module& root) {
 }
 
 std::string FullyShard::label(const Group& g) { return g.path.empty() ? "root" : g.path; }
+
+std::size_t FullyShard::shard_bytes(const Group& g) {
+  std::size_t bytes = 0;
+  for (const Param& p : g.params) bytes += p.sharded.storage()->nbytes();
+  return bytes;
+}
 
 std::string FullyShard::stage() const {
   if (action_ != nullptr) return *action_;
@@ -887,29 +891,17 @@ void FullyShard::assign_stages(const Module& body, const std::vector<std::vector
                       "rank's stages");
         }
       }
-      // The same fully_shard options, the other stage's parameters.
-      Group split;
-      split.module = root.module;
-      split.members = root.members;
-      split.path = root.path;
-      split.ranks = root.ranks;
-      split.rank = root.rank;
-      split.experts = root.experts;
-      split.reshard_after_forward = root.reshard_after_forward;
-      split.post_forward_ranks = root.post_forward_ranks;
+      // The same fully_shard options, the other stage's parameters (no step has run yet: the
+      // root holds nothing else).
+      Group split = root;
       split.params = std::move(other);
       split.stage = second;
       // Two fully_shard calls made the two roots' shards: the construction's entry says so.
-      const auto shards = [](const Group& g) {
-        std::size_t bytes = 0;
-        for (const Param& p : g.params) bytes += p.sharded.storage()->nbytes();
-        return bytes;
-      };
       for (std::size_t i = log_.size(); i-- > 0;) {
         if (log_[i].what != "root shards") continue;
         CommunicationBuffer other_shards = log_[i];
-        log_[i].bytes = shards(root);
-        other_shards.bytes = shards(split);
+        log_[i].bytes = shard_bytes(root);
+        other_shards.bytes = shard_bytes(split);
         log_.insert(log_.begin() + static_cast<std::ptrdiff_t>(i) + 1, std::move(other_shards));
         break;
       }

@@ -168,6 +168,8 @@ class FullyShard final : public ForwardHooks {
   void release(Tensor& tensor, std::size_t entry);
   std::string stage() const;
   static std::string label(const Group& group);
+  /// The bytes of the group's padded shards (what its fully_shard call made).
+  static std::size_t shard_bytes(const Group& group);
 
   ParallelConfig config_;
   Runtime& runtime_;

@@ -1,6 +1,7 @@
 // parallel_config.cpp — --parallel and --parallel-options: an engine and its arguments,
 // by the engine's own names, checked.
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <charconv>
 #include <cmath>
@@ -152,18 +153,16 @@ ParallelConfig parse_pipeline_options(ParallelConfig config, std::string_view op
     if (key == "schedule") {
       std::string name(value);
       std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
-      if (name == "gpipe") {
-        config.schedule = PipelineSchedule::GPipe;
-      } else if (name == "1f1b") {
-        config.schedule = PipelineSchedule::OneF1B;
-      } else if (name == "interleaved1f1b") {
-        config.schedule = PipelineSchedule::Interleaved1F1B;
-      } else if (name == "interleavedzerobubble") {
-        config.schedule = PipelineSchedule::InterleavedZeroBubble;
-      } else if (name == "zbvzerobubble") {
-        config.schedule = PipelineSchedule::ZBVZeroBubble;
-      } else if (name == "dualpipev") {
-        config.schedule = PipelineSchedule::DualPipeV;
+      constexpr std::array kSchedules{PipelineSchedule::GPipe,
+                                      PipelineSchedule::OneF1B,
+                                      PipelineSchedule::Interleaved1F1B,
+                                      PipelineSchedule::InterleavedZeroBubble,
+                                      PipelineSchedule::ZBVZeroBubble,
+                                      PipelineSchedule::DualPipeV};
+      const auto named = std::find_if(kSchedules.begin(), kSchedules.end(),
+                                      [&](PipelineSchedule s) { return schedule_name(s) == name; });
+      if (named != kSchedules.end()) {
+        config.schedule = *named;
       } else if (name == "loopedbfs") {
         throw Error("schedule=" + std::string(value) + " is not modelled yet; gpipe, 1f1b, interleaved1f1b, "
                     "interleavedzerobubble, zbvzerobubble and dualpipev are");

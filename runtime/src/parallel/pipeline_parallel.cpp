@@ -240,17 +240,11 @@ void PipelineParallel::step(Runtime& rt, const Tensor& input, const Tensor& targ
   };
   // Each of the rank's stages keeps its own micro-batches' state (a PipelineStage each).
   std::vector<MicroBatch> mbs(stages_.size() * m_count);
-  const auto index_of = [&](std::size_t stage) { return local_index(stage); };  // the stage's PipelineStage
-  const auto state = [&](const PipelineOp& op) -> MicroBatch& {
-    return mbs[index_of(op.stage) * m_count + op.microbatch];
+  const auto state_of = [&](std::size_t stage, std::size_t microbatch) -> MicroBatch& {
+    return mbs[local_index(stage) * m_count + microbatch];
   };
-  const auto local = [&](const PipelineOp& op) -> const LocalStage& { return stages_[index_of(op.stage)]; };
-  // ZBV's V: stages P - 1 and P sit on the last rank and hand over without a send
-  // (set_local_fwd_input, set_local_bwd_input).
-  const auto here = [&](std::size_t stage) { return holds(stage); };
-  const auto neighbour = [&](const PipelineOp& op, std::size_t stage) -> MicroBatch& {
-    return mbs[index_of(stage) * m_count + op.microbatch];
-  };
+  const auto state = [&](const PipelineOp& op) -> MicroBatch& { return state_of(op.stage, op.microbatch); };
+  const auto local = [&](const PipelineOp& op) -> const LocalStage& { return stages_[local_index(op.stage)]; };
 
   // A receive buffer: a fresh torch.empty each micro-batch (_RecvInfo.allocate_buffer).
   const auto receive = [&](const PipelineOp& op, const char* what, Phase phase) {
@@ -267,12 +261,13 @@ void PipelineParallel::step(Runtime& rt, const Tensor& input, const Tensor& targ
     const LocalStage& stage = local(op);
     const auto m = static_cast<std::int64_t>(op.microbatch);
     if (stage.first) mb.input = input.narrow(0, m * rows, rows);
-    // The previous stage on this rank: its output, detached, is the input (no buffer).
-    if (!stage.first && here(op.stage - 1)) mb.input = neighbour(op, op.stage - 1).output.detach();
+    // The previous stage on this rank (a V's turn, set_local_fwd_input): its output, detached, is
+    // the input, no buffer.
+    if (!stage.first && holds(op.stage - 1)) mb.input = state_of(op.stage - 1, op.microbatch).output.detach();
     // forward_one_chunk: a received buffer becomes the stage's leaf.
     if (!stage.first) mb.input.set_requires_grad(true);
     begin("forward", op.stage, op.microbatch);
-    mb.output = calls.forward(mb.input, index_of(op.stage));
+    mb.output = calls.forward(mb.input, local_index(op.stage));
     if (stage.last) {
       const Tensor target_mb = target.narrow(0, m * rows, rows);
       {
@@ -286,18 +281,18 @@ void PipelineParallel::step(Runtime& rt, const Tensor& input, const Tensor& targ
       release_decoder_inputs(*rotary_);
       mb.edge = gradient_edge(mb.output);
       // Logged as made: an OVERLAP_F_B posts the send after its backward half.
-      record(here(op.stage + 1) ? "pass activations" : "send activations", op.stage, op.microbatch, mb.output);
+      record(holds(op.stage + 1) ? "pass activations" : "send activations", op.stage, op.microbatch, mb.output);
     }
   };
   // What a backward leaves to the previous stage: its input's gradient, sent back, or handed to
   // the previous stage on this rank as its received gradient (get_local_bwd_output).
   const auto hand_back = [&](const PipelineOp& op, MicroBatch& mb, const Tensor& grad) {
-    if (!here(op.stage - 1)) {
+    if (!holds(op.stage - 1)) {
       mb.sending = grad;
       return;
     }
     if (grad.defined()) record("pass gradients", op.stage, op.microbatch, grad);
-    neighbour(op, op.stage - 1).received_grad = grad;
+    state_of(op.stage - 1, op.microbatch).received_grad = grad;
   };
   // backward_one_chunk: from the loss, or from the output's edge with the gradient received;
   // the forward state goes, and the input's .grad is kept to be sent back.
@@ -342,7 +337,7 @@ void PipelineParallel::step(Runtime& rt, const Tensor& input, const Tensor& targ
     } else {
       roots.push_back({Edge{mb.edge.grad_fn(), mb.edge.output_nr()}, mb.received_grad});
     }
-    InputBackward half = backward_input(roots, mb.input, calls.weights(index_of(op.stage)));
+    InputBackward half = backward_input(roots, mb.input, calls.weights(local_index(op.stage)));
     roots.clear();
     mb.groups = std::move(half.groups);
     TensorList stash;
@@ -382,7 +377,7 @@ void PipelineParallel::step(Runtime& rt, const Tensor& input, const Tensor& targ
   // whose REDUCE_GRAD ran (_finalized_stages) skips its next RESHARD, the reduction resharded it.
   std::vector<bool> gathering(stages_.size(), false), finalized(stages_.size(), false);
   const auto assert_unsharded = [&](const PipelineOp& op) {
-    const std::size_t k = index_of(op.stage);
+    const std::size_t k = local_index(op.stage);
     if (!gathering[k]) return;
     gathering[k] = false;
     calls.wait_unshard(k);
@@ -428,23 +423,23 @@ void PipelineParallel::step(Runtime& rt, const Tensor& input, const Tensor& targ
       case PipelineStep::WaitGradientsSent: mb.sending = Tensor{}; break;
       case PipelineStep::Unshard:
         if (calls.unshard) {
-          calls.unshard(index_of(op.stage));
-          gathering[index_of(op.stage)] = true;
+          calls.unshard(local_index(op.stage));
+          gathering[local_index(op.stage)] = true;
         }
         break;
       // The runtime's window (three stages) moved on: the stage goes back to its shards, unless
       // its REDUCE_GRAD did that already.
       case PipelineStep::Reshard:
-        if (finalized[index_of(op.stage)]) {
-          finalized[index_of(op.stage)] = false;
+        if (finalized[local_index(op.stage)]) {
+          finalized[local_index(op.stage)] = false;
         } else if (calls.reshard) {
-          calls.reshard(index_of(op.stage));
+          calls.reshard(local_index(op.stage));
         }
         break;
       case PipelineStep::ReduceGrad:
         if (calls.reduce_stage) {
-          calls.reduce_stage(index_of(op.stage));
-          finalized[index_of(op.stage)] = true;
+          calls.reduce_stage(local_index(op.stage));
+          finalized[local_index(op.stage)] = true;
         }
         break;
     }

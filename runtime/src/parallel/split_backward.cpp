@@ -111,6 +111,17 @@ std::vector<ParamGroup> param_groups(const std::vector<std::shared_ptr<Node>>& r
   return out;
 }
 
+/// `tensor.grad = grad`, or `tensor.grad += grad` in place when it has one (what _backward.py
+/// does with each gradient autograd.grad returned); nothing for an undefined one.
+void add_to_grad(Tensor& tensor, const Tensor& grad) {
+  if (!grad.defined()) return;
+  if (tensor.grad().defined()) {
+    add_(tensor.grad(), grad);
+  } else {
+    tensor.set_grad(grad);
+  }
+}
+
 }  // namespace
 
 InputBackward backward_input(const std::vector<GradientRoot>& roots, Tensor& input, const std::vector<Tensor>& weights) {
@@ -135,15 +146,7 @@ InputBackward backward_input(const std::vector<GradientRoot>& roots, Tensor& inp
     for (const auto& [g, i] : it->second) out.groups[g].grads[i] = grads;
   };
   out.input_grad = grad(roots, options).front();
-  // inp.grad = dinput (or += when one is there already).
-  if (out.input_grad.defined()) {
-    if (input.grad().defined()) {
-      Tensor g = input.grad();
-      add_(g, out.input_grad);
-    } else {
-      input.set_grad(out.input_grad);
-    }
-  }
+  add_to_grad(input, out.input_grad);  // inp.grad = dinput
   return out;
 }
 
@@ -174,14 +177,7 @@ void backward_weight(std::vector<ParamGroup>& groups) {
       const TensorList dweights = grad(roots, options);
       group.grads.clear();  // del param_group["grads"]
       for (std::size_t k = 0; k < group.params.size(); ++k) {
-        if (!dweights[k].defined()) continue;
-        Tensor& p = group.params[k];
-        if (p.grad().defined()) {
-          Tensor g = p.grad();
-          add_(g, dweights[k]);
-        } else {
-          p.set_grad(dweights[k]);
-        }
+        add_to_grad(group.params[k], dweights[k]);  // weight.grad = dw
       }
     }
   }
